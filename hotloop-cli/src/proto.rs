@@ -1,0 +1,120 @@
+//! The wire formats every server in the bench speaks, shared so that hotloop,
+//! its peers and the load generator parse and answer requests identically.
+
+/// The most bytes a request head (request line and headers) may take.
+pub const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
+
+/// The most headers a request may carry.
+pub const REQUEST_HEADERS_MAX: usize = 32;
+
+/// What parsing a buffered HTTP/1.1 request head found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// A whole request head of `len` bytes; `close` is true when the client
+    /// asked for `Connection: close` or spoke HTTP/1.0 without keep-alive.
+    Complete {
+        /// Bytes of the head, including the blank line.
+        len: usize,
+        /// Whether the connection closes after the response.
+        close: bool,
+    },
+    /// More bytes are needed.
+    Partial,
+    /// The bytes are not an HTTP/1.x request; answer 400 and close.
+    Malformed,
+    /// The head is larger than [`REQUEST_HEAD_MAX_BYTES`] or has too many
+    /// headers; answer 431 and close.
+    TooLarge,
+}
+
+/// Parses the request head at the start of `buf`.
+///
+/// Request bodies are not supported: the bench's requests are `GET`s.
+pub fn parse_request(buf: &[u8]) -> Request {
+    let mut headers = [httparse::EMPTY_HEADER; REQUEST_HEADERS_MAX];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => {
+            let mut close = req.version == Some(0);
+            for h in req.headers.iter() {
+                if h.name.eq_ignore_ascii_case("connection") {
+                    if h.value.eq_ignore_ascii_case(b"close") {
+                        close = true;
+                    } else if h.value.eq_ignore_ascii_case(b"keep-alive") {
+                        close = false;
+                    }
+                }
+            }
+            Request::Complete { len, close }
+        }
+        Ok(httparse::Status::Partial) if buf.len() > REQUEST_HEAD_MAX_BYTES => Request::TooLarge,
+        Ok(httparse::Status::Partial) => Request::Partial,
+        Err(httparse::Error::TooManyHeaders) => Request::TooLarge,
+        Err(_) => Request::Malformed,
+    }
+}
+
+/// Builds a `200 OK` response with a body of `body_len` bytes of `'x'`.
+pub fn response_ok(body_len: usize, close: bool) -> Vec<u8> {
+    let connection = if close { "close" } else { "keep-alive" };
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\nServer: hotloop\r\nContent-Type: text/plain\r\nContent-Length: {body_len}\r\nConnection: {connection}\r\n\r\n"
+    )
+    .into_bytes();
+    out.resize(out.len() + body_len, b'x');
+    out
+}
+
+/// A complete error response that closes the connection.
+pub fn response_error(status: u16) -> &'static [u8] {
+    match status {
+        431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        408 => b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        _ => b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    }
+}
+
+/// Burns about `micros` microseconds of CPU, standing in for an
+/// application's own work per request (`--work-us`).
+pub fn spin_work(micros: u64) {
+    if micros == 0 {
+        return;
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_micros(micros);
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_keepalive_and_close() {
+        assert_eq!(
+            parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Request::Complete { len: 27, close: false }
+        );
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"),
+            Request::Complete { close: true, .. }
+        ));
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.0\r\n\r\n"),
+            Request::Complete { close: true, .. }
+        ));
+        assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Request::Partial);
+        assert_eq!(parse_request(b"\x00\x01garbage\r\n\r\n"), Request::Malformed);
+        let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];
+        assert_eq!(parse_request(&[b"GET /".as_slice(), &big].concat()), Request::TooLarge);
+    }
+
+    #[test]
+    fn response_has_exact_length() {
+        let r = response_ok(1024, false);
+        let text = String::from_utf8(r.clone()).unwrap();
+        assert!(text.contains("Content-Length: 1024\r\n"));
+        assert!(text.ends_with(&"x".repeat(1024)));
+    }
+}
