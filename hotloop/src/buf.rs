@@ -1,0 +1,182 @@
+//! Owned buffers: the form of I/O that a completion driver needs.
+//!
+//! A read or write takes its buffer by value and hands it back with the
+//! result, as [`BufResult`]. With io_uring the kernel writes into the buffer
+//! after the call that submitted the operation has returned, so the runtime
+//! must own the memory until the operation's last completion arrives, even if
+//! the future that started it was dropped. The same API on epoll costs
+//! nothing extra: the buffer is simply lent to the syscall and returned.
+//!
+//! # Implementation notes
+//! Both traits are `unsafe` because the driver trusts them: the pointer must
+//! stay valid and fixed while the value is moved around (so a `Vec`'s heap
+//! block qualifies, an array on the stack does not), and the lengths must be
+//! truthful.
+
+use std::ops::{Bound, RangeBounds};
+
+/// The result of an owned-buffer operation: the outcome and the buffer.
+pub type BufResult<T, B> = (std::io::Result<T>, B);
+
+/// A buffer the kernel may read from (for writes).
+///
+/// # Safety
+/// `stable_ptr` must point to `bytes_init` initialised bytes that stay at the
+/// same address, untouched, for as long as the value is not mutated or
+/// dropped, including while it is moved.
+pub unsafe trait IoBuf: 'static {
+    /// Pointer to the first byte.
+    fn stable_ptr(&self) -> *const u8;
+    /// Number of initialised bytes, the ones a write sends.
+    fn bytes_init(&self) -> usize;
+
+    /// A view of `range` of this buffer, which a write sends instead of the whole.
+    fn slice(self, range: impl RangeBounds<usize>) -> Slice<Self>
+    where
+        Self: Sized,
+    {
+        let begin = match range.start_bound() {
+            Bound::Included(&n) => n,
+            Bound::Excluded(&n) => n + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&n) => n + 1,
+            Bound::Excluded(&n) => n,
+            Bound::Unbounded => self.bytes_init(),
+        };
+        assert!(begin <= end && end <= self.bytes_init(), "slice out of range");
+        Slice {
+            buf: self,
+            begin,
+            end,
+        }
+    }
+}
+
+/// A buffer the kernel may write into (for reads).
+///
+/// # Safety
+/// `stable_mut_ptr` must point to `bytes_total` writable bytes that stay at
+/// the same address while the value is moved; `set_init` must only be called
+/// with a count of bytes that really were written.
+pub unsafe trait IoBufMut: 'static {
+    /// Pointer to the first byte.
+    fn stable_mut_ptr(&mut self) -> *mut u8;
+    /// Total writable bytes (a `Vec`'s capacity).
+    fn bytes_total(&self) -> usize;
+    /// Records that the first `n` bytes are now initialised.
+    ///
+    /// # Safety
+    /// The first `n` bytes must have been written.
+    unsafe fn set_init(&mut self, n: usize);
+}
+
+// SAFETY: a Vec's heap block does not move when the Vec value moves; `len` bytes are initialised.
+unsafe impl IoBuf for Vec<u8> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: the heap block has `capacity` writable bytes and does not move when the Vec moves.
+unsafe impl IoBufMut for Vec<u8> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.capacity()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // A read replaces the contents: the length becomes what was read.
+        // SAFETY: the caller guarantees the first `n` bytes (n <= capacity) were written.
+        unsafe { self.set_len(n) };
+    }
+}
+
+// SAFETY: a boxed slice's heap block does not move with the Box; all of it is initialised.
+unsafe impl IoBuf for Box<[u8]> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: static data never moves and is always initialised.
+unsafe impl IoBuf for &'static [u8] {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: static data never moves and is always initialised.
+unsafe impl IoBuf for &'static str {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: an Rc's allocation never moves and is immutable while shared.
+unsafe impl IoBuf for std::rc::Rc<[u8]> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: an Arc's allocation never moves and is immutable while shared.
+unsafe impl IoBuf for std::sync::Arc<[u8]> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A range of an owned buffer; [`Slice::into_inner`] gives the buffer back.
+#[derive(Debug)]
+pub struct Slice<B> {
+    buf: B,
+    begin: usize,
+    end: usize,
+}
+
+impl<B> Slice<B> {
+    /// The start of the range within the buffer.
+    pub fn begin(&self) -> usize {
+        self.begin
+    }
+    /// The end of the range within the buffer.
+    pub fn end(&self) -> usize {
+        self.end
+    }
+    /// Returns the whole underlying buffer.
+    pub fn into_inner(self) -> B {
+        self.buf
+    }
+}
+
+// SAFETY: a sub-range of a buffer that upholds IoBuf's contract; begin..end lies within its initialised bytes (checked in `slice`).
+unsafe impl<B: IoBuf> IoBuf for Slice<B> {
+    fn stable_ptr(&self) -> *const u8 {
+        // SAFETY: `begin <= bytes_init`, so the offset stays inside the allocation.
+        unsafe { self.buf.stable_ptr().add(self.begin) }
+    }
+    fn bytes_init(&self) -> usize {
+        self.end - self.begin
+    }
+}

@@ -1,0 +1,193 @@
+//! The listener and its accept policy.
+//!
+//! # Implementation notes
+//! The accept bound works per loop turn: after `accepts_per_wakeup_max`
+//! connections in one turn, `accept` waits until the worker has polled its
+//! driver again, so the connections just accepted (and every other task)
+//! run before more are taken, as DragonFly's `soavailconn` and nginx
+//! without `multi_accept` do. The listener stays ready in the meantime: on
+//! edge-triggered epoll no new edge is needed, because the next `accept`
+//! tries the syscall before waiting.
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
+
+use super::options::ListenerOptions;
+use super::stream::TcpStream;
+use crate::driver::{self, Source};
+use crate::runtime::{context, yield_to_driver};
+use crate::stats;
+use crate::sys;
+
+/// A TCP listening socket bound to one worker.
+pub struct TcpListener {
+    src: Source,
+    options: ListenerOptions,
+    /// The loop turn of the last accept, and how many were taken in it.
+    batch_turn: Cell<u64>,
+    batch_count: Cell<usize>,
+    /// Accepting resumes at this instant after running out of descriptors.
+    paused_until: Cell<Option<Instant>>,
+}
+
+impl TcpListener {
+    /// Binds with the default options.
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<TcpListener> {
+        Self::bind_with(addr, ListenerOptions::default())
+    }
+
+    /// Binds with `options`.
+    pub fn bind_with(addr: impl ToSocketAddrs, options: ListenerOptions) -> io::Result<TcpListener> {
+        let fd = bind_socket(addr, &options)?;
+        Self::from_fd(fd, options)
+    }
+
+    /// Wraps an already listening, non-blocking socket (see [`bind_socket`]).
+    pub(crate) fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<TcpListener> {
+        Ok(TcpListener {
+            src: Source::new_listener(fd)?,
+            options,
+            batch_turn: Cell::new(u64::MAX),
+            batch_count: Cell::new(0),
+            paused_until: Cell::new(None),
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        sys::local_addr(self.src.fd())
+    }
+
+    /// The options it was created with.
+    pub fn options(&self) -> &ListenerOptions {
+        &self.options
+    }
+
+    /// Accepts a connection and looks up its peer address.
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        let stream = self.accept_stream().await?;
+        let addr = stream.peer_addr()?;
+        Ok((stream, addr))
+    }
+
+    /// Accepts a connection without looking up its peer address (one
+    /// syscall less; [`TcpStream::peer_addr`] finds it when needed).
+    ///
+    /// Running out of descriptors pauses accepting for
+    /// [`ListenerOptions::resource_pause`] and counts the error; connections
+    /// that died in the queue are skipped. Other errors are returned.
+    pub async fn accept_stream(&self) -> io::Result<TcpStream> {
+        loop {
+            if let Some(until) = self.paused_until.take() {
+                crate::time::sleep_until(until).await;
+            }
+            if self.bound_reached() {
+                context::with(|cx| stats::add(&cx.shared.stats.accept_bound_hits, 1));
+                yield_to_driver().await;
+            }
+            let mode = self.options.accept_mode;
+            let result = poll_fn(|cx| driver::poll_accept(&self.src, cx, mode)).await;
+            match result {
+                Ok(fd) => {
+                    self.count_accept();
+                    return TcpStream::from_fd(fd);
+                }
+                Err(e) => self.on_accept_error(e)?,
+            }
+        }
+    }
+
+    /// True if this turn's batch is full.
+    fn bound_reached(&self) -> bool {
+        let Some(max) = self.options.accepts_per_wakeup_max else {
+            return false;
+        };
+        let turn = context::with(|cx| cx.turn.get());
+        self.batch_turn.get() == turn && self.batch_count.get() >= max
+    }
+
+    fn count_accept(&self) {
+        context::with(|cx| {
+            let s = &cx.shared.stats;
+            let turn = cx.turn.get();
+            if self.batch_turn.get() != turn {
+                self.batch_turn.set(turn);
+                self.batch_count.set(0);
+                stats::add(&s.accept_wakeups, 1);
+            }
+            let n = self.batch_count.get() + 1;
+            self.batch_count.set(n);
+            stats::add(&s.accepted, 1);
+            stats::raise(&s.max_accepted_per_wakeup, n as u64);
+        });
+    }
+
+    /// Classifies an accept error: `Ok` to keep accepting, `Err` to give up.
+    fn on_accept_error(&self, e: io::Error) -> io::Result<()> {
+        context::with(|cx| {
+            let s = &cx.shared.stats;
+            match e.raw_os_error() {
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                    stats::add(&s.accept_errors_resources, 1);
+                    stats::add(&s.accept_pauses, 1);
+                    self.paused_until
+                        .set(Some(Instant::now() + self.options.resource_pause));
+                    Ok(())
+                }
+                Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::EINTR) => {
+                    stats::add(&s.accept_errors_aborted, 1);
+                    Ok(())
+                }
+                _ => {
+                    stats::add(&s.accept_errors_other, 1);
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+impl std::fmt::Debug for TcpListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpListener")
+            .field("fd", &self.src.fd())
+            .field("addr", &self.local_addr().ok())
+            .finish()
+    }
+}
+
+/// Creates a non-blocking listening socket with `options` applied.
+/// Needs no runtime: the server helper binds on one thread and hands the
+/// socket to a worker.
+pub(crate) fn bind_socket(addr: impl ToSocketAddrs, options: &ListenerOptions) -> io::Result<OwnedFd> {
+    let mut last_err = None;
+    for addr in addr.to_socket_addrs()? {
+        match bind_one(&addr, options) {
+            Ok(fd) => return Ok(fd),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind to")))
+}
+
+fn bind_one(addr: &SocketAddr, options: &ListenerOptions) -> io::Result<OwnedFd> {
+    let fd = sys::tcp_socket(addr)?;
+    let raw = fd.as_raw_fd();
+    sys::setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    if options.reuse_port {
+        sys::setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    }
+    if options.nodelay {
+        sys::setsockopt_int(raw, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)?;
+    }
+    if let Some(secs) = options.defer_accept_secs {
+        sys::setsockopt_int(raw, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, secs as i32)?;
+    }
+    sys::bind(raw, addr)?;
+    sys::listen(raw, options.backlog.min(i32::MAX as u32) as i32)?;
+    Ok(fd)
+}

@@ -1,0 +1,12 @@
+//! TCP networking: listeners with an accept policy, streams with
+//! owned-buffer I/O, and a thread-per-core server helper.
+
+mod listener;
+mod options;
+mod server;
+mod stream;
+
+pub use listener::TcpListener;
+pub use options::ListenerOptions;
+pub use server::{serve, Server};
+pub use stream::TcpStream;

@@ -1,0 +1,200 @@
+//! The thread-per-core server helper: one `SO_REUSEPORT` listener per
+//! worker, each accepted connection handed to a handler task on the worker
+//! that accepted it.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use super::listener::{bind_socket, TcpListener};
+use super::options::ListenerOptions;
+use super::stream::TcpStream;
+use crate::runtime::{spawn, Handle, RemoteJoinHandle};
+
+/// A running server. Dropping it does not stop it; call [`Server::stop`].
+pub struct Server {
+    local_addr: SocketAddr,
+    shared: Arc<ServerShared>,
+    accept_loops: Vec<RemoteJoinHandle<io::Result<()>>>,
+}
+
+struct ServerShared {
+    stopped: Mutex<(bool, Vec<Waker>)>,
+    active: AtomicUsize,
+}
+
+impl ServerShared {
+    fn stop(&self) {
+        let wakers = {
+            let mut st = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+            st.0 = true;
+            std::mem::take(&mut st.1)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    fn poll_stopped(&self, waker: &Waker) -> bool {
+        let mut st = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        if !st.0 && !st.1.iter().any(|w| w.will_wake(waker)) {
+            st.1.push(waker.clone());
+        }
+        st.0
+    }
+}
+
+/// Counts a connection as active until dropped.
+struct ActiveGuard(Arc<ServerShared>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Starts a server on every worker of `handle`'s runtime: each worker gets
+/// its own listener on `addr` (with `SO_REUSEPORT`, so the kernel spreads
+/// connections across workers) and runs `handler(stream)` as a task for
+/// each connection it accepts.
+///
+/// Port 0 picks a free port once; every worker then binds that port.
+pub fn serve<H, Fut>(
+    handle: &Handle,
+    addr: impl ToSocketAddrs,
+    mut options: ListenerOptions,
+    handler: H,
+) -> io::Result<Server>
+where
+    H: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    if handle.workers() > 1 {
+        options.reuse_port = true;
+    }
+    let first = bind_socket(addr, &options)?;
+    let local_addr = crate::sys::local_addr(std::os::fd::AsRawFd::as_raw_fd(&first))?;
+    let mut sockets = vec![first];
+    for _ in 1..handle.workers() {
+        sockets.push(bind_socket(local_addr, &options)?);
+    }
+    let shared = Arc::new(ServerShared {
+        stopped: Mutex::new((false, Vec::new())),
+        active: AtomicUsize::new(0),
+    });
+    let handler = Arc::new(handler);
+    let accept_loops = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(worker, fd)| {
+            let shared = shared.clone();
+            let handler = handler.clone();
+            let options = options.clone();
+            handle.spawn_on(worker, move || async move {
+                let listener = TcpListener::from_fd(fd, options)?;
+                accept_loop(listener, shared, handler).await
+            })
+        })
+        .collect();
+    Ok(Server {
+        local_addr,
+        shared,
+        accept_loops,
+    })
+}
+
+async fn accept_loop<H, Fut>(
+    listener: TcpListener,
+    shared: Arc<ServerShared>,
+    handler: Arc<H>,
+) -> io::Result<()>
+where
+    H: Fn(TcpStream) -> Fut + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    loop {
+        let accepted = {
+            let mut accept = pin!(listener.accept_stream());
+            poll_fn(|cx| {
+                if shared.poll_stopped(cx.waker()) {
+                    return Poll::Ready(None);
+                }
+                accept.as_mut().poll(cx).map(Some)
+            })
+            .await
+        };
+        match accepted {
+            None => return Ok(()),
+            Some(Ok(stream)) => {
+                shared.active.fetch_add(1, Ordering::AcqRel);
+                let guard = ActiveGuard(shared.clone());
+                let conn = handler(stream);
+                drop(spawn(async move {
+                    conn.await;
+                    drop(guard);
+                }));
+            }
+            Some(Err(e)) => return Err(e),
+        }
+    }
+}
+
+impl Server {
+    /// The address every worker listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Connections accepted and not yet finished, over all workers.
+    pub fn active_connections(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting on every worker and closes the listeners.
+    /// Connections already accepted keep running.
+    pub fn stop(&self) {
+        self.shared.stop();
+    }
+
+    /// Stops accepting, then waits (blocking the calling thread, which must
+    /// not be a worker) until every connection has finished or `grace` has
+    /// passed. Returns how many connections were still active.
+    pub fn shutdown_blocking(self, grace: Duration) -> usize {
+        self.stop();
+        for l in self.accept_loops {
+            let _ = l.join();
+        }
+        let deadline = Instant::now() + grace;
+        while self.shared.active.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    /// Waits until every accept loop has ended (after [`Server::stop`], or
+    /// because one failed); returns the first error.
+    pub async fn stopped(self) -> io::Result<()> {
+        let mut first = Ok(());
+        for l in self.accept_loops {
+            match l.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    if first.is_ok() {
+                        first = Err(e);
+                    }
+                }
+                Err(e) => {
+                    if first.is_ok() {
+                        first = Err(io::Error::other(e.to_string()));
+                    }
+                }
+            }
+        }
+        first
+    }
+}

@@ -1,0 +1,122 @@
+//! A TCP connection with owned-buffer reads and writes.
+
+use std::io;
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::{self, Source};
+use crate::sys;
+
+/// A TCP connection owned by one worker.
+///
+/// Reads and writes take `&self`, so one task may read while another
+/// writes (wrap the stream in an `Rc`); at most one read and one write
+/// should be in flight at a time.
+pub struct TcpStream {
+    src: Source,
+}
+
+impl TcpStream {
+    pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<TcpStream> {
+        Ok(TcpStream {
+            src: Source::new(fd)?,
+        })
+    }
+
+    /// Connects to the first address of `addr` that accepts.
+    pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
+        let mut last_err = None;
+        for addr in addr.to_socket_addrs()? {
+            match Self::connect_addr(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err
+            .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to")))
+    }
+
+    /// Connects to `addr`, giving up after `limit` with `ErrorKind::TimedOut`.
+    pub async fn connect_timeout(addr: SocketAddr, limit: Duration) -> io::Result<TcpStream> {
+        crate::time::timeout(limit, Self::connect_addr(addr)).await?
+    }
+
+    async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
+        let stream = TcpStream::from_fd(sys::tcp_socket(&addr)?)?;
+        driver::connect(&stream.src, addr).await?;
+        Ok(stream)
+    }
+
+    /// Reads into `buf`, replacing its contents: up to `buf.capacity()`
+    /// bytes for a `Vec`. `Ok(0)` means the peer closed its side.
+    pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
+        driver::recv(&self.src, buf).await
+    }
+
+    /// Writes some of `buf`; returns how many bytes were taken.
+    pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        driver::send(&self.src, buf).await
+    }
+
+    /// Writes all of `buf`.
+    pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
+        let total = buf.bytes_init();
+        let mut slice = buf.slice(..);
+        let mut done = 0;
+        while done < total {
+            let (res, s) = driver::send(&self.src, slice).await;
+            let buf = s.into_inner();
+            match res {
+                Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
+                Ok(n) => done += n,
+                Err(e) => return (Err(e), buf),
+            }
+            slice = buf.slice(done..);
+        }
+        (Ok(()), slice.into_inner())
+    }
+
+    /// Writes the buffers in order with one call (`sendmsg`); may write fewer bytes than all.
+    pub async fn write_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
+        driver::send_vectored(&self.src, bufs).await
+    }
+
+    /// Shuts down the read half, the write half or both.
+    pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        driver::shutdown(&self.src, how).await
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        sys::local_addr(self.src.fd())
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        sys::peer_addr(self.src.fd())
+    }
+
+    /// Sets `TCP_NODELAY`.
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        sys::setsockopt_int(self.src.fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, on as i32)
+    }
+
+    /// Reads `TCP_NODELAY`.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        Ok(sys::getsockopt_int(self.src.fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY)? != 0)
+    }
+}
+
+impl AsRawFd for TcpStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.src.fd()
+    }
+}
+
+impl std::fmt::Debug for TcpStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpStream").field("fd", &self.src.fd()).finish()
+    }
+}

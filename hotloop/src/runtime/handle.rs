@@ -1,0 +1,107 @@
+//! The `Send` handle: spawn onto, wake and inspect workers from any thread.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::join::{spawn, RemoteCompletion, RemoteJoinHandle, RemoteSlot};
+use super::shared::WorkerShared;
+use crate::stats::{DriverInfo, StatsSnapshot};
+
+/// A cheap, cloneable, `Send` handle to a runtime's workers.
+#[derive(Clone)]
+pub struct Handle {
+    pub(crate) inner: Arc<HandleInner>,
+}
+
+pub(crate) struct HandleInner {
+    pub(crate) workers: Vec<Arc<WorkerShared>>,
+    /// The context of the thread that runs `block_on`.
+    pub(crate) main: Arc<WorkerShared>,
+    pub(crate) info: Mutex<DriverInfo>,
+    next_worker: AtomicUsize,
+}
+
+impl Handle {
+    pub(crate) fn new(workers: Vec<Arc<WorkerShared>>, main: Arc<WorkerShared>) -> Self {
+        Handle {
+            inner: Arc::new(HandleInner {
+                workers,
+                main,
+                info: Mutex::new(DriverInfo::default()),
+                next_worker: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The handle of the runtime whose worker is running the caller.
+    ///
+    /// # Panics
+    /// Outside a hotloop worker.
+    pub fn current() -> Handle {
+        super::context::with(|cx| cx.handle.clone())
+    }
+
+    /// The number of workers.
+    pub fn workers(&self) -> usize {
+        self.inner.workers.len()
+    }
+
+    /// Runs `make_future` on worker `worker` and spawns the future it returns
+    /// there. The future itself need not be `Send`; only the closure and the
+    /// output cross threads.
+    ///
+    /// # Panics
+    /// If `worker >= self.workers()`.
+    pub fn spawn_on<F, Fut>(&self, worker: usize, make_future: F) -> RemoteJoinHandle<Fut::Output>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let slot = RemoteSlot::new();
+        let completion = RemoteCompletion(slot.clone());
+        let shared = &self.inner.workers[worker];
+        shared.push_runnable(Box::new(move || {
+            let future = make_future();
+            drop(spawn(async move {
+                let out = future.await;
+                completion.0.finish(Ok(out));
+                drop(completion);
+            }));
+        }));
+        RemoteJoinHandle { slot }
+    }
+
+    /// Spawns a `Send` future on the next worker, round-robin.
+    pub fn spawn<F>(&self, future: F) -> RemoteJoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let worker = self.inner.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers();
+        self.spawn_on(worker, move || future)
+    }
+
+    /// A snapshot of every worker's counters; the last entry of
+    /// `workers` is the thread that runs `block_on`.
+    pub fn stats(&self) -> StatsSnapshot {
+        let stats: Vec<_> = self
+            .inner
+            .workers
+            .iter()
+            .chain(Some(&self.inner.main))
+            .map(|w| w.stats.clone())
+            .collect();
+        let info = self.inner.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        StatsSnapshot::collect(&stats, info)
+    }
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("workers", &self.workers())
+            .finish()
+    }
+}

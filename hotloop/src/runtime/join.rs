@@ -1,0 +1,318 @@
+//! Spawning tasks and waiting for them: `spawn`, `JoinHandle`, `JoinError`.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context as TaskContext, Poll, Waker};
+
+use super::context;
+use super::task::{Task, TaskKey, TaskWaker};
+use crate::stats;
+
+/// Why a task produced no output.
+pub enum JoinError {
+    /// The task was aborted, or dropped when its worker shut down.
+    Cancelled,
+    /// The task panicked; the payload is the panic's.
+    Panicked(Box<dyn Any + Send>),
+}
+
+impl JoinError {
+    /// True if the task was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, JoinError::Cancelled)
+    }
+    /// True if the task panicked.
+    pub fn is_panic(&self) -> bool {
+        matches!(self, JoinError::Panicked(_))
+    }
+}
+
+impl fmt::Debug for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => write!(f, "JoinError::Cancelled"),
+            JoinError::Panicked(_) => write!(f, "JoinError::Panicked(..)"),
+        }
+    }
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => write!(f, "task was cancelled"),
+            JoinError::Panicked(_) => write!(f, "task panicked"),
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
+
+/// Where a task's output waits for its `JoinHandle`.
+struct JoinSlot<T> {
+    output: Option<Result<T, JoinError>>,
+    finished: bool,
+    waiter: Option<Waker>,
+}
+
+/// Completes the join slot when the task finishes or is dropped unfinished.
+struct Completion<T> {
+    slot: Rc<RefCell<JoinSlot<T>>>,
+}
+
+impl<T> Completion<T> {
+    fn finish(&self, result: Result<T, JoinError>) {
+        let waiter = {
+            let mut slot = self.slot.borrow_mut();
+            if slot.finished {
+                return;
+            }
+            slot.finished = true;
+            slot.output = Some(result);
+            slot.waiter.take()
+        };
+        if let Some(w) = waiter {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Drop for Completion<T> {
+    fn drop(&mut self) {
+        if self.slot.borrow().finished {
+            return;
+        }
+        // Dropped before finishing: aborted, shut down, or unwound by a panic
+        // that the executor caught and parked in the context.
+        let payload = context::try_with(|cx| cx.panic_payload.borrow_mut().take()).flatten();
+        let err = match payload {
+            Some(p) => JoinError::Panicked(p),
+            None => JoinError::Cancelled,
+        };
+        self.finish(Err(err));
+    }
+}
+
+/// An owned permission to await a task's output or abort it.
+///
+/// Dropping the handle detaches the task: it keeps running.
+/// A `JoinHandle` belongs to the worker that spawned the task (it is `!Send`).
+pub struct JoinHandle<T> {
+    slot: Rc<RefCell<JoinSlot<T>>>,
+    key: TaskKey,
+}
+
+impl<T> JoinHandle<T> {
+    /// Cancels the task: its future is dropped at once (or, if the task is
+    /// the one running now, as soon as its current poll returns). Awaiting
+    /// the handle then gives `JoinError::Cancelled`, unless the task had
+    /// already finished.
+    pub fn abort(&self) {
+        let key = self.key;
+        let removed = context::try_with(|cx| {
+            let mut tasks = cx.tasks.borrow_mut();
+            match tasks.get_mut(key) {
+                Some(task) if task.future.is_none() => {
+                    task.aborted = true;
+                    None
+                }
+                Some(_) => tasks.remove(key),
+                None => None,
+            }
+        })
+        .flatten();
+        // Drop the future outside the borrow: its destructors may touch the runtime.
+        drop(removed);
+    }
+
+    /// True once the task has finished, was aborted, or panicked.
+    pub fn is_finished(&self) -> bool {
+        self.slot.borrow().finished
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let mut slot = self.slot.borrow_mut();
+        if let Some(out) = slot.output.take() {
+            return Poll::Ready(out);
+        }
+        assert!(!slot.finished, "JoinHandle polled after it returned its output");
+        match &slot.waiter {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => slot.waiter = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+/// Spawns a future on the current worker and returns a handle to its output.
+///
+/// The future need not be `Send`: it never leaves this worker.
+///
+/// # Panics
+/// Outside a hotloop worker.
+pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    context::with(|cx| {
+        let slot = Rc::new(RefCell::new(JoinSlot {
+            output: None,
+            finished: false,
+            waiter: None,
+        }));
+        let completion = Completion { slot: slot.clone() };
+        let task_future = async move {
+            let out = future.await;
+            completion.finish(Ok(out));
+        };
+        let mut tasks = cx.tasks.borrow_mut();
+        let key = tasks.next_key();
+        let header = TaskWaker::new(key, cx.shared.clone());
+        let waker = Waker::from(header.clone());
+        let inserted = tasks.insert(Task {
+            future: Some(Box::pin(task_future)),
+            waker: waker.clone(),
+            header,
+            aborted: false,
+        });
+        debug_assert_eq!(inserted, key);
+        drop(tasks);
+        stats::add(&cx.shared.stats.tasks_spawned, 1);
+        waker.wake();
+        JoinHandle { slot, key }
+    })
+}
+
+/// Yields to the other tasks of this worker once.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Waits until the worker has polled its driver once more, so that I/O and
+/// timers get their turn before the caller continues.
+pub(crate) async fn yield_to_driver() {
+    let start_turn = context::with(|cx| cx.turn.get());
+    std::future::poll_fn(move |task_cx| {
+        context::with(|cx| {
+            if cx.turn.get() != start_turn {
+                Poll::Ready(())
+            } else {
+                cx.after_poll.borrow_mut().push(task_cx.waker().clone());
+                Poll::Pending
+            }
+        })
+    })
+    .await
+}
+
+/// The shared state behind a [`RemoteJoinHandle`].
+pub(crate) struct RemoteSlot<T> {
+    state: Mutex<RemoteState<T>>,
+    ready: Condvar,
+}
+
+struct RemoteState<T> {
+    output: Option<Result<T, JoinError>>,
+    finished: bool,
+    waiter: Option<Waker>,
+}
+
+impl<T> RemoteSlot<T> {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(RemoteSlot {
+            state: Mutex::new(RemoteState {
+                output: None,
+                finished: false,
+                waiter: None,
+            }),
+            ready: Condvar::new(),
+        })
+    }
+
+    pub(crate) fn finish(&self, result: Result<T, JoinError>) {
+        let waiter = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.finished {
+                return;
+            }
+            st.finished = true;
+            st.output = Some(result);
+            st.waiter.take()
+        };
+        self.ready.notify_all();
+        if let Some(w) = waiter {
+            w.wake();
+        }
+    }
+}
+
+/// A `Send` handle to a task spawned on a worker from another thread
+/// (see [`Handle::spawn_on`](crate::Handle::spawn_on)).
+pub struct RemoteJoinHandle<T> {
+    pub(crate) slot: Arc<RemoteSlot<T>>,
+}
+
+impl<T> RemoteJoinHandle<T> {
+    /// Blocks the calling thread until the task finishes. Do not call it
+    /// on a hotloop worker: it would stop that worker.
+    pub fn join(self) -> Result<T, JoinError> {
+        let mut st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(out) = st.output.take() {
+                return out;
+            }
+            st = self.slot.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// True once the task has finished.
+    pub fn is_finished(&self) -> bool {
+        self.slot.state.lock().unwrap_or_else(|e| e.into_inner()).finished
+    }
+}
+
+impl<T> Future for RemoteJoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let mut st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(out) = st.output.take() {
+            return Poll::Ready(out);
+        }
+        st.waiter = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Finishes a remote slot as cancelled if the task is dropped unfinished.
+pub(crate) struct RemoteCompletion<T>(pub(crate) Arc<RemoteSlot<T>>);
+
+impl<T> Drop for RemoteCompletion<T> {
+    fn drop(&mut self) {
+        if self.0.state.lock().unwrap_or_else(|e| e.into_inner()).finished {
+            return;
+        }
+        let payload = context::try_with(|cx| cx.panic_payload.borrow_mut().take()).flatten();
+        self.0
+            .finish(Err(payload.map_or(JoinError::Cancelled, JoinError::Panicked)));
+    }
+}

@@ -1,0 +1,343 @@
+//! The runtime: a builder, one worker per core, and the loop each runs.
+//!
+//! Each worker owns a thread. [`Runtime::block_on`] runs its future on the
+//! calling thread, in a context of its own (with its own driver and
+//! wheel), while the workers run what is spawned on them. A worker owns its tasks, its I/O driver and its
+//! timer wheel outright: nothing on the hot path is shared or locked. Other
+//! threads reach a worker only through its inbox and eventfd
+//! ([`Handle`]).
+
+mod config;
+pub(crate) mod context;
+mod handle;
+mod join;
+mod shared;
+mod task;
+mod worker;
+
+pub(crate) use config::Config;
+pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
+pub use handle::Handle;
+pub(crate) use join::yield_to_driver;
+pub use join::{spawn, yield_now, JoinError, JoinHandle, RemoteJoinHandle};
+pub(crate) use shared::WorkerShared;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::{mpsc, Arc};
+
+use context::{Clock, Context};
+use task::TaskSlab;
+
+use crate::driver::Driver;
+use crate::stats::StatsSnapshot;
+use crate::sys;
+use crate::time::wheel::TimerWheel;
+
+/// Configures and builds a [`Runtime`].
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    config: Config,
+}
+
+impl Builder {
+    /// The number of workers (default: the available cores).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.config.workers = n.max(1);
+        self
+    }
+
+    /// Pins worker `i` to CPU `i` (modulo the CPU count). Off by default.
+    pub fn pin_cpus(mut self, pin: bool) -> Self {
+        self.config.pin_cpus = pin;
+        self
+    }
+
+    /// The I/O driver (default: [`DriverKind::Auto`]).
+    pub fn driver(mut self, driver: DriverKind) -> Self {
+        self.config.driver = driver;
+        self
+    }
+
+    /// Whether the poller spins instead of sleeping (default: off).
+    pub fn busy_poll(mut self, mode: BusyPoll) -> Self {
+        self.config.busy_poll = mode;
+        self
+    }
+
+    /// Asks the kernel to busy-poll device queues inside the poller
+    /// (`EPIOCSPARAMS` on epoll, NAPI registration on io_uring) where it
+    /// allows. Whether it took effect is reported in the stats.
+    pub fn kernel_busy_poll(mut self, params: Option<KernelBusyPoll>) -> Self {
+        self.config.kernel_busy_poll = params;
+        self
+    }
+
+    /// How many task polls a worker makes between two polls of its driver
+    /// (default 61), so that a busy task set cannot starve I/O.
+    pub fn event_interval(mut self, polls: u32) -> Self {
+        self.config.event_interval = polls.max(1);
+        self
+    }
+
+    /// When sockets are registered with epoll (default: lazily).
+    pub fn registration(mut self, mode: Registration) -> Self {
+        self.config.registration = mode;
+        self
+    }
+
+    /// The most I/O events handled per poll of the driver (default 1024).
+    pub fn events_per_poll_max(mut self, n: usize) -> Self {
+        self.config.events_per_poll_max = n.max(1);
+        self
+    }
+
+    /// Submission queue entries of each io_uring (default 1024).
+    pub fn uring_entries(mut self, n: u32) -> Self {
+        self.config.uring_entries = n.max(8);
+        self
+    }
+
+    /// Starts the workers. Worker 0 runs on the calling thread inside
+    /// [`Runtime::block_on`]; the others start now on threads of their own.
+    pub fn build(self) -> io::Result<Runtime> {
+        let config = self.config;
+        let shared: Vec<Arc<WorkerShared>> = (0..config.workers)
+            .map(WorkerShared::new)
+            .collect::<io::Result<_>>()?;
+        // The caller's context is numbered after the workers.
+        let main_shared = WorkerShared::new(config.workers)?;
+        let handle = Handle::new(shared.clone(), main_shared.clone());
+
+        let (ready_tx, ready_rx) = mpsc::channel::<io::Result<()>>();
+        let mut threads = Vec::new();
+        for worker in shared.iter().cloned() {
+            let config = config.clone();
+            let handle = handle.clone();
+            let ready = ready_tx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("hotloop-worker-{}", worker.id))
+                .spawn(move || worker_thread(worker, config, handle, ready));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    stop_threads(&shared, threads);
+                    return Err(e);
+                }
+            }
+        }
+        drop(ready_tx);
+
+        let main_config = Config {
+            pin_cpus: false,
+            busy_poll: BusyPoll::Off,
+            ..config.clone()
+        };
+        let main_cx = Context::new(main_shared, main_config, handle.clone());
+        let mut first_error = main_cx
+            .as_ref()
+            .err()
+            .map(|e| io::Error::new(e.kind(), e.to_string()));
+        for _ in 0..config.workers {
+            if let Ok(Err(e)) = ready_rx.recv() {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_error {
+            stop_threads(&shared, threads);
+            return Err(e);
+        }
+        let main_cx = main_cx?;
+        *handle.inner.info.lock().unwrap_or_else(|e| e.into_inner()) = main_cx.driver_info.clone();
+        Ok(Runtime {
+            main: Some(main_cx),
+            threads,
+            handle,
+        })
+    }
+}
+
+fn stop_threads(shared: &[Arc<WorkerShared>], threads: Vec<std::thread::JoinHandle<()>>) {
+    for s in shared {
+        s.push_shutdown();
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+fn worker_thread(
+    shared: Arc<WorkerShared>,
+    config: Config,
+    handle: Handle,
+    ready: mpsc::Sender<io::Result<()>>,
+) {
+    let cx = match Context::new(shared, config, handle) {
+        Ok(cx) => cx,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    drop(ready);
+    let guard = context::enter(cx.clone());
+    let _ = worker::run::<std::future::Pending<()>>(&cx, None);
+    shutdown_tasks(&cx);
+    drop(guard);
+}
+
+/// Drops every task while the context is still entered, so their
+/// destructors can reach the driver to close their descriptors.
+fn shutdown_tasks(cx: &Context) {
+    loop {
+        let tasks = cx.tasks.borrow_mut().drain();
+        if tasks.is_empty() {
+            break;
+        }
+        drop(tasks);
+    }
+    cx.run_queue.borrow_mut().clear();
+    cx.after_poll.borrow_mut().clear();
+}
+
+impl Context {
+    fn new(shared: Arc<WorkerShared>, config: Config, handle: Handle) -> io::Result<Rc<Context>> {
+        let id = shared.id;
+        if config.pin_cpus {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            sys::pin_to_cpu(id % cpus)?;
+        }
+        let (driver, driver_info) = Driver::new(&config, &shared)?;
+        Ok(Rc::new(Context {
+            id,
+            shared,
+            config,
+            handle,
+            tasks: RefCell::new(TaskSlab::default()),
+            run_queue: RefCell::new(VecDeque::with_capacity(256)),
+            uring: matches!(driver, Driver::Uring(_)),
+            driver: RefCell::new(driver),
+            driver_info,
+            timers: RefCell::new(TimerWheel::new()),
+            clock: Clock::new(),
+            turn: Cell::new(0),
+            after_poll: RefCell::new(Vec::new()),
+            panic_payload: RefCell::new(None),
+        }))
+    }
+}
+
+/// Ok if the io_uring driver can run on this kernel, else a sentence
+/// saying why not (the same probe `DriverKind::Auto` makes).
+pub fn uring_available() -> Result<(), String> {
+    crate::driver::probe::uring_support()
+}
+
+/// A thread-per-core runtime.
+///
+/// Dropping it stops every worker, drops every task and closes every
+/// descriptor the runtime opened.
+pub struct Runtime {
+    main: Option<Rc<Context>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    handle: Handle,
+}
+
+impl Runtime {
+    /// A builder with the defaults.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// A runtime with the defaults.
+    pub fn new() -> io::Result<Runtime> {
+        Builder::default().build()
+    }
+
+    /// A `Send` handle to the workers.
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// A snapshot of every worker's counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.handle.stats()
+    }
+
+    /// Runs `future` to completion on the calling thread, while the workers
+    /// run whatever was spawned on them. Tasks spawned from inside `future`
+    /// with [`spawn`] run on the calling thread too.
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        let cx = self.main.as_ref().expect("runtime is shutting down").clone();
+        let guard = context::enter(cx.clone());
+        let future = pin!(future);
+        let out = worker::run(&cx, Some(future));
+        drop(guard);
+        match out {
+            Ok(v) => v,
+            Err(worker::ShutdownRequested) => {
+                unreachable!("the caller's context is never asked to shut down")
+            }
+        }
+    }
+
+    /// Runs the future that `make_future(worker)` returns on every worker at
+    /// once and waits for all of them: the usual shape of a thread-per-core
+    /// server. Results come back in worker order.
+    pub fn block_on_all<F, Fut>(&self, make_future: F) -> Vec<Result<Fut::Output, JoinError>>
+    where
+        F: Fn(usize) -> Fut + Send + Sync + Clone + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let remote: Vec<_> = (0..self.handle.workers())
+            .map(|w| {
+                let f = make_future.clone();
+                self.handle.spawn_on(w, move || f(w))
+            })
+            .collect();
+        self.block_on(async move {
+            let mut out = Vec::with_capacity(remote.len());
+            for r in remote {
+                out.push(r.await);
+            }
+            out
+        })
+    }
+
+    /// Stops the workers, drops every task and closes every descriptor.
+    /// Tasks are dropped, not completed: stop them first for a graceful end.
+    /// Dropping the runtime does the same.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let threads = std::mem::take(&mut self.threads);
+        stop_threads(&self.handle.inner.workers, threads);
+        if let Some(cx) = self.main.take() {
+            let guard = context::enter(cx.clone());
+            shutdown_tasks(&cx);
+            drop(guard);
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("workers", &self.handle.workers())
+            .finish()
+    }
+}

@@ -1,0 +1,174 @@
+//! Tasks: the slab that holds each worker's futures, and the waker that
+//! puts a task back on its worker's run queue from any thread.
+//!
+//! # Implementation notes
+//! A task's future is `!Send` and lives only in its worker's slab; the waker
+//! carries no pointer to it, only the task's key (slot index and generation)
+//! and the worker's shared inbox. So a waker may be cloned, sent, woken and
+//! dropped on any thread without ever touching the future, and a waker that
+//! outlives its task wakes nothing: the generation no longer matches.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Wake, Waker};
+
+use super::context;
+use super::shared::WorkerShared;
+
+/// A task's identity on its worker: `generation << 32 | slot`.
+pub(crate) type TaskKey = u64;
+
+/// The key the executor uses for the future passed to `block_on`.
+pub(crate) const MAIN_TASK: TaskKey = u64::MAX;
+
+/// A boxed task future.
+pub(crate) type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+/// One slot of the task slab.
+struct Slot {
+    generation: u32,
+    task: Option<Task>,
+}
+
+/// A live task.
+pub(crate) struct Task {
+    /// The future; `None` while the executor is polling it.
+    pub(crate) future: Option<TaskFuture>,
+    /// The waker handed to the future, made once at spawn.
+    pub(crate) waker: Waker,
+    /// The waker's state, to clear its scheduled flag before each poll.
+    pub(crate) header: Arc<TaskWaker>,
+    /// Set when `abort` is called while the task is being polled.
+    pub(crate) aborted: bool,
+}
+
+/// The tasks of one worker, addressed by generational keys.
+#[derive(Default)]
+pub(crate) struct TaskSlab {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl TaskSlab {
+    /// The key the next inserted task will get.
+    pub(crate) fn next_key(&self) -> TaskKey {
+        match self.free.last() {
+            Some(&slot) => key(self.slots[slot as usize].generation, slot),
+            None => key(0, self.slots.len() as u32),
+        }
+    }
+
+    /// Stores a task; returns its key, which equals `next_key()` before the call.
+    pub(crate) fn insert(&mut self, task: Task) -> TaskKey {
+        self.len += 1;
+        match self.free.pop() {
+            Some(slot) => {
+                let s = &mut self.slots[slot as usize];
+                s.task = Some(task);
+                key(s.generation, slot)
+            }
+            None => {
+                let slot = self.slots.len() as u32;
+                self.slots.push(Slot {
+                    generation: 0,
+                    task: Some(task),
+                });
+                key(0, slot)
+            }
+        }
+    }
+
+    /// The task behind `key`, if it is still alive.
+    pub(crate) fn get_mut(&mut self, key: TaskKey) -> Option<&mut Task> {
+        let (generation, slot) = split(key);
+        match self.slots.get_mut(slot as usize) {
+            Some(s) if s.generation == generation => s.task.as_mut(),
+            _ => None,
+        }
+    }
+
+    /// Removes the task behind `key`; a later key for this slot has a new generation.
+    pub(crate) fn remove(&mut self, key: TaskKey) -> Option<Task> {
+        let (generation, slot) = split(key);
+        let s = self.slots.get_mut(slot as usize)?;
+        if s.generation != generation {
+            return None;
+        }
+        let task = s.task.take()?;
+        s.generation = s.generation.wrapping_add(1);
+        self.free.push(slot);
+        self.len -= 1;
+        Some(task)
+    }
+
+    /// Takes every task out, for shutdown.
+    pub(crate) fn drain(&mut self) -> Vec<Task> {
+        let mut out = Vec::with_capacity(self.len);
+        for slot in 0..self.slots.len() {
+            let generation = self.slots[slot].generation;
+            if let Some(task) = self.remove(key(generation, slot as u32)) {
+                out.push(task);
+            }
+        }
+        out
+    }
+}
+
+fn key(generation: u32, slot: u32) -> TaskKey {
+    (u64::from(generation) << 32) | u64::from(slot)
+}
+
+fn split(key: TaskKey) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
+}
+
+/// The waker of one task.
+pub(crate) struct TaskWaker {
+    key: TaskKey,
+    worker: Arc<WorkerShared>,
+    /// True while the task sits in a run queue, so repeated wakes enqueue it once.
+    scheduled: AtomicBool,
+}
+
+impl TaskWaker {
+    pub(crate) fn new(key: TaskKey, worker: Arc<WorkerShared>) -> Arc<Self> {
+        Arc::new(TaskWaker {
+            key,
+            worker,
+            scheduled: AtomicBool::new(false),
+        })
+    }
+
+    /// Marks the task as no longer queued; called just before it is polled,
+    /// so that a wake during the poll queues it again.
+    pub(crate) fn clear_scheduled(&self) {
+        self.scheduled.store(false, Ordering::Release);
+    }
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let worker_id = self.worker.id;
+        let queued_locally = context::try_with(|cx| {
+            if cx.id == worker_id && Arc::ptr_eq(&cx.shared, &self.worker) {
+                cx.run_queue.borrow_mut().push_back(self.key);
+                true
+            } else {
+                false
+            }
+        });
+        if queued_locally != Some(true) {
+            self.worker.push_wake(self.key);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The worker loop: run tasks, poll the driver, fire timers, repeat.
+//!
+//! One turn of the loop:
+//! 1. poll up to `event_interval` queued tasks (so a busy task set cannot
+//!    starve I/O);
+//! 2. poll the driver: with a zero timeout if work is queued or busy
+//!    polling is on, else until the next timer or an event;
+//! 3. take what other threads left in the inbox (wakes, spawns, shutdown);
+//! 4. wake what waited for "after the next poll" (accept batches that hit
+//!    their bound), then fire due timers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use super::config::BusyPoll;
+use super::context::Context;
+use super::task::{TaskKey, TaskWaker, MAIN_TASK};
+use crate::stats;
+
+/// The largest number of timers fired in one loop turn; the rest fire on the next.
+const TIMERS_PER_TURN_MAX: usize = 1024;
+
+/// Why the loop stopped without the main future completing.
+pub(crate) struct ShutdownRequested;
+
+/// Runs the worker until `main` completes (or, with `None`, until shutdown is requested).
+pub(crate) fn run<F: Future>(
+    cx: &Context,
+    mut main: Option<Pin<&mut F>>,
+) -> Result<F::Output, ShutdownRequested> {
+    let main_waker = Waker::from(TaskWaker::new(MAIN_TASK, cx.shared.clone()));
+    if main.is_some() {
+        cx.run_queue.borrow_mut().push_back(MAIN_TASK);
+    }
+    let mut last_event = cx.clock.update();
+    loop {
+        // 1. Tasks.
+        for _ in 0..cx.config.event_interval {
+            let Some(key) = cx.run_queue.borrow_mut().pop_front() else {
+                break;
+            };
+            if key == MAIN_TASK {
+                if let Some(fut) = main.as_mut() {
+                    let mut task_cx = TaskContext::from_waker(&main_waker);
+                    stats::add(&cx.shared.stats.tasks_polled, 1);
+                    if let Poll::Ready(out) = fut.as_mut().poll(&mut task_cx) {
+                        return Ok(out);
+                    }
+                }
+            } else {
+                run_task(cx, key);
+            }
+        }
+
+        // 2. I/O.
+        let now = cx.clock.update();
+        let timeout = poll_timeout(cx, now, last_event);
+        let sleeping = timeout != Some(Duration::ZERO);
+        if sleeping {
+            cx.shared.sleeping.store(true, Ordering::SeqCst);
+            if cx.shared.inbox_pending.load(Ordering::SeqCst) {
+                cx.shared.sleeping.store(false, Ordering::SeqCst);
+            }
+        }
+        let timeout = if cx.shared.sleeping.load(Ordering::Relaxed) || !sleeping {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
+        let events = match cx.driver.borrow_mut().poll(timeout) {
+            Ok(n) => n,
+            Err(e) => panic!("the I/O driver failed and the worker cannot continue: {e}"),
+        };
+        cx.shared.sleeping.store(false, Ordering::Relaxed);
+        if timeout == Some(Duration::ZERO) {
+            if events == 0 && cx.run_queue.borrow().is_empty() {
+                stats::add(&cx.shared.stats.poller_spins, 1);
+            }
+        } else {
+            stats::add(&cx.shared.stats.poller_waits, 1);
+        }
+        let now = cx.clock.update();
+        if events > 0 {
+            last_event = now;
+        }
+        cx.turn.set(cx.turn.get() + 1);
+
+        // 3. Inbox.
+        if cx.shared.inbox_pending.load(Ordering::Acquire) {
+            let inbox = cx.shared.take_inbox();
+            stats::add(&cx.shared.stats.remote_wakeups, 1);
+            cx.run_queue.borrow_mut().extend(inbox.wakes);
+            for f in inbox.runnables {
+                f();
+            }
+            if inbox.shutdown {
+                return Err(ShutdownRequested);
+            }
+            last_event = now;
+        }
+
+        // 4. Deferred wakes and timers.
+        let deferred = std::mem::take(&mut *cx.after_poll.borrow_mut());
+        for w in deferred {
+            w.wake();
+        }
+        fire_timers(cx, now);
+    }
+}
+
+/// Polls one task, dropping it if it finished, panicked or was aborted.
+fn run_task(cx: &Context, key: TaskKey) {
+    let (mut future, waker) = {
+        let mut tasks = cx.tasks.borrow_mut();
+        let Some(task) = tasks.get_mut(key) else { return };
+        let Some(future) = task.future.take() else { return };
+        // A wake from now on (including from inside this poll) queues the task again.
+        task.header.clear_scheduled();
+        (future, task.waker.clone())
+    };
+    stats::add(&cx.shared.stats.tasks_polled, 1);
+    let mut task_cx = TaskContext::from_waker(&waker);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        future.as_mut().poll(&mut task_cx)
+    }));
+    let done = match result {
+        Ok(Poll::Ready(())) => true,
+        Ok(Poll::Pending) => false,
+        Err(payload) => {
+            *cx.panic_payload.borrow_mut() = Some(payload);
+            true
+        }
+    };
+    let mut tasks = cx.tasks.borrow_mut();
+    let finished = match tasks.get_mut(key) {
+        Some(task) if !done && !task.aborted => {
+            task.future = Some(future);
+            return;
+        }
+        Some(_) => tasks.remove(key),
+        None => None,
+    };
+    drop(tasks);
+    // Dropped outside the borrow: destructors may spawn or close sockets.
+    drop(future);
+    drop(finished);
+    cx.panic_payload.borrow_mut().take();
+}
+
+/// How long the driver may block this turn.
+fn poll_timeout(cx: &Context, now: Instant, last_event: Instant) -> Option<Duration> {
+    if !cx.run_queue.borrow().is_empty() || !cx.after_poll.borrow().is_empty() {
+        return Some(Duration::ZERO);
+    }
+    match cx.config.busy_poll {
+        BusyPoll::Always => return Some(Duration::ZERO),
+        BusyPoll::Adaptive { spin_budget } if now.duration_since(last_event) < spin_budget => {
+            return Some(Duration::ZERO)
+        }
+        _ => {}
+    }
+    let next = cx.timers.borrow().next_deadline()?;
+    let at = cx.clock.instant_of(next);
+    Some(at.saturating_duration_since(now))
+}
+
+/// Wakes the tasks whose timers are due.
+fn fire_timers(cx: &Context, now: Instant) {
+    let tick = cx.clock.tick_at(now);
+    let mut due = Vec::new();
+    {
+        let mut timers = cx.timers.borrow_mut();
+        match timers.next_deadline() {
+            Some(next) if next <= tick => {}
+            _ => return,
+        }
+        timers.poll(tick, TIMERS_PER_TURN_MAX, |_, waker| due.push(waker));
+    }
+    stats::add(&cx.shared.stats.timers_fired, due.len() as u64);
+    for w in due {
+        w.wake();
+    }
+}

@@ -1,0 +1,240 @@
+//! Live counters, per worker and summed, readable at any time from any thread.
+//!
+//! Each worker is the only writer of its own [`WorkerStats`], so a counter is
+//! bumped with a relaxed load and store (no locked instruction on the hot
+//! path); readers on other threads see values that are at most a few
+//! increments old, which is what a monitoring snapshot needs.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Adds `n` to a counter that only the current worker writes.
+#[inline]
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+/// Raises a high-water mark that only the current worker writes.
+#[inline]
+pub(crate) fn raise(counter: &AtomicU64, value: u64) {
+    if value > counter.load(Relaxed) {
+        counter.store(value, Relaxed);
+    }
+}
+
+/// Declares the counters once: the live struct, the snapshot struct and the
+/// list of names stay in step.
+macro_rules! counters {
+    ($( $(#[$doc:meta])* $name:ident: $kind:ident, )*) => {
+        /// The live counters of one worker, written only by that worker.
+        #[derive(Debug, Default)]
+        pub struct WorkerStats {
+            $( $(#[$doc])* pub $name: AtomicU64, )*
+        }
+
+        /// A copy of one worker's counters (or their sum) at one moment.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct Counters {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl WorkerStats {
+            /// Reads every counter.
+            pub fn load(&self) -> Counters {
+                Counters { $( $name: self.$name.load(Relaxed), )* }
+            }
+        }
+
+        impl Counters {
+            /// Every counter as (name, value, is it a high-water mark).
+            pub fn fields(&self) -> Vec<(&'static str, u64, bool)> {
+                vec![ $( (stringify!($name), self.$name, counters!(@is_max $kind)), )* ]
+            }
+
+            fn merge(&mut self, other: &Counters) {
+                $( counters!(@merge $kind, self.$name, other.$name); )*
+            }
+        }
+    };
+    (@is_max sum) => { false };
+    (@is_max max) => { true };
+    (@merge sum, $a:expr, $b:expr) => { $a += $b };
+    (@merge max, $a:expr, $b:expr) => { $a = $a.max($b) };
+}
+
+counters! {
+    /// Connections accepted.
+    accepted: sum,
+    /// Loop turns in which at least one connection was accepted.
+    accept_wakeups: sum,
+    /// The most connections accepted in one loop turn.
+    max_accepted_per_wakeup: max,
+    /// Times the accept bound stopped a batch with connections still queued.
+    accept_bound_hits: sum,
+    /// `accept` failures for lack of descriptors or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`).
+    accept_errors_resources: sum,
+    /// `accept` failures skipped because the connection died first (`ECONNABORTED`, `EPROTO`, `EPERM`).
+    accept_errors_aborted: sum,
+    /// Other `accept` failures.
+    accept_errors_other: sum,
+    /// Times accepting paused because descriptors ran out.
+    accept_pauses: sum,
+    /// Sockets registered with epoll (`epoll_ctl` ADD calls).
+    registrations: sum,
+    /// Sockets closed without ever being registered with epoll.
+    registrations_avoided: sum,
+    /// Events dropped because their generation tag named a closed socket.
+    stale_events: sum,
+    /// Poller calls that could block.
+    poller_waits: sum,
+    /// Poller calls with a zero timeout made while busy polling that found nothing.
+    poller_spins: sum,
+    /// I/O events or completions handled.
+    poller_events: sum,
+    /// Task polls.
+    tasks_polled: sum,
+    /// Tasks spawned.
+    tasks_spawned: sum,
+    /// Timers fired.
+    timers_fired: sum,
+    /// Wake-ups from other threads (eventfd).
+    remote_wakeups: sum,
+    /// Submission queue entries pushed (io_uring).
+    submissions: sum,
+    /// `io_uring_enter` calls (io_uring).
+    uring_enters: sum,
+    /// Completions reaped (io_uring).
+    completions: sum,
+    /// Multishot accepts re-armed after the kernel ended one (io_uring).
+    multishot_rearms: sum,
+    /// Completion queue overflows reported by the kernel (io_uring).
+    cq_overflows: sum,
+    /// Operations cancelled because their future was dropped (io_uring).
+    cancellations: sum,
+    /// Times the submission queue was full and had to be flushed first (io_uring).
+    sq_full: sum,
+}
+
+/// How one worker's driver was set up, fixed at start-up.
+#[derive(Debug, Clone, Default)]
+pub struct DriverInfo {
+    /// `epoll` or `uring`.
+    pub driver: &'static str,
+    /// Why this driver was chosen (for `auto`, why io_uring was or was not used).
+    pub reason: String,
+    /// The busy-poll mode in force (`off`, `always`, `adaptive:<us>`).
+    pub busy_poll: String,
+    /// Whether the kernel's own busy polling (`EPIOCSPARAMS` or NAPI registration) took effect, and why not.
+    pub kernel_busy_poll: String,
+}
+
+/// Counters of every worker at one moment, with their sum.
+#[derive(Debug, Clone, Default)]
+pub struct StatsSnapshot {
+    /// Each worker's counters, by worker index.
+    pub workers: Vec<Counters>,
+    /// The counters summed over workers (high-water marks take the maximum).
+    pub total: Counters,
+    /// How the drivers were set up (from worker 0; every worker is set up alike).
+    pub info: DriverInfo,
+}
+
+impl StatsSnapshot {
+    pub(crate) fn collect(workers: &[Arc<WorkerStats>], info: DriverInfo) -> Self {
+        let workers: Vec<Counters> = workers.iter().map(|w| w.load()).collect();
+        let mut total = Counters::default();
+        for w in &workers {
+            total.merge(w);
+        }
+        StatsSnapshot { workers, total, info }
+    }
+
+    /// The snapshot as one JSON object: the summed counters at the top level,
+    /// the driver fields, and `workers` as an array of per-worker objects.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        for (name, value, _) in self.total.fields() {
+            let _ = write!(out, "\"{name}\":{value},");
+        }
+        let _ = write!(
+            out,
+            "\"driver\":\"{}\",\"driver_reason\":\"{}\",\"busy_poll\":\"{}\",\"kernel_busy_poll\":\"{}\",\"workers\":[",
+            self.info.driver,
+            json_escape(&self.info.reason),
+            self.info.busy_poll,
+            json_escape(&self.info.kernel_busy_poll)
+        );
+        for (i, w) in self.workers.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push('{');
+            let fields = w.fields();
+            for (j, (name, value, _)) in fields.iter().enumerate() {
+                let sep = if j + 1 < fields.len() { "," } else { "" };
+                let _ = write!(out, "\"{name}\":{value}{sep}");
+            }
+            out.push('}');
+        }
+        out.push_str("]}");
+        out
+    }
+
+    /// The snapshot in the Prometheus text exposition format, one series per worker.
+    pub fn to_prometheus(&self) -> String {
+        let mut out = String::new();
+        for (idx, (name, _, is_max)) in self.total.fields().into_iter().enumerate() {
+            let kind = if is_max { "gauge" } else { "counter" };
+            let suffix = if is_max { "" } else { "_total" };
+            let _ = writeln!(out, "# TYPE hotloop_{name}{suffix} {kind}");
+            for (worker, w) in self.workers.iter().enumerate() {
+                let value = w.fields()[idx].1;
+                let _ = writeln!(out, "hotloop_{name}{suffix}{{worker=\"{worker}\"}} {value}");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# TYPE hotloop_driver_info gauge\nhotloop_driver_info{{driver=\"{}\",busy_poll=\"{}\"}} 1",
+            self.info.driver, self.info.busy_poll
+        );
+        out
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_counters_and_keeps_maxima() {
+        let a = Arc::new(WorkerStats::default());
+        let b = Arc::new(WorkerStats::default());
+        add(&a.accepted, 3);
+        add(&b.accepted, 4);
+        raise(&a.max_accepted_per_wakeup, 7);
+        raise(&b.max_accepted_per_wakeup, 5);
+        let snap = StatsSnapshot::collect(&[a, b], DriverInfo::default());
+        assert_eq!(snap.total.accepted, 7);
+        assert_eq!(snap.total.max_accepted_per_wakeup, 7);
+        assert!(snap.to_json().contains("\"accepted\":7,"));
+        assert!(snap
+            .to_prometheus()
+            .contains("hotloop_accepted_total{worker=\"1\"} 4"));
+    }
+}

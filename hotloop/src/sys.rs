@@ -1,0 +1,333 @@
+//! Thin, checked wrappers over the Linux system calls hotloop makes.
+//!
+//! Every `unsafe` block in the crate outside `driver/` and `buf.rs` lives here.
+//! Each wrapper turns the C convention (-1 and `errno`) into `io::Result`, so
+//! the layers above never touch a raw return value.
+
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// Converts a C return value into `io::Result`, reading `errno` on -1.
+fn cvt<T: PartialOrd + Default>(ret: T) -> io::Result<T> {
+    if ret < T::default() {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Creates an epoll instance with close-on-exec set.
+pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1(2) takes no pointers; a non-negative return is a new fd we own.
+    let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd` to the interest list of `epfd`.
+pub(crate) fn epoll_add(epfd: RawFd, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: data };
+    // SAFETY: `ev` is a valid epoll_event that lives across the call.
+    cvt(unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+    Ok(())
+}
+
+/// Waits for events on `epfd`, filling `events`; returns how many arrived.
+pub(crate) fn epoll_wait(
+    epfd: RawFd,
+    events: &mut [MaybeUninit<libc::epoll_event>],
+    timeout_ms: i32,
+) -> io::Result<usize> {
+    let max = events.len().min(i32::MAX as usize) as i32;
+    // SAFETY: the kernel writes at most `max` entries into `events`, which has room for them.
+    let n = cvt(unsafe { libc::epoll_wait(epfd, events.as_mut_ptr().cast(), max, timeout_ms) })?;
+    Ok(n as usize)
+}
+
+/// `EPIOCSPARAMS`: `_IOW(0x8A, 0x01, struct epoll_params)` (Linux 6.9).
+const EPIOCSPARAMS: libc::c_ulong = 0x4008_8A01;
+
+/// `struct epoll_params` from `<linux/eventpoll.h>`.
+#[repr(C)]
+struct EpollParams {
+    busy_poll_usecs: u32,
+    busy_poll_budget: u16,
+    prefer_busy_poll: u8,
+    pad: u8,
+}
+
+/// Asks the kernel to busy-poll NAPI queues inside `epoll_wait` on `epfd`.
+pub(crate) fn epoll_set_busy_poll(epfd: RawFd, usecs: u32, budget: u16) -> io::Result<()> {
+    let params = EpollParams {
+        busy_poll_usecs: usecs,
+        busy_poll_budget: budget,
+        prefer_busy_poll: 1,
+        pad: 0,
+    };
+    // SAFETY: EPIOCSPARAMS reads one `struct epoll_params`, which `params` is, for the call's duration.
+    cvt(unsafe { libc::ioctl(epfd, EPIOCSPARAMS, &params as *const EpollParams) })?;
+    Ok(())
+}
+
+/// Creates a non-blocking, close-on-exec eventfd.
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) takes no pointers; a non-negative return is a new fd we own.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds one to an eventfd's counter, waking whoever polls it.
+pub(crate) fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64. EAGAIN (counter saturated) still leaves it readable, so the result is ignored.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Resets an eventfd's counter to zero.
+pub(crate) fn eventfd_drain(fd: RawFd) {
+    let mut value: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64. EAGAIN means it was already zero.
+    unsafe { libc::read(fd, (&mut value as *mut u64).cast(), 8) };
+}
+
+/// Reads into `len` bytes at `ptr`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for writes for the duration of the call.
+pub(crate) unsafe fn recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer; MSG_NOSIGNAL is irrelevant for recv.
+    let n = cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) })?;
+    Ok(n as usize)
+}
+
+/// Sends `len` bytes at `ptr`, never raising `SIGPIPE`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for reads for the duration of the call.
+pub(crate) unsafe fn send(fd: RawFd, ptr: *const u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer. MSG_NOSIGNAL turns a write to a closed peer into EPIPE instead of a signal.
+    let n = cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
+}
+
+/// Sends the buffers described by `iov` in one call, never raising `SIGPIPE`.
+///
+/// # Safety
+/// Every `iovec` must describe memory valid for reads for the duration of the call.
+pub(crate) unsafe fn sendmsg(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    // SAFETY: `msg` points at `iov`, which the caller guarantees; both outlive the call.
+    let n = cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
+}
+
+/// Accepts one connection as a non-blocking, close-on-exec socket.
+///
+/// The peer address is not asked for: io_uring's multishot accept cannot
+/// return it either, so both drivers look it up only when asked.
+pub(crate) fn accept(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: null address pointers are allowed and mean "don't report the peer".
+    let conn = cvt(unsafe {
+        libc::accept4(
+            fd,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    })?;
+    // SAFETY: `conn` is a new fd from the kernel; we own it.
+    Ok(unsafe { OwnedFd::from_raw_fd(conn) })
+}
+
+/// Creates a non-blocking, close-on-exec TCP socket for `addr`'s family.
+pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
+    let family = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: socket(2) takes no pointers; a non-negative return is a new fd we own.
+    let fd = cvt(unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets an integer socket option.
+pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live i32 and its exact size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+/// Reads an integer socket option.
+pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
+    let mut value: i32 = 0;
+    let mut len = size_of::<i32>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into the live i32.
+    cvt(unsafe { libc::getsockopt(fd, level, name, (&mut value as *mut i32).cast(), &mut len) })?;
+    Ok(value)
+}
+
+/// Binds `fd` to `addr`.
+pub(crate) fn bind(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
+    let (storage, len) = std_to_sockaddr(addr);
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes.
+    cvt(unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
+    Ok(())
+}
+
+/// Marks `fd` as a listening socket.
+pub(crate) fn listen(fd: RawFd, backlog: i32) -> io::Result<()> {
+    // SAFETY: listen(2) takes no pointers.
+    cvt(unsafe { libc::listen(fd, backlog) })?;
+    Ok(())
+}
+
+/// Starts a connect on a non-blocking socket; `EINPROGRESS` comes back as an error.
+pub(crate) fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
+    let (storage, len) = std_to_sockaddr(addr);
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes.
+    cvt(unsafe { libc::connect(fd, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
+    Ok(())
+}
+
+/// Shuts down one or both halves of a connection.
+pub(crate) fn shutdown(fd: RawFd, how: std::net::Shutdown) -> io::Result<()> {
+    let how = match how {
+        std::net::Shutdown::Read => libc::SHUT_RD,
+        std::net::Shutdown::Write => libc::SHUT_WR,
+        std::net::Shutdown::Both => libc::SHUT_RDWR,
+    };
+    // SAFETY: shutdown(2) takes no pointers.
+    cvt(unsafe { libc::shutdown(fd, how) })?;
+    Ok(())
+}
+
+/// The local address of a socket.
+pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    sockname(fd, libc::getsockname)
+}
+
+/// The peer address of a connected socket.
+pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    sockname(fd, libc::getpeername)
+}
+
+type SocknameFn = unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+
+fn sockname(fd: RawFd, f: SocknameFn) -> io::Result<SocketAddr> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage` has room for any address and `len` says how much.
+    cvt(unsafe { f(fd, storage.as_mut_ptr().cast(), &mut len) })?;
+    // SAFETY: zero-initialised and then written by the kernel.
+    sockaddr_to_std(unsafe { storage.assume_init_ref() })
+}
+
+/// Converts a kernel socket address into a `SocketAddr`.
+pub(crate) fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
+    match storage.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in, which fits inside it.
+            let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says this storage holds a sockaddr_in6, which fits inside it.
+            let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "unsupported address family",
+        )),
+    }
+}
+
+/// Converts a `SocketAddr` into kernel form and its length.
+pub(crate) fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_in fits inside sockaddr_storage, which is suitably aligned for it.
+            let sin =
+                unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_in6 fits inside sockaddr_storage, which is suitably aligned for it.
+            let sin6 =
+                unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// Pins the calling thread to one CPU.
+pub(crate) fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes one bit inside `set`; `cpu` is reduced modulo the set's size.
+    unsafe { libc::CPU_SET(cpu % (8 * size_of::<libc::cpu_set_t>()), &mut set) };
+    // SAFETY: passes a live cpu_set_t and its exact size; pid 0 means the calling thread.
+    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) })?;
+    Ok(())
+}
+
+/// Raises the soft open-file limit to the hard limit; returns the limit now in force.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the live struct.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: setrlimit reads one live rlimit.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    }
+    Ok(lim.rlim_cur as u64)
+}
+
+/// The number of descriptors this process has open (entries of `/proc/self/fd`).
+pub fn open_fd_count() -> io::Result<usize> {
+    // read_dir itself holds one descriptor while counting; subtract it.
+    Ok(std::fs::read_dir("/proc/self/fd")?.count().saturating_sub(1))
+}

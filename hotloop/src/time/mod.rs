@@ -1,0 +1,164 @@
+//! Time: `sleep`, `timeout` and `interval`, on each worker's timer wheel.
+//!
+//! A timer's deadline is rounded up to the wheel's 1 ms tick, so it never
+//! fires early; the worker's poller sleeps at most until the wheel's
+//! earliest deadline.
+
+pub mod wheel;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+
+use crate::runtime::context;
+use wheel::TimerKey;
+
+/// A future that completes at a deadline. Dropping it cancels the timer.
+#[must_use = "futures do nothing unless awaited"]
+pub struct Sleep {
+    deadline: Instant,
+    key: Option<TimerKey>,
+}
+
+/// Waits for `duration`.
+pub fn sleep(duration: Duration) -> Sleep {
+    sleep_until(Instant::now() + duration)
+}
+
+/// Waits until `deadline`.
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    Sleep { deadline, key: None }
+}
+
+impl Sleep {
+    /// The instant this sleep completes.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Moves the deadline; cheap, and the timer is re-filed lazily.
+    pub fn reset(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        if let Some(key) = self.key {
+            context::with(|cx| {
+                let tick = cx.clock.tick_for_deadline(deadline);
+                if !cx.timers.borrow_mut().reset(key, tick) {
+                    self.key = None;
+                }
+            });
+        }
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, task_cx: &mut TaskContext<'_>) -> Poll<()> {
+        context::with(|cx| {
+            if Instant::now() >= self.deadline {
+                if let Some(key) = self.key.take() {
+                    cx.timers.borrow_mut().cancel(key);
+                }
+                return Poll::Ready(());
+            }
+            let mut timers = cx.timers.borrow_mut();
+            match self.key.and_then(|k| timers.get_mut(k)) {
+                Some(w) => {
+                    if !w.will_wake(task_cx.waker()) {
+                        *w = task_cx.waker().clone();
+                    }
+                }
+                None => {
+                    let tick = cx.clock.tick_for_deadline(self.deadline);
+                    self.key = Some(timers.insert(tick, task_cx.waker().clone()));
+                }
+            }
+            Poll::Pending
+        })
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            context::try_with(|cx| cx.timers.borrow_mut().cancel(key));
+        }
+    }
+}
+
+/// The error of a [`timeout`] whose deadline passed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+impl std::fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "deadline has elapsed")
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+impl From<Elapsed> for std::io::Error {
+    fn from(_: Elapsed) -> Self {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline has elapsed")
+    }
+}
+
+/// Runs `future` for at most `duration`.
+pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
+    timeout_at(Instant::now() + duration, future).await
+}
+
+/// Runs `future` until `deadline` at the latest.
+pub async fn timeout_at<F: Future>(deadline: Instant, future: F) -> Result<F::Output, Elapsed> {
+    let mut future = std::pin::pin!(future);
+    let mut sleep = std::pin::pin!(sleep_until(deadline));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = future.as_mut().poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        sleep.as_mut().poll(cx).map(|()| Err(Elapsed))
+    })
+    .await
+}
+
+/// A stream of ticks at a fixed period.
+pub struct Interval {
+    period: Duration,
+    sleep: Sleep,
+}
+
+/// Ticks every `period`, the first tick at once. A tick that is late does
+/// not make the next ones come faster: the schedule restarts from the late tick.
+///
+/// # Panics
+/// If `period` is zero.
+pub fn interval(period: Duration) -> Interval {
+    assert!(period > Duration::ZERO, "interval period must be non-zero");
+    Interval {
+        period,
+        sleep: sleep_until(Instant::now()),
+    }
+}
+
+impl Interval {
+    /// Waits for the next tick; returns the instant it was scheduled for.
+    pub async fn tick(&mut self) -> Instant {
+        let scheduled = self.sleep.deadline();
+        (&mut self.sleep).await;
+        let now = Instant::now();
+        let next = if now > scheduled + self.period {
+            now + self.period
+        } else {
+            scheduled + self.period
+        };
+        self.sleep = sleep_until(next);
+        scheduled
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+}
