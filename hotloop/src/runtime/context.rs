@@ -2,7 +2,6 @@
 //! tasks running on it through a thread-local that is set only while the
 //! worker runs.
 
-use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -36,8 +35,8 @@ pub(crate) struct Context {
     pub(crate) turn: Cell<u64>,
     /// Wakers to wake after the next poll of the driver.
     pub(crate) after_poll: RefCell<Vec<Waker>>,
-    /// The payload of a task that just panicked, for its `JoinHandle`.
-    pub(crate) panic_payload: RefCell<Option<Box<dyn Any + Send>>>,
+    /// Set by a task's completion while it unwinds; takes the panic's payload.
+    pub(crate) panic_sink: RefCell<Option<super::join::PanicSink>>,
 }
 
 thread_local! {

@@ -60,11 +60,11 @@ struct JoinSlot<T> {
 }
 
 /// Completes the join slot when the task finishes or is dropped unfinished.
-struct Completion<T> {
+struct Completion<T: 'static> {
     slot: Rc<RefCell<JoinSlot<T>>>,
 }
 
-impl<T> Completion<T> {
+impl<T: 'static> Completion<T> {
     fn finish(&self, result: Result<T, JoinError>) {
         let waiter = {
             let mut slot = self.slot.borrow_mut();
@@ -81,20 +81,29 @@ impl<T> Completion<T> {
     }
 }
 
-impl<T> Drop for Completion<T> {
+impl<T: 'static> Drop for Completion<T> {
     fn drop(&mut self) {
         if self.slot.borrow().finished {
             return;
         }
-        // Dropped before finishing: aborted, shut down, or unwound by a panic
-        // that the executor caught and parked in the context.
-        let payload = context::try_with(|cx| cx.panic_payload.borrow_mut().take()).flatten();
-        let err = match payload {
-            Some(p) => JoinError::Panicked(p),
-            None => JoinError::Cancelled,
-        };
-        self.finish(Err(err));
+        if std::thread::panicking() {
+            // Unwinding out of the task: the executor catches the panic just
+            // after this and hands the payload to the sink.
+            let slot = self.slot.clone();
+            set_panic_sink(Box::new(move |payload| {
+                Completion { slot }.finish(Err(JoinError::Panicked(payload)));
+            }));
+            return;
+        }
+        self.finish(Err(JoinError::Cancelled));
     }
+}
+
+/// Where the executor sends the payload of the panic it is catching.
+pub(crate) type PanicSink = Box<dyn FnOnce(Box<dyn Any + Send>)>;
+
+fn set_panic_sink(sink: PanicSink) {
+    context::try_with(|cx| *cx.panic_sink.borrow_mut() = Some(sink));
 }
 
 /// An owned permission to await a task's output or abort it.
@@ -304,15 +313,20 @@ impl<T> Future for RemoteJoinHandle<T> {
 }
 
 /// Finishes a remote slot as cancelled if the task is dropped unfinished.
-pub(crate) struct RemoteCompletion<T>(pub(crate) Arc<RemoteSlot<T>>);
+pub(crate) struct RemoteCompletion<T: Send + 'static>(pub(crate) Arc<RemoteSlot<T>>);
 
-impl<T> Drop for RemoteCompletion<T> {
+impl<T: Send + 'static> Drop for RemoteCompletion<T> {
     fn drop(&mut self) {
         if self.0.state.lock().unwrap_or_else(|e| e.into_inner()).finished {
             return;
         }
-        let payload = context::try_with(|cx| cx.panic_payload.borrow_mut().take()).flatten();
-        self.0
-            .finish(Err(payload.map_or(JoinError::Cancelled, JoinError::Panicked)));
+        if std::thread::panicking() {
+            let slot = self.0.clone();
+            set_panic_sink(Box::new(move |payload| {
+                slot.finish(Err(JoinError::Panicked(payload)))
+            }));
+            return;
+        }
+        self.0.finish(Err(JoinError::Cancelled));
     }
 }

@@ -34,7 +34,7 @@ use context::{Clock, Context};
 use task::TaskSlab;
 
 use crate::driver::Driver;
-use crate::stats::StatsSnapshot;
+use crate::stats::{DriverInfo, StatsSnapshot};
 use crate::sys;
 use crate::time::wheel::TimerWheel;
 
@@ -113,7 +113,7 @@ impl Builder {
         let main_shared = WorkerShared::new(config.workers)?;
         let handle = Handle::new(shared.clone(), main_shared.clone());
 
-        let (ready_tx, ready_rx) = mpsc::channel::<io::Result<()>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<(usize, io::Result<DriverInfo>)>();
         let mut threads = Vec::new();
         for worker in shared.iter().cloned() {
             let config = config.clone();
@@ -142,9 +142,17 @@ impl Builder {
             .as_ref()
             .err()
             .map(|e| io::Error::new(e.kind(), e.to_string()));
+        let mut info = DriverInfo::default();
         for _ in 0..config.workers {
-            if let Ok(Err(e)) = ready_rx.recv() {
-                first_error.get_or_insert(e);
+            match ready_rx.recv() {
+                Ok((0, Ok(i))) => info = i,
+                Ok((_, Ok(_))) => {}
+                Ok((_, Err(e))) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert(io::Error::other("a worker thread exited during start-up"));
+                }
             }
         }
         if let Some(e) = first_error {
@@ -152,7 +160,7 @@ impl Builder {
             return Err(e);
         }
         let main_cx = main_cx?;
-        *handle.inner.info.lock().unwrap_or_else(|e| e.into_inner()) = main_cx.driver_info.clone();
+        *handle.inner.info.lock().unwrap_or_else(|e| e.into_inner()) = info;
         Ok(Runtime {
             main: Some(main_cx),
             threads,
@@ -174,16 +182,17 @@ fn worker_thread(
     shared: Arc<WorkerShared>,
     config: Config,
     handle: Handle,
-    ready: mpsc::Sender<io::Result<()>>,
+    ready: mpsc::Sender<(usize, io::Result<DriverInfo>)>,
 ) {
+    let id = shared.id;
     let cx = match Context::new(shared, config, handle) {
         Ok(cx) => cx,
         Err(e) => {
-            let _ = ready.send(Err(e));
+            let _ = ready.send((id, Err(e)));
             return;
         }
     };
-    let _ = ready.send(Ok(()));
+    let _ = ready.send((id, Ok(cx.driver_info.clone())));
     drop(ready);
     let guard = context::enter(cx.clone());
     let _ = worker::run::<std::future::Pending<()>>(&cx, None);
@@ -227,7 +236,7 @@ impl Context {
             clock: Clock::new(),
             turn: Cell::new(0),
             after_poll: RefCell::new(Vec::new()),
-            panic_payload: RefCell::new(None),
+            panic_sink: RefCell::new(None),
         }))
     }
 }

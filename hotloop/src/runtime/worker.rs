@@ -31,7 +31,8 @@ pub(crate) fn run<F: Future>(
     cx: &Context,
     mut main: Option<Pin<&mut F>>,
 ) -> Result<F::Output, ShutdownRequested> {
-    let main_waker = Waker::from(TaskWaker::new(MAIN_TASK, cx.shared.clone()));
+    let main_header = TaskWaker::new(MAIN_TASK, cx.shared.clone());
+    let main_waker = Waker::from(main_header.clone());
     if main.is_some() {
         cx.run_queue.borrow_mut().push_back(MAIN_TASK);
     }
@@ -44,6 +45,7 @@ pub(crate) fn run<F: Future>(
             };
             if key == MAIN_TASK {
                 if let Some(fut) = main.as_mut() {
+                    main_header.clear_scheduled();
                     let mut task_cx = TaskContext::from_waker(&main_waker);
                     stats::add(&cx.shared.stats.tasks_polled, 1);
                     if let Poll::Ready(out) = fut.as_mut().poll(&mut task_cx) {
@@ -70,17 +72,16 @@ pub(crate) fn run<F: Future>(
         } else {
             Some(Duration::ZERO)
         };
+        if timeout != Some(Duration::ZERO) {
+            stats::add(&cx.shared.stats.poller_waits, 1);
+        }
         let events = match cx.driver.borrow_mut().poll(timeout) {
             Ok(n) => n,
             Err(e) => panic!("the I/O driver failed and the worker cannot continue: {e}"),
         };
         cx.shared.sleeping.store(false, Ordering::Relaxed);
-        if timeout == Some(Duration::ZERO) {
-            if events == 0 && cx.run_queue.borrow().is_empty() {
-                stats::add(&cx.shared.stats.poller_spins, 1);
-            }
-        } else {
-            stats::add(&cx.shared.stats.poller_waits, 1);
+        if timeout == Some(Duration::ZERO) && events == 0 && cx.run_queue.borrow().is_empty() {
+            stats::add(&cx.shared.stats.poller_spins, 1);
         }
         let now = cx.clock.update();
         if events > 0 {
@@ -130,7 +131,9 @@ fn run_task(cx: &Context, key: TaskKey) {
         Ok(Poll::Ready(())) => true,
         Ok(Poll::Pending) => false,
         Err(payload) => {
-            *cx.panic_payload.borrow_mut() = Some(payload);
+            if let Some(sink) = cx.panic_sink.borrow_mut().take() {
+                sink(payload);
+            }
             true
         }
     };
@@ -147,7 +150,6 @@ fn run_task(cx: &Context, key: TaskKey) {
     // Dropped outside the borrow: destructors may spawn or close sockets.
     drop(future);
     drop(finished);
-    cx.panic_payload.borrow_mut().take();
 }
 
 /// How long the driver may block this turn.

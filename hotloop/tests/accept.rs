@@ -1,0 +1,104 @@
+//! The accept path: the per-wakeup bound, TCP_NODELAY on accepted sockets,
+//! and fairness (a task that only yields does not stop accepts).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::DriverKind;
+use hotloop::net::{ListenerOptions, TcpListener};
+use hotloop::{spawn, yield_now, Runtime};
+
+/// Starts a listener on worker 0 that sleeps (blocking its thread) before
+/// accepting, so that `clients` connections wait in the backlog, then
+/// serves them all; returns the runtime's counters.
+fn burst_into_a_busy_listener(
+    driver: DriverKind,
+    options: ListenerOptions,
+    clients: usize,
+) -> hotloop::stats::Counters {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let (tx, rx) = mpsc::channel::<SocketAddr>();
+    drop(rt.handle().spawn_on(0, move || async move {
+        let listener = TcpListener::bind_with("127.0.0.1:0", options).unwrap();
+        tx.send(listener.local_addr().unwrap()).unwrap();
+        // Keep the worker busy while the clients connect.
+        std::thread::sleep(Duration::from_millis(300));
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            spawn(common::echo(stream));
+        }
+    }));
+    let addr = rx.recv().unwrap();
+    let mut conns: Vec<TcpStream> = (0..clients).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for c in &mut conns {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"ping").unwrap();
+    }
+    for c in &mut conns {
+        let mut buf = [0u8; 4];
+        c.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+    }
+    rt.stats().workers[0]
+}
+
+test_all_drivers! {
+    fn accepts_are_taken_in_batches_of_at_most_the_bound(driver: DriverKind) {
+        let options = ListenerOptions { accepts_per_wakeup_max: Some(8), ..Default::default() };
+        let c = burst_into_a_busy_listener(driver, options, 200);
+        assert_eq!(c.accepted, 200);
+        assert!(c.max_accepted_per_wakeup <= 8, "batch of {} exceeds the bound of 8", c.max_accepted_per_wakeup);
+        assert!(c.accept_wakeups >= 25, "200 connections in batches of 8 need 25 wakeups, saw {}", c.accept_wakeups);
+        assert!(c.accept_bound_hits > 0);
+    }
+
+    fn unlimited_accepts_drain_the_queue_in_one_wakeup(driver: DriverKind) {
+        let options = ListenerOptions { accepts_per_wakeup_max: None, ..Default::default() };
+        let c = burst_into_a_busy_listener(driver, options, 200);
+        assert_eq!(c.accepted, 200);
+        assert!(c.max_accepted_per_wakeup > 8, "unbounded accept took only {} at once", c.max_accepted_per_wakeup);
+        assert_eq!(c.accept_bound_hits, 0);
+    }
+
+    fn accepted_sockets_inherit_nodelay(driver: DriverKind) {
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        let nodelay = rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = std::thread::spawn(move || TcpStream::connect(addr).unwrap());
+            let (stream, peer) = listener.accept().await.unwrap();
+            assert!(peer.ip().is_loopback());
+            drop(client.join().unwrap());
+            stream.nodelay().unwrap()
+        });
+        assert!(nodelay);
+    }
+
+    fn a_task_that_only_yields_does_not_stop_accepts(driver: DriverKind) {
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        let (tx, rx) = mpsc::channel::<SocketAddr>();
+        drop(rt.handle().spawn_on(0, move || async move {
+            spawn(async {
+                loop {
+                    yield_now().await;
+                }
+            });
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                spawn(common::echo(stream));
+            }
+        }));
+        let addr = rx.recv().unwrap();
+        for _ in 0..20 {
+            assert_eq!(common::roundtrip(addr, b"hello", 5), b"hello");
+        }
+    }
+}
