@@ -29,10 +29,6 @@ fn main() -> std::io::Result<()> {
     let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:7000".into());
     let rt = Runtime::builder().build()?;
     let server = serve(rt.handle(), addr.as_str(), ListenerOptions::default(), echo)?;
-    println!(
-        "echo server on {} with {} workers",
-        server.local_addr(),
-        rt.handle().workers()
-    );
+    println!("echo server on {} with {} workers", server.local_addr(), rt.handle().workers());
     rt.block_on(server.stopped())
 }

@@ -7,7 +7,7 @@
 //! curl -v http://127.0.0.1:8080/
 //! ```
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use hotloop::net::{serve, ListenerOptions, TcpStream};
 use hotloop::Runtime;
@@ -19,14 +19,12 @@ const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
 /// client asked to close.
 fn parse_head(buf: &[u8]) -> Option<(usize, bool)> {
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let head = std::str::from_utf8(&buf[..end])
-        .unwrap_or("")
-        .to_ascii_lowercase();
+    let head = std::str::from_utf8(&buf[..end]).unwrap_or("").to_ascii_lowercase();
     let close = head.contains("\r\nconnection: close") || head.starts_with("get / http/1.0");
     Some((end, close))
 }
 
-fn response(body_size: usize, close: bool) -> Rc<[u8]> {
+fn response(body_size: usize, close: bool) -> Arc<[u8]> {
     let connection = if close { "close" } else { "keep-alive" };
     let mut r = format!(
         "HTTP/1.1 200 OK\r\nContent-Length: {body_size}\r\nContent-Type: text/plain\r\nConnection: {connection}\r\n\r\n"
@@ -36,18 +34,14 @@ fn response(body_size: usize, close: bool) -> Rc<[u8]> {
     r.into()
 }
 
-async fn serve_http(stream: TcpStream, keep_alive: Rc<[u8]>, close: Rc<[u8]>) {
+async fn serve_http(stream: TcpStream, keep_alive: Arc<[u8]>, close: Arc<[u8]>) {
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = Vec::with_capacity(4096);
     loop {
         // Answer every complete request already buffered (pipelining).
         while let Some((len, wants_close)) = parse_head(&pending) {
             pending.drain(..len);
-            let reply = if wants_close {
-                close.clone()
-            } else {
-                keep_alive.clone()
-            };
+            let reply = if wants_close { close.clone() } else { keep_alive.clone() };
             let (res, _) = stream.write_all(reply).await;
             if res.is_err() || wants_close {
                 return;
@@ -73,22 +67,10 @@ fn main() -> std::io::Result<()> {
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:8080".into());
     let body_size: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(64);
     let rt = Runtime::builder().build()?;
-    let server = serve(
-        rt.handle(),
-        addr.as_str(),
-        ListenerOptions::default(),
-        move |stream| {
-            // Each worker builds its responses once; Rc is fine: tasks never leave their worker.
-            thread_local! {
-                static REPLIES: std::cell::OnceCell<(Rc<[u8]>, Rc<[u8]>)> = const { std::cell::OnceCell::new() };
-            }
-            let (keep_alive, close) = REPLIES.with(|r| {
-                r.get_or_init(|| (response(body_size, false), response(body_size, true)))
-                    .clone()
-            });
-            serve_http(stream, keep_alive, close)
-        },
-    )?;
+    let (keep_alive, close) = (response(body_size, false), response(body_size, true));
+    let server = serve(rt.handle(), addr.as_str(), ListenerOptions::default(), move |stream| {
+        serve_http(stream, keep_alive.clone(), close.clone())
+    })?;
     println!(
         "http server on {} with {} workers, {body_size}-byte body",
         server.local_addr(),

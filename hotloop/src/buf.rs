@@ -46,11 +46,7 @@ pub unsafe trait IoBuf: 'static {
             Bound::Unbounded => self.bytes_init(),
         };
         assert!(begin <= end && end <= self.bytes_init(), "slice out of range");
-        Slice {
-            buf: self,
-            begin,
-            end,
-        }
+        Slice { buf: self, begin, end }
     }
 }
 

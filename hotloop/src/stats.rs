@@ -233,8 +233,6 @@ mod tests {
         assert_eq!(snap.total.accepted, 7);
         assert_eq!(snap.total.max_accepted_per_wakeup, 7);
         assert!(snap.to_json().contains("\"accepted\":7,"));
-        assert!(snap
-            .to_prometheus()
-            .contains("hotloop_accepted_total{worker=\"1\"} 4"));
+        assert!(snap.to_prometheus().contains("hotloop_accepted_total{worker=\"1\"} 4"));
     }
 }

@@ -60,12 +60,8 @@ struct EpollParams {
 
 /// Asks the kernel to busy-poll NAPI queues inside `epoll_wait` on `epfd`.
 pub(crate) fn epoll_set_busy_poll(epfd: RawFd, usecs: u32, budget: u16) -> io::Result<()> {
-    let params = EpollParams {
-        busy_poll_usecs: usecs,
-        busy_poll_budget: budget,
-        prefer_busy_poll: 1,
-        pad: 0,
-    };
+    let params =
+        EpollParams { busy_poll_usecs: usecs, busy_poll_budget: budget, prefer_busy_poll: 1, pad: 0 };
     // SAFETY: EPIOCSPARAMS reads one `struct epoll_params`, which `params` is, for the call's duration.
     cvt(unsafe { libc::ioctl(epfd, EPIOCSPARAMS, &params as *const EpollParams) })?;
     Ok(())
@@ -153,11 +149,7 @@ pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
     };
     // SAFETY: socket(2) takes no pointers; a non-negative return is a new fd we own.
     let fd = cvt(unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
+        libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
     })?;
     // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -167,13 +159,7 @@ pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
 pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: passes a pointer to a live i32 and its exact size.
     cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const i32).cast(),
-            size_of::<i32>() as libc::socklen_t,
-        )
+        libc::setsockopt(fd, level, name, (&value as *const i32).cast(), size_of::<i32>() as libc::socklen_t)
     })?;
     Ok(())
 }
@@ -263,10 +249,7 @@ pub(crate) fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> io::Result<So
                 a.sin6_scope_id,
             )))
         }
-        _ => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "unsupported address family",
-        )),
+        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "unsupported address family")),
     }
 }
 
@@ -312,10 +295,7 @@ pub(crate) fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 
 /// Raises the soft open-file limit to the hard limit; returns the limit now in force.
 pub fn raise_nofile_limit() -> io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one rlimit into the live struct.
     cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
     if lim.rlim_cur < lim.rlim_max {

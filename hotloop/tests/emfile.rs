@@ -14,10 +14,7 @@ use hotloop::net::TcpListener;
 use hotloop::{spawn, Runtime};
 
 fn set_nofile(soft: u64) -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit read and write one live rlimit.
     unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
@@ -54,24 +51,16 @@ fn run(driver: DriverKind) {
     let old = set_nofile(open + 5);
     std::thread::sleep(Duration::from_millis(300));
     let during = rt.stats().workers[0];
-    assert!(
-        during.accept_errors_resources > 0,
-        "the server ran out of descriptors"
-    );
+    assert!(during.accept_errors_resources > 0, "the server ran out of descriptors");
     assert!(during.accept_pauses > 0);
     // A spinning loop would poll hundreds of thousands of times in 300 ms;
     // pausing 10 ms per EMFILE keeps it to a few hundred.
-    assert!(
-        during.tasks_polled < 5_000,
-        "accept loop spun: {} polls",
-        during.tasks_polled
-    );
+    assert!(during.tasks_polled < 5_000, "accept loop spun: {} polls", during.tasks_polled);
 
     // Serve them one by one: each client that finishes frees a descriptor.
     for mut c in clients.drain(..) {
         let mut b = [0u8; 1];
-        c.read_exact(&mut b)
-            .expect("every client is served once descriptors free up");
+        c.read_exact(&mut b).expect("every client is served once descriptors free up");
         assert_eq!(&b, b"x");
     }
     set_nofile(old);

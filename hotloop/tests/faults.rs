@@ -35,10 +35,7 @@ where
 fn reset(stream: TcpStream) {
     // SO_LINGER with a zero timeout makes close send RST.
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
     // SAFETY: passes a live linger struct and its size.
     unsafe {
         libc::setsockopt(

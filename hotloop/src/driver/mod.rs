@@ -54,9 +54,9 @@ impl Driver {
     /// kernel and falls back to epoll, saying why.
     pub(crate) fn new(config: &Config, worker: &Arc<WorkerShared>) -> io::Result<(Driver, DriverInfo)> {
         let requested = match std::env::var("HOTLOOP_DRIVER").ok().as_deref() {
-            Some(s) if !s.is_empty() => s
-                .parse()
-                .map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            Some(s) if !s.is_empty() => {
+                s.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?
+            }
             _ => config.driver,
         };
         let busy_poll = config.busy_poll.to_string();
@@ -64,33 +64,20 @@ impl Driver {
             DriverKind::Epoll => (false, "epoll was requested".to_string()),
             DriverKind::Uring => (true, "io_uring was requested".to_string()),
             DriverKind::Auto => match probe::uring_support() {
-                Ok(()) => (
-                    true,
-                    "auto: the kernel supports every io_uring feature hotloop uses".to_string(),
-                ),
+                Ok(()) => (true, "auto: the kernel supports every io_uring feature hotloop uses".to_string()),
                 Err(why) => (false, format!("auto: {why}; using epoll")),
             },
         };
         if use_uring {
             let (uring, kernel_busy_poll) = uring::Uring::new(config, worker)?;
-            let info = DriverInfo {
-                driver: "uring",
-                reason,
-                busy_poll,
-                kernel_busy_poll,
-            };
+            let info = DriverInfo { driver: "uring", reason, busy_poll, kernel_busy_poll };
             Ok((Driver::Uring(uring), info))
         } else {
             if requested == DriverKind::Auto && worker.id == 0 {
                 eprintln!("hotloop: {reason}");
             }
             let (epoll, kernel_busy_poll) = epoll::Epoll::new(config, worker)?;
-            let info = DriverInfo {
-                driver: "epoll",
-                reason,
-                busy_poll,
-                kernel_busy_poll,
-            };
+            let info = DriverInfo { driver: "epoll", reason, busy_poll, kernel_busy_poll };
             Ok((Driver::Epoll(epoll), info))
         }
     }
@@ -126,10 +113,7 @@ pub(crate) struct Source {
 impl Source {
     /// Wraps a socket; in eager mode on epoll, registers it now.
     pub(crate) fn new(fd: OwnedFd) -> io::Result<Source> {
-        let src = Source {
-            fd,
-            token: Cell::new(None),
-        };
+        let src = Source { fd, token: Cell::new(None) };
         context::with(|cx| {
             if cx.config.registration == Registration::Eager {
                 if let Driver::Epoll(ep) = &mut *cx.driver.borrow_mut() {
@@ -143,10 +127,7 @@ impl Source {
 
     /// Wraps a listening socket, which always ends up waiting: register it now.
     pub(crate) fn new_listener(fd: OwnedFd) -> io::Result<Source> {
-        let src = Source {
-            fd,
-            token: Cell::new(None),
-        };
+        let src = Source { fd, token: Cell::new(None) };
         context::with(|cx| {
             if let Driver::Epoll(ep) = &mut *cx.driver.borrow_mut() {
                 src.token.set(Some(ep.register(src.fd.as_raw_fd())?));
@@ -250,10 +231,7 @@ pub(crate) async fn send_vectored<B: IoBuf>(src: &Source, bufs: Vec<B>) -> BufRe
     let fd = src.fd();
     let iov: Vec<libc::iovec> = bufs
         .iter()
-        .map(|b| libc::iovec {
-            iov_base: b.stable_ptr() as *mut libc::c_void,
-            iov_len: b.bytes_init(),
-        })
+        .map(|b| libc::iovec { iov_base: b.stable_ptr() as *mut libc::c_void, iov_len: b.bytes_init() })
         .collect();
     let res = poll_fn(|cx| {
         src.poll_io(cx, Direction::Write, || {
@@ -319,9 +297,7 @@ impl std::str::FromStr for AcceptMode {
         match s {
             "multishot" => Ok(AcceptMode::Multishot),
             "single" | "singleshot" => Ok(AcceptMode::Single),
-            other => Err(format!(
-                "unknown accept mode `{other}`: expected multishot or single"
-            )),
+            other => Err(format!("unknown accept mode `{other}`: expected multishot or single")),
         }
     }
 }

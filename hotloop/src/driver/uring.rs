@@ -15,10 +15,7 @@ use crate::runtime::{Config, WorkerShared};
 pub(crate) struct Uring {}
 
 fn unsupported() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Unsupported,
-        "the io_uring driver is not available in this build",
-    )
+    io::Error::new(io::ErrorKind::Unsupported, "the io_uring driver is not available in this build")
 }
 
 impl Uring {

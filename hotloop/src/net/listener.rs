@@ -134,8 +134,7 @@ impl TcpListener {
                 Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
                     stats::add(&s.accept_errors_resources, 1);
                     stats::add(&s.accept_pauses, 1);
-                    self.paused_until
-                        .set(Some(Instant::now() + self.options.resource_pause));
+                    self.paused_until.set(Some(Instant::now() + self.options.resource_pause));
                     Ok(())
                 }
                 Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::EINTR) => {

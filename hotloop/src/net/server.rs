@@ -83,10 +83,8 @@ where
     for _ in 1..handle.workers() {
         sockets.push(bind_socket(local_addr, &options)?);
     }
-    let shared = Arc::new(ServerShared {
-        stopped: Mutex::new((false, Vec::new())),
-        active: AtomicUsize::new(0),
-    });
+    let shared =
+        Arc::new(ServerShared { stopped: Mutex::new((false, Vec::new())), active: AtomicUsize::new(0) });
     let handler = Arc::new(handler);
     let accept_loops = sockets
         .into_iter()
@@ -101,11 +99,7 @@ where
             })
         })
         .collect();
-    Ok(Server {
-        local_addr,
-        shared,
-        accept_loops,
-    })
+    Ok(Server { local_addr, shared, accept_loops })
 }
 
 async fn accept_loop<H, Fut>(

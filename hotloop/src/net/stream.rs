@@ -20,9 +20,7 @@ pub struct TcpStream {
 
 impl TcpStream {
     pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<TcpStream> {
-        Ok(TcpStream {
-            src: Source::new(fd)?,
-        })
+        Ok(TcpStream { src: Source::new(fd)? })
     }
 
     /// Connects to the first address of `addr` that accepts.

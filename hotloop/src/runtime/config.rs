@@ -67,13 +67,9 @@ impl std::str::FromStr for BusyPoll {
         match s {
             "off" => Ok(BusyPoll::Off),
             "always" => Ok(BusyPoll::Always),
-            "adaptive" => Ok(BusyPoll::Adaptive {
-                spin_budget: Self::ADAPTIVE_SPIN_BUDGET_DEFAULT,
-            }),
+            "adaptive" => Ok(BusyPoll::Adaptive { spin_budget: Self::ADAPTIVE_SPIN_BUDGET_DEFAULT }),
             other => match other.strip_prefix("adaptive:").map(str::parse::<u64>) {
-                Some(Ok(us)) => Ok(BusyPoll::Adaptive {
-                    spin_budget: Duration::from_micros(us),
-                }),
+                Some(Ok(us)) => Ok(BusyPoll::Adaptive { spin_budget: Duration::from_micros(us) }),
                 _ => Err(format!(
                     "unknown busy-poll mode `{other}`: expected off, always, adaptive or adaptive:MICROS"
                 )),
@@ -100,9 +96,7 @@ impl std::str::FromStr for Registration {
         match s {
             "lazy" => Ok(Registration::Lazy),
             "eager" => Ok(Registration::Eager),
-            other => Err(format!(
-                "unknown registration mode `{other}`: expected lazy or eager"
-            )),
+            other => Err(format!("unknown registration mode `{other}`: expected lazy or eager")),
         }
     }
 }

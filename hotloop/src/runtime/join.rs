@@ -173,11 +173,7 @@ where
     F::Output: 'static,
 {
     context::with(|cx| {
-        let slot = Rc::new(RefCell::new(JoinSlot {
-            output: None,
-            finished: false,
-            waiter: None,
-        }));
+        let slot = Rc::new(RefCell::new(JoinSlot { output: None, finished: false, waiter: None }));
         let completion = Completion { slot: slot.clone() };
         let task_future = async move {
             let out = future.await;
@@ -248,11 +244,7 @@ struct RemoteState<T> {
 impl<T> RemoteSlot<T> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(RemoteSlot {
-            state: Mutex::new(RemoteState {
-                output: None,
-                finished: false,
-                waiter: None,
-            }),
+            state: Mutex::new(RemoteState { output: None, finished: false, waiter: None }),
             ready: Condvar::new(),
         })
     }
@@ -322,9 +314,7 @@ impl<T: Send + 'static> Drop for RemoteCompletion<T> {
         }
         if std::thread::panicking() {
             let slot = self.0.clone();
-            set_panic_sink(Box::new(move |payload| {
-                slot.finish(Err(JoinError::Panicked(payload)))
-            }));
+            set_panic_sink(Box::new(move |payload| slot.finish(Err(JoinError::Panicked(payload)))));
             return;
         }
         self.0.finish(Err(JoinError::Cancelled));

@@ -106,9 +106,8 @@ impl Builder {
     /// [`Runtime::block_on`]; the others start now on threads of their own.
     pub fn build(self) -> io::Result<Runtime> {
         let config = self.config;
-        let shared: Vec<Arc<WorkerShared>> = (0..config.workers)
-            .map(WorkerShared::new)
-            .collect::<io::Result<_>>()?;
+        let shared: Vec<Arc<WorkerShared>> =
+            (0..config.workers).map(WorkerShared::new).collect::<io::Result<_>>()?;
         // The caller's context is numbered after the workers.
         let main_shared = WorkerShared::new(config.workers)?;
         let handle = Handle::new(shared.clone(), main_shared.clone());
@@ -132,16 +131,9 @@ impl Builder {
         }
         drop(ready_tx);
 
-        let main_config = Config {
-            pin_cpus: false,
-            busy_poll: BusyPoll::Off,
-            ..config.clone()
-        };
+        let main_config = Config { pin_cpus: false, busy_poll: BusyPoll::Off, ..config.clone() };
         let main_cx = Context::new(main_shared, main_config, handle.clone());
-        let mut first_error = main_cx
-            .as_ref()
-            .err()
-            .map(|e| io::Error::new(e.kind(), e.to_string()));
+        let mut first_error = main_cx.as_ref().err().map(|e| io::Error::new(e.kind(), e.to_string()));
         let mut info = DriverInfo::default();
         for _ in 0..config.workers {
             match ready_rx.recv() {
@@ -161,11 +153,7 @@ impl Builder {
         }
         let main_cx = main_cx?;
         *handle.inner.info.lock().unwrap_or_else(|e| e.into_inner()) = info;
-        Ok(Runtime {
-            main: Some(main_cx),
-            threads,
-            handle,
-        })
+        Ok(Runtime { main: Some(main_cx), threads, handle })
     }
 }
 
@@ -345,8 +333,6 @@ impl Drop for Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime")
-            .field("workers", &self.handle.workers())
-            .finish()
+        f.debug_struct("Runtime").field("workers", &self.handle.workers()).finish()
     }
 }

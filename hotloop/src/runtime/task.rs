@@ -72,10 +72,7 @@ impl TaskSlab {
             }
             None => {
                 let slot = self.slots.len() as u32;
-                self.slots.push(Slot {
-                    generation: 0,
-                    task: Some(task),
-                });
+                self.slots.push(Slot { generation: 0, task: Some(task) });
                 key(0, slot)
             }
         }
@@ -135,11 +132,7 @@ pub(crate) struct TaskWaker {
 
 impl TaskWaker {
     pub(crate) fn new(key: TaskKey, worker: Arc<WorkerShared>) -> Arc<Self> {
-        Arc::new(TaskWaker {
-            key,
-            worker,
-            scheduled: AtomicBool::new(false),
-        })
+        Arc::new(TaskWaker { key, worker, scheduled: AtomicBool::new(false) })
     }
 
     /// Marks the task as no longer queued; called just before it is polled,

@@ -136,10 +136,7 @@ pub struct Interval {
 /// If `period` is zero.
 pub fn interval(period: Duration) -> Interval {
     assert!(period > Duration::ZERO, "interval period must be non-zero");
-    Interval {
-        period,
-        sleep: sleep_until(Instant::now()),
-    }
+    Interval { period, sleep: sleep_until(Instant::now()) }
 }
 
 impl Interval {
@@ -148,11 +145,7 @@ impl Interval {
         let scheduled = self.sleep.deadline();
         (&mut self.sleep).await;
         let now = Instant::now();
-        let next = if now > scheduled + self.period {
-            now + self.period
-        } else {
-            scheduled + self.period
-        };
+        let next = if now > scheduled + self.period { now + self.period } else { scheduled + self.period };
         self.sleep = sleep_until(next);
         scheduled
     }
