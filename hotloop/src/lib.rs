@@ -37,6 +37,7 @@ pub mod buf;
 mod driver;
 pub mod net;
 pub mod runtime;
+pub mod signal;
 pub mod stats;
 mod sys;
 pub mod time;

@@ -149,6 +149,13 @@ impl Server {
         self.shared.active.load(Ordering::Acquire)
     }
 
+    /// A function that reads [`Server::active_connections`] from any
+    /// thread, for monitoring.
+    pub fn active_connections_reader(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || shared.active.load(Ordering::Acquire)
+    }
+
     /// Stops accepting on every worker and closes the listeners.
     /// Connections already accepted keep running.
     pub fn stop(&self) {

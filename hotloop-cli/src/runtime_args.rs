@@ -1,0 +1,114 @@
+//! The runtime flags shared by `hotloop serve` and `hotloop proxy`.
+
+use std::time::Duration;
+
+use clap::Args;
+use hotloop::net::ListenerOptions;
+use hotloop::{AcceptMode, BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
+
+/// How the runtime and its listeners are set up.
+#[derive(Args, Debug, Clone)]
+pub struct RuntimeArgs {
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// I/O driver: auto, epoll or uring.
+    #[arg(long, default_value = "auto")]
+    pub driver: DriverKind,
+    /// Busy polling: off, always, adaptive or adaptive:MICROS.
+    #[arg(long, default_value = "off")]
+    pub busy_poll: BusyPoll,
+    /// Ask the kernel to busy-poll NAPI queues for this many microseconds per wait (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub kernel_busy_poll_us: u32,
+    /// Connections accepted per wakeup: a number or `unlimited`.
+    #[arg(long, default_value = "32", value_parser = parse_max_accepts)]
+    pub max_accepts: MaxAccepts,
+    /// TCP_DEFER_ACCEPT seconds, or `off`.
+    #[arg(long, default_value = "off", value_parser = parse_defer_accept)]
+    pub defer_accept: DeferAccept,
+    /// io_uring accept: multishot or single.
+    #[arg(long, default_value = "multishot")]
+    pub accept: AcceptMode,
+    /// epoll registration: lazy or eager.
+    #[arg(long, default_value = "lazy")]
+    pub register: Registration,
+    /// Pin worker i to CPU i.
+    #[arg(long)]
+    pub pin: bool,
+    /// Listen backlog.
+    #[arg(long, default_value_t = 4096)]
+    pub backlog: u32,
+    /// Serve the live counters over HTTP on this address (GET /stats for JSON, /metrics for Prometheus).
+    #[arg(long)]
+    pub stats_addr: Option<String>,
+    /// On SIGINT/SIGTERM, how long in-flight connections may take to finish (milliseconds).
+    #[arg(long, default_value_t = 5000)]
+    pub grace_ms: u64,
+}
+
+/// The accepts-per-wakeup bound as given on the command line.
+#[derive(Debug, Clone, Copy)]
+pub struct MaxAccepts(pub Option<usize>);
+
+/// The TCP_DEFER_ACCEPT setting as given on the command line.
+#[derive(Debug, Clone, Copy)]
+pub struct DeferAccept(pub Option<u32>);
+
+fn parse_max_accepts(s: &str) -> Result<MaxAccepts, String> {
+    match s {
+        "unlimited" | "none" => Ok(MaxAccepts(None)),
+        n => match n.parse::<usize>() {
+            Ok(0) => Err("--max-accepts must be at least 1 (or `unlimited`)".into()),
+            Ok(n) => Ok(MaxAccepts(Some(n))),
+            Err(_) => Err(format!("`{n}` is not a number or `unlimited`")),
+        },
+    }
+}
+
+fn parse_defer_accept(s: &str) -> Result<DeferAccept, String> {
+    match s {
+        "off" | "0" => Ok(DeferAccept(None)),
+        n => n
+            .parse::<u32>()
+            .map(|v| DeferAccept(Some(v)))
+            .map_err(|_| format!("`{n}` is not seconds or `off`")),
+    }
+}
+
+impl RuntimeArgs {
+    /// Builds the runtime these flags describe.
+    pub fn build_runtime(&self) -> std::io::Result<Runtime> {
+        let mut b = Runtime::builder()
+            .driver(self.driver)
+            .busy_poll(self.busy_poll)
+            .registration(self.register)
+            .pin_cpus(self.pin);
+        if let Some(n) = self.workers {
+            b = b.workers(n);
+        }
+        if self.kernel_busy_poll_us > 0 {
+            b = b.kernel_busy_poll(Some(KernelBusyPoll {
+                busy_poll_us: self.kernel_busy_poll_us,
+                budget: 64,
+            }));
+        }
+        b.build()
+    }
+
+    /// The listener options these flags describe.
+    pub fn listener_options(&self) -> ListenerOptions {
+        ListenerOptions {
+            backlog: self.backlog,
+            defer_accept_secs: self.defer_accept.0,
+            accepts_per_wakeup_max: self.max_accepts.0,
+            accept_mode: self.accept,
+            ..ListenerOptions::default()
+        }
+    }
+
+    /// The grace period for shutdown.
+    pub fn grace(&self) -> Duration {
+        Duration::from_millis(self.grace_ms)
+    }
+}

@@ -1,0 +1,187 @@
+//! `hotloop serve echo|http`: the runtime as a real server.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use hotloop::net::{serve, TcpStream};
+use hotloop::signal::ShutdownSignals;
+use hotloop::time::timeout_at;
+
+use crate::proto::{self, Request};
+use crate::runtime_args::RuntimeArgs;
+use crate::stats_server::StatsServer;
+
+/// What the server speaks.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum App {
+    /// Write back what is read.
+    Echo,
+    /// Answer every HTTP/1.1 request with a fixed body.
+    Http,
+}
+
+/// `hotloop serve` flags.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// echo or http.
+    pub app: App,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: String,
+    /// HTTP response body size in bytes.
+    #[arg(long, default_value_t = 64)]
+    pub body_size: usize,
+    /// CPU work per request in microseconds, standing in for an application's own processing.
+    #[arg(long, default_value_t = 0)]
+    pub work_us: u64,
+    /// Close a connection that has sent nothing for this long (milliseconds; 0: never).
+    #[arg(long, default_value_t = 60_000)]
+    pub idle_timeout_ms: u64,
+    /// HTTP: the whole request head must arrive within this time (milliseconds), however slowly it trickles.
+    #[arg(long, default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+/// What every connection handler of one server shares.
+struct Settings {
+    app: App,
+    work_us: u64,
+    idle_timeout: Option<Duration>,
+    header_timeout: Duration,
+    keep_alive_reply: Arc<[u8]>,
+    close_reply: Arc<[u8]>,
+}
+
+/// Runs the server until SIGINT or SIGTERM.
+pub fn run(args: &ServeArgs) -> std::io::Result<()> {
+    let signals = ShutdownSignals::block()?;
+    let nofile = hotloop::raise_nofile_limit()?;
+    let rt = args.runtime.build_runtime()?;
+    let settings = Arc::new(Settings {
+        app: args.app,
+        work_us: args.work_us,
+        idle_timeout: (args.idle_timeout_ms > 0).then(|| Duration::from_millis(args.idle_timeout_ms)),
+        header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+        keep_alive_reply: proto::response_ok(args.body_size, false).into(),
+        close_reply: proto::response_ok(args.body_size, true).into(),
+    });
+    let server = serve(rt.handle(), args.addr.as_str(), args.runtime.listener_options(), move |stream| {
+        handle_connection(stream, settings.clone())
+    })?;
+    let stats = rt.stats();
+    eprintln!(
+        "hotloop serve {:?} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",
+        args.app,
+        server.local_addr(),
+        rt.handle().workers(),
+        stats.info.driver,
+        stats.info.reason,
+        stats.info.busy_poll,
+    );
+    let _stats_server = match &args.runtime.stats_addr {
+        Some(addr) => {
+            let active = server.active_connections_reader();
+            Some(StatsServer::start(
+                addr,
+                rt.handle().clone(),
+                Arc::new(move || vec![("active_connections", active() as u64)]),
+            )?)
+        }
+        None => None,
+    };
+    let sig = signals.wait()?;
+    eprintln!(
+        "hotloop serve: {sig:?}: no longer accepting; waiting up to {:?} for connections",
+        args.runtime.grace()
+    );
+    let left = server.shutdown_blocking(args.runtime.grace());
+    eprintln!(
+        "hotloop serve: stopped ({left} connections cut at the grace limit); {} accepted",
+        rt.stats().total.accepted
+    );
+    Ok(())
+}
+
+async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
+    match settings.app {
+        App::Echo => echo(stream, &settings).await,
+        App::Http => http(stream, &settings).await,
+    }
+}
+
+/// Reads with the connection's deadline; `None` when it passed, the peer closed or the read failed.
+async fn read_by(stream: &TcpStream, buf: Vec<u8>, deadline: Option<Instant>) -> Option<Vec<u8>> {
+    let (res, buf) = match deadline {
+        Some(d) => timeout_at(d, stream.read(buf)).await.ok()?,
+        None => stream.read(buf).await,
+    };
+    match res {
+        Ok(n) if n > 0 => Some(buf),
+        _ => None,
+    }
+}
+
+async fn echo(stream: TcpStream, s: &Settings) {
+    let mut buf = Vec::with_capacity(16 * 1024);
+    loop {
+        let deadline = s.idle_timeout.map(|t| Instant::now() + t);
+        let Some(b) = read_by(&stream, buf, deadline).await else { return };
+        proto::spin_work(s.work_us);
+        let (res, b) = stream.write_all(b).await;
+        if res.is_err() {
+            return;
+        }
+        buf = b;
+    }
+}
+
+async fn http(stream: TcpStream, s: &Settings) {
+    let stream = Rc::new(stream);
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = Vec::with_capacity(8 * 1024);
+    // The first request's head must arrive within the header timeout.
+    let mut head_deadline = Some(Instant::now() + s.header_timeout);
+    loop {
+        match proto::parse_request(&pending) {
+            Request::Complete { len, close } => {
+                pending.drain(..len);
+                proto::spin_work(s.work_us);
+                let reply = if close { s.close_reply.clone() } else { s.keep_alive_reply.clone() };
+                let (res, _) = stream.write_all(reply).await;
+                if res.is_err() || close {
+                    return;
+                }
+                // Between requests the idle timeout applies, until a byte of the next one arrives.
+                head_deadline = None;
+                continue;
+            }
+            Request::Partial => {}
+            Request::Malformed => return reject(&stream, 400).await,
+            Request::TooLarge => return reject(&stream, 431).await,
+        }
+        if !pending.is_empty() && head_deadline.is_none() {
+            head_deadline = Some(Instant::now() + s.header_timeout);
+        }
+        let deadline = head_deadline.or(s.idle_timeout.map(|t| Instant::now() + t));
+        match read_by(&stream, buf, deadline).await {
+            Some(b) => {
+                pending.extend_from_slice(&b);
+                buf = b;
+            }
+            None => {
+                if !pending.is_empty() && head_deadline.is_some_and(|d| Instant::now() >= d) {
+                    reject(&stream, 408).await;
+                }
+                return;
+            }
+        }
+    }
+}
+
+async fn reject(stream: &TcpStream, status: u16) {
+    let _ = stream.write_all(proto::response_error(status)).await;
+}
