@@ -34,6 +34,7 @@ pub fn parse_request(buf: &[u8]) -> Request {
     let mut headers = [httparse::EMPTY_HEADER; REQUEST_HEADERS_MAX];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > REQUEST_HEAD_MAX_BYTES => Request::TooLarge,
         Ok(httparse::Status::Complete(len)) => {
             let mut close = req.version == Some(0);
             for h in req.headers.iter() {

@@ -119,6 +119,9 @@ pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
         }
         None => None,
     };
+    if let Some(st) = &_stats {
+        eprintln!("hotloop proxy: stats on http://{}/stats", st.local_addr());
+    }
     signals.wait()?;
     let left = server.shutdown_blocking(args.runtime.grace());
     eprintln!(

@@ -93,6 +93,9 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         }
         None => None,
     };
+    if let Some(st) = &_stats_server {
+        eprintln!("hotloop serve: stats on http://{}/stats", st.local_addr());
+    }
     let sig = signals.wait()?;
     eprintln!(
         "hotloop serve: {sig:?}: no longer accepting; waiting up to {:?} for connections",

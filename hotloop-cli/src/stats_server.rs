@@ -25,6 +25,7 @@ struct Rates {
 
 /// A running stats endpoint; stops when dropped.
 pub struct StatsServer {
+    addr: std::net::SocketAddr,
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -34,6 +35,7 @@ impl StatsServer {
     pub fn start(addr: &str, handle: Handle, extra: ExtraFields) -> std::io::Result<StatsServer> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
+        let local = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let rates = Arc::new(Mutex::new(Rates::default()));
 
@@ -69,7 +71,12 @@ impl StatsServer {
                 }
             })
         };
-        Ok(StatsServer { stop, threads: vec![sampler, server] })
+        Ok(StatsServer { addr: local, stop, threads: vec![sampler, server] })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.addr
     }
 }
 

@@ -101,6 +101,21 @@ impl TcpListener {
         }
     }
 
+    /// Takes a connection only if one is ready now, ignoring the accept
+    /// bound: for draining the queue when a server stops, so that the
+    /// connections the kernel already accepted are served, not reset.
+    pub fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match driver::poll_accept(&self.src, &mut cx, self.options.accept_mode) {
+            std::task::Poll::Ready(Ok(fd)) => {
+                self.count_accept();
+                Some(TcpStream::from_fd(fd))
+            }
+            std::task::Poll::Ready(Err(e)) => Some(Err(e)),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     /// True if this turn's batch is full.
     fn bound_reached(&self) -> bool {
         let Some(max) = self.options.accepts_per_wakeup_max else {

@@ -123,19 +123,32 @@ where
             .await
         };
         match accepted {
-            None => return Ok(()),
-            Some(Ok(stream)) => {
-                shared.active.fetch_add(1, Ordering::AcqRel);
-                let guard = ActiveGuard(shared.clone());
-                let conn = handler(stream);
-                drop(spawn(async move {
-                    conn.await;
-                    drop(guard);
-                }));
+            None => {
+                // Stopping: serve what the kernel already accepted into our
+                // queue; closing the listener would reset those connections.
+                while let Some(Ok(stream)) = listener.accept_ready() {
+                    start_handler(stream, &shared, &*handler);
+                }
+                return Ok(());
             }
+            Some(Ok(stream)) => start_handler(stream, &shared, &*handler),
             Some(Err(e)) => return Err(e),
         }
     }
+}
+
+fn start_handler<H, Fut>(stream: TcpStream, shared: &Arc<ServerShared>, handler: &H)
+where
+    H: Fn(TcpStream) -> Fut + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    shared.active.fetch_add(1, Ordering::AcqRel);
+    let guard = ActiveGuard(shared.clone());
+    let conn = handler(stream);
+    drop(spawn(async move {
+        conn.await;
+        drop(guard);
+    }));
 }
 
 impl Server {

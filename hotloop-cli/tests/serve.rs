@@ -1,0 +1,265 @@
+//! `hotloop serve` and `hotloop proxy` as a user runs them: real processes
+//! on loopback, stopped by pid.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A server process, killed on drop if still running.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// Starts `hotloop ARGS` and collects its stderr lines.
+    fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hotloop"))
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start hotloop");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines: rx }
+    }
+
+    /// Waits for a stderr line containing `marker` and returns the address after `after`.
+    fn addr_after(&self, after: &str) -> SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                if let Some(rest) = line.split(after).nth(1) {
+                    let token = rest.split_whitespace().next().unwrap();
+                    let token = token.trim_start_matches("http://").trim_end_matches("/stats");
+                    return token.parse().unwrap();
+                }
+            }
+        }
+        panic!("no line with `{after}` from hotloop");
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "hotloop did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn serve_http_answers_and_rejects_bad_requests() {
+    let p = Proc::start(&[
+        "serve",
+        "http",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--body-size",
+        "100",
+        "--header-timeout-ms",
+        "300",
+    ]);
+    let addr = p.addr_after(" on ");
+    let ok = http_get(addr, "/");
+    assert!(ok.starts_with("HTTP/1.1 200 OK"));
+    assert!(ok.ends_with(&"x".repeat(100)));
+
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"\x00\x01 not http\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let huge = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(10_000));
+    let _ = s.write_all(huge.as_bytes());
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
+}
+
+#[test]
+fn serve_http_closes_a_slowloris_client_at_the_header_timeout() {
+    let p = Proc::start(&[
+        "serve",
+        "http",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--header-timeout-ms",
+        "300",
+    ]);
+    let addr = p.addr_after(" on ");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let start = Instant::now();
+    let mut reply = Vec::new();
+    // One byte every 50 ms: it never finishes its head.
+    for b in b"GET / HTTP/1.1\r\nX-Slow: ".iter().cycle().take(200) {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        let mut buf = [0u8; 256];
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+    }
+    let took = start.elapsed();
+    assert!(
+        String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 408"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "closed after {took:?}");
+}
+
+#[test]
+fn stats_endpoint_serves_json_and_prometheus() {
+    let p = Proc::start(&[
+        "serve",
+        "echo",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--stats-addr",
+        "127.0.0.1:0",
+    ]);
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+    }
+    let json = http_get(stats, "/stats");
+    assert!(json.contains("\"accepted\":5,"), "{json}");
+    assert!(json.contains("\"driver\":"));
+    assert!(json.contains("\"active_connections\":"));
+    assert!(json.contains("\"workers\":[{"));
+    let prom = http_get(stats, "/metrics");
+    assert!(prom.contains("# TYPE hotloop_accepted_total counter"), "{prom}");
+    assert!(prom.contains("hotloop_accepted_total{worker=\"0\"}"));
+}
+
+#[test]
+fn sigterm_lets_in_flight_requests_finish() {
+    // 300 ms of work per request: the requests are in flight when SIGTERM arrives.
+    let mut p = Proc::start(&[
+        "serve",
+        "http",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--work-us",
+        "300000",
+        "--grace-ms",
+        "10000",
+    ]);
+    let addr = p.addr_after(" on ");
+    let clients: Vec<_> = (0..6).map(|_| std::thread::spawn(move || http_get(addr, "/"))).collect();
+    std::thread::sleep(Duration::from_millis(150));
+    let status = p.terminate();
+    assert!(status.success(), "exit status {status}");
+    for c in clients {
+        let reply = c.join().unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "an in-flight request was lost: {reply:?}");
+    }
+}
+
+#[test]
+fn proxy_forwards_and_skips_a_dead_backend() {
+    let backend = Proc::start(&["serve", "echo", "--addr", "127.0.0.1:0", "--workers", "1"]);
+    let backend_addr = backend.addr_after(" on ");
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let backends = format!("{dead},{backend_addr}");
+    let proxy = Proc::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        &backends,
+        "--workers",
+        "1",
+        "--stats-addr",
+        "127.0.0.1:0",
+    ]);
+    let addr = proxy.addr_after(" on ");
+    let stats = proxy.addr_after("stats on ");
+    for i in 0..4 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let msg = format!("hello through the proxy {i}");
+        s.write_all(msg.as_bytes()).unwrap();
+        let mut back = vec![0u8; msg.len()];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, msg.as_bytes());
+    }
+    let json = http_get(stats, "/stats");
+    assert!(json.contains("\"forwarded\":4"), "{json}");
+    assert!(!json.contains("\"retries\":0"), "the dead backend was retried past: {json}");
+}
+
+#[test]
+fn proxy_with_every_backend_down_closes_the_client_cleanly() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let proxy =
+        Proc::start(&["proxy", "--listen", "127.0.0.1:0", "--backend", &dead.to_string(), "--workers", "1"]);
+    let addr = proxy.addr_after(" on ");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = s.read(&mut buf).expect("a clean close, not a reset or a hang");
+    assert_eq!(n, 0);
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
