@@ -1,6 +1,5 @@
 //! `hotloop serve echo|http`: the runtime as a real server.
 
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -143,15 +142,22 @@ async fn echo(stream: TcpStream, s: &Settings) {
 }
 
 async fn http(stream: TcpStream, s: &Settings) {
-    let stream = Rc::new(stream);
-    let mut pending: Vec<u8> = Vec::new();
+    // `buf` takes each read; bytes of a request split across reads gather
+    // in `pending`, which stays empty (and unallocated) in the common case.
     let mut buf = Vec::with_capacity(8 * 1024);
-    // The first request's head must arrive within the header timeout.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut consumed = 0; // bytes of `buf` already answered
+                          // The first request's head must arrive within the header timeout.
     let mut head_deadline = Some(Instant::now() + s.header_timeout);
     loop {
-        match proto::parse_request(&pending) {
+        let unparsed: &[u8] = if pending.is_empty() { &buf[consumed..] } else { &pending };
+        match proto::parse_request(unparsed) {
             Request::Complete { len, close } => {
-                pending.drain(..len);
+                if pending.is_empty() {
+                    consumed += len;
+                } else {
+                    pending.drain(..len);
+                }
                 proto::spin_work(s.work_us);
                 let reply = if close { s.close_reply.clone() } else { s.keep_alive_reply.clone() };
                 let (res, _) = stream.write_all(reply).await;
@@ -162,7 +168,11 @@ async fn http(stream: TcpStream, s: &Settings) {
                 head_deadline = None;
                 continue;
             }
-            Request::Partial => {}
+            Request::Partial => {
+                if pending.is_empty() && consumed < buf.len() {
+                    pending.extend_from_slice(&buf[consumed..]);
+                }
+            }
             Request::Malformed => return reject(&stream, 400).await,
             Request::TooLarge => return reject(&stream, 431).await,
         }
@@ -172,8 +182,12 @@ async fn http(stream: TcpStream, s: &Settings) {
         let deadline = head_deadline.or(s.idle_timeout.map(|t| Instant::now() + t));
         match read_by(&stream, buf, deadline).await {
             Some(b) => {
-                pending.extend_from_slice(&b);
                 buf = b;
+                consumed = 0;
+                if !pending.is_empty() {
+                    pending.extend_from_slice(&buf);
+                    consumed = buf.len();
+                }
             }
             None => {
                 if !pending.is_empty() && head_deadline.is_some_and(|d| Instant::now() >= d) {
