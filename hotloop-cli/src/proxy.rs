@@ -87,7 +87,7 @@ pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
     });
     let rt = args.runtime.build_runtime()?;
     let cfg = config.clone();
-    let server = serve(rt.handle(), args.listen.as_str(), args.runtime.listener_options(), move |client| {
+    let server = serve(rt.handle(), args.listen.as_str(), args.runtime.server_options(), move |client| {
         forward(client, cfg.clone())
     })?;
     eprintln!(

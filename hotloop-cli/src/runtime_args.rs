@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use hotloop::net::ListenerOptions;
+use hotloop::net::{ListenerOptions, ServerOptions};
 use hotloop::{AcceptMode, BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
 
 /// How the runtime and its listeners are set up.
@@ -39,6 +39,12 @@ pub struct RuntimeArgs {
     /// Listen backlog.
     #[arg(long, default_value_t = 4096)]
     pub backlog: u32,
+    /// The most connections open at once over all workers (default: no limit).
+    #[arg(long)]
+    pub maxconn: Option<usize>,
+    /// The most connections open at once on one worker (default: no limit).
+    #[arg(long)]
+    pub maxconn_per_worker: Option<usize>,
     /// Serve the live counters over HTTP on this address (GET /stats for JSON, /metrics for Prometheus).
     #[arg(long)]
     pub stats_addr: Option<String>,
@@ -104,6 +110,15 @@ impl RuntimeArgs {
             accepts_per_wakeup_max: self.max_accepts.0,
             accept_mode: self.accept,
             ..ListenerOptions::default()
+        }
+    }
+
+    /// The server options (listener options and connection limits) these flags describe.
+    pub fn server_options(&self) -> ServerOptions {
+        ServerOptions {
+            listener: self.listener_options(),
+            maxconn: self.maxconn,
+            maxconn_per_worker: self.maxconn_per_worker,
         }
     }
 

@@ -68,7 +68,7 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         keep_alive_reply: proto::response_ok(args.body_size, false).into(),
         close_reply: proto::response_ok(args.body_size, true).into(),
     });
-    let server = serve(rt.handle(), args.addr.as_str(), args.runtime.listener_options(), move |stream| {
+    let server = serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
         handle_connection(stream, settings.clone())
     })?;
     let stats = rt.stats();

@@ -80,6 +80,8 @@ counters! {
     accept_errors_other: sum,
     /// Times accepting paused because descriptors ran out.
     accept_pauses: sum,
+    /// Times a server stopped accepting because it held its `maxconn` connections.
+    maxconn_reached: sum,
     /// Sockets registered with epoll (`epoll_ctl` ADD calls).
     registrations: sum,
     /// Sockets closed without ever being registered with epoll.

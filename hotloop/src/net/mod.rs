@@ -7,6 +7,6 @@ mod server;
 mod stream;
 
 pub use listener::TcpListener;
-pub use options::ListenerOptions;
+pub use options::{ListenerOptions, ServerOptions};
 pub use server::{serve, Server};
 pub use stream::TcpStream;

@@ -48,3 +48,23 @@ impl Default for ListenerOptions {
         }
     }
 }
+
+/// How a [`serve`](super::serve) server is set up: its listeners and its
+/// connection limits.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// The listener options every worker's listener gets.
+    pub listener: ListenerOptions,
+    /// The most connections open at once over all workers (`None`: no limit).
+    /// At the limit the listeners stop accepting and the kernel's backlog
+    /// holds new connections until one finishes; none is accepted and closed.
+    pub maxconn: Option<usize>,
+    /// The most connections open at once on one worker (`None`: no limit).
+    pub maxconn_per_worker: Option<usize>,
+}
+
+impl From<ListenerOptions> for ServerOptions {
+    fn from(listener: ListenerOptions) -> Self {
+        ServerOptions { listener, ..Default::default() }
+    }
+}

@@ -11,8 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
+use std::cell::Cell;
+use std::rc::Rc;
+
 use super::listener::{bind_socket, TcpListener};
-use super::options::ListenerOptions;
+use super::options::{ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
 use crate::runtime::{spawn, Handle, RemoteJoinHandle};
 
@@ -49,14 +52,33 @@ impl ServerShared {
     }
 }
 
-/// Counts a connection as active until dropped.
-struct ActiveGuard(Arc<ServerShared>);
+/// One worker's view of its connections, for the per-worker limit.
+#[derive(Default)]
+struct WorkerConns {
+    active: Cell<usize>,
+    /// The accept loop, parked because a limit was reached.
+    waiting: Cell<Option<Waker>>,
+}
+
+/// Counts a connection as active, globally and on its worker, until dropped.
+struct ActiveGuard {
+    shared: Arc<ServerShared>,
+    local: Rc<WorkerConns>,
+}
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.shared.active.fetch_sub(1, Ordering::AcqRel);
+        self.local.active.set(self.local.active.get() - 1);
+        if let Some(w) = self.local.waiting.take() {
+            w.wake();
+        }
     }
 }
+
+/// How often a worker at the global limit looks again (connections that
+/// finish on other workers do not wake it).
+const MAXCONN_RECHECK: Duration = Duration::from_millis(2);
 
 /// Starts a server on every worker of `handle`'s runtime: each worker gets
 /// its own listener on `addr` (with `SO_REUSEPORT`, so the kernel spreads
@@ -64,16 +86,21 @@ impl Drop for ActiveGuard {
 /// each connection it accepts.
 ///
 /// Port 0 picks a free port once; every worker then binds that port.
+/// `options` is a [`ListenerOptions`] or, with connection limits, a
+/// [`ServerOptions`].
 pub fn serve<H, Fut>(
     handle: &Handle,
     addr: impl ToSocketAddrs,
-    mut options: ListenerOptions,
+    options: impl Into<ServerOptions>,
     handler: H,
 ) -> io::Result<Server>
 where
     H: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let server_options: ServerOptions = options.into();
+    let limits = Limits { global: server_options.maxconn, per_worker: server_options.maxconn_per_worker };
+    let mut options: ListenerOptions = server_options.listener;
     if handle.workers() > 1 {
         options.reuse_port = true;
     }
@@ -95,23 +122,38 @@ where
             let options = options.clone();
             handle.spawn_on(worker, move || async move {
                 let listener = TcpListener::from_fd(fd, options)?;
-                accept_loop(listener, shared, handler).await
+                accept_loop(listener, shared, handler, limits).await
             })
         })
         .collect();
     Ok(Server { local_addr, shared, accept_loops })
 }
 
+/// The connection limits of one server.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    global: Option<usize>,
+    per_worker: Option<usize>,
+}
+
 async fn accept_loop<H, Fut>(
     listener: TcpListener,
     shared: Arc<ServerShared>,
     handler: Arc<H>,
+    limits: Limits,
 ) -> io::Result<()>
 where
     H: Fn(TcpStream) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let local = Rc::new(WorkerConns::default());
     loop {
+        if at_limit(&shared, &local, limits) {
+            crate::runtime::context::with(|cx| crate::stats::add(&cx.shared.stats.maxconn_reached, 1));
+            while at_limit(&shared, &local, limits) && !shared.poll_stopped(std::task::Waker::noop()) {
+                wait_for_a_free_slot(&local).await;
+            }
+        }
         let accepted = {
             let mut accept = pin!(listener.accept_stream());
             poll_fn(|cx| {
@@ -126,24 +168,51 @@ where
             None => {
                 // Stopping: serve what the kernel already accepted into our
                 // queue; closing the listener would reset those connections.
-                while let Some(Ok(stream)) = listener.accept_ready() {
-                    start_handler(stream, &shared, &*handler);
+                while !at_limit(&shared, &local, limits) {
+                    let Some(Ok(stream)) = listener.accept_ready() else { break };
+                    start_handler(stream, &shared, &local, &*handler);
                 }
                 return Ok(());
             }
-            Some(Ok(stream)) => start_handler(stream, &shared, &*handler),
+            Some(Ok(stream)) => start_handler(stream, &shared, &local, &*handler),
             Some(Err(e)) => return Err(e),
         }
     }
 }
 
-fn start_handler<H, Fut>(stream: TcpStream, shared: &Arc<ServerShared>, handler: &H)
+fn at_limit(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bool {
+    limits.per_worker.is_some_and(|max| local.active.get() >= max)
+        || limits.global.is_some_and(|max| shared.active.load(Ordering::Acquire) >= max)
+}
+
+/// Waits until a connection of this worker finishes, or a short while
+/// (a connection may have finished on another worker).
+async fn wait_for_a_free_slot(local: &WorkerConns) {
+    let mut sleep = pin!(crate::time::sleep(MAXCONN_RECHECK));
+    let mut parked = false;
+    poll_fn(|cx| {
+        if parked && local.waiting.take().is_none() {
+            return Poll::Ready(()); // woken by a finishing connection
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            local.waiting.take();
+            return Poll::Ready(());
+        }
+        local.waiting.set(Some(cx.waker().clone()));
+        parked = true;
+        Poll::Pending
+    })
+    .await
+}
+
+fn start_handler<H, Fut>(stream: TcpStream, shared: &Arc<ServerShared>, local: &Rc<WorkerConns>, handler: &H)
 where
     H: Fn(TcpStream) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
     shared.active.fetch_add(1, Ordering::AcqRel);
-    let guard = ActiveGuard(shared.clone());
+    local.active.set(local.active.get() + 1);
+    let guard = ActiveGuard { shared: shared.clone(), local: local.clone() };
     let conn = handler(stream);
     drop(spawn(async move {
         conn.await;

@@ -1,0 +1,73 @@
+//! Connection limits: at `maxconn` the listener stops accepting (the
+//! kernel's backlog holds the rest) and resumes as connections finish.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::DriverKind;
+use hotloop::net::{serve, ServerOptions};
+use hotloop::Runtime;
+
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+fn limit_test(driver: DriverKind, options: ServerOptions, workers: usize, limit: u64) {
+    let rt = Runtime::builder().workers(workers).driver(driver).build().unwrap();
+    let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
+    let addr = server.local_addr();
+    let mut clients: Vec<TcpStream> = (0..6).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    assert!(wait_for(|| rt.stats().total.accepted == limit), "accepted up to the limit");
+    std::thread::sleep(Duration::from_millis(100));
+    let c = rt.stats().total;
+    assert_eq!(c.accepted, limit, "nothing beyond the limit was accepted");
+    assert!(c.maxconn_reached > 0);
+    assert_eq!(server.active_connections() as u64, limit);
+    // Finish one accepted connection (one that echoes): one more is accepted.
+    let served_now = clients
+        .iter_mut()
+        .position(|c| {
+            c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            let mut b = [0u8; 1];
+            c.write_all(b"x").is_ok() && c.read_exact(&mut b).is_ok()
+        })
+        .expect("an accepted connection echoes");
+    drop(clients.remove(served_now));
+    assert!(wait_for(|| rt.stats().total.accepted == limit + 1), "resumed after a connection finished");
+    for c in clients.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+    // Close everyone still waiting in the backlog only after the accepted ones answer.
+    // Every client is served as slots free up (some already sent a byte above).
+    let mut served = 0;
+    for mut c in clients.drain(..) {
+        if c.write_all(b"hi").is_ok() {
+            let mut b = [0u8; 1];
+            if c.read_exact(&mut b).is_ok() {
+                served += 1;
+            }
+        }
+    }
+    assert_eq!(served, 5, "every client is served as slots free up");
+}
+
+test_all_drivers! {
+    fn per_worker_maxconn_pauses_accepting(driver: DriverKind) {
+        let options = ServerOptions { maxconn_per_worker: Some(2), ..Default::default() };
+        limit_test(driver, options, 1, 2);
+    }
+
+    fn global_maxconn_pauses_accepting(driver: DriverKind) {
+        let options = ServerOptions { maxconn: Some(3), ..Default::default() };
+        limit_test(driver, options, 2, 3);
+    }
+}
