@@ -280,6 +280,12 @@ pub(crate) async fn shutdown(src: &Source, how: std::net::Shutdown) -> io::Resul
     sys::shutdown(src.fd(), how)
 }
 
+/// Shuts down a direction at once with the syscall, on either driver
+/// (`shutdown(2)` never blocks).
+pub(crate) fn shutdown_now(src: &Source, how: std::net::Shutdown) -> io::Result<()> {
+    sys::shutdown(src.fd(), how)
+}
+
 /// How a listener asks the driver for connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AcceptMode {
@@ -316,4 +322,62 @@ pub(crate) fn poll_accept(
         Some(p) => p,
         None => src.poll_io(task_cx, Direction::Read, || sys::accept(src.fd())),
     }
+}
+
+/// Reads into a borrowed slice, for the poll-based I/O traits (tokio's and
+/// futures' `AsyncRead`). On io_uring the bytes land first in a buffer the
+/// stream owns (the kernel may write into it after this call returns).
+pub(crate) fn poll_read_slice(
+    src: &Source,
+    task_cx: &mut TaskContext<'_>,
+    buf: &mut [u8],
+) -> Poll<io::Result<usize>> {
+    if is_uring() {
+        return uring::poll_read_slice(src, task_cx, buf);
+    }
+    let fd = src.fd();
+    // SAFETY: `buf` is a live, writable slice for the duration of the call.
+    src.poll_io(task_cx, Direction::Read, || unsafe { sys::recv(fd, buf.as_mut_ptr(), buf.len()) })
+}
+
+/// Writes from a borrowed slice, for the poll-based I/O traits. On io_uring
+/// the bytes are copied into a buffer the stream owns before submission.
+pub(crate) fn poll_write_slice(
+    src: &Source,
+    task_cx: &mut TaskContext<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    if is_uring() {
+        return uring::poll_write_slice(src, task_cx, buf);
+    }
+    let fd = src.fd();
+    // SAFETY: `buf` is a live, readable slice for the duration of the call.
+    src.poll_io(task_cx, Direction::Write, || unsafe { sys::send(fd, buf.as_ptr(), buf.len()) })
+}
+
+/// Writes several borrowed slices with one call, for the poll-based I/O traits.
+pub(crate) fn poll_write_slices(
+    src: &Source,
+    task_cx: &mut TaskContext<'_>,
+    bufs: &[io::IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    if is_uring() {
+        // One staging copy; the kernel sees a single buffer.
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut joined = Vec::with_capacity(total.min(256 * 1024));
+        for b in bufs {
+            if joined.len() + b.len() > joined.capacity() && !joined.is_empty() {
+                break;
+            }
+            joined.extend_from_slice(b);
+        }
+        return uring::poll_write_slice(src, task_cx, &joined);
+    }
+    let fd = src.fd();
+    // IoSlice is ABI-compatible with iovec on Unix.
+    let iov: &[libc::iovec] =
+        // SAFETY: std documents `IoSlice` as `#[repr(transparent)]` over `iovec` on Unix.
+        unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len()) };
+    // SAFETY: every iovec describes one of `bufs`, live for the duration of the call.
+    src.poll_io(task_cx, Direction::Write, || unsafe { sys::sendmsg(fd, iov) })
 }

@@ -51,3 +51,18 @@ pub(crate) async fn connect(_src: &Source, _addr: SocketAddr) -> io::Result<()> 
 pub(crate) async fn shutdown(_src: &Source, _how: std::net::Shutdown) -> io::Result<()> {
     Err(unsupported())
 }
+
+pub(crate) fn poll_read_slice(
+    _src: &Source,
+    _cx: &mut TaskContext<'_>,
+    _buf: &mut [u8],
+) -> Poll<io::Result<usize>> {
+    Poll::Ready(Err(unsupported()))
+}
+pub(crate) fn poll_write_slice(
+    _src: &Source,
+    _cx: &mut TaskContext<'_>,
+    _buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    Poll::Ready(Err(unsupported()))
+}

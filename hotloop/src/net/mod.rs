@@ -1,6 +1,7 @@
 //! TCP networking: listeners with an accept policy, streams with
 //! owned-buffer I/O, and a thread-per-core server helper.
 
+mod compat;
 mod listener;
 mod options;
 mod server;

@@ -23,6 +23,10 @@ impl TcpStream {
         Ok(TcpStream { src: Source::new(fd)? })
     }
 
+    pub(crate) fn source(&self) -> &Source {
+        &self.src
+    }
+
     /// Connects to the first address of `addr` that accepts.
     pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
         let mut last_err = None;

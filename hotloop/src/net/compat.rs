@@ -1,0 +1,129 @@
+//! `TcpStream` as tokio's and futures' `AsyncRead`/`AsyncWrite`, so the
+//! libraries written for them (hyper, tower, tonic, ...) run on hotloop.
+//!
+//! These sit on the same driver operations as the owned-buffer API: on
+//! epoll a read goes straight into the caller's slice; on io_uring it lands
+//! first in a buffer the stream owns, because the kernel may still write
+//! into it after the caller's slice is gone.
+
+use std::io;
+use std::net::Shutdown;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::TcpStream;
+use crate::driver;
+
+impl TcpStream {
+    /// Reads into `buf` (the poll form behind the `AsyncRead` impls).
+    pub fn poll_read_slice(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        driver::poll_read_slice(self.source(), cx, buf)
+    }
+
+    /// Writes from `buf` (the poll form behind the `AsyncWrite` impls).
+    pub fn poll_write_slice(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        driver::poll_write_slice(self.source(), cx, buf)
+    }
+
+    /// Writes from several slices at once.
+    pub fn poll_write_slices(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        driver::poll_write_slices(self.source(), cx, bufs)
+    }
+
+    fn poll_shutdown_write(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // shutdown(2) never blocks, so the poll form makes the call directly on either driver.
+        match driver::shutdown_now(self.source(), Shutdown::Write) {
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
+            other => Poll::Ready(other),
+        }
+    }
+}
+
+#[cfg(feature = "tokio-io")]
+mod tokio_impls {
+    use super::*;
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    impl AsyncRead for TcpStream {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let dst = buf.initialize_unfilled();
+            match self.poll_read_slice(cx, dst) {
+                Poll::Ready(Ok(n)) => {
+                    buf.advance(n);
+                    Poll::Ready(Ok(()))
+                }
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            }
+        }
+    }
+
+    impl AsyncWrite for TcpStream {
+        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            self.poll_write_slice(cx, buf)
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            self.poll_write_slices(cx, bufs)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            // Nothing is buffered in user space: a write that returned is in the kernel.
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.poll_shutdown_write(cx)
+        }
+    }
+}
+
+#[cfg(feature = "futures-io")]
+mod futures_impls {
+    use super::*;
+    use futures_io::{AsyncRead, AsyncWrite};
+
+    impl AsyncRead for TcpStream {
+        fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+            self.poll_read_slice(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for TcpStream {
+        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            self.poll_write_slice(cx, buf)
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            self.poll_write_slices(cx, bufs)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.poll_shutdown_write(cx)
+        }
+    }
+}
