@@ -35,6 +35,8 @@
 
 pub mod buf;
 mod driver;
+#[cfg(feature = "hyper")]
+pub mod hyper;
 pub mod net;
 pub mod runtime;
 pub mod signal;

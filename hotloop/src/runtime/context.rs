@@ -20,6 +20,9 @@ use crate::time::wheel::TimerWheel;
 /// One worker's state. Only its own thread touches it.
 pub(crate) struct Context {
     pub(crate) id: usize,
+    /// Unique over every context of every runtime in the process: tells a
+    /// timer which wheel it lives in.
+    pub(crate) uid: u64,
     pub(crate) shared: Arc<WorkerShared>,
     pub(crate) config: Config,
     pub(crate) handle: Handle,
@@ -42,6 +45,9 @@ pub(crate) struct Context {
 thread_local! {
     static CURRENT: RefCell<Option<Rc<Context>>> = const { RefCell::new(None) };
 }
+
+/// The source of [`Context::uid`].
+pub(crate) static NEXT_CONTEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Context {
     /// True when this worker's driver is io_uring.

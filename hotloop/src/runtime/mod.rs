@@ -212,6 +212,7 @@ impl Context {
         let (driver, driver_info) = Driver::new(&config, &shared)?;
         Ok(Rc::new(Context {
             id,
+            uid: context::NEXT_CONTEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             shared,
             config,
             handle,

@@ -18,7 +18,9 @@ use wheel::TimerKey;
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
     deadline: Instant,
-    key: Option<TimerKey>,
+    /// The timer, and the context whose wheel holds it (a `Sleep` is
+    /// `Send`, so it may be polled or dropped on another worker).
+    key: Option<(TimerKey, u64)>,
 }
 
 /// Waits for `duration`.
@@ -40,10 +42,10 @@ impl Sleep {
     /// Moves the deadline; cheap, and the timer is re-filed lazily.
     pub fn reset(&mut self, deadline: Instant) {
         self.deadline = deadline;
-        if let Some(key) = self.key {
+        if let Some((key, uid)) = self.key {
             context::with(|cx| {
                 let tick = cx.clock.tick_for_deadline(deadline);
-                if !cx.timers.borrow_mut().reset(key, tick) {
+                if cx.uid != uid || !cx.timers.borrow_mut().reset(key, tick) {
                     self.key = None;
                 }
             });
@@ -57,13 +59,16 @@ impl Future for Sleep {
     fn poll(mut self: Pin<&mut Self>, task_cx: &mut TaskContext<'_>) -> Poll<()> {
         context::with(|cx| {
             if Instant::now() >= self.deadline {
-                if let Some(key) = self.key.take() {
-                    cx.timers.borrow_mut().cancel(key);
+                if let Some((key, uid)) = self.key.take() {
+                    if uid == cx.uid {
+                        cx.timers.borrow_mut().cancel(key);
+                    }
                 }
                 return Poll::Ready(());
             }
             let mut timers = cx.timers.borrow_mut();
-            match self.key.and_then(|k| timers.get_mut(k)) {
+            let mine = self.key.filter(|&(_, uid)| uid == cx.uid);
+            match mine.and_then(|(k, _)| timers.get_mut(k)) {
                 Some(w) => {
                     if !w.will_wake(task_cx.waker()) {
                         *w = task_cx.waker().clone();
@@ -71,7 +76,7 @@ impl Future for Sleep {
                 }
                 None => {
                     let tick = cx.clock.tick_for_deadline(self.deadline);
-                    self.key = Some(timers.insert(tick, task_cx.waker().clone()));
+                    self.key = Some((timers.insert(tick, task_cx.waker().clone()), cx.uid));
                 }
             }
             Poll::Pending
@@ -81,8 +86,12 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            context::try_with(|cx| cx.timers.borrow_mut().cancel(key));
+        if let Some((key, uid)) = self.key.take() {
+            context::try_with(|cx| {
+                if cx.uid == uid {
+                    cx.timers.borrow_mut().cancel(key);
+                }
+            });
         }
     }
 }

@@ -1,0 +1,105 @@
+//! hyper on hotloop with real clients: curl over HTTP/1.1 and HTTP/2 prior
+//! knowledge, a hyper client on hotloop against a tokio server, and a hyper
+//! client on tokio against hotloop.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Command;
+
+use bytes::Bytes;
+use common::DriverKind;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+use hotloop::hyper::{serve_hyper, HotloopExecutor};
+use hotloop::net::{ListenerOptions, Server};
+use hotloop::Runtime;
+
+async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    Ok(Response::new(Full::new(Bytes::from(format!("hello {}", body.len())))))
+}
+
+fn hotloop_hyper_server(driver: DriverKind) -> (Runtime, Server, SocketAddr) {
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let server =
+        serve_hyper(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), || service_fn(hello)).unwrap();
+    let addr = server.local_addr();
+    (rt, server, addr)
+}
+
+test_all_drivers! {
+    fn curl_speaks_http1_and_http2_prior_knowledge(driver: DriverKind) {
+        if Command::new("curl").arg("--version").output().is_err() {
+            eprintln!("skipped: curl is not installed");
+            return;
+        }
+        let (_rt, _server, addr) = hotloop_hyper_server(driver);
+        let url = format!("http://{addr}/x");
+        for flag in ["--http1.1", "--http2-prior-knowledge"] {
+            let out = Command::new("curl")
+                .args(["-sS", "--max-time", "10", "-w", " %{http_version}", flag, "-d", "abc", &url])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(out.status.success(), "curl {flag}: {}", String::from_utf8_lossy(&out.stderr));
+            let expected_version = if flag == "--http1.1" { "1.1" } else { "2" };
+            assert_eq!(text, format!("hello 3 {expected_version}"), "curl {flag}");
+        }
+    }
+
+    fn hyper_client_on_tokio_against_hotloop(driver: DriverKind) {
+        let (_rt, _server, addr) = hotloop_hyper_server(driver);
+        let tokio_rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let body = tokio_rt.block_on(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+            tokio::spawn(conn);
+            let mut bodies = Vec::new();
+            for i in 0..3 {
+                let req = Request::post("/").body(Full::new(Bytes::from(vec![b'a'; i * 10]))).unwrap();
+                let resp = sender.send_request(req).await.unwrap();
+                bodies.push(resp.into_body().collect().await.unwrap().to_bytes());
+            }
+            bodies
+        });
+        assert_eq!(body, vec![Bytes::from("hello 0"), Bytes::from("hello 10"), Bytes::from("hello 20")]);
+    }
+
+    fn hyper_client_on_hotloop_against_tokio(driver: DriverKind) {
+        // A hyper server on a tokio current-thread runtime, in its own thread.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(l.local_addr().unwrap()).unwrap();
+                loop {
+                    let Ok((s, _)) = l.accept().await else { return };
+                    tokio::spawn(async move {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(s), service_fn(hello))
+                            .await;
+                    });
+                }
+            });
+        });
+        let addr = rx.recv().unwrap();
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        let got = rt.block_on(async move {
+            let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+            hotloop::spawn(conn);
+            let req = Request::post("/").body(Full::new(Bytes::from_static(b"12345"))).unwrap();
+            let resp = sender.send_request(req).await.unwrap();
+            resp.into_body().collect().await.unwrap().to_bytes()
+        });
+        assert_eq!(got, Bytes::from("hello 5"));
+        let _ = HotloopExecutor; // the executor type is public for hyper's builders
+    }
+}
