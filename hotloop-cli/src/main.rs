@@ -1,12 +1,12 @@
 //! The `hotloop` command: servers, a load generator and the benchmark suite.
 
-mod proto;
 mod proxy;
 mod runtime_args;
 mod serve;
 mod stats_server;
 
 use clap::{Parser, Subcommand};
+use hotloop_cli::proto;
 
 /// A thread-per-core runtime's servers, load generator and benchmarks.
 #[derive(Parser, Debug)]
