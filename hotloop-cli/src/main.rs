@@ -1,5 +1,82 @@
 //! The `hotloop` command: servers, a load generator and the benchmark suite.
 
+mod load;
+mod peers;
 mod proto;
 
-fn main() {}
+use clap::{Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+/// hotloop: a thread-per-core async runtime and the tools that measure it.
+#[derive(Parser)]
+#[command(name = "hotloop", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate load against a loopback server and report throughput and
+    /// latency.
+    Load(load::LoadArgs),
+    /// Run one of the servers hotloop is measured against, until SIGINT or
+    /// SIGTERM.
+    Peer {
+        /// Which server.
+        #[arg(value_enum)]
+        kind: PeerKind,
+        /// What it answers.
+        #[arg(value_enum)]
+        app: peers::floor::App,
+        /// Address to listen on; port 0 picks a free port, printed at start.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: SocketAddr,
+        /// Worker threads.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// HTTP response body size in bytes.
+        #[arg(long, default_value_t = 13)]
+        body_size: usize,
+        /// Microseconds of CPU work per HTTP request.
+        #[arg(long, default_value_t = 0)]
+        work_us: u64,
+    },
+}
+
+/// The peer servers.
+#[derive(Clone, Copy, ValueEnum)]
+enum PeerKind {
+    /// Raw epoll and libc calls, no runtime: the floor.
+    Floor,
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Load(args) => load::run_and_print(&args),
+        Command::Peer {
+            kind,
+            app,
+            addr,
+            workers,
+            body_size,
+            work_us,
+        } => match kind {
+            PeerKind::Floor => peers::floor::run(&peers::floor::FloorArgs {
+                app,
+                addr,
+                workers,
+                body_size,
+                work_us,
+            }),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hotloop: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

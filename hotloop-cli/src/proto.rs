@@ -94,7 +94,10 @@ mod tests {
     fn parses_keepalive_and_close() {
         assert_eq!(
             parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
-            Request::Complete { len: 27, close: false }
+            Request::Complete {
+                len: 27,
+                close: false
+            }
         );
         assert!(matches!(
             parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"),
@@ -105,9 +108,15 @@ mod tests {
             Request::Complete { close: true, .. }
         ));
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Request::Partial);
-        assert_eq!(parse_request(b"\x00\x01garbage\r\n\r\n"), Request::Malformed);
+        assert_eq!(
+            parse_request(b"\x00\x01garbage\r\n\r\n"),
+            Request::Malformed
+        );
         let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];
-        assert_eq!(parse_request(&[b"GET /".as_slice(), &big].concat()), Request::TooLarge);
+        assert_eq!(
+            parse_request(&[b"GET /".as_slice(), &big].concat()),
+            Request::TooLarge
+        );
     }
 
     #[test]
