@@ -28,6 +28,9 @@
 //! units have finished, whichever comes first; each connection has a
 //! connect deadline and a reply deadline, so nothing waits forever.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod engine;
 pub mod hist;
 pub mod report;

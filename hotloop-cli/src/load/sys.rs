@@ -25,7 +25,7 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
         }
         lim = raised;
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 /// Restricts the calling thread to one CPU with sched_setaffinity(2).
