@@ -171,6 +171,23 @@ fn http_every_mode() {
         &load(floor.addr, &["--mode", "churn", "-c", "8", "-n", "300"]),
         300,
     );
+    let r = load(
+        floor.addr,
+        &[
+            "--mode",
+            "churn",
+            "-c",
+            "6",
+            "-n",
+            "60",
+            "--sources",
+            "3",
+            "--pin",
+            "0",
+        ],
+    );
+    assert_clean(&r, 60);
+    assert_eq!(r["sources"], 3);
     let r = load(floor.addr, &["--mode", "burst", "-c", "100"]);
     assert_clean(&r, 100);
     assert_eq!(r["max_in_flight"], 100);
