@@ -442,9 +442,11 @@ impl Engine<'_> {
             }
             Phase::Connecting | Phase::Sending => {
                 self.on_writable(slot, now);
-                // Edge-triggered: bytes that arrived while the request was
-                // still going out must be read now or never.
-                if matches!(self.conns.get(slot), Some(c) if c.phase == Phase::Receiving) {
+                // Read too: a large echo comes back while it is still being
+                // sent, and with both sides' buffers full neither would move
+                // again; and under edge triggering an edge not acted on now
+                // is not reported again.
+                if matches!(self.conns.get(slot), Some(c) if c.phase != Phase::Connecting) {
                     self.on_readable(slot, closing, now);
                 }
             }
