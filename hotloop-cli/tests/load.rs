@@ -29,18 +29,10 @@ impl Floor {
     /// Starts the server; `nofile` caps its open-file limit (soft and hard).
     fn start_with(app: &str, extra: &[&str], nofile: Option<u64>) -> Floor {
         let mut cmd = Command::new(BIN);
-        cmd.args([
-            "peer",
-            "floor",
-            app,
-            "--addr",
-            "127.0.0.1:0",
-            "--workers",
-            "1",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        cmd.args(["peer", "floor", app, "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         if let Some(n) = nofile {
             // SAFETY: the closure only calls setrlimit(2), which is
             // async-signal-safe, on a stack value.
@@ -196,7 +188,8 @@ fn http_every_mode() {
 
 #[test]
 fn echo_every_mode() {
-    let floor = Floor::start("echo");
+    // Two workers, two SO_REUSEPORT listeners on one ephemeral port.
+    let floor = Floor::start_with("echo", &["--workers", "2"], None);
     assert_clean(
         &load(
             floor.addr,
