@@ -165,8 +165,9 @@ pub fn run(args: &FloorArgs) -> io::Result<()> {
             })?;
         handles.push(handle);
     }
+    let plural = if args.workers == 1 { "" } else { "s" };
     println!(
-        "floor {} listening on {addr} ({} workers)",
+        "floor {} listening on {addr} ({} worker{plural})",
         args.app.as_str(),
         args.workers
     );
