@@ -568,4 +568,33 @@ mod tests {
         assert!(source_addrs("[::1]:9000".parse().unwrap(), 2, 10).is_err());
         assert!(source_addrs(v4, 255, 10).is_err());
     }
+
+    #[test]
+    fn runs_in_process_against_a_plain_echo_server() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            for _ in 0..3 {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut buf = [0u8; 64];
+                let mut got = 0;
+                while got < 16 {
+                    got += s.read(&mut buf[got..]).unwrap();
+                }
+                s.write_all(&buf[..got]).unwrap();
+            }
+        });
+        let mut args = LoadArgs::new(addr);
+        args.mode = Mode::Serial;
+        args.proto = Proto::Echo;
+        args.size = 16;
+        args.requests = Some(3);
+        args.quiet = true;
+        let report = run(&args).unwrap();
+        server.join().unwrap();
+        assert_eq!((report.completed, report.errors.total), (3, 0));
+        assert_eq!(report.stopped_by, "requests");
+        assert!(report.latency_us.max > 0.0);
+    }
 }
