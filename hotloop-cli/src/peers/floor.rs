@@ -422,6 +422,9 @@ impl Worker {
     }
 
     fn accept_batch(&mut self) -> io::Result<()> {
+        if self.accept_paused_until.is_some() {
+            return Ok(());
+        }
         for _ in 0..ACCEPTS_PER_WAKEUP_MAX {
             // SAFETY: the listener is an open socket; null address pointers
             // ask accept4(2) not to report the peer.
