@@ -41,9 +41,11 @@ const READ_BUF_BYTES: usize = 64 * 1024;
 /// The longest gap between two deadline scans.
 const DEADLINE_SCAN_INTERVAL_MAX: Duration = Duration::from_millis(20);
 
-/// The most connections opened in one loop turn outside burst mode, so that
-/// replies waiting on open connections are not starved by a long ramp.
-const STARTS_PER_TURN_MAX: usize = 4096;
+/// The longest one loop turn spends opening connections outside burst mode,
+/// so that replies waiting on open connections are not starved by a long
+/// ramp. connect(2) slows down as the ephemeral ports of a source address
+/// fill up, so this is a time, not a count.
+const DISPATCH_SLICE_MAX: Duration = Duration::from_millis(5);
 
 /// Where a connection is in its exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,15 +214,16 @@ impl Engine<'_> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
-            let now = Instant::now();
             for ev in events.iter() {
                 let (slot, gen) = untoken(ev.token());
                 match self.conns.get(slot) {
+                    // The clock is read per event, so that a reply's latency
+                    // ends when it is read, not when its batch arrived.
                     Some(c) if c.gen == gen => self.on_event(
                         slot,
                         ev.is_writable(),
                         ev.is_read_closed() || ev.is_error(),
-                        now,
+                        Instant::now(),
                     ),
                     _ => {}
                 }
@@ -278,8 +281,8 @@ impl Engine<'_> {
         if room && self.budget != Some(0) {
             match &self.schedule {
                 Some(s) => until = until.min(s.next()),
-                // A closed loop with room left means the per-turn start
-                // limit stopped dispatch: come straight back.
+                // A closed loop with room left means the dispatch slice
+                // ran out: come straight back.
                 None => until = now,
             }
         }
@@ -287,19 +290,22 @@ impl Engine<'_> {
     }
 
     /// Starts whatever the mode, the bounds and the schedule allow now.
-    fn dispatch(&mut self, now: Instant) {
-        let starts_max = if self.plan.mode == super::Mode::Burst {
-            usize::MAX
+    ///
+    /// Each start reads the clock: a unit's origin is its own start, and a
+    /// long ramp stops at the run's end (and, outside burst, after
+    /// [`DISPATCH_SLICE_MAX`]) instead of overshooting it.
+    fn dispatch(&mut self, turn_start: Instant) {
+        let slice_end = if self.plan.mode == super::Mode::Burst {
+            self.end
         } else {
-            STARTS_PER_TURN_MAX
+            self.end.min(turn_start + DISPATCH_SLICE_MAX)
         };
-        let mut starts = 0;
+        let mut now = turn_start;
         if self.plan.one_per_connection {
-            while self.conns.len() < self.conn_cap && starts < starts_max {
+            while self.conns.len() < self.conn_cap && now < slice_end {
                 let Some(unit) = self.next_unit(now) else {
                     break;
                 };
-                starts += 1;
                 match self.open(now) {
                     Ok(slot) => {
                         self.conns[slot].unit = Some(unit);
@@ -307,14 +313,15 @@ impl Engine<'_> {
                     }
                     Err((kind, e)) => self.finish_unit(unit, Some((kind, &e)), now),
                 }
+                now = Instant::now();
             }
             return;
         }
-        while self.conns.len() < self.conn_cap && starts < starts_max && self.budget != Some(0) {
-            starts += 1;
+        while self.conns.len() < self.conn_cap && now < slice_end && self.budget != Some(0) {
             if let Err((kind, e)) = self.open(now) {
                 self.connection_failed(kind, &e, now);
             }
+            now = Instant::now();
         }
         while let Some(&(slot, gen)) = self.idle.last() {
             let live =
@@ -334,6 +341,7 @@ impl Engine<'_> {
             c.deadline = Some(now + self.plan.timeout);
             c.reader.reset();
             self.on_writable(slot, now);
+            now = Instant::now();
         }
     }
 
