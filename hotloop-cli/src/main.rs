@@ -31,16 +31,16 @@ enum Command {
         #[arg(value_enum)]
         app: peers::floor::App,
         /// Address to listen on; port 0 picks a free port, printed at start.
-        #[arg(long, default_value = "127.0.0.1:8080")]
+        #[arg(long, default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
         addr: SocketAddr,
         /// Worker threads.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_name = "N")]
         workers: usize,
         /// HTTP response body size in bytes.
-        #[arg(long, default_value_t = 13)]
+        #[arg(long, default_value_t = 13, value_name = "BYTES")]
         body_size: usize,
         /// Microseconds of CPU work per HTTP request.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_name = "US")]
         work_us: u64,
     },
 }

@@ -111,7 +111,7 @@ impl Mode {
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
     /// Server address; loopback only (127.0.0.0/8 or ::1).
-    #[arg(long, value_parser = parse_loopback_addr)]
+    #[arg(long, value_parser = parse_loopback_addr, value_name = "HOST:PORT")]
     pub addr: SocketAddr,
     /// Protocol to speak.
     #[arg(long, value_enum, default_value_t = Proto::Http)]
@@ -121,40 +121,40 @@ pub struct LoadArgs {
     pub mode: Mode,
     /// Connections in flight (for burst: the number of clients). Serial
     /// always uses 1.
-    #[arg(long, short = 'c', default_value_t = 1)]
+    #[arg(long, short = 'c', default_value_t = 1, value_name = "C")]
     pub connections: usize,
     /// Stop after this many requests (connections in serial, burst and
     /// churn) have finished. Without it only the time bound applies.
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', value_name = "N")]
     pub requests: Option<u64>,
     /// Stop after this many seconds of measurement.
-    #[arg(long, short = 'd', default_value_t = 10.0)]
+    #[arg(long, short = 'd', default_value_t = 10.0, value_name = "SECS")]
     pub duration: f64,
     /// Echo payload in bytes.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_name = "BYTES")]
     pub size: usize,
     /// HTTP request path.
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_name = "PATH")]
     pub path: String,
     /// Open loop: start this many requests (or connections) per second on a
     /// fixed schedule, measuring latency from each one's intended start.
-    #[arg(long)]
+    #[arg(long, value_name = "PER_SEC")]
     pub rate: Option<f64>,
     /// Seconds to run before measuring; not counted in any figure.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_name = "SECS")]
     pub warmup: f64,
     /// Pin the load generator to this CPU.
-    #[arg(long)]
+    #[arg(long, value_name = "CPU")]
     pub pin: Option<usize>,
     /// Spread connections over source addresses 127.0.0.1 .. 127.0.0.N.
     /// Raised automatically to one per 20,000 connections.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_name = "N")]
     pub sources: usize,
     /// Milliseconds a connection may take to establish.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 3000, value_name = "MS")]
     pub connect_timeout: u64,
     /// Milliseconds a reply may take, from its request's send.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
     pub timeout: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
