@@ -258,7 +258,7 @@ impl Engine<'_> {
             max_in_flight: self.max_in_flight as u64,
             sources: plan.sources.len().max(1) as u64,
             fd_limit: 0,
-            stopped_by,
+            stopped_by: stopped_by.to_string(),
             first_error: self.first_error.take(),
         })
     }

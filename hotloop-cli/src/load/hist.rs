@@ -1,7 +1,7 @@
 //! Latency recording: an HDR histogram in microseconds and its summary.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// The smallest latency the histogram tells apart, in microseconds.
@@ -26,7 +26,7 @@ pub struct Latencies {
 }
 
 /// Summary statistics of a run's latencies, in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     /// Arithmetic mean.
     pub mean: f64,

@@ -40,7 +40,7 @@ pub mod sys;
 pub use report::LoadReport;
 
 use clap::{Args, ValueEnum};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -62,7 +62,7 @@ pub const DURATION_MAX_SECS: f64 = 86_400.0;
 pub const SIZE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// What the load generator speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Proto {
     /// Send `--size` bytes and expect the same bytes back.
@@ -72,7 +72,7 @@ pub enum Proto {
 }
 
 /// How connections and requests are laid out over time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// One connection at a time, one request each.

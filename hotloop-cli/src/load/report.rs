@@ -2,7 +2,7 @@
 
 use super::hist::LatencySummary;
 use super::{Mode, Proto};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::io;
 use std::net::SocketAddr;
@@ -57,7 +57,7 @@ impl ErrorKind {
 }
 
 /// Failed requests or connections, by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorCounts {
     /// All failures.
     pub total: u64,
@@ -95,7 +95,7 @@ impl ErrorCounts {
 
 /// What a load run measured. Serialized, it is the JSON object that
 /// `hotloop load --json` prints.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadReport {
     /// The mode run.
     pub mode: Mode,
@@ -127,7 +127,7 @@ pub struct LoadReport {
     /// The soft open-file limit during the run.
     pub fd_limit: u64,
     /// Why the run stopped: "requests" or "duration".
-    pub stopped_by: &'static str,
+    pub stopped_by: String,
     /// The first failure's description, if any failed.
     pub first_error: Option<String>,
 }
@@ -219,7 +219,7 @@ mod tests {
             max_in_flight: 1,
             sources: 1,
             fd_limit: 20_000,
-            stopped_by: "requests",
+            stopped_by: "requests".into(),
             first_error: Some("connect: refused".into()),
         }
     }
@@ -256,6 +256,13 @@ mod tests {
         assert!(h
             .iter()
             .all(|p| p.as_array().unwrap().len() == 2 && p[0].is_u64()));
+    }
+
+    #[test]
+    fn json_round_trips() {
+        let r = sample();
+        let back: LoadReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
     }
 
     #[test]
