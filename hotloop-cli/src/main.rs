@@ -55,21 +55,10 @@ enum PeerKind {
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Load(args) => load::run_and_print(&args),
-        Command::Peer {
-            kind,
-            app,
-            addr,
-            workers,
-            body_size,
-            work_us,
-        } => match kind {
-            PeerKind::Floor => peers::floor::run(&peers::floor::FloorArgs {
-                app,
-                addr,
-                workers,
-                body_size,
-                work_us,
-            }),
+        Command::Peer { kind, app, addr, workers, body_size, work_us } => match kind {
+            PeerKind::Floor => {
+                peers::floor::run(&peers::floor::FloorArgs { app, addr, workers, body_size, work_us })
+            }
         },
     };
     match result {

@@ -68,7 +68,9 @@ pub fn response_ok(body_len: usize, close: bool) -> Vec<u8> {
 /// A complete error response that closes the connection.
 pub fn response_error(status: u16) -> &'static [u8] {
     match status {
-        431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        431 => {
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        }
         408 => b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         _ => b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     }
@@ -94,29 +96,17 @@ mod tests {
     fn parses_keepalive_and_close() {
         assert_eq!(
             parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
-            Request::Complete {
-                len: 27,
-                close: false
-            }
+            Request::Complete { len: 27, close: false }
         );
         assert!(matches!(
             parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"),
             Request::Complete { close: true, .. }
         ));
-        assert!(matches!(
-            parse_request(b"GET / HTTP/1.0\r\n\r\n"),
-            Request::Complete { close: true, .. }
-        ));
+        assert!(matches!(parse_request(b"GET / HTTP/1.0\r\n\r\n"), Request::Complete { close: true, .. }));
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Request::Partial);
-        assert_eq!(
-            parse_request(b"\x00\x01garbage\r\n\r\n"),
-            Request::Malformed
-        );
+        assert_eq!(parse_request(b"\x00\x01garbage\r\n\r\n"), Request::Malformed);
         let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];
-        assert_eq!(
-            parse_request(&[b"GET /".as_slice(), &big].concat()),
-            Request::TooLarge
-        );
+        assert_eq!(parse_request(&[b"GET /".as_slice(), &big].concat()), Request::TooLarge);
     }
 
     #[test]

@@ -38,10 +38,7 @@ impl Floor {
             // async-signal-safe, on a stack value.
             unsafe {
                 cmd.pre_exec(move || {
-                    let lim = libc::rlimit {
-                        rlim_cur: n,
-                        rlim_max: n,
-                    };
+                    let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
                     if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -51,9 +48,7 @@ impl Floor {
         }
         let mut child = cmd.spawn().expect("start the floor server");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the banner");
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("read the banner");
         let addr = line
             .split("listening on ")
             .nth(1)
@@ -69,9 +64,7 @@ impl Floor {
 
     /// Descriptors the server holds open now.
     fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .unwrap()
-            .count()
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).unwrap().count()
     }
 
     /// Sends SIGTERM and checks the server exits cleanly and promptly.
@@ -118,17 +111,9 @@ fn load(addr: SocketAddr, args: &[&str]) -> Value {
         .spawn()
         .expect("start hotloop load");
     let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     let status = wait_with_deadline(&mut child, CHILD_DEADLINE);
-    assert!(
-        status.success(),
-        "hotloop load {args:?} exited with {status}"
-    );
+    assert!(status.success(), "hotloop load {args:?} exited with {status}");
     assert!(started.elapsed() < CHILD_DEADLINE);
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("bad JSON {out:?}: {e}"))
 }
@@ -138,12 +123,7 @@ fn assert_clean(r: &Value, completed: u64) {
     assert_eq!(r["completed"], completed, "{r}");
     assert!(r["rate_per_s"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["latency_us"]["p50"].as_f64().unwrap() >= 1.0, "{r}");
-    let counted: u64 = r["histogram_us"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p[1].as_u64().unwrap())
-        .sum();
+    let counted: u64 = r["histogram_us"].as_array().unwrap().iter().map(|p| p[1].as_u64().unwrap()).sum();
     assert_eq!(counted, completed, "{r}");
 }
 
@@ -155,29 +135,9 @@ fn http_every_mode() {
     assert_eq!(r["mode"], "serial");
     assert_eq!(r["connections"], 1);
     assert_eq!(r["stopped_by"], "requests");
-    assert_clean(
-        &load(floor.addr, &["--mode", "keepalive", "-c", "4", "-n", "500"]),
-        500,
-    );
-    assert_clean(
-        &load(floor.addr, &["--mode", "churn", "-c", "8", "-n", "300"]),
-        300,
-    );
-    let r = load(
-        floor.addr,
-        &[
-            "--mode",
-            "churn",
-            "-c",
-            "6",
-            "-n",
-            "60",
-            "--sources",
-            "3",
-            "--pin",
-            "0",
-        ],
-    );
+    assert_clean(&load(floor.addr, &["--mode", "keepalive", "-c", "4", "-n", "500"]), 500);
+    assert_clean(&load(floor.addr, &["--mode", "churn", "-c", "8", "-n", "300"]), 300);
+    let r = load(floor.addr, &["--mode", "churn", "-c", "6", "-n", "60", "--sources", "3", "--pin", "0"]);
     assert_clean(&r, 60);
     assert_eq!(r["sources"], 3);
     let r = load(floor.addr, &["--mode", "burst", "-c", "100"]);
@@ -190,59 +150,15 @@ fn http_every_mode() {
 fn echo_every_mode() {
     // Two workers, two SO_REUSEPORT listeners on one ephemeral port.
     let floor = Floor::start_with("echo", &["--workers", "2"], None);
-    assert_clean(
-        &load(
-            floor.addr,
-            &["--proto", "echo", "--mode", "serial", "-n", "100"],
-        ),
-        100,
-    );
-    assert_clean(
-        &load(
-            floor.addr,
-            &[
-                "--proto",
-                "echo",
-                "--mode",
-                "keepalive",
-                "-c",
-                "3",
-                "-n",
-                "300",
-            ],
-        ),
-        300,
-    );
-    assert_clean(
-        &load(
-            floor.addr,
-            &["--proto", "echo", "--mode", "churn", "-c", "5", "-n", "200"],
-        ),
-        200,
-    );
-    let r = load(
-        floor.addr,
-        &[
-            "--proto", "echo", "--mode", "burst", "-c", "200", "--size", "128",
-        ],
-    );
+    assert_clean(&load(floor.addr, &["--proto", "echo", "--mode", "serial", "-n", "100"]), 100);
+    assert_clean(&load(floor.addr, &["--proto", "echo", "--mode", "keepalive", "-c", "3", "-n", "300"]), 300);
+    assert_clean(&load(floor.addr, &["--proto", "echo", "--mode", "churn", "-c", "5", "-n", "200"]), 200);
+    let r = load(floor.addr, &["--proto", "echo", "--mode", "burst", "-c", "200", "--size", "128"]);
     assert_clean(&r, 200);
     assert_eq!(r["proto"], "echo");
     // A payload larger than the socket buffers crosses many reads.
     assert_clean(
-        &load(
-            floor.addr,
-            &[
-                "--proto",
-                "echo",
-                "--mode",
-                "keepalive",
-                "-n",
-                "5",
-                "--size",
-                "8000000",
-            ],
-        ),
+        &load(floor.addr, &["--proto", "echo", "--mode", "keepalive", "-n", "5", "--size", "8000000"]),
         5,
     );
     floor.stop();
@@ -251,43 +167,16 @@ fn echo_every_mode() {
 #[test]
 fn open_loop_and_time_bound() {
     let floor = Floor::start("http");
-    let r = load(
-        floor.addr,
-        &[
-            "--mode",
-            "keepalive",
-            "-c",
-            "2",
-            "--rate",
-            "1000",
-            "-n",
-            "100",
-        ],
-    );
+    let r = load(floor.addr, &["--mode", "keepalive", "-c", "2", "--rate", "1000", "-n", "100"]);
     assert_clean(&r, 100);
     assert_eq!(r["target_rate_per_s"], 1000.0);
     // 100 requests at 1000/s take about 0.1 s, however fast the server is.
     let elapsed = r["elapsed_s"].as_f64().unwrap();
     assert!((0.08..2.0).contains(&elapsed), "{r}");
-    let r = load(
-        floor.addr,
-        &[
-            "--mode",
-            "churn",
-            "-c",
-            "2",
-            "--duration",
-            "0.3",
-            "--warmup",
-            "0.1",
-        ],
-    );
+    let r = load(floor.addr, &["--mode", "churn", "-c", "2", "--duration", "0.3", "--warmup", "0.1"]);
     assert_eq!(r["stopped_by"], "duration");
     assert_eq!(r["errors"]["total"], 0, "{r}");
-    assert!(
-        (0.29..0.5).contains(&r["elapsed_s"].as_f64().unwrap()),
-        "{r}"
-    );
+    assert!((0.29..0.5).contains(&r["elapsed_s"].as_f64().unwrap()), "{r}");
     floor.stop();
 }
 
@@ -299,19 +188,12 @@ fn closed_port_reports_connect_errors() {
     };
     for mode in ["serial", "churn", "keepalive", "burst"] {
         let started = Instant::now();
-        let r = load(
-            port,
-            &["--mode", mode, "-c", "5", "-n", "20", "--duration", "5"],
-        );
+        let r = load(port, &["--mode", mode, "-c", "5", "-n", "20", "--duration", "5"]);
         assert_eq!(r["completed"], 0, "{r}");
         let want = if mode == "burst" { 5 } else { 20 };
         assert_eq!(r["errors"]["connect"], want, "{mode}: {r}");
         assert_eq!(r["errors"]["total"], want, "{mode}: {r}");
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{mode} took {:?}",
-            started.elapsed()
-        );
+        assert!(started.elapsed() < Duration::from_secs(3), "{mode} took {:?}", started.elapsed());
     }
 }
 
@@ -319,29 +201,15 @@ fn closed_port_reports_connect_errors() {
 fn unanswered_requests_time_out() {
     // A listener that accepts (in the kernel backlog) but never answers.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let r = load(
-        l.local_addr().unwrap(),
-        &[
-            "--mode",
-            "churn",
-            "-c",
-            "3",
-            "--timeout",
-            "200",
-            "--duration",
-            "2",
-        ],
-    );
+    let r =
+        load(l.local_addr().unwrap(), &["--mode", "churn", "-c", "3", "--timeout", "200", "--duration", "2"]);
     assert_eq!(r["completed"], 0, "{r}");
     assert!(r["errors"]["timeout"].as_u64().unwrap() >= 3, "{r}");
 }
 
 #[test]
 fn refuses_non_loopback_address() {
-    let out = Command::new(BIN)
-        .args(["load", "--addr", "192.0.2.1:80", "-n", "1"])
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["load", "--addr", "192.0.2.1:80", "-n", "1"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
 }
@@ -349,8 +217,7 @@ fn refuses_non_loopback_address() {
 fn read_to_end_with_timeout(s: &mut TcpStream) -> Vec<u8> {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut out = Vec::new();
-    s.read_to_end(&mut out)
-        .expect("the server should close, not stall");
+    s.read_to_end(&mut out).expect("the server should close, not stall");
     out
 }
 
@@ -362,16 +229,11 @@ fn floor_answers_bad_requests_and_survives_abuse() {
     let mut s = TcpStream::connect(floor.addr).unwrap();
     s.write_all(b"\x00\x01 not http\r\n\r\n").unwrap();
     let reply = read_to_end_with_timeout(&mut s);
-    assert!(
-        reply.starts_with(b"HTTP/1.1 400"),
-        "{:?}",
-        String::from_utf8_lossy(&reply)
-    );
+    assert!(reply.starts_with(b"HTTP/1.1 400"), "{:?}", String::from_utf8_lossy(&reply));
 
     // Two pipelined requests, the second asking to close, split mid-head.
     let mut s = TcpStream::connect(floor.addr).unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nConn")
-        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nConn").unwrap();
     std::thread::sleep(Duration::from_millis(20));
     s.write_all(b"ection: close\r\n\r\n").unwrap();
     let reply = String::from_utf8(read_to_end_with_timeout(&mut s)).unwrap();
@@ -431,20 +293,8 @@ fn floor_echo_half_close_and_big_writes() {
 fn floor_pauses_accepting_at_the_descriptor_limit() {
     // Few descriptors: most of the 40 connections wait in the backlog.
     let floor = Floor::start_with("http", &[], Some(24));
-    let r = load(
-        floor.addr,
-        &[
-            "--mode",
-            "keepalive",
-            "-c",
-            "40",
-            "--duration",
-            "0.5",
-            "--timeout",
-            "200",
-            "-q",
-        ],
-    );
+    let r =
+        load(floor.addr, &["--mode", "keepalive", "-c", "40", "--duration", "0.5", "--timeout", "200", "-q"]);
     assert!(r["completed"].as_u64().unwrap() > 0, "{r}");
     // The server recovers once those clients are gone.
     let r = load(floor.addr, &["--mode", "serial", "-n", "20"]);
@@ -464,10 +314,7 @@ fn load_reports_its_own_descriptor_limit() {
     // async-signal-safe, on a stack value.
     unsafe {
         child.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 40,
-                rlim_max: 40,
-            };
+            let lim = libc::rlimit { rlim_cur: 40, rlim_max: 40 };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -476,12 +323,7 @@ fn load_reports_its_own_descriptor_limit() {
     }
     let mut child = child.spawn().unwrap();
     let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     assert!(wait_with_deadline(&mut child, CHILD_DEADLINE).success());
     let r: Value = serde_json::from_str(out.trim()).unwrap();
     assert!(r["errors"]["fd_limit"].as_u64().unwrap() >= 1, "{r}");

@@ -229,14 +229,8 @@ impl Engine<'_> {
                 }
             }
         };
-        let end = if stopped_by == "requests" {
-            self.last_finish
-        } else {
-            self.end.min(Instant::now())
-        };
-        let elapsed_s = end
-            .saturating_duration_since(self.measure_start)
-            .as_secs_f64();
+        let end = if stopped_by == "requests" { self.last_finish } else { self.end.min(Instant::now()) };
+        let elapsed_s = end.saturating_duration_since(self.measure_start).as_secs_f64();
         // Close every connection before reporting.
         self.conns.clear();
         let plan = self.plan;
@@ -247,11 +241,7 @@ impl Engine<'_> {
             completed: self.completed,
             errors: self.errors,
             elapsed_s,
-            rate_per_s: if elapsed_s > 0.0 {
-                self.completed as f64 / elapsed_s
-            } else {
-                0.0
-            },
+            rate_per_s: if elapsed_s > 0.0 { self.completed as f64 / elapsed_s } else { 0.0 },
             latency_us: self.lat.summary(),
             histogram_us: self.lat.buckets(),
             target_rate_per_s: plan.rate,
@@ -324,8 +314,7 @@ impl Engine<'_> {
             now = Instant::now();
         }
         while let Some(&(slot, gen)) = self.idle.last() {
-            let live =
-                matches!(self.conns.get(slot), Some(c) if c.gen == gen && c.phase == Phase::Idle);
+            let live = matches!(self.conns.get(slot), Some(c) if c.gen == gen && c.phase == Phase::Idle);
             if !live {
                 self.idle.pop();
                 continue;
@@ -375,18 +364,15 @@ impl Engine<'_> {
     /// Opens a non-blocking connection and registers it; returns its slot.
     fn open(&mut self, now: Instant) -> Result<usize, (ErrorKind, io::Error)> {
         let plan = self.plan;
-        let sock = Socket::new(
-            Domain::for_address(plan.addr),
-            Type::STREAM.nonblocking(),
-            Some(Protocol::TCP),
-        )
-        .map_err(|e| {
-            let kind = ErrorKind::of(&e, true);
-            if kind == ErrorKind::FdLimit {
-                self.fd_limit_hit();
-            }
-            (kind, e)
-        })?;
+        let sock =
+            Socket::new(Domain::for_address(plan.addr), Type::STREAM.nonblocking(), Some(Protocol::TCP))
+                .map_err(|e| {
+                    let kind = ErrorKind::of(&e, true);
+                    if kind == ErrorKind::FdLimit {
+                        self.fd_limit_hit();
+                    }
+                    (kind, e)
+                })?;
         let connect_err = |e: io::Error| (ErrorKind::of(&e, true), e);
         if !plan.sources.is_empty() {
             let src = plan.sources[self.next_source % plan.sources.len()];
@@ -445,9 +431,7 @@ impl Engine<'_> {
 
     fn on_event(&mut self, slot: usize, writable: bool, closing: bool, now: Instant) {
         match self.conns[slot].phase {
-            Phase::Connecting if self.conns[slot].unit.is_none() => {
-                self.on_connected(slot, writable, now)
-            }
+            Phase::Connecting if self.conns[slot].unit.is_none() => self.on_connected(slot, writable, now),
             Phase::Connecting | Phase::Sending => {
                 self.on_writable(slot, now);
                 // Read too: a large echo comes back while it is still being
@@ -544,10 +528,7 @@ impl Engine<'_> {
                     self.fail(slot, ErrorKind::BadResponse, &e, now)
                 }
                 Progress::Bad(reason) => {
-                    let e = io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("bad reply: {reason:?}"),
-                    );
+                    let e = io::Error::new(io::ErrorKind::InvalidData, format!("bad reply: {reason:?}"));
                     self.fail(slot, ErrorKind::BadResponse, &e, now)
                 }
             };
@@ -636,10 +617,7 @@ impl Engine<'_> {
             let (kind, e) = if phase == Phase::Connecting {
                 (
                     ErrorKind::Connect,
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no answer within --connect-timeout",
-                    ),
+                    io::Error::new(io::ErrorKind::TimedOut, "no answer within --connect-timeout"),
                 )
             } else {
                 (
@@ -666,11 +644,7 @@ mod tests {
     #[test]
     fn schedule_does_not_drift() {
         let start = Instant::now();
-        let s = Schedule {
-            start,
-            rate: 3.0,
-            k: 3_000_000,
-        };
+        let s = Schedule { start, rate: 3.0, k: 3_000_000 };
         assert_eq!(s.next() - start, Duration::from_secs(1_000_000));
     }
 }

@@ -56,8 +56,7 @@ impl Latencies {
     /// 60 s as 60 s.
     pub fn record(&mut self, latency: Duration) {
         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        self.hist
-            .saturating_record(us.clamp(LATENCY_LOW_US, LATENCY_HIGH_US));
+        self.hist.saturating_record(us.clamp(LATENCY_LOW_US, LATENCY_HIGH_US));
     }
 
     /// How many latencies were recorded.
@@ -93,10 +92,7 @@ impl Latencies {
         }
         // Start at the smallest recorded value so that a narrow distribution
         // still gets fine buckets.
-        let start = self
-            .hist
-            .lowest_equivalent(self.hist.min())
-            .max(LATENCY_LOW_US);
+        let start = self.hist.lowest_equivalent(self.hist.min()).max(LATENCY_LOW_US);
         let mut out: Vec<(u64, u64)> = self
             .hist
             .iter_log(start, CHART_BUCKET_RATIO)

@@ -197,14 +197,9 @@ impl LoadArgs {
 pub fn parse_loopback_addr(s: &str) -> Result<SocketAddr, String> {
     let addrs: Vec<SocketAddr> = match s.parse::<SocketAddr>() {
         Ok(a) => vec![a],
-        Err(_) => s
-            .to_socket_addrs()
-            .map_err(|e| format!("`{s}` is not HOST:PORT ({e})"))?
-            .collect(),
+        Err(_) => s.to_socket_addrs().map_err(|e| format!("`{s}` is not HOST:PORT ({e})"))?.collect(),
     };
-    let first = *addrs
-        .first()
-        .ok_or_else(|| format!("`{s}` resolves to no address"))?;
+    let first = *addrs.first().ok_or_else(|| format!("`{s}` resolves to no address"))?;
     if let Some(bad) = addrs.iter().find(|a| !a.ip().is_loopback()) {
         return Err(format!(
             "{} is not a loopback address: hotloop load only targets 127.0.0.0/8 or ::1",
@@ -247,9 +242,7 @@ fn secs(name: &str, v: f64, allow_zero: bool) -> io::Result<Duration> {
     let ok = v.is_finite() && v <= DURATION_MAX_SECS && (v > 0.0 || (allow_zero && v == 0.0));
     if !ok {
         let lo = if allow_zero { "0" } else { "more than 0" };
-        return Err(invalid(format!(
-            "--{name} {v}: give {lo} and at most {DURATION_MAX_SECS} seconds"
-        )));
+        return Err(invalid(format!("--{name} {v}: give {lo} and at most {DURATION_MAX_SECS} seconds")));
     }
     Ok(Duration::from_secs_f64(v))
 }
@@ -263,23 +256,16 @@ impl Plan {
             )));
         }
         if args.connections == 0 || args.connections > CONNECTIONS_MAX {
-            return Err(invalid(format!(
-                "--connections {}: give 1 to {CONNECTIONS_MAX}",
-                args.connections
-            )));
+            return Err(invalid(format!("--connections {}: give 1 to {CONNECTIONS_MAX}", args.connections)));
         }
         if args.requests == Some(0) {
-            return Err(invalid(
-                "--requests 0: give at least 1, or leave it out".into(),
-            ));
+            return Err(invalid("--requests 0: give at least 1, or leave it out".into()));
         }
         let duration = secs("duration", args.duration, false)?;
         let warmup = secs("warmup", args.warmup, true)?;
         if let Some(r) = args.rate {
             if !(r.is_finite() && r > 0.0 && r <= 1e9) {
-                return Err(invalid(format!(
-                    "--rate {r}: give a rate above 0 per second"
-                )));
+                return Err(invalid(format!("--rate {r}: give a rate above 0 per second")));
             }
         }
         if args.mode == Mode::Burst && (args.rate.is_some() || !warmup.is_zero()) {
@@ -288,27 +274,18 @@ impl Plan {
             ));
         }
         if args.connect_timeout == 0 || args.timeout == 0 {
-            return Err(invalid(
-                "--connect-timeout and --timeout must be at least 1 ms".into(),
-            ));
+            return Err(invalid("--connect-timeout and --timeout must be at least 1 ms".into()));
         }
         let request = match args.proto {
             Proto::Echo => {
                 if args.size == 0 || args.size > SIZE_MAX_BYTES {
-                    return Err(invalid(format!(
-                        "--size {}: give 1 to {SIZE_MAX_BYTES} bytes",
-                        args.size
-                    )));
+                    return Err(invalid(format!("--size {}: give 1 to {SIZE_MAX_BYTES} bytes", args.size)));
                 }
                 echo_payload(args.size)
             }
             Proto::Http => http_request(&args.path, args.addr, args.mode != Mode::Keepalive)?,
         };
-        let concurrency = if args.mode == Mode::Serial {
-            1
-        } else {
-            args.connections
-        };
+        let concurrency = if args.mode == Mode::Serial { 1 } else { args.connections };
         let requests = match args.mode {
             Mode::Burst => Some(concurrency as u64),
             _ => args.requests,
@@ -335,15 +312,9 @@ impl Plan {
 
 /// The addresses to bind before connecting: none for one source, else
 /// 127.0.0.1 .. 127.0.0.N, with N raised to cover `concurrency`.
-fn source_addrs(
-    server: SocketAddr,
-    asked: usize,
-    concurrency: usize,
-) -> io::Result<Vec<SocketAddr>> {
+fn source_addrs(server: SocketAddr, asked: usize, concurrency: usize) -> io::Result<Vec<SocketAddr>> {
     if asked == 0 || asked > SOURCES_MAX {
-        return Err(invalid(format!(
-            "--sources {asked}: give 1 to {SOURCES_MAX}"
-        )));
+        return Err(invalid(format!("--sources {asked}: give 1 to {SOURCES_MAX}")));
     }
     let needed = if concurrency > CONNECTIONS_PER_SOURCE_MAX {
         concurrency.div_ceil(CONNECTIONS_PER_SOURCE_MAX)
@@ -364,9 +335,7 @@ fn source_addrs(
             "{concurrency} connections need {n} source addresses; at most {SOURCES_MAX} exist"
         )));
     }
-    Ok((1..=n as u8)
-        .map(|i| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 0))
-        .collect())
+    Ok((1..=n as u8).map(|i| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 0)).collect())
 }
 
 /// The echo payload: a repeating, recognisable byte pattern.
@@ -443,45 +412,21 @@ mod tests {
 
     #[test]
     fn loopback_addresses_are_accepted() {
-        assert_eq!(
-            parse_loopback_addr("127.0.0.1:80").unwrap(),
-            "127.0.0.1:80".parse().unwrap()
-        );
-        assert_eq!(
-            parse_loopback_addr("127.9.8.7:80").unwrap(),
-            "127.9.8.7:80".parse().unwrap()
-        );
-        assert_eq!(
-            parse_loopback_addr("[::1]:8080").unwrap(),
-            "[::1]:8080".parse().unwrap()
-        );
-        assert!(parse_loopback_addr("localhost:8080")
-            .unwrap()
-            .ip()
-            .is_loopback());
+        assert_eq!(parse_loopback_addr("127.0.0.1:80").unwrap(), "127.0.0.1:80".parse().unwrap());
+        assert_eq!(parse_loopback_addr("127.9.8.7:80").unwrap(), "127.9.8.7:80".parse().unwrap());
+        assert_eq!(parse_loopback_addr("[::1]:8080").unwrap(), "[::1]:8080".parse().unwrap());
+        assert!(parse_loopback_addr("localhost:8080").unwrap().ip().is_loopback());
     }
 
     #[test]
     fn other_addresses_are_refused() {
-        for a in [
-            "10.0.0.1:80",
-            "0.0.0.0:80",
-            "[::]:80",
-            "192.168.1.1:1",
-            "[2001:db8::1]:80",
-        ] {
+        for a in ["10.0.0.1:80", "0.0.0.0:80", "[::]:80", "192.168.1.1:1", "[2001:db8::1]:80"] {
             let e = parse_loopback_addr(a).unwrap_err();
             assert!(e.contains("not a loopback address"), "{a}: {e}");
         }
         assert!(parse_loopback_addr("127.0.0.1").is_err());
         assert!(parse_loopback_addr("127.0.0.1:0").is_err());
-        assert!(parse(
-            "--addr 8.8.8.8:53"
-                .split(' ')
-                .collect::<Vec<_>>()
-                .as_slice()
-        )
-        .is_err());
+        assert!(parse("--addr 8.8.8.8:53".split(' ').collect::<Vec<_>>().as_slice()).is_err());
         let mut args = LoadArgs::new("127.0.0.1:1".parse().unwrap());
         args.addr = "8.8.8.8:53".parse().unwrap();
         assert_eq!(run(&args).unwrap_err().kind(), io::ErrorKind::InvalidInput);
@@ -515,14 +460,8 @@ mod tests {
             "--json",
         ])
         .unwrap();
-        assert_eq!(
-            (a.mode, a.proto, a.connections, a.requests),
-            (Mode::Churn, Proto::Echo, 64, Some(1000))
-        );
-        assert_eq!(
-            (a.duration, a.rate, a.size, a.json),
-            (2.5, Some(5000.0), 1024, true)
-        );
+        assert_eq!((a.mode, a.proto, a.connections, a.requests), (Mode::Churn, Proto::Echo, 64, Some(1000)));
+        assert_eq!((a.duration, a.rate, a.size, a.json), (2.5, Some(5000.0), 1024, true));
         assert!(parse(&["--addr", "127.0.0.1:9000", "--mode", "sideways"]).is_err());
     }
 

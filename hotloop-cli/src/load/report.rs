@@ -33,9 +33,9 @@ impl ErrorKind {
         match e.raw_os_error() {
             Some(libc::EMFILE | libc::ENFILE) => ErrorKind::FdLimit,
             _ if connecting => ErrorKind::Connect,
-            Some(
-                libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EADDRNOTAVAIL,
-            ) => ErrorKind::Connect,
+            Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EADDRNOTAVAIL) => {
+                ErrorKind::Connect
+            }
             Some(libc::ECONNRESET | libc::EPIPE | libc::ECONNABORTED) => ErrorKind::Reset,
             Some(libc::ETIMEDOUT) => ErrorKind::Timeout,
             _ => ErrorKind::Other,
@@ -150,11 +150,7 @@ impl LoadReport {
             self.connections,
             if self.connections == 1 { "" } else { "s" }
         );
-        let _ = writeln!(
-            s,
-            "  elapsed      {:>12.3} s (stopped by {})",
-            self.elapsed_s, self.stopped_by
-        );
+        let _ = writeln!(s, "  elapsed      {:>12.3} s (stopped by {})", self.elapsed_s, self.stopped_by);
         let _ = writeln!(s, "  completed    {:>12}", self.completed);
         let _ = writeln!(s, "  throughput   {:>12.1} {unit}", self.rate_per_s);
         if let Some(r) = self.target_rate_per_s {
@@ -231,14 +227,7 @@ mod tests {
         assert_eq!(v["proto"], "http");
         assert_eq!(v["connections"], 1);
         assert_eq!(v["completed"], 5);
-        for k in [
-            "total",
-            "connect",
-            "reset",
-            "timeout",
-            "bad_response",
-            "other",
-        ] {
+        for k in ["total", "connect", "reset", "timeout", "bad_response", "other"] {
             assert!(v["errors"][k].is_u64(), "errors.{k}");
         }
         assert_eq!(v["errors"]["total"], 2);
@@ -253,9 +242,7 @@ mod tests {
         assert!(!h.is_empty());
         let total: u64 = h.iter().map(|p| p[1].as_u64().unwrap()).sum();
         assert_eq!(total, 5);
-        assert!(h
-            .iter()
-            .all(|p| p.as_array().unwrap().len() == 2 && p[0].is_u64()));
+        assert!(h.iter().all(|p| p.as_array().unwrap().len() == 2 && p[0].is_u64()));
     }
 
     #[test]
@@ -268,14 +255,8 @@ mod tests {
     #[test]
     fn error_kinds_classify_errno() {
         let e = |n| io::Error::from_raw_os_error(n);
-        assert_eq!(
-            ErrorKind::of(&e(libc::ECONNREFUSED), false),
-            ErrorKind::Connect
-        );
-        assert_eq!(
-            ErrorKind::of(&e(libc::ECONNRESET), true),
-            ErrorKind::Connect
-        );
+        assert_eq!(ErrorKind::of(&e(libc::ECONNREFUSED), false), ErrorKind::Connect);
+        assert_eq!(ErrorKind::of(&e(libc::ECONNRESET), true), ErrorKind::Connect);
         assert_eq!(ErrorKind::of(&e(libc::ECONNRESET), false), ErrorKind::Reset);
         assert_eq!(ErrorKind::of(&e(libc::EPIPE), false), ErrorKind::Reset);
         assert_eq!(ErrorKind::of(&e(libc::EMFILE), true), ErrorKind::FdLimit);

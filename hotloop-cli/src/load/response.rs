@@ -61,7 +61,9 @@ enum HttpState {
         close: bool,
     },
     /// No Content-Length: the body runs until the server closes.
-    UntilEof { status: u16 },
+    UntilEof {
+        status: u16,
+    },
 }
 
 impl HttpReader {
@@ -98,21 +100,14 @@ impl HttpReader {
                         return Progress::More;
                     }
                     HeadParse::Bad(reason) => return Progress::Bad(reason),
-                    HeadParse::Complete {
-                        len,
-                        status,
-                        content_length,
-                        close,
-                    } => (len, status, content_length, close),
+                    HeadParse::Complete { len, status, content_length, close } => {
+                        (len, status, content_length, close)
+                    }
                 };
                 let body_seen = (buf.len() - head_len) as u64;
                 match content_length {
                     Some(cl) => {
-                        self.state = HttpState::Body {
-                            remaining: cl,
-                            status,
-                            close,
-                        };
+                        self.state = HttpState::Body { remaining: cl, status, close };
                         self.body(body_seen)
                     }
                     None if close => {
@@ -137,12 +132,7 @@ impl HttpReader {
     }
 
     fn body(&mut self, n: u64) -> Progress {
-        let HttpState::Body {
-            remaining,
-            status,
-            close,
-        } = &mut self.state
-        else {
+        let HttpState::Body { remaining, status, close } = &mut self.state else {
             unreachable!("body() is only called in the Body state");
         };
         if n > *remaining {
@@ -167,12 +157,7 @@ fn finish(status: u16, close: bool) -> Progress {
 enum HeadParse {
     Partial,
     Bad(BadReason),
-    Complete {
-        len: usize,
-        status: u16,
-        content_length: Option<u64>,
-        close: bool,
-    },
+    Complete { len: usize, status: u16, content_length: Option<u64>, close: bool },
 }
 
 fn parse_head(buf: &[u8]) -> HeadParse {
@@ -189,13 +174,9 @@ fn parse_head(buf: &[u8]) -> HeadParse {
     let mut content_length = None;
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            let parsed = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok());
+            let parsed = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok());
             match parsed {
-                Some(n) if content_length.is_none() || content_length == Some(n) => {
-                    content_length = Some(n)
-                }
+                Some(n) if content_length.is_none() || content_length == Some(n) => content_length = Some(n),
                 _ => return HeadParse::Bad(BadReason::Malformed),
             }
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -212,12 +193,7 @@ fn parse_head(buf: &[u8]) -> HeadParse {
     if status == 204 || status == 304 || (100..200).contains(&status) {
         content_length = Some(0);
     }
-    HeadParse::Complete {
-        len,
-        status,
-        content_length,
-        close,
-    }
+    HeadParse::Complete { len, status, content_length, close }
 }
 
 /// Checks an echo reply against the payload that was sent.
@@ -271,10 +247,7 @@ mod tests {
         let mut r = HttpReader::new();
         assert_eq!(r.feed(&resp), Progress::Done { close: false });
         r.reset();
-        assert_eq!(
-            r.feed(&proto::response_ok(0, true)),
-            Progress::Done { close: true }
-        );
+        assert_eq!(r.feed(&proto::response_ok(0, true)), Progress::Done { close: true });
     }
 
     #[test]
@@ -291,10 +264,7 @@ mod tests {
     #[test]
     fn content_length_is_honoured() {
         let mut r = HttpReader::new();
-        assert_eq!(
-            r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab"),
-            Progress::More
-        );
+        assert_eq!(r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab"), Progress::More);
         assert_eq!(r.feed(b"cd"), Progress::More);
         assert_eq!(r.feed(b"e"), Progress::Done { close: false });
         let mut r = HttpReader::new();
@@ -307,17 +277,11 @@ mod tests {
     #[test]
     fn body_until_close() {
         let mut r = HttpReader::new();
-        assert_eq!(
-            r.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nabc"),
-            Progress::More
-        );
+        assert_eq!(r.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nabc"), Progress::More);
         assert_eq!(r.feed(b"def"), Progress::More);
         assert_eq!(r.eof(), Some(Progress::Done { close: true }));
         let mut r = HttpReader::new();
-        assert_eq!(
-            r.feed(b"HTTP/1.1 200 OK\r\n\r\n"),
-            Progress::Bad(BadReason::Framing)
-        );
+        assert_eq!(r.feed(b"HTTP/1.1 200 OK\r\n\r\n"), Progress::Bad(BadReason::Framing));
     }
 
     #[test]
@@ -325,16 +289,10 @@ mod tests {
         let mut r = HttpReader::new();
         assert_eq!(r.feed(proto::response_error(400)), Progress::Status(400));
         let mut r = HttpReader::new();
-        assert_eq!(
-            r.feed(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n"),
-            Progress::More
-        );
+        assert_eq!(r.feed(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n"), Progress::More);
         assert_eq!(r.feed(b"no"), Progress::Status(503));
         let mut r = HttpReader::new();
-        assert_eq!(
-            r.feed(b"SSH-2.0-OpenSSH\r\n\r\n"),
-            Progress::Bad(BadReason::Malformed)
-        );
+        assert_eq!(r.feed(b"SSH-2.0-OpenSSH\r\n\r\n"), Progress::Bad(BadReason::Malformed));
         let mut r = HttpReader::new();
         assert_eq!(
             r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"),
@@ -358,10 +316,7 @@ mod tests {
     #[test]
     fn eof_mid_reply_is_not_completion() {
         let mut r = HttpReader::new();
-        assert_eq!(
-            r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab"),
-            Progress::More
-        );
+        assert_eq!(r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab"), Progress::More);
         assert_eq!(r.eof(), None);
     }
 
@@ -372,14 +327,8 @@ mod tests {
         assert_eq!(e.feed(payload, b"0123"), Progress::More);
         assert_eq!(e.feed(payload, b"456789"), Progress::Done { close: false });
         e.reset();
-        assert_eq!(
-            e.feed(payload, b"01x"),
-            Progress::Bad(BadReason::EchoMismatch)
-        );
+        assert_eq!(e.feed(payload, b"01x"), Progress::Bad(BadReason::EchoMismatch));
         e.reset();
-        assert_eq!(
-            e.feed(payload, b"0123456789a"),
-            Progress::Bad(BadReason::TrailingBytes)
-        );
+        assert_eq!(e.feed(payload, b"0123456789a"), Progress::Bad(BadReason::TrailingBytes));
     }
 }

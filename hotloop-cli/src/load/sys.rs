@@ -6,19 +6,13 @@ use std::os::fd::AsRawFd;
 /// Raises the soft open-file limit to the hard limit and returns the new
 /// soft limit.
 pub fn raise_nofile_limit() -> io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid, writable rlimit for getrlimit(2) to fill.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(io::Error::last_os_error());
     }
     if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
         // SAFETY: `raised` is a valid rlimit that setrlimit(2) only reads.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
             return Err(io::Error::last_os_error());
@@ -33,10 +27,7 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "--pin {cpu}: CPU numbers go up to {}",
-                libc::CPU_SETSIZE - 1
-            ),
+            format!("--pin {cpu}: CPU numbers go up to {}", libc::CPU_SETSIZE - 1),
         ));
     }
     // SAFETY: cpu_set_t is a plain bit array for which all zeroes is the
@@ -50,10 +41,7 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if rc != 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("--pin {cpu}: sched_setaffinity: {e}"),
-        ));
+        return Err(io::Error::new(e.kind(), format!("--pin {cpu}: sched_setaffinity: {e}")));
     }
     Ok(())
 }

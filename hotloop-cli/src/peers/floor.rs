@@ -117,26 +117,18 @@ pub struct FloorArgs {
 /// port.
 pub fn run(args: &FloorArgs) -> io::Result<()> {
     if args.workers == 0 || args.workers > WORKERS_MAX {
-        return Err(invalid(format!(
-            "--workers {}: give 1 to {WORKERS_MAX}",
-            args.workers
-        )));
+        return Err(invalid(format!("--workers {}: give 1 to {WORKERS_MAX}", args.workers)));
     }
     if args.body_size > BODY_SIZE_MAX_BYTES {
-        return Err(invalid(format!(
-            "--body-size {}: at most {BODY_SIZE_MAX_BYTES} bytes",
-            args.body_size
-        )));
+        return Err(invalid(format!("--body-size {}: at most {BODY_SIZE_MAX_BYTES} bytes", args.body_size)));
     }
     crate::load::sys::raise_nofile_limit()?;
 
     // Bind every listener before serving, so a port in use is reported
     // at once; the first one fixes the port when port 0 was asked for.
     let first = listener(args.addr)?;
-    let addr = first
-        .local_addr()?
-        .as_socket()
-        .ok_or_else(|| invalid("listener has no inet address".into()))?;
+    let addr =
+        first.local_addr()?.as_socket().ok_or_else(|| invalid("listener has no inet address".into()))?;
     let mut listeners = vec![first];
     for _ in 1..args.workers {
         listeners.push(listener(addr)?);
@@ -150,27 +142,21 @@ pub fn run(args: &FloorArgs) -> io::Result<()> {
         let worker = Worker::new(args, l.into())?;
         wakers.push(worker.wake.try_clone()?);
         let stop = Arc::clone(&stop);
-        let handle = std::thread::Builder::new()
-            .name(format!("floor-{i}"))
-            .spawn(move || {
-                let result = worker.run(&stop);
-                if let Err(e) = &result {
-                    eprintln!("hotloop floor: worker {i}: {e}");
-                    // Wake the main thread so the whole server stops.
-                    // SAFETY: kill(2) with our own pid and a valid signal number
-                    // has no memory-safety preconditions.
-                    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
-                }
-                result
-            })?;
+        let handle = std::thread::Builder::new().name(format!("floor-{i}")).spawn(move || {
+            let result = worker.run(&stop);
+            if let Err(e) = &result {
+                eprintln!("hotloop floor: worker {i}: {e}");
+                // Wake the main thread so the whole server stops.
+                // SAFETY: kill(2) with our own pid and a valid signal number
+                // has no memory-safety preconditions.
+                unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+            }
+            result
+        })?;
         handles.push(handle);
     }
     let plural = if args.workers == 1 { "" } else { "s" };
-    println!(
-        "floor {} listening on {addr} ({} worker{plural})",
-        args.app.as_str(),
-        args.workers
-    );
+    println!("floor {} listening on {addr} ({} worker{plural})", args.app.as_str(), args.workers);
     io::stdout().flush()?;
 
     signals.wait();
@@ -198,15 +184,10 @@ fn invalid(msg: String) -> io::Error {
 }
 
 fn listener(addr: SocketAddr) -> io::Result<Socket> {
-    let sock = Socket::new(
-        Domain::for_address(addr),
-        Type::STREAM.nonblocking(),
-        Some(Protocol::TCP),
-    )?;
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     sock.set_reuse_port(true)?;
-    sock.bind(&SockAddr::from(addr))
-        .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
+    sock.bind(&SockAddr::from(addr)).map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
     sock.listen(LISTEN_BACKLOG)?;
     Ok(sock)
 }
@@ -346,18 +327,8 @@ impl Worker {
             accept_paused_until: None,
             accept_pauses: 0,
         };
-        w.ctl(
-            libc::EPOLL_CTL_ADD,
-            w.listener.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            LISTENER_TOKEN,
-        )?;
-        w.ctl(
-            libc::EPOLL_CTL_ADD,
-            w.wake.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            WAKE_TOKEN,
-        )?;
+        w.ctl(libc::EPOLL_CTL_ADD, w.listener.as_raw_fd(), libc::EPOLLIN as u32, LISTENER_TOKEN)?;
+        w.ctl(libc::EPOLL_CTL_ADD, w.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE_TOKEN)?;
         Ok(w)
     }
 
@@ -533,11 +504,7 @@ impl Worker {
         if want_write {
             events |= libc::EPOLLOUT as u32;
         }
-        let op = if c.registered {
-            libc::EPOLL_CTL_MOD
-        } else {
-            libc::EPOLL_CTL_ADD
-        };
+        let op = if c.registered { libc::EPOLL_CTL_MOD } else { libc::EPOLL_CTL_ADD };
         let data = (c.gen as u64) << 32 | slot as u64;
         self.ctl(op, c.fd.as_raw_fd(), events, data)?;
         let c = &mut self.conns[slot];
@@ -647,16 +614,9 @@ impl Worker {
         let mut close = false;
         loop {
             match proto::parse_request(data) {
-                Request::Complete {
-                    len,
-                    close: asked_close,
-                } => {
+                Request::Complete { len, close: asked_close } => {
                     proto::spin_work(self.work_us);
-                    replies.push(if asked_close {
-                        &self.resp_close
-                    } else {
-                        &self.resp_keepalive
-                    });
+                    replies.push(if asked_close { &self.resp_close } else { &self.resp_keepalive });
                     data = &data[len..];
                     consumed += len;
                     if asked_close {
