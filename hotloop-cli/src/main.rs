@@ -9,14 +9,14 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 /// hotloop: a thread-per-core async runtime and the tools that measure it.
-#[derive(Parser)]
+#[derive(Parser, Debug)]
 #[command(name = "hotloop", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Debug)]
 enum Command {
     /// Generate load against a loopback server and report throughput and
     /// latency.
@@ -46,7 +46,7 @@ enum Command {
 }
 
 /// The peer servers.
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, ValueEnum)]
 enum PeerKind {
     /// Raw epoll and libc calls, no runtime: the floor.
     Floor,
