@@ -1,4 +1,6 @@
-//! The parts of the `hotloop` command that other programs (the fuzz
-//! targets) reuse: the wire formats every server in the bench speaks.
+//! The reusable parts of the `hotloop` command: the wire formats every
+//! server in the bench speaks, the load generator and the peer servers.
 
+pub mod load;
+pub mod peers;
 pub mod proto;

@@ -1,0 +1,69 @@
+//! The few process and socket settings that need raw system calls.
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// Raises the soft open-file limit to the hard limit and returns the new
+/// soft limit.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid, writable rlimit for getrlimit(2) to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        // SAFETY: `raised` is a valid rlimit that setrlimit(2) only reads.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        lim = raised;
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// Restricts the calling thread to one CPU with sched_setaffinity(2).
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--pin {cpu}: CPU numbers go up to {}", libc::CPU_SETSIZE - 1),
+        ));
+    }
+    // SAFETY: cpu_set_t is a plain bit array for which all zeroes is the
+    // empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` was checked above to be below CPU_SETSIZE, the number of
+    // bits in `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 means the
+    // calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("--pin {cpu}: sched_setaffinity: {e}")));
+    }
+    Ok(())
+}
+
+/// Sets IP_BIND_ADDRESS_NO_PORT, so that binding a source address before
+/// connect(2) leaves the port to be picked at connect time by the whole
+/// four-tuple rather than reserved at bind time (see ip(7)).
+pub fn set_bind_address_no_port(sock: &impl AsRawFd) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: the fd is an open socket owned by `sock`; `one` is a c_int
+    // that lives across the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,3 @@
+//! Peer servers the bench measures hotloop against.
+
+pub mod floor;
