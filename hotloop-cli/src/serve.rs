@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use hotloop::net::{serve, TcpStream};
+use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::timeout_at;
 
@@ -115,36 +115,33 @@ async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
     }
 }
 
-/// Reads with the connection's deadline; `None` when it passed, the peer closed or the read failed.
-async fn read_by(stream: &TcpStream, buf: Vec<u8>, deadline: Option<Instant>) -> Option<Vec<u8>> {
-    let (res, buf) = match deadline {
-        Some(d) => timeout_at(d, stream.read(buf)).await.ok()?,
-        None => stream.read(buf).await,
+/// Reads with the connection's deadline into a buffer from the worker's
+/// pool (an idle connection holds none); `None` when the deadline passed,
+/// the peer closed or the read failed.
+async fn read_by(stream: &TcpStream, deadline: Option<Instant>) -> Option<PooledBuf> {
+    let res = match deadline {
+        Some(d) => timeout_at(d, stream.read_pooled()).await.ok()?,
+        None => stream.read_pooled().await,
     };
-    match res {
-        Ok(n) if n > 0 => Some(buf),
-        _ => None,
-    }
+    res.ok().filter(|b| !b.is_empty())
 }
 
 async fn echo(stream: TcpStream, s: &Settings) {
-    let mut buf = Vec::with_capacity(16 * 1024);
     loop {
         let deadline = s.idle_timeout.map(|t| Instant::now() + t);
-        let Some(b) = read_by(&stream, buf, deadline).await else { return };
+        let Some(buf) = read_by(&stream, deadline).await else { return };
         proto::spin_work(s.work_us);
-        let (res, b) = stream.write_all(b).await;
+        let (res, _buf) = stream.write_all(buf).await;
         if res.is_err() {
             return;
         }
-        buf = b;
     }
 }
 
 async fn http(stream: TcpStream, s: &Settings) {
     // `buf` takes each read; bytes of a request split across reads gather
     // in `pending`, which stays empty (and unallocated) in the common case.
-    let mut buf = Vec::with_capacity(8 * 1024);
+    let mut buf = PooledBuf::default();
     let mut pending: Vec<u8> = Vec::new();
     let mut consumed = 0; // bytes of `buf` already answered
                           // The first request's head must arrive within the header timeout.
@@ -180,7 +177,8 @@ async fn http(stream: TcpStream, s: &Settings) {
             head_deadline = Some(Instant::now() + s.header_timeout);
         }
         let deadline = head_deadline.or(s.idle_timeout.map(|t| Instant::now() + t));
-        match read_by(&stream, buf, deadline).await {
+        drop(std::mem::take(&mut buf)); // back to the pool before waiting
+        match read_by(&stream, deadline).await {
             Some(b) => {
                 buf = b;
                 consumed = 0;

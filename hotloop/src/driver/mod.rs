@@ -207,6 +207,47 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
     (res, buf)
 }
 
+/// Receives into a buffer from the worker's pool, taken only once there
+/// is data: while the socket has nothing, no buffer is held (epoll).
+pub(crate) async fn recv_pooled(src: &Source) -> io::Result<crate::net::PooledBuf> {
+    use crate::net::pool;
+    if is_uring() {
+        let (res, buf) = uring::recv(src, pool::take()).await;
+        return match res {
+            Ok(_) => Ok(crate::net::PooledBuf::new(buf)),
+            Err(e) => {
+                pool::give(buf);
+                Err(e)
+            }
+        };
+    }
+    let fd = src.fd();
+    poll_fn(|cx| {
+        let mut buf = pool::take();
+        let polled = src.poll_io(cx, Direction::Read, || {
+            // SAFETY: `buf` is a live Vec with `capacity` writable bytes.
+            unsafe { sys::recv(fd, buf.as_mut_ptr(), buf.capacity()) }
+        });
+        match polled {
+            Poll::Ready(Ok(n)) => {
+                // SAFETY: the kernel wrote `n <= capacity` bytes at the start.
+                unsafe { buf.set_len(n) };
+                Poll::Ready(Ok(crate::net::PooledBuf::new(buf)))
+            }
+            // Waiting or failed: the buffer goes back until data comes.
+            Poll::Ready(Err(e)) => {
+                pool::give(buf);
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => {
+                pool::give(buf);
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
 /// Sends the initialised bytes of `buf`; may send fewer.
 pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B) -> BufResult<usize, B> {
     if is_uring() {

@@ -4,10 +4,12 @@
 mod compat;
 mod listener;
 mod options;
+pub(crate) mod pool;
 mod server;
 mod stream;
 
 pub use listener::TcpListener;
 pub use options::{ListenerOptions, ServerOptions};
+pub use pool::{PooledBuf, POOLED_BUFFER_BYTES};
 pub use server::{serve, Server};
 pub use stream::TcpStream;

@@ -57,6 +57,14 @@ impl TcpStream {
         driver::recv(&self.src, buf).await
     }
 
+    /// Reads into a buffer borrowed from the worker's pool
+    /// ([`POOLED_BUFFER_BYTES`](super::POOLED_BUFFER_BYTES) bytes), taken
+    /// only once data is there, so an idle connection holds no buffer
+    /// (on epoll). An empty result means the peer closed its side.
+    pub async fn read_pooled(&self) -> io::Result<super::PooledBuf> {
+        driver::recv_pooled(&self.src).await
+    }
+
     /// Writes some of `buf`; returns how many bytes were taken.
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         driver::send(&self.src, buf).await

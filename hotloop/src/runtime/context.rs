@@ -38,6 +38,8 @@ pub(crate) struct Context {
     pub(crate) turn: Cell<u64>,
     /// Wakers to wake after the next poll of the driver.
     pub(crate) after_poll: RefCell<Vec<Waker>>,
+    /// Read buffers lent to connections only while they have data.
+    pub(crate) buf_pool: RefCell<crate::net::pool::BufPool>,
     /// Set by a task's completion while it unwinds; takes the panic's payload.
     pub(crate) panic_sink: RefCell<Option<super::join::PanicSink>>,
 }

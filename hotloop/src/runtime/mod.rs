@@ -225,6 +225,7 @@ impl Context {
             clock: Clock::new(),
             turn: Cell::new(0),
             after_poll: RefCell::new(Vec::new()),
+            buf_pool: RefCell::new(Default::default()),
             panic_sink: RefCell::new(None),
         }))
     }

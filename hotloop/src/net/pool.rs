@@ -1,0 +1,98 @@
+//! A per-worker pool of read buffers, so an idle connection holds none.
+//!
+//! [`TcpStream::read_pooled`](super::TcpStream::read_pooled) takes a buffer
+//! from its worker's pool only when data is there to read: on epoll it
+//! tries the read, and on `WouldBlock` puts the buffer back before waiting.
+//! Ten thousand idle connections then cost ten thousand parked tasks, not
+//! ten thousand buffers.
+
+use std::ops::Deref;
+
+use crate::buf::IoBuf;
+use crate::runtime::context;
+
+/// The size of each pooled buffer.
+pub const POOLED_BUFFER_BYTES: usize = 16 * 1024;
+
+/// The most idle buffers a worker keeps; more are freed.
+pub(crate) const POOL_IDLE_MAX: usize = 1024;
+
+/// A worker's idle buffers.
+#[derive(Default)]
+pub(crate) struct BufPool {
+    idle: Vec<Vec<u8>>,
+}
+
+impl BufPool {
+    pub(crate) fn take(&mut self) -> Vec<u8> {
+        self.idle.pop().unwrap_or_else(|| Vec::with_capacity(POOLED_BUFFER_BYTES))
+    }
+
+    pub(crate) fn give(&mut self, mut buf: Vec<u8>) {
+        if self.idle.len() < POOL_IDLE_MAX && buf.capacity() == POOLED_BUFFER_BYTES {
+            buf.clear();
+            self.idle.push(buf);
+        }
+    }
+}
+
+/// Takes a buffer from the current worker's pool.
+pub(crate) fn take() -> Vec<u8> {
+    context::with(|cx| cx.buf_pool.borrow_mut().take())
+}
+
+/// Returns a buffer to the current worker's pool (or frees it off a worker).
+pub(crate) fn give(buf: Vec<u8>) {
+    context::try_with(|cx| cx.buf_pool.borrow_mut().give(buf));
+}
+
+/// Bytes read into a buffer borrowed from the worker's pool; the buffer
+/// goes back to the pool when this is dropped. The default is empty and
+/// holds no buffer.
+#[derive(Default)]
+pub struct PooledBuf {
+    buf: Option<Vec<u8>>,
+}
+
+impl PooledBuf {
+    pub(crate) fn new(buf: Vec<u8>) -> Self {
+        PooledBuf { buf: Some(buf) }
+    }
+
+    /// Takes the bytes out as a plain `Vec` (the pool gets a new buffer later).
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.buf.take().unwrap_or_default()
+    }
+}
+
+impl Deref for PooledBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_deref().unwrap_or(&[])
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            give(buf);
+        }
+    }
+}
+
+// SAFETY: the Vec inside never moves its heap block while the PooledBuf is
+// alive, and `len` bytes of it are initialised.
+unsafe impl IoBuf for PooledBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.buf.as_ref().map_or(std::ptr::NonNull::dangling().as_ptr(), |b| b.as_ptr())
+    }
+    fn bytes_init(&self) -> usize {
+        self.buf.as_ref().map_or(0, Vec::len)
+    }
+}
+
+impl std::fmt::Debug for PooledBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledBuf").field("len", &self.len()).finish()
+    }
+}
