@@ -1,5 +1,36 @@
 //! The `hotloop` command: servers, a load generator and the benchmark suite.
 
+mod peers;
 mod proto;
 
-fn main() {}
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Servers, a load generator and the benchmark suite for the hotloop runtime.
+#[derive(Debug, Parser)]
+#[command(name = "hotloop", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs a peer server written on another runtime (tokio, monoio, floor).
+    Peer(peers::PeerArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Peer(args) => peers::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hotloop: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
