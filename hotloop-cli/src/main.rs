@@ -1,5 +1,6 @@
 //! The `hotloop` command: servers, a load generator and the benchmark suite.
 
+mod bench;
 mod peers;
 mod proto;
 
@@ -19,12 +20,15 @@ struct Cli {
 enum Command {
     /// Runs a peer server written on another runtime (tokio, monoio, floor).
     Peer(peers::PeerArgs),
+    /// Runs hotloop and its peers through the benchmark scenarios.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Peer(args) => peers::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

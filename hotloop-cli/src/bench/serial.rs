@@ -1,0 +1,68 @@
+//! `serial`: one connection at a time over loopback (connect, one HTTP
+//! request, close), terminated by the server and forwarded through
+//! `hotloop proxy`; hotloop with busy polling off, always and adaptive.
+
+use super::report::{Better, Column};
+use super::{Ctx, LoadSpec, ScenarioResult, ServerKind, ServerSpec, Workload, METRIC_CPU_PER_1K};
+
+/// Seconds per measured run.
+const DURATION_FULL_S: f64 = 5.0;
+/// Seconds per measured run with `--quick`.
+const DURATION_QUICK_S: f64 = 1.0;
+/// Response body bytes: small, like the redirects in haproxy's test.
+const BODY_BYTES: usize = 64;
+/// The busy polling settings compared.
+const BUSY_POLL: [&str; 3] = ["off", "always", "adaptive"];
+
+/// Runs the scenario.
+pub fn run(ctx: &mut Ctx) -> ScenarioResult {
+    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let mut result = ScenarioResult::new(
+        "serial",
+        "one connection at a time: connect, one HTTP request, close",
+        "haproxy busy-polling: 4,640 -> 8,540 conn/s forwarded, 12,500 -> 21,250 conn/s terminated locally",
+        vec![
+            Column { key: "rate_per_s", header: "conn/s", decimals: 0, better: Better::Higher },
+            Column { key: "mean_us", header: "mean µs", decimals: 1, better: Better::Lower },
+            Column { key: "p50_us", header: "p50 µs", decimals: 1, better: Better::Lower },
+            Column { key: "p99_us", header: "p99 µs", decimals: 1, better: Better::Lower },
+            Column { key: "server_cpu_pct", header: "server CPU %", decimals: 0, better: Better::Lower },
+            Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k conn", decimals: 4, better: Better::Lower },
+            Column { key: "stats_poller_spins", header: "poller spins", decimals: 0, better: Better::Lower },
+        ],
+    );
+    result.setup.push(format!(
+        "load: `hotloop load --mode serial --proto http --connections 1 --duration {duration}`, {BODY_BYTES}-byte bodies; \
+         forwarded: `hotloop proxy` -> `hotloop serve http`, both on the server CPUs"
+    ));
+    let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
+    let load = LoadSpec {
+        mode: "serial",
+        connections: 1,
+        requests: None,
+        duration_s: duration,
+        size: BODY_BYTES,
+        rate: None,
+        sources: 4,
+    };
+    let warmup = if ctx.quick { 0.3 } else { 1.0 };
+    let mut local: Vec<ServerSpec> = BUSY_POLL
+        .iter()
+        .map(|b| ServerSpec::hotloop(&format!("busy-poll {b}"), &["--busy-poll", b]))
+        .collect();
+    local.extend(ctx.peer_specs("http", &mut result.setup));
+    for spec in &local {
+        let row = ctx.measure("local", spec, &work, &load, warmup);
+        result.rows.push(row);
+    }
+    for b in BUSY_POLL {
+        let spec = ServerSpec {
+            server: "hotloop".into(),
+            config: format!("proxy busy-poll {b}"),
+            kind: ServerKind::Proxy { busy_poll: b.to_string() },
+        };
+        let row = ctx.measure("forwarded", &spec, &work, &load, warmup);
+        result.rows.push(row);
+    }
+    result
+}
