@@ -70,8 +70,12 @@ pub fn latency_cdf(title: &str, series: &[(String, Vec<(f64, u64)>)]) -> String 
         return svg;
     }
     let (lo_exp, hi_exp) = (lo.log10().floor(), hi.log10().ceil().max(lo.log10().floor() + 1.0));
-    let x = |us: f64| left + (us.max(lo).log10() - lo_exp) / (hi_exp - lo_exp) * (right - left);
-    let y = |fraction: f64| bottom - fraction * (bottom - top);
+    let floor_us = 10f64.powf(lo_exp);
+    let x =
+        |us: f64| left + (us.max(floor_us).log10() - lo_exp) / (hi_exp - lo_exp) * (right - left);
+    // The fraction axis is stretched towards the tail: each "nine" (90%,
+    // 99%, 99.9%, 99.99%) gets the same height, so p99 and p999 are visible.
+    let y = |fraction: f64| bottom - tail_position(fraction) * (bottom - top);
     // Axes, decade grid lines and percentage grid lines.
     let _ = writeln!(
         svg,
@@ -90,14 +94,21 @@ pub fn latency_cdf(title: &str, series: &[(String, Vec<(f64, u64)>)]) -> String 
         );
         exp += 1.0;
     }
-    for pct in [0.0, 0.5, 0.9, 0.99, 1.0] {
+    let marks = [
+        (0.0, "0%"),
+        (0.5, "50%"),
+        (0.9, "90%"),
+        (0.99, "99%"),
+        (0.999, "99.9%"),
+        (0.9999, "99.99%"),
+    ];
+    for (pct, name) in marks {
         let gy = y(pct);
         let _ = writeln!(
             svg,
-            r##"<line x1="{left}" y1="{gy:.1}" x2="{right}" y2="{gy:.1}" stroke="#eee"/><text x="{tx}" y="{ty:.1}" text-anchor="end">{p}%</text>"##,
+            r##"<line x1="{left}" y1="{gy:.1}" x2="{right}" y2="{gy:.1}" stroke="#eee"/><text x="{tx}" y="{ty:.1}" text-anchor="end">{name}</text>"##,
             tx = left - 6.0,
             ty = gy + 4.0,
-            p = pct * 100.0,
         );
     }
     let _ = writeln!(
@@ -136,6 +147,16 @@ pub fn latency_cdf(title: &str, series: &[(String, Vec<(f64, u64)>)]) -> String 
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// Nines shown on the fraction axis: up to 99.99%.
+const TAIL_NINES_MAX: f64 = 4.0;
+
+/// Where `fraction` sits on the tail-stretched axis, 0 (0%) to 1 (99.99%
+/// and above): the number of nines, `-log10(1 - fraction)`, over four.
+pub fn tail_position(fraction: f64) -> f64 {
+    let nines = -(1.0 - fraction.clamp(0.0, 1.0)).max(1e-12).log10();
+    (nines / TAIL_NINES_MAX).clamp(0.0, 1.0)
 }
 
 /// `(value_us, cumulative fraction)` for a histogram, sorted by value.
@@ -187,12 +208,20 @@ mod tests {
     }
 
     #[test]
+    fn tail_axis_gives_each_nine_the_same_height() {
+        assert_eq!(tail_position(0.0), 0.0);
+        assert!((tail_position(0.9) - 0.25).abs() < 1e-9);
+        assert!((tail_position(0.99) - 0.5).abs() < 1e-9);
+        assert_eq!(tail_position(1.0), 1.0);
+    }
+
+    #[test]
     fn charts_are_well_formed_and_escaped() {
         let svg = bars("req/s <local>", "req/s", &[("a&b".into(), 10.0), ("c".into(), 5.0)]);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a&amp;b") && svg.contains("&lt;local&gt;"));
         let svg = latency_cdf("t", &[("x".into(), vec![(5.0, 3), (250.0, 1)])]);
-        assert!(svg.contains("<path") && svg.contains("100%"));
+        assert!(svg.contains("<path") && svg.contains("99.99%"));
         assert!(latency_cdf("t", &[]).contains("no latency data"));
     }
 }

@@ -55,8 +55,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let warmup = if ctx.quick { 0.3 } else { 1.0 };
     let mut peers = ctx.peer_specs("http", &mut result.setup);
     let mut specs = vec![
-        ServerSpec::hotloop("max-accepts unlimited", &["--max-accepts", "unlimited"]),
-        ServerSpec::hotloop("max-accepts 32", &["--max-accepts", "32"]),
+        ServerSpec::hotloop(
+            "epoll max-accepts unlimited",
+            &["--driver", "epoll", "--max-accepts", "unlimited"],
+        ),
+        ServerSpec::hotloop("epoll max-accepts 32", &["--driver", "epoll", "--max-accepts", "32"]),
     ];
     specs.append(&mut peers);
     for (group, body) in BODIES {

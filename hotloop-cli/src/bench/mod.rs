@@ -254,6 +254,9 @@ impl LoadSpec {
         let mut w = self.clone();
         w.duration_s = seconds;
         w.requests = self.requests.map(|n| n.min(self.connections).min(n / 4).max(1));
+        if let Some(n) = w.requests {
+            w.connections = w.connections.min(n);
+        }
         w
     }
 
@@ -368,6 +371,7 @@ impl Ctx {
         let mut row = Row::unavailable(group, &spec.server, &spec.config, String::new());
         row.unavailable = None;
         row.notes.extend(running.notes.iter().cloned());
+        row.server_info = running.stats_text();
         if warmup_s > 0.0 {
             if let Err(e) = self.run_load(&running, &work.proto, &load.warmup(warmup_s), &title) {
                 row.notes.push(format!("warm-up failed: {e}"));
@@ -654,6 +658,9 @@ fn print_result(result: &ScenarioResult) {
     for line in &result.setup {
         println!("   {line}");
     }
+    if result.rows.is_empty() {
+        println!(" (no figures: see above)");
+    }
     print!("{}", report::render_table(&result.rows, &result.columns));
     let notes: Vec<String> = result
         .rows
@@ -815,7 +822,7 @@ mod tests {
         );
         assert!(a.contains("--json") && !a.contains("--rate"), "{a}");
         let w = spec.warmup(1.0);
-        assert_eq!((w.duration_s, w.requests), (1.0, Some(2_500)));
+        assert_eq!((w.duration_s, w.requests, w.connections), (1.0, Some(2_500), 2_500));
     }
 
     #[test]

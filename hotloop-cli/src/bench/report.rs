@@ -181,6 +181,8 @@ pub struct Row {
     pub histogram_us: Vec<(f64, u64)>,
     /// Remarks, such as a repeat that failed.
     pub notes: Vec<String>,
+    /// What the server reported about itself (`driver`, `busy_poll`).
+    pub server_info: BTreeMap<String, String>,
 }
 
 impl Row {
@@ -194,6 +196,7 @@ impl Row {
             metrics: BTreeMap::new(),
             histogram_us: Vec::new(),
             notes: Vec::new(),
+            server_info: BTreeMap::new(),
         }
     }
 

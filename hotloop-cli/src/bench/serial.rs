@@ -48,7 +48,12 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let warmup = if ctx.quick { 0.3 } else { 1.0 };
     let mut local: Vec<ServerSpec> = BUSY_POLL
         .iter()
-        .map(|b| ServerSpec::hotloop(&format!("busy-poll {b}"), &["--busy-poll", b]))
+        .map(|b| {
+            ServerSpec::hotloop(
+                &format!("epoll busy-poll {b}"),
+                &["--driver", "epoll", "--busy-poll", b],
+            )
+        })
         .collect();
     local.extend(ctx.peer_specs("http", &mut result.setup));
     for spec in &local {

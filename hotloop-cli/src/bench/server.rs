@@ -96,9 +96,20 @@ impl Running {
 
     /// The numeric fields of `GET /stats`, if the server has the endpoint.
     pub fn stats(&self) -> Option<BTreeMap<String, f64>> {
+        parse_stats(&self.stats_body()?)
+    }
+
+    /// The text fields of `GET /stats` (such as `driver` and `busy_poll`).
+    pub fn stats_text(&self) -> BTreeMap<String, String> {
+        let body = self.stats_body().unwrap_or_default();
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let Some(object) = value.as_object() else { return BTreeMap::new() };
+        object.iter().filter_map(|(k, v)| v.as_str().map(|t| (k.clone(), t.to_string()))).collect()
+    }
+
+    fn stats_body(&self) -> Option<String> {
         let addr = self.stats_addr?;
-        let body = proc::http_get(addr, "/stats", Duration::from_millis(STATS_TIMEOUT_MS)).ok()?;
-        parse_stats(&body)
+        proc::http_get(addr, "/stats", Duration::from_millis(STATS_TIMEOUT_MS)).ok()
     }
 
     /// Whether any of its processes has ended.
@@ -205,8 +216,14 @@ fn start_proxy(
         let stats_addr: SocketAddr =
             ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
         let backend_busy = if busy_on_proxy { "off" } else { busy_poll };
-        let mut args =
-            vec!["serve".to_string(), "http".into(), "--addr".into(), backend.to_string()];
+        let mut args = vec![
+            "serve".to_string(),
+            "http".into(),
+            "--addr".into(),
+            backend.to_string(),
+            "--driver".into(),
+            "epoll".into(),
+        ];
         args.extend([
             "--workers".to_string(),
             ctx.workers.to_string(),

@@ -52,9 +52,16 @@ fn criterion_dirs(exe: &Path) -> Vec<PathBuf> {
         dirs.push(PathBuf::from(t).join("criterion"));
     }
     dirs.push(PathBuf::from("target/criterion"));
-    // target/<profile>/hotloop -> target/criterion
-    if let Some(target) = exe.parent().and_then(Path::parent) {
-        dirs.push(target.join("criterion"));
+    // target/<profile>/hotloop -> target/criterion, for the driven
+    // executable and for this one.
+    let this = std::env::current_exe().ok();
+    for exe in [Some(exe), this.as_deref()].into_iter().flatten() {
+        if let Some(target) = exe.parent().and_then(Path::parent) {
+            let dir = target.join("criterion");
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
     }
     dirs
 }
