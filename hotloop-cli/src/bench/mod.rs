@@ -318,15 +318,26 @@ impl Ctx {
                         continue;
                     }
                     match find_on_path(name) {
-                        Some(program) => specs.push(ServerSpec {
-                            server: name.to_string(),
-                            config: String::new(),
-                            kind: if peer == PeerName::Nginx {
-                                ServerKind::Nginx { program }
-                            } else {
-                                ServerKind::Haproxy { program }
-                            },
-                        }),
+                        Some(program) => {
+                            if peer == PeerName::Haproxy {
+                                let note = format!(
+                                    "haproxy: maxconn {} (it budgets two files per connection; a process may hold 20,000)",
+                                    server::HAPROXY_MAXCONN
+                                );
+                                if !setup.contains(&note) {
+                                    setup.push(note);
+                                }
+                            }
+                            specs.push(ServerSpec {
+                                server: name.to_string(),
+                                config: String::new(),
+                                kind: if peer == PeerName::Nginx {
+                                    ServerKind::Nginx { program }
+                                } else {
+                                    ServerKind::Haproxy { program }
+                                },
+                            })
+                        }
                         None => {
                             let note = format!("{name}: not found on PATH, not measured");
                             if !setup.contains(&note) {

@@ -175,7 +175,9 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
         ServerKind::Proxy { busy_poll } => start_proxy(ctx, work, addr, busy_poll),
         ServerKind::Nginx { program } => {
             let dir = config_dir(ctx, "nginx", port)?;
-            let conf = nginx_config(&dir, addr, ctx.workers, work.body_size);
+            std::fs::write(dir.join("body"), "x".repeat(work.body_size))
+                .map_err(|e| e.to_string())?;
+            let conf = nginx_config(&dir, addr, ctx.workers);
             std::fs::write(dir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
             let args = vec![
                 "-p".to_string(),
@@ -296,8 +298,8 @@ fn config_dir(ctx: &Ctx, name: &str, port: u16) -> Result<PathBuf, String> {
 }
 
 /// A minimal nginx configuration: loopback only, foreground, no master,
-/// a fixed `200` of `body_size` bytes.
-pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, body_size: usize) -> String {
+/// a fixed `200` whose body is the file `body` in `dir`.
+pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize) -> String {
     format!(
         "daemon off;\nmaster_process off;\nworker_processes {workers};\npid {pid};\n\
          error_log {err} warn;\nworker_rlimit_nofile 20000;\n\
@@ -305,13 +307,17 @@ pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, body_size: usi
          http {{\n  access_log off;\n  keepalive_requests 1000000;\n  tcp_nodelay on;\n\
          \x20 client_body_temp_path {tmp};\n\
          \x20 server {{\n    listen {addr} reuseport backlog=65535;\n    default_type text/plain;\n\
-         \x20   location / {{ return 200 \"{body}\"; }}\n  }}\n}}\n",
+         \x20   root {root};\n    location / {{ try_files /body =404; }}\n  }}\n}}\n",
         pid = dir.join("nginx.pid").display(),
         err = dir.join("logs/error.log").display(),
         tmp = dir.join("tmp").display(),
-        body = "x".repeat(body_size),
+        root = dir.display(),
     )
 }
+
+/// haproxy's connection limit: it budgets two files per connection (it is
+/// a proxy), and a process may hold 20,000 here.
+pub const HAPROXY_MAXCONN: u32 = 9_900;
 
 /// A minimal haproxy configuration: loopback only, a fixed `200` of
 /// `body_size` bytes served from a file.
@@ -319,7 +325,7 @@ pub fn haproxy_config(dir: &Path, addr: SocketAddr, workers: usize, body_size: u
     // The response must fit in one buffer.
     let bufsize = (body_size + 1024).max(16_384);
     format!(
-        "global\n  maxconn 19900\n  nbthread {workers}\n  tune.bufsize {bufsize}\n\
+        "global\n  maxconn {HAPROXY_MAXCONN}\n  nbthread {workers}\n  tune.bufsize {bufsize}\n\
          defaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
          frontend bench\n  bind {addr}\n  http-request return status 200 content-type text/plain file {body}\n",
         body = dir.join("body").display(),
@@ -341,8 +347,8 @@ mod tests {
     #[test]
     fn generated_configs_listen_on_loopback_only() {
         let addr: SocketAddr = "127.0.0.1:9999".parse().unwrap();
-        let n = nginx_config(Path::new("/tmp/n"), addr, 1, 3);
-        assert!(n.contains("listen 127.0.0.1:9999") && n.contains("\"xxx\""), "{n}");
+        let n = nginx_config(Path::new("/tmp/n"), addr, 1);
+        assert!(n.contains("listen 127.0.0.1:9999") && n.contains("root /tmp/n;"), "{n}");
         let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000);
         assert!(h.contains("bind 127.0.0.1:9999") && h.contains("tune.bufsize 21024"), "{h}");
     }
