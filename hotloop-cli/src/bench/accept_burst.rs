@@ -50,7 +50,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ServerSpec::hotloop("epoll", &["--driver", "epoll"]),
     ];
     specs.extend(ctx.peer_specs("echo", &mut result.setup));
-    let warmup = if ctx.quick { 0.3 } else { 1.0 };
+    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     for spec in &specs {
         let row = ctx.measure("", spec, &work, &load, warmup);
         result.rows.push(row);

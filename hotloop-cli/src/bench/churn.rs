@@ -52,7 +52,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         "the server does {WORK_US} µs of work per request; \"server CPU %/worker\" near 100 shows it is the bottleneck"
     ));
     let duration = if ctx.quick { DURATION_MAX_QUICK_S } else { DURATION_MAX_FULL_S };
-    let warmup = if ctx.quick { 0.3 } else { 1.0 };
+    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     let mut peers = ctx.peer_specs("http", &mut result.setup);
     let mut specs = vec![
         ServerSpec::hotloop(

@@ -40,7 +40,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ServerSpec::hotloop("uring", &["--driver", "uring"]),
     ];
     specs.extend(ctx.peer_specs("http", &mut result.setup));
-    let warmup = if ctx.quick { 0.3 } else { 1.0 };
+    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     for c in CONCURRENCY {
         let load = LoadSpec {
             mode: "keepalive",

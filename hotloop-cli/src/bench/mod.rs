@@ -46,6 +46,10 @@ pub use server::{Running, ServerKind, ServerSpec, Workload};
 pub const REPEATS_DEFAULT: u32 = 3;
 /// Repeats per configuration with `--quick`.
 pub const REPEATS_QUICK: u32 = 1;
+/// Seconds of warm-up load before a configuration's measured runs.
+pub const WARMUP_FULL_S: f64 = 1.0;
+/// Seconds of warm-up with `--quick`.
+pub const WARMUP_QUICK_S: f64 = 0.2;
 /// How long a server may take to accept its first connection.
 pub const SERVER_START_TIMEOUT_MS: u64 = 5_000;
 /// Slack given to a load run beyond its own duration before it is killed.

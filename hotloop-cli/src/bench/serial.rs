@@ -45,7 +45,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         rate: None,
         sources: 4,
     };
-    let warmup = if ctx.quick { 0.3 } else { 1.0 };
+    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     let mut local: Vec<ServerSpec> = BUSY_POLL
         .iter()
         .map(|b| {

@@ -60,7 +60,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         }
     }
     specs.extend(ctx.peer_specs("http", &mut result.setup));
-    let warmup = if ctx.quick { 0.3 } else { 1.0 };
+    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     for spec in &specs {
         let row = ctx.measure("", spec, &work, &load, warmup);
         result.rows.push(row);

@@ -251,6 +251,41 @@ mod tests {
     }
 
     #[test]
+    fn command_line_follows_the_contract() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            peer: PeerArgs,
+        }
+        let a = Cli::try_parse_from([
+            "peer",
+            "monoio",
+            "echo",
+            "--addr",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+            "--body-size",
+            "5",
+            "--work-us",
+            "3",
+        ])
+        .unwrap()
+        .peer;
+        assert_eq!(
+            (a.kind, a.proto, a.workers, a.body_size, a.work_us),
+            (PeerKind::Monoio, PeerProto::Echo, 2, 5, 3)
+        );
+        assert_eq!(
+            Cli::try_parse_from(["peer", "floor", "http"]).unwrap().peer.kind,
+            PeerKind::Floor
+        );
+        assert!(Cli::try_parse_from(["peer", "tokio", "http", "--workers", "0"]).is_err());
+        assert!(Cli::try_parse_from(["peer", "glommio", "http"]).is_err());
+    }
+
+    #[test]
     fn listeners_share_a_port() {
         let a = bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
         let b = bind_reuseport(a.local_addr().unwrap()).unwrap();
