@@ -13,6 +13,8 @@ const CLIENTS_QUICK: u64 = 2_000;
 const MESSAGE_BYTES: usize = 128;
 /// Upper bound on one burst, seconds.
 const BURST_DURATION_MAX_S: f64 = 60.0;
+/// Upper bound on one burst with `--quick`, seconds.
+const BURST_DURATION_MAX_QUICK_S: f64 = 10.0;
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
@@ -39,7 +41,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "burst",
         connections: clients,
         requests: Some(clients),
-        duration_s: BURST_DURATION_MAX_S,
+        duration_s: if ctx.quick { BURST_DURATION_MAX_QUICK_S } else { BURST_DURATION_MAX_S },
         size: MESSAGE_BYTES,
         rate: None,
         sources: 4,

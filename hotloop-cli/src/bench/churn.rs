@@ -23,7 +23,7 @@ const BODIES: [(&str, usize); 3] = [("1K", 1024), ("8K", 8192), ("16K", 16_384)]
 /// Upper bound on one run, seconds.
 const DURATION_MAX_FULL_S: f64 = 60.0;
 /// Upper bound on one run with `--quick`, seconds.
-const DURATION_MAX_QUICK_S: f64 = 5.0;
+const DURATION_MAX_QUICK_S: f64 = 2.0;
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {

@@ -3,7 +3,10 @@
 //! `hotloop proxy`; hotloop with busy polling off, always and adaptive.
 
 use super::report::{Better, Column};
-use super::{Ctx, LoadSpec, ScenarioResult, ServerKind, ServerSpec, Workload, METRIC_CPU_PER_1K};
+use super::{
+    find_on_path, Ctx, LoadSpec, PeerName, ScenarioResult, ServerKind, ServerSpec, Workload,
+    METRIC_CPU_PER_1K,
+};
 
 /// Seconds per measured run.
 const DURATION_FULL_S: f64 = 5.0;
@@ -33,7 +36,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     );
     result.setup.push(format!(
         "load: `hotloop load --mode serial --proto http --connections 1 --duration {duration}`, {BODY_BYTES}-byte bodies; \
-         forwarded: `hotloop proxy` -> `hotloop serve http`, both on the server CPUs"
+         forwarded: `hotloop proxy` (or haproxy, when on PATH) -> `hotloop serve http --busy-poll off`, both on the server CPUs"
     ));
     let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
     let load = LoadSpec {
@@ -60,13 +63,28 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         let row = ctx.measure("local", spec, &work, &load, warmup);
         result.rows.push(row);
     }
+    let mut forwarded = Vec::new();
     for b in BUSY_POLL {
-        let spec = ServerSpec {
+        forwarded.push(ServerSpec {
             server: "hotloop".into(),
             config: format!("proxy busy-poll {b}"),
             kind: ServerKind::Proxy { busy_poll: b.to_string() },
-        };
-        let row = ctx.measure("forwarded", &spec, &work, &load, warmup);
+        });
+    }
+    if ctx.peers.contains(&PeerName::Haproxy) {
+        if let Some(program) = find_on_path("haproxy") {
+            for busy_polling in [false, true] {
+                let config = if busy_polling { "busy-polling" } else { "no busy-polling" };
+                forwarded.push(ServerSpec {
+                    server: "haproxy".into(),
+                    config: config.into(),
+                    kind: ServerKind::HaproxyForward { program: program.clone(), busy_polling },
+                });
+            }
+        }
+    }
+    for spec in &forwarded {
+        let row = ctx.measure("forwarded", spec, &work, &load, warmup);
         result.rows.push(row);
     }
     result

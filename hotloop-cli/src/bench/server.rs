@@ -55,6 +55,14 @@ pub enum ServerKind {
         /// The executable.
         program: PathBuf,
     },
+    /// haproxy forwarding to `hotloop serve http` (busy polling off), with
+    /// or without haproxy's own `busy-polling`: the original experiment.
+    HaproxyForward {
+        /// The executable.
+        program: PathBuf,
+        /// Whether haproxy's `busy-polling` is on.
+        busy_polling: bool,
+    },
 }
 
 impl ServerSpec {
@@ -173,6 +181,22 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
         }
         ServerKind::Proxy { busy_poll } => start_proxy(ctx, work, addr, busy_poll),
+        ServerKind::HaproxyForward { program, busy_polling } => {
+            let (backend, stats_addr, backend_child) = start_backend(ctx, work, "off")?;
+            let dir = config_dir(ctx, "haproxy-forward", port)?;
+            let role = HaproxyRole::Forward { backend, busy_polling: *busy_polling };
+            let conf = haproxy_config(&dir, addr, ctx.workers, work.body_size, role);
+            std::fs::write(dir.join("haproxy.cfg"), conf).map_err(|e| e.to_string())?;
+            let args =
+                vec!["-db".to_string(), "-f".into(), dir.join("haproxy.cfg").display().to_string()];
+            let proxy = launch(ctx, "haproxy (forwarding)", program, &args, addr)?;
+            Ok(Running {
+                addr,
+                stats_addr: Some(stats_addr),
+                notes: Vec::new(),
+                children: vec![proxy, backend_child],
+            })
+        }
         ServerKind::Nginx { program } => {
             let dir = config_dir(ctx, "nginx", port)?;
             std::fs::write(dir.join("body"), "x".repeat(work.body_size))
@@ -192,7 +216,8 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             let dir = config_dir(ctx, "haproxy", port)?;
             std::fs::write(dir.join("body"), "x".repeat(work.body_size))
                 .map_err(|e| e.to_string())?;
-            let conf = haproxy_config(&dir, addr, ctx.workers, work.body_size);
+            let conf =
+                haproxy_config(&dir, addr, ctx.workers, work.body_size, HaproxyRole::Respond);
             std::fs::write(dir.join("haproxy.cfg"), conf).map_err(|e| e.to_string())?;
             let args =
                 vec!["-db".to_string(), "-f".into(), dir.join("haproxy.cfg").display().to_string()];
@@ -200,6 +225,42 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
         }
     }
+}
+
+/// Starts `hotloop serve http` on epoll as a backend; returns its address,
+/// its stats address and its process.
+fn start_backend(
+    ctx: &mut Ctx,
+    work: &Workload,
+    busy_poll: &str,
+) -> Result<(SocketAddr, SocketAddr, Child), String> {
+    let backend: SocketAddr =
+        ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
+    let stats_addr: SocketAddr =
+        ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
+    let args: Vec<String> = [
+        "serve",
+        "http",
+        "--addr",
+        &backend.to_string(),
+        "--driver",
+        "epoll",
+        "--workers",
+        &ctx.workers.to_string(),
+        "--body-size",
+        &work.body_size.to_string(),
+        "--work-us",
+        &work.work_us.to_string(),
+        "--stats-addr",
+        &stats_addr.to_string(),
+        "--busy-poll",
+        busy_poll,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let child = launch(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend)?;
+    Ok((backend, stats_addr, child))
 }
 
 /// `hotloop serve http` as the backend and `hotloop proxy` in front of it.
@@ -213,33 +274,8 @@ fn start_proxy(
 ) -> Result<Running, String> {
     let mut last_error = String::new();
     for busy_on_proxy in [true, false] {
-        let backend_port = proc::free_port().map_err(|e| e.to_string())?;
-        let backend: SocketAddr = ([127, 0, 0, 1], backend_port).into();
-        let stats_addr: SocketAddr =
-            ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
         let backend_busy = if busy_on_proxy { "off" } else { busy_poll };
-        let mut args = vec![
-            "serve".to_string(),
-            "http".into(),
-            "--addr".into(),
-            backend.to_string(),
-            "--driver".into(),
-            "epoll".into(),
-        ];
-        args.extend([
-            "--workers".to_string(),
-            ctx.workers.to_string(),
-            "--body-size".into(),
-            work.body_size.to_string(),
-            "--work-us".into(),
-            work.work_us.to_string(),
-            "--stats-addr".into(),
-            stats_addr.to_string(),
-            "--busy-poll".into(),
-            backend_busy.into(),
-        ]);
-        let backend_child =
-            launch(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend)?;
+        let (backend, stats_addr, backend_child) = start_backend(ctx, work, backend_busy)?;
         let mut args = vec![
             "proxy".to_string(),
             "--listen".into(),
@@ -255,7 +291,9 @@ fn start_proxy(
                 let notes = if busy_on_proxy {
                     Vec::new()
                 } else {
-                    vec![format!("`hotloop proxy --busy-poll` refused ({last_error}); busy polling set on the backend")]
+                    vec![format!(
+                        "`hotloop proxy --busy-poll` refused ({last_error}); busy polling set on the backend"
+                    )]
                 };
                 return Ok(Running {
                     addr,
@@ -319,16 +357,47 @@ pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize) -> String {
 /// a proxy), and a process may hold 20,000 here.
 pub const HAPROXY_MAXCONN: u32 = 9_900;
 
-/// A minimal haproxy configuration: loopback only, a fixed `200` of
-/// `body_size` bytes served from a file.
-pub fn haproxy_config(dir: &Path, addr: SocketAddr, workers: usize, body_size: usize) -> String {
+/// What a generated haproxy configuration does with a request.
+#[derive(Debug, Clone, Copy)]
+pub enum HaproxyRole {
+    /// Answers `200` itself with the file `body` in the configuration's directory.
+    Respond,
+    /// Forwards to a backend, with haproxy's `busy-polling` on or off.
+    Forward {
+        /// The backend's address.
+        backend: SocketAddr,
+        /// Whether `busy-polling` is on.
+        busy_polling: bool,
+    },
+}
+
+/// A minimal haproxy configuration, loopback only.
+pub fn haproxy_config(
+    dir: &Path,
+    addr: SocketAddr,
+    workers: usize,
+    body_size: usize,
+    role: HaproxyRole,
+) -> String {
     // The response must fit in one buffer.
     let bufsize = (body_size + 1024).max(16_384);
+    let (busy, action) = match role {
+        HaproxyRole::Respond => (
+            "",
+            format!(
+                "  http-request return status 200 content-type text/plain file {}\n",
+                dir.join("body").display()
+            ),
+        ),
+        HaproxyRole::Forward { backend, busy_polling } => (
+            if busy_polling { "  busy-polling\n" } else { "" },
+            format!("  default_backend hotloop\nbackend hotloop\n  server backend {backend}\n"),
+        ),
+    };
     format!(
-        "global\n  maxconn {HAPROXY_MAXCONN}\n  nbthread {workers}\n  tune.bufsize {bufsize}\n\
+        "global\n  maxconn {HAPROXY_MAXCONN}\n  nbthread {workers}\n  tune.bufsize {bufsize}\n{busy}\
          defaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
-         frontend bench\n  bind {addr}\n  http-request return status 200 content-type text/plain file {body}\n",
-        body = dir.join("body").display(),
+         frontend bench\n  bind {addr}\n{action}"
     )
 }
 
@@ -349,7 +418,20 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:9999".parse().unwrap();
         let n = nginx_config(Path::new("/tmp/n"), addr, 1);
         assert!(n.contains("listen 127.0.0.1:9999") && n.contains("root /tmp/n;"), "{n}");
-        let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000);
+        let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000, HaproxyRole::Respond);
         assert!(h.contains("bind 127.0.0.1:9999") && h.contains("tune.bufsize 21024"), "{h}");
+        assert!(h.contains("file /tmp/h/body") && !h.contains("busy-polling"), "{h}");
+        let backend = "127.0.0.1:9000".parse().unwrap();
+        let f = haproxy_config(
+            Path::new("/tmp/h"),
+            addr,
+            1,
+            64,
+            HaproxyRole::Forward { backend, busy_polling: true },
+        );
+        assert!(
+            f.contains("  busy-polling\n") && f.contains("server backend 127.0.0.1:9000"),
+            "{f}"
+        );
     }
 }
