@@ -31,7 +31,7 @@ impl Child {
     pub fn spawn(name: &str, mut cmd: Command, cpus: &[usize], log: &Path) -> io::Result<Child> {
         let out = File::create(log)?;
         cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
-        pin_command(&mut cmd, cpus);
+        prepare_command(&mut cmd, cpus);
         let inner =
             cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("start {name}: {e}")))?;
         Ok(Child { name: name.to_string(), inner })
@@ -97,23 +97,30 @@ fn send_signal(pid: u32, signal: i32) {
     unsafe { libc::kill(pid as libc::pid_t, signal) };
 }
 
-/// Makes `cmd`'s process run only on `cpus`, like `taskset -c`.
-fn pin_command(cmd: &mut Command, cpus: &[usize]) {
-    if cpus.is_empty() {
-        return;
-    }
+/// Makes `cmd`'s process run only on `cpus` (like `taskset -c`; none:
+/// unpinned), and receive SIGTERM if the bench dies without stopping it.
+fn prepare_command(cmd: &mut Command, cpus: &[usize]) {
     // SAFETY: cpu_set_t is plain data and all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
         // SAFETY: `cpu` is below CPU_SETSIZE, so the bit is inside `set`.
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
+    let pin = !cpus.is_empty();
     // SAFETY: the closure runs between fork and exec, where only
-    // async-signal-safe calls are allowed; it calls sched_setaffinity(2)
-    // only, on a set built before the fork, and allocates nothing.
+    // async-signal-safe calls are allowed; it makes two system calls,
+    // prctl(2) and sched_setaffinity(2), on data built before the fork, and
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            // The parent-death signal covers a bench killed by SIGKILL, where
+            // no destructor runs. It fires when the spawning thread exits;
+            // the bench spawns from its main thread only.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if pin && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
             Ok(())
@@ -132,7 +139,7 @@ pub fn run_bounded(
 ) -> io::Result<(ExitStatus, String)> {
     let err = File::create(log)?;
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
-    pin_command(&mut cmd, cpus);
+    prepare_command(&mut cmd, cpus);
     let inner = cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("start {name}: {e}")))?;
     let mut child = Child { name: name.to_string(), inner };
     let mut stdout = child.inner.stdout.take().expect("stdout is piped");

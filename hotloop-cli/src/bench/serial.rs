@@ -38,6 +38,12 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         "load: `hotloop load --mode serial --proto http --connections 1 --duration {duration}`, {BODY_BYTES}-byte bodies; \
          forwarded: `hotloop proxy` (or haproxy, when on PATH) -> `hotloop serve http --busy-poll off`, both on the server CPUs"
     ));
+    if ctx.server_cpus.len() < 2 {
+        result.setup.push(
+            "forwarded: the proxy and its backend share the server CPU, so a busy-polling proxy takes time from its backend"
+                .into(),
+        );
+    }
     let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
     let load = LoadSpec {
         mode: "serial",
