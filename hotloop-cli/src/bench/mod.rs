@@ -383,8 +383,7 @@ impl Ctx {
                 return Row::unavailable(group, &spec.server, &spec.config, why);
             }
         };
-        let mut row = Row::unavailable(group, &spec.server, &spec.config, String::new());
-        row.unavailable = None;
+        let mut row = Row::new(group, &spec.server, &spec.config);
         row.notes.extend(running.notes.iter().cloned());
         row.server_info = running.stats_text();
         if warmup_s > 0.0 {

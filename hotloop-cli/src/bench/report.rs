@@ -186,18 +186,23 @@ pub struct Row {
 }
 
 impl Row {
-    /// A row for a server that could not be measured.
-    pub fn unavailable(group: &str, server: &str, config: &str, why: String) -> Row {
+    /// A row with no figures yet.
+    pub fn new(group: &str, server: &str, config: &str) -> Row {
         Row {
             group: group.to_string(),
             server: server.to_string(),
             config: config.to_string(),
-            unavailable: Some(why),
+            unavailable: None,
             metrics: BTreeMap::new(),
             histogram_us: Vec::new(),
             notes: Vec::new(),
             server_info: BTreeMap::new(),
         }
+    }
+
+    /// A row for a server that could not be measured, and why.
+    pub fn unavailable(group: &str, server: &str, config: &str, why: String) -> Row {
+        Row { unavailable: Some(why), ..Row::new(group, server, config) }
     }
 
     /// The median of `key`, if measured.
@@ -414,8 +419,7 @@ mod tests {
     use super::*;
 
     fn row(group: &str, server: &str, config: &str, value: f64) -> Row {
-        let mut r = Row::unavailable(group, server, config, String::new());
-        r.unavailable = None;
+        let mut r = Row::new(group, server, config);
         r.metrics.insert("rate".into(), Summary::of(&[value]).unwrap());
         r
     }

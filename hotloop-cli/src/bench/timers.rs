@@ -108,8 +108,7 @@ fn read_result(root: &Path, estimates: &Path) -> Option<Row> {
     } else {
         (function, String::new())
     };
-    let mut row = Row::unavailable(&group, &server, &config, String::new());
-    row.unavailable = None;
+    let mut row = Row::new(&group, &server, &config);
     let spread_pct = if median > 0.0 { (high - low) / median * 100.0 } else { 0.0 };
     row.metrics.insert(
         "median_ns".into(),
