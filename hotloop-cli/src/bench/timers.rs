@@ -103,7 +103,9 @@ fn read_result(root: &Path, estimates: &Path) -> Option<Row> {
                 [] => None,
             }
         })?;
-    let (server, config) = if function.to_ascii_lowercase().contains("hotloop") {
+    let (server, config) = if function.eq_ignore_ascii_case("hotloop") {
+        ("hotloop".to_string(), String::new())
+    } else if function.to_ascii_lowercase().contains("hotloop") {
         ("hotloop".to_string(), function)
     } else {
         (function, String::new())
@@ -176,7 +178,7 @@ mod tests {
         let rows: Vec<Row> = files.iter().filter_map(|f| read_result(&root, f)).collect();
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].server.as_str(), rows[0].group.as_str()), ("btreemap", "drain"));
-        assert_eq!(rows[1].server, "hotloop");
+        assert_eq!((rows[1].server.as_str(), rows[1].label().as_str()), ("hotloop", "hotloop"));
         assert_eq!(rows[1].get("median_ns"), Some(5.0));
         let _ = std::fs::remove_dir_all(&root);
     }
