@@ -12,9 +12,9 @@ const CLIENTS_QUICK: u64 = 2_000;
 /// Echo message bytes.
 const MESSAGE_BYTES: usize = 128;
 /// Upper bound on one burst, seconds.
-const BURST_DURATION_MAX_S: f64 = 60.0;
+const BURST_DURATION_MAX_S: u64 = 60;
 /// Upper bound on one burst with `--quick`, seconds.
-const BURST_DURATION_MAX_QUICK_S: f64 = 10.0;
+const BURST_DURATION_MAX_QUICK_S: u64 = 10;
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
@@ -41,7 +41,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "burst",
         connections: clients,
         requests: Some(clients),
-        duration_s: if ctx.quick { BURST_DURATION_MAX_QUICK_S } else { BURST_DURATION_MAX_S },
+        duration_secs: if ctx.quick { BURST_DURATION_MAX_QUICK_S } else { BURST_DURATION_MAX_S },
         size: MESSAGE_BYTES,
         rate: None,
         sources: 4,
@@ -52,9 +52,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ServerSpec::hotloop("epoll", &["--driver", "epoll"]),
     ];
     specs.extend(ctx.peer_specs("echo", &mut result.setup));
-    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     for spec in &specs {
-        let row = ctx.measure("", spec, &work, &load, warmup);
+        let row = ctx.measure("", spec, &work, &load);
         result.rows.push(row);
     }
     result

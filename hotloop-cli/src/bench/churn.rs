@@ -21,9 +21,9 @@ const WORK_US: u64 = 20;
 /// Body sizes, as in the original test.
 const BODIES: [(&str, usize); 3] = [("1K", 1024), ("8K", 8192), ("16K", 16_384)];
 /// Upper bound on one run, seconds.
-const DURATION_MAX_FULL_S: f64 = 60.0;
+const DURATION_MAX_FULL_S: u64 = 60;
 /// Upper bound on one run with `--quick`, seconds.
-const DURATION_MAX_QUICK_S: f64 = 2.0;
+const DURATION_MAX_QUICK_S: u64 = 2;
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
@@ -52,7 +52,6 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         "the server does {WORK_US} µs of work per request; \"server CPU %/worker\" near 100 shows it is the bottleneck"
     ));
     let duration = if ctx.quick { DURATION_MAX_QUICK_S } else { DURATION_MAX_FULL_S };
-    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     let mut peers = ctx.peer_specs("http", &mut result.setup);
     let mut specs = vec![
         ServerSpec::hotloop(
@@ -68,13 +67,13 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             mode: "churn",
             connections,
             requests: Some(requests),
-            duration_s: duration,
+            duration_secs: duration,
             size: body,
             rate: None,
             sources: 8,
         };
         for spec in &specs {
-            let row = ctx.measure(&format!("{group} body"), spec, &work, &load, warmup);
+            let row = ctx.measure(&format!("{group} body"), spec, &work, &load);
             result.rows.push(row);
         }
     }

@@ -4,9 +4,9 @@ use super::report::{Better, Column};
 use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K};
 
 /// Seconds per measured run.
-const DURATION_FULL_S: f64 = 5.0;
+const DURATION_FULL_S: u64 = 5;
 /// Seconds per measured run with `--quick`.
-const DURATION_QUICK_S: f64 = 1.0;
+const DURATION_QUICK_S: u64 = 1;
 /// The concurrencies compared.
 const CONCURRENCY: [u64; 2] = [1, 256];
 /// Response body bytes.
@@ -40,19 +40,18 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ServerSpec::hotloop("uring", &["--driver", "uring"]),
     ];
     specs.extend(ctx.peer_specs("http", &mut result.setup));
-    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     for c in CONCURRENCY {
         let load = LoadSpec {
             mode: "keepalive",
             connections: c,
             requests: None,
-            duration_s: duration,
+            duration_secs: duration,
             size: BODY_BYTES,
             rate: None,
             sources: 1,
         };
         for spec in &specs {
-            let row = ctx.measure(&format!("concurrency {c}"), spec, &work, &load, warmup);
+            let row = ctx.measure(&format!("concurrency {c}"), spec, &work, &load);
             result.rows.push(row);
         }
     }

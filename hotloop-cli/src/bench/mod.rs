@@ -46,10 +46,13 @@ pub use server::{Running, ServerKind, ServerSpec, Workload};
 pub const REPEATS_DEFAULT: u32 = 3;
 /// Repeats per configuration with `--quick`.
 pub const REPEATS_QUICK: u32 = 1;
-/// Seconds of warm-up load before a configuration's measured runs.
-pub const WARMUP_FULL_S: f64 = 1.0;
-/// Seconds of warm-up with `--quick`.
-pub const WARMUP_QUICK_S: f64 = 0.2;
+/// Requests (or connections) of warm-up before a configuration's measured
+/// runs; the warm-up also stops after [`WARMUP_MAX_S`].
+pub const WARMUP_REQUESTS_FULL: u64 = 5_000;
+/// Warm-up requests with `--quick`.
+pub const WARMUP_REQUESTS_QUICK: u64 = 300;
+/// The longest a warm-up runs, seconds.
+pub const WARMUP_MAX_S: u64 = 1;
 /// How long a server may take to accept its first connection.
 pub const SERVER_START_TIMEOUT_MS: u64 = 5_000;
 /// Slack given to a load run beyond its own duration before it is killed.
@@ -209,8 +212,9 @@ pub struct LoadSpec {
     pub connections: u64,
     /// Stop after this many requests, if set.
     pub requests: Option<u64>,
-    /// Stop after this long.
-    pub duration_s: f64,
+    /// Stop after this many seconds. Whole seconds, so the load generator
+    /// may take them as an integer.
+    pub duration_secs: u64,
     /// Bytes per echo message or HTTP body.
     pub size: usize,
     /// Requests or connections per second, if paced.
@@ -232,7 +236,7 @@ impl LoadSpec {
             "--connections".into(),
             self.connections.to_string(),
             "--duration".into(),
-            format!("{}", self.duration_s),
+            self.duration_secs.to_string(),
             "--size".into(),
             self.size.to_string(),
             "--warmup".into(),
@@ -253,19 +257,19 @@ impl LoadSpec {
         a
     }
 
-    /// A shorter run of the same shape, to warm the server up.
-    pub fn warmup(&self, seconds: f64) -> LoadSpec {
+    /// A shorter run of the same shape, to warm the server up: at most
+    /// `requests` requests (a quarter of a count-bound run) and `seconds`.
+    pub fn warmup(&self, requests: u64, seconds: u64) -> LoadSpec {
         let mut w = self.clone();
-        w.duration_s = seconds;
-        w.requests = self.requests.map(|n| n.min(self.connections).min(n / 4).max(1));
-        if let Some(n) = w.requests {
-            w.connections = w.connections.min(n);
-        }
+        w.duration_secs = seconds;
+        let n = self.requests.map_or(requests, |n| (n / 4).min(requests)).max(1);
+        w.requests = Some(n);
+        w.connections = w.connections.min(n);
         w
     }
 
     fn timeout(&self) -> Duration {
-        Duration::from_secs(self.duration_s.ceil() as u64 + LOAD_SLACK_S)
+        Duration::from_secs(self.duration_secs + LOAD_SLACK_S)
     }
 }
 
@@ -364,7 +368,6 @@ impl Ctx {
         spec: &ServerSpec,
         work: &Workload,
         load: &LoadSpec,
-        warmup_s: f64,
     ) -> Row {
         let label = if spec.config.is_empty() {
             spec.server.clone()
@@ -386,10 +389,10 @@ impl Ctx {
         let mut row = Row::new(group, &spec.server, &spec.config);
         row.notes.extend(running.notes.iter().cloned());
         row.server_info = running.stats_text();
-        if warmup_s > 0.0 {
-            if let Err(e) = self.run_load(&running, &work.proto, &load.warmup(warmup_s), &title) {
-                row.notes.push(format!("warm-up failed: {e}"));
-            }
+        let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
+        let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
+        if let Err(e) = self.run_load(&running, &work.proto, &warmup, &title) {
+            row.notes.push(format!("warm-up failed: {e}"));
         }
         let mut samples: Vec<BTreeMap<String, f64>> = Vec::new();
         let mut histograms = Vec::new();
@@ -823,7 +826,7 @@ mod tests {
             mode: "burst",
             connections: 10_000,
             requests: Some(10_000),
-            duration_s: 30.0,
+            duration_secs: 30,
             size: 128,
             rate: None,
             sources: 4,
@@ -835,8 +838,11 @@ mod tests {
             "{a}"
         );
         assert!(a.contains("--json") && !a.contains("--rate"), "{a}");
-        let w = spec.warmup(1.0);
-        assert_eq!((w.duration_s, w.requests, w.connections), (1.0, Some(2_500), 2_500));
+        let w = spec.warmup(5_000, 1);
+        assert_eq!((w.duration_secs, w.requests, w.connections), (1, Some(2_500), 2_500));
+        let keepalive = LoadSpec { mode: "keepalive", requests: None, connections: 256, ..spec };
+        let w = keepalive.warmup(300, 1);
+        assert_eq!((w.requests, w.connections), (Some(300), 256));
     }
 
     #[test]

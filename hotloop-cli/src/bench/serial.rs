@@ -9,9 +9,9 @@ use super::{
 };
 
 /// Seconds per measured run.
-const DURATION_FULL_S: f64 = 5.0;
+const DURATION_FULL_S: u64 = 5;
 /// Seconds per measured run with `--quick`.
-const DURATION_QUICK_S: f64 = 1.0;
+const DURATION_QUICK_S: u64 = 1;
 /// Response body bytes: small, like the redirects in haproxy's test.
 const BODY_BYTES: usize = 64;
 /// The busy polling settings compared.
@@ -49,12 +49,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "serial",
         connections: 1,
         requests: None,
-        duration_s: duration,
+        duration_secs: duration,
         size: BODY_BYTES,
         rate: None,
         sources: 4,
     };
-    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     let mut local: Vec<ServerSpec> = BUSY_POLL
         .iter()
         .map(|b| {
@@ -66,7 +65,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         .collect();
     local.extend(ctx.peer_specs("http", &mut result.setup));
     for spec in &local {
-        let row = ctx.measure("local", spec, &work, &load, warmup);
+        let row = ctx.measure("local", spec, &work, &load);
         result.rows.push(row);
     }
     let mut forwarded = Vec::new();
@@ -90,7 +89,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         }
     }
     for spec in &forwarded {
-        let row = ctx.measure("forwarded", spec, &work, &load, warmup);
+        let row = ctx.measure("forwarded", spec, &work, &load);
         result.rows.push(row);
     }
     result

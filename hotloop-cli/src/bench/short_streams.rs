@@ -11,9 +11,9 @@ const RATE_FULL: u64 = 5_000;
 /// Connections per second offered with `--quick`.
 const RATE_QUICK: u64 = 2_000;
 /// Seconds per measured run.
-const DURATION_FULL_S: f64 = 5.0;
+const DURATION_FULL_S: u64 = 5;
 /// Seconds per measured run with `--quick`.
-const DURATION_QUICK_S: f64 = 1.0;
+const DURATION_QUICK_S: u64 = 1;
 /// Clients sharing the rate.
 const CLIENTS: u64 = 8;
 /// Response body bytes.
@@ -44,7 +44,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "churn",
         connections: CLIENTS,
         requests: None,
-        duration_s: duration,
+        duration_secs: duration,
         size: BODY_BYTES,
         rate: Some(rate),
         sources: 8,
@@ -60,9 +60,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         }
     }
     specs.extend(ctx.peer_specs("http", &mut result.setup));
-    let warmup = if ctx.quick { super::WARMUP_QUICK_S } else { super::WARMUP_FULL_S };
     for spec in &specs {
-        let row = ctx.measure("", spec, &work, &load, warmup);
+        let row = ctx.measure("", spec, &work, &load);
         result.rows.push(row);
     }
     result
