@@ -53,6 +53,9 @@ pub const WARMUP_REQUESTS_FULL: u64 = 5_000;
 pub const WARMUP_REQUESTS_QUICK: u64 = 300;
 /// The longest a warm-up runs, seconds.
 pub const WARMUP_MAX_S: u64 = 1;
+/// With `--quick`, configurations not started within this many seconds of
+/// the suite's start are reported as skipped, so the suite ends in time.
+pub const QUICK_BUDGET_S: u64 = 105;
 /// How long a server may take to accept its first connection.
 pub const SERVER_START_TIMEOUT_MS: u64 = 5_000;
 /// Slack given to a load run beyond its own duration before it is killed.
@@ -377,6 +380,11 @@ impl Ctx {
         let title = if group.is_empty() { label.clone() } else { format!("{group}: {label}") };
         if let Some(why) = &self.load_missing {
             return Row::unavailable(group, &spec.server, &spec.config, why.clone());
+        }
+        if self.quick && self.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
+            let why = format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
+            self.progress(&format!("{title}: {why}"));
+            return Row::unavailable(group, &spec.server, &spec.config, why);
         }
         self.progress(&format!("{title}: starting"));
         let mut running = match server::start(self, spec, work) {
