@@ -396,7 +396,6 @@ impl Ctx {
         };
         let mut row = Row::new(group, &spec.server, &spec.config);
         row.notes.extend(running.notes.iter().cloned());
-        row.server_info = running.stats_text();
         let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
         let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
         if let Err(e) = self.run_load(&running, &work.proto, &warmup, &title) {
@@ -434,6 +433,7 @@ impl Ctx {
                 break;
             }
         }
+        row.server_info = running.stats_text();
         drop(running);
         if samples.is_empty() {
             let why = row.notes.last().cloned().unwrap_or_else(|| "no run completed".into());

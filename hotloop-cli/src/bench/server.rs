@@ -159,7 +159,8 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 args.push("--pin".into());
             }
             args.extend(extra.iter().cloned());
-            let child = launch(ctx, "hotloop serve", &ctx.exe.clone(), &args, addr)?;
+            let mut child = launch(ctx, "hotloop serve", &ctx.exe.clone(), &args, addr)?;
+            wait_for_stats(&mut child, stats_addr);
             Ok(Running {
                 addr,
                 stats_addr: Some(stats_addr),
@@ -259,7 +260,8 @@ fn start_backend(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let child = launch(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend)?;
+    let mut child = launch(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend)?;
+    wait_for_stats(&mut child, stats_addr);
     Ok((backend, stats_addr, child))
 }
 
@@ -306,6 +308,12 @@ fn start_proxy(
         }
     }
     Err(last_error)
+}
+
+/// Gives the stats endpoint, which may start after the listener, a moment
+/// to come up. Figures that need it are left out if it never does.
+fn wait_for_stats(child: &mut Child, stats_addr: SocketAddr) {
+    let _ = proc::wait_accepting(child, stats_addr, Duration::from_millis(STATS_TIMEOUT_MS));
 }
 
 /// Spawns `program args` pinned to the server CPUs and waits for `addr`.
