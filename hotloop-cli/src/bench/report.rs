@@ -32,15 +32,26 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
-    /// Parses the last line of `stdout` that holds a JSON object.
+    /// Parses the JSON object in `stdout`: the whole output, or the text
+    /// from the last line that opens an object (on one line or pretty-printed).
     pub fn parse(stdout: &str) -> Result<LoadReport, String> {
-        let line = stdout
-            .lines()
-            .rev()
-            .map(str::trim)
-            .find(|l| l.starts_with('{'))
-            .ok_or_else(|| "the load generator printed no JSON object".to_string())?;
-        serde_json::from_str(line).map_err(|e| format!("the load generator's JSON: {e}"))
+        if let Ok(report) = serde_json::from_str(stdout.trim()) {
+            return Ok(report);
+        }
+        let mut last_error = "the load generator printed no JSON object".to_string();
+        let starts = stdout.match_indices('\n').map(|(i, _)| i + 1).chain([0]);
+        let mut starts: Vec<usize> = starts.filter(|&i| stdout[i..].starts_with('{')).collect();
+        starts.sort_unstable();
+        for &start in starts.iter().rev() {
+            let mut stream =
+                serde_json::Deserializer::from_str(&stdout[start..]).into_iter::<LoadReport>();
+            match stream.next() {
+                Some(Ok(report)) => return Ok(report),
+                Some(Err(e)) => last_error = format!("the load generator's JSON: {e}"),
+                None => {}
+            }
+        }
+        Err(last_error)
     }
 
     /// The error total, 0 when absent.
@@ -506,5 +517,8 @@ mod tests {
         assert_eq!(r.latency_us.p99, 2.0);
         assert_eq!(r.histogram_us, vec![(1.0, 9), (3.0, 1)]);
         assert!(LoadReport::parse("no json").is_err());
+        let pretty = "starting\n{\n  \"completed\": 7,\n  \"rate_per_s\": 1.5\n}\nbye\n";
+        assert_eq!(LoadReport::parse(pretty).unwrap().completed, 7);
+        assert!(LoadReport::parse("{\"completed\": \"x\"}").unwrap_err().contains("JSON"));
     }
 }
