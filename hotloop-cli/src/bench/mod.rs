@@ -22,6 +22,9 @@ mod accept_burst;
 mod chart;
 mod churn;
 mod keepalive;
+mod load;
+mod measure;
+mod output;
 mod proc;
 mod report;
 mod serial;
@@ -31,7 +34,6 @@ mod timers;
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -39,8 +41,9 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use report::{Better, Column, Comparison, LoadReport, Row, Summary};
-pub use server::{Running, ServerKind, ServerSpec, Workload};
+pub use load::{figures_of, LoadSpec};
+use report::{Better, Column, Comparison, Row};
+pub use server::{ServerKind, ServerSpec, Workload};
 
 /// Repeats per configuration unless `--repeats` says otherwise.
 pub const REPEATS_DEFAULT: u32 = 3;
@@ -206,76 +209,6 @@ pub const METRIC_CPU_PER_1K: &str = "cpu_s_per_1k";
 /// Metric key: server CPU time over wall time, per worker, in percent.
 pub const METRIC_CPU_UTIL: &str = "server_cpu_pct";
 
-/// One load generator run: `hotloop load` arguments.
-#[derive(Debug, Clone)]
-pub struct LoadSpec {
-    /// serial, burst, churn or keepalive.
-    pub mode: &'static str,
-    /// Concurrent connections (clients).
-    pub connections: u64,
-    /// Stop after this many requests, if set.
-    pub requests: Option<u64>,
-    /// Stop after this many seconds. Whole seconds, so the load generator
-    /// may take them as an integer.
-    pub duration_secs: u64,
-    /// Bytes per echo message or HTTP body.
-    pub size: usize,
-    /// Requests or connections per second, if paced.
-    pub rate: Option<u64>,
-    /// Source addresses to spread connections over.
-    pub sources: u32,
-}
-
-impl LoadSpec {
-    /// The command-line arguments after `load`.
-    pub fn args(&self, addr: SocketAddr, proto: &str, pin: Option<usize>) -> Vec<String> {
-        let mut a = vec![
-            "--addr".to_string(),
-            addr.to_string(),
-            "--proto".into(),
-            proto.into(),
-            "--mode".into(),
-            self.mode.into(),
-            "--connections".into(),
-            self.connections.to_string(),
-            "--duration".into(),
-            self.duration_secs.to_string(),
-            "--size".into(),
-            self.size.to_string(),
-            "--warmup".into(),
-            "0".into(),
-            "--sources".into(),
-            self.sources.to_string(),
-            "--json".into(),
-        ];
-        if let Some(n) = self.requests {
-            a.extend(["--requests".to_string(), n.to_string()]);
-        }
-        if let Some(r) = self.rate {
-            a.extend(["--rate".to_string(), r.to_string()]);
-        }
-        if let Some(cpu) = pin {
-            a.extend(["--pin".to_string(), cpu.to_string()]);
-        }
-        a
-    }
-
-    /// A shorter run of the same shape, to warm the server up: at most
-    /// `requests` requests (a quarter of a count-bound run) and `seconds`.
-    pub fn warmup(&self, requests: u64, seconds: u64) -> LoadSpec {
-        let mut w = self.clone();
-        w.duration_secs = seconds;
-        let n = self.requests.map_or(requests, |n| (n / 4).min(requests)).max(1);
-        w.requests = Some(n);
-        w.connections = w.connections.min(n);
-        w
-    }
-
-    fn timeout(&self) -> Duration {
-        Duration::from_secs(self.duration_secs + LOAD_SLACK_S)
-    }
-}
-
 /// The suite's shared state: where things run, what is enabled, the clock.
 pub struct Ctx {
     /// The executable driven as subprocesses.
@@ -313,253 +246,6 @@ impl Ctx {
             name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
         self.out.join("logs").join(format!("{:04}-{clean}.log", self.runs))
     }
-
-    /// The peers enabled for `proto`, as server specs; nginx and haproxy
-    /// only speak HTTP here and appear only when found on PATH.
-    pub fn peer_specs(&self, proto: &str, setup: &mut Vec<String>) -> Vec<ServerSpec> {
-        let mut specs = Vec::new();
-        for &peer in &self.peers {
-            match peer {
-                PeerName::Tokio => specs.push(ServerSpec::peer("tokio")),
-                PeerName::Monoio => specs.push(ServerSpec::peer("monoio")),
-                PeerName::Floor => specs.push(ServerSpec::peer("floor")),
-                PeerName::Nginx | PeerName::Haproxy => {
-                    let name = if peer == PeerName::Nginx { "nginx" } else { "haproxy" };
-                    if proto != "http" {
-                        continue;
-                    }
-                    match find_on_path(name) {
-                        Some(program) => {
-                            if peer == PeerName::Haproxy {
-                                let note = format!(
-                                    "haproxy: maxconn {} (it budgets two files per connection; a process may hold 20,000)",
-                                    server::HAPROXY_MAXCONN
-                                );
-                                if !setup.contains(&note) {
-                                    setup.push(note);
-                                }
-                            }
-                            specs.push(ServerSpec {
-                                server: name.to_string(),
-                                config: String::new(),
-                                kind: if peer == PeerName::Nginx {
-                                    ServerKind::Nginx { program }
-                                } else {
-                                    ServerKind::Haproxy { program }
-                                },
-                            })
-                        }
-                        None => {
-                            let note = format!("{name}: not found on PATH, not measured");
-                            if !setup.contains(&note) {
-                                setup.push(note);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        specs
-    }
-
-    /// Starts `spec`, warms it up, measures it `repeats` times under `load`,
-    /// stops it, and returns its row. Never fails: problems become an
-    /// unavailable row or notes.
-    pub fn measure(
-        &mut self,
-        group: &str,
-        spec: &ServerSpec,
-        work: &Workload,
-        load: &LoadSpec,
-    ) -> Row {
-        let label = if spec.config.is_empty() {
-            spec.server.clone()
-        } else {
-            format!("{} {}", spec.server, spec.config)
-        };
-        let title = if group.is_empty() { label.clone() } else { format!("{group}: {label}") };
-        if let Some(why) = &self.load_missing {
-            return Row::unavailable(group, &spec.server, &spec.config, why.clone());
-        }
-        if self.quick && self.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
-            let why = format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
-            self.progress(&format!("{title}: {why}"));
-            return Row::unavailable(group, &spec.server, &spec.config, why);
-        }
-        self.progress(&format!("{title}: starting"));
-        let mut running = match server::start(self, spec, work) {
-            Ok(r) => r,
-            Err(why) => {
-                self.progress(&format!("{title}: unavailable: {why}"));
-                return Row::unavailable(group, &spec.server, &spec.config, why);
-            }
-        };
-        let mut row = Row::new(group, &spec.server, &spec.config);
-        row.notes.extend(running.notes.iter().cloned());
-        let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
-        let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
-        if let Err(e) = self.run_load(&running, &work.proto, &warmup, &title) {
-            row.notes.push(format!("warm-up failed: {e}"));
-        }
-        let mut samples: Vec<BTreeMap<String, f64>> = Vec::new();
-        let mut histograms = Vec::new();
-        for repeat in 1..=self.repeats {
-            match self.measure_once(&mut running, work, load, &title) {
-                Ok((figures, histogram)) => {
-                    let rate = figures.get(METRIC_RATE).copied().unwrap_or(f64::NAN);
-                    self.progress(&format!(
-                        "{title}: repeat {repeat}/{}: {} /s, p99 {} µs, server CPU {} s/1k",
-                        self.repeats,
-                        report::format_figure(rate, 0),
-                        report::format_figure(
-                            figures.get("p99_us").copied().unwrap_or(f64::NAN),
-                            0
-                        ),
-                        report::format_figure(
-                            figures.get(METRIC_CPU_PER_1K).copied().unwrap_or(f64::NAN),
-                            4
-                        ),
-                    ));
-                    samples.push(figures);
-                    histograms.push(histogram);
-                }
-                Err(e) => {
-                    self.progress(&format!("{title}: repeat {repeat} failed: {e}"));
-                    row.notes.push(format!("repeat {repeat}: {e}"));
-                }
-            }
-            if running.exited() {
-                row.notes.push("the server exited during the run".into());
-                break;
-            }
-        }
-        row.server_info = running.stats_text();
-        drop(running);
-        if samples.is_empty() {
-            let why = row.notes.last().cloned().unwrap_or_else(|| "no run completed".into());
-            row.unavailable = Some(format!("load failed: {why}"));
-            return row;
-        }
-        let keys: Vec<String> = samples.iter().flat_map(|s| s.keys().cloned()).collect();
-        for key in keys {
-            let values: Vec<f64> = samples.iter().filter_map(|s| s.get(&key).copied()).collect();
-            if let Some(summary) = Summary::of(&values) {
-                row.metrics.insert(key, summary);
-            }
-        }
-        // Keep the histogram of the repeat with the median rate.
-        let rates: Vec<f64> =
-            samples.iter().map(|s| s.get(METRIC_RATE).copied().unwrap_or(0.0)).collect();
-        let mid = report::median(&rates);
-        let pick = rates
-            .iter()
-            .enumerate()
-            .min_by(|a, b| (a.1 - mid).abs().total_cmp(&(b.1 - mid).abs()))
-            .map_or(0, |(i, _)| i);
-        row.histogram_us = histograms.swap_remove(pick);
-        row
-    }
-
-    fn measure_once(
-        &mut self,
-        running: &mut Running,
-        work: &Workload,
-        load: &LoadSpec,
-        title: &str,
-    ) -> Result<(Figures, Histogram), String> {
-        let stats_before = running.stats();
-        let cpu_before = running.cpu_seconds();
-        let started = Instant::now();
-        let report = self.run_load(running, &work.proto, load, title)?;
-        let wall_s = started.elapsed().as_secs_f64();
-        let cpu_after = running.cpu_seconds();
-        let stats_after = running.stats();
-        let mut f = figures_of(&report);
-        if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
-            let cpu = after - before;
-            f.insert("server_cpu_s".into(), cpu);
-            if report.completed > 0 {
-                f.insert(METRIC_CPU_PER_1K.into(), cpu / report.completed as f64 * 1000.0);
-            }
-            f.insert(METRIC_CPU_UTIL.into(), cpu / wall_s / self.workers as f64 * 100.0);
-        }
-        f.insert("wall_s".into(), wall_s);
-        if let (Some(before), Some(after)) = (stats_before, stats_after) {
-            for (key, value) in &after {
-                let delta = value - before.get(key).copied().unwrap_or(0.0);
-                // Maxima are levels, not counters: report them as they are.
-                let figure = if key.starts_with("max_") { *value } else { delta };
-                f.insert(format!("stats_{key}"), figure);
-            }
-            let accepted = after.get("accepted").copied().unwrap_or(0.0)
-                - before.get("accepted").copied().unwrap_or(0.0);
-            let per_conn = |key: &str| {
-                let d = after.get(key).copied().unwrap_or(0.0)
-                    - before.get(key).copied().unwrap_or(0.0);
-                if accepted > 0.0 {
-                    Some(d / accepted)
-                } else {
-                    None
-                }
-            };
-            if let Some(v) = per_conn("registrations") {
-                f.insert("registrations_per_conn".into(), v);
-            }
-            let wakeups = per_conn("accept_wakeups");
-            if let Some(w) = wakeups.filter(|w| *w > 0.0) {
-                f.insert("accepted_per_wakeup".into(), 1.0 / w);
-            }
-        }
-        Ok((f, report.histogram_us))
-    }
-
-    /// Runs `hotloop load` against `running`, bounded in time.
-    fn run_load(
-        &mut self,
-        running: &Running,
-        proto: &str,
-        load: &LoadSpec,
-        title: &str,
-    ) -> Result<LoadReport, String> {
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("load").args(load.args(running.addr, proto, self.load_cpu));
-        let log = self.log_path(&format!("load-{title}"));
-        let (status, stdout) = proc::run_bounded("hotloop load", cmd, &[], &log, load.timeout())
-            .map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err(format!("hotloop load {status}: {}", last_line(&log)));
-        }
-        let report = LoadReport::parse(&stdout)?;
-        if report.completed == 0 {
-            return Err(format!("no request completed ({} errors)", report.errors_total()));
-        }
-        Ok(report)
-    }
-}
-
-/// The figures of one load report, keyed for [`Row::metrics`].
-pub fn figures_of(r: &LoadReport) -> BTreeMap<String, f64> {
-    let l = &r.latency_us;
-    let mut f = BTreeMap::new();
-    for (key, value) in [
-        (METRIC_RATE, r.rate_per_s),
-        ("elapsed_ms", r.elapsed_s * 1000.0),
-        ("completed", r.completed as f64),
-        ("errors", r.errors_total() as f64),
-        ("mean_us", l.mean),
-        ("stdev_us", l.stdev),
-        ("p50_us", l.p50),
-        ("p90_us", l.p90),
-        ("p99_us", l.p99),
-        ("p999_us", l.p999),
-        ("max_us", l.max),
-        ("mean_ms", l.mean / 1000.0),
-        ("stdev_ms", l.stdev / 1000.0),
-        ("p99_ms", l.p99 / 1000.0),
-    ] {
-        f.insert(key.to_string(), value);
-    }
-    f
 }
 
 /// The last non-empty line of a log file, for error messages.
@@ -639,11 +325,11 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::Keepalive => keepalive::run(&mut ctx),
         };
         result.compare();
-        print_result(&result);
-        write_charts(&ctx.out, &result)?;
+        output::print_result(&result);
+        output::write_charts(&ctx.out, &result)?;
         results.push(result);
         // Written after each scenario so an interrupted suite keeps its figures.
-        write_results(&ctx, &results)?;
+        output::write_results(&ctx, &results)?;
     }
     ctx.progress(&format!("done; results in {}", ctx.out.join("results.json").display()));
     Ok(())
@@ -675,107 +361,6 @@ fn probe_subcommand(ctx: &mut Ctx, subcommand: &str) -> Option<String> {
         )),
         Err(e) => Some(format!("`hotloop {subcommand}` could not run: {e}")),
     }
-}
-
-fn print_result(result: &ScenarioResult) {
-    println!("\n== {}: {}", result.name, result.title);
-    println!("   reference: {}", result.reference);
-    for line in &result.setup {
-        println!("   {line}");
-    }
-    if result.rows.is_empty() {
-        println!(" (no figures: see above)");
-    }
-    print!("{}", report::render_table(&result.rows, &result.columns));
-    let notes: Vec<String> = result
-        .rows
-        .iter()
-        .flat_map(|r| {
-            r.notes
-                .iter()
-                .map(move |n| format!("   note [{}{}]: {n}", group_prefix(&r.group), r.label()))
-        })
-        .collect();
-    for n in notes {
-        println!("{n}");
-    }
-    if !result.comparisons.is_empty() {
-        println!(" hotloop's ratio (hotloop / other):");
-        print!("{}", report::render_comparisons(&result.comparisons, &result.columns));
-    }
-}
-
-fn group_prefix(group: &str) -> String {
-    if group.is_empty() {
-        String::new()
-    } else {
-        format!("{group}: ")
-    }
-}
-
-fn write_charts(out: &Path, result: &ScenarioResult) -> io::Result<()> {
-    let Some(headline) = result.columns.first() else { return Ok(()) };
-    let bars: Vec<(String, f64)> = result
-        .rows
-        .iter()
-        .filter_map(|r| {
-            r.get(headline.key).map(|v| (format!("{}{}", group_prefix(&r.group), r.label()), v))
-        })
-        .collect();
-    if !bars.is_empty() {
-        let svg =
-            chart::bars(&format!("{}: {}", result.name, headline.header), headline.header, &bars);
-        std::fs::write(out.join(format!("{}-{}.svg", result.name, headline.key)), svg)?;
-    }
-    let series: Vec<(String, Vec<(f64, u64)>)> = result
-        .rows
-        .iter()
-        .filter(|r| !r.histogram_us.is_empty())
-        .map(|r| (format!("{}{}", group_prefix(&r.group), r.label()), r.histogram_us.clone()))
-        .collect();
-    if !series.is_empty() {
-        let svg = chart::latency_cdf(&format!("{}: latency distribution", result.name), &series);
-        std::fs::write(out.join(format!("{}-latency.svg", result.name)), svg)?;
-    }
-    Ok(())
-}
-
-#[derive(Serialize)]
-struct ResultsFile<'a> {
-    quick: bool,
-    repeats: u32,
-    server_cpus: &'a [usize],
-    load_cpu: Option<usize>,
-    server_workers: usize,
-    kernel: String,
-    open_files_limit: Option<u64>,
-    scenarios: &'a [ScenarioResult],
-}
-
-fn write_results(ctx: &Ctx, results: &[ScenarioResult]) -> io::Result<()> {
-    let file = ResultsFile {
-        quick: ctx.quick,
-        repeats: ctx.repeats,
-        server_cpus: &ctx.server_cpus,
-        load_cpu: ctx.load_cpu,
-        server_workers: ctx.workers,
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        open_files_limit: open_files_limit(),
-        scenarios: results,
-    };
-    let text = serde_json::to_string_pretty(&file).map_err(io::Error::other)?;
-    std::fs::write(ctx.out.join("results.json"), text)
-}
-
-/// The soft limit on open files for this process (and so its children).
-pub fn open_files_limit() -> Option<u64> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `limit` is a valid, writable rlimit.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    (rc == 0).then_some(limit.rlim_cur)
 }
 
 #[cfg(test)]
@@ -826,39 +411,5 @@ mod tests {
         assert_eq!(placement(&[0]), (vec![], None));
         assert_eq!(placement(&[0, 1]), (vec![0], Some(1)));
         assert_eq!(placement(&[0, 1, 2, 3]), (vec![0, 1], Some(2)));
-    }
-
-    #[test]
-    fn load_args_follow_the_contract() {
-        let spec = LoadSpec {
-            mode: "burst",
-            connections: 10_000,
-            requests: Some(10_000),
-            duration_secs: 30,
-            size: 128,
-            rate: None,
-            sources: 4,
-        };
-        let a = spec.args("127.0.0.1:9000".parse().unwrap(), "echo", Some(1)).join(" ");
-        assert!(a.contains("--mode burst") && a.contains("--connections 10000"), "{a}");
-        assert!(
-            a.contains("--requests 10000") && a.contains("--pin 1") && a.ends_with("--pin 1"),
-            "{a}"
-        );
-        assert!(a.contains("--json") && !a.contains("--rate"), "{a}");
-        let w = spec.warmup(5_000, 1);
-        assert_eq!((w.duration_secs, w.requests, w.connections), (1, Some(2_500), 2_500));
-        let keepalive = LoadSpec { mode: "keepalive", requests: None, connections: 256, ..spec };
-        let w = keepalive.warmup(300, 1);
-        assert_eq!((w.requests, w.connections), (Some(300), 256));
-    }
-
-    #[test]
-    fn figures_include_cpu_ready_keys() {
-        let mut r = LoadReport { completed: 2000, rate_per_s: 100.0, ..Default::default() };
-        r.latency_us.p99 = 35_590.0;
-        let f = figures_of(&r);
-        assert_eq!(f["p99_ms"], 35.59);
-        assert_eq!(f[METRIC_RATE], 100.0);
     }
 }
