@@ -103,7 +103,10 @@ mod tests {
             parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"),
             Request::Complete { close: true, .. }
         ));
-        assert!(matches!(parse_request(b"GET / HTTP/1.0\r\n\r\n"), Request::Complete { close: true, .. }));
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.0\r\n\r\n"),
+            Request::Complete { close: true, .. }
+        ));
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Request::Partial);
         assert_eq!(parse_request(b"\x00\x01garbage\r\n\r\n"), Request::Malformed);
         let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];

@@ -77,19 +77,24 @@ pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
         backends.extend(b.to_socket_addrs()?);
     }
     if backends.is_empty() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "no backend address resolved"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "no backend address resolved",
+        ));
     }
     let config = Arc::new(ProxyConfig {
         backends,
         connect_timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
-        idle_timeout: (args.idle_timeout_ms > 0).then(|| Duration::from_millis(args.idle_timeout_ms)),
+        idle_timeout: (args.idle_timeout_ms > 0)
+            .then(|| Duration::from_millis(args.idle_timeout_ms)),
         counters: ProxyCounters::default(),
     });
     let rt = args.runtime.build_runtime()?;
     let cfg = config.clone();
-    let server = serve(rt.handle(), args.listen.as_str(), args.runtime.server_options(), move |client| {
-        forward(client, cfg.clone())
-    })?;
+    let server =
+        serve(rt.handle(), args.listen.as_str(), args.runtime.server_options(), move |client| {
+            forward(client, cfg.clone())
+        })?;
     eprintln!(
         "hotloop proxy on {} -> {:?} | workers {} | driver {}",
         server.local_addr(),

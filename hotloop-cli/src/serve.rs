@@ -63,14 +63,16 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let settings = Arc::new(Settings {
         app: args.app,
         work_us: args.work_us,
-        idle_timeout: (args.idle_timeout_ms > 0).then(|| Duration::from_millis(args.idle_timeout_ms)),
+        idle_timeout: (args.idle_timeout_ms > 0)
+            .then(|| Duration::from_millis(args.idle_timeout_ms)),
         header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
         keep_alive_reply: proto::response_ok(args.body_size, false).into(),
         close_reply: proto::response_ok(args.body_size, true).into(),
     });
-    let server = serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
-        handle_connection(stream, settings.clone())
-    })?;
+    let server =
+        serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
+            handle_connection(stream, settings.clone())
+        })?;
     let stats = rt.stats();
     eprintln!(
         "hotloop serve {:?} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",

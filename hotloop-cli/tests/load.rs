@@ -123,7 +123,8 @@ fn assert_clean(r: &Value, completed: u64) {
     assert_eq!(r["completed"], completed, "{r}");
     assert!(r["rate_per_s"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["latency_us"]["p50"].as_f64().unwrap() >= 1.0, "{r}");
-    let counted: u64 = r["histogram_us"].as_array().unwrap().iter().map(|p| p[1].as_u64().unwrap()).sum();
+    let counted: u64 =
+        r["histogram_us"].as_array().unwrap().iter().map(|p| p[1].as_u64().unwrap()).sum();
     assert_eq!(counted, completed, "{r}");
 }
 
@@ -137,7 +138,10 @@ fn http_every_mode() {
     assert_eq!(r["stopped_by"], "requests");
     assert_clean(&load(floor.addr, &["--mode", "keepalive", "-c", "4", "-n", "500"]), 500);
     assert_clean(&load(floor.addr, &["--mode", "churn", "-c", "8", "-n", "300"]), 300);
-    let r = load(floor.addr, &["--mode", "churn", "-c", "6", "-n", "60", "--sources", "3", "--pin", "0"]);
+    let r = load(
+        floor.addr,
+        &["--mode", "churn", "-c", "6", "-n", "60", "--sources", "3", "--pin", "0"],
+    );
     assert_clean(&r, 60);
     assert_eq!(r["sources"], 3);
     let r = load(floor.addr, &["--mode", "burst", "-c", "100"]);
@@ -151,14 +155,23 @@ fn echo_every_mode() {
     // Two workers, two SO_REUSEPORT listeners on one ephemeral port.
     let floor = Floor::start_with("echo", &["--workers", "2"], None);
     assert_clean(&load(floor.addr, &["--proto", "echo", "--mode", "serial", "-n", "100"]), 100);
-    assert_clean(&load(floor.addr, &["--proto", "echo", "--mode", "keepalive", "-c", "3", "-n", "300"]), 300);
-    assert_clean(&load(floor.addr, &["--proto", "echo", "--mode", "churn", "-c", "5", "-n", "200"]), 200);
+    assert_clean(
+        &load(floor.addr, &["--proto", "echo", "--mode", "keepalive", "-c", "3", "-n", "300"]),
+        300,
+    );
+    assert_clean(
+        &load(floor.addr, &["--proto", "echo", "--mode", "churn", "-c", "5", "-n", "200"]),
+        200,
+    );
     let r = load(floor.addr, &["--proto", "echo", "--mode", "burst", "-c", "200", "--size", "128"]);
     assert_clean(&r, 200);
     assert_eq!(r["proto"], "echo");
     // A payload larger than the socket buffers crosses many reads.
     assert_clean(
-        &load(floor.addr, &["--proto", "echo", "--mode", "keepalive", "-n", "5", "--size", "8000000"]),
+        &load(
+            floor.addr,
+            &["--proto", "echo", "--mode", "keepalive", "-n", "5", "--size", "8000000"],
+        ),
         5,
     );
     floor.stop();
@@ -173,7 +186,8 @@ fn open_loop_and_time_bound() {
     // 100 requests at 1000/s take about 0.1 s, however fast the server is.
     let elapsed = r["elapsed_s"].as_f64().unwrap();
     assert!((0.08..2.0).contains(&elapsed), "{r}");
-    let r = load(floor.addr, &["--mode", "churn", "-c", "2", "--duration", "0.3", "--warmup", "0.1"]);
+    let r =
+        load(floor.addr, &["--mode", "churn", "-c", "2", "--duration", "0.3", "--warmup", "0.1"]);
     assert_eq!(r["stopped_by"], "duration");
     assert_eq!(r["errors"]["total"], 0, "{r}");
     assert!((0.29..0.5).contains(&r["elapsed_s"].as_f64().unwrap()), "{r}");
@@ -201,15 +215,18 @@ fn closed_port_reports_connect_errors() {
 fn unanswered_requests_time_out() {
     // A listener that accepts (in the kernel backlog) but never answers.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let r =
-        load(l.local_addr().unwrap(), &["--mode", "churn", "-c", "3", "--timeout", "200", "--duration", "2"]);
+    let r = load(
+        l.local_addr().unwrap(),
+        &["--mode", "churn", "-c", "3", "--timeout", "200", "--duration", "2"],
+    );
     assert_eq!(r["completed"], 0, "{r}");
     assert!(r["errors"]["timeout"].as_u64().unwrap() >= 3, "{r}");
 }
 
 #[test]
 fn refuses_non_loopback_address() {
-    let out = Command::new(BIN).args(["load", "--addr", "192.0.2.1:80", "-n", "1"]).output().unwrap();
+    let out =
+        Command::new(BIN).args(["load", "--addr", "192.0.2.1:80", "-n", "1"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
 }
@@ -293,8 +310,10 @@ fn floor_echo_half_close_and_big_writes() {
 fn floor_pauses_accepting_at_the_descriptor_limit() {
     // Few descriptors: most of the 40 connections wait in the backlog.
     let floor = Floor::start_with("http", &[], Some(24));
-    let r =
-        load(floor.addr, &["--mode", "keepalive", "-c", "40", "--duration", "0.5", "--timeout", "200", "-q"]);
+    let r = load(
+        floor.addr,
+        &["--mode", "keepalive", "-c", "40", "--duration", "0.5", "--timeout", "200", "-q"],
+    );
     assert!(r["completed"].as_u64().unwrap() > 0, "{r}");
     // The server recovers once those clients are gone.
     let r = load(floor.addr, &["--mode", "serial", "-n", "20"]);

@@ -151,7 +151,10 @@ fn serve_http_closes_a_slowloris_client_at_the_header_timeout() {
         "{:?}",
         String::from_utf8_lossy(&reply)
     );
-    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "closed after {took:?}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "closed after {took:?}"
+    );
 }
 
 #[test]
@@ -252,8 +255,15 @@ fn proxy_with_every_backend_down_closes_the_client_cleanly() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let proxy =
-        Proc::start(&["proxy", "--listen", "127.0.0.1:0", "--backend", &dead.to_string(), "--workers", "1"]);
+    let proxy = Proc::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        &dead.to_string(),
+        "--workers",
+        "1",
+    ]);
     let addr = proxy.addr_after(" on ");
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -27,7 +27,8 @@ async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallib
 fn main() -> std::io::Result<()> {
     let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:3000".into());
     let rt = Runtime::builder().build()?;
-    let server = serve_hyper(rt.handle(), addr.as_str(), ListenerOptions::default(), || service_fn(hello))?;
+    let server =
+        serve_hyper(rt.handle(), addr.as_str(), ListenerOptions::default(), || service_fn(hello))?;
     println!("hyper on hotloop at http://{}", server.local_addr());
     rt.block_on(server.stopped())
 }

@@ -60,8 +60,12 @@ struct EpollParams {
 
 /// Asks the kernel to busy-poll NAPI queues inside `epoll_wait` on `epfd`.
 pub(crate) fn epoll_set_busy_poll(epfd: RawFd, usecs: u32, budget: u16) -> io::Result<()> {
-    let params =
-        EpollParams { busy_poll_usecs: usecs, busy_poll_budget: budget, prefer_busy_poll: 1, pad: 0 };
+    let params = EpollParams {
+        busy_poll_usecs: usecs,
+        busy_poll_budget: budget,
+        prefer_busy_poll: 1,
+        pad: 0,
+    };
     // SAFETY: EPIOCSPARAMS reads one `struct epoll_params`, which `params` is, for the call's duration.
     cvt(unsafe { libc::ioctl(epfd, EPIOCSPARAMS, &params as *const EpollParams) })?;
     Ok(())
@@ -159,7 +163,13 @@ pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
 pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: passes a pointer to a live i32 and its exact size.
     cvt(unsafe {
-        libc::setsockopt(fd, level, name, (&value as *const i32).cast(), size_of::<i32>() as libc::socklen_t)
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
     })?;
     Ok(())
 }
@@ -218,7 +228,8 @@ pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
     sockname(fd, libc::getpeername)
 }
 
-type SocknameFn = unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+type SocknameFn =
+    unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
 
 fn sockname(fd: RawFd, f: SocknameFn) -> io::Result<SocketAddr> {
     let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
@@ -234,13 +245,16 @@ pub(crate) fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> io::Result<So
     match storage.ss_family as i32 {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in, which fits inside it.
-            let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let a =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
             Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says this storage holds a sockaddr_in6, which fits inside it.
-            let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let a = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
             Ok(SocketAddr::V6(SocketAddrV6::new(
                 ip,
@@ -260,8 +274,9 @@ pub(crate) fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, lib
     let len = match addr {
         SocketAddr::V4(a) => {
             // SAFETY: sockaddr_in fits inside sockaddr_storage, which is suitably aligned for it.
-            let sin =
-                unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin = unsafe {
+                &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
             sin.sin_family = libc::AF_INET as libc::sa_family_t;
             sin.sin_port = a.port().to_be();
             sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
@@ -269,8 +284,9 @@ pub(crate) fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, lib
         }
         SocketAddr::V6(a) => {
             // SAFETY: sockaddr_in6 fits inside sockaddr_storage, which is suitably aligned for it.
-            let sin6 =
-                unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let sin6 = unsafe {
+                &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_port = a.port().to_be();
             sin6.sin6_addr.s6_addr = a.ip().octets();

@@ -35,7 +35,8 @@ fn burst_into_a_busy_listener(
         }
     }));
     let addr = rx.recv().unwrap();
-    let mut conns: Vec<TcpStream> = (0..clients).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut conns: Vec<TcpStream> =
+        (0..clients).map(|_| TcpStream::connect(addr).unwrap()).collect();
     for c in &mut conns {
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         c.write_all(b"ping").unwrap();

@@ -12,7 +12,8 @@ use hotloop::{BusyPoll, Runtime};
 
 fn echo_server(driver: DriverKind, mode: BusyPoll) -> (Runtime, Server, SocketAddr) {
     let rt = Runtime::builder().workers(1).driver(driver).busy_poll(mode).build().unwrap();
-    let server = serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
+    let server =
+        serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
     let addr = server.local_addr();
     (rt, server, addr)
 }

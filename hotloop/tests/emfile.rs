@@ -42,7 +42,8 @@ fn run(driver: DriverKind) {
 
     // Open the clients first, then leave the server only a few descriptors.
     const CLIENTS: usize = 40;
-    let mut clients: Vec<TcpStream> = (0..CLIENTS).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut clients: Vec<TcpStream> =
+        (0..CLIENTS).map(|_| TcpStream::connect(addr).unwrap()).collect();
     for c in &mut clients {
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         c.write_all(b"x").unwrap();

@@ -15,7 +15,10 @@ use hotloop::time::timeout;
 use hotloop::Runtime;
 
 /// Serves with `handler`, which reports one result per connection on a channel.
-fn server_reporting<F, Fut, T>(driver: DriverKind, handler: F) -> (Runtime, SocketAddr, mpsc::Receiver<T>)
+fn server_reporting<F, Fut, T>(
+    driver: DriverKind,
+    handler: F,
+) -> (Runtime, SocketAddr, mpsc::Receiver<T>)
 where
     F: Fn(hotloop::net::TcpStream, mpsc::Sender<T>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + 'static,

@@ -28,7 +28,8 @@ async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallib
 fn hotloop_hyper_server(driver: DriverKind) -> (Runtime, Server, SocketAddr) {
     let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
     let server =
-        serve_hyper(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), || service_fn(hello)).unwrap();
+        serve_hyper(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), || service_fn(hello))
+            .unwrap();
     let addr = server.local_addr();
     (rt, server, addr)
 }

@@ -42,7 +42,10 @@ fn limit_test(driver: DriverKind, options: ServerOptions, workers: usize, limit:
         })
         .expect("an accepted connection echoes");
     drop(clients.remove(served_now));
-    assert!(wait_for(|| rt.stats().total.accepted == limit + 1), "resumed after a connection finished");
+    assert!(
+        wait_for(|| rt.stats().total.accepted == limit + 1),
+        "resumed after a connection finished"
+    );
     for c in clients.iter_mut() {
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     }

@@ -24,9 +24,16 @@ async fn short_stream(stream: hotloop::net::TcpStream) {
 }
 
 /// Runs `CONNECTIONS` short streams against a one-worker epoll server.
-fn short_streams(registration: Registration, defer_accept: Option<u32>) -> hotloop::stats::Counters {
-    let rt =
-        Runtime::builder().workers(1).driver(DriverKind::Epoll).registration(registration).build().unwrap();
+fn short_streams(
+    registration: Registration,
+    defer_accept: Option<u32>,
+) -> hotloop::stats::Counters {
+    let rt = Runtime::builder()
+        .workers(1)
+        .driver(DriverKind::Epoll)
+        .registration(registration)
+        .build()
+        .unwrap();
     let options = ListenerOptions { defer_accept_secs: defer_accept, ..Default::default() };
     let server = serve(rt.handle(), "127.0.0.1:0", options, short_stream).unwrap();
     let addr = server.local_addr();
@@ -100,7 +107,10 @@ fn strace_counts_no_epoll_ctl_per_connection() {
     let accepts = count("accept4");
     let ctls = count("epoll_ctl");
     assert!(accepts >= CONNECTIONS as u64, "strace saw {accepts} accept4 calls:\n{report}");
-    assert!(ctls < 10, "strace saw {ctls} epoll_ctl calls for {CONNECTIONS} connections:\n{report}");
+    assert!(
+        ctls < 10,
+        "strace saw {ctls} epoll_ctl calls for {CONNECTIONS} connections:\n{report}"
+    );
 }
 
 #[test]

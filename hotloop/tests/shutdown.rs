@@ -24,10 +24,12 @@ fn run(driver: DriverKind) {
     let dropped = Arc::new(AtomicUsize::new(0));
     {
         let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
-        let server = serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
+        let server =
+            serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
         let addr = server.local_addr();
         // Idle connections held open by handler tasks.
-        let clients: Vec<_> = (0..20).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let clients: Vec<_> =
+            (0..20).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
         for w in 0..2 {
             let d = dropped.clone();
             drop(rt.handle().spawn_on(w, move || async move {
@@ -37,7 +39,10 @@ fn run(driver: DriverKind) {
             }));
         }
         std::thread::sleep(Duration::from_millis(200));
-        assert!(hotloop::open_fd_count().unwrap() >= before + 40, "connections are open on both sides");
+        assert!(
+            hotloop::open_fd_count().unwrap() >= before + 40,
+            "connections are open on both sides"
+        );
         drop(rt);
         drop(clients);
         drop(server);

@@ -229,7 +229,8 @@ impl Engine<'_> {
                 }
             }
         };
-        let end = if stopped_by == "requests" { self.last_finish } else { self.end.min(Instant::now()) };
+        let end =
+            if stopped_by == "requests" { self.last_finish } else { self.end.min(Instant::now()) };
         let elapsed_s = end.saturating_duration_since(self.measure_start).as_secs_f64();
         // Close every connection before reporting.
         self.conns.clear();
@@ -314,7 +315,8 @@ impl Engine<'_> {
             now = Instant::now();
         }
         while let Some(&(slot, gen)) = self.idle.last() {
-            let live = matches!(self.conns.get(slot), Some(c) if c.gen == gen && c.phase == Phase::Idle);
+            let live =
+                matches!(self.conns.get(slot), Some(c) if c.gen == gen && c.phase == Phase::Idle);
             if !live {
                 self.idle.pop();
                 continue;
@@ -364,15 +366,18 @@ impl Engine<'_> {
     /// Opens a non-blocking connection and registers it; returns its slot.
     fn open(&mut self, now: Instant) -> Result<usize, (ErrorKind, io::Error)> {
         let plan = self.plan;
-        let sock =
-            Socket::new(Domain::for_address(plan.addr), Type::STREAM.nonblocking(), Some(Protocol::TCP))
-                .map_err(|e| {
-                    let kind = ErrorKind::of(&e, true);
-                    if kind == ErrorKind::FdLimit {
-                        self.fd_limit_hit();
-                    }
-                    (kind, e)
-                })?;
+        let sock = Socket::new(
+            Domain::for_address(plan.addr),
+            Type::STREAM.nonblocking(),
+            Some(Protocol::TCP),
+        )
+        .map_err(|e| {
+            let kind = ErrorKind::of(&e, true);
+            if kind == ErrorKind::FdLimit {
+                self.fd_limit_hit();
+            }
+            (kind, e)
+        })?;
         let connect_err = |e: io::Error| (ErrorKind::of(&e, true), e);
         if !plan.sources.is_empty() {
             let src = plan.sources[self.next_source % plan.sources.len()];
@@ -431,7 +436,9 @@ impl Engine<'_> {
 
     fn on_event(&mut self, slot: usize, writable: bool, closing: bool, now: Instant) {
         match self.conns[slot].phase {
-            Phase::Connecting if self.conns[slot].unit.is_none() => self.on_connected(slot, writable, now),
+            Phase::Connecting if self.conns[slot].unit.is_none() => {
+                self.on_connected(slot, writable, now)
+            }
             Phase::Connecting | Phase::Sending => {
                 self.on_writable(slot, now);
                 // Read too: a large echo comes back while it is still being
@@ -528,7 +535,10 @@ impl Engine<'_> {
                     self.fail(slot, ErrorKind::BadResponse, &e, now)
                 }
                 Progress::Bad(reason) => {
-                    let e = io::Error::new(io::ErrorKind::InvalidData, format!("bad reply: {reason:?}"));
+                    let e = io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("bad reply: {reason:?}"),
+                    );
                     self.fail(slot, ErrorKind::BadResponse, &e, now)
                 }
             };

@@ -197,7 +197,9 @@ impl LoadArgs {
 pub fn parse_loopback_addr(s: &str) -> Result<SocketAddr, String> {
     let addrs: Vec<SocketAddr> = match s.parse::<SocketAddr>() {
         Ok(a) => vec![a],
-        Err(_) => s.to_socket_addrs().map_err(|e| format!("`{s}` is not HOST:PORT ({e})"))?.collect(),
+        Err(_) => {
+            s.to_socket_addrs().map_err(|e| format!("`{s}` is not HOST:PORT ({e})"))?.collect()
+        }
     };
     let first = *addrs.first().ok_or_else(|| format!("`{s}` resolves to no address"))?;
     if let Some(bad) = addrs.iter().find(|a| !a.ip().is_loopback()) {
@@ -242,7 +244,9 @@ fn secs(name: &str, v: f64, allow_zero: bool) -> io::Result<Duration> {
     let ok = v.is_finite() && v <= DURATION_MAX_SECS && (v > 0.0 || (allow_zero && v == 0.0));
     if !ok {
         let lo = if allow_zero { "0" } else { "more than 0" };
-        return Err(invalid(format!("--{name} {v}: give {lo} and at most {DURATION_MAX_SECS} seconds")));
+        return Err(invalid(format!(
+            "--{name} {v}: give {lo} and at most {DURATION_MAX_SECS} seconds"
+        )));
     }
     Ok(Duration::from_secs_f64(v))
 }
@@ -256,7 +260,10 @@ impl Plan {
             )));
         }
         if args.connections == 0 || args.connections > CONNECTIONS_MAX {
-            return Err(invalid(format!("--connections {}: give 1 to {CONNECTIONS_MAX}", args.connections)));
+            return Err(invalid(format!(
+                "--connections {}: give 1 to {CONNECTIONS_MAX}",
+                args.connections
+            )));
         }
         if args.requests == Some(0) {
             return Err(invalid("--requests 0: give at least 1, or leave it out".into()));
@@ -279,7 +286,10 @@ impl Plan {
         let request = match args.proto {
             Proto::Echo => {
                 if args.size == 0 || args.size > SIZE_MAX_BYTES {
-                    return Err(invalid(format!("--size {}: give 1 to {SIZE_MAX_BYTES} bytes", args.size)));
+                    return Err(invalid(format!(
+                        "--size {}: give 1 to {SIZE_MAX_BYTES} bytes",
+                        args.size
+                    )));
                 }
                 echo_payload(args.size)
             }
@@ -312,7 +322,11 @@ impl Plan {
 
 /// The addresses to bind before connecting: none for one source, else
 /// 127.0.0.1 .. 127.0.0.N, with N raised to cover `concurrency`.
-fn source_addrs(server: SocketAddr, asked: usize, concurrency: usize) -> io::Result<Vec<SocketAddr>> {
+fn source_addrs(
+    server: SocketAddr,
+    asked: usize,
+    concurrency: usize,
+) -> io::Result<Vec<SocketAddr>> {
     if asked == 0 || asked > SOURCES_MAX {
         return Err(invalid(format!("--sources {asked}: give 1 to {SOURCES_MAX}")));
     }
@@ -460,7 +474,10 @@ mod tests {
             "--json",
         ])
         .unwrap();
-        assert_eq!((a.mode, a.proto, a.connections, a.requests), (Mode::Churn, Proto::Echo, 64, Some(1000)));
+        assert_eq!(
+            (a.mode, a.proto, a.connections, a.requests),
+            (Mode::Churn, Proto::Echo, 64, Some(1000))
+        );
         assert_eq!((a.duration, a.rate, a.size, a.json), (2.5, Some(5000.0), 1024, true));
         assert!(parse(&["--addr", "127.0.0.1:9000", "--mode", "sideways"]).is_err());
     }

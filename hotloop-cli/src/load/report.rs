@@ -33,9 +33,9 @@ impl ErrorKind {
         match e.raw_os_error() {
             Some(libc::EMFILE | libc::ENFILE) => ErrorKind::FdLimit,
             _ if connecting => ErrorKind::Connect,
-            Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EADDRNOTAVAIL) => {
-                ErrorKind::Connect
-            }
+            Some(
+                libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EADDRNOTAVAIL,
+            ) => ErrorKind::Connect,
             Some(libc::ECONNRESET | libc::EPIPE | libc::ECONNABORTED) => ErrorKind::Reset,
             Some(libc::ETIMEDOUT) => ErrorKind::Timeout,
             _ => ErrorKind::Other,
@@ -150,7 +150,11 @@ impl LoadReport {
             self.connections,
             if self.connections == 1 { "" } else { "s" }
         );
-        let _ = writeln!(s, "  elapsed      {:>12.3} s (stopped by {})", self.elapsed_s, self.stopped_by);
+        let _ = writeln!(
+            s,
+            "  elapsed      {:>12.3} s (stopped by {})",
+            self.elapsed_s, self.stopped_by
+        );
         let _ = writeln!(s, "  completed    {:>12}", self.completed);
         let _ = writeln!(s, "  throughput   {:>12.1} {unit}", self.rate_per_s);
         if let Some(r) = self.target_rate_per_s {

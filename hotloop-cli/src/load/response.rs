@@ -174,9 +174,12 @@ fn parse_head(buf: &[u8]) -> HeadParse {
     let mut content_length = None;
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            let parsed = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok());
+            let parsed =
+                std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok());
             match parsed {
-                Some(n) if content_length.is_none() || content_length == Some(n) => content_length = Some(n),
+                Some(n) if content_length.is_none() || content_length == Some(n) => {
+                    content_length = Some(n)
+                }
                 _ => return HeadParse::Bad(BadReason::Malformed),
             }
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {

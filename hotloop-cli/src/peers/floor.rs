@@ -120,15 +120,20 @@ pub fn run(args: &FloorArgs) -> io::Result<()> {
         return Err(invalid(format!("--workers {}: give 1 to {WORKERS_MAX}", args.workers)));
     }
     if args.body_size > BODY_SIZE_MAX_BYTES {
-        return Err(invalid(format!("--body-size {}: at most {BODY_SIZE_MAX_BYTES} bytes", args.body_size)));
+        return Err(invalid(format!(
+            "--body-size {}: at most {BODY_SIZE_MAX_BYTES} bytes",
+            args.body_size
+        )));
     }
     crate::load::sys::raise_nofile_limit()?;
 
     // Bind every listener before serving, so a port in use is reported
     // at once; the first one fixes the port when port 0 was asked for.
     let first = listener(args.addr)?;
-    let addr =
-        first.local_addr()?.as_socket().ok_or_else(|| invalid("listener has no inet address".into()))?;
+    let addr = first
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| invalid("listener has no inet address".into()))?;
     let mut listeners = vec![first];
     for _ in 1..args.workers {
         listeners.push(listener(addr)?);
@@ -184,10 +189,12 @@ fn invalid(msg: String) -> io::Error {
 }
 
 fn listener(addr: SocketAddr) -> io::Result<Socket> {
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), Some(Protocol::TCP))?;
+    let sock =
+        Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     sock.set_reuse_port(true)?;
-    sock.bind(&SockAddr::from(addr)).map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
+    sock.bind(&SockAddr::from(addr))
+        .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
     sock.listen(LISTEN_BACKLOG)?;
     Ok(sock)
 }

@@ -57,7 +57,12 @@ impl Epoll {
     pub(crate) fn new(config: &Config, worker: &Arc<WorkerShared>) -> io::Result<(Epoll, String)> {
         let epfd = sys::epoll_create()?;
         let eventfd = worker.eventfd.as_raw_fd();
-        sys::epoll_add(epfd.as_raw_fd(), eventfd, (libc::EPOLLIN | libc::EPOLLET) as u32, WAKE_TOKEN)?;
+        sys::epoll_add(
+            epfd.as_raw_fd(),
+            eventfd,
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+            WAKE_TOKEN,
+        )?;
         let kernel_busy_poll = match config.kernel_busy_poll {
             None => "off".to_string(),
             Some(p) => match sys::epoll_set_busy_poll(epfd.as_raw_fd(), p.busy_poll_us, p.budget) {
@@ -158,7 +163,8 @@ impl Epoll {
             }
             let slot = token as u32;
             let generation = (token >> 32) as u32;
-            let Some(s) = self.slots.get_mut(slot as usize).filter(|s| s.generation == generation) else {
+            let Some(s) = self.slots.get_mut(slot as usize).filter(|s| s.generation == generation)
+            else {
                 stats::add(&self.stats.stale_events, 1);
                 continue;
             };

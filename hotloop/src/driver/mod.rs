@@ -52,7 +52,10 @@ pub(crate) enum Driver {
 impl Driver {
     /// Creates the driver the configuration asks for; `Auto` probes the
     /// kernel and falls back to epoll, saying why.
-    pub(crate) fn new(config: &Config, worker: &Arc<WorkerShared>) -> io::Result<(Driver, DriverInfo)> {
+    pub(crate) fn new(
+        config: &Config,
+        worker: &Arc<WorkerShared>,
+    ) -> io::Result<(Driver, DriverInfo)> {
         let requested = match std::env::var("HOTLOOP_DRIVER").ok().as_deref() {
             Some(s) if !s.is_empty() => {
                 s.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?
@@ -64,7 +67,10 @@ impl Driver {
             DriverKind::Epoll => (false, "epoll was requested".to_string()),
             DriverKind::Uring => (true, "io_uring was requested".to_string()),
             DriverKind::Auto => match probe::uring_support() {
-                Ok(()) => (true, "auto: the kernel supports every io_uring feature hotloop uses".to_string()),
+                Ok(()) => (
+                    true,
+                    "auto: the kernel supports every io_uring feature hotloop uses".to_string(),
+                ),
                 Err(why) => (false, format!("auto: {why}; using epoll")),
             },
         };
@@ -265,14 +271,20 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B) -> BufResult<usize, B> 
 }
 
 /// Sends the buffers in order in one call; may send fewer bytes than all.
-pub(crate) async fn send_vectored<B: IoBuf>(src: &Source, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
+pub(crate) async fn send_vectored<B: IoBuf>(
+    src: &Source,
+    bufs: Vec<B>,
+) -> BufResult<usize, Vec<B>> {
     if is_uring() {
         return uring::send_vectored(src, bufs).await;
     }
     let fd = src.fd();
     let iov: Vec<libc::iovec> = bufs
         .iter()
-        .map(|b| libc::iovec { iov_base: b.stable_ptr() as *mut libc::c_void, iov_len: b.bytes_init() })
+        .map(|b| libc::iovec {
+            iov_base: b.stable_ptr() as *mut libc::c_void,
+            iov_len: b.bytes_init(),
+        })
         .collect();
     let res = poll_fn(|cx| {
         src.poll_io(cx, Direction::Write, || {

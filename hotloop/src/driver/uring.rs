@@ -19,7 +19,10 @@ fn unsupported() -> io::Error {
 }
 
 impl Uring {
-    pub(crate) fn new(_config: &Config, _worker: &Arc<WorkerShared>) -> io::Result<(Uring, String)> {
+    pub(crate) fn new(
+        _config: &Config,
+        _worker: &Arc<WorkerShared>,
+    ) -> io::Result<(Uring, String)> {
         Err(unsupported())
     }
     pub(crate) fn poll(&mut self, _timeout: Option<Duration>) -> io::Result<usize> {
@@ -42,7 +45,10 @@ pub(crate) async fn recv<B: IoBufMut>(_src: &Source, buf: B) -> BufResult<usize,
 pub(crate) async fn send<B: IoBuf>(_src: &Source, buf: B) -> BufResult<usize, B> {
     (Err(unsupported()), buf)
 }
-pub(crate) async fn send_vectored<B: IoBuf>(_src: &Source, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
+pub(crate) async fn send_vectored<B: IoBuf>(
+    _src: &Source,
+    bufs: Vec<B>,
+) -> BufResult<usize, Vec<B>> {
     (Err(unsupported()), bufs)
 }
 pub(crate) async fn connect(_src: &Source, _addr: SocketAddr) -> io::Result<()> {

@@ -67,7 +67,11 @@ mod tokio_impls {
     }
 
     impl AsyncWrite for TcpStream {
-        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
             self.poll_write_slice(cx, buf)
         }
 
@@ -100,13 +104,21 @@ mod futures_impls {
     use futures_io::{AsyncRead, AsyncWrite};
 
     impl AsyncRead for TcpStream {
-        fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
             self.poll_read_slice(cx, buf)
         }
     }
 
     impl AsyncWrite for TcpStream {
-        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
             self.poll_write_slice(cx, buf)
         }
 

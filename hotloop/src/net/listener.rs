@@ -41,7 +41,10 @@ impl TcpListener {
     }
 
     /// Binds with `options`.
-    pub fn bind_with(addr: impl ToSocketAddrs, options: ListenerOptions) -> io::Result<TcpListener> {
+    pub fn bind_with(
+        addr: impl ToSocketAddrs,
+        options: ListenerOptions,
+    ) -> io::Result<TcpListener> {
         let fd = bind_socket(addr, &options)?;
         Self::from_fd(fd, options)
     }
@@ -177,7 +180,10 @@ impl std::fmt::Debug for TcpListener {
 /// Creates a non-blocking listening socket with `options` applied.
 /// Needs no runtime: the server helper binds on one thread and hands the
 /// socket to a worker.
-pub(crate) fn bind_socket(addr: impl ToSocketAddrs, options: &ListenerOptions) -> io::Result<OwnedFd> {
+pub(crate) fn bind_socket(
+    addr: impl ToSocketAddrs,
+    options: &ListenerOptions,
+) -> io::Result<OwnedFd> {
     let mut last_err = None;
     for addr in addr.to_socket_addrs()? {
         match bind_one(&addr, options) {
@@ -185,7 +191,8 @@ pub(crate) fn bind_socket(addr: impl ToSocketAddrs, options: &ListenerOptions) -
             Err(e) => last_err = Some(e),
         }
     }
-    Err(last_err.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind to")))
+    Err(last_err
+        .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind to")))
 }
 
 fn bind_one(addr: &SocketAddr, options: &ListenerOptions) -> io::Result<OwnedFd> {

@@ -99,7 +99,8 @@ where
     Fut: Future<Output = ()> + 'static,
 {
     let server_options: ServerOptions = options.into();
-    let limits = Limits { global: server_options.maxconn, per_worker: server_options.maxconn_per_worker };
+    let limits =
+        Limits { global: server_options.maxconn, per_worker: server_options.maxconn_per_worker };
     let mut options: ListenerOptions = server_options.listener;
     if handle.workers() > 1 {
         options.reuse_port = true;
@@ -110,8 +111,10 @@ where
     for _ in 1..handle.workers() {
         sockets.push(bind_socket(local_addr, &options)?);
     }
-    let shared =
-        Arc::new(ServerShared { stopped: Mutex::new((false, Vec::new())), active: AtomicUsize::new(0) });
+    let shared = Arc::new(ServerShared {
+        stopped: Mutex::new((false, Vec::new())),
+        active: AtomicUsize::new(0),
+    });
     let handler = Arc::new(handler);
     let accept_loops = sockets
         .into_iter()
@@ -149,8 +152,12 @@ where
     let local = Rc::new(WorkerConns::default());
     loop {
         if at_limit(&shared, &local, limits) {
-            crate::runtime::context::with(|cx| crate::stats::add(&cx.shared.stats.maxconn_reached, 1));
-            while at_limit(&shared, &local, limits) && !shared.poll_stopped(std::task::Waker::noop()) {
+            crate::runtime::context::with(|cx| {
+                crate::stats::add(&cx.shared.stats.maxconn_reached, 1)
+            });
+            while at_limit(&shared, &local, limits)
+                && !shared.poll_stopped(std::task::Waker::noop())
+            {
                 wait_for_a_free_slot(&local).await;
             }
         }
@@ -205,8 +212,12 @@ async fn wait_for_a_free_slot(local: &WorkerConns) {
     .await
 }
 
-fn start_handler<H, Fut>(stream: TcpStream, shared: &Arc<ServerShared>, local: &Rc<WorkerConns>, handler: &H)
-where
+fn start_handler<H, Fut>(
+    stream: TcpStream,
+    shared: &Arc<ServerShared>,
+    local: &Rc<WorkerConns>,
+    handler: &H,
+) where
     H: Fn(TcpStream) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {

@@ -36,8 +36,9 @@ impl TcpStream {
                 Err(e) => last_err = Some(e),
             }
         }
-        Err(last_err
-            .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to")))
+        Err(last_err.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to")
+        }))
     }
 
     /// Connects to `addr`, giving up after `limit` with `ErrorKind::TimedOut`.

@@ -49,7 +49,8 @@ thread_local! {
 }
 
 /// The source of [`Context::uid`].
-pub(crate) static NEXT_CONTEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+pub(crate) static NEXT_CONTEXT_UID: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(1);
 
 impl Context {
     /// True when this worker's driver is io_uring.

@@ -86,8 +86,13 @@ impl Handle {
     /// A snapshot of every worker's counters; the last entry of
     /// `workers` is the thread that runs `block_on`.
     pub fn stats(&self) -> StatsSnapshot {
-        let stats: Vec<_> =
-            self.inner.workers.iter().chain(Some(&self.inner.main)).map(|w| w.stats.clone()).collect();
+        let stats: Vec<_> = self
+            .inner
+            .workers
+            .iter()
+            .chain(Some(&self.inner.main))
+            .map(|w| w.stats.clone())
+            .collect();
         let info = self.inner.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
         StatsSnapshot::collect(&stats, info)
     }

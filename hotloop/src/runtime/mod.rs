@@ -133,7 +133,8 @@ impl Builder {
 
         let main_config = Config { pin_cpus: false, busy_poll: BusyPoll::Off, ..config.clone() };
         let main_cx = Context::new(main_shared, main_config, handle.clone());
-        let mut first_error = main_cx.as_ref().err().map(|e| io::Error::new(e.kind(), e.to_string()));
+        let mut first_error =
+            main_cx.as_ref().err().map(|e| io::Error::new(e.kind(), e.to_string()));
         let mut info = DriverInfo::default();
         for _ in 0..config.workers {
             match ready_rx.recv() {
@@ -143,7 +144,8 @@ impl Builder {
                     first_error.get_or_insert(e);
                 }
                 Err(_) => {
-                    first_error.get_or_insert(io::Error::other("a worker thread exited during start-up"));
+                    first_error
+                        .get_or_insert(io::Error::other("a worker thread exited during start-up"));
                 }
             }
         }

@@ -124,8 +124,9 @@ fn run_task(cx: &Context, key: TaskKey) {
     };
     stats::add(&cx.shared.stats.tasks_polled, 1);
     let mut task_cx = TaskContext::from_waker(&waker);
-    let result =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(&mut task_cx)));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        future.as_mut().poll(&mut task_cx)
+    }));
     let done = match result {
         Ok(Poll::Ready(())) => true,
         Ok(Poll::Pending) => false,

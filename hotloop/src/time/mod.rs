@@ -154,7 +154,8 @@ impl Interval {
         let scheduled = self.sleep.deadline();
         (&mut self.sleep).await;
         let now = Instant::now();
-        let next = if now > scheduled + self.period { now + self.period } else { scheduled + self.period };
+        let next =
+            if now > scheduled + self.period { now + self.period } else { scheduled + self.period };
         self.sleep = sleep_until(next);
         scheduled
     }

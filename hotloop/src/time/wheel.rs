@@ -23,7 +23,12 @@ impl<T> Default for TimerWheel<T> {
 impl<T> TimerWheel<T> {
     /// An empty queue at tick 0.
     pub fn new() -> Self {
-        TimerWheel { now: 0, next_id: 0, by_deadline: BTreeMap::new(), deadline_of: Default::default() }
+        TimerWheel {
+            now: 0,
+            next_id: 0,
+            by_deadline: BTreeMap::new(),
+            deadline_of: Default::default(),
+        }
     }
     /// The tick the queue has been advanced to.
     pub fn now(&self) -> u64 {

@@ -1,0 +1,59 @@
+//! `keepalive`: persistent HTTP connections at concurrency 1 and 256.
+
+use super::report::{Better, Column};
+use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K};
+
+/// Seconds per measured run.
+const DURATION_FULL_S: u64 = 5;
+/// Seconds per measured run with `--quick`.
+const DURATION_QUICK_S: u64 = 1;
+/// The concurrencies compared.
+const CONCURRENCY: [u64; 2] = [1, 256];
+/// Response body bytes.
+const BODY_BYTES: usize = 64;
+
+/// Runs the scenario.
+pub fn run(ctx: &mut Ctx) -> ScenarioResult {
+    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let mut result = ScenarioResult::new(
+        "keepalive",
+        "persistent HTTP/1.1 connections, one request in flight per connection",
+        "no external reference: hotloop's steady-state request path against its peers",
+        vec![
+            Column { key: "rate_per_s", header: "req/s", decimals: 0, better: Better::Higher },
+            Column { key: "p50_us", header: "p50 µs", decimals: 1, better: Better::Lower },
+            Column { key: "p99_us", header: "p99 µs", decimals: 1, better: Better::Lower },
+            Column {
+                key: METRIC_CPU_PER_1K,
+                header: "CPU s/1k req",
+                decimals: 4,
+                better: Better::Lower,
+            },
+        ],
+    );
+    result.setup.push(format!(
+        "load: `hotloop load --mode keepalive --proto http --connections C --duration {duration}`, {BODY_BYTES}-byte bodies"
+    ));
+    let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
+    let mut specs = vec![
+        ServerSpec::hotloop("epoll", &["--driver", "epoll"]),
+        ServerSpec::hotloop("uring", &["--driver", "uring"]),
+    ];
+    specs.extend(ctx.peer_specs("http", &mut result.setup));
+    for c in CONCURRENCY {
+        let load = LoadSpec {
+            mode: "keepalive",
+            connections: c,
+            requests: None,
+            duration_secs: duration,
+            size: BODY_BYTES,
+            rate: None,
+            sources: 1,
+        };
+        for spec in &specs {
+            let row = ctx.measure(&format!("concurrency {c}"), spec, &work, &load);
+            result.rows.push(row);
+        }
+    }
+    result
+}

@@ -1,0 +1,144 @@
+//! Driving `hotloop load`: the arguments of one run, and the figures taken
+//! from its report.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::report::LoadReport;
+use super::{LOAD_SLACK_S, METRIC_RATE};
+
+/// One load generator run: `hotloop load` arguments.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    /// serial, burst, churn or keepalive.
+    pub mode: &'static str,
+    /// Concurrent connections (clients).
+    pub connections: u64,
+    /// Stop after this many requests, if set.
+    pub requests: Option<u64>,
+    /// Stop after this many seconds. Whole seconds, so the load generator
+    /// may take them as an integer.
+    pub duration_secs: u64,
+    /// Bytes per echo message or HTTP body.
+    pub size: usize,
+    /// Requests or connections per second, if paced.
+    pub rate: Option<u64>,
+    /// Source addresses to spread connections over.
+    pub sources: u32,
+}
+
+impl LoadSpec {
+    /// The command-line arguments after `load`.
+    pub fn args(&self, addr: SocketAddr, proto: &str, pin: Option<usize>) -> Vec<String> {
+        let mut a = vec![
+            "--addr".to_string(),
+            addr.to_string(),
+            "--proto".into(),
+            proto.into(),
+            "--mode".into(),
+            self.mode.into(),
+            "--connections".into(),
+            self.connections.to_string(),
+            "--duration".into(),
+            self.duration_secs.to_string(),
+            "--size".into(),
+            self.size.to_string(),
+            "--warmup".into(),
+            "0".into(),
+            "--sources".into(),
+            self.sources.to_string(),
+            "--json".into(),
+        ];
+        if let Some(n) = self.requests {
+            a.extend(["--requests".to_string(), n.to_string()]);
+        }
+        if let Some(r) = self.rate {
+            a.extend(["--rate".to_string(), r.to_string()]);
+        }
+        if let Some(cpu) = pin {
+            a.extend(["--pin".to_string(), cpu.to_string()]);
+        }
+        a
+    }
+
+    /// A shorter run of the same shape, to warm the server up: at most
+    /// `requests` requests (a quarter of a count-bound run) and `seconds`.
+    pub fn warmup(&self, requests: u64, seconds: u64) -> LoadSpec {
+        let mut w = self.clone();
+        w.duration_secs = seconds;
+        let n = self.requests.map_or(requests, |n| (n / 4).min(requests)).max(1);
+        w.requests = Some(n);
+        w.connections = w.connections.min(n);
+        w
+    }
+
+    /// How long the run may take before it is killed.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.duration_secs + LOAD_SLACK_S)
+    }
+}
+
+/// The figures of one load report, keyed for [`Row::metrics`].
+pub fn figures_of(r: &LoadReport) -> BTreeMap<String, f64> {
+    let l = &r.latency_us;
+    let mut f = BTreeMap::new();
+    for (key, value) in [
+        (METRIC_RATE, r.rate_per_s),
+        ("elapsed_ms", r.elapsed_s * 1000.0),
+        ("completed", r.completed as f64),
+        ("errors", r.errors_total() as f64),
+        ("mean_us", l.mean),
+        ("stdev_us", l.stdev),
+        ("p50_us", l.p50),
+        ("p90_us", l.p90),
+        ("p99_us", l.p99),
+        ("p999_us", l.p999),
+        ("max_us", l.max),
+        ("mean_ms", l.mean / 1000.0),
+        ("stdev_ms", l.stdev / 1000.0),
+        ("p99_ms", l.p99 / 1000.0),
+    ] {
+        f.insert(key.to_string(), value);
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_args_follow_the_contract() {
+        let spec = LoadSpec {
+            mode: "burst",
+            connections: 10_000,
+            requests: Some(10_000),
+            duration_secs: 30,
+            size: 128,
+            rate: None,
+            sources: 4,
+        };
+        let a = spec.args("127.0.0.1:9000".parse().unwrap(), "echo", Some(1)).join(" ");
+        assert!(a.contains("--mode burst") && a.contains("--connections 10000"), "{a}");
+        assert!(
+            a.contains("--requests 10000") && a.contains("--pin 1") && a.ends_with("--pin 1"),
+            "{a}"
+        );
+        assert!(a.contains("--json") && !a.contains("--rate"), "{a}");
+        let w = spec.warmup(5_000, 1);
+        assert_eq!((w.duration_secs, w.requests, w.connections), (1, Some(2_500), 2_500));
+        let keepalive = LoadSpec { mode: "keepalive", requests: None, connections: 256, ..spec };
+        let w = keepalive.warmup(300, 1);
+        assert_eq!((w.requests, w.connections), (Some(300), 256));
+    }
+
+    #[test]
+    fn figures_include_cpu_ready_keys() {
+        let mut r = LoadReport { completed: 2000, rate_per_s: 100.0, ..Default::default() };
+        r.latency_us.p99 = 35_590.0;
+        let f = figures_of(&r);
+        assert_eq!(f["p99_ms"], 35.59);
+        assert_eq!(f[METRIC_RATE], 100.0);
+    }
+}

@@ -1,0 +1,238 @@
+//! Measuring one server configuration: start it, warm it up, run the load
+//! `--repeats` times while reading the server's CPU time and counters, stop it.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::report::{self, LoadReport, Row, Summary};
+use super::server::{self, Running, ServerKind, ServerSpec, Workload};
+use super::{
+    figures_of, find_on_path, last_line, proc, Ctx, Figures, Histogram, LoadSpec, PeerName,
+    METRIC_CPU_PER_1K, METRIC_CPU_UTIL, METRIC_RATE, QUICK_BUDGET_S, WARMUP_MAX_S,
+    WARMUP_REQUESTS_FULL, WARMUP_REQUESTS_QUICK,
+};
+
+impl Ctx {
+    /// The peers enabled for `proto`, as server specs; nginx and haproxy
+    /// only speak HTTP here and appear only when found on PATH.
+    pub fn peer_specs(&self, proto: &str, setup: &mut Vec<String>) -> Vec<ServerSpec> {
+        let mut specs = Vec::new();
+        for &peer in &self.peers {
+            match peer {
+                PeerName::Tokio => specs.push(ServerSpec::peer("tokio")),
+                PeerName::Monoio => specs.push(ServerSpec::peer("monoio")),
+                PeerName::Floor => specs.push(ServerSpec::peer("floor")),
+                PeerName::Nginx | PeerName::Haproxy => {
+                    let name = if peer == PeerName::Nginx { "nginx" } else { "haproxy" };
+                    if proto != "http" {
+                        continue;
+                    }
+                    match find_on_path(name) {
+                        Some(program) => {
+                            if peer == PeerName::Haproxy {
+                                let note = format!(
+                                    "haproxy: maxconn {} (it budgets two files per connection; a process may hold 20,000)",
+                                    server::HAPROXY_MAXCONN
+                                );
+                                if !setup.contains(&note) {
+                                    setup.push(note);
+                                }
+                            }
+                            specs.push(ServerSpec {
+                                server: name.to_string(),
+                                config: String::new(),
+                                kind: if peer == PeerName::Nginx {
+                                    ServerKind::Nginx { program }
+                                } else {
+                                    ServerKind::Haproxy { program }
+                                },
+                            })
+                        }
+                        None => {
+                            let note = format!("{name}: not found on PATH, not measured");
+                            if !setup.contains(&note) {
+                                setup.push(note);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        specs
+    }
+
+    /// Starts `spec`, warms it up, measures it `repeats` times under `load`,
+    /// stops it, and returns its row. Never fails: problems become an
+    /// unavailable row or notes.
+    pub fn measure(
+        &mut self,
+        group: &str,
+        spec: &ServerSpec,
+        work: &Workload,
+        load: &LoadSpec,
+    ) -> Row {
+        let label = if spec.config.is_empty() {
+            spec.server.clone()
+        } else {
+            format!("{} {}", spec.server, spec.config)
+        };
+        let title = if group.is_empty() { label.clone() } else { format!("{group}: {label}") };
+        if let Some(why) = &self.load_missing {
+            return Row::unavailable(group, &spec.server, &spec.config, why.clone());
+        }
+        if self.quick && self.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
+            let why = format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
+            self.progress(&format!("{title}: {why}"));
+            return Row::unavailable(group, &spec.server, &spec.config, why);
+        }
+        self.progress(&format!("{title}: starting"));
+        let mut running = match server::start(self, spec, work) {
+            Ok(r) => r,
+            Err(why) => {
+                self.progress(&format!("{title}: unavailable: {why}"));
+                return Row::unavailable(group, &spec.server, &spec.config, why);
+            }
+        };
+        let mut row = Row::new(group, &spec.server, &spec.config);
+        row.notes.extend(running.notes.iter().cloned());
+        let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
+        let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
+        if let Err(e) = self.run_load(&running, &work.proto, &warmup, &title) {
+            row.notes.push(format!("warm-up failed: {e}"));
+        }
+        let mut samples: Vec<BTreeMap<String, f64>> = Vec::new();
+        let mut histograms = Vec::new();
+        for repeat in 1..=self.repeats {
+            match self.measure_once(&mut running, work, load, &title) {
+                Ok((figures, histogram)) => {
+                    let rate = figures.get(METRIC_RATE).copied().unwrap_or(f64::NAN);
+                    self.progress(&format!(
+                        "{title}: repeat {repeat}/{}: {} /s, p99 {} µs, server CPU {} s/1k",
+                        self.repeats,
+                        report::format_figure(rate, 0),
+                        report::format_figure(
+                            figures.get("p99_us").copied().unwrap_or(f64::NAN),
+                            0
+                        ),
+                        report::format_figure(
+                            figures.get(METRIC_CPU_PER_1K).copied().unwrap_or(f64::NAN),
+                            4
+                        ),
+                    ));
+                    samples.push(figures);
+                    histograms.push(histogram);
+                }
+                Err(e) => {
+                    self.progress(&format!("{title}: repeat {repeat} failed: {e}"));
+                    row.notes.push(format!("repeat {repeat}: {e}"));
+                }
+            }
+            if running.exited() {
+                row.notes.push("the server exited during the run".into());
+                break;
+            }
+        }
+        row.server_info = running.stats_text();
+        drop(running);
+        if samples.is_empty() {
+            let why = row.notes.last().cloned().unwrap_or_else(|| "no run completed".into());
+            row.unavailable = Some(format!("load failed: {why}"));
+            return row;
+        }
+        let keys: Vec<String> = samples.iter().flat_map(|s| s.keys().cloned()).collect();
+        for key in keys {
+            let values: Vec<f64> = samples.iter().filter_map(|s| s.get(&key).copied()).collect();
+            if let Some(summary) = Summary::of(&values) {
+                row.metrics.insert(key, summary);
+            }
+        }
+        // Keep the histogram of the repeat with the median rate.
+        let rates: Vec<f64> =
+            samples.iter().map(|s| s.get(METRIC_RATE).copied().unwrap_or(0.0)).collect();
+        let mid = report::median(&rates);
+        let pick = rates
+            .iter()
+            .enumerate()
+            .min_by(|a, b| (a.1 - mid).abs().total_cmp(&(b.1 - mid).abs()))
+            .map_or(0, |(i, _)| i);
+        row.histogram_us = histograms.swap_remove(pick);
+        row
+    }
+
+    fn measure_once(
+        &mut self,
+        running: &mut Running,
+        work: &Workload,
+        load: &LoadSpec,
+        title: &str,
+    ) -> Result<(Figures, Histogram), String> {
+        let stats_before = running.stats();
+        let cpu_before = running.cpu_seconds();
+        let started = Instant::now();
+        let report = self.run_load(running, &work.proto, load, title)?;
+        let wall_s = started.elapsed().as_secs_f64();
+        let cpu_after = running.cpu_seconds();
+        let stats_after = running.stats();
+        let mut f = figures_of(&report);
+        if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
+            let cpu = after - before;
+            f.insert("server_cpu_s".into(), cpu);
+            if report.completed > 0 {
+                f.insert(METRIC_CPU_PER_1K.into(), cpu / report.completed as f64 * 1000.0);
+            }
+            f.insert(METRIC_CPU_UTIL.into(), cpu / wall_s / self.workers as f64 * 100.0);
+        }
+        f.insert("wall_s".into(), wall_s);
+        if let (Some(before), Some(after)) = (stats_before, stats_after) {
+            for (key, value) in &after {
+                let delta = value - before.get(key).copied().unwrap_or(0.0);
+                // Maxima are levels, not counters: report them as they are.
+                let figure = if key.starts_with("max_") { *value } else { delta };
+                f.insert(format!("stats_{key}"), figure);
+            }
+            let accepted = after.get("accepted").copied().unwrap_or(0.0)
+                - before.get("accepted").copied().unwrap_or(0.0);
+            let per_conn = |key: &str| {
+                let d = after.get(key).copied().unwrap_or(0.0)
+                    - before.get(key).copied().unwrap_or(0.0);
+                if accepted > 0.0 {
+                    Some(d / accepted)
+                } else {
+                    None
+                }
+            };
+            if let Some(v) = per_conn("registrations") {
+                f.insert("registrations_per_conn".into(), v);
+            }
+            let wakeups = per_conn("accept_wakeups");
+            if let Some(w) = wakeups.filter(|w| *w > 0.0) {
+                f.insert("accepted_per_wakeup".into(), 1.0 / w);
+            }
+        }
+        Ok((f, report.histogram_us))
+    }
+
+    /// Runs `hotloop load` against `running`, bounded in time.
+    fn run_load(
+        &mut self,
+        running: &Running,
+        proto: &str,
+        load: &LoadSpec,
+        title: &str,
+    ) -> Result<LoadReport, String> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("load").args(load.args(running.addr, proto, self.load_cpu));
+        let log = self.log_path(&format!("load-{title}"));
+        let (status, stdout) = proc::run_bounded("hotloop load", cmd, &[], &log, load.timeout())
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("hotloop load {status}: {}", last_line(&log)));
+        }
+        let report = LoadReport::parse(&stdout)?;
+        if report.completed == 0 {
+            return Err(format!("no request completed ({} errors)", report.errors_total()));
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,415 @@
+//! `hotloop bench`: runs hotloop and its peers side by side through the
+//! experiments hotloop grew from, and reports every figure.
+//!
+//! Each scenario starts servers (`hotloop serve`, `hotloop proxy`,
+//! `hotloop peer`, and nginx or haproxy when found on PATH) and drives them
+//! with `hotloop load`, all as subprocesses of the same executable (or of
+//! `--hotloop PATH`). Servers run on the first CPUs, the load generator on
+//! the next one. A server that cannot start is reported as unavailable and
+//! the suite goes on.
+//!
+//! # Implementation notes
+//!
+//! - Every process is owned by a [`proc::Child`] that stops it by pid when
+//!   dropped, so an error or a panic never leaves one running; every wait
+//!   on a process or a port is bounded.
+//! - Warm-up is a separate, shorter load run before the repeats, so the
+//!   server CPU time read around a measured run covers that run only.
+//! - The server is started once per configuration and measured `--repeats`
+//!   times; figures are medians, with the spread over repeats beside them.
+
+mod accept_burst;
+mod chart;
+mod churn;
+mod keepalive;
+mod load;
+mod measure;
+mod output;
+mod proc;
+mod report;
+mod serial;
+mod server;
+mod short_streams;
+mod timers;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+pub use load::{figures_of, LoadSpec};
+use report::{Better, Column, Comparison, Row};
+pub use server::{ServerKind, ServerSpec, Workload};
+
+/// Repeats per configuration unless `--repeats` says otherwise.
+pub const REPEATS_DEFAULT: u32 = 3;
+/// Repeats per configuration with `--quick`.
+pub const REPEATS_QUICK: u32 = 1;
+/// Requests (or connections) of warm-up before a configuration's measured
+/// runs; the warm-up also stops after [`WARMUP_MAX_S`].
+pub const WARMUP_REQUESTS_FULL: u64 = 5_000;
+/// Warm-up requests with `--quick`.
+pub const WARMUP_REQUESTS_QUICK: u64 = 300;
+/// The longest a warm-up runs, seconds.
+pub const WARMUP_MAX_S: u64 = 1;
+/// With `--quick`, configurations not started within this many seconds of
+/// the suite's start are reported as skipped, so the suite ends in time.
+pub const QUICK_BUDGET_S: u64 = 105;
+/// How long a server may take to accept its first connection.
+pub const SERVER_START_TIMEOUT_MS: u64 = 5_000;
+/// Slack given to a load run beyond its own duration before it is killed.
+pub const LOAD_SLACK_S: u64 = 30;
+/// How long a `GET /stats` may take.
+pub const STATS_TIMEOUT_MS: u64 = 2_000;
+
+/// `hotloop bench`: the benchmark suite.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Small counts and short runs: the whole suite in under two minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Scenarios to run, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub scenario: Vec<ScenarioName>,
+    /// Peers to run beside hotloop, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "tokio,monoio,floor,nginx,haproxy")]
+    pub peers: Vec<PeerName>,
+    /// Directory for results.json, the SVG charts and the servers' logs.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Measured runs per configuration (default 3, 1 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: Option<u32>,
+    /// The hotloop executable whose serve, proxy, peer and load subcommands
+    /// run (default: this one).
+    #[arg(long)]
+    pub hotloop: Option<PathBuf>,
+}
+
+/// The scenarios, one per experiment hotloop reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScenarioName {
+    /// 10,000 clients at once, 128-byte echo: io_uring multishot vs single-shot accept.
+    AcceptBurst,
+    /// One connection at a time, local and proxied: busy polling off, always, adaptive.
+    Serial,
+    /// Many concurrent one-request connections: accepts per wakeup unlimited vs 32.
+    Churn,
+    /// Short connections at a fixed rate: CPU and epoll registrations per connection.
+    ShortStreams,
+    /// The timer wheel's criterion results.
+    Timers,
+    /// Persistent connections at concurrency 1 and 256.
+    Keepalive,
+}
+
+impl ScenarioName {
+    /// Every scenario, in the order the suite runs them.
+    pub const ALL: [ScenarioName; 6] = [
+        ScenarioName::AcceptBurst,
+        ScenarioName::Serial,
+        ScenarioName::Churn,
+        ScenarioName::ShortStreams,
+        ScenarioName::Timers,
+        ScenarioName::Keepalive,
+    ];
+
+    /// The name used on the command line and in file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScenarioName::AcceptBurst => "accept-burst",
+            ScenarioName::Serial => "serial",
+            ScenarioName::Churn => "churn",
+            ScenarioName::ShortStreams => "short-streams",
+            ScenarioName::Timers => "timers",
+            ScenarioName::Keepalive => "keepalive",
+        }
+    }
+}
+
+/// The servers hotloop is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerName {
+    /// `hotloop peer tokio`.
+    Tokio,
+    /// `hotloop peer monoio`.
+    Monoio,
+    /// `hotloop peer floor`, raw system calls.
+    Floor,
+    /// nginx from PATH, HTTP only.
+    Nginx,
+    /// haproxy from PATH, HTTP only.
+    Haproxy,
+}
+
+/// What a scenario produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    /// The scenario's command-line name.
+    pub name: &'static str,
+    /// A one-line description.
+    pub title: String,
+    /// The figure the originating experiment reported.
+    pub reference: String,
+    /// What was used: counts, sizes, placement, substitutions.
+    pub setup: Vec<String>,
+    /// The table's columns; the first is the headline figure.
+    pub columns: Vec<Column>,
+    /// One row per server configuration and group.
+    pub rows: Vec<Row>,
+    /// hotloop against the floor and the best peer.
+    pub comparisons: Vec<Comparison>,
+}
+
+impl ScenarioResult {
+    /// An empty result with its columns.
+    pub fn new(name: &'static str, title: &str, reference: &str, columns: Vec<Column>) -> Self {
+        ScenarioResult {
+            name,
+            title: title.to_string(),
+            reference: reference.to_string(),
+            setup: Vec::new(),
+            columns,
+            rows: Vec::new(),
+            comparisons: Vec::new(),
+        }
+    }
+
+    /// Fills `comparisons` from the rows: the headline column and, when
+    /// present, CPU seconds per 1,000 connections or requests.
+    pub fn compare(&mut self) {
+        let mut metrics: Vec<(&str, Better)> = Vec::new();
+        if let Some(first) = self.columns.first() {
+            metrics.push((first.key, first.better));
+        }
+        for column in &self.columns {
+            if column.key == METRIC_CPU_PER_1K && !metrics.iter().any(|(k, _)| *k == column.key) {
+                metrics.push((column.key, Better::Lower));
+            }
+        }
+        self.comparisons = report::compare(&self.rows, &metrics);
+    }
+}
+
+/// Figures of one run by metric key.
+pub type Figures = BTreeMap<String, f64>;
+/// `[value_us, count]` pairs of a latency histogram.
+pub type Histogram = Vec<(f64, u64)>;
+
+/// Metric key: completed per second.
+pub const METRIC_RATE: &str = "rate_per_s";
+/// Metric key: server CPU seconds per 1,000 completed connections or requests.
+pub const METRIC_CPU_PER_1K: &str = "cpu_s_per_1k";
+/// Metric key: server CPU time over wall time, per worker, in percent.
+pub const METRIC_CPU_UTIL: &str = "server_cpu_pct";
+
+/// The suite's shared state: where things run, what is enabled, the clock.
+pub struct Ctx {
+    /// The executable driven as subprocesses.
+    pub exe: PathBuf,
+    /// `--quick`.
+    pub quick: bool,
+    /// Measured runs per configuration.
+    pub repeats: u32,
+    /// Enabled peers.
+    pub peers: Vec<PeerName>,
+    /// Output directory.
+    pub out: PathBuf,
+    /// CPUs the servers are pinned to.
+    pub server_cpus: Vec<usize>,
+    /// The CPU the load generator is pinned to.
+    pub load_cpu: Option<usize>,
+    /// Worker threads per server (one per server CPU).
+    pub workers: usize,
+    /// Why every load run would fail, if the load generator is missing.
+    pub load_missing: Option<String>,
+    started: Instant,
+    runs: u64,
+}
+
+impl Ctx {
+    /// Prints a progress line on stderr with the time since the suite began.
+    pub fn progress(&self, text: &str) {
+        eprintln!("[{:6.1}s] {text}", self.started.elapsed().as_secs_f64());
+    }
+
+    /// A fresh log file path for `name`.
+    pub fn log_path(&mut self, name: &str) -> PathBuf {
+        self.runs += 1;
+        let clean: String =
+            name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+        self.out.join("logs").join(format!("{:04}-{clean}.log", self.runs))
+    }
+}
+
+/// The last non-empty line of a log file, for error messages.
+pub fn last_line(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    // An error line says more than clap's closing "try '--help'" hint.
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("error") || l.starts_with("hotloop: "))
+        .or_else(|| text.lines().rev().map(str::trim).find(|l| !l.is_empty()))
+        .unwrap_or("(no output)");
+    format!("{line} (log: {})", path.display())
+}
+
+/// The path of `program` if an executable of that name is on PATH.
+pub fn find_on_path(program: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    })
+}
+
+/// Runs the suite.
+pub fn run(args: BenchArgs) -> io::Result<()> {
+    let exe = match &args.hotloop {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?,
+    };
+    std::fs::create_dir_all(args.out.join("logs"))?;
+    let cpus = proc::allowed_cpus();
+    let (server_cpus, load_cpu) = placement(&cpus);
+    let repeats = args.repeats.unwrap_or(if args.quick { REPEATS_QUICK } else { REPEATS_DEFAULT });
+    let mut ctx = Ctx {
+        exe,
+        quick: args.quick,
+        repeats,
+        peers: args.peers.clone(),
+        out: args.out.clone(),
+        workers: server_cpus.len().max(1),
+        server_cpus,
+        load_cpu,
+        load_missing: None,
+        started: Instant::now(),
+        runs: 0,
+    };
+    ctx.load_missing = probe_subcommand(&mut ctx, "load");
+    ctx.progress(&format!(
+        "{} CPUs; servers on {:?} with {} worker(s), load on {}; {} repeat(s); output in {}",
+        cpus.len(),
+        ctx.server_cpus,
+        ctx.workers,
+        ctx.load_cpu.map_or("any CPU".to_string(), |c| format!("CPU {c}")),
+        ctx.repeats,
+        ctx.out.display()
+    ));
+    if let Some(why) = &ctx.load_missing {
+        ctx.progress(&format!("every load figure is unavailable: {why}"));
+    }
+    let chosen: Vec<ScenarioName> = if args.scenario.is_empty() {
+        ScenarioName::ALL.to_vec()
+    } else {
+        ScenarioName::ALL.into_iter().filter(|s| args.scenario.contains(s)).collect()
+    };
+    let mut results = Vec::new();
+    for scenario in chosen {
+        ctx.progress(&format!("scenario {}", scenario.as_str()));
+        let mut result = match scenario {
+            ScenarioName::AcceptBurst => accept_burst::run(&mut ctx),
+            ScenarioName::Serial => serial::run(&mut ctx),
+            ScenarioName::Churn => churn::run(&mut ctx),
+            ScenarioName::ShortStreams => short_streams::run(&mut ctx),
+            ScenarioName::Timers => timers::run(&mut ctx),
+            ScenarioName::Keepalive => keepalive::run(&mut ctx),
+        };
+        result.compare();
+        output::print_result(&result);
+        output::write_charts(&ctx.out, &result)?;
+        results.push(result);
+        // Written after each scenario so an interrupted suite keeps its figures.
+        output::write_results(&ctx, &results)?;
+    }
+    ctx.progress(&format!("done; results in {}", ctx.out.join("results.json").display()));
+    Ok(())
+}
+
+/// Server CPUs and the load generator's CPU: with two or more CPUs the
+/// servers get the first half (at least one) and the load the next one.
+pub fn placement(cpus: &[usize]) -> (Vec<usize>, Option<usize>) {
+    match cpus.len() {
+        0 => (Vec::new(), None),
+        1 => (Vec::new(), None),
+        n => {
+            let servers = (n / 2).max(1);
+            (cpus[..servers].to_vec(), Some(cpus[servers]))
+        }
+    }
+}
+
+/// `None` if `exe SUBCOMMAND --help` succeeds; otherwise why not.
+fn probe_subcommand(ctx: &mut Ctx, subcommand: &str) -> Option<String> {
+    let mut cmd = Command::new(&ctx.exe);
+    cmd.args([subcommand, "--help"]);
+    let log = ctx.log_path(&format!("probe-{subcommand}"));
+    match proc::run_bounded(subcommand, cmd, &[], &log, Duration::from_secs(10)) {
+        Ok((status, _)) if status.success() => None,
+        Ok((status, _)) => Some(format!(
+            "`hotloop {subcommand}` is missing from this build ({status}): {}",
+            last_line(&log)
+        )),
+        Err(e) => Some(format!("`hotloop {subcommand}` could not run: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    #[test]
+    fn defaults_run_everything() {
+        let a = Cli::parse_from(["bench"]).bench;
+        assert!(!a.quick && a.scenario.is_empty() && a.repeats.is_none());
+        assert_eq!(a.peers.len(), 5);
+        assert_eq!(a.out, PathBuf::from("bench-out"));
+    }
+
+    #[test]
+    fn lists_and_limits_parse() {
+        let a = Cli::parse_from([
+            "bench",
+            "--quick",
+            "--scenario",
+            "churn,accept-burst",
+            "--peers",
+            "tokio,floor",
+            "--out",
+            "/tmp/x",
+            "--repeats",
+            "5",
+        ])
+        .bench;
+        assert!(a.quick);
+        assert_eq!(a.scenario, vec![ScenarioName::Churn, ScenarioName::AcceptBurst]);
+        assert_eq!(a.peers, vec![PeerName::Tokio, PeerName::Floor]);
+        assert_eq!(a.repeats, Some(5));
+        assert!(Cli::try_parse_from(["bench", "--repeats", "0"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--scenario", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--peers", "apache"]).is_err());
+    }
+
+    #[test]
+    fn placement_splits_cpus() {
+        assert_eq!(placement(&[0]), (vec![], None));
+        assert_eq!(placement(&[0, 1]), (vec![0], Some(1)));
+        assert_eq!(placement(&[0, 1, 2, 3]), (vec![0, 1], Some(2)));
+    }
+}

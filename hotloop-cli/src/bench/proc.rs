@@ -1,0 +1,287 @@
+//! Starting, watching and stopping the processes a benchmark runs.
+//!
+//! Every process the bench starts is owned by a [`Child`], which stops it by
+//! pid when dropped, so an error or a panic in the orchestrator never leaves
+//! a server running. Every wait is bounded.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a stopped process gets between SIGTERM and SIGKILL.
+pub const STOP_GRACE_MS: u64 = 2_000;
+
+/// How often the bench checks a process or a port it waits on.
+const POLL_INTERVAL_MS: u64 = 10;
+
+/// A process the bench started; SIGTERM, then SIGKILL, when dropped.
+#[derive(Debug)]
+pub struct Child {
+    name: String,
+    inner: std::process::Child,
+}
+
+impl Child {
+    /// Starts `cmd` pinned to `cpus` (none: unpinned), stdout and stderr
+    /// into `log`, stdin closed.
+    pub fn spawn(name: &str, mut cmd: Command, cpus: &[usize], log: &Path) -> io::Result<Child> {
+        let out = File::create(log)?;
+        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        prepare_command(&mut cmd, cpus);
+        let inner =
+            cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("start {name}: {e}")))?;
+        Ok(Child { name: name.to_string(), inner })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.inner.id()
+    }
+
+    /// The name given at start.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The exit status, if the process has ended.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.inner.try_wait().ok().flatten()
+    }
+
+    /// Waits until the process ends or `timeout` passes; kills it then.
+    /// Returns the status and whether it had to be killed.
+    pub fn wait_bounded(&mut self, timeout: Duration) -> io::Result<(ExitStatus, bool)> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.inner.try_wait()? {
+                return Ok((status, false));
+            }
+            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+        }
+        self.stop();
+        Ok((self.inner.wait()?, true))
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL; reaps the process.
+    pub fn stop(&mut self) {
+        if self.exited().is_some() {
+            return;
+        }
+        send_signal(self.pid(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_millis(STOP_GRACE_MS);
+        while Instant::now() < deadline {
+            if self.exited().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+        }
+        send_signal(self.pid(), libc::SIGKILL);
+        let _ = self.inner.wait();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn send_signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions. The pid belongs to
+    // a child of ours that has not been reaped (callers check `exited` first),
+    // so it cannot have been reused by an unrelated process.
+    unsafe { libc::kill(pid as libc::pid_t, signal) };
+}
+
+/// Makes `cmd`'s process run only on `cpus` (like `taskset -c`; none:
+/// unpinned), and receive SIGTERM if the bench dies without stopping it.
+fn prepare_command(cmd: &mut Command, cpus: &[usize]) {
+    // SAFETY: cpu_set_t is plain data and all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `cpu` is below CPU_SETSIZE, so the bit is inside `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    let pin = !cpus.is_empty();
+    // SAFETY: the closure runs between fork and exec, where only
+    // async-signal-safe calls are allowed; it makes two system calls,
+    // prctl(2) and sched_setaffinity(2), on data built before the fork, and
+    // allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The parent-death signal covers a bench killed by SIGKILL, where
+            // no destructor runs. It fires when the spawning thread exits;
+            // the bench spawns from its main thread only.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if pin && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Runs `cmd` to completion within `timeout`, killing it by pid after that,
+/// and returns its status and standard output. Standard error goes to `log`.
+pub fn run_bounded(
+    name: &str,
+    mut cmd: Command,
+    cpus: &[usize],
+    log: &Path,
+    timeout: Duration,
+) -> io::Result<(ExitStatus, String)> {
+    let err = File::create(log)?;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
+    prepare_command(&mut cmd, cpus);
+    let inner = cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("start {name}: {e}")))?;
+    let mut child = Child { name: name.to_string(), inner };
+    let mut stdout = child.inner.stdout.take().expect("stdout is piped");
+    // Read on a thread so a chatty child cannot block on a full pipe.
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let (status, killed) = child.wait_bounded(timeout)?;
+    let text = reader.join().unwrap_or_default();
+    if killed {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{name} did not finish within {} s and was killed", timeout.as_secs()),
+        ));
+    }
+    Ok((status, text))
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Waits until `addr` accepts a connection or `child` exits, within `timeout`.
+pub fn wait_accepting(child: &mut Child, addr: SocketAddr, timeout: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.exited() {
+            return Err(io::Error::other(format!("{} exited at start ({status})", child.name())));
+        }
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{} did not accept on {addr} within {} ms",
+                    child.name(),
+                    timeout.as_millis()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+}
+
+/// CPU seconds (user plus system, all threads) process `pid` has used.
+pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let ticks = parse_stat_cpu_ticks(&stat)
+        .ok_or_else(|| io::Error::other(format!("unexpected /proc/{pid}/stat: {stat}")))?;
+    Ok(ticks as f64 / clock_ticks_per_second())
+}
+
+/// utime + stime from a `/proc/PID/stat` line, in clock ticks.
+///
+/// The command name (field 2) may hold spaces and parentheses, so fields are
+/// counted from the last `)`; utime and stime are fields 14 and 15 (proc(5)).
+pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    // After ")" come field 3 (state) onwards: utime is the 12th of those.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf(3) only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
+}
+
+/// The CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data and all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return vec![0];
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE, so the bit is inside `set`.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Sends `GET path` to `addr` and returns the response body, within `timeout`.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<String> {
+    use std::io::Write;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    let (head, body) =
+        text.split_once("\r\n\r\n").ok_or_else(|| io::Error::other("no HTTP response head"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(io::Error::other(format!("GET {path}: {}", head.lines().next().unwrap_or(""))));
+    }
+    Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_from_the_last_parenthesis() {
+        let line = "1234 (a) b (c)) S 1 2 3 4 5 6 7 8 9 10 250 17 0 0 20 0 3 0 99 0 0";
+        assert_eq!(parse_stat_cpu_ticks(line), Some(267));
+        assert_eq!(parse_stat_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn own_cpu_time_is_readable() {
+        assert!(cpu_seconds(std::process::id()).unwrap() >= 0.0);
+        assert!(!allowed_cpus().is_empty());
+    }
+
+    #[test]
+    fn a_child_that_overstays_is_killed() {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        let dir = std::env::temp_dir().join(format!("hotloop-proc-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let started = Instant::now();
+        let err =
+            run_bounded("sleep", cmd, &[], &dir.join("sleep.log"), Duration::from_millis(200))
+                .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

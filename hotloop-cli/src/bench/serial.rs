@@ -1,0 +1,96 @@
+//! `serial`: one connection at a time over loopback (connect, one HTTP
+//! request, close), terminated by the server and forwarded through
+//! `hotloop proxy`; hotloop with busy polling off, always and adaptive.
+
+use super::report::{Better, Column};
+use super::{
+    find_on_path, Ctx, LoadSpec, PeerName, ScenarioResult, ServerKind, ServerSpec, Workload,
+    METRIC_CPU_PER_1K,
+};
+
+/// Seconds per measured run.
+const DURATION_FULL_S: u64 = 5;
+/// Seconds per measured run with `--quick`.
+const DURATION_QUICK_S: u64 = 1;
+/// Response body bytes: small, like the redirects in haproxy's test.
+const BODY_BYTES: usize = 64;
+/// The busy polling settings compared.
+const BUSY_POLL: [&str; 3] = ["off", "always", "adaptive"];
+
+/// Runs the scenario.
+pub fn run(ctx: &mut Ctx) -> ScenarioResult {
+    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let mut result = ScenarioResult::new(
+        "serial",
+        "one connection at a time: connect, one HTTP request, close",
+        "haproxy busy-polling: 4,640 -> 8,540 conn/s forwarded, 12,500 -> 21,250 conn/s terminated locally",
+        vec![
+            Column { key: "rate_per_s", header: "conn/s", decimals: 0, better: Better::Higher },
+            Column { key: "mean_us", header: "mean µs", decimals: 1, better: Better::Lower },
+            Column { key: "p50_us", header: "p50 µs", decimals: 1, better: Better::Lower },
+            Column { key: "p99_us", header: "p99 µs", decimals: 1, better: Better::Lower },
+            Column { key: "server_cpu_pct", header: "server CPU %", decimals: 0, better: Better::Lower },
+            Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k conn", decimals: 4, better: Better::Lower },
+            Column { key: "stats_poller_spins", header: "poller spins", decimals: 0, better: Better::Lower },
+        ],
+    );
+    result.setup.push(format!(
+        "load: `hotloop load --mode serial --proto http --connections 1 --duration {duration}`, {BODY_BYTES}-byte bodies; \
+         forwarded: `hotloop proxy` (or haproxy, when on PATH) -> `hotloop serve http --busy-poll off`, both on the server CPUs"
+    ));
+    if ctx.server_cpus.len() < 2 {
+        result.setup.push(
+            "forwarded: the proxy and its backend share the server CPU, so a busy-polling proxy takes time from its backend"
+                .into(),
+        );
+    }
+    let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
+    let load = LoadSpec {
+        mode: "serial",
+        connections: 1,
+        requests: None,
+        duration_secs: duration,
+        size: BODY_BYTES,
+        rate: None,
+        sources: 4,
+    };
+    let mut local: Vec<ServerSpec> = BUSY_POLL
+        .iter()
+        .map(|b| {
+            ServerSpec::hotloop(
+                &format!("epoll busy-poll {b}"),
+                &["--driver", "epoll", "--busy-poll", b],
+            )
+        })
+        .collect();
+    local.extend(ctx.peer_specs("http", &mut result.setup));
+    for spec in &local {
+        let row = ctx.measure("local", spec, &work, &load);
+        result.rows.push(row);
+    }
+    let mut forwarded = Vec::new();
+    for b in BUSY_POLL {
+        forwarded.push(ServerSpec {
+            server: "hotloop".into(),
+            config: format!("proxy busy-poll {b}"),
+            kind: ServerKind::Proxy { busy_poll: b.to_string() },
+        });
+    }
+    if ctx.peers.contains(&PeerName::Haproxy) {
+        if let Some(program) = find_on_path("haproxy") {
+            for busy_polling in [false, true] {
+                let config = if busy_polling { "busy-polling" } else { "no busy-polling" };
+                forwarded.push(ServerSpec {
+                    server: "haproxy".into(),
+                    config: config.into(),
+                    kind: ServerKind::HaproxyForward { program: program.clone(), busy_polling },
+                });
+            }
+        }
+    }
+    for spec in &forwarded {
+        let row = ctx.measure("forwarded", spec, &work, &load);
+        result.rows.push(row);
+    }
+    result
+}

@@ -1,0 +1,445 @@
+//! The servers a scenario measures, and how each one is started.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use super::proc::{self, Child};
+use super::{Ctx, SERVER_START_TIMEOUT_MS, STATS_TIMEOUT_MS};
+
+/// What the server is asked to do per request.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// `echo` or `http`.
+    pub proto: String,
+    /// HTTP response body bytes.
+    pub body_size: usize,
+    /// CPU microseconds spent per request.
+    pub work_us: u64,
+}
+
+/// One server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    /// hotloop, tokio, monoio, floor, nginx or haproxy.
+    pub server: String,
+    /// The configuration shown beside the server name.
+    pub config: String,
+    /// How to start it.
+    pub kind: ServerKind,
+}
+
+/// How a server is started.
+#[derive(Debug, Clone)]
+pub enum ServerKind {
+    /// `hotloop serve PROTO` with these extra arguments.
+    Serve(Vec<String>),
+    /// `hotloop proxy` in front of `hotloop serve http`, with the busy
+    /// polling setting for the proxy (or the backend, if the proxy has no
+    /// such option).
+    Proxy {
+        /// `--busy-poll` value.
+        busy_poll: String,
+    },
+    /// `hotloop peer NAME PROTO`.
+    Peer(String),
+    /// nginx with a generated configuration.
+    Nginx {
+        /// The executable.
+        program: PathBuf,
+    },
+    /// haproxy with a generated configuration.
+    Haproxy {
+        /// The executable.
+        program: PathBuf,
+    },
+    /// haproxy forwarding to `hotloop serve http` (busy polling off), with
+    /// or without haproxy's own `busy-polling`: the original experiment.
+    HaproxyForward {
+        /// The executable.
+        program: PathBuf,
+        /// Whether haproxy's `busy-polling` is on.
+        busy_polling: bool,
+    },
+}
+
+impl ServerSpec {
+    /// `hotloop serve` with `args`.
+    pub fn hotloop(config: &str, args: &[&str]) -> ServerSpec {
+        ServerSpec {
+            server: "hotloop".into(),
+            config: config.into(),
+            kind: ServerKind::Serve(args.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    /// `hotloop peer NAME`.
+    pub fn peer(name: &str) -> ServerSpec {
+        ServerSpec {
+            server: name.into(),
+            config: String::new(),
+            kind: ServerKind::Peer(name.into()),
+        }
+    }
+}
+
+/// A started server: its processes, stopped when this is dropped.
+pub struct Running {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its `GET /stats` endpoint, for hotloop.
+    pub stats_addr: Option<SocketAddr>,
+    /// Substitutions made at start.
+    pub notes: Vec<String>,
+    children: Vec<Child>,
+}
+
+impl Running {
+    /// CPU seconds used by all its processes so far.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        self.children.iter().map(|c| proc::cpu_seconds(c.pid()).ok()).sum()
+    }
+
+    /// The numeric fields of `GET /stats`, if the server has the endpoint.
+    pub fn stats(&self) -> Option<BTreeMap<String, f64>> {
+        parse_stats(&self.stats_body()?)
+    }
+
+    /// The text fields of `GET /stats` (such as `driver` and `busy_poll`).
+    pub fn stats_text(&self) -> BTreeMap<String, String> {
+        let body = self.stats_body().unwrap_or_default();
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let Some(object) = value.as_object() else { return BTreeMap::new() };
+        object.iter().filter_map(|(k, v)| v.as_str().map(|t| (k.clone(), t.to_string()))).collect()
+    }
+
+    fn stats_body(&self) -> Option<String> {
+        let addr = self.stats_addr?;
+        proc::http_get(addr, "/stats", Duration::from_millis(STATS_TIMEOUT_MS)).ok()
+    }
+
+    /// Whether any of its processes has ended.
+    pub fn exited(&mut self) -> bool {
+        self.children.iter_mut().any(|c| c.exited().is_some())
+    }
+}
+
+/// The numeric fields of a stats JSON object.
+pub fn parse_stats(body: &str) -> Option<BTreeMap<String, f64>> {
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    let object = value.as_object()?;
+    Some(object.iter().filter_map(|(k, v)| v.as_f64().map(|f| (k.clone(), f))).collect())
+}
+
+/// Starts `spec` and waits until it accepts connections.
+pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Running, String> {
+    let port = proc::free_port().map_err(|e| e.to_string())?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let common = |args: &mut Vec<String>| {
+        args.extend([
+            "--workers".to_string(),
+            ctx.workers.to_string(),
+            "--body-size".into(),
+            work.body_size.to_string(),
+            "--work-us".into(),
+            work.work_us.to_string(),
+        ]);
+    };
+    match &spec.kind {
+        ServerKind::Serve(extra) => {
+            let stats_addr: SocketAddr =
+                ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
+            let mut args =
+                vec!["serve".to_string(), work.proto.clone(), "--addr".into(), addr.to_string()];
+            common(&mut args);
+            args.extend(["--stats-addr".to_string(), stats_addr.to_string()]);
+            if !ctx.server_cpus.is_empty() {
+                args.push("--pin".into());
+            }
+            args.extend(extra.iter().cloned());
+            let mut child = launch(ctx, "hotloop serve", &ctx.exe.clone(), &args, addr)?;
+            wait_for_stats(&mut child, stats_addr);
+            Ok(Running {
+                addr,
+                stats_addr: Some(stats_addr),
+                notes: Vec::new(),
+                children: vec![child],
+            })
+        }
+        ServerKind::Peer(name) => {
+            let mut args = vec![
+                "peer".to_string(),
+                name.clone(),
+                work.proto.clone(),
+                "--addr".into(),
+                addr.to_string(),
+            ];
+            common(&mut args);
+            let child =
+                launch(ctx, &format!("hotloop peer {name}"), &ctx.exe.clone(), &args, addr)?;
+            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+        }
+        ServerKind::Proxy { busy_poll } => start_proxy(ctx, work, addr, busy_poll),
+        ServerKind::HaproxyForward { program, busy_polling } => {
+            let (backend, stats_addr, backend_child) = start_backend(ctx, work, "off")?;
+            let dir = config_dir(ctx, "haproxy-forward", port)?;
+            let role = HaproxyRole::Forward { backend, busy_polling: *busy_polling };
+            let conf = haproxy_config(&dir, addr, ctx.workers, work.body_size, role);
+            std::fs::write(dir.join("haproxy.cfg"), conf).map_err(|e| e.to_string())?;
+            let args =
+                vec!["-db".to_string(), "-f".into(), dir.join("haproxy.cfg").display().to_string()];
+            let proxy = launch(ctx, "haproxy (forwarding)", program, &args, addr)?;
+            Ok(Running {
+                addr,
+                stats_addr: Some(stats_addr),
+                notes: Vec::new(),
+                children: vec![proxy, backend_child],
+            })
+        }
+        ServerKind::Nginx { program } => {
+            let dir = config_dir(ctx, "nginx", port)?;
+            std::fs::write(dir.join("body"), "x".repeat(work.body_size))
+                .map_err(|e| e.to_string())?;
+            let conf = nginx_config(&dir, addr, ctx.workers);
+            std::fs::write(dir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+            let args = vec![
+                "-p".to_string(),
+                dir.display().to_string(),
+                "-c".into(),
+                dir.join("nginx.conf").display().to_string(),
+            ];
+            let child = launch(ctx, "nginx", program, &args, addr)?;
+            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+        }
+        ServerKind::Haproxy { program } => {
+            let dir = config_dir(ctx, "haproxy", port)?;
+            std::fs::write(dir.join("body"), "x".repeat(work.body_size))
+                .map_err(|e| e.to_string())?;
+            let conf =
+                haproxy_config(&dir, addr, ctx.workers, work.body_size, HaproxyRole::Respond);
+            std::fs::write(dir.join("haproxy.cfg"), conf).map_err(|e| e.to_string())?;
+            let args =
+                vec!["-db".to_string(), "-f".into(), dir.join("haproxy.cfg").display().to_string()];
+            let child = launch(ctx, "haproxy", program, &args, addr)?;
+            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+        }
+    }
+}
+
+/// Starts `hotloop serve http` on epoll as a backend; returns its address,
+/// its stats address and its process.
+fn start_backend(
+    ctx: &mut Ctx,
+    work: &Workload,
+    busy_poll: &str,
+) -> Result<(SocketAddr, SocketAddr, Child), String> {
+    let backend: SocketAddr =
+        ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
+    let stats_addr: SocketAddr =
+        ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
+    let args: Vec<String> = [
+        "serve",
+        "http",
+        "--addr",
+        &backend.to_string(),
+        "--driver",
+        "epoll",
+        "--workers",
+        &ctx.workers.to_string(),
+        "--body-size",
+        &work.body_size.to_string(),
+        "--work-us",
+        &work.work_us.to_string(),
+        "--stats-addr",
+        &stats_addr.to_string(),
+        "--busy-poll",
+        busy_poll,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut child = launch(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend)?;
+    wait_for_stats(&mut child, stats_addr);
+    Ok((backend, stats_addr, child))
+}
+
+/// `hotloop serve http` as the backend and `hotloop proxy` in front of it.
+/// Busy polling goes to the proxy, as in haproxy's test; if the proxy does
+/// not take `--busy-poll`, it goes to the backend instead, with a note.
+fn start_proxy(
+    ctx: &mut Ctx,
+    work: &Workload,
+    addr: SocketAddr,
+    busy_poll: &str,
+) -> Result<Running, String> {
+    let mut last_error = String::new();
+    for busy_on_proxy in [true, false] {
+        let backend_busy = if busy_on_proxy { "off" } else { busy_poll };
+        let (backend, stats_addr, backend_child) = start_backend(ctx, work, backend_busy)?;
+        let mut args = vec![
+            "proxy".to_string(),
+            "--listen".into(),
+            addr.to_string(),
+            "--backend".into(),
+            backend.to_string(),
+        ];
+        if busy_on_proxy {
+            args.extend(["--busy-poll".to_string(), busy_poll.to_string()]);
+        }
+        match launch(ctx, "hotloop proxy", &ctx.exe.clone(), &args, addr) {
+            Ok(proxy) => {
+                let notes = if busy_on_proxy {
+                    Vec::new()
+                } else {
+                    vec![format!(
+                        "`hotloop proxy --busy-poll` refused ({last_error}); busy polling set on the backend"
+                    )]
+                };
+                return Ok(Running {
+                    addr,
+                    stats_addr: Some(stats_addr),
+                    notes,
+                    children: vec![proxy, backend_child],
+                });
+            }
+            Err(e) => last_error = e,
+        }
+    }
+    Err(last_error)
+}
+
+/// Gives the stats endpoint, which may start after the listener, a moment
+/// to come up. Figures that need it are left out if it never does.
+fn wait_for_stats(child: &mut Child, stats_addr: SocketAddr) {
+    let _ = proc::wait_accepting(child, stats_addr, Duration::from_millis(STATS_TIMEOUT_MS));
+}
+
+/// Spawns `program args` pinned to the server CPUs and waits for `addr`.
+fn launch(
+    ctx: &mut Ctx,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    addr: SocketAddr,
+) -> Result<Child, String> {
+    let log = ctx.log_path(name);
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let mut child = Child::spawn(name, cmd, &ctx.server_cpus, &log).map_err(|e| e.to_string())?;
+    match proc::wait_accepting(&mut child, addr, Duration::from_millis(SERVER_START_TIMEOUT_MS)) {
+        Ok(()) => Ok(child),
+        Err(e) => {
+            drop(child);
+            Err(format!("{e}: {}", super::last_line(&log)))
+        }
+    }
+}
+
+fn config_dir(ctx: &Ctx, name: &str, port: u16) -> Result<PathBuf, String> {
+    let dir = ctx.out.join("tmp").join(format!("{name}-{port}"));
+    std::fs::create_dir_all(dir.join("logs")).map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+/// A minimal nginx configuration: loopback only, foreground, no master,
+/// a fixed `200` whose body is the file `body` in `dir`.
+pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize) -> String {
+    format!(
+        "daemon off;\nmaster_process off;\nworker_processes {workers};\npid {pid};\n\
+         error_log {err} warn;\nworker_rlimit_nofile 20000;\n\
+         events {{ worker_connections 19900; multi_accept on; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 1000000;\n  tcp_nodelay on;\n\
+         \x20 client_body_temp_path {tmp};\n\
+         \x20 server {{\n    listen {addr} reuseport backlog=65535;\n    default_type text/plain;\n\
+         \x20   root {root};\n    location / {{ try_files /body =404; }}\n  }}\n}}\n",
+        pid = dir.join("nginx.pid").display(),
+        err = dir.join("logs/error.log").display(),
+        tmp = dir.join("tmp").display(),
+        root = dir.display(),
+    )
+}
+
+/// haproxy's connection limit: it budgets two files per connection (it is
+/// a proxy), and a process may hold 20,000 here.
+pub const HAPROXY_MAXCONN: u32 = 9_900;
+
+/// What a generated haproxy configuration does with a request.
+#[derive(Debug, Clone, Copy)]
+pub enum HaproxyRole {
+    /// Answers `200` itself with the file `body` in the configuration's directory.
+    Respond,
+    /// Forwards to a backend, with haproxy's `busy-polling` on or off.
+    Forward {
+        /// The backend's address.
+        backend: SocketAddr,
+        /// Whether `busy-polling` is on.
+        busy_polling: bool,
+    },
+}
+
+/// A minimal haproxy configuration, loopback only.
+pub fn haproxy_config(
+    dir: &Path,
+    addr: SocketAddr,
+    workers: usize,
+    body_size: usize,
+    role: HaproxyRole,
+) -> String {
+    // The response must fit in one buffer.
+    let bufsize = (body_size + 1024).max(16_384);
+    let (busy, action) = match role {
+        HaproxyRole::Respond => (
+            "",
+            format!(
+                "  http-request return status 200 content-type text/plain file {}\n",
+                dir.join("body").display()
+            ),
+        ),
+        HaproxyRole::Forward { backend, busy_polling } => (
+            if busy_polling { "  busy-polling\n" } else { "" },
+            format!("  default_backend hotloop\nbackend hotloop\n  server backend {backend}\n"),
+        ),
+    };
+    format!(
+        "global\n  maxconn {HAPROXY_MAXCONN}\n  nbthread {workers}\n  tune.bufsize {bufsize}\n{busy}\
+         defaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
+         frontend bench\n  bind {addr}\n{action}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_keep_numbers_only() {
+        let s = parse_stats(r#"{"accepted":10,"driver":"uring","registrations":2.5}"#).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s["registrations"], 2.5);
+        assert!(parse_stats("[1]").is_none());
+    }
+
+    #[test]
+    fn generated_configs_listen_on_loopback_only() {
+        let addr: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        let n = nginx_config(Path::new("/tmp/n"), addr, 1);
+        assert!(n.contains("listen 127.0.0.1:9999") && n.contains("root /tmp/n;"), "{n}");
+        let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000, HaproxyRole::Respond);
+        assert!(h.contains("bind 127.0.0.1:9999") && h.contains("tune.bufsize 21024"), "{h}");
+        assert!(h.contains("file /tmp/h/body") && !h.contains("busy-polling"), "{h}");
+        let backend = "127.0.0.1:9000".parse().unwrap();
+        let f = haproxy_config(
+            Path::new("/tmp/h"),
+            addr,
+            1,
+            64,
+            HaproxyRole::Forward { backend, busy_polling: true },
+        );
+        assert!(
+            f.contains("  busy-polling\n") && f.contains("server backend 127.0.0.1:9000"),
+            "{f}"
+        );
+    }
+}

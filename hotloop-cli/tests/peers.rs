@@ -1,0 +1,188 @@
+//! The peer servers answer like hotloop's own: echo, HTTP keep-alive,
+//! `Connection: close`, 400 on garbage, and a clean exit on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A peer server process, stopped by pid when dropped.
+struct Peer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Peer {
+    fn start(kind: &str, proto: &str, body_size: usize) -> Peer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hotloop"))
+            .args(["peer", kind, proto, "--addr", "127.0.0.1:0", "--workers", "2"])
+            .args(["--body-size", &body_size.to_string(), "--work-us", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the hotloop binary");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("{kind} printed {line:?} instead of its address"))
+            .parse()
+            .unwrap();
+        Peer { child, addr }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.addr).unwrap();
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream
+    }
+
+    /// Sends SIGTERM and returns the exit status, failing after a bound.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the peer ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.child.id(), libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is our own
+    // child, which has not been reaped yet, so it cannot name another process.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+/// Reads one HTTP response with a Content-Length body; returns head and body.
+fn read_response(stream: &mut TcpStream) -> (String, Vec<u8>) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).expect("a response head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).unwrap();
+    (head, body)
+}
+
+fn assert_closed(stream: &mut TcpStream) {
+    let mut rest = Vec::new();
+    // A reset after close also counts as closed.
+    let _ = stream.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "bytes after the last response: {rest:?}");
+}
+
+fn check_http(kind: &str) {
+    let peer = Peer::start(kind, "http", 100);
+
+    let mut s = peer.connect();
+    for _ in 0..3 {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        let (head, body) = read_response(&mut s);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{kind}: {head}");
+        assert!(head.contains("Connection: keep-alive"), "{kind}: {head}");
+        assert_eq!(body, vec![b'x'; 100]);
+    }
+    // Two pipelined requests in one write, the second one closing.
+    s.write_all(b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+    assert!(read_response(&mut s).0.contains("keep-alive"));
+    assert!(read_response(&mut s).0.contains("Connection: close"));
+    assert_closed(&mut s);
+
+    // A request split across writes.
+    let mut s = peer.connect();
+    s.write_all(b"GET / HT").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    s.write_all(b"TP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+    assert!(read_response(&mut s).0.starts_with("HTTP/1.1 200"));
+    assert_closed(&mut s);
+
+    let mut s = peer.connect();
+    s.write_all(b"\x00\x01 not http\r\n\r\n").unwrap();
+    assert!(read_response(&mut s).0.starts_with("HTTP/1.1 400"), "{kind}: no 400");
+    assert_closed(&mut s);
+
+    // A reset mid-request must not hurt the server.
+    let s = peer.connect();
+    socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO)).unwrap();
+    (&s).write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    drop(s);
+    let mut s = peer.connect();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    assert!(read_response(&mut s).0.contains("Connection: close"));
+
+    let status = peer.terminate();
+    assert!(status.success(), "{kind} exited with {status}");
+}
+
+fn check_echo(kind: &str) {
+    let peer = Peer::start(kind, "echo", 0);
+    let mut s = peer.connect();
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    let mut echoed = vec![0u8; data.len()];
+    // Small enough to fit the socket buffers, so writing all first is safe.
+    s.write_all(&data).unwrap();
+    s.read_exact(&mut echoed).unwrap();
+    assert_eq!(echoed, data);
+    s.write_all(b"again").unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, b"again");
+
+    let status = peer.terminate();
+    assert!(status.success(), "{kind} exited with {status}");
+}
+
+#[test]
+fn tokio_http() {
+    check_http("tokio");
+}
+
+#[test]
+fn tokio_echo() {
+    check_echo("tokio");
+}
+
+#[test]
+fn monoio_http() {
+    check_http("monoio");
+}
+
+#[test]
+fn monoio_echo() {
+    check_echo("monoio");
+}
+
+#[test]
+fn sigint_also_stops_a_peer() {
+    let mut peer = Peer::start("tokio", "echo", 0);
+    signal(peer.child.id(), libc::SIGINT);
+    let status = peer.child.wait().unwrap();
+    assert!(status.success());
+}
