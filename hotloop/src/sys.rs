@@ -323,7 +323,7 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
         // SAFETY: setrlimit reads one live rlimit.
         cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 /// The number of descriptors this process has open (entries of `/proc/self/fd`).

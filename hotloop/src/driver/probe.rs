@@ -42,9 +42,11 @@ fn probe() -> Result<(), String> {
         .and_then(|s| s.trim().parse::<u32>().ok())
         .unwrap_or(0);
     if disabled == 2 {
-        return Err("kernel.io_uring_disabled is 2, so io_uring is off for every process \
+        return Err(
+            "kernel.io_uring_disabled is 2, so io_uring is off for every process \
                     (`sysctl kernel.io_uring_disabled=0` turns it on)"
-            .to_string());
+                .to_string(),
+        );
     }
     let ring = match IoUring::new(8) {
         Ok(ring) => ring,
@@ -55,7 +57,9 @@ fn probe() -> Result<(), String> {
         return Err("io_uring lacks IORING_FEAT_NODROP (Linux 5.5+), so completions could be lost".into());
     }
     if !params.is_feature_ext_arg() {
-        return Err("io_uring lacks IORING_FEAT_EXT_ARG (Linux 5.11+), needed for waits with a timeout".into());
+        return Err(
+            "io_uring lacks IORING_FEAT_EXT_ARG (Linux 5.11+), needed for waits with a timeout".into(),
+        );
     }
     let mut probe = Probe::new();
     if let Err(e) = ring.submitter().register_probe(&mut probe) {
@@ -97,9 +101,11 @@ fn probe() -> Result<(), String> {
 /// A sentence a user can act on for a failed `io_uring_setup`.
 fn setup_error_sentence(e: &io::Error, disabled: u32) -> String {
     match e.raw_os_error() {
-        Some(libc::EPERM) if disabled == 1 => "io_uring_setup: EPERM, kernel.io_uring_disabled is 1 and this \
+        Some(libc::EPERM) if disabled == 1 => {
+            "io_uring_setup: EPERM, kernel.io_uring_disabled is 1 and this \
                                                process is not in the kernel.io_uring_group group"
-            .to_string(),
+                .to_string()
+        }
         Some(libc::EPERM) => {
             "io_uring_setup: EPERM, likely blocked by seccomp (container runtimes block io_uring by default) \
              or kernel.io_uring_disabled"

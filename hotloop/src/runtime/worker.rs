@@ -31,7 +31,8 @@ pub(crate) fn run<F: Future>(
     cx: &Context,
     mut main: Option<Pin<&mut F>>,
 ) -> Result<F::Output, ShutdownRequested> {
-    let main_waker = Waker::from(TaskWaker::new(MAIN_TASK, cx.shared.clone()));
+    let main_header = TaskWaker::new(MAIN_TASK, cx.shared.clone());
+    let main_waker = Waker::from(main_header.clone());
     if main.is_some() {
         cx.run_queue.borrow_mut().push_back(MAIN_TASK);
     }
@@ -44,6 +45,8 @@ pub(crate) fn run<F: Future>(
             };
             if key == MAIN_TASK {
                 if let Some(fut) = main.as_mut() {
+                    // A wake from now on (including from inside this poll) queues it again.
+                    main_header.clear_scheduled();
                     let mut task_cx = TaskContext::from_waker(&main_waker);
                     stats::add(&cx.shared.stats.tasks_polled, 1);
                     if let Poll::Ready(out) = fut.as_mut().poll(&mut task_cx) {

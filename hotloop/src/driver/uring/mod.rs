@@ -74,7 +74,8 @@ enum SetupMode {
 
 /// The ring and the counters it bumps: the part of the driver that submits.
 struct Ring {
-    ring: IoUring,
+    /// Boxed: the ring's bookkeeping is large and the driver enum holds it inline.
+    ring: Box<IoUring>,
     stats: Arc<WorkerStats>,
 }
 
@@ -196,7 +197,7 @@ impl Uring {
         };
         let mut uring = Uring {
             ring: Ring {
-                ring,
+                ring: Box::new(ring),
                 stats: worker.stats.clone(),
             },
             ops: Ops::default(),
@@ -251,7 +252,10 @@ impl Uring {
         );
         drop(cq);
         if overflowed || lost > 0 {
-            stats::add(&self.ring.stats.cq_overflows, u64::from(overflowed) + u64::from(lost));
+            stats::add(
+                &self.ring.stats.cq_overflows,
+                u64::from(overflowed) + u64::from(lost),
+            );
         }
         let cqes = std::mem::take(&mut self.cqes);
         for &(user_data, res, flags) in &cqes {
@@ -350,7 +354,9 @@ fn build_ring(entries: u32) -> io::Result<(IoUring, SetupMode)> {
     let mut last_err = None;
     for mode in [SetupMode::DeferTaskrun, SetupMode::CoopTaskrun, SetupMode::Plain] {
         let mut builder = IoUring::builder();
-        builder.setup_cqsize(entries.saturating_mul(CQ_ENTRIES_PER_SQ)).setup_clamp();
+        builder
+            .setup_cqsize(entries.saturating_mul(CQ_ENTRIES_PER_SQ))
+            .setup_clamp();
         match mode {
             SetupMode::DeferTaskrun => {
                 builder.setup_single_issuer().setup_defer_taskrun();

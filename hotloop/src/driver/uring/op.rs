@@ -243,7 +243,10 @@ impl<T: 'static> Op<T> {
         with_uring(|ur| {
             let key = ur.ops.insert(Lifecycle::Waiting(None));
             match ur.ring.push(&entry.user_data(key.user_data())) {
-                Ok(()) => Ok(Op { key, data: Some(data) }),
+                Ok(()) => Ok(Op {
+                    key,
+                    data: Some(data),
+                }),
                 Err(e) => {
                     ur.ops.remove(key);
                     Err((e, data))
@@ -260,7 +263,10 @@ impl<T: 'static> Future for Op<T> {
         let this = self.get_mut();
         let key = this.key;
         let cqe = std::task::ready!(with_uring(|ur| ur.ops.poll_op(key, cx.waker())));
-        let data = this.data.take().expect("io_uring operation polled after it completed");
+        let data = this
+            .data
+            .take()
+            .expect("io_uring operation polled after it completed");
         Poll::Ready((cqe, data))
     }
 }
@@ -408,7 +414,12 @@ pub(crate) async fn connect(src: &Source, addr: SocketAddr) -> io::Result<()> {
         Ok(_) => Ok(()),
         // A non-blocking socket can report the handshake as under way; wait
         // for it to become writable and ask SO_ERROR how it ended.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EINPROGRESS | libc::EALREADY | libc::EAGAIN)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINPROGRESS | libc::EALREADY | libc::EAGAIN)
+            ) =>
+        {
             poll_ready(src.fd(), libc::POLLOUT).await?;
             match sys::getsockopt_int(src.fd(), libc::SOL_SOCKET, libc::SO_ERROR)? {
                 0 => Ok(()),
