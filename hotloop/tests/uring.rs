@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use hotloop::net::{serve, ListenerOptions, TcpListener};
 use hotloop::time::{sleep, timeout};
-use hotloop::{AcceptMode, DriverKind, Runtime};
+use hotloop::{AcceptMode, BusyPoll, DriverKind, Runtime};
 
 /// Serialises the tests of this file.
 fn serial() -> MutexGuard<'static, ()> {
@@ -377,4 +377,114 @@ fn auto_picks_uring_when_the_kernel_allows() {
         }
     }
     assert!(!info.reason.is_empty());
+}
+
+#[test]
+fn small_rings_survive_bursts() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    const BURST: usize = 200;
+    // 8 submission entries and 32 completion entries: a burst of 200
+    // accepts overflows the completion queue, and 200 reads queued in one
+    // turn overflow the submission queue.
+    let rt = Runtime::builder()
+        .workers(1)
+        .driver(DriverKind::Uring)
+        .uring_entries(8)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut clients: Vec<StdStream> = (0..BURST).map(|_| StdStream::connect(addr).unwrap()).collect();
+        let mut readers = Vec::with_capacity(BURST);
+        for _ in 0..BURST {
+            let s = timeout(Duration::from_secs(10), listener.accept_stream())
+                .await
+                .expect("accept timed out")
+                .unwrap();
+            readers.push(hotloop::spawn(async move {
+                let (res, buf) = s.read(Vec::with_capacity(16)).await;
+                assert_eq!(res.unwrap(), 5);
+                buf
+            }));
+        }
+        for c in &mut clients {
+            c.write_all(b"hello").unwrap();
+        }
+        for r in readers {
+            let buf = timeout(Duration::from_secs(10), r)
+                .await
+                .expect("read timed out")
+                .unwrap();
+            assert_eq!(&buf[..], b"hello");
+        }
+    });
+    let stats = rt.stats().total;
+    assert_eq!(stats.accepted, BURST as u64);
+    assert!(stats.sq_full >= 1, "the submission queue never filled");
+    assert!(
+        stats.cq_overflows + stats.multishot_rearms >= 1,
+        "the completion queue never overflowed"
+    );
+    println!(
+        "sq_full={} cq_overflows={} multishot_rearms={} uring_enters={} submissions={}",
+        stats.sq_full, stats.cq_overflows, stats.multishot_rearms, stats.uring_enters, stats.submissions
+    );
+}
+
+test_all_drivers! {
+    fn client_connect_vectored_write_and_shutdown(driver: DriverKind) {
+        let _serial = serial();
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let echo = thread::spawn(move || {
+            let (mut s, _) = server.accept().unwrap();
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut s, &mut all).unwrap();
+            s.write_all(&all).unwrap();
+        });
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        rt.block_on(async {
+            let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+            let bufs = vec![b"vectored ".to_vec(), b"write ".to_vec(), b"works".to_vec()];
+            let (res, _) = stream.write_vectored(bufs).await;
+            assert_eq!(res.unwrap(), 20);
+            stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+            let mut back = Vec::new();
+            loop {
+                let (res, buf) = stream.read(Vec::with_capacity(64)).await;
+                match res.unwrap() {
+                    0 => break,
+                    _ => back.extend_from_slice(&buf),
+                }
+            }
+            assert_eq!(back, b"vectored write works");
+            let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let refused_addr = closed.local_addr().unwrap();
+            drop(closed);
+            let err = hotloop::net::TcpStream::connect(refused_addr).await.unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+        });
+        echo.join().unwrap();
+    }
+
+    fn busy_polling_spins_on_the_completion_queue(driver: DriverKind) {
+        let _serial = serial();
+        for mode in [BusyPoll::Always, BusyPoll::Adaptive { spin_budget: Duration::from_micros(200) }] {
+            let rt = Runtime::builder().workers(1).driver(driver).busy_poll(mode).build().unwrap();
+            let server = serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
+            let addr = server.local_addr();
+            for i in 0..20 {
+                let msg = format!("{mode} round trip {i}");
+                assert_eq!(common::roundtrip(addr, msg.as_bytes(), msg.len()), msg.as_bytes());
+            }
+            assert_eq!(server.shutdown_blocking(Duration::from_secs(5)), 0);
+            let stats = rt.stats().total;
+            assert!(stats.poller_spins > 0, "{mode}: never spun");
+            assert_eq!(stats.accepted, 20);
+        }
+    }
 }

@@ -336,13 +336,13 @@ impl Drop for Uring {
             .user_data(CANCEL_USER_DATA);
         let _ = self.ring.push(&wake_cancel);
         let deadline = Instant::now() + DRAIN_ON_DROP_MAX;
-        while self.ops.in_flight() > 0 && Instant::now() < deadline {
+        while self.ops.held_by_kernel() > 0 && Instant::now() < deadline {
             if self.ring.enter(Some(Duration::from_millis(10))).is_err() {
                 break;
             }
             self.reap();
         }
-        if self.ops.in_flight() > 0 {
+        if self.ops.held_by_kernel() > 0 {
             // The kernel still holds some operations: their memory must not be freed.
             std::mem::forget(std::mem::take(&mut self.ops));
         }

@@ -105,7 +105,6 @@ struct Slot {
 pub(super) struct Ops {
     slots: Vec<Slot>,
     free: Vec<u32>,
-    in_flight: usize,
 }
 
 impl Ops {
@@ -123,7 +122,6 @@ impl Ops {
         };
         let slot = &mut self.slots[index as usize];
         slot.state = state;
-        self.in_flight += 1;
         OpKey {
             index,
             generation: slot.generation,
@@ -148,13 +146,16 @@ impl Ops {
         let slot = &mut self.slots[key.index as usize];
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(key.index);
-        self.in_flight -= 1;
         std::mem::replace(&mut slot.state, Lifecycle::Vacant)
     }
 
-    /// How many slots are taken.
-    pub(super) fn in_flight(&self) -> usize {
-        self.in_flight
+    /// How many operations the kernel still holds (taken slots whose last
+    /// completion has not arrived).
+    pub(super) fn held_by_kernel(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| !matches!(s.state, Lifecycle::Vacant | Lifecycle::Completed(_)))
+            .count()
     }
 
     /// The keys of every taken slot.
