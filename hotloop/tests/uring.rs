@@ -196,7 +196,12 @@ fn dropped_reads_free_everything() {
             drop(stream);
             drop(client);
         }
+        // Connections the multishot accept takes while nobody asks for them
+        // wait in the listener's queue; closing the listener must close them.
+        let unclaimed: Vec<StdStream> = (0..5).map(|_| StdStream::connect(addr).unwrap()).collect();
+        sleep(Duration::from_millis(20)).await;
         drop(listener);
+        drop(unclaimed);
         // Let the cancel completions come back, so the kernel releases its file references.
         sleep(Duration::from_millis(20)).await;
     });
@@ -487,4 +492,74 @@ test_all_drivers! {
             assert_eq!(stats.accepted, 20);
         }
     }
+}
+
+#[test]
+fn full_accept_queue_pauses_the_multishot() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    // More than the driver queues per listener (1024): the multishot is
+    // cancelled when the queue fills and re-armed once it drains.
+    const BURST: usize = 1100;
+    hotloop::raise_nofile_limit().unwrap();
+    let rt = uring_runtime(1);
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Arm the multishot first, so the kernel accepts the whole burst into the queue.
+        let first = StdStream::connect(addr).unwrap();
+        let mut accepted = vec![listener.accept_stream().await.unwrap()];
+        let clients: Vec<StdStream> = (0..BURST - 1)
+            .map(|_| StdStream::connect(addr).unwrap())
+            .collect();
+        sleep(Duration::from_millis(50)).await;
+        while accepted.len() < BURST {
+            let s = timeout(Duration::from_secs(10), listener.accept_stream())
+                .await
+                .expect("accept timed out")
+                .unwrap();
+            accepted.push(s);
+        }
+        // The full queue ended the multishot; a later connection needs it re-armed.
+        let late = StdStream::connect(addr).unwrap();
+        timeout(Duration::from_secs(5), listener.accept_stream())
+            .await
+            .expect("accept after the queue drained timed out")
+            .unwrap();
+        drop((first, clients, late));
+    });
+    let stats = rt.stats().total;
+    assert_eq!(stats.accepted, BURST as u64 + 1);
+    assert!(
+        stats.multishot_rearms >= 1,
+        "the full queue never paused the multishot: {stats:?}"
+    );
+    assert_eq!(stats.accept_errors_other, 0);
+}
+
+#[test]
+fn kernel_busy_poll_is_reported() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let rt = Runtime::builder()
+        .workers(1)
+        .driver(DriverKind::Uring)
+        .kernel_busy_poll(Some(hotloop::KernelBusyPoll {
+            busy_poll_us: 50,
+            budget: 8,
+        }))
+        .build()
+        .unwrap();
+    let info = rt.stats().info;
+    println!("kernel_busy_poll: {}", info.kernel_busy_poll);
+    assert!(
+        info.kernel_busy_poll.starts_with("on:") || info.kernel_busy_poll.starts_with("not applied:"),
+        "{}",
+        info.kernel_busy_poll
+    );
+    assert!(info.kernel_busy_poll.contains("NAPI"));
 }

@@ -162,15 +162,13 @@ pub(crate) struct Uring {
     cqes: Vec<(u64, i32, u32)>,
     /// The kernel's dropped-completion counter at the last look.
     dropped_seen: u32,
-    #[allow(dead_code)]
-    setup: SetupMode,
 }
 
 impl Uring {
     /// Sets up the ring and arms the eventfd's poll. Returns the driver and
     /// a sentence on kernel busy polling (NAPI).
     pub(crate) fn new(config: &Config, worker: &Arc<WorkerShared>) -> io::Result<(Uring, String)> {
-        let (ring, setup) = build_ring(config.uring_entries)?;
+        let (ring, _setup) = build_ring(config.uring_entries)?;
         let params = ring.params();
         if !params.is_feature_nodrop() || !params.is_feature_ext_arg() {
             return Err(io::Error::new(
@@ -208,7 +206,6 @@ impl Uring {
             completions_per_poll_max: config.events_per_poll_max,
             cqes: Vec::with_capacity(config.events_per_poll_max),
             dropped_seen: 0,
-            setup,
         };
         uring.arm_wake()?;
         Ok((uring, kernel_busy_poll))

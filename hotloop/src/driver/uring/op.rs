@@ -20,6 +20,12 @@
 //! completion arrives. It is never freed while the kernel may still use it.
 //! If the driver cannot be reached when a waiting future is dropped, the
 //! storage is leaked instead of freed.
+//!
+//! A completion-based read cannot be taken back: if a read's future is
+//! dropped after the kernel has already copied data into its buffer (the
+//! completion raced the drop, or the cancel came too late), those bytes are
+//! dropped with the buffer. A caller that times out reads and then keeps
+//! using the connection must accept that; on epoll nothing is lost.
 
 use std::any::Any;
 use std::future::Future;
