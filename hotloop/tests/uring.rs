@@ -490,6 +490,15 @@ test_all_drivers! {
             let stats = rt.stats().total;
             assert!(stats.poller_spins > 0, "{mode}: never spun");
             assert_eq!(stats.accepted, 20);
+            if rt.stats().info.driver == "uring" {
+                // An idle spin reads the completion queue without entering the kernel.
+                assert!(
+                    stats.uring_enters < stats.poller_spins,
+                    "{mode}: {} enters for {} spins",
+                    stats.uring_enters,
+                    stats.poller_spins
+                );
+            }
         }
     }
 }
