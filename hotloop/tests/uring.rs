@@ -24,8 +24,15 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// True (after saying why) if io_uring cannot run here.
+/// True (after saying why) if io_uring cannot run here, or if
+/// `HOTLOOP_DRIVER` forces another driver on every runtime.
 fn uring_skipped() -> bool {
+    if let Ok(forced) = std::env::var("HOTLOOP_DRIVER") {
+        if !forced.is_empty() && forced.parse::<DriverKind>() != Ok(DriverKind::Uring) {
+            eprintln!("skipped: HOTLOOP_DRIVER={forced} forces another driver");
+            return true;
+        }
+    }
     match common::uring_unavailable() {
         Some(reason) => {
             eprintln!("skipped on io_uring: {reason}");
