@@ -218,8 +218,10 @@ impl Uring {
                 self.ops.remove(key);
                 drop(storage);
             }
-            _ => {
-                // Not ours to free: leak rather than risk the kernel's memory.
+            None
+            | Some(Lifecycle::Vacant | Lifecycle::Cancelled(_) | Lifecycle::Accept(_) | Lifecycle::Orphan) => {
+                // The slot does not say the kernel is done: leak rather than
+                // risk freeing memory it may still write.
                 std::mem::forget(storage);
             }
         }
