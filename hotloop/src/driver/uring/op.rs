@@ -21,6 +21,9 @@
 //! If the driver cannot be reached when a waiting future is dropped, the
 //! storage is leaked instead of freed.
 //!
+//! The storage of a cancelled operation is dropped inside the driver's
+//! poll, so a buffer type's destructor must not start I/O of its own.
+//!
 //! A completion-based read cannot be taken back: if a read's future is
 //! dropped after the kernel has already copied data into its buffer (the
 //! completion raced the drop, or the cancel came too late), those bytes are
