@@ -60,7 +60,7 @@ impl Driver {
             _ => config.driver,
         };
         let busy_poll = config.busy_poll.to_string();
-        let (use_uring, reason) = match requested {
+        let (use_uring, mut reason) = match requested {
             DriverKind::Epoll => (false, "epoll was requested".to_string()),
             DriverKind::Uring => (true, "io_uring was requested".to_string()),
             DriverKind::Auto => match probe::uring_support() {
@@ -72,27 +72,34 @@ impl Driver {
             },
         };
         if use_uring {
-            let (uring, kernel_busy_poll) = uring::Uring::new(config, worker)?;
-            let info = DriverInfo {
-                driver: "uring",
-                reason,
-                busy_poll,
-                kernel_busy_poll,
-            };
-            Ok((Driver::Uring(uring), info))
-        } else {
-            if requested == DriverKind::Auto && worker.id == 0 {
-                eprintln!("hotloop: {reason}");
+            match uring::Uring::new(config, worker) {
+                Ok((uring, kernel_busy_poll)) => {
+                    let info = DriverInfo {
+                        driver: "uring",
+                        reason,
+                        busy_poll,
+                        kernel_busy_poll,
+                    };
+                    return Ok((Driver::Uring(uring), info));
+                }
+                // The probe's small ring worked but this one did not: auto still falls back.
+                Err(e) if requested == DriverKind::Auto => {
+                    reason = format!("auto: io_uring setup failed ({e}); using epoll");
+                }
+                Err(e) => return Err(e),
             }
-            let (epoll, kernel_busy_poll) = epoll::Epoll::new(config, worker)?;
-            let info = DriverInfo {
-                driver: "epoll",
-                reason,
-                busy_poll,
-                kernel_busy_poll,
-            };
-            Ok((Driver::Epoll(epoll), info))
         }
+        if requested == DriverKind::Auto && worker.id == 0 {
+            eprintln!("hotloop: {reason}");
+        }
+        let (epoll, kernel_busy_poll) = epoll::Epoll::new(config, worker)?;
+        let info = DriverInfo {
+            driver: "epoll",
+            reason,
+            busy_poll,
+            kernel_busy_poll,
+        };
+        Ok((Driver::Epoll(epoll), info))
     }
 
     /// Waits for I/O for at most `timeout` and wakes the tasks it concerns.

@@ -187,7 +187,10 @@ impl Uring {
     /// Sets up the ring and arms the eventfd's poll. Returns the driver and
     /// a sentence on kernel busy polling (NAPI).
     pub(crate) fn new(config: &Config, worker: &Arc<WorkerShared>) -> io::Result<(Uring, String)> {
-        let (ring, _setup) = build_ring(config.uring_entries)?;
+        let (ring, _setup) = build_ring(config.uring_entries).map_err(|e| match probe::uring_support() {
+            Err(why) => io::Error::new(e.kind(), why),
+            Ok(()) => e,
+        })?;
         let params = ring.params();
         if !params.is_feature_nodrop() || !params.is_feature_ext_arg() {
             return Err(io::Error::new(
