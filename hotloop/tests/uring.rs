@@ -581,3 +581,58 @@ fn kernel_busy_poll_is_reported() {
     );
     assert!(info.kernel_busy_poll.contains("NAPI"));
 }
+
+#[test]
+fn reads_dropped_while_data_arrives() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    // Data keeps arriving while reads are being dropped, so some reads are
+    // dropped after the kernel filled their buffer or while it does: the
+    // buffer must outlive the operation either way.
+    const ROUNDS: usize = 300;
+    let rt = uring_runtime(1);
+    let baseline = hotloop::open_fd_count().unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let writer = thread::spawn(move || {
+            let mut s = StdStream::connect(addr).unwrap();
+            let mut sent = 0usize;
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(400) {
+                if s.write_all(&[1u8; 64]).is_err() {
+                    break;
+                }
+                sent += 64;
+                // Gaps around the 1 ms read timeout, so reads both finish and get dropped.
+                let gap_us = [200, 900, 1100, 1500][sent / 64 % 4];
+                thread::sleep(Duration::from_micros(gap_us));
+            }
+            sent
+        });
+        let stream = listener.accept_stream().await.unwrap();
+        let (mut received, mut dropped) = (0usize, 0usize);
+        for _ in 0..ROUNDS {
+            match timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(256))).await {
+                Ok((res, buf)) => {
+                    let n = res.unwrap();
+                    assert!(buf.iter().all(|&b| b == 1), "a read returned foreign bytes");
+                    received += n;
+                }
+                Err(_) => dropped += 1,
+            }
+        }
+        let sent = writer.join().unwrap();
+        assert!(received <= sent);
+        assert!(
+            dropped > 0 && received > 0,
+            "received {received}, dropped {dropped}"
+        );
+        drop(stream);
+        drop(listener);
+        sleep(Duration::from_millis(20)).await;
+    });
+    assert_eq!(hotloop::open_fd_count().unwrap(), baseline, "descriptors leaked");
+}

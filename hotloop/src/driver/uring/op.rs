@@ -471,3 +471,62 @@ async fn poll_ready(fd: RawFd, events: i16) -> io::Result<()> {
 fn is_retry(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_round_trips() {
+        let key = OpKey {
+            index: 7,
+            generation: 0xdead_beef,
+        };
+        assert_eq!(OpKey::from_user_data(key.user_data()), key);
+        // The two reserved values can never name a slot.
+        assert_ne!(key.user_data(), u64::MAX);
+        assert_ne!(key.user_data(), u64::MAX - 1);
+    }
+
+    #[test]
+    fn a_reused_slot_rejects_the_old_key() {
+        let mut ops = Ops::default();
+        let old = ops.insert(Lifecycle::Waiting(None));
+        assert!(matches!(ops.remove(old), Lifecycle::Waiting(None)));
+        let new = ops.insert(Lifecycle::Waiting(None));
+        assert_eq!(new.index, old.index, "the slot is reused");
+        assert!(
+            ops.get_mut(old).is_none(),
+            "a completion for the old key is stale"
+        );
+        assert!(ops.get_mut(new).is_some());
+        assert!(
+            matches!(ops.remove(old), Lifecycle::Vacant),
+            "removing a stale key is a no-op"
+        );
+        assert!(ops.get_mut(new).is_some());
+    }
+
+    #[test]
+    fn cancelled_storage_lives_until_removed() {
+        use std::rc::Rc;
+        let buf = Rc::new(());
+        let mut ops = Ops::default();
+        let key = ops.insert(Lifecycle::Cancelled(Box::new(buf.clone())));
+        assert_eq!(ops.held_by_kernel(), 1);
+        assert_eq!(Rc::strong_count(&buf), 2);
+        drop(ops.remove(key));
+        assert_eq!(Rc::strong_count(&buf), 1, "freed with the last completion");
+        assert_eq!(ops.held_by_kernel(), 0);
+    }
+
+    #[test]
+    fn completed_slots_are_not_held_by_the_kernel() {
+        let mut ops = Ops::default();
+        let a = ops.insert(Lifecycle::Waiting(None));
+        let _b = ops.insert(Lifecycle::Accept(3));
+        *ops.get_mut(a).unwrap() = Lifecycle::Completed(Cqe { res: 5 });
+        assert_eq!(ops.held_by_kernel(), 1);
+        assert_eq!(ops.keys().len(), 2);
+    }
+}
