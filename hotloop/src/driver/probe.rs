@@ -148,6 +148,17 @@ mod tests {
     }
 
     #[test]
+    fn setup_errors_become_sentences() {
+        let eperm = io::Error::from_raw_os_error(libc::EPERM);
+        assert!(
+            setup_error_sentence(&eperm, 0).starts_with("io_uring_setup: EPERM, likely blocked by seccomp")
+        );
+        assert!(setup_error_sentence(&eperm, 1).contains("kernel.io_uring_group"));
+        let enosys = io::Error::from_raw_os_error(libc::ENOSYS);
+        assert!(setup_error_sentence(&enosys, 0).contains("CONFIG_IO_URING"));
+    }
+
+    #[test]
     fn probe_is_cached_and_explains_itself() {
         let first = uring_support();
         assert_eq!(first, uring_support());
