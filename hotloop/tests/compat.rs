@@ -27,7 +27,8 @@ fn with_pair<T: Send + 'static>(
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             client(s)
         });
-        let (stream, _) = l.accept().await.unwrap();
+        // accept_stream: a client that resets at once must still be handed over.
+        let stream = l.accept_stream().await.unwrap();
         server(stream).await;
         t.join().unwrap()
     })

@@ -26,12 +26,23 @@ fn limit_test(driver: DriverKind, options: ServerOptions, workers: usize, limit:
     let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
     let addr = server.local_addr();
     let mut clients: Vec<TcpStream> = (0..6).map(|_| TcpStream::connect(addr).unwrap()).collect();
-    assert!(wait_for(|| rt.stats().total.accepted == limit), "accepted up to the limit");
+    assert!(wait_for(|| rt.stats().total.accepted >= limit), "accepted up to the limit");
     std::thread::sleep(Duration::from_millis(100));
     let c = rt.stats().total;
-    assert_eq!(c.accepted, limit, "nothing beyond the limit was accepted");
+    // Workers race for the last slot; the loser holds its connection
+    // (accepted, not closed, not served) until a slot frees.
+    assert!(
+        c.accepted <= limit + workers as u64 - 1,
+        "accepted {} beyond the limit {limit}",
+        c.accepted
+    );
     assert!(c.maxconn_reached > 0);
-    assert_eq!(server.active_connections() as u64, limit);
+    assert_eq!(
+        server.active_connections() as u64,
+        limit,
+        "no more than the limit are served at once"
+    );
+    let accepted_at_limit = c.accepted;
     // Finish one accepted connection (one that echoes): one more is accepted.
     let served_now = clients
         .iter_mut()
@@ -50,16 +61,18 @@ fn limit_test(driver: DriverKind, options: ServerOptions, workers: usize, limit:
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     }
     // Close everyone still waiting in the backlog only after the accepted ones answer.
-    // Every client is served as slots free up (some already sent a byte above).
-    let mut served = 0;
-    for mut c in clients.drain(..) {
-        if c.write_all(b"hi").is_ok() {
-            let mut b = [0u8; 1];
-            if c.read_exact(&mut b).is_ok() {
-                served += 1;
-            }
-        }
-    }
+    // Every client is served as slots free up (in whatever order the
+    // workers accept them: each client finishes on its own thread).
+    let threads: Vec<_> = clients
+        .drain(..)
+        .map(|mut c| {
+            std::thread::spawn(move || {
+                let mut b = [0u8; 1];
+                c.write_all(b"hi").is_ok() && c.read_exact(&mut b).is_ok()
+            })
+        })
+        .collect();
+    let served = threads.into_iter().map(|t| t.join().unwrap()).filter(|ok| *ok).count();
     assert_eq!(served, 5, "every client is served as slots free up");
 }
 

@@ -63,7 +63,7 @@ impl Driver {
             _ => config.driver,
         };
         let busy_poll = config.busy_poll.to_string();
-        let (use_uring, reason) = match requested {
+        let (use_uring, mut reason) = match requested {
             DriverKind::Epoll => (false, "epoll was requested".to_string()),
             DriverKind::Uring => (true, "io_uring was requested".to_string()),
             DriverKind::Auto => match probe::uring_support() {
@@ -75,17 +75,24 @@ impl Driver {
             },
         };
         if use_uring {
-            let (uring, kernel_busy_poll) = uring::Uring::new(config, worker)?;
-            let info = DriverInfo { driver: "uring", reason, busy_poll, kernel_busy_poll };
-            Ok((Driver::Uring(uring), info))
-        } else {
-            if requested == DriverKind::Auto && worker.id == 0 {
-                eprintln!("hotloop: {reason}");
+            match uring::Uring::new(config, worker) {
+                Ok((uring, kernel_busy_poll)) => {
+                    let info = DriverInfo { driver: "uring", reason, busy_poll, kernel_busy_poll };
+                    return Ok((Driver::Uring(uring), info));
+                }
+                // The probe's small ring worked but this one did not: auto still falls back.
+                Err(e) if requested == DriverKind::Auto => {
+                    reason = format!("auto: io_uring setup failed ({e}); using epoll");
+                }
+                Err(e) => return Err(e),
             }
-            let (epoll, kernel_busy_poll) = epoll::Epoll::new(config, worker)?;
-            let info = DriverInfo { driver: "epoll", reason, busy_poll, kernel_busy_poll };
-            Ok((Driver::Epoll(epoll), info))
         }
+        if requested == DriverKind::Auto && worker.id == 0 {
+            eprintln!("hotloop: {reason}");
+        }
+        let (epoll, kernel_busy_poll) = epoll::Epoll::new(config, worker)?;
+        let info = DriverInfo { driver: "epoll", reason, busy_poll, kernel_busy_poll };
+        Ok((Driver::Epoll(epoll), info))
     }
 
     /// Waits for I/O for at most `timeout` and wakes the tasks it concerns.
@@ -114,12 +121,16 @@ pub(crate) struct Source {
     fd: OwnedFd,
     /// The epoll token (`generation << 32 | slot`), once registered.
     token: Cell<Option<u64>>,
+    /// io_uring: the owned buffers behind borrowed-slice reads and writes,
+    /// made on first use. Declared after `fd`, so the descriptor closes
+    /// before their operations are cancelled.
+    pub(crate) uring_buffers: std::cell::RefCell<Option<Box<uring::compat::StreamBuffers>>>,
 }
 
 impl Source {
     /// Wraps a socket; in eager mode on epoll, registers it now.
     pub(crate) fn new(fd: OwnedFd) -> io::Result<Source> {
-        let src = Source { fd, token: Cell::new(None) };
+        let src = Source { fd, token: Cell::new(None), uring_buffers: Default::default() };
         context::with(|cx| {
             if cx.config.registration == Registration::Eager {
                 if let Driver::Epoll(ep) = &mut *cx.driver.borrow_mut() {
@@ -133,7 +144,7 @@ impl Source {
 
     /// Wraps a listening socket, which always ends up waiting: register it now.
     pub(crate) fn new_listener(fd: OwnedFd) -> io::Result<Source> {
-        let src = Source { fd, token: Cell::new(None) };
+        let src = Source { fd, token: Cell::new(None), uring_buffers: Default::default() };
         context::with(|cx| {
             if let Driver::Epoll(ep) = &mut *cx.driver.borrow_mut() {
                 src.token.set(Some(ep.register(src.fd.as_raw_fd())?));

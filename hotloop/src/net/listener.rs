@@ -71,10 +71,20 @@ impl TcpListener {
     }
 
     /// Accepts a connection and looks up its peer address.
+    ///
+    /// A connection that was reset before its address could be read is
+    /// skipped, as if it had died in the queue.
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
-        let stream = self.accept_stream().await?;
-        let addr = stream.peer_addr()?;
-        Ok((stream, addr))
+        loop {
+            let stream = self.accept_stream().await?;
+            match stream.peer_addr() {
+                Ok(addr) => return Ok((stream, addr)),
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                    context::with(|cx| stats::add(&cx.shared.stats.accept_errors_aborted, 1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Accepts a connection without looking up its peer address (one

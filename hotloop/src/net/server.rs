@@ -177,11 +177,26 @@ where
                 // queue; closing the listener would reset those connections.
                 while !at_limit(&shared, &local, limits) {
                     let Some(Ok(stream)) = listener.accept_ready() else { break };
+                    shared.active.fetch_add(1, Ordering::AcqRel);
                     start_handler(stream, &shared, &local, &*handler);
                 }
                 return Ok(());
             }
-            Some(Ok(stream)) => start_handler(stream, &shared, &local, &*handler),
+            Some(Ok(stream)) => {
+                // Another worker may have taken the last slot since the check
+                // above: hold the connection (it is not closed) until one frees.
+                while !try_reserve(&shared, &local, limits) {
+                    if shared.poll_stopped(std::task::Waker::noop()) {
+                        shared.active.fetch_add(1, Ordering::AcqRel);
+                        break;
+                    }
+                    crate::runtime::context::with(|cx| {
+                        crate::stats::add(&cx.shared.stats.maxconn_reached, 1)
+                    });
+                    wait_for_a_free_slot(&local).await;
+                }
+                start_handler(stream, &shared, &local, &*handler);
+            }
             Some(Err(e)) => return Err(e),
         }
     }
@@ -212,6 +227,26 @@ async fn wait_for_a_free_slot(local: &WorkerConns) {
     .await
 }
 
+/// Takes a slot under the global limit (atomically: workers race for it)
+/// and the per-worker one; false if either is full.
+fn try_reserve(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bool {
+    if limits.per_worker.is_some_and(|max| local.active.get() >= max) {
+        return false;
+    }
+    match limits.global {
+        None => {
+            shared.active.fetch_add(1, Ordering::AcqRel);
+            true
+        }
+        Some(max) => shared
+            .active
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .is_ok(),
+    }
+}
+
+/// Starts the handler of a connection whose slot in `shared.active` is
+/// already taken.
 fn start_handler<H, Fut>(
     stream: TcpStream,
     shared: &Arc<ServerShared>,
@@ -221,7 +256,6 @@ fn start_handler<H, Fut>(
     H: Fn(TcpStream) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    shared.active.fetch_add(1, Ordering::AcqRel);
     local.active.set(local.active.get() + 1);
     let guard = ActiveGuard { shared: shared.clone(), local: local.clone() };
     let conn = handler(stream);

@@ -45,6 +45,7 @@ pub(crate) fn run<F: Future>(
             };
             if key == MAIN_TASK {
                 if let Some(fut) = main.as_mut() {
+                    // A wake from now on (including from inside this poll) queues it again.
                     main_header.clear_scheduled();
                     let mut task_cx = TaskContext::from_waker(&main_waker);
                     stats::add(&cx.shared.stats.tasks_polled, 1);

@@ -1,0 +1,609 @@
+//! io_uring specifics: multishot accept and its re-arm, the accept bound,
+//! cancellation safety, errors from the peer, and the fallback to epoll.
+//!
+//! The tests in this file count descriptors and change the process's
+//! descriptor limit, so they run one at a time (`serial`).
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+use std::io::Write;
+use std::net::TcpStream as StdStream;
+use std::rc::Rc;
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use hotloop::net::{serve, ListenerOptions, TcpListener};
+use hotloop::time::{sleep, timeout};
+use hotloop::{AcceptMode, BusyPoll, DriverKind, Runtime};
+
+/// Serialises the tests of this file.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// True (after saying why) if io_uring cannot run here, or if
+/// `HOTLOOP_DRIVER` forces another driver on every runtime.
+fn uring_skipped() -> bool {
+    if let Ok(forced) = std::env::var("HOTLOOP_DRIVER") {
+        if !forced.is_empty() && forced.parse::<DriverKind>() != Ok(DriverKind::Uring) {
+            eprintln!("skipped: HOTLOOP_DRIVER={forced} forces another driver");
+            return true;
+        }
+    }
+    match common::uring_unavailable() {
+        Some(reason) => {
+            eprintln!("skipped on io_uring: {reason}");
+            true
+        }
+        None => false,
+    }
+}
+
+fn uring_runtime(workers: usize) -> Runtime {
+    Runtime::builder()
+        .workers(workers)
+        .driver(DriverKind::Uring)
+        .build()
+        .expect("build an io_uring runtime")
+}
+
+/// Waits (polling the runtime's counters) until `cond` holds or `limit` passes.
+async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        sleep(Duration::from_millis(2)).await;
+    }
+    true
+}
+
+#[test]
+fn accept_bound_holds_on_uring() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    const BURST: usize = 200;
+    let rt = uring_runtime(1);
+    let bound = ListenerOptions::ACCEPTS_PER_WAKEUP_DEFAULT;
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The whole burst waits in the backlog before the first accept.
+        let clients: Vec<StdStream> =
+            (0..BURST).map(|_| StdStream::connect(addr).unwrap()).collect();
+        let mut accepted = Vec::with_capacity(BURST);
+        for _ in 0..BURST {
+            let s = timeout(Duration::from_secs(10), listener.accept_stream())
+                .await
+                .expect("accept timed out")
+                .unwrap();
+            accepted.push(s);
+        }
+        drop(clients);
+    });
+    let stats = rt.stats().total;
+    assert_eq!(stats.accepted, BURST as u64);
+    assert!(
+        stats.max_accepted_per_wakeup <= bound as u64,
+        "at most {bound} per wakeup, saw {}",
+        stats.max_accepted_per_wakeup
+    );
+    assert!(
+        stats.accept_wakeups >= BURST.div_ceil(bound) as u64,
+        "at least {} wakeups, saw {}",
+        BURST.div_ceil(bound),
+        stats.accept_wakeups
+    );
+    assert!(stats.accept_bound_hits >= 1);
+    assert_eq!(stats.multishot_rearms, 0, "one multishot accept took the whole burst");
+}
+
+test_all_drivers! {
+    fn single_and_multishot_accept_both_serve(driver: DriverKind) {
+        let _serial = serial();
+        for mode in [AcceptMode::Multishot, AcceptMode::Single] {
+            let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+            let options = ListenerOptions {
+                accept_mode: mode,
+                ..ListenerOptions::default()
+            };
+            let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
+            let addr = server.local_addr();
+            let clients: Vec<_> = (0..4)
+                .map(|c| {
+                    thread::spawn(move || {
+                        for i in 0..15 {
+                            let msg = format!("{mode:?} client {c} message {i}");
+                            let back = common::roundtrip(addr, msg.as_bytes(), msg.len());
+                            assert_eq!(back, msg.as_bytes());
+                        }
+                    })
+                })
+                .collect();
+            for c in clients {
+                c.join().unwrap();
+            }
+            assert_eq!(server.shutdown_blocking(Duration::from_secs(5)), 0);
+            let stats = rt.stats();
+            assert_eq!(stats.total.accepted, 60, "{mode:?}");
+            if stats.info.driver == "uring" && mode == AcceptMode::Single {
+                assert_eq!(stats.total.multishot_rearms, 0);
+            }
+        }
+    }
+
+    fn peer_reset_during_read_is_an_error(driver: DriverKind) {
+        let _serial = serial();
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = thread::spawn(move || {
+                let s = StdStream::connect(addr).unwrap();
+                // Wait for the server's bytes, leave them unread and close:
+                // closing with unread data makes the kernel send a reset.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                let mut probe = [0u8; 1];
+                s.set_nonblocking(true).unwrap();
+                while s.peek(&mut probe).is_err() && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                thread::sleep(Duration::from_millis(20));
+                drop(s);
+            });
+            let (stream, _) = listener.accept().await.unwrap();
+            let (res, _) = stream.write_all(b"never read".to_vec()).await;
+            res.unwrap();
+            let (res, _) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
+                .await
+                .expect("the reset never reached the read");
+            let err = res.expect_err("a reset connection cannot be read");
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+            client.join().unwrap();
+        });
+    }
+}
+
+#[test]
+fn dropped_reads_free_everything() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    const CONNECTIONS: usize = 10;
+    const DROPS_PER_CONNECTION: usize = 100;
+    let rt = uring_runtime(1);
+    let baseline = hotloop::open_fd_count().unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        for _ in 0..CONNECTIONS {
+            let mut client = StdStream::connect(addr).unwrap();
+            let stream = listener.accept_stream().await.unwrap();
+            for _ in 0..DROPS_PER_CONNECTION {
+                // Nothing to read: the read is still in the kernel when its future is dropped.
+                let r =
+                    timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(64))).await;
+                assert!(r.is_err(), "a read with no data completed");
+            }
+            // The driver is still consistent: a later read gets the data.
+            client.write_all(b"ping").unwrap();
+            let (res, buf) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
+                .await
+                .expect("read after cancellations timed out");
+            assert_eq!(res.unwrap(), 4);
+            assert_eq!(&buf[..], b"ping");
+            drop(stream);
+            drop(client);
+        }
+        // Connections the multishot accept takes while nobody asks for them
+        // wait in the listener's queue; closing the listener must close them.
+        let unclaimed: Vec<StdStream> = (0..5).map(|_| StdStream::connect(addr).unwrap()).collect();
+        sleep(Duration::from_millis(20)).await;
+        drop(listener);
+        drop(unclaimed);
+        // Let the cancel completions come back, so the kernel releases its file references.
+        sleep(Duration::from_millis(20)).await;
+    });
+    let stats = rt.stats().total;
+    assert!(
+        stats.cancellations >= (CONNECTIONS * DROPS_PER_CONNECTION) as u64,
+        "cancellations: {}",
+        stats.cancellations
+    );
+    assert_eq!(hotloop::open_fd_count().unwrap(), baseline, "descriptors leaked");
+}
+
+/// Lowers the soft descriptor limit until dropped.
+struct NofileLimit {
+    saved: libc::rlimit,
+}
+
+impl NofileLimit {
+    fn lower_to(soft: u64) -> NofileLimit {
+        let mut saved = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes one rlimit into the live struct.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut saved) }, 0);
+        let lowered = libc::rlimit { rlim_cur: soft.min(saved.rlim_cur), rlim_max: saved.rlim_max };
+        // SAFETY: setrlimit reads one live rlimit.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+        NofileLimit { saved }
+    }
+}
+
+impl Drop for NofileLimit {
+    fn drop(&mut self) {
+        // SAFETY: setrlimit reads one live rlimit.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &self.saved) };
+    }
+}
+
+/// The highest descriptor number open in this process.
+fn highest_fd() -> u64 {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn multishot_rearms_after_emfile() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    const CLIENTS: usize = 20;
+    /// Descriptors the server may take before it runs out.
+    const ROOM: u64 = 4;
+    let rt = uring_runtime(1);
+    rt.block_on(async {
+        let listener = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let addr = listener.local_addr().unwrap();
+        let clients: Vec<StdStream> =
+            (0..CLIENTS).map(|_| StdStream::connect(addr).unwrap()).collect();
+        // Fill every free number below the highest open descriptor, so the
+        // limit leaves exactly ROOM descriptors for accepted connections.
+        let top = highest_fd();
+        let mut fillers = Vec::new();
+        let last = loop {
+            let f = std::fs::File::open("/dev/null").unwrap();
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&f) as u64;
+            fillers.push(f);
+            if fd >= top {
+                break fd;
+            }
+        };
+        let limit = NofileLimit::lower_to(last + 1 + ROOM);
+
+        let held = Rc::new(RefCell::new(Vec::new()));
+        let total = Rc::new(Cell::new(0usize));
+        let acceptor = hotloop::spawn({
+            let (listener, held, total) = (listener.clone(), held.clone(), total.clone());
+            async move {
+                while total.get() < CLIENTS {
+                    let s = listener.accept_stream().await.unwrap();
+                    held.borrow_mut().push(s);
+                    total.set(total.get() + 1);
+                }
+            }
+        });
+        let ran_out =
+            wait_until(Duration::from_secs(5), || rt.stats().total.accept_errors_resources >= 1)
+                .await;
+        assert!(ran_out, "the server never ran out of descriptors");
+        assert!(total.get() <= ROOM as usize);
+        // Give the descriptors back: accepting must resume by itself.
+        held.borrow_mut().clear();
+        drop(fillers);
+        drop(limit);
+        timeout(Duration::from_secs(5), acceptor)
+            .await
+            .expect("accepting did not resume after EMFILE")
+            .unwrap();
+        assert_eq!(total.get(), CLIENTS);
+        drop(clients);
+    });
+    let stats = rt.stats().total;
+    assert_eq!(stats.accepted, CLIENTS as u64);
+    assert!(stats.accept_pauses >= 1);
+    assert!(
+        stats.multishot_rearms >= 1,
+        "EMFILE ends the multishot accept, which must be re-armed"
+    );
+}
+
+/// Runs this test binary again with `test` selected and `env` set, and
+/// returns the child's output; the child sees `HOTLOOP_TEST_CHILD`.
+fn run_child(test: &str, env: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("HOTLOOP_TEST_CHILD", test)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child test failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child test did not run:\n{text}");
+    text
+}
+
+fn is_child(test: &str) -> bool {
+    std::env::var("HOTLOOP_TEST_CHILD").as_deref() == Ok(test)
+}
+
+#[test]
+fn auto_falls_back_to_epoll_when_told() {
+    const NAME: &str = "auto_falls_back_to_epoll_when_told";
+    if is_child(NAME) {
+        let rt = Runtime::builder().workers(1).driver(DriverKind::Auto).build().unwrap();
+        let info = rt.stats().info;
+        println!("driver={} reason={}", info.driver, info.reason);
+        assert_eq!(info.driver, "epoll");
+        assert!(info.reason.contains("epoll"), "reason: {}", info.reason);
+        return;
+    }
+    let _serial = serial();
+    let out = run_child(NAME, &[("HOTLOOP_DRIVER", "epoll")]);
+    assert!(out.contains("driver=epoll"), "{out}");
+}
+
+#[test]
+fn auto_picks_uring_when_the_kernel_allows() {
+    let _serial = serial();
+    let rt = Runtime::builder().workers(1).driver(DriverKind::Auto).build().unwrap();
+    let info = rt.stats().info;
+    match common::uring_unavailable() {
+        None if std::env::var("HOTLOOP_DRIVER").is_err() => {
+            assert_eq!(info.driver, "uring", "{}", info.reason)
+        }
+        None => {}
+        Some(why) => {
+            assert_eq!(info.driver, "epoll");
+            assert!(info.reason.contains(&why), "{} / {why}", info.reason);
+        }
+    }
+    assert!(!info.reason.is_empty());
+}
+
+#[test]
+fn small_rings_survive_bursts() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    const BURST: usize = 200;
+    // 8 submission entries and 32 completion entries: a burst of 200
+    // accepts overflows the completion queue, and 200 reads queued in one
+    // turn overflow the submission queue.
+    let rt =
+        Runtime::builder().workers(1).driver(DriverKind::Uring).uring_entries(8).build().unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut clients: Vec<StdStream> =
+            (0..BURST).map(|_| StdStream::connect(addr).unwrap()).collect();
+        let mut readers = Vec::with_capacity(BURST);
+        for _ in 0..BURST {
+            let s = timeout(Duration::from_secs(10), listener.accept_stream())
+                .await
+                .expect("accept timed out")
+                .unwrap();
+            readers.push(hotloop::spawn(async move {
+                let (res, buf) = s.read(Vec::with_capacity(16)).await;
+                assert_eq!(res.unwrap(), 5);
+                buf
+            }));
+        }
+        for c in &mut clients {
+            c.write_all(b"hello").unwrap();
+        }
+        for r in readers {
+            let buf = timeout(Duration::from_secs(10), r).await.expect("read timed out").unwrap();
+            assert_eq!(&buf[..], b"hello");
+        }
+    });
+    let stats = rt.stats().total;
+    assert_eq!(stats.accepted, BURST as u64);
+    assert!(stats.sq_full >= 1, "the submission queue never filled");
+    assert!(
+        stats.cq_overflows + stats.multishot_rearms >= 1,
+        "the completion queue never overflowed"
+    );
+    println!(
+        "sq_full={} cq_overflows={} multishot_rearms={} uring_enters={} submissions={}",
+        stats.sq_full,
+        stats.cq_overflows,
+        stats.multishot_rearms,
+        stats.uring_enters,
+        stats.submissions
+    );
+}
+
+test_all_drivers! {
+    fn client_connect_vectored_write_and_shutdown(driver: DriverKind) {
+        let _serial = serial();
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let echo = thread::spawn(move || {
+            let (mut s, _) = server.accept().unwrap();
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut s, &mut all).unwrap();
+            s.write_all(&all).unwrap();
+        });
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        rt.block_on(async {
+            let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+            let bufs = vec![b"vectored ".to_vec(), b"write ".to_vec(), b"works".to_vec()];
+            let (res, _) = stream.write_vectored(bufs).await;
+            assert_eq!(res.unwrap(), 20);
+            stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+            let mut back = Vec::new();
+            loop {
+                let (res, buf) = stream.read(Vec::with_capacity(64)).await;
+                match res.unwrap() {
+                    0 => break,
+                    _ => back.extend_from_slice(&buf),
+                }
+            }
+            assert_eq!(back, b"vectored write works");
+            let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let refused_addr = closed.local_addr().unwrap();
+            drop(closed);
+            let err = hotloop::net::TcpStream::connect(refused_addr).await.unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+        });
+        echo.join().unwrap();
+    }
+
+    fn busy_polling_spins_on_the_completion_queue(driver: DriverKind) {
+        let _serial = serial();
+        for mode in [BusyPoll::Always, BusyPoll::Adaptive { spin_budget: Duration::from_micros(200) }] {
+            let rt = Runtime::builder().workers(1).driver(driver).busy_poll(mode).build().unwrap();
+            let server = serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
+            let addr = server.local_addr();
+            for i in 0..20 {
+                let msg = format!("{mode} round trip {i}");
+                assert_eq!(common::roundtrip(addr, msg.as_bytes(), msg.len()), msg.as_bytes());
+            }
+            // Leave the worker idle for a while: in `always` mode it keeps spinning.
+            thread::sleep(Duration::from_millis(20));
+            assert_eq!(server.shutdown_blocking(Duration::from_secs(5)), 0);
+            let stats = rt.stats().total;
+            assert!(stats.poller_spins > 0, "{mode}: never spun");
+            assert_eq!(stats.accepted, 20);
+            if rt.stats().info.driver == "uring" && mode == BusyPoll::Always {
+                // An idle spin reads the completion queue without entering the kernel.
+                assert!(
+                    stats.uring_enters < stats.poller_spins,
+                    "{mode}: {} enters for {} spins",
+                    stats.uring_enters,
+                    stats.poller_spins
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn full_accept_queue_pauses_the_multishot() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    // More than the driver queues per listener (1024): the multishot is
+    // cancelled when the queue fills and re-armed once it drains.
+    const BURST: usize = 1100;
+    hotloop::raise_nofile_limit().unwrap();
+    let rt = uring_runtime(1);
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Arm the multishot first, so the kernel accepts the whole burst into the queue.
+        let first = StdStream::connect(addr).unwrap();
+        let mut accepted = vec![listener.accept_stream().await.unwrap()];
+        let clients: Vec<StdStream> =
+            (0..BURST - 1).map(|_| StdStream::connect(addr).unwrap()).collect();
+        sleep(Duration::from_millis(50)).await;
+        while accepted.len() < BURST {
+            let s = timeout(Duration::from_secs(10), listener.accept_stream())
+                .await
+                .expect("accept timed out")
+                .unwrap();
+            accepted.push(s);
+        }
+        // The full queue ended the multishot; a later connection needs it re-armed.
+        let late = StdStream::connect(addr).unwrap();
+        timeout(Duration::from_secs(5), listener.accept_stream())
+            .await
+            .expect("accept after the queue drained timed out")
+            .unwrap();
+        drop((first, clients, late));
+    });
+    let stats = rt.stats().total;
+    assert_eq!(stats.accepted, BURST as u64 + 1);
+    assert!(stats.multishot_rearms >= 1, "the full queue never paused the multishot: {stats:?}");
+    assert_eq!(stats.accept_errors_other, 0);
+}
+
+#[test]
+fn kernel_busy_poll_is_reported() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let rt = Runtime::builder()
+        .workers(1)
+        .driver(DriverKind::Uring)
+        .kernel_busy_poll(Some(hotloop::KernelBusyPoll { busy_poll_us: 50, budget: 8 }))
+        .build()
+        .unwrap();
+    let info = rt.stats().info;
+    println!("kernel_busy_poll: {}", info.kernel_busy_poll);
+    assert!(
+        info.kernel_busy_poll.starts_with("on:")
+            || info.kernel_busy_poll.starts_with("not applied:"),
+        "{}",
+        info.kernel_busy_poll
+    );
+    assert!(info.kernel_busy_poll.contains("NAPI"));
+}
+
+#[test]
+fn reads_dropped_while_data_arrives() {
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    // Data keeps arriving while reads are being dropped, so some reads are
+    // dropped after the kernel filled their buffer or while it does: the
+    // buffer must outlive the operation either way.
+    const ROUNDS: usize = 300;
+    let rt = uring_runtime(1);
+    let baseline = hotloop::open_fd_count().unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let writer = thread::spawn(move || {
+            let mut s = StdStream::connect(addr).unwrap();
+            let mut sent = 0usize;
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(400) {
+                if s.write_all(&[1u8; 64]).is_err() {
+                    break;
+                }
+                sent += 64;
+                // Gaps around the 1 ms read timeout, so reads both finish and get dropped.
+                let gap_us = [200, 900, 1100, 1500][sent / 64 % 4];
+                thread::sleep(Duration::from_micros(gap_us));
+            }
+            sent
+        });
+        let stream = listener.accept_stream().await.unwrap();
+        let (mut received, mut dropped) = (0usize, 0usize);
+        for _ in 0..ROUNDS {
+            match timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(256))).await {
+                Ok((res, buf)) => {
+                    let n = res.unwrap();
+                    assert!(buf.iter().all(|&b| b == 1), "a read returned foreign bytes");
+                    received += n;
+                }
+                Err(_) => dropped += 1,
+            }
+        }
+        let sent = writer.join().unwrap();
+        assert!(received <= sent);
+        assert!(dropped > 0 && received > 0, "received {received}, dropped {dropped}");
+        drop(stream);
+        drop(listener);
+        sleep(Duration::from_millis(20)).await;
+    });
+    assert_eq!(hotloop::open_fd_count().unwrap(), baseline, "descriptors leaked");
+}
