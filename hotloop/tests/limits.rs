@@ -32,7 +32,7 @@ fn limit_test(driver: DriverKind, options: ServerOptions, workers: usize, limit:
     // Workers race for the last slot; the loser holds its connection
     // (accepted, not closed, not served) until a slot frees.
     assert!(
-        c.accepted <= limit + workers as u64 - 1,
+        c.accepted < limit + workers as u64,
         "accepted {} beyond the limit {limit}",
         c.accepted
     );
@@ -54,7 +54,7 @@ fn limit_test(driver: DriverKind, options: ServerOptions, workers: usize, limit:
         .expect("an accepted connection echoes");
     drop(clients.remove(served_now));
     assert!(
-        wait_for(|| rt.stats().total.accepted == limit + 1),
+        wait_for(|| rt.stats().total.accepted >= accepted_at_limit.max(limit + 1)),
         "resumed after a connection finished"
     );
     for c in clients.iter_mut() {
