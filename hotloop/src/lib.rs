@@ -37,6 +37,7 @@ pub mod buf;
 mod driver;
 #[cfg(feature = "hyper")]
 pub mod hyper;
+mod log;
 pub mod net;
 pub mod runtime;
 pub mod signal;

@@ -88,7 +88,7 @@ impl Driver {
             }
         }
         if requested == DriverKind::Auto && worker.id == 0 {
-            eprintln!("hotloop: {reason}");
+            crate::log::warn(format_args!("{reason}"));
         }
         let (epoll, kernel_busy_poll) = epoll::Epoll::new(config, worker)?;
         let info = DriverInfo { driver: "epoll", reason, busy_poll, kernel_busy_poll };

@@ -8,7 +8,6 @@
 
 use std::io;
 use std::net::Shutdown;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::TcpStream;
@@ -34,7 +33,8 @@ impl TcpStream {
         driver::poll_write_slices(self.source(), cx, bufs)
     }
 
-    fn poll_shutdown_write(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Shuts down the write half (the poll form behind `poll_shutdown`/`poll_close`).
+    pub fn poll_shutdown_write(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // shutdown(2) never blocks, so the poll form makes the call directly on either driver.
         match driver::shutdown_now(self.source(), Shutdown::Write) {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
@@ -46,6 +46,7 @@ impl TcpStream {
 #[cfg(feature = "tokio-io")]
 mod tokio_impls {
     use super::*;
+    use std::pin::Pin;
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
     impl AsyncRead for TcpStream {
@@ -102,6 +103,7 @@ mod tokio_impls {
 mod futures_impls {
     use super::*;
     use futures_io::{AsyncRead, AsyncWrite};
+    use std::pin::Pin;
 
     impl AsyncRead for TcpStream {
         fn poll_read(

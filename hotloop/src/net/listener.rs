@@ -160,6 +160,15 @@ impl TcpListener {
             let s = &cx.shared.stats;
             match e.raw_os_error() {
                 Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                    // Once per run of failures, not per retry.
+                    if s.accept_errors_resources.load(std::sync::atomic::Ordering::Relaxed) == 0
+                        || self.batch_count.get() > 0
+                    {
+                        crate::log::warn(format_args!(
+                            "worker {}: accept failed ({e}); pausing the listener for {:?} (raise the open-file limit or lower maxconn)",
+                            cx.id, self.options.resource_pause
+                        ));
+                    }
                     stats::add(&s.accept_errors_resources, 1);
                     stats::add(&s.accept_pauses, 1);
                     self.paused_until.set(Some(Instant::now() + self.options.resource_pause));

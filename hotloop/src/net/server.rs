@@ -286,6 +286,11 @@ impl Server {
     /// Stops accepting on every worker and closes the listeners.
     /// Connections already accepted keep running.
     pub fn stop(&self) {
+        crate::log::info(format_args!(
+            "server on {}: stopping accepts, {} connections in flight",
+            self.local_addr,
+            self.active_connections()
+        ));
         self.shared.stop();
     }
 
@@ -301,7 +306,12 @@ impl Server {
         while self.shared.active.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        self.shared.active.load(Ordering::Acquire)
+        let left = self.shared.active.load(Ordering::Acquire);
+        crate::log::info(format_args!(
+            "server on {}: stopped, {left} connections cut at the grace limit",
+            self.local_addr
+        ));
+        left
     }
 
     /// Waits until every accept loop has ended (after [`Server::stop`], or

@@ -154,6 +154,10 @@ impl Builder {
             return Err(e);
         }
         let main_cx = main_cx?;
+        crate::log::info(format_args!(
+            "{} workers on {} ({}), busy-poll {}",
+            config.workers, info.driver, info.reason, info.busy_poll
+        ));
         *handle.inner.info.lock().unwrap_or_else(|e| e.into_inner()) = info;
         Ok(Runtime { main: Some(main_cx), threads, handle })
     }
