@@ -36,11 +36,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     );
     result.setup.push(format!(
         "load: `hotloop load --mode serial --proto http --connections 1 --duration {duration}`, {BODY_BYTES}-byte bodies; \
-         forwarded: `hotloop proxy` (or haproxy, when on PATH) -> `hotloop serve http --busy-poll off`, both on the server CPUs"
+         forwarded: `hotloop proxy` (or haproxy, when on PATH) on the server CPUs -> `hotloop serve http --busy-poll off`"
     ));
     if ctx.server_cpus.len() < 2 {
         result.setup.push(
-            "forwarded: the proxy and its backend share the server CPU, so a busy-polling proxy takes time from its backend"
+            "forwarded: with one server CPU the backend runs on the load generator's CPU, so the proxy has a core of its own"
                 .into(),
         );
     }

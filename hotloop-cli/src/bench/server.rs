@@ -260,7 +260,13 @@ fn start_backend(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut child = launch(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend)?;
+    // With one server CPU, the backend runs beside the load generator, so
+    // the proxy has a core of its own (as in haproxy's busy-polling test).
+    let cpus = match (ctx.server_cpus.len(), ctx.load_cpu) {
+        (n, Some(load)) if n < 2 => vec![load],
+        _ => ctx.server_cpus.clone(),
+    };
+    let mut child = launch_on(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend, &cpus)?;
     wait_for_stats(&mut child, stats_addr);
     Ok((backend, stats_addr, child))
 }
@@ -324,10 +330,23 @@ fn launch(
     args: &[String],
     addr: SocketAddr,
 ) -> Result<Child, String> {
+    let cpus = ctx.server_cpus.clone();
+    launch_on(ctx, name, program, args, addr, &cpus)
+}
+
+/// Like [`launch`], pinned to `cpus`.
+fn launch_on(
+    ctx: &mut Ctx,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    addr: SocketAddr,
+    cpus: &[usize],
+) -> Result<Child, String> {
     let log = ctx.log_path(name);
     let mut cmd = Command::new(program);
     cmd.args(args);
-    let mut child = Child::spawn(name, cmd, &ctx.server_cpus, &log).map_err(|e| e.to_string())?;
+    let mut child = Child::spawn(name, cmd, cpus, &log).map_err(|e| e.to_string())?;
     match proc::wait_accepting(&mut child, addr, Duration::from_millis(SERVER_START_TIMEOUT_MS)) {
         Ok(()) => Ok(child),
         Err(e) => {
