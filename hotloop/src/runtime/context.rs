@@ -40,8 +40,8 @@ pub(crate) struct Context {
     pub(crate) after_poll: RefCell<Vec<Waker>>,
     /// Read buffers lent to connections only while they have data.
     pub(crate) buf_pool: RefCell<crate::net::pool::BufPool>,
-    /// Set by a task's completion while it unwinds; takes the panic's payload.
-    pub(crate) panic_sink: RefCell<Option<super::join::PanicSink>>,
+    /// The payload of the task that just panicked, while its future is dropped.
+    pub(crate) panic_payload: RefCell<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 thread_local! {

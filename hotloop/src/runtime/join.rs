@@ -86,24 +86,15 @@ impl<T: 'static> Drop for Completion<T> {
         if self.slot.borrow().finished {
             return;
         }
-        if std::thread::panicking() {
-            // Unwinding out of the task: the executor catches the panic just
-            // after this and hands the payload to the sink.
-            let slot = self.slot.clone();
-            set_panic_sink(Box::new(move |payload| {
-                Completion { slot }.finish(Err(JoinError::Panicked(payload)));
-            }));
-            return;
-        }
-        self.finish(Err(JoinError::Cancelled));
+        // Dropped unfinished: aborted, shut down, or panicked (the executor
+        // parks the payload in the context before dropping the task).
+        self.finish(Err(take_panic().map_or(JoinError::Cancelled, JoinError::Panicked)));
     }
 }
 
-/// Where the executor sends the payload of the panic it is catching.
-pub(crate) type PanicSink = Box<dyn FnOnce(Box<dyn Any + Send>)>;
-
-fn set_panic_sink(sink: PanicSink) {
-    context::try_with(|cx| *cx.panic_sink.borrow_mut() = Some(sink));
+/// The payload of the panic whose task is being dropped, if any.
+fn take_panic() -> Option<Box<dyn Any + Send>> {
+    context::try_with(|cx| cx.panic_payload.borrow_mut().take()).flatten()
 }
 
 /// An owned permission to await a task's output or abort it.
@@ -175,10 +166,7 @@ where
     context::with(|cx| {
         let slot = Rc::new(RefCell::new(JoinSlot { output: None, finished: false, waiter: None }));
         let completion = Completion { slot: slot.clone() };
-        let task_future = async move {
-            let out = future.await;
-            completion.finish(Ok(out));
-        };
+        let task_future = OnDone::new(future, move |out| completion.finish(Ok(out)));
         let mut tasks = cx.tasks.borrow_mut();
         let key = tasks.next_key();
         let header = TaskWaker::new(key, cx.shared.clone());
@@ -195,6 +183,38 @@ where
         waker.wake();
         JoinHandle { slot, key }
     })
+}
+
+pin_project_lite::pin_project! {
+    /// Runs `future`, then hands its output to `on_done`.
+    ///
+    /// A struct rather than an `async` block: an `async` block that awaits a
+    /// future it captured stores that future twice (rust-lang/rust#62958),
+    /// doubling the memory of every task.
+    pub(crate) struct OnDone<F, C> {
+        #[pin]
+        future: F,
+        on_done: Option<C>,
+    }
+}
+
+impl<F: Future, C: FnOnce(F::Output)> OnDone<F, C> {
+    pub(crate) fn new(future: F, on_done: C) -> Self {
+        OnDone { future, on_done: Some(on_done) }
+    }
+}
+
+impl<F: Future, C: FnOnce(F::Output)> Future for OnDone<F, C> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
+        let this = self.project();
+        let out = std::task::ready!(this.future.poll(cx));
+        if let Some(done) = this.on_done.take() {
+            done(out);
+        }
+        Poll::Ready(())
+    }
 }
 
 /// Yields to the other tasks of this worker once.
@@ -312,11 +332,6 @@ impl<T: Send + 'static> Drop for RemoteCompletion<T> {
         if self.0.state.lock().unwrap_or_else(|e| e.into_inner()).finished {
             return;
         }
-        if std::thread::panicking() {
-            let slot = self.0.clone();
-            set_panic_sink(Box::new(move |payload| slot.finish(Err(JoinError::Panicked(payload)))));
-            return;
-        }
-        self.0.finish(Err(JoinError::Cancelled));
+        self.0.finish(Err(take_panic().map_or(JoinError::Cancelled, JoinError::Panicked)));
     }
 }

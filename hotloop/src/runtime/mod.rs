@@ -18,7 +18,7 @@ mod worker;
 pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::Handle;
-pub(crate) use join::yield_to_driver;
+pub(crate) use join::{yield_to_driver, OnDone};
 pub use join::{spawn, yield_now, JoinError, JoinHandle, RemoteJoinHandle};
 pub(crate) use shared::WorkerShared;
 
@@ -232,7 +232,7 @@ impl Context {
             turn: Cell::new(0),
             after_poll: RefCell::new(Vec::new()),
             buf_pool: RefCell::new(Default::default()),
-            panic_sink: RefCell::new(None),
+            panic_payload: RefCell::new(None),
         }))
     }
 }

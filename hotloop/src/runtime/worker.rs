@@ -132,9 +132,7 @@ fn run_task(cx: &Context, key: TaskKey) {
         Ok(Poll::Ready(())) => true,
         Ok(Poll::Pending) => false,
         Err(payload) => {
-            if let Some(sink) = cx.panic_sink.borrow_mut().take() {
-                sink(payload);
-            }
+            *cx.panic_payload.borrow_mut() = Some(payload);
             true
         }
     };
@@ -151,6 +149,7 @@ fn run_task(cx: &Context, key: TaskKey) {
     // Dropped outside the borrow: destructors may spawn or close sockets.
     drop(future);
     drop(finished);
+    cx.panic_payload.borrow_mut().take();
 }
 
 /// How long the driver may block this turn.
