@@ -103,6 +103,16 @@ pub(crate) unsafe fn recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usi
     Ok(n as usize)
 }
 
+/// Reads into `len` bytes at `ptr` without blocking, even on a blocking socket.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for writes for the duration of the call.
+pub(crate) unsafe fn recv_nowait(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer.
+    let n = cvt(unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) })?;
+    Ok(n as usize)
+}
+
 /// Sends `len` bytes at `ptr`, never raising `SIGPIPE`.
 ///
 /// # Safety

@@ -266,7 +266,8 @@ fn start_backend(
         (n, Some(load)) if n < 2 => vec![load],
         _ => ctx.server_cpus.clone(),
     };
-    let mut child = launch_on(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend, &cpus)?;
+    let mut child =
+        launch_on(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend, &cpus)?;
     wait_for_stats(&mut child, stats_addr);
     Ok((backend, stats_addr, child))
 }

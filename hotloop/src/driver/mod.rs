@@ -229,14 +229,30 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
 pub(crate) async fn recv_pooled(src: &Source) -> io::Result<crate::net::PooledBuf> {
     use crate::net::pool;
     if is_uring() {
-        let (res, buf) = uring::recv(src, pool::take()).await;
-        return match res {
-            Ok(_) => Ok(crate::net::PooledBuf::new(buf)),
-            Err(e) => {
-                pool::give(buf);
-                Err(e)
+        // Readiness on the ring (a POLL_ADD holds no buffer), then the read
+        // as a plain non-blocking syscall into a pool buffer.
+        loop {
+            let mut buf = pool::take();
+            // SAFETY: `buf` is a live Vec with `capacity` writable bytes.
+            let res = unsafe { sys::recv_nowait(src.fd(), buf.as_mut_ptr(), buf.capacity()) };
+            match res {
+                Ok(n) => {
+                    // SAFETY: the kernel wrote `n <= capacity` bytes at the start.
+                    unsafe { buf.set_len(n) };
+                    return Ok(crate::net::PooledBuf::new(buf));
+                }
+                Err(e) => {
+                    pool::give(buf);
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => {
+                            uring::poll_ready(src.fd(), libc::POLLIN).await?
+                        }
+                        io::ErrorKind::Interrupted => {}
+                        _ => return Err(e),
+                    }
+                }
             }
-        };
+        }
     }
     let fd = src.fd();
     poll_fn(|cx| {

@@ -45,7 +45,7 @@ pub(crate) mod compat;
 mod op;
 
 pub(crate) use compat::{poll_read_slice, poll_write_slice};
-pub(crate) use op::{connect, recv, send, send_vectored, shutdown};
+pub(crate) use op::{connect, poll_ready, recv, send, send_vectored, shutdown};
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

@@ -454,7 +454,7 @@ pub(crate) async fn shutdown(src: &Source, how: std::net::Shutdown) -> io::Resul
 }
 
 /// Waits until `fd` reports one of `events` (a one-shot `IORING_OP_POLL_ADD`).
-async fn poll_ready(fd: RawFd, events: i16) -> io::Result<()> {
+pub(crate) async fn poll_ready(fd: RawFd, events: i16) -> io::Result<()> {
     let entry = opcode::PollAdd::new(types::Fd(fd), events as u32).build();
     // SAFETY: a poll entry points at no memory.
     let op = unsafe { Op::submit(entry, ()) }.map_err(|(e, _)| e)?;
