@@ -1,0 +1,3 @@
+//! Time: the per-worker timer wheel.
+
+pub mod wheel;
