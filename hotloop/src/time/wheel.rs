@@ -38,9 +38,11 @@
 //! timers move down ("cascade") to the level their exact deadline now belongs
 //! to. A timer falls at most five times in its life and lands in level 0 on
 //! exactly its tick; level-0 slots hold a single tick, so they are spliced onto
-//! the due list whole. Runs of consecutive timers bound for the same slot move
-//! as one splice, so a cluster of timers with one deadline cascades in one
-//! pass of reads and a handful of writes.
+//! the due list whole. A second bitmap per level marks the slots whose timers
+//! were filed with different deadlines; a slot whose timers share one (a burst
+//! of equal timeouts) moves down as one splice without reading them. In a mixed
+//! slot, runs of consecutive timers bound for the same slot still move as one
+//! splice each.
 //!
 //! # Overflow
 //!
@@ -84,8 +86,9 @@
 //! Each timer is one slab entry: the value, the 64-bit deadline, two 32-bit
 //! list links and a 32-bit generation, 32 bytes when `T` is 8 bytes or less
 //! and 40 bytes for a 16-byte `T` such as `std::task::Waker`. The empty wheel
-//! keeps its 386 list heads and tails and six bitmaps inline, about 3.2 KiB,
-//! and allocates nothing until the first insert.
+//! keeps its 386 list heads and tails, the shared deadline of each of the 320
+//! upper slots and the bitmaps inline, 5.8 KiB, and allocates nothing until the
+//! first insert.
 //!
 //! # Implementation notes
 //!
@@ -100,6 +103,9 @@
 //! - Bit `s` of `occupied[L]` is set exactly when slot list `(L, s)` is
 //!   non-empty, and bit `L` of `occupied_levels` exactly when `occupied[L]`
 //!   is non-zero.
+//! - For a non-empty slot above level 0 whose bit in `mixed[L]` is clear,
+//!   every timer on it was filed with that slot's `filed_deadline`, and its
+//!   deadline now is that or later.
 //! - `next_deadline` is at most the earliest deadline of any pending timer.
 //! - The cursor only moves forward, and only to a tick before every slot start
 //!   and the overflow epoch not yet processed. It moves only when a poll does
@@ -119,6 +125,8 @@ const LEVELS: usize = 6;
 const WHEEL_BITS: u32 = SLOT_BITS * LEVELS as u32;
 /// Number of slot lists; list ids below this are `level * SLOTS + slot`.
 const SLOT_LISTS: usize = LEVELS * SLOTS;
+/// Number of slot lists above level 0, the ones that cascade.
+const UPPER_SLOT_LISTS: usize = SLOT_LISTS - SLOTS;
 /// List id of timers whose deadline has been reached.
 const DUE: usize = SLOT_LISTS;
 /// List id of timers beyond the wheel's span.
@@ -171,6 +179,13 @@ pub struct TimerWheel<T> {
     occupied: [u64; LEVELS],
     /// Bit `L`: `occupied[L] != 0`.
     occupied_levels: u32,
+    /// Bit `s` of `mixed[L]`: slot `s` of level `L` holds timers filed with
+    /// different deadlines. When clear, all of them were filed with
+    /// `filed_deadline` of that slot and the slot cascades as one splice.
+    mixed: [u64; LEVELS],
+    /// The common filing deadline of each slot above level 0 whose `mixed`
+    /// bit is clear.
+    filed_deadline: [u64; UPPER_SLOT_LISTS],
     /// Ends of every slot list, then the due and overflow lists.
     lists: [List; LISTS],
 }
@@ -270,6 +285,8 @@ impl<T> TimerWheel<T> {
             overflow_min: u64::MAX,
             occupied: [0; LEVELS],
             occupied_levels: 0,
+            mixed: [0; LEVELS],
+            filed_deadline: [0; UPPER_SLOT_LISTS],
             lists: [EMPTY_LIST; LISTS],
         }
     }
@@ -455,11 +472,19 @@ impl<T> TimerWheel<T> {
                 }
                 self.cursor = start;
                 let list = level * SLOTS + slot;
+                let uniform = self.uniform_deadline(list);
                 let (head, tail) = self.take_list(list);
                 if level == 0 {
                     // A level-0 slot holds one tick: all of it is due.
-                    self.splice_back(DUE, head, tail);
+                    self.splice_back(DUE, head, tail, None);
                     self.due_min = self.due_min.min(start);
+                } else if let Some(deadline) = uniform {
+                    // Every timer here was filed with one deadline (later
+                    // ones were reset lazily and may ride along): move the
+                    // whole list to where that deadline belongs.
+                    let target = self.list_for(deadline);
+                    self.note_filed(target, deadline);
+                    self.splice_back(target, head, tail, Some(deadline));
                 } else {
                     self.refile(head);
                 }
@@ -508,6 +533,9 @@ impl<T> TimerWheel<T> {
         if level == 0 {
             // Level-0 slots are one tick wide.
             return start;
+        }
+        if let Some(deadline) = self.uniform_deadline(level * SLOTS + slot) {
+            return deadline;
         }
         // An upper-level slot spans many ticks; a short one is worth reading
         // for the exact answer, because the runtime sleeps until it.
@@ -581,7 +609,19 @@ impl<T> TimerWheel<T> {
         let deadline = self.entries[index as usize].deadline();
         let list = self.list_for(deadline);
         self.note_filed(list, deadline);
-        self.splice_back(list, index, index);
+        self.splice_back(list, index, index, Some(deadline));
+    }
+
+    /// The deadline every timer on a slot list above level 0 was filed with,
+    /// if they share one. Lazily reset timers may now be due later.
+    #[inline]
+    fn uniform_deadline(&self, list: usize) -> Option<u64> {
+        let (level, slot) = (list / SLOTS, list % SLOTS);
+        if level == 0 || self.mixed[level] & (1 << slot) != 0 {
+            None
+        } else {
+            Some(self.filed_deadline[list - SLOTS])
+        }
     }
 
     /// Keeps the due and overflow lower bounds when `deadline` joins `list`.
@@ -601,6 +641,7 @@ impl<T> TimerWheel<T> {
     fn refile(&mut self, head: u32) {
         let mut run_head = head;
         let mut run_deadline_min = self.entries[head as usize].deadline();
+        let mut run_deadline_max = run_deadline_min;
         let mut run_list = self.list_for(run_deadline_min);
         let mut index = head;
         loop {
@@ -611,36 +652,73 @@ impl<T> TimerWheel<T> {
             let deadline = self.entries[next as usize].deadline();
             let list = self.list_for(deadline);
             if list != run_list {
-                self.note_filed(run_list, run_deadline_min);
-                self.splice_back(run_list, run_head, index);
+                self.splice_run(
+                    run_list,
+                    run_head,
+                    index,
+                    run_deadline_min,
+                    run_deadline_max,
+                );
                 run_head = next;
                 run_list = list;
                 run_deadline_min = deadline;
+                run_deadline_max = deadline;
             } else {
                 run_deadline_min = run_deadline_min.min(deadline);
+                run_deadline_max = run_deadline_max.max(deadline);
             }
             index = next;
         }
-        self.note_filed(run_list, run_deadline_min);
-        self.splice_back(run_list, run_head, index);
+        self.splice_run(
+            run_list,
+            run_head,
+            index,
+            run_deadline_min,
+            run_deadline_max,
+        );
+    }
+
+    /// Appends a run of entries whose deadlines all lie in `min..=max` and
+    /// belong on `list`.
+    #[inline]
+    fn splice_run(&mut self, list: usize, head: u32, tail: u32, min: u64, max: u64) {
+        self.note_filed(list, min);
+        let filed = if min == max { Some(min) } else { None };
+        self.splice_back(list, head, tail, filed);
     }
 
     /// Appends the chain `head..=tail` (already linked internally) to `list`.
+    /// `filed` is the deadline all of the chain was filed with, if it has one.
     #[inline]
-    fn splice_back(&mut self, list: usize, head: u32, tail: u32) {
+    fn splice_back(&mut self, list: usize, head: u32, tail: u32, filed: Option<u64>) {
         let end = END | list as u32;
         let old_tail = self.lists[list].tail;
         if old_tail == NIL {
             self.entries[head as usize].set_prev(end);
             self.lists[list].head = head;
             if list < SLOT_LISTS {
-                let level = list / SLOTS;
-                self.occupied[level] |= 1 << (list % SLOTS);
+                let (level, bit) = (list / SLOTS, 1 << (list % SLOTS));
+                self.occupied[level] |= bit;
                 self.occupied_levels |= 1 << level;
+                if level > 0 {
+                    match filed {
+                        Some(deadline) => {
+                            self.mixed[level] &= !bit;
+                            self.filed_deadline[list - SLOTS] = deadline;
+                        }
+                        None => self.mixed[level] |= bit,
+                    }
+                }
             }
         } else {
             self.entries[old_tail as usize].set_next(head);
             self.entries[head as usize].set_prev(old_tail);
+            if SLOTS <= list
+                && list < SLOT_LISTS
+                && (filed.is_none() || filed != self.uniform_deadline(list))
+            {
+                self.mixed[list / SLOTS] |= 1 << (list % SLOTS);
+            }
         }
         self.entries[tail as usize].set_next(end);
         self.lists[list].tail = tail;
@@ -790,7 +868,7 @@ mod tests {
     #[test]
     fn entry_is_32_bytes_for_u64() {
         assert_eq!(mem::size_of::<Entry<u64>>(), 32);
-        assert!(mem::size_of::<TimerWheel<u64>>() <= 8 * 1024);
+        assert!(mem::size_of::<TimerWheel<u64>>() <= 6 * 1024);
     }
 
     #[test]
@@ -929,6 +1007,42 @@ mod tests {
         assert_eq!(drain(&mut wheel, beyond + 12_345), vec![1]);
         assert_eq!(drain(&mut wheel, u64::MAX - 1), Vec::<u32>::new());
         assert_eq!(drain(&mut wheel, u64::MAX), vec![2]);
+    }
+
+    #[test]
+    fn a_cluster_cascades_whole_and_carries_lazy_resets() {
+        let mut wheel = TimerWheel::new();
+        let keys: Vec<_> = (0..100).map(|i| wheel.insert(300_001, i)).collect();
+        let cluster = wheel.list_for(300_001);
+        assert_eq!(wheel.uniform_deadline(cluster), Some(300_001));
+        assert!(wheel.reset(keys[10], 300_500));
+        assert!(wheel.reset(keys[20], 900_000));
+        assert_eq!(wheel.cancel(keys[30]), Some(30));
+        assert_eq!(wheel.uniform_deadline(cluster), Some(300_001));
+        assert_eq!(wheel.next_deadline(), Some(300_001));
+        assert_eq!(drain(&mut wheel, 300_000), Vec::<u32>::new());
+        let expected: Vec<u32> = (0..100).filter(|i| ![10, 20, 30].contains(i)).collect();
+        assert_eq!(drain(&mut wheel, 300_001), expected);
+        assert_eq!(drain(&mut wheel, 300_499), Vec::<u32>::new());
+        assert_eq!(drain(&mut wheel, 300_500), vec![10]);
+        assert_eq!(drain(&mut wheel, 899_999), Vec::<u32>::new());
+        assert_eq!(drain(&mut wheel, 900_000), vec![20]);
+    }
+
+    #[test]
+    fn a_mixed_slot_cascades_timer_by_timer() {
+        let mut wheel = TimerWheel::new();
+        wheel.insert(300_003, 3);
+        wheel.insert(300_001, 1);
+        wheel.insert(300_002, 2);
+        let slot = wheel.list_for(300_001);
+        assert_eq!(wheel.uniform_deadline(slot), None);
+        assert_eq!(wheel.next_deadline(), Some(300_001));
+        let mut fired = Vec::new();
+        for now in 300_000..300_004 {
+            wheel.poll(now, usize::MAX, |_, v| fired.push((now, v)));
+        }
+        assert_eq!(fired, [(300_001, 1), (300_002, 2), (300_003, 3)]);
     }
 
     #[test]
