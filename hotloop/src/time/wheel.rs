@@ -713,10 +713,8 @@ impl<T> TimerWheel<T> {
         } else {
             self.entries[old_tail as usize].set_next(head);
             self.entries[head as usize].set_prev(old_tail);
-            if SLOTS <= list
-                && list < SLOT_LISTS
-                && (filed.is_none() || filed != self.uniform_deadline(list))
-            {
+            let upper_slot = (SLOTS..SLOT_LISTS).contains(&list);
+            if upper_slot && (filed.is_none() || filed != self.uniform_deadline(list)) {
                 self.mixed[list / SLOTS] |= 1 << (list % SLOTS);
             }
         }
