@@ -611,7 +611,11 @@ fn clustered(c: &mut Criterion) {
         clustered_one::<TimerWheel<u64>>(&mut group, timers);
         clustered_one::<BTreeQueue>(&mut group, timers);
         clustered_one::<HeapQueue>(&mut group, timers);
-        clustered_one::<NeqoWheel>(&mut group, timers);
+        // neqo rescans the buckets before the cluster for every timer it
+        // takes: a million would take seconds per drain, so stop at 1e5.
+        if timers <= 100_000 {
+            clustered_one::<NeqoWheel>(&mut group, timers);
+        }
     }
     group.finish();
     for (name, worst) in [

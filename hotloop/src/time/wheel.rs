@@ -219,18 +219,6 @@ const EMPTY_LIST: List = List {
 
 impl<T> Entry<T> {
     #[inline]
-    fn generation(&self) -> u32 {
-        match self {
-            Entry::Occupied { generation, .. } | Entry::Vacant { generation, .. } => *generation,
-        }
-    }
-
-    #[inline]
-    fn is_key(&self, key: TimerKey) -> bool {
-        matches!(self, Entry::Occupied { generation, .. } if *generation == key.generation)
-    }
-
-    #[inline]
     fn deadline(&self) -> u64 {
         match self {
             Entry::Occupied { deadline, .. } => *deadline,
@@ -324,8 +312,27 @@ impl<T> TimerWheel<T> {
             // rather than from wherever the last busy poll left the cursor.
             self.cursor = self.now;
         }
-        let key = self.alloc(deadline, value);
-        self.file(key.index);
+        // File the new entry with its final links in one write; only the
+        // list's old tail is touched besides.
+        let list = self.list_for(deadline);
+        self.note_filed(list, deadline);
+        let end = END | list as u32;
+        let old_tail = self.lists[list].tail;
+        let key = self.alloc(|generation| Entry::Occupied {
+            generation,
+            next: end,
+            prev: if old_tail == NIL { end } else { old_tail },
+            deadline,
+            value,
+        });
+        if old_tail == NIL {
+            self.lists[list].head = key.index;
+            self.mark_occupied(list, Some(deadline));
+        } else {
+            self.entries[old_tail as usize].set_next(key.index);
+            self.note_mixed(list, Some(deadline));
+        }
+        self.lists[list].tail = key.index;
         self.len += 1;
         if deadline < self.next_deadline {
             self.next_deadline = deadline;
@@ -336,11 +343,20 @@ impl<T> TimerWheel<T> {
     /// Removes a pending timer and returns its value, or `None` if the key is
     /// stale (the timer fired or was cancelled).
     pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
-        if !self.is_pending(key) {
+        let Some(&Entry::Occupied {
+            generation,
+            prev,
+            next,
+            ..
+        }) = self.entries.get(key.index as usize)
+        else {
+            return None;
+        };
+        if generation != key.generation {
             return None;
         }
-        self.unlink(key.index);
-        let (_, value) = self.release(key.index);
+        self.unlink_links(prev, next);
+        let (_, value) = self.release(key.index, generation);
         self.len -= 1;
         if self.len == 0 {
             self.next_deadline = u64::MAX;
@@ -448,18 +464,7 @@ impl<T> TimerWheel<T> {
     fn poll_due(&mut self, now: u64, max: usize, f: &mut impl FnMut(TimerKey, T)) -> usize {
         let mut fired = 0;
         loop {
-            while fired < max {
-                let Some(index) = self.pop_due() else { break };
-                if self.entries[index as usize].deadline() > self.cursor {
-                    // Reset to a later deadline after it became due.
-                    self.file(index);
-                    continue;
-                }
-                let (key, value) = self.release(index);
-                self.len -= 1;
-                f(key, value);
-                fired += 1;
-            }
+            fired += self.fire_due(max - fired, f);
             if fired == max {
                 break;
             }
@@ -505,6 +510,37 @@ impl<T> TimerWheel<T> {
             }
         }
         self.next_deadline = self.earliest();
+        fired
+    }
+
+    /// Hands out up to `max` timers from the front of the due list.
+    #[inline]
+    fn fire_due(&mut self, max: usize, f: &mut impl FnMut(TimerKey, T)) -> usize {
+        let head = self.lists[DUE].head;
+        let mut due = DueWalk { wheel: self, head };
+        let mut fired = 0;
+        while fired < max && due.head != NIL {
+            let index = due.head;
+            let Entry::Occupied {
+                generation,
+                next,
+                deadline,
+                ..
+            } = due.wheel.entries[index as usize]
+            else {
+                unreachable!("timer wheel list holds a vacant entry")
+            };
+            due.head = if next & END == 0 { next } else { NIL };
+            if deadline > due.wheel.cursor {
+                // Reset to a later deadline after it became due.
+                due.wheel.file(index);
+                continue;
+            }
+            let (key, value) = due.wheel.release(index, generation);
+            due.wheel.len -= 1;
+            f(key, value);
+            fired += 1;
+        }
         fired
     }
 
@@ -696,30 +732,44 @@ impl<T> TimerWheel<T> {
         if old_tail == NIL {
             self.entries[head as usize].set_prev(end);
             self.lists[list].head = head;
-            if list < SLOT_LISTS {
-                let (level, bit) = (list / SLOTS, 1 << (list % SLOTS));
-                self.occupied[level] |= bit;
-                self.occupied_levels |= 1 << level;
-                if level > 0 {
-                    match filed {
-                        Some(deadline) => {
-                            self.mixed[level] &= !bit;
-                            self.filed_deadline[list - SLOTS] = deadline;
-                        }
-                        None => self.mixed[level] |= bit,
-                    }
-                }
-            }
+            self.mark_occupied(list, filed);
         } else {
             self.entries[old_tail as usize].set_next(head);
             self.entries[head as usize].set_prev(old_tail);
-            let upper_slot = (SLOTS..SLOT_LISTS).contains(&list);
-            if upper_slot && (filed.is_none() || filed != self.uniform_deadline(list)) {
-                self.mixed[list / SLOTS] |= 1 << (list % SLOTS);
-            }
+            self.note_mixed(list, filed);
         }
         self.entries[tail as usize].set_next(end);
         self.lists[list].tail = tail;
+    }
+
+    /// Sets the occupancy bits of a list that just became non-empty, and
+    /// starts its uniformity record. `filed` is as in `splice_back`.
+    #[inline]
+    fn mark_occupied(&mut self, list: usize, filed: Option<u64>) {
+        if list < SLOT_LISTS {
+            let (level, bit) = (list / SLOTS, 1 << (list % SLOTS));
+            self.occupied[level] |= bit;
+            self.occupied_levels |= 1 << level;
+            if level > 0 {
+                match filed {
+                    Some(deadline) => {
+                        self.mixed[level] &= !bit;
+                        self.filed_deadline[list - SLOTS] = deadline;
+                    }
+                    None => self.mixed[level] |= bit,
+                }
+            }
+        }
+    }
+
+    /// Marks an upper slot mixed unless what joins it was filed with the
+    /// slot's deadline. Setting an already set bit is harmless, so the bit
+    /// is not read first.
+    #[inline]
+    fn note_mixed(&mut self, list: usize, filed: Option<u64>) {
+        if (SLOTS..SLOT_LISTS).contains(&list) && filed != Some(self.filed_deadline[list - SLOTS]) {
+            self.mixed[list / SLOTS] |= 1 << (list % SLOTS);
+        }
     }
 
     /// Detaches a non-empty list and returns its `(head, tail)`.
@@ -730,21 +780,16 @@ impl<T> TimerWheel<T> {
         (head, tail)
     }
 
-    /// Unlinks and returns the first due entry.
-    #[inline]
-    fn pop_due(&mut self) -> Option<u32> {
-        let head = self.lists[DUE].head;
-        if head == NIL {
-            return None;
-        }
-        self.unlink(head);
-        Some(head)
-    }
-
     /// Removes an entry from whichever list holds it.
     #[inline]
     fn unlink(&mut self, index: u32) {
         let (prev, next) = self.entries[index as usize].links();
+        self.unlink_links(prev, next);
+    }
+
+    /// Removes the entry between `prev` and `next` (indices or list ends).
+    #[inline]
+    fn unlink_links(&mut self, prev: u32, next: u32) {
         if next & END == 0 {
             self.entries[next as usize].set_prev(prev);
         } else {
@@ -776,16 +821,10 @@ impl<T> TimerWheel<T> {
         }
     }
 
+    /// Takes a vacant entry (or grows the slab) and fills it with `entry`,
+    /// which is given the entry's generation.
     #[inline]
-    fn is_pending(&self, key: TimerKey) -> bool {
-        self.entries
-            .get(key.index as usize)
-            .is_some_and(|entry| entry.is_key(key))
-    }
-
-    /// Takes a vacant entry (or grows the slab) and fills it, unlinked.
-    #[inline]
-    fn alloc(&mut self, deadline: u64, value: T) -> TimerKey {
+    fn alloc(&mut self, entry: impl FnOnce(u32) -> Entry<T>) -> TimerKey {
         let (index, generation) = if self.free_head != NIL {
             let index = self.free_head;
             let entry = &mut self.entries[index as usize];
@@ -810,21 +849,14 @@ impl<T> TimerWheel<T> {
             });
             (index as u32, 0)
         };
-        self.entries[index as usize] = Entry::Occupied {
-            generation,
-            next: NIL,
-            prev: NIL,
-            deadline,
-            value,
-        };
+        self.entries[index as usize] = entry(generation);
         TimerKey { index, generation }
     }
 
     /// Frees an unlinked entry, bumping its generation so old keys go stale.
     #[inline]
-    fn release(&mut self, index: u32) -> (TimerKey, T) {
+    fn release(&mut self, index: u32, generation: u32) -> (TimerKey, T) {
         let entry = &mut self.entries[index as usize];
-        let generation = entry.generation();
         let vacant = Entry::Vacant {
             generation: generation.wrapping_add(1),
             next_free: self.free_head,
@@ -833,6 +865,25 @@ impl<T> TimerWheel<T> {
         match mem::replace(entry, vacant) {
             Entry::Occupied { value, .. } => (TimerKey { index, generation }, value),
             Entry::Vacant { .. } => unreachable!("timer wheel released a vacant entry"),
+        }
+    }
+}
+
+/// Walks the due list from the front without rewriting each new head's
+/// back link; dropping it, even while `f` unwinds, makes the list whole.
+struct DueWalk<'a, T> {
+    wheel: &'a mut TimerWheel<T>,
+    head: u32,
+}
+
+impl<T> Drop for DueWalk<'_, T> {
+    fn drop(&mut self) {
+        let wheel = &mut *self.wheel;
+        if self.head == NIL {
+            wheel.lists[DUE] = EMPTY_LIST;
+        } else {
+            wheel.lists[DUE].head = self.head;
+            wheel.entries[self.head as usize].set_prev(END | DUE as u32);
         }
     }
 }
