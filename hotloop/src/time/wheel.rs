@@ -244,6 +244,14 @@ impl<T> Entry<T> {
     }
 
     #[inline]
+    fn set_links(&mut self, new_prev: u32, new_next: u32) {
+        match self {
+            Entry::Occupied { prev, next, .. } => (*prev, *next) = (new_prev, new_next),
+            Entry::Vacant { .. } => unreachable!("timer wheel list holds a vacant entry"),
+        }
+    }
+
+    #[inline]
     fn set_next(&mut self, to: u32) {
         match self {
             Entry::Occupied { next, .. } => *next = to,
@@ -454,7 +462,7 @@ impl<T> TimerWheel<T> {
     pub fn poll(&mut self, now: u64, max: usize, mut f: impl FnMut(TimerKey, T)) -> usize {
         let now = now.max(self.now);
         self.now = now;
-        if now < self.next_deadline || max == 0 {
+        if now < self.next_deadline {
             return 0;
         }
         self.poll_due(now, max, &mut f)
@@ -729,16 +737,20 @@ impl<T> TimerWheel<T> {
     fn splice_back(&mut self, list: usize, head: u32, tail: u32, filed: Option<u64>) {
         let end = END | list as u32;
         let old_tail = self.lists[list].tail;
+        let prev = if old_tail == NIL { end } else { old_tail };
+        if head == tail {
+            self.entries[head as usize].set_links(prev, end);
+        } else {
+            self.entries[head as usize].set_prev(prev);
+            self.entries[tail as usize].set_next(end);
+        }
         if old_tail == NIL {
-            self.entries[head as usize].set_prev(end);
             self.lists[list].head = head;
             self.mark_occupied(list, filed);
         } else {
             self.entries[old_tail as usize].set_next(head);
-            self.entries[head as usize].set_prev(old_tail);
             self.note_mixed(list, filed);
         }
-        self.entries[tail as usize].set_next(end);
         self.lists[list].tail = tail;
     }
 
