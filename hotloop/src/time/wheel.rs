@@ -36,9 +36,10 @@
 //!
 //! When the cursor reaches the start of an occupied slot above level 0, its
 //! timers move down ("cascade") to the level their exact deadline now belongs
-//! to. A timer falls at most five times in its life and lands in level 0 on
-//! exactly its tick; level-0 slots hold a single tick, so they are spliced onto
-//! the due list whole. A second bitmap per level marks the slots whose timers
+//! to. A timer falls at most five times in its life and ends in the level-0
+//! slot of exactly its tick (or straight on the due list when its tick is the
+//! one being processed); level-0 slots hold a single tick, so they are spliced
+//! onto the due list whole. A second bitmap per level marks the slots whose timers
 //! were filed with different deadlines; a slot whose timers share one (a burst
 //! of equal timeouts) moves down as one splice without reading them. In a mixed
 //! slot, runs of consecutive timers bound for the same slot still move as one
@@ -68,11 +69,16 @@
 //!   bound was used up first; then it fires on a following call. Cascading is
 //!   exact, so there is no extra lateness for far deadlines.
 //! - [`TimerWheel::next_deadline`] is never later than the earliest pending
-//!   deadline. It is exact when the earliest timer was inserted or moved
-//!   earlier since the last poll, or sits in level 0, or shares its slot with
-//!   fewer than 16 timers; after a cancel or a lazy reset it may be earlier
-//!   than the truth until the next poll does work.
+//!   deadline. It is exact except in three cases, where it is early: after a
+//!   cancel or a reset to a later deadline, until the next poll that does
+//!   work; when the earliest timer sits in an upper-level slot holding more
+//!   than 16 timers with differing deadlines (the slot's start is given); and
+//!   while a batch bound has left due timers unfired (a tick at or before
+//!   `now`).
 //! - A poll with nothing due is one comparison against that cached deadline.
+//! - The batch bound counts fired timers. Moving a slot down is not split
+//!   across calls: a slot of one shared deadline moves in O(1), any other in
+//!   one pass over its timers.
 //! - Insert, cancel and reset are O(1) and allocate nothing once the slab has
 //!   grown to the peak number of timers: freed entries are reused.
 //! - A [`TimerKey`] carries a generation, so a key whose timer has fired or
