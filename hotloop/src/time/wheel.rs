@@ -474,7 +474,9 @@ impl<T> TimerWheel<T> {
         self.poll_due(now, max, &mut f)
     }
 
-    /// The part of `poll` that runs when something may be due.
+    /// The part of `poll` that runs when something may be due. Kept out of
+    /// line so the nothing-due check inlines into the caller's loop small.
+    #[inline(never)]
     fn poll_due(&mut self, now: u64, max: usize, f: &mut impl FnMut(TimerKey, T)) -> usize {
         let mut fired = 0;
         loop {
@@ -855,23 +857,31 @@ impl<T> TimerWheel<T> {
             self.free_head = next_free;
             (index, generation)
         } else {
-            let index = self.entries.len();
-            assert!(
-                index < ENTRIES_MAX,
-                "timer wheel is full: 2^31 timers are pending; cancel or fire some first"
-            );
-            self.entries.push(Entry::Vacant {
-                generation: 0,
-                next_free: NIL,
-            });
-            self.links.push(Link {
-                prev: NIL,
-                next: NIL,
-            });
-            (index as u32, 0)
+            (self.grow(), 0)
         };
         self.entries[index as usize] = entry(generation);
         TimerKey { index, generation }
+    }
+
+    /// Appends a vacant entry (generation 0) and returns its index. Kept out
+    /// of line: it runs only until the slab reaches its peak.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) -> u32 {
+        let index = self.entries.len();
+        assert!(
+            index < ENTRIES_MAX,
+            "timer wheel is full: 2^31 timers are pending; cancel or fire some first"
+        );
+        self.entries.push(Entry::Vacant {
+            generation: 0,
+            next_free: NIL,
+        });
+        self.links.push(Link {
+            prev: NIL,
+            next: NIL,
+        });
+        index as u32
     }
 
     /// Frees an unlinked entry, bumping its generation so old keys go stale.
