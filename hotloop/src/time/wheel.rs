@@ -117,7 +117,10 @@
 //! - For a non-empty slot above level 0 whose bit in `mixed[L]` is clear,
 //!   every timer on it was filed with that slot's `filed_deadline`, and its
 //!   deadline now is that or later.
-//! - `next_deadline` is at most the earliest deadline of any pending timer.
+//! - `next_deadline` is at most the earliest deadline of any pending timer;
+//!   `due_min` and `overflow_min` bound their lists the same way and are
+//!   `u64::MAX` when their list is empty, so a bound never names a tick the
+//!   cursor has passed while nothing is filed under it.
 //! - The cursor only moves forward, and only to a tick before every slot start
 //!   and the overflow epoch not yet processed. It moves only when a poll does
 //!   work, so between such polls it may trail [`TimerWheel::now`]; inserts are
@@ -330,6 +333,8 @@ impl<T> TimerWheel<T> {
         if self.len == 0 {
             // Nothing is filed, so the levels can be laid out from `now`
             // rather than from wherever the last busy poll left the cursor.
+            // Every list is empty, so are their bounds (see `mark_empty`).
+            debug_assert!(self.due_min == u64::MAX && self.overflow_min == u64::MAX);
             self.cursor = self.now;
         }
         // File the new entry with its final links in one write; only the
@@ -837,6 +842,12 @@ impl<T> TimerWheel<T> {
             if self.occupied[level] == 0 {
                 self.occupied_levels &= !(1 << level);
             }
+        } else if list == DUE {
+            self.due_min = u64::MAX;
+        } else {
+            // A stale bound left behind here could name an epoch the cursor
+            // has since passed.
+            self.overflow_min = u64::MAX;
         }
     }
 
@@ -912,6 +923,7 @@ impl<T> Drop for DueWalk<'_, T> {
         let wheel = &mut *self.wheel;
         if self.head == NIL {
             wheel.lists[DUE] = EMPTY_LIST;
+            wheel.due_min = u64::MAX;
         } else {
             wheel.lists[DUE].head = self.head;
             wheel.links[self.head as usize].set_prev(END | DUE as u32);
@@ -1123,6 +1135,23 @@ mod tests {
             wheel.poll(now, usize::MAX, |_, v| fired.push((now, v)));
         }
         assert_eq!(fired, [(300_001, 1), (300_002, 2), (300_003, 3)]);
+    }
+
+    #[test]
+    fn an_emptied_overflow_list_leaves_no_stale_bound() {
+        let mut wheel = TimerWheel::new();
+        let keys: Vec<_> = (0..3).map(|i| wheel.insert(7_000, i)).collect();
+        // Lazily reset far out: it rides the cascade down, then is re-filed on
+        // the overflow list when its old tick comes up.
+        assert!(wheel.reset(keys[1], 1 << 36));
+        assert_eq!(drain(&mut wheel, 7_000), vec![0, 2]);
+        // Moved back out of the overflow list, which is now empty.
+        assert!(wheel.reset(keys[1], 7_000));
+        assert_eq!(drain(&mut wheel, 7_000 + (1 << 36)), vec![1]);
+        let deadline = wheel.now() + (1 << 36);
+        wheel.insert(deadline, 3);
+        assert_eq!(drain(&mut wheel, deadline - 1), Vec::<u32>::new());
+        assert_eq!(drain(&mut wheel, deadline), vec![3]);
     }
 
     #[test]
