@@ -89,17 +89,17 @@
 //!
 //! # Memory
 //!
-//! Each timer is one slab entry (the value, the 64-bit deadline and a 32-bit
-//! generation) plus its two 32-bit list links, kept in a parallel array: 24 + 8
-//! = 32 bytes when `T` is 8 bytes or less, 32 + 8 = 40 bytes for a 16-byte `T`
-//! such as `std::task::Waker`. The links live apart because list walks, which
-//! chase one timer to the next through memory, then read 8 bytes per timer
-//! instead of a whole entry, and relinking a neighbour is a store that does not
-//! first read the neighbour's entry. The slab grows like a `Vec`, by doubling:
-//! [`TimerWheel::with_capacity`] avoids both the slack and the copy. The empty wheel
-//! keeps its 386 list heads and tails, the shared deadline of each of the 320
-//! upper slots and the bitmaps inline, 5.8 KiB, and allocates nothing until the
-//! first insert.
+//! Each timer is one slab entry (the value and a 32-bit generation) plus a node
+//! in a parallel array (the 64-bit deadline and two 32-bit list links): 16 + 16
+//! = 32 bytes when `T` is 8 bytes or less, 24 + 16 = 40 bytes for a 16-byte `T`
+//! such as `std::task::Waker`. The nodes live apart because list walks, which
+//! chase one timer to the next through memory and dominate cascading, then
+//! read one 16-byte node per timer, and relinking a neighbour is a store that
+//! does not first read the neighbour's entry. The slab grows like a `Vec`, by
+//! doubling: [`TimerWheel::with_capacity`] avoids both the slack and the copy.
+//! The empty wheel keeps its 386 list heads and tails, the shared deadline of
+//! each of the 320 upper slots and the bitmaps inline, 5.8 KiB, and allocates
+//! nothing until the first insert.
 //!
 //! # Implementation notes
 //!
@@ -175,10 +175,10 @@ pub struct TimerKey {
 pub struct TimerWheel<T> {
     /// Slab of timers; a key's index points here.
     entries: Vec<Entry<T>>,
-    /// List links of each slab entry, kept apart from the entries: list walks
-    /// touch 8 bytes per timer instead of a whole entry, and relinking a
+    /// Deadline and list links of each slab entry, kept apart from the
+    /// values: list walks touch one 16-byte node per timer, and relinking a
     /// neighbour is a plain store with no need to read it first.
-    links: Vec<Link>,
+    nodes: Vec<Node>,
     /// Head of the free list threaded through vacant entries.
     free_head: u32,
     /// Occupied entries.
@@ -210,27 +210,21 @@ pub struct TimerWheel<T> {
 
 enum Entry<T> {
     // The fields sit in the variants, not in a struct around the enum, so the
-    // tag shares a word with the generation: 24 bytes for an 8-byte `T`.
-    Occupied {
-        generation: u32,
-        deadline: u64,
-        value: T,
-    },
-    Vacant {
-        generation: u32,
-        next_free: u32,
-    },
+    // tag shares a word with the generation: 16 bytes for an 8-byte `T`.
+    Occupied { generation: u32, value: T },
+    Vacant { generation: u32, next_free: u32 },
 }
 
-/// Where an occupied entry sits in its list: neighbours' indices, or
-/// `END | list id` at either end.
+/// An occupied entry's deadline and where it sits in its list: neighbours'
+/// indices, or `END | list id` at either end.
 #[derive(Clone, Copy)]
-struct Link {
+struct Node {
+    deadline: u64,
     prev: u32,
     next: u32,
 }
 
-impl Link {
+impl Node {
     /// `(prev, next)`.
     #[inline]
     fn links(&self) -> (u32, u32) {
@@ -249,7 +243,7 @@ impl Link {
 
     #[inline]
     fn set_links(&mut self, prev: u32, next: u32) {
-        *self = Link { prev, next };
+        (self.prev, self.next) = (prev, next);
     }
 }
 
@@ -264,16 +258,6 @@ const EMPTY_LIST: List = List {
     tail: NIL,
 };
 
-impl<T> Entry<T> {
-    #[inline]
-    fn deadline(&self) -> u64 {
-        match self {
-            Entry::Occupied { deadline, .. } => *deadline,
-            Entry::Vacant { .. } => unreachable!("timer wheel list holds a vacant entry"),
-        }
-    }
-}
-
 impl<T> TimerWheel<T> {
     /// Creates an empty wheel at tick 0. It allocates nothing until the first
     /// insert.
@@ -286,7 +270,7 @@ impl<T> TimerWheel<T> {
     pub fn with_capacity(n: usize) -> Self {
         TimerWheel {
             entries: Vec::with_capacity(n),
-            links: Vec::with_capacity(n),
+            nodes: Vec::with_capacity(n),
             free_head: NIL,
             len: 0,
             now: 0,
@@ -343,17 +327,17 @@ impl<T> TimerWheel<T> {
         self.note_filed(list, deadline);
         let end = END | list as u32;
         let old_tail = self.lists[list].tail;
-        let key = self.alloc(|generation| Entry::Occupied {
-            generation,
+        let key = self.alloc(|generation| Entry::Occupied { generation, value });
+        self.nodes[key.index as usize] = Node {
             deadline,
-            value,
-        });
-        self.links[key.index as usize].set_links(if old_tail == NIL { end } else { old_tail }, end);
+            prev: if old_tail == NIL { end } else { old_tail },
+            next: end,
+        };
         if old_tail == NIL {
             self.lists[list].head = key.index;
             self.mark_occupied(list, Some(deadline));
         } else {
-            self.links[old_tail as usize].set_next(key.index);
+            self.nodes[old_tail as usize].set_next(key.index);
             self.note_mixed(list, Some(deadline));
         }
         self.lists[list].tail = key.index;
@@ -373,9 +357,9 @@ impl<T> TimerWheel<T> {
         if generation != key.generation {
             return None;
         }
-        let (prev, next) = self.links[key.index as usize].links();
+        let (prev, next) = self.nodes[key.index as usize].links();
         self.unlink_links(prev, next);
-        let (_, value) = self.release(key.index, generation);
+        let (_, value) = self.release(key.index);
         self.len -= 1;
         if self.len == 0 {
             self.next_deadline = u64::MAX;
@@ -389,17 +373,10 @@ impl<T> TimerWheel<T> {
     /// A later deadline is recorded without moving the timer (see the module
     /// documentation); an earlier one moves it at once. Both are O(1).
     pub fn reset(&mut self, key: TimerKey, deadline: u64) -> bool {
-        let Some(Entry::Occupied {
-            generation,
-            deadline: current,
-            ..
-        }) = self.entries.get_mut(key.index as usize)
-        else {
-            return false;
-        };
-        if *generation != key.generation {
+        if !self.is_pending(key) {
             return false;
         }
+        let current = &mut self.nodes[key.index as usize].deadline;
         let earlier = deadline < *current;
         *current = deadline;
         if earlier {
@@ -435,14 +412,19 @@ impl<T> TimerWheel<T> {
 
     /// Returns the deadline of a pending timer, or `None` if the key is stale.
     pub fn deadline(&self, key: TimerKey) -> Option<u64> {
-        match self.entries.get(key.index as usize) {
-            Some(Entry::Occupied {
-                generation,
-                deadline,
-                ..
-            }) if *generation == key.generation => Some(*deadline),
-            _ => None,
+        if self.is_pending(key) {
+            Some(self.nodes[key.index as usize].deadline)
+        } else {
+            None
         }
+    }
+
+    #[inline]
+    fn is_pending(&self, key: TimerKey) -> bool {
+        matches!(
+            self.entries.get(key.index as usize),
+            Some(Entry::Occupied { generation, .. }) if *generation == key.generation
+        )
     }
 
     /// Returns a tick no later than the earliest pending deadline, or `None`
@@ -542,22 +524,14 @@ impl<T> TimerWheel<T> {
         let mut fired = 0;
         while fired < max && due.head != NIL {
             let index = due.head;
-            let Entry::Occupied {
-                generation,
-                deadline,
-                ..
-            } = due.wheel.entries[index as usize]
-            else {
-                unreachable!("timer wheel list holds a vacant entry")
-            };
-            let next = due.wheel.links[index as usize].next;
+            let Node { deadline, next, .. } = due.wheel.nodes[index as usize];
             due.head = if next & END == 0 { next } else { NIL };
             if deadline > due.wheel.cursor {
                 // Reset to a later deadline after it became due.
                 due.wheel.file(index);
                 continue;
             }
-            let (key, value) = due.wheel.release(index, generation);
+            let (key, value) = due.wheel.release(index);
             due.wheel.len -= 1;
             f(key, value);
             fired += 1;
@@ -599,8 +573,9 @@ impl<T> TimerWheel<T> {
         let mut earliest = u64::MAX;
         let mut index = self.lists[level * SLOTS + slot].head;
         for _ in 0..EXACT_SCAN_MAX {
-            earliest = earliest.min(self.entries[index as usize].deadline());
-            let next = self.links[index as usize].next;
+            let node = self.nodes[index as usize];
+            earliest = earliest.min(node.deadline);
+            let next = node.next;
             if next & END != 0 {
                 // Lazily reset timers in this slot may be later than timers
                 // in the next slot, so that slot's start bounds the answer.
@@ -662,7 +637,7 @@ impl<T> TimerWheel<T> {
     /// Appends an unlinked entry to the list its deadline belongs on.
     #[inline]
     fn file(&mut self, index: u32) {
-        let deadline = self.entries[index as usize].deadline();
+        let deadline = self.nodes[index as usize].deadline;
         let list = self.list_for(deadline);
         self.note_filed(list, deadline);
         self.splice_back(list, index, index, Some(deadline));
@@ -696,16 +671,16 @@ impl<T> TimerWheel<T> {
     /// one splice, so a run of equal deadlines costs one read per entry.
     fn refile(&mut self, head: u32) {
         let mut run_head = head;
-        let mut run_deadline_min = self.entries[head as usize].deadline();
+        let mut run_deadline_min = self.nodes[head as usize].deadline;
         let mut run_deadline_max = run_deadline_min;
         let mut run_list = self.list_for(run_deadline_min);
         let mut index = head;
         loop {
-            let (_, next) = self.links[index as usize].links();
+            let (_, next) = self.nodes[index as usize].links();
             if next & END != 0 {
                 break;
             }
-            let deadline = self.entries[next as usize].deadline();
+            let deadline = self.nodes[next as usize].deadline;
             let list = self.list_for(deadline);
             if list != run_list {
                 self.splice_run(
@@ -751,16 +726,16 @@ impl<T> TimerWheel<T> {
         let old_tail = self.lists[list].tail;
         let prev = if old_tail == NIL { end } else { old_tail };
         if head == tail {
-            self.links[head as usize].set_links(prev, end);
+            self.nodes[head as usize].set_links(prev, end);
         } else {
-            self.links[head as usize].set_prev(prev);
-            self.links[tail as usize].set_next(end);
+            self.nodes[head as usize].set_prev(prev);
+            self.nodes[tail as usize].set_next(end);
         }
         if old_tail == NIL {
             self.lists[list].head = head;
             self.mark_occupied(list, filed);
         } else {
-            self.links[old_tail as usize].set_next(head);
+            self.nodes[old_tail as usize].set_next(head);
             self.note_mixed(list, filed);
         }
         self.lists[list].tail = tail;
@@ -807,7 +782,7 @@ impl<T> TimerWheel<T> {
     /// Removes an entry from whichever list holds it.
     #[inline]
     fn unlink(&mut self, index: u32) {
-        let (prev, next) = self.links[index as usize].links();
+        let (prev, next) = self.nodes[index as usize].links();
         self.unlink_links(prev, next);
     }
 
@@ -815,13 +790,13 @@ impl<T> TimerWheel<T> {
     #[inline]
     fn unlink_links(&mut self, prev: u32, next: u32) {
         if next & END == 0 {
-            self.links[next as usize].set_prev(prev);
+            self.nodes[next as usize].set_prev(prev);
         } else {
             let list = (next & !END) as usize;
             self.lists[list].tail = if prev & END == 0 { prev } else { NIL };
         }
         if prev & END == 0 {
-            self.links[prev as usize].set_next(next);
+            self.nodes[prev as usize].set_next(next);
         } else {
             let list = (prev & !END) as usize;
             if next & END == 0 {
@@ -888,7 +863,8 @@ impl<T> TimerWheel<T> {
             generation: 0,
             next_free: NIL,
         });
-        self.links.push(Link {
+        self.nodes.push(Node {
+            deadline: 0,
             prev: NIL,
             next: NIL,
         });
@@ -897,13 +873,17 @@ impl<T> TimerWheel<T> {
 
     /// Frees an unlinked entry, bumping its generation so old keys go stale.
     #[inline]
-    fn release(&mut self, index: u32, generation: u32) -> (TimerKey, T) {
+    fn release(&mut self, index: u32) -> (TimerKey, T) {
+        let next_free = self.free_head;
+        self.free_head = index;
         let entry = &mut self.entries[index as usize];
+        let Entry::Occupied { generation, .. } = *entry else {
+            unreachable!("timer wheel released a vacant entry")
+        };
         let vacant = Entry::Vacant {
             generation: generation.wrapping_add(1),
-            next_free: self.free_head,
+            next_free,
         };
-        self.free_head = index;
         match mem::replace(entry, vacant) {
             Entry::Occupied { value, .. } => (TimerKey { index, generation }, value),
             Entry::Vacant { .. } => unreachable!("timer wheel released a vacant entry"),
@@ -926,7 +906,7 @@ impl<T> Drop for DueWalk<'_, T> {
             wheel.due_min = u64::MAX;
         } else {
             wheel.lists[DUE].head = self.head;
-            wheel.links[self.head as usize].set_prev(END | DUE as u32);
+            wheel.nodes[self.head as usize].set_prev(END | DUE as u32);
         }
     }
 }
@@ -959,7 +939,7 @@ mod tests {
 
     #[test]
     fn entry_is_32_bytes_for_u64() {
-        assert_eq!(mem::size_of::<Entry<u64>>() + mem::size_of::<Link>(), 32);
+        assert_eq!(mem::size_of::<Entry<u64>>() + mem::size_of::<Node>(), 32);
         assert!(mem::size_of::<TimerWheel<u64>>() <= 6 * 1024);
     }
 
