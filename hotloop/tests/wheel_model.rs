@@ -1,8 +1,8 @@
 //! The timer wheel against a `BTreeMap` reference model.
 //!
 //! Random sequences of inserts, cancels, resets (earlier and later) and polls
-//! (bounded and unbounded, small steps and jumps past the wheel's 2^36-tick
-//! span) run on both. After every step they must agree on which timers are
+//! (bounded and unbounded, small steps, jumps past the wheel's 2^36-tick span,
+//! and ticks earlier than the last poll's) run on both. After every step they must agree on which timers are
 //! pending and what cancel and reset return; every poll must fire only timers
 //! that are due (never early), exactly as many as the bound allows, and an
 //! unbounded poll must leave nothing due (no lateness).
@@ -40,6 +40,8 @@ enum Advance {
     Jump(u64),
     /// Exactly to the model's earliest deadline.
     ToEarliest,
+    /// An earlier tick than the last poll's, which counts as the last one.
+    Back(u16),
 }
 
 #[derive(Clone, Debug)]
@@ -68,6 +70,7 @@ fn advance() -> impl Strategy<Value = Advance> {
         1 => any::<u32>().prop_map(Advance::Medium),
         1 => (0..WHEEL_SPAN * 4).prop_map(Advance::Jump),
         2 => Just(Advance::ToEarliest),
+        1 => any::<u16>().prop_map(Advance::Back),
     ]
 }
 
@@ -173,18 +176,20 @@ fn run(ops: Vec<Op>, start: u64) {
             }
             Op::Cancel(_) | Op::Reset(..) => {}
             Op::Poll(advance, max) => {
-                let now = match advance {
+                let asked = match advance {
                     Advance::Step(n) => model.now.saturating_add(u64::from(n)),
                     Advance::Small(n) => model.now.saturating_add(u64::from(n)),
                     Advance::Medium(n) => model.now.saturating_add(u64::from(n)),
                     Advance::Jump(n) => model.now.saturating_add(WHEEL_SPAN).saturating_add(n),
                     Advance::ToEarliest => model.earliest().unwrap_or(model.now).max(model.now),
+                    Advance::Back(n) => model.now.saturating_sub(u64::from(n)),
                 };
+                let now = asked.max(model.now);
                 model.now = now;
                 let max = max.map_or(usize::MAX, usize::from);
                 let due = model.due_count(now);
                 let mut fired = Vec::new();
-                let count = wheel.poll(now, max, |key, id| fired.push((key, id)));
+                let count = wheel.poll(asked, max, |key, id| fired.push((key, id)));
                 assert_eq!(count, fired.len());
                 assert_eq!(
                     count,

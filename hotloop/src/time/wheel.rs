@@ -453,11 +453,15 @@ impl<T> TimerWheel<T> {
     /// earlier `now` than a previous poll's is treated as that one.
     #[inline]
     pub fn poll(&mut self, now: u64, max: usize, mut f: impl FnMut(TimerKey, T)) -> usize {
-        let now = now.max(self.now);
-        self.now = now;
-        if now < self.next_deadline {
+        // Nothing due and time not going backwards: record `now` and return.
+        // Comparing rather than taking `max` keeps a stream of polls from
+        // waiting on each other's store to `self.now`.
+        if now >= self.now && now < self.next_deadline {
+            self.now = now;
             return 0;
         }
+        let now = now.max(self.now);
+        self.now = now;
         self.poll_due(now, max, &mut f)
     }
 
