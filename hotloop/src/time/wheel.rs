@@ -300,7 +300,7 @@ impl<T> TimerWheel<T> {
 
     /// Returns the number of timers the slab holds without growing.
     pub fn capacity(&self) -> usize {
-        self.entries.capacity()
+        self.entries.capacity().min(self.nodes.capacity())
     }
 
     /// Adds a timer that fires at `deadline` and returns its key.
@@ -441,8 +441,8 @@ impl<T> TimerWheel<T> {
     /// or before `now` to `f`, at most `max` of them (`usize::MAX` for no
     /// bound). Returns how many fired.
     ///
-    /// If the bound stopped it, the remaining due timers fire on the next
-    /// call, before any timer that becomes due later. Timers with equal
+    /// If the bound stopped it, the timers still due fire first on the
+    /// following calls, before any that become due later. Timers with equal
     /// deadlines fire in insertion order. `now` never moves backwards: an
     /// earlier `now` than a previous poll's is treated as that one.
     #[inline]
