@@ -273,3 +273,56 @@ fn proxy_with_every_backend_down_closes_the_client_cleanly() {
     assert_eq!(n, 0);
     assert!(start.elapsed() < Duration::from_secs(2));
 }
+
+#[test]
+fn sigterm_under_load_answers_every_accepted_request() {
+    let mut p = Proc::start(&["serve", "http", "--addr", "127.0.0.1:0", "--workers", "2", "--grace-ms", "10000"]);
+    let addr = p.addr_after(" on ");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Closed-loop clients: one `Connection: close` request per connection.
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut ok, mut refused, mut cut) = (0u64, 0u64, 0u64);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok(mut s) = TcpStream::connect(addr) else {
+                        refused += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+                    let mut reply = String::new();
+                    match s.read_to_string(&mut reply) {
+                        Ok(_) if reply.starts_with("HTTP/1.1 200 OK") => ok += 1,
+                        _ => cut += 1,
+                    }
+                }
+                (ok, refused, cut)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = p.terminate();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut cut) = (0, 0);
+    for c in clients {
+        let (o, _refused, x) = c.join().unwrap();
+        ok += o;
+        cut += x;
+    }
+    assert!(status.success(), "exit status {status}");
+    // The server's last line says how many connections it accepted.
+    let mut accepted = None;
+    while let Ok(line) = p.lines.recv_timeout(Duration::from_secs(2)) {
+        if let Some(rest) = line.split("cut at the grace limit); ").nth(1) {
+            accepted = rest.split_whitespace().next().and_then(|n| n.parse::<u64>().ok());
+        }
+    }
+    let accepted = accepted.expect("the server reported its accepted count");
+    assert!(ok > 100, "the load ran: {ok} answered");
+    // Every connection the server accepted got its answer; connections it
+    // never accepted (reset when the listener closed) are the only ones cut.
+    assert_eq!(ok, accepted, "answered {ok}, accepted {accepted}, cut {cut}");
+}

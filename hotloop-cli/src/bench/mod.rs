@@ -279,6 +279,8 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         None => std::env::current_exe()?,
     };
     std::fs::create_dir_all(args.out.join("logs"))?;
+    // Absolute, because servers (nginx) resolve paths from their own directory.
+    let out = std::fs::canonicalize(&args.out)?;
     let cpus = proc::allowed_cpus();
     let (server_cpus, load_cpu) = placement(&cpus);
     let repeats = args.repeats.unwrap_or(if args.quick { REPEATS_QUICK } else { REPEATS_DEFAULT });
@@ -287,7 +289,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         quick: args.quick,
         repeats,
         peers: args.peers.clone(),
-        out: args.out.clone(),
+        out,
         workers: server_cpus.len().max(1),
         server_cpus,
         load_cpu,
