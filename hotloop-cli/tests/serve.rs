@@ -276,7 +276,16 @@ fn proxy_with_every_backend_down_closes_the_client_cleanly() {
 
 #[test]
 fn sigterm_under_load_answers_every_accepted_request() {
-    let mut p = Proc::start(&["serve", "http", "--addr", "127.0.0.1:0", "--workers", "2", "--grace-ms", "10000"]);
+    let mut p = Proc::start(&[
+        "serve",
+        "http",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--grace-ms",
+        "10000",
+    ]);
     let addr = p.addr_after(" on ");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Closed-loop clients: one `Connection: close` request per connection.

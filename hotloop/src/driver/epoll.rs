@@ -7,10 +7,15 @@
 //!   `EPOLL_CTL_MOD`/`DEL` per operation, and no syscall at all for a
 //!   socket that never had to wait (with `TCP_DEFER_ACCEPT`, most short
 //!   connections). Closing the descriptor removes it from the interest list.
-//! - Operations always try the syscall first; the driver keeps no readiness
-//!   state, only the waker of the task waiting in each direction. Because
-//!   `EPOLL_CTL_ADD` reports a socket that is already ready, and edges that
-//!   arrive after a `WouldBlock` are queued in the kernel, no wake-up is lost.
+//! - An unregistered socket's operations always try the syscall first. Once
+//!   registered, a socket's slot keeps one readiness bit per direction: set
+//!   by an event, cleared by `WouldBlock` or by a read or write that moved
+//!   fewer bytes than asked (the kernel's queue is drained; the next bytes
+//!   raise a new edge). An operation whose bit is clear parks without a
+//!   syscall, which saves the `EAGAIN` read after every request on a
+//!   keep-alive connection. Because `EPOLL_CTL_ADD` reports a socket that is
+//!   already ready, and edges that arrive after a drain are queued in the
+//!   kernel, no wake-up is lost.
 //! - `epoll_data` carries `generation << 32 | slot`, as haproxy does: an
 //!   event for a socket that was closed and whose slot was reused carries
 //!   the old generation and is dropped.
@@ -37,8 +42,26 @@ const INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc:
 #[derive(Default)]
 struct IoSlot {
     generation: u32,
+    /// Readiness bits, [`READABLE`] and [`WRITABLE`].
+    ready: u8,
     reader: Option<Waker>,
     writer: Option<Waker>,
+}
+
+/// The socket may have bytes to read (or connections to accept).
+const READABLE: u8 = 1;
+/// The socket may have room to write.
+const WRITABLE: u8 = 2;
+/// The peer closed or the connection failed: a short read may still leave
+/// an end of file or an error to report, and no new edge will say so, so
+/// readiness is never cleared again.
+const HANGUP: u8 = 4;
+
+fn bit(dir: Direction) -> u8 {
+    match dir {
+        Direction::Read => READABLE,
+        Direction::Write => WRITABLE,
+    }
 }
 
 /// One worker's epoll instance.
@@ -93,6 +116,7 @@ impl Epoll {
                 (self.slots.len() - 1) as u32
             }
         };
+        self.slots[slot as usize].ready = READABLE | WRITABLE;
         let token = (u64::from(self.slots[slot as usize].generation) << 32) | u64::from(slot);
         if let Err(e) = sys::epoll_add(self.epfd.as_raw_fd(), fd, INTEREST, token) {
             self.free_slot(slot);
@@ -114,6 +138,9 @@ impl Epoll {
             }
         };
         let slot = &mut self.slots[(token as u32) as usize];
+        if slot.ready & HANGUP == 0 {
+            slot.ready &= !bit(dir);
+        }
         let parked = match dir {
             Direction::Read => &mut slot.reader,
             Direction::Write => &mut slot.writer,
@@ -123,6 +150,20 @@ impl Epoll {
             _ => *parked = Some(waker.clone()),
         }
         Ok(())
+    }
+
+    /// True unless the last operation in `dir` drained the socket and no
+    /// event has come since.
+    pub(crate) fn is_ready(&self, token: u64, dir: Direction) -> bool {
+        self.slots[(token as u32) as usize].ready & bit(dir) != 0
+    }
+
+    /// Records that an operation in `dir` drained the socket.
+    pub(crate) fn clear_ready(&mut self, token: u64, dir: Direction) {
+        let slot = &mut self.slots[(token as u32) as usize];
+        if slot.ready & HANGUP == 0 {
+            slot.ready &= !bit(dir);
+        }
     }
 
     /// Forgets a socket that is about to be closed.
@@ -169,12 +210,17 @@ impl Epoll {
                 continue;
             };
             let hangup = flags & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0;
+            if hangup || flags & libc::EPOLLRDHUP as u32 != 0 {
+                s.ready |= HANGUP;
+            }
             if hangup || flags & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
+                s.ready |= READABLE;
                 if let Some(w) = s.reader.take() {
                     w.wake();
                 }
             }
             if hangup || flags & libc::EPOLLOUT as u32 != 0 {
+                s.ready |= WRITABLE;
                 if let Some(w) = s.writer.take() {
                     w.wake();
                 }

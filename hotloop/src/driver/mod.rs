@@ -167,6 +167,17 @@ impl Source {
         dir: Direction,
         mut op: impl FnMut() -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
+        if let Some(token) = self.token.get() {
+            // Registered and drained in this direction: wait for the next edge
+            // without a syscall that would only say EAGAIN.
+            let ready = context::with(|cx| match &*cx.driver.borrow() {
+                Driver::Epoll(ep) => ep.is_ready(token, dir),
+                Driver::Uring(_) => true,
+            });
+            if !ready {
+                return self.park(task_cx, dir);
+            }
+        }
         loop {
             match op() {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -175,6 +186,34 @@ impl Source {
             }
         }
         // The socket has nothing for us: only now does it need to be registered.
+        self.park(task_cx, dir)
+    }
+
+    /// Like [`Source::poll_io`] for reads and writes of `asked` bytes: one
+    /// that moves fewer bytes drained the socket's queue (or filled its send
+    /// buffer), so the next one waits for an edge instead of trying.
+    fn poll_io_bytes(
+        &self,
+        task_cx: &mut TaskContext<'_>,
+        dir: Direction,
+        asked: usize,
+        op: impl FnMut() -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        let polled = self.poll_io(task_cx, dir, op);
+        if let (Poll::Ready(Ok(n)), Some(token)) = (&polled, self.token.get()) {
+            if *n > 0 && *n < asked {
+                context::with(|cx| {
+                    if let Driver::Epoll(ep) = &mut *cx.driver.borrow_mut() {
+                        ep.clear_ready(token, dir);
+                    }
+                });
+            }
+        }
+        polled
+    }
+
+    /// Parks the task on epoll until the socket is ready in `dir`.
+    fn park<R>(&self, task_cx: &mut TaskContext<'_>, dir: Direction) -> Poll<io::Result<R>> {
         let parked = context::with(|cx| match &mut *cx.driver.borrow_mut() {
             Driver::Epoll(ep) => ep.park(self, dir, task_cx.waker()),
             Driver::Uring(_) => unreachable!("readiness wait on the io_uring driver"),
@@ -211,9 +250,10 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
     }
     let fd = src.fd();
     let res = poll_fn(|cx| {
-        src.poll_io(cx, Direction::Read, || {
+        let asked = buf.bytes_total();
+        src.poll_io_bytes(cx, Direction::Read, asked, || {
             // SAFETY: the buffer is owned by this future and has `bytes_total` writable bytes.
-            unsafe { sys::recv(fd, buf.stable_mut_ptr(), buf.bytes_total()) }
+            unsafe { sys::recv(fd, buf.stable_mut_ptr(), asked) }
         })
     })
     .await;
@@ -257,7 +297,7 @@ pub(crate) async fn recv_pooled(src: &Source) -> io::Result<crate::net::PooledBu
     let fd = src.fd();
     poll_fn(|cx| {
         let mut buf = pool::take();
-        let polled = src.poll_io(cx, Direction::Read, || {
+        let polled = src.poll_io_bytes(cx, Direction::Read, buf.capacity(), || {
             // SAFETY: `buf` is a live Vec with `capacity` writable bytes.
             unsafe { sys::recv(fd, buf.as_mut_ptr(), buf.capacity()) }
         });
@@ -288,7 +328,7 @@ pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B) -> BufResult<usize, B> 
     }
     let fd = src.fd();
     let res = poll_fn(|cx| {
-        src.poll_io(cx, Direction::Write, || {
+        src.poll_io_bytes(cx, Direction::Write, buf.bytes_init(), || {
             // SAFETY: the buffer is owned by this future and has `bytes_init` readable bytes.
             unsafe { sys::send(fd, buf.stable_ptr(), buf.bytes_init()) }
         })
@@ -313,8 +353,9 @@ pub(crate) async fn send_vectored<B: IoBuf>(
             iov_len: b.bytes_init(),
         })
         .collect();
+    let total: usize = iov.iter().map(|v| v.iov_len).sum();
     let res = poll_fn(|cx| {
-        src.poll_io(cx, Direction::Write, || {
+        src.poll_io_bytes(cx, Direction::Write, total, || {
             // SAFETY: each iovec describes one of `bufs`, owned by this future until it returns.
             unsafe { sys::sendmsg(fd, &iov) }
         })
@@ -388,6 +429,24 @@ impl std::str::FromStr for AcceptMode {
     }
 }
 
+/// Takes one connection only if one is ready now, never parking: for
+/// draining a listener's queue when a server stops.
+pub(crate) fn accept_now(src: &Source, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
+    if !is_uring() {
+        // Straight to the syscall: an edge for a connection that just came
+        // in may not have been polled yet.
+        return match sys::accept(src.fd()) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            other => Some(other),
+        };
+    }
+    let mut cx = TaskContext::from_waker(std::task::Waker::noop());
+    match poll_accept(src, &mut cx, mode) {
+        Poll::Ready(r) => Some(r),
+        Poll::Pending => None,
+    }
+}
+
 /// Takes one connection from a listening socket, or parks the task until one comes.
 pub(crate) fn poll_accept(
     src: &Source,
@@ -416,8 +475,11 @@ pub(crate) fn poll_read_slice(
         return uring::poll_read_slice(src, task_cx, buf);
     }
     let fd = src.fd();
+    let asked = buf.len();
     // SAFETY: `buf` is a live, writable slice for the duration of the call.
-    src.poll_io(task_cx, Direction::Read, || unsafe { sys::recv(fd, buf.as_mut_ptr(), buf.len()) })
+    src.poll_io_bytes(task_cx, Direction::Read, asked, || unsafe {
+        sys::recv(fd, buf.as_mut_ptr(), asked)
+    })
 }
 
 /// Writes from a borrowed slice, for the poll-based I/O traits. On io_uring
@@ -432,7 +494,9 @@ pub(crate) fn poll_write_slice(
     }
     let fd = src.fd();
     // SAFETY: `buf` is a live, readable slice for the duration of the call.
-    src.poll_io(task_cx, Direction::Write, || unsafe { sys::send(fd, buf.as_ptr(), buf.len()) })
+    src.poll_io_bytes(task_cx, Direction::Write, buf.len(), || unsafe {
+        sys::send(fd, buf.as_ptr(), buf.len())
+    })
 }
 
 /// Writes several borrowed slices with one call, for the poll-based I/O traits.
@@ -454,10 +518,11 @@ pub(crate) fn poll_write_slices(
         return uring::poll_write_slice(src, task_cx, &joined);
     }
     let fd = src.fd();
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
     // IoSlice is ABI-compatible with iovec on Unix.
     let iov: &[libc::iovec] =
         // SAFETY: std documents `IoSlice` as `#[repr(transparent)]` over `iovec` on Unix.
         unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast(), bufs.len()) };
     // SAFETY: every iovec describes one of `bufs`, live for the duration of the call.
-    src.poll_io(task_cx, Direction::Write, || unsafe { sys::sendmsg(fd, iov) })
+    src.poll_io_bytes(task_cx, Direction::Write, total, || unsafe { sys::sendmsg(fd, iov) })
 }

@@ -118,14 +118,12 @@ impl TcpListener {
     /// bound: for draining the queue when a server stops, so that the
     /// connections the kernel already accepted are served, not reset.
     pub fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match driver::poll_accept(&self.src, &mut cx, self.options.accept_mode) {
-            std::task::Poll::Ready(Ok(fd)) => {
+        match driver::accept_now(&self.src, self.options.accept_mode)? {
+            Ok(fd) => {
                 self.count_accept();
                 Some(TcpStream::from_fd(fd))
             }
-            std::task::Poll::Ready(Err(e)) => Some(Err(e)),
-            std::task::Poll::Pending => None,
+            Err(e) => Some(Err(e)),
         }
     }
 
