@@ -17,7 +17,7 @@ const CONNECTIONS_QUICK: u64 = 1_000;
 /// Connections opened per concurrent slot in a run (one request each).
 const ROUNDS: u64 = 3;
 /// CPU microseconds per request, so the server, not the load, saturates.
-const WORK_US: u64 = 20;
+const WORK_US: u64 = 60;
 /// Body sizes, as in the original test.
 const BODIES: [(&str, usize); 3] = [("1K", 1024), ("8K", 8192), ("16K", 16_384)];
 /// Upper bound on one run, seconds.
