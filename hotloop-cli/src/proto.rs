@@ -55,6 +55,14 @@ pub fn parse_request(buf: &[u8]) -> Request {
     }
 }
 
+/// The path of a request head, for the stats endpoint: the second word of
+/// the request line, or `/` when there is none.
+pub fn request_path(head: &[u8]) -> &str {
+    let line_end = head.iter().position(|&b| b == b'\r' || b == b'\n').unwrap_or(head.len());
+    let line = std::str::from_utf8(&head[..line_end]).unwrap_or("");
+    line.split_whitespace().nth(1).unwrap_or("/")
+}
+
 /// Builds a `200 OK` response with a body of `body_len` bytes of `'x'`.
 pub fn response_ok(body_len: usize, close: bool) -> Vec<u8> {
     let connection = if close { "close" } else { "keep-alive" };
@@ -111,6 +119,13 @@ mod tests {
         assert_eq!(parse_request(b"\x00\x01garbage\r\n\r\n"), Request::Malformed);
         let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];
         assert_eq!(parse_request(&[b"GET /".as_slice(), &big].concat()), Request::TooLarge);
+    }
+
+    #[test]
+    fn request_path_reads_the_request_line() {
+        assert_eq!(request_path(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n"), "/stats");
+        assert_eq!(request_path(b"GET"), "/");
+        assert_eq!(request_path(b"\xff\xfe /x"), "/");
     }
 
     #[test]

@@ -106,8 +106,7 @@ fn answer(
         }
         len += n;
     }
-    let head = String::from_utf8_lossy(&buf[..len]);
-    let path = head.split_whitespace().nth(1).unwrap_or("/");
+    let path = hotloop_cli::proto::request_path(&buf[..len]);
     let snap = handle.stats();
     let mut fields = extra();
     fields.push(("connection_rate_per_s", rates.per_second));
