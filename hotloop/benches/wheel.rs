@@ -733,7 +733,7 @@ criterion_group!(benches, sparse, dense, churn, clustered, lifetime);
 /// Whether the command line's filter, if any, selects the named report.
 fn wanted(report: &str) -> bool {
     let filter = std::env::args().skip(1).find(|arg| !arg.starts_with('-'));
-    filter.map_or(true, |filter| report.contains(&filter))
+    filter.is_none_or(|filter| report.contains(&filter))
 }
 
 fn main() {
