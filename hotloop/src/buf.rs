@@ -176,3 +176,14 @@ unsafe impl<B: IoBuf> IoBuf for Slice<B> {
         self.end - self.begin
     }
 }
+
+/// The `iovec`s that describe the initialised bytes of `bufs`, for a
+/// vectored write; valid while `bufs` is neither mutated nor dropped.
+pub(crate) fn iovecs<B: IoBuf>(bufs: &[B]) -> Vec<libc::iovec> {
+    bufs.iter()
+        .map(|b| libc::iovec {
+            iov_base: b.stable_ptr() as *mut libc::c_void,
+            iov_len: b.bytes_init(),
+        })
+        .collect()
+}

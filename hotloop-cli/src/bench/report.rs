@@ -60,25 +60,8 @@ impl LoadReport {
     }
 }
 
-/// Latency figures in microseconds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Latency {
-    /// Mean.
-    pub mean: f64,
-    /// Standard deviation.
-    pub stdev: f64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// 99.9th percentile.
-    pub p999: f64,
-    /// Largest.
-    pub max: f64,
-}
+/// Latency figures in microseconds: the load generator's own summary.
+pub use hotloop_cli::load::hist::LatencySummary as Latency;
 
 /// A figure measured once per repeat, summarised.
 #[derive(Debug, Clone, PartialEq, Serialize)]

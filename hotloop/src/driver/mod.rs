@@ -346,13 +346,7 @@ pub(crate) async fn send_vectored<B: IoBuf>(
         return uring::send_vectored(src, bufs).await;
     }
     let fd = src.fd();
-    let iov: Vec<libc::iovec> = bufs
-        .iter()
-        .map(|b| libc::iovec {
-            iov_base: b.stable_ptr() as *mut libc::c_void,
-            iov_len: b.bytes_init(),
-        })
-        .collect();
+    let iov = crate::buf::iovecs(&bufs);
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     let res = poll_fn(|cx| {
         src.poll_io_bytes(cx, Direction::Write, total, || {

@@ -364,13 +364,7 @@ struct MsgStorage<B> {
 
 impl<B: IoBuf> MsgStorage<B> {
     fn new(bufs: Vec<B>) -> Self {
-        let iov: Vec<libc::iovec> = bufs
-            .iter()
-            .map(|b| libc::iovec {
-                iov_base: b.stable_ptr() as *mut libc::c_void,
-                iov_len: b.bytes_init(),
-            })
-            .collect();
+        let iov = crate::buf::iovecs(&bufs);
         // SAFETY: msghdr is plain old data; all-zero is a valid, empty header.
         let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
