@@ -17,7 +17,7 @@ use std::rc::Rc;
 use super::listener::{bind_socket, TcpListener};
 use super::options::{ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
-use crate::runtime::{spawn, Handle, OnDone, RemoteJoinHandle};
+use crate::runtime::{spawn_detached, Handle, OnDone, RemoteJoinHandle};
 
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
 pub struct Server {
@@ -258,7 +258,7 @@ fn start_handler<H, Fut>(
 {
     local.active.set(local.active.get() + 1);
     let guard = ActiveGuard { shared: shared.clone(), local: local.clone() };
-    drop(spawn(OnDone::new(handler(stream), move |()| drop(guard))));
+    spawn_detached(OnDone::new(handler(stream), move |()| drop(guard)));
 }
 
 impl Server {

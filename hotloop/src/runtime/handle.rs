@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::join::{spawn, OnDone, RemoteCompletion, RemoteJoinHandle, RemoteSlot};
+use super::join::{spawn_detached, OnDone, RemoteCompletion, RemoteJoinHandle, RemoteSlot};
 use super::shared::WorkerShared;
 use crate::stats::{DriverInfo, StatsSnapshot};
 
@@ -63,7 +63,7 @@ impl Handle {
         let completion = RemoteCompletion(slot.clone());
         let shared = &self.inner.workers[worker];
         shared.push_runnable(Box::new(move || {
-            drop(spawn(OnDone::new(make_future(), move |out| completion.0.finish(Ok(out)))));
+            spawn_detached(OnDone::new(make_future(), move |out| completion.0.finish(Ok(out))));
         }));
         RemoteJoinHandle { slot }
     }

@@ -163,16 +163,22 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
+    let slot = Rc::new(RefCell::new(JoinSlot { output: None, finished: false, waiter: None }));
+    let completion = Completion { slot: slot.clone() };
+    let key = spawn_detached(OnDone::new(future, move |out| completion.finish(Ok(out))));
+    JoinHandle { slot, key }
+}
+
+/// Spawns a future whose output nobody awaits (a connection handler): no
+/// join slot is allocated. Returns the task's key.
+pub(crate) fn spawn_detached<F: Future<Output = ()> + 'static>(future: F) -> TaskKey {
     context::with(|cx| {
-        let slot = Rc::new(RefCell::new(JoinSlot { output: None, finished: false, waiter: None }));
-        let completion = Completion { slot: slot.clone() };
-        let task_future = OnDone::new(future, move |out| completion.finish(Ok(out)));
         let mut tasks = cx.tasks.borrow_mut();
         let key = tasks.next_key();
         let header = TaskWaker::new(key, cx.shared.clone());
         let waker = Waker::from(header.clone());
         let inserted = tasks.insert(Task {
-            future: Some(Box::pin(task_future)),
+            future: Some(Box::pin(future)),
             waker: waker.clone(),
             header,
             aborted: false,
@@ -181,7 +187,7 @@ where
         drop(tasks);
         stats::add(&cx.shared.stats.tasks_spawned, 1);
         waker.wake();
-        JoinHandle { slot, key }
+        key
     })
 }
 

@@ -19,7 +19,7 @@ pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::Handle;
 pub use join::{spawn, yield_now, JoinError, JoinHandle, RemoteJoinHandle};
-pub(crate) use join::{yield_to_driver, OnDone};
+pub(crate) use join::{spawn_detached, yield_to_driver, OnDone};
 pub(crate) use shared::WorkerShared;
 
 use std::cell::{Cell, RefCell};

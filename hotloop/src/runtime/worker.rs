@@ -60,28 +60,20 @@ pub(crate) fn run<F: Future>(
 
         // 2. I/O.
         let now = cx.clock.update();
-        let timeout = poll_timeout(cx, now, last_event);
-        let sleeping = timeout != Some(Duration::ZERO);
-        if sleeping {
-            cx.shared.sleeping.store(true, Ordering::SeqCst);
-            if cx.shared.inbox_pending.load(Ordering::SeqCst) {
-                cx.shared.sleeping.store(false, Ordering::SeqCst);
+        let wait = poll_wait(cx, now, last_event);
+        let timeout = match wait {
+            Wait::Sleep(t) if announce_sleep(cx) => {
+                stats::add(&cx.shared.stats.poller_waits, 1);
+                t
             }
-        }
-        let timeout = if cx.shared.sleeping.load(Ordering::Relaxed) || !sleeping {
-            timeout
-        } else {
-            Some(Duration::ZERO)
+            _ => Some(Duration::ZERO),
         };
-        if timeout != Some(Duration::ZERO) {
-            stats::add(&cx.shared.stats.poller_waits, 1);
-        }
         let events = match cx.driver.borrow_mut().poll(timeout) {
             Ok(n) => n,
             Err(e) => panic!("the I/O driver failed and the worker cannot continue: {e}"),
         };
         cx.shared.sleeping.store(false, Ordering::Relaxed);
-        if timeout == Some(Duration::ZERO) && events == 0 && cx.run_queue.borrow().is_empty() {
+        if wait == Wait::Spin && events == 0 {
             stats::add(&cx.shared.stats.poller_spins, 1);
         }
         let now = cx.clock.update();
@@ -152,21 +144,44 @@ fn run_task(cx: &Context, key: TaskKey) {
     cx.panic_payload.borrow_mut().take();
 }
 
-/// How long the driver may block this turn.
-fn poll_timeout(cx: &Context, now: Instant, last_event: Instant) -> Option<Duration> {
+/// What the worker does in the driver this turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Work is queued: look for I/O without waiting.
+    Now,
+    /// Nothing queued, but busy polling says not to sleep.
+    Spin,
+    /// Sleep until an event or the wheel's earliest deadline (`None`: no timer).
+    Sleep(Option<Duration>),
+}
+
+/// Decides how the driver may wait this turn.
+fn poll_wait(cx: &Context, now: Instant, last_event: Instant) -> Wait {
     if !cx.run_queue.borrow().is_empty() || !cx.after_poll.borrow().is_empty() {
-        return Some(Duration::ZERO);
+        return Wait::Now;
     }
     match cx.config.busy_poll {
-        BusyPoll::Always => return Some(Duration::ZERO),
+        BusyPoll::Always => return Wait::Spin,
         BusyPoll::Adaptive { spin_budget } if now.duration_since(last_event) < spin_budget => {
-            return Some(Duration::ZERO)
+            return Wait::Spin
         }
         _ => {}
     }
-    let next = cx.timers.borrow().next_deadline()?;
-    let at = cx.clock.instant_of(next);
-    Some(at.saturating_duration_since(now))
+    let next = cx.timers.borrow().next_deadline();
+    Wait::Sleep(next.map(|tick| cx.clock.instant_of(tick).saturating_duration_since(now)))
+}
+
+/// Tells other threads the worker may block, so they write its eventfd;
+/// false if something arrived in the inbox meanwhile (then it must not block).
+/// The worker sets `sleeping` and then checks `inbox_pending`; a sender sets
+/// `inbox_pending` and then checks `sleeping`: one of them sees the other.
+fn announce_sleep(cx: &Context) -> bool {
+    cx.shared.sleeping.store(true, Ordering::SeqCst);
+    if cx.shared.inbox_pending.load(Ordering::SeqCst) {
+        cx.shared.sleeping.store(false, Ordering::SeqCst);
+        return false;
+    }
+    true
 }
 
 /// Wakes the tasks whose timers are due.
