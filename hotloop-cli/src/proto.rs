@@ -25,6 +25,10 @@ pub enum Request {
     /// The head is larger than [`REQUEST_HEAD_MAX_BYTES`] or has too many
     /// headers; answer 431 and close.
     TooLarge,
+    /// A well-formed request these servers do not handle; answer with this
+    /// status and close: 405 for a method other than GET, 501 for a
+    /// request with a body, 505 for an HTTP version other than 1.0 or 1.1.
+    Unsupported(u16),
 }
 
 /// Parses the request head at the start of `buf`.
@@ -36,8 +40,17 @@ pub fn parse_request(buf: &[u8]) -> Request {
     match req.parse(buf) {
         Ok(httparse::Status::Complete(len)) if len > REQUEST_HEAD_MAX_BYTES => Request::TooLarge,
         Ok(httparse::Status::Complete(len)) => {
+            if req.method != Some("GET") {
+                return Request::Unsupported(405);
+            }
             let mut close = req.version == Some(0);
             for h in req.headers.iter() {
+                let has_body = (h.name.eq_ignore_ascii_case("content-length")
+                    && h.value.trim_ascii() != b"0")
+                    || h.name.eq_ignore_ascii_case("transfer-encoding");
+                if has_body {
+                    return Request::Unsupported(501);
+                }
                 if h.name.eq_ignore_ascii_case("connection") {
                     if h.value.eq_ignore_ascii_case(b"close") {
                         close = true;
@@ -51,6 +64,7 @@ pub fn parse_request(buf: &[u8]) -> Request {
         Ok(httparse::Status::Partial) if buf.len() > REQUEST_HEAD_MAX_BYTES => Request::TooLarge,
         Ok(httparse::Status::Partial) => Request::Partial,
         Err(httparse::Error::TooManyHeaders) => Request::TooLarge,
+        Err(httparse::Error::Version) => Request::Unsupported(505),
         Err(_) => Request::Malformed,
     }
 }
@@ -81,6 +95,9 @@ pub fn response_error(status: u16) -> &'static [u8] {
             b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         }
         408 => b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        405 => b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        501 => b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        505 => b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         _ => b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     }
 }
@@ -117,6 +134,16 @@ mod tests {
         ));
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Request::Partial);
         assert_eq!(parse_request(b"\x00\x01garbage\r\n\r\n"), Request::Malformed);
+        assert_eq!(parse_request(b"POST / HTTP/1.1\r\n\r\n"), Request::Unsupported(405));
+        assert_eq!(
+            parse_request(b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\n"),
+            Request::Unsupported(501)
+        );
+        assert_eq!(parse_request(b"GET / HTTP/2.0\r\n\r\n"), Request::Unsupported(505));
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+            Request::Complete { .. }
+        ));
         let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];
         assert_eq!(parse_request(&[b"GET /".as_slice(), &big].concat()), Request::TooLarge);
     }

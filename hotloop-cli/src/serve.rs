@@ -174,6 +174,7 @@ async fn http(stream: TcpStream, s: &Settings) {
             }
             Request::Malformed => return reject(&stream, 400).await,
             Request::TooLarge => return reject(&stream, 431).await,
+            Request::Unsupported(status) => return reject(&stream, status).await,
         }
         if !pending.is_empty() && head_deadline.is_none() {
             head_deadline = Some(Instant::now() + s.header_timeout);

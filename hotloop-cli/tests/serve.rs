@@ -335,3 +335,92 @@ fn sigterm_under_load_answers_every_accepted_request() {
     // never accepted (reset when the listener closed) are the only ones cut.
     assert_eq!(ok, accepted, "answered {ok}, accepted {accepted}, cut {cut}");
 }
+
+#[test]
+fn serve_http_answers_unsupported_requests_with_a_clear_status() {
+    let p = Proc::start(&["serve", "http", "--addr", "127.0.0.1:0", "--workers", "1"]);
+    let addr = p.addr_after(" on ");
+    for (request, status) in [
+        ("POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", "405"),
+        ("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "501"),
+        ("GET / HTTP/2.0\r\n\r\n", "505"),
+    ] {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with(&format!("HTTP/1.1 {status}")), "{request:?} -> {reply:?}");
+    }
+}
+
+/// A backend that accepts and resets at once, and one that never accepts
+/// (its backlog full, so connects stall): the proxy closes the client cleanly
+/// or moves on to the next backend within its connect timeout.
+#[test]
+fn proxy_survives_resetting_and_stalling_backends() {
+    // Resets every connection it accepts.
+    let resetter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let reset_addr = resetter.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in resetter.incoming().flatten() {
+            let s = socket2::Socket::from(s);
+            let _ = s.set_linger(Some(Duration::ZERO));
+            drop(s);
+        }
+    });
+    let proxy = Proc::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        &reset_addr.to_string(),
+        "--workers",
+        "1",
+    ]);
+    let addr = proxy.addr_after(" on ");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(b"hello");
+    let mut buf = [0u8; 16];
+    match s.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!("got {n} bytes from a resetting backend"),
+        Err(e) => {
+            assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "the client was left hanging")
+        }
+    }
+
+    // Never accepts: a listener with a tiny backlog, filled first.
+    let staller = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    staller.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into()).unwrap();
+    staller.listen(0).unwrap();
+    let stall_addr = staller.local_addr().unwrap().as_socket().unwrap();
+    let _fill: Vec<_> = (0..4)
+        .filter_map(|_| TcpStream::connect_timeout(&stall_addr, Duration::from_millis(50)).ok())
+        .collect();
+    let backend = Proc::start(&["serve", "echo", "--addr", "127.0.0.1:0", "--workers", "1"]);
+    let backend_addr = backend.addr_after(" on ");
+    let backends = format!("{stall_addr},{backend_addr}");
+    let proxy = Proc::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        &backends,
+        "--workers",
+        "1",
+        "--connect-timeout-ms",
+        "300",
+    ]);
+    let addr = proxy.addr_after(" on ");
+    let start = Instant::now();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"ping").unwrap();
+    let mut back = [0u8; 4];
+    s.read_exact(&mut back).expect("the next backend answered");
+    assert_eq!(&back, b"ping");
+    assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
+    drop(staller);
+}

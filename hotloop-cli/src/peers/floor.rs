@@ -645,6 +645,11 @@ impl Worker {
                     close = true;
                     break;
                 }
+                Request::Unsupported(status) => {
+                    replies.push(proto::response_error(status));
+                    close = true;
+                    break;
+                }
             }
         }
         // Keep an incomplete request head for the next read.

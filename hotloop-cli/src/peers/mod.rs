@@ -224,6 +224,9 @@ pub fn http_step(buf: &[u8], shared: &Shared) -> Step {
         Request::TooLarge => {
             Step::Respond { response: response_error(431), consumed: buf.len(), close: true }
         }
+        Request::Unsupported(status) => {
+            Step::Respond { response: response_error(status), consumed: buf.len(), close: true }
+        }
     }
 }
 
