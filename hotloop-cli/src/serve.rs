@@ -19,6 +19,9 @@ pub enum App {
     Echo,
     /// Answer every HTTP/1.1 request with a fixed body.
     Http,
+    /// The same answer from a hyper service on hotloop's hyper integration
+    /// (HTTP/1.1, and HTTP/2 by prior knowledge).
+    Hyper,
 }
 
 /// `hotloop serve` flags.
@@ -113,7 +116,7 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
 async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
     match settings.app {
         App::Echo => echo(stream, &settings).await,
-        App::Http => http(stream, &settings).await,
+        App::Http | App::Hyper => http(stream, &settings).await,
     }
 }
 

@@ -98,7 +98,7 @@ impl Ctx {
         row.notes.extend(running.notes.iter().cloned());
         let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
         let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
-        if let Err(e) = self.run_load(&running, &work.proto, &warmup, &title) {
+        if let Err(e) = self.run_load(&running, work.load_proto(), &warmup, &title) {
             row.notes.push(format!("warm-up failed: {e}"));
         }
         let mut samples: Vec<BTreeMap<String, f64>> = Vec::new();
@@ -170,7 +170,7 @@ impl Ctx {
         let stats_before = running.stats();
         let cpu_before = running.cpu_seconds();
         let started = Instant::now();
-        let report = self.run_load(running, &work.proto, load, title)?;
+        let report = self.run_load(running, work.load_proto(), load, title)?;
         let wall_s = started.elapsed().as_secs_f64();
         let cpu_after = running.cpu_seconds();
         let stats_after = running.stats();

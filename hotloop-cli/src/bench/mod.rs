@@ -21,6 +21,7 @@
 mod accept_burst;
 mod chart;
 mod churn;
+mod hyper;
 mod keepalive;
 mod load;
 mod measure;
@@ -106,17 +107,20 @@ pub enum ScenarioName {
     Timers,
     /// Persistent connections at concurrency 1 and 256.
     Keepalive,
+    /// The same hyper service on hotloop and on tokio.
+    Hyper,
 }
 
 impl ScenarioName {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [ScenarioName; 6] = [
+    pub const ALL: [ScenarioName; 7] = [
         ScenarioName::AcceptBurst,
         ScenarioName::Serial,
         ScenarioName::Churn,
         ScenarioName::ShortStreams,
         ScenarioName::Timers,
         ScenarioName::Keepalive,
+        ScenarioName::Hyper,
     ];
 
     /// The name used on the command line and in file names.
@@ -128,6 +132,7 @@ impl ScenarioName {
             ScenarioName::ShortStreams => "short-streams",
             ScenarioName::Timers => "timers",
             ScenarioName::Keepalive => "keepalive",
+            ScenarioName::Hyper => "hyper",
         }
     }
 }
@@ -325,6 +330,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::ShortStreams => short_streams::run(&mut ctx),
             ScenarioName::Timers => timers::run(&mut ctx),
             ScenarioName::Keepalive => keepalive::run(&mut ctx),
+            ScenarioName::Hyper => hyper::run(&mut ctx),
         };
         result.compare();
         output::print_result(&result);

@@ -12,12 +12,22 @@ use super::{Ctx, SERVER_START_TIMEOUT_MS, STATS_TIMEOUT_MS};
 /// What the server is asked to do per request.
 #[derive(Debug, Clone)]
 pub struct Workload {
-    /// `echo` or `http`.
+    /// `echo`, `http` or `hyper` (an HTTP server built on hyper).
     pub proto: String,
     /// HTTP response body bytes.
     pub body_size: usize,
     /// CPU microseconds spent per request.
     pub work_us: u64,
+}
+
+impl Workload {
+    /// What the load generator speaks to this workload's servers.
+    pub fn load_proto(&self) -> &str {
+        match self.proto.as_str() {
+            "hyper" => "http",
+            other => other,
+        }
+    }
 }
 
 /// One server configuration.

@@ -72,17 +72,26 @@ pub enum PeerProto {
     Echo,
     /// HTTP/1.1 with keep-alive, a fixed `200` response per request.
     Http,
+    /// The same answer from a hyper service (HTTP/1.1, and HTTP/2 by prior
+    /// knowledge); tokio only.
+    Hyper,
 }
 
 /// Runs the peer server `args` describes until SIGINT or SIGTERM.
 pub fn run(args: PeerArgs) -> io::Result<()> {
+    if args.proto == PeerProto::Hyper && args.kind != PeerKind::Tokio {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the hyper peer runs on tokio only",
+        ));
+    }
     match args.kind {
         PeerKind::Tokio => serve_with(&args, tokio::worker),
         PeerKind::Monoio => serve_with(&args, monoio::worker),
         PeerKind::Floor => floor::run(&floor::FloorArgs {
             app: match args.proto {
                 PeerProto::Echo => floor::App::Echo,
-                PeerProto::Http => floor::App::Http,
+                PeerProto::Http | PeerProto::Hyper => floor::App::Http,
             },
             addr: args.addr,
             workers: usize::from(args.workers),
@@ -103,6 +112,8 @@ pub struct Shared {
     pub response_keepalive: &'static [u8],
     /// The `200` response that closes the connection.
     pub response_close: &'static [u8],
+    /// Bytes in each response body.
+    pub body_size: usize,
 }
 
 /// Binds one listener per worker, starts the workers and waits for a signal.
@@ -113,6 +124,7 @@ fn serve_with(args: &PeerArgs, worker: fn(usize, TcpListener, Shared)) -> io::Re
     let shared = Shared {
         proto: args.proto,
         work_us: args.work_us,
+        body_size: args.body_size,
         response_keepalive: Box::leak(
             crate::proto::response_ok(args.body_size, false).into_boxed_slice(),
         ),
@@ -240,6 +252,7 @@ mod tests {
             work_us: 0,
             response_keepalive: b"K",
             response_close: b"C",
+            body_size: 1,
         }
     }
 

@@ -66,6 +66,9 @@ async fn connection(mut stream: TcpStream, shared: Shared) -> io::Result<()> {
     // The buffer is owned: each read hands it to the kernel and gets it back.
     let mut buf: Vec<u8> = Vec::with_capacity(READ_BUFFER_BYTES);
     match shared.proto {
+        PeerProto::Hyper => {
+            Err(io::Error::new(io::ErrorKind::Unsupported, "the hyper peer runs on tokio only"))
+        }
         PeerProto::Echo => loop {
             buf.clear();
             let (res, read_back) = stream.read(buf).await;

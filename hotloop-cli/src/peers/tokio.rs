@@ -54,6 +54,19 @@ async fn connection(mut stream: TcpStream, shared: Shared) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     match shared.proto {
+        PeerProto::Hyper => {
+            let body = crate::hyper_app::body(shared.body_size);
+            let work_us = shared.work_us;
+            let service = hyper::service::service_fn(move |req| {
+                crate::hyper_app::respond(body.clone(), work_us, req)
+            });
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            builder
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+                .map_err(|e| io::Error::other(e.to_string()))
+        }
         PeerProto::Echo => loop {
             let n = stream.read(&mut buf).await?;
             if n == 0 {
