@@ -79,7 +79,7 @@ impl LoadSpec {
     }
 }
 
-/// The figures of one load report, keyed for [`Row::metrics`].
+/// The figures of one load report, keyed for [`Row::metrics`](super::report::Row::metrics).
 pub fn figures_of(r: &LoadReport) -> BTreeMap<String, f64> {
     let l = &r.latency_us;
     let mut f = BTreeMap::new();
