@@ -143,6 +143,17 @@ unsafe impl IoBuf for std::sync::Arc<[u8]> {
     }
 }
 
+// SAFETY: the Vec inside never moves its heap block while the PooledBuf is
+// alive, and `len` bytes of it are initialised.
+unsafe impl IoBuf for crate::net::PooledBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.buf.as_ref().map_or(std::ptr::NonNull::dangling().as_ptr(), |b| b.as_ptr())
+    }
+    fn bytes_init(&self) -> usize {
+        self.buf.as_ref().map_or(0, Vec::len)
+    }
+}
+
 /// A range of an owned buffer; [`Slice::into_inner`] gives the buffer back.
 #[derive(Debug)]
 pub struct Slice<B> {

@@ -104,10 +104,8 @@ pub fn write_results(ctx: &Ctx, results: &[ScenarioResult]) -> io::Result<()> {
     std::fs::write(ctx.out.join("results.json"), text)
 }
 
-/// The soft limit on open files for this process (and so its children).
+/// The limit on open files for this process (and so its children), raised
+/// to the hard limit first.
 pub fn open_files_limit() -> Option<u64> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `limit` is a valid, writable rlimit.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    (rc == 0).then_some(limit.rlim_cur)
+    hotloop::raise_nofile_limit().ok()
 }

@@ -118,7 +118,7 @@ pub struct Shared {
 
 /// Binds one listener per worker, starts the workers and waits for a signal.
 fn serve_with(args: &PeerArgs, worker: fn(usize, TcpListener, Shared)) -> io::Result<()> {
-    block_shutdown_signals()?;
+    let signals = hotloop::signal::ShutdownSignals::block()?;
     // The responses live as long as the process; leaking them once lets
     // every worker and every owned-buffer write borrow them for 'static.
     let shared = Shared {
@@ -147,8 +147,8 @@ fn serve_with(args: &PeerArgs, worker: fn(usize, TcpListener, Shared)) -> io::Re
             .spawn(move || worker(index, listener, shared))?;
         threads.push(thread);
     }
-    let signal = wait_for_shutdown_signal()?;
-    eprintln!("peer: signal {signal}, exiting");
+    let signal = signals.wait()?;
+    eprintln!("peer: {signal:?}, exiting");
     std::process::exit(0)
 }
 
@@ -161,46 +161,6 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.bind(&addr.into()).map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(socket.into())
-}
-
-/// The signal set the peers exit on.
-fn shutdown_signals() -> io::Result<libc::sigset_t> {
-    // SAFETY: sigset_t is plain data; sigemptyset initialises it fully below.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable sigset_t and the signal numbers are valid.
-    let ok = unsafe {
-        libc::sigemptyset(&mut set) == 0
-            && libc::sigaddset(&mut set, libc::SIGINT) == 0
-            && libc::sigaddset(&mut set, libc::SIGTERM) == 0
-    };
-    if ok {
-        Ok(set)
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Blocks SIGINT and SIGTERM in this thread and every thread it starts later.
-fn block_shutdown_signals() -> io::Result<()> {
-    let set = shutdown_signals()?;
-    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
-}
-
-/// Parks the calling thread until SIGINT or SIGTERM arrives; returns its number.
-fn wait_for_shutdown_signal() -> io::Result<i32> {
-    let set = shutdown_signals()?;
-    let mut signal = 0;
-    // SAFETY: `set` is initialised and `signal` is a valid place to write.
-    let rc = unsafe { libc::sigwait(&set, &mut signal) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    Ok(signal)
 }
 
 /// What a connection does with the bytes it has buffered.

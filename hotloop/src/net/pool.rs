@@ -8,7 +8,6 @@
 
 use std::ops::Deref;
 
-use crate::buf::IoBuf;
 use crate::runtime::context;
 
 /// The size of each pooled buffer.
@@ -51,7 +50,7 @@ pub(crate) fn give(buf: Vec<u8>) {
 /// holds no buffer.
 #[derive(Default)]
 pub struct PooledBuf {
-    buf: Option<Vec<u8>>,
+    pub(crate) buf: Option<Vec<u8>>,
 }
 
 impl PooledBuf {
@@ -77,17 +76,6 @@ impl Drop for PooledBuf {
         if let Some(buf) = self.buf.take() {
             give(buf);
         }
-    }
-}
-
-// SAFETY: the Vec inside never moves its heap block while the PooledBuf is
-// alive, and `len` bytes of it are initialised.
-unsafe impl IoBuf for PooledBuf {
-    fn stable_ptr(&self) -> *const u8 {
-        self.buf.as_ref().map_or(std::ptr::NonNull::dangling().as_ptr(), |b| b.as_ptr())
-    }
-    fn bytes_init(&self) -> usize {
-        self.buf.as_ref().map_or(0, Vec::len)
     }
 }
 
