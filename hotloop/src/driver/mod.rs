@@ -38,7 +38,6 @@ use crate::runtime::{DriverKind, Registration};
 use crate::stats::DriverInfo;
 use crate::sys;
 
-use crate::runtime::context::Context;
 use crate::runtime::{Config, WorkerShared};
 
 /// The driver one worker uses.
@@ -121,6 +120,9 @@ pub(crate) struct Source {
     fd: OwnedFd,
     /// The epoll token (`generation << 32 | slot`), once registered.
     token: Cell<Option<u64>>,
+    /// True when the worker that owns the socket runs io_uring: read once
+    /// at creation, so operations need not look at the driver to choose.
+    uring: bool,
     /// io_uring: the owned buffers behind borrowed-slice reads and writes,
     /// made on first use. Declared after `fd`, so the descriptor closes
     /// before their operations are cancelled.
@@ -130,28 +132,30 @@ pub(crate) struct Source {
 impl Source {
     /// Wraps a socket; in eager mode on epoll, registers it now.
     pub(crate) fn new(fd: OwnedFd) -> io::Result<Source> {
-        let src = Source { fd, token: Cell::new(None), uring_buffers: Default::default() };
         context::with(|cx| {
+            let src = Source::bare(fd, cx.is_uring());
             if cx.config.registration == Registration::Eager {
                 if let Driver::Epoll(ep) = &mut *cx.driver.borrow_mut() {
                     src.token.set(Some(ep.register(src.fd.as_raw_fd())?));
                 }
             }
-            Ok::<_, io::Error>(())
-        })?;
-        Ok(src)
+            Ok(src)
+        })
+    }
+
+    fn bare(fd: OwnedFd, uring: bool) -> Source {
+        Source { fd, token: Cell::new(None), uring, uring_buffers: Default::default() }
     }
 
     /// Wraps a listening socket, which always ends up waiting: register it now.
     pub(crate) fn new_listener(fd: OwnedFd) -> io::Result<Source> {
-        let src = Source { fd, token: Cell::new(None), uring_buffers: Default::default() };
         context::with(|cx| {
+            let src = Source::bare(fd, cx.is_uring());
             if let Driver::Epoll(ep) = &mut *cx.driver.borrow_mut() {
                 src.token.set(Some(ep.register(src.fd.as_raw_fd())?));
             }
-            Ok::<_, io::Error>(())
-        })?;
-        Ok(src)
+            Ok(src)
+        })
     }
 
     /// The raw descriptor.
@@ -239,13 +243,9 @@ impl Drop for Source {
     }
 }
 
-fn is_uring() -> bool {
-    context::with(Context::is_uring)
-}
-
 /// Receives into `buf` (from its start up to its capacity).
 pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usize, B> {
-    if is_uring() {
+    if src.uring {
         return uring::recv(src, buf).await;
     }
     let fd = src.fd();
@@ -268,7 +268,7 @@ pub(crate) async fn recv<B: IoBufMut>(src: &Source, mut buf: B) -> BufResult<usi
 /// is data: while the socket has nothing, no buffer is held (epoll).
 pub(crate) async fn recv_pooled(src: &Source) -> io::Result<crate::net::PooledBuf> {
     use crate::net::pool;
-    if is_uring() {
+    if src.uring {
         // Readiness on the ring (a POLL_ADD holds no buffer), then the read
         // as a plain non-blocking syscall into a pool buffer.
         loop {
@@ -323,7 +323,7 @@ pub(crate) async fn recv_pooled(src: &Source) -> io::Result<crate::net::PooledBu
 
 /// Sends the initialised bytes of `buf`; may send fewer.
 pub(crate) async fn send<B: IoBuf>(src: &Source, buf: B) -> BufResult<usize, B> {
-    if is_uring() {
+    if src.uring {
         return uring::send(src, buf).await;
     }
     let fd = src.fd();
@@ -342,7 +342,7 @@ pub(crate) async fn send_vectored<B: IoBuf>(
     src: &Source,
     bufs: Vec<B>,
 ) -> BufResult<usize, Vec<B>> {
-    if is_uring() {
+    if src.uring {
         return uring::send_vectored(src, bufs).await;
     }
     let fd = src.fd();
@@ -360,7 +360,7 @@ pub(crate) async fn send_vectored<B: IoBuf>(
 
 /// Connects a fresh non-blocking socket to `addr`.
 pub(crate) async fn connect(src: &Source, addr: SocketAddr) -> io::Result<()> {
-    if is_uring() {
+    if src.uring {
         return uring::connect(src, addr).await;
     }
     match sys::connect(src.fd(), &addr) {
@@ -389,7 +389,7 @@ pub(crate) async fn connect(src: &Source, addr: SocketAddr) -> io::Result<()> {
 
 /// Shuts down one or both directions of a connection.
 pub(crate) async fn shutdown(src: &Source, how: std::net::Shutdown) -> io::Result<()> {
-    if is_uring() {
+    if src.uring {
         return uring::shutdown(src, how).await;
     }
     sys::shutdown(src.fd(), how)
@@ -426,7 +426,7 @@ impl std::str::FromStr for AcceptMode {
 /// Takes one connection only if one is ready now, never parking: for
 /// draining a listener's queue when a server stops.
 pub(crate) fn accept_now(src: &Source, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
-    if !is_uring() {
+    if !src.uring {
         // Straight to the syscall: an edge for a connection that just came
         // in may not have been polled yet.
         return match sys::accept(src.fd()) {
@@ -465,7 +465,7 @@ pub(crate) fn poll_read_slice(
     task_cx: &mut TaskContext<'_>,
     buf: &mut [u8],
 ) -> Poll<io::Result<usize>> {
-    if is_uring() {
+    if src.uring {
         return uring::poll_read_slice(src, task_cx, buf);
     }
     let fd = src.fd();
@@ -483,7 +483,7 @@ pub(crate) fn poll_write_slice(
     task_cx: &mut TaskContext<'_>,
     buf: &[u8],
 ) -> Poll<io::Result<usize>> {
-    if is_uring() {
+    if src.uring {
         return uring::poll_write_slice(src, task_cx, buf);
     }
     let fd = src.fd();
@@ -499,7 +499,7 @@ pub(crate) fn poll_write_slices(
     task_cx: &mut TaskContext<'_>,
     bufs: &[io::IoSlice<'_>],
 ) -> Poll<io::Result<usize>> {
-    if is_uring() {
+    if src.uring {
         // One staging copy; the kernel sees a single buffer.
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut joined = Vec::with_capacity(total.min(256 * 1024));
