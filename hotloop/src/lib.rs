@@ -35,12 +35,14 @@
 
 pub mod buf;
 mod driver;
+mod loom;
 #[cfg(feature = "hyper")]
 pub mod hyper;
 mod log;
 pub mod net;
 pub mod runtime;
 pub mod signal;
+mod slab;
 pub mod stats;
 mod sys;
 pub mod time;

@@ -11,17 +11,16 @@ use std::net::Shutdown;
 use std::task::{Context, Poll};
 
 use super::TcpStream;
-use crate::driver;
 
 impl TcpStream {
     /// Reads into `buf` (the poll form behind the `AsyncRead` impls).
     pub fn poll_read_slice(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        driver::poll_read_slice(self.source(), cx, buf)
+        self.source().poll_read_slice(cx, buf)
     }
 
     /// Writes from `buf` (the poll form behind the `AsyncWrite` impls).
     pub fn poll_write_slice(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        driver::poll_write_slice(self.source(), cx, buf)
+        self.source().poll_write_slice(cx, buf)
     }
 
     /// Writes from several slices at once.
@@ -30,13 +29,22 @@ impl TcpStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        driver::poll_write_slices(self.source(), cx, bufs)
+        self.source().poll_write_slices(cx, bufs)
     }
 
-    /// Shuts down the write half (the poll form behind `poll_shutdown`/`poll_close`).
-    pub fn poll_shutdown_write(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Waits until every byte the poll-form writes accepted is in the
+    /// kernel (the poll form behind `poll_flush`). On io_uring those writes
+    /// are written behind; on epoll they are in the kernel already.
+    pub fn poll_flush_writes(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.source().poll_flush(cx)
+    }
+
+    /// Flushes, then shuts down the write half (the poll form behind
+    /// `poll_shutdown`/`poll_close`).
+    pub fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.source().poll_flush(cx))?;
         // shutdown(2) never blocks, so the poll form makes the call directly on either driver.
-        match driver::shutdown_now(self.source(), Shutdown::Write) {
+        match crate::sys::shutdown(self.source().fd(), Shutdown::Write) {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
             other => Poll::Ready(other),
         }
@@ -88,9 +96,8 @@ mod tokio_impls {
             true
         }
 
-        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            // Nothing is buffered in user space: a write that returned is in the kernel.
-            Poll::Ready(Ok(()))
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.poll_flush_writes(cx)
         }
 
         fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -132,8 +139,8 @@ mod futures_impls {
             self.poll_write_slices(cx, bufs)
         }
 
-        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.poll_flush_writes(cx)
         }
 
         fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

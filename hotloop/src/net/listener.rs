@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use super::options::ListenerOptions;
 use super::stream::TcpStream;
-use crate::driver::{self, Source};
+use crate::driver::Source;
 use crate::runtime::{context, yield_to_driver};
 use crate::stats;
 use crate::sys;
@@ -52,7 +52,7 @@ impl TcpListener {
     /// Wraps an already listening, non-blocking socket (see [`bind_socket`]).
     pub(crate) fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<TcpListener> {
         Ok(TcpListener {
-            src: Source::new_listener(fd)?,
+            src: context::with(|cx| Source::new_listener(&cx.driver, fd))?,
             options,
             batch_turn: Cell::new(u64::MAX),
             batch_count: Cell::new(0),
@@ -103,7 +103,7 @@ impl TcpListener {
                 yield_to_driver().await;
             }
             let mode = self.options.accept_mode;
-            let result = poll_fn(|cx| driver::poll_accept(&self.src, cx, mode)).await;
+            let result = poll_fn(|cx| self.src.poll_accept(cx, mode)).await;
             match result {
                 Ok(fd) => {
                     self.count_accept();
@@ -118,7 +118,7 @@ impl TcpListener {
     /// bound: for draining the queue when a server stops, so that the
     /// connections the kernel already accepted are served, not reset.
     pub fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
-        match driver::accept_now(&self.src, self.options.accept_mode)? {
+        match self.src.accept_now(self.options.accept_mode)? {
             Ok(fd) => {
                 self.count_accept();
                 Some(TcpStream::from_fd(fd))

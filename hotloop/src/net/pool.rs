@@ -1,14 +1,46 @@
 //! A per-worker pool of read buffers, so an idle connection holds none.
 //!
 //! [`TcpStream::read_pooled`](super::TcpStream::read_pooled) takes a buffer
-//! from its worker's pool only when data is there to read: on epoll it
-//! tries the read, and on `WouldBlock` puts the buffer back before waiting.
-//! Ten thousand idle connections then cost ten thousand parked tasks, not
-//! ten thousand buffers.
+//! from its worker's pool only when data is there to read. It is built on
+//! the driver's readiness primitive: try a non-blocking read into a pooled
+//! buffer, and on `WouldBlock` put the buffer back and wait for readiness
+//! (an epoll edge, or an io_uring `POLL_ADD`), which holds no buffer. Ten
+//! thousand idle connections then cost ten thousand parked tasks, not ten
+//! thousand buffers, on either driver.
 
+use std::io;
 use std::ops::Deref;
 
+use crate::driver::Source;
 use crate::runtime::context;
+
+/// Reads into a buffer from the current worker's pool, taken only once
+/// there is data. An empty result means the peer closed its side.
+pub(crate) async fn read_pooled(src: &Source) -> io::Result<PooledBuf> {
+    loop {
+        // On epoll, a socket that the last read drained waits for an edge
+        // first instead of making a read that would fail.
+        if src.may_read_now() {
+            let mut buf = take();
+            match src.try_recv(buf.spare_capacity_mut()) {
+                Ok(n) => {
+                    // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
+                    unsafe { buf.set_len(n) };
+                    return Ok(PooledBuf::new(buf));
+                }
+                Err(e) => {
+                    give(buf);
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => {}
+                        io::ErrorKind::Interrupted => continue,
+                        _ => return Err(e),
+                    }
+                }
+            }
+        }
+        src.readable().await?;
+    }
+}
 
 /// The size of each pooled buffer.
 pub const POOLED_BUFFER_BYTES: usize = 16 * 1024;

@@ -6,7 +6,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::driver::{self, Source};
+use crate::driver::Source;
+use crate::runtime::context;
 use crate::sys;
 
 /// A TCP connection owned by one worker.
@@ -19,8 +20,10 @@ pub struct TcpStream {
 }
 
 impl TcpStream {
+    /// Wraps a connected (or connecting) socket on the current worker's driver.
     pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<TcpStream> {
-        Ok(TcpStream { src: Source::new(fd)? })
+        let src = context::with(|cx| Source::new(&cx.driver, fd))?;
+        Ok(TcpStream { src })
     }
 
     pub(crate) fn source(&self) -> &Source {
@@ -48,14 +51,14 @@ impl TcpStream {
 
     async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
         let stream = TcpStream::from_fd(sys::tcp_socket(&addr)?)?;
-        driver::connect(&stream.src, addr).await?;
+        stream.src.connect(addr).await?;
         Ok(stream)
     }
 
     /// Reads into `buf`, replacing its contents: up to `buf.capacity()`
     /// bytes for a `Vec`. `Ok(0)` means the peer closed its side.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
-        driver::recv(&self.src, buf).await
+        self.src.recv(buf).await
     }
 
     /// Reads into a buffer borrowed from the worker's pool
@@ -63,12 +66,12 @@ impl TcpStream {
     /// only once data is there, so an idle connection holds no buffer
     /// (on epoll). An empty result means the peer closed its side.
     pub async fn read_pooled(&self) -> io::Result<super::PooledBuf> {
-        driver::recv_pooled(&self.src).await
+        super::pool::read_pooled(&self.src).await
     }
 
     /// Writes some of `buf`; returns how many bytes were taken.
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        driver::send(&self.src, buf).await
+        self.src.send(buf).await
     }
 
     /// Writes all of `buf`.
@@ -77,7 +80,7 @@ impl TcpStream {
         let mut slice = buf.slice(..);
         let mut done = 0;
         while done < total {
-            let (res, s) = driver::send(&self.src, slice).await;
+            let (res, s) = self.src.send(slice).await;
             let buf = s.into_inner();
             match res {
                 Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
@@ -91,12 +94,12 @@ impl TcpStream {
 
     /// Writes the buffers in order with one call (`sendmsg`); may write fewer bytes than all.
     pub async fn write_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
-        driver::send_vectored(&self.src, bufs).await
+        self.src.send_vectored(bufs).await
     }
 
     /// Shuts down the read half, the write half or both.
     pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        driver::shutdown(&self.src, how).await
+        self.src.shutdown(how).await
     }
 
     /// The local address.

@@ -2,31 +2,8 @@
 
 use std::time::Duration;
 
-/// Which I/O driver the workers use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DriverKind {
-    /// Readiness-based: epoll, edge-triggered, with lazy registration.
-    Epoll,
-    /// Completion-based: io_uring.
-    Uring,
-    /// io_uring when the kernel allows it, epoll otherwise (the reason is
-    /// reported in the stats). The `HOTLOOP_DRIVER` environment variable
-    /// (`epoll` or `uring`) overrides it.
-    #[default]
-    Auto,
-}
-
-impl std::str::FromStr for DriverKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "epoll" => Ok(DriverKind::Epoll),
-            "uring" | "io_uring" | "io-uring" => Ok(DriverKind::Uring),
-            "auto" => Ok(DriverKind::Auto),
-            other => Err(format!("unknown driver `{other}`: expected auto, epoll or uring")),
-        }
-    }
-}
+pub use crate::driver::{DriverKind, KernelBusyPoll, Registration};
+use crate::driver::DriverConfig;
 
 /// Whether the poller sleeps when there is nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,40 +55,6 @@ impl std::str::FromStr for BusyPoll {
     }
 }
 
-/// When a socket is registered with epoll.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Registration {
-    /// Only when an operation on it first returns `WouldBlock`; a socket
-    /// that never has to wait is never registered.
-    #[default]
-    Lazy,
-    /// As soon as it is created or accepted (the usual design, kept so the
-    /// difference can be measured).
-    Eager,
-}
-
-impl std::str::FromStr for Registration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "lazy" => Ok(Registration::Lazy),
-            "eager" => Ok(Registration::Eager),
-            other => Err(format!("unknown registration mode `{other}`: expected lazy or eager")),
-        }
-    }
-}
-
-/// The kernel's own busy polling inside `epoll_wait` (`EPIOCSPARAMS`, Linux 6.9)
-/// or io_uring's NAPI registration. It only helps on devices with NAPI queues:
-/// loopback traffic has no NAPI id, so there only user-space spinning helps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KernelBusyPoll {
-    /// Microseconds the kernel may spin per wait.
-    pub busy_poll_us: u32,
-    /// Packets handled per spin.
-    pub budget: u16,
-}
-
 /// Everything a worker needs to know about how it was configured.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -138,6 +81,19 @@ impl Default for Config {
             registration: Registration::Lazy,
             events_per_poll_max: 1024,
             uring_entries: 1024,
+        }
+    }
+}
+
+impl Config {
+    /// The part of the configuration the I/O driver is built from.
+    pub(crate) fn driver_config(&self) -> DriverConfig {
+        DriverConfig {
+            kind: self.driver,
+            registration: self.registration,
+            events_per_poll_max: self.events_per_poll_max,
+            uring_entries: self.uring_entries,
+            kernel_busy_poll: self.kernel_busy_poll,
         }
     }
 }

@@ -28,9 +28,8 @@ pub(crate) struct Context {
     pub(crate) handle: Handle,
     pub(crate) tasks: RefCell<TaskSlab>,
     pub(crate) run_queue: RefCell<VecDeque<TaskKey>>,
-    pub(crate) driver: RefCell<Driver>,
-    /// True when `driver` is io_uring, read without borrowing it.
-    pub(crate) uring: bool,
+    /// The worker's I/O driver; every socket made here holds a clone.
+    pub(crate) driver: Driver,
     pub(crate) driver_info: DriverInfo,
     pub(crate) timers: RefCell<TimerWheel<Waker>>,
     pub(crate) clock: Clock,
@@ -40,8 +39,9 @@ pub(crate) struct Context {
     pub(crate) after_poll: RefCell<Vec<Waker>>,
     /// Read buffers lent to connections only while they have data.
     pub(crate) buf_pool: RefCell<crate::net::pool::BufPool>,
-    /// The payload of the task that just panicked, while its future is dropped.
-    pub(crate) panic_payload: RefCell<Option<Box<dyn std::any::Any + Send>>>,
+    /// The task that just panicked and its payload, while its future is
+    /// dropped: only that task's join slot takes it.
+    pub(crate) panic_payload: RefCell<Option<(TaskKey, Box<dyn std::any::Any + Send>)>>,
 }
 
 thread_local! {
@@ -52,16 +52,22 @@ thread_local! {
 pub(crate) static NEXT_CONTEXT_UID: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(1);
 
-impl Context {
-    /// True when this worker's driver is io_uring.
-    pub(crate) fn is_uring(&self) -> bool {
-        self.uring
-    }
+/// Runs `f` with the current worker's context, or returns `None` outside
+/// a worker (including while the thread's locals are being torn down).
+pub(crate) fn try_with<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
+    CURRENT
+        .try_with(|c| match c.try_borrow() {
+            Ok(cx) => cx.as_deref().map(f),
+            Err(_) => None,
+        })
+        .ok()
+        .flatten()
 }
 
-/// Runs `f` with the current worker's context, or returns `None` outside a worker.
-pub(crate) fn try_with<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
-    CURRENT.with(|c| c.borrow().as_deref().map(f))
+/// The current worker's context itself, for a handle that must find its
+/// way back to it later (a `Weak` does not keep it alive).
+pub(crate) fn current() -> Option<Rc<Context>> {
+    CURRENT.try_with(|c| c.try_borrow().ok().and_then(|c| c.clone())).ok().flatten()
 }
 
 /// Runs `f` with the current worker's context.
@@ -76,13 +82,14 @@ pub(crate) fn with<R>(f: impl FnOnce(&Context) -> R) -> R {
 }
 
 /// Makes `cx` the current context until the guard drops.
-pub(crate) fn enter(cx: Rc<Context>) -> EnterGuard {
+pub(crate) fn enter(cx: Rc<Context>) -> (EnterGuard, crate::driver::EnterGuard) {
+    let driver = cx.driver.enter();
     let previous = CURRENT.with(|c| c.borrow_mut().replace(cx));
     assert!(
         previous.is_none(),
         "a hotloop runtime cannot be started from inside another: `block_on` was called on a worker thread"
     );
-    EnterGuard
+    (EnterGuard, driver)
 }
 
 /// Clears the current context when dropped.
@@ -92,7 +99,7 @@ impl Drop for EnterGuard {
     fn drop(&mut self) {
         // Take the Rc out before dropping it, so a destructor that looks at the
         // context finds none instead of a borrowed cell.
-        let cx = CURRENT.with(|c| c.borrow_mut().take());
+        let cx = CURRENT.try_with(|c| c.borrow_mut().take()).ok().flatten();
         drop(cx);
     }
 }
@@ -103,6 +110,10 @@ pub(crate) struct Clock {
 }
 
 impl Clock {
+    /// The latest tick a timer is filed at: about 146 million years, far
+    /// enough to mean "never" while keeping tick arithmetic from wrapping.
+    pub(crate) const TICK_MAX: u64 = u64::MAX >> 12;
+
     pub(crate) fn new() -> Self {
         Clock { base: Instant::now() }
     }
@@ -117,11 +128,12 @@ impl Clock {
         t.saturating_duration_since(self.base).as_millis() as u64
     }
 
-    /// The first tick at or after `deadline` (rounds up, so a timer never fires early).
+    /// The first tick at or after `deadline` (rounds up, so a timer never
+    /// fires early), at most [`Clock::TICK_MAX`].
     pub(crate) fn tick_for_deadline(&self, deadline: Instant) -> u64 {
         let since = deadline.saturating_duration_since(self.base);
-        let ms = since.as_millis() as u64;
-        if since > Duration::from_millis(ms) {
+        let ms = since.as_millis().min(u128::from(Self::TICK_MAX)) as u64;
+        if ms < Self::TICK_MAX && since > Duration::from_millis(ms) {
             ms + 1
         } else {
             ms
@@ -129,7 +141,15 @@ impl Clock {
     }
 
     /// The instant at which `tick` begins.
+    /// (Saturates at a far-future instant where `Instant` cannot go further.)
     pub(crate) fn instant_of(&self, tick: u64) -> Instant {
-        self.base + Duration::from_millis(tick)
+        let d = Duration::from_millis(tick);
+        self.base.checked_add(d).unwrap_or_else(|| far_future(self.base))
     }
+}
+
+/// An instant about 30 years ahead of `from`, which every platform's
+/// `Instant` can represent: the stand-in for "never".
+pub(crate) fn far_future(from: Instant) -> Instant {
+    from + Duration::from_secs(86_400 * 365 * 30)
 }

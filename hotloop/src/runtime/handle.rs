@@ -4,7 +4,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::join::{spawn_detached, OnDone, RemoteCompletion, RemoteJoinHandle, RemoteSlot};
+use super::join::{
+    spawn_detached, JoinError, OnDone, RemoteCompletion, RemoteJoinHandle, RemoteSlot,
+};
 use super::shared::WorkerShared;
 use crate::stats::{DriverInfo, StatsSnapshot};
 
@@ -63,7 +65,18 @@ impl Handle {
         let completion = RemoteCompletion(slot.clone());
         let shared = &self.inner.workers[worker];
         shared.push_runnable(Box::new(move || {
-            spawn_detached(OnDone::new(make_future(), move |out| completion.0.finish(Ok(out))));
+            // A closure that panics reports it through the join handle.
+            let future = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make_future)) {
+                Ok(future) => future,
+                Err(payload) => {
+                    completion.0.finish(Err(JoinError::Panicked(payload)));
+                    return;
+                }
+            };
+            let slot = completion.0.clone();
+            let key =
+                spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
+            slot.set_key(key);
         }));
         RemoteJoinHandle { slot }
     }

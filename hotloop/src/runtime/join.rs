@@ -5,11 +5,11 @@ use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 
-use super::context;
+use super::context::{self, Context};
 use super::task::{Task, TaskKey, TaskWaker};
 use crate::stats;
 
@@ -57,6 +57,8 @@ struct JoinSlot<T> {
     output: Option<Result<T, JoinError>>,
     finished: bool,
     waiter: Option<Waker>,
+    /// The task's key, so only its own panic is taken as its result.
+    key: TaskKey,
 }
 
 /// Completes the join slot when the task finishes or is dropped unfinished.
@@ -88,13 +90,22 @@ impl<T: 'static> Drop for Completion<T> {
         }
         // Dropped unfinished: aborted, shut down, or panicked (the executor
         // parks the payload in the context before dropping the task).
-        self.finish(Err(take_panic().map_or(JoinError::Cancelled, JoinError::Panicked)));
+        let key = self.slot.borrow().key;
+        self.finish(Err(take_panic(key).map_or(JoinError::Cancelled, JoinError::Panicked)));
     }
 }
 
-/// The payload of the panic whose task is being dropped, if any.
-fn take_panic() -> Option<Box<dyn Any + Send>> {
-    context::try_with(|cx| cx.panic_payload.borrow_mut().take()).flatten()
+/// The payload of the panic of task `key`, if that task is the one being
+/// dropped because it panicked.
+fn take_panic(key: TaskKey) -> Option<Box<dyn Any + Send>> {
+    context::try_with(|cx| {
+        let mut parked = cx.panic_payload.borrow_mut();
+        match &*parked {
+            Some((k, _)) if *k == key => parked.take().map(|(_, payload)| payload),
+            _ => None,
+        }
+    })
+    .flatten()
 }
 
 /// An owned permission to await a task's output or abort it.
@@ -104,6 +115,9 @@ fn take_panic() -> Option<Box<dyn Any + Send>> {
 pub struct JoinHandle<T> {
     slot: Rc<RefCell<JoinSlot<T>>>,
     key: TaskKey,
+    /// The worker the task runs on; a `Weak` so that a handle kept inside
+    /// a task does not keep its worker alive.
+    owner: Weak<Context>,
 }
 
 impl<T> JoinHandle<T> {
@@ -112,21 +126,30 @@ impl<T> JoinHandle<T> {
     /// the handle then gives `JoinError::Cancelled`, unless the task had
     /// already finished.
     pub fn abort(&self) {
+        let Some(owner) = self.owner.upgrade() else {
+            return; // the runtime is gone, and the task with it
+        };
         let key = self.key;
-        let removed = context::try_with(|cx| {
-            let mut tasks = cx.tasks.borrow_mut();
+        let current = context::try_with(|cx| std::ptr::eq(cx, &*owner)).unwrap_or(false);
+        let removed = {
+            let Ok(mut tasks) = owner.tasks.try_borrow_mut() else { return };
             match tasks.get_mut(key) {
-                Some(task) if task.future.is_none() => {
+                // Running now, or its runtime is not the one running here:
+                // mark it, and its own worker drops it when it comes up.
+                Some(task) if task.future.is_none() || !current => {
                     task.aborted = true;
+                    if !current {
+                        owner.run_queue.borrow_mut().push_back(key);
+                    }
                     None
                 }
                 Some(_) => tasks.remove(key),
                 None => None,
             }
-        })
-        .flatten();
-        // Drop the future outside the borrow: its destructors may touch the runtime.
-        drop(removed);
+        };
+        // Dropped outside the borrow, and guarded: its destructors may touch
+        // the runtime, or panic.
+        super::worker::drop_guarded(removed);
     }
 
     /// True once the task has finished, was aborted, or panicked.
@@ -163,10 +186,13 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
-    let slot = Rc::new(RefCell::new(JoinSlot { output: None, finished: false, waiter: None }));
+    let slot =
+        Rc::new(RefCell::new(JoinSlot { output: None, finished: false, waiter: None, key: 0 }));
     let completion = Completion { slot: slot.clone() };
     let key = spawn_detached(OnDone::new(future, move |out| completion.finish(Ok(out))));
-    JoinHandle { slot, key }
+    slot.borrow_mut().key = key;
+    let owner = context::current().map_or_else(Weak::new, |cx| Rc::downgrade(&cx));
+    JoinHandle { slot, key, owner }
 }
 
 /// Spawns a future whose output nobody awaits (a connection handler): no
@@ -265,14 +291,26 @@ struct RemoteState<T> {
     output: Option<Result<T, JoinError>>,
     finished: bool,
     waiter: Option<Waker>,
+    /// The task's key on its worker, once spawned.
+    key: Option<TaskKey>,
 }
 
 impl<T> RemoteSlot<T> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(RemoteSlot {
-            state: Mutex::new(RemoteState { output: None, finished: false, waiter: None }),
+            state: Mutex::new(RemoteState {
+                output: None,
+                finished: false,
+                waiter: None,
+                key: None,
+            }),
             ready: Condvar::new(),
         })
+    }
+
+    /// Records the key of the task spawned for this slot.
+    pub(crate) fn set_key(&self, key: TaskKey) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).key = Some(key);
     }
 
     pub(crate) fn finish(&self, result: Result<T, JoinError>) {
@@ -335,9 +373,14 @@ pub(crate) struct RemoteCompletion<T: Send + 'static>(pub(crate) Arc<RemoteSlot<
 
 impl<T: Send + 'static> Drop for RemoteCompletion<T> {
     fn drop(&mut self) {
-        if self.0.state.lock().unwrap_or_else(|e| e.into_inner()).finished {
-            return;
-        }
-        self.0.finish(Err(take_panic().map_or(JoinError::Cancelled, JoinError::Panicked)));
+        let key = {
+            let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.finished {
+                return;
+            }
+            st.key
+        };
+        let panic = key.and_then(take_panic);
+        self.0.finish(Err(panic.map_or(JoinError::Cancelled, JoinError::Panicked)));
     }
 }

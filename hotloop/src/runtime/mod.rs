@@ -179,30 +179,46 @@ fn worker_thread(
     ready: mpsc::Sender<(usize, io::Result<DriverInfo>)>,
 ) {
     let id = shared.id;
-    let cx = match Context::new(shared, config, handle) {
+    let cx = match Context::new(shared.clone(), config, handle) {
         Ok(cx) => cx,
         Err(e) => {
             let _ = ready.send((id, Err(e)));
+            shared.die();
             return;
         }
     };
     let _ = ready.send((id, Ok(cx.driver_info.clone())));
     drop(ready);
     let guard = context::enter(cx.clone());
-    let _ = worker::run::<std::future::Pending<()>>(&cx, None);
+    // Panics inside tasks never get here; this catches a failure of the
+    // loop itself (its driver failing), which ends the worker.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        worker::run::<std::future::Pending<()>>(&cx, None)
+    }));
+    if run.is_err() {
+        crate::log::warn(format_args!(
+            "worker {id} stopped after a failure of its loop; its tasks are cancelled"
+        ));
+    }
     shutdown_tasks(&cx);
+    // Whatever arrives from now on is dropped at once, so every waiter
+    // (a remote join handle, `block_on_all`) gets `JoinError::Cancelled`.
+    drop(shared.die());
     drop(guard);
 }
 
 /// Drops every task while the context is still entered, so their
-/// destructors can reach the driver to close their descriptors.
+/// destructors can reach the driver to close their descriptors. A
+/// destructor that panics is reported and the rest are still dropped.
 fn shutdown_tasks(cx: &Context) {
     loop {
         let tasks = cx.tasks.borrow_mut().drain();
         if tasks.is_empty() {
             break;
         }
-        drop(tasks);
+        for task in tasks {
+            worker::drop_guarded(task);
+        }
     }
     cx.run_queue.borrow_mut().clear();
     cx.after_poll.borrow_mut().clear();
@@ -215,7 +231,12 @@ impl Context {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
             sys::pin_to_cpu(id % cpus)?;
         }
-        let (driver, driver_info) = Driver::new(&config, &shared)?;
+        let (driver, mut driver_info) =
+            Driver::new(&config.driver_config(), shared.unpark.clone(), shared.stats.clone())?;
+        driver_info.busy_poll = config.busy_poll.to_string();
+        if config.driver == DriverKind::Auto && driver_info.driver == "epoll" && id == 0 {
+            crate::log::warn(format_args!("{}", driver_info.reason));
+        }
         Ok(Rc::new(Context {
             id,
             uid: context::NEXT_CONTEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -224,8 +245,7 @@ impl Context {
             handle,
             tasks: RefCell::new(TaskSlab::default()),
             run_queue: RefCell::new(VecDeque::with_capacity(256)),
-            uring: matches!(driver, Driver::Uring(_)),
-            driver: RefCell::new(driver),
+            driver,
             driver_info,
             timers: RefCell::new(TimerWheel::new()),
             clock: Clock::new(),
@@ -329,6 +349,8 @@ impl Runtime {
             let guard = context::enter(cx.clone());
             shutdown_tasks(&cx);
             drop(guard);
+            // Sockets the caller still holds keep the driver alive; they
+            // find it no longer entered and fail rather than wait.
         }
     }
 }

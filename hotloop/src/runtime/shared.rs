@@ -1,13 +1,14 @@
 //! The part of a worker that other threads may touch: its inbox of wakes
-//! and spawned closures, its eventfd, its counters.
+//! and spawned closures, the doorbell that says whether to unpark it, its
+//! counters.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::task::TaskKey;
+use crate::driver::Unpark;
+use crate::loom::AtomicBool;
 use crate::stats::WorkerStats;
-use crate::sys;
 
 /// A closure sent to a worker to run there (usually one that spawns a task).
 pub(crate) type Runnable = Box<dyn FnOnce() + Send>;
@@ -20,16 +21,68 @@ pub(crate) struct Inbox {
     pub(crate) shutdown: bool,
 }
 
+/// The handshake that lets a worker block in its poller without missing a
+/// message from another thread.
+///
+/// The worker sets `sleeping` and then checks `pending`; a sender sets
+/// `pending` and then swaps `sleeping`. With sequentially consistent
+/// order, at least one of them sees the other's store: either the worker
+/// does not block, or the sender unparks it (the loom test below checks
+/// every interleaving).
+#[derive(Debug, Default)]
+pub(crate) struct Doorbell {
+    /// Set by the worker just before it may block in the poller.
+    sleeping: AtomicBool,
+    /// Set when the inbox has something, so the worker checks it without locking.
+    pending: AtomicBool,
+}
+
+impl Doorbell {
+    /// Worker: about to block. False if a message came in meanwhile (then
+    /// it must not block).
+    pub(crate) fn announce_sleep(&self) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        if self.pending.load(Ordering::SeqCst) {
+            self.sleeping.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Worker: back from the poller.
+    pub(crate) fn awake(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    /// Worker: true if a message is waiting.
+    pub(crate) fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Worker: about to take the inbox.
+    pub(crate) fn clear(&self) {
+        self.pending.store(false, Ordering::SeqCst);
+    }
+
+    /// Sender: after queuing a message. True if the worker may be blocked
+    /// and must be unparked.
+    pub(crate) fn ring(&self) -> bool {
+        self.pending.store(true, Ordering::SeqCst);
+        self.sleeping.swap(false, Ordering::SeqCst)
+    }
+}
+
 /// The thread-safe half of a worker.
 pub(crate) struct WorkerShared {
     pub(crate) id: usize,
     pub(crate) inbox: Mutex<Inbox>,
-    /// Set when the inbox has something, so the worker checks it without locking.
-    pub(crate) inbox_pending: AtomicBool,
-    /// Set by the worker just before it may block in the poller.
-    pub(crate) sleeping: AtomicBool,
-    /// Written to wake the worker out of its poller.
-    pub(crate) eventfd: OwnedFd,
+    pub(crate) doorbell: Doorbell,
+    /// Ends the driver's wait (an eventfd the driver polls).
+    pub(crate) unpark: Arc<Unpark>,
+    /// Set when the worker's thread stopped for good (its loop failed):
+    /// what is sent to it from then on is dropped at once, so whoever
+    /// waits for it gets `JoinError::Cancelled` instead of waiting forever.
+    pub(crate) dead: std::sync::atomic::AtomicBool,
     pub(crate) stats: Arc<WorkerStats>,
 }
 
@@ -38,9 +91,9 @@ impl WorkerShared {
         Ok(Arc::new(WorkerShared {
             id,
             inbox: Mutex::new(Inbox::default()),
-            inbox_pending: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
-            eventfd: sys::eventfd()?,
+            doorbell: Doorbell::default(),
+            unpark: Arc::new(Unpark::new()?),
+            dead: std::sync::atomic::AtomicBool::new(false),
             stats: Arc::new(WorkerStats::default()),
         }))
     }
@@ -50,9 +103,13 @@ impl WorkerShared {
         self.with_inbox(|inbox| inbox.wakes.push(key));
     }
 
-    /// Queues a closure to run on this worker.
+    /// Queues a closure to run on this worker (dropped at once if the
+    /// worker is dead).
     pub(crate) fn push_runnable(&self, f: Runnable) {
-        self.with_inbox(|inbox| inbox.runnables.push(f));
+        let mut f = Some(f);
+        self.with_inbox(|inbox| inbox.runnables.extend(f.take()));
+        // Dropped outside the lock: its destructor may finish a join slot.
+        drop(f);
     }
 
     /// Asks the worker to stop.
@@ -63,21 +120,98 @@ impl WorkerShared {
     fn with_inbox(&self, f: impl FnOnce(&mut Inbox)) {
         {
             let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            if self.dead.load(Ordering::Acquire) {
+                return;
+            }
             f(&mut inbox);
         }
-        self.inbox_pending.store(true, Ordering::SeqCst);
-        // Only a worker that may be blocked in the poller needs the eventfd:
-        // it sets `sleeping` and then re-checks `inbox_pending`, so one of the
-        // two sides always sees the other.
-        if self.sleeping.swap(false, Ordering::SeqCst) {
-            sys::eventfd_signal(self.eventfd.as_raw_fd());
+        if self.doorbell.ring() {
+            self.unpark.unpark();
         }
     }
 
     /// Takes everything in the inbox.
     pub(crate) fn take_inbox(&self) -> Inbox {
-        self.inbox_pending.store(false, Ordering::SeqCst);
+        self.doorbell.clear();
         let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut *inbox)
+    }
+
+    /// Marks the worker dead and hands back what was left for it.
+    pub(crate) fn die(&self) -> Inbox {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        self.dead.store(true, Ordering::Release);
+        std::mem::take(&mut *inbox)
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::Doorbell;
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use loom::sync::Arc;
+
+    /// A worker that decides to block is always unparked by a sender that
+    /// queued a message at the same time: no interleaving loses the wake.
+    #[test]
+    fn no_lost_wakeup() {
+        loom::model(|| {
+            let bell = Arc::new(Doorbell::default());
+            let unparked = Arc::new(AtomicBool::new(false));
+            let sender = {
+                let (bell, unparked) = (bell.clone(), unparked.clone());
+                loom::thread::spawn(move || {
+                    if bell.ring() {
+                        unparked.store(true, Ordering::SeqCst);
+                    }
+                })
+            };
+            let blocks = bell.announce_sleep();
+            sender.join().unwrap();
+            if blocks {
+                assert!(unparked.load(Ordering::SeqCst), "the worker blocks and nobody unparks it");
+            } else {
+                assert!(bell.is_pending(), "the worker stayed awake for a message it can see");
+            }
+        });
+    }
+
+    /// Two senders racing with a worker that takes the inbox and then
+    /// blocks: every message is either taken before blocking or unparks it.
+    #[test]
+    fn two_senders_and_a_taker() {
+        use loom::sync::atomic::AtomicUsize;
+        loom::model(|| {
+            let bell = Arc::new(Doorbell::default());
+            let sent = Arc::new(AtomicUsize::new(0));
+            let unparks = Arc::new(AtomicUsize::new(0));
+            let senders: Vec<_> = (0..2)
+                .map(|_| {
+                    let (bell, sent, unparks) = (bell.clone(), sent.clone(), unparks.clone());
+                    loom::thread::spawn(move || {
+                        sent.fetch_add(1, Ordering::SeqCst); // the message goes in the inbox
+                        if bell.ring() {
+                            unparks.fetch_add(1, Ordering::SeqCst);
+                        }
+                    })
+                })
+                .collect();
+            // One turn of the worker: take the inbox if flagged, then try to sleep.
+            let mut taken = 0;
+            if bell.is_pending() {
+                bell.clear();
+                taken = sent.load(Ordering::SeqCst);
+            }
+            let blocks = bell.announce_sleep();
+            for s in senders {
+                s.join().unwrap();
+            }
+            if blocks {
+                assert!(
+                    unparks.load(Ordering::SeqCst) > 0 || taken == 2,
+                    "the worker blocks with a message it never took and nobody unparks it"
+                );
+            }
+        });
     }
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::task::{Wake, Waker};
 
 use super::context;
+use crate::slab::{Key, Slab};
 use super::shared::WorkerShared;
 
 /// A task's identity on its worker: `generation << 32 | slot`.
@@ -26,12 +27,6 @@ pub(crate) const MAIN_TASK: TaskKey = u64::MAX;
 /// A boxed task future.
 pub(crate) type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
 
-/// One slot of the task slab.
-struct Slot {
-    generation: u32,
-    task: Option<Task>,
-}
-
 /// A live task.
 pub(crate) struct Task {
     /// The future; `None` while the executor is polling it.
@@ -40,86 +35,42 @@ pub(crate) struct Task {
     pub(crate) waker: Waker,
     /// The waker's state, to clear its scheduled flag before each poll.
     pub(crate) header: Arc<TaskWaker>,
-    /// Set when `abort` is called while the task is being polled.
+    /// Set when `abort` is called while the task is being polled, or from
+    /// outside its runtime: the executor drops it instead of polling it.
     pub(crate) aborted: bool,
 }
 
 /// The tasks of one worker, addressed by generational keys.
 #[derive(Default)]
 pub(crate) struct TaskSlab {
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    len: usize,
+    slab: Slab<Task>,
 }
 
 impl TaskSlab {
     /// The key the next inserted task will get.
     pub(crate) fn next_key(&self) -> TaskKey {
-        match self.free.last() {
-            Some(&slot) => key(self.slots[slot as usize].generation, slot),
-            None => key(0, self.slots.len() as u32),
-        }
+        self.slab.vacant_key().to_u64()
     }
 
     /// Stores a task; returns its key, which equals `next_key()` before the call.
     pub(crate) fn insert(&mut self, task: Task) -> TaskKey {
-        self.len += 1;
-        match self.free.pop() {
-            Some(slot) => {
-                let s = &mut self.slots[slot as usize];
-                s.task = Some(task);
-                key(s.generation, slot)
-            }
-            None => {
-                let slot = self.slots.len() as u32;
-                self.slots.push(Slot { generation: 0, task: Some(task) });
-                key(0, slot)
-            }
-        }
+        self.slab.insert(task).to_u64()
     }
 
     /// The task behind `key`, if it is still alive.
     pub(crate) fn get_mut(&mut self, key: TaskKey) -> Option<&mut Task> {
-        let (generation, slot) = split(key);
-        match self.slots.get_mut(slot as usize) {
-            Some(s) if s.generation == generation => s.task.as_mut(),
-            _ => None,
-        }
+        self.slab.get_mut(Key::from_u64(key))
     }
 
     /// Removes the task behind `key`; a later key for this slot has a new generation.
     pub(crate) fn remove(&mut self, key: TaskKey) -> Option<Task> {
-        let (generation, slot) = split(key);
-        let s = self.slots.get_mut(slot as usize)?;
-        if s.generation != generation {
-            return None;
-        }
-        let task = s.task.take()?;
-        s.generation = s.generation.wrapping_add(1);
-        self.free.push(slot);
-        self.len -= 1;
-        Some(task)
+        self.slab.remove(Key::from_u64(key))
     }
 
     /// Takes every task out, for shutdown.
     pub(crate) fn drain(&mut self) -> Vec<Task> {
-        let mut out = Vec::with_capacity(self.len);
-        for slot in 0..self.slots.len() {
-            let generation = self.slots[slot].generation;
-            if let Some(task) = self.remove(key(generation, slot as u32)) {
-                out.push(task);
-            }
-        }
-        out
+        self.slab.drain()
     }
-}
-
-fn key(generation: u32, slot: u32) -> TaskKey {
-    (u64::from(generation) << 32) | u64::from(slot)
-}
-
-fn split(key: TaskKey) -> (u32, u32) {
-    ((key >> 32) as u32, key as u32)
 }
 
 /// The waker of one task.

@@ -11,7 +11,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -68,11 +67,11 @@ pub(crate) fn run<F: Future>(
             }
             _ => Some(Duration::ZERO),
         };
-        let events = match cx.driver.borrow_mut().poll(timeout) {
+        let events = match cx.driver.poll(timeout) {
             Ok(n) => n,
             Err(e) => panic!("the I/O driver failed and the worker cannot continue: {e}"),
         };
-        cx.shared.sleeping.store(false, Ordering::Relaxed);
+        cx.shared.doorbell.awake();
         if wait == Wait::Spin && events == 0 {
             stats::add(&cx.shared.stats.poller_spins, 1);
         }
@@ -83,12 +82,14 @@ pub(crate) fn run<F: Future>(
         cx.turn.set(cx.turn.get() + 1);
 
         // 3. Inbox.
-        if cx.shared.inbox_pending.load(Ordering::Acquire) {
+        if cx.shared.doorbell.is_pending() {
             let inbox = cx.shared.take_inbox();
             stats::add(&cx.shared.stats.remote_wakeups, 1);
             cx.run_queue.borrow_mut().extend(inbox.wakes);
             for f in inbox.runnables {
-                f();
+                // A runnable that panics (a `spawn_on` closure) reports
+                // through its join handle; the worker carries on.
+                drop_guarded(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
             }
             if inbox.shutdown {
                 return Err(ShutdownRequested);
@@ -110,6 +111,13 @@ fn run_task(cx: &Context, key: TaskKey) {
     let (mut future, waker) = {
         let mut tasks = cx.tasks.borrow_mut();
         let Some(task) = tasks.get_mut(key) else { return };
+        if task.aborted {
+            // Aborted from outside its runtime: drop it here, on its own worker.
+            let task = tasks.remove(key);
+            drop(tasks);
+            drop_guarded(task);
+            return;
+        }
         let Some(future) = task.future.take() else { return };
         // A wake from now on (including from inside this poll) queues the task again.
         task.header.clear_scheduled();
@@ -124,7 +132,7 @@ fn run_task(cx: &Context, key: TaskKey) {
         Ok(Poll::Ready(())) => true,
         Ok(Poll::Pending) => false,
         Err(payload) => {
-            *cx.panic_payload.borrow_mut() = Some(payload);
+            *cx.panic_payload.borrow_mut() = Some((key, payload));
             true
         }
     };
@@ -138,10 +146,22 @@ fn run_task(cx: &Context, key: TaskKey) {
         None => None,
     };
     drop(tasks);
-    // Dropped outside the borrow: destructors may spawn or close sockets.
-    drop(future);
-    drop(finished);
+    // Dropped outside the borrow (destructors may spawn or close sockets),
+    // and guarded: a destructor that panics must not take the worker down.
+    drop_guarded(future);
+    drop_guarded(finished);
     cx.panic_payload.borrow_mut().take();
+}
+
+/// Drops `value`, catching a panic from its destructor: the worker and
+/// every other task carry on, and the panic is reported.
+pub(crate) fn drop_guarded<T>(value: T) {
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value)));
+    if dropped.is_err() {
+        crate::log::warn(format_args!(
+            "a task's destructor panicked; the worker carries on"
+        ));
+    }
 }
 
 /// What the worker does in the driver this turn.
@@ -176,12 +196,7 @@ fn poll_wait(cx: &Context, now: Instant, last_event: Instant) -> Wait {
 /// The worker sets `sleeping` and then checks `inbox_pending`; a sender sets
 /// `inbox_pending` and then checks `sleeping`: one of them sees the other.
 fn announce_sleep(cx: &Context) -> bool {
-    cx.shared.sleeping.store(true, Ordering::SeqCst);
-    if cx.shared.inbox_pending.load(Ordering::SeqCst) {
-        cx.shared.sleeping.store(false, Ordering::SeqCst);
-        return false;
-    }
-    true
+    cx.shared.doorbell.announce_sleep()
 }
 
 /// Wakes the tasks whose timers are due.

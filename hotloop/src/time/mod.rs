@@ -11,26 +11,67 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
-use crate::runtime::context;
+use std::sync::Arc;
+
+use crate::runtime::context::{self, Context};
+use crate::runtime::WorkerShared;
 use wheel::TimerKey;
 
 /// A future that completes at a deadline. Dropping it cancels the timer.
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
     deadline: Instant,
-    /// The timer, and the context whose wheel holds it (a `Sleep` is
-    /// `Send`, so it may be polled or dropped on another worker).
-    key: Option<(TimerKey, u64)>,
+    /// The timer, once filed in a worker's wheel.
+    entry: Option<Filed>,
 }
 
-/// Waits for `duration`.
+/// Where a [`Sleep`]'s timer is filed: the key in its wheel, and the
+/// worker whose wheel it is (a `Sleep` is `Send`, so it may be polled or
+/// dropped on another worker, which must not touch this wheel).
+struct Filed {
+    key: TimerKey,
+    /// The context whose wheel holds the timer.
+    uid: u64,
+    owner: Arc<WorkerShared>,
+}
+
+impl Filed {
+    /// Cancels the timer: directly on its own worker, else by asking that
+    /// worker to do it, so its wheel does not keep a stale entry.
+    fn cancel(self, cx: Option<&Context>) {
+        match cx {
+            Some(cx) if cx.uid == self.uid => {
+                cx.timers.borrow_mut().cancel(self.key);
+            }
+            _ => {
+                let (key, uid) = (self.key, self.uid);
+                self.owner.push_runnable(Box::new(move || {
+                    context::try_with(|cx| {
+                        if cx.uid == uid {
+                            cx.timers.borrow_mut().cancel(key);
+                        }
+                    });
+                }));
+            }
+        }
+    }
+}
+
+/// Waits for `duration`. A duration too long for the clock (such as
+/// `Duration::MAX`) waits about 30 years, which is to say forever.
 pub fn sleep(duration: Duration) -> Sleep {
-    sleep_until(Instant::now() + duration)
+    sleep_until(deadline_after(duration))
+}
+
+/// `now + duration`, saturated at a far-future instant.
+fn deadline_after(duration: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(duration).unwrap_or_else(|| crate::runtime::context::far_future(now))
 }
 
 /// Waits until `deadline`.
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep { deadline, key: None }
+    Sleep { deadline, entry: None }
 }
 
 impl Sleep {
@@ -42,11 +83,13 @@ impl Sleep {
     /// Moves the deadline; cheap, and the timer is re-filed lazily.
     pub fn reset(&mut self, deadline: Instant) {
         self.deadline = deadline;
-        if let Some((key, uid)) = self.key {
+        if let Some(filed) = self.entry.take() {
             context::with(|cx| {
                 let tick = cx.clock.tick_for_deadline(deadline);
-                if cx.uid != uid || !cx.timers.borrow_mut().reset(key, tick) {
-                    self.key = None;
+                if cx.uid == filed.uid && cx.timers.borrow_mut().reset(filed.key, tick) {
+                    self.entry = Some(filed);
+                } else {
+                    filed.cancel(Some(cx));
                 }
             });
         }
@@ -59,16 +102,17 @@ impl Future for Sleep {
     fn poll(mut self: Pin<&mut Self>, task_cx: &mut TaskContext<'_>) -> Poll<()> {
         context::with(|cx| {
             if Instant::now() >= self.deadline {
-                if let Some((key, uid)) = self.key.take() {
-                    if uid == cx.uid {
-                        cx.timers.borrow_mut().cancel(key);
-                    }
+                if let Some(filed) = self.entry.take() {
+                    filed.cancel(Some(cx));
                 }
                 return Poll::Ready(());
             }
+            if let Some(filed) = self.entry.take_if(|f| f.uid != cx.uid) {
+                // Polled on another worker than the one holding the timer.
+                filed.cancel(Some(cx));
+            }
             let mut timers = cx.timers.borrow_mut();
-            let mine = self.key.filter(|&(_, uid)| uid == cx.uid);
-            match mine.and_then(|(k, _)| timers.get_mut(k)) {
+            match self.entry.as_ref().and_then(|f| timers.get_mut(f.key)) {
                 Some(w) => {
                     if !w.will_wake(task_cx.waker()) {
                         *w = task_cx.waker().clone();
@@ -76,7 +120,8 @@ impl Future for Sleep {
                 }
                 None => {
                     let tick = cx.clock.tick_for_deadline(self.deadline);
-                    self.key = Some((timers.insert(tick, task_cx.waker().clone()), cx.uid));
+                    let key = timers.insert(tick, task_cx.waker().clone());
+                    self.entry = Some(Filed { key, uid: cx.uid, owner: cx.shared.clone() });
                 }
             }
             Poll::Pending
@@ -86,12 +131,12 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some((key, uid)) = self.key.take() {
-            context::try_with(|cx| {
-                if cx.uid == uid {
-                    cx.timers.borrow_mut().cancel(key);
-                }
-            });
+        let mut filed = self.entry.take();
+        if filed.is_some() {
+            context::try_with(|cx| filed.take().map(|f| f.cancel(Some(cx))));
+            if let Some(f) = filed {
+                f.cancel(None);
+            }
         }
     }
 }
@@ -116,7 +161,7 @@ impl From<Elapsed> for std::io::Error {
 
 /// Runs `future` for at most `duration`.
 pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
-    timeout_at(Instant::now() + duration, future).await
+    timeout_at(deadline_after(duration), future).await
 }
 
 /// Runs `future` until `deadline` at the latest.

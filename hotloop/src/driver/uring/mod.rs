@@ -8,31 +8,27 @@
 //!   then to a plain ring. `IORING_FEAT_NODROP` (completions are kept, not
 //!   lost, when the completion queue is full) and `IORING_FEAT_EXT_ARG`
 //!   (waits with a timeout) are required.
-//! - Operations only queue entries in the submission queue while tasks
-//!   run; [`Uring::poll`] flushes them with one `io_uring_enter` per loop
-//!   turn, which also waits: for a completion (`None`), until the timeout
-//!   (`Some(d)`), or not at all (`Some(ZERO)`, which still runs the
-//!   deferred completion work and so is how busy polling spins). With
-//!   `IORING_SETUP_TASKRUN_FLAG` the kernel marks the ring when completion
-//!   work is waiting, so a zero-timeout poll with nothing to submit and no
-//!   mark only reads the completion queue, without a system call. Only a
-//!   full submission queue causes an extra `io_uring_enter` (`sq_full`).
-//! - The worker's eventfd has a multishot `POLL_ADD` on it, so a write
-//!   from another thread ends a sleeping `poll`; the driver drains it on
-//!   each completion and re-arms the poll when the kernel ends it.
-//! - In-flight operations live in a slab ([`op`]); accepts have a queue
-//!   per listener ([`accept`]). `user_data` is `generation << 32 | index`;
-//!   two values no slot can produce mark the eventfd poll and cancel
-//!   requests, whose completions carry nothing to deliver.
-//! - Completion queue overflow: with `NODROP` the kernel holds the
-//!   completions that did not fit and hands them over at the next enter;
-//!   the driver counts every turn that found the queue overflowed, plus any
-//!   completion the kernel reports as dropped (`cq_overflows`).
-//! - Reads are single-shot `IORING_OP_RECV` into the caller's own buffer.
-//!   Multishot receive with a provided-buffer ring is not used: the
-//!   owned-buffer API hands each read the caller's buffer, so kernel-picked
-//!   buffers would cost a copy or a different API, and no measurement has
-//!   shown it winning for this runtime's request/response traffic.
+//! - Operations queue their entries in the driver's own list while tasks
+//!   run ([`ring::Ring`]); [`Driver::poll`] moves them into the submission
+//!   queue and submits them with one `io_uring_enter` per loop turn, which
+//!   also waits. Until then an entry can be withdrawn: an operation dropped
+//!   in the turn it was made never reaches the kernel, loses no bytes and
+//!   needs no cancel. A full submission queue is never an error: what does
+//!   not fit is submitted in more enters (`sq_full`), or waits in the list
+//!   for the next turn.
+//! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
+//!   re-armed after each wake, on kernels without multishot poll), so a
+//!   write from another thread ends a sleeping poll.
+//! - In-flight operations live in a generational slab ([`op`]);
+//!   `user_data` is the slot's key. Two values no key can take mark the
+//!   eventfd poll and cancel requests.
+//! - An operation holds its socket (a shared descriptor) as well as its
+//!   memory until its last completion, so a socket closed by its owner
+//!   stays open for as long as the kernel may still act on it, and its
+//!   number cannot be reused under a queued entry.
+//! - Wakers are woken, and the storage of finished cancelled operations
+//!   dropped, only after the driver's state is released: a buffer whose
+//!   destructor does I/O, or panics, finds the driver usable.
 //! - Dropping the driver cancels everything in flight and waits (at most
 //!   [`DRAIN_ON_DROP_MAX`]) for the last completions, so no memory the
 //!   kernel may still write is freed and no accepted descriptor leaks.
@@ -41,137 +37,66 @@
 //! ring (`SINGLE_ISSUER` makes the kernel enforce it).
 
 mod accept;
-pub(crate) mod compat;
+mod compat;
 mod op;
+mod ring;
+mod socket;
 
-pub(crate) use compat::{poll_read_slice, poll_write_slice};
-pub(crate) use op::{connect, poll_ready, recv, send, send_vectored, shutdown};
+pub(crate) use socket::Source;
 
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{cqueue, opcode, types};
 
-use self::op::{Lifecycle, OpKey, Ops};
-use super::{probe, Driver};
-use crate::runtime::{context, Config, WorkerShared};
+use self::op::Lifecycle;
+use self::ring::{Ring, CANCEL_USER_DATA, WAKE_USER_DATA};
+use super::{probe, DriverConfig, Unpark};
+use crate::slab::{Key, Slab};
 use crate::stats::{self, WorkerStats};
-use crate::sys;
 
-/// `user_data` of the eventfd's poll.
-const WAKE_USER_DATA: u64 = u64::MAX;
-/// `user_data` of cancel requests.
-const CANCEL_USER_DATA: u64 = u64::MAX - 1;
-/// Completion queue entries per submission queue entry (the kernel's default is 2).
-const CQ_ENTRIES_PER_SQ: u32 = 4;
+/// A descriptor shared by a socket and the operations the kernel holds on
+/// it; closed when the last holder drops it.
+pub(crate) type SharedFd = Rc<OwnedFd>;
+
 /// How long dropping the driver waits for cancelled operations to complete.
 const DRAIN_ON_DROP_MAX: Duration = Duration::from_secs(1);
-/// The longest sleep while the eventfd's poll could not be re-armed.
-const WAKE_REARM_RETRY: Duration = Duration::from_millis(1);
-/// `IORING_ENTER_GETEVENTS`: run deferred completion work and reap.
-const IORING_ENTER_GETEVENTS: u32 = 1;
+/// How long a socket dropped outside its runtime waits for its cancelled
+/// operations, so that it closes (and its peer sees the end) at once.
+const SETTLE_MAX: Duration = Duration::from_millis(100);
+/// How long a write the stream accepted keeps going after the stream is
+/// dropped before it is cancelled (a peer that never reads cannot hold the
+/// socket for longer).
+pub(crate) const WRITE_LINGER: Duration = Duration::from_secs(5);
 
-/// How the ring was set up, from the most to the least capable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SetupMode {
-    /// `SINGLE_ISSUER | DEFER_TASKRUN` (Linux 6.1+).
-    DeferTaskrun,
-    /// `COOP_TASKRUN` (Linux 5.19+).
-    CoopTaskrun,
-    /// No flags.
-    Plain,
+/// One worker's io_uring driver.
+pub(crate) struct Driver {
+    state: RefCell<Uring>,
+    entered: Cell<bool>,
+    /// Wakers collected by a poll, woken once the state is released.
+    woken: RefCell<Vec<Waker>>,
+    /// Storage of operations the kernel is done with, dropped once the
+    /// state is released.
+    freed: RefCell<Vec<Box<dyn Any>>>,
 }
 
-/// The ring and the counters it bumps: the part of the driver that submits.
-struct Ring {
-    /// Boxed: the ring's bookkeeping is large and the driver enum holds it inline.
-    ring: Box<IoUring>,
-    stats: Arc<WorkerStats>,
-}
-
-impl Ring {
-    /// Queues one entry; if the submission queue is full, flushes it first.
-    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
-        for _ in 0..2 {
-            // SAFETY: the caller built `entry` over memory that outlives the operation (the
-            // `Op::submit` contract); the queue copies the entry itself.
-            if unsafe { self.ring.submission().push(entry) }.is_ok() {
-                stats::add(&self.stats.submissions, 1);
-                return Ok(());
-            }
-            stats::add(&self.stats.sq_full, 1);
-            stats::add(&self.stats.uring_enters, 1);
-            match self.ring.submit() {
-                Ok(_) => {}
-                Err(e) if is_transient(&e) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Err(io::Error::new(
-            io::ErrorKind::WouldBlock,
-            "the io_uring submission queue stayed full after a flush; raise `uring_entries`",
-        ))
-    }
-
-    /// Queues a cancel of the operation `key`.
-    fn push_cancel(&mut self, key: OpKey) -> io::Result<()> {
-        let entry = opcode::AsyncCancel::new(key.user_data()).build().user_data(CANCEL_USER_DATA);
-        self.push(&entry)
-    }
-
-    /// Submits what is queued and waits as `timeout` says: one `io_uring_enter`.
-    fn enter(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let (pending, kernel_has_work) = {
-            let sq = self.ring.submission();
-            (sq.len() as u32, sq.taskrun() || sq.cq_overflow())
-        };
-        if timeout == Some(Duration::ZERO) && pending == 0 && !kernel_has_work {
-            // Nothing to submit and no completion work waiting in the kernel
-            // (`IORING_SQ_TASKRUN` is clear): peeking at the completion queue
-            // needs no system call.
-            return Ok(());
-        }
-        stats::add(&self.stats.uring_enters, 1);
-        let submitter = self.ring.submitter();
-        let res = match timeout {
-            None => submitter.submit_and_wait(1),
-            Some(d) if d.is_zero() => {
-                // SAFETY: no argument pointer is passed; GETEVENTS with min_complete 0 only runs
-                // deferred work and never waits.
-                unsafe {
-                    submitter.enter::<libc::sigset_t>(pending, 0, IORING_ENTER_GETEVENTS, None)
-                }
-            }
-            Some(d) => {
-                let ts = types::Timespec::from(d);
-                submitter.submit_with_args(1, &types::SubmitArgs::new().timespec(&ts))
-            }
-        };
-        match res {
-            Ok(_) => Ok(()),
-            Err(e) if is_transient(&e) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// Results of `io_uring_enter` that are not failures: the timeout passed
-/// (`ETIME`), a signal came (`EINTR`), or the kernel wants the completion
-/// queue reaped before it takes more (`EBUSY`, `EAGAIN`).
-fn is_transient(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN))
-}
-
-/// One worker's io_uring instance.
-pub(crate) struct Uring {
+/// The ring and everything the kernel may still refer to.
+struct Uring {
     ring: Ring,
-    ops: Ops,
-    listeners: accept::Listeners,
-    eventfd: RawFd,
-    /// True while the eventfd's multishot poll is armed.
+    ops: Slab<Lifecycle>,
+    listeners: Slab<accept::Listener>,
+    unpark: Arc<Unpark>,
+    /// True while the eventfd's poll is armed.
     wake_armed: bool,
+    /// False on kernels without multishot poll: re-arm after every wake.
+    wake_multishot: bool,
     /// Whether `AcceptMode::Multishot` really is multishot here.
     multishot_accept: bool,
     /// The most completions handled per poll.
@@ -180,102 +105,175 @@ pub(crate) struct Uring {
     cqes: Vec<(u64, i32, u32)>,
     /// The kernel's dropped-completion counter at the last look.
     dropped_seen: u32,
+    /// Writes left running by dropped streams, with their deadlines, oldest first.
+    lingering: VecDeque<(Instant, Key)>,
 }
 
-impl Uring {
+impl Driver {
     /// Sets up the ring and arms the eventfd's poll. Returns the driver and
     /// a sentence on kernel busy polling (NAPI).
-    pub(crate) fn new(config: &Config, worker: &Arc<WorkerShared>) -> io::Result<(Uring, String)> {
-        let (ring, _setup) =
-            build_ring(config.uring_entries).map_err(|e| match probe::uring_support() {
+    pub(crate) fn new(
+        config: &DriverConfig,
+        unpark: Arc<Unpark>,
+        stats: Arc<WorkerStats>,
+    ) -> io::Result<(Rc<Driver>, String)> {
+        let (ring, kernel_busy_poll) =
+            Ring::new(config, stats).map_err(|e| match probe::uring_support() {
                 Err(why) => io::Error::new(e.kind(), why),
                 Ok(()) => e,
             })?;
-        let params = ring.params();
-        if !params.is_feature_nodrop() || !params.is_feature_ext_arg() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "io_uring lacks IORING_FEAT_NODROP or IORING_FEAT_EXT_ARG (Linux 5.11+); use the epoll driver",
-            ));
-        }
-        let kernel_busy_poll = match config.kernel_busy_poll {
-            None => "off".to_string(),
-            Some(p) => {
-                let mut napi = types::Napi::new()
-                    .set_busy_poll_timeout(p.busy_poll_us)
-                    .set_prefer_busy_poll(true);
-                match ring.submitter().register_napi(&mut napi) {
-                    Ok(()) => format!(
-                        "on: IORING_REGISTER_NAPI {} us, prefer busy poll, budget is the kernel's \
-                         (only NAPI devices benefit; loopback has no NAPI id, so only user-space \
-                         spinning helps there)",
-                        p.busy_poll_us
-                    ),
-                    Err(e) => {
-                        format!("not applied: IORING_REGISTER_NAPI failed ({e}); needs Linux 6.9+")
-                    }
-                }
-            }
-        };
         let mut uring = Uring {
-            ring: Ring { ring: Box::new(ring), stats: worker.stats.clone() },
-            ops: Ops::default(),
-            listeners: accept::Listeners::default(),
-            eventfd: worker.eventfd.as_raw_fd(),
+            ring,
+            ops: Slab::default(),
+            listeners: Slab::default(),
+            unpark,
             wake_armed: false,
+            wake_multishot: true,
             multishot_accept: probe::multishot_accept_supported(),
             completions_per_poll_max: config.events_per_poll_max,
             cqes: Vec::with_capacity(config.events_per_poll_max),
             dropped_seen: 0,
+            lingering: VecDeque::new(),
         };
-        uring.arm_wake()?;
-        Ok((uring, kernel_busy_poll))
+        uring.arm_wake();
+        let driver = Driver {
+            state: RefCell::new(uring),
+            entered: Cell::new(false),
+            woken: RefCell::new(Vec::new()),
+            freed: RefCell::new(Vec::new()),
+        };
+        Ok((Rc::new(driver), kernel_busy_poll))
     }
 
-    /// Arms the multishot poll on the worker's eventfd.
-    fn arm_wake(&mut self) -> io::Result<()> {
-        let entry = opcode::PollAdd::new(types::Fd(self.eventfd), libc::POLLIN as u32)
-            .multi(true)
-            .build()
-            .user_data(WAKE_USER_DATA);
-        self.ring.push(&entry)?;
-        self.wake_armed = true;
-        Ok(())
+    /// True while the runtime that owns the driver runs on this thread.
+    pub(crate) fn entered(&self) -> &Cell<bool> {
+        &self.entered
     }
 
     /// Submits what tasks queued, waits for completions for at most
     /// `timeout` and wakes the tasks they concern. Returns how many
     /// completions were handled.
-    pub(crate) fn poll(&mut self, mut timeout: Option<Duration>) -> io::Result<usize> {
-        if !self.wake_armed && self.arm_wake().is_err() {
-            // Without the eventfd's poll nothing from another thread can end
-            // the wait: sleep briefly and try again next turn.
-            timeout = Some(timeout.map_or(WAKE_REARM_RETRY, |t| t.min(WAKE_REARM_RETRY)));
+    pub(crate) fn poll(&self, timeout: Option<Duration>) -> io::Result<usize> {
+        let mut woken = std::mem::take(&mut *self.woken.borrow_mut());
+        let mut freed = std::mem::take(&mut *self.freed.borrow_mut());
+        let res = self.state.borrow_mut().poll(timeout, &mut woken, &mut freed);
+        self.release(&mut woken, &mut freed);
+        *self.woken.borrow_mut() = woken;
+        *self.freed.borrow_mut() = freed;
+        res
+    }
+
+    /// Wakes what a poll collected and drops what it freed, with the state
+    /// released. A destructor that panics is reported, not propagated: the
+    /// worker and every other operation carry on.
+    fn release(&self, woken: &mut Vec<Waker>, freed: &mut Vec<Box<dyn Any>>) {
+        for w in woken.drain(..) {
+            w.wake();
         }
-        self.ring.enter(timeout)?;
-        Ok(self.reap())
+        for storage in freed.drain(..) {
+            let dropped =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(storage)));
+            if dropped.is_err() {
+                crate::log::warn(format_args!(
+                    "a buffer's destructor panicked when its cancelled io_uring operation ended; \
+                     the worker carries on"
+                ));
+            }
+        }
+    }
+
+    /// Hands what is queued to the kernel now, without waiting or reaping.
+    fn submit_now(&self) {
+        if let Ok(mut st) = self.state.try_borrow_mut() {
+            let st = &mut *st;
+            let _ = st.ring.submit_pending(&mut st.ops);
+        }
+    }
+
+    /// Outside its runtime nobody will enter the ring again soon: submit
+    /// what is queued and reap until no cancelled operation is left (or
+    /// [`SETTLE_MAX`] has passed), so a dropped socket really closes.
+    fn settle(&self) {
+        if self.entered.get() {
+            return;
+        }
+        let deadline = Instant::now() + SETTLE_MAX;
+        loop {
+            let mut woken = Vec::new();
+            let mut freed = Vec::new();
+            let busy = match self.state.try_borrow_mut() {
+                Ok(mut st) => {
+                    let _ = st.poll(Some(Duration::ZERO), &mut woken, &mut freed);
+                    st.ops.iter().any(|(_, s)| s.held_by_kernel() && !s.is_waiting())
+                }
+                Err(_) => false,
+            };
+            self.release(&mut woken, &mut freed);
+            if !busy || Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Uring {
+    /// Arms the multishot (or one-shot) poll on the unpark eventfd.
+    fn arm_wake(&mut self) {
+        let entry = opcode::PollAdd::new(types::Fd(self.unpark.fd()), libc::POLLIN as u32)
+            .multi(self.wake_multishot)
+            .build()
+            .user_data(WAKE_USER_DATA);
+        self.ring.push(entry);
+        self.wake_armed = true;
+    }
+
+    /// One turn: submit, wait, reap.
+    fn poll(
+        &mut self,
+        timeout: Option<Duration>,
+        woken: &mut Vec<Waker>,
+        freed: &mut Vec<Box<dyn Any>>,
+    ) -> io::Result<usize> {
+        if !self.wake_armed {
+            self.arm_wake();
+        }
+        self.cancel_expired_lingerers();
+        self.ring.enter(timeout, &mut self.ops)?;
+        Ok(self.reap(woken, freed))
+    }
+
+    /// Cancels the writes of dropped streams that ran past their linger time.
+    fn cancel_expired_lingerers(&mut self) {
+        let Some(&(first, _)) = self.lingering.front() else { return };
+        let now = Instant::now();
+        if first > now {
+            return;
+        }
+        while let Some(&(deadline, key)) = self.lingering.front() {
+            if deadline > now {
+                break;
+            }
+            self.lingering.pop_front();
+            if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
+                self.ring.push_cancel(key);
+            }
+        }
     }
 
     /// Handles the completions waiting in the completion queue.
-    fn reap(&mut self) -> usize {
-        let overflowed = self.ring.ring.submission().cq_overflow();
-        let mut cq = self.ring.ring.completion();
-        let dropped = cq.overflow();
-        let lost = dropped.wrapping_sub(self.dropped_seen);
-        self.dropped_seen = dropped;
-        self.cqes.clear();
-        self.cqes.extend(
-            (&mut cq)
-                .take(self.completions_per_poll_max)
-                .map(|e| (e.user_data(), e.result(), e.flags())),
+    fn reap(&mut self, woken: &mut Vec<Waker>, freed: &mut Vec<Box<dyn Any>>) -> usize {
+        let (overflowed, lost) = self.ring.take_completions(
+            &mut self.cqes,
+            self.completions_per_poll_max,
+            &mut self.dropped_seen,
         );
-        drop(cq);
         if overflowed || lost > 0 {
             stats::add(&self.ring.stats.cq_overflows, u64::from(overflowed) + u64::from(lost));
         }
         let cqes = std::mem::take(&mut self.cqes);
         for &(user_data, res, flags) in &cqes {
-            self.dispatch(user_data, res, flags);
+            self.dispatch(user_data, res, flags, woken, freed);
         }
         let n = cqes.len();
         self.cqes = cqes;
@@ -285,11 +283,22 @@ impl Uring {
     }
 
     /// Delivers one completion.
-    fn dispatch(&mut self, user_data: u64, res: i32, flags: u32) {
+    fn dispatch(
+        &mut self,
+        user_data: u64,
+        res: i32,
+        flags: u32,
+        woken: &mut Vec<Waker>,
+        freed: &mut Vec<Box<dyn Any>>,
+    ) {
         let last = !cqueue::more(flags);
         match user_data {
             WAKE_USER_DATA => {
-                sys::eventfd_drain(self.eventfd);
+                self.unpark.drain();
+                if res == -libc::EINVAL && self.wake_multishot {
+                    // No multishot poll on this kernel (before 5.13): one-shot from now on.
+                    self.wake_multishot = false;
+                }
                 if last {
                     self.wake_armed = false;
                 }
@@ -298,102 +307,89 @@ impl Uring {
             CANCEL_USER_DATA => return,
             _ => {}
         }
-        let key = OpKey::from_user_data(user_data);
+        let key = Key::from_u64(user_data);
         let Some(state) = self.ops.get_mut(key) else {
             stats::add(&self.ring.stats.stale_events, 1);
             return;
         };
         match state {
-            Lifecycle::Waiting(waker) => {
+            Lifecycle::Waiting { waker, .. } => {
                 let waker = waker.take();
                 *state = Lifecycle::Completed(op::Cqe { res });
-                if let Some(w) = waker {
-                    w.wake();
-                }
+                woken.extend(waker);
             }
             Lifecycle::Cancelled(_) => {
                 if last {
-                    // The kernel is done with the storage: free it now.
-                    drop(self.ops.remove(key));
+                    // The kernel is done with the storage (and the socket).
+                    if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
+                        freed.push(storage);
+                    }
                 }
             }
-            Lifecycle::Accept(listener) => {
+            Lifecycle::Accept { listener, .. } => {
                 let listener = *listener;
                 if last {
                     self.ops.remove(key);
                 }
-                self.listeners.on_completion(listener, key, res, last, &mut self.ring);
+                accept::on_completion(self, listener, key, res, last, woken);
             }
-            Lifecycle::Orphan => {
+            Lifecycle::Orphan(_) => {
                 accept::close_accepted(res);
                 if last {
                     self.ops.remove(key);
                 }
             }
-            // A single-shot operation completes once; nothing more can come.
-            Lifecycle::Completed(_) | Lifecycle::Vacant => {}
+            // A single-shot operation completes once, and a withdrawn one
+            // never reached the kernel: nothing more can come.
+            Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}
         }
     }
 }
 
 impl Drop for Uring {
     fn drop(&mut self) {
-        for key in self.listeners.clear() {
-            if let Some(state) = self.ops.get_mut(key) {
-                *state = Lifecycle::Orphan;
+        for key in self.listeners.keys() {
+            if let Some(l) = self.listeners.remove(key) {
+                if let Some(op) = l.op {
+                    accept::orphan(self, op);
+                }
             }
         }
+        // Writes that dropped streams left running get half the drain time
+        // to finish, as the kernel would send a closed socket's buffered
+        // bytes; everything else is cancelled now.
+        let lingering: Vec<Key> = self.lingering.drain(..).map(|(_, k)| k).collect();
         for key in self.ops.keys() {
-            let _ = self.ring.push_cancel(key);
+            if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) && !lingering.contains(&key)
+            {
+                self.ring.push_cancel(key);
+            }
         }
-        let wake_cancel =
-            opcode::AsyncCancel::new(WAKE_USER_DATA).build().user_data(CANCEL_USER_DATA);
-        let _ = self.ring.push(&wake_cancel);
-        let deadline = Instant::now() + DRAIN_ON_DROP_MAX;
-        while self.ops.held_by_kernel() > 0 && Instant::now() < deadline {
-            if self.ring.enter(Some(Duration::from_millis(10))).is_err() {
+        self.ring.push_cancel_user_data(WAKE_USER_DATA);
+        let start = Instant::now();
+        let deadline = start + DRAIN_ON_DROP_MAX;
+        let mut lingering = Some(lingering);
+        let mut woken = Vec::new();
+        let mut freed = Vec::new();
+        while self.ops.iter().any(|(_, s)| s.held_by_kernel()) && Instant::now() < deadline {
+            if Instant::now() >= start + DRAIN_ON_DROP_MAX / 2 {
+                for key in lingering.take().unwrap_or_default() {
+                    if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
+                        self.ring.push_cancel(key);
+                    }
+                }
+            }
+            if self.ring.enter(Some(Duration::from_millis(10)), &mut self.ops).is_err()
+            {
                 break;
             }
-            self.reap();
+            self.reap(&mut woken, &mut freed);
         }
-        if self.ops.held_by_kernel() > 0 {
+        drop(woken);
+        drop(freed);
+        if self.ops.iter().any(|(_, s)| s.held_by_kernel()) {
             // The kernel still holds some operations: their memory must not be freed.
             std::mem::forget(std::mem::take(&mut self.ops));
         }
     }
-}
-
-/// Creates the ring, trying the most capable setup first.
-fn build_ring(entries: u32) -> io::Result<(IoUring, SetupMode)> {
-    let mut last_err = None;
-    for mode in [SetupMode::DeferTaskrun, SetupMode::CoopTaskrun, SetupMode::Plain] {
-        let mut builder = IoUring::builder();
-        builder.setup_cqsize(entries.saturating_mul(CQ_ENTRIES_PER_SQ)).setup_clamp();
-        match mode {
-            SetupMode::DeferTaskrun => {
-                builder.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag();
-            }
-            SetupMode::CoopTaskrun => {
-                builder.setup_coop_taskrun().setup_taskrun_flag();
-            }
-            SetupMode::Plain => {}
-        }
-        match builder.build(entries) {
-            Ok(ring) => return Ok((ring, mode)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last_err = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| io::Error::other("io_uring setup failed")))
-}
-
-/// Runs `f` with the current worker's io_uring driver.
-///
-/// # Panics
-/// Outside a worker, or on a worker whose driver is epoll.
-fn with_uring<R>(f: impl FnOnce(&mut Uring) -> R) -> R {
-    context::with(|cx| match &mut *cx.driver.borrow_mut() {
-        Driver::Uring(ur) => f(ur),
-        Driver::Epoll(_) => unreachable!("an io_uring operation on a worker whose driver is epoll"),
-    })
 }

@@ -1,0 +1,248 @@
+//! The epoll driver: edge-triggered, with lazy registration.
+//!
+//! # Implementation notes
+//! - A socket is added to the interest list (`EPOLL_CTL_ADD`) only the first
+//!   time an operation on it returns `WouldBlock`, for both directions at
+//!   once and edge-triggered, and stays there until it is closed: no
+//!   `EPOLL_CTL_MOD`/`DEL` per operation, and no syscall at all for a
+//!   socket that never had to wait (with `TCP_DEFER_ACCEPT`, most short
+//!   connections). Closing the descriptor removes it from the interest list.
+//! - An unregistered socket's operations always try the syscall first. Once
+//!   registered, a socket's slot keeps one readiness bit per direction: set
+//!   by an event, cleared by `WouldBlock` or by a read or write that moved
+//!   fewer bytes than asked (the kernel's queue is drained; the next bytes
+//!   raise a new edge). An operation whose bit is clear parks without a
+//!   syscall, which saves the `EAGAIN` read after every request on a
+//!   keep-alive connection. Because `EPOLL_CTL_ADD` reports a socket that is
+//!   already ready, and edges that arrive after a drain are queued in the
+//!   kernel, no wake-up is lost.
+//! - `epoll_data` carries the slot's generational key (`generation << 32 |
+//!   index`), as haproxy does: an event for a socket that was closed and
+//!   whose slot was reused carries the old generation and is dropped.
+//! - Wakers are woken after the poller's state is released, so a waker
+//!   that runs code of its own can never find the driver borrowed.
+
+mod socket;
+
+pub(crate) use socket::Source;
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::Duration;
+
+use super::{DriverConfig, Registration, Unpark};
+use crate::slab::{Key, Slab};
+use crate::stats::{self, WorkerStats};
+use crate::sys;
+
+/// The token of the worker's eventfd (no slab key reaches it).
+const WAKE_TOKEN: u64 = u64::MAX;
+
+/// Interest for every registered socket: both directions, edge-triggered.
+const INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+
+/// The socket may have bytes to read (or connections to accept).
+const READABLE: u8 = 1;
+/// The socket may have room to write.
+const WRITABLE: u8 = 2;
+/// The peer closed or the connection failed: a short read may still leave
+/// an end of file or an error to report, and no new edge will say so, so
+/// readiness is never cleared again.
+const HANGUP: u8 = 4;
+
+/// What the driver keeps per registered socket.
+struct IoSlot {
+    /// Readiness bits, [`READABLE`], [`WRITABLE`] and [`HANGUP`].
+    ready: u8,
+    /// The tasks waiting to read (or accept). Usually one; a listener
+    /// shared by several accepting tasks parks them all.
+    readers: Wakers,
+    /// The tasks waiting to write (or for a connect).
+    writers: Wakers,
+}
+
+/// The tasks parked on one direction of a socket: one inline, more in a
+/// list that allocates only when a second distinct task parks.
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    more: Vec<Waker>,
+}
+
+impl Wakers {
+    fn park(&mut self, waker: &Waker) {
+        match &self.first {
+            None => self.first = Some(waker.clone()),
+            Some(w) if w.will_wake(waker) => {}
+            Some(_) => {
+                if !self.more.iter().any(|w| w.will_wake(waker)) {
+                    self.more.push(waker.clone());
+                }
+            }
+        }
+    }
+
+    fn take_into(&mut self, out: &mut Vec<Waker>) {
+        out.extend(self.first.take());
+        out.append(&mut self.more);
+    }
+}
+
+fn bit(dir: super::Direction) -> u8 {
+    match dir {
+        super::Direction::Read => READABLE,
+        super::Direction::Write => WRITABLE,
+    }
+}
+
+/// One worker's epoll driver: the poller, and whether it is entered.
+pub(crate) struct Driver {
+    poller: RefCell<Poller>,
+    registration: Registration,
+    entered: Cell<bool>,
+    /// Wakers collected by a poll, woken once the poller is released.
+    woken: RefCell<Vec<Waker>>,
+}
+
+/// The epoll instance and its registered sockets.
+struct Poller {
+    epfd: OwnedFd,
+    events: Vec<MaybeUninit<libc::epoll_event>>,
+    slots: Slab<IoSlot>,
+    unpark: Arc<Unpark>,
+    stats: Arc<WorkerStats>,
+}
+
+impl Driver {
+    /// Creates the epoll instance and registers the unpark eventfd.
+    /// Returns the driver and a sentence on kernel busy polling.
+    pub(crate) fn new(
+        config: &DriverConfig,
+        unpark: Arc<Unpark>,
+        stats: Arc<WorkerStats>,
+    ) -> io::Result<(Rc<Driver>, String)> {
+        let epfd = sys::epoll_create()?;
+        sys::epoll_add(
+            epfd.as_raw_fd(),
+            unpark.fd(),
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+            WAKE_TOKEN,
+        )?;
+        let kernel_busy_poll = match config.kernel_busy_poll {
+            None => "off".to_string(),
+            Some(p) => match sys::epoll_set_busy_poll(epfd.as_raw_fd(), p.busy_poll_us, p.budget) {
+                Ok(()) => format!(
+                    "on: EPIOCSPARAMS {} us, budget {} (only NAPI devices benefit; loopback has none)",
+                    p.busy_poll_us, p.budget
+                ),
+                Err(e) => format!("not applied: EPIOCSPARAMS failed ({e}); needs Linux 6.9+"),
+            },
+        };
+        let poller = Poller {
+            epfd,
+            events: vec![MaybeUninit::uninit(); config.events_per_poll_max],
+            slots: Slab::default(),
+            unpark,
+            stats,
+        };
+        let driver = Driver {
+            poller: RefCell::new(poller),
+            registration: config.registration,
+            entered: Cell::new(false),
+            woken: RefCell::new(Vec::new()),
+        };
+        Ok((Rc::new(driver), kernel_busy_poll))
+    }
+
+    /// True while the runtime that owns the driver runs on this thread.
+    pub(crate) fn entered(&self) -> &Cell<bool> {
+        &self.entered
+    }
+
+    /// Waits for events for at most `timeout` and wakes the parked tasks.
+    pub(crate) fn poll(&self, timeout: Option<Duration>) -> io::Result<usize> {
+        let mut woken = std::mem::take(&mut *self.woken.borrow_mut());
+        let n = self.poller.borrow_mut().poll(timeout, &mut woken)?;
+        for w in woken.drain(..) {
+            w.wake();
+        }
+        *self.woken.borrow_mut() = woken;
+        Ok(n)
+    }
+}
+
+impl Poller {
+    /// Adds `fd` to the interest list; returns its key.
+    fn register(&mut self, fd: RawFd) -> io::Result<Key> {
+        let key = self.slots.insert(IoSlot {
+            ready: READABLE | WRITABLE,
+            readers: Wakers::default(),
+            writers: Wakers::default(),
+        });
+        if let Err(e) = sys::epoll_add(self.epfd.as_raw_fd(), fd, INTEREST, key.to_u64()) {
+            self.slots.remove(key);
+            return Err(e);
+        }
+        stats::add(&self.stats.registrations, 1);
+        Ok(key)
+    }
+
+    /// Forgets a socket that is about to be closed.
+    fn release(&mut self, key: Option<Key>) {
+        match key {
+            // Dropping the slot drops any parked wakers; its key goes stale.
+            Some(k) => drop(self.slots.remove(k)),
+            None => stats::add(&self.stats.registrations_avoided, 1),
+        }
+    }
+
+    fn slot(&mut self, key: Key) -> &mut IoSlot {
+        self.slots.get_mut(key).expect("a registered source's epoll slot was freed under it")
+    }
+
+    /// Waits for events and collects the wakers of the tasks they concern.
+    fn poll(&mut self, timeout: Option<Duration>, woken: &mut Vec<Waker>) -> io::Result<usize> {
+        let timeout_ms = match timeout {
+            None => -1,
+            // epoll_wait counts whole milliseconds; round up so a timer is never woken early.
+            Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
+        };
+        let n = match sys::epoll_wait(self.epfd.as_raw_fd(), &mut self.events, timeout_ms) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return Err(e),
+        };
+        for i in 0..n {
+            // SAFETY: epoll_wait initialised the first `n` entries.
+            let ev = unsafe { self.events[i].assume_init_read() };
+            let (token, flags) = (ev.u64, ev.events);
+            if token == WAKE_TOKEN {
+                self.unpark.drain();
+                continue;
+            }
+            let Some(s) = self.slots.get_mut(Key::from_u64(token)) else {
+                stats::add(&self.stats.stale_events, 1);
+                continue;
+            };
+            let hangup = flags & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0;
+            if hangup || flags & libc::EPOLLRDHUP as u32 != 0 {
+                s.ready |= HANGUP;
+            }
+            if hangup || flags & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
+                s.ready |= READABLE;
+                s.readers.take_into(woken);
+            }
+            if hangup || flags & libc::EPOLLOUT as u32 != 0 {
+                s.ready |= WRITABLE;
+                s.writers.take_into(woken);
+            }
+        }
+        stats::add(&self.stats.poller_events, n as u64);
+        Ok(n)
+    }
+}
