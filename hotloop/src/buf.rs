@@ -143,9 +143,53 @@ unsafe impl IoBuf for std::sync::Arc<[u8]> {
     }
 }
 
+/// Bytes read into a buffer lent by a pool (a worker's read buffers,
+/// [`TcpStream::read_pooled`](crate::net::TcpStream::read_pooled)); the
+/// buffer goes back to its pool when this is dropped. The default is
+/// empty and holds no buffer.
+#[derive(Default)]
+pub struct PooledBuf {
+    buf: Option<Vec<u8>>,
+    /// Where the buffer goes back to.
+    home: Option<fn(Vec<u8>)>,
+}
+
+impl PooledBuf {
+    /// Wraps `buf`, lent by a pool that `home` gives it back to.
+    pub(crate) fn lent(buf: Vec<u8>, home: fn(Vec<u8>)) -> Self {
+        PooledBuf { buf: Some(buf), home: Some(home) }
+    }
+
+    /// Takes the bytes out as a plain `Vec` (the pool gets a new buffer later).
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.buf.take().unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for PooledBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_deref().unwrap_or(&[])
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let (Some(buf), Some(home)) = (self.buf.take(), self.home) {
+            home(buf);
+        }
+    }
+}
+
+impl std::fmt::Debug for PooledBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledBuf").field("len", &self.len()).finish()
+    }
+}
+
 // SAFETY: the Vec inside never moves its heap block while the PooledBuf is
 // alive, and `len` bytes of it are initialised.
-unsafe impl IoBuf for crate::net::PooledBuf {
+unsafe impl IoBuf for PooledBuf {
     fn stable_ptr(&self) -> *const u8 {
         self.buf.as_ref().map_or(std::ptr::NonNull::dangling().as_ptr(), |b| b.as_ptr())
     }

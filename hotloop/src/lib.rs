@@ -35,10 +35,10 @@
 
 pub mod buf;
 mod driver;
-mod loom;
 #[cfg(feature = "hyper")]
 pub mod hyper;
 mod log;
+mod loom;
 pub mod net;
 pub mod runtime;
 pub mod signal;

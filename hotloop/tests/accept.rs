@@ -103,3 +103,32 @@ test_all_drivers! {
         }
     }
 }
+
+test_all_drivers! {
+    /// Two tasks accepting on one listener both get a connection: a second
+    /// waiter does not push the first one out.
+    fn two_tasks_accepting_on_one_listener_both_get_one(driver: DriverKind) {
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        rt.block_on(async {
+            let l = std::rc::Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+            let addr = l.local_addr().unwrap();
+            let tasks: Vec<_> = (0..2)
+                .map(|_| {
+                    let l = l.clone();
+                    spawn(async move { l.accept_stream().await.map(drop) })
+                })
+                .collect();
+            hotloop::time::sleep(Duration::from_millis(10)).await; // both are parked
+            let _c1 = TcpStream::connect(addr).unwrap();
+            hotloop::time::sleep(Duration::from_millis(10)).await;
+            let _c2 = TcpStream::connect(addr).unwrap();
+            for t in tasks {
+                hotloop::time::timeout(Duration::from_secs(2), t)
+                    .await
+                    .expect("an accepting task was never woken")
+                    .unwrap()
+                    .unwrap();
+            }
+        });
+    }
+}

@@ -140,4 +140,52 @@ test_all_drivers! {
         );
         assert_eq!(back, b"futures-io");
     }
+
+    /// `AsyncWrite` promises nothing about what a caller passes after a
+    /// `Pending`: every `Ok(n)` counts bytes of the slice it was given, at
+    /// most its length, and the peer receives exactly the bytes counted.
+    fn poll_write_counts_only_the_callers_bytes(driver: DriverKind) {
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (n_tx, n_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let received = with_pair(
+            driver,
+            move |mut c| {
+                go_rx.recv().unwrap(); // the server filled the socket
+                let mut all = Vec::new();
+                c.read_to_end(&mut all).unwrap();
+                (all, n_rx.recv().unwrap())
+            },
+            async move |mut s| {
+                use std::pin::Pin;
+                use tokio::io::AsyncWrite;
+                let big = vec![b'a'; 64 * 1024];
+                let mut expected = Vec::new();
+                // Fill the socket until a write has to wait.
+                loop {
+                    let r = std::future::poll_fn(|cx| {
+                        std::task::Poll::Ready(Pin::new(&mut s).poll_write(cx, &big))
+                    })
+                    .await;
+                    match r {
+                        std::task::Poll::Ready(Ok(n)) => {
+                            assert!(n <= big.len());
+                            expected.extend_from_slice(&big[..n]);
+                        }
+                        std::task::Poll::Ready(Err(e)) => panic!("{e}"),
+                        std::task::Poll::Pending => break,
+                    }
+                }
+                go_tx.send(()).unwrap();
+                // Now a different, one-byte slice.
+                let n = std::future::poll_fn(|cx| Pin::new(&mut s).poll_write(cx, b"b")).await.unwrap();
+                assert!(n <= 1, "poll_write returned {n} for a 1-byte slice");
+                expected.extend_from_slice(&b"b"[..n]);
+                AsyncWriteExt::shutdown(&mut s).await.unwrap();
+                n_tx.send(expected).unwrap();
+            },
+        );
+        let (all, expected) = received;
+        assert_eq!(all.len(), expected.len(), "the peer got other bytes than were counted");
+        assert!(all == expected, "the peer got other bytes than were counted");
+    }
 }

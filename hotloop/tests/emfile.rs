@@ -75,8 +75,7 @@ fn run(driver: DriverKind) {
 #[test]
 fn emfile_pauses_accepting_and_recovers_on_each_driver() {
     run(DriverKind::Epoll);
-    match common::uring_unavailable() {
-        None => run(DriverKind::Uring),
-        Some(reason) => eprintln!("skipped on io_uring: {reason}"),
+    if !common::skip_uring() {
+        run(DriverKind::Uring);
     }
 }

@@ -54,8 +54,7 @@ fn run(driver: DriverKind) {
 #[test]
 fn shutdown_closes_every_descriptor_on_each_driver() {
     run(DriverKind::Epoll);
-    match common::uring_unavailable() {
-        None => run(DriverKind::Uring),
-        Some(reason) => eprintln!("skipped on io_uring: {reason}"),
+    if !common::skip_uring() {
+        run(DriverKind::Uring);
     }
 }

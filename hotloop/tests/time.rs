@@ -1,12 +1,17 @@
 //! Timers: sleep never fires early, timeout and interval behave, many
 //! concurrent timers all fire, and a dropped sleep is cancelled.
 
+// Some tests hand a polled sleep from one worker or runtime to another on purpose.
+#![allow(clippy::async_yields_async)]
+
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::DriverKind;
 use hotloop::time::{interval, sleep, timeout};
 use hotloop::{spawn, Runtime};
+use std::future::Future;
 
 test_all_drivers! {
     fn sleep_never_fires_early(driver: DriverKind) {
@@ -84,4 +89,80 @@ test_all_drivers! {
         let c = rt.stats().total;
         assert!(c.timers_fired <= 1_100, "cancelled timers fired: {}", c.timers_fired);
     }
+}
+
+test_all_drivers! {
+    /// `Duration::MAX` means "never": no overflow panic, and the worker sleeps.
+    fn the_longest_sleeps_and_timeouts_neither_panic_nor_spin(driver: DriverKind) {
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        rt.block_on(async {
+            assert_eq!(timeout(Duration::MAX, async { 3 }).await, Ok(3));
+            assert!(timeout(Duration::from_millis(10), sleep(Duration::MAX)).await.is_err());
+            // A deadline past 2^64 ms from the clock's base.
+            let polls = std::rc::Rc::new(std::cell::Cell::new(0u32));
+            let counted = polls.clone();
+            let far = spawn(async move {
+                let mut s = std::pin::pin!(sleep(Duration::from_millis(u64::MAX)));
+                std::future::poll_fn(|cx| {
+                    counted.set(counted.get() + 1);
+                    s.as_mut().poll(cx)
+                })
+                .await
+            });
+            sleep(Duration::from_millis(100)).await;
+            assert!(!far.is_finished(), "a sleep of 2^64 ms fired");
+            assert!(polls.get() <= 2, "the far sleep was polled {} times: the worker spins", polls.get());
+            far.abort();
+        });
+    }
+
+    /// A sleep polled on one worker and then awaited on another leaves no
+    /// entry in the first worker's wheel.
+    fn a_sleep_that_moves_between_workers_leaves_no_timer_behind(driver: DriverKind) {
+        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+        let h = rt.handle();
+        let s = h
+            .spawn_on(0, || async {
+                let mut s = Box::pin(sleep(Duration::from_millis(30)));
+                std::future::poll_fn(|cx| {
+                    let _ = s.as_mut().poll(cx);
+                    std::task::Poll::Ready(())
+                })
+                .await;
+                s
+            })
+            .join()
+            .unwrap();
+        h.spawn_on(1, move || s).join().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let stats = rt.stats();
+        assert_eq!(stats.workers[1].timers_fired, 1, "the sleep fired on the worker that awaited it");
+        assert_eq!(stats.workers[0].timers_fired, 0, "the first worker's wheel kept a stale timer");
+    }
+}
+
+/// A sleep held in a thread-local that outlives the runtime's own
+/// thread-locals is dropped without a panic.
+#[test]
+fn a_sleep_dropped_during_thread_local_teardown_does_not_panic() {
+    thread_local! {
+        static KEEP: std::cell::RefCell<Option<std::pin::Pin<Box<hotloop::time::Sleep>>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let t = std::thread::spawn(|| {
+        KEEP.with(|_| {}); // registered first, so torn down after the runtime's
+        let rt = Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+        let s = rt.block_on(async {
+            let mut s = Box::pin(sleep(Duration::from_secs(60)));
+            std::future::poll_fn(|cx| {
+                let _ = s.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
+            s
+        });
+        KEEP.with(|k| *k.borrow_mut() = Some(s));
+        drop(rt);
+    });
+    t.join().expect("dropping a sleep during thread-local teardown panicked");
 }

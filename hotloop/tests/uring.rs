@@ -33,13 +33,7 @@ fn uring_skipped() -> bool {
             return true;
         }
     }
-    match common::uring_unavailable() {
-        Some(reason) => {
-            eprintln!("skipped on io_uring: {reason}");
-            true
-        }
-        None => false,
-    }
+    common::skip_uring()
 }
 
 fn uring_runtime(workers: usize) -> Runtime {

@@ -38,8 +38,8 @@ pub(crate) mod probe;
 pub(crate) mod uring;
 mod wake;
 
-pub use config::{AcceptMode, DriverKind, KernelBusyPoll, Registration};
 pub(crate) use config::DriverConfig;
+pub use config::{AcceptMode, DriverKind, KernelBusyPoll, Registration};
 pub(crate) use wake::Unpark;
 
 use std::io;
@@ -106,7 +106,8 @@ impl Driver {
             }
         }
         let (driver, kernel_busy_poll) = epoll::Driver::new(config, unpark, stats)?;
-        let info = DriverInfo { driver: "epoll", reason, busy_poll: String::new(), kernel_busy_poll };
+        let info =
+            DriverInfo { driver: "epoll", reason, busy_poll: String::new(), kernel_busy_poll };
         Ok((Driver::Epoll(driver), info))
     }
 

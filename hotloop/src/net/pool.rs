@@ -9,8 +9,8 @@
 //! thousand buffers, on either driver.
 
 use std::io;
-use std::ops::Deref;
 
+pub use crate::buf::PooledBuf;
 use crate::driver::Source;
 use crate::runtime::context;
 
@@ -26,7 +26,7 @@ pub(crate) async fn read_pooled(src: &Source) -> io::Result<PooledBuf> {
                 Ok(n) => {
                     // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
                     unsafe { buf.set_len(n) };
-                    return Ok(PooledBuf::new(buf));
+                    return Ok(PooledBuf::lent(buf, give));
                 }
                 Err(e) => {
                     give(buf);
@@ -75,44 +75,4 @@ pub(crate) fn take() -> Vec<u8> {
 /// Returns a buffer to the current worker's pool (or frees it off a worker).
 pub(crate) fn give(buf: Vec<u8>) {
     context::try_with(|cx| cx.buf_pool.borrow_mut().give(buf));
-}
-
-/// Bytes read into a buffer borrowed from the worker's pool; the buffer
-/// goes back to the pool when this is dropped. The default is empty and
-/// holds no buffer.
-#[derive(Default)]
-pub struct PooledBuf {
-    pub(crate) buf: Option<Vec<u8>>,
-}
-
-impl PooledBuf {
-    pub(crate) fn new(buf: Vec<u8>) -> Self {
-        PooledBuf { buf: Some(buf) }
-    }
-
-    /// Takes the bytes out as a plain `Vec` (the pool gets a new buffer later).
-    pub fn into_vec(mut self) -> Vec<u8> {
-        self.buf.take().unwrap_or_default()
-    }
-}
-
-impl Deref for PooledBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.buf.as_deref().unwrap_or(&[])
-    }
-}
-
-impl Drop for PooledBuf {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            give(buf);
-        }
-    }
-}
-
-impl std::fmt::Debug for PooledBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PooledBuf").field("len", &self.len()).finish()
-    }
 }

@@ -57,19 +57,39 @@ impl TcpStream {
 
     /// Reads into `buf`, replacing its contents: up to `buf.capacity()`
     /// bytes for a `Vec`. `Ok(0)` means the peer closed its side.
+    ///
+    /// # Cancel safety
+    /// On epoll, dropping the future (a `timeout`, a `select`) loses
+    /// nothing: the bytes stay in the socket. On io_uring the read is a
+    /// kernel operation: dropped in the loop turn it was made, it is
+    /// withdrawn before the kernel sees it and loses nothing; dropped later,
+    /// it is cancelled, but if the kernel had already copied bytes into its
+    /// buffer, those bytes go with the buffer. A caller that times reads out
+    /// and keeps using the connection should use
+    /// [`read_pooled`](Self::read_pooled), which waits for readiness and
+    /// then reads, and is cancel-safe on both drivers.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
         self.src.recv(buf).await
     }
 
     /// Reads into a buffer borrowed from the worker's pool
     /// ([`POOLED_BUFFER_BYTES`](super::POOLED_BUFFER_BYTES) bytes), taken
-    /// only once data is there, so an idle connection holds no buffer
-    /// (on epoll). An empty result means the peer closed its side.
+    /// only once data is there, so an idle connection holds no buffer (on
+    /// either driver). An empty result means the peer closed its side.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe on both drivers: it waits for readiness (which holds no
+    /// data) and then reads without waiting, so a dropped future never
+    /// takes bytes with it.
     pub async fn read_pooled(&self) -> io::Result<super::PooledBuf> {
         super::pool::read_pooled(&self.src).await
     }
 
     /// Writes some of `buf`; returns how many bytes were taken.
+    ///
+    /// On io_uring, a write whose future is dropped after the kernel saw it
+    /// may still have sent some bytes: treat a cancelled write as leaving
+    /// the stream in an unknown state.
     pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
         self.src.send(buf).await
     }

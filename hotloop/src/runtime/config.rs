@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-pub use crate::driver::{DriverKind, KernelBusyPoll, Registration};
 use crate::driver::DriverConfig;
+pub use crate::driver::{DriverKind, KernelBusyPoll, Registration};
 
 /// Whether the poller sleeps when there is nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -74,8 +74,7 @@ impl Handle {
                 }
             };
             let slot = completion.0.clone();
-            let key =
-                spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
+            let key = spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
             slot.set_key(key);
         }));
         RemoteJoinHandle { slot }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::task::{Wake, Waker};
 
 use super::context;
-use crate::slab::{Key, Slab};
 use super::shared::WorkerShared;
+use crate::slab::{Key, Slab};
 
 /// A task's identity on its worker: `generation << 32 | slot`.
 pub(crate) type TaskKey = u64;

@@ -158,9 +158,7 @@ fn run_task(cx: &Context, key: TaskKey) {
 pub(crate) fn drop_guarded<T>(value: T) {
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value)));
     if dropped.is_err() {
-        crate::log::warn(format_args!(
-            "a task's destructor panicked; the worker carries on"
-        ));
+        crate::log::warn(format_args!("a task's destructor panicked; the worker carries on"));
     }
 }
 

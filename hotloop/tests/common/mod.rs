@@ -12,9 +12,27 @@ pub fn uring_unavailable() -> Option<String> {
     hotloop::runtime::uring_available().err()
 }
 
+/// The environment variable that turns a skipped io_uring test into a
+/// failure, so a green run where the kernel allows io_uring proves both
+/// drivers ran (`.ci/run` sets it when the kernel allows io_uring).
+pub const REQUIRE_URING: &str = "HOTLOOP_REQUIRE_URING";
+
+/// True (after saying why) if the io_uring variant must skip here.
+///
+/// # Panics
+/// If it would skip while [`REQUIRE_URING`] is set to `1`.
+pub fn skip_uring() -> bool {
+    let Some(reason) = uring_unavailable() else { return false };
+    if std::env::var(REQUIRE_URING).is_ok_and(|v| v == "1") {
+        panic!("io_uring is required ({REQUIRE_URING}=1) but cannot run here: {reason}");
+    }
+    eprintln!("skipped on io_uring: {reason}");
+    true
+}
+
 /// Defines each test once per driver, as modules `name::epoll` and
 /// `name::uring`; the io_uring variant prints why it skipped where the
-/// kernel cannot run it.
+/// kernel cannot run it (and fails instead under `HOTLOOP_REQUIRE_URING=1`).
 #[macro_export]
 macro_rules! test_all_drivers {
     ($( $(#[$meta:meta])* fn $name:ident($driver:ident: DriverKind) $body:block )*) => {
@@ -34,8 +52,7 @@ macro_rules! test_all_drivers {
                 $(#[$meta])*
                 #[test]
                 fn uring() {
-                    if let Some(reason) = $crate::common::uring_unavailable() {
-                        eprintln!("skipped on io_uring: {reason}");
+                    if $crate::common::skip_uring() {
                         return;
                     }
                     run($crate::common::DriverKind::Uring);

@@ -98,12 +98,9 @@ impl StreamBuffers {
                     buf.reserve(READ_BUFFER_BYTES);
                     self.filled_pos = 0;
                     let len = buf.capacity().min(u32::MAX as usize) as u32;
-                    let entry = opcode::Recv::new(
-                        io_uring::types::Fd(src.fd()),
-                        buf.as_mut_ptr(),
-                        len,
-                    )
-                    .build();
+                    let entry =
+                        opcode::Recv::new(io_uring::types::Fd(src.fd()), buf.as_mut_ptr(), len)
+                            .build();
                     // SAFETY: the entry points at `buf`'s heap block of `len` writable bytes; the
                     // op owns `buf` (the block does not move with it) until its last completion.
                     match unsafe { src.submit(entry, buf, OnDrop::Cancel) } {

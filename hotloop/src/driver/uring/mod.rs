@@ -379,8 +379,7 @@ impl Drop for Uring {
                     }
                 }
             }
-            if self.ring.enter(Some(Duration::from_millis(10)), &mut self.ops).is_err()
-            {
+            if self.ring.enter(Some(Duration::from_millis(10)), &mut self.ops).is_err() {
                 break;
             }
             self.reap(&mut woken, &mut freed);
@@ -391,5 +390,91 @@ impl Drop for Uring {
             // The kernel still holds some operations: their memory must not be freed.
             std::mem::forget(std::mem::take(&mut self.ops));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::time::Duration;
+
+    use crate::driver::Driver as AnyDriver;
+    use crate::net::TcpListener;
+    use crate::runtime::context;
+    use crate::time::{sleep, timeout};
+    use crate::{DriverKind, Runtime};
+
+    /// Makes the next `n` submissions of the current worker's ring fail
+    /// as a full or busy ring would.
+    fn fail_submits(n: u32) {
+        context::with(|cx| match &cx.driver {
+            AnyDriver::Uring(d) => d.state.borrow_mut().ring.failing_submits = n,
+            AnyDriver::Epoll(_) => panic!("this test needs the io_uring driver"),
+        });
+    }
+
+    /// Operations the kernel holds whose futures are gone.
+    fn cancelled_ops() -> usize {
+        context::with(|cx| match &cx.driver {
+            AnyDriver::Uring(d) => d
+                .state
+                .borrow()
+                .ops
+                .iter()
+                .filter(|(_, s)| s.held_by_kernel() && !s.is_waiting())
+                .count(),
+            AnyDriver::Epoll(_) => 0,
+        })
+    }
+
+    /// Submissions that fail (a full ring, `EBUSY`) delay entries but never
+    /// lose them: the listener keeps accepting and cancels still land.
+    #[test]
+    fn failed_submissions_delay_but_never_lose_entries() {
+        if crate::runtime::uring_available().is_err() {
+            eprintln!("skipped: io_uring is not available");
+            return;
+        }
+        let rt = Runtime::builder()
+            .workers(1)
+            .driver(DriverKind::Uring)
+            .uring_entries(8)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            fail_submits(20);
+            let mut clients: Vec<std::net::TcpStream> = Vec::new();
+            let mut streams = Vec::new();
+            for _ in 0..20 {
+                clients.push(std::net::TcpStream::connect(addr).unwrap());
+                let s = timeout(Duration::from_secs(2), l.accept_stream())
+                    .await
+                    .expect("accepting stopped after failed submissions")
+                    .expect("a failed submission reached the listener as an error");
+                streams.push(s);
+            }
+            // Reads with nothing to read, each cancelled by its timeout while
+            // submissions keep failing.
+            fail_submits(50);
+            for s in &streams {
+                assert!(timeout(Duration::from_millis(1), s.read(Vec::with_capacity(16)))
+                    .await
+                    .is_err());
+            }
+            for _ in 0..200 {
+                if cancelled_ops() == 0 {
+                    break;
+                }
+                sleep(Duration::from_millis(2)).await;
+            }
+            assert_eq!(cancelled_ops(), 0, "a cancel was lost: a read still holds its socket");
+            // Everything still works.
+            clients[0].write_all(b"hi").unwrap();
+            let (res, buf) = streams[0].read(Vec::with_capacity(16)).await;
+            assert_eq!((res.unwrap(), &buf[..]), (2, &b"hi"[..]));
+        });
+        assert!(rt.stats().total.sq_full + rt.stats().total.uring_enters > 0);
     }
 }

@@ -126,7 +126,12 @@ impl Uring {
     /// now (the kernel never saw the entry, or already completed it);
     /// otherwise keeps it in the slot until the last completion and asks
     /// the kernel to cancel (or, for a lingering write, to finish).
-    fn forget_op(&mut self, key: Key, storage: Box<dyn Any>, on_drop: OnDrop) -> Option<Box<dyn Any>> {
+    fn forget_op(
+        &mut self,
+        key: Key,
+        storage: Box<dyn Any>,
+        on_drop: OnDrop,
+    ) -> Option<Box<dyn Any>> {
         let Some(state) = self.ops.get_mut(key) else {
             // A slot the future waited on is never freed under it; if it
             // somehow were, leak rather than risk freeing memory in use.
@@ -142,7 +147,9 @@ impl Uring {
                 *state = Lifecycle::Cancelled(storage);
                 match on_drop {
                     OnDrop::Cancel => self.ring.push_cancel(key),
-                    OnDrop::Linger => self.lingering.push_back((Instant::now() + WRITE_LINGER, key)),
+                    OnDrop::Linger => {
+                        self.lingering.push_back((Instant::now() + WRITE_LINGER, key))
+                    }
                 }
                 None
             }

@@ -61,7 +61,10 @@ pub(super) struct Ring {
 impl Ring {
     /// Creates the ring, trying the most capable setup first, and registers
     /// NAPI busy polling if asked. Returns the ring and a sentence on it.
-    pub(super) fn new(config: &DriverConfig, stats: Arc<WorkerStats>) -> io::Result<(Ring, String)> {
+    pub(super) fn new(
+        config: &DriverConfig,
+        stats: Arc<WorkerStats>,
+    ) -> io::Result<(Ring, String)> {
         let ring = build_ring(config.uring_entries)?;
         let params = ring.params();
         if !params.is_feature_nodrop() || !params.is_feature_ext_arg() {
@@ -195,7 +198,8 @@ impl Ring {
         self.flush(ops)?;
         if !self.pending.is_empty() {
             // The kernel refused more for now: come back soon rather than sleep.
-            timeout = Some(timeout.map_or(Duration::from_millis(1), |t| t.min(Duration::from_millis(1))));
+            timeout =
+                Some(timeout.map_or(Duration::from_millis(1), |t| t.min(Duration::from_millis(1))));
         }
         let (queued, kernel_has_work) = {
             let sq = self.ring.submission();

@@ -12,7 +12,7 @@ use std::task::{Context as TaskContext, Poll};
 use io_uring::{opcode, types};
 
 use super::compat::StreamBuffers;
-use super::op::{Op, OnDrop};
+use super::op::{OnDrop, Op};
 use super::{Driver, SharedFd};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::{not_running, AcceptMode};
@@ -103,8 +103,9 @@ impl Source {
     pub(crate) async fn send<B: IoBuf>(&self, mut buf: B) -> BufResult<usize, B> {
         loop {
             let len = buf.bytes_init().min(u32::MAX as usize) as u32;
-            let entry =
-                opcode::Send::new(self.raw(), buf.stable_ptr(), len).flags(libc::MSG_NOSIGNAL).build();
+            let entry = opcode::Send::new(self.raw(), buf.stable_ptr(), len)
+                .flags(libc::MSG_NOSIGNAL)
+                .build();
             // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
             // fixed address while `buf` moves; the op owns `buf` until its last completion.
             let op = match unsafe { self.submit(entry, buf, OnDrop::Cancel) } {
@@ -238,7 +239,8 @@ impl Source {
             return Poll::Ready(Err(not_running()));
         }
         let mut key = self.listener.get();
-        let got = self.driver.state.borrow_mut().poll_accept(&mut key, &self.fd, mode, Some(cx.waker()));
+        let got =
+            self.driver.state.borrow_mut().poll_accept(&mut key, &self.fd, mode, Some(cx.waker()));
         self.listener.set(key);
         match got {
             Some(r) => Poll::Ready(r),

@@ -1,0 +1,59 @@
+//! The arrows that must never exist: `driver/` is a leaf. It reaches
+//! nothing of the runtime, the network layer or the timers, directly or
+//! through the buffer layer it shares with them.
+
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Lines of `files` that name one of `forbidden` (comments and the unit
+/// tests at the end of a file aside: a test may drive the driver through
+/// the runtime).
+fn offences(files: &[PathBuf], forbidden: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim() == "#[cfg(test)]" {
+                break;
+            }
+            let code = line.split("//").next().unwrap_or("");
+            if forbidden.iter().any(|f| code.contains(f)) {
+                found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    found
+}
+
+const ABOVE_THE_DRIVER: [&str; 4] = ["crate::runtime", "crate::net", "crate::time", "crate::hyper"];
+
+#[test]
+fn the_driver_imports_nothing_above_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = offences(&sources(&src.join("driver")), &ABOVE_THE_DRIVER);
+    assert!(found.is_empty(), "driver/ reaches above itself:\n{}", found.join("\n"));
+}
+
+#[test]
+fn what_the_driver_imports_imports_nothing_above_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let shared: Vec<PathBuf> = ["buf.rs", "slab.rs", "stats.rs", "sys.rs", "log.rs", "loom.rs"]
+        .iter()
+        .map(|f| src.join(f))
+        .collect();
+    let found = offences(&shared, &ABOVE_THE_DRIVER);
+    assert!(found.is_empty(), "a module under the driver reaches above it:\n{}", found.join("\n"));
+}

@@ -1,0 +1,193 @@
+//! Panics stay where they happen: in a task's poll, in a destructor the
+//! executor or the driver runs, or in a `spawn_on` closure, a panic reaches
+//! the waiter that concerns it as an error and the worker carries on.
+
+mod common;
+
+use std::cell::RefCell;
+use std::future::{pending, poll_fn, Future};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use common::DriverKind;
+use hotloop::time::{sleep, timeout};
+use hotloop::{spawn, yield_now, JoinError, Runtime};
+
+/// Panics when dropped.
+struct PanicOnDrop(&'static str);
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("{}", self.0);
+        }
+    }
+}
+
+fn runtime(driver: DriverKind) -> Runtime {
+    Runtime::builder().workers(1).driver(driver).build().unwrap()
+}
+
+/// The worker still runs tasks.
+fn worker_alive(rt: &Runtime) {
+    let r = rt.handle().spawn_on(0, || async { 7 }).join();
+    assert_eq!(r.expect("the worker died"), 7);
+}
+
+fn payload(e: JoinError) -> String {
+    match e {
+        JoinError::Panicked(p) => p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default(),
+        JoinError::Cancelled => "cancelled".into(),
+    }
+}
+
+test_all_drivers! {
+    fn a_panicking_destructor_of_an_aborted_task_spares_the_worker(driver: DriverKind) {
+        let rt = runtime(driver);
+        let r = rt
+            .handle()
+            .spawn_on(0, || async {
+                let h = spawn(async {
+                    let _g = PanicOnDrop("aborted task's destructor");
+                    pending::<()>().await
+                });
+                yield_now().await;
+                h.abort();
+                h.await.map_err(|e| e.is_cancelled())
+            })
+            .join();
+        assert_eq!(r.unwrap(), Err(true));
+        worker_alive(&rt);
+    }
+
+    fn a_panicking_destructor_of_a_finished_task_spares_the_worker(driver: DriverKind) {
+        let rt = runtime(driver);
+        let r = rt
+            .handle()
+            .spawn_on(0, || Finished {
+                _guard: PanicOnDrop("finished task's destructor"),
+                inner: Box::pin(async {
+                    sleep(Duration::from_millis(1)).await;
+                    5
+                }),
+            })
+            .join();
+        assert_eq!(r.unwrap(), 5, "the output was delivered before the destructor ran");
+        worker_alive(&rt);
+    }
+
+    fn a_panicking_spawn_on_closure_reaches_its_join_handle(driver: DriverKind) {
+        let rt = runtime(driver);
+        let r = rt
+            .handle()
+            .spawn_on(0, || -> std::future::Ready<u32> { panic!("closure panicked") })
+            .join();
+        assert_eq!(payload(r.unwrap_err()), "closure panicked");
+        worker_alive(&rt);
+        // block_on_all, which waits on every worker, still returns.
+        let all = rt.block_on_all(|w| async move { w });
+        assert_eq!(all.len(), 1);
+    }
+
+    /// A buffer whose destructor panics, dropped by the driver when its
+    /// cancelled read ends (io_uring) or by the task (epoll).
+    fn a_panicking_buffer_destructor_spares_the_worker(driver: DriverKind) {
+        let rt = runtime(driver);
+        let r = rt
+            .handle()
+            .spawn_on(0, || async {
+                let l = hotloop::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+                let s = l.accept_stream().await.unwrap();
+                let buf = PanickyBuf { bytes: Vec::with_capacity(64), _g: PanicOnDrop("buffer") };
+                let r = hotloop::spawn(async move {
+                    let _ = timeout(Duration::from_millis(5), s.read(buf)).await;
+                })
+                .await;
+                sleep(Duration::from_millis(20)).await; // the cancelled read ends
+                r.is_err()
+            })
+            .join();
+        assert!(r.is_ok(), "{:?}", r.err().map(payload));
+        worker_alive(&rt);
+    }
+
+    /// A task that panics and whose destructor then aborts another task:
+    /// the panic is the panicking task's, and the other task is cancelled.
+    fn a_panic_is_never_blamed_on_another_task(driver: DriverKind) {
+        let rt = runtime(driver);
+        rt.block_on(async {
+            let victim = Rc::new(RefCell::new(spawn(pending::<()>())));
+            let culprit = spawn(WithGuard {
+                _guard: AbortOnDrop(victim.clone()),
+                inner: Box::pin(async { panic!("the culprit's own panic") }),
+            });
+            assert_eq!(payload(culprit.await.unwrap_err()), "the culprit's own panic");
+            let v = poll_fn(|cx| Pin::new(&mut *victim.borrow_mut()).poll(cx)).await;
+            assert!(v.expect_err("the victim ran on").is_cancelled(), "the victim got the culprit's panic");
+        });
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(Rc<RefCell<hotloop::JoinHandle<()>>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.borrow().abort();
+    }
+}
+
+/// A future whose own fields outlive a panic in `inner`: the executor
+/// drops them after it has caught the panic.
+struct WithGuard<F> {
+    _guard: AbortOnDrop,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for WithGuard<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// A future with a field that panics when the executor drops the
+/// finished task.
+struct Finished<F> {
+    _guard: PanicOnDrop,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for Finished<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// A read buffer whose destructor panics.
+struct PanickyBuf {
+    bytes: Vec<u8>,
+    _g: PanicOnDrop,
+}
+
+// SAFETY: delegates to the Vec, whose heap block stays put while the struct moves.
+unsafe impl hotloop::buf::IoBufMut for PanickyBuf {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.bytes.stable_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.bytes.bytes_total()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.bytes.set_init(n) }
+    }
+}
