@@ -8,9 +8,9 @@ use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::timeout_at;
 
-use crate::proto::{self, Request};
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::StatsServer;
+use hotloop_proto::{self as proto, Request};
 
 /// What the server speaks.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

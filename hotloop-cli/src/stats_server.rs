@@ -106,7 +106,7 @@ fn answer(
         }
         len += n;
     }
-    let path = hotloop_cli::proto::request_path(&buf[..len]);
+    let path = hotloop_proto::request_path(&buf[..len]);
     let snap = handle.stats();
     let mut fields = extra();
     fields.push(("connection_rate_per_s", rates.per_second));

@@ -213,7 +213,7 @@ impl Ctx {
         Ok((f, report.histogram_us))
     }
 
-    /// Runs `hotloop load` against `running`, bounded in time.
+    /// Runs `hotloop-bench load` against `running`, bounded in time.
     fn run_load(
         &mut self,
         running: &Running,
@@ -224,10 +224,11 @@ impl Ctx {
         let mut cmd = Command::new(&self.exe);
         cmd.arg("load").args(load.args(running.addr, proto, self.load_cpu));
         let log = self.log_path(&format!("load-{title}"));
-        let (status, stdout) = proc::run_bounded("hotloop load", cmd, &[], &log, load.timeout())
-            .map_err(|e| e.to_string())?;
+        let (status, stdout) =
+            proc::run_bounded("hotloop-bench load", cmd, &[], &log, load.timeout())
+                .map_err(|e| e.to_string())?;
         if !status.success() {
-            return Err(format!("hotloop load {status}: {}", last_line(&log)));
+            return Err(format!("hotloop-bench load {status}: {}", last_line(&log)));
         }
         let report = LoadReport::parse(&stdout)?;
         if report.completed == 0 {

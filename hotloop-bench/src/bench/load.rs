@@ -1,4 +1,4 @@
-//! Driving `hotloop load`: the arguments of one run, and the figures taken
+//! Driving `hotloop-bench load`: the arguments of one run, and the figures taken
 //! from its report.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::report::LoadReport;
 use super::{LOAD_SLACK_S, METRIC_RATE};
 
-/// One load generator run: `hotloop load` arguments.
+/// One load generator run: `hotloop-bench load` arguments.
 #[derive(Debug, Clone)]
 pub struct LoadSpec {
     /// serial, burst, churn or keepalive.
