@@ -424,3 +424,60 @@ fn proxy_survives_resetting_and_stalling_backends() {
     assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
     drop(staller);
 }
+
+/// Whether `program --version` runs; prints why a test skips when not.
+fn have(program: &str) -> bool {
+    let ok = Command::new(program).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: `{program}` is not installed (apt-get install curl nghttp2-client)");
+    }
+    ok
+}
+
+#[test]
+fn serve_hyper_runs_hyper_over_http1_and_h2c() {
+    for driver in ["epoll", "uring"] {
+        let p = Proc::start(&[
+            "serve",
+            "hyper",
+            "--addr",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--driver",
+            driver,
+            "--body-size",
+            "5",
+        ]);
+        let addr = p.addr_after(" on ");
+        // hyper answers with its own headers: no `Server: hotloop`, which the hand-written handler sends.
+        let reply = http_get(addr, "/");
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        assert!(reply.ends_with("xxxxx"), "{reply}");
+        assert!(!reply.contains("Server: hotloop"), "the hand-written handler answered: {reply}");
+        if have("curl") {
+            let url = format!("http://{addr}/");
+            for (flag, version) in [("--http1.1", "1.1"), ("--http2-prior-knowledge", "2")] {
+                let out = Command::new("curl")
+                    .args(["-sS", "--max-time", "10", "-w", " %{http_version}", flag, &url])
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(out.status.success(), "curl {flag}: {}", String::from_utf8_lossy(&out.stderr));
+                assert_eq!(text, format!("xxxxx {version}"), "curl {flag} on {driver}");
+            }
+        }
+        if have("h2load") {
+            let out = Command::new("h2load")
+                .args(["-n", "2000", "-c", "4", "-m", "8", "-T", "10", &format!("http://{addr}/")])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "h2load: {text}");
+            assert!(
+                text.contains("2000 succeeded, 0 failed, 0 errored"),
+                "h2load over h2c on {driver}: {text}"
+            );
+        }
+    }
+}
