@@ -16,7 +16,7 @@ use hotloop::signal::ShutdownSignals;
 use hotloop::time::timeout_at;
 
 use crate::runtime_args::RuntimeArgs;
-use crate::stats_server::StatsServer;
+use crate::stats_server::{Extra, Kind, StatsServer};
 use hotloop_proto::{self as proto, hyper_app, Request};
 use hyper::service::service_fn;
 
@@ -85,10 +85,15 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         App::Hyper => {
             let body = hyper_app::body(args.body_size);
             let work_us = args.work_us;
-            serve_hyper(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move || {
-                let body = body.clone();
-                service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
-            })?
+            serve_hyper(
+                rt.handle(),
+                args.addr.as_str(),
+                args.runtime.server_options(),
+                move || {
+                    let body = body.clone();
+                    service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
+                },
+            )?
         }
         App::Echo | App::Http => {
             serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
@@ -112,7 +117,14 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
             Some(StatsServer::start(
                 addr,
                 rt.handle().clone(),
-                Arc::new(move || vec![("active_connections", active() as u64)]),
+                Arc::new(move || {
+                    vec![Extra {
+                        name: "active_connections",
+                        help: "Connections open now, over all workers.",
+                        kind: Kind::Gauge,
+                        value: active() as u64,
+                    }]
+                }),
             )?)
         }
         None => None,
