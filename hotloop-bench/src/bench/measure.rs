@@ -96,6 +96,7 @@ impl Ctx {
         };
         let mut row = Row::new(group, &spec.server, &spec.config);
         row.notes.extend(running.notes.iter().cloned());
+        self.note_load(load, work.load_proto());
         let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
         let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
         if let Err(e) = self.run_load(&running, work.load_proto(), &warmup, &title) {

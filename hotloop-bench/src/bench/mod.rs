@@ -238,11 +238,23 @@ pub struct Ctx {
     pub workers: usize,
     /// Why every load run would fail, if the load generator is missing.
     pub load_missing: Option<String>,
+    /// The load commands the current scenario ran, each once, in order:
+    /// the report's "load:" lines are printed from these.
+    pub load_lines: Vec<String>,
     started: Instant,
     runs: u64,
 }
 
 impl Ctx {
+    /// Records that `load` ran (or is about to) against `proto` servers, for
+    /// the scenario's "load:" lines.
+    pub fn note_load(&mut self, load: &LoadSpec, proto: &str) {
+        let line = load.command_line(proto, self.load_cpu);
+        if !self.load_lines.contains(&line) {
+            self.load_lines.push(line);
+        }
+    }
+
     /// Prints a progress line on stderr with the time since the suite began.
     pub fn progress(&self, text: &str) {
         eprintln!("[{:6.1}s] {text}", self.started.elapsed().as_secs_f64());
@@ -313,6 +325,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         server_cpus,
         load_cpu,
         load_missing: None,
+        load_lines: Vec::new(),
         started: Instant::now(),
         runs: 0,
     };
@@ -332,6 +345,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
     let mut results = Vec::new();
     for scenario in chosen {
         ctx.progress(&format!("scenario {}", scenario.as_str()));
+        ctx.load_lines.clear();
         let mut result = match scenario {
             ScenarioName::AcceptBurst => accept_burst::run(&mut ctx),
             ScenarioName::Serial => serial::run(&mut ctx),
@@ -341,6 +355,8 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::Keepalive => keepalive::run(&mut ctx),
             ScenarioName::Hyper => hyper::run(&mut ctx),
         };
+        let loads = ctx.load_lines.iter().map(|l| format!("load: `{l}`"));
+        result.setup.splice(0..0, loads);
         result.compare();
         output::print_result(&result);
         output::write_charts(&ctx.out, &result)?;
