@@ -138,7 +138,10 @@ mod tests {
         );
         assert!(a.contains("--json") && !a.contains("--rate"), "{a}");
         let shown = spec.command_line("echo", Some(1));
-        assert_eq!(shown, format!("hotloop-bench load {}", a.replace("127.0.0.1:9000", "127.0.0.1:PORT")));
+        assert_eq!(
+            shown,
+            format!("hotloop-bench load {}", a.replace("127.0.0.1:9000", "127.0.0.1:PORT"))
+        );
         let w = spec.warmup(5_000, 1);
         assert_eq!((w.duration_secs, w.requests, w.connections), (1, Some(2_500), 2_500));
         let keepalive = LoadSpec { mode: "keepalive", requests: None, connections: 256, ..spec };

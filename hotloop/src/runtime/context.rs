@@ -59,6 +59,12 @@ impl Context {
     }
 }
 
+/// Tasks queued to run on the current worker now (0 outside a worker): how
+/// far behind the loop is, for accept pacing (`net/listener.rs`).
+pub(crate) fn run_queue_len() -> usize {
+    try_with(|cx| cx.run_queue.borrow().len()).unwrap_or(0)
+}
+
 /// Runs `f` with the current worker's context, or returns `None` outside a worker.
 pub(crate) fn try_with<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
     CURRENT.with(|c| c.borrow().as_deref().map(f))
