@@ -16,8 +16,9 @@ driver="${3:-auto}"
 port=$((20000 + RANDOM % 20000))
 stats_port=$((port + 1))
 
-cargo build --release -p hotloop-cli -q
+cargo build --release -p hotloop-cli -p hotloop-bench -q
 bin=target/release/hotloop
+bench_bin=target/release/hotloop-bench
 
 "$bin" serve echo --addr "127.0.0.1:$port" --workers 1 --driver "$driver" \
   --stats-addr "127.0.0.1:$stats_port" --idle-timeout-ms 0 2>/tmp/soak-server.log &
@@ -65,7 +66,7 @@ rss_idle=$(rss_kib)
 fds_idle=$(fds)
 
 echo "churning for ${churn_secs}s beside $active idle connections"
-"$bin" load --addr "127.0.0.1:$port" --proto echo --mode churn --connections 200 \
+"$bench_bin" load --addr "127.0.0.1:$port" --proto echo --mode churn --connections 200 \
   --duration "$churn_secs" --json > /tmp/soak-load.json
 rss_churn=$(rss_kib)
 

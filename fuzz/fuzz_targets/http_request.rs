@@ -2,7 +2,7 @@
 //! whole and split at every point the way reads split them.
 #![no_main]
 
-use hotloop_cli::proto::{parse_request, Request, REQUEST_HEAD_MAX_BYTES};
+use hotloop_proto::{parse_request, Request, REQUEST_HEAD_MAX_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

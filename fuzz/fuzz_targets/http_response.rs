@@ -3,7 +3,7 @@
 //! a verdict or ask for more, never panic or buffer without bound.
 #![no_main]
 
-use hotloop_cli::load::response::{HttpReader, Progress};
+use hotloop_proto::response::{HttpReader, Progress};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

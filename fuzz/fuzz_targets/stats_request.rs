@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = hotloop_cli::proto::request_path(data);
+    let _ = hotloop_proto::request_path(data);
 });

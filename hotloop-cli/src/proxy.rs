@@ -18,7 +18,7 @@ use hotloop::signal::ShutdownSignals;
 use hotloop::spawn;
 
 use crate::runtime_args::RuntimeArgs;
-use crate::stats_server::StatsServer;
+use crate::stats_server::{Extra, Kind, StatsServer};
 
 /// `hotloop proxy` flags.
 #[derive(Args, Debug, Clone)]
@@ -110,14 +110,45 @@ pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
                 rt.handle().clone(),
                 Arc::new(move || {
                     let k = &c.counters;
+                    let counter = |name, help, value: &AtomicU64| Extra {
+                        name,
+                        help,
+                        kind: Kind::Counter,
+                        value: value.load(Relaxed),
+                    };
                     vec![
-                        ("active_connections", active() as u64),
-                        ("forwarded", k.forwarded.load(Relaxed)),
-                        ("backend_connect_failures", k.backend_connect_failures.load(Relaxed)),
-                        ("retries", k.retries.load(Relaxed)),
-                        ("no_backend", k.no_backend.load(Relaxed)),
-                        ("bytes_up", k.bytes_up.load(Relaxed)),
-                        ("bytes_down", k.bytes_down.load(Relaxed)),
+                        Extra {
+                            name: "active_connections",
+                            help: "Client connections open now, over all workers.",
+                            kind: Kind::Gauge,
+                            value: active() as u64,
+                        },
+                        counter(
+                            "forwarded",
+                            "Client connections forwarded to a backend.",
+                            &k.forwarded,
+                        ),
+                        counter(
+                            "backend_connect_failures",
+                            "Backend connects that failed or timed out.",
+                            &k.backend_connect_failures,
+                        ),
+                        counter("retries", "Connections retried on another backend.", &k.retries),
+                        counter(
+                            "no_backend",
+                            "Client connections closed because no backend could be reached.",
+                            &k.no_backend,
+                        ),
+                        counter(
+                            "bytes_up",
+                            "Bytes forwarded from clients to backends.",
+                            &k.bytes_up,
+                        ),
+                        counter(
+                            "bytes_down",
+                            "Bytes forwarded from backends to clients.",
+                            &k.bytes_down,
+                        ),
                     ]
                 }),
             )?)

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use hotloop::net::{ListenerOptions, ServerOptions};
+use hotloop::net::{AcceptPacing, ListenerOptions, ServerOptions};
 use hotloop::{AcceptMode, BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
 
 /// How the runtime and its listeners are set up.
@@ -24,6 +24,10 @@ pub struct RuntimeArgs {
     /// Connections accepted per wakeup: a number or `unlimited`.
     #[arg(long, default_value = "32", value_parser = parse_max_accepts)]
     pub max_accepts: MaxAccepts,
+    /// Accept pacing by the worker's lag: `off`, `on` (a 1 ms turn target) or
+    /// the turn target in microseconds; the budget stays within --max-accepts.
+    #[arg(long, default_value = "off", value_parser = parse_accept_pacing)]
+    pub accept_pacing: Pacing,
     /// TCP_DEFER_ACCEPT seconds, or `off`.
     #[arg(long, default_value = "off", value_parser = parse_defer_accept)]
     pub defer_accept: DeferAccept,
@@ -56,6 +60,24 @@ pub struct RuntimeArgs {
 /// The accepts-per-wakeup bound as given on the command line.
 #[derive(Debug, Clone, Copy)]
 pub struct MaxAccepts(pub Option<usize>);
+
+/// The accept pacing setting as given on the command line.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing(pub Option<AcceptPacing>);
+
+fn parse_accept_pacing(s: &str) -> Result<Pacing, String> {
+    match s {
+        "off" => Ok(Pacing(None)),
+        "on" => Ok(Pacing(Some(AcceptPacing::default()))),
+        n => match n.parse::<u64>() {
+            Ok(us) if us > 0 => Ok(Pacing(Some(AcceptPacing {
+                turn_target: Duration::from_micros(us),
+                ..AcceptPacing::default()
+            }))),
+            _ => Err(format!("`{n}` is not `off`, `on` or a turn target in microseconds")),
+        },
+    }
+}
 
 /// The TCP_DEFER_ACCEPT setting as given on the command line.
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +130,7 @@ impl RuntimeArgs {
             backlog: self.backlog,
             defer_accept_secs: self.defer_accept.0,
             accepts_per_wakeup_max: self.max_accepts.0,
+            accept_pacing: self.accept_pacing.0,
             accept_mode: self.accept,
             ..ListenerOptions::default()
         }

@@ -1,16 +1,24 @@
-//! `hotloop serve echo|http`: the runtime as a real server.
+//! `hotloop serve echo|http|hyper`: the runtime as a real server.
+//!
+//! `echo` and `http` are hand-written handlers on the owned-buffer API;
+//! `hyper` runs the hyper service in `hotloop_proto::hyper_app` through
+//! [`hotloop::hyper::serve_hyper`] (HTTP/1.1, and HTTP/2 by prior
+//! knowledge), so hyper on hotloop can be compared with the same service on
+//! tokio.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use hotloop::hyper::serve_hyper;
 use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::timeout_at;
 
-use crate::proto::{self, Request};
 use crate::runtime_args::RuntimeArgs;
-use crate::stats_server::StatsServer;
+use crate::stats_server::{Extra, Kind, StatsServer};
+use hotloop_proto::{self as proto, hyper_app, Request};
+use hyper::service::service_fn;
 
 /// What the server speaks.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +35,7 @@ pub enum App {
 /// `hotloop serve` flags.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// echo or http.
+    /// echo, http or hyper.
     pub app: App,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -50,7 +58,8 @@ pub struct ServeArgs {
 
 /// What every connection handler of one server shares.
 struct Settings {
-    app: App,
+    /// Echo rather than HTTP.
+    echo: bool,
     work_us: u64,
     idle_timeout: Option<Duration>,
     header_timeout: Duration,
@@ -64,7 +73,7 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let nofile = hotloop::raise_nofile_limit()?;
     let rt = args.runtime.build_runtime()?;
     let settings = Arc::new(Settings {
-        app: args.app,
+        echo: args.app == App::Echo,
         work_us: args.work_us,
         idle_timeout: (args.idle_timeout_ms > 0)
             .then(|| Duration::from_millis(args.idle_timeout_ms)),
@@ -72,10 +81,26 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         keep_alive_reply: proto::response_ok(args.body_size, false).into(),
         close_reply: proto::response_ok(args.body_size, true).into(),
     });
-    let server =
-        serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
-            handle_connection(stream, settings.clone())
-        })?;
+    let server = match args.app {
+        App::Hyper => {
+            let body = hyper_app::body(args.body_size);
+            let work_us = args.work_us;
+            serve_hyper(
+                rt.handle(),
+                args.addr.as_str(),
+                args.runtime.server_options(),
+                move || {
+                    let body = body.clone();
+                    service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
+                },
+            )?
+        }
+        App::Echo | App::Http => {
+            serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
+                handle_connection(stream, settings.clone())
+            })?
+        }
+    };
     let stats = rt.stats();
     eprintln!(
         "hotloop serve {:?} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",
@@ -92,7 +117,14 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
             Some(StatsServer::start(
                 addr,
                 rt.handle().clone(),
-                Arc::new(move || vec![("active_connections", active() as u64)]),
+                Arc::new(move || {
+                    vec![Extra {
+                        name: "active_connections",
+                        help: "Connections open now, over all workers.",
+                        kind: Kind::Gauge,
+                        value: active() as u64,
+                    }]
+                }),
             )?)
         }
         None => None,
@@ -114,9 +146,10 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
 }
 
 async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
-    match settings.app {
-        App::Echo => echo(stream, &settings).await,
-        App::Http | App::Hyper => http(stream, &settings).await,
+    if settings.echo {
+        echo(stream, &settings).await
+    } else {
+        http(stream, &settings).await
     }
 }
 

@@ -178,13 +178,123 @@ fn stats_endpoint_serves_json_and_prometheus() {
         s.read_exact(&mut b).unwrap();
     }
     let json = http_get(stats, "/stats");
-    assert!(json.contains("\"accepted\":5,"), "{json}");
+    // The endpoint runs on the runtime, so its own connections count as accepted too.
+    let field = |name: &str| -> u64 {
+        let v: serde_json::Value =
+            serde_json::from_str(json.split_once("\r\n\r\n").unwrap().1).unwrap();
+        v[name].as_u64().unwrap_or_else(|| panic!("no {name} in {json}"))
+    };
+    assert_eq!(field("accepted") - field("stats_scrapes"), 5, "{json}");
     assert!(json.contains("\"driver\":"));
     assert!(json.contains("\"active_connections\":"));
     assert!(json.contains("\"workers\":[{"));
     let prom = http_get(stats, "/metrics");
     assert!(prom.contains("# TYPE hotloop_accepted_total counter"), "{prom}");
     assert!(prom.contains("hotloop_accepted_total{worker=\"0\"}"));
+    let body = prom.split_once("\r\n\r\n").expect("a head and a body").1;
+    check_prometheus_text(body);
+    promtool_check(body);
+}
+
+/// Checks the Prometheus text exposition format (version 0.0.4): every
+/// family has one `# HELP` then one `# TYPE` before its samples, names and
+/// label names are valid, values parse, counters end in `_total`, and no
+/// family appears twice.
+fn check_prometheus_text(text: &str) {
+    fn valid_name(n: &str) -> bool {
+        let mut chars = n.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+    let mut seen = std::collections::HashSet::new();
+    let (mut help, mut kind): (Option<String>, Option<(String, String)>) = (None, None);
+    let mut samples = 0;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, doc) = rest.split_once(' ').expect("HELP has a name and a text");
+            assert!(valid_name(name) && !doc.trim().is_empty(), "bad HELP: {line}");
+            assert!(seen.insert(name.to_string()), "family {name} appears twice");
+            help = Some(name.to_string());
+            kind = None;
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, t) = rest.split_once(' ').expect("TYPE has a name and a type");
+            assert_eq!(help.as_deref(), Some(name), "TYPE without its HELP first: {line}");
+            assert!(["counter", "gauge"].contains(&t), "unexpected type: {line}");
+            if t == "counter" {
+                assert!(name.ends_with("_total"), "a counter's name ends in _total: {line}");
+            }
+            kind = Some((name.to_string(), t.to_string()));
+        } else if line.starts_with('#') || line.is_empty() {
+            panic!("unexpected line: {line:?}");
+        } else {
+            let (series, value) = line.rsplit_once(' ').expect("a sample has a value");
+            value.parse::<f64>().unwrap_or_else(|_| panic!("bad value: {line}"));
+            let name = series.split('{').next().unwrap();
+            let family = kind.as_ref().map(|(n, _)| n.as_str());
+            assert_eq!(family, Some(name), "sample outside its family: {line}");
+            if let Some(labels) = series.strip_prefix(name).filter(|l| !l.is_empty()) {
+                let inner = labels.strip_prefix('{').and_then(|l| l.strip_suffix('}'));
+                let inner = inner.unwrap_or_else(|| panic!("bad labels: {line}"));
+                for pair in inner.split(',') {
+                    let (k, v) = pair.split_once('=').expect("label=value");
+                    assert!(valid_name(k) && v.starts_with('"') && v.ends_with('"'), "{line}");
+                }
+            }
+            samples += 1;
+        }
+    }
+    assert!(samples > 20 && seen.len() > 20, "{text}");
+}
+
+/// `promtool check metrics` on `text`, when promtool is installed.
+fn promtool_check(text: &str) {
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("skipped promtool: not installed (apt-get install prometheus)");
+        return;
+    };
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && report.trim().is_empty(), "promtool check metrics: {report}");
+}
+
+#[test]
+fn a_stalled_scrape_does_not_hold_up_the_next() {
+    let p = Proc::start(&[
+        "serve",
+        "echo",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--stats-addr",
+        "127.0.0.1:0",
+    ]);
+    let stats = p.addr_after("stats on ");
+    // Connected, half a request, then silence.
+    let mut stalled: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(stats).unwrap()).collect();
+    for s in &mut stalled {
+        s.write_all(b"GET /stats HTTP/1.1\r\n").unwrap();
+    }
+    let start = Instant::now();
+    for _ in 0..5 {
+        assert!(http_get(stats, "/stats").contains("\"accepted\":"));
+    }
+    assert!(start.elapsed() < Duration::from_millis(1500), "took {:?}", start.elapsed());
+    // The stalled ones are closed at the request timeout (2 s), not held forever.
+    let mut b = [0u8; 256];
+    stalled[0].set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let n = stalled[0].read(&mut b).unwrap_or(0);
+    let text = String::from_utf8_lossy(&b[..n]);
+    assert!(n == 0 || text.starts_with("HTTP/1.1"), "{text}");
+    assert!(start.elapsed() < Duration::from_secs(5));
 }
 
 #[test]
@@ -423,4 +533,65 @@ fn proxy_survives_resetting_and_stalling_backends() {
     assert_eq!(&back, b"ping");
     assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
     drop(staller);
+}
+
+/// Whether `program --version` runs; prints why a test skips when not.
+fn have(program: &str) -> bool {
+    let ok = Command::new(program).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: `{program}` is not installed (apt-get install curl nghttp2-client)");
+    }
+    ok
+}
+
+#[test]
+fn serve_hyper_runs_hyper_over_http1_and_h2c() {
+    for driver in ["epoll", "uring"] {
+        let p = Proc::start(&[
+            "serve",
+            "hyper",
+            "--addr",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--driver",
+            driver,
+            "--body-size",
+            "5",
+        ]);
+        let addr = p.addr_after(" on ");
+        // hyper answers with its own headers: no `Server: hotloop`, which the hand-written handler sends.
+        let reply = http_get(addr, "/");
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        assert!(reply.ends_with("xxxxx"), "{reply}");
+        assert!(!reply.contains("Server: hotloop"), "the hand-written handler answered: {reply}");
+        if have("curl") {
+            let url = format!("http://{addr}/");
+            for (flag, version) in [("--http1.1", "1.1"), ("--http2-prior-knowledge", "2")] {
+                let out = Command::new("curl")
+                    .args(["-sS", "--max-time", "10", "-w", " %{http_version}", flag, &url])
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.success(),
+                    "curl {flag}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert_eq!(text, format!("xxxxx {version}"), "curl {flag} on {driver}");
+            }
+        }
+        if have("h2load") {
+            let out = Command::new("h2load")
+                .args(["-n", "2000", "-c", "4", "-m", "8", "-T", "10", &format!("http://{addr}/")])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "h2load: {text}");
+            assert!(
+                text.contains("2000 succeeded, 0 failed, 0 errored"),
+                "h2load over h2c on {driver}: {text}"
+            );
+        }
+    }
 }

@@ -26,17 +26,17 @@ pub(crate) fn raise(counter: &AtomicU64, value: u64) {
 /// Declares the counters once: the live struct, the snapshot struct and the
 /// list of names stay in step.
 macro_rules! counters {
-    ($( $(#[$doc:meta])* $name:ident: $kind:ident, )*) => {
+    ($( $(#[doc = $doc:literal])* $name:ident: $kind:ident, )*) => {
         /// The live counters of one worker, written only by that worker.
         #[derive(Debug, Default)]
         pub struct WorkerStats {
-            $( $(#[$doc])* pub $name: AtomicU64, )*
+            $( $(#[doc = $doc])* pub $name: AtomicU64, )*
         }
 
         /// A copy of one worker's counters (or their sum) at one moment.
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct Counters {
-            $( $(#[$doc])* pub $name: u64, )*
+            $( $(#[doc = $doc])* pub $name: u64, )*
         }
 
         impl WorkerStats {
@@ -50,6 +50,12 @@ macro_rules! counters {
             /// Every counter as (name, value, is it a high-water mark).
             pub fn fields(&self) -> Vec<(&'static str, u64, bool)> {
                 vec![ $( (stringify!($name), self.$name, counters!(@is_max $kind)), )* ]
+            }
+
+            /// Each counter's doc comment, in the order of [`Counters::fields`]
+            /// (the `# HELP` text of the Prometheus output).
+            pub fn descriptions() -> Vec<&'static str> {
+                vec![ $( concat!($($doc),*).trim(), )* ]
             }
 
             fn merge(&mut self, other: &Counters) {
@@ -186,9 +192,12 @@ impl StatsSnapshot {
     /// The snapshot in the Prometheus text exposition format, one series per worker.
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
+        let descriptions = Counters::descriptions();
         for (idx, (name, _, is_max)) in self.total.fields().into_iter().enumerate() {
             let kind = if is_max { "gauge" } else { "counter" };
             let suffix = if is_max { "" } else { "_total" };
+            let help = prometheus_escape_help(descriptions[idx]);
+            let _ = writeln!(out, "# HELP hotloop_{name}{suffix} {help}");
             let _ = writeln!(out, "# TYPE hotloop_{name}{suffix} {kind}");
             for (worker, w) in self.workers.iter().enumerate() {
                 let value = w.fields()[idx].1;
@@ -197,11 +206,24 @@ impl StatsSnapshot {
         }
         let _ = writeln!(
             out,
-            "# TYPE hotloop_driver_info gauge\nhotloop_driver_info{{driver=\"{}\",busy_poll=\"{}\"}} 1",
-            self.info.driver, self.info.busy_poll
+            "# HELP hotloop_driver_info The I/O driver and busy-poll mode in force (always 1).\n\
+             # TYPE hotloop_driver_info gauge\n\
+             hotloop_driver_info{{driver=\"{}\",busy_poll=\"{}\"}} 1",
+            prometheus_escape_label(self.info.driver),
+            prometheus_escape_label(&self.info.busy_poll)
         );
         out
     }
+}
+
+/// `# HELP` text as the exposition format wants it: backslash and newline escaped.
+fn prometheus_escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// A label value as the exposition format wants it: backslash, quote and newline escaped.
+fn prometheus_escape_label(s: &str) -> String {
+    prometheus_escape_help(s).replace('"', "\\\"")
 }
 
 fn json_escape(s: &str) -> String {

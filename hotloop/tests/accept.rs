@@ -1,5 +1,6 @@
-//! The accept path: the per-wakeup bound, TCP_NODELAY on accepted sockets,
-//! and fairness (a task that only yields does not stop accepts).
+//! The accept path: the per-wakeup bound, accept pacing, TCP_NODELAY on
+//! accepted sockets, and fairness (a task that only yields does not stop
+//! accepts).
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::DriverKind;
-use hotloop::net::{ListenerOptions, TcpListener};
+use hotloop::net::{AcceptPacing, ListenerOptions, TcpListener};
 use hotloop::{spawn, yield_now, Runtime};
 
 /// Starts a listener on worker 0 that sleeps (blocking its thread) before
@@ -20,9 +21,35 @@ fn burst_into_a_busy_listener(
     options: ListenerOptions,
     clients: usize,
 ) -> hotloop::stats::Counters {
+    burst_beside_hogs(driver, options, clients, 0)
+}
+
+/// As [`burst_into_a_busy_listener`], with `hogs` tasks beside the
+/// listener that each burn 50 µs of CPU and yield, again and again, so the
+/// run queue stays `hogs` long and every loop turn is full of work.
+fn burst_beside_hogs(
+    driver: DriverKind,
+    options: ListenerOptions,
+    clients: usize,
+    hogs: usize,
+) -> hotloop::stats::Counters {
     let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
     let (tx, rx) = mpsc::channel::<SocketAddr>();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hog_done = done.clone();
     drop(rt.handle().spawn_on(0, move || async move {
+        for _ in 0..hogs {
+            let hog_done = hog_done.clone();
+            spawn(async move {
+                while !hog_done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let until = std::time::Instant::now() + Duration::from_micros(50);
+                    while std::time::Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                    yield_now().await;
+                }
+            });
+        }
         let listener = TcpListener::bind_with("127.0.0.1:0", options).unwrap();
         tx.send(listener.local_addr().unwrap()).unwrap();
         // Keep the worker busy while the clients connect.
@@ -46,6 +73,7 @@ fn burst_into_a_busy_listener(
         c.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"ping");
     }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
     rt.stats().workers[0]
 }
 
@@ -65,6 +93,32 @@ test_all_drivers! {
         assert_eq!(c.accepted, 200);
         assert!(c.max_accepted_per_wakeup > 8, "unbounded accept took only {} at once", c.max_accepted_per_wakeup);
         assert_eq!(c.accept_bound_hits, 0);
+    }
+
+    fn paced_accepts_shrink_while_the_worker_is_behind(driver: DriverKind) {
+        // 40 runnable tasks (over the run queue target of 32) and turns of
+        // about 3 ms (61 polls of 50 µs, over the 1 ms target): the budget stays near one.
+        let options = ListenerOptions {
+            accepts_per_wakeup_max: None,
+            accept_pacing: Some(AcceptPacing::default()),
+            ..Default::default()
+        };
+        let c = burst_beside_hogs(driver, options, 100, 40);
+        assert_eq!(c.accepted, 100);
+        assert!(c.max_accepted_per_wakeup <= 8, "a paced batch of {} while behind", c.max_accepted_per_wakeup);
+        assert!(c.accept_wakeups >= 25, "100 connections in small batches, saw {} wakeups", c.accept_wakeups);
+    }
+
+    fn paced_accepts_grow_while_the_worker_keeps_up(driver: DriverKind) {
+        let options = ListenerOptions {
+            accepts_per_wakeup_max: Some(64),
+            accept_pacing: Some(AcceptPacing::default()),
+            ..Default::default()
+        };
+        let c = burst_into_a_busy_listener(driver, options, 300);
+        assert_eq!(c.accepted, 300);
+        assert!(c.max_accepted_per_wakeup > 8, "the budget did not grow: largest batch {}", c.max_accepted_per_wakeup);
+        assert!(c.max_accepted_per_wakeup <= 64, "batch of {} exceeds the cap of 64", c.max_accepted_per_wakeup);
     }
 
     fn accepted_sockets_inherit_nodelay(driver: DriverKind) {
@@ -87,7 +141,9 @@ test_all_drivers! {
         drop(rt.handle().spawn_on(0, move || async move {
             spawn(async {
                 loop {
-                    yield_now().await;
+                    // A timer, not `yield_now`: a yielding task would run up to
+                    // `event_interval` times per turn.
+                    hotloop::time::sleep(Duration::from_millis(1)).await;
                 }
             });
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();

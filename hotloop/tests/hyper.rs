@@ -16,7 +16,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
-use hotloop::hyper::{serve_hyper, HotloopExecutor};
+use hotloop::hyper::{serve_hyper, HotloopExecutor, HyperIo};
 use hotloop::net::{ListenerOptions, Server};
 use hotloop::Runtime;
 
@@ -94,7 +94,7 @@ test_all_drivers! {
         let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
         let got = rt.block_on(async move {
             let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(HyperIo::new(stream)).await.unwrap();
             hotloop::spawn(conn);
             let req = Request::post("/").body(Full::new(Bytes::from_static(b"12345"))).unwrap();
             let resp = sender.send_request(req).await.unwrap();

@@ -8,6 +8,15 @@
 //! without `multi_accept` do. The listener stays ready in the meantime: on
 //! edge-triggered epoll no new edge is needed, because the next `accept`
 //! tries the syscall before waiting.
+//!
+//! With [`AcceptPacing`] the bound moves. At the first accept of each turn
+//! the listener updates a budget: it halves when the worker is behind (the
+//! previous turn, measured from this listener's first accept in it to the
+//! first accept in this one, took longer than the target, or the run queue
+//! is longer than its target) and grows by a step otherwise. A turn is only
+//! timed when the previous one ended on the budget: the accept loop then
+//! waits for the next driver poll, which does not block (a waker is queued
+//! for after it), so the time measured is work, not idle waiting.
 
 use std::cell::Cell;
 use std::future::poll_fn;
@@ -16,7 +25,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Instant;
 
-use super::options::ListenerOptions;
+use super::options::{AcceptPacing, ListenerOptions};
 use super::stream::TcpStream;
 use crate::driver::Source;
 use crate::runtime::{context, yield_to_driver};
@@ -32,6 +41,9 @@ pub struct TcpListener {
     batch_count: Cell<usize>,
     /// Accepting resumes at this instant after running out of descriptors.
     paused_until: Cell<Option<Instant>>,
+    /// With accept pacing: this turn's budget and when the turn's first accept came.
+    pace_budget: Cell<usize>,
+    pace_turn_started: Cell<Option<Instant>>,
 }
 
 impl TcpListener {
@@ -53,10 +65,12 @@ impl TcpListener {
     pub(crate) fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<TcpListener> {
         Ok(TcpListener {
             src: context::with(|cx| Source::new_listener(&cx.driver, fd))?,
-            options,
             batch_turn: Cell::new(u64::MAX),
             batch_count: Cell::new(0),
             paused_until: Cell::new(None),
+            pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
+            pace_turn_started: Cell::new(None),
+            options,
         })
     }
 
@@ -129,11 +143,16 @@ impl TcpListener {
 
     /// True if this turn's batch is full.
     fn bound_reached(&self) -> bool {
-        let Some(max) = self.options.accepts_per_wakeup_max else {
-            return false;
-        };
         let turn = context::with(|cx| cx.turn.get());
-        self.batch_turn.get() == turn && self.batch_count.get() >= max
+        self.batch_turn.get() == turn && self.batch_count.get() >= self.turn_limit()
+    }
+
+    /// The most connections this turn may take.
+    fn turn_limit(&self) -> usize {
+        match self.options.accept_pacing {
+            Some(_) => self.pace_budget.get(),
+            None => self.options.accepts_per_wakeup_max.unwrap_or(usize::MAX),
+        }
     }
 
     fn count_accept(&self) {
@@ -141,6 +160,9 @@ impl TcpListener {
             let s = &cx.shared.stats;
             let turn = cx.turn.get();
             if self.batch_turn.get() != turn {
+                if let Some(pacing) = self.options.accept_pacing {
+                    self.pace(&pacing, turn);
+                }
                 self.batch_turn.set(turn);
                 self.batch_count.set(0);
                 stats::add(&s.accept_wakeups, 1);
@@ -150,6 +172,23 @@ impl TcpListener {
             stats::add(&s.accepted, 1);
             stats::raise(&s.max_accepted_per_wakeup, n as u64);
         });
+    }
+
+    /// Updates the pacing budget at the first accept of `turn` (see the
+    /// module notes).
+    fn pace(&self, pacing: &AcceptPacing, turn: u64) {
+        let now = Instant::now();
+        let max = self.options.accepts_per_wakeup_max.unwrap_or(ListenerOptions::ACCEPTS_PACED_MAX);
+        let budget = self.pace_budget.get();
+        // The previous turn ended on the budget and this is the next one: it was all work.
+        let timed =
+            self.batch_turn.get().wrapping_add(1) == turn && self.batch_count.get() >= budget;
+        let slow =
+            timed && self.pace_turn_started.get().is_some_and(|t| now - t > pacing.turn_target);
+        let behind = slow || context::run_queue_len() > pacing.run_queue_target;
+        let next = if behind { budget / 2 } else { budget + pacing.accepts_increase };
+        self.pace_budget.set(next.clamp(1, max.max(1)));
+        self.pace_turn_started.set(Some(now));
     }
 
     /// Classifies an accept error: `Ok` to keep accepting, `Err` to give up.

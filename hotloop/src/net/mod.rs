@@ -9,7 +9,7 @@ mod server;
 mod stream;
 
 pub use listener::TcpListener;
-pub use options::{ListenerOptions, ServerOptions};
+pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
 pub use pool::{PooledBuf, POOLED_BUFFER_BYTES};
 pub use server::{serve, Server};
 pub use stream::TcpStream;

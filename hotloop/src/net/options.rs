@@ -27,12 +27,53 @@ pub struct ListenerOptions {
     /// How long accepting pauses after `EMFILE`/`ENFILE`, so a full
     /// descriptor table does not make the loop spin. Default: 10 ms.
     pub resource_pause: Duration,
+    /// Accept pacing: take fewer connections per loop turn while the worker
+    /// is behind, more once it catches up, within `accepts_per_wakeup_max`
+    /// (or [`ListenerOptions::ACCEPTS_PACED_MAX`] when that is `None`).
+    /// `None`: the fixed bound alone. Default: `None`.
+    pub accept_pacing: Option<AcceptPacing>,
+}
+
+/// Accept pacing by the worker's own lag.
+///
+/// The listener keeps a budget of accepts per loop turn. At the first
+/// accept of each turn it looks at how the loop is doing: if the last turn
+/// took longer than `turn_target`, or more than `run_queue_target` tasks are
+/// queued to run, the worker is behind and the budget halves (never below
+/// one, so new connections still trickle in); otherwise it grows by
+/// `accepts_increase`. Connections not taken wait in the kernel's accept
+/// queue, where they cost the worker nothing, and the connections it
+/// already has keep their share of each turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptPacing {
+    /// A loop turn (from one driver poll to the next) longer than this
+    /// means the worker is behind. Default: 1 ms.
+    pub turn_target: Duration,
+    /// More tasks than this queued to run means the worker is behind.
+    /// Default: 32.
+    pub run_queue_target: usize,
+    /// How much the budget grows per turn while the worker keeps up.
+    /// Default: 4.
+    pub accepts_increase: usize,
+}
+
+impl Default for AcceptPacing {
+    fn default() -> Self {
+        AcceptPacing {
+            turn_target: Duration::from_millis(1),
+            run_queue_target: 32,
+            accepts_increase: 4,
+        }
+    }
 }
 
 impl ListenerOptions {
     /// The default bound on connections accepted per wakeup, as DragonFly's
     /// `kern.ipc.soavailconn`.
     pub const ACCEPTS_PER_WAKEUP_DEFAULT: usize = 32;
+    /// The most connections a paced listener takes per loop turn when
+    /// `accepts_per_wakeup_max` is `None`.
+    pub const ACCEPTS_PACED_MAX: usize = 256;
 }
 
 impl Default for ListenerOptions {
@@ -45,6 +86,7 @@ impl Default for ListenerOptions {
             nodelay: true,
             accept_mode: AcceptMode::Multishot,
             resource_pause: Duration::from_millis(10),
+            accept_pacing: None,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `hotloop load`: a single-threaded, non-blocking load generator.
+//! `hotloop-bench load`: a single-threaded, non-blocking load generator.
 //!
 //! It drives TCP connections on loopback from one thread with a plain
 //! readiness loop (mio over epoll) and no async runtime, so it favours none
@@ -34,7 +34,7 @@
 mod engine;
 pub mod hist;
 pub mod report;
-pub mod response;
+pub use hotloop_proto::response;
 pub mod sys;
 
 pub use report::LoadReport;
@@ -107,7 +107,7 @@ impl Mode {
     }
 }
 
-/// Options of `hotloop load`.
+/// Options of `hotloop-bench load`.
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
     /// Server address; loopback only (127.0.0.0/8 or ::1).
@@ -204,7 +204,7 @@ pub fn parse_loopback_addr(s: &str) -> Result<SocketAddr, String> {
     let first = *addrs.first().ok_or_else(|| format!("`{s}` resolves to no address"))?;
     if let Some(bad) = addrs.iter().find(|a| !a.ip().is_loopback()) {
         return Err(format!(
-            "{} is not a loopback address: hotloop load only targets 127.0.0.0/8 or ::1",
+            "{} is not a loopback address: hotloop-bench load only targets 127.0.0.0/8 or ::1",
             bad.ip()
         ));
     }
@@ -255,7 +255,7 @@ impl Plan {
     fn new(args: &LoadArgs) -> io::Result<Plan> {
         if !args.addr.ip().is_loopback() {
             return Err(invalid(format!(
-                "{} is not a loopback address: hotloop load only targets 127.0.0.0/8 or ::1",
+                "{} is not a loopback address: hotloop-bench load only targets 127.0.0.0/8 or ::1",
                 args.addr.ip()
             )));
         }
@@ -385,7 +385,7 @@ pub fn run(args: &LoadArgs) -> io::Result<LoadReport> {
     const FDS_RESERVED: u64 = 32;
     if !plan.quiet && plan.concurrency as u64 + FDS_RESERVED > fd_limit {
         eprintln!(
-            "hotloop load: warning: {} connections need about {} descriptors but the open-file limit is {fd_limit}; \
+            "hotloop-bench load: warning: {} connections need about {} descriptors but the open-file limit is {fd_limit}; \
              connections past the limit are reported as fd_limit errors",
             plan.concurrency,
             plan.concurrency as u64 + FDS_RESERVED

@@ -45,8 +45,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ],
     );
     result.setup.push(format!(
-        "load: `hotloop load --mode churn --proto http --connections {connections} --requests {requests}`; \
-         {connections} concurrent connections, not the original 30,000: 20,000 open files per process is a hard limit here"
+        "{connections} concurrent connections, {requests} in all,, not the original 30,000: 20,000 open files per process is a hard limit here"
     ));
     result.setup.push(format!(
         "the server does {WORK_US} µs of work per request; \"server CPU %/worker\" near 100 shows it is the bottleneck"

@@ -425,7 +425,7 @@ impl Engine<'_> {
         if cap < self.conn_cap {
             if !self.plan.quiet {
                 eprintln!(
-                    "hotloop load: warning: the open-file limit stopped new connections at {}; \
+                    "hotloop-bench load: warning: the open-file limit stopped new connections at {}; \
                      continuing with at most {cap} (ask for fewer --connections)",
                     self.conns.len()
                 );

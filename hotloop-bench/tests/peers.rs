@@ -17,7 +17,7 @@ struct Peer {
 
 impl Peer {
     fn start(kind: &str, proto: &str, body_size: usize) -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hotloop"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hotloop-bench"))
             .args(["peer", kind, proto, "--addr", "127.0.0.1:0", "--workers", "2"])
             .args(["--body-size", &body_size.to_string(), "--work-us", "1"])
             .stdout(Stdio::piped())

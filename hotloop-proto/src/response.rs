@@ -237,7 +237,7 @@ impl EchoReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto;
+    use crate as proto;
 
     fn feed_in_pieces(bytes: &[u8], piece: usize) -> Vec<Progress> {
         let mut r = HttpReader::new();

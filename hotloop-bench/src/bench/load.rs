@@ -1,4 +1,4 @@
-//! Driving `hotloop load`: the arguments of one run, and the figures taken
+//! Driving `hotloop-bench load`: the arguments of one run, and the figures taken
 //! from its report.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::report::LoadReport;
 use super::{LOAD_SLACK_S, METRIC_RATE};
 
-/// One load generator run: `hotloop load` arguments.
+/// One load generator run: `hotloop-bench load` arguments.
 #[derive(Debug, Clone)]
 pub struct LoadSpec {
     /// serial, burst, churn or keepalive.
@@ -31,6 +31,17 @@ pub struct LoadSpec {
 impl LoadSpec {
     /// The command-line arguments after `load`.
     pub fn args(&self, addr: SocketAddr, proto: &str, pin: Option<usize>) -> Vec<String> {
+        self.args_for(&addr.to_string(), proto, pin)
+    }
+
+    /// The command that runs this load, as a report prints it: the same
+    /// arguments [`LoadSpec::args`] passes, with the server's port (a free
+    /// one, picked per run) shown as `PORT`.
+    pub fn command_line(&self, proto: &str, pin: Option<usize>) -> String {
+        format!("hotloop-bench load {}", self.args_for("127.0.0.1:PORT", proto, pin).join(" "))
+    }
+
+    fn args_for(&self, addr: &str, proto: &str, pin: Option<usize>) -> Vec<String> {
         let mut a = vec![
             "--addr".to_string(),
             addr.to_string(),
@@ -126,6 +137,11 @@ mod tests {
             "{a}"
         );
         assert!(a.contains("--json") && !a.contains("--rate"), "{a}");
+        let shown = spec.command_line("echo", Some(1));
+        assert_eq!(
+            shown,
+            format!("hotloop-bench load {}", a.replace("127.0.0.1:9000", "127.0.0.1:PORT"))
+        );
         let w = spec.warmup(5_000, 1);
         assert_eq!((w.duration_secs, w.requests, w.connections), (1, Some(2_500), 2_500));
         let keepalive = LoadSpec { mode: "keepalive", requests: None, connections: 256, ..spec };

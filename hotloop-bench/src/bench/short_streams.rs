@@ -36,8 +36,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ],
     );
     result.setup.push(format!(
-        "load: `hotloop load --mode churn --proto http --connections {CLIENTS} --rate {rate} --duration {duration}`, \
-         {BODY_BYTES}-byte bodies; CPU from /proc/PID/stat (utime+stime) around each run"
+        "{BODY_BYTES}-byte bodies; CPU from /proc/PID/stat (utime+stime) around each run"
     ));
     let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
     let load = LoadSpec {

@@ -1,5 +1,17 @@
-//! The wire formats every server in the bench speaks, shared so that hotloop,
-//! its peers and the load generator parse and answer requests identically.
+//! The HTTP wire format that the `hotloop` command, the bench's peer
+//! servers and its load generator share, so that every server parses and
+//! answers requests identically and the load generator reads their replies
+//! the same way.
+//!
+//! It does no I/O: the request head parser ([`parse_request`]), the canned
+//! responses, the response reader ([`response`]) and, with the `hyper`
+//! feature, the hyper service every hyper server runs ([`hyper_app`]).
+
+#![warn(missing_docs)]
+
+#[cfg(feature = "hyper")]
+pub mod hyper_app;
+pub mod response;
 
 /// The most bytes a request head (request line and headers) may take.
 pub const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;

@@ -35,7 +35,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ],
     );
     result.setup.push(format!(
-        "load: `hotloop load --mode serial --proto http --connections 1 --duration {duration}`, {BODY_BYTES}-byte bodies; \
+        "{BODY_BYTES}-byte bodies; \
          forwarded: `hotloop proxy` (or haproxy, when on PATH) on the server CPUs -> `hotloop serve http --busy-poll off`"
     ));
     if ctx.server_cpus.len() < 2 {

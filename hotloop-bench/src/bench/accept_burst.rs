@@ -33,8 +33,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ],
     );
     result.setup.push(format!(
-        "load: `hotloop load --mode burst --proto echo --connections {clients} --requests {clients} --size {MESSAGE_BYTES}`; \
-         hotloop on `--driver uring`"
+        "{clients} clients, {MESSAGE_BYTES}-byte messages; hotloop on `--driver uring`"
     ));
     let work = Workload { proto: "echo".into(), body_size: 0, work_us: 0 };
     let load = LoadSpec {

@@ -23,7 +23,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let Some(dir) = dirs.iter().find(|d| d.is_dir()) else {
         result.setup.push(format!(
             "no criterion results found (looked in {}); produce them with \
-             `cargo bench -p hotloop --bench wheel`, then run `hotloop bench --scenario timers`",
+             `cargo bench -p hotloop --bench wheel`, then run `hotloop-bench bench --scenario timers`",
             dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
         ));
         return result;

@@ -1,4 +1,4 @@
-//! `hotloop bench` writes its results and charts without needing servers:
+//! `hotloop-bench bench` writes its results and charts without needing servers:
 //! the timers scenario only reads criterion's output.
 
 use std::process::Command;
@@ -19,7 +19,7 @@ fn timers_scenario_summarises_criterion_results() {
         std::fs::write(new.join("benchmark.json"), id).unwrap();
     }
     let out = dir.join("out");
-    let output = Command::new(env!("CARGO_BIN_EXE_hotloop"))
+    let output = Command::new(env!("CARGO_BIN_EXE_hotloop-bench"))
         .args(["bench", "--quick", "--scenario", "timers", "--out"])
         .arg(&out)
         .env("CARGO_TARGET_DIR", &target)

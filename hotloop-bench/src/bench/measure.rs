@@ -96,6 +96,7 @@ impl Ctx {
         };
         let mut row = Row::new(group, &spec.server, &spec.config);
         row.notes.extend(running.notes.iter().cloned());
+        self.note_load(load, work.load_proto());
         let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
         let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
         if let Err(e) = self.run_load(&running, work.load_proto(), &warmup, &title) {
@@ -213,7 +214,7 @@ impl Ctx {
         Ok((f, report.histogram_us))
     }
 
-    /// Runs `hotloop load` against `running`, bounded in time.
+    /// Runs `hotloop-bench load` against `running`, bounded in time.
     fn run_load(
         &mut self,
         running: &Running,
@@ -224,10 +225,11 @@ impl Ctx {
         let mut cmd = Command::new(&self.exe);
         cmd.arg("load").args(load.args(running.addr, proto, self.load_cpu));
         let log = self.log_path(&format!("load-{title}"));
-        let (status, stdout) = proc::run_bounded("hotloop load", cmd, &[], &log, load.timeout())
-            .map_err(|e| e.to_string())?;
+        let (status, stdout) =
+            proc::run_bounded("hotloop-bench load", cmd, &[], &log, load.timeout())
+                .map_err(|e| e.to_string())?;
         if !status.success() {
-            return Err(format!("hotloop load {status}: {}", last_line(&log)));
+            return Err(format!("hotloop-bench load {status}: {}", last_line(&log)));
         }
         let report = LoadReport::parse(&stdout)?;
         if report.completed == 0 {

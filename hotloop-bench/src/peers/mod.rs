@@ -33,7 +33,7 @@ pub const LISTEN_BACKLOG: i32 = 65_535;
 /// head that is too large is seen as such rather than as a full buffer.
 pub const READ_BUFFER_BYTES: usize = 2 * crate::proto::REQUEST_HEAD_MAX_BYTES;
 
-/// `hotloop peer`: runs a server written on another runtime.
+/// `hotloop-bench peer`: runs a server written on another runtime.
 #[derive(Debug, Clone, Args)]
 pub struct PeerArgs {
     /// The runtime the server is written on.

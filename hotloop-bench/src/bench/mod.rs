@@ -1,12 +1,14 @@
-//! `hotloop bench`: runs hotloop and its peers side by side through the
-//! experiments hotloop grew from, and reports every figure.
+//! `hotloop-bench bench`: runs hotloop and its peers side by side through
+//! the experiments hotloop grew from, and reports every figure.
 //!
-//! Each scenario starts servers (`hotloop serve`, `hotloop proxy`,
-//! `hotloop peer`, and nginx or haproxy when found on PATH) and drives them
-//! with `hotloop load`, all as subprocesses of the same executable (or of
-//! `--hotloop PATH`). Servers run on the first CPUs, the load generator on
-//! the next one. A server that cannot start is reported as unavailable and
-//! the suite goes on.
+//! Each scenario starts servers (`hotloop serve` and `hotloop proxy` from
+//! the production binary, `hotloop-bench peer`, and nginx or haproxy when
+//! found on PATH) and drives them with `hotloop-bench load`, all as
+//! subprocesses. The `hotloop` binary is `--hotloop PATH`, or the one cargo
+//! builds into this executable's target directory (see [`locate_server`]).
+//! Servers run on the first CPUs, the load generator on the next one. A
+//! server that cannot start is reported as unavailable and the suite goes
+//! on.
 //!
 //! # Implementation notes
 //!
@@ -67,7 +69,7 @@ pub const LOAD_SLACK_S: u64 = 30;
 /// How long a `GET /stats` may take.
 pub const STATS_TIMEOUT_MS: u64 = 2_000;
 
-/// `hotloop bench`: the benchmark suite.
+/// `hotloop-bench bench`: the benchmark suite.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Small counts and short runs: the whole suite in under two minutes.
@@ -85,8 +87,8 @@ pub struct BenchArgs {
     /// Measured runs per configuration (default 3, 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeats: Option<u32>,
-    /// The hotloop executable whose serve, proxy, peer and load subcommands
-    /// run (default: this one).
+    /// The `hotloop` server executable whose serve and proxy subcommands
+    /// run (default: built with cargo next to this executable).
     #[arg(long)]
     pub hotloop: Option<PathBuf>,
 }
@@ -141,11 +143,11 @@ impl ScenarioName {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PeerName {
-    /// `hotloop peer tokio`.
+    /// `hotloop-bench peer tokio`.
     Tokio,
-    /// `hotloop peer monoio`.
+    /// `hotloop-bench peer monoio`.
     Monoio,
-    /// `hotloop peer floor`, raw system calls.
+    /// `hotloop-bench peer floor`, raw system calls.
     Floor,
     /// nginx from PATH, HTTP only.
     Nginx,
@@ -216,8 +218,10 @@ pub const METRIC_CPU_UTIL: &str = "server_cpu_pct";
 
 /// The suite's shared state: where things run, what is enabled, the clock.
 pub struct Ctx {
-    /// The executable driven as subprocesses.
+    /// This executable: its `load` and `peer` subcommands run as subprocesses.
     pub exe: PathBuf,
+    /// The `hotloop` server executable: its `serve` and `proxy` subcommands.
+    pub server_exe: PathBuf,
     /// `--quick`.
     pub quick: bool,
     /// Measured runs per configuration.
@@ -234,11 +238,23 @@ pub struct Ctx {
     pub workers: usize,
     /// Why every load run would fail, if the load generator is missing.
     pub load_missing: Option<String>,
+    /// The load commands the current scenario ran, each once, in order:
+    /// the report's "load:" lines are printed from these.
+    pub load_lines: Vec<String>,
     started: Instant,
     runs: u64,
 }
 
 impl Ctx {
+    /// Records that `load` ran (or is about to) against `proto` servers, for
+    /// the scenario's "load:" lines.
+    pub fn note_load(&mut self, load: &LoadSpec, proto: &str) {
+        let line = load.command_line(proto, self.load_cpu);
+        if !self.load_lines.contains(&line) {
+            self.load_lines.push(line);
+        }
+    }
+
     /// Prints a progress line on stderr with the time since the suite began.
     pub fn progress(&self, text: &str) {
         eprintln!("[{:6.1}s] {text}", self.started.elapsed().as_secs_f64());
@@ -279,9 +295,18 @@ pub fn find_on_path(program: &str) -> Option<PathBuf> {
 
 /// Runs the suite.
 pub fn run(args: BenchArgs) -> io::Result<()> {
-    let exe = match &args.hotloop {
+    let chosen: Vec<ScenarioName> = if args.scenario.is_empty() {
+        ScenarioName::ALL.to_vec()
+    } else {
+        ScenarioName::ALL.into_iter().filter(|s| args.scenario.contains(s)).collect()
+    };
+    let exe = std::env::current_exe()?;
+    // The timers scenario only reads criterion's files.
+    let needs_server = chosen.iter().any(|s| *s != ScenarioName::Timers);
+    let server_exe = match &args.hotloop {
         Some(p) => p.clone(),
-        None => std::env::current_exe()?,
+        None if needs_server => locate_server(&exe)?,
+        None => PathBuf::new(),
     };
     std::fs::create_dir_all(args.out.join("logs"))?;
     // Absolute, because servers (nginx) resolve paths from their own directory.
@@ -291,6 +316,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
     let repeats = args.repeats.unwrap_or(if args.quick { REPEATS_QUICK } else { REPEATS_DEFAULT });
     let mut ctx = Ctx {
         exe,
+        server_exe,
         quick: args.quick,
         repeats,
         peers: args.peers.clone(),
@@ -299,6 +325,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         server_cpus,
         load_cpu,
         load_missing: None,
+        load_lines: Vec::new(),
         started: Instant::now(),
         runs: 0,
     };
@@ -315,14 +342,10 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
     if let Some(why) = &ctx.load_missing {
         ctx.progress(&format!("every load figure is unavailable: {why}"));
     }
-    let chosen: Vec<ScenarioName> = if args.scenario.is_empty() {
-        ScenarioName::ALL.to_vec()
-    } else {
-        ScenarioName::ALL.into_iter().filter(|s| args.scenario.contains(s)).collect()
-    };
     let mut results = Vec::new();
     for scenario in chosen {
         ctx.progress(&format!("scenario {}", scenario.as_str()));
+        ctx.load_lines.clear();
         let mut result = match scenario {
             ScenarioName::AcceptBurst => accept_burst::run(&mut ctx),
             ScenarioName::Serial => serial::run(&mut ctx),
@@ -332,6 +355,8 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::Keepalive => keepalive::run(&mut ctx),
             ScenarioName::Hyper => hyper::run(&mut ctx),
         };
+        let loads = ctx.load_lines.iter().map(|l| format!("load: `{l}`"));
+        result.setup.splice(0..0, loads);
         result.compare();
         output::print_result(&result);
         output::write_charts(&ctx.out, &result)?;
@@ -356,6 +381,57 @@ pub fn placement(cpus: &[usize]) -> (Vec<usize>, Option<usize>) {
     }
 }
 
+/// The `hotloop` server binary that belongs with `bench_exe`.
+///
+/// Inside the source tree (this crate's manifest is still where it was
+/// built), `cargo build -p hotloop-cli` with this executable's profile
+/// brings it up to date first; it does nothing when it already is. The
+/// binary is then the `hotloop` in this executable's target directory
+/// (`target/release/`, or its parent when this runs from `deps/` as a
+/// test). Outside the source tree, a `hotloop` next to this executable or
+/// on PATH.
+pub fn locate_server(bench_exe: &Path) -> io::Result<PathBuf> {
+    let mut dir = bench_exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("Cargo.toml");
+    let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("release").to_string();
+    if manifest.is_file() {
+        if let Some(target) = dir.parent() {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let profile_arg = if profile == "debug" { "dev" } else { profile.as_str() };
+            eprintln!("hotloop-bench: building the `hotloop` server ({profile_arg} profile)");
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "-p", "hotloop-cli", "--bin", "hotloop", "--profile"])
+                .arg(profile_arg)
+                .arg("--manifest-path")
+                .arg(&manifest)
+                .env("CARGO_TARGET_DIR", target)
+                .status();
+            match status {
+                Ok(s) if s.success() => {}
+                Ok(s) => eprintln!("hotloop-bench: building `hotloop` failed ({s})"),
+                Err(e) => eprintln!("hotloop-bench: could not run cargo ({e})"),
+            }
+        }
+    }
+    let beside = dir.join("hotloop");
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    find_on_path("hotloop").ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "no `hotloop` server binary in {} or on PATH: build it with \
+                 `cargo build --release -p hotloop-cli`, or pass --hotloop PATH",
+                dir.display()
+            ),
+        )
+    })
+}
+
 /// `None` if `exe SUBCOMMAND --help` succeeds; otherwise why not.
 fn probe_subcommand(ctx: &mut Ctx, subcommand: &str) -> Option<String> {
     let mut cmd = Command::new(&ctx.exe);
@@ -364,10 +440,10 @@ fn probe_subcommand(ctx: &mut Ctx, subcommand: &str) -> Option<String> {
     match proc::run_bounded(subcommand, cmd, &[], &log, Duration::from_secs(10)) {
         Ok((status, _)) if status.success() => None,
         Ok((status, _)) => Some(format!(
-            "`hotloop {subcommand}` is missing from this build ({status}): {}",
+            "`hotloop-bench {subcommand}` is missing from this build ({status}): {}",
             last_line(&log)
         )),
-        Err(e) => Some(format!("`hotloop {subcommand}` could not run: {e}")),
+        Err(e) => Some(format!("`hotloop-bench {subcommand}` could not run: {e}")),
     }
 }
 

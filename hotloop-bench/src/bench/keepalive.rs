@@ -31,9 +31,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             },
         ],
     );
-    result.setup.push(format!(
-        "load: `hotloop load --mode keepalive --proto http --connections C --duration {duration}`, {BODY_BYTES}-byte bodies"
-    ));
+    result.setup.push(format!("{BODY_BYTES}-byte bodies"));
     let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
     let mut specs = vec![
         ServerSpec::hotloop("epoll", &["--driver", "epoll"]),

@@ -94,7 +94,7 @@ impl ErrorCounts {
 }
 
 /// What a load run measured. Serialized, it is the JSON object that
-/// `hotloop load --json` prints.
+/// `hotloop-bench load --json` prints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadReport {
     /// The mode run.
@@ -144,7 +144,7 @@ impl LoadReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "hotloop load: {} {} against {addr}, {} connection{}",
+            "hotloop-bench load: {} {} against {addr}, {} connection{}",
             self.mode.as_str(),
             self.proto.as_str(),
             self.connections,

@@ -53,7 +53,7 @@ pub enum ServerKind {
         /// `--busy-poll` value.
         busy_poll: String,
     },
-    /// `hotloop peer NAME PROTO`.
+    /// `hotloop-bench peer NAME PROTO`.
     Peer(String),
     /// nginx with a generated configuration.
     Nginx {
@@ -85,7 +85,7 @@ impl ServerSpec {
         }
     }
 
-    /// `hotloop peer NAME`.
+    /// `hotloop-bench peer NAME`.
     pub fn peer(name: &str) -> ServerSpec {
         ServerSpec {
             server: name.into(),
@@ -169,7 +169,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 args.push("--pin".into());
             }
             args.extend(extra.iter().cloned());
-            let mut child = launch(ctx, "hotloop serve", &ctx.exe.clone(), &args, addr)?;
+            let mut child = launch(ctx, "hotloop serve", &ctx.server_exe.clone(), &args, addr)?;
             wait_for_stats(&mut child, stats_addr);
             Ok(Running {
                 addr,
@@ -188,7 +188,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             ];
             common(&mut args);
             let child =
-                launch(ctx, &format!("hotloop peer {name}"), &ctx.exe.clone(), &args, addr)?;
+                launch(ctx, &format!("hotloop-bench peer {name}"), &ctx.exe.clone(), &args, addr)?;
             Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
         }
         ServerKind::Proxy { busy_poll } => start_proxy(ctx, work, addr, busy_poll),
@@ -277,7 +277,7 @@ fn start_backend(
         _ => ctx.server_cpus.clone(),
     };
     let mut child =
-        launch_on(ctx, "hotloop serve (backend)", &ctx.exe.clone(), &args, backend, &cpus)?;
+        launch_on(ctx, "hotloop serve (backend)", &ctx.server_exe.clone(), &args, backend, &cpus)?;
     wait_for_stats(&mut child, stats_addr);
     Ok((backend, stats_addr, child))
 }
@@ -305,7 +305,7 @@ fn start_proxy(
         if busy_on_proxy {
             args.extend(["--busy-poll".to_string(), busy_poll.to_string()]);
         }
-        match launch(ctx, "hotloop proxy", &ctx.exe.clone(), &args, addr) {
+        match launch(ctx, "hotloop proxy", &ctx.server_exe.clone(), &args, addr) {
             Ok(proxy) => {
                 let notes = if busy_on_proxy {
                     Vec::new()

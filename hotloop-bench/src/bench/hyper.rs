@@ -31,9 +31,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ],
     );
     result.setup.push(format!(
-        "load: `hotloop load --mode keepalive --proto http --connections {CONNECTIONS} --duration {duration}` \
-         (open loop with `--rate {FIXED_RATE}` for the fixed-rate rows), {BODY_BYTES}-byte bodies; \
-         servers: `hotloop serve hyper`, `hotloop peer tokio hyper`"
+        "{BODY_BYTES}-byte bodies, closed loop and open loop at {FIXED_RATE}/s; \
+         servers: `hotloop serve hyper`, `hotloop-bench peer tokio hyper`"
     ));
     let work = Workload { proto: "hyper".into(), body_size: BODY_BYTES, work_us: 0 };
     let specs = vec![

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-/// The JSON object `hotloop load --json` prints.
+/// The JSON object `hotloop-bench load --json` prints.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LoadReport {
@@ -61,7 +61,7 @@ impl LoadReport {
 }
 
 /// Latency figures in microseconds: the load generator's own summary.
-pub use hotloop_cli::load::hist::LatencySummary as Latency;
+pub use hotloop_bench::load::hist::LatencySummary as Latency;
 
 /// A figure measured once per repeat, summarised.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,4 +1,4 @@
-//! `hotloop load` against the floor server, over loopback, in every mode.
+//! `hotloop-bench load` against the floor server, over loopback, in every mode.
 //!
 //! Each test starts its own floor server on an ephemeral port and stops it
 //! with SIGTERM by pid; every child process runs under a deadline.
@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hotloop");
+const BIN: &str = env!("CARGO_BIN_EXE_hotloop-bench");
 
 /// The longest any child process may run in these tests.
 const CHILD_DEADLINE: Duration = Duration::from_secs(30);
@@ -100,7 +100,7 @@ fn wait_with_deadline(child: &mut Child, deadline: Duration) -> std::process::Ex
     }
 }
 
-/// Runs `hotloop load --json` with `args` and returns its report.
+/// Runs `hotloop-bench load --json` with `args` and returns its report.
 fn load(addr: SocketAddr, args: &[&str]) -> Value {
     let started = Instant::now();
     let mut child = Command::new(BIN)
@@ -109,11 +109,11 @@ fn load(addr: SocketAddr, args: &[&str]) -> Value {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start hotloop load");
+        .expect("start hotloop-bench load");
     let mut out = String::new();
     child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     let status = wait_with_deadline(&mut child, CHILD_DEADLINE);
-    assert!(status.success(), "hotloop load {args:?} exited with {status}");
+    assert!(status.success(), "hotloop-bench load {args:?} exited with {status}");
     assert!(started.elapsed() < CHILD_DEADLINE);
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("bad JSON {out:?}: {e}"))
 }

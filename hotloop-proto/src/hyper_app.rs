@@ -20,6 +20,6 @@ pub async fn respond(
     work_us: u64,
     _req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    crate::proto::spin_work(work_us);
+    crate::spin_work(work_us);
     Ok(Response::new(Full::new(body)))
 }

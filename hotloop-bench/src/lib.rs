@@ -1,0 +1,11 @@
+//! The measuring tools' reusable parts: the load generator and the peer
+//! servers (the same servers on tokio, monoio and raw system calls).
+//!
+//! Not published: the production command is `hotloop-cli`, which links
+//! none of this.
+
+pub mod load;
+pub mod peers;
+
+pub use hotloop_proto as proto;
+pub use hotloop_proto::hyper_app;
