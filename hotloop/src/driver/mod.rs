@@ -263,6 +263,13 @@ impl Source {
         each!(self, s => s.accept_now(mode))
     }
 
+    /// Sets how many connections a listener's owner will take from now on
+    /// (`usize::MAX`: all). The driver never accepts more than that ahead
+    /// of the owner; the kernel's backlog holds the rest.
+    pub(crate) fn set_accept_room(&self, room: usize) {
+        each!(self, s => s.set_accept_room(room))
+    }
+
     /// Reads into a borrowed slice, for the poll-based I/O traits.
     pub(crate) fn poll_read_slice(
         &self,

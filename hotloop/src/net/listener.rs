@@ -128,6 +128,17 @@ impl TcpListener {
         }
     }
 
+    /// Says how many more connections the caller will take before it says
+    /// otherwise (`None`: no limit). A server at its connection limit sets
+    /// `Some(0)`. On io_uring the driver then accepts no more than that
+    /// ahead of the caller (a multishot accept is stopped, single accepts
+    /// are used below the limit), so the rest wait in the kernel's backlog
+    /// and hold no descriptor; on epoll connections are only accepted when
+    /// asked for anyway.
+    pub fn set_accept_room(&self, room: Option<usize>) {
+        self.src.set_accept_room(room.unwrap_or(usize::MAX));
+    }
+
     /// Takes a connection only if one is ready now, ignoring the accept
     /// bound: for draining the queue when a server stops, so that the
     /// connections the kernel already accepted are served, not reset.

@@ -155,12 +155,17 @@ where
             crate::runtime::context::with(|cx| {
                 crate::stats::add(&cx.shared.stats.maxconn_reached, 1)
             });
+            // On io_uring this stops the armed accept: the clients that wait
+            // do so in the kernel's backlog, not as descriptors here.
+            listener.set_accept_room(Some(0));
             while at_limit(&shared, &local, limits)
                 && !shared.poll_stopped(std::task::Waker::noop())
             {
                 wait_for_a_free_slot(&local).await;
             }
         }
+        // The driver accepts no further ahead than the slots left.
+        listener.set_accept_room(room(&shared, &local, limits));
         let accepted = {
             let mut accept = pin!(listener.accept_stream());
             poll_fn(|cx| {
@@ -199,6 +204,16 @@ where
             }
             Some(Err(e)) => return Err(e),
         }
+    }
+}
+
+/// How many more connections this worker may take now (`None`: no limit).
+fn room(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> Option<usize> {
+    let worker = limits.per_worker.map(|max| max.saturating_sub(local.active.get()));
+    let global = limits.global.map(|max| max.saturating_sub(shared.active.load(Ordering::Acquire)));
+    match (worker, global) {
+        (Some(w), Some(g)) => Some(w.min(g)),
+        (w, g) => w.or(g),
     }
 }
 

@@ -273,6 +273,10 @@ impl Source {
         }
     }
 
+    /// Nothing to do on epoll: a connection is accepted only when asked
+    /// for, so the kernel's backlog holds the rest already.
+    pub(crate) fn set_accept_room(&self, _room: usize) {}
+
     /// Reads into a borrowed slice.
     pub(crate) fn poll_read_slice(
         &self,

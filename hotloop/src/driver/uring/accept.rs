@@ -47,7 +47,6 @@ use crate::stats;
 pub(crate) const ACCEPT_QUEUE_MAX: usize = 1024;
 
 /// One listener's accept state.
-#[derive(Default)]
 pub(super) struct Listener {
     /// Accepted connections and errors, oldest first.
     queue: VecDeque<io::Result<OwnedFd>>,
@@ -59,6 +58,22 @@ pub(super) struct Listener {
     waiters: Vec<Waker>,
     /// True once a multishot accept has been armed (later arms are re-arms).
     armed_before: bool,
+    /// The most connections the listener's owner will take before it says
+    /// otherwise: the queue never holds more.
+    room: usize,
+}
+
+impl Default for Listener {
+    fn default() -> Self {
+        Listener {
+            queue: VecDeque::new(),
+            op: None,
+            cancelling: false,
+            waiters: Vec::new(),
+            armed_before: false,
+            room: usize::MAX,
+        }
+    }
 }
 
 /// Handles a completion of the accept of `listener`.
@@ -88,7 +103,7 @@ pub(super) fn on_completion(
             l.op = None;
         }
         l.cancelling = false;
-    } else if l.queue.len() >= ACCEPT_QUEUE_MAX && !l.cancelling {
+    } else if l.queue.len() >= l.room.min(ACCEPT_QUEUE_MAX) && !l.cancelling {
         l.cancelling = true;
         ur.ring.push_cancel(key);
     }
@@ -126,15 +141,20 @@ impl Uring {
         key: &mut Option<Key>,
         fd: &SharedFd,
         mode: AcceptMode,
+        room: usize,
         waker: Option<&Waker>,
     ) -> Option<io::Result<OwnedFd>> {
         let lkey = *key.get_or_insert_with(|| self.listeners.insert(Listener::default()));
-        let multishot = mode == AcceptMode::Multishot && self.multishot_accept;
+        // Multishot only when the owner takes whatever comes: one multishot
+        // enter can accept a whole backlog, which a bound could not hold.
+        let multishot =
+            mode == AcceptMode::Multishot && self.multishot_accept && room >= ACCEPT_QUEUE_MAX;
         let l = self.listeners.get_mut(lkey).expect("a live listener's accept queue was freed");
+        l.room = room;
         if let Some(r) = l.queue.pop_front() {
             return Some(r);
         }
-        if l.op.is_none() {
+        if l.op.is_none() && room > 0 {
             let raw = types::Fd(fd.as_raw_fd());
             let entry = if multishot {
                 opcode::AcceptMulti::new(raw).flags(libc::SOCK_CLOEXEC).build()
@@ -165,6 +185,30 @@ impl Uring {
             }
         }
         None
+    }
+
+    /// Sets how many connections the listener's owner will take from now
+    /// on. At or below what is queued, an accept in flight is stopped
+    /// (withdrawn, or cancelled), so further connections wait in the
+    /// kernel's backlog.
+    pub(super) fn set_accept_room(&mut self, key: Option<Key>, room: usize) {
+        let Some(l) = key.and_then(|k| self.listeners.get_mut(k)) else { return };
+        l.room = room;
+        if l.queue.len() < room || l.cancelling {
+            return;
+        }
+        let Some(op) = l.op else { return };
+        match self.ops.get_mut(op) {
+            Some(state @ Lifecycle::Accept { submitted: false, .. }) => {
+                *state = Lifecycle::Withdrawn;
+                l.op = None;
+            }
+            Some(Lifecycle::Accept { submitted: true, .. }) => {
+                l.cancelling = true;
+                self.ring.push_cancel(op);
+            }
+            _ => {}
+        }
     }
 
     /// Forgets the listener `key`: closes the connections nobody took and

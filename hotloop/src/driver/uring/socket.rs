@@ -26,6 +26,8 @@ pub(crate) struct Source {
     driver: Rc<Driver>,
     /// The accept queue, once the socket has been accepted on.
     listener: Cell<Option<Key>>,
+    /// How many connections the owner will take (see `set_accept_room`).
+    accept_room: Cell<usize>,
     /// The owned buffers behind the borrowed-slice forms, made on first use.
     compat: RefCell<Option<Box<StreamBuffers>>>,
 }
@@ -37,6 +39,7 @@ impl Source {
             fd: Rc::new(fd),
             driver: driver.clone(),
             listener: Cell::new(None),
+            accept_room: Cell::new(usize::MAX),
             compat: RefCell::new(None),
         })
     }
@@ -239,8 +242,14 @@ impl Source {
             return Poll::Ready(Err(not_running()));
         }
         let mut key = self.listener.get();
-        let got =
-            self.driver.state.borrow_mut().poll_accept(&mut key, &self.fd, mode, Some(cx.waker()));
+        let room = self.accept_room.get();
+        let got = self.driver.state.borrow_mut().poll_accept(
+            &mut key,
+            &self.fd,
+            mode,
+            room,
+            Some(cx.waker()),
+        );
         self.listener.set(key);
         match got {
             Some(r) => Poll::Ready(r),
@@ -255,9 +264,18 @@ impl Source {
             return Some(Err(not_running()));
         }
         let mut key = self.listener.get();
-        let got = self.driver.state.borrow_mut().poll_accept(&mut key, &self.fd, mode, None);
+        let room = self.accept_room.get();
+        let got = self.driver.state.borrow_mut().poll_accept(&mut key, &self.fd, mode, room, None);
         self.listener.set(key);
         got
+    }
+
+    /// Sets how many connections the owner will take from now on: no more
+    /// are accepted ahead into the queue, and at zero the armed accept stops.
+    pub(crate) fn set_accept_room(&self, room: usize) {
+        if self.accept_room.replace(room) != room {
+            self.driver.state.borrow_mut().set_accept_room(self.listener.get(), room);
+        }
     }
 
     /// Reads into a borrowed slice through the stream's owned buffer.
