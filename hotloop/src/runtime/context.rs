@@ -110,9 +110,13 @@ impl Drop for EnterGuard {
     }
 }
 
-/// The worker's clock: the wheel counts whole milliseconds since `base`.
+/// The worker's clock: the wheel counts whole milliseconds since `base`,
+/// and the loop reads the system clock once per turn into `now`, which
+/// timers compare against instead of reading the clock again.
 pub(crate) struct Clock {
     base: Instant,
+    /// The system clock at the last [`Clock::update`].
+    now: Cell<Instant>,
 }
 
 impl Clock {
@@ -121,12 +125,21 @@ impl Clock {
     pub(crate) const TICK_MAX: u64 = u64::MAX >> 12;
 
     pub(crate) fn new() -> Self {
-        Clock { base: Instant::now() }
+        let now = Instant::now();
+        Clock { base: now, now: Cell::new(now) }
     }
 
-    /// Reads the system clock.
+    /// Reads the system clock and remembers it as this turn's time.
     pub(crate) fn update(&self) -> Instant {
-        Instant::now()
+        let now = Instant::now();
+        self.now.set(now);
+        now
+    }
+
+    /// The time of the last [`Clock::update`]: never later than the real
+    /// time, so a deadline compared against it is never taken as passed early.
+    pub(crate) fn cached(&self) -> Instant {
+        self.now.get()
     }
 
     /// The tick that has fully elapsed at `t` (rounds down).

@@ -28,6 +28,10 @@ pub(crate) struct Source {
     listener: Cell<Option<Key>>,
     /// How many connections the owner will take (see `set_accept_room`).
     accept_room: Cell<usize>,
+    /// True when the last non-blocking read drained the socket: the next
+    /// pooled read waits for readiness first instead of a `recv` that
+    /// would fail (as epoll's readiness bit does).
+    drained: Cell<bool>,
     /// The owned buffers behind the borrowed-slice forms, made on first use.
     compat: RefCell<Option<Box<StreamBuffers>>>,
 }
@@ -40,6 +44,7 @@ impl Source {
             driver: driver.clone(),
             listener: Cell::new(None),
             accept_room: Cell::new(usize::MAX),
+            drained: Cell::new(false),
             compat: RefCell::new(None),
         })
     }
@@ -218,18 +223,29 @@ impl Source {
     /// Waits until the socket has bytes to read (a `POLL_ADD`, which holds
     /// no buffer while it waits).
     pub(crate) async fn readable(&self) -> io::Result<()> {
-        self.poll_events(libc::POLLIN).await
+        self.poll_events(libc::POLLIN).await?;
+        self.drained.set(false);
+        Ok(())
     }
 
-    /// io_uring keeps no readiness state: a read is always worth trying.
+    /// False when the last non-blocking read drained the socket and no
+    /// readiness wait has completed since.
     pub(crate) fn may_read_now(&self) -> bool {
-        true
+        !self.drained.get()
     }
 
-    /// Receives without waiting (`MSG_DONTWAIT`: accepted sockets are blocking).
+    /// Receives without waiting (`MSG_DONTWAIT`: accepted sockets are
+    /// blocking); a short read or `WouldBlock` records that the socket is
+    /// drained.
     pub(crate) fn try_recv(&self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
         // SAFETY: `buf` is a live slice of `len` writable bytes for the duration of the call.
-        unsafe { sys::recv_nowait(self.fd(), buf.as_mut_ptr().cast(), buf.len()) }
+        let res = unsafe { sys::recv_nowait(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        match &res {
+            Ok(n) if *n > 0 && *n < buf.len() => self.drained.set(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.drained.set(true),
+            _ => {}
+        }
+        res
     }
 
     /// Takes one queued connection, or arms an accept and parks the task.
