@@ -31,6 +31,19 @@ pub(crate) fn uring_support() -> Result<(), String> {
     RESULT.get_or_init(probe).clone()
 }
 
+/// The first kernel release with multishot receive (`IORING_RECV_MULTISHOT`).
+pub(crate) const MULTISHOT_RECV_SINCE: (u32, u32) = (6, 0);
+
+/// True if the running kernel supports multishot receive with provided
+/// buffer rings. `HOTLOOP_URING_MULTISHOT_RECV=0` turns it off (to measure
+/// the difference, or to work around a kernel bug).
+pub(crate) fn multishot_recv_supported() -> bool {
+    if std::env::var("HOTLOOP_URING_MULTISHOT_RECV").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    kernel_release().is_some_and(|r| r >= MULTISHOT_RECV_SINCE)
+}
+
 /// True if the running kernel supports multishot accept.
 pub(crate) fn multishot_accept_supported() -> bool {
     kernel_release().is_some_and(|r| r >= MULTISHOT_ACCEPT_SINCE)

@@ -37,8 +37,10 @@
 //! ring (`SINGLE_ISSUER` makes the kernel enforce it).
 
 mod accept;
+mod bufring;
 mod compat;
 mod op;
+mod pooled;
 mod ring;
 mod socket;
 
@@ -92,6 +94,11 @@ struct Uring {
     ring: Ring,
     ops: Slab<Lifecycle>,
     listeners: Slab<accept::Listener>,
+    /// The receive queues of sockets read with pooled reads.
+    streams: Slab<pooled::Stream>,
+    /// The provided buffers multishot receives pick from, where the kernel
+    /// has them (Linux 6.0); without them pooled reads wait with `POLL_ADD`.
+    buf_ring: Option<bufring::BufRing>,
     unpark: Arc<Unpark>,
     /// True while the eventfd's poll is armed.
     wake_armed: bool,
@@ -122,10 +129,17 @@ impl Driver {
                 Err(why) => io::Error::new(e.kind(), why),
                 Ok(()) => e,
             })?;
+        let buf_ring = if probe::multishot_recv_supported() {
+            bufring::BufRing::new(ring.io_uring()).ok()
+        } else {
+            None
+        };
         let mut uring = Uring {
             ring,
             ops: Slab::default(),
             listeners: Slab::default(),
+            streams: Slab::default(),
+            buf_ring,
             unpark,
             wake_armed: false,
             wake_multishot: true,
@@ -339,6 +353,19 @@ impl Uring {
                     self.ops.remove(key);
                 }
             }
+            Lifecycle::RecvMulti { stream, .. } => {
+                let stream = *stream;
+                if last {
+                    self.ops.remove(key);
+                }
+                pooled::on_completion(self, stream, key, res, flags, woken);
+            }
+            Lifecycle::OrphanRecv(_) => {
+                pooled::give_back(self.buf_ring.as_mut(), cqueue::buffer_select(flags));
+                if last {
+                    self.ops.remove(key);
+                }
+            }
             // A single-shot operation completes once, and a withdrawn one
             // never reached the kernel: nothing more can come.
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}
@@ -354,6 +381,9 @@ impl Drop for Uring {
                     accept::orphan(self, op);
                 }
             }
+        }
+        for key in self.streams.keys() {
+            self.release_stream(key);
         }
         // Writes that dropped streams left running get half the drain time
         // to finish, as the kernel would send a closed socket's buffered
@@ -387,8 +417,12 @@ impl Drop for Uring {
         drop(woken);
         drop(freed);
         if self.ops.iter().any(|(_, s)| s.held_by_kernel()) {
-            // The kernel still holds some operations: their memory must not be freed.
+            // The kernel still holds some operations: their memory, and the
+            // buffers they may pick, must not be freed.
             std::mem::forget(std::mem::take(&mut self.ops));
+            std::mem::forget(self.buf_ring.take());
+        } else if let Some(buf_ring) = &self.buf_ring {
+            buf_ring.unregister(self.ring.io_uring());
         }
     }
 }

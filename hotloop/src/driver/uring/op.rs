@@ -77,6 +77,11 @@ pub(super) enum Lifecycle {
     /// An accept whose listener was closed: descriptors it still delivers
     /// are closed at once. It keeps the listening socket until its end.
     Orphan(#[allow(dead_code)] SharedFd),
+    /// A multishot receive whose bytes go to a socket's receive queue.
+    RecvMulti { stream: Key, fd: SharedFd, submitted: bool },
+    /// A multishot receive whose socket was closed: buffers it still
+    /// fills go straight back to the ring.
+    OrphanRecv(#[allow(dead_code)] SharedFd),
 }
 
 impl Lifecycle {
@@ -87,26 +92,32 @@ impl Lifecycle {
             Lifecycle::Waiting { .. }
             | Lifecycle::Cancelled(_)
             | Lifecycle::Accept { .. }
-            | Lifecycle::Orphan(_) => true,
+            | Lifecycle::Orphan(_)
+            | Lifecycle::RecvMulti { .. }
+            | Lifecycle::OrphanRecv(_) => true,
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
         }
     }
 
     /// True for an operation whose future still waits for it.
     pub(super) fn is_waiting(&self) -> bool {
-        matches!(self, Lifecycle::Waiting { .. } | Lifecycle::Accept { .. })
+        matches!(
+            self,
+            Lifecycle::Waiting { .. } | Lifecycle::Accept { .. } | Lifecycle::RecvMulti { .. }
+        )
     }
 
     /// Records that the entry went into the submission queue.
     pub(super) fn mark_submitted(&mut self) {
         match self {
-            Lifecycle::Waiting { submitted, .. } | Lifecycle::Accept { submitted, .. } => {
-                *submitted = true
-            }
+            Lifecycle::Waiting { submitted, .. }
+            | Lifecycle::Accept { submitted, .. }
+            | Lifecycle::RecvMulti { submitted, .. } => *submitted = true,
             Lifecycle::Completed(_)
             | Lifecycle::Cancelled(_)
             | Lifecycle::Withdrawn
-            | Lifecycle::Orphan(_) => {}
+            | Lifecycle::Orphan(_)
+            | Lifecycle::OrphanRecv(_) => {}
         }
     }
 }
@@ -160,7 +171,9 @@ impl Uring {
             Lifecycle::Cancelled(_)
             | Lifecycle::Withdrawn
             | Lifecycle::Accept { .. }
-            | Lifecycle::Orphan(_) => {
+            | Lifecycle::Orphan(_)
+            | Lifecycle::RecvMulti { .. }
+            | Lifecycle::OrphanRecv(_) => {
                 std::mem::forget(storage);
                 None
             }

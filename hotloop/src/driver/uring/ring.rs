@@ -102,6 +102,11 @@ impl Ring {
         Ok((ring, kernel_busy_poll))
     }
 
+    /// The ring itself, for registrations.
+    pub(super) fn io_uring(&self) -> &IoUring {
+        &self.ring
+    }
+
     /// Queues `entry` for the next enter. Never fails: what does not fit
     /// in the submission queue then waits here.
     ///

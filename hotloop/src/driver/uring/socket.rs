@@ -28,6 +28,9 @@ pub(crate) struct Source {
     listener: Cell<Option<Key>>,
     /// How many connections the owner will take (see `set_accept_room`).
     accept_room: Cell<usize>,
+    /// The receive queue of the multishot receive behind pooled reads,
+    /// once the socket has been read that way (with a buffer ring).
+    stream: Cell<Option<Key>>,
     /// True when the last non-blocking read drained the socket: the next
     /// pooled read waits for readiness first instead of a `recv` that
     /// would fail (as epoll's readiness bit does).
@@ -44,6 +47,7 @@ impl Source {
             driver: driver.clone(),
             listener: Cell::new(None),
             accept_room: Cell::new(usize::MAX),
+            stream: Cell::new(None),
             drained: Cell::new(false),
             compat: RefCell::new(None),
         })
@@ -80,6 +84,31 @@ impl Source {
 
     /// Receives into `buf` (from its start up to its capacity).
     pub(crate) async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
+        if self.reads_through_queue() {
+            let total = buf.bytes_total();
+            let res = loop {
+                // SAFETY: the buffer has `bytes_total` writable bytes at a fixed address, and it
+                // is only written through this slice while this future runs.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        buf.stable_mut_ptr().cast::<MaybeUninit<u8>>(),
+                        total,
+                    )
+                };
+                match self.try_recv(dst) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => break r,
+                }
+                if let Err(e) = self.readable().await {
+                    break Err(e);
+                }
+            };
+            if let Ok(n) = res {
+                // SAFETY: `try_recv` initialised the first `n` bytes.
+                unsafe { buf.set_init(n) };
+            }
+            return (res, buf);
+        }
         loop {
             let len = buf.bytes_total().min(u32::MAX as usize) as u32;
             let entry = opcode::Recv::new(self.raw(), buf.stable_mut_ptr(), len).build();
@@ -223,9 +252,27 @@ impl Source {
     /// Waits until the socket has bytes to read (a `POLL_ADD`, which holds
     /// no buffer while it waits).
     pub(crate) async fn readable(&self) -> io::Result<()> {
+        if self.driver.state.borrow().has_buf_ring() {
+            return std::future::poll_fn(|cx| self.poll_stream_ready(cx)).await;
+        }
         self.poll_events(libc::POLLIN).await?;
         self.drained.set(false);
         Ok(())
+    }
+
+    /// Ready once the multishot receive queued bytes, an end or an error.
+    fn poll_stream_ready(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        if !self.driver.entered.get() {
+            return Poll::Ready(Err(not_running()));
+        }
+        let mut key = self.stream.get();
+        let ready = self.driver.state.borrow_mut().stream_ready(&mut key, &self.fd, cx.waker());
+        self.stream.set(key);
+        if ready {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
     }
 
     /// False when the last non-blocking read drained the socket and no
@@ -234,10 +281,21 @@ impl Source {
         !self.drained.get()
     }
 
-    /// Receives without waiting (`MSG_DONTWAIT`: accepted sockets are
-    /// blocking); a short read or `WouldBlock` records that the socket is
-    /// drained.
+    /// Receives without waiting. With a buffer ring, takes what the
+    /// socket's multishot receive queued (arming it on first use);
+    /// otherwise a `recv` with `MSG_DONTWAIT` (accepted sockets are
+    /// blocking), where a short read or `WouldBlock` records that the
+    /// socket is drained.
     pub(crate) fn try_recv(&self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
+        {
+            let mut st = self.driver.state.borrow_mut();
+            if st.has_buf_ring() {
+                let mut key = self.stream.get();
+                let res = st.stream_recv(&mut key, &self.fd, buf);
+                self.stream.set(key);
+                return res;
+            }
+        }
         // SAFETY: `buf` is a live slice of `len` writable bytes for the duration of the call.
         let res = unsafe { sys::recv_nowait(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
         match &res {
@@ -246,6 +304,12 @@ impl Source {
             _ => {}
         }
         res
+    }
+
+    /// True once pooled reads gave the socket a receive queue: every read
+    /// then goes through it, so bytes keep their order.
+    fn reads_through_queue(&self) -> bool {
+        self.stream.get().is_some()
     }
 
     /// Takes one queued connection, or arms an accept and parks the task.
@@ -300,6 +364,23 @@ impl Source {
         cx: &mut TaskContext<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        if self.reads_through_queue() {
+            loop {
+                // SAFETY: `[u8]` and `[MaybeUninit<u8>]` share a layout; nothing uninitialised
+                // is written into `buf`.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        buf.as_mut_ptr().cast::<MaybeUninit<u8>>(),
+                        buf.len(),
+                    )
+                };
+                match self.try_recv(dst) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return Poll::Ready(r),
+                }
+                std::task::ready!(self.poll_stream_ready(cx))?;
+            }
+        }
         let mut compat = self.compat.borrow_mut();
         compat.get_or_insert_with(Box::default).poll_read(self, cx, buf)
     }
@@ -335,9 +416,12 @@ impl Drop for Source {
         if writing {
             self.driver.submit_now();
         }
-        if let Some(key) = self.listener.get() {
-            if let Ok(mut st) = self.driver.state.try_borrow_mut() {
+        if let Ok(mut st) = self.driver.state.try_borrow_mut() {
+            if let Some(key) = self.listener.get() {
                 st.release_listener(key);
+            }
+            if let Some(key) = self.stream.get() {
+                st.release_stream(key);
             }
         }
         // `fd` closes now if no operation holds it, else at the last one's

@@ -1,0 +1,217 @@
+//! Readiness-style reads on io_uring: one multishot receive per socket
+//! that picks kernel buffers from the [`BufRing`], its bytes queued until
+//! the owner takes them with a non-blocking read.
+//!
+//! # Implementation notes
+//! - The first pooled read of a socket gives it a queue (a slot in the
+//!   driver's `streams` slab) and arms an `IORING_OP_RECV` with
+//!   `IORING_RECV_MULTISHOT` and buffer selection (Linux 6.0). While the
+//!   peer is quiet it holds no buffer; each arrival posts a completion that
+//!   names the ring buffer it filled. The driver copies those bytes into the
+//!   queue's own chunk list and gives the buffer straight back, so the ring
+//!   is never held by a slow reader.
+//! - `try_recv` copies from the queue (as much as fits, across chunks) and
+//!   says `WouldBlock` when it is empty; `readable` waits until it is not.
+//!   Bytes wait in the driver, not in a future, so dropping a read loses
+//!   nothing (the same cancel safety as epoll).
+//! - The queue is bounded by [`QUEUED_BYTES_MAX`]: past it the multishot is
+//!   cancelled and re-armed when the owner has read the queue down, so a
+//!   peer that sends faster than the owner reads is held back by TCP, not
+//!   by the driver's memory.
+//! - A completion without `F_MORE` ends the multishot: end of stream (0),
+//!   an error (queued for the reader), or `ENOBUFS` when the ring ran dry,
+//!   after which the next read re-arms it.
+//! - Closing the socket drops its queue; a multishot still armed is
+//!   cancelled, and buffers it still fills are given back as they come.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::AsRawFd;
+use std::task::Waker;
+
+use io_uring::{cqueue, opcode, types};
+
+use super::bufring::{BufRing, GROUP};
+use super::op::Lifecycle;
+use super::{SharedFd, Uring};
+use crate::slab::Key;
+
+/// The most received bytes queued per socket before the multishot
+/// receive is paused.
+pub(super) const QUEUED_BYTES_MAX: usize = 64 * 1024;
+
+/// What the multishot receive of one socket has delivered.
+#[derive(Default)]
+pub(super) struct Stream {
+    /// Received bytes not yet taken, from `read_pos`. Freed when emptied,
+    /// so a quiet socket holds no buffer.
+    bytes: Vec<u8>,
+    read_pos: usize,
+    /// The end of the stream, or an error, after the queued bytes.
+    end: Option<io::Result<()>>,
+    /// The multishot receive in flight.
+    pub(super) op: Option<Key>,
+    /// True once a cancel was queued for `op` because the queue was full.
+    cancelling: bool,
+    /// The task waiting in `readable`.
+    waiter: Option<Waker>,
+}
+
+impl Stream {
+    fn queued_bytes(&self) -> usize {
+        self.bytes.len() - self.read_pos
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queued_bytes() == 0 && self.end.is_none()
+    }
+}
+
+/// Handles a completion of the multishot receive of `stream`.
+pub(super) fn on_completion(
+    ur: &mut Uring,
+    stream: Key,
+    key: Key,
+    res: i32,
+    flags: u32,
+    woken: &mut Vec<Waker>,
+) {
+    let last = !cqueue::more(flags);
+    let bid = cqueue::buffer_select(flags);
+    let Some(s) = ur.streams.get_mut(stream) else {
+        give_back(ur.buf_ring.as_mut(), bid);
+        return;
+    };
+    match res {
+        n if n > 0 => {
+            if let (Some(bid), Some(ring)) = (bid, ur.buf_ring.as_mut()) {
+                s.bytes.extend_from_slice(ring.bytes(bid, n as usize));
+                ring.push(bid);
+                ring.publish();
+            }
+        }
+        0 => s.end = Some(Ok(())),
+        e if e == -libc::ENOBUFS || e == -libc::ECANCELED => {}
+        e => s.end = Some(Err(io::Error::from_raw_os_error(-e))),
+    }
+    if last {
+        if s.op == Some(key) {
+            s.op = None;
+        }
+        s.cancelling = false;
+    } else if s.queued_bytes() >= QUEUED_BYTES_MAX && !s.cancelling {
+        s.cancelling = true;
+        ur.ring.push_cancel(key);
+    }
+    // A reader waits for bytes, or, when the receive just ended (a cancel,
+    // `ENOBUFS`), to arm it again.
+    if !s.is_empty() || last {
+        woken.extend(s.waiter.take());
+    }
+}
+
+/// Gives a buffer a completion named back to the ring.
+pub(super) fn give_back(ring: Option<&mut BufRing>, bid: Option<u16>) {
+    if let (Some(ring), Some(bid)) = (ring, bid) {
+        ring.push(bid);
+        ring.publish();
+    }
+}
+
+impl Uring {
+    /// True if pooled reads can use a multishot receive here.
+    pub(super) fn has_buf_ring(&self) -> bool {
+        self.buf_ring.is_some()
+    }
+
+    /// Arms the multishot receive of `stream` if it is not armed and the
+    /// queue has room.
+    fn arm_stream(&mut self, stream: Key, fd: &SharedFd) {
+        let Some(s) = self.streams.get_mut(stream) else { return };
+        if s.op.is_some() || s.end.is_some() || s.queued_bytes() >= QUEUED_BYTES_MAX / 2 {
+            return;
+        }
+        let entry = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), GROUP).build();
+        let op = self.ops.insert(Lifecycle::RecvMulti { stream, fd: fd.clone(), submitted: false });
+        s.op = Some(op);
+        // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
+        self.ring.push(entry.user_data(op.to_u64()));
+    }
+
+    /// Copies queued bytes into `dst`; `WouldBlock` if there are none
+    /// (arming the receive for them).
+    pub(super) fn stream_recv(
+        &mut self,
+        key: &mut Option<Key>,
+        fd: &SharedFd,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> io::Result<usize> {
+        let stream = *key.get_or_insert_with(|| self.streams.insert(Stream::default()));
+        let s = self.streams.get_mut(stream).expect("a live socket's receive queue was freed");
+        let n = s.queued_bytes().min(dst.len());
+        if n > 0 {
+            let src = &s.bytes[s.read_pos..s.read_pos + n];
+            // Written through `MaybeUninit` (the destination may be
+            // uninitialised); the loop compiles to a memcpy.
+            for (d, b) in dst[..n].iter_mut().zip(src) {
+                d.write(*b);
+            }
+            s.read_pos += n;
+            if s.read_pos == s.bytes.len() {
+                s.bytes = Vec::new();
+                s.read_pos = 0;
+            }
+        }
+        let result = if n > 0 {
+            Ok(n)
+        } else {
+            match s.end.take() {
+                // The end of the stream stays: every later read sees it too.
+                Some(Ok(())) => {
+                    s.end = Some(Ok(()));
+                    Ok(0)
+                }
+                Some(Err(e)) => Err(e),
+                None => Err(io::ErrorKind::WouldBlock.into()),
+            }
+        };
+        self.arm_stream(stream, fd);
+        result
+    }
+
+    /// True (and nothing parked) if `stream` has bytes, an end or an
+    /// error to hand out; otherwise parks `waker` and arms the receive.
+    pub(super) fn stream_ready(
+        &mut self,
+        key: &mut Option<Key>,
+        fd: &SharedFd,
+        waker: &Waker,
+    ) -> bool {
+        let stream = *key.get_or_insert_with(|| self.streams.insert(Stream::default()));
+        let s = self.streams.get_mut(stream).expect("a live socket's receive queue was freed");
+        if !s.is_empty() {
+            return true;
+        }
+        match &s.waiter {
+            Some(w) if w.will_wake(waker) => {}
+            _ => s.waiter = Some(waker.clone()),
+        }
+        self.arm_stream(stream, fd);
+        false
+    }
+
+    /// Forgets the receive queue `key` of a socket being closed.
+    pub(super) fn release_stream(&mut self, key: Key) {
+        let Some(s) = self.streams.remove(key) else { return };
+        let Some(op) = s.op else { return };
+        let Some(state) = self.ops.get_mut(op) else { return };
+        match std::mem::replace(state, Lifecycle::Withdrawn) {
+            Lifecycle::RecvMulti { submitted: false, .. } => {}
+            Lifecycle::RecvMulti { fd, submitted: true, .. } => {
+                *state = Lifecycle::OrphanRecv(fd);
+                self.ring.push_cancel(op);
+            }
+            other => *state = other,
+        }
+    }
+}
