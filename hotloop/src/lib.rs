@@ -51,3 +51,23 @@ pub use runtime::{
     Registration, RemoteJoinHandle, Runtime,
 };
 pub use sys::{open_fd_count, raise_nofile_limit};
+
+#[cfg(feature = "macros")]
+pub use hotloop_macros::{main, test};
+
+/// Support for the code `#[hotloop::test]` generates; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    /// True if an io_uring test must be skipped here (it prints why); panics
+    /// instead when `HOTLOOP_REQUIRE_URING=1` demands io_uring.
+    pub fn skip_uring_test() -> bool {
+        let Err(reason) = crate::runtime::uring_available() else {
+            return false;
+        };
+        if std::env::var_os("HOTLOOP_REQUIRE_URING").is_some_and(|v| v == "1") {
+            panic!("HOTLOOP_REQUIRE_URING=1, but io_uring cannot run here: {reason}");
+        }
+        eprintln!("skipped on io_uring: {reason}");
+        true
+    }
+}
