@@ -47,8 +47,8 @@ pub mod time;
 
 pub use driver::AcceptMode;
 pub use runtime::{
-    spawn, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle, KernelBusyPoll,
-    Registration, RemoteJoinHandle, Runtime,
+    spawn, spawn_blocking, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle,
+    KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
 };
 pub use sys::{open_fd_count, raise_nofile_limit};
 
