@@ -3,10 +3,11 @@
 //! `Service` (HTTP/1.1, and HTTP/2 by prior knowledge) on every worker.
 //!
 //! Connections speak hyper's I/O traits through `hyper_util`'s `TokioIo`
-//! over [`TcpStream`]'s tokio traits, on either driver.
+//! over [`TcpStream`]'s tokio traits, on either driver. With the `tls`
+//! feature, `serve_hyper_tls` does the same over rustls, with ALPN.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,13 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
 
-use crate::net::{serve, Server, ServerOptions, TcpStream};
+use crate::net::{serve_with_stop, Server, ServerOptions, StopSignal, TcpStream};
 use crate::Handle;
+
+/// Adapts a tower `Service` (an axum `Router`, a `ServiceBuilder` stack)
+/// to the hyper `Service` that [`serve_hyper`] takes:
+/// `serve_hyper(handle, addr, options, move || TowerToHyperService::new(router.clone()))`.
+pub use hyper_util::service::TowerToHyperService;
 
 /// hyper's executor: spawns onto the current hotloop worker. Futures need
 /// not be `Send`.
@@ -70,6 +76,11 @@ impl hyper::rt::Timer for HotloopTimer {
 /// Serves `make_service()` on every worker of `handle`'s runtime: HTTP/1.1,
 /// and HTTP/2 when the client starts with the HTTP/2 preface (prior
 /// knowledge, `h2c`). Each worker calls `make_service` once per connection.
+///
+/// When the server stops ([`Server::stop`] or
+/// [`Server::shutdown_blocking`]), every connection is told to finish
+/// gracefully: HTTP/1.1 connections finish the request in flight and
+/// close; HTTP/2 connections send `GOAWAY` and finish their open streams.
 pub fn serve_hyper<M, S, B>(
     handle: &Handle,
     addr: impl std::net::ToSocketAddrs,
@@ -84,14 +95,62 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    serve(handle, addr, options, move |stream: TcpStream| {
-        let service = make_service();
-        async move {
-            let mut builder = auto::Builder::new(HotloopExecutor);
-            builder.http1().timer(HotloopTimer).keep_alive(true);
-            builder.http2().timer(HotloopTimer);
-            // Errors here are the client's (resets, bad requests): the connection just ends.
-            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-        }
+    serve_with_stop(handle, addr, options, move |stream: TcpStream, stop| {
+        serve_connection(stream, make_service(), stop)
     })
+}
+
+/// [`serve_hyper`] over TLS (feature `tls`): each connection is handshaken
+/// by `acceptor` within its time limit, then served as HTTP/2 or HTTP/1.1.
+/// The acceptor offers ALPN `h2` and `http/1.1` unless its configuration
+/// already names protocols, so browsers and `curl` negotiate HTTP/2.
+#[cfg(feature = "tls")]
+pub fn serve_hyper_tls<M, S, B>(
+    handle: &Handle,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<ServerOptions>,
+    acceptor: crate::tls::TlsAcceptor,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn() -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use crate::tls::{ALPN_H2, ALPN_HTTP11};
+    let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
+    crate::tls::serve_tls_with_stop(handle, addr, options, acceptor, move |tls, stop| {
+        serve_connection(tls, make_service(), stop)
+    })
+}
+
+/// Serves one connection until the client is done, or until the server
+/// stops, then lets hyper end it gracefully.
+async fn serve_connection<I, S, B>(io: I, service: S, stop: StopSignal)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = auto::Builder::new(HotloopExecutor);
+    builder.http1().timer(HotloopTimer).keep_alive(true);
+    builder.http2().timer(HotloopTimer);
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
+    let mut stopping = pin!(stop.stopping());
+    let mut told = false;
+    // Errors here are the client's (resets, bad requests): the connection just ends.
+    let _ = poll_fn(|cx| {
+        if !told && stopping.as_mut().poll(cx).is_ready() {
+            told = true;
+            conn.as_mut().graceful_shutdown();
+        }
+        conn.as_mut().poll(cx)
+    })
+    .await;
 }

@@ -44,6 +44,10 @@ pub mod signal;
 pub mod stats;
 mod sys;
 pub mod time;
+#[cfg(feature = "tls")]
+pub mod tls;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use driver::AcceptMode;
 pub use runtime::{

@@ -15,5 +15,5 @@ pub use pool::{PooledBuf, POOLED_BUFFER_BYTES};
 #[doc(hidden)]
 pub use resolve::__set_resolver;
 pub use resolve::{lookup_host, Target, ToSocketAddrs};
-pub use server::{serve, Server};
+pub use server::{serve, serve_with_stop, Server, StopSignal, Stopping};
 pub use stream::TcpStream;

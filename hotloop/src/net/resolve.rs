@@ -13,7 +13,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::sync::RwLock;
 
 /// A resolver: host and port to addresses. The default calls the system resolver.
-type ResolverFn = fn(&str, u16) -> io::Result<Vec<SocketAddr>>;
+#[doc(hidden)]
+pub type ResolverFn = fn(&str, u16) -> io::Result<Vec<SocketAddr>>;
 
 /// The resolver every lookup uses; replaced only by tests.
 static RESOLVER: RwLock<ResolverFn> = RwLock::new(system_resolver);
@@ -26,7 +27,7 @@ fn system_resolver(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
 /// system resolver). For tests that need a slow or scripted resolver; the
 /// function runs on the blocking pool, exactly where `getaddrinfo` would.
 #[doc(hidden)]
-pub fn __set_resolver(resolver: Option<fn(&str, u16) -> io::Result<Vec<SocketAddr>>>) {
+pub fn __set_resolver(resolver: Option<ResolverFn>) {
     *RESOLVER.write().unwrap_or_else(|e| e.into_inner()) = resolver.unwrap_or(system_resolver);
 }
 
