@@ -29,6 +29,13 @@
 //! rt.block_on(server.stopped())?;
 //! # Ok::<(), std::io::Error>(())
 //! ```
+//!
+//! With the default feature `macros`, `#[hotloop::main]` and
+//! `#[hotloop::test]` build the runtime for an `async fn`;
+//! `#[hotloop::test(driver = "all")]` runs a test once per driver.
+//! Blocking work goes to [`spawn_blocking`]; host names resolve there
+//! ([`net::lookup_host`]). Features `hyper`, `tls` and `tower` add hyper
+//! serving, TLS with ALPN, and a tower `TimeoutLayer` on hotloop's timers.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
