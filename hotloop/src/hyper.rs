@@ -148,6 +148,13 @@ where
     let _ = poll_fn(|cx| {
         if !told && stopping.as_mut().poll(cx).is_ready() {
             told = true;
+            // Poll once before telling hyper: a connection accepted while
+            // the server stops may have its request waiting in the kernel,
+            // and hyper drops a connection whose first bytes it has not
+            // read yet instead of serving it.
+            if let Poll::Ready(out) = conn.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
             conn.as_mut().graceful_shutdown();
         }
         conn.as_mut().poll(cx)
