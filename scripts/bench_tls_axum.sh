@@ -10,6 +10,7 @@
 # the rounds, the median server CPU time per 1,000 requests (from
 # /proc/PID/stat), and the medians of the per-round ratios to tokio.
 #
+# ONLY=tls or ONLY=axum runs one half.
 # Needs wrk; h2load (nghttp2-client) for the HTTP/2 row, skipped without.
 set -euo pipefail
 ROUNDS=${1:-5}
@@ -72,6 +73,7 @@ record() { # measurement peer load...
 }
 for round in $(seq "$ROUNDS"); do
     for peer in "${PEERS[@]}"; do
+        if [ "${ONLY:-tls}" = tls ]; then
         start tls "$peer"
         taskset -c 1 wrk -t1 -c32 -d1s "https://127.0.0.1:$PORT/" >/dev/null # warm-up
         record tls_keepalive "$peer" wrk -c32 -d"${SECS}s" "https://127.0.0.1:$PORT/"
@@ -80,6 +82,8 @@ for round in $(seq "$ROUNDS"); do
             record tls_h2 "$peer" h2load "https://127.0.0.1:$PORT/"
         fi
         stop
+        fi
+        [ "${ONLY:-axum}" = axum ] || continue
         start axum "$peer"
         taskset -c 1 wrk -t1 -c32 -d1s "http://127.0.0.1:$PORT/users/7" >/dev/null
         record axum "$peer" wrk -c32 -d"${SECS}s" "http://127.0.0.1:$PORT/users/7"
