@@ -50,16 +50,18 @@ measure() { # kind(wrk|h2load) args...
     shift
     c0=$(cpu_ticks)
     if [ "$kind" = wrk ]; then
-        out=$(taskset -c 1 wrk -t1 "$@")
+        out=$(timeout $((SECS + 20)) taskset -c 1 wrk -t1 "$@")
         if grep -qE "Socket errors|Non-2xx" <<<"$out"; then echo "wrk errors: $out" >&2; fi
         rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
         total=$(awk '/requests in/ {print $1}' <<<"$out")
     else
-        out=$(taskset -c 1 h2load -t1 -c32 -m10 -D "$SECS" "$@" 2>/dev/null)
+        # -D alone has been seen to hang on a stuck connection: bound it.
+        out=$(timeout $((SECS + 20)) taskset -c 1 h2load -t1 -c32 -m10 -D "$SECS" "$@" 2>/dev/null)
         rps=$(awk '/^finished in/ {print $4}' <<<"$out")
         total=$(awk '/^requests:/ {print $8}' <<<"$out")
     fi
     c1=$(cpu_ticks)
+    if [ -z "$rps" ] || [ -z "$total" ]; then echo "no result from $kind" >&2; rps=0 total=0; fi
     echo "$rps $(awk -v c=$((c1 - c0)) -v t="$total" -v hz="$TICK" 'BEGIN {printf "%.3f", (t > 0 ? c / hz * 1e6 / t : 0)}')"
 }
 
