@@ -3,9 +3,10 @@
 //! `Service` (HTTP/1.1, and HTTP/2 by prior knowledge) on every worker.
 //!
 //! Connections speak hyper's I/O traits through [`HyperIo`], which sits on
-//! [`TcpStream`]'s poll-form reads and writes on either driver. It needs
-//! neither tokio's traits nor `hyper_util`'s `TokioIo`, so a server built on
-//! this module links no tokio runtime code.
+//! the tokio I/O traits of [`TcpStream`] (or of a TLS stream over it) on
+//! either driver. It needs no `hyper_util::rt::TokioIo`, so a server built
+//! on this module links no tokio runtime code. With the `tls` feature,
+//! `serve_hyper_tls` does the same over rustls, with ALPN.
 //!
 //! # Implementation notes
 //!
@@ -15,8 +16,8 @@
 //! copied out. `TokioIo` zeroes the whole cursor on every read instead
 //! (`ReadBuf::initialize_unfilled`), which costs about the same.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -26,8 +27,13 @@ use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::server::conn::auto;
 
-use crate::net::{serve, Server, ServerOptions, TcpStream};
+use crate::net::{serve_with_stop, Server, ServerOptions, StopSignal, TcpStream};
 use crate::Handle;
+
+/// Adapts a tower `Service` (an axum `Router`, a `ServiceBuilder` stack)
+/// to the hyper `Service` that [`serve_hyper`] takes:
+/// `serve_hyper(handle, addr, options, move || TowerToHyperService::new(router.clone()))`.
+pub use hyper_util::service::TowerToHyperService;
 
 /// hyper's executor: spawns onto the current hotloop worker. Futures need
 /// not be `Send`.
@@ -80,28 +86,30 @@ impl hyper::rt::Timer for HotloopTimer {
 /// The most bytes one [`HyperIo`] read takes from the socket.
 pub const READ_CHUNK_BYTES: usize = 8 * 1024;
 
-/// A [`TcpStream`] as hyper's `Read` and `Write`.
+/// A stream with tokio's I/O traits ([`TcpStream`], or a TLS stream over
+/// it) as hyper's `Read` and `Write`.
 #[derive(Debug)]
-pub struct HyperIo(pub TcpStream);
+pub struct HyperIo<T>(pub T);
 
-impl HyperIo {
+impl<T> HyperIo<T> {
     /// Wraps `stream`.
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(stream: T) -> Self {
         HyperIo(stream)
     }
 }
 
-impl hyper::rt::Read for HyperIo {
+impl<T: tokio::io::AsyncRead + Unpin> hyper::rt::Read for HyperIo<T> {
     fn poll_read(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         mut buf: ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
         let mut chunk = [0u8; READ_CHUNK_BYTES];
         let want = buf.remaining().min(READ_CHUNK_BYTES);
-        match self.0.poll_read_slice(cx, &mut chunk[..want]) {
-            Poll::Ready(Ok(n)) => {
-                buf.put_slice(&chunk[..n]);
+        let mut read = tokio::io::ReadBuf::new(&mut chunk[..want]);
+        match Pin::new(&mut self.0).poll_read(cx, &mut read) {
+            Poll::Ready(Ok(())) => {
+                buf.put_slice(read.filled());
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
@@ -110,40 +118,45 @@ impl hyper::rt::Read for HyperIo {
     }
 }
 
-impl hyper::rt::Write for HyperIo {
+impl<T: tokio::io::AsyncWrite + Unpin> hyper::rt::Write for HyperIo<T> {
     fn poll_write(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.0.poll_write_slice(cx, buf)
+        Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        self.0.poll_write_slices(cx, bufs)
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        self.0.is_write_vectored()
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        // Writes go straight to the socket (or its ring operation): nothing is buffered here.
-        Poll::Ready(Ok(()))
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // On io_uring the stream writes behind: a flush waits for the kernel.
+        Pin::new(&mut self.0).poll_flush(cx)
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.0.poll_shutdown_write(cx)
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 
 /// Serves `make_service()` on every worker of `handle`'s runtime: HTTP/1.1,
 /// and HTTP/2 when the client starts with the HTTP/2 preface (prior
 /// knowledge, `h2c`). Each worker calls `make_service` once per connection.
+///
+/// When the server stops ([`Server::stop`] or
+/// [`Server::shutdown_blocking`]), every connection is told to finish
+/// gracefully: HTTP/1.1 connections finish the request in flight and
+/// close; HTTP/2 connections send `GOAWAY` and finish their open streams.
 pub fn serve_hyper<M, S, B>(
     handle: &Handle,
     addr: impl std::net::ToSocketAddrs,
@@ -158,14 +171,69 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    serve(handle, addr, options, move |stream: TcpStream| {
-        let service = make_service();
-        async move {
-            let mut builder = auto::Builder::new(HotloopExecutor);
-            builder.http1().timer(HotloopTimer).keep_alive(true);
-            builder.http2().timer(HotloopTimer);
-            // Errors here are the client's (resets, bad requests): the connection just ends.
-            let _ = builder.serve_connection(HyperIo::new(stream), service).await;
-        }
+    serve_with_stop(handle, addr, options, move |stream: TcpStream, stop| {
+        serve_connection(stream, make_service(), stop)
     })
+}
+
+/// [`serve_hyper`] over TLS (feature `tls`): each connection is handshaken
+/// by `acceptor` within its time limit, then served as HTTP/2 or HTTP/1.1.
+/// The acceptor offers ALPN `h2` and `http/1.1` unless its configuration
+/// already names protocols, so browsers and `curl` negotiate HTTP/2.
+#[cfg(feature = "tls")]
+pub fn serve_hyper_tls<M, S, B>(
+    handle: &Handle,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<ServerOptions>,
+    acceptor: crate::tls::TlsAcceptor,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn() -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use crate::tls::{ALPN_H2, ALPN_HTTP11};
+    let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
+    crate::tls::serve_tls_with_stop(handle, addr, options, acceptor, move |tls, stop| {
+        serve_connection(tls, make_service(), stop)
+    })
+}
+
+/// Serves one connection until the client is done, or until the server
+/// stops, then lets hyper end it gracefully.
+async fn serve_connection<I, S, B>(io: I, service: S, stop: StopSignal)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = auto::Builder::new(HotloopExecutor);
+    builder.http1().timer(HotloopTimer).keep_alive(true);
+    builder.http2().timer(HotloopTimer);
+    let mut conn = pin!(builder.serve_connection(HyperIo::new(io), service));
+    let mut stopping = pin!(stop.stopping());
+    let mut told = false;
+    // Errors here are the client's (resets, bad requests): the connection just ends.
+    let _ = poll_fn(|cx| {
+        if !told && stopping.as_mut().poll(cx).is_ready() {
+            told = true;
+            // Poll once before telling hyper: a connection accepted while
+            // the server stops may have its request waiting in the kernel,
+            // and hyper drops a connection whose first bytes it has not
+            // read yet instead of serving it.
+            if let Poll::Ready(out) = conn.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            conn.as_mut().graceful_shutdown();
+        }
+        conn.as_mut().poll(cx)
+    })
+    .await;
 }

@@ -29,6 +29,13 @@
 //! rt.block_on(server.stopped())?;
 //! # Ok::<(), std::io::Error>(())
 //! ```
+//!
+//! With the default feature `macros`, `#[hotloop::main]` and
+//! `#[hotloop::test]` build the runtime for an `async fn`;
+//! `#[hotloop::test(driver = "all")]` runs a test once per driver.
+//! Blocking work goes to [`spawn_blocking`]; host names resolve there
+//! ([`net::lookup_host`]). Features `hyper`, `tls` and `tower` add hyper
+//! serving, TLS with ALPN, and a tower `TimeoutLayer` on hotloop's timers.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -46,10 +53,34 @@ mod slab;
 pub mod stats;
 mod sys;
 pub mod time;
+#[cfg(feature = "tls")]
+pub mod tls;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use driver::AcceptMode;
 pub use runtime::{
-    spawn, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle, KernelBusyPoll,
-    Registration, RemoteJoinHandle, Runtime,
+    spawn, spawn_blocking, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle,
+    KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
 };
 pub use sys::{open_fd_count, raise_nofile_limit};
+
+#[cfg(feature = "macros")]
+pub use hotloop_macros::{main, test};
+
+/// Support for the code `#[hotloop::test]` generates; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    /// True if an io_uring test must be skipped here (it prints why); panics
+    /// instead when `HOTLOOP_REQUIRE_URING=1` demands io_uring.
+    pub fn skip_uring_test() -> bool {
+        let Err(reason) = crate::runtime::uring_available() else {
+            return false;
+        };
+        if std::env::var_os("HOTLOOP_REQUIRE_URING").is_some_and(|v| v == "1") {
+            panic!("HOTLOOP_REQUIRE_URING=1, but io_uring cannot run here: {reason}");
+        }
+        eprintln!("skipped on io_uring: {reason}");
+        true
+    }
+}

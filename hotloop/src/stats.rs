@@ -137,6 +137,38 @@ pub struct DriverInfo {
     pub kernel_busy_poll: String,
 }
 
+/// The runtime's blocking pool at one moment (shared by every worker, so
+/// not per worker).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BlockingCounters {
+    /// Jobs waiting for a pool thread.
+    pub queued: u64,
+    /// Jobs running now.
+    pub running: u64,
+    /// Pool threads alive now (busy or idle).
+    pub threads: u64,
+    /// The most pool threads allowed (`Builder::max_blocking_threads`).
+    pub threads_max: u64,
+    /// Pool threads started since the runtime began.
+    pub threads_started: u64,
+    /// Jobs that have returned (or panicked).
+    pub completed: u64,
+}
+
+impl BlockingCounters {
+    /// Every field as (name, value, is it a gauge).
+    pub fn fields(&self) -> [(&'static str, u64, bool); 6] {
+        [
+            ("blocking_queued", self.queued, true),
+            ("blocking_running", self.running, true),
+            ("blocking_threads", self.threads, true),
+            ("blocking_threads_max", self.threads_max, true),
+            ("blocking_threads_started", self.threads_started, false),
+            ("blocking_completed", self.completed, false),
+        ]
+    }
+}
+
 /// Counters of every worker at one moment, with their sum.
 #[derive(Debug, Clone, Default)]
 pub struct StatsSnapshot {
@@ -146,6 +178,8 @@ pub struct StatsSnapshot {
     pub total: Counters,
     /// How the drivers were set up (from worker 0; every worker is set up alike).
     pub info: DriverInfo,
+    /// The blocking pool (jobs queued and running, threads).
+    pub blocking: BlockingCounters,
 }
 
 impl StatsSnapshot {
@@ -155,7 +189,7 @@ impl StatsSnapshot {
         for w in &workers {
             total.merge(w);
         }
-        StatsSnapshot { workers, total, info }
+        StatsSnapshot { workers, total, info, blocking: BlockingCounters::default() }
     }
 
     /// The snapshot as one JSON object: the summed counters at the top level,
@@ -163,6 +197,9 @@ impl StatsSnapshot {
     pub fn to_json(&self) -> String {
         let mut out = String::from("{");
         for (name, value, _) in self.total.fields() {
+            let _ = write!(out, "\"{name}\":{value},");
+        }
+        for (name, value, _) in self.blocking.fields() {
             let _ = write!(out, "\"{name}\":{value},");
         }
         let _ = write!(
@@ -203,6 +240,13 @@ impl StatsSnapshot {
                 let value = w.fields()[idx].1;
                 let _ = writeln!(out, "hotloop_{name}{suffix}{{worker=\"{worker}\"}} {value}");
             }
+        }
+        for (name, value, is_gauge) in self.blocking.fields() {
+            let (kind, suffix) = if is_gauge { ("gauge", "") } else { ("counter", "_total") };
+            let _ = writeln!(
+                out,
+                "# TYPE hotloop_{name}{suffix} {kind}\nhotloop_{name}{suffix} {value}"
+            );
         }
         let _ = writeln!(
             out,
@@ -258,5 +302,7 @@ mod tests {
         assert_eq!(snap.total.max_accepted_per_wakeup, 7);
         assert!(snap.to_json().contains("\"accepted\":7,"));
         assert!(snap.to_prometheus().contains("hotloop_accepted_total{worker=\"1\"} 4"));
+        assert!(snap.to_json().contains("\"blocking_queued\":0,"));
+        assert!(snap.to_prometheus().contains("hotloop_blocking_running 0"));
     }
 }

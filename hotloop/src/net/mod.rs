@@ -5,11 +5,15 @@ mod compat;
 mod listener;
 mod options;
 pub(crate) mod pool;
+mod resolve;
 mod server;
 mod stream;
 
 pub use listener::TcpListener;
 pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
 pub use pool::{PooledBuf, POOLED_BUFFER_BYTES};
-pub use server::{serve, Server};
+#[doc(hidden)]
+pub use resolve::__set_resolver;
+pub use resolve::{lookup_host, Target, ToSocketAddrs};
+pub use server::{serve, serve_with_stop, Server, StopSignal, Stopping};
 pub use stream::TcpStream;

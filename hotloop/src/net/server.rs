@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::listener::{bind_socket, TcpListener};
@@ -58,6 +58,89 @@ struct WorkerConns {
     active: Cell<usize>,
     /// The accept loop, parked because a limit was reached.
     waiting: Cell<Option<Waker>>,
+    /// Set by this worker's accept loop when the server stops.
+    stopping: Cell<bool>,
+    /// Handlers waiting for [`StopSignal::stopping`], woken when it is set.
+    stop_waiters: RefCell<slab::Slab<Waker>>,
+}
+
+impl WorkerConns {
+    /// Marks the server as stopping on this worker and wakes every handler
+    /// that waits for it.
+    fn set_stopping(&self) {
+        self.stopping.set(true);
+        let wakers: Vec<Waker> = self.stop_waiters.borrow_mut().drain().collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// Tells a connection handler that its server is stopping, so it can end
+/// the connection cleanly (finish the request in flight, then close)
+/// before the grace period of [`Server::shutdown_blocking`] runs out.
+/// Given to handlers by [`serve_with_stop`]; it belongs to the worker
+/// that runs the handler.
+#[derive(Clone)]
+pub struct StopSignal {
+    local: Rc<WorkerConns>,
+}
+
+impl StopSignal {
+    /// True once [`Server::stop`] has been seen on this worker.
+    pub fn is_stopping(&self) -> bool {
+        self.local.stopping.get()
+    }
+
+    /// Completes once the server is stopping. Cheap to poll with every
+    /// read: it registers its waker once, in a per-worker list.
+    pub fn stopping(&self) -> Stopping {
+        Stopping { local: self.local.clone(), key: None }
+    }
+}
+
+impl std::fmt::Debug for StopSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopSignal").field("stopping", &self.is_stopping()).finish()
+    }
+}
+
+/// The future of [`StopSignal::stopping`].
+pub struct Stopping {
+    local: Rc<WorkerConns>,
+    key: Option<usize>,
+}
+
+impl Future for Stopping {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.local.stopping.get() {
+            self.key = None; // the accept loop drained the list
+            return Poll::Ready(());
+        }
+        let mut waiters = self.local.stop_waiters.borrow_mut();
+        match self.key.and_then(|k| waiters.get_mut(k)) {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            Some(w) => *w = cx.waker().clone(),
+            None => {
+                let key = waiters.insert(cx.waker().clone());
+                drop(waiters);
+                self.key = Some(key);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            if !self.local.stopping.get() {
+                self.local.stop_waiters.borrow_mut().try_remove(key);
+            }
+        }
+    }
 }
 
 /// Counts a connection as active, globally and on its worker, until dropped.
@@ -96,6 +179,23 @@ pub fn serve<H, Fut>(
 ) -> io::Result<Server>
 where
     H: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    serve_with_stop(handle, addr, options, move |stream, _stop| handler(stream))
+}
+
+/// [`serve`], with a [`StopSignal`] for each handler, so that handlers can
+/// wind their connections down when [`Server::stop`] is called instead of
+/// being cut at the grace limit (`serve_hyper` uses it to make hyper
+/// finish the request in flight and close).
+pub fn serve_with_stop<H, Fut>(
+    handle: &Handle,
+    addr: impl ToSocketAddrs,
+    options: impl Into<ServerOptions>,
+    handler: H,
+) -> io::Result<Server>
+where
+    H: Fn(TcpStream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
     let server_options: ServerOptions = options.into();
@@ -146,7 +246,7 @@ async fn accept_loop<H, Fut>(
     limits: Limits,
 ) -> io::Result<()>
 where
-    H: Fn(TcpStream) -> Fut + 'static,
+    H: Fn(TcpStream, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
     let local = Rc::new(WorkerConns::default());
@@ -178,6 +278,7 @@ where
         };
         match accepted {
             None => {
+                local.set_stopping();
                 // Stopping: serve what the kernel already accepted into our
                 // queue; closing the listener would reset those connections.
                 while !at_limit(&shared, &local, limits) {
@@ -268,12 +369,13 @@ fn start_handler<H, Fut>(
     local: &Rc<WorkerConns>,
     handler: &H,
 ) where
-    H: Fn(TcpStream) -> Fut + 'static,
+    H: Fn(TcpStream, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
     local.active.set(local.active.get() + 1);
     let guard = ActiveGuard { shared: shared.clone(), local: local.clone() };
-    spawn_detached(OnDone::new(handler(stream), move |()| drop(guard)));
+    let stop = StopSignal { local: local.clone() };
+    spawn_detached(OnDone::new(handler(stream, stop), move |()| drop(guard)));
 }
 
 impl Server {

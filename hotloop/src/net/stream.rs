@@ -1,7 +1,7 @@
 //! A TCP connection with owned-buffer reads and writes.
 
 use std::io;
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -31,9 +31,13 @@ impl TcpStream {
     }
 
     /// Connects to the first address of `addr` that accepts.
-    pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
+    ///
+    /// A socket address is used as it is; a host name (`"host:port"`,
+    /// `("host", port)`) is resolved on the runtime's blocking pool (see
+    /// [`lookup_host`](super::lookup_host)), never on the worker.
+    pub async fn connect(addr: impl super::ToSocketAddrs) -> io::Result<TcpStream> {
         let mut last_err = None;
-        for addr in addr.to_socket_addrs()? {
+        for addr in addr.to_target()?.resolve().await? {
             match Self::connect_addr(addr).await {
                 Ok(s) => return Ok(s),
                 Err(e) => last_err = Some(e),

@@ -67,6 +67,8 @@ pub(crate) struct Config {
     pub(crate) registration: Registration,
     pub(crate) events_per_poll_max: usize,
     pub(crate) uring_entries: u32,
+    pub(crate) max_blocking_threads: usize,
+    pub(crate) blocking_keep_alive: Duration,
 }
 
 impl Default for Config {
@@ -81,6 +83,8 @@ impl Default for Config {
             registration: Registration::Lazy,
             events_per_poll_max: 1024,
             uring_entries: 1024,
+            max_blocking_threads: super::blocking::BLOCKING_THREADS_MAX_DEFAULT,
+            blocking_keep_alive: super::blocking::BLOCKING_KEEP_ALIVE_DEFAULT,
         }
     }
 }

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::blocking::BlockingPool;
 use super::join::{
     spawn_detached, JoinError, OnDone, RemoteCompletion, RemoteJoinHandle, RemoteSlot,
 };
@@ -21,16 +22,23 @@ pub(crate) struct HandleInner {
     /// The context of the thread that runs `block_on`.
     pub(crate) main: Arc<WorkerShared>,
     pub(crate) info: Mutex<DriverInfo>,
+    /// Threads for `spawn_blocking`, shared by every worker.
+    pub(crate) blocking: BlockingPool,
     next_worker: AtomicUsize,
 }
 
 impl Handle {
-    pub(crate) fn new(workers: Vec<Arc<WorkerShared>>, main: Arc<WorkerShared>) -> Self {
+    pub(crate) fn new(
+        workers: Vec<Arc<WorkerShared>>,
+        main: Arc<WorkerShared>,
+        blocking: BlockingPool,
+    ) -> Self {
         Handle {
             inner: Arc::new(HandleInner {
                 workers,
                 main,
                 info: Mutex::new(DriverInfo::default()),
+                blocking,
                 next_worker: AtomicUsize::new(0),
             }),
         }
@@ -90,6 +98,16 @@ impl Handle {
         self.spawn_on(worker, move || future)
     }
 
+    /// Runs `f` on the runtime's blocking pool (see
+    /// [`spawn_blocking`](crate::spawn_blocking)); callable from any thread.
+    pub fn spawn_blocking<F, R>(&self, f: F) -> RemoteJoinHandle<R>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        self.inner.blocking.spawn(f)
+    }
+
     /// A snapshot of every worker's counters; the last entry of
     /// `workers` is the thread that runs `block_on`.
     pub fn stats(&self) -> StatsSnapshot {
@@ -101,7 +119,9 @@ impl Handle {
             .map(|w| w.stats.clone())
             .collect();
         let info = self.inner.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        StatsSnapshot::collect(&stats, info)
+        let mut snapshot = StatsSnapshot::collect(&stats, info);
+        snapshot.blocking = self.inner.blocking.counters();
+        snapshot
     }
 }
 

@@ -7,6 +7,7 @@
 //! threads reach a worker only through its inbox and eventfd
 //! ([`Handle`]).
 
+mod blocking;
 mod config;
 pub(crate) mod context;
 mod handle;
@@ -15,6 +16,7 @@ mod shared;
 mod task;
 mod worker;
 
+pub use blocking::spawn_blocking;
 pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::Handle;
@@ -102,6 +104,20 @@ impl Builder {
         self
     }
 
+    /// The most threads the blocking pool ([`spawn_blocking`]) runs at once
+    /// (default 512). Threads start only when work arrives.
+    pub fn max_blocking_threads(mut self, n: usize) -> Self {
+        self.config.max_blocking_threads = n.max(1);
+        self
+    }
+
+    /// How long an idle blocking-pool thread waits for work before it
+    /// exits (default 10 s).
+    pub fn blocking_keep_alive(mut self, idle: std::time::Duration) -> Self {
+        self.config.blocking_keep_alive = idle;
+        self
+    }
+
     /// Starts the workers. Worker 0 runs on the calling thread inside
     /// [`Runtime::block_on`]; the others start now on threads of their own.
     pub fn build(self) -> io::Result<Runtime> {
@@ -110,7 +126,9 @@ impl Builder {
             (0..config.workers).map(WorkerShared::new).collect::<io::Result<_>>()?;
         // The caller's context is numbered after the workers.
         let main_shared = WorkerShared::new(config.workers)?;
-        let handle = Handle::new(shared.clone(), main_shared.clone());
+        let blocking =
+            blocking::BlockingPool::new(config.max_blocking_threads, config.blocking_keep_alive);
+        let handle = Handle::new(shared.clone(), main_shared.clone(), blocking);
 
         let (ready_tx, ready_rx) = mpsc::channel::<(usize, io::Result<DriverInfo>)>();
         let mut threads = Vec::new();
@@ -345,6 +363,7 @@ impl Runtime {
     fn stop(&mut self) {
         let threads = std::mem::take(&mut self.threads);
         stop_threads(&self.handle.inner.workers, threads);
+        self.handle.inner.blocking.shutdown();
         if let Some(cx) = self.main.take() {
             let guard = context::enter(cx.clone());
             shutdown_tasks(&cx);

@@ -1,0 +1,249 @@
+//! Attribute macros for the hotloop runtime: `#[hotloop::main]` and
+//! `#[hotloop::test]`. Use them through the `hotloop` crate (feature
+//! `macros`, on by default), not from here.
+//!
+//! Both wrap an `async fn` in a synchronous one that builds a runtime and
+//! runs the body with `Runtime::block_on`. The generated code names the
+//! runtime as `::hotloop`, so the calling crate must depend on `hotloop`
+//! under that name.
+#![warn(missing_docs)]
+
+use proc_macro::TokenStream;
+use proc_macro2::{Span, TokenStream as TokenStream2};
+use quote::{format_ident, quote};
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, ItemFn, Lit, Meta, ReturnType, Token};
+
+/// Runs an `async fn main` on a hotloop runtime.
+///
+/// ```ignore
+/// #[hotloop::main(workers = 2, driver = "epoll")]
+/// async fn main() -> std::io::Result<()> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Options: `workers = N` (default: one per core) and
+/// `driver = "auto" | "epoll" | "uring"` (default `auto`, which the
+/// `HOTLOOP_DRIVER` environment variable overrides). The body runs on the
+/// calling thread through `Runtime::block_on`; `hotloop::spawn` inside it
+/// spawns there too, and `Handle::current()` reaches the workers.
+#[proc_macro_attribute]
+pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand(args, item, Kind::Main).unwrap_or_else(|e| e.to_compile_error()).into()
+}
+
+/// Runs an `async fn` test on a hotloop runtime (one worker by default).
+///
+/// ```ignore
+/// #[hotloop::test(driver = "all")]
+/// async fn echoes(driver: hotloop::DriverKind) {
+///     // runs twice: as `echoes::epoll` and `echoes::uring`
+/// }
+/// ```
+///
+/// Options:
+/// - `driver = "auto" | "epoll" | "uring" | "all"` (default `auto`).
+///   `"all"` makes a module named after the test with one test per driver,
+///   `epoll` and `uring`. A test on io_uring where the kernel cannot run
+///   it prints why and passes, unless the environment variable
+///   `HOTLOOP_REQUIRE_URING=1` is set: then it fails.
+/// - `workers = N` (default 1).
+///
+/// The test function may take one argument, the `hotloop::DriverKind` it
+/// runs on. Other attributes (`#[should_panic]`, `#[ignore]`) are copied to
+/// every generated test, and a `Result` return type is kept.
+#[proc_macro_attribute]
+pub fn test(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand(args, item, Kind::Test).unwrap_or_else(|e| e.to_compile_error()).into()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Main,
+    Test,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Driver {
+    Auto,
+    Epoll,
+    Uring,
+    All,
+}
+
+struct Options {
+    driver: Driver,
+    workers: Option<TokenStream2>,
+}
+
+fn parse_options(args: TokenStream, kind: Kind) -> syn::Result<Options> {
+    let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse(args)?;
+    let mut options = Options { driver: Driver::Auto, workers: None };
+    for meta in metas {
+        let Meta::NameValue(nv) = &meta else {
+            return Err(syn::Error::new_spanned(
+                meta,
+                "expected `driver = \"...\"` or `workers = N`",
+            ));
+        };
+        let name = nv.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+        match name.as_str() {
+            "driver" => {
+                let Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) = &nv.value else {
+                    return Err(syn::Error::new_spanned(&nv.value, "`driver` takes a string"));
+                };
+                options.driver = match (s.value().as_str(), kind) {
+                    ("auto", _) => Driver::Auto,
+                    ("epoll", _) => Driver::Epoll,
+                    ("uring" | "io_uring", _) => Driver::Uring,
+                    ("all", Kind::Test) => Driver::All,
+                    _ => {
+                        let expected = match kind {
+                            Kind::Test => "\"auto\", \"epoll\", \"uring\" or \"all\"",
+                            Kind::Main => "\"auto\", \"epoll\" or \"uring\"",
+                        };
+                        return Err(syn::Error::new_spanned(
+                            s,
+                            format!("unknown driver: expected {expected}"),
+                        ));
+                    }
+                };
+            }
+            "workers" => {
+                let Expr::Lit(ExprLit { lit: Lit::Int(n), .. }) = &nv.value else {
+                    return Err(syn::Error::new_spanned(&nv.value, "`workers` takes a number"));
+                };
+                let n: usize = n.base10_parse()?;
+                if n == 0 {
+                    return Err(syn::Error::new_spanned(&nv.value, "`workers` must be at least 1"));
+                }
+                options.workers = Some(quote!(#n));
+            }
+            _ => {
+                return Err(syn::Error::new_spanned(
+                    &nv.path,
+                    "unknown option: expected `driver` or `workers`",
+                ))
+            }
+        }
+    }
+    Ok(options)
+}
+
+fn expand(args: TokenStream, item: TokenStream, kind: Kind) -> syn::Result<TokenStream2> {
+    let options = parse_options(args, kind)?;
+    let input: ItemFn = syn::parse(item)?;
+    if input.sig.asyncness.is_none() {
+        return Err(syn::Error::new_spanned(input.sig.fn_token, "the function must be `async fn`"));
+    }
+    let takes_driver = match input.sig.inputs.len() {
+        0 => false,
+        1 if kind == Kind::Test => true,
+        _ => {
+            let msg = match kind {
+                Kind::Test => {
+                    "a hotloop test takes no argument, or one: the `DriverKind` it runs on"
+                }
+                Kind::Main => "`main` takes no arguments",
+            };
+            return Err(syn::Error::new_spanned(&input.sig.inputs, msg));
+        }
+    };
+    match kind {
+        Kind::Main => Ok(expand_main(input, &options)),
+        Kind::Test => Ok(expand_test(input, &options, takes_driver)),
+    }
+}
+
+fn driver_path(driver: Driver) -> TokenStream2 {
+    match driver {
+        Driver::Epoll => quote!(::hotloop::DriverKind::Epoll),
+        Driver::Uring => quote!(::hotloop::DriverKind::Uring),
+        Driver::Auto | Driver::All => quote!(::hotloop::DriverKind::Auto),
+    }
+}
+
+fn expand_main(input: ItemFn, options: &Options) -> TokenStream2 {
+    let ItemFn { attrs, vis, sig, block } = input;
+    let name = &sig.ident;
+    let output = &sig.output;
+    let workers = options.workers.as_ref().map(|n| quote!(.workers(#n)));
+    let driver = driver_path(options.driver);
+    quote! {
+        #(#attrs)*
+        #vis fn #name() #output {
+            let runtime = ::hotloop::Runtime::builder()
+                #workers
+                .driver(#driver)
+                .build()
+                .expect("could not start the hotloop runtime");
+            runtime.block_on(async move #block)
+        }
+    }
+}
+
+fn expand_test(input: ItemFn, options: &Options, takes_driver: bool) -> TokenStream2 {
+    let ItemFn { attrs, vis, sig, block } = input;
+    let name = &sig.ident;
+    let output = &sig.output;
+    let workers = options.workers.clone().unwrap_or_else(|| quote!(1usize));
+    let body_fn = format_ident!("__hotloop_test_body", span = Span::call_site());
+    let call = if takes_driver { quote!(#body_fn(driver)) } else { quote!(#body_fn()) };
+    // The body stays an `async fn` of its own, so `?` and `return` in it
+    // mean what they say.
+    let body = {
+        let mut sig = sig.clone();
+        sig.ident = body_fn.clone();
+        quote!(#sig #block)
+    };
+    let skip_return = match output {
+        ReturnType::Default => quote!(return;),
+        ReturnType::Type(..) => quote!(return ::core::result::Result::Ok(());),
+    };
+    // One `#[test]` on `driver`; `inner` is placed inside its block (the
+    // body, for a single test, so that tests in one module do not clash).
+    let one = |driver: Driver, test_name: &syn::Ident, inner: Option<&TokenStream2>| {
+        let kind = driver_path(driver);
+        let skip = (driver == Driver::Uring).then(|| {
+            quote! {
+                if ::hotloop::__private::skip_uring_test() {
+                    #skip_return
+                }
+            }
+        });
+        quote! {
+            #[::core::prelude::v1::test]
+            #(#attrs)*
+            fn #test_name() #output {
+                #inner
+                #skip
+                let driver: ::hotloop::DriverKind = #kind;
+                let runtime = ::hotloop::Runtime::builder()
+                    .workers(#workers)
+                    .driver(driver)
+                    .build()
+                    .expect("could not start the hotloop runtime");
+                runtime.block_on(#call)
+            }
+        }
+    };
+    match options.driver {
+        Driver::All => {
+            let epoll = one(Driver::Epoll, &format_ident!("epoll"), None);
+            let uring = one(Driver::Uring, &format_ident!("uring"), None);
+            quote! {
+                #vis mod #name {
+                    #[allow(unused_imports)]
+                    use super::*;
+
+                    #body
+                    #epoll
+                    #uring
+                }
+            }
+        }
+        driver => one(driver, name, Some(&body)),
+    }
+}

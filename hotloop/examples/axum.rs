@@ -1,0 +1,100 @@
+//! An axum application on hotloop: the same `Router` you would hand to
+//! `axum::serve` on tokio, served by `serve_hyper` on every core.
+//!
+//! ```text
+//! cargo run --release --features hyper,tower --example axum -- 127.0.0.1:3000
+//! curl http://127.0.0.1:3000/
+//! curl http://127.0.0.1:3000/users/7
+//! curl -d 'ping' http://127.0.0.1:3000/echo
+//! curl -i http://127.0.0.1:3000/slow        # 408 after one second
+//! ```
+//!
+//! Stop it with Ctrl-C: the server stops accepting, lets each connection
+//! finish the request it is serving, and exits.
+//!
+//! What changes from tokio: handlers and layers run on a hotloop worker,
+//! so sleeping is `hotloop::time::sleep`, and the timeout layer is
+//! `hotloop::tower::TimeoutLayer` (tower's own needs tokio's timer).
+
+use std::time::Duration;
+
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use tower::ServiceBuilder;
+
+use hotloop::hyper::{serve_hyper, TowerToHyperService};
+use hotloop::net::ListenerOptions;
+use hotloop::signal::ShutdownSignals;
+use hotloop::tower::TimeoutLayer;
+use hotloop::Runtime;
+
+#[derive(Serialize)]
+struct User {
+    id: u64,
+    name: String,
+}
+
+async fn index() -> &'static str {
+    "hello from axum on hotloop\n"
+}
+
+async fn user(Path(id): Path<u64>) -> Json<User> {
+    Json(User { id, name: format!("user {id}") })
+}
+
+async fn echo(body: String) -> String {
+    body
+}
+
+/// Takes longer than the timeout below allows.
+async fn slow() -> &'static str {
+    hotloop::time::sleep(Duration::from_secs(5)).await;
+    "too late\n"
+}
+
+/// The application: routes, then a one-second limit on every request.
+pub fn app() -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/users/{id}", get(user))
+        .route("/echo", post(echo))
+        .route("/slow", get(slow))
+        .layer(
+            ServiceBuilder::new()
+                // Turns the timeout's error into a response.
+                .layer(HandleErrorLayer::new(|_: hotloop::tower::BoxError| async {
+                    StatusCode::REQUEST_TIMEOUT
+                }))
+                .layer(TimeoutLayer::new(Duration::from_secs(1))),
+        )
+}
+
+fn main() -> std::io::Result<()> {
+    // Block SIGINT/SIGTERM before any thread starts, so `wait` below gets them.
+    let signals = ShutdownSignals::block()?;
+    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:3000".into());
+
+    let rt = Runtime::builder().build()?;
+    let router = app();
+    // One `Router` clone per connection (a reference count), adapted from
+    // tower's `Service` trait to hyper's.
+    let server = serve_hyper(rt.handle(), addr.as_str(), ListenerOptions::default(), move || {
+        TowerToHyperService::new(router.clone())
+    })?;
+    println!(
+        "axum on hotloop at http://{} ({} workers)",
+        server.local_addr(),
+        rt.handle().workers()
+    );
+
+    // The workers serve on their own threads; this one waits for Ctrl-C.
+    let signal = signals.wait()?;
+    println!("{signal:?}: finishing requests in flight");
+    let cut = server.shutdown_blocking(Duration::from_secs(10));
+    println!("stopped ({cut} connections cut at the grace limit)");
+    Ok(())
+}

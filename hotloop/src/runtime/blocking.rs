@@ -1,0 +1,226 @@
+//! The blocking pool: threads shared by a runtime's workers for work that
+//! would stall a worker (file system calls, name resolution, CPU-heavy
+//! code, foreign libraries that block).
+//!
+//! [`spawn_blocking`] queues a closure; a pool thread runs it and hands the
+//! result to the awaiting task through the same slot and waker as a
+//! cross-thread [`RemoteJoinHandle`]: the stored `Waker` is the task's, and
+//! waking it from the pool thread goes through the worker's inbox and
+//! eventfd like any other remote wake. A worker never waits for the pool.
+//!
+//! # Implementation notes
+//! - Threads start on demand, up to `max_blocking_threads`, and exit after
+//!   `blocking_keep_alive` without work. The queue itself is unbounded, as
+//!   in tokio: a job waits when every thread is busy.
+//! - A queued job's handle resolves to `JoinError::Cancelled` if the
+//!   runtime shuts down before a thread takes it. A running job is never
+//!   interrupted; its thread exits when the job returns. Shutdown does not
+//!   wait for running jobs, so a stuck call cannot hang `Runtime::drop`.
+//! - Panics inside a job are caught and returned as `JoinError::Panicked`.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::join::{JoinError, RemoteCompletion, RemoteJoinHandle, RemoteSlot};
+use crate::stats::BlockingCounters;
+
+/// The default upper bound on blocking threads (tokio's default).
+pub(crate) const BLOCKING_THREADS_MAX_DEFAULT: usize = 512;
+/// The default time an idle blocking thread waits for work before exiting.
+pub(crate) const BLOCKING_KEEP_ALIVE_DEFAULT: Duration = Duration::from_secs(10);
+
+/// A queued closure; it updates the counters itself, before it hands its
+/// result over, so a caller that sees the result sees the counters too.
+type Job = Box<dyn FnOnce(&Stats) + Send>;
+
+/// A cloneable handle to one runtime's blocking pool.
+#[derive(Clone)]
+pub(crate) struct BlockingPool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    work: Condvar,
+    max_threads: usize,
+    keep_alive: Duration,
+    stats: Stats,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Job>,
+    threads: usize,
+    /// Threads waiting for work that no one has notified yet.
+    idle: usize,
+    /// Notifications sent to idle threads and not yet consumed.
+    notified: usize,
+    shutdown: bool,
+}
+
+/// Written by whichever thread changes them (so they are atomics with
+/// `fetch_add`, unlike the per-worker counters).
+#[derive(Default)]
+struct Stats {
+    queued: AtomicU64,
+    running: AtomicU64,
+    threads: AtomicU64,
+    completed: AtomicU64,
+    threads_started: AtomicU64,
+}
+
+impl BlockingPool {
+    pub(crate) fn new(max_threads: usize, keep_alive: Duration) -> Self {
+        BlockingPool {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                work: Condvar::new(),
+                max_threads: max_threads.max(1),
+                keep_alive,
+                stats: Stats::default(),
+            }),
+        }
+    }
+
+    /// Queues `f`; its result arrives through the returned handle.
+    pub(crate) fn spawn<F, R>(&self, f: F) -> RemoteJoinHandle<R>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let slot = RemoteSlot::new();
+        // Dropped unrun (at shutdown), the completion reports `Cancelled`.
+        let completion = RemoteCompletion(slot.clone());
+        let job: Job = Box::new(move |stats: &Stats| {
+            let out = catch_unwind(AssertUnwindSafe(f)).map_err(JoinError::Panicked);
+            stats.running.fetch_sub(1, Relaxed);
+            stats.completed.fetch_add(1, Relaxed);
+            completion.0.finish(out);
+        });
+        if let Err(job) = self.push(job) {
+            drop(job); // the runtime is shutting down: the handle says Cancelled
+        }
+        RemoteJoinHandle { slot }
+    }
+
+    fn push(&self, job: Job) -> Result<(), Job> {
+        let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.shutdown {
+            return Err(job);
+        }
+        st.queue.push_back(job);
+        self.inner.stats.queued.fetch_add(1, Relaxed);
+        if st.idle > 0 {
+            st.idle -= 1;
+            st.notified += 1;
+            self.inner.work.notify_one();
+        } else if st.threads < self.inner.max_threads {
+            let inner = self.inner.clone();
+            let spawned = std::thread::Builder::new()
+                .name("hotloop-blocking".into())
+                .spawn(move || inner.run());
+            // Without a new thread the job waits for a busy one to finish
+            // (there is at least one unless none could ever be started).
+            if spawned.is_ok() {
+                st.threads += 1;
+                self.inner.stats.threads.fetch_add(1, Relaxed);
+                self.inner.stats.threads_started.fetch_add(1, Relaxed);
+            } else if st.threads == 0 {
+                let job = st.queue.pop_back().expect("just pushed");
+                self.inner.stats.queued.fetch_sub(1, Relaxed);
+                return Err(job);
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancels queued jobs and lets idle threads exit; running jobs finish
+    /// on their own threads, which are not waited for.
+    pub(crate) fn shutdown(&self) {
+        let dropped = {
+            let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.shutdown = true;
+            self.inner.stats.queued.fetch_sub(st.queue.len() as u64, Relaxed);
+            std::mem::take(&mut st.queue)
+        };
+        self.inner.work.notify_all();
+        // Their handles learn `Cancelled` as the jobs drop, outside the lock.
+        drop(dropped);
+    }
+
+    /// The pool's counters now.
+    pub(crate) fn counters(&self) -> BlockingCounters {
+        let s = &self.inner.stats;
+        BlockingCounters {
+            queued: s.queued.load(Relaxed),
+            running: s.running.load(Relaxed),
+            threads: s.threads.load(Relaxed),
+            threads_max: self.inner.max_threads as u64,
+            threads_started: s.threads_started.load(Relaxed),
+            completed: s.completed.load(Relaxed),
+        }
+    }
+}
+
+impl Inner {
+    /// A pool thread: take jobs until none comes for `keep_alive`, or shutdown.
+    fn run(self: Arc<Self>) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(job) = st.queue.pop_front() {
+                self.stats.queued.fetch_sub(1, Relaxed);
+                self.stats.running.fetch_add(1, Relaxed);
+                drop(st);
+                job(&self.stats);
+                st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            if st.shutdown {
+                break;
+            }
+            st.idle += 1;
+            let (guard, waited) =
+                self.work.wait_timeout(st, self.keep_alive).unwrap_or_else(|e| e.into_inner());
+            st = guard;
+            if st.notified > 0 {
+                // Whoever notified already took us off the idle count.
+                st.notified -= 1;
+            } else {
+                st.idle -= 1;
+                if waited.timed_out() && st.queue.is_empty() {
+                    break;
+                }
+            }
+        }
+        st.threads -= 1;
+        self.stats.threads.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Runs `f` on the runtime's blocking pool and returns a handle to await
+/// its result, without blocking the worker.
+///
+/// Use it for anything that blocks: file system calls, `getaddrinfo`,
+/// compression of a large body, a synchronous client library. The closure
+/// and its result cross threads, so both must be `Send`.
+///
+/// ```no_run
+/// # hotloop::Runtime::new().unwrap().block_on(async {
+/// let len = hotloop::spawn_blocking(|| std::fs::read("/etc/hostname").map(|b| b.len()))
+///     .await
+///     .expect("the closure did not panic")?;
+/// # Ok::<(), std::io::Error>(()) });
+/// ```
+///
+/// # Panics
+/// Outside a hotloop worker (use [`Handle::spawn_blocking`](crate::Handle::spawn_blocking) there).
+pub fn spawn_blocking<F, R>(f: F) -> RemoteJoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    super::context::with(|cx| cx.handle.spawn_blocking(f))
+}

@@ -1,0 +1,301 @@
+//! TLS on rustls (feature `tls`): an acceptor for servers, a connector for
+//! clients, and [`serve_tls`], [`serve`](crate::net::serve) with a TLS
+//! handshake before the handler runs.
+//!
+//! The TLS layer is `tokio-rustls` over [`TcpStream`]'s tokio traits, on
+//! either driver. Every handshake has a time limit
+//! ([`HANDSHAKE_TIMEOUT_DEFAULT`], 10 s): a client that sends garbage, an
+//! old protocol version, or stalls halfway through loses its connection
+//! within that limit and costs nothing else.
+//!
+//! ```no_run
+//! use hotloop::tls::{serve_tls, TlsAcceptor};
+//! use hotloop::net::ListenerOptions;
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! let rt = hotloop::Runtime::builder().build()?;
+//! let acceptor = TlsAcceptor::from_pem_files("cert.pem", "key.pem")?;
+//! let server = serve_tls(rt.handle(), "127.0.0.1:8443", ListenerOptions::default(), acceptor,
+//!     |mut tls| async move {
+//!         let mut buf = [0u8; 1024];
+//!         while let Ok(n @ 1..) = tls.read(&mut buf).await {
+//!             if tls.write_all(&buf[..n]).await.is_err() { break; }
+//!         }
+//!     })?;
+//! rt.block_on(server.stopped())
+//! # ;Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! The crypto provider is rustls' `ring`; configurations built here name
+//! it explicitly, so another provider elsewhere in the program does not
+//! make rustls' process-wide default ambiguous.
+
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use rustls;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+use crate::net::{Server, ServerOptions, StopSignal, TcpStream, ToSocketAddrs};
+use crate::Handle;
+
+/// A server-side TLS connection over a hotloop [`TcpStream`].
+pub type ServerTlsStream = tokio_rustls::server::TlsStream<TcpStream>;
+/// A client-side TLS connection over a hotloop [`TcpStream`].
+pub type ClientTlsStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// How long a handshake may take unless set otherwise.
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+/// The ALPN protocol id of HTTP/2.
+pub const ALPN_H2: &[u8] = b"h2";
+/// The ALPN protocol id of HTTP/1.1.
+pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Reads every certificate in a PEM file (the leaf first, then its chain).
+pub fn load_certs(path: impl AsRef<Path>) -> io::Result<Vec<CertificateDer<'static>>> {
+    let path = path.as_ref();
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| invalid(format!("reading certificates from {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(invalid(format!("no certificate found in {}", path.display())));
+    }
+    Ok(certs)
+}
+
+/// Reads the first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
+pub fn load_private_key(path: impl AsRef<Path>) -> io::Result<PrivateKeyDer<'static>> {
+    let path = path.as_ref();
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| invalid(format!("reading a private key from {}: {e}", path.display())))
+}
+
+/// A rustls server configuration (TLS 1.2 and 1.3, no client
+/// certificates) from a certificate chain and key, with ALPN set to
+/// `alpn` (e.g. `&[ALPN_H2, ALPN_HTTP11]`, or empty for none).
+pub fn server_config(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    alpn: &[&[u8]],
+) -> io::Result<ServerConfig> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| invalid(format!("certificate and key do not make a server identity: {e}")))?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
+/// Accepts TLS connections: performs the server side of the handshake on
+/// an accepted [`TcpStream`], within a time limit.
+#[derive(Clone)]
+pub struct TlsAcceptor {
+    config: Arc<ServerConfig>,
+    handshake_timeout: Duration,
+}
+
+impl TlsAcceptor {
+    /// An acceptor with `config` as it is (its ALPN list included).
+    pub fn new(config: impl Into<Arc<ServerConfig>>) -> Self {
+        TlsAcceptor { config: config.into(), handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT }
+    }
+
+    /// An acceptor for the certificate chain and private key in two PEM
+    /// files, offering ALPN `h2` and `http/1.1`.
+    pub fn from_pem_files(cert: impl AsRef<Path>, key: impl AsRef<Path>) -> io::Result<Self> {
+        let config =
+            server_config(load_certs(cert)?, load_private_key(key)?, &[ALPN_H2, ALPN_HTTP11])?;
+        Ok(Self::new(config))
+    }
+
+    /// Sets the most time a handshake may take (default 10 s); a client that
+    /// has not finished by then is disconnected.
+    pub fn handshake_timeout(mut self, limit: Duration) -> Self {
+        self.handshake_timeout = limit;
+        self
+    }
+
+    /// The configured handshake limit.
+    pub fn handshake_timeout_limit(&self) -> Duration {
+        self.handshake_timeout
+    }
+
+    /// The rustls configuration.
+    pub fn config(&self) -> &Arc<ServerConfig> {
+        &self.config
+    }
+
+    /// The same acceptor, offering `alpn` if the configuration offers no ALPN
+    /// protocol yet (how `serve_hyper_tls` makes sure h2 can be negotiated).
+    pub fn with_default_alpn(mut self, alpn: &[&[u8]]) -> Self {
+        if self.config.alpn_protocols.is_empty() {
+            let mut config = (*self.config).clone();
+            config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            self.config = Arc::new(config);
+        }
+        self
+    }
+
+    /// Performs the server handshake on `stream`. Fails with
+    /// `ErrorKind::TimedOut` if the client takes longer than the handshake
+    /// limit, and with `InvalidData` (or the I/O error) if it fails.
+    pub async fn accept(&self, stream: TcpStream) -> io::Result<ServerTlsStream> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.config.clone());
+        crate::time::timeout(self.handshake_timeout, acceptor.accept(stream))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+    }
+}
+
+impl std::fmt::Debug for TlsAcceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsAcceptor")
+            .field("alpn", &self.config.alpn_protocols)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+/// Opens TLS connections: the client side of the handshake, within a time limit.
+#[derive(Clone)]
+pub struct TlsConnector {
+    config: Arc<ClientConfig>,
+    handshake_timeout: Duration,
+}
+
+impl TlsConnector {
+    /// A connector with `config` as it is.
+    pub fn new(config: impl Into<Arc<ClientConfig>>) -> Self {
+        TlsConnector { config: config.into(), handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT }
+    }
+
+    /// A connector that trusts the certificates in `roots` (DER), offering
+    /// ALPN `alpn` (empty for none).
+    pub fn with_roots(
+        roots: impl IntoIterator<Item = CertificateDer<'static>>,
+        alpn: &[&[u8]],
+    ) -> io::Result<Self> {
+        let mut store = RootCertStore::empty();
+        for cert in roots {
+            store.add(cert).map_err(|e| invalid(format!("unusable root certificate: {e}")))?;
+        }
+        let mut config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid(e.to_string()))?
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(Self::new(config))
+    }
+
+    /// A connector that trusts the certificates in a PEM file (a private CA,
+    /// or a self-signed server certificate), offering ALPN `alpn`.
+    pub fn from_root_pem_file(path: impl AsRef<Path>, alpn: &[&[u8]]) -> io::Result<Self> {
+        Self::with_roots(load_certs(path)?, alpn)
+    }
+
+    /// Sets the most time a handshake may take (default 10 s).
+    pub fn handshake_timeout(mut self, limit: Duration) -> Self {
+        self.handshake_timeout = limit;
+        self
+    }
+
+    /// The rustls configuration.
+    pub fn config(&self) -> &Arc<ClientConfig> {
+        &self.config
+    }
+
+    /// Performs the client handshake on a connected `stream`, checking the
+    /// server's certificate against `server_name` (a DNS name or an IP).
+    pub async fn connect(
+        &self,
+        server_name: &str,
+        stream: TcpStream,
+    ) -> io::Result<ClientTlsStream> {
+        let name = ServerName::try_from(server_name.to_owned())
+            .map_err(|e| invalid(format!("invalid TLS server name `{server_name}`: {e}")))?;
+        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        crate::time::timeout(self.handshake_timeout, connector.connect(name, stream))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+    }
+
+    /// Connects to `addr` (resolving a host name off the worker) and
+    /// performs the handshake for `server_name`.
+    pub async fn connect_to(
+        &self,
+        addr: impl ToSocketAddrs,
+        server_name: &str,
+    ) -> io::Result<ClientTlsStream> {
+        let stream = TcpStream::connect(addr).await?;
+        self.connect(server_name, stream).await
+    }
+}
+
+impl std::fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("alpn", &self.config.alpn_protocols)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+/// [`serve`](crate::net::serve) over TLS: each accepted connection is
+/// handshaken by `acceptor` (within its time limit) on the worker that
+/// accepted it, then handed to `handler`. A failed handshake ends that
+/// connection only.
+pub fn serve_tls<H, Fut>(
+    handle: &Handle,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<ServerOptions>,
+    acceptor: TlsAcceptor,
+    handler: H,
+) -> io::Result<Server>
+where
+    H: Fn(ServerTlsStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    serve_tls_with_stop(handle, addr, options, acceptor, move |tls, _stop| handler(tls))
+}
+
+/// [`serve_tls`] with the server's [`StopSignal`] for each handler.
+pub fn serve_tls_with_stop<H, Fut>(
+    handle: &Handle,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<ServerOptions>,
+    acceptor: TlsAcceptor,
+    handler: H,
+) -> io::Result<Server>
+where
+    H: Fn(ServerTlsStream, StopSignal) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let handler = Arc::new(handler);
+    crate::net::serve_with_stop(handle, addr, options, move |stream, stop| {
+        let acceptor = acceptor.clone();
+        let handler = handler.clone();
+        async move {
+            // A failed or timed-out handshake just ends this connection.
+            if let Ok(tls) = acceptor.accept(stream).await {
+                handler(tls, stop).await;
+            }
+        }
+    })
+}

@@ -1,0 +1,103 @@
+//! `#[hotloop::test]` and `#[hotloop::main]`: the driver matrix, options,
+//! return types and attributes that pass through.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use hotloop::net::{TcpListener, TcpStream};
+use hotloop::{DriverKind, Handle};
+
+/// The driver the current runtime's workers use, as the stats report it.
+fn current_driver() -> &'static str {
+    Handle::current().stats().info.driver
+}
+
+#[hotloop::test]
+async fn runs_the_body_on_a_worker() {
+    let h = hotloop::spawn(async { 40 + 2 });
+    assert_eq!(h.await.unwrap(), 42);
+    hotloop::time::sleep(Duration::from_millis(2)).await;
+    assert_eq!(Handle::current().workers(), 1, "tests get one worker by default");
+}
+
+#[hotloop::test(driver = "all")]
+async fn one_test_per_driver(driver: DriverKind) {
+    let expected = match driver {
+        DriverKind::Epoll => "epoll",
+        DriverKind::Uring => "uring",
+        DriverKind::Auto => unreachable!("`all` names each driver"),
+    };
+    assert_eq!(current_driver(), expected);
+
+    // I/O works on that driver: a round trip through a hotloop listener.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"ping").unwrap();
+        let mut out = [0u8; 4];
+        s.read_exact(&mut out).unwrap();
+        out
+    });
+    let (stream, _) = listener.accept().await.unwrap();
+    let (n, buf) = stream.read(Vec::with_capacity(16)).await;
+    assert_eq!(n.unwrap(), 4);
+    let (res, _) = stream.write_all(buf).await;
+    res.unwrap();
+    assert_eq!(&client.join().unwrap(), b"ping");
+}
+
+#[hotloop::test(driver = "epoll", workers = 3)]
+async fn driver_and_workers_options() {
+    assert_eq!(current_driver(), "epoll");
+    assert_eq!(Handle::current().workers(), 3);
+    let out = Handle::current().spawn_on(2, || async { 7 }).await.unwrap();
+    assert_eq!(out, 7);
+}
+
+#[hotloop::test(driver = "uring")]
+async fn uring_only_skips_where_the_kernel_cannot() {
+    assert_eq!(current_driver(), "uring");
+}
+
+#[hotloop::test]
+async fn a_result_test_may_use_question_mark() -> std::io::Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let connecting = hotloop::spawn(TcpStream::connect(addr));
+    let (_accepted, _) = listener.accept().await?;
+    let _connected = connecting.await.expect("connect task")?;
+    Ok(())
+}
+
+#[hotloop::test]
+#[should_panic(expected = "boom")]
+async fn should_panic_passes_through() {
+    panic!("boom");
+}
+
+#[hotloop::test(driver = "all")]
+#[ignore = "shows that #[ignore] reaches both generated tests"]
+async fn ignore_passes_through() {
+    panic!("ignored tests do not run");
+}
+
+/// Where io_uring cannot run, `HOTLOOP_REQUIRE_URING=1` turns the skip into
+/// a failure: run the uring variant in a child process with it set.
+#[test]
+fn require_uring_fails_instead_of_skipping() {
+    if hotloop::runtime::uring_available().is_ok() {
+        eprintln!(
+            "io_uring runs here, so nothing is skipped; one_test_per_driver::uring checked it"
+        );
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "uring_only_skips_where_the_kernel_cannot", "--test-threads", "1"])
+        .env("HOTLOOP_REQUIRE_URING", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the io_uring test must fail when io_uring is required");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("HOTLOOP_REQUIRE_URING=1"), "{text}");
+}
