@@ -4,10 +4,12 @@
 //! It links hotloop and no other runtime; the measuring tools (load
 //! generator, peers, benchmark suite) live in `hotloop-bench`.
 
+mod drain;
 mod proxy;
 mod runtime_args;
 mod serve;
 mod stats_server;
+mod stop;
 
 use std::process::ExitCode;
 

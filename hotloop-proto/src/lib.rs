@@ -236,7 +236,9 @@ mod tests {
         let tight = ParseOptions { max_headers: 10, allow_head: false };
         assert_eq!(parse_request_with(head(11).as_bytes(), tight).0, Request::TooLarge);
         let r = response_ok_head(64, true);
-        assert!(String::from_utf8(r).unwrap().ends_with("Content-Length: 64\r\nConnection: close\r\n\r\n"));
+        assert!(String::from_utf8(r)
+            .unwrap()
+            .ends_with("Content-Length: 64\r\nConnection: close\r\n\r\n"));
     }
 
     #[test]

@@ -1,0 +1,114 @@
+//! Graceful stop for connection handlers: each worker's "stopping" flag and
+//! the handlers parked on it.
+//!
+//! A handler wraps the waits it may give up on a stop (an idle keep-alive
+//! connection waiting for its next request) in [`until_stop`]; [`begin`]
+//! sets the flag on every worker and wakes those waits, so idle
+//! connections close at once while busy ones finish.
+//!
+//! # Implementation notes
+//! The flag and the parked wakers live in a thread-local per worker, and
+//! [`begin`] reaches each worker by spawning a task on it, so a handler
+//! takes no lock and touches no shared cache line to park; the flag and
+//! the wakers change on the worker's own thread only, so a handler that
+//! checks the flag and then parks cannot miss the stop.
+
+use std::cell::{Cell, RefCell};
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::task::{Poll, Waker};
+
+use hotloop::Handle;
+
+#[derive(Default)]
+struct Drain {
+    stopping: Cell<bool>,
+    /// Parked handlers' wakers; `None` marks a free slot, listed in `free`.
+    parked: RefCell<Vec<Option<Waker>>>,
+    free: RefCell<Vec<usize>>,
+}
+
+thread_local! {
+    static DRAIN: Drain = Drain::default();
+}
+
+/// True once this worker has been told to stop.
+pub fn stopping() -> bool {
+    DRAIN.with(|d| d.stopping.get())
+}
+
+/// Runs `f` until it completes (`Some`) or this worker is told to stop
+/// (`None`, also when the stop came before the call).
+pub async fn until_stop<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = pin!(f);
+    let mut slot = Parked(None);
+    poll_fn(|cx| {
+        if stopping() {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(v) = f.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        slot.park(cx.waker());
+        Poll::Pending
+    })
+    .await
+}
+
+/// A handler's slot among the parked wakers, freed when it drops.
+struct Parked(Option<usize>);
+
+impl Parked {
+    fn park(&mut self, waker: &Waker) {
+        DRAIN.with(|d| {
+            let mut parked = d.parked.borrow_mut();
+            match self.0 {
+                Some(i) => {
+                    if !parked[i].as_ref().is_some_and(|w| w.will_wake(waker)) {
+                        parked[i] = Some(waker.clone());
+                    }
+                }
+                None => {
+                    let i = match d.free.borrow_mut().pop() {
+                        Some(i) => i,
+                        None => {
+                            parked.push(None);
+                            parked.len() - 1
+                        }
+                    };
+                    parked[i] = Some(waker.clone());
+                    self.0 = Some(i);
+                }
+            }
+        })
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            // `try_with`: a handler dropped while its thread exits finds no drain.
+            let _ = DRAIN.try_with(|d| {
+                d.parked.borrow_mut()[i] = None;
+                d.free.borrow_mut().push(i);
+            });
+        }
+    }
+}
+
+/// Tells every worker of `handle`'s runtime to stop: waits wrapped in
+/// [`until_stop`] end, and [`stopping`] says so from now on.
+pub fn begin(handle: &Handle) {
+    for worker in 0..handle.workers() {
+        // Detached: the task runs once on the worker and ends.
+        drop(handle.spawn_on(worker, || async {
+            let wakers: Vec<Waker> = DRAIN.with(|d| {
+                d.stopping.set(true);
+                d.parked.borrow_mut().iter_mut().filter_map(Option::take).collect()
+            });
+            for w in wakers {
+                w.wake();
+            }
+        }));
+    }
+}
