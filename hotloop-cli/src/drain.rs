@@ -7,22 +7,27 @@
 //! connections close at once while busy ones finish.
 //!
 //! # Implementation notes
-//! The flag and the parked wakers live in a thread-local per worker, and
-//! [`begin`] reaches each worker by spawning a task on it, so a handler
-//! takes no lock and touches no shared cache line to park; the flag and
-//! the wakers change on the worker's own thread only, so a handler that
-//! checks the flag and then parks cannot miss the stop.
+//! The flag is one process-wide atomic, set by [`begin`] at once, so a
+//! handler busy with a request sees it when it picks its answer even if
+//! its worker has not run anything else since. The parked wakers live in
+//! a thread-local per worker, so a handler takes no lock to park; [`begin`]
+//! wakes them by spawning a task on each worker after setting the flag,
+//! so a handler that checked the flag before it was set and then parked is
+//! woken by that task, and one that checks after sees it.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::task::{Poll, Waker};
 
 use hotloop::Handle;
 
+/// Set once the server is stopping.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
 #[derive(Default)]
 struct Drain {
-    stopping: Cell<bool>,
     /// Parked handlers' wakers; `None` marks a free slot, listed in `free`.
     parked: RefCell<Vec<Option<Waker>>>,
     free: RefCell<Vec<usize>>,
@@ -32,9 +37,9 @@ thread_local! {
     static DRAIN: Drain = Drain::default();
 }
 
-/// True once this worker has been told to stop.
+/// True once the server has been told to stop.
 pub fn stopping() -> bool {
-    DRAIN.with(|d| d.stopping.get())
+    STOPPING.load(Ordering::Relaxed)
 }
 
 /// Runs `f` until it completes (`Some`) or this worker is told to stop
@@ -96,14 +101,16 @@ impl Drop for Parked {
     }
 }
 
-/// Tells every worker of `handle`'s runtime to stop: waits wrapped in
-/// [`until_stop`] end, and [`stopping`] says so from now on.
+/// Tells every worker of `handle`'s runtime to stop: [`stopping`] says so
+/// from now on, and waits wrapped in [`until_stop`] end.
 pub fn begin(handle: &Handle) {
+    // The spawn below carries this store to each worker (its queue hand-off
+    // synchronises), so the woken handlers see it.
+    STOPPING.store(true, Ordering::SeqCst);
     for worker in 0..handle.workers() {
         // Detached: the task runs once on the worker and ends.
         drop(handle.spawn_on(worker, || async {
             let wakers: Vec<Waker> = DRAIN.with(|d| {
-                d.stopping.set(true);
                 d.parked.borrow_mut().iter_mut().filter_map(Option::take).collect()
             });
             for w in wakers {

@@ -59,10 +59,11 @@ pub fn run_until_stopped(
         "{name}: {first:?}: no longer accepting; closing idle connections; waiting up to {grace:?} for the others (send it again, or SIGQUIT, to stop at once)"
     );
     let deadline = Instant::now() + grace;
+    // First, so that an answer being prepared now already says `Connection: close`.
+    crate::drain::begin(rt.handle());
     server.stop();
     // The accept loops serve what the kernel already queued, then end.
     let _ = rt.block_on(server.stopped());
-    crate::drain::begin(rt.handle());
     loop {
         let left = active();
         let now = Instant::now();
