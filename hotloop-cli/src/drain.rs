@@ -16,9 +16,9 @@
 //! woken by that task, and one that checks after sees it.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::future::{poll_fn, Future};
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Poll, Waker};
 
 use hotloop::Handle;
@@ -110,9 +110,8 @@ pub fn begin(handle: &Handle) {
     for worker in 0..handle.workers() {
         // Detached: the task runs once on the worker and ends.
         drop(handle.spawn_on(worker, || async {
-            let wakers: Vec<Waker> = DRAIN.with(|d| {
-                d.parked.borrow_mut().iter_mut().filter_map(Option::take).collect()
-            });
+            let wakers: Vec<Waker> =
+                DRAIN.with(|d| d.parked.borrow_mut().iter_mut().filter_map(Option::take).collect());
             for w in wakers {
                 w.wake();
             }
