@@ -42,17 +42,20 @@ pub fn stopping() -> bool {
     STOPPING.load(Ordering::Relaxed)
 }
 
-/// Runs `f` until it completes (`Some`) or this worker is told to stop
-/// (`None`, also when the stop came before the call).
+/// Runs `f` until it completes (`Some`) or the server is told to stop
+/// while `f` waits (`None`, also when the stop came before the call and
+/// `f` is not ready at once).
 pub async fn until_stop<F: Future>(f: F) -> Option<F::Output> {
     let mut f = pin!(f);
     let mut slot = Parked(None);
     poll_fn(|cx| {
-        if stopping() {
-            return Poll::Ready(None);
-        }
+        // `f` first: what is ready now (a request already in the socket) is
+        // still taken after the stop.
         if let Poll::Ready(v) = f.as_mut().poll(cx) {
             return Poll::Ready(Some(v));
+        }
+        if stopping() {
+            return Poll::Ready(None);
         }
         slot.park(cx.waker());
         Poll::Pending

@@ -245,8 +245,9 @@ async fn http(stream: TcpStream, s: &Settings) {
     // in `pending`, which stays empty (and unallocated) in the common case.
     let mut buf = PooledBuf::default();
     let mut pending: Vec<u8> = Vec::new();
-    let mut consumed = 0; // bytes of `buf` already answered
-                          // The first request's head must arrive within the header timeout.
+    // Bytes of `buf` already answered.
+    let mut consumed = 0;
+    // The first request's head must arrive within the header timeout.
     let mut head_deadline = Some(Instant::now() + s.header_timeout);
     loop {
         let unparsed: &[u8] = if pending.is_empty() { &buf[consumed..] } else { &pending };
@@ -286,10 +287,13 @@ async fn http(stream: TcpStream, s: &Settings) {
             head_deadline = Some(Instant::now() + s.header_timeout);
         }
         let deadline = head_deadline.or(s.idle_timeout.map(|t| Instant::now() + t));
-        drop(std::mem::take(&mut buf)); // back to the pool before waiting
-                                        // An idle keep-alive connection (between requests, nothing pending)
-                                        // closes at once when the server stops, as nginx's do.
-        let idle = head_deadline.is_none();
+        // Back to the pool before waiting.
+        drop(std::mem::take(&mut buf));
+        // An idle connection (no request begun: between keep-alive requests,
+        // or a new connection that has sent nothing) closes at once when the
+        // server stops, as nginx's idle connections do; one partway through
+        // a request head gets its answer, with `Connection: close`.
+        let idle = pending.is_empty();
         let read = if idle {
             match drain::until_stop(read_by(&stream, deadline)).await {
                 Some(r) => r,

@@ -37,6 +37,10 @@ test_all_drivers! {
                 s
             })
             .collect();
+        // Connected, nothing sent yet: idle too.
+        let mut silent = TcpStream::connect(addr).unwrap();
+        silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        idle.push(silent);
         let start = Instant::now();
         p.signal("TERM");
         let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
