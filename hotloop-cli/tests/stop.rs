@@ -28,7 +28,9 @@ test_all_drivers! {
     /// answered with `Connection: close`; the process exits when it is done,
     /// long before the grace period.
     fn sigterm_closes_idle_connections_at_once_and_exits_when_the_last_is_done(driver: &str) {
-        let (mut p, addr) = serve(driver, "http", &["--grace-ms", "20000"]);
+        let (mut p, addr) =
+            serve(driver, "http", &["--grace-ms", "20000", "--stats-addr", "127.0.0.1:0"]);
+        let stats = p.addr_after("stats on ");
         let mut idle: Vec<TcpStream> = (0..3)
             .map(|_| {
                 let mut s = TcpStream::connect(addr).unwrap();
@@ -41,6 +43,8 @@ test_all_drivers! {
         let mut silent = TcpStream::connect(addr).unwrap();
         silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         idle.push(silent);
+        // Accepted, not waiting in the kernel's queue (a stop resets those it has not taken).
+        assert!(common::wait_until(Duration::from_secs(10), || common::stat(stats, "active_connections") == 4));
         let start = Instant::now();
         p.signal("TERM");
         let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
