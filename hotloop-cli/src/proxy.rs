@@ -19,13 +19,13 @@
 //! timeout, where haproxy sends a FIN.
 //!
 //! Each direction reads with `read_pooled`, so an idle proxied connection
-//! holds no buffer, only its tasks.
+//! holds no buffer: one task (both directions and the idle timer are
+//! futures inside it) and its two sockets.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::pin::Pin;
-use std::rc::Rc;
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::Poll;
@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use hotloop::net::{serve, TcpStream};
 use hotloop::signal::ShutdownSignals;
-use hotloop::spawn;
 use hotloop::time::sleep_until;
 
 use crate::runtime_args::RuntimeArgs;
@@ -243,20 +242,19 @@ pub async fn forward(client: TcpStream, config: Arc<ProxyConfig>) {
         return; // dropping the client closes it cleanly
     };
     config.counters.forwarded.fetch_add(1, Relaxed);
-    let client = Rc::new(client);
-    let backend = Rc::new(backend);
-    let moved = Rc::new(Cell::new(Instant::now()));
-    let mut up = spawn(copy(client.clone(), backend.clone(), config.clone(), moved.clone(), true));
-    let mut down =
-        spawn(copy(backend.clone(), client.clone(), config.clone(), moved.clone(), false));
+    // Both directions and the idle timer live in this one task: no spawn,
+    // so an idle proxied connection costs one task, two sockets, no buffer.
+    let moved = Cell::new(Instant::now());
+    let mut up = pin!(copy(&client, &backend, &config.counters.bytes_up, &moved));
+    let mut down = pin!(copy(&backend, &client, &config.counters.bytes_down, &moved));
     let (mut up_done, mut down_done) = (false, false);
-    let mut idle = config.idle_timeout.map(|t| Box::pin(sleep_until(moved.get() + t)));
+    let mut idle = pin!(config.idle_timeout.map(|t| sleep_until(moved.get() + t)));
     let clean = poll_fn(|cx| {
-        for (task, done) in [(&mut up, &mut up_done), (&mut down, &mut down_done)] {
+        for (copy, done) in [(up.as_mut(), &mut up_done), (down.as_mut(), &mut down_done)] {
             if !*done {
-                if let Poll::Ready(r) = Pin::new(task).poll(cx) {
+                if let Poll::Ready(ended) = copy.poll(cx) {
                     *done = true;
-                    if !matches!(r, Ok(Ended::Eof)) {
+                    if let Ended::Failed = ended {
                         return Poll::Ready(false);
                     }
                 }
@@ -265,7 +263,7 @@ pub async fn forward(client: TcpStream, config: Arc<ProxyConfig>) {
         if up_done && down_done {
             return Poll::Ready(true);
         }
-        if let (Some(sleep), Some(t)) = (idle.as_mut(), config.idle_timeout) {
+        if let (Some(mut sleep), Some(t)) = (idle.as_mut().as_pin_mut(), config.idle_timeout) {
             while sleep.as_mut().poll(cx).is_ready() {
                 let due = moved.get() + t;
                 if Instant::now() >= due {
@@ -278,12 +276,12 @@ pub async fn forward(client: TcpStream, config: Arc<ProxyConfig>) {
     })
     .await;
     if !clean {
-        up.abort();
-        down.abort();
-        // Reset both sides: the other peer must not read a clean end of stream.
+        // Reset both sides: neither peer may read a clean end of stream.
         let _ = client.set_linger(Some(Duration::ZERO));
         let _ = backend.set_linger(Some(Duration::ZERO));
     }
+    // Returning drops the copies still running (cancelling their
+    // operations), then closes both sockets.
 }
 
 /// How one direction ended.
@@ -297,13 +295,11 @@ enum Ended {
 /// Copies `from` to `to` until EOF, then half-closes `to`; notes each
 /// read and write that finishes in `moved`.
 async fn copy(
-    from: Rc<TcpStream>,
-    to: Rc<TcpStream>,
-    config: Arc<ProxyConfig>,
-    moved: Rc<Cell<Instant>>,
-    upstream: bool,
+    from: &TcpStream,
+    to: &TcpStream,
+    counter: &AtomicU64,
+    moved: &Cell<Instant>,
 ) -> Ended {
-    let counter = if upstream { &config.counters.bytes_up } else { &config.counters.bytes_down };
     loop {
         // A buffer is taken only once data is there: idle, this holds none.
         let Ok(buf) = from.read_pooled().await else { return Ended::Failed };
