@@ -85,10 +85,18 @@ pub fn parse_request(buf: &[u8]) -> Request {
 /// Parses the request head at the start of `buf` with `options`; the
 /// method is meaningful when the request is [`Request::Complete`].
 pub fn parse_request_with(buf: &[u8], options: ParseOptions) -> (Request, Method) {
-    // Uninitialised header slots: a limit of hundreds costs nothing per parse.
-    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() };
-        REQUEST_HEADERS_LIMIT_MAX];
     let max = options.max_headers.clamp(1, REQUEST_HEADERS_LIMIT_MAX);
+    // The default limit's slots (3.2 KB) on the stack; the largest (64 KB) only when asked for.
+    if max <= REQUEST_HEADERS_MAX {
+        parse_with_slots::<REQUEST_HEADERS_MAX>(buf, max, options.allow_head)
+    } else {
+        parse_with_slots::<REQUEST_HEADERS_LIMIT_MAX>(buf, max, options.allow_head)
+    }
+}
+
+fn parse_with_slots<const N: usize>(buf: &[u8], max: usize, allow_head: bool) -> (Request, Method) {
+    // Uninitialised header slots: a large limit costs nothing per parse.
+    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; N];
     let mut req = httparse::Request::new(&mut []);
     let parsed = req.parse_with_uninit_headers(buf, &mut headers[..max]);
     let mut method = Method::Get;
@@ -97,7 +105,7 @@ pub fn parse_request_with(buf: &[u8], options: ParseOptions) -> (Request, Method
         Ok(httparse::Status::Complete(len)) => {
             match req.method {
                 Some("GET") => {}
-                Some("HEAD") if options.allow_head => method = Method::Head,
+                Some("HEAD") if allow_head => method = Method::Head,
                 _ => return (Request::Unsupported(405), method),
             }
             let mut close = req.version == Some(0);
@@ -233,6 +241,12 @@ mod tests {
         assert!(matches!(parse_request(head(33).as_bytes()), Request::Complete { .. }));
         assert!(matches!(parse_request(head(100).as_bytes()), Request::Complete { .. }));
         assert_eq!(parse_request(head(101).as_bytes()), Request::TooLarge);
+        let wide = ParseOptions { max_headers: 200, allow_head: false };
+        assert!(matches!(
+            parse_request_with(head(150).as_bytes(), wide).0,
+            Request::Complete { .. }
+        ));
+        assert_eq!(parse_request_with(head(201).as_bytes(), wide).0, Request::TooLarge);
         let tight = ParseOptions { max_headers: 10, allow_head: false };
         assert_eq!(parse_request_with(head(11).as_bytes(), tight).0, Request::TooLarge);
         let r = response_ok_head(64, true);
