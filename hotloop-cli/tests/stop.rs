@@ -40,7 +40,7 @@ test_all_drivers! {
             })
             .collect();
         // Connected, nothing sent yet: idle too.
-        let mut silent = TcpStream::connect(addr).unwrap();
+        let silent = TcpStream::connect(addr).unwrap();
         silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         idle.push(silent);
         // Accepted, not waiting in the kernel's queue (a stop resets those it has not taken).
