@@ -289,11 +289,13 @@ async fn http(stream: TcpStream, s: &Settings) {
         let deadline = head_deadline.or(s.idle_timeout.map(|t| Instant::now() + t));
         // Back to the pool before waiting.
         drop(std::mem::take(&mut buf));
-        // An idle connection (no request begun: between keep-alive requests,
-        // or a new connection that has sent nothing) closes at once when the
-        // server stops, as nginx's idle connections do; one partway through
-        // a request head gets its answer, with `Connection: close`.
-        let idle = pending.is_empty();
+        // An idle keep-alive connection (answered, no next request begun)
+        // closes at once when the server stops, as nginx's do. A new
+        // connection waiting for its first request is not idle (its request
+        // may be on the way: nginx waits for it too), and its header timeout
+        // bounds it; one partway through a request gets its answer, with
+        // `Connection: close`.
+        let idle = head_deadline.is_none();
         let read = if idle {
             match drain::until_stop(read_by(&stream, deadline)).await {
                 Some(r) => r,
