@@ -4,10 +4,12 @@
 //! It links hotloop and no other runtime; the measuring tools (load
 //! generator, peers, benchmark suite) live in `hotloop-bench`.
 
+mod drain;
 mod proxy;
 mod runtime_args;
 mod serve;
 mod stats_server;
+mod stop;
 
 use std::process::ExitCode;
 
@@ -24,9 +26,56 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run an echo, HTTP or hyper server on the runtime.
+    #[command(after_help = SERVE_NOTES)]
     Serve(serve::ServeArgs),
     /// Forward TCP connections to backends, round-robin.
+    #[command(after_help = PROXY_NOTES)]
     Proxy(proxy::ProxyArgs),
+}
+
+const SERVE_NOTES: &str = notes::SERVE;
+const PROXY_NOTES: &str = notes::PROXY;
+
+/// The help text after each command's flags (`concat!` takes literals only, hence the macro).
+mod notes {
+    macro_rules! signals {
+        () => {
+            "\
+Signals: SIGTERM or SIGINT stops gracefully: no new connections, idle keep-alive
+connections closed at once, answers in flight sent with `Connection: close`, exit
+as soon as the last connection ends or --grace-ms (default 5000) has passed. A
+second SIGTERM or SIGINT, or SIGQUIT at any time, stops at once. SIGHUP is logged
+and ignored (options come from the command line only: restart to change them).
+SIGUSR1 logs one status line. SIGUSR2 is logged and ignored."
+        };
+    }
+    pub const SERVE: &str = concat!(
+        "\
+Timeouts (echo and http; the hyper app has hyper's own header-read timeout, none of these):
+  --idle-timeout-ms    60000  nothing moved in either direction: close
+  --header-timeout-ms  10000  a request head not complete: 408 and close (http)
+  --send-timeout-ms    60000  a write made no progress (the client does not read): close
+  --grace-ms            5000  on a graceful stop, how long open connections may take
+  after an error reply (400, 405, 408, 431, 501, 505): writing is shut down, and
+  up to 256 KiB the client still sends is read and dropped for at most 2 s before
+  closing, so the client reads the reply rather than a reset.
+
+",
+        signals!()
+    );
+    pub const PROXY: &str = concat!(
+        "\
+Timeouts:
+  --connect-timeout-ms  1000  one backend's connect; then the next backend is tried
+  --idle-timeout-ms    60000  no byte moved in either direction (writes blocked on a
+                              peer that does not read included): both sides reset
+  --grace-ms            5000  on a graceful stop, how long open connections may take
+                              (proxied connections have no request boundary: they run
+                              until they end or the grace period does)
+
+",
+        signals!()
+    );
 }
 
 fn main() -> ExitCode {

@@ -4,18 +4,37 @@
 //! connect fails or times out, the next backend is tried, until every
 //! backend has been tried once. Bytes then flow both ways until each side
 //! closes; a half-close is passed on as a half-close.
+//!
+//! A proxied connection is idle only when neither direction has moved (a
+//! read or a write finishing) for the idle timeout, as haproxy's `timeout
+//! tunnel`: a backend streaming to a silent client, or a client uploading
+//! to a silent backend, is never cut. A write blocked because its reader
+//! does not read makes no progress, so it counts as idle too.
+//!
+//! A cut (the idle timeout, a reset or an error on either side) is passed
+//! on as a reset to both sides (`SO_LINGER` 0, then close), never as a
+//! clean end of stream, so neither peer can take a truncated transfer for
+//! a complete one. haproxy does the same when it aborts a stream (its
+//! "nolinger" close); unlike haproxy, hotloop also resets on the idle
+//! timeout, where haproxy sends a FIN.
+//!
+//! Each direction reads with `read_pooled`, so an idle proxied connection
+//! holds no buffer: one task (both directions and the idle timer are
+//! futures inside it) and its two sockets.
 
 use std::cell::Cell;
+use std::future::{poll_fn, Future};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::rc::Rc;
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use hotloop::net::{serve, TcpStream};
 use hotloop::signal::ShutdownSignals;
-use hotloop::spawn;
+use hotloop::time::sleep_until;
 
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::{Extra, Kind, StatsServer};
@@ -29,10 +48,14 @@ pub struct ProxyArgs {
     /// Backend addresses, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     pub backend: Vec<String>,
-    /// Give up connecting to one backend after this long (milliseconds).
+    /// Connect timeout: give up on one backend after this long and try the
+    /// next, milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub connect_timeout_ms: u64,
-    /// Close a connection when neither side has sent anything for this long (milliseconds; 0: never).
+    /// Idle timeout: cut a proxied connection (a reset to both sides) when
+    /// no byte has moved in either direction for this long, writes blocked
+    /// on a peer that does not read included (haproxy's `timeout tunnel`),
+    /// milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
     #[command(flatten)]
@@ -68,7 +91,7 @@ pub struct ProxyConfig {
     pub counters: ProxyCounters,
 }
 
-/// Runs the proxy until SIGINT or SIGTERM.
+/// Runs the proxy until a stop signal (see `stop.rs` for each signal).
 pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
     let signals = ShutdownSignals::block()?;
     hotloop::raise_nofile_limit()?;
@@ -158,10 +181,27 @@ pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
     if let Some(st) = &_stats {
         eprintln!("hotloop proxy: stats on http://{}/stats", st.local_addr());
     }
-    signals.wait()?;
-    let left = server.shutdown_blocking(args.runtime.grace());
+    let active = server.active_connections_reader();
+    let status = || {
+        format!(
+            "{} connections open, {} forwarded",
+            active(),
+            config.counters.forwarded.load(Relaxed)
+        )
+    };
+    // Proxied connections have no request boundary: a stop lets them run
+    // until they end or the grace period does, as haproxy's `hard-stop-after`.
+    let stopped = crate::stop::run_until_stopped(
+        "hotloop proxy",
+        &signals,
+        &rt,
+        server,
+        args.runtime.grace(),
+        &status,
+    )?;
     eprintln!(
-        "hotloop proxy: stopped ({left} connections cut at the grace limit); {} forwarded",
+        "hotloop proxy: stopped ({} connections cut at the grace limit); {} forwarded",
+        stopped.cut,
         config.counters.forwarded.load(Relaxed)
     );
     Ok(())
@@ -202,50 +242,79 @@ pub async fn forward(client: TcpStream, config: Arc<ProxyConfig>) {
         return; // dropping the client closes it cleanly
     };
     config.counters.forwarded.fetch_add(1, Relaxed);
-    let client = Rc::new(client);
-    let backend = Rc::new(backend);
-    let up = spawn(copy(client.clone(), backend.clone(), config.clone(), true));
-    copy(backend, client, config, false).await;
-    let _ = up.await;
-}
-
-/// Copies `from` to `to` until EOF, then half-closes `to`.
-async fn copy(from: Rc<TcpStream>, to: Rc<TcpStream>, config: Arc<ProxyConfig>, upstream: bool) {
-    let counter = if upstream { &config.counters.bytes_up } else { &config.counters.bytes_down };
-    let mut buf = Vec::with_capacity(16 * 1024);
-    loop {
-        let read = match config.idle_timeout {
-            Some(t) => match hotloop::time::timeout(t, from.read(buf)).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // Idle too long: end both directions.
-                    let _ = to.shutdown(Shutdown::Both).await;
-                    let _ = from.shutdown(Shutdown::Both).await;
-                    return;
+    // Both directions and the idle timer live in this one task: no spawn,
+    // so an idle proxied connection costs one task, two sockets, no buffer.
+    let moved = Cell::new(Instant::now());
+    let mut up = pin!(copy(&client, &backend, &config.counters.bytes_up, &moved));
+    let mut down = pin!(copy(&backend, &client, &config.counters.bytes_down, &moved));
+    let (mut up_done, mut down_done) = (false, false);
+    let mut idle = pin!(config.idle_timeout.map(|t| sleep_until(moved.get() + t)));
+    let clean = poll_fn(|cx| {
+        for (copy, done) in [(up.as_mut(), &mut up_done), (down.as_mut(), &mut down_done)] {
+            if !*done {
+                if let Poll::Ready(ended) = copy.poll(cx) {
+                    *done = true;
+                    if let Ended::Failed = ended {
+                        return Poll::Ready(false);
+                    }
                 }
-            },
-            None => from.read(buf).await,
-        };
-        let (res, b) = read;
-        match res {
-            Ok(0) => {
-                let _ = to.shutdown(Shutdown::Write).await;
-                return;
-            }
-            Ok(n) => {
-                counter.fetch_add(n as u64, Relaxed);
-                let (res, b) = to.write_all(b).await;
-                if res.is_err() {
-                    let _ = from.shutdown(Shutdown::Both).await;
-                    return;
-                }
-                buf = b;
-            }
-            Err(_) => {
-                // Reset or error: pass it on as a full close.
-                let _ = to.shutdown(Shutdown::Both).await;
-                return;
             }
         }
+        if up_done && down_done {
+            return Poll::Ready(true);
+        }
+        if let (Some(mut sleep), Some(t)) = (idle.as_mut().as_pin_mut(), config.idle_timeout) {
+            while sleep.as_mut().poll(cx).is_ready() {
+                let due = moved.get() + t;
+                if Instant::now() >= due {
+                    return Poll::Ready(false);
+                }
+                sleep.as_mut().reset(due);
+            }
+        }
+        Poll::Pending
+    })
+    .await;
+    if !clean {
+        // Reset both sides: neither peer may read a clean end of stream.
+        let _ = client.set_linger(Some(Duration::ZERO));
+        let _ = backend.set_linger(Some(Duration::ZERO));
+    }
+    // Returning drops the copies still running (cancelling their
+    // operations), then closes both sockets.
+}
+
+/// How one direction ended.
+enum Ended {
+    /// The source closed its side; the half-close was passed on.
+    Eof,
+    /// A reset or an error on either side: the connection is cut.
+    Failed,
+}
+
+/// Copies `from` to `to` until EOF, then half-closes `to`; notes each
+/// read and write that finishes in `moved`.
+async fn copy(
+    from: &TcpStream,
+    to: &TcpStream,
+    counter: &AtomicU64,
+    moved: &Cell<Instant>,
+) -> Ended {
+    loop {
+        // A buffer is taken only once data is there: idle, this holds none.
+        let Ok(buf) = from.read_pooled().await else { return Ended::Failed };
+        moved.set(Instant::now());
+        if buf.is_empty() {
+            return match to.shutdown(Shutdown::Write).await {
+                Ok(()) => Ended::Eof,
+                Err(_) => Ended::Failed,
+            };
+        }
+        counter.fetch_add(buf.len() as u64, Relaxed);
+        let (res, _) = to.write_all(buf).await;
+        if res.is_err() {
+            return Ended::Failed;
+        }
+        moved.set(Instant::now());
     }
 }

@@ -52,7 +52,9 @@ pub struct RuntimeArgs {
     /// Serve the live counters over HTTP on this address (GET /stats for JSON, /metrics for Prometheus).
     #[arg(long)]
     pub stats_addr: Option<String>,
-    /// On SIGINT/SIGTERM, how long in-flight connections may take to finish (milliseconds).
+    /// Grace period: on SIGTERM or SIGINT, how long open connections may
+    /// take to finish before they are cut, milliseconds; the process exits
+    /// as soon as the last one ends.
     #[arg(long, default_value_t = 5000)]
     pub grace_ms: u64,
 }

@@ -6,18 +6,22 @@
 //! knowledge), so hyper on hotloop can be compared with the same service on
 //! tokio.
 
+use std::io;
+use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use hotloop::buf::IoBuf;
 use hotloop::hyper::serve_hyper;
 use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
-use hotloop::time::timeout_at;
+use hotloop::time::{timeout, timeout_at};
 
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::{Extra, Kind, StatsServer};
-use hotloop_proto::{self as proto, hyper_app, Request};
+use crate::{drain, stop};
+use hotloop_proto::{self as proto, hyper_app, Method, ParseOptions, Request};
 use hyper::service::service_fn;
 
 /// What the server speaks.
@@ -46,15 +50,33 @@ pub struct ServeArgs {
     /// CPU work per request in microseconds, standing in for an application's own processing.
     #[arg(long, default_value_t = 0)]
     pub work_us: u64,
-    /// Close a connection that has sent nothing for this long (milliseconds; 0: never).
+    /// Idle timeout (echo, http): close a connection when nothing has moved
+    /// in either direction for this long, milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
-    /// HTTP: the whole request head must arrive within this time (milliseconds), however slowly it trickles.
+    /// Header timeout (http): a request head must arrive whole within this
+    /// long of its first byte (of the connection, for the first request),
+    /// however slowly it trickles; then 408 and close. Milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
+    /// Send timeout (echo, http): close a connection when a write has made
+    /// no progress for this long, because the client does not read
+    /// (nginx's `send_timeout`), milliseconds (0: never).
+    #[arg(long, default_value_t = 60_000)]
+    pub send_timeout_ms: u64,
+    /// HTTP: the most headers a request may carry; more gets 431.
+    #[arg(long, default_value_t = proto::REQUEST_HEADERS_MAX,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=proto::REQUEST_HEADERS_LIMIT_MAX as u64))]
+    pub max_headers: usize,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
+
+/// After an error reply, the most bytes read and thrown away, and for how
+/// long, before closing (see [`reject`]).
+const LINGER_BYTES_MAX: usize = 256 * 1024;
+const LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// What every connection handler of one server shares.
 struct Settings {
@@ -63,11 +85,19 @@ struct Settings {
     work_us: u64,
     idle_timeout: Option<Duration>,
     header_timeout: Duration,
+    send_timeout: Option<Duration>,
+    parse: ParseOptions,
     keep_alive_reply: Arc<[u8]>,
     close_reply: Arc<[u8]>,
+    keep_alive_head_reply: Arc<[u8]>,
+    close_head_reply: Arc<[u8]>,
 }
 
-/// Runs the server until SIGINT or SIGTERM.
+fn millis_or_never(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// Runs the server until a stop signal (see `stop.rs` for each signal).
 pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let signals = ShutdownSignals::block()?;
     let nofile = hotloop::raise_nofile_limit()?;
@@ -75,11 +105,14 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let settings = Arc::new(Settings {
         echo: args.app == App::Echo,
         work_us: args.work_us,
-        idle_timeout: (args.idle_timeout_ms > 0)
-            .then(|| Duration::from_millis(args.idle_timeout_ms)),
+        idle_timeout: millis_or_never(args.idle_timeout_ms),
         header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+        send_timeout: millis_or_never(args.send_timeout_ms),
+        parse: ParseOptions { max_headers: args.max_headers, allow_head: true },
         keep_alive_reply: proto::response_ok(args.body_size, false).into(),
         close_reply: proto::response_ok(args.body_size, true).into(),
+        keep_alive_head_reply: proto::response_ok_head(args.body_size, false).into(),
+        close_head_reply: proto::response_ok_head(args.body_size, true).into(),
     });
     let server = match args.app {
         App::Hyper => {
@@ -111,9 +144,10 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         stats.info.reason,
         stats.info.busy_poll,
     );
+    let active = Arc::new(server.active_connections_reader());
     let _stats_server = match &args.runtime.stats_addr {
         Some(addr) => {
-            let active = server.active_connections_reader();
+            let active = active.clone();
             Some(StatsServer::start(
                 addr,
                 rt.handle().clone(),
@@ -132,14 +166,20 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     if let Some(st) = &_stats_server {
         eprintln!("hotloop serve: stats on http://{}/stats", st.local_addr());
     }
-    let sig = signals.wait()?;
+    let status =
+        || format!("{} connections open, {} accepted", active(), rt.stats().total.accepted);
+    let stopped = stop::run_until_stopped(
+        "hotloop serve",
+        &signals,
+        &rt,
+        server,
+        args.runtime.grace(),
+        &status,
+    )?;
+    let how = if stopped.forced { "stopped at once" } else { "stopped" };
     eprintln!(
-        "hotloop serve: {sig:?}: no longer accepting; waiting up to {:?} for connections",
-        args.runtime.grace()
-    );
-    let left = server.shutdown_blocking(args.runtime.grace());
-    eprintln!(
-        "hotloop serve: stopped ({left} connections cut at the grace limit); {} accepted",
+        "hotloop serve: {how} ({} connections cut at the grace limit); {} accepted",
+        stopped.cut,
         rt.stats().total.accepted
     );
     Ok(())
@@ -164,13 +204,37 @@ async fn read_by(stream: &TcpStream, deadline: Option<Instant>) -> Option<Pooled
     res.ok().filter(|b| !b.is_empty())
 }
 
+/// Writes all of `buf`, giving up when one write has made no progress for
+/// `limit` (the client does not read); `Err` means the connection is done.
+async fn send<B: IoBuf>(stream: &TcpStream, buf: B, limit: Option<Duration>) -> io::Result<()> {
+    let total = buf.bytes_init();
+    let (mut buf, mut done) = (buf, 0);
+    while done < total {
+        let write = stream.write(buf.slice(done..));
+        // A write returns as soon as it moved any bytes: each one restarts the clock.
+        let (res, slice) = match limit {
+            Some(t) => {
+                timeout(t, write).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
+            }
+            None => write.await,
+        };
+        buf = slice.into_inner();
+        match res? {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n => done += n,
+        }
+    }
+    Ok(())
+}
+
 async fn echo(stream: TcpStream, s: &Settings) {
     loop {
+        // Set after the last write finished: the idle clock counts time
+        // with no progress either way.
         let deadline = s.idle_timeout.map(|t| Instant::now() + t);
         let Some(buf) = read_by(&stream, deadline).await else { return };
         proto::spin_work(s.work_us);
-        let (res, _buf) = stream.write_all(buf).await;
-        if res.is_err() {
+        if send(&stream, buf, s.send_timeout).await.is_err() {
             return;
         }
     }
@@ -181,43 +245,66 @@ async fn http(stream: TcpStream, s: &Settings) {
     // in `pending`, which stays empty (and unallocated) in the common case.
     let mut buf = PooledBuf::default();
     let mut pending: Vec<u8> = Vec::new();
-    let mut consumed = 0; // bytes of `buf` already answered
-                          // The first request's head must arrive within the header timeout.
+    // Bytes of `buf` already answered.
+    let mut consumed = 0;
+    // The first request's head must arrive within the header timeout.
     let mut head_deadline = Some(Instant::now() + s.header_timeout);
     loop {
         let unparsed: &[u8] = if pending.is_empty() { &buf[consumed..] } else { &pending };
-        match proto::parse_request(unparsed) {
-            Request::Complete { len, close } => {
+        match proto::parse_request_with(unparsed, s.parse) {
+            (Request::Complete { len, close }, method) => {
                 if pending.is_empty() {
                     consumed += len;
                 } else {
                     pending.drain(..len);
                 }
                 proto::spin_work(s.work_us);
-                let reply = if close { s.close_reply.clone() } else { s.keep_alive_reply.clone() };
-                let (res, _) = stream.write_all(reply).await;
-                if res.is_err() || close {
+                // Stopping: this answer is the connection's last.
+                let close = close || drain::stopping();
+                let reply = match (method, close) {
+                    (Method::Get, false) => s.keep_alive_reply.clone(),
+                    (Method::Get, true) => s.close_reply.clone(),
+                    (Method::Head, false) => s.keep_alive_head_reply.clone(),
+                    (Method::Head, true) => s.close_head_reply.clone(),
+                };
+                if send(&stream, reply, s.send_timeout).await.is_err() || close {
                     return;
                 }
                 // Between requests the idle timeout applies, until a byte of the next one arrives.
                 head_deadline = None;
                 continue;
             }
-            Request::Partial => {
+            (Request::Partial, _) => {
                 if pending.is_empty() && consumed < buf.len() {
                     pending.extend_from_slice(&buf[consumed..]);
                 }
             }
-            Request::Malformed => return reject(&stream, 400).await,
-            Request::TooLarge => return reject(&stream, 431).await,
-            Request::Unsupported(status) => return reject(&stream, status).await,
+            (Request::Malformed, _) => return reject(&stream, 400, s).await,
+            (Request::TooLarge, _) => return reject(&stream, 431, s).await,
+            (Request::Unsupported(status), _) => return reject(&stream, status, s).await,
         }
         if !pending.is_empty() && head_deadline.is_none() {
             head_deadline = Some(Instant::now() + s.header_timeout);
         }
         let deadline = head_deadline.or(s.idle_timeout.map(|t| Instant::now() + t));
-        drop(std::mem::take(&mut buf)); // back to the pool before waiting
-        match read_by(&stream, deadline).await {
+        // Back to the pool before waiting.
+        drop(std::mem::take(&mut buf));
+        // An idle keep-alive connection (answered, no next request begun)
+        // closes at once when the server stops, as nginx's do. A new
+        // connection waiting for its first request is not idle (its request
+        // may be on the way: nginx waits for it too), and its header timeout
+        // bounds it; one partway through a request gets its answer, with
+        // `Connection: close`.
+        let idle = head_deadline.is_none();
+        let read = if idle {
+            match drain::until_stop(read_by(&stream, deadline)).await {
+                Some(r) => r,
+                None => return,
+            }
+        } else {
+            read_by(&stream, deadline).await
+        };
+        match read {
             Some(b) => {
                 buf = b;
                 consumed = 0;
@@ -228,7 +315,7 @@ async fn http(stream: TcpStream, s: &Settings) {
             }
             None => {
                 if !pending.is_empty() && head_deadline.is_some_and(|d| Instant::now() >= d) {
-                    reject(&stream, 408).await;
+                    reject(&stream, 408, s).await;
                 }
                 return;
             }
@@ -236,6 +323,26 @@ async fn http(stream: TcpStream, s: &Settings) {
     }
 }
 
-async fn reject(stream: &TcpStream, status: u16) {
-    let _ = stream.write_all(proto::response_error(status)).await;
+/// Answers with an error status and closes gracefully: shut down writing
+/// (the client reads the reply, then the end of stream), then read and
+/// drop what the client still sends, up to [`LINGER_BYTES_MAX`] within
+/// [`LINGER_MAX`], before closing. Closing with unread bytes would send a
+/// reset, which can destroy the reply before the client reads it (RFC 9112
+/// section 9.6; nginx's `lingering_close`, with a shorter bound: 2 s rather
+/// than nginx's 30 s, to free the descriptor sooner).
+async fn reject(stream: &TcpStream, status: u16, s: &Settings) {
+    if send(stream, proto::response_error(status), s.send_timeout).await.is_err() {
+        return;
+    }
+    if stream.shutdown(Shutdown::Write).await.is_err() {
+        return;
+    }
+    let until = Instant::now() + LINGER_MAX;
+    let mut drained = 0;
+    while drained < LINGER_BYTES_MAX {
+        match read_by(stream, Some(until)).await {
+            Some(b) => drained += b.len(),
+            None => return,
+        }
+    }
 }

@@ -16,8 +16,39 @@ pub mod response;
 /// The most bytes a request head (request line and headers) may take.
 pub const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
 
-/// The most headers a request may carry.
-pub const REQUEST_HEADERS_MAX: usize = 32;
+/// The most headers a request may carry by default (browsers send 10 to
+/// 40; nginx has no count limit, only its header buffers).
+pub const REQUEST_HEADERS_MAX: usize = 100;
+
+/// The largest header-count limit [`parse_request_with`] accepts: a head
+/// of [`REQUEST_HEAD_MAX_BYTES`] cannot hold more headers than this anyway
+/// (the shortest header line, `a:` and its line end, takes 4 bytes).
+pub const REQUEST_HEADERS_LIMIT_MAX: usize = REQUEST_HEAD_MAX_BYTES / 4;
+
+/// The request method, for servers that answer `HEAD` as well as `GET`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// `GET`.
+    Get,
+    /// `HEAD`: answered as `GET` without the body (RFC 9110 section 9.3.2).
+    Head,
+}
+
+/// What [`parse_request_with`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// The most headers a request may carry (at most
+    /// [`REQUEST_HEADERS_LIMIT_MAX`]; more is treated as that).
+    pub max_headers: usize,
+    /// Accept `HEAD` as well as `GET`.
+    pub allow_head: bool,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions { max_headers: REQUEST_HEADERS_MAX, allow_head: false }
+    }
+}
 
 /// What parsing a buffered HTTP/1.1 request head found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,17 +74,39 @@ pub enum Request {
     Unsupported(u16),
 }
 
-/// Parses the request head at the start of `buf`.
+/// Parses the request head at the start of `buf`: `GET` only, at most
+/// [`REQUEST_HEADERS_MAX`] headers.
 ///
 /// Request bodies are not supported: the bench's requests are `GET`s.
 pub fn parse_request(buf: &[u8]) -> Request {
-    let mut headers = [httparse::EMPTY_HEADER; REQUEST_HEADERS_MAX];
-    let mut req = httparse::Request::new(&mut headers);
-    match req.parse(buf) {
+    parse_request_with(buf, ParseOptions::default()).0
+}
+
+/// Parses the request head at the start of `buf` with `options`; the
+/// method is meaningful when the request is [`Request::Complete`].
+pub fn parse_request_with(buf: &[u8], options: ParseOptions) -> (Request, Method) {
+    let max = options.max_headers.clamp(1, REQUEST_HEADERS_LIMIT_MAX);
+    // The default limit's slots (3.2 KB) on the stack; the largest (64 KB) only when asked for.
+    if max <= REQUEST_HEADERS_MAX {
+        parse_with_slots::<REQUEST_HEADERS_MAX>(buf, max, options.allow_head)
+    } else {
+        parse_with_slots::<REQUEST_HEADERS_LIMIT_MAX>(buf, max, options.allow_head)
+    }
+}
+
+fn parse_with_slots<const N: usize>(buf: &[u8], max: usize, allow_head: bool) -> (Request, Method) {
+    // Uninitialised header slots: a large limit costs nothing per parse.
+    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; N];
+    let mut req = httparse::Request::new(&mut []);
+    let parsed = req.parse_with_uninit_headers(buf, &mut headers[..max]);
+    let mut method = Method::Get;
+    let request = match parsed {
         Ok(httparse::Status::Complete(len)) if len > REQUEST_HEAD_MAX_BYTES => Request::TooLarge,
         Ok(httparse::Status::Complete(len)) => {
-            if req.method != Some("GET") {
-                return Request::Unsupported(405);
+            match req.method {
+                Some("GET") => {}
+                Some("HEAD") if allow_head => method = Method::Head,
+                _ => return (Request::Unsupported(405), method),
             }
             let mut close = req.version == Some(0);
             for h in req.headers.iter() {
@@ -61,7 +114,7 @@ pub fn parse_request(buf: &[u8]) -> Request {
                     && h.value.trim_ascii() != b"0")
                     || h.name.eq_ignore_ascii_case("transfer-encoding");
                 if has_body {
-                    return Request::Unsupported(501);
+                    return (Request::Unsupported(501), method);
                 }
                 if h.name.eq_ignore_ascii_case("connection") {
                     if h.value.eq_ignore_ascii_case(b"close") {
@@ -78,7 +131,8 @@ pub fn parse_request(buf: &[u8]) -> Request {
         Err(httparse::Error::TooManyHeaders) => Request::TooLarge,
         Err(httparse::Error::Version) => Request::Unsupported(505),
         Err(_) => Request::Malformed,
-    }
+    };
+    (request, method)
 }
 
 /// The path of a request head, for the stats endpoint: the second word of
@@ -97,6 +151,14 @@ pub fn response_ok(body_len: usize, close: bool) -> Vec<u8> {
     )
     .into_bytes();
     out.resize(out.len() + body_len, b'x');
+    out
+}
+
+/// The head of [`response_ok`] alone: the answer to a `HEAD` request, with
+/// the `Content-Length` the `GET` body would have.
+pub fn response_ok_head(body_len: usize, close: bool) -> Vec<u8> {
+    let mut out = response_ok(body_len, close);
+    out.truncate(out.len() - body_len);
     out
 }
 
@@ -157,7 +219,40 @@ mod tests {
             Request::Complete { .. }
         ));
         let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];
+        assert_eq!(parse_request(b"HEAD / HTTP/1.1\r\n\r\n"), Request::Unsupported(405));
         assert_eq!(parse_request(&[b"GET /".as_slice(), &big].concat()), Request::TooLarge);
+    }
+
+    #[test]
+    fn head_and_header_count_limits() {
+        let opts = ParseOptions { max_headers: 100, allow_head: true };
+        assert_eq!(
+            parse_request_with(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n", opts),
+            (Request::Complete { len: 28, close: false }, Method::Head)
+        );
+        let head = |n: usize| {
+            let mut h = String::from("GET / HTTP/1.1\r\n");
+            for i in 0..n {
+                h.push_str(&format!("X-H{i}: v\r\n"));
+            }
+            h + "\r\n"
+        };
+        // 33 headers, as browsers send, pass the default; 101 do not.
+        assert!(matches!(parse_request(head(33).as_bytes()), Request::Complete { .. }));
+        assert!(matches!(parse_request(head(100).as_bytes()), Request::Complete { .. }));
+        assert_eq!(parse_request(head(101).as_bytes()), Request::TooLarge);
+        let wide = ParseOptions { max_headers: 200, allow_head: false };
+        assert!(matches!(
+            parse_request_with(head(150).as_bytes(), wide).0,
+            Request::Complete { .. }
+        ));
+        assert_eq!(parse_request_with(head(201).as_bytes(), wide).0, Request::TooLarge);
+        let tight = ParseOptions { max_headers: 10, allow_head: false };
+        assert_eq!(parse_request_with(head(11).as_bytes(), tight).0, Request::TooLarge);
+        let r = response_ok_head(64, true);
+        assert!(String::from_utf8(r)
+            .unwrap()
+            .ends_with("Content-Length: 64\r\nConnection: close\r\n\r\n"));
     }
 
     #[test]

@@ -184,6 +184,26 @@ pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io
     Ok(())
 }
 
+/// Sets `SO_LINGER`: `Some(d)` makes `close` wait up to `d` for unsent
+/// data (`Some(ZERO)`: close resets the connection); `None` is the default.
+pub(crate) fn set_linger(fd: RawFd, linger: Option<std::time::Duration>) -> io::Result<()> {
+    let value = libc::linger {
+        l_onoff: linger.is_some() as libc::c_int,
+        l_linger: linger.map_or(0, |d| d.as_secs().min(i32::MAX as u64) as libc::c_int),
+    };
+    // SAFETY: passes a pointer to a live `linger` and its exact size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&value as *const libc::linger).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
 /// Reads an integer socket option.
 pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     let mut value: i32 = 0;

@@ -41,6 +41,10 @@ pub struct TcpListener {
     batch_count: Cell<usize>,
     /// Accepting resumes at this instant after running out of descriptors.
     paused_until: Cell<Option<Instant>>,
+    /// The current run of resource failures (out of descriptors or memory):
+    /// when it began and how many accepts failed, so it is logged once when
+    /// it begins and once when it ends, not at every retry.
+    exhausted: Cell<Option<(Instant, u64)>>,
     /// With accept pacing: this turn's budget and when the turn's first accept came.
     pace_budget: Cell<usize>,
     pace_turn_started: Cell<Option<Instant>>,
@@ -68,6 +72,7 @@ impl TcpListener {
             batch_turn: Cell::new(u64::MAX),
             batch_count: Cell::new(0),
             paused_until: Cell::new(None),
+            exhausted: Cell::new(None),
             pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
             pace_turn_started: Cell::new(None),
             options,
@@ -121,6 +126,7 @@ impl TcpListener {
             match result {
                 Ok(fd) => {
                     self.count_accept();
+                    self.end_exhaustion();
                     return TcpStream::from_fd(fd);
                 }
                 Err(e) => self.on_accept_error(e)?,
@@ -146,6 +152,7 @@ impl TcpListener {
         match self.src.accept_now(self.options.accept_mode)? {
             Ok(fd) => {
                 self.count_accept();
+                self.end_exhaustion();
                 Some(TcpStream::from_fd(fd))
             }
             Err(e) => Some(Err(e)),
@@ -202,20 +209,36 @@ impl TcpListener {
         self.pace_turn_started.set(Some(now));
     }
 
+    /// Ends a run of resource failures, saying how long it lasted.
+    fn end_exhaustion(&self) {
+        if let Some((since, failures)) = self.exhausted.take() {
+            context::with(|cx| {
+                crate::log::warn(format_args!(
+                    "worker {}: accepting again after {failures} failed accepts over {:?}",
+                    cx.id,
+                    since.elapsed()
+                ))
+            });
+        }
+    }
+
     /// Classifies an accept error: `Ok` to keep accepting, `Err` to give up.
     fn on_accept_error(&self, e: io::Error) -> io::Result<()> {
         context::with(|cx| {
             let s = &cx.shared.stats;
             match e.raw_os_error() {
                 Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                    // Once per run of failures, not per retry.
-                    if s.accept_errors_resources.load(std::sync::atomic::Ordering::Relaxed) == 0
-                        || self.batch_count.get() > 0
-                    {
-                        crate::log::warn(format_args!(
-                            "worker {}: accept failed ({e}); pausing the listener for {:?} (raise the open-file limit or lower maxconn)",
-                            cx.id, self.options.resource_pause
-                        ));
+                    // Said once per run of failures, not per retry; the line
+                    // at the run's end says how many there were.
+                    match self.exhausted.get() {
+                        Some((since, n)) => self.exhausted.set(Some((since, n + 1))),
+                        None => {
+                            crate::log::warn(format_args!(
+                                "worker {}: accept failed ({e}); retrying every {:?} until it works (raise the open-file limit or lower maxconn)",
+                                cx.id, self.options.resource_pause
+                            ));
+                            self.exhausted.set(Some((Instant::now(), 1)));
+                        }
                     }
                     stats::add(&s.accept_errors_resources, 1);
                     stats::add(&s.accept_pauses, 1);

@@ -29,6 +29,11 @@ pub struct Server {
 struct ServerShared {
     stopped: Mutex<(bool, Vec<Waker>)>,
     active: AtomicUsize,
+    /// Accept loops parked at the global limit, on any worker: a connection
+    /// that finishes anywhere wakes them.
+    slot_waiters: Mutex<Vec<Waker>>,
+    /// `slot_waiters.len()`, read without the lock by finishing connections.
+    slot_waiting: AtomicUsize,
 }
 
 impl ServerShared {
@@ -37,6 +42,32 @@ impl ServerShared {
             let mut st = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
             st.0 = true;
             std::mem::take(&mut st.1)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Parks `waker` until a connection finishes on any worker.
+    fn park_for_slot(&self, waker: &Waker) {
+        let mut w = self.slot_waiters.lock().unwrap_or_else(|e| e.into_inner());
+        if !w.iter().any(|x| x.will_wake(waker)) {
+            w.push(waker.clone());
+        }
+        self.slot_waiting.store(w.len(), Ordering::SeqCst);
+    }
+
+    /// Wakes the accept loops parked at the global limit.
+    fn wake_slot_waiters(&self) {
+        // SeqCst pairs with the waiter's store of `slot_waiting` and its
+        // re-read of `active`: either it sees the slot free, or this sees it waiting.
+        if self.slot_waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let wakers = {
+            let mut w = self.slot_waiters.lock().unwrap_or_else(|e| e.into_inner());
+            self.slot_waiting.store(0, Ordering::SeqCst);
+            std::mem::take(&mut *w)
         };
         for w in wakers {
             w.wake();
@@ -151,17 +182,14 @@ struct ActiveGuard {
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.shared.active.fetch_sub(1, Ordering::AcqRel);
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
         self.local.active.set(self.local.active.get() - 1);
         if let Some(w) = self.local.waiting.take() {
             w.wake();
         }
+        self.shared.wake_slot_waiters();
     }
 }
-
-/// How often a worker at the global limit looks again (connections that
-/// finish on other workers do not wake it).
-const MAXCONN_RECHECK: Duration = Duration::from_millis(2);
 
 /// Starts a server on every worker of `handle`'s runtime: each worker gets
 /// its own listener on `addr` (with `SO_REUSEPORT`, so the kernel spreads
@@ -214,6 +242,8 @@ where
     let shared = Arc::new(ServerShared {
         stopped: Mutex::new((false, Vec::new())),
         active: AtomicUsize::new(0),
+        slot_waiters: Mutex::new(Vec::new()),
+        slot_waiting: AtomicUsize::new(0),
     });
     let handler = Arc::new(handler);
     let accept_loops = sockets
@@ -261,7 +291,7 @@ where
             while at_limit(&shared, &local, limits)
                 && !shared.poll_stopped(std::task::Waker::noop())
             {
-                wait_for_a_free_slot(&local).await;
+                wait_for_a_free_slot(&shared, &local, limits).await;
             }
         }
         // The driver accepts no further ahead than the slots left.
@@ -299,7 +329,7 @@ where
                     crate::runtime::context::with(|cx| {
                         crate::stats::add(&cx.shared.stats.maxconn_reached, 1)
                     });
-                    wait_for_a_free_slot(&local).await;
+                    wait_for_a_free_slot(&shared, &local, limits).await;
                 }
                 start_handler(stream, &shared, &local, &*handler);
             }
@@ -320,24 +350,26 @@ fn room(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> Option<us
 
 fn at_limit(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bool {
     limits.per_worker.is_some_and(|max| local.active.get() >= max)
-        || limits.global.is_some_and(|max| shared.active.load(Ordering::Acquire) >= max)
+        || limits.global.is_some_and(|max| shared.active.load(Ordering::SeqCst) >= max)
 }
 
-/// Waits until a connection of this worker finishes, or a short while
-/// (a connection may have finished on another worker).
-async fn wait_for_a_free_slot(local: &WorkerConns) {
-    let mut sleep = pin!(crate::time::sleep(MAXCONN_RECHECK));
-    let mut parked = false;
+/// Waits until a slot may be free: a connection finished on this worker
+/// or, under a global limit, on any worker; or the server stops.
+async fn wait_for_a_free_slot(shared: &ServerShared, local: &WorkerConns, limits: Limits) {
     poll_fn(|cx| {
-        if parked && local.waiting.take().is_none() {
-            return Poll::Ready(()); // woken by a finishing connection
-        }
-        if sleep.as_mut().poll(cx).is_ready() {
+        if !at_limit(shared, local, limits) || shared.poll_stopped(cx.waker()) {
             local.waiting.take();
             return Poll::Ready(());
         }
         local.waiting.set(Some(cx.waker().clone()));
-        parked = true;
+        if limits.global.is_some() {
+            shared.park_for_slot(cx.waker());
+            // A connection may have finished elsewhere between the check and parking.
+            if !at_limit(shared, local, limits) {
+                local.waiting.take();
+                return Poll::Ready(());
+            }
+        }
         Poll::Pending
     })
     .await

@@ -141,6 +141,14 @@ impl TcpStream {
         sys::setsockopt_int(self.src.fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, on as i32)
     }
 
+    /// Sets `SO_LINGER`. `Some(Duration::ZERO)` makes closing the stream
+    /// reset the connection (the peer reads `ECONNRESET`, not a clean end
+    /// of stream), which is how a proxy passes on a cut; `None` restores
+    /// the default (close sends a FIN after the unsent data).
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        sys::set_linger(self.src.fd(), linger)
+    }
+
     /// Reads `TCP_NODELAY`.
     pub fn nodelay(&self) -> io::Result<bool> {
         Ok(sys::getsockopt_int(self.src.fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY)? != 0)

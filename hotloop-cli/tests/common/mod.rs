@@ -1,0 +1,243 @@
+//! What the command-level tests share: a `hotloop` process stopped by pid,
+//! HTTP and stats helpers, and a macro that runs a test on each driver.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The environment variable that turns a skipped io_uring test into a failure.
+pub const REQUIRE_URING: &str = "HOTLOOP_REQUIRE_URING";
+
+/// True (after saying why) if the io_uring variant must skip here.
+///
+/// # Panics
+/// If it would skip while [`REQUIRE_URING`] is set to `1`.
+pub fn skip_uring() -> bool {
+    let Err(reason) = hotloop::runtime::uring_available() else { return false };
+    if std::env::var(REQUIRE_URING).is_ok_and(|v| v == "1") {
+        panic!("io_uring is required ({REQUIRE_URING}=1) but cannot run here: {reason}");
+    }
+    eprintln!("skipped on io_uring: {reason}");
+    true
+}
+
+/// Defines each test once per driver, as `name::epoll` and `name::uring`;
+/// the body gets the driver's name for `--driver`.
+#[macro_export]
+macro_rules! test_all_drivers {
+    ($( $(#[$meta:meta])* fn $name:ident($driver:ident: &str) $body:block )*) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                fn run($driver: &'static str) $body
+
+                $(#[$meta])*
+                #[test]
+                fn epoll() {
+                    run("epoll");
+                }
+
+                $(#[$meta])*
+                #[test]
+                fn uring() {
+                    if $crate::common::skip_uring() {
+                        return;
+                    }
+                    run("uring");
+                }
+            }
+        )*
+    };
+}
+
+/// A `hotloop` process, killed on drop if still running.
+pub struct Proc {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Every stderr line read so far.
+    pub seen: Vec<String>,
+}
+
+impl Proc {
+    /// Starts `hotloop ARGS` and collects its stderr lines.
+    pub fn start(args: &[&str]) -> Proc {
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_hotloop")).args(args))
+    }
+
+    /// Starts `hotloop ARGS` with its open-file limit (soft and hard) at `nofile`.
+    pub fn start_with_nofile(nofile: u32, args: &[&str]) -> Proc {
+        Self::spawn(
+            Command::new("prlimit")
+                .arg(format!("--nofile={nofile}:{nofile}"))
+                .arg(env!("CARGO_BIN_EXE_hotloop"))
+                .args(args),
+        )
+    }
+
+    fn spawn(cmd: &mut Command) -> Proc {
+        let mut child =
+            cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("start hotloop");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines: rx, seen: Vec::new() }
+    }
+
+    /// Waits for a stderr line containing `after` and returns the address after it.
+    pub fn addr_after(&mut self, after: &str) -> SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                self.seen.push(line.clone());
+                if let Some(rest) = line.split(after).nth(1) {
+                    let token = rest.split_whitespace().next().unwrap();
+                    let token = token.trim_start_matches("http://").trim_end_matches("/stats");
+                    return token.parse().unwrap();
+                }
+            }
+        }
+        panic!("no line with `{after}` from hotloop: {:?}", self.seen);
+    }
+
+    /// Reads the stderr lines that arrived within `wait`.
+    pub fn collect_lines(&mut self, wait: Duration) -> &[String] {
+        let deadline = Instant::now() + wait;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(left);
+                    break;
+                }
+            }
+        }
+        &self.seen
+    }
+
+    /// Waits until a stderr line contains `text` (within `wait`).
+    pub fn wait_for_line(&mut self, text: &str, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        if self.seen.iter().any(|l| l.contains(text)) {
+            return true;
+        }
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = line.contains(text);
+                    self.seen.push(line);
+                    if hit {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Sends `signal` (a name for `kill -s`, e.g. `TERM`).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args(["-s", signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -s {signal}");
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Descriptors the process holds now.
+    pub fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |d| d.count())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One `Connection: close` GET; the whole reply.
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The stats endpoint's JSON.
+pub fn stats(addr: SocketAddr) -> serde_json::Value {
+    let reply = http_get(addr, "/stats");
+    let body = reply.split_once("\r\n\r\n").expect("a head and a body").1;
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {reply}"))
+}
+
+/// One counter of the stats endpoint.
+pub fn stat(addr: SocketAddr, name: &str) -> u64 {
+    let v = stats(addr);
+    v[name].as_u64().unwrap_or_else(|| panic!("no {name} in {v}"))
+}
+
+/// Polls `cond` every 20 ms until it holds or `limit` passes.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads one HTTP response with a `Content-Length` from a kept-alive
+/// connection: the head and the body, nothing more.
+pub fn read_response(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => panic!("reading a head: {other:?} after {:?}", String::from_utf8_lossy(&head)),
+        }
+    }
+    let head = String::from_utf8(head).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    head + &String::from_utf8(body).unwrap()
+}
