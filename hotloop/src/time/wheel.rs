@@ -251,6 +251,9 @@ pub struct TimerWheel<T> {
     filed_deadline: [u64; UPPER_SLOT_LISTS],
     /// Ends of every slot list, then the due and overflow lists.
     lists: [List; LISTS],
+    /// Scratch for `refile`'s back walk, all empty between calls; allocated
+    /// by the first refile.
+    back_chains: Option<Box<[Chain; CHAINS]>>,
 }
 
 /// One slab entry: a pending timer, or a vacant entry on the free list.
@@ -302,6 +305,21 @@ fn is_near(cursor: u64, deadline: u64) -> bool {
     in_window && deadline as u32 != FAR
 }
 
+/// A chain the back walk of `refile` builds for one target list: its ends
+/// and the range of its deadlines.
+#[derive(Clone, Copy)]
+struct Chain {
+    head: u32,
+    tail: u32,
+    min: u64,
+    max: u64,
+}
+
+const EMPTY_CHAIN: Chain = Chain { head: NIL, tail: NIL, min: u64::MAX, max: 0 };
+
+/// Back-walk chains: one per slot list, then one for the due list.
+const CHAINS: usize = SLOT_LISTS + 1;
+
 #[derive(Clone, Copy)]
 struct List {
     head: u32,
@@ -337,6 +355,7 @@ impl<T> TimerWheel<T> {
             mixed: [0; LEVELS],
             filed_deadline: [0; UPPER_SLOT_LISTS],
             lists: [EMPTY_LIST; LISTS],
+            back_chains: None,
         }
     }
 
@@ -584,7 +603,7 @@ impl<T> TimerWheel<T> {
                     self.note_filed(target, deadline);
                     self.splice_back(target, head, tail, Some(deadline));
                 } else {
-                    self.refile(head);
+                    self.refile(head, tail, level * SLOTS);
                 }
             } else if self.lists[OVERFLOW].head != NIL {
                 let epoch_start = self.overflow_min >> WHEEL_BITS << WHEEL_BITS;
@@ -594,9 +613,9 @@ impl<T> TimerWheel<T> {
                 }
                 debug_assert!(epoch_start > self.cursor);
                 self.cursor = epoch_start;
-                let (head, _) = self.take_list(OVERFLOW);
+                let (head, tail) = self.take_list(OVERFLOW);
                 self.overflow_min = u64::MAX;
-                self.refile(head);
+                self.refile(head, tail, SLOT_LISTS);
             } else {
                 self.cursor = now;
                 break;
@@ -753,25 +772,60 @@ impl<T> TimerWheel<T> {
         }
     }
 
-    /// Files every entry of a detached list starting at `head` anew.
+    /// Files every entry of the detached list `head..=tail` anew.
     ///
-    /// Consecutive entries bound for the same list stay linked and move as
-    /// one splice, so a run of equal deadlines costs one read per entry.
-    fn refile(&mut self, head: u32) {
+    /// Walking a list is a chain of dependent loads, one cache miss per entry
+    /// once the list outgrows the cache, so the list is walked from both ends
+    /// at once: two misses in flight instead of one. The front walk appends to
+    /// the target lists as it goes; consecutive entries bound for the same list
+    /// stay linked and move as one splice. The back walk, going backwards,
+    /// prepends each entry to a chain of its own per target list, and those
+    /// chains are appended once the walks meet, so every list keeps the
+    /// original order. The back walk only takes entries bound for lists that
+    /// were empty when the refile began (`list < empty_below`, or the due
+    /// list), which every level below the one being refiled is: a lazily
+    /// reset entry bound elsewhere ends it, and the front walk does the rest.
+    fn refile(&mut self, head: u32, tail: u32, empty_below: usize) {
+        let mut back = self.back_chains.take().unwrap_or_else(|| Box::new([EMPTY_CHAIN; CHAINS]));
+        let mut touched = [0u64; CHAINS.div_ceil(64)];
         let mut run_head = head;
         let mut run_deadline_min = self.deadline_of(head);
         let mut run_deadline_max = run_deadline_min;
         let mut run_list = self.list_for(run_deadline_min);
-        let mut index = head;
-        loop {
-            let next = self.timers[index as usize].next;
-            if next & END != 0 {
-                break;
+        // `front` has been filed; `rear` is the last entry not yet filed.
+        let (mut front, mut rear) = (head, tail);
+        let mut back_open = true;
+        while front != rear {
+            if back_open {
+                let deadline = self.deadline_of(rear);
+                let list = self.list_for(deadline);
+                if list < empty_below || list == DUE {
+                    let chain_id = if list == DUE { SLOT_LISTS } else { list };
+                    let chain = &mut back[chain_id];
+                    let Timer { prev, .. } = self.timers[rear as usize];
+                    if chain.head == NIL {
+                        touched[chain_id / 64] |= 1 << (chain_id % 64);
+                        chain.tail = rear;
+                    } else {
+                        self.timers[chain.head as usize].prev = rear;
+                    }
+                    self.timers[rear as usize].next = chain.head;
+                    chain.head = rear;
+                    chain.min = chain.min.min(deadline);
+                    chain.max = chain.max.max(deadline);
+                    rear = prev;
+                    if rear == front {
+                        break;
+                    }
+                } else {
+                    back_open = false;
+                }
             }
+            let next = self.timers[front as usize].next;
             let deadline = self.deadline_of(next);
             let list = self.list_for(deadline);
             if list != run_list {
-                self.splice_run(run_list, run_head, index, run_deadline_min, run_deadline_max);
+                self.splice_run(run_list, run_head, front, run_deadline_min, run_deadline_max);
                 run_head = next;
                 run_list = list;
                 run_deadline_min = deadline;
@@ -780,9 +834,19 @@ impl<T> TimerWheel<T> {
                 run_deadline_min = run_deadline_min.min(deadline);
                 run_deadline_max = run_deadline_max.max(deadline);
             }
-            index = next;
+            front = next;
         }
-        self.splice_run(run_list, run_head, index, run_deadline_min, run_deadline_max);
+        self.splice_run(run_list, run_head, front, run_deadline_min, run_deadline_max);
+        for (word_index, mut word) in touched.into_iter().enumerate() {
+            while word != 0 {
+                let chain_id = word_index * 64 + word.trailing_zeros() as usize;
+                word &= word - 1;
+                let chain = mem::replace(&mut back[chain_id], EMPTY_CHAIN);
+                let list = if chain_id == SLOT_LISTS { DUE } else { chain_id };
+                self.splice_run(list, chain.head, chain.tail, chain.min, chain.max);
+            }
+        }
+        self.back_chains = Some(back);
     }
 
     /// Appends a run of entries whose deadlines all lie in `min..=max` and
