@@ -88,8 +88,9 @@
 //!   grown to the peak number of timers: freed entries are reused.
 //! - A [`TimerKey`] carries a generation, so a key whose timer has fired or
 //!   been cancelled does nothing, even after its slab entry is reused. The
-//!   generation is 32 bits: a key would only alias after its entry has been
-//!   reused 2^32 times.
+//!   generation is 32 bits and odd exactly while the entry is occupied (it is
+//!   bumped when the entry is taken and when it is freed): a key would only
+//!   alias after its entry has been reused 2^31 times.
 //! - Among timers with the same deadline, the one inserted first fires first
 //!   (a reset keeps a timer's place unless it moves the timer, which then
 //!   counts as inserted at the reset).
@@ -267,7 +268,8 @@ struct Timer<T> {
     /// The deadline's low 32 bits, read relative to the cursor (see
     /// [`expand`]), or [`FAR`] when the full deadline is in `far`.
     deadline: u32,
-    /// Bumped each time the entry is released, so old keys go stale.
+    /// Bumped when the entry is taken and when it is freed, so it is odd
+    /// exactly while a timer is pending here, and old keys go stale.
     generation: u32,
     /// The previous timer on the same list, or `END | list id`.
     prev: u32,
@@ -438,8 +440,25 @@ impl<T> TimerWheel<T> {
     /// A later deadline is recorded without moving the timer (see the module
     /// documentation); an earlier one moves it at once. Both are O(1).
     pub fn reset(&mut self, key: TimerKey, deadline: u64) -> bool {
-        if !self.is_pending(key) {
+        let cursor = self.cursor;
+        let Some(timer) = self.timers.get_mut(key.index as usize) else {
             return false;
+        };
+        if timer.generation != key.generation {
+            return false;
+        }
+        // The common case, an idle timeout pushed back: a later deadline
+        // still in the window of the cursor is one store, kept short so that
+        // a stream of resets keeps several cache misses in flight.
+        let ahead = deadline.wrapping_sub(cursor);
+        if timer.deadline != FAR
+            && deadline >= cursor
+            && ahead < NEAR_HALF
+            && deadline as u32 != FAR
+            && ahead as i64 >= i64::from(timer.deadline.wrapping_sub(cursor as u32) as i32)
+        {
+            timer.deadline = deadline as u32;
+            return true;
         }
         let current = self.deadline_of(key.index);
         self.set_deadline(key.index, deadline);
@@ -495,7 +514,7 @@ impl<T> TimerWheel<T> {
     fn is_pending(&self, key: TimerKey) -> bool {
         matches!(
             self.timers.get(key.index as usize),
-            Some(timer) if timer.generation == key.generation && timer.value.is_some()
+            Some(timer) if timer.generation == key.generation
         )
     }
 
@@ -633,10 +652,17 @@ impl<T> TimerWheel<T> {
         let mut fired = 0;
         while fired < max && due.head != NIL {
             let index = due.head;
-            let next = due.wheel.timers[index as usize].next;
-            let deadline = due.wheel.deadline_of(index);
+            let Timer { next, deadline, .. } = due.wheel.timers[index as usize];
             due.head = if next & END == 0 { next } else { NIL };
-            if deadline > due.wheel.cursor {
+            // Due unless reset to a later deadline after it became due. A
+            // near deadline is after the cursor exactly when its offset from
+            // the cursor's low 32 bits is positive (see `expand`).
+            let later = if deadline != FAR {
+                deadline.wrapping_sub(due.wheel.cursor as u32) as i32 > 0
+            } else {
+                due.wheel.far_deadline(index) > due.wheel.cursor
+            };
+            if later {
                 // Reset to a later deadline after it became due.
                 due.wheel.file(index);
                 continue;
@@ -974,7 +1000,8 @@ impl<T> TimerWheel<T> {
         let timer = &mut self.timers[index as usize];
         debug_assert!(timer.value.is_none(), "timer wheel free list holds an occupied entry");
         self.free_head = timer.next;
-        let generation = timer.generation;
+        let generation = timer.generation.wrapping_add(1);
+        timer.generation = generation;
         timer.set_links(prev, next);
         timer.value = Some(value);
         if is_near(self.cursor, deadline) {
@@ -1372,6 +1399,18 @@ mod tests {
         assert_eq!(fired, expected);
         assert!(wheel.is_empty());
         assert!(wheel.far.is_empty(), "released far timers leave nothing behind");
+    }
+
+    #[test]
+    fn a_reset_near_the_end_of_time_to_an_early_tick_is_not_read_as_ahead() {
+        let mut wheel = TimerWheel::new();
+        wheel.poll(u64::MAX - 2, usize::MAX, |_, _| {});
+        let key = wheel.insert(u64::MAX - 1, 1);
+        // 7 000 is 7 002 ticks "ahead" of the cursor modulo 2^64.
+        assert!(wheel.reset(key, 7_000));
+        assert_eq!(wheel.deadline(key), Some(7_000));
+        assert_eq!(wheel.next_deadline(), Some(7_000));
+        assert_eq!(drain(&mut wheel, u64::MAX - 2), vec![1]);
     }
 
     #[test]
