@@ -239,7 +239,14 @@ fn main() {
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
     let filter = std::env::args().skip(1).find(|arg| !arg.starts_with('-')).unwrap_or_default();
     let wanted = |name: &str| name.contains(&filter);
-    let mut dense_pair = wanted("dense").then(|| (dense::<Old>(), dense::<New>()));
+    let dense_names = [
+        "dense cancel + insert",
+        "dense reset later",
+        "dense reset random",
+        "dense poll nothing due",
+    ];
+    let mut dense_pair =
+        dense_names.iter().any(|name| wanted(name)).then(|| (dense::<Old>(), dense::<New>()));
     let mut results: Vec<(&str, Vec<f64>, Vec<f64>)> = Vec::new();
     for round in 0..rounds {
         let mut record =
