@@ -56,7 +56,7 @@
 //! moved is empty when the move begins (the lowest occupied slot is always the
 //! one processed); a lazily reset timer bound for a higher list ends the back
 //! walk and the front finishes alone. This cut the lifetime benchmark (a
-//! million timers, each moved down twice) by about 35%.
+//! million timers, each moved down twice) by more than a third.
 //!
 //! # Overflow
 //!
