@@ -8,7 +8,8 @@
 //!   the design of neqo's `neqo_common::timer::Timer` (mozilla/neqo#1780).
 //!
 //! Scenarios: sparse (0 and 1 pending, time stepped 1 ms at a time), dense
-//! (1e6 pending over 1 s to 1 h, random cancel and re-arm), churn (insert then
+//! (1e6 pending over 1 s to 1 h, random cancel and re-arm, and the wheel's
+//! `reset` to a later or a random deadline), churn (insert then
 //! cancel), clustered (1e3 to 1e6 timers with one deadline, drained at once and
 //! with a batch bound of 1024), lifetime (1e6 timers from insertion to expiry,
 //! stepping 1 ms) and memory (printed before the benchmarks run).
@@ -459,11 +460,33 @@ fn dense_reset_later(group: &mut BenchmarkGroup<'_, WallTime>) {
     });
 }
 
+/// The runtime's re-arm: `reset` of a random timer to a random deadline in
+/// the same range (half move earlier, half are pushed back lazily).
+fn dense_reset_random(group: &mut BenchmarkGroup<'_, WallTime>) {
+    let mut rng = Rng(7);
+    let (mut wheel, keys) = dense_queue::<TimerWheel<u64>>(&mut rng);
+    let picks: Vec<(usize, u64)> = (0..1 << 16)
+        .map(|_| {
+            let deadline = DENSE_MIN + rng.below(DENSE_MAX - DENSE_MIN);
+            (rng.below(DENSE_TIMERS as u64) as usize, deadline)
+        })
+        .collect();
+    let mut next_pick = 0;
+    group.bench_function("reset_random/wheel", |b| {
+        b.iter(|| {
+            let (i, deadline) = picks[next_pick & 0xffff];
+            next_pick += 1;
+            wheel.reset(keys[i], deadline)
+        })
+    });
+}
+
 fn dense(c: &mut Criterion) {
     let mut group = c.benchmark_group("dense");
     fast(&mut group);
     dense_one::<TimerWheel<u64>>(&mut group);
     dense_reset_later(&mut group);
+    dense_reset_random(&mut group);
     dense_one::<BTreeQueue>(&mut group);
     dense_one::<HeapQueue>(&mut group);
     dense_one::<NeqoWheel>(&mut group);
