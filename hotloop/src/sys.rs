@@ -357,3 +357,15 @@ pub fn open_fd_count() -> io::Result<usize> {
     // read_dir itself holds one descriptor while counting; subtract it.
     Ok(std::fs::read_dir("/proc/self/fd")?.count().saturating_sub(1))
 }
+
+/// Asks the kernel to back `len` bytes at `addr` (page-aligned, inside a
+/// live allocation of the caller) with transparent huge pages. A hint: a
+/// kernel that declines changes nothing.
+pub(crate) fn advise_huge_pages(addr: usize, len: usize) {
+    // SAFETY: the caller's range lies inside one of its live allocations;
+    // `MADV_HUGEPAGE` only changes how the kernel backs those pages, never
+    // their contents, and frees or moves nothing.
+    unsafe {
+        libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+    }
+}

@@ -247,6 +247,15 @@ impl Source {
         each!(self, s => s.try_recv(buf))
     }
 
+    /// Receives into the spare capacity of `buf` without waiting, growing
+    /// its length by what was received.
+    pub(crate) fn try_recv_into(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let n = self.try_recv(buf.spare_capacity_mut())?;
+        // SAFETY: `try_recv` initialised the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
+    }
+
     /// Takes one connection from a listening socket, or parks the task
     /// until one comes.
     pub(crate) fn poll_accept(

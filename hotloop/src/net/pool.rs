@@ -22,12 +22,8 @@ pub(crate) async fn read_pooled(src: &Source) -> io::Result<PooledBuf> {
         // first instead of making a read that would fail.
         if src.may_read_now() {
             let mut buf = take();
-            match src.try_recv(buf.spare_capacity_mut()) {
-                Ok(n) => {
-                    // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
-                    unsafe { buf.set_len(n) };
-                    return Ok(PooledBuf::lent(buf, give));
-                }
+            match src.try_recv_into(&mut buf) {
+                Ok(_) => return Ok(PooledBuf::lent(buf, give)),
                 Err(e) => {
                     give(buf);
                     match e.kind() {

@@ -1089,12 +1089,7 @@ fn advise_huge_pages<T>(timers: &Vec<Timer<T>>) {
     let first = start.next_multiple_of(HUGE_PAGE);
     let end = (start + bytes) / HUGE_PAGE * HUGE_PAGE;
     if end > first {
-        // SAFETY: `first..end` lies inside the slab's allocation, which this
-        // call does not free or move; `MADV_HUGEPAGE` only changes how the
-        // kernel backs those pages, never their contents.
-        unsafe {
-            libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
-        }
+        crate::sys::advise_huge_pages(first, end - first);
     }
 }
 
