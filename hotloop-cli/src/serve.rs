@@ -6,9 +6,12 @@
 //! knowledge), so hyper on hotloop can be compared with the same service on
 //! tokio.
 
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::Shutdown;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -16,7 +19,7 @@ use hotloop::buf::IoBuf;
 use hotloop::hyper::serve_hyper;
 use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
-use hotloop::time::{timeout, timeout_at};
+use hotloop::time::{timeout, Sleep};
 
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::{Extra, Kind, StatsServer};
@@ -193,30 +196,66 @@ async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
     }
 }
 
-/// Reads with the connection's deadline into a buffer from the worker's
-/// pool (an idle connection holds none); `None` when the deadline passed,
-/// the peer closed or the read failed.
-async fn read_by(stream: &TcpStream, deadline: Option<Instant>) -> Option<PooledBuf> {
-    let res = match deadline {
-        Some(d) => timeout_at(d, stream.read_pooled()).await.ok()?,
-        None => stream.read_pooled().await,
-    };
-    res.ok().filter(|b| !b.is_empty())
+/// A connection's read deadline (idle or header) on one timer that is moved
+/// only when it fires: a request costs a store of the loop's clock, not a
+/// timer inserted and cancelled (nginx keeps its timers the same way).
+struct ReadDeadline {
+    timer: Pin<Box<Sleep>>,
+}
+
+impl ReadDeadline {
+    fn new() -> Self {
+        ReadDeadline { timer: Box::pin(hotloop::time::sleep(Duration::MAX)) }
+    }
+
+    /// Reads into a buffer from the worker's pool (an idle connection holds
+    /// none) until `due`; `None` when `due` passed, the peer closed or the
+    /// read failed.
+    async fn read(&mut self, stream: &TcpStream, due: Option<Instant>) -> Option<PooledBuf> {
+        let timer = &mut self.timer;
+        if let Some(due) = due {
+            // Only ever moved earlier here; a later deadline is taken up
+            // when the timer fires.
+            if timer.deadline() > due {
+                timer.as_mut().reset(due);
+            }
+        }
+        let mut read = pin!(stream.read_pooled());
+        let res = poll_fn(|cx| {
+            if let Poll::Ready(r) = read.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            let Some(due) = due else { return Poll::Pending };
+            while timer.as_mut().poll(cx).is_ready() {
+                if hotloop::time::now() >= due {
+                    return Poll::Ready(None);
+                }
+                // The timer was set for an earlier request: move it on.
+                timer.as_mut().reset(due);
+            }
+            Poll::Pending
+        })
+        .await?;
+        res.ok().filter(|b| !b.is_empty())
+    }
 }
 
 /// Writes all of `buf`, giving up when one write has made no progress for
 /// `limit` (the client does not read); `Err` means the connection is done.
+/// A write that completes at once (the usual case) arms no timer.
 async fn send<B: IoBuf>(stream: &TcpStream, buf: B, limit: Option<Duration>) -> io::Result<()> {
     let total = buf.bytes_init();
     let (mut buf, mut done) = (buf, 0);
     while done < total {
-        let write = stream.write(buf.slice(done..));
+        let mut write = pin!(stream.write(buf.slice(done..)));
+        let now = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await;
         // A write returns as soon as it moved any bytes: each one restarts the clock.
-        let (res, slice) = match limit {
-            Some(t) => {
+        let (res, slice) = match (now, limit) {
+            (Poll::Ready(done_now), _) => done_now,
+            (Poll::Pending, Some(t)) => {
                 timeout(t, write).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
             }
-            None => write.await,
+            (Poll::Pending, None) => write.await,
         };
         buf = slice.into_inner();
         match res? {
@@ -228,11 +267,12 @@ async fn send<B: IoBuf>(stream: &TcpStream, buf: B, limit: Option<Duration>) -> 
 }
 
 async fn echo(stream: TcpStream, s: &Settings) {
+    let mut reader = ReadDeadline::new();
     loop {
         // Set after the last write finished: the idle clock counts time
         // with no progress either way.
-        let deadline = s.idle_timeout.map(|t| Instant::now() + t);
-        let Some(buf) = read_by(&stream, deadline).await else { return };
+        let deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
+        let Some(buf) = reader.read(&stream, deadline).await else { return };
         proto::spin_work(s.work_us);
         if send(&stream, buf, s.send_timeout).await.is_err() {
             return;
@@ -247,11 +287,18 @@ async fn http(stream: TcpStream, s: &Settings) {
     let mut pending: Vec<u8> = Vec::new();
     // Bytes of `buf` already answered.
     let mut consumed = 0;
+    let mut reader = ReadDeadline::new();
     // The first request's head must arrive within the header timeout.
-    let mut head_deadline = Some(Instant::now() + s.header_timeout);
+    let mut head_deadline = Some(hotloop::time::now() + s.header_timeout);
     loop {
         let unparsed: &[u8] = if pending.is_empty() { &buf[consumed..] } else { &pending };
-        match proto::parse_request_with(unparsed, s.parse) {
+        // Nothing left to parse (the usual case after an answer): read.
+        let parsed = if unparsed.is_empty() {
+            (Request::Partial, Method::Get)
+        } else {
+            proto::parse_request_with(unparsed, s.parse)
+        };
+        match parsed {
             (Request::Complete { len, close }, method) => {
                 if pending.is_empty() {
                     consumed += len;
@@ -284,9 +331,9 @@ async fn http(stream: TcpStream, s: &Settings) {
             (Request::Unsupported(status), _) => return reject(&stream, status, s).await,
         }
         if !pending.is_empty() && head_deadline.is_none() {
-            head_deadline = Some(Instant::now() + s.header_timeout);
+            head_deadline = Some(hotloop::time::now() + s.header_timeout);
         }
-        let deadline = head_deadline.or(s.idle_timeout.map(|t| Instant::now() + t));
+        let deadline = head_deadline.or(s.idle_timeout.map(|t| hotloop::time::now() + t));
         // Back to the pool before waiting.
         drop(std::mem::take(&mut buf));
         // An idle keep-alive connection (answered, no next request begun)
@@ -297,12 +344,12 @@ async fn http(stream: TcpStream, s: &Settings) {
         // `Connection: close`.
         let idle = head_deadline.is_none();
         let read = if idle {
-            match drain::until_stop(read_by(&stream, deadline)).await {
+            match drain::until_stop(reader.read(&stream, deadline)).await {
                 Some(r) => r,
                 None => return,
             }
         } else {
-            read_by(&stream, deadline).await
+            reader.read(&stream, deadline).await
         };
         match read {
             Some(b) => {
@@ -314,7 +361,7 @@ async fn http(stream: TcpStream, s: &Settings) {
                 }
             }
             None => {
-                if !pending.is_empty() && head_deadline.is_some_and(|d| Instant::now() >= d) {
+                if !pending.is_empty() && head_deadline.is_some_and(|d| hotloop::time::now() >= d) {
                     reject(&stream, 408, s).await;
                 }
                 return;
@@ -339,8 +386,9 @@ async fn reject(stream: &TcpStream, status: u16, s: &Settings) {
     }
     let until = Instant::now() + LINGER_MAX;
     let mut drained = 0;
+    let mut reader = ReadDeadline::new();
     while drained < LINGER_BYTES_MAX {
-        match read_by(stream, Some(until)).await {
+        match reader.read(stream, Some(until)).await {
             Some(b) => drained += b.len(),
             None => return,
         }

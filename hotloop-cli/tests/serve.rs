@@ -74,7 +74,9 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
     let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    if let Err(e) = s.read_to_string(&mut out) {
+        panic!("reading the reply to GET {path} failed after {out:?}: {e}");
+    }
     out
 }
 

@@ -167,6 +167,19 @@ impl BlockingCounters {
             ("blocking_completed", self.completed, false),
         ]
     }
+
+    /// One sentence per field of [`BlockingCounters::fields`], in order
+    /// (the `# HELP` text of the Prometheus output).
+    pub fn descriptions() -> [&'static str; 6] {
+        [
+            "Blocking jobs queued for a pool thread.",
+            "Blocking jobs running on pool threads.",
+            "Threads in the blocking pool.",
+            "The most threads the blocking pool may start.",
+            "Threads the blocking pool has started.",
+            "Blocking jobs finished.",
+        ]
+    }
 }
 
 /// Counters of every worker at one moment, with their sum.
@@ -241,12 +254,13 @@ impl StatsSnapshot {
                 let _ = writeln!(out, "hotloop_{name}{suffix}{{worker=\"{worker}\"}} {value}");
             }
         }
-        for (name, value, is_gauge) in self.blocking.fields() {
+        let blocking_help = BlockingCounters::descriptions();
+        for (idx, (name, value, is_gauge)) in self.blocking.fields().into_iter().enumerate() {
             let (kind, suffix) = if is_gauge { ("gauge", "") } else { ("counter", "_total") };
-            let _ = writeln!(
-                out,
-                "# TYPE hotloop_{name}{suffix} {kind}\nhotloop_{name}{suffix} {value}"
-            );
+            let help = prometheus_escape_help(blocking_help[idx]);
+            let _ = writeln!(out, "# HELP hotloop_{name}{suffix} {help}");
+            let _ = writeln!(out, "# TYPE hotloop_{name}{suffix} {kind}");
+            let _ = writeln!(out, "hotloop_{name}{suffix} {value}");
         }
         let _ = writeln!(
             out,

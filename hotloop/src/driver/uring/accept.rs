@@ -187,6 +187,12 @@ impl Uring {
         None
     }
 
+    /// Takes one queued connection of the listener `key` without arming
+    /// anything or parking.
+    pub(super) fn take_queued(&mut self, key: Key) -> Option<io::Result<OwnedFd>> {
+        self.listeners.get_mut(key)?.queue.pop_front()
+    }
+
     /// Sets how many connections the listener's owner will take from now
     /// on. At or below what is queued, an accept in flight is stopped
     /// (withdrawn, or cancelled), so further connections wait in the

@@ -337,17 +337,21 @@ impl Source {
         }
     }
 
-    /// Takes one connection only if one is queued now (arming an accept
-    /// for the next call if none is in flight).
+    /// Takes one connection only if one is ready now: from the accept
+    /// queue, else straight from the kernel's backlog with a non-blocking
+    /// `accept4` (the multishot may not have run since the connection came
+    /// in). For draining a listener when a server stops.
     pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
-        if !self.driver.entered.get() {
-            return Some(Err(not_running()));
+        let _ = mode; // every mode drains the same queue and backlog
+        if let Some(key) = self.listener.get() {
+            if let Some(r) = self.driver.state.borrow_mut().take_queued(key) {
+                return Some(r);
+            }
         }
-        let mut key = self.listener.get();
-        let room = self.accept_room.get();
-        let got = self.driver.state.borrow_mut().poll_accept(&mut key, &self.fd, mode, room, None);
-        self.listener.set(key);
-        got
+        match sys::accept(self.fd()) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            other => Some(other),
+        }
     }
 
     /// Sets how many connections the owner will take from now on: no more
