@@ -41,6 +41,7 @@ mod compat;
 mod op;
 mod ring;
 mod socket;
+mod udp;
 
 pub(crate) use socket::Source;
 

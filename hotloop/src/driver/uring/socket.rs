@@ -28,6 +28,8 @@ pub(crate) struct Source {
     listener: Cell<Option<Key>>,
     /// The owned buffers behind the borrowed-slice forms, made on first use.
     compat: RefCell<Option<Box<StreamBuffers>>>,
+    /// The readiness polls of a datagram socket's borrowed forms, made on first use.
+    pub(super) datagram: RefCell<Option<Box<super::udp::DatagramWaits>>>,
 }
 
 impl Source {
@@ -38,6 +40,7 @@ impl Source {
             driver: driver.clone(),
             listener: Cell::new(None),
             compat: RefCell::new(None),
+            datagram: RefCell::new(None),
         })
     }
 
