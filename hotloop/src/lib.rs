@@ -40,6 +40,8 @@ mod loom;
 pub mod hyper;
 mod log;
 pub mod net;
+#[cfg(feature = "quic")]
+pub mod quic;
 pub mod runtime;
 pub mod signal;
 mod slab;

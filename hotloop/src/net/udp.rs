@@ -104,15 +104,9 @@ impl UdpSocket {
         if let (SocketAddr::V6(_), Some(only)) = (addr, options.only_v6) {
             sys::setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, only as i32)?;
         }
-        if let Some(bytes) = options.recv_buffer_bytes {
-            sys::setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, clamp_int(bytes))?;
-        }
-        if let Some(bytes) = options.send_buffer_bytes {
-            sys::setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, clamp_int(bytes))?;
-        }
         sys::bind(raw, &addr)?;
         let socket = Self::from_fd(fd)?;
-        socket.apply(addr.is_ipv6(), options)?;
+        socket.configure(addr.is_ipv6(), options)?;
         Ok(socket)
     }
 
@@ -129,9 +123,17 @@ impl UdpSocket {
         Ok(UdpSocket { src, gro: Cell::new(false) })
     }
 
-    /// Applies the options that may follow `bind`.
-    fn apply(&self, v6: bool, options: &UdpOptions) -> io::Result<()> {
+    /// Applies the options that may follow `bind`: all but `reuse_port`
+    /// and `only_v6`, which this ignores. `v6` says whether the socket is
+    /// an IPv6 one.
+    pub fn configure(&self, v6: bool, options: &UdpOptions) -> io::Result<()> {
         let fd = self.src.fd();
+        if let Some(bytes) = options.recv_buffer_bytes {
+            sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, clamp_int(bytes))?;
+        }
+        if let Some(bytes) = options.send_buffer_bytes {
+            sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, clamp_int(bytes))?;
+        }
         if options.gro {
             self.set_gro(true)?;
         }
