@@ -66,7 +66,10 @@ use crate::time::Sleep;
 ///
 /// # Panics
 /// Outside a hotloop worker.
-pub fn endpoint(addr: SocketAddr, server_config: Option<ServerConfig>) -> io::Result<quinn::Endpoint> {
+pub fn endpoint(
+    addr: SocketAddr,
+    server_config: Option<ServerConfig>,
+) -> io::Result<quinn::Endpoint> {
     endpoint_with(addr, EndpointConfig::default(), server_config, &UdpOptions::quic())
 }
 
@@ -270,15 +273,16 @@ impl AsyncUdpSocket for QuicSocket {
     ) -> Poll<io::Result<usize>> {
         let mut got = [RecvMeta::default(); BATCH_DATAGRAMS_MAX];
         let n = meta.len().min(BATCH_DATAGRAMS_MAX);
-        let received = std::task::ready!(self.socket.get().poll_recv_msgs(cx, bufs, &mut got[..n]))?;
+        let received =
+            std::task::ready!(self.socket.get().poll_recv_msgs(cx, bufs, &mut got[..n]))?;
         for (out, m) in meta.iter_mut().zip(&got[..received]) {
-            let mut q = QuinnRecvMeta::default();
-            q.addr = m.addr;
-            q.len = m.len;
-            q.stride = m.stride;
-            q.ecn = ecn_to_quinn(m.ecn);
-            q.dst_ip = m.dst_ip;
-            *out = q;
+            *out = QuinnRecvMeta {
+                addr: m.addr,
+                len: m.len,
+                stride: m.stride,
+                ecn: ecn_to_quinn(m.ecn),
+                dst_ip: m.dst_ip,
+            };
         }
         Poll::Ready(Ok(received))
     }

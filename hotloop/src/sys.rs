@@ -215,7 +215,8 @@ pub(crate) unsafe fn recvmmsg(
 ) -> io::Result<usize> {
     let len = msgs.len().min(u32::MAX as usize) as libc::c_uint;
     // SAFETY: the caller guarantees the headers' pointers; no timeout is passed.
-    let n = cvt(unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), len, flags, std::ptr::null_mut()) })?;
+    let n =
+        cvt(unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), len, flags, std::ptr::null_mut()) })?;
     Ok(n as usize)
 }
 

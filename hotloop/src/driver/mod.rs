@@ -53,8 +53,8 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::sys;
 use crate::stats::{DriverInfo, WorkerStats};
+use crate::sys;
 use udp::{RecvMeta, SendMeta, Transmit};
 
 /// The driver one worker uses.

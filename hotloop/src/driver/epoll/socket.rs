@@ -104,7 +104,11 @@ impl Source {
     /// Ready once an event said the socket is ready in `dir` and no
     /// operation has drained it since; parks otherwise. An unregistered
     /// socket parks (and so registers): its caller just saw it would block.
-    pub(super) fn poll_ready(&self, cx: &mut TaskContext<'_>, dir: Direction) -> Poll<io::Result<()>> {
+    pub(super) fn poll_ready(
+        &self,
+        cx: &mut TaskContext<'_>,
+        dir: Direction,
+    ) -> Poll<io::Result<()>> {
         match self.token.get() {
             Some(_) if self.is_ready(dir) => Poll::Ready(Ok(())),
             _ => self.park(cx, dir),

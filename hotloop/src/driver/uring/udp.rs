@@ -73,7 +73,11 @@ impl Source {
     }
 
     /// Sends the initialised bytes of `buf` as one datagram (or a GSO train).
-    pub(crate) async fn send_msg<B: IoBuf>(&self, mut buf: B, meta: SendMeta) -> BufResult<usize, B> {
+    pub(crate) async fn send_msg<B: IoBuf>(
+        &self,
+        mut buf: B,
+        meta: SendMeta,
+    ) -> BufResult<usize, B> {
         let mut msg = Box::new(MsgBuf::new());
         loop {
             msg.prepare_send(buf.stable_ptr(), buf.bytes_init(), &meta);
