@@ -87,34 +87,41 @@ fn main() {
     let mut client = Endpoint::client(LOCALHOST).unwrap();
     client.set_default_client_config(client_config);
 
-    println!("| server | handshakes/s | server CPU ms per handshake | bulk MiB/s | server CPU s per GiB | idle: connections | idle: server CPU % | idle: timers fired/s |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let me = my_tid();
+    println!("| server | handshakes/s | server CPU ms per handshake | client CPU % | bulk MiB/s | server CPU s per GiB | client CPU % | idle: connections | idle: server CPU % | idle: timers fired/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for server in servers {
         let running = start(server, server_config.clone());
         // Handshakes.
         let cpu0 = thread_cpu(&running.tid);
+        let client0 = thread_cpu(&me);
         let (handshakes, elapsed) = client_rt.block_on(handshakes(&client, running.addr, handshake_secs));
         let cpu = thread_cpu(&running.tid) - cpu0;
         let hs_per_s = handshakes as f64 / elapsed.as_secs_f64();
         let cpu_per_hs_ms = cpu.as_secs_f64() * 1e3 / handshakes.max(1) as f64;
+        let hs_client = (thread_cpu(&me) - client0).as_secs_f64() / elapsed.as_secs_f64() * 100.0;
         eprintln!("{}: {handshakes} handshakes in {elapsed:?}", server.name());
         // Bulk.
         let cpu0 = thread_cpu(&running.tid);
+        let client0 = thread_cpu(&me);
         let elapsed = client_rt.block_on(bulk(&client, running.addr, bulk_mib));
         let cpu = thread_cpu(&running.tid) - cpu0;
         let mib_per_s = bulk_mib as f64 / elapsed.as_secs_f64();
         let cpu_per_gib = cpu.as_secs_f64() / (bulk_mib as f64 / 1024.0);
+        let bulk_client = (thread_cpu(&me) - client0).as_secs_f64() / elapsed.as_secs_f64() * 100.0;
         eprintln!("{}: {bulk_mib} MiB in {elapsed:?}", server.name());
         // Idle connections.
         let (held, idle_cpu, timers) = client_rt.block_on(idle(&client, &running, idle_connections));
         eprintln!("{}: {held} idle connections", server.name());
         println!(
-            "| {} | {:.0} | {:.3} | {:.0} | {:.2} | {} | {:.1} | {} |",
+            "| {} | {:.0} | {:.3} | {:.0} | {:.0} | {:.2} | {:.0} | {} | {:.1} | {} |",
             server.name(),
             hs_per_s,
             cpu_per_hs_ms,
+            hs_client,
             mib_per_s,
             cpu_per_gib,
+            bulk_client,
             held,
             idle_cpu,
             timers.map_or("n/a".to_string(), |t| format!("{t:.0}")),
