@@ -34,7 +34,7 @@ const LOCALHOST: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0
 /// Handshakes the client keeps in flight.
 const HANDSHAKES_IN_FLIGHT: usize = 32;
 /// Connections the idle scenario opens at once while setting up.
-const IDLE_SETUP_IN_FLIGHT: usize = 64;
+const IDLE_SETUP_IN_FLIGHT: usize = 16;
 /// How long the idle scenario measures.
 const IDLE_MEASURE: Duration = Duration::from_secs(5);
 /// The server's keep-alive interval (its per-connection timer).
@@ -95,7 +95,8 @@ fn main() {
         // Handshakes.
         let cpu0 = thread_cpu(&running.tid);
         let client0 = thread_cpu(&me);
-        let (handshakes, elapsed) = client_rt.block_on(handshakes(&client, running.addr, handshake_secs));
+        let (handshakes, elapsed) =
+            client_rt.block_on(handshakes(&client, running.addr, handshake_secs));
         let cpu = thread_cpu(&running.tid) - cpu0;
         let hs_per_s = handshakes as f64 / elapsed.as_secs_f64();
         let cpu_per_hs_ms = cpu.as_secs_f64() * 1e3 / handshakes.max(1) as f64;
@@ -111,7 +112,8 @@ fn main() {
         let bulk_client = (thread_cpu(&me) - client0).as_secs_f64() / elapsed.as_secs_f64() * 100.0;
         eprintln!("{}: {bulk_mib} MiB in {elapsed:?}", server.name());
         // Idle connections.
-        let (held, idle_cpu, timers) = client_rt.block_on(idle(&client, &running, idle_connections));
+        let (held, idle_cpu, timers) =
+            client_rt.block_on(idle(&client, &running, idle_connections));
         eprintln!("{}: {held} idle connections", server.name());
         println!(
             "| {} | {:.0} | {:.3} | {:.0} | {:.0} | {:.2} | {:.0} | {} | {:.1} | {} |",
@@ -190,7 +192,8 @@ fn start(server: Server, config: ServerConfig) -> Running {
                 });
             }
             Server::Tokio => {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let rt =
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                 rt.block_on(async move {
                     let endpoint = Endpoint::server(config, LOCALHOST).unwrap();
                     tx.send((endpoint.local_addr().unwrap(), my_tid(), endpoint.clone())).unwrap();

@@ -178,7 +178,12 @@ fn server_options(gso: bool) -> UdpOptions {
     }
 }
 
-fn serve(server: Server, gso: bool, stop: Arc<AtomicBool>, ready: mpsc::Sender<(SocketAddr, String)>) {
+fn serve(
+    server: Server,
+    gso: bool,
+    stop: Arc<AtomicBool>,
+    ready: mpsc::Sender<(SocketAddr, String)>,
+) {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     match server {
         Server::HotloopEpoll | Server::HotloopUring | Server::HotloopUringOwned => {
@@ -367,7 +372,10 @@ mod floor {
     pub fn send_batch(sock: &StdUdpSocket, payload: &[u8], size: usize) -> usize {
         let n = payload.len() / size;
         let mut iov: Vec<libc::iovec> = (0..n)
-            .map(|i| libc::iovec { iov_base: payload[i * size..].as_ptr() as *mut _, iov_len: size })
+            .map(|i| libc::iovec {
+                iov_base: payload[i * size..].as_ptr() as *mut _,
+                iov_len: size,
+            })
             .collect();
         // SAFETY: mmsghdr is plain old data; all-zero is an empty header.
         let mut hdrs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { zeroed() }).collect();
@@ -416,7 +424,12 @@ mod floor {
     /// Receives what is there with one `recvmmsg` (blocking for the first
     /// datagram if `block`); returns the datagrams received (GRO trains
     /// counted by their `size`-byte segments).
-    pub fn recv_count(sock: &StdUdpSocket, bufs: &mut [Vec<u8>], size: usize, block: bool) -> usize {
+    pub fn recv_count(
+        sock: &StdUdpSocket,
+        bufs: &mut [Vec<u8>],
+        size: usize,
+        block: bool,
+    ) -> usize {
         let (n, lens) = recv_batch(sock, bufs, None, block);
         lens[..n].iter().map(|&l| l.div_ceil(size)).sum()
     }
@@ -448,7 +461,13 @@ mod floor {
         // SAFETY: every header points at a live iovec into `bufs` and, if given, a live
         // sockaddr_storage; no timeout.
         let rc = unsafe {
-            libc::recvmmsg(sock.as_raw_fd(), hdrs.as_mut_ptr(), n as u32, flags, std::ptr::null_mut())
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                n as u32,
+                flags,
+                std::ptr::null_mut(),
+            )
         };
         let mut lens = [0usize; BATCH_DATAGRAMS_MAX];
         let got = rc.max(0) as usize;
@@ -465,7 +484,8 @@ mod floor {
         let buf_bytes = if gso { GRO_BUFFER_BYTES } else { 2048 };
         let mut bufs = vec![vec![0u8; buf_bytes]; BATCH_DATAGRAMS_MAX];
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
-        let mut from: Vec<libc::sockaddr_storage> = (0..BATCH_DATAGRAMS_MAX).map(|_| unsafe { zeroed() }).collect();
+        let mut from: Vec<libc::sockaddr_storage> =
+            (0..BATCH_DATAGRAMS_MAX).map(|_| unsafe { zeroed() }).collect();
         while !stop.load(Ordering::Relaxed) {
             let (n, lens) = recv_batch(sock, &mut bufs, Some(&mut from), true);
             if n == 0 {
@@ -487,7 +507,8 @@ mod floor {
                 let h = &mut hdrs[i].msg_hdr;
                 h.msg_iov = &mut iov[i];
                 h.msg_iovlen = 1;
-                h.msg_name = (&peer as *const libc::sockaddr_storage as *mut libc::sockaddr_storage).cast();
+                h.msg_name =
+                    (&peer as *const libc::sockaddr_storage as *mut libc::sockaddr_storage).cast();
                 h.msg_namelen = peer_len;
                 if gso && lens[i] > PAYLOAD_BYTES {
                     h.msg_control = controls[i].0.as_mut_ptr().cast();
@@ -499,7 +520,10 @@ mod floor {
                         (*c).cmsg_level = libc::SOL_UDP;
                         (*c).cmsg_type = libc::UDP_SEGMENT;
                         (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), PAYLOAD_BYTES as u16);
+                        std::ptr::write_unaligned(
+                            libc::CMSG_DATA(c).cast::<u16>(),
+                            PAYLOAD_BYTES as u16,
+                        );
                     }
                 }
             }

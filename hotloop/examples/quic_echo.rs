@@ -18,7 +18,8 @@ use quinn::{ServerConfig, TransportConfig, VarInt};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr: SocketAddr = std::env::args().nth(1).as_deref().unwrap_or("127.0.0.1:4433").parse()?;
+    let addr: SocketAddr =
+        std::env::args().nth(1).as_deref().unwrap_or("127.0.0.1:4433").parse()?;
 
     // 1. A certificate for the TLS handshake QUIC starts with.
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;

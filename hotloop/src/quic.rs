@@ -84,7 +84,7 @@ pub fn endpoint_with(
     options: &UdpOptions,
 ) -> io::Result<quinn::Endpoint> {
     let runtime = HotloopRuntime::current();
-    let socket = runtime.wrap(UdpSocket::bind_with(addr, options)?);
+    let socket = runtime.wrap(UdpSocket::bind_with(addr, options)?)?;
     quinn::Endpoint::new_with_abstract_socket(config, server_config, socket, runtime)
 }
 
@@ -108,15 +108,14 @@ impl HotloopRuntime {
         context::try_with(|cx| cx.uid == self.uid).unwrap_or(false)
     }
 
-    fn wrap(&self, socket: UdpSocket) -> Arc<dyn AsyncUdpSocket> {
-        let gso = socket.max_gso_segments();
-        let gro = socket.max_gro_segments();
-        Arc::new(QuicSocket {
+    fn wrap(&self, socket: UdpSocket) -> io::Result<Arc<dyn AsyncUdpSocket>> {
+        Ok(Arc::new(QuicSocket {
+            local_addr: socket.local_addr()?,
+            gso_segments_max: socket.max_gso_segments(),
+            gro_segments_max: socket.max_gro_segments(),
             socket: Local::new(Rc::new(socket), self.owner.clone()),
             owner: self.owner.clone(),
-            gso_segments_max: gso,
-            gro_segments_max: gro,
-        })
+        }))
     }
 }
 
@@ -153,7 +152,7 @@ impl Runtime for HotloopRuntime {
         let socket = UdpSocket::from_std(socket)?;
         let v6 = socket.local_addr()?.is_ipv6();
         socket.configure(v6, &UdpOptions { reuse_port: false, ..UdpOptions::quic() })?;
-        Ok(self.wrap(socket))
+        self.wrap(socket)
     }
 }
 
@@ -221,10 +220,13 @@ impl<T: 'static> Drop for Local<T> {
     }
 }
 
-/// quinn's socket: a hotloop [`UdpSocket`] that stays on its worker.
+/// quinn's socket: a hotloop [`UdpSocket`] that stays on its worker. What
+/// quinn may ask from any thread (the address, the offload limits) is
+/// copied out at creation.
 struct QuicSocket {
     socket: Local<Rc<UdpSocket>>,
     owner: Arc<WorkerShared>,
+    local_addr: SocketAddr,
     gso_segments_max: usize,
     gro_segments_max: usize,
 }
@@ -247,11 +249,11 @@ fn ecn_from_quinn(ecn: Option<quinn::udp::EcnCodepoint>) -> Option<EcnCodepoint>
 }
 
 impl AsyncUdpSocket for QuicSocket {
+    /// May run on any thread (quinn makes a poller when a connection is
+    /// made, wherever `connect` or `accept` was called); the wait itself is
+    /// made at the first poll, on the worker.
     fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
-        let socket = self.socket.get().clone();
-        Box::pin(WritePoller {
-            state: Local::new(WriteWait { socket, waiting: None }, self.owner.clone()),
-        })
+        Box::pin(WritePoller { socket: self, waiting: None })
     }
 
     fn try_send(&self, t: &QuinnTransmit<'_>) -> io::Result<()> {
@@ -288,7 +290,7 @@ impl AsyncUdpSocket for QuicSocket {
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.socket.get().local_addr()
+        Ok(self.local_addr)
     }
 
     fn max_transmit_segments(&self) -> usize {
@@ -304,15 +306,13 @@ impl AsyncUdpSocket for QuicSocket {
     }
 }
 
-/// One task's wait for room to send.
-struct WriteWait {
-    socket: Rc<UdpSocket>,
-    waiting: Option<Pin<Box<dyn Future<Output = io::Result<()>>>>>,
-}
+/// A wait for room to send, made on the socket's worker.
+type WriteWait = Local<Pin<Box<dyn Future<Output = io::Result<()>>>>>;
 
 /// quinn's write poller: one per connection, each with its own wait.
 struct WritePoller {
-    state: Local<WriteWait>,
+    socket: Arc<QuicSocket>,
+    waiting: Option<WriteWait>,
 }
 
 impl fmt::Debug for WritePoller {
@@ -323,14 +323,14 @@ impl fmt::Debug for WritePoller {
 
 impl UdpPoller for WritePoller {
     fn poll_writable(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        let state = self.state.get_mut();
-        let waiting = state.waiting.get_or_insert_with(|| {
-            let socket = state.socket.clone();
-            Box::pin(async move { socket.writable().await })
+        let this = &mut *self;
+        let waiting = this.waiting.get_or_insert_with(|| {
+            let socket = this.socket.socket.get().clone();
+            Local::new(Box::pin(async move { socket.writable().await }), this.socket.owner.clone())
         });
-        let ready = waiting.as_mut().poll(cx);
+        let ready = waiting.get_mut().as_mut().poll(cx);
         if ready.is_ready() {
-            state.waiting = None;
+            this.waiting = None;
         }
         ready
     }

@@ -6,6 +6,7 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -190,5 +191,57 @@ test_all_drivers! {
             ConnectionError::ApplicationClosed(close) => assert_eq!(close.error_code, VarInt::from_u32(3)),
             other => panic!("the tokio server saw {other:?}"),
         }
+    }
+
+    fn one_endpoint_per_worker(driver: DriverKind) {
+        let (server_config, client_config) = configs(None);
+        let port = std::net::UdpSocket::bind(LOCALHOST).unwrap().local_addr().unwrap().port();
+        let addr = SocketAddr::new(LOCALHOST.ip(), port);
+        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+        let served = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        {
+            let served = served.clone();
+            let handle = rt.handle().clone();
+            std::thread::spawn(move || {
+                for worker in 0..2 {
+                    let (server_config, served) = (server_config.clone(), served.clone());
+                    handle.spawn_on(worker, move || async move {
+                        let endpoint = hotloop::quic::endpoint(addr, Some(server_config)).unwrap();
+                        while let Some(incoming) = endpoint.accept().await {
+                            let served = served.clone();
+                            hotloop::spawn(async move {
+                                let Ok(conn) = incoming.await else { return };
+                                served[worker].fetch_add(1, Ordering::Relaxed);
+                                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                                    let data = recv.read_to_end(1024).await.unwrap();
+                                    send.write_all(&data).await.unwrap();
+                                    send.finish().unwrap();
+                                }
+                            });
+                        }
+                    });
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        tokio_rt().block_on(async {
+            tokio::time::timeout(LIMIT, async {
+                // Each client endpoint has its own port, so the kernel's
+                // SO_REUSEPORT hash spreads them over the workers' sockets.
+                for i in 0..20u8 {
+                    let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
+                    client.set_default_client_config(client_config.clone());
+                    let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
+                    assert_eq!(echo_once(&conn, vec![i; 100]).await, vec![i; 100]);
+                    conn.close(VarInt::from_u32(0), b"");
+                    client.wait_idle().await;
+                }
+            })
+            .await
+            .unwrap();
+        });
+        let counts = [served[0].load(Ordering::Relaxed), served[1].load(Ordering::Relaxed)];
+        assert_eq!(counts[0] + counts[1], 20);
+        assert!(counts[0] > 0 && counts[1] > 0, "every worker serves connections: {counts:?}");
     }
 }

@@ -10,7 +10,9 @@
 //!   `try_send_one`) cannot hand a borrowed slice to the kernel past the
 //!   call, so they make the same non-blocking `recvmmsg`/`sendmmsg` calls as
 //!   on epoll, and wait for readiness with a one-shot `POLL_ADD` (kept in
-//!   the socket, one per direction) only when the call would block.
+//!   the socket, one per direction) only when the call would block. A
+//!   receive batch that came back short drained the queue, so the next
+//!   receive arms its poll at once instead of first failing with `EAGAIN`.
 
 use std::future::Future;
 use std::io::{self, IoSliceMut};
@@ -29,6 +31,10 @@ use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
 pub(super) struct DatagramWaits {
     recv: Option<Op<()>>,
     send: Option<Op<()>>,
+    /// The last receive batch came back short: the queue was empty then,
+    /// so the next receive arms its poll without a `recvmmsg` that would
+    /// only say `EAGAIN` (as epoll's readiness bit does).
+    recv_drained: bool,
 }
 
 /// What a `RECVMSG`/`SENDMSG` keeps alive: the buffer and the header.
@@ -117,7 +123,7 @@ impl Source {
     ) -> Poll<io::Result<R>> {
         let recv = events == libc::POLLIN;
         loop {
-            {
+            let skip_call = {
                 let mut waits = self.datagram.borrow_mut();
                 let waits = waits.get_or_insert_with(Box::default);
                 let slot = if recv { &mut waits.recv } else { &mut waits.send };
@@ -126,17 +132,23 @@ impl Source {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready((cqe, ())) => {
                             *slot = None;
+                            if recv {
+                                waits.recv_drained = false;
+                            }
                             if let Err(e) = cqe.result() {
                                 return Poll::Ready(Err(e));
                             }
                         }
                     }
                 }
-            }
-            match call() {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
+                recv && std::mem::take(&mut waits.recv_drained)
+            };
+            if !skip_call {
+                match call() {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return Poll::Ready(r),
+                }
             }
             // Fails with the not-running error outside the socket's runtime.
             let op = match self.submit_poll(events) {
@@ -161,7 +173,16 @@ impl Source {
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
-        self.poll_datagram(cx, libc::POLLIN, || udp::recv_batch(fd, bufs, meta))
+        let asked = bufs.len().min(meta.len()).min(udp::BATCH_DATAGRAMS_MAX);
+        let polled = self.poll_datagram(cx, libc::POLLIN, || udp::recv_batch(fd, bufs, meta));
+        if let Poll::Ready(Ok(n)) = polled {
+            if asked > 1 && n < asked {
+                if let Some(waits) = self.datagram.borrow_mut().as_mut() {
+                    waits.recv_drained = true;
+                }
+            }
+        }
+        polled
     }
 
     /// Sends a batch of transmits from borrowed buffers (`sendmmsg`).
