@@ -17,7 +17,8 @@
 //!   timers fired per second).
 //!
 //! Server CPU is the server thread's on-CPU time from
-//! `/proc/self/task/TID/schedstat`.
+//! `/proc/self/task/TID/schedstat`. `QUIC_BENCH_SERVERS=epoll,uring,tokio`
+//! picks the rows.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -78,6 +79,17 @@ fn main() {
     let idle_connections: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000);
     let (server_config, client_config) = configs();
     let mut servers = vec![Server::HotloopEpoll, Server::HotloopUring, Server::Tokio];
+    // QUIC_BENCH_SERVERS=epoll,uring,tokio picks rows (for profiling one).
+    if let Ok(only) = std::env::var("QUIC_BENCH_SERVERS") {
+        servers.retain(|s| {
+            let key = match s {
+                Server::HotloopEpoll => "epoll",
+                Server::HotloopUring => "uring",
+                Server::Tokio => "tokio",
+            };
+            only.split(',').any(|o| o == key)
+        });
+    }
     if let Err(why) = hotloop::runtime::uring_available() {
         eprintln!("io_uring row skipped: {why}");
         servers.retain(|s| *s != Server::HotloopUring);

@@ -46,6 +46,7 @@ use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
@@ -59,6 +60,9 @@ use crate::net::{UdpOptions, UdpSocket};
 use crate::runtime::context;
 use crate::runtime::WorkerShared;
 use crate::time::Sleep;
+
+/// One send error in this many is logged.
+const SEND_ERRORS_PER_LOG: u64 = 1000;
 
 /// Binds a UDP socket for QUIC on the calling worker ([`UdpOptions::quic`]:
 /// `SO_REUSEPORT`, GRO, ECN, destination addresses, don't-fragment) and
@@ -115,6 +119,7 @@ impl HotloopRuntime {
             gro_segments_max: socket.max_gro_segments(),
             socket: Local::new(Rc::new(socket), self.owner.clone()),
             owner: self.owner.clone(),
+            send_errors: AtomicU64::new(0),
         }))
     }
 }
@@ -229,6 +234,8 @@ struct QuicSocket {
     local_addr: SocketAddr,
     gso_segments_max: usize,
     gro_segments_max: usize,
+    /// Send errors other than `WouldBlock`, which are dropped (and logged now and then).
+    send_errors: AtomicU64,
 }
 
 impl fmt::Debug for QuicSocket {
@@ -264,7 +271,22 @@ impl AsyncUdpSocket for QuicSocket {
             segment_size: t.segment_size,
             src_ip: t.src_ip,
         };
-        self.socket.get().try_send_msg(&transmit)
+        match self.socket.get().try_send_msg(&transmit) {
+            // As quinn-udp does: a datagram the kernel refused (a too-large
+            // path MTU probe, a firewall's EPERM, ENOBUFS) is lost like any
+            // other, and QUIC's recovery deals with it; an error here would
+            // end the whole connection.
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
+                if self.send_errors.fetch_add(1, Ordering::Relaxed) % SEND_ERRORS_PER_LOG == 0 {
+                    crate::log::warn(format_args!(
+                        "QUIC datagram to {} not sent: {e} (logged once per {SEND_ERRORS_PER_LOG})",
+                        t.destination
+                    ));
+                }
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     fn poll_recv(
