@@ -307,6 +307,7 @@ async fn idle(client: &Endpoint, running: &Running, count: usize) -> (usize, f64
     }
     // Let the setup's last packets settle, then measure.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    eprintln!("idle: measuring {} connections (server thread {})", conns.len(), running.tid);
     let cpu0 = thread_cpu(&running.tid);
     let timers0 = running.timers_fired.load(Ordering::Relaxed);
     let start = Instant::now();
