@@ -222,7 +222,10 @@ fn start(server: Server, config: ServerConfig) -> Running {
 async fn accept_loop(endpoint: Endpoint, spawn: impl Fn(BoxFuture)) {
     while let Some(incoming) = endpoint.accept().await {
         spawn(Box::pin(async move {
-            let Ok(conn) = incoming.await else { return };
+            let conn = match incoming.await {
+                Ok(conn) => conn,
+                Err(e) => return eprintln!("server: handshake failed: {e}"),
+            };
             while let Ok((mut send, mut recv)) = conn.accept_bi().await {
                 // Streams are served one after another: the bench opens one at a time.
                 while let Ok(Some(_chunk)) = recv.read_chunk(usize::MAX, true).await {}
