@@ -194,6 +194,30 @@ test_all_drivers! {
         });
     }
 
+    fn ecn_and_destination_address_ipv6(driver: DriverKind) {
+        runtime(driver).block_on(async {
+            let v6: SocketAddr = "[::1]:0".parse().unwrap();
+            let options = UdpOptions { recv_ecn: true, recv_dst_addr: true, ..UdpOptions::default() };
+            let server = UdpSocket::bind_with(v6, &options).unwrap();
+            let client = UdpSocket::bind(v6).unwrap();
+            let dest = server.local_addr().unwrap();
+            let meta = SendMeta {
+                destination: Some(dest),
+                ecn: Some(EcnCodepoint::Ect1),
+                src_ip: Some(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
+                ..SendMeta::default()
+            };
+            let (res, _) = client.send_msg(b"v6".to_vec(), meta).await;
+            res.unwrap();
+            let (res, buf) = timeout(LIMIT, server.recv_msg(Vec::with_capacity(64))).await.unwrap();
+            let got = res.unwrap();
+            assert_eq!(buf, b"v6");
+            assert_eq!(got.ecn, Some(EcnCodepoint::Ect1));
+            assert_eq!(got.dst_ip, Some(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)));
+            assert_eq!(got.addr, client.local_addr().unwrap());
+        });
+    }
+
     fn datagram_larger_than_buffer(driver: DriverKind) {
         runtime(driver).block_on(async {
             let server = UdpSocket::bind(LOCALHOST).unwrap();

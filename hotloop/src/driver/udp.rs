@@ -203,7 +203,10 @@ impl MsgBuf {
         }
         self.hdr.msg_control = self.control.0.as_mut_ptr().cast();
         self.hdr.msg_controllen = CONTROL_BYTES;
-        let v6 = matches!(meta.destination, Some(SocketAddr::V6(_)));
+        // A v4-mapped destination on a dual-stack socket leaves as IPv4, so
+        // its ECN bits and source address go in IPv4 control messages (as
+        // quinn-udp does).
+        let v6 = matches!(meta.destination, Some(SocketAddr::V6(a)) if a.ip().to_ipv4_mapped().is_none());
         let mut enc = Encoder { hdr: &mut self.hdr, cmsg: std::ptr::null_mut(), len: 0 };
         if let Some(ecn) = meta.ecn {
             let bits = ecn.bits() as libc::c_int;
@@ -217,7 +220,11 @@ impl MsgBuf {
             enc.push(libc::SOL_UDP, libc::UDP_SEGMENT, size.min(u16::MAX as usize) as u16);
         }
         match meta.src_ip {
-            Some(IpAddr::V4(ip)) if !v6 => {
+            Some(ip) if !v6 => {
+                let ip = match ip {
+                    IpAddr::V4(v4) => v4,
+                    IpAddr::V6(v6) => v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
+                };
                 let info = libc::in_pktinfo {
                     ipi_ifindex: 0,
                     ipi_spec_dst: libc::in_addr { s_addr: u32::from(ip).to_be() },
