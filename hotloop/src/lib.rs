@@ -47,6 +47,8 @@ pub mod hyper;
 mod log;
 mod loom;
 pub mod net;
+#[cfg(feature = "quic")]
+pub mod quic;
 pub mod runtime;
 pub mod signal;
 mod slab;

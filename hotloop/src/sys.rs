@@ -169,6 +169,83 @@ pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Creates a non-blocking, close-on-exec UDP socket for `addr`'s family.
+pub(crate) fn udp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
+    let family = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: socket(2) takes no pointers; a non-negative return is a new fd we own.
+    let fd = cvt(unsafe {
+        libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+    })?;
+    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets or clears `O_NONBLOCK`.
+pub(crate) fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl(2) with F_GETFL takes no pointers.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    // SAFETY: fcntl(2) with F_SETFL takes an int.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+/// Receives one message as `msg` describes; returns the bytes received.
+///
+/// # Safety
+/// Every pointer in `msg` (name, iovecs, control) must be valid for writes
+/// of the lengths it gives, for the duration of the call.
+pub(crate) unsafe fn recvmsg(fd: RawFd, msg: &mut libc::msghdr, flags: i32) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the header's pointers.
+    let n = cvt(unsafe { libc::recvmsg(fd, msg, flags) })?;
+    Ok(n as usize)
+}
+
+/// Receives up to `msgs.len()` messages; returns how many arrived.
+///
+/// # Safety
+/// As [`recvmsg`], for every header in `msgs`.
+pub(crate) unsafe fn recvmmsg(
+    fd: RawFd,
+    msgs: &mut [libc::mmsghdr],
+    flags: i32,
+) -> io::Result<usize> {
+    let len = msgs.len().min(u32::MAX as usize) as libc::c_uint;
+    // SAFETY: the caller guarantees the headers' pointers; no timeout is passed.
+    let n =
+        cvt(unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), len, flags, std::ptr::null_mut()) })?;
+    Ok(n as usize)
+}
+
+/// Sends one message as `msg` describes, never raising `SIGPIPE`; returns the bytes sent.
+///
+/// # Safety
+/// Every pointer in `msg` (name, iovecs, control) must be valid for reads
+/// of the lengths it gives, for the duration of the call.
+pub(crate) unsafe fn sendmsg_hdr(fd: RawFd, msg: &libc::msghdr, flags: i32) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the header's pointers.
+    let n = cvt(unsafe { libc::sendmsg(fd, msg, flags | libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
+}
+
+/// Sends up to `msgs.len()` messages; returns how many the kernel took.
+///
+/// # Safety
+/// As [`sendmsg_hdr`], for every header in `msgs`.
+pub(crate) unsafe fn sendmmsg(
+    fd: RawFd,
+    msgs: &mut [libc::mmsghdr],
+    flags: i32,
+) -> io::Result<usize> {
+    let len = msgs.len().min(u32::MAX as usize) as libc::c_uint;
+    // SAFETY: the caller guarantees the headers' pointers.
+    let n = cvt(unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), len, flags | libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
+}
+
 /// Sets an integer socket option.
 pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: passes a pointer to a live i32 and its exact size.

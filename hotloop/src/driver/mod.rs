@@ -35,6 +35,7 @@
 mod config;
 pub(crate) mod epoll;
 pub(crate) mod probe;
+pub(crate) mod udp;
 pub(crate) mod uring;
 mod wake;
 
@@ -43,6 +44,7 @@ pub use config::{AcceptMode, DriverKind, KernelBusyPoll, Registration};
 pub(crate) use wake::Unpark;
 
 use std::io;
+use std::io::IoSliceMut;
 use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
 use std::rc::Rc;
@@ -52,6 +54,8 @@ use std::time::Duration;
 
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::stats::{DriverInfo, WorkerStats};
+use crate::sys;
+use udp::{RecvMeta, SendMeta, Transmit};
 
 /// The driver one worker uses.
 #[derive(Clone)]
@@ -199,6 +203,15 @@ impl Source {
         })
     }
 
+    /// Wraps a datagram socket: non-blocking on epoll, blocking on io_uring
+    /// (so a receive operation waits in the kernel instead of failing with
+    /// `EAGAIN`; the direct calls pass `MSG_DONTWAIT`).
+    pub(crate) fn new_datagram(driver: &Driver, fd: OwnedFd) -> io::Result<Source> {
+        use std::os::fd::AsRawFd;
+        sys::set_nonblocking(fd.as_raw_fd(), matches!(driver, Driver::Epoll(_)))?;
+        Source::new(driver, fd)
+    }
+
     /// The raw descriptor (for syscalls that never wait).
     pub(crate) fn fd(&self) -> RawFd {
         each!(self, s => s.fd())
@@ -310,5 +323,53 @@ impl Source {
     /// kernel (io_uring writes behind; on epoll there is nothing to wait for).
     pub(crate) fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         each!(self, s => s.poll_flush(cx))
+    }
+}
+
+/// Datagram operations (`udp.rs` in each backend).
+impl Source {
+    /// Receives one datagram into `buf` (from its start up to its capacity),
+    /// with what the kernel said about it.
+    pub(crate) async fn recv_msg<B: IoBufMut>(&self, buf: B) -> BufResult<RecvMeta, B> {
+        each!(self, s => s.recv_msg(buf).await)
+    }
+
+    /// Sends the initialised bytes of `buf` as one datagram, or as a train
+    /// of `meta.segment_size` datagrams (GSO).
+    pub(crate) async fn send_msg<B: IoBuf>(&self, buf: B, meta: SendMeta) -> BufResult<usize, B> {
+        each!(self, s => s.send_msg(buf, meta).await)
+    }
+
+    /// Receives up to [`udp::BATCH_DATAGRAMS_MAX`] datagrams into borrowed
+    /// buffers, one per buffer, or parks the task until one comes.
+    pub(crate) fn poll_recv_batch(
+        &self,
+        cx: &mut TaskContext<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, s => s.poll_recv_batch(cx, bufs, meta))
+    }
+
+    /// Sends up to [`udp::BATCH_DATAGRAMS_MAX`] transmits from borrowed
+    /// buffers, or parks the task until the socket has room. Returns how
+    /// many the kernel took.
+    pub(crate) fn poll_send_batch(
+        &self,
+        cx: &mut TaskContext<'_>,
+        transmits: &[Transmit<'_>],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, s => s.poll_send_batch(cx, transmits))
+    }
+
+    /// Sends one transmit now, or fails with `WouldBlock`; then
+    /// [`Source::writable`] waits for room.
+    pub(crate) fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
+        each!(self, s => s.try_send_one(transmit))
+    }
+
+    /// Waits until the socket may have room to send.
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        each!(self, s => s.writable().await)
     }
 }

@@ -1,5 +1,5 @@
-//! TCP networking: listeners with an accept policy, streams with
-//! owned-buffer I/O, and a thread-per-core server helper.
+//! Networking: TCP listeners with an accept policy, streams with
+//! owned-buffer I/O, a thread-per-core server helper, and UDP sockets.
 
 mod compat;
 mod listener;
@@ -8,6 +8,7 @@ pub(crate) mod pool;
 mod resolve;
 mod server;
 mod stream;
+pub mod udp;
 
 pub use listener::TcpListener;
 pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
@@ -17,3 +18,4 @@ pub use resolve::__set_resolver;
 pub use resolve::{lookup_host, Target, ToSocketAddrs};
 pub use server::{serve, serve_with_stop, Server, StopSignal, Stopping};
 pub use stream::TcpStream;
+pub use udp::{UdpOptions, UdpSocket};

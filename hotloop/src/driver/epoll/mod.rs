@@ -23,6 +23,7 @@
 //!   that runs code of its own can never find the driver borrowed.
 
 mod socket;
+mod udp;
 
 pub(crate) use socket::Source;
 

@@ -58,7 +58,7 @@ impl Source {
 
     /// True unless the socket is registered and the last operation in
     /// `dir` drained it with no event since.
-    fn is_ready(&self, dir: Direction) -> bool {
+    pub(super) fn is_ready(&self, dir: Direction) -> bool {
         match self.token.get() {
             None => true,
             Some(key) => self.driver.poller.borrow_mut().slot(key).ready & bit(dir) != 0,
@@ -66,7 +66,7 @@ impl Source {
     }
 
     /// Records that an operation in `dir` drained the socket (sticky after a hang-up).
-    fn clear_ready(&self, dir: Direction) {
+    pub(super) fn clear_ready(&self, dir: Direction) {
         if let Some(key) = self.token.get() {
             let mut poller = self.driver.poller.borrow_mut();
             let slot = poller.slot(key);
@@ -104,7 +104,11 @@ impl Source {
     /// Ready once an event said the socket is ready in `dir` and no
     /// operation has drained it since; parks otherwise. An unregistered
     /// socket parks (and so registers): its caller just saw it would block.
-    fn poll_ready(&self, cx: &mut TaskContext<'_>, dir: Direction) -> Poll<io::Result<()>> {
+    pub(super) fn poll_ready(
+        &self,
+        cx: &mut TaskContext<'_>,
+        dir: Direction,
+    ) -> Poll<io::Result<()>> {
         match self.token.get() {
             Some(_) if self.is_ready(dir) => Poll::Ready(Ok(())),
             _ => self.park(cx, dir),
@@ -112,7 +116,7 @@ impl Source {
     }
 
     /// Runs `op` until it stops returning `WouldBlock`, parking in between.
-    fn poll_io<R>(
+    pub(super) fn poll_io<R>(
         &self,
         cx: &mut TaskContext<'_>,
         dir: Direction,

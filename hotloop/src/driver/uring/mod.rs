@@ -43,6 +43,7 @@ mod op;
 mod pooled;
 mod ring;
 mod socket;
+mod udp;
 
 pub(crate) use socket::Source;
 

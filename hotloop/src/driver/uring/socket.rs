@@ -37,6 +37,8 @@ pub(crate) struct Source {
     drained: Cell<bool>,
     /// The owned buffers behind the borrowed-slice forms, made on first use.
     compat: RefCell<Option<Box<StreamBuffers>>>,
+    /// The readiness polls of a datagram socket's borrowed forms, made on first use.
+    pub(super) datagram: RefCell<Option<Box<super::udp::DatagramWaits>>>,
 }
 
 impl Source {
@@ -50,6 +52,7 @@ impl Source {
             stream: Cell::new(None),
             drained: Cell::new(false),
             compat: RefCell::new(None),
+            datagram: RefCell::new(None),
         })
     }
 

@@ -1,0 +1,212 @@
+//! UDP on the io_uring driver.
+//!
+//! # Implementation notes
+//! - Owned-buffer sends and receives are `SENDMSG`/`RECVMSG` ring
+//!   operations whose storage (the buffer, the boxed header with its
+//!   address and control space) the operation owns until its last
+//!   completion. The socket is blocking, so the kernel waits for data
+//!   inside the operation instead of answering `EAGAIN`.
+//! - The borrowed forms (`poll_recv_batch`, `poll_send_batch`,
+//!   `try_send_one`) cannot hand a borrowed slice to the kernel past the
+//!   call, so they make the same non-blocking `recvmmsg`/`sendmmsg` calls as
+//!   on epoll, and wait for readiness with a one-shot `POLL_ADD` (kept in
+//!   the socket, one per direction) only when the call would block. A
+//!   receive batch that came back short drained the queue, so the next
+//!   receive arms its poll at once instead of first failing with `EAGAIN`.
+
+use std::future::Future;
+use std::io::{self, IoSliceMut};
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use io_uring::{opcode, types};
+
+use super::op::{OnDrop, Op};
+use super::socket::{is_retry, Source};
+use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
+
+/// The readiness polls of a datagram socket's borrowed forms.
+#[derive(Default)]
+pub(super) struct DatagramWaits {
+    recv: Option<Op<()>>,
+    send: Option<Op<()>>,
+    /// The last receive batch came back short: the queue was empty then,
+    /// so the next receive arms its poll without a `recvmmsg` that would
+    /// only say `EAGAIN` (as epoll's readiness bit does).
+    recv_drained: bool,
+}
+
+/// What a `RECVMSG`/`SENDMSG` keeps alive: the buffer and the header.
+struct MsgStorage<B> {
+    buf: B,
+    msg: Box<MsgBuf>,
+}
+
+impl Source {
+    /// Receives one datagram into `buf` (from its start up to its capacity).
+    pub(crate) async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
+        let mut msg = Box::new(MsgBuf::new());
+        loop {
+            msg.prepare_recv(buf.stable_mut_ptr(), buf.bytes_total());
+            let hdr: *mut libc::msghdr = &mut msg.hdr;
+            let entry = opcode::RecvMsg::new(types::Fd(self.fd()), hdr).build();
+            let storage = MsgStorage { buf, msg };
+            // SAFETY: the entry points at the boxed header, which points at the box's own address
+            // and control space and at the buffer's `bytes_total` stable writable bytes; the op
+            // owns all of it until its last completion.
+            let op = match unsafe { self.submit(entry, storage, OnDrop::Cancel) } {
+                Ok(op) => op,
+                Err((e, s)) => return (Err(e), s.buf),
+            };
+            let (cqe, s) = op.await;
+            (buf, msg) = (s.buf, s.msg);
+            match cqe.result() {
+                Ok(n) => {
+                    let meta = msg.decode_recv(n as usize);
+                    // SAFETY: the kernel wrote `n` bytes at the start of the buffer.
+                    unsafe { buf.set_init(meta.len) };
+                    return (Ok(meta), buf);
+                }
+                Err(e) if is_retry(&e) => {
+                    if let Err(e) = self.poll_events(libc::POLLIN).await {
+                        return (Err(e), buf);
+                    }
+                }
+                Err(e) => return (Err(e), buf),
+            }
+        }
+    }
+
+    /// Sends the initialised bytes of `buf` as one datagram (or a GSO train).
+    pub(crate) async fn send_msg<B: IoBuf>(
+        &self,
+        mut buf: B,
+        meta: SendMeta,
+    ) -> BufResult<usize, B> {
+        let mut msg = Box::new(MsgBuf::new());
+        loop {
+            msg.prepare_send(buf.stable_ptr(), buf.bytes_init(), &meta);
+            let hdr: *const libc::msghdr = &msg.hdr;
+            let entry = opcode::SendMsg::new(types::Fd(self.fd()), hdr)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build();
+            let storage = MsgStorage { buf, msg };
+            // SAFETY: the entry points at the boxed header, which points at the box's own address
+            // and control data and at the buffer's `bytes_init` stable bytes; the op owns all of
+            // it until its last completion.
+            let op = match unsafe { self.submit(entry, storage, OnDrop::Cancel) } {
+                Ok(op) => op,
+                Err((e, s)) => return (Err(e), s.buf),
+            };
+            let (cqe, s) = op.await;
+            (buf, msg) = (s.buf, s.msg);
+            match cqe.result() {
+                Ok(n) => return (Ok(n as usize), buf),
+                Err(e) if is_retry(&e) => {
+                    if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                        return (Err(e), buf);
+                    }
+                }
+                Err(e) => return (Err(e), buf),
+            }
+        }
+    }
+
+    /// Runs the non-blocking `call` until it stops saying `WouldBlock`,
+    /// waiting on a `POLL_ADD` for `events` in between.
+    fn poll_datagram<R>(
+        &self,
+        cx: &mut TaskContext<'_>,
+        events: i16,
+        mut call: impl FnMut() -> io::Result<R>,
+    ) -> Poll<io::Result<R>> {
+        let recv = events == libc::POLLIN;
+        loop {
+            let skip_call = {
+                let mut waits = self.datagram.borrow_mut();
+                let waits = waits.get_or_insert_with(Box::default);
+                let slot = if recv { &mut waits.recv } else { &mut waits.send };
+                if let Some(op) = slot.as_mut() {
+                    match Pin::new(op).poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready((cqe, ())) => {
+                            *slot = None;
+                            if recv {
+                                waits.recv_drained = false;
+                            }
+                            if let Err(e) = cqe.result() {
+                                return Poll::Ready(Err(e));
+                            }
+                        }
+                    }
+                }
+                recv && std::mem::take(&mut waits.recv_drained)
+            };
+            if !skip_call {
+                match call() {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return Poll::Ready(r),
+                }
+            }
+            // Fails with the not-running error outside the socket's runtime.
+            let op = match self.submit_poll(events) {
+                Ok(op) => op,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            let mut waits = self.datagram.borrow_mut();
+            let waits = waits.get_or_insert_with(Box::default);
+            if recv {
+                waits.recv = Some(op);
+            } else {
+                waits.send = Some(op);
+            }
+        }
+    }
+
+    /// Receives a batch of datagrams into borrowed buffers (`recvmmsg`).
+    pub(crate) fn poll_recv_batch(
+        &self,
+        cx: &mut TaskContext<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        let fd = self.fd();
+        let asked = bufs.len().min(meta.len()).min(udp::BATCH_DATAGRAMS_MAX);
+        let polled = self.poll_datagram(cx, libc::POLLIN, || udp::recv_batch(fd, bufs, meta));
+        if let Poll::Ready(Ok(n)) = polled {
+            if asked > 1 && n < asked {
+                if let Some(waits) = self.datagram.borrow_mut().as_mut() {
+                    waits.recv_drained = true;
+                }
+            }
+        }
+        polled
+    }
+
+    /// Sends a batch of transmits from borrowed buffers (`sendmmsg`).
+    pub(crate) fn poll_send_batch(
+        &self,
+        cx: &mut TaskContext<'_>,
+        transmits: &[Transmit<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let fd = self.fd();
+        self.poll_datagram(cx, libc::POLLOUT, || udp::send_batch(fd, transmits))
+    }
+
+    /// Sends one transmit now or says `WouldBlock`.
+    pub(crate) fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
+        loop {
+            match udp::send_one(self.fd(), transmit) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// Waits until the socket has room to send (a one-shot `POLL_ADD`).
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        self.poll_events(libc::POLLOUT).await
+    }
+}
