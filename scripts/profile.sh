@@ -20,6 +20,8 @@ KEEPALIVE_REQUESTS=${KEEPALIVE_REQUESTS:-100000}
 SERIAL_CONNECTIONS=${SERIAL_CONNECTIONS:-5000}
 CALLGRIND_REQUESTS=${CALLGRIND_REQUESTS:-20000}
 SERVERS=${SERVERS:-floor tokio hotloop-epoll hotloop-uring}
+# The hotloop binary to profile (another build can be compared side by side).
+HOTLOOP_BIN=${HOTLOOP_BIN:-$bin/hotloop}
 
 # start_server NAME WRAPPER... -- prints the pid; the server prints its port.
 start() {
@@ -33,8 +35,8 @@ start() {
 
 server_cmd() {
   case $1 in
-    hotloop-epoll) echo "$bin/hotloop serve http --addr 127.0.0.1:0 --workers 1 --driver epoll" ;;
-    hotloop-uring) echo "$bin/hotloop serve http --addr 127.0.0.1:0 --workers 1 --driver uring" ;;
+    hotloop-epoll) echo "$HOTLOOP_BIN serve http --addr 127.0.0.1:0 --workers 1 --driver epoll" ;;
+    hotloop-uring) echo "$HOTLOOP_BIN serve http --addr 127.0.0.1:0 --workers 1 --driver uring" ;;
     floor) echo "$bin/hotloop-bench peer floor http --addr 127.0.0.1:0 --workers 1" ;;
     tokio) echo "$bin/hotloop-bench peer tokio http --addr 127.0.0.1:0 --workers 1" ;;
   esac

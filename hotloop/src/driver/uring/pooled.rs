@@ -35,6 +35,7 @@ use super::bufring::{BufRing, GROUP};
 use super::op::Lifecycle;
 use super::{SharedFd, Uring};
 use crate::slab::Key;
+use crate::sys;
 
 /// The most received bytes queued per socket before the multishot
 /// receive is paused.
@@ -172,6 +173,21 @@ impl Uring {
                     Ok(0)
                 }
                 Some(Err(e)) => Err(e),
+                // Nothing queued and no receive armed: the bytes, if any, are
+                // in the socket. A short connection (its request there at
+                // accept, with `TCP_DEFER_ACCEPT`) is read without arming a
+                // receive it would only have to cancel.
+                None if s.op.is_none() => {
+                    // SAFETY: `dst` is a live slice of `len` writable bytes for the duration of
+                    // the call.
+                    let res = unsafe {
+                        sys::recv_nowait(fd.as_raw_fd(), dst.as_mut_ptr().cast(), dst.len())
+                    };
+                    if !matches!(&res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+                        return res;
+                    }
+                    res
+                }
                 None => Err(io::ErrorKind::WouldBlock.into()),
             }
         };
