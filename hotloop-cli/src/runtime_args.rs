@@ -24,9 +24,10 @@ pub struct RuntimeArgs {
     /// Connections accepted per wakeup: a number or `unlimited`.
     #[arg(long, default_value = "32", value_parser = parse_max_accepts)]
     pub max_accepts: MaxAccepts,
-    /// Accept pacing by the worker's lag: `off`, `on` (a 1 ms turn target) or
-    /// the turn target in microseconds; the budget stays within --max-accepts.
-    #[arg(long, default_value = "off", value_parser = parse_accept_pacing)]
+    /// Accept pacing by the worker's lag: `off` (the fixed --max-accepts
+    /// bound alone), `on` (a 1 ms turn target) or the turn target in
+    /// microseconds; the budget stays within --max-accepts.
+    #[arg(long, default_value = "on", value_parser = parse_accept_pacing)]
     pub accept_pacing: Pacing,
     /// TCP_DEFER_ACCEPT seconds, or `off`.
     #[arg(long, default_value = "off", value_parser = parse_defer_accept)]

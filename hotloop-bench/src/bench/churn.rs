@@ -70,12 +70,18 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let mut specs = vec![
         ServerSpec::hotloop(
             "epoll max-accepts unlimited",
-            &["--driver", "epoll", "--max-accepts", "unlimited"],
+            &["--driver", "epoll", "--max-accepts", "unlimited", "--accept-pacing", "off"],
         ),
-        ServerSpec::hotloop("epoll max-accepts 32", &["--driver", "epoll", "--max-accepts", "32"]),
+        ServerSpec::hotloop(
+            "epoll max-accepts 32",
+            &["--driver", "epoll", "--max-accepts", "32", "--accept-pacing", "off"],
+        ),
+        ServerSpec::hotloop("epoll paced", &["--driver", "epoll", "--accept-pacing", "on"]),
     ];
     specs.append(&mut peers);
-    for (group, body) in BODIES {
+    // --quick measures the 1K body only.
+    let bodies = if ctx.quick { &BODIES[..1] } else { &BODIES[..] };
+    for &(group, body) in bodies {
         let work = Workload { proto: "http".into(), body_size: body, work_us: WORK_US };
         let load = LoadSpec {
             mode: "churn",

@@ -118,6 +118,11 @@ impl Running {
         self.children.iter().map(|c| proc::cpu_seconds(c.pid()).ok()).sum()
     }
 
+    /// Seconds its processes' threads waited for a CPU so far.
+    pub fn run_queue_wait_seconds(&self) -> Option<f64> {
+        self.children.iter().map(|c| proc::run_queue_wait_seconds(c.pid()).ok()).sum()
+    }
+
     /// The numeric fields of `GET /stats`, if the server has the endpoint.
     pub fn stats(&self) -> Option<BTreeMap<String, f64>> {
         parse_stats(&self.stats_body()?)
