@@ -151,3 +151,25 @@ impl RuntimeArgs {
         Duration::from_millis(self.grace_ms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_pacing_parses_off_on_and_a_target() {
+        assert_eq!(parse_accept_pacing("off").unwrap().0, None);
+        assert_eq!(parse_accept_pacing("on").unwrap().0, Some(AcceptPacing::default()));
+        let p = parse_accept_pacing("500").unwrap().0.unwrap();
+        assert_eq!(p.turn_target, Duration::from_micros(500));
+        assert!(parse_accept_pacing("0").is_err());
+        assert!(parse_accept_pacing("fast").is_err());
+    }
+
+    #[test]
+    fn max_accepts_parses_a_number_or_unlimited() {
+        assert_eq!(parse_max_accepts("unlimited").unwrap().0, None);
+        assert_eq!(parse_max_accepts("32").unwrap().0, Some(32));
+        assert!(parse_max_accepts("0").is_err());
+    }
+}
