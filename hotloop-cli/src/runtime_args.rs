@@ -24,9 +24,10 @@ pub struct RuntimeArgs {
     /// Connections accepted per wakeup: a number or `unlimited`.
     #[arg(long, default_value = "32", value_parser = parse_max_accepts)]
     pub max_accepts: MaxAccepts,
-    /// Accept pacing by the worker's lag: `off`, `on` (a 1 ms turn target) or
-    /// the turn target in microseconds; the budget stays within --max-accepts.
-    #[arg(long, default_value = "off", value_parser = parse_accept_pacing)]
+    /// Accept pacing by the worker's lag: `off` (the fixed --max-accepts
+    /// bound alone), `on` (a 1 ms turn target) or the turn target in
+    /// microseconds; the budget stays within --max-accepts.
+    #[arg(long, default_value = "on", value_parser = parse_accept_pacing)]
     pub accept_pacing: Pacing,
     /// TCP_DEFER_ACCEPT seconds, or `off`.
     #[arg(long, default_value = "off", value_parser = parse_defer_accept)]
@@ -150,5 +151,27 @@ impl RuntimeArgs {
     /// The grace period for shutdown.
     pub fn grace(&self) -> Duration {
         Duration::from_millis(self.grace_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_pacing_parses_off_on_and_a_target() {
+        assert_eq!(parse_accept_pacing("off").unwrap().0, None);
+        assert_eq!(parse_accept_pacing("on").unwrap().0, Some(AcceptPacing::default()));
+        let p = parse_accept_pacing("500").unwrap().0.unwrap();
+        assert_eq!(p.turn_target, Duration::from_micros(500));
+        assert!(parse_accept_pacing("0").is_err());
+        assert!(parse_accept_pacing("fast").is_err());
+    }
+
+    #[test]
+    fn max_accepts_parses_a_number_or_unlimited() {
+        assert_eq!(parse_max_accepts("unlimited").unwrap().0, None);
+        assert_eq!(parse_max_accepts("32").unwrap().0, Some(32));
+        assert!(parse_max_accepts("0").is_err());
     }
 }

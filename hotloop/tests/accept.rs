@@ -79,7 +79,11 @@ fn burst_beside_hogs(
 
 test_all_drivers! {
     fn accepts_are_taken_in_batches_of_at_most_the_bound(driver: DriverKind) {
-        let options = ListenerOptions { accepts_per_wakeup_max: Some(8), ..Default::default() };
+        let options = ListenerOptions {
+            accepts_per_wakeup_max: Some(8),
+            accept_pacing: None,
+            ..Default::default()
+        };
         let c = burst_into_a_busy_listener(driver, options, 200);
         assert_eq!(c.accepted, 200);
         assert!(c.max_accepted_per_wakeup <= 8, "batch of {} exceeds the bound of 8", c.max_accepted_per_wakeup);
@@ -88,7 +92,11 @@ test_all_drivers! {
     }
 
     fn unlimited_accepts_drain_the_queue_in_one_wakeup(driver: DriverKind) {
-        let options = ListenerOptions { accepts_per_wakeup_max: None, ..Default::default() };
+        let options = ListenerOptions {
+            accepts_per_wakeup_max: None,
+            accept_pacing: None,
+            ..Default::default()
+        };
         let c = burst_into_a_busy_listener(driver, options, 200);
         assert_eq!(c.accepted, 200);
         assert!(c.max_accepted_per_wakeup > 8, "unbounded accept took only {} at once", c.max_accepted_per_wakeup);

@@ -44,6 +44,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         size: MESSAGE_BYTES,
         rate: None,
         sources: 4,
+        warmup_secs: 0,
     };
     let mut specs = vec![
         ServerSpec::hotloop("uring multishot", &["--driver", "uring", "--accept", "multishot"]),

@@ -49,6 +49,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             size: BODY_BYTES,
             rate,
             sources: 1,
+            warmup_secs: 0,
         };
         for spec in &specs {
             let row = ctx.measure(group, spec, &work, &load);

@@ -47,6 +47,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             size: BODY_BYTES,
             rate: None,
             sources: 1,
+            warmup_secs: 0,
         };
         for spec in &specs {
             let row = ctx.measure(&format!("concurrency {c}"), spec, &work, &load);

@@ -26,6 +26,8 @@ pub struct LoadSpec {
     pub rate: Option<u64>,
     /// Source addresses to spread connections over.
     pub sources: u32,
+    /// Seconds run before measuring (`--warmup`), not counted.
+    pub warmup_secs: u64,
 }
 
 impl LoadSpec {
@@ -56,7 +58,7 @@ impl LoadSpec {
             "--size".into(),
             self.size.to_string(),
             "--warmup".into(),
-            "0".into(),
+            self.warmup_secs.to_string(),
             "--sources".into(),
             self.sources.to_string(),
             "--json".into(),
@@ -78,6 +80,7 @@ impl LoadSpec {
     pub fn warmup(&self, requests: u64, seconds: u64) -> LoadSpec {
         let mut w = self.clone();
         w.duration_secs = seconds;
+        w.warmup_secs = 0;
         let n = self.requests.map_or(requests, |n| (n / 4).min(requests)).max(1);
         w.requests = Some(n);
         w.connections = w.connections.min(n);
@@ -86,7 +89,7 @@ impl LoadSpec {
 
     /// How long the run may take before it is killed.
     pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.duration_secs + LOAD_SLACK_S)
+        Duration::from_secs(self.warmup_secs + self.duration_secs + LOAD_SLACK_S)
     }
 }
 
@@ -109,8 +112,21 @@ pub fn figures_of(r: &LoadReport) -> BTreeMap<String, f64> {
         ("mean_ms", l.mean / 1000.0),
         ("stdev_ms", l.stdev / 1000.0),
         ("p99_ms", l.p99 / 1000.0),
+        ("p999_ms", l.p999 / 1000.0),
+        ("max_ms", l.max / 1000.0),
+        ("load_cpu_s", r.cpu_s),
     ] {
         f.insert(key.to_string(), value);
+    }
+    if let Some(q) = &r.request_latency_us {
+        for (key, value) in [
+            ("req_mean_ms", q.mean / 1000.0),
+            ("req_stdev_ms", q.stdev / 1000.0),
+            ("req_p50_ms", q.p50 / 1000.0),
+            ("req_p99_ms", q.p99 / 1000.0),
+        ] {
+            f.insert(key.to_string(), value);
+        }
     }
     f
 }
@@ -129,6 +145,7 @@ mod tests {
             size: 128,
             rate: None,
             sources: 4,
+            warmup_secs: 0,
         };
         let a = spec.args("127.0.0.1:9000".parse().unwrap(), "echo", Some(1)).join(" ");
         assert!(a.contains("--mode burst") && a.contains("--connections 10000"), "{a}");

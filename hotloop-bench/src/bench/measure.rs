@@ -43,9 +43,9 @@ impl Ctx {
                                 server: name.to_string(),
                                 config: String::new(),
                                 kind: if peer == PeerName::Nginx {
-                                    ServerKind::Nginx { program }
+                                    ServerKind::Nginx { program, multi_accept: true }
                                 } else {
-                                    ServerKind::Haproxy { program }
+                                    ServerKind::Haproxy { program, maxaccept: None }
                                 },
                             })
                         }

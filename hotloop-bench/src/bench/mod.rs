@@ -33,6 +33,7 @@ mod report;
 mod serial;
 mod server;
 mod short_streams;
+mod storm;
 mod timers;
 
 use std::collections::BTreeMap;
@@ -103,6 +104,9 @@ pub enum ScenarioName {
     Serial,
     /// Many concurrent one-request connections: accepts per wakeup unlimited vs 32.
     Churn,
+    /// Established connections at a fixed rate beside an accept storm:
+    /// accepts per wakeup unlimited vs 32 vs paced.
+    Storm,
     /// Short connections at a fixed rate: CPU and epoll registrations per connection.
     ShortStreams,
     /// The timer wheel's criterion results.
@@ -115,10 +119,11 @@ pub enum ScenarioName {
 
 impl ScenarioName {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [ScenarioName; 7] = [
+    pub const ALL: [ScenarioName; 8] = [
         ScenarioName::AcceptBurst,
         ScenarioName::Serial,
         ScenarioName::Churn,
+        ScenarioName::Storm,
         ScenarioName::ShortStreams,
         ScenarioName::Timers,
         ScenarioName::Keepalive,
@@ -131,6 +136,7 @@ impl ScenarioName {
             ScenarioName::AcceptBurst => "accept-burst",
             ScenarioName::Serial => "serial",
             ScenarioName::Churn => "churn",
+            ScenarioName::Storm => "storm",
             ScenarioName::ShortStreams => "short-streams",
             ScenarioName::Timers => "timers",
             ScenarioName::Keepalive => "keepalive",
@@ -350,6 +356,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::AcceptBurst => accept_burst::run(&mut ctx),
             ScenarioName::Serial => serial::run(&mut ctx),
             ScenarioName::Churn => churn::run(&mut ctx),
+            ScenarioName::Storm => storm::run(&mut ctx),
             ScenarioName::ShortStreams => short_streams::run(&mut ctx),
             ScenarioName::Timers => timers::run(&mut ctx),
             ScenarioName::Keepalive => keepalive::run(&mut ctx),

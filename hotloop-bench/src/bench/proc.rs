@@ -197,6 +197,21 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     Ok(ticks as f64 / clock_ticks_per_second())
 }
 
+/// Seconds process `pid`'s threads have spent waiting on a run queue for a
+/// CPU (the second field of each `/proc/PID/task/TID/schedstat`): on a
+/// shared machine, the time the process was ready to run but another
+/// process had its CPU.
+pub fn run_queue_wait_seconds(pid: u32) -> io::Result<f64> {
+    let mut total_ns = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("schedstat");
+        // A thread that ended between the listing and the read counts as nothing.
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        total_ns += text.split_ascii_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    }
+    Ok(total_ns as f64 / 1e9)
+}
+
 /// utime + stime from a `/proc/PID/stat` line, in clock ticks.
 ///
 /// The command name (field 2) may hold spaces and parentheses, so fields are

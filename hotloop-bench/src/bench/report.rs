@@ -27,6 +27,10 @@ pub struct LoadReport {
     pub rate_per_s: f64,
     /// Latency summary in microseconds.
     pub latency_us: Latency,
+    /// Connection modes: latency from the request's send, in microseconds.
+    pub request_latency_us: Option<Latency>,
+    /// CPU seconds the load generator used.
+    pub cpu_s: f64,
     /// `[value_us, count]` pairs.
     pub histogram_us: Vec<(f64, u64)>,
 }

@@ -53,6 +53,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         size: BODY_BYTES,
         rate: None,
         sources: 4,
+        warmup_secs: 0,
     };
     let mut local: Vec<ServerSpec> = BUSY_POLL
         .iter()

@@ -53,17 +53,23 @@ pub enum ServerKind {
         /// `--busy-poll` value.
         busy_poll: String,
     },
-    /// `hotloop-bench peer NAME PROTO`.
-    Peer(String),
+    /// `hotloop-bench peer NAME PROTO` with these extra arguments.
+    Peer(String, Vec<String>),
     /// nginx with a generated configuration.
     Nginx {
         /// The executable.
         program: PathBuf,
+        /// `multi_accept`: accept every pending connection per event (on)
+        /// or one (off).
+        multi_accept: bool,
     },
     /// haproxy with a generated configuration.
     Haproxy {
         /// The executable.
         program: PathBuf,
+        /// `tune.maxaccept` (connections accepted per wakeup; -1 is
+        /// unlimited); `None` leaves haproxy's default.
+        maxaccept: Option<i32>,
     },
     /// haproxy forwarding to `hotloop serve http` (busy polling off), with
     /// or without haproxy's own `busy-polling`: the original experiment.
@@ -90,7 +96,7 @@ impl ServerSpec {
         ServerSpec {
             server: name.into(),
             config: String::new(),
-            kind: ServerKind::Peer(name.into()),
+            kind: ServerKind::Peer(name.into(), Vec::new()),
         }
     }
 }
@@ -110,6 +116,11 @@ impl Running {
     /// CPU seconds used by all its processes so far.
     pub fn cpu_seconds(&self) -> Option<f64> {
         self.children.iter().map(|c| proc::cpu_seconds(c.pid()).ok()).sum()
+    }
+
+    /// Seconds its processes' threads waited for a CPU so far.
+    pub fn run_queue_wait_seconds(&self) -> Option<f64> {
+        self.children.iter().map(|c| proc::run_queue_wait_seconds(c.pid()).ok()).sum()
     }
 
     /// The numeric fields of `GET /stats`, if the server has the endpoint.
@@ -178,7 +189,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 children: vec![child],
             })
         }
-        ServerKind::Peer(name) => {
+        ServerKind::Peer(name, extra) => {
             let mut args = vec![
                 "peer".to_string(),
                 name.clone(),
@@ -187,6 +198,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 addr.to_string(),
             ];
             common(&mut args);
+            args.extend(extra.iter().cloned());
             let child =
                 launch(ctx, &format!("hotloop-bench peer {name}"), &ctx.exe.clone(), &args, addr)?;
             Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
@@ -208,11 +220,11 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 children: vec![proxy, backend_child],
             })
         }
-        ServerKind::Nginx { program } => {
+        ServerKind::Nginx { program, multi_accept } => {
             let dir = config_dir(ctx, "nginx", port)?;
             std::fs::write(dir.join("body"), "x".repeat(work.body_size))
                 .map_err(|e| e.to_string())?;
-            let conf = nginx_config(&dir, addr, ctx.workers);
+            let conf = nginx_config(&dir, addr, ctx.workers, *multi_accept);
             std::fs::write(dir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
             let args = vec![
                 "-p".to_string(),
@@ -223,12 +235,16 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             let child = launch(ctx, "nginx", program, &args, addr)?;
             Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
         }
-        ServerKind::Haproxy { program } => {
+        ServerKind::Haproxy { program, maxaccept } => {
             let dir = config_dir(ctx, "haproxy", port)?;
             std::fs::write(dir.join("body"), "x".repeat(work.body_size))
                 .map_err(|e| e.to_string())?;
             let conf =
                 haproxy_config(&dir, addr, ctx.workers, work.body_size, HaproxyRole::Respond);
+            let conf = match maxaccept {
+                Some(n) => conf.replacen("global\n", &format!("global\n  tune.maxaccept {n}\n"), 1),
+                None => conf,
+            };
             std::fs::write(dir.join("haproxy.cfg"), conf).map_err(|e| e.to_string())?;
             let args =
                 vec!["-db".to_string(), "-f".into(), dir.join("haproxy.cfg").display().to_string()];
@@ -375,11 +391,12 @@ fn config_dir(ctx: &Ctx, name: &str, port: u16) -> Result<PathBuf, String> {
 
 /// A minimal nginx configuration: loopback only, foreground, no master,
 /// a fixed `200` whose body is the file `body` in `dir`.
-pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize) -> String {
+pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, multi_accept: bool) -> String {
+    let multi_accept = if multi_accept { "on" } else { "off" };
     format!(
         "daemon off;\nmaster_process off;\nworker_processes {workers};\npid {pid};\n\
          error_log {err} warn;\nworker_rlimit_nofile 20000;\n\
-         events {{ worker_connections 19900; multi_accept on; }}\n\
+         events {{ worker_connections 19900; multi_accept {multi_accept}; }}\n\
          http {{\n  access_log off;\n  keepalive_requests 1000000;\n  tcp_nodelay on;\n\
          \x20 client_body_temp_path {tmp};\n\
          \x20 server {{\n    listen {addr} reuseport backlog=65535;\n    default_type text/plain;\n\
@@ -454,7 +471,9 @@ mod tests {
     #[test]
     fn generated_configs_listen_on_loopback_only() {
         let addr: SocketAddr = "127.0.0.1:9999".parse().unwrap();
-        let n = nginx_config(Path::new("/tmp/n"), addr, 1);
+        let n = nginx_config(Path::new("/tmp/n"), addr, 1, true);
+        assert!(n.contains("multi_accept on;"), "{n}");
+        assert!(nginx_config(Path::new("/tmp/n"), addr, 1, false).contains("multi_accept off;"));
         assert!(n.contains("listen 127.0.0.1:9999") && n.contains("root /tmp/n;"), "{n}");
         let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000, HaproxyRole::Respond);
         assert!(h.contains("bind 127.0.0.1:9999") && h.contains("tune.bufsize 21024"), "{h}");

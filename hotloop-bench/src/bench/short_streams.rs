@@ -47,6 +47,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         size: BODY_BYTES,
         rate: Some(rate),
         sources: 8,
+        warmup_secs: 0,
     };
     let mut specs = Vec::new();
     for register in ["eager", "lazy"] {

@@ -68,6 +68,8 @@ struct Unit {
     origin: Instant,
     /// Whether the unit started after warm-up and so counts.
     measured: bool,
+    /// When the first byte of its request went out.
+    sent_at: Option<Instant>,
 }
 
 enum Reader {
@@ -142,6 +144,9 @@ struct Engine<'p> {
     idle: Vec<(usize, u32)>,
     buf: Vec<u8>,
     lat: Latencies,
+    /// Latency from the request's first byte out (for connection modes,
+    /// where `lat` runs from connect).
+    request_lat: Latencies,
     errors: ErrorCounts,
     completed: u64,
     first_error: Option<String>,
@@ -172,6 +177,7 @@ pub(super) fn run(plan: &Plan) -> io::Result<LoadReport> {
         idle: Vec::new(),
         buf: vec![0; READ_BUF_BYTES],
         lat: Latencies::new(),
+        request_lat: Latencies::new(),
         errors: ErrorCounts::default(),
         completed: 0,
         first_error: None,
@@ -244,11 +250,14 @@ impl Engine<'_> {
             elapsed_s,
             rate_per_s: if elapsed_s > 0.0 { self.completed as f64 / elapsed_s } else { 0.0 },
             latency_us: self.lat.summary(),
+            request_latency_us: (plan.mode != super::Mode::Keepalive)
+                .then(|| self.request_lat.summary()),
             histogram_us: self.lat.buckets(),
             target_rate_per_s: plan.rate,
             max_in_flight: self.max_in_flight as u64,
             sources: plan.sources.len().max(1) as u64,
             fd_limit: 0,
+            cpu_s: 0.0,
             stopped_by: stopped_by.to_string(),
             first_error: self.first_error.take(),
         })
@@ -360,7 +369,7 @@ impl Engine<'_> {
             }
             self.measured_in_flight += 1;
         }
-        Some(Unit { origin, measured })
+        Some(Unit { origin, measured, sent_at: None })
     }
 
     /// Opens a non-blocking connection and registers it; returns its slot.
@@ -479,6 +488,9 @@ impl Engine<'_> {
             let c = &mut self.conns[slot];
             match c.sock.send_with_flags(&req[c.sent..], libc::MSG_NOSIGNAL) {
                 Ok(n) => {
+                    if let Some(u) = c.unit.as_mut().filter(|u| u.sent_at.is_none()) {
+                        u.sent_at = Some(now);
+                    }
                     if c.phase == Phase::Connecting {
                         c.deadline = Some(now + self.plan.timeout);
                     }
@@ -603,6 +615,9 @@ impl Engine<'_> {
             None => {
                 self.completed += 1;
                 self.lat.record(now.saturating_duration_since(unit.origin));
+                if let Some(sent) = unit.sent_at {
+                    self.request_lat.record(now.saturating_duration_since(sent));
+                }
             }
             Some((kind, e)) => self.record_error(kind, e),
         }

@@ -393,6 +393,7 @@ pub fn run(args: &LoadArgs) -> io::Result<LoadReport> {
     }
     let mut report = engine::run(&plan)?;
     report.fd_limit = fd_limit;
+    report.cpu_s = sys::cpu_seconds_self();
     Ok(report)
 }
 

@@ -114,8 +114,15 @@ pub struct LoadReport {
     /// `completed / elapsed_s`: connections per second in serial, burst and
     /// churn, requests per second in keepalive.
     pub rate_per_s: f64,
-    /// Latency summary in microseconds over completed requests.
+    /// Latency summary in microseconds over completed requests: from the
+    /// unit's start (connect, in serial, burst and churn; the intended send
+    /// under `--rate`).
     pub latency_us: LatencySummary,
+    /// In serial, burst and churn: latency from the request's first byte
+    /// out to the reply's last byte, without the connect (what a tool that
+    /// times requests on connections it already has reports).
+    #[serde(default)]
+    pub request_latency_us: Option<LatencySummary>,
     /// Latency distribution as (upper bound in us, count) pairs.
     pub histogram_us: Vec<(u64, u64)>,
     /// The `--rate` asked for, or null for a closed loop.
@@ -126,6 +133,9 @@ pub struct LoadReport {
     pub sources: u64,
     /// The soft open-file limit during the run.
     pub fd_limit: u64,
+    /// CPU seconds (user and system) the load generator used.
+    #[serde(default)]
+    pub cpu_s: f64,
     /// Why the run stopped: "requests" or "duration".
     pub stopped_by: String,
     /// The first failure's description, if any failed.
@@ -214,11 +224,13 @@ mod tests {
             elapsed_s: 0.5,
             rate_per_s: 10.0,
             latency_us: lat.summary(),
+            request_latency_us: Some(lat.summary()),
             histogram_us: lat.buckets(),
             target_rate_per_s: None,
             max_in_flight: 1,
             sources: 1,
             fd_limit: 20_000,
+            cpu_s: 0.25,
             stopped_by: "requests".into(),
             first_error: Some("connect: refused".into()),
         }

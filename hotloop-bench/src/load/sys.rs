@@ -67,3 +67,15 @@ pub fn set_bind_address_no_port(sock: &impl AsRawFd) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// CPU seconds (user and system) this process has used.
+pub fn cpu_seconds_self() -> f64 {
+    // SAFETY: rusage is plain data and all zeroes is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage(2) writes only into `usage`, which lives for the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}

@@ -8,8 +8,10 @@
 //!
 //! # Implementation notes
 //! - The listener is level-triggered; each wakeup accepts at most
-//!   [`ACCEPTS_PER_WAKEUP_MAX`] connections, so established connections are
-//!   served between accept batches.
+//!   `--max-accepts` connections ([`ACCEPTS_PER_WAKEUP_DEFAULT`]), so
+//!   established connections are served between accept batches; with
+//!   `unlimited` it accepts until EAGAIN, the loop DragonFly's commit
+//!   describes.
 //! - A new connection is read at once, before it is registered with epoll
 //!   (as s2n-quic-dc does): a client that sent its request with the
 //!   handshake is answered, and with `Connection: close` closed, without a
@@ -47,8 +49,23 @@ use std::time::{Duration, Instant};
 /// The listen(2) backlog of each worker's listener.
 pub const LISTEN_BACKLOG: i32 = 4096;
 
-/// The most connections accepted per listener wakeup.
-pub const ACCEPTS_PER_WAKEUP_MAX: usize = 64;
+/// The most connections accepted per listener wakeup unless `--max-accepts` says otherwise.
+pub const ACCEPTS_PER_WAKEUP_DEFAULT: usize = 64;
+
+/// `--max-accepts`: a bound per wakeup, or `None` for unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxAccepts(pub Option<usize>);
+
+/// Parses `--max-accepts`: a positive number or `unlimited`.
+pub fn parse_max_accepts(s: &str) -> Result<MaxAccepts, String> {
+    match s {
+        "unlimited" => Ok(MaxAccepts(None)),
+        n => match n.parse::<usize>() {
+            Ok(v) if v > 0 => Ok(MaxAccepts(Some(v))),
+            _ => Err(format!("`{n}` is not a positive number or `unlimited`")),
+        },
+    }
+}
 
 /// The most events taken from one epoll_wait(2).
 pub const EVENTS_PER_WAIT_MAX: usize = 256;
@@ -108,6 +125,9 @@ pub struct FloorArgs {
     /// Microseconds of CPU work per HTTP request.
     #[arg(long, default_value_t = 0, value_name = "US")]
     pub work_us: u64,
+    /// Connections accepted per listener wakeup: a number or `unlimited`.
+    #[arg(long, default_value = "64", value_parser = parse_max_accepts)]
+    pub max_accepts: MaxAccepts,
 }
 
 /// Serves until SIGINT or SIGTERM, then closes everything and returns.
@@ -299,6 +319,8 @@ struct Worker {
     wake: OwnedFd,
     app: App,
     work_us: u64,
+    /// Connections accepted per listener wakeup (`None`: until EAGAIN).
+    max_accepts: Option<usize>,
     resp_keepalive: Vec<u8>,
     resp_close: Vec<u8>,
     conns: Slab<Conn>,
@@ -326,6 +348,7 @@ impl Worker {
             wake,
             app: args.app,
             work_us: args.work_us,
+            max_accepts: args.max_accepts.0,
             resp_keepalive: proto::response_ok(args.body_size, false),
             resp_close: proto::response_ok(args.body_size, true),
             conns: Slab::new(),
@@ -403,7 +426,8 @@ impl Worker {
         if self.accept_paused_until.is_some() {
             return Ok(());
         }
-        for _ in 0..ACCEPTS_PER_WAKEUP_MAX {
+        let max = self.max_accepts.unwrap_or(usize::MAX);
+        for _ in 0..max {
             // SAFETY: the listener is an open socket; null address pointers
             // ask accept4(2) not to report the peer.
             let rc = unsafe {

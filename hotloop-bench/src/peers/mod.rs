@@ -52,6 +52,10 @@ pub struct PeerArgs {
     /// Microseconds of CPU work per HTTP request.
     #[arg(long, default_value_t = 0)]
     pub work_us: u64,
+    /// floor only: connections accepted per listener wakeup, a number or
+    /// `unlimited` (until accept4 says EAGAIN).
+    #[arg(long, default_value = "64", value_parser = floor::parse_max_accepts)]
+    pub max_accepts: floor::MaxAccepts,
 }
 
 /// The runtimes a peer server can be written on.
@@ -97,6 +101,7 @@ pub fn run(args: PeerArgs) -> io::Result<()> {
             workers: usize::from(args.workers),
             body_size: args.body_size,
             work_us: args.work_us,
+            max_accepts: args.max_accepts,
         }),
     }
 }

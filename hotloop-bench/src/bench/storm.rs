@@ -1,0 +1,384 @@
+//! `storm`: the DragonFly experiment as the seed ran it. Established
+//! keep-alive connections send requests open-loop at a fixed rate while a
+//! storm of new one-request connections saturates the server; the figure
+//! is what the storm does to the established connections' latency,
+//! measured from each request's intended send, with the accept bound
+//! unlimited, 32 and paced by the loop's lag.
+//!
+//! # Implementation notes
+//! - Two load generators run at once on the load CPU: `established`
+//!   (keepalive, `--rate`, one second of `--warmup` so its connections are
+//!   up before the storm) and `storm` (churn, closed loop). The storm
+//!   starts half a second after the established load and runs one second
+//!   longer, so it covers the whole measured window.
+//! - Every request costs the server [`WORK_US`] of CPU, established or not,
+//!   so the server, not the load generators, is the bottleneck; the table
+//!   shows both CPUs.
+//! - The storm's concurrency stays under the listen backlog (4,096), so
+//!   connections wait in the kernel's accept queue rather than being
+//!   dropped as SYNs.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::report::{self, Better, Column, LoadReport, Row, Summary};
+use super::server::{self, ServerKind, ServerSpec, Workload};
+use super::{
+    find_on_path, last_line, proc, Ctx, LoadSpec, PeerName, ScenarioResult, METRIC_CPU_UTIL,
+    QUICK_BUDGET_S,
+};
+
+/// Established keep-alive connections.
+pub const ESTABLISHED_CONNECTIONS: u64 = 64;
+/// Requests per second the established connections send together.
+pub const ESTABLISHED_RATE: u64 = 2_000;
+/// Storm connections in flight, full run.
+pub const STORM_CONNECTIONS_FULL: u64 = 3_000;
+/// Storm connections in flight with `--quick`.
+pub const STORM_CONNECTIONS_QUICK: u64 = 500;
+/// CPU microseconds the server spends per request.
+pub const WORK_US: u64 = 60;
+/// Response body bytes (the seed's 1K object).
+pub const BODY_BYTES: usize = 1024;
+/// Measured seconds, full run.
+pub const DURATION_FULL_S: u64 = 10;
+/// Measured seconds with `--quick`.
+pub const DURATION_QUICK_S: u64 = 2;
+/// The established load's warm-up, during which its connections open.
+const ESTABLISHED_WARMUP_S: u64 = 1;
+/// How long after the established load the storm starts.
+const STORM_DELAY_MS: u64 = 500;
+
+/// Runs the scenario.
+pub fn run(ctx: &mut Ctx) -> ScenarioResult {
+    let storm_connections =
+        if ctx.quick { STORM_CONNECTIONS_QUICK } else { STORM_CONNECTIONS_FULL };
+    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let mut result = ScenarioResult::new(
+        "storm",
+        &format!(
+            "{ESTABLISHED_CONNECTIONS} established connections at {ESTABLISHED_RATE} req/s open loop \
+             beside a storm of {storm_connections} one-request connections in flight, \
+             {WORK_US} µs of work per request"
+        ),
+        "DragonFly at most 32 accepts per kevent: an unbounded accept batch delays the I/O of \
+         connections the server already has; 1K p99 69.02 -> 35.59 ms",
+        columns(),
+    );
+    result.setup.push(
+        "established latency runs from each request's intended send (open loop, no coordinated omission); \
+         the storm's from the start of connect(2) to the last byte of its reply"
+            .into(),
+    );
+    result.setup.push(format!(
+        "the server does {WORK_US} µs of work per request; \"server CPU %\" near 100 shows it is the bottleneck; \
+         on a shared machine \"server CPU+wait %\" adds the time it was ready to run but another process had \
+         its CPU (/proc/PID/task/*/schedstat); \"load CPU %\" is both load generators together on their one CPU; \
+         \"req/server CPU-s\" (established and storm requests per second of server CPU) compares throughput \
+         when other processes take different shares of the server's CPU from run to run"
+    ));
+    let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: WORK_US };
+    let established = LoadSpec {
+        mode: "keepalive",
+        connections: ESTABLISHED_CONNECTIONS,
+        requests: None,
+        duration_secs: duration,
+        size: BODY_BYTES,
+        rate: Some(ESTABLISHED_RATE),
+        sources: 1,
+        warmup_secs: ESTABLISHED_WARMUP_S,
+    };
+    let storm = LoadSpec {
+        mode: "churn",
+        connections: storm_connections,
+        requests: None,
+        duration_secs: duration + 1,
+        size: BODY_BYTES,
+        rate: None,
+        sources: 4,
+        warmup_secs: 0,
+    };
+    let specs = server_specs(ctx, &mut result.setup);
+    for spec in &specs {
+        let row = measure(ctx, spec, &work, &established, &storm);
+        result.rows.push(row);
+    }
+    result
+}
+
+/// The table's columns; the first, the established connections' p99, is the headline.
+fn columns() -> Vec<Column> {
+    let col = |key, header, decimals, better| Column { key, header, decimals, better };
+    vec![
+        col("est_p99_ms", "est. p99 ms", 2, Better::Lower),
+        col("est_p50_ms", "est. p50 ms", 2, Better::Lower),
+        col("est_p999_ms", "est. p99.9 ms", 2, Better::Lower),
+        col("est_max_ms", "est. max ms", 2, Better::Lower),
+        col("est_rate_pct", "est. % of offered", 1, Better::Higher),
+        col("storm_rate", "storm conn/s", 0, Better::Higher),
+        col("storm_p99_ms", "storm p99 ms", 1, Better::Lower),
+        col("req_per_cpu_s", "req/server CPU-s", 0, Better::Higher),
+        col(METRIC_CPU_UTIL, "server CPU %", 0, Better::Lower),
+        col("server_busy_pct", "server CPU+wait %", 0, Better::Lower),
+        col("load_cpu_pct", "load CPU %", 0, Better::Lower),
+        col("accepted_per_wakeup", "accepts/wakeup", 1, Better::Lower),
+        col("errors", "errors", 0, Better::Lower),
+    ]
+}
+
+/// hotloop's three accept settings on both drivers, the floor's two, and
+/// nginx and haproxy each with and without a bound, when present.
+fn server_specs(ctx: &Ctx, setup: &mut Vec<String>) -> Vec<ServerSpec> {
+    let mut specs = Vec::new();
+    for driver in ["epoll", "uring"] {
+        for (name, args) in [
+            ("unlimited", &["--max-accepts", "unlimited", "--accept-pacing", "off"][..]),
+            ("max-accepts 32", &["--max-accepts", "32", "--accept-pacing", "off"][..]),
+            ("paced (default)", &["--max-accepts", "32", "--accept-pacing", "on"][..]),
+            ("paced, cap 256", &["--max-accepts", "256", "--accept-pacing", "on"][..]),
+        ] {
+            if ctx.quick && name == "paced, cap 256" {
+                continue; // --quick keeps to the three settings the table is about
+            }
+            let mut all = vec!["--driver", driver];
+            all.extend_from_slice(args);
+            specs.push(ServerSpec::hotloop(&format!("{driver} {name}"), &all));
+        }
+    }
+    if ctx.peers.contains(&PeerName::Floor) {
+        for (name, value) in [("unlimited", "unlimited"), ("max-accepts 32", "32")] {
+            specs.push(ServerSpec {
+                server: "floor".into(),
+                config: name.into(),
+                kind: ServerKind::Peer("floor".into(), vec!["--max-accepts".into(), value.into()]),
+            });
+        }
+    }
+    let mut others_note = false;
+    if ctx.quick {
+        setup.push("--quick: nginx and haproxy are left out of this scenario".into());
+        return specs;
+    }
+    if ctx.peers.contains(&PeerName::Nginx) {
+        match find_on_path("nginx") {
+            Some(program) => {
+                for on in [false, true] {
+                    specs.push(ServerSpec {
+                        server: "nginx".into(),
+                        config: format!("multi_accept {}", if on { "on" } else { "off" }),
+                        kind: ServerKind::Nginx { program: program.clone(), multi_accept: on },
+                    });
+                }
+                others_note = true;
+            }
+            None => setup.push("nginx: not found on PATH, not measured".into()),
+        }
+    }
+    if ctx.peers.contains(&PeerName::Haproxy) {
+        match find_on_path("haproxy") {
+            Some(program) => {
+                for (config, value) in [("maxaccept -1 (unlimited)", -1), ("maxaccept 32", 32)] {
+                    specs.push(ServerSpec {
+                        server: "haproxy".into(),
+                        config: config.into(),
+                        kind: ServerKind::Haproxy {
+                            program: program.clone(),
+                            maxaccept: Some(value),
+                        },
+                    });
+                }
+                setup.push(format!(
+                    "haproxy: maxconn {} (it budgets two files per connection; a process may hold 20,000)",
+                    server::HAPROXY_MAXCONN
+                ));
+                others_note = true;
+            }
+            None => setup.push("haproxy: not found on PATH, not measured".into()),
+        }
+    }
+    if others_note {
+        setup.push(
+            "nginx and haproxy serve a static body without the per-request work, so they are not saturated \
+             by the same storm; their rows show their accept settings under the same load, not a comparable bottleneck"
+                .into(),
+        );
+    }
+    specs
+}
+
+/// Starts `spec`, runs both loads `repeats` times, and returns its row.
+fn measure(
+    ctx: &mut Ctx,
+    spec: &ServerSpec,
+    work: &Workload,
+    established: &LoadSpec,
+    storm: &LoadSpec,
+) -> Row {
+    let config = spec.config.as_str();
+    let title = format!("{} {config}", spec.server);
+    if let Some(why) = &ctx.load_missing {
+        return Row::unavailable("", &spec.server, config, why.clone());
+    }
+    if ctx.quick && ctx.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
+        let why = format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
+        return Row::unavailable("", &spec.server, config, why);
+    }
+    ctx.progress(&format!("{title}: starting"));
+    let mut running = match server::start(ctx, spec, work) {
+        Ok(r) => r,
+        Err(why) => {
+            ctx.progress(&format!("{title}: unavailable: {why}"));
+            return Row::unavailable("", &spec.server, config, why);
+        }
+    };
+    ctx.note_load(established, work.load_proto());
+    ctx.note_load(storm, work.load_proto());
+    let mut row = Row::new("", &spec.server, config);
+    row.notes.extend(running.notes.iter().cloned());
+    let mut samples: Vec<BTreeMap<String, f64>> = Vec::new();
+    for repeat in 1..=ctx.repeats {
+        let stats_before = running.stats();
+        let cpu_before = running.cpu_seconds();
+        let wait_before = running.run_queue_wait_seconds();
+        let started = Instant::now();
+        let outcome = run_both(ctx, &running, work, established, storm, &title);
+        let wall_s = started.elapsed().as_secs_f64();
+        let cpu_after = running.cpu_seconds();
+        let wait_after = running.run_queue_wait_seconds();
+        let stats_after = running.stats();
+        match outcome {
+            Ok((est, st)) => {
+                if est.completed == 0 {
+                    let note = format!(
+                        "repeat {repeat}: starved: not one established request completed in the {} s run",
+                        established.duration_secs
+                    );
+                    row.notes.push(note);
+                }
+                let mut f = figures(&est, &st, established, wall_s);
+                if let (Some(b), Some(a)) = (cpu_before, cpu_after) {
+                    let workers = ctx.workers.max(1) as f64;
+                    f.insert(METRIC_CPU_UTIL.into(), 100.0 * (a - b) / wall_s / workers);
+                    if a > b {
+                        let served = (est.completed + st.completed) as f64;
+                        f.insert("req_per_cpu_s".into(), served / (a - b));
+                    }
+                    if let (Some(wb), Some(wa)) = (wait_before, wait_after) {
+                        let busy = (a - b) + (wa - wb);
+                        f.insert("server_busy_pct".into(), 100.0 * busy / wall_s / workers);
+                    }
+                }
+                if let (Some(b), Some(a)) = (&stats_before, &stats_after) {
+                    let delta = |k: &str| {
+                        a.get(k).copied().unwrap_or(0.0) - b.get(k).copied().unwrap_or(0.0)
+                    };
+                    if delta("accept_wakeups") > 0.0 {
+                        f.insert(
+                            "accepted_per_wakeup".into(),
+                            delta("accepted") / delta("accept_wakeups"),
+                        );
+                    }
+                }
+                ctx.progress(&format!(
+                    "{title}: repeat {repeat}/{}: established p99 {} ms ({}% of offered), storm {} conn/s, server CPU {}%",
+                    ctx.repeats,
+                    report::format_figure(f.get("est_p99_ms").copied().unwrap_or(f64::NAN), 2),
+                    report::format_figure(f.get("est_rate_pct").copied().unwrap_or(f64::NAN), 1),
+                    report::format_figure(f["storm_rate"], 0),
+                    report::format_figure(f.get(METRIC_CPU_UTIL).copied().unwrap_or(f64::NAN), 0),
+                ));
+                samples.push(f);
+            }
+            Err(e) => {
+                ctx.progress(&format!("{title}: repeat {repeat} failed: {e}"));
+                row.notes.push(format!("repeat {repeat}: {e}"));
+            }
+        }
+        if running.exited() {
+            row.notes.push("the server exited during the run".into());
+            break;
+        }
+    }
+    row.server_info = running.stats_text();
+    drop(running);
+    if samples.is_empty() {
+        let why = row.notes.last().cloned().unwrap_or_else(|| "no run completed".into());
+        row.unavailable = Some(format!("load failed: {why}"));
+        return row;
+    }
+    let keys: Vec<String> = samples.iter().flat_map(|s| s.keys().cloned()).collect();
+    for key in keys {
+        let values: Vec<f64> = samples.iter().filter_map(|s| s.get(&key).copied()).collect();
+        if let Some(summary) = Summary::of(&values) {
+            row.metrics.insert(key, summary);
+        }
+    }
+    row
+}
+
+/// The row's figures from one repeat.
+fn figures(
+    est: &LoadReport,
+    st: &LoadReport,
+    established: &LoadSpec,
+    wall_s: f64,
+) -> BTreeMap<String, f64> {
+    let offered = established.rate.unwrap_or(0) as f64;
+    let mut f = BTreeMap::new();
+    // With no request completed the latencies are unknown, not zero: left out.
+    if est.completed > 0 {
+        f.insert("est_p50_ms".into(), est.latency_us.p50 / 1000.0);
+        f.insert("est_p99_ms".into(), est.latency_us.p99 / 1000.0);
+        f.insert("est_p999_ms".into(), est.latency_us.p999 / 1000.0);
+        f.insert("est_max_ms".into(), est.latency_us.max / 1000.0);
+    }
+    if offered > 0.0 {
+        f.insert("est_rate_pct".into(), 100.0 * est.rate_per_s / offered);
+    }
+    f.insert("storm_rate".into(), st.rate_per_s);
+    f.insert("storm_p99_ms".into(), st.latency_us.p99 / 1000.0);
+    f.insert("storm_p50_ms".into(), st.latency_us.p50 / 1000.0);
+    if let Some(q) = &st.request_latency_us {
+        f.insert("storm_req_p99_ms".into(), q.p99 / 1000.0);
+    }
+    f.insert("load_cpu_pct".into(), 100.0 * (est.cpu_s + st.cpu_s) / wall_s);
+    f.insert("errors".into(), (est.errors_total() + st.errors_total()) as f64);
+    f.insert("est_errors".into(), est.errors_total() as f64);
+    f
+}
+
+/// Runs the established load and, half a second later, the storm, both
+/// bounded in time; returns their reports.
+fn run_both(
+    ctx: &mut Ctx,
+    running: &server::Running,
+    work: &Workload,
+    established: &LoadSpec,
+    storm: &LoadSpec,
+    title: &str,
+) -> Result<(LoadReport, LoadReport), String> {
+    let pin = ctx.load_cpu;
+    let proto = work.load_proto();
+    let start = |ctx: &mut Ctx, load: &LoadSpec, name: &str| {
+        let mut cmd = Command::new(&ctx.exe);
+        cmd.arg("load").args(load.args(running.addr, proto, pin));
+        let log = ctx.log_path(&format!("load-{name}-{title}"));
+        let timeout = load.timeout();
+        let name = name.to_string();
+        std::thread::spawn(move || {
+            let (status, stdout) =
+                proc::run_bounded(&name, cmd, &[], &log, timeout).map_err(|e| e.to_string())?;
+            if !status.success() {
+                return Err(format!("{name} load {status}: {}", last_line(&log)));
+            }
+            LoadReport::parse(&stdout)
+        })
+    };
+    let est = start(ctx, established, "established");
+    std::thread::sleep(Duration::from_millis(STORM_DELAY_MS));
+    let st = start(ctx, storm, "storm");
+    let est = est.join().map_err(|_| "the established load's thread panicked".to_string())?;
+    let st = st.join().map_err(|_| "the storm load's thread panicked".to_string())?;
+    Ok((est?, st?))
+}
