@@ -18,7 +18,8 @@
 //!
 //! Server CPU is the server thread's on-CPU time from
 //! `/proc/self/task/TID/schedstat`. `QUIC_BENCH_SERVERS=epoll,uring,tokio`
-//! picks the rows.
+//! picks the rows; `QUIC_BENCH_RCVBUF=BYTES` shrinks the server socket's
+//! receive buffer (to compare how both runtimes ride out heavy loss).
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -190,7 +191,20 @@ fn start(server: Server, config: ServerConfig) -> Running {
                 let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
                 let handle = rt.handle().clone();
                 rt.block_on(async move {
-                    let endpoint = hotloop::quic::endpoint(LOCALHOST, Some(config)).unwrap();
+                    // QUIC_BENCH_RCVBUF=BYTES shrinks the server's receive buffer (a loss experiment).
+                    let options = hotloop::net::UdpOptions {
+                        recv_buffer_bytes: std::env::var("QUIC_BENCH_RCVBUF")
+                            .ok()
+                            .and_then(|v| v.parse().ok()),
+                        ..hotloop::net::UdpOptions::quic()
+                    };
+                    let endpoint = hotloop::quic::endpoint_with(
+                        LOCALHOST,
+                        quinn::EndpointConfig::default(),
+                        Some(config),
+                        &options,
+                    )
+                    .unwrap();
                     tx.send((endpoint.local_addr().unwrap(), my_tid(), endpoint.clone())).unwrap();
                     // Report the wheel's counter once a second.
                     let counter = timers_fired.clone();
@@ -207,7 +221,30 @@ fn start(server: Server, config: ServerConfig) -> Running {
                 let rt =
                     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                 rt.block_on(async move {
-                    let endpoint = Endpoint::server(config, LOCALHOST).unwrap();
+                    let socket = std::net::UdpSocket::bind(LOCALHOST).unwrap();
+                    if let Some(bytes) =
+                        std::env::var("QUIC_BENCH_RCVBUF").ok().and_then(|v| v.parse::<i32>().ok())
+                    {
+                        use std::os::fd::AsRawFd;
+                        // SAFETY: passes a live i32 and its exact size.
+                        let rc = unsafe {
+                            libc::setsockopt(
+                                socket.as_raw_fd(),
+                                libc::SOL_SOCKET,
+                                libc::SO_RCVBUF,
+                                (&bytes as *const i32).cast(),
+                                std::mem::size_of::<i32>() as libc::socklen_t,
+                            )
+                        };
+                        assert_eq!(rc, 0);
+                    }
+                    let endpoint = Endpoint::new(
+                        quinn::EndpointConfig::default(),
+                        Some(config),
+                        socket,
+                        Arc::new(quinn::TokioRuntime),
+                    )
+                    .unwrap();
                     tx.send((endpoint.local_addr().unwrap(), my_tid(), endpoint.clone())).unwrap();
                     accept_loop(endpoint, |f| drop(tokio::spawn(f))).await;
                 });

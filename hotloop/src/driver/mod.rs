@@ -12,7 +12,10 @@
 //!   owned-buffer `recv`/`send`/`send_vectored`, `connect`, `shutdown`,
 //!   `poll_accept`/`accept_now`, a readiness wait (`readable`) with a
 //!   non-blocking `try_recv` beside it, and the borrowed-slice poll forms
-//!   behind tokio's and futures' I/O traits.
+//!   behind tokio's and futures' I/O traits; for datagram sockets, owned
+//!   `recv_msg`/`send_msg`, batched borrowed `poll_recv_batch`/
+//!   `poll_send_batch`, `try_send_one` and `writable` (each backend's
+//!   `udp.rs`; control messages are encoded in [`udp`] only).
 //!
 //! Two backends exist on Linux and both always compile: [`epoll`]
 //! (readiness) and [`uring`] (completion). [`Driver`] and [`Source`] here
