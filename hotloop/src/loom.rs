@@ -1,6 +1,6 @@
-//! The atomics that loom checks: loom's under `--cfg loom`, std's otherwise.
+//! The atomics that loom checks: loom's under `--cfg hotloop_loom`, std's otherwise.
 
-#[cfg(loom)]
+#[cfg(hotloop_loom)]
 pub(crate) use loom::sync::atomic::AtomicBool;
-#[cfg(not(loom))]
+#[cfg(not(hotloop_loom))]
 pub(crate) use std::sync::atomic::AtomicBool;

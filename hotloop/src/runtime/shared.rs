@@ -145,7 +145,7 @@ impl WorkerShared {
     }
 }
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, hotloop_loom))]
 mod loom_tests {
     use super::Doorbell;
     use loom::sync::atomic::{AtomicBool, Ordering};
