@@ -200,19 +200,20 @@ async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
 /// only when it fires: a request costs a store of the loop's clock, not a
 /// timer inserted and cancelled (nginx keeps its timers the same way).
 struct ReadDeadline {
-    timer: Pin<Box<Sleep>>,
+    timer: Sleep,
 }
 
 impl ReadDeadline {
     fn new() -> Self {
-        ReadDeadline { timer: Box::pin(hotloop::time::sleep(Duration::MAX)) }
+        ReadDeadline { timer: hotloop::time::sleep(Duration::MAX) }
     }
 
     /// Reads into a buffer from the worker's pool (an idle connection holds
     /// none) until `due`; `None` when `due` passed, the peer closed or the
     /// read failed.
     async fn read(&mut self, stream: &TcpStream, due: Option<Instant>) -> Option<PooledBuf> {
-        let timer = &mut self.timer;
+        // `Sleep` is `Unpin`: the timer needs no box of its own.
+        let mut timer = Pin::new(&mut self.timer);
         if let Some(due) = due {
             // Only ever moved earlier here; a later deadline is taken up
             // when the timer fires.

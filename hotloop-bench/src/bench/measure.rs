@@ -136,17 +136,8 @@ impl Ctx {
         }
         row.server_info = running.stats_text();
         drop(running);
-        if samples.is_empty() {
-            let why = row.notes.last().cloned().unwrap_or_else(|| "no run completed".into());
-            row.unavailable = Some(format!("load failed: {why}"));
+        if !summarise(&mut row, &samples) {
             return row;
-        }
-        let keys: Vec<String> = samples.iter().flat_map(|s| s.keys().cloned()).collect();
-        for key in keys {
-            let values: Vec<f64> = samples.iter().filter_map(|s| s.get(&key).copied()).collect();
-            if let Some(summary) = Summary::of(&values) {
-                row.metrics.insert(key, summary);
-            }
         }
         // Keep the histogram of the repeat with the median rate.
         let rates: Vec<f64> =
@@ -237,4 +228,22 @@ impl Ctx {
         }
         Ok(report)
     }
+}
+
+/// Folds the repeats' figures into `row` as summaries (median and spread);
+/// false, with `row` marked unavailable, if no repeat completed.
+pub(super) fn summarise(row: &mut Row, samples: &[BTreeMap<String, f64>]) -> bool {
+    if samples.is_empty() {
+        let why = row.notes.last().cloned().unwrap_or_else(|| "no run completed".into());
+        row.unavailable = Some(format!("load failed: {why}"));
+        return false;
+    }
+    let keys: Vec<String> = samples.iter().flat_map(|s| s.keys().cloned()).collect();
+    for key in keys {
+        let values: Vec<f64> = samples.iter().filter_map(|s| s.get(&key).copied()).collect();
+        if let Some(summary) = Summary::of(&values) {
+            row.metrics.insert(key, summary);
+        }
+    }
+    true
 }

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::report::{self, Better, Column, LoadReport, Row, Summary};
+use super::report::{self, Better, Column, LoadReport, Row};
 use super::server::{self, ServerKind, ServerSpec, Workload};
 use super::{
     find_on_path, last_line, proc, Ctx, LoadSpec, PeerName, ScenarioResult, METRIC_CPU_UTIL,
@@ -302,17 +302,8 @@ fn measure(
     }
     row.server_info = running.stats_text();
     drop(running);
-    if samples.is_empty() {
-        let why = row.notes.last().cloned().unwrap_or_else(|| "no run completed".into());
-        row.unavailable = Some(format!("load failed: {why}"));
+    if !super::measure::summarise(&mut row, &samples) {
         return row;
-    }
-    let keys: Vec<String> = samples.iter().flat_map(|s| s.keys().cloned()).collect();
-    for key in keys {
-        let values: Vec<f64> = samples.iter().filter_map(|s| s.get(&key).copied()).collect();
-        if let Some(summary) = Summary::of(&values) {
-            row.metrics.insert(key, summary);
-        }
     }
     row
 }
