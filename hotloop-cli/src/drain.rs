@@ -1,40 +1,45 @@
 //! Graceful stop for connection handlers: each worker's "stopping" flag and
 //! the handlers parked on it.
 //!
-//! A handler wraps the waits it may give up on a stop (an idle keep-alive
-//! connection waiting for its next request) in [`until_stop`]; [`begin`]
-//! sets the flag on every worker and wakes those waits, so idle
-//! connections close at once while busy ones finish.
+//! A handler polls [`StopWatch::poll_stopped`] while it waits for something
+//! it may give up on a stop (an idle keep-alive connection waiting for its
+//! next request); [`begin`] sets the flag on every worker and wakes those
+//! handlers, so idle connections close at once while busy ones finish.
 //!
 //! # Implementation notes
 //! The flag is one process-wide atomic, set by [`begin`] at once, so a
 //! handler busy with a request sees it when it picks its answer even if
 //! its worker has not run anything else since. The parked wakers live in
-//! a thread-local per worker, so a handler takes no lock to park; [`begin`]
-//! wakes them by spawning a task on each worker after setting the flag,
-//! so a handler that checked the flag before it was set and then parked is
-//! woken by that task, and one that checks after sees it.
+//! a per-worker list; a connection takes its slot once, at its first idle
+//! wait, and keeps it until it closes, so an idle wait costs an atomic
+//! load and a waker comparison, not a thread-local lookup and a slot taken
+//! and freed per request. [`begin`] wakes the list by spawning a task on
+//! each worker after setting the flag, so a handler that checked the flag
+//! before it was set and then parked is woken by that task, and one that
+//! checks after sees it. A handler woken while it is busy, not idle, just
+//! polls again.
 
 use std::cell::RefCell;
-use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Poll, Waker};
+use std::task::Waker;
 
 use hotloop::Handle;
 
 /// Set once the server is stopping.
 static STOPPING: AtomicBool = AtomicBool::new(false);
 
+/// One worker's parked handlers.
 #[derive(Default)]
 struct Drain {
-    /// Parked handlers' wakers; `None` marks a free slot, listed in `free`.
+    /// Parked handlers' wakers; `None` marks a slot whose waker was taken
+    /// (or never set); free slots are listed in `free`.
     parked: RefCell<Vec<Option<Waker>>>,
     free: RefCell<Vec<usize>>,
 }
 
 thread_local! {
-    static DRAIN: Drain = Drain::default();
+    static DRAIN: Rc<Drain> = Rc::default();
 }
 
 /// True once the server has been told to stop.
@@ -42,64 +47,55 @@ pub fn stopping() -> bool {
     STOPPING.load(Ordering::Relaxed)
 }
 
-/// Runs `f` until it completes (`Some`) or the server is told to stop
-/// while `f` waits (`None`, also when the stop came before the call and
-/// `f` is not ready at once).
-pub async fn until_stop<F: Future>(f: F) -> Option<F::Output> {
-    let mut f = pin!(f);
-    let mut slot = Parked(None);
-    poll_fn(|cx| {
-        // `f` first: what is ready now (a request already in the socket) is
-        // still taken after the stop.
-        if let Poll::Ready(v) = f.as_mut().poll(cx) {
-            return Poll::Ready(Some(v));
-        }
-        if stopping() {
-            return Poll::Ready(None);
-        }
-        slot.park(cx.waker());
-        Poll::Pending
-    })
-    .await
+/// A connection's registration for the stop: its slot in its worker's list
+/// of parked handlers, taken at the first wait and freed on drop.
+#[derive(Default)]
+pub struct StopWatch {
+    /// The worker's list and this connection's slot in it.
+    slot: Option<(Rc<Drain>, usize)>,
+    /// The waker last filed, to skip filing the same one again.
+    filed: Option<Waker>,
 }
 
-/// A handler's slot among the parked wakers, freed when it drops.
-struct Parked(Option<usize>);
+impl StopWatch {
+    /// True if the server is stopping; otherwise files `waker` so that
+    /// [`begin`] wakes it.
+    pub fn poll_stopped(&mut self, waker: &Waker) -> bool {
+        if stopping() {
+            return true;
+        }
+        // The usual case: the same task parks again after its last request.
+        // Its waker is still in the list, since only `begin` takes wakers
+        // out, and it sets the flag first.
+        if self.filed.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            return false;
+        }
+        self.file(waker);
+        false
+    }
 
-impl Parked {
-    fn park(&mut self, waker: &Waker) {
-        DRAIN.with(|d| {
-            let mut parked = d.parked.borrow_mut();
-            match self.0 {
-                Some(i) => {
-                    if !parked[i].as_ref().is_some_and(|w| w.will_wake(waker)) {
-                        parked[i] = Some(waker.clone());
-                    }
-                }
-                None => {
-                    let i = match d.free.borrow_mut().pop() {
-                        Some(i) => i,
-                        None => {
-                            parked.push(None);
-                            parked.len() - 1
-                        }
-                    };
-                    parked[i] = Some(waker.clone());
-                    self.0 = Some(i);
-                }
-            }
-        })
+    #[cold]
+    fn file(&mut self, waker: &Waker) {
+        let (drain, i) = self.slot.get_or_insert_with(|| {
+            DRAIN.with(|d| {
+                let i = d.free.borrow_mut().pop().unwrap_or_else(|| {
+                    let mut parked = d.parked.borrow_mut();
+                    parked.push(None);
+                    parked.len() - 1
+                });
+                (d.clone(), i)
+            })
+        });
+        drain.parked.borrow_mut()[*i] = Some(waker.clone());
+        self.filed = Some(waker.clone());
     }
 }
 
-impl Drop for Parked {
+impl Drop for StopWatch {
     fn drop(&mut self) {
-        if let Some(i) = self.0 {
-            // `try_with`: a handler dropped while its thread exits finds no drain.
-            let _ = DRAIN.try_with(|d| {
-                d.parked.borrow_mut()[i] = None;
-                d.free.borrow_mut().push(i);
-            });
+        if let Some((drain, i)) = self.slot.take() {
+            drain.parked.borrow_mut()[i] = None;
+            drain.free.borrow_mut().push(i);
         }
     }
 }

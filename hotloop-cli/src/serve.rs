@@ -199,19 +199,31 @@ async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
 /// A connection's read deadline (idle or header) on one timer that is moved
 /// only when it fires: a request costs a store of the loop's clock, not a
 /// timer inserted and cancelled (nginx keeps its timers the same way).
+///
+/// It also carries the connection's registration for a graceful stop, so
+/// an idle wait ends when the server stops without a wrapper future
+/// around each read.
 struct ReadDeadline {
     timer: Sleep,
+    stop: drain::StopWatch,
 }
 
 impl ReadDeadline {
     fn new() -> Self {
-        ReadDeadline { timer: hotloop::time::sleep(Duration::MAX) }
+        ReadDeadline { timer: hotloop::time::sleep(Duration::MAX), stop: Default::default() }
     }
 
     /// Reads into a buffer from the worker's pool (an idle connection holds
-    /// none) until `due`; `None` when `due` passed, the peer closed or the
-    /// read failed.
-    async fn read(&mut self, stream: &TcpStream, due: Option<Instant>) -> Option<PooledBuf> {
+    /// none) until `due`; `None` when `due` passed, the peer closed, the
+    /// read failed, or (`idle`) the server began to stop while it waited.
+    /// What is ready at once is still taken after a stop.
+    async fn read(
+        &mut self,
+        stream: &TcpStream,
+        due: Option<Instant>,
+        idle: bool,
+    ) -> Option<PooledBuf> {
+        let stop = &mut self.stop;
         // `Sleep` is `Unpin`: the timer needs no box of its own.
         let mut timer = Pin::new(&mut self.timer);
         if let Some(due) = due {
@@ -225,6 +237,9 @@ impl ReadDeadline {
         let res = poll_fn(|cx| {
             if let Poll::Ready(r) = read.as_mut().poll(cx) {
                 return Poll::Ready(Some(r));
+            }
+            if idle && stop.poll_stopped(cx.waker()) {
+                return Poll::Ready(None);
             }
             let Some(due) = due else { return Poll::Pending };
             while timer.as_mut().poll(cx).is_ready() {
@@ -273,7 +288,7 @@ async fn echo(stream: TcpStream, s: &Settings) {
         // Set after the last write finished: the idle clock counts time
         // with no progress either way.
         let deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
-        let Some(buf) = reader.read(&stream, deadline).await else { return };
+        let Some(buf) = reader.read(&stream, deadline, false).await else { return };
         proto::spin_work(s.work_us);
         if send(&stream, buf, s.send_timeout).await.is_err() {
             return;
@@ -327,9 +342,9 @@ async fn http(stream: TcpStream, s: &Settings) {
                     pending.extend_from_slice(&buf[consumed..]);
                 }
             }
-            (Request::Malformed, _) => return reject(&stream, 400, s).await,
-            (Request::TooLarge, _) => return reject(&stream, 431, s).await,
-            (Request::Unsupported(status), _) => return reject(&stream, status, s).await,
+            (Request::Malformed, _) => return reject_boxed(&stream, 400, s).await,
+            (Request::TooLarge, _) => return reject_boxed(&stream, 431, s).await,
+            (Request::Unsupported(status), _) => return reject_boxed(&stream, status, s).await,
         }
         if !pending.is_empty() && head_deadline.is_none() {
             head_deadline = Some(hotloop::time::now() + s.header_timeout);
@@ -344,15 +359,7 @@ async fn http(stream: TcpStream, s: &Settings) {
         // bounds it; one partway through a request gets its answer, with
         // `Connection: close`.
         let idle = head_deadline.is_none();
-        let read = if idle {
-            match drain::until_stop(reader.read(&stream, deadline)).await {
-                Some(r) => r,
-                None => return,
-            }
-        } else {
-            reader.read(&stream, deadline).await
-        };
-        match read {
+        match reader.read(&stream, deadline, idle).await {
             Some(b) => {
                 buf = b;
                 consumed = 0;
@@ -363,12 +370,19 @@ async fn http(stream: TcpStream, s: &Settings) {
             }
             None => {
                 if !pending.is_empty() && head_deadline.is_some_and(|d| hotloop::time::now() >= d) {
-                    reject(&stream, 408, s).await;
+                    reject_boxed(&stream, 408, s).await;
                 }
                 return;
             }
         }
     }
+}
+
+/// [`reject`] on the heap: an error reply is rare, and boxing it keeps
+/// its state (a write, a timer, a read) out of every connection's future,
+/// which is copied once per connection when it is spawned.
+async fn reject_boxed(stream: &TcpStream, status: u16, s: &Settings) {
+    Box::pin(reject(stream, status, s)).await
 }
 
 /// Answers with an error status and closes gracefully: shut down writing
@@ -389,7 +403,7 @@ async fn reject(stream: &TcpStream, status: u16, s: &Settings) {
     let mut drained = 0;
     let mut reader = ReadDeadline::new();
     while drained < LINGER_BYTES_MAX {
-        match reader.read(stream, Some(until)).await {
+        match reader.read(stream, Some(until), false).await {
             Some(b) => drained += b.len(),
             None => return,
         }

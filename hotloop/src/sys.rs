@@ -98,8 +98,8 @@ pub(crate) fn eventfd_drain(fd: RawFd) {
 /// # Safety
 /// `ptr..ptr+len` must be valid for writes for the duration of the call.
 pub(crate) unsafe fn recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
-    // SAFETY: the caller guarantees the buffer; MSG_NOSIGNAL is irrelevant for recv.
-    let n = cvt(unsafe { libc::recv(fd, ptr.cast(), len, 0) })?;
+    // SAFETY: the caller guarantees the buffer; the address arguments are null.
+    let n = cvt(unsafe { raw_recvfrom(fd, ptr, len, 0) })?;
     Ok(n as usize)
 }
 
@@ -108,8 +108,8 @@ pub(crate) unsafe fn recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usi
 /// # Safety
 /// `ptr..ptr+len` must be valid for writes for the duration of the call.
 pub(crate) unsafe fn recv_nowait(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
-    // SAFETY: the caller guarantees the buffer.
-    let n = cvt(unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) })?;
+    // SAFETY: the caller guarantees the buffer; the address arguments are null.
+    let n = cvt(unsafe { raw_recvfrom(fd, ptr, len, libc::MSG_DONTWAIT) })?;
     Ok(n as usize)
 }
 
@@ -118,9 +118,46 @@ pub(crate) unsafe fn recv_nowait(fd: RawFd, ptr: *mut u8, len: usize) -> io::Res
 /// # Safety
 /// `ptr..ptr+len` must be valid for reads for the duration of the call.
 pub(crate) unsafe fn send(fd: RawFd, ptr: *const u8, len: usize) -> io::Result<usize> {
-    // SAFETY: the caller guarantees the buffer. MSG_NOSIGNAL turns a write to a closed peer into EPIPE instead of a signal.
-    let n = cvt(unsafe { libc::send(fd, ptr.cast(), len, libc::MSG_NOSIGNAL) })?;
+    // SAFETY: the caller guarantees the buffer; the address arguments are
+    // null. MSG_NOSIGNAL turns a write to a closed peer into EPIPE instead
+    // of a signal.
+    let n = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd as libc::c_long,
+            ptr,
+            len,
+            libc::MSG_NOSIGNAL as libc::c_long,
+            std::ptr::null::<libc::sockaddr>(),
+            0 as libc::c_long,
+        )
+    })?;
     Ok(n as usize)
+}
+
+/// `recvfrom(2)` without a source address, made with `syscall(2)` rather
+/// than libc's `recv`: libc's wrappers are thread cancellation points, and
+/// in a threaded process each call switches asynchronous cancellation on
+/// and off around the system call (about 60 instructions per request on
+/// the keep-alive path). hotloop never cancels threads.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for writes for the duration of the call.
+#[inline]
+unsafe fn raw_recvfrom(fd: RawFd, ptr: *mut u8, len: usize, flags: i32) -> libc::c_long {
+    // SAFETY: the caller guarantees the buffer; null address and length
+    // pointers tell the kernel not to report the source address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd as libc::c_long,
+            ptr,
+            len,
+            flags as libc::c_long,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        )
+    }
 }
 
 /// Sends the buffers described by `iov` in one call, never raising `SIGPIPE`.

@@ -197,14 +197,21 @@ where
 
 /// Spawns a future whose output nobody awaits (a connection handler): no
 /// join slot is allocated. Returns the task's key.
+#[inline]
 pub(crate) fn spawn_detached<F: Future<Output = ()> + 'static>(future: F) -> TaskKey {
+    // Boxed first, so the future (a connection handler's can be a kilobyte)
+    // is copied once, onto the heap, rather than again at every call below.
+    spawn_boxed(Box::pin(future))
+}
+
+fn spawn_boxed(future: super::task::TaskFuture) -> TaskKey {
     context::with(|cx| {
         let mut tasks = cx.tasks.borrow_mut();
         let key = tasks.next_key();
         let header = TaskWaker::new(key, cx.shared.clone());
         let waker = Waker::from(header.clone());
         let inserted = tasks.insert(Task {
-            future: Some(Box::pin(future)),
+            future: Some(future),
             waker: waker.clone(),
             header,
             aborted: false,
