@@ -258,21 +258,46 @@ impl ReadDeadline {
 
 /// Writes all of `buf`, giving up when one write has made no progress for
 /// `limit` (the client does not read); `Err` means the connection is done.
-/// A write that completes at once (the usual case) arms no timer.
+///
+/// The usual case, one write that takes the whole buffer at once, arms no
+/// timer and keeps only that write in the connection's future; a write
+/// that must wait, or a short one, continues on the heap, so its timer and
+/// loop do not grow every connection's state.
 async fn send<B: IoBuf>(stream: &TcpStream, buf: B, limit: Option<Duration>) -> io::Result<()> {
     let total = buf.bytes_init();
-    let (mut buf, mut done) = (buf, 0);
+    let mut write = pin!(stream.write(buf));
+    let (res, buf) = match poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
+        Poll::Ready(done) => done,
+        Poll::Pending => Box::pin(wait_write(write.as_mut(), limit)).await?,
+    };
+    match res? {
+        0 if total > 0 => Err(io::ErrorKind::WriteZero.into()),
+        n if n >= total => Ok(()),
+        n => Box::pin(send_rest(stream, buf, n, limit)).await,
+    }
+}
+
+/// Waits for a write that could not complete at once, for at most `limit`
+/// (each write returns as soon as it moved any bytes, so the clock runs
+/// from the last progress).
+async fn wait_write<W: Future>(write: Pin<&mut W>, limit: Option<Duration>) -> io::Result<W::Output> {
+    match limit {
+        Some(t) => timeout(t, write).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut)),
+        None => Ok(write.await),
+    }
+}
+
+/// The rest of [`send`] after a short write: `done` bytes of `buf` are sent.
+async fn send_rest<B: IoBuf>(
+    stream: &TcpStream,
+    mut buf: B,
+    mut done: usize,
+    limit: Option<Duration>,
+) -> io::Result<()> {
+    let total = buf.bytes_init();
     while done < total {
         let mut write = pin!(stream.write(buf.slice(done..)));
-        let now = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await;
-        // A write returns as soon as it moved any bytes: each one restarts the clock.
-        let (res, slice) = match (now, limit) {
-            (Poll::Ready(done_now), _) => done_now,
-            (Poll::Pending, Some(t)) => {
-                timeout(t, write).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
-            }
-            (Poll::Pending, None) => write.await,
-        };
+        let (res, slice) = wait_write(write.as_mut(), limit).await?;
         buf = slice.into_inner();
         match res? {
             0 => return Err(io::ErrorKind::WriteZero.into()),
