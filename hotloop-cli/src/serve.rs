@@ -280,7 +280,10 @@ async fn send<B: IoBuf>(stream: &TcpStream, buf: B, limit: Option<Duration>) -> 
 /// Waits for a write that could not complete at once, for at most `limit`
 /// (each write returns as soon as it moved any bytes, so the clock runs
 /// from the last progress).
-async fn wait_write<W: Future>(write: Pin<&mut W>, limit: Option<Duration>) -> io::Result<W::Output> {
+async fn wait_write<W: Future>(
+    write: Pin<&mut W>,
+    limit: Option<Duration>,
+) -> io::Result<W::Output> {
     match limit {
         Some(t) => timeout(t, write).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut)),
         None => Ok(write.await),

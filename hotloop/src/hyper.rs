@@ -10,11 +10,10 @@
 //!
 //! # Implementation notes
 //!
-//! hyper hands reads an uninitialised cursor. Filling it in place needs
-//! `unsafe`, which hotloop keeps to its buffer and driver layers, so a read
-//! lands in a zeroed stack chunk of [`READ_CHUNK_BYTES`] first and is
-//! copied out. `TokioIo` zeroes the whole cursor on every read instead
-//! (`ReadBuf::initialize_unfilled`), which costs about the same.
+//! hyper hands reads an uninitialised cursor; it is filled in place (the
+//! `unsafe` for that lives in the buffer layer, `buf.rs`), and hotloop's
+//! `AsyncRead` impls read into a `ReadBuf`'s spare room without zeroing
+//! it, so a read is one copy from the kernel, as on tokio.
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
@@ -83,9 +82,6 @@ impl hyper::rt::Timer for HotloopTimer {
     }
 }
 
-/// The most bytes one [`HyperIo`] read takes from the socket.
-pub const READ_CHUNK_BYTES: usize = 8 * 1024;
-
 /// A stream with tokio's I/O traits ([`TcpStream`], or a TLS stream over
 /// it) as hyper's `Read` and `Write`.
 #[derive(Debug)]
@@ -102,19 +98,9 @@ impl<T: tokio::io::AsyncRead + Unpin> hyper::rt::Read for HyperIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        mut buf: ReadBufCursor<'_>,
+        buf: ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let mut chunk = [0u8; READ_CHUNK_BYTES];
-        let want = buf.remaining().min(READ_CHUNK_BYTES);
-        let mut read = tokio::io::ReadBuf::new(&mut chunk[..want]);
-        match Pin::new(&mut self.0).poll_read(cx, &mut read) {
-            Poll::Ready(Ok(())) => {
-                buf.put_slice(read.filled());
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
+        crate::buf::poll_read_hyper(buf, |rb| Pin::new(&mut self.0).poll_read(cx, rb))
     }
 }
 

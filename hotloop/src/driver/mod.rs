@@ -301,7 +301,26 @@ impl Source {
         cx: &mut TaskContext<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        each!(self, s => s.poll_read_slice(cx, buf))
+        // SAFETY: `[u8]` and `[MaybeUninit<u8>]` share a layout, and the
+        // backends write only initialised bytes, so `buf` stays initialised.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(
+                buf.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(),
+                buf.len(),
+            )
+        };
+        self.poll_read_uninit(cx, dst)
+    }
+
+    /// Reads into a borrowed slice that may be uninitialised (a tokio
+    /// `ReadBuf`'s or hyper's spare room, which need not be zeroed first);
+    /// `Ok(n)` means the first `n` bytes of `buf` were written.
+    pub(crate) fn poll_read_uninit(
+        &self,
+        cx: &mut TaskContext<'_>,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, s => s.poll_read_uninit(cx, buf))
     }
 
     /// Writes from a borrowed slice, for the poll-based I/O traits.

@@ -63,15 +63,7 @@ mod tokio_impls {
             cx: &mut Context<'_>,
             buf: &mut ReadBuf<'_>,
         ) -> Poll<io::Result<()>> {
-            let dst = buf.initialize_unfilled();
-            match self.poll_read_slice(cx, dst) {
-                Poll::Ready(Ok(n)) => {
-                    buf.advance(n);
-                    Poll::Ready(Ok(()))
-                }
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            }
+            crate::buf::poll_read_tokio(self.source(), cx, buf)
         }
     }
 

@@ -281,17 +281,19 @@ impl Source {
     /// for, so the kernel's backlog holds the rest already.
     pub(crate) fn set_accept_room(&self, _room: usize) {}
 
-    /// Reads into a borrowed slice.
-    pub(crate) fn poll_read_slice(
+    /// Reads into a borrowed slice that may be uninitialised; `Ok(n)`
+    /// means its first `n` bytes were written.
+    pub(crate) fn poll_read_uninit(
         &self,
         cx: &mut TaskContext<'_>,
-        buf: &mut [u8],
+        buf: &mut [MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
         let asked = buf.len();
-        // SAFETY: `buf` is a live, writable slice for the duration of the call.
+        // SAFETY: `buf` is a live, writable slice of `asked` bytes for the
+        // duration of the call; `recv` writes only initialised bytes.
         self.poll_io_bytes(cx, Direction::Read, asked, || unsafe {
-            sys::recv(fd, buf.as_mut_ptr(), asked)
+            sys::recv(fd, buf.as_mut_ptr().cast(), asked)
         })
     }
 

@@ -19,6 +19,7 @@
 
 use std::future::Future;
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
@@ -79,7 +80,7 @@ impl StreamBuffers {
         &mut self,
         src: &Source,
         cx: &mut TaskContext<'_>,
-        dst: &mut [u8],
+        dst: &mut [MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
         if dst.is_empty() {
             return Poll::Ready(Ok(0));
@@ -87,7 +88,13 @@ impl StreamBuffers {
         loop {
             if self.filled_pos < self.filled.len() {
                 let n = dst.len().min(self.filled.len() - self.filled_pos);
-                dst[..n].copy_from_slice(&self.filled[self.filled_pos..self.filled_pos + n]);
+                let src = &self.filled[self.filled_pos..self.filled_pos + n];
+                // SAFETY: `dst` has room for `n` bytes, `src` holds `n`
+                // initialised bytes, and the two never overlap (`filled` is
+                // this buffer's own heap block).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), n)
+                };
                 self.filled_pos += n;
                 return Poll::Ready(Ok(n));
             }

@@ -365,22 +365,16 @@ impl Source {
         }
     }
 
-    /// Reads into a borrowed slice through the stream's owned buffer.
-    pub(crate) fn poll_read_slice(
+    /// Reads into a borrowed slice that may be uninitialised; `Ok(n)`
+    /// means its first `n` bytes were written. Through the multishot
+    /// receive's queue where there is one, else the stream's owned buffer.
+    pub(crate) fn poll_read_uninit(
         &self,
         cx: &mut TaskContext<'_>,
-        buf: &mut [u8],
+        dst: &mut [MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
         if self.reads_through_queue() {
             loop {
-                // SAFETY: `[u8]` and `[MaybeUninit<u8>]` share a layout; nothing uninitialised
-                // is written into `buf`.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        buf.as_mut_ptr().cast::<MaybeUninit<u8>>(),
-                        buf.len(),
-                    )
-                };
                 match self.try_recv(dst) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     r => return Poll::Ready(r),
@@ -389,7 +383,7 @@ impl Source {
             }
         }
         let mut compat = self.compat.borrow_mut();
-        compat.get_or_insert_with(Box::default).poll_read(self, cx, buf)
+        compat.get_or_insert_with(Box::default).poll_read(self, cx, dst)
     }
 
     /// Writes borrowed slices through the stream's owned buffer.
