@@ -1,7 +1,9 @@
 //! The peer servers answer like hotloop's own: echo, HTTP keep-alive,
-//! `Connection: close`, 400 on garbage, and a clean exit on SIGTERM.
+//! `Connection: close`, 400 on garbage, and a clean exit on SIGTERM; the
+//! io_uring floor also under back-pressure and on SIGINT.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::thread;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,12 +28,13 @@ impl Peer {
             .expect("start the hotloop binary");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        // `listening on ADDR`, or the floors' `floor APP listening on ADDR (...)`.
         let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("{kind} printed {line:?} instead of its address"))
-            .parse()
-            .unwrap();
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("{kind} printed {line:?} instead of its address"));
         Peer { child, addr }
     }
 
@@ -185,4 +188,110 @@ fn sigint_also_stops_a_peer() {
     signal(peer.child.id(), libc::SIGINT);
     let status = peer.child.wait().unwrap();
     assert!(status.success());
+}
+
+#[test]
+fn floor_http() {
+    check_http("floor");
+}
+
+#[test]
+fn floor_echo() {
+    check_echo("floor");
+}
+
+#[test]
+fn floor_uring_http() {
+    check_http("floor-uring");
+}
+
+#[test]
+fn floor_uring_echo() {
+    check_echo("floor-uring");
+}
+
+/// Three keep-alive requests on one connection, one split across two
+/// writes, an echo round trip, then SIGINT: the io_uring floor exits with 0.
+#[test]
+fn floor_uring_keepalive_echo_and_sigint() {
+    let http = Peer::start("floor-uring", "http", 13);
+    let mut s = http.connect();
+    let request: &[u8] = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n";
+    for i in 0..3 {
+        if i == 1 {
+            s.write_all(&request[..9]).unwrap();
+            s.flush().unwrap();
+            thread::sleep(Duration::from_millis(20));
+            s.write_all(&request[9..]).unwrap();
+        } else {
+            s.write_all(request).unwrap();
+        }
+        let (head, body) = read_response(&mut s);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "request {i}: {head}");
+        assert!(head.contains("Connection: keep-alive"), "request {i}: {head}");
+        assert_eq!(body, vec![b'x'; 13]);
+    }
+    let mut http = http;
+    signal(http.child.id(), libc::SIGINT);
+    let status = wait_exit(&mut http.child);
+    assert!(status.success(), "floor-uring http exited with {status}");
+    // The open keep-alive connection was closed by the exit.
+    assert_closed(&mut s);
+
+    let mut echo = Peer::start("floor-uring", "echo", 0);
+    let mut s = echo.connect();
+    s.write_all(b"ping across the ring").unwrap();
+    let mut back = [0u8; 20];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"ping across the ring");
+    signal(echo.child.id(), libc::SIGINT);
+    let status = wait_exit(&mut echo.child);
+    assert!(status.success(), "floor-uring echo exited with {status}");
+}
+
+/// A client that writes far more than the socket buffers hold before it
+/// reads: the floors pause reading while their replies are stuck, and every
+/// byte still comes back, in order.
+#[test]
+fn floors_echo_under_back_pressure() {
+    for kind in ["floor", "floor-uring"] {
+        let peer = Peer::start(kind, "echo", 0);
+        // A small receive window, so the replies back up in the server.
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(8 * 1024).unwrap();
+        sock.connect(&peer.addr.into()).unwrap();
+        let s: TcpStream = sock.into();
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        // More than the kernel's largest send and receive buffers together.
+        let data: Vec<u8> = (0..16_000_000u32).map(|i| (i % 253) as u8).collect();
+        let mut writer = s.try_clone().unwrap();
+        let sent = data.clone();
+        let w = thread::spawn(move || {
+            // Pauses on the way are the point: the server stops reading.
+            thread::sleep(Duration::from_millis(1));
+            writer.write_all(&sent).unwrap();
+            writer.shutdown(Shutdown::Write).unwrap();
+        });
+        // Let the server's replies back up before reading any.
+        thread::sleep(Duration::from_millis(200));
+        let mut echoed = Vec::with_capacity(data.len());
+        (&s).read_to_end(&mut echoed).unwrap();
+        w.join().unwrap();
+        assert!(echoed == data, "{kind}: {} bytes came back of {}", echoed.len(), data.len());
+        let status = peer.terminate();
+        assert!(status.success(), "{kind} exited with {status}");
+    }
+}
+
+/// Waits for a signalled child, failing after a bound.
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the peer ignored the signal");
+        thread::sleep(Duration::from_millis(10));
+    }
 }
