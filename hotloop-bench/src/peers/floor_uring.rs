@@ -53,6 +53,8 @@
 //!   which a poll is armed. The worker cancels everything in flight
 //!   (`IORING_ASYNC_CANCEL_ANY`), handles completions until none is left,
 //!   and returns, dropping every descriptor and buffer.
+//! - [`FALLBACK_ENV`] and [`BUFFERS_ENV`] let tests take the fallback paths
+//!   and run the buffer ring dry on any kernel.
 //! - Socket options are the epoll floor's: `SO_REUSEADDR` and
 //!   `SO_REUSEPORT` on the listener, none per connection.
 //!
@@ -116,6 +118,15 @@ const STOP: u64 = 7;
 /// Generations wrap within the 24 bits between the kind and the slot.
 const GEN_MASK: u32 = 0x00ff_ffff;
 
+/// Environment variable: `1` makes the server take the paths it falls back
+/// to on older kernels (`IORING_SETUP_COOP_TASKRUN`, a single-shot receive
+/// into each connection's own buffer), so they can be tested anywhere.
+pub const FALLBACK_ENV: &str = "HOTLOOP_FLOOR_URING_FALLBACK";
+
+/// Environment variable: buffers in the provided-buffer ring instead of
+/// [`BUFFERS`] (a power of two), so a test can run the ring dry.
+pub const BUFFERS_ENV: &str = "HOTLOOP_FLOOR_URING_BUFFERS";
+
 /// Options of the io_uring floor server.
 #[derive(Debug, Clone)]
 pub struct FloorUringArgs {
@@ -147,6 +158,16 @@ pub fn run(args: &FloorUringArgs) -> io::Result<()> {
             args.body_size
         )));
     }
+    let fallback = std::env::var_os(FALLBACK_ENV).is_some_and(|v| v == "1");
+    let buffers = match std::env::var(BUFFERS_ENV) {
+        Err(_) => BUFFERS,
+        Ok(v) => match v.parse::<u16>() {
+            Ok(n) if n.is_power_of_two() && n <= 1 << 15 => n,
+            _ => {
+                return Err(invalid(format!("{BUFFERS_ENV}={v}: give a power of two up to 32768")))
+            }
+        },
+    };
     crate::load::sys::raise_nofile_limit()?;
 
     // Bind every listener before serving, so a port in use is reported at
@@ -181,10 +202,11 @@ pub fn run(args: &FloorUringArgs) -> io::Result<()> {
         let (stop, ready) = (Arc::clone(&stop), ready_tx.clone());
         let handle =
             std::thread::Builder::new().name(format!("floor-uring-{i}")).spawn(move || {
-                let worker = match Worker::new(config, listener, wake) {
+                let worker = match Worker::new(config, listener, wake, fallback, buffers) {
                     Ok(w) => w,
                     Err(e) => {
-                        let _ = ready.send(Err(io::Error::new(e.kind(), format!("worker {i}: {e}"))));
+                        let _ =
+                            ready.send(Err(io::Error::new(e.kind(), format!("worker {i}: {e}"))));
                         return Ok(());
                     }
                 };
@@ -301,15 +323,18 @@ fn token(kind: u64, slot: usize, gen: u32) -> u64 {
     (kind << KIND_SHIFT) | (u64::from(gen & GEN_MASK) << 32) | slot as u64
 }
 
-/// Builds the ring, with deferred task running when the kernel allows it.
-fn build_ring() -> io::Result<(IoUring, &'static str)> {
-    let mut builder = IoUring::builder();
-    builder.setup_cqsize(CQ_ENTRIES).setup_single_issuer().setup_defer_taskrun();
-    match builder.build(SQ_ENTRIES) {
-        Ok(ring) => return Ok((ring, "defer-taskrun")),
-        // Older than 6.1: the flags are refused.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-        Err(e) => return Err(io::Error::new(e.kind(), format!("io_uring_setup: {e}"))),
+/// Builds the ring, with deferred task running when the kernel allows it
+/// (and `fallback` does not ask for the older setup).
+fn build_ring(fallback: bool) -> io::Result<(IoUring, &'static str)> {
+    if !fallback {
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(CQ_ENTRIES).setup_single_issuer().setup_defer_taskrun();
+        match builder.build(SQ_ENTRIES) {
+            Ok(ring) => return Ok((ring, "defer-taskrun")),
+            // Older than 6.1: the flags are refused.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("io_uring_setup: {e}"))),
+        }
     }
     let mut builder = IoUring::builder();
     builder.setup_cqsize(CQ_ENTRIES).setup_coop_taskrun();
@@ -332,6 +357,8 @@ struct BufRing {
     entries: NonNull<BufRingEntry>,
     layout: Layout,
     buffers: Box<[u8]>,
+    /// Buffers (and entries), a power of two.
+    count: u16,
     /// The tail as the worker knows it; the kernel reads the published one.
     tail: u16,
 }
@@ -339,8 +366,11 @@ struct BufRing {
 impl BufRing {
     /// Allocates the ring and its buffers, registers them with `ring` and
     /// hands every buffer to the kernel.
-    fn new(ring: &IoUring) -> io::Result<BufRing> {
-        let layout = Layout::from_size_align(BUFFERS as usize * size_of::<BufRingEntry>(), 4096)
+    fn new(ring: &IoUring, count: u16) -> io::Result<BufRing> {
+        if !count.is_power_of_two() || count > 1 << 15 {
+            return Err(invalid(format!("{count} buffers: give a power of two up to 32768")));
+        }
+        let layout = Layout::from_size_align(usize::from(count) * size_of::<BufRingEntry>(), 4096)
             .map_err(io::Error::other)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -350,22 +380,23 @@ impl BufRing {
         let mut buf_ring = BufRing {
             entries,
             layout,
-            buffers: vec![0u8; BUFFERS as usize * BUFFER_BYTES].into_boxed_slice(),
+            buffers: vec![0u8; usize::from(count) * BUFFER_BYTES].into_boxed_slice(),
+            count,
             tail: 0,
         };
-        // SAFETY: `entries` points at BUFFERS zeroed, page-aligned entries
+        // SAFETY: `entries` points at `count` zeroed, page-aligned entries
         // that live, with the buffers, as long as this value; the worker
         // unregisters the ring before dropping it, and drops it only when no
         // operation is in flight.
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
                 entries.as_ptr() as u64,
-                BUFFERS,
+                count,
                 GROUP,
                 0,
             )?;
         }
-        for bid in 0..BUFFERS {
+        for bid in 0..count {
             buf_ring.give_back(bid);
         }
         buf_ring.publish();
@@ -380,12 +411,12 @@ impl BufRing {
 
     /// Queues buffer `bid` for the kernel (visible after [`BufRing::publish`]).
     fn give_back(&mut self, bid: u16) {
-        if bid >= BUFFERS {
+        if bid >= self.count {
             return;
         }
-        let index = usize::from(self.tail & (BUFFERS - 1));
+        let index = usize::from(self.tail & (self.count - 1));
         let addr = self.buffers.as_ptr() as u64 + (usize::from(bid) * BUFFER_BYTES) as u64;
-        // SAFETY: `index < BUFFERS`, so the entry is inside the allocation;
+        // SAFETY: `index < count`, so the entry is inside the allocation;
         // the kernel reads no entry between the published tail and this one.
         let entry = unsafe { &mut *self.entries.as_ptr().add(index) };
         entry.set_addr(addr);
@@ -701,10 +732,16 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(config: Config, listener: OwnedFd, wake: OwnedFd) -> io::Result<Worker> {
-        let (ring, setup) = build_ring()?;
+    fn new(
+        config: Config,
+        listener: OwnedFd,
+        wake: OwnedFd,
+        fallback: bool,
+        buffers: u16,
+    ) -> io::Result<Worker> {
+        let (ring, setup) = build_ring(fallback)?;
         // Without a buffer ring each connection reads into its own buffer.
-        let bufs = BufRing::new(&ring).ok();
+        let bufs = if fallback { None } else { BufRing::new(&ring, buffers).ok() };
         Ok(Worker {
             sq: Sq { ring, backlog: VecDeque::new(), inflight: 0, stopping: false },
             listener,
@@ -728,7 +765,8 @@ impl Worker {
     /// The ring's setup, for the start-up line.
     fn describe(&self) -> String {
         let recv = if self.multishot_recv {
-            format!("multishot receive on {BUFFERS} provided buffers of {BUFFER_BYTES} bytes")
+            let n = self.bufs.as_ref().map_or(0, |b| b.count);
+            format!("multishot receive on {n} provided buffers of {BUFFER_BYTES} bytes")
         } else {
             format!("single-shot receive into {RECV_BUF_BYTES}-byte buffers per connection")
         };
