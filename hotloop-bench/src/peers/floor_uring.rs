@@ -909,8 +909,13 @@ impl Worker {
             }
         } else if !self.sq.stopping {
             match -res {
-                // The connection died in the queue; go on.
-                libc::ECONNABORTED | libc::EINTR | libc::EPROTO | libc::EAGAIN => {}
+                // The connection died in the queue; go on. (ECANCELED: the
+                // multishot cancelled by a pause.)
+                libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EPROTO
+                | libc::EAGAIN
+                | libc::ECANCELED => {}
                 libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM => {
                     self.pause_accepting(res, flags)
                 }
