@@ -5,11 +5,12 @@
 #
 #   scripts/profile.sh [syscalls|instructions|both] [OUT_DIR]
 #
-# Servers: hotloop (epoll, io_uring), the raw-syscall floor, tokio; one
-# worker each, pinned to CPU 0; the load generator on CPU 1. Counts, not
-# times, so the figures do not drift with a busy machine. Needs the release
-# binaries (cargo build --release -p hotloop-cli -p hotloop-bench), strace
-# and valgrind (apt-get install strace valgrind).
+# Servers: hotloop (epoll, io_uring), the raw-syscall floor, the raw
+# io_uring floor (floor-uring), tokio; one worker each, pinned to CPU 0;
+# the load generator on CPU 1. Counts, not times, so the figures do not
+# drift with a busy machine. Needs the release binaries (cargo build
+# --release -p hotloop-cli -p hotloop-bench), strace and valgrind (apt-get
+# install strace valgrind).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-both}
@@ -19,7 +20,7 @@ bin=target/release
 KEEPALIVE_REQUESTS=${KEEPALIVE_REQUESTS:-100000}
 SERIAL_CONNECTIONS=${SERIAL_CONNECTIONS:-5000}
 CALLGRIND_REQUESTS=${CALLGRIND_REQUESTS:-20000}
-SERVERS=${SERVERS:-floor tokio hotloop-epoll hotloop-uring}
+SERVERS=${SERVERS:-floor floor-uring tokio hotloop-epoll hotloop-uring}
 # The hotloop binary to profile (another build can be compared side by side).
 HOTLOOP_BIN=${HOTLOOP_BIN:-$bin/hotloop}
 
@@ -38,6 +39,7 @@ server_cmd() {
     hotloop-epoll) echo "$HOTLOOP_BIN serve http --addr 127.0.0.1:0 --workers 1 --driver epoll" ;;
     hotloop-uring) echo "$HOTLOOP_BIN serve http --addr 127.0.0.1:0 --workers 1 --driver uring" ;;
     floor) echo "$bin/hotloop-bench peer floor http --addr 127.0.0.1:0 --workers 1" ;;
+    floor-uring) echo "$bin/hotloop-bench peer floor-uring http --addr 127.0.0.1:0 --workers 1" ;;
     tokio) echo "$bin/hotloop-bench peer tokio http --addr 127.0.0.1:0 --workers 1" ;;
   esac
 }

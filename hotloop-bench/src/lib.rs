@@ -1,5 +1,5 @@
 //! The measuring tools' reusable parts: the load generator and the peer
-//! servers (the same servers on tokio, monoio and raw system calls).
+//! servers (the same servers on tokio, monoio, raw system calls and raw io_uring).
 //!
 //! Not published: the production command is `hotloop-cli`, which links
 //! none of this.

@@ -23,8 +23,9 @@ enum Command {
     /// Generate load against a loopback server and report throughput and
     /// latency.
     Load(load::LoadArgs),
-    /// Run a peer server written on another runtime (tokio, monoio) or on
-    /// raw system calls (floor), until SIGINT or SIGTERM.
+    /// Run a peer server written on another runtime (tokio, monoio), on raw
+    /// system calls (floor) or on raw io_uring (floor-uring), until SIGINT
+    /// or SIGTERM.
     Peer(peers::PeerArgs),
 }
 

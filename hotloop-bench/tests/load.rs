@@ -28,8 +28,13 @@ impl Floor {
 
     /// Starts the server; `nofile` caps its open-file limit (soft and hard).
     fn start_with(app: &str, extra: &[&str], nofile: Option<u64>) -> Floor {
+        Floor::start_kind("floor", app, extra, nofile)
+    }
+
+    /// Starts `peer KIND` (`floor`, or `floor-uring`) like [`Floor::start_with`].
+    fn start_kind(kind: &str, app: &str, extra: &[&str], nofile: Option<u64>) -> Floor {
         let mut cmd = Command::new(BIN);
-        cmd.args(["peer", "floor", app, "--addr", "127.0.0.1:0"])
+        cmd.args(["peer", kind, app, "--addr", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -310,6 +315,21 @@ fn floor_echo_half_close_and_big_writes() {
 fn floor_pauses_accepting_at_the_descriptor_limit() {
     // Few descriptors: most of the 40 connections wait in the backlog.
     let floor = Floor::start_with("http", &[], Some(24));
+    let r = load(
+        floor.addr,
+        &["--mode", "keepalive", "-c", "40", "--duration", "0.5", "--timeout", "200", "-q"],
+    );
+    assert!(r["completed"].as_u64().unwrap() > 0, "{r}");
+    // The server recovers once those clients are gone.
+    let r = load(floor.addr, &["--mode", "serial", "-n", "20"]);
+    assert_clean(&r, 20);
+    floor.stop();
+}
+
+#[test]
+fn floor_uring_pauses_accepting_at_the_descriptor_limit() {
+    // Few descriptors: most of the 40 connections wait in the backlog.
+    let floor = Floor::start_kind("floor-uring", "http", &[], Some(24));
     let r = load(
         floor.addr,
         &["--mode", "keepalive", "-c", "40", "--duration", "0.5", "--timeout", "200", "-q"],

@@ -38,6 +38,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ServerSpec::hotloop("uring", &["--driver", "uring"]),
     ];
     specs.extend(ctx.peer_specs("http", &mut result.setup));
+    specs.extend(ctx.floor_uring_spec());
     for c in CONCURRENCY {
         let load = LoadSpec {
             mode: "keepalive",

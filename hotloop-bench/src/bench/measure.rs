@@ -23,6 +23,8 @@ impl Ctx {
                 PeerName::Tokio => specs.push(ServerSpec::peer("tokio")),
                 PeerName::Monoio => specs.push(ServerSpec::peer("monoio")),
                 PeerName::Floor => specs.push(ServerSpec::peer("floor")),
+                // Only where a scenario asks for it: see `floor_uring_spec`.
+                PeerName::FloorUring => {}
                 PeerName::Nginx | PeerName::Haproxy => {
                     let name = if peer == PeerName::Nginx { "nginx" } else { "haproxy" };
                     if proto != "http" {
@@ -60,6 +62,16 @@ impl Ctx {
             }
         }
         specs
+    }
+
+    /// The io_uring floor, if enabled: a `floor` row configured `io_uring`,
+    /// so hotloop is compared with the better of the two floors.
+    pub fn floor_uring_spec(&self) -> Option<ServerSpec> {
+        self.peers.contains(&PeerName::FloorUring).then(|| ServerSpec {
+            server: "floor".into(),
+            config: "io_uring".into(),
+            kind: ServerKind::Peer("floor-uring".into(), Vec::new()),
+        })
     }
 
     /// Starts `spec`, warms it up, measures it `repeats` times under `load`,

@@ -155,6 +155,10 @@ pub enum PeerName {
     Monoio,
     /// `hotloop-bench peer floor`, raw system calls.
     Floor,
+    /// `hotloop-bench peer floor-uring`, raw io_uring; measured in the
+    /// keepalive and serial scenarios, shown as `floor io_uring`.
+    #[serde(rename = "floor-uring")]
+    FloorUring,
     /// nginx from PATH, HTTP only.
     Nginx,
     /// haproxy from PATH, HTTP only.
@@ -481,7 +485,7 @@ mod tests {
             "--scenario",
             "churn,accept-burst",
             "--peers",
-            "tokio,floor",
+            "tokio,floor,floor-uring",
             "--out",
             "/tmp/x",
             "--repeats",
@@ -490,7 +494,7 @@ mod tests {
         .bench;
         assert!(a.quick);
         assert_eq!(a.scenario, vec![ScenarioName::Churn, ScenarioName::AcceptBurst]);
-        assert_eq!(a.peers, vec![PeerName::Tokio, PeerName::Floor]);
+        assert_eq!(a.peers, vec![PeerName::Tokio, PeerName::Floor, PeerName::FloorUring]);
         assert_eq!(a.repeats, Some(5));
         assert!(Cli::try_parse_from(["bench", "--repeats", "0"]).is_err());
         assert!(Cli::try_parse_from(["bench", "--scenario", "nope"]).is_err());

@@ -65,6 +65,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         })
         .collect();
     local.extend(ctx.peer_specs("http", &mut result.setup));
+    local.extend(ctx.floor_uring_spec());
     for spec in &local {
         let row = ctx.measure("local", spec, &work, &load);
         result.rows.push(row);

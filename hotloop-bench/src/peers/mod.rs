@@ -17,6 +17,7 @@
 //! ever sees them. Exiting from there needs no cooperation from the runtimes.
 
 pub mod floor;
+pub mod floor_uring;
 mod monoio;
 mod tokio;
 
@@ -67,6 +68,8 @@ pub enum PeerKind {
     Monoio,
     /// Raw system calls, no runtime: the floor the others are measured from.
     Floor,
+    /// Raw io_uring, no runtime: the floor of an io_uring server.
+    FloorUring,
 }
 
 /// The protocols a peer server speaks.
@@ -102,6 +105,16 @@ pub fn run(args: PeerArgs) -> io::Result<()> {
             body_size: args.body_size,
             work_us: args.work_us,
             max_accepts: args.max_accepts,
+        }),
+        PeerKind::FloorUring => floor_uring::run(&floor_uring::FloorUringArgs {
+            app: match args.proto {
+                PeerProto::Echo => floor::App::Echo,
+                PeerProto::Http | PeerProto::Hyper => floor::App::Http,
+            },
+            addr: args.addr,
+            workers: usize::from(args.workers),
+            body_size: args.body_size,
+            work_us: args.work_us,
         }),
     }
 }
@@ -266,6 +279,10 @@ mod tests {
         assert_eq!(
             Cli::try_parse_from(["peer", "floor", "http"]).unwrap().peer.kind,
             PeerKind::Floor
+        );
+        assert_eq!(
+            Cli::try_parse_from(["peer", "floor-uring", "echo"]).unwrap().peer.kind,
+            PeerKind::FloorUring
         );
         assert!(Cli::try_parse_from(["peer", "tokio", "http", "--workers", "0"]).is_err());
         assert!(Cli::try_parse_from(["peer", "glommio", "http"]).is_err());
