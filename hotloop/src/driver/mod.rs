@@ -251,6 +251,18 @@ impl Source {
         each!(self, s => s.readable().await)
     }
 
+    /// The poll form of [`Source::readable`] where the backend has one
+    /// without an operation of its own to keep (epoll's readiness bits, and
+    /// io_uring's multishot receive queue); `None` where waiting needs a
+    /// kernel operation held across polls (io_uring's one-shot `POLL_ADD`):
+    /// then use [`Source::readable`].
+    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Option<Poll<io::Result<()>>> {
+        match self {
+            Source::Epoll(s) => Some(s.poll_readable(cx)),
+            Source::Uring(s) => s.poll_readable(cx),
+        }
+    }
+
     /// False when the last read drained the socket and nothing new has
     /// been signalled since: waiting first saves a syscall that would fail.
     pub(crate) fn may_read_now(&self) -> bool {

@@ -12,7 +12,7 @@ pub mod udp;
 
 pub use listener::TcpListener;
 pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
-pub use pool::{PooledBuf, POOLED_BUFFER_BYTES};
+pub use pool::{PooledBuf, ReadPooled, POOLED_BUFFER_BYTES};
 #[doc(hidden)]
 pub use resolve::__set_resolver;
 pub use resolve::{lookup_host, Target, ToSocketAddrs};

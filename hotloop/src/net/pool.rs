@@ -8,33 +8,73 @@
 //! thousand idle connections then cost ten thousand parked tasks, not ten
 //! thousand buffers, on either driver.
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 pub use crate::buf::PooledBuf;
 use crate::driver::Source;
 use crate::runtime::context;
 
-/// Reads into a buffer from the current worker's pool, taken only once
-/// there is data. An empty result means the peer closed its side.
-pub(crate) async fn read_pooled(src: &Source) -> io::Result<PooledBuf> {
-    loop {
-        // On epoll, a socket that the last read drained waits for an edge
-        // first instead of making a read that would fail.
-        if src.may_read_now() {
-            let mut buf = take();
-            match src.try_recv_into(&mut buf) {
-                Ok(_) => return Ok(PooledBuf::lent(buf, give)),
-                Err(e) => {
-                    give(buf);
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => {}
-                        io::ErrorKind::Interrupted => continue,
-                        _ => return Err(e),
+/// The future of [`TcpStream::read_pooled`](super::TcpStream::read_pooled):
+/// a buffer from the worker's pool with what the socket had, taken only
+/// once data is there. An empty buffer means the peer closed its side.
+///
+/// A named future rather than an `async fn`, so a read is one poll
+/// function, not a chain of nested state machines; it holds a boxed wait
+/// only on io_uring without a buffer ring, where waiting is an operation
+/// of its own.
+#[must_use = "futures do nothing unless polled"]
+pub struct ReadPooled<'a> {
+    src: &'a Source,
+    wait: Option<Pin<Box<dyn Future<Output = io::Result<()>> + 'a>>>,
+}
+
+impl<'a> ReadPooled<'a> {
+    pub(crate) fn new(src: &'a Source) -> Self {
+        ReadPooled { src, wait: None }
+    }
+}
+
+impl Future for ReadPooled<'_> {
+    type Output = io::Result<PooledBuf>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let src = self.src;
+        loop {
+            if let Some(wait) = self.wait.as_mut() {
+                let res = std::task::ready!(wait.as_mut().poll(cx));
+                self.wait = None;
+                res?;
+            }
+            // On epoll, a socket that the last read drained waits for an
+            // edge first instead of making a read that would fail.
+            if src.may_read_now() {
+                let mut buf = take();
+                match src.try_recv_into(&mut buf) {
+                    Ok(_) => return Poll::Ready(Ok(PooledBuf::lent(buf, give))),
+                    Err(e) => {
+                        give(buf);
+                        match e.kind() {
+                            io::ErrorKind::WouldBlock => {}
+                            io::ErrorKind::Interrupted => continue,
+                            _ => return Poll::Ready(Err(e)),
+                        }
                     }
                 }
             }
+            match src.poll_readable(cx) {
+                Some(ready) => std::task::ready!(ready)?,
+                None => self.wait = Some(Box::pin(src.readable())),
+            }
         }
-        src.readable().await?;
+    }
+}
+
+impl std::fmt::Debug for ReadPooled<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadPooled").field("waiting", &self.wait.is_some()).finish()
     }
 }
 

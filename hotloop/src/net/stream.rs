@@ -85,8 +85,8 @@ impl TcpStream {
     /// Cancel-safe on both drivers: it waits for readiness (which holds no
     /// data) and then reads without waiting, so a dropped future never
     /// takes bytes with it.
-    pub async fn read_pooled(&self) -> io::Result<super::PooledBuf> {
-        super::pool::read_pooled(&self.src).await
+    pub fn read_pooled(&self) -> super::ReadPooled<'_> {
+        super::pool::ReadPooled::new(&self.src)
     }
 
     /// Writes some of `buf`; returns how many bytes were taken.

@@ -239,6 +239,11 @@ impl Source {
         poll_fn(|cx| self.poll_ready(cx, Direction::Read)).await
     }
 
+    /// The poll form of [`Source::readable`].
+    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        self.poll_ready(cx, Direction::Read)
+    }
+
     /// False when the last read drained the socket and no event came since.
     pub(crate) fn may_read_now(&self) -> bool {
         self.is_ready(Direction::Read)

@@ -263,6 +263,16 @@ impl Source {
         Ok(())
     }
 
+    /// The poll form of [`Source::readable`] with a buffer ring; `None`
+    /// without one (the wait is then a `POLL_ADD` operation: use `readable`).
+    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Option<Poll<io::Result<()>>> {
+        if self.driver.state.borrow().has_buf_ring() {
+            Some(self.poll_stream_ready(cx))
+        } else {
+            None
+        }
+    }
+
     /// Ready once the multishot receive queued bytes, an end or an error.
     fn poll_stream_ready(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         if !self.driver.entered.get() {
