@@ -37,8 +37,6 @@ pub(crate) struct Context {
     pub(crate) turn: Cell<u64>,
     /// Wakers to wake after the next poll of the driver.
     pub(crate) after_poll: RefCell<Vec<Waker>>,
-    /// Read buffers lent to connections only while they have data.
-    pub(crate) buf_pool: RefCell<crate::net::pool::BufPool>,
     /// The task that just panicked and its payload, while its future is
     /// dropped: only that task's join slot takes it.
     pub(crate) panic_payload: RefCell<Option<(TaskKey, Box<dyn std::any::Any + Send>)>>,
@@ -91,6 +89,7 @@ pub(crate) fn with<R>(f: impl FnOnce(&Context) -> R) -> R {
 pub(crate) fn enter(cx: Rc<Context>) -> (EnterGuard, crate::driver::EnterGuard) {
     let driver = cx.driver.enter();
     let previous = CURRENT.with(|c| c.borrow_mut().replace(cx));
+    crate::net::pool::open();
     assert!(
         previous.is_none(),
         "a hotloop runtime cannot be started from inside another: `block_on` was called on a worker thread"
@@ -107,6 +106,8 @@ impl Drop for EnterGuard {
         // context finds none instead of a borrowed cell.
         let cx = CURRENT.try_with(|c| c.borrow_mut().take()).ok().flatten();
         drop(cx);
+        // After the context (and the tasks it held, which may give buffers back).
+        crate::net::pool::close();
     }
 }
 

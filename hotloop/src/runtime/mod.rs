@@ -269,7 +269,6 @@ impl Context {
             clock: Clock::new(),
             turn: Cell::new(0),
             after_poll: RefCell::new(Vec::new()),
-            buf_pool: RefCell::new(Default::default()),
             panic_payload: RefCell::new(None),
         }))
     }
