@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use hotloop::buf::IoBuf;
 use hotloop::hyper::serve_hyper;
-use hotloop::net::{serve, PooledBuf, TcpStream};
+use hotloop::net::{serve, PooledBuf, ReadPooled, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::{timeout, Sleep};
 
@@ -217,42 +217,55 @@ impl ReadDeadline {
     /// none) until `due`; `None` when `due` passed, the peer closed, the
     /// read failed, or (`idle`) the server began to stop while it waited.
     /// What is ready at once is still taken after a stop.
-    async fn read(
-        &mut self,
-        stream: &TcpStream,
+    fn read<'a>(
+        &'a mut self,
+        stream: &'a TcpStream,
         due: Option<Instant>,
         idle: bool,
-    ) -> Option<PooledBuf> {
-        let stop = &mut self.stop;
-        // `Sleep` is `Unpin`: the timer needs no box of its own.
-        let mut timer = Pin::new(&mut self.timer);
+    ) -> DeadlineRead<'a> {
         if let Some(due) = due {
             // Only ever moved earlier here; a later deadline is taken up
             // when the timer fires.
-            if timer.deadline() > due {
-                timer.as_mut().reset(due);
+            if self.timer.deadline() > due {
+                Pin::new(&mut self.timer).reset(due);
             }
         }
-        let mut read = pin!(stream.read_pooled());
-        let res = poll_fn(|cx| {
-            if let Poll::Ready(r) = read.as_mut().poll(cx) {
-                return Poll::Ready(Some(r));
-            }
-            if idle && stop.poll_stopped(cx.waker()) {
+        DeadlineRead { read: stream.read_pooled(), deadline: self, due, idle }
+    }
+}
+
+/// The future of [`ReadDeadline::read`]: one poll function over the read,
+/// the stop and the timer (an `async fn` here would add a state machine
+/// of its own to every request's path).
+struct DeadlineRead<'a> {
+    read: ReadPooled<'a>,
+    deadline: &'a mut ReadDeadline,
+    due: Option<Instant>,
+    idle: bool,
+}
+
+impl Future for DeadlineRead<'_> {
+    type Output = Option<PooledBuf>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        // Every field is `Unpin` (`Sleep` included): no pin projection needed.
+        let this = &mut *self;
+        if let Poll::Ready(r) = Pin::new(&mut this.read).poll(cx) {
+            return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
+        }
+        if this.idle && this.deadline.stop.poll_stopped(cx.waker()) {
+            return Poll::Ready(None);
+        }
+        let Some(due) = this.due else { return Poll::Pending };
+        let mut timer = Pin::new(&mut this.deadline.timer);
+        while timer.as_mut().poll(cx).is_ready() {
+            if hotloop::time::now() >= due {
                 return Poll::Ready(None);
             }
-            let Some(due) = due else { return Poll::Pending };
-            while timer.as_mut().poll(cx).is_ready() {
-                if hotloop::time::now() >= due {
-                    return Poll::Ready(None);
-                }
-                // The timer was set for an earlier request: move it on.
-                timer.as_mut().reset(due);
-            }
-            Poll::Pending
-        })
-        .await?;
-        res.ok().filter(|b| !b.is_empty())
+            // The timer was set for an earlier request: move it on.
+            timer.as_mut().reset(due);
+        }
+        Poll::Pending
     }
 }
 
