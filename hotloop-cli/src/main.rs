@@ -6,10 +6,12 @@
 
 mod drain;
 mod proxy;
+mod quic;
 mod runtime_args;
 mod serve;
 mod stats_server;
 mod stop;
+mod tls;
 
 use std::process::ExitCode;
 

@@ -1,14 +1,21 @@
-//! `hotloop serve echo|http|hyper`: the runtime as a real server.
+//! `hotloop serve echo|http|hyper|quic`: the runtime as a real server.
 //!
 //! `echo` and `http` are hand-written handlers on the owned-buffer API;
 //! `hyper` runs the hyper service in `hotloop_proto::hyper_app` through
 //! [`hotloop::hyper::serve_hyper`] (HTTP/1.1, and HTTP/2 by prior
 //! knowledge), so hyper on hotloop can be compared with the same service on
-//! tokio.
+//! tokio. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
+//! (in `quic.rs`) echoes QUIC streams.
+//!
+//! The echo and http handlers are generic over [`Conn`], so the plain path
+//! is compiled for [`TcpStream`] itself (owned pooled buffers, no dynamic
+//! dispatch) and the TLS path separately for the TLS stream.
 
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::Shutdown;
+use std::ops::Deref;
+use std::path::PathBuf;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::Poll;
@@ -16,10 +23,11 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hotloop::buf::IoBuf;
-use hotloop::hyper::serve_hyper;
+use hotloop::hyper::{serve_hyper, serve_hyper_tls};
 use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::{timeout, Sleep};
+use hotloop::tls::{serve_tls, ALPN_H2, ALPN_HTTP11};
 
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::{Extra, Kind, StatsServer};
@@ -35,14 +43,16 @@ pub enum App {
     /// Answer every HTTP/1.1 request with a fixed body.
     Http,
     /// The same answer from a hyper service on hotloop's hyper integration
-    /// (HTTP/1.1, and HTTP/2 by prior knowledge).
+    /// (HTTP/1.1, and HTTP/2 by prior knowledge; over TLS, as ALPN picks).
     Hyper,
+    /// QUIC: every bidirectional stream gets back what it sent (UDP).
+    Quic,
 }
 
 /// `hotloop serve` flags.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// echo, http or hyper.
+    /// echo, http, hyper or quic.
     pub app: App,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -72,6 +82,23 @@ pub struct ServeArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
               .range(1..=proto::REQUEST_HEADERS_LIMIT_MAX as u64))]
     pub max_headers: usize,
+    /// TLS: the certificate chain, PEM (the server's certificate first).
+    /// With --tls-key, echo, http and hyper are served over TLS; quic uses
+    /// it instead of a generated one.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: the private key of --tls-cert, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// TLS and QUIC: a handshake not done within this long loses its
+    /// connection, milliseconds.
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    pub handshake_timeout_ms: u64,
+    /// quic without --tls-cert: write the generated self-signed certificate
+    /// (PEM) here, for clients to trust.
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_cert")]
+    pub write_cert: Option<PathBuf>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -79,7 +106,7 @@ pub struct ServeArgs {
 /// After an error reply, the most bytes read and thrown away, and for how
 /// long, before closing (see [`reject`]).
 const LINGER_BYTES_MAX: usize = 256 * 1024;
-const LINGER_MAX: Duration = Duration::from_secs(2);
+pub(crate) const LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// What every connection handler of one server shares.
 struct Settings {
@@ -96,7 +123,7 @@ struct Settings {
     close_head_reply: Arc<[u8]>,
 }
 
-fn millis_or_never(ms: u64) -> Option<Duration> {
+pub(crate) fn millis_or_never(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
@@ -105,6 +132,21 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let signals = ShutdownSignals::block()?;
     let nofile = hotloop::raise_nofile_limit()?;
     let rt = args.runtime.build_runtime()?;
+    if args.app == App::Quic {
+        return crate::quic::run(args, &signals, &rt, nofile);
+    }
+    if args.write_cert.is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--write-cert is for `serve quic` (the other apps make no certificate)",
+        ));
+    }
+    let alpn: &[&[u8]] = match args.app {
+        App::Hyper => &[ALPN_H2, ALPN_HTTP11],
+        App::Http => &[ALPN_HTTP11],
+        App::Echo | App::Quic => &[],
+    };
+    let tls = crate::tls::acceptor(args, alpn)?;
     let settings = Arc::new(Settings {
         echo: args.app == App::Echo,
         work_us: args.work_us,
@@ -117,30 +159,33 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         keep_alive_head_reply: proto::response_ok_head(args.body_size, false).into(),
         close_head_reply: proto::response_ok_head(args.body_size, true).into(),
     });
-    let server = match args.app {
-        App::Hyper => {
+    let (addr, options) = (args.addr.as_str(), args.runtime.server_options());
+    let server = match (args.app, tls) {
+        (App::Hyper, tls) => {
             let body = hyper_app::body(args.body_size);
             let work_us = args.work_us;
-            serve_hyper(
-                rt.handle(),
-                args.addr.as_str(),
-                args.runtime.server_options(),
-                move || {
-                    let body = body.clone();
-                    service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
-                },
-            )?
+            let make_service = move || {
+                let body = body.clone();
+                service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
+            };
+            match tls {
+                None => serve_hyper(rt.handle(), addr, options, make_service)?,
+                Some(tls) => serve_hyper_tls(rt.handle(), addr, options, tls, make_service)?,
+            }
         }
-        App::Echo | App::Http => {
-            serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
-                handle_connection(stream, settings.clone())
-            })?
-        }
+        // Two instances of the handlers: the plain one on `TcpStream` as it was.
+        (_, None) => serve(rt.handle(), addr, options, move |stream| {
+            handle_connection(stream, settings.clone())
+        })?,
+        (_, Some(tls)) => serve_tls(rt.handle(), addr, options, tls, move |stream| {
+            handle_connection(stream, settings.clone())
+        })?,
     };
     let stats = rt.stats();
     eprintln!(
-        "hotloop serve {:?} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",
+        "hotloop serve {:?}{} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",
         args.app,
+        if args.tls_cert.is_some() { " over TLS" } else { "" },
         server.local_addr(),
         rt.handle().workers(),
         stats.info.driver,
@@ -188,12 +233,62 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
-    if settings.echo {
-        echo(stream, &settings).await
-    } else {
-        http(stream, &settings).await
+/// A connection the echo and http handlers serve: plain TCP, or TLS over it.
+/// The handlers read and write in turn, never both at once, hence `&mut`.
+pub(crate) trait Conn {
+    /// What a read returns.
+    type Buf: IoBuf + Deref<Target = [u8]> + Default;
+
+    /// Reads what has arrived; empty when the peer closed its side.
+    /// Dropping the future loses no data the caller has not seen.
+    async fn read_some(&mut self) -> io::Result<Self::Buf>;
+
+    /// Writes all of `buf`, giving up with `TimedOut` when the writes make
+    /// no progress for `limit` (the client does not read).
+    async fn send<B: IoBuf + Deref<Target = [u8]>>(
+        &mut self,
+        buf: B,
+        limit: Option<Duration>,
+    ) -> io::Result<()>;
+
+    /// Ends the writing side (after all that was sent).
+    async fn shutdown_write(&mut self) -> io::Result<()>;
+
+    /// Called once the handler is done with the connection, before it is
+    /// closed; `limit` bounds any last write.
+    async fn finish(&mut self, limit: Option<Duration>);
+}
+
+impl Conn for TcpStream {
+    type Buf = PooledBuf;
+
+    async fn read_some(&mut self) -> io::Result<PooledBuf> {
+        self.read_pooled().await
     }
+
+    async fn send<B: IoBuf + Deref<Target = [u8]>>(
+        &mut self,
+        buf: B,
+        limit: Option<Duration>,
+    ) -> io::Result<()> {
+        send(self, buf, limit).await
+    }
+
+    async fn shutdown_write(&mut self) -> io::Result<()> {
+        self.shutdown(Shutdown::Write).await
+    }
+
+    /// Nothing to do: closing the descriptor is the end.
+    async fn finish(&mut self, _limit: Option<Duration>) {}
+}
+
+async fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) {
+    if settings.echo {
+        echo(&mut stream, &settings).await
+    } else {
+        http(&mut stream, &settings).await
+    }
+    stream.finish(settings.send_timeout).await;
 }
 
 /// A connection's read deadline (idle or header) on one timer that is moved
@@ -211,7 +306,7 @@ impl ReadDeadline {
     /// Reads into a buffer from the worker's pool (an idle connection holds
     /// none) until `due`; `None` when `due` passed, the peer closed or the
     /// read failed.
-    async fn read(&mut self, stream: &TcpStream, due: Option<Instant>) -> Option<PooledBuf> {
+    async fn read<S: Conn>(&mut self, stream: &mut S, due: Option<Instant>) -> Option<S::Buf> {
         // `Sleep` is `Unpin`: the timer needs no box of its own.
         let mut timer = Pin::new(&mut self.timer);
         if let Some(due) = due {
@@ -221,7 +316,7 @@ impl ReadDeadline {
                 timer.as_mut().reset(due);
             }
         }
-        let mut read = pin!(stream.read_pooled());
+        let mut read = pin!(stream.read_some());
         let res = poll_fn(|cx| {
             if let Poll::Ready(r) = read.as_mut().poll(cx) {
                 return Poll::Ready(Some(r));
@@ -267,24 +362,24 @@ async fn send<B: IoBuf>(stream: &TcpStream, buf: B, limit: Option<Duration>) -> 
     Ok(())
 }
 
-async fn echo(stream: TcpStream, s: &Settings) {
+async fn echo<S: Conn>(stream: &mut S, s: &Settings) {
     let mut reader = ReadDeadline::new();
     loop {
         // Set after the last write finished: the idle clock counts time
         // with no progress either way.
         let deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
-        let Some(buf) = reader.read(&stream, deadline).await else { return };
+        let Some(buf) = reader.read(stream, deadline).await else { return };
         proto::spin_work(s.work_us);
-        if send(&stream, buf, s.send_timeout).await.is_err() {
+        if stream.send(buf, s.send_timeout).await.is_err() {
             return;
         }
     }
 }
 
-async fn http(stream: TcpStream, s: &Settings) {
+async fn http<S: Conn>(stream: &mut S, s: &Settings) {
     // `buf` takes each read; bytes of a request split across reads gather
     // in `pending`, which stays empty (and unallocated) in the common case.
-    let mut buf = PooledBuf::default();
+    let mut buf = S::Buf::default();
     let mut pending: Vec<u8> = Vec::new();
     // Bytes of `buf` already answered.
     let mut consumed = 0;
@@ -315,7 +410,7 @@ async fn http(stream: TcpStream, s: &Settings) {
                     (Method::Head, false) => s.keep_alive_head_reply.clone(),
                     (Method::Head, true) => s.close_head_reply.clone(),
                 };
-                if send(&stream, reply, s.send_timeout).await.is_err() || close {
+                if stream.send(reply, s.send_timeout).await.is_err() || close {
                     return;
                 }
                 // Between requests the idle timeout applies, until a byte of the next one arrives.
@@ -327,9 +422,9 @@ async fn http(stream: TcpStream, s: &Settings) {
                     pending.extend_from_slice(&buf[consumed..]);
                 }
             }
-            (Request::Malformed, _) => return reject(&stream, 400, s).await,
-            (Request::TooLarge, _) => return reject(&stream, 431, s).await,
-            (Request::Unsupported(status), _) => return reject(&stream, status, s).await,
+            (Request::Malformed, _) => return reject(stream, 400, s).await,
+            (Request::TooLarge, _) => return reject(stream, 431, s).await,
+            (Request::Unsupported(status), _) => return reject(stream, status, s).await,
         }
         if !pending.is_empty() && head_deadline.is_none() {
             head_deadline = Some(hotloop::time::now() + s.header_timeout);
@@ -345,12 +440,12 @@ async fn http(stream: TcpStream, s: &Settings) {
         // `Connection: close`.
         let idle = head_deadline.is_none();
         let read = if idle {
-            match drain::until_stop(reader.read(&stream, deadline)).await {
+            match drain::until_stop(reader.read(stream, deadline)).await {
                 Some(r) => r,
                 None => return,
             }
         } else {
-            reader.read(&stream, deadline).await
+            reader.read(stream, deadline).await
         };
         match read {
             Some(b) => {
@@ -363,7 +458,7 @@ async fn http(stream: TcpStream, s: &Settings) {
             }
             None => {
                 if !pending.is_empty() && head_deadline.is_some_and(|d| hotloop::time::now() >= d) {
-                    reject(&stream, 408, s).await;
+                    reject(stream, 408, s).await;
                 }
                 return;
             }
@@ -378,11 +473,11 @@ async fn http(stream: TcpStream, s: &Settings) {
 /// reset, which can destroy the reply before the client reads it (RFC 9112
 /// section 9.6; nginx's `lingering_close`, with a shorter bound: 2 s rather
 /// than nginx's 30 s, to free the descriptor sooner).
-async fn reject(stream: &TcpStream, status: u16, s: &Settings) {
-    if send(stream, proto::response_error(status), s.send_timeout).await.is_err() {
+async fn reject<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
+    if stream.send(proto::response_error(status), s.send_timeout).await.is_err() {
         return;
     }
-    if stream.shutdown(Shutdown::Write).await.is_err() {
+    if stream.shutdown_write().await.is_err() {
         return;
     }
     let until = Instant::now() + LINGER_MAX;
