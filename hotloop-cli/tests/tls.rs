@@ -145,7 +145,7 @@ test_all_drivers! {
         }
         let (mut p, addr, cert) = serve_tls(driver, "hyper", &["--body-size", "5"]);
         let url = format!("https://localhost:{}/", addr.port());
-        let out = curl(&cert, &["--http1.1", "-w", " %{http_version}"], &[url.clone()]);
+        let out = curl(&cert, &["--http1.1", "-w", " %{http_version}"], std::slice::from_ref(&url));
         assert_eq!(out, "xxxxx 1.1", "{driver}");
         let features = String::from_utf8_lossy(&Command::new("curl").arg("--version").output().unwrap().stdout).to_string();
         if features.contains("HTTP2") {
