@@ -1,19 +1,23 @@
-//! `hotloop serve quic`: a QUIC echo server on quinn over hotloop's UDP
-//! sockets (`hotloop::quic`).
+//! `hotloop serve quic` and `hotloop serve h3`: a QUIC echo server and an
+//! HTTP/3 server on quinn over hotloop's UDP sockets (`hotloop::quic`);
+//! HTTP/3 is the `h3` crate through `h3-quinn`, which need no runtime of
+//! their own.
 //!
 //! Every worker runs its own endpoint on the same UDP port
-//! (`SO_REUSEPORT`: the kernel keeps each peer on one worker). Every
-//! bidirectional stream a client opens gets back what it sends, until the
-//! client finishes the stream; then the server finishes its side.
+//! (`SO_REUSEPORT`: the kernel keeps each peer on one worker). In `quic`,
+//! every bidirectional stream a client opens gets back what it sends, until
+//! the client finishes the stream; then the server finishes its side. In
+//! `h3`, every request gets 200 and `--body-size` bytes.
 //!
 //! The TLS identity is `--tls-cert`/`--tls-key`, or a self-signed
 //! certificate made at start for `localhost`, 127.0.0.1, ::1 and the
 //! address served (written to `--write-cert` for clients to trust). ALPN is
-//! [`ALPN`]; a client offering no ALPN is served too.
+//! [`ALPN`] (`quic`; a client offering none is served too) or `h3`.
 //!
-//! Stopping (SIGTERM, SIGINT): new connections are refused, a connection
-//! with no stream open closes at once and one with streams once they are
-//! done, each with application code [`CLOSE_STOPPING`] and reason
+//! Stopping (SIGTERM, SIGINT): new connections are refused; a connection
+//! with no stream (request) open closes at once, one with streams once
+//! they are done (`h3` first sends GOAWAY, so the client opens no more),
+//! each with [`CLOSE_STOPPING`] (`h3`: `H3_NO_ERROR`) and reason
 //! "server stopping"; what is still open after `--grace-ms` (or at a second
 //! signal) is closed the same way.
 
@@ -36,15 +40,19 @@ use hotloop::Runtime;
 use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{Endpoint, IdleTimeout, Incoming, RecvStream, SendStream, TransportConfig, VarInt};
 
-use crate::serve::{millis_or_never, ServeArgs};
+use crate::serve::{millis_or_never, App, ServeArgs};
 use crate::stats_server::{Extra, Kind, StatsServer};
 use crate::{drain, stop};
 
 /// The ALPN protocol id `serve quic` offers.
 pub const ALPN: &[u8] = b"hotloop-echo";
+/// The ALPN protocol id of HTTP/3.
+pub const ALPN_H3: &[u8] = b"h3";
 
-/// The application close code of a server that stops (QUIC's "no error").
+/// The application close code of a `quic` server that stops.
 pub const CLOSE_STOPPING: u32 = 0;
+/// The same for `h3`: HTTP/3's H3_NO_ERROR.
+pub const CLOSE_STOPPING_H3: u32 = 0x100;
 /// The reason sent with [`CLOSE_STOPPING`].
 const CLOSE_REASON: &[u8] = b"server stopping";
 /// The stream reset code when the client reads nothing for --send-timeout-ms.
@@ -57,8 +65,18 @@ const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 /// After closing the endpoints, how long to let their close packets go out.
 const CLOSE_FLUSH_MAX: Duration = Duration::from_millis(250);
 
+/// What the connections speak.
+enum Proto {
+    Echo,
+    /// HTTP/3, answering every request with this body.
+    H3 {
+        body: bytes::Bytes,
+    },
+}
+
 /// What every connection of the server shares.
 struct Settings {
+    proto: Proto,
     work_us: u64,
     send_timeout: Option<Duration>,
     handshake_timeout: Duration,
@@ -79,8 +97,16 @@ pub fn run(
         io::Error::new(io::ErrorKind::InvalidInput, format!("`{}` names no address", args.addr))
     })?;
     let (certs, key, note) = identity(args, addr)?;
-    let server_config = server_config(args, certs, key)?;
+    let (proto, alpn, close_code) = match args.app {
+        App::H3 => {
+            let body = bytes::Bytes::from(vec![b'x'; args.body_size]);
+            (Proto::H3 { body }, ALPN_H3, CLOSE_STOPPING_H3)
+        }
+        _ => (Proto::Echo, ALPN, CLOSE_STOPPING),
+    };
+    let server_config = server_config(args, certs, key, alpn)?;
     let settings = Arc::new(Settings {
+        proto,
         work_us: args.work_us,
         send_timeout: millis_or_never(args.send_timeout_ms),
         handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
@@ -118,11 +144,12 @@ pub fn run(
 
     let stats = rt.stats();
     eprintln!(
-        "hotloop serve Quic on {bound} | workers {workers} | driver {} ({}) | busy-poll {} | open-file limit {nofile} | ALPN {}",
+        "hotloop serve {:?} on {bound} | workers {workers} | driver {} ({}) | busy-poll {} | open-file limit {nofile} | ALPN {}",
+        args.app,
         stats.info.driver,
         stats.info.reason,
         stats.info.busy_poll,
-        String::from_utf8_lossy(ALPN),
+        String::from_utf8_lossy(alpn),
     );
     eprintln!("hotloop serve: {note}");
     let active = {
@@ -168,7 +195,7 @@ pub fn run(
         .enumerate()
         .map(|(worker, endpoint)| {
             rt.handle().spawn_on(worker, move || async move {
-                endpoint.close(VarInt::from_u32(CLOSE_STOPPING), CLOSE_REASON);
+                endpoint.close(VarInt::from_u32(close_code), CLOSE_REASON);
                 let _ = timeout(CLOSE_FLUSH_MAX, endpoint.wait_idle()).await;
             })
         })
@@ -231,13 +258,14 @@ fn sha256_hex(data: &[u8]) -> String {
     digest.as_ref().iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
 }
 
-/// quinn's server configuration: TLS 1.3 with [`ALPN`], the idle timeout,
+/// quinn's server configuration: TLS 1.3 with `alpn`, the idle timeout,
 /// and room for [`STREAMS_PER_CONNECTION_MAX`] bidirectional streams (and no
 /// unidirectional ones, which nothing here would read).
 fn server_config(
     args: &ServeArgs,
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    alpn: &[u8],
 ) -> io::Result<quinn::ServerConfig> {
     let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -250,11 +278,14 @@ fn server_config(
             (Some(c), Some(k)) => crate::tls::identity_error(c, k, invalid(e.to_string())),
             _ => invalid(format!("the generated certificate is unusable: {e}")),
         })?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| invalid(e.to_string()))?;
     let mut transport = TransportConfig::default();
     transport.max_concurrent_bidi_streams(VarInt::from_u32(STREAMS_PER_CONNECTION_MAX));
-    transport.max_concurrent_uni_streams(VarInt::from_u32(0));
+    // HTTP/3 opens three unidirectional streams (control, QPACK encoder
+    // and decoder); echo has no use for any.
+    let uni = if alpn == ALPN_H3 { 8 } else { 0 };
+    transport.max_concurrent_uni_streams(VarInt::from_u32(uni));
     let idle = match millis_or_never(args.idle_timeout_ms) {
         Some(d) => Some(IdleTimeout::try_from(d).map_err(|_| {
             invalid(format!("--idle-timeout-ms {} is too long", args.idle_timeout_ms))
@@ -293,8 +324,7 @@ impl Drop for Active {
     }
 }
 
-/// One connection: handshake within the limit, then a task per stream;
-/// when the server stops, the open streams finish and the connection closes.
+/// One connection: handshake within the limit, then the protocol.
 async fn connection(incoming: Incoming, active: Active) {
     let settings = active.0.clone();
     let conn = match timeout(settings.handshake_timeout, incoming.into_future()).await {
@@ -302,6 +332,27 @@ async fn connection(incoming: Incoming, active: Active) {
         // A failed handshake, or one past the limit (dropping it abandons the connection).
         _ => return,
     };
+    match &settings.proto {
+        Proto::Echo => echo_connection(conn, &settings).await,
+        Proto::H3 { body } => h3_connection(conn, body, &settings).await,
+    }
+}
+
+/// Waits until the connection's streams are done (`true`) or the client
+/// closed it (`false`).
+async fn streams_done(streams: &Streams, conn: &quinn::Connection) -> bool {
+    let mut closed = pin!(conn.closed());
+    let mut done = pin!(streams.all_done());
+    poll_fn(|cx| match done.as_mut().poll(cx) {
+        Poll::Ready(()) => Poll::Ready(true),
+        Poll::Pending => closed.as_mut().poll(cx).map(|_| false),
+    })
+    .await
+}
+
+/// A task per stream; when the server stops, the open streams finish and
+/// the connection closes.
+async fn echo_connection(conn: quinn::Connection, settings: &Arc<Settings>) {
     let streams = Rc::new(Streams::default());
     loop {
         match drain::until_stop(conn.accept_bi()).await {
@@ -315,17 +366,81 @@ async fn connection(incoming: Incoming, active: Active) {
         }
     }
     // Stopping: the streams in flight are answered, then the connection closes.
-    let mut closed = pin!(conn.closed());
-    let mut done = pin!(streams.all_done());
-    let client_closed = poll_fn(|cx| match done.as_mut().poll(cx) {
-        Poll::Ready(()) => Poll::Ready(false),
-        Poll::Pending => closed.as_mut().poll(cx).map(|_| true),
-    })
-    .await;
-    if !client_closed {
+    if streams_done(&streams, &conn).await {
         conn.close(VarInt::from_u32(CLOSE_STOPPING), CLOSE_REASON);
     }
     // The endpoint sends the close; `conn` going out of scope does not undo it.
+}
+
+/// HTTP/3: a task per request; when the server stops, GOAWAY, then the
+/// requests in flight are answered and the connection closes.
+async fn h3_connection(conn: quinn::Connection, body: &bytes::Bytes, settings: &Arc<Settings>) {
+    let mut h3 = match h3::server::Connection::<_, bytes::Bytes>::new(h3_quinn::Connection::new(
+        conn.clone(),
+    ))
+    .await
+    {
+        Ok(h3) => h3,
+        Err(_) => return,
+    };
+    let requests = Rc::new(Streams::default());
+    loop {
+        match drain::until_stop(h3.accept()).await {
+            Some(Ok(Some(resolver))) => {
+                let open = Open::new(requests.clone());
+                drop(hotloop::spawn(h3_request(resolver, body.clone(), settings.work_us, open)));
+            }
+            // The client sent GOAWAY and its requests are done, or the connection ended.
+            Some(Ok(None) | Err(_)) => return,
+            None => break,
+        }
+    }
+    // GOAWAY: the requests accepted so far are answered, no more are taken.
+    let in_flight = requests.open.get() > 0;
+    if timeout(LINGER_MAX, h3.shutdown(0)).await.is_ok() {
+        if !streams_done(&requests, &conn).await {
+            return;
+        }
+        // h3 does not say when the client has acknowledged an answer's
+        // last bytes (closing now could lose them): a client done with its
+        // requests closes by itself, else it has this long.
+        if in_flight && timeout(LINGER_MAX, conn.closed()).await.is_ok() {
+            return;
+        }
+    }
+    conn.close(VarInt::from_u32(CLOSE_STOPPING_H3), CLOSE_REASON);
+}
+
+/// h3 on a stop: how long sending GOAWAY may take, and how long a client
+/// that had requests in flight has to close by itself once they are answered.
+const LINGER_MAX: Duration = Duration::from_secs(1);
+
+/// One HTTP/3 request: 200 and the body (no body for HEAD).
+async fn h3_request<C>(
+    resolver: h3::server::RequestResolver<C, bytes::Bytes>,
+    body: bytes::Bytes,
+    work_us: u64,
+    _open: Open,
+) where
+    C: h3::quic::Connection<bytes::Bytes>,
+{
+    let Ok((request, mut stream)) = resolver.resolve_request().await else { return };
+    hotloop_proto::spin_work(work_us);
+    let response = http::Response::builder()
+        .status(http::StatusCode::OK)
+        .header(http::header::CONTENT_LENGTH, body.len())
+        .body(());
+    let Ok(response) = response else { return };
+    if stream.send_response(response).await.is_err() {
+        return;
+    }
+    if request.method() != http::Method::HEAD
+        && !body.is_empty()
+        && stream.send_data(body).await.is_err()
+    {
+        return;
+    }
+    let _ = stream.finish().await;
 }
 
 /// Echoes one stream until the client finishes it, then finishes ours and

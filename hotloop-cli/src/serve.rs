@@ -1,11 +1,11 @@
-//! `hotloop serve echo|http|hyper|quic`: the runtime as a real server.
+//! `hotloop serve echo|http|hyper|quic|h3`: the runtime as a real server.
 //!
 //! `echo` and `http` are hand-written handlers on the owned-buffer API;
 //! `hyper` runs the hyper service in `hotloop_proto::hyper_app` through
 //! [`hotloop::hyper::serve_hyper`] (HTTP/1.1, and HTTP/2 by prior
 //! knowledge), so hyper on hotloop can be compared with the same service on
 //! tokio. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
-//! (in `quic.rs`) echoes QUIC streams.
+//! (in `quic.rs`) echoes QUIC streams, and `h3` answers HTTP/3 there.
 //!
 //! The echo and http handlers are generic over [`Conn`], so the plain path
 //! is compiled for [`TcpStream`] itself (owned pooled buffers, no dynamic
@@ -47,12 +47,14 @@ pub enum App {
     Hyper,
     /// QUIC: every bidirectional stream gets back what it sent (UDP).
     Quic,
+    /// HTTP/3 over QUIC (UDP): every request gets the fixed body.
+    H3,
 }
 
 /// `hotloop serve` flags.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// echo, http, hyper or quic.
+    /// echo, http, hyper, quic or h3.
     pub app: App,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -83,8 +85,8 @@ pub struct ServeArgs {
               .range(1..=proto::REQUEST_HEADERS_LIMIT_MAX as u64))]
     pub max_headers: usize,
     /// TLS: the certificate chain, PEM (the server's certificate first).
-    /// With --tls-key, echo, http and hyper are served over TLS; quic uses
-    /// it instead of a generated one.
+    /// With --tls-key, echo, http and hyper are served over TLS; quic and
+    /// h3 use it instead of a generated one.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// TLS: the private key of --tls-cert, PEM (PKCS#8, PKCS#1 or SEC1).
@@ -95,7 +97,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10_000,
           value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
     pub handshake_timeout_ms: u64,
-    /// quic without --tls-cert: write the generated self-signed certificate
+    /// quic and h3 without --tls-cert: write the generated self-signed certificate
     /// (PEM) here, for clients to trust.
     #[arg(long, value_name = "FILE", conflicts_with = "tls_cert")]
     pub write_cert: Option<PathBuf>,
@@ -132,19 +134,19 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let signals = ShutdownSignals::block()?;
     let nofile = hotloop::raise_nofile_limit()?;
     let rt = args.runtime.build_runtime()?;
-    if args.app == App::Quic {
+    if matches!(args.app, App::Quic | App::H3) {
         return crate::quic::run(args, &signals, &rt, nofile);
     }
     if args.write_cert.is_some() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "--write-cert is for `serve quic` (the other apps make no certificate)",
+            "--write-cert is for `serve quic` and `serve h3` (the other apps make no certificate)",
         ));
     }
     let alpn: &[&[u8]] = match args.app {
         App::Hyper => &[ALPN_H2, ALPN_HTTP11],
         App::Http => &[ALPN_HTTP11],
-        App::Echo | App::Quic => &[],
+        App::Echo | App::Quic | App::H3 => &[],
     };
     let tls = crate::tls::acceptor(args, alpn)?;
     let settings = Arc::new(Settings {

@@ -3,7 +3,9 @@
 //! `hotloop-echo`, has several streams and a 1 MiB one echoed; SIGTERM
 //! lets a stream in flight finish, closes connections with code 0, and the
 //! process exits 0 within the grace period; the idle timeout closes a
-//! silent connection. The server runs on both drivers.
+//! silent connection. `hotloop serve h3`: an HTTP/3 client (h3 over
+//! h3-quinn) has requests answered, and SIGTERM closes its connection with
+//! H3_NO_ERROR. The server runs on both drivers.
 
 mod common;
 
@@ -13,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes};
 use common::Proc;
 use hotloop::tls::rustls;
 use hotloop::Runtime;
@@ -38,18 +41,28 @@ fn cert_path() -> PathBuf {
 /// written for the client; the process, its address and the client's
 /// configuration.
 fn serve_quic(driver: &str, extra: &[&str]) -> (Proc, SocketAddr, ClientConfig) {
+    serve_app("quic", ALPN, driver, extra)
+}
+
+/// `hotloop serve APP` as [`serve_quic`] does, the client offering `alpn`.
+fn serve_app(
+    app: &str,
+    alpn: &[u8],
+    driver: &str,
+    extra: &[&str],
+) -> (Proc, SocketAddr, ClientConfig) {
     let cert = cert_path();
     let mut args =
-        vec!["serve", "quic", "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
+        vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
     args.extend_from_slice(&["--write-cert", cert.to_str().unwrap()]);
     args.extend_from_slice(extra);
     let mut p = Proc::start(&args);
     let addr = p.addr_after(" on ");
     assert!(p.wait_for_line("written to", LIMIT), "{:?}", p.seen);
-    (p, addr, client_config(&cert))
+    (p, addr, client_config(&cert, alpn))
 }
 
-fn client_config(cert: &std::path::Path) -> ClientConfig {
+fn client_config(cert: &std::path::Path, alpn: &[u8]) -> ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     for c in hotloop::tls::load_certs(cert).unwrap() {
         roots.add(c).unwrap();
@@ -60,7 +73,7 @@ fn client_config(cert: &std::path::Path) -> ClientConfig {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
 }
 
@@ -78,6 +91,24 @@ async fn echo_once(conn: &quinn::Connection, data: &[u8]) -> Vec<u8> {
 
 fn localhost() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
+}
+
+/// One HTTP/3 request: the status and the body.
+async fn h3_get(
+    send: &mut h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    method: http::Method,
+) -> (http::StatusCode, Vec<u8>) {
+    let request =
+        http::Request::builder().method(method).uri("https://localhost/").body(()).unwrap();
+    let mut stream = send.send_request(request).await.unwrap();
+    stream.finish().await.unwrap();
+    let response = stream.recv_response().await.unwrap();
+    let mut body = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        let n = chunk.remaining();
+        body.extend_from_slice(&chunk.copy_to_bytes(n));
+    }
+    (response.status(), body)
 }
 
 test_all_drivers! {
@@ -189,5 +220,56 @@ test_all_drivers! {
         drop(conn);
         p.signal("TERM");
         assert!(p.wait_exit(LIMIT).expect("exit").success());
+    }
+
+    /// HTTP/3: requests at once on one connection get 200 and the body
+    /// (none for HEAD); SIGTERM then sends GOAWAY and closes the idle
+    /// connection with H3_NO_ERROR, and the process exits 0 at once.
+    fn h3_requests_are_answered_and_sigterm_closes_with_no_error(driver: &str) {
+        let (mut p, addr, config) = serve_app("h3", b"h3", driver, &["--body-size", "3000", "--grace-ms", "20000"]);
+        let rt = client_rt();
+        let (client, conn, _send) = rt.block_on(async {
+            hotloop::time::timeout(LIMIT, async {
+                let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+                let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+                let (mut driver_h3, send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await.unwrap();
+                drop(hotloop::spawn(async move {
+                    std::future::poll_fn(|cx| driver_h3.poll_close(cx)).await;
+                }));
+                let requests: Vec<_> = (0..6)
+                    .map(|_| {
+                        let mut send = send.clone();
+                        hotloop::spawn(async move { h3_get(&mut send, http::Method::GET).await })
+                    })
+                    .collect();
+                for r in requests {
+                    let (status, body) = r.await.unwrap();
+                    assert_eq!(status, http::StatusCode::OK);
+                    assert_eq!(body, vec![b'x'; 3000]);
+                }
+                let (status, body) = h3_get(&mut send.clone(), http::Method::HEAD).await;
+                assert_eq!(status, http::StatusCode::OK);
+                assert!(body.is_empty());
+                // Kept: the client's h3 connection closes once its last sender is dropped.
+                (client, conn, send)
+            })
+            .await
+            .unwrap()
+        });
+        let start = Instant::now();
+        p.signal("TERM");
+        rt.block_on(async {
+            match hotloop::time::timeout(LIMIT, conn.closed()).await.unwrap() {
+                ConnectionError::ApplicationClosed(c) => {
+                    assert_eq!(c.error_code, VarInt::from_u32(0x100), "{driver}");
+                    assert_eq!(&c.reason[..], b"server stopping");
+                }
+                other => panic!("{driver}: the connection ended with {other:?}"),
+            }
+            client.close(VarInt::from_u32(0), b"");
+        });
+        let status = p.wait_exit(LIMIT).expect("hotloop did not exit");
+        assert!(status.success(), "{status}");
+        assert!(start.elapsed() < Duration::from_secs(3), "{driver}: exit took {:?} with a 20 s grace", start.elapsed());
     }
 }
