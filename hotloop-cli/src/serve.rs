@@ -59,14 +59,15 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: String,
-    /// HTTP response body size in bytes.
+    /// HTTP response body size in bytes (http, hyper, h3).
     #[arg(long, default_value_t = 64)]
     pub body_size: usize,
     /// CPU work per request in microseconds, standing in for an application's own processing.
     #[arg(long, default_value_t = 0)]
     pub work_us: u64,
-    /// Idle timeout (echo, http): close a connection when nothing has moved
-    /// in either direction for this long, milliseconds (0: never).
+    /// Idle timeout (echo, http; quic and h3: QUIC's idle timeout): close a
+    /// connection when nothing has moved in either direction for this long,
+    /// milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
     /// Header timeout (http): a request head must arrive whole within this
@@ -74,7 +75,7 @@ pub struct ServeArgs {
     /// however slowly it trickles; then 408 and close. Milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
-    /// Send timeout (echo, http): close a connection when a write has made
+    /// Send timeout (echo, http; quic resets the stream): close a connection when a write has made
     /// no progress for this long, because the client does not read
     /// (nginx's `send_timeout`), milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
