@@ -6,8 +6,15 @@
 //! up to [`TLS_WRITE_BYTES`] must be written and flushed to the socket
 //! within `--send-timeout-ms` (rustls buffers what it encrypts, so progress
 //! below a record is not visible from here).
+//!
+//! A connection given up on (a send or the closing close_notify past its
+//! limit) is shut down both ways before it is dropped: on io_uring the TLS
+//! stream's writes are written behind, and a send in flight would keep the
+//! descriptor open after the drop (for up to the driver's write linger);
+//! the shutdown ends that send, and the connection, at once.
 
 use std::io;
+use std::net::Shutdown;
 use std::ops::Deref;
 use std::path::Path;
 use std::time::Duration;
@@ -60,6 +67,11 @@ fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "the client reads nothing")
 }
 
+/// Ends the connection now, whatever the TLS layer still has in flight.
+async fn cut(tls: &ServerTlsStream) {
+    let _ = tls.get_ref().0.shutdown(Shutdown::Both).await;
+}
+
 impl Conn for ServerTlsStream {
     type Buf = Vec<u8>;
 
@@ -81,9 +93,13 @@ impl Conn for ServerTlsStream {
                 self.write_all(piece).await?;
                 self.flush().await
             };
-            match limit {
-                Some(t) => timeout(t, write).await.map_err(|_| timed_out())??,
-                None => write.await?,
+            let written = match limit {
+                Some(t) => timeout(t, write).await.unwrap_or_else(|_| Err(timed_out())),
+                None => write.await,
+            };
+            if let Err(e) = written {
+                cut(self).await;
+                return Err(e);
             }
         }
         Ok(())
@@ -98,6 +114,8 @@ impl Conn for ServerTlsStream {
     /// truncation.
     async fn finish(&mut self, limit: Option<Duration>) {
         let limit = limit.unwrap_or(crate::serve::LINGER_MAX);
-        let _ = timeout(limit, self.shutdown()).await;
+        if !matches!(timeout(limit, self.shutdown()).await, Ok(Ok(()))) {
+            cut(self).await;
+        }
     }
 }

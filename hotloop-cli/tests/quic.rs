@@ -272,4 +272,33 @@ test_all_drivers! {
         assert!(status.success(), "{status}");
         assert!(start.elapsed() < Duration::from_secs(3), "{driver}: exit took {:?} with a 20 s grace", start.elapsed());
     }
+
+    /// With --tls-cert and --tls-key the server uses that certificate.
+    fn a_given_certificate_is_served(driver: &str) {
+        let names = vec!["localhost".to_string()];
+        let made = rcgen::generate_simple_self_signed(names).unwrap();
+        let cert = cert_path();
+        let key = cert.with_file_name("key.pem");
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+        let mut p = Proc::start(&[
+            "serve", "quic", "--addr", "127.0.0.1:0", "--workers", "1", "--driver", driver,
+            "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap(),
+        ]);
+        let addr = p.addr_after(" on ");
+        let config = client_config(&cert, ALPN);
+        client_rt().block_on(async move {
+            hotloop::time::timeout(LIMIT, async {
+                let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+                let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+                assert_eq!(echo_once(&conn, b"given").await, b"given");
+                conn.close(VarInt::from_u32(0), b"");
+                client.wait_idle().await;
+            })
+            .await
+            .unwrap();
+        });
+        p.signal("TERM");
+        assert!(p.wait_exit(LIMIT).expect("exit").success());
+    }
 }

@@ -263,6 +263,28 @@ test_all_drivers! {
         assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
     }
 
+    /// A TLS client that sends and never reads is cut at the send timeout.
+    fn a_tls_connection_follows_the_send_timeout(driver: &str) {
+        let (mut p, addr, cert) = serve_tls(driver, "echo", &["--send-timeout-ms", "300"]);
+        let mut tls = tls_client(addr, &cert);
+        tls.sock.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let chunk = vec![7u8; 64 * 1024];
+        let start = Instant::now();
+        let err = loop {
+            if let Err(e) = tls.write_all(&chunk) {
+                break e;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "{driver}: never cut");
+        };
+        let kind = err.kind();
+        assert!(
+            !matches!(kind, std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "{driver}: the server did not close: {err}"
+        );
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+    }
+
     /// SIGTERM closes an idle keep-alive TLS connection at once (with
     /// close_notify) and the process exits long before the grace period.
     fn sigterm_closes_idle_tls_connections_at_once(driver: &str) {
