@@ -238,51 +238,57 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
 
 /// A connection the echo and http handlers serve: plain TCP, or TLS over it.
 /// The handlers read and write in turn, never both at once, hence `&mut`.
+///
+/// The methods return `impl Future` rather than being `async fn`s so that
+/// the `TcpStream` impl hands back the stream's own futures, with no
+/// wrapper around them.
 pub(crate) trait Conn {
     /// What a read returns.
     type Buf: IoBuf + Deref<Target = [u8]> + Default;
 
     /// Reads what has arrived; empty when the peer closed its side.
     /// Dropping the future loses no data the caller has not seen.
-    async fn read_some(&mut self) -> io::Result<Self::Buf>;
+    fn read_some(&mut self) -> impl Future<Output = io::Result<Self::Buf>>;
 
     /// Writes all of `buf`, giving up with `TimedOut` when the writes make
     /// no progress for `limit` (the client does not read).
-    async fn send<B: IoBuf + Deref<Target = [u8]>>(
+    fn send<B: IoBuf + Deref<Target = [u8]>>(
         &mut self,
         buf: B,
         limit: Option<Duration>,
-    ) -> io::Result<()>;
+    ) -> impl Future<Output = io::Result<()>>;
 
     /// Ends the writing side (after all that was sent).
-    async fn shutdown_write(&mut self) -> io::Result<()>;
+    fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>>;
 
     /// Called once the handler is done with the connection, before it is
     /// closed; `limit` bounds any last write.
-    async fn finish(&mut self, limit: Option<Duration>);
+    fn finish(&mut self, limit: Option<Duration>) -> impl Future<Output = ()>;
 }
 
 impl Conn for TcpStream {
     type Buf = PooledBuf;
 
-    async fn read_some(&mut self) -> io::Result<PooledBuf> {
-        self.read_pooled().await
+    fn read_some(&mut self) -> impl Future<Output = io::Result<PooledBuf>> {
+        self.read_pooled()
     }
 
-    async fn send<B: IoBuf + Deref<Target = [u8]>>(
+    fn send<B: IoBuf + Deref<Target = [u8]>>(
         &mut self,
         buf: B,
         limit: Option<Duration>,
-    ) -> io::Result<()> {
-        send(self, buf, limit).await
+    ) -> impl Future<Output = io::Result<()>> {
+        send(self, buf, limit)
     }
 
-    async fn shutdown_write(&mut self) -> io::Result<()> {
-        self.shutdown(Shutdown::Write).await
+    fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>> {
+        self.shutdown(Shutdown::Write)
     }
 
     /// Nothing to do: closing the descriptor is the end.
-    async fn finish(&mut self, _limit: Option<Duration>) {}
+    fn finish(&mut self, _limit: Option<Duration>) -> impl Future<Output = ()> {
+        std::future::ready(())
+    }
 }
 
 async fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) {
