@@ -81,7 +81,8 @@ QUIC (UDP; one endpoint per worker on one port, SO_REUSEPORT):
   --idle-timeout-ms is QUIC's idle timeout; --handshake-timeout-ms bounds the
   handshake; --send-timeout-ms resets a stream (code 1) whose echo the client
   does not read; --maxconn refuses connections beyond it. The TCP listener flags
-  (--backlog, --max-accepts, --defer-accept, --accept) do not apply.
+  (--backlog, --max-accepts, --accept-pacing, --defer-accept, --accept) and
+  --maxconn-per-worker do not apply.
   On a stop: new connections are refused; a connection with no stream (request)
   open closes at once, others once their streams are done (h3 sends GOAWAY
   first); the close code is 0 (quic) or H3_NO_ERROR (h3), reason \"server
