@@ -67,6 +67,7 @@ const CLOSE_FLUSH_MAX: Duration = Duration::from_millis(250);
 
 /// What the connections speak.
 enum Proto {
+    /// Every bidirectional stream echoed.
     Echo,
     /// HTTP/3, answering every request with this body.
     H3 {
@@ -86,7 +87,7 @@ struct Settings {
     accepted: AtomicU64,
 }
 
-/// Runs `hotloop serve quic` until a stop signal.
+/// Runs `hotloop serve quic` or `hotloop serve h3` until a stop signal.
 pub fn run(
     args: &ServeArgs,
     signals: &ShutdownSignals,
