@@ -70,9 +70,7 @@ enum Proto {
     /// Every bidirectional stream echoed.
     Echo,
     /// HTTP/3, answering every request with this body.
-    H3 {
-        body: bytes::Bytes,
-    },
+    H3 { body: bytes::Bytes },
 }
 
 /// What every connection of the server shares.
