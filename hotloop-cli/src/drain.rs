@@ -20,9 +20,11 @@
 //! polls again.
 
 use std::cell::RefCell;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Waker;
+use std::task::{Poll, Waker};
 
 use hotloop::Handle;
 
@@ -45,6 +47,27 @@ thread_local! {
 /// True once the server has been told to stop.
 pub fn stopping() -> bool {
     STOPPING.load(Ordering::Relaxed)
+}
+
+/// Runs `f` until it completes (`Some`) or the server is told to stop
+/// while `f` waits (`None`, also when the stop came before the call and
+/// `f` is not ready at once). For waits that are not on the request path
+/// (a QUIC connection waiting for its next stream); an HTTP connection's
+/// idle read polls its [`StopWatch`] directly.
+pub async fn until_stop<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = pin!(f);
+    let mut watch = StopWatch::default();
+    poll_fn(|cx| {
+        // `f` first: what is ready now is still taken after the stop.
+        if let Poll::Ready(v) = f.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        if watch.poll_stopped(cx.waker()) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// A connection's registration for the stop: its slot in its worker's list

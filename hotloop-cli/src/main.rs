@@ -1,15 +1,18 @@
-//! The `hotloop` command: the runtime as a production server (`serve`), a
-//! TCP forwarder (`proxy`), each with a live stats endpoint.
+//! The `hotloop` command: the runtime as a production server (`serve`, over
+//! TCP, TLS or QUIC), a TCP forwarder (`proxy`), each with a live stats
+//! endpoint.
 //!
 //! It links hotloop and no other runtime; the measuring tools (load
 //! generator, peers, benchmark suite) live in `hotloop-bench`.
 
 mod drain;
 mod proxy;
+mod quic;
 mod runtime_args;
 mod serve;
 mod stats_server;
 mod stop;
+mod tls;
 
 use std::process::ExitCode;
 
@@ -25,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run an echo, HTTP or hyper server on the runtime.
+    /// Run an echo, HTTP or hyper server (plain or TLS), or a QUIC echo or HTTP/3 server.
     #[command(after_help = SERVE_NOTES)]
     Serve(serve::ServeArgs),
     /// Forward TCP connections to backends, round-robin.
@@ -59,6 +62,31 @@ Timeouts (echo and http; the hyper app has hyper's own header-read timeout, none
   after an error reply (400, 405, 408, 431, 501, 505): writing is shut down, and
   up to 256 KiB the client still sends is read and dropped for at most 2 s before
   closing, so the client reads the reply rather than a reset.
+
+TLS (echo, http, hyper): --tls-cert FILE --tls-key FILE (PEM: the chain, the
+server's certificate first; a PKCS#8, PKCS#1 or SEC1 key). TLS 1.2 and 1.3 on
+rustls; ALPN h2 and http/1.1 (hyper), http/1.1 (http), none (echo).
+  --handshake-timeout-ms 10000  a handshake not done: close (garbage or an old
+                                protocol version closes at once)
+  then the timeouts above apply as on plain TCP; a write counts as progress once
+  a TLS record (up to 16 KiB) is out. Connections end with close_notify.
+
+QUIC (UDP; one endpoint per worker on one port, SO_REUSEPORT):
+  quic  every bidirectional stream gets back what it sends until the client
+        finishes it; ALPN `hotloop-echo` (a client offering no ALPN is served)
+  h3    HTTP/3 (ALPN h3): every request gets 200 and --body-size bytes
+  Certificate: --tls-cert/--tls-key, or a self-signed one for localhost,
+  127.0.0.1, ::1 (and --addr) made at start; --write-cert FILE saves it (PEM)
+  for clients to trust; its SHA-256 is printed either way.
+  --idle-timeout-ms is QUIC's idle timeout; --handshake-timeout-ms bounds the
+  handshake; --send-timeout-ms resets a stream (code 1) whose echo the client
+  does not read; --maxconn refuses connections beyond it. The TCP listener flags
+  (--backlog, --max-accepts, --accept-pacing, --defer-accept, --accept) and
+  --maxconn-per-worker do not apply.
+  On a stop: new connections are refused; a connection with no stream (request)
+  open closes at once, others once their streams are done (h3 sends GOAWAY
+  first); the close code is 0 (quic) or H3_NO_ERROR (h3), reason \"server
+  stopping\"; what is open at the end of --grace-ms is closed the same way.
 
 ",
         signals!()

@@ -1,14 +1,21 @@
-//! `hotloop serve echo|http|hyper`: the runtime as a real server.
+//! `hotloop serve echo|http|hyper|quic|h3`: the runtime as a real server.
 //!
 //! `echo` and `http` are hand-written handlers on the owned-buffer API;
 //! `hyper` runs the hyper service in `hotloop_proto::hyper_app` through
 //! [`hotloop::hyper::serve_hyper`] (HTTP/1.1, and HTTP/2 by prior
 //! knowledge), so hyper on hotloop can be compared with the same service on
-//! tokio.
+//! tokio. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
+//! (in `quic.rs`) echoes QUIC streams, and `h3` answers HTTP/3 there.
+//!
+//! The echo and http handlers are generic over [`Conn`], so the plain path
+//! is compiled for [`TcpStream`] itself (owned pooled buffers, no dynamic
+//! dispatch) and the TLS path separately for the TLS stream.
 
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::Shutdown;
+use std::ops::Deref;
+use std::path::PathBuf;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::Poll;
@@ -16,10 +23,11 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hotloop::buf::IoBuf;
-use hotloop::hyper::serve_hyper;
-use hotloop::net::{serve, PooledBuf, ReadPooled, TcpStream};
+use hotloop::hyper::{serve_hyper, serve_hyper_tls};
+use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::{timeout, Sleep};
+use hotloop::tls::{serve_tls, ALPN_H2, ALPN_HTTP11};
 
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::{Extra, Kind, StatsServer};
@@ -35,26 +43,31 @@ pub enum App {
     /// Answer every HTTP/1.1 request with a fixed body.
     Http,
     /// The same answer from a hyper service on hotloop's hyper integration
-    /// (HTTP/1.1, and HTTP/2 by prior knowledge).
+    /// (HTTP/1.1, and HTTP/2 by prior knowledge; over TLS, as ALPN picks).
     Hyper,
+    /// QUIC: every bidirectional stream gets back what it sent (UDP).
+    Quic,
+    /// HTTP/3 over QUIC (UDP): every request gets the fixed body.
+    H3,
 }
 
 /// `hotloop serve` flags.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// echo, http or hyper.
+    /// echo, http, hyper, quic or h3.
     pub app: App,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: String,
-    /// HTTP response body size in bytes.
+    /// HTTP response body size in bytes (http, hyper, h3).
     #[arg(long, default_value_t = 64)]
     pub body_size: usize,
     /// CPU work per request in microseconds, standing in for an application's own processing.
     #[arg(long, default_value_t = 0)]
     pub work_us: u64,
-    /// Idle timeout (echo, http): close a connection when nothing has moved
-    /// in either direction for this long, milliseconds (0: never).
+    /// Idle timeout (echo, http; quic and h3: QUIC's idle timeout): close a
+    /// connection when nothing has moved in either direction for this long,
+    /// milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
     /// Header timeout (http): a request head must arrive whole within this
@@ -62,7 +75,7 @@ pub struct ServeArgs {
     /// however slowly it trickles; then 408 and close. Milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
-    /// Send timeout (echo, http): close a connection when a write has made
+    /// Send timeout (echo, http; quic resets the stream): close a connection when a write has made
     /// no progress for this long, because the client does not read
     /// (nginx's `send_timeout`), milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
@@ -72,6 +85,23 @@ pub struct ServeArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
               .range(1..=proto::REQUEST_HEADERS_LIMIT_MAX as u64))]
     pub max_headers: usize,
+    /// TLS: the certificate chain, PEM (the server's certificate first).
+    /// With --tls-key, echo, http and hyper are served over TLS; quic and
+    /// h3 use it instead of a generated one.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: the private key of --tls-cert, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// TLS and QUIC: a handshake not done within this long loses its
+    /// connection, milliseconds.
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    pub handshake_timeout_ms: u64,
+    /// quic and h3 without --tls-cert: write the generated self-signed certificate
+    /// (PEM) here, for clients to trust.
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_cert")]
+    pub write_cert: Option<PathBuf>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -79,7 +109,7 @@ pub struct ServeArgs {
 /// After an error reply, the most bytes read and thrown away, and for how
 /// long, before closing (see [`reject`]).
 const LINGER_BYTES_MAX: usize = 256 * 1024;
-const LINGER_MAX: Duration = Duration::from_secs(2);
+pub(crate) const LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// What every connection handler of one server shares.
 struct Settings {
@@ -96,7 +126,7 @@ struct Settings {
     close_head_reply: Arc<[u8]>,
 }
 
-fn millis_or_never(ms: u64) -> Option<Duration> {
+pub(crate) fn millis_or_never(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
@@ -105,6 +135,21 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let signals = ShutdownSignals::block()?;
     let nofile = hotloop::raise_nofile_limit()?;
     let rt = args.runtime.build_runtime()?;
+    if matches!(args.app, App::Quic | App::H3) {
+        return crate::quic::run(args, &signals, &rt, nofile);
+    }
+    if args.write_cert.is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--write-cert is for `serve quic` and `serve h3` (the other apps make no certificate)",
+        ));
+    }
+    let alpn: &[&[u8]] = match args.app {
+        App::Hyper => &[ALPN_H2, ALPN_HTTP11],
+        App::Http => &[ALPN_HTTP11],
+        App::Echo | App::Quic | App::H3 => &[],
+    };
+    let tls = crate::tls::acceptor(args, alpn)?;
     let settings = Arc::new(Settings {
         echo: args.app == App::Echo,
         work_us: args.work_us,
@@ -117,30 +162,33 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         keep_alive_head_reply: proto::response_ok_head(args.body_size, false).into(),
         close_head_reply: proto::response_ok_head(args.body_size, true).into(),
     });
-    let server = match args.app {
-        App::Hyper => {
+    let (addr, options) = (args.addr.as_str(), args.runtime.server_options());
+    let server = match (args.app, tls) {
+        (App::Hyper, tls) => {
             let body = hyper_app::body(args.body_size);
             let work_us = args.work_us;
-            serve_hyper(
-                rt.handle(),
-                args.addr.as_str(),
-                args.runtime.server_options(),
-                move || {
-                    let body = body.clone();
-                    service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
-                },
-            )?
+            let make_service = move || {
+                let body = body.clone();
+                service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
+            };
+            match tls {
+                None => serve_hyper(rt.handle(), addr, options, make_service)?,
+                Some(tls) => serve_hyper_tls(rt.handle(), addr, options, tls, make_service)?,
+            }
         }
-        App::Echo | App::Http => {
-            serve(rt.handle(), args.addr.as_str(), args.runtime.server_options(), move |stream| {
-                handle_connection(stream, settings.clone())
-            })?
-        }
+        // Two instances of the handlers: the plain one on `TcpStream` as it was.
+        (_, None) => serve(rt.handle(), addr, options, move |stream| {
+            handle_connection(stream, settings.clone())
+        })?,
+        (_, Some(tls)) => serve_tls(rt.handle(), addr, options, tls, move |stream| {
+            handle_connection(stream, settings.clone())
+        })?,
     };
     let stats = rt.stats();
     eprintln!(
-        "hotloop serve {:?} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",
+        "hotloop serve {:?}{} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",
         args.app,
+        if args.tls_cert.is_some() { " over TLS" } else { "" },
         server.local_addr(),
         rt.handle().workers(),
         stats.info.driver,
@@ -188,12 +236,68 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn handle_connection(stream: TcpStream, settings: Arc<Settings>) {
-    if settings.echo {
-        echo(stream, &settings).await
-    } else {
-        http(stream, &settings).await
+/// A connection the echo and http handlers serve: plain TCP, or TLS over it.
+/// The handlers read and write in turn, never both at once, hence `&mut`.
+///
+/// The methods return `impl Future` rather than being `async fn`s so that
+/// the `TcpStream` impl hands back the stream's own futures, with no
+/// wrapper around them.
+pub(crate) trait Conn {
+    /// What a read returns.
+    type Buf: IoBuf + Deref<Target = [u8]> + Default;
+
+    /// Reads what has arrived; empty when the peer closed its side.
+    /// Dropping the future loses no data the caller has not seen.
+    fn read_some(&mut self) -> impl Future<Output = io::Result<Self::Buf>>;
+
+    /// Writes all of `buf`, giving up with `TimedOut` when the writes make
+    /// no progress for `limit` (the client does not read).
+    fn send<B: IoBuf + Deref<Target = [u8]>>(
+        &mut self,
+        buf: B,
+        limit: Option<Duration>,
+    ) -> impl Future<Output = io::Result<()>>;
+
+    /// Ends the writing side (after all that was sent).
+    fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>>;
+
+    /// Called once the handler is done with the connection, before it is
+    /// closed; `limit` bounds any last write.
+    fn finish(&mut self, limit: Option<Duration>) -> impl Future<Output = ()>;
+}
+
+impl Conn for TcpStream {
+    type Buf = PooledBuf;
+
+    fn read_some(&mut self) -> impl Future<Output = io::Result<PooledBuf>> {
+        self.read_pooled()
     }
+
+    fn send<B: IoBuf + Deref<Target = [u8]>>(
+        &mut self,
+        buf: B,
+        limit: Option<Duration>,
+    ) -> impl Future<Output = io::Result<()>> {
+        send(self, buf, limit)
+    }
+
+    fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>> {
+        self.shutdown(Shutdown::Write)
+    }
+
+    /// Nothing to do: closing the descriptor is the end.
+    fn finish(&mut self, _limit: Option<Duration>) -> impl Future<Output = ()> {
+        std::future::ready(())
+    }
+}
+
+async fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) {
+    if settings.echo {
+        echo(&mut stream, &settings).await
+    } else {
+        http(&mut stream, &settings).await
+    }
+    stream.finish(settings.send_timeout).await;
 }
 
 /// A connection's read deadline (idle or header) on one timer that is moved
@@ -213,16 +317,16 @@ impl ReadDeadline {
         ReadDeadline { timer: hotloop::time::sleep(Duration::MAX), stop: Default::default() }
     }
 
-    /// Reads into a buffer from the worker's pool (an idle connection holds
-    /// none) until `due`; `None` when `due` passed, the peer closed, the
-    /// read failed, or (`idle`) the server began to stop while it waited.
-    /// What is ready at once is still taken after a stop.
-    fn read<'a>(
+    /// Runs `read` (a connection's read, pinned by the caller) until `due`;
+    /// the result is `None` when `due` passed, the peer closed, the read
+    /// failed, or (`idle`) the server began to stop while it waited. What
+    /// is ready at once is still taken after a stop.
+    fn read<'a, F>(
         &'a mut self,
-        stream: &'a TcpStream,
+        read: Pin<&'a mut F>,
         due: Option<Instant>,
         idle: bool,
-    ) -> DeadlineRead<'a> {
+    ) -> DeadlineRead<'a, F> {
         if let Some(due) = due {
             // Only ever moved earlier here; a later deadline is taken up
             // when the timer fires.
@@ -230,27 +334,31 @@ impl ReadDeadline {
                 Pin::new(&mut self.timer).reset(due);
             }
         }
-        DeadlineRead { read: stream.read_pooled(), deadline: self, due, idle }
+        DeadlineRead { read, deadline: self, due, idle }
     }
 }
 
 /// The future of [`ReadDeadline::read`]: one poll function over the read,
 /// the stop and the timer (an `async fn` here would add a state machine
 /// of its own to every request's path).
-struct DeadlineRead<'a> {
-    read: ReadPooled<'a>,
+struct DeadlineRead<'a, F> {
+    read: Pin<&'a mut F>,
     deadline: &'a mut ReadDeadline,
     due: Option<Instant>,
     idle: bool,
 }
 
-impl Future for DeadlineRead<'_> {
-    type Output = Option<PooledBuf>;
+impl<F, B> Future for DeadlineRead<'_, F>
+where
+    F: Future<Output = io::Result<B>>,
+    B: Deref<Target = [u8]>,
+{
+    type Output = Option<B>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         // Every field is `Unpin` (`Sleep` included): no pin projection needed.
         let this = &mut *self;
-        if let Poll::Ready(r) = Pin::new(&mut this.read).poll(cx) {
+        if let Poll::Ready(r) = this.read.as_mut().poll(cx) {
             return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
         }
         if this.idle && this.deadline.stop.poll_stopped(cx.waker()) {
@@ -323,24 +431,28 @@ async fn send_rest<B: IoBuf>(
     Ok(())
 }
 
-async fn echo(stream: TcpStream, s: &Settings) {
+async fn echo<S: Conn>(stream: &mut S, s: &Settings) {
     let mut reader = ReadDeadline::new();
     loop {
         // Set after the last write finished: the idle clock counts time
         // with no progress either way.
         let deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
-        let Some(buf) = reader.read(&stream, deadline, false).await else { return };
+        let got = {
+            let read = pin!(stream.read_some());
+            reader.read(read, deadline, false).await
+        };
+        let Some(buf) = got else { return };
         proto::spin_work(s.work_us);
-        if send(&stream, buf, s.send_timeout).await.is_err() {
+        if stream.send(buf, s.send_timeout).await.is_err() {
             return;
         }
     }
 }
 
-async fn http(stream: TcpStream, s: &Settings) {
+async fn http<S: Conn>(stream: &mut S, s: &Settings) {
     // `buf` takes each read; bytes of a request split across reads gather
     // in `pending`, which stays empty (and unallocated) in the common case.
-    let mut buf = PooledBuf::default();
+    let mut buf = S::Buf::default();
     let mut pending: Vec<u8> = Vec::new();
     // Bytes of `buf` already answered.
     let mut consumed = 0;
@@ -371,7 +483,7 @@ async fn http(stream: TcpStream, s: &Settings) {
                     (Method::Head, false) => s.keep_alive_head_reply.clone(),
                     (Method::Head, true) => s.close_head_reply.clone(),
                 };
-                if send(&stream, reply, s.send_timeout).await.is_err() || close {
+                if stream.send(reply, s.send_timeout).await.is_err() || close {
                     return;
                 }
                 // Between requests the idle timeout applies, until a byte of the next one arrives.
@@ -383,9 +495,9 @@ async fn http(stream: TcpStream, s: &Settings) {
                     pending.extend_from_slice(&buf[consumed..]);
                 }
             }
-            (Request::Malformed, _) => return reject_boxed(&stream, 400, s).await,
-            (Request::TooLarge, _) => return reject_boxed(&stream, 431, s).await,
-            (Request::Unsupported(status), _) => return reject_boxed(&stream, status, s).await,
+            (Request::Malformed, _) => return reject_boxed(stream, 400, s).await,
+            (Request::TooLarge, _) => return reject_boxed(stream, 431, s).await,
+            (Request::Unsupported(status), _) => return reject_boxed(stream, status, s).await,
         }
         if !pending.is_empty() && head_deadline.is_none() {
             head_deadline = Some(hotloop::time::now() + s.header_timeout);
@@ -400,7 +512,11 @@ async fn http(stream: TcpStream, s: &Settings) {
         // bounds it; one partway through a request gets its answer, with
         // `Connection: close`.
         let idle = head_deadline.is_none();
-        match reader.read(&stream, deadline, idle).await {
+        let got = {
+            let read = pin!(stream.read_some());
+            reader.read(read, deadline, idle).await
+        };
+        match got {
             Some(b) => {
                 buf = b;
                 consumed = 0;
@@ -411,7 +527,7 @@ async fn http(stream: TcpStream, s: &Settings) {
             }
             None => {
                 if !pending.is_empty() && head_deadline.is_some_and(|d| hotloop::time::now() >= d) {
-                    reject_boxed(&stream, 408, s).await;
+                    reject_boxed(stream, 408, s).await;
                 }
                 return;
             }
@@ -422,7 +538,7 @@ async fn http(stream: TcpStream, s: &Settings) {
 /// [`reject`] on the heap: an error reply is rare, and boxing it keeps
 /// its state (a write, a timer, a read) out of every connection's future,
 /// which is copied once per connection when it is spawned.
-async fn reject_boxed(stream: &TcpStream, status: u16, s: &Settings) {
+async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
     Box::pin(reject(stream, status, s)).await
 }
 
@@ -433,18 +549,22 @@ async fn reject_boxed(stream: &TcpStream, status: u16, s: &Settings) {
 /// reset, which can destroy the reply before the client reads it (RFC 9112
 /// section 9.6; nginx's `lingering_close`, with a shorter bound: 2 s rather
 /// than nginx's 30 s, to free the descriptor sooner).
-async fn reject(stream: &TcpStream, status: u16, s: &Settings) {
-    if send(stream, proto::response_error(status), s.send_timeout).await.is_err() {
+async fn reject<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
+    if stream.send(proto::response_error(status), s.send_timeout).await.is_err() {
         return;
     }
-    if stream.shutdown(Shutdown::Write).await.is_err() {
+    if stream.shutdown_write().await.is_err() {
         return;
     }
     let until = Instant::now() + LINGER_MAX;
     let mut drained = 0;
     let mut reader = ReadDeadline::new();
     while drained < LINGER_BYTES_MAX {
-        match reader.read(stream, Some(until), false).await {
+        let got = {
+            let read = pin!(stream.read_some());
+            reader.read(read, Some(until), false).await
+        };
+        match got {
             Some(b) => drained += b.len(),
             None => return,
         }

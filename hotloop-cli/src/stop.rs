@@ -43,6 +43,26 @@ pub fn run_until_stopped(
     grace: Duration,
     status: &dyn Fn() -> String,
 ) -> io::Result<Stopped> {
+    let active = server.active_connections_reader();
+    run_until_stopped_with(name, signals, rt, &active, grace, status, move || {
+        server.stop();
+        // The accept loops serve what the kernel already queued, then end.
+        let _ = rt.block_on(server.stopped());
+    })
+}
+
+/// [`run_until_stopped`] for any server: `active` counts its open
+/// connections, and `stop_accepting` (called once, after every worker has
+/// been told to stop) makes it take no new ones.
+pub fn run_until_stopped_with(
+    name: &str,
+    signals: &ShutdownSignals,
+    rt: &Runtime,
+    active: &dyn Fn() -> usize,
+    grace: Duration,
+    status: &dyn Fn() -> String,
+    stop_accepting: impl FnOnce(),
+) -> io::Result<Stopped> {
     let first = loop {
         let sig = signals.wait()?;
         if sig.is_stop() {
@@ -50,7 +70,6 @@ pub fn run_until_stopped(
         }
         other_signal(name, sig, status);
     };
-    let active = server.active_connections_reader();
     if first == Signal::Quit {
         eprintln!("{name}: {first:?}: stopping at once; {} connections cut", active());
         return Ok(Stopped { cut: active(), forced: true });
@@ -61,9 +80,7 @@ pub fn run_until_stopped(
     let deadline = Instant::now() + grace;
     // First, so that an answer being prepared now already says `Connection: close`.
     crate::drain::begin(rt.handle());
-    server.stop();
-    // The accept loops serve what the kernel already queued, then end.
-    let _ = rt.block_on(server.stopped());
+    stop_accepting();
     loop {
         let left = active();
         let now = Instant::now();

@@ -1,0 +1,121 @@
+//! TLS for `hotloop serve echo|http|hyper`: the acceptor from `--tls-cert`
+//! and `--tls-key`, and the echo and http handlers' [`Conn`] over a TLS
+//! stream.
+//!
+//! Over TLS the send timeout counts progress per TLS record: each piece of
+//! up to [`TLS_WRITE_BYTES`] must be written and flushed to the socket
+//! within `--send-timeout-ms` (rustls buffers what it encrypts, so progress
+//! below a record is not visible from here).
+//!
+//! A connection given up on (a send or the closing close_notify past its
+//! limit) is shut down both ways before it is dropped: on io_uring the TLS
+//! stream's writes are written behind, and a send in flight would keep the
+//! descriptor open after the drop (for up to the driver's write linger);
+//! the shutdown ends that send, and the connection, at once.
+
+use std::io;
+use std::net::Shutdown;
+use std::ops::Deref;
+use std::path::Path;
+use std::time::Duration;
+
+use hotloop::buf::IoBuf;
+use hotloop::net::POOLED_BUFFER_BYTES;
+use hotloop::time::timeout;
+use hotloop::tls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use hotloop::tls::{load_certs, load_private_key, server_config, ServerTlsStream, TlsAcceptor};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::serve::{Conn, ServeArgs};
+
+/// The most plaintext written and flushed under one send-timeout clock:
+/// one TLS record's worth.
+pub const TLS_WRITE_BYTES: usize = 16 * 1024;
+
+/// The certificate chain and key of `--tls-cert` and `--tls-key`, if given.
+/// Errors name the file at fault.
+pub fn load_identity(
+    args: &ServeArgs,
+) -> io::Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>> {
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else { return Ok(None) };
+    Ok(Some((load_certs(cert)?, load_private_key(key)?)))
+}
+
+/// Says which files a configuration error came from.
+pub fn identity_error(cert: &Path, key: &Path, e: io::Error) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("--tls-cert {} with --tls-key {}: {e}", cert.display(), key.display()),
+    )
+}
+
+/// The acceptor for `--tls-cert`/`--tls-key` offering ALPN `alpn`, with
+/// `--handshake-timeout-ms`; `None` without TLS flags.
+pub fn acceptor(args: &ServeArgs, alpn: &[&[u8]]) -> io::Result<Option<TlsAcceptor>> {
+    let (Some(cert_path), Some(key_path)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let config = server_config(load_certs(cert_path)?, load_private_key(key_path)?, alpn)
+        .map_err(|e| identity_error(cert_path, key_path, e))?;
+    Ok(Some(
+        TlsAcceptor::new(config)
+            .handshake_timeout(Duration::from_millis(args.handshake_timeout_ms)),
+    ))
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the client reads nothing")
+}
+
+/// Ends the connection now, whatever the TLS layer still has in flight.
+async fn cut(tls: &ServerTlsStream) {
+    let _ = tls.get_ref().0.shutdown(Shutdown::Both).await;
+}
+
+impl Conn for ServerTlsStream {
+    type Buf = Vec<u8>;
+
+    async fn read_some(&mut self) -> io::Result<Vec<u8>> {
+        // Cancel-safe: what rustls decrypted and the caller did not take
+        // stays in the session.
+        let mut buf = Vec::with_capacity(POOLED_BUFFER_BYTES);
+        self.read_buf(&mut buf).await?;
+        Ok(buf)
+    }
+
+    async fn send<B: IoBuf + Deref<Target = [u8]>>(
+        &mut self,
+        buf: B,
+        limit: Option<Duration>,
+    ) -> io::Result<()> {
+        for piece in buf.chunks(TLS_WRITE_BYTES) {
+            let write = async {
+                self.write_all(piece).await?;
+                self.flush().await
+            };
+            let written = match limit {
+                Some(t) => timeout(t, write).await.unwrap_or_else(|_| Err(timed_out())),
+                None => write.await,
+            };
+            if let Err(e) = written {
+                cut(self).await;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn shutdown_write(&mut self) -> io::Result<()> {
+        // close_notify, then the TCP write side.
+        self.shutdown().await
+    }
+
+    /// Sends close_notify, so the client sees a clean end rather than a
+    /// truncation.
+    async fn finish(&mut self, limit: Option<Duration>) {
+        let limit = limit.unwrap_or(crate::serve::LINGER_MAX);
+        if !matches!(timeout(limit, self.shutdown()).await, Ok(Ok(()))) {
+            cut(self).await;
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! `hotloop serve --tls-cert --tls-key`: curl over HTTP/1.1 and HTTP/2
+//! against the hyper app, curl against the http app, `openssl s_client`
+//! against echo; clients that send garbage or stall mid-handshake lose
+//! their connection within the handshake limit while others are served;
+//! TLS connections follow the header and idle timeouts and the graceful
+//! stop; a bad certificate or key is a startup error naming the file. Both
+//! drivers. Needs `curl` and `openssl` (the tests that use them skip
+//! without).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Proc;
+use hotloop::tls::rustls;
+use rustls::pki_types::ServerName;
+
+/// A self-signed certificate for `localhost` and 127.0.0.1 in a fresh
+/// temporary directory: (certificate path, key path).
+fn certificate() -> (PathBuf, PathBuf) {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let cert = rcgen::generate_simple_self_signed(names).unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "hotloop-cli-tls-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&c, cert.cert.pem()).unwrap();
+    std::fs::write(&k, cert.key_pair.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// `hotloop serve APP` over TLS on `driver` with two workers; the process,
+/// its address and the certificate's path.
+fn serve_tls(driver: &str, app: &str, extra: &[&str]) -> (Proc, SocketAddr, PathBuf) {
+    let (cert, key) = certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let mut args =
+        vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
+    args.extend_from_slice(&["--tls-cert", c, "--tls-key", k]);
+    args.extend_from_slice(extra);
+    let mut p = Proc::start(&args);
+    let addr = p.addr_after(" on ");
+    assert!(p.seen.iter().any(|l| l.contains("over TLS")), "{:?}", p.seen);
+    (p, addr, cert)
+}
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new(tool).arg("version").output().is_ok_and(|o| o.status.success())
+        || Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: `{tool}` is not installed (apt-get install {tool})");
+    }
+    ok
+}
+
+/// `curl --cacert CERT ARGS URL...`: its output, after checking it succeeded.
+fn curl(cert: &Path, args: &[&str], urls: &[String]) -> String {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert", cert.to_str().unwrap()])
+        .args(args)
+        .args(urls)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A blocking TLS client that trusts `cert`, connected to `addr` with the
+/// handshake done.
+fn tls_client(
+    addr: SocketAddr,
+    cert: &Path,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in hotloop::tls::load_certs(cert).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock).unwrap();
+    }
+    tls
+}
+
+/// Reads until the end of the stream (a clean close_notify, a TCP close
+/// or a reset) and returns what came, and how long it took.
+fn read_to_close(tls: &mut impl Read) -> (Vec<u8>, Duration) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tls.read(&mut buf) {
+            Ok(0) | Err(_) => return (got, start.elapsed()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Waits for the plain TCP connection to be closed by the server, within `limit`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> Duration {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return start.elapsed(),
+            // An alert before the close is fine.
+            Ok(_) => continue,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                panic!("not closed within {limit:?}")
+            }
+            Err(_) => return start.elapsed(),
+        }
+    }
+}
+
+test_all_drivers! {
+    /// ALPN gives curl HTTP/2 when it asks for it, HTTP/1.1 when it does not.
+    fn curl_speaks_http1_and_http2_to_the_hyper_app(driver: &str) {
+        if !have("curl") {
+            return;
+        }
+        let (mut p, addr, cert) = serve_tls(driver, "hyper", &["--body-size", "5"]);
+        let url = format!("https://localhost:{}/", addr.port());
+        let out = curl(&cert, &["--http1.1", "-w", " %{http_version}"], std::slice::from_ref(&url));
+        assert_eq!(out, "xxxxx 1.1", "{driver}");
+        let features = String::from_utf8_lossy(&Command::new("curl").arg("--version").output().unwrap().stdout).to_string();
+        if features.contains("HTTP2") {
+            let out = curl(&cert, &["--http2", "-w", " %{http_version}"], &[url]);
+            assert_eq!(out, "xxxxx 2", "{driver}");
+        } else {
+            eprintln!("this curl has no HTTP/2: only HTTP/1.1 checked");
+        }
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+    }
+
+    /// The http app over TLS: keep-alive works, and ALPN offers only
+    /// http/1.1, so a curl asking for HTTP/2 gets HTTP/1.1.
+    fn curl_speaks_http1_to_the_http_app(driver: &str) {
+        if !have("curl") {
+            return;
+        }
+        let (mut p, addr, cert) = serve_tls(driver, "http", &["--body-size", "3"]);
+        let url = format!("https://127.0.0.1:{}/", addr.port());
+        let out = curl(&cert, &["-w", " %{http_version} %{num_connects}\n"], &[url.clone(), url.clone()]);
+        // Two answers over one connection.
+        assert_eq!(out, "xxx 1.1 1\nxxx 1.1 0\n", "{driver}");
+        let out = curl(&cert, &["--http2", "-w", " %{http_version}"], &[url]);
+        assert_eq!(out, "xxx 1.1", "{driver}");
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+    }
+
+    /// `openssl s_client`, verifying the certificate, gets its lines echoed.
+    fn openssl_s_client_is_echoed(driver: &str) {
+        if !have("openssl") {
+            return;
+        }
+        let (mut p, addr, cert) = serve_tls(driver, "echo", &[]);
+        let mut client = Command::new("openssl")
+            .args(["s_client", "-connect", &addr.to_string(), "-servername", "localhost"])
+            .args(["-CAfile", cert.to_str().unwrap(), "-verify_return_error", "-quiet"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = client.stdin.take().unwrap();
+        let stdout = client.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            (lines.next(), lines.next())
+        });
+        stdin.write_all(b"hello over tls\nand again\n").unwrap();
+        stdin.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !reader.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = client.kill();
+        let _ = client.wait();
+        let (first, second) = reader.join().unwrap();
+        assert_eq!(first.and_then(Result::ok).as_deref(), Some("hello over tls"), "{driver}");
+        assert_eq!(second.and_then(Result::ok).as_deref(), Some("and again"), "{driver}");
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+    }
+
+    /// Garbage loses its connection at once, a client stalled mid-handshake
+    /// at the handshake limit; meanwhile another client is served.
+    fn garbage_and_stalled_handshakes_lose_only_their_connection(driver: &str) {
+        let (mut p, addr, cert) = serve_tls(driver, "http", &["--handshake-timeout-ms", "600"]);
+        // The first 5 bytes of a ClientHello record, announcing more that never comes.
+        let mut stalled = TcpStream::connect(addr).unwrap();
+        stalled.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).unwrap();
+        let stall_start = Instant::now();
+        // Plain HTTP on the TLS port.
+        let mut garbage = TcpStream::connect(addr).unwrap();
+        garbage.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let took = closed_within(&mut garbage, Duration::from_secs(5));
+        assert!(took < Duration::from_millis(500), "{driver}: garbage took {took:?} to be dropped");
+        // Another client, while the stalled one is open.
+        let mut tls = tls_client(addr, &cert);
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+        let (reply, _) = read_to_close(&mut tls);
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
+        closed_within(&mut stalled, Duration::from_secs(5));
+        let took = stall_start.elapsed();
+        assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(4), "{driver}: stalled handshake cut after {took:?}");
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+    }
+
+    /// After the handshake a TLS connection follows the app's timeouts: an
+    /// http request head that does not come gets 408, an idle echo
+    /// connection is closed.
+    fn a_tls_connection_follows_the_header_and_idle_timeouts(driver: &str) {
+        let (mut p, addr, cert) = serve_tls(driver, "http", &["--header-timeout-ms", "300"]);
+        let mut tls = tls_client(addr, &cert);
+        tls.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        let (reply, took) = read_to_close(&mut tls);
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 408"), "{driver}: {reply}");
+        assert!(took < Duration::from_secs(3), "{driver}: 408 after {took:?}");
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+
+        let (mut p, addr, cert) = serve_tls(driver, "echo", &["--idle-timeout-ms", "300"]);
+        let mut tls = tls_client(addr, &cert);
+        tls.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        tls.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        let (rest, took) = read_to_close(&mut tls);
+        assert!(rest.is_empty(), "{driver}: {rest:?}");
+        assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(3), "{driver}: idle close after {took:?}");
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+    }
+
+    /// A TLS client that sends and never reads is cut at the send timeout.
+    fn a_tls_connection_follows_the_send_timeout(driver: &str) {
+        let (mut p, addr, cert) = serve_tls(driver, "echo", &["--send-timeout-ms", "300"]);
+        let mut tls = tls_client(addr, &cert);
+        tls.sock.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let chunk = vec![7u8; 64 * 1024];
+        let start = Instant::now();
+        let err = loop {
+            if let Err(e) = tls.write_all(&chunk) {
+                break e;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "{driver}: never cut");
+        };
+        let kind = err.kind();
+        assert!(
+            !matches!(kind, std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "{driver}: the server did not close: {err}"
+        );
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
+    }
+
+    /// SIGTERM closes an idle keep-alive TLS connection at once (with
+    /// close_notify) and the process exits long before the grace period.
+    fn sigterm_closes_idle_tls_connections_at_once(driver: &str) {
+        let (mut p, addr, cert) = serve_tls(driver, "http", &["--grace-ms", "20000", "--body-size", "2"]);
+        let mut tls = tls_client(addr, &cert);
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\nxx") {
+            tls.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        assert!(String::from_utf8_lossy(&head).contains("keep-alive"));
+        let start = Instant::now();
+        p.signal("TERM");
+        let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+        assert!(status.success(), "{status}");
+        assert!(start.elapsed() < Duration::from_secs(3), "{driver}: exit took {:?}", start.elapsed());
+        let mut rest = Vec::new();
+        // close_notify: a clean end of stream, not an error.
+        tls.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+    }
+}
+
+/// A file that is not a certificate, a missing key, a key that does not
+/// match: each stops the start with an error naming the file.
+#[test]
+fn a_bad_certificate_or_key_is_a_startup_error_naming_the_file() {
+    let (cert, key) = certificate();
+    let dir = cert.parent().unwrap();
+    let junk = dir.join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let (_, other_key) = certificate();
+    let missing = dir.join("missing.pem");
+    let cases = [
+        (junk.clone(), key.clone(), junk.clone()),
+        (cert.clone(), missing.clone(), missing.clone()),
+        (cert.clone(), cert.clone(), cert.clone()),
+        (cert.clone(), other_key.clone(), other_key.clone()),
+    ];
+    for (c, k, named) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_hotloop"))
+            .args(["serve", "http", "--addr", "127.0.0.1:0", "--tls-cert"])
+            .arg(&c)
+            .arg("--tls-key")
+            .arg(&k)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{c:?} {k:?}: started");
+        assert!(
+            err.contains(named.to_str().unwrap()),
+            "{c:?} {k:?}: the error does not name {named:?}: {err}"
+        );
+    }
+}
