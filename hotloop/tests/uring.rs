@@ -601,3 +601,66 @@ fn reads_dropped_while_data_arrives() {
     });
     assert_eq!(hotloop::open_fd_count().unwrap(), baseline, "descriptors leaked");
 }
+
+/// The inode of the socket behind descriptor `fd` of this process.
+fn socket_inode(fd: i32) -> Option<String> {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).ok().map(|p| p.display().to_string())
+}
+
+/// True while some descriptor of this process still refers to `inode`.
+fn inode_open(inode: &str) -> bool {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|p| p.display().to_string() == inode))
+}
+
+#[test]
+fn a_dropped_streams_stuck_write_is_cut_at_its_linger_limit_on_an_idle_worker() {
+    use std::os::fd::AsRawFd;
+    use tokio::io::AsyncWriteExt;
+
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let rt = uring_runtime(1);
+    // A peer that never reads, with a small receive buffer, so a write
+    // behind the stream stays stuck in the kernel.
+    let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = peer.local_addr().unwrap();
+    let inode = rt
+        .handle()
+        .spawn_on(0, move || async move {
+            let mut stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+            let inode = socket_inode(stream.as_raw_fd()).unwrap();
+            let chunk = vec![7u8; 64 * 1024];
+            // Write until a write waits: the send in flight cannot finish.
+            loop {
+                match timeout(Duration::from_millis(200), AsyncWriteExt::write(&mut stream, &chunk))
+                    .await
+                {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => panic!("write failed: {e}"),
+                    Err(_) => break,
+                }
+            }
+            drop(stream);
+            inode
+        })
+        .join()
+        .unwrap();
+    let (_held, _) = peer.accept().unwrap();
+    // The worker has nothing else to do now: only the linger limit
+    // (5 s) may end the stuck write and close the socket.
+    assert!(inode_open(&inode), "the lingering write holds the socket at first");
+    let started = Instant::now();
+    while inode_open(&inode) && started.elapsed() < Duration::from_secs(15) {
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !inode_open(&inode),
+        "the socket of a dropped stream whose write is stuck must close at its linger limit"
+    );
+    assert!(started.elapsed() < Duration::from_secs(9), "closed after {:?}", started.elapsed());
+}

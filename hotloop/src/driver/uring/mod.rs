@@ -254,6 +254,15 @@ impl Uring {
             self.arm_wake();
         }
         self.cancel_expired_lingerers();
+        // A lingering write must be cut at its deadline even on a worker
+        // with nothing else to do: wait no longer than the first one.
+        let timeout = match self.lingering.front() {
+            Some(&(first, _)) => {
+                let until_first = first.saturating_duration_since(Instant::now());
+                Some(timeout.map_or(until_first, |t| t.min(until_first)))
+            }
+            None => timeout,
+        };
         self.ring.enter(timeout, &mut self.ops)?;
         Ok(self.reap(woken, freed))
     }
