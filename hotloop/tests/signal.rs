@@ -4,6 +4,9 @@
 //! Signals are process-wide and the tests of one binary run in parallel
 //! threads, so every test here holds `SERIAL` while it sends signals, and
 //! each sends them only to this test process.
+// Each test holds `SERIAL` across the awaits of its own runtime, on its own
+// thread: another test waiting for it blocks only its own thread.
+#![allow(clippy::await_holding_lock)]
 
 use std::future::poll_fn;
 use std::io;
