@@ -17,7 +17,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use hotloop::net::Server;
-use hotloop::signal::{ShutdownSignals, Signal};
+use hotloop::signal::{ShutdownSignals, SignalKind};
 use hotloop::Runtime;
 
 /// How often the stop loop looks at the connection count while it also
@@ -70,7 +70,7 @@ pub fn run_until_stopped_with(
         }
         other_signal(name, sig, status);
     };
-    if first == Signal::Quit {
+    if first == SignalKind::quit() {
         eprintln!("{name}: {first:?}: stopping at once; {} connections cut", active());
         return Ok(Stopped { cut: active(), forced: true });
     }
@@ -98,12 +98,14 @@ pub fn run_until_stopped_with(
     }
 }
 
-fn other_signal(name: &str, sig: Signal, status: &dyn Fn() -> String) {
-    match sig {
-        Signal::Hangup => eprintln!(
+fn other_signal(name: &str, sig: SignalKind, status: &dyn Fn() -> String) {
+    if sig == SignalKind::hangup() {
+        eprintln!(
             "{name}: SIGHUP ignored: options come from the command line only, so there is nothing to reload (restart to change them)"
-        ),
-        Signal::User1 => eprintln!("{name}: {}", status()),
-        _ => eprintln!("{name}: {sig:?} ignored"),
+        );
+    } else if sig == SignalKind::user_defined1() {
+        eprintln!("{name}: {}", status());
+    } else {
+        eprintln!("{name}: {sig:?} ignored");
     }
 }

@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{read_response, Proc};
+use hotloop::DriverKind;
 
 fn serve(driver: &str, extra: &[&str]) -> (Proc, std::net::SocketAddr) {
     let mut args =
@@ -36,62 +37,72 @@ fn ask(addr: std::net::SocketAddr, request: &[u8]) -> String {
     reply
 }
 
-test_all_drivers! {
-    /// A client that sends far more than the head limit still reads its
-    /// 431: the server shuts down writing and drains before it closes,
-    /// instead of closing on unread bytes (which sends a reset).
-    fn a_431_reaches_a_client_that_keeps_sending(driver: &str) {
-        let (_p, addr) = serve(driver, &[]);
-        for _ in 0..5 {
-            let mut s = TcpStream::connect(addr).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-            let huge = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(128 * 1024));
-            let sent = s.write_all(huge.as_bytes());
-            std::thread::sleep(Duration::from_millis(50));
-            let mut reply = String::new();
-            let read = s.read_to_string(&mut reply);
-            assert!(
-                read.is_ok() && reply.starts_with("HTTP/1.1 431"),
-                "{driver}: write {sent:?}, read {read:?}: {reply:?}"
-            );
-        }
-    }
-
-    /// `HEAD` gets the `GET` head, `Content-Length` included, and no body.
-    fn head_is_answered_as_get_without_a_body(driver: &str) {
-        let (_p, addr) = serve(driver, &["--body-size", "64"]);
+/// A client that sends far more than the head limit still reads its
+/// 431: the server shuts down writing and drains before it closes,
+/// instead of closing on unread bytes (which sends a reset).
+#[hotloop::test(driver = "all")]
+fn a_431_reaches_a_client_that_keeps_sending(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_p, addr) = serve(driver, &[]);
+    for _ in 0..5 {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        // HEAD then GET on one connection: the GET's reply must follow the HEAD's head directly.
-        s.write_all(b"HEAD / HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
-        let mut all = String::new();
-        s.read_to_string(&mut all).unwrap();
-        let (head, rest) = all.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 200 OK") && head.contains("Content-Length: 64"), "{all}");
-        assert!(rest.starts_with("HTTP/1.1 200 OK"), "{driver}: a body followed the HEAD reply: {all:?}");
-        assert!(rest.ends_with(&"x".repeat(64)));
-        // Keep-alive after HEAD works too.
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        assert!(read_response(&mut s).contains("Connection: keep-alive"));
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let huge = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(128 * 1024));
+        let sent = s.write_all(huge.as_bytes());
+        std::thread::sleep(Duration::from_millis(50));
+        let mut reply = String::new();
+        let read = s.read_to_string(&mut reply);
+        assert!(
+            read.is_ok() && reply.starts_with("HTTP/1.1 431"),
+            "{driver}: write {sent:?}, read {read:?}: {reply:?}"
+        );
     }
+}
 
-    /// 33 headers (a browser with cookies and client hints) pass the
-    /// default limit of 100; `--max-headers` sets another.
-    fn header_count_limit_is_an_option_with_a_browser_sized_default(driver: &str) {
-        let (_p, addr) = serve(driver, &[]);
-        let reply = ask(addr, head_with(33).as_bytes());
-        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
-        let reply = ask(addr, head_with(100).as_bytes());
-        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
-        let reply = ask(addr, head_with(101).as_bytes());
-        assert!(reply.starts_with("HTTP/1.1 431"), "{driver}: {reply}");
-        let (_p, addr) = serve(driver, &["--max-headers", "10"]);
-        let reply = ask(addr, head_with(10).as_bytes());
-        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
-        let reply = ask(addr, head_with(11).as_bytes());
-        assert!(reply.starts_with("HTTP/1.1 431"), "{driver}: {reply}");
-    }
+/// `HEAD` gets the `GET` head, `Content-Length` included, and no body.
+#[hotloop::test(driver = "all")]
+fn head_is_answered_as_get_without_a_body(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_p, addr) = serve(driver, &["--body-size", "64"]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // HEAD then GET on one connection: the GET's reply must follow the HEAD's head directly.
+    s.write_all(
+        b"HEAD / HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    let (head, rest) = all.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK") && head.contains("Content-Length: 64"), "{all}");
+    assert!(
+        rest.starts_with("HTTP/1.1 200 OK"),
+        "{driver}: a body followed the HEAD reply: {all:?}"
+    );
+    assert!(rest.ends_with(&"x".repeat(64)));
+    // Keep-alive after HEAD works too.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    assert!(read_response(&mut s).contains("Connection: keep-alive"));
+}
+
+/// 33 headers (a browser with cookies and client hints) pass the
+/// default limit of 100; `--max-headers` sets another.
+#[hotloop::test(driver = "all")]
+fn header_count_limit_is_an_option_with_a_browser_sized_default(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_p, addr) = serve(driver, &[]);
+    let reply = ask(addr, head_with(33).as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
+    let reply = ask(addr, head_with(100).as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
+    let reply = ask(addr, head_with(101).as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 431"), "{driver}: {reply}");
+    let (_p, addr) = serve(driver, &["--max-headers", "10"]);
+    let reply = ask(addr, head_with(10).as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
+    let reply = ask(addr, head_with(11).as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 431"), "{driver}: {reply}");
 }

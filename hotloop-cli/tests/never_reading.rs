@@ -8,6 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::{stat, wait_until, Proc};
+use hotloop::DriverKind;
 
 /// Connects with a small receive buffer and sends `chunk` until the
 /// connection stalls (the server stopped reading because its replies are
@@ -75,12 +76,14 @@ fn check(driver: &str, app: &str, chunk: &'static [u8]) {
 const ECHO_CHUNK: &[u8] = &[b'e'; 64 * 1024];
 const PIPELINED: &[u8] = b"GET / HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n";
 
-test_all_drivers! {
-    fn echo_clients_that_never_read_are_closed_at_the_send_timeout(driver: &str) {
-        check(driver, "echo", ECHO_CHUNK);
-    }
+#[hotloop::test(driver = "all")]
+fn echo_clients_that_never_read_are_closed_at_the_send_timeout(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    check(driver, "echo", ECHO_CHUNK);
+}
 
-    fn http_clients_that_pipeline_and_never_read_are_closed_at_the_send_timeout(driver: &str) {
-        check(driver, "http", PIPELINED);
-    }
+#[hotloop::test(driver = "all")]
+fn http_clients_that_pipeline_and_never_read_are_closed_at_the_send_timeout(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    check(driver, "http", PIPELINED);
 }

@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::Proc;
+use hotloop::DriverKind;
 
 const PIECE: usize = 1024;
 const PIECES: usize = 15;
@@ -101,8 +102,8 @@ fn run_proxy(driver: &str) {
     );
 }
 
-test_all_drivers! {
-    fn one_way_streams_outlive_the_idle_timeout_and_cuts_are_resets(driver: &str) {
-        run_proxy(driver);
-    }
+#[hotloop::test(driver = "all")]
+fn one_way_streams_outlive_the_idle_timeout_and_cuts_are_resets(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    run_proxy(driver);
 }

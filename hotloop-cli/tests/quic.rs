@@ -9,6 +9,7 @@
 
 mod common;
 
+use hotloop::DriverKind;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -111,194 +112,237 @@ async fn h3_get(
     (response.status(), body)
 }
 
-test_all_drivers! {
-    /// Several streams at once, then 1 MiB; the client closes; SIGTERM
-    /// then stops the idle server at once.
-    fn streams_are_echoed(driver: &str) {
-        let (mut p, addr, config) = serve_quic(driver, &[]);
-        client_rt().block_on(async move {
-            hotloop::time::timeout(LIMIT, async {
-                let client = hotloop::quic::endpoint(localhost(), None).unwrap();
-                let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
-                let alpn = conn.handshake_data().unwrap().downcast::<quinn::crypto::rustls::HandshakeData>().unwrap().protocol;
-                assert_eq!(alpn.as_deref(), Some(ALPN));
-                let streams: Vec<_> = (0..8u32)
-                    .map(|i| {
-                        let conn = conn.clone();
-                        hotloop::spawn(async move {
-                            let msg = format!("stream {i} ").repeat(100 * i as usize + 1).into_bytes();
-                            assert_eq!(echo_once(&conn, &msg).await, msg);
-                        })
-                    })
-                    .collect();
-                for s in streams {
-                    s.await.unwrap();
-                }
-                let large: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-                assert!(echo_once(&conn, &large).await == large);
-                conn.close(VarInt::from_u32(9), b"done");
-                client.wait_idle().await;
-            })
-            .await
-            .unwrap();
-        });
-        let start = Instant::now();
-        p.signal("TERM");
-        let status = p.wait_exit(LIMIT).expect("hotloop did not exit");
-        assert!(status.success(), "{status}");
-        assert!(start.elapsed() < Duration::from_secs(3), "{driver}: exit took {:?}", start.elapsed());
-    }
-
-    /// SIGTERM: a connection with no stream open is closed at once with
-    /// code 0; one with a stream in flight gets the whole echo, then the
-    /// same close; the process exits 0 long before the grace period.
-    fn sigterm_finishes_streams_in_flight_then_closes(driver: &str) {
-        let (mut p, addr, config) = serve_quic(driver, &["--grace-ms", "20000"]);
-        let rt = client_rt();
-        let (client, idle, busy, mut send, mut recv) = rt.block_on(async {
-            let client = hotloop::quic::endpoint(localhost(), None).unwrap();
-            let idle = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
-            assert_eq!(echo_once(&idle, b"hi").await, b"hi");
-            let busy = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
-            let (mut send, mut recv) = busy.open_bi().await.unwrap();
-            send.write_all(b"first half, ").await.unwrap();
-            // The stream is open on the server once its first bytes come back.
-            let mut got = [0u8; 12];
-            recv.read_exact(&mut got).await.unwrap();
-            assert_eq!(&got, b"first half, ");
-            (client, idle, busy, send, recv)
-        });
-        let start = Instant::now();
-        p.signal("TERM");
-        rt.block_on(async {
-            hotloop::time::timeout(LIMIT, async {
-                match idle.closed().await {
-                    ConnectionError::ApplicationClosed(c) => {
-                        assert_eq!(c.error_code, VarInt::from_u32(0));
-                        assert_eq!(&c.reason[..], b"server stopping");
-                    }
-                    other => panic!("{driver}: the idle connection ended with {other:?}"),
-                }
-                assert!(start.elapsed() < Duration::from_secs(3), "{driver}: idle close took {:?}", start.elapsed());
-                // The stream in flight is finished.
-                send.write_all(b"second half").await.unwrap();
-                send.finish().unwrap();
-                let rest = recv.read_to_end(usize::MAX).await.unwrap();
-                assert_eq!(rest, b"second half");
-                match busy.closed().await {
-                    ConnectionError::ApplicationClosed(c) => assert_eq!(c.error_code, VarInt::from_u32(0)),
-                    other => panic!("{driver}: the busy connection ended with {other:?}"),
-                }
-                client.close(VarInt::from_u32(0), b"");
-            })
-            .await
-            .unwrap();
-        });
-        let status = p.wait_exit(LIMIT).expect("hotloop did not exit");
-        assert!(status.success(), "{status}");
-        assert!(start.elapsed() < Duration::from_secs(5), "{driver}: exit took {:?} with a 20 s grace", start.elapsed());
-        assert!(p.wait_for_line("stopped (0 connections cut", LIMIT), "{:?}", p.seen);
-    }
-
-    /// A silent connection is closed by the server at --idle-timeout-ms.
-    fn the_idle_timeout_closes_a_silent_connection(driver: &str) {
-        let (mut p, addr, config) = serve_quic(driver, &["--idle-timeout-ms", "300", "--stats-addr", "127.0.0.1:0"]);
-        let stats = p.addr_after("stats on ");
-        let rt = client_rt();
-        let (_client, conn) = rt.block_on(async {
+/// Several streams at once, then 1 MiB; the client closes; SIGTERM
+/// then stops the idle server at once.
+#[hotloop::test(driver = "all")]
+fn streams_are_echoed(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr, config) = serve_quic(driver, &[]);
+    client_rt().block_on(async move {
+        hotloop::time::timeout(LIMIT, async {
             let client = hotloop::quic::endpoint(localhost(), None).unwrap();
             let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
-            assert_eq!(echo_once(&conn, b"hi").await, b"hi");
-            (client, conn)
-        });
-        assert_eq!(common::stat(stats, "active_connections"), 1);
-        // The client's runtime is not driven from here on: it goes silent.
-        let start = Instant::now();
-        assert!(common::wait_until(Duration::from_secs(10), || common::stat(stats, "active_connections") == 0));
-        let took = start.elapsed();
-        assert!(took < Duration::from_secs(5), "{driver}: idle close after {took:?}");
-        drop(conn);
-        p.signal("TERM");
-        assert!(p.wait_exit(LIMIT).expect("exit").success());
-    }
-
-    /// HTTP/3: requests at once on one connection get 200 and the body
-    /// (none for HEAD); SIGTERM then sends GOAWAY and closes the idle
-    /// connection with H3_NO_ERROR, and the process exits 0 at once.
-    fn h3_requests_are_answered_and_sigterm_closes_with_no_error(driver: &str) {
-        let (mut p, addr, config) = serve_app("h3", b"h3", driver, &["--body-size", "3000", "--grace-ms", "20000"]);
-        let rt = client_rt();
-        let (client, conn, _send) = rt.block_on(async {
-            hotloop::time::timeout(LIMIT, async {
-                let client = hotloop::quic::endpoint(localhost(), None).unwrap();
-                let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
-                let (mut driver_h3, send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await.unwrap();
-                drop(hotloop::spawn(async move {
-                    std::future::poll_fn(|cx| driver_h3.poll_close(cx)).await;
-                }));
-                let requests: Vec<_> = (0..6)
-                    .map(|_| {
-                        let mut send = send.clone();
-                        hotloop::spawn(async move { h3_get(&mut send, http::Method::GET).await })
+            let alpn = conn
+                .handshake_data()
+                .unwrap()
+                .downcast::<quinn::crypto::rustls::HandshakeData>()
+                .unwrap()
+                .protocol;
+            assert_eq!(alpn.as_deref(), Some(ALPN));
+            let streams: Vec<_> = (0..8u32)
+                .map(|i| {
+                    let conn = conn.clone();
+                    hotloop::spawn(async move {
+                        let msg = format!("stream {i} ").repeat(100 * i as usize + 1).into_bytes();
+                        assert_eq!(echo_once(&conn, &msg).await, msg);
                     })
-                    .collect();
-                for r in requests {
-                    let (status, body) = r.await.unwrap();
-                    assert_eq!(status, http::StatusCode::OK);
-                    assert_eq!(body, vec![b'x'; 3000]);
-                }
-                let (status, body) = h3_get(&mut send.clone(), http::Method::HEAD).await;
-                assert_eq!(status, http::StatusCode::OK);
-                assert!(body.is_empty());
-                // Kept: the client's h3 connection closes once its last sender is dropped.
-                (client, conn, send)
-            })
-            .await
-            .unwrap()
-        });
-        let start = Instant::now();
-        p.signal("TERM");
-        rt.block_on(async {
-            match hotloop::time::timeout(LIMIT, conn.closed()).await.unwrap() {
+                })
+                .collect();
+            for s in streams {
+                s.await.unwrap();
+            }
+            let large: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+            assert!(echo_once(&conn, &large).await == large);
+            conn.close(VarInt::from_u32(9), b"done");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    let start = Instant::now();
+    p.signal("TERM");
+    let status = p.wait_exit(LIMIT).expect("hotloop did not exit");
+    assert!(status.success(), "{status}");
+    assert!(start.elapsed() < Duration::from_secs(3), "{driver}: exit took {:?}", start.elapsed());
+}
+
+/// SIGTERM: a connection with no stream open is closed at once with
+/// code 0; one with a stream in flight gets the whole echo, then the
+/// same close; the process exits 0 long before the grace period.
+#[hotloop::test(driver = "all")]
+fn sigterm_finishes_streams_in_flight_then_closes(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr, config) = serve_quic(driver, &["--grace-ms", "20000"]);
+    let rt = client_rt();
+    let (client, idle, busy, mut send, mut recv) = rt.block_on(async {
+        let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+        let idle = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+        assert_eq!(echo_once(&idle, b"hi").await, b"hi");
+        let busy = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+        let (mut send, mut recv) = busy.open_bi().await.unwrap();
+        send.write_all(b"first half, ").await.unwrap();
+        // The stream is open on the server once its first bytes come back.
+        let mut got = [0u8; 12];
+        recv.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"first half, ");
+        (client, idle, busy, send, recv)
+    });
+    let start = Instant::now();
+    p.signal("TERM");
+    rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            match idle.closed().await {
                 ConnectionError::ApplicationClosed(c) => {
-                    assert_eq!(c.error_code, VarInt::from_u32(0x100), "{driver}");
+                    assert_eq!(c.error_code, VarInt::from_u32(0));
                     assert_eq!(&c.reason[..], b"server stopping");
                 }
-                other => panic!("{driver}: the connection ended with {other:?}"),
+                other => panic!("{driver}: the idle connection ended with {other:?}"),
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "{driver}: idle close took {:?}",
+                start.elapsed()
+            );
+            // The stream in flight is finished.
+            send.write_all(b"second half").await.unwrap();
+            send.finish().unwrap();
+            let rest = recv.read_to_end(usize::MAX).await.unwrap();
+            assert_eq!(rest, b"second half");
+            match busy.closed().await {
+                ConnectionError::ApplicationClosed(c) => {
+                    assert_eq!(c.error_code, VarInt::from_u32(0))
+                }
+                other => panic!("{driver}: the busy connection ended with {other:?}"),
             }
             client.close(VarInt::from_u32(0), b"");
-        });
-        let status = p.wait_exit(LIMIT).expect("hotloop did not exit");
-        assert!(status.success(), "{status}");
-        assert!(start.elapsed() < Duration::from_secs(3), "{driver}: exit took {:?} with a 20 s grace", start.elapsed());
-    }
+        })
+        .await
+        .unwrap();
+    });
+    let status = p.wait_exit(LIMIT).expect("hotloop did not exit");
+    assert!(status.success(), "{status}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{driver}: exit took {:?} with a 20 s grace",
+        start.elapsed()
+    );
+    assert!(p.wait_for_line("stopped (0 connections cut", LIMIT), "{:?}", p.seen);
+}
 
-    /// With --tls-cert and --tls-key the server uses that certificate.
-    fn a_given_certificate_is_served(driver: &str) {
-        let names = vec!["localhost".to_string()];
-        let made = rcgen::generate_simple_self_signed(names).unwrap();
-        let cert = cert_path();
-        let key = cert.with_file_name("key.pem");
-        std::fs::write(&cert, made.cert.pem()).unwrap();
-        std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
-        let mut p = Proc::start(&[
-            "serve", "quic", "--addr", "127.0.0.1:0", "--workers", "1", "--driver", driver,
-            "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap(),
-        ]);
-        let addr = p.addr_after(" on ");
-        let config = client_config(&cert, ALPN);
-        client_rt().block_on(async move {
-            hotloop::time::timeout(LIMIT, async {
-                let client = hotloop::quic::endpoint(localhost(), None).unwrap();
-                let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
-                assert_eq!(echo_once(&conn, b"given").await, b"given");
-                conn.close(VarInt::from_u32(0), b"");
-                client.wait_idle().await;
-            })
-            .await
-            .unwrap();
-        });
-        p.signal("TERM");
-        assert!(p.wait_exit(LIMIT).expect("exit").success());
-    }
+/// A silent connection is closed by the server at --idle-timeout-ms.
+#[hotloop::test(driver = "all")]
+fn the_idle_timeout_closes_a_silent_connection(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr, config) =
+        serve_quic(driver, &["--idle-timeout-ms", "300", "--stats-addr", "127.0.0.1:0"]);
+    let stats = p.addr_after("stats on ");
+    let rt = client_rt();
+    let (_client, conn) = rt.block_on(async {
+        let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+        let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+        assert_eq!(echo_once(&conn, b"hi").await, b"hi");
+        (client, conn)
+    });
+    assert_eq!(common::stat(stats, "active_connections"), 1);
+    // The client's runtime is not driven from here on: it goes silent.
+    let start = Instant::now();
+    assert!(common::wait_until(Duration::from_secs(10), || common::stat(
+        stats,
+        "active_connections"
+    ) == 0));
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "{driver}: idle close after {took:?}");
+    drop(conn);
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// HTTP/3: requests at once on one connection get 200 and the body
+/// (none for HEAD); SIGTERM then sends GOAWAY and closes the idle
+/// connection with H3_NO_ERROR, and the process exits 0 at once.
+#[hotloop::test(driver = "all")]
+fn h3_requests_are_answered_and_sigterm_closes_with_no_error(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr, config) =
+        serve_app("h3", b"h3", driver, &["--body-size", "3000", "--grace-ms", "20000"]);
+    let rt = client_rt();
+    let (client, conn, _send) = rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+            let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+            let (mut driver_h3, send) =
+                h3::client::new(h3_quinn::Connection::new(conn.clone())).await.unwrap();
+            drop(hotloop::spawn(async move {
+                std::future::poll_fn(|cx| driver_h3.poll_close(cx)).await;
+            }));
+            let requests: Vec<_> = (0..6)
+                .map(|_| {
+                    let mut send = send.clone();
+                    hotloop::spawn(async move { h3_get(&mut send, http::Method::GET).await })
+                })
+                .collect();
+            for r in requests {
+                let (status, body) = r.await.unwrap();
+                assert_eq!(status, http::StatusCode::OK);
+                assert_eq!(body, vec![b'x'; 3000]);
+            }
+            let (status, body) = h3_get(&mut send.clone(), http::Method::HEAD).await;
+            assert_eq!(status, http::StatusCode::OK);
+            assert!(body.is_empty());
+            // Kept: the client's h3 connection closes once its last sender is dropped.
+            (client, conn, send)
+        })
+        .await
+        .unwrap()
+    });
+    let start = Instant::now();
+    p.signal("TERM");
+    rt.block_on(async {
+        match hotloop::time::timeout(LIMIT, conn.closed()).await.unwrap() {
+            ConnectionError::ApplicationClosed(c) => {
+                assert_eq!(c.error_code, VarInt::from_u32(0x100), "{driver}");
+                assert_eq!(&c.reason[..], b"server stopping");
+            }
+            other => panic!("{driver}: the connection ended with {other:?}"),
+        }
+        client.close(VarInt::from_u32(0), b"");
+    });
+    let status = p.wait_exit(LIMIT).expect("hotloop did not exit");
+    assert!(status.success(), "{status}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{driver}: exit took {:?} with a 20 s grace",
+        start.elapsed()
+    );
+}
+
+/// With --tls-cert and --tls-key the server uses that certificate.
+#[hotloop::test(driver = "all")]
+fn a_given_certificate_is_served(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let names = vec!["localhost".to_string()];
+    let made = rcgen::generate_simple_self_signed(names).unwrap();
+    let cert = cert_path();
+    let key = cert.with_file_name("key.pem");
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    let mut p = Proc::start(&[
+        "serve",
+        "quic",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--driver",
+        driver,
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    let addr = p.addr_after(" on ");
+    let config = client_config(&cert, ALPN);
+    client_rt().block_on(async move {
+        hotloop::time::timeout(LIMIT, async {
+            let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+            let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+            assert_eq!(echo_once(&conn, b"given").await, b"given");
+            conn.close(VarInt::from_u32(0), b"");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
 }

@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{read_response, Proc};
+use hotloop::DriverKind;
 
 fn serve(driver: &str, app: &str, extra: &[&str]) -> (Proc, std::net::SocketAddr) {
     let mut args =
@@ -23,88 +24,105 @@ fn keep_alive_request(s: &mut TcpStream) -> String {
     read_response(s)
 }
 
-test_all_drivers! {
-    /// Idle keep-alive connections close at once; a request in flight is
-    /// answered with `Connection: close`; the process exits when it is done,
-    /// long before the grace period.
-    fn sigterm_closes_idle_connections_at_once_and_exits_when_the_last_is_done(driver: &str) {
-        let (mut p, addr) =
-            serve(driver, "http", &["--grace-ms", "20000", "--stats-addr", "127.0.0.1:0"]);
-        let stats = p.addr_after("stats on ");
-        let mut idle: Vec<TcpStream> = (0..3)
-            .map(|_| {
-                let mut s = TcpStream::connect(addr).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                assert!(keep_alive_request(&mut s).contains("Connection: keep-alive"));
-                s
-            })
-            .collect();
-        assert!(common::wait_until(Duration::from_secs(10), || common::stat(stats, "active_connections") == 3));
-        let start = Instant::now();
-        p.signal("TERM");
-        let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
-        let took = start.elapsed();
-        assert!(status.success(), "{status}");
-        assert!(took < Duration::from_secs(3), "{driver}: exit took {took:?} with a 20 s grace period");
-        for s in &mut idle {
-            assert_eq!(s.read(&mut [0u8; 64]).unwrap(), 0, "an idle connection was not closed");
-        }
-
-        // 600 ms of work per request: one request in flight when the signal comes.
-        let (mut p, addr) = serve(driver, "http", &["--grace-ms", "20000", "--work-us", "600000"]);
-        let client = std::thread::spawn(move || {
+/// Idle keep-alive connections close at once; a request in flight is
+/// answered with `Connection: close`; the process exits when it is done,
+/// long before the grace period.
+#[hotloop::test(driver = "all")]
+fn sigterm_closes_idle_connections_at_once_and_exits_when_the_last_is_done(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr) =
+        serve(driver, "http", &["--grace-ms", "20000", "--stats-addr", "127.0.0.1:0"]);
+    let stats = p.addr_after("stats on ");
+    let mut idle: Vec<TcpStream> = (0..3)
+        .map(|_| {
             let mut s = TcpStream::connect(addr).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let reply = keep_alive_request(&mut s);
-            let after = s.read(&mut [0u8; 64]);
-            (reply, after.ok())
-        });
-        std::thread::sleep(Duration::from_millis(200));
+            assert!(keep_alive_request(&mut s).contains("Connection: keep-alive"));
+            s
+        })
+        .collect();
+    assert!(common::wait_until(Duration::from_secs(10), || common::stat(
+        stats,
+        "active_connections"
+    ) == 3));
+    let start = Instant::now();
+    p.signal("TERM");
+    let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+    let took = start.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(3), "{driver}: exit took {took:?} with a 20 s grace period");
+    for s in &mut idle {
+        assert_eq!(s.read(&mut [0u8; 64]).unwrap(), 0, "an idle connection was not closed");
+    }
+
+    // 600 ms of work per request: one request in flight when the signal comes.
+    let (mut p, addr) = serve(driver, "http", &["--grace-ms", "20000", "--work-us", "600000"]);
+    let client = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let reply = keep_alive_request(&mut s);
+        let after = s.read(&mut [0u8; 64]);
+        (reply, after.ok())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    p.signal("TERM");
+    let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+    let took = start.elapsed();
+    let (reply, after) = client.join().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    assert!(
+        reply.contains("Connection: close"),
+        "{driver}: the last answer kept the connection: {reply}"
+    );
+    assert_eq!(after, Some(0), "the connection was not closed after its last answer");
+    assert!(took < Duration::from_secs(4), "{driver}: exit took {took:?} with a 20 s grace period");
+}
+
+/// A second SIGTERM, or SIGQUIT, stops at once, whatever is open.
+#[hotloop::test(driver = "all")]
+fn a_second_sigterm_or_sigquit_stops_at_once(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    for (first, second) in [("TERM", Some("TERM")), ("INT", Some("QUIT")), ("QUIT", None)] {
+        // An echo connection has no request boundary: a graceful stop waits for it.
+        let (mut p, addr) = serve(driver, "echo", &["--grace-ms", "30000"]);
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"hi").unwrap();
+        s.read_exact(&mut [0u8; 2]).unwrap();
+        p.signal(first);
+        if let Some(second) = second {
+            assert!(p.wait_for_line("no longer accepting", Duration::from_secs(10)));
+            assert!(
+                p.wait_exit(Duration::from_millis(300)).is_none(),
+                "SIG{first} did not wait for the open connection"
+            );
+            p.signal(second);
+        }
         let start = Instant::now();
-        p.signal("TERM");
         let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
-        let took = start.elapsed();
-        let (reply, after) = client.join().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "SIG{first} then {second:?} took {:?}",
+            start.elapsed()
+        );
         assert!(status.success(), "{status}");
-        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
-        assert!(reply.contains("Connection: close"), "{driver}: the last answer kept the connection: {reply}");
-        assert_eq!(after, Some(0), "the connection was not closed after its last answer");
-        assert!(took < Duration::from_secs(4), "{driver}: exit took {took:?} with a 20 s grace period");
+        p.collect_lines(Duration::from_millis(200));
+        assert!(p.seen.iter().any(|l| l.contains("stopped at once")), "{:?}", p.seen);
     }
+}
 
-    /// A second SIGTERM, or SIGQUIT, stops at once, whatever is open.
-    fn a_second_sigterm_or_sigquit_stops_at_once(driver: &str) {
-        for (first, second) in [("TERM", Some("TERM")), ("INT", Some("QUIT")), ("QUIT", None)] {
-            // An echo connection has no request boundary: a graceful stop waits for it.
-            let (mut p, addr) = serve(driver, "echo", &["--grace-ms", "30000"]);
-            let mut s = TcpStream::connect(addr).unwrap();
-            s.write_all(b"hi").unwrap();
-            s.read_exact(&mut [0u8; 2]).unwrap();
-            p.signal(first);
-            if let Some(second) = second {
-                assert!(p.wait_for_line("no longer accepting", Duration::from_secs(10)));
-                assert!(p.wait_exit(Duration::from_millis(300)).is_none(), "SIG{first} did not wait for the open connection");
-                p.signal(second);
-            }
-            let start = Instant::now();
-            let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
-            assert!(start.elapsed() < Duration::from_secs(3), "SIG{first} then {second:?} took {:?}", start.elapsed());
-            assert!(status.success(), "{status}");
-            p.collect_lines(Duration::from_millis(200));
-            assert!(p.seen.iter().any(|l| l.contains("stopped at once")), "{:?}", p.seen);
-        }
+/// SIGHUP, SIGUSR1 and SIGUSR2 do not stop the server (they used to kill it).
+#[hotloop::test(driver = "all")]
+fn sighup_and_the_user_signals_are_answered_not_fatal(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr) = serve(driver, "http", &[]);
+    for sig in ["HUP", "USR1", "USR2"] {
+        p.signal(sig);
     }
-
-    /// SIGHUP, SIGUSR1 and SIGUSR2 do not stop the server (they used to kill it).
-    fn sighup_and_the_user_signals_are_answered_not_fatal(driver: &str) {
-        let (mut p, addr) = serve(driver, "http", &[]);
-        for sig in ["HUP", "USR1", "USR2"] {
-            p.signal(sig);
-        }
-        assert!(p.wait_for_line("SIGHUP ignored", Duration::from_secs(10)), "{:?}", p.seen);
-        assert!(p.wait_for_line("connections open", Duration::from_secs(10)), "{:?}", p.seen);
-        assert!(p.wait_for_line("User2 ignored", Duration::from_secs(10)), "{:?}", p.seen);
-        assert!(p.child.try_wait().unwrap().is_none(), "a signal stopped the server");
-        assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200 OK"));
-    }
+    assert!(p.wait_for_line("SIGHUP ignored", Duration::from_secs(10)), "{:?}", p.seen);
+    assert!(p.wait_for_line("connections open", Duration::from_secs(10)), "{:?}", p.seen);
+    assert!(p.wait_for_line("User2 ignored", Duration::from_secs(10)), "{:?}", p.seen);
+    assert!(p.child.try_wait().unwrap().is_none(), "a signal stopped the server");
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200 OK"));
 }

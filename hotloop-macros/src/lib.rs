@@ -54,6 +54,20 @@ pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
 /// The test function may take one argument, the `hotloop::DriverKind` it
 /// runs on. Other attributes (`#[should_panic]`, `#[ignore]`) are copied to
 /// every generated test, and a `Result` return type is kept.
+///
+/// With `driver = "all"` the test may also be a plain `fn` that takes the
+/// driver, for a test that builds its own runtimes (several workers, a
+/// server it stops, a runtime it drops mid-test). No runtime is made for
+/// it: the body runs once per driver, with the same module names and the
+/// same io_uring skip (and `HOTLOOP_REQUIRE_URING=1` failure) as above.
+///
+/// ```ignore
+/// #[hotloop::test(driver = "all")]
+/// fn serves_on_two_workers(driver: hotloop::DriverKind) {
+///     let rt = hotloop::Runtime::builder().workers(2).driver(driver).build().unwrap();
+///     // ...
+/// }
+/// ```
 #[proc_macro_attribute]
 pub fn test(args: TokenStream, item: TokenStream) -> TokenStream {
     expand(args, item, Kind::Test).unwrap_or_else(|e| e.to_compile_error()).into()
@@ -135,8 +149,26 @@ fn parse_options(args: TokenStream, kind: Kind) -> syn::Result<Options> {
 fn expand(args: TokenStream, item: TokenStream, kind: Kind) -> syn::Result<TokenStream2> {
     let options = parse_options(args, kind)?;
     let input: ItemFn = syn::parse(item)?;
-    if input.sig.asyncness.is_none() {
-        return Err(syn::Error::new_spanned(input.sig.fn_token, "the function must be `async fn`"));
+    let is_async = input.sig.asyncness.is_some();
+    if !is_async {
+        // A plain test builds its own runtimes: it only needs the driver matrix.
+        let plain_test_fits =
+            kind == Kind::Test && options.driver == Driver::All && input.sig.inputs.len() == 1;
+        if !plain_test_fits {
+            let msg = match kind {
+                Kind::Test => {
+                    "the function must be `async fn`, or a plain `fn name(driver: hotloop::DriverKind)` with `driver = \"all\"`"
+                }
+                Kind::Main => "the function must be `async fn`",
+            };
+            return Err(syn::Error::new_spanned(input.sig.fn_token, msg));
+        }
+        if let Some(workers) = &options.workers {
+            return Err(syn::Error::new_spanned(
+                workers,
+                "`workers` sets the runtime an `async fn` test runs on; a plain `fn` test builds its own",
+            ));
+        }
     }
     let takes_driver = match input.sig.inputs.len() {
         0 => false,
@@ -153,7 +185,7 @@ fn expand(args: TokenStream, item: TokenStream, kind: Kind) -> syn::Result<Token
     };
     match kind {
         Kind::Main => Ok(expand_main(input, &options)),
-        Kind::Test => Ok(expand_test(input, &options, takes_driver)),
+        Kind::Test => Ok(expand_test(input, &options, takes_driver, is_async)),
     }
 }
 
@@ -184,7 +216,12 @@ fn expand_main(input: ItemFn, options: &Options) -> TokenStream2 {
     }
 }
 
-fn expand_test(input: ItemFn, options: &Options, takes_driver: bool) -> TokenStream2 {
+fn expand_test(
+    input: ItemFn,
+    options: &Options,
+    takes_driver: bool,
+    is_async: bool,
+) -> TokenStream2 {
     let ItemFn { attrs, vis, sig, block } = input;
     let name = &sig.ident;
     let output = &sig.output;
@@ -197,6 +234,19 @@ fn expand_test(input: ItemFn, options: &Options, takes_driver: bool) -> TokenStr
         let mut sig = sig.clone();
         sig.ident = body_fn.clone();
         quote!(#sig #block)
+    };
+    // An `async fn` runs on a runtime built here; a plain `fn` is called as it is.
+    let run = if is_async {
+        quote! {
+            let runtime = ::hotloop::Runtime::builder()
+                .workers(#workers)
+                .driver(driver)
+                .build()
+                .expect("could not start the hotloop runtime");
+            runtime.block_on(#call)
+        }
+    } else {
+        quote!(#call)
     };
     let skip_return = match output {
         ReturnType::Default => quote!(return;),
@@ -220,12 +270,7 @@ fn expand_test(input: ItemFn, options: &Options, takes_driver: bool) -> TokenStr
                 #inner
                 #skip
                 let driver: ::hotloop::DriverKind = #kind;
-                let runtime = ::hotloop::Runtime::builder()
-                    .workers(#workers)
-                    .driver(driver)
-                    .build()
-                    .expect("could not start the hotloop runtime");
-                runtime.block_on(#call)
+                #run
             }
         }
     };

@@ -74,7 +74,7 @@ pub fn app() -> Router {
 }
 
 fn main() -> std::io::Result<()> {
-    // Block SIGINT/SIGTERM before any thread starts, so `wait` below gets them.
+    // Take SIGINT/SIGTERM from now on, so `wait` below gets them.
     let signals = ShutdownSignals::block()?;
     let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:3000".into());
 

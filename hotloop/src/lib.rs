@@ -34,7 +34,8 @@
 //! `#[hotloop::test]` build the runtime for an `async fn`;
 //! `#[hotloop::test(driver = "all")]` runs a test once per driver.
 //! Blocking work goes to [`spawn_blocking`]; host names resolve there
-//! ([`net::lookup_host`]). Features `hyper`, `tls` and `tower` add hyper
+//! ([`net::lookup_host`]). [`signal::ctrl_c`] and [`signal::signal`] wait
+//! for process signals in a task, as `tokio::signal` does. Features `hyper`, `tls` and `tower` add hyper
 //! serving, TLS with ALPN, and a tower `TimeoutLayer` on hotloop's timers.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -7,7 +7,8 @@
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// Converts a C return value into `io::Result`, reading `errno` on -1.
 fn cvt<T: PartialOrd + Default>(ret: T) -> io::Result<T> {
@@ -482,4 +483,130 @@ pub(crate) fn advise_huge_pages(addr: usize, len: usize) {
     unsafe {
         libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
     }
+}
+
+// Signals. The handler and the state it touches live here because the
+// handler is the one piece of code that runs inside a signal: it may only
+// use lock-free atomics and `write(2)` (signal-safety(7)). `signal.rs`
+// builds everything else on these four functions, in safe code.
+
+/// Signal numbers the handler has room for: Linux's `_NSIG` is 65 (1..=64).
+pub(crate) const SIGNAL_SLOTS: usize = 65;
+
+/// Deliveries per signal number, counted by the handler.
+static SIGNAL_COUNTS: [AtomicUsize; SIGNAL_SLOTS] = [const { AtomicUsize::new(0) }; SIGNAL_SLOTS];
+
+/// The write end of the self-pipe the handler writes one byte to; -1 until
+/// [`signal_set_pipe`] sets it.
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+/// The handler that was installed before ours (its address, as `sa_sigaction`
+/// holds it) and its flags, so ours can call it too. `SIG_DFL` (0) and
+/// `SIG_IGN` (1) are never called.
+static SIGNAL_PREVIOUS: [AtomicUsize; SIGNAL_SLOTS] = [const { AtomicUsize::new(0) }; SIGNAL_SLOTS];
+static SIGNAL_PREVIOUS_FLAGS: [AtomicI32; SIGNAL_SLOTS] =
+    [const { AtomicI32::new(0) }; SIGNAL_SLOTS];
+
+/// How many times `sig` has arrived since its handler was installed (it
+/// wraps; only changes matter).
+pub(crate) fn signal_deliveries(sig: libc::c_int) -> usize {
+    usize::try_from(sig)
+        .ok()
+        .and_then(|i| SIGNAL_COUNTS.get(i))
+        .map_or(0, |count| count.load(Ordering::SeqCst))
+}
+
+/// Creates the self-pipe: `(read end, write end)`, both close-on-exec, the
+/// write end non-blocking (a handler must never block; a full pipe already
+/// holds a wake-up) and the read end blocking.
+pub(crate) fn signal_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds: [libc::c_int; 2] = [-1, -1];
+    // SAFETY: pipe2(2) writes two ints into `fds`, which has room for them.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both fds were just returned by the kernel and nothing else owns them.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    set_nonblocking(write.as_raw_fd(), true)?;
+    Ok((read, write))
+}
+
+/// Makes `write` the pipe the handler writes to, for the rest of the
+/// process: a handler may run at any moment, so the descriptor is never
+/// closed (one per process).
+pub(crate) fn signal_set_pipe(write: OwnedFd) {
+    let fd = write.into_raw_fd();
+    let old = SIGNAL_PIPE.swap(fd, Ordering::SeqCst);
+    debug_assert_eq!(old, -1, "the signal pipe is set once per process");
+}
+
+/// Installs hotloop's handler for `sig` (`SA_RESTART`, so system calls the
+/// signal interrupts restart instead of failing with `EINTR`). A handler
+/// that was there before (not `SIG_DFL` or `SIG_IGN`) keeps running: ours
+/// calls it after counting. Call once per signal; the caller keeps track.
+pub(crate) fn signal_install(sig: libc::c_int) -> io::Result<()> {
+    let Some(slot) = usize::try_from(sig).ok().filter(|&i| i > 0 && i < SIGNAL_SLOTS) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no signal numbered {sig}"),
+        ));
+    };
+    // SAFETY: sigaction is plain old data; all-zero is a valid value (SIG_DFL, no flags).
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only reads the current one into `old`, which lives across the call.
+    cvt(unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) })?;
+    // Recorded before ours is installed, so a signal that lands right after
+    // the install already finds the handler to chain to.
+    SIGNAL_PREVIOUS[slot].store(old.sa_sigaction, Ordering::SeqCst);
+    SIGNAL_PREVIOUS_FLAGS[slot].store(old.sa_flags, Ordering::SeqCst);
+
+    // SAFETY: as above, all-zero is a valid sigaction; every field used is set below.
+    let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+    let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = on_signal;
+    new.sa_sigaction = handler as usize;
+    new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    // SAFETY: sigemptyset initialises the live mask: nothing else is blocked while the handler runs.
+    unsafe { libc::sigemptyset(&mut new.sa_mask) };
+    // SAFETY: `new` is a valid action whose handler is async-signal-safe (see `on_signal`); `old` is live.
+    cvt(unsafe { libc::sigaction(sig, &new, &mut old) })?;
+    // Someone may have changed it between the two calls: chain to what was really replaced.
+    SIGNAL_PREVIOUS[slot].store(old.sa_sigaction, Ordering::SeqCst);
+    SIGNAL_PREVIOUS_FLAGS[slot].store(old.sa_flags, Ordering::SeqCst);
+    Ok(())
+}
+
+/// The signal handler: counts the delivery, writes one byte to the
+/// self-pipe, and calls the handler that was installed before. Only
+/// lock-free atomics and `write(2)`, both async-signal-safe; `errno` is
+/// saved and restored, because the interrupted code may be about to read it.
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: __errno_location returns this thread's errno, valid for the thread's life.
+    let errno = unsafe { *libc::__errno_location() };
+    let slot = usize::try_from(sig).ok().filter(|&i| i < SIGNAL_SLOTS);
+    if let Some(slot) = slot {
+        SIGNAL_COUNTS[slot].fetch_add(1, Ordering::SeqCst);
+    }
+    let fd = SIGNAL_PIPE.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let byte = sig as u8;
+        // SAFETY: writes one byte from a live local. The pipe is non-blocking and
+        // never closed; EAGAIN (pipe full) means a wake-up is already waiting.
+        unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
+    }
+    if let Some(slot) = slot {
+        let previous = SIGNAL_PREVIOUS[slot].load(Ordering::SeqCst);
+        if previous != libc::SIG_DFL && previous != libc::SIG_IGN {
+            if SIGNAL_PREVIOUS_FLAGS[slot].load(Ordering::SeqCst) & libc::SA_SIGINFO != 0 {
+                // SAFETY: sigaction(2) returned this address as an SA_SIGINFO handler
+                // of this signal, so it has this signature and stays valid.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(previous) };
+                f(sig, info, context);
+            } else {
+                // SAFETY: sigaction(2) returned this address as a plain handler of this signal.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(previous) };
+                f(sig);
+            }
+        }
+    }
+    // SAFETY: as above; restores the interrupted code's errno.
+    unsafe { *libc::__errno_location() = errno };
 }

@@ -9,8 +9,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::net::{AcceptPacing, ListenerOptions, TcpListener};
+use hotloop::DriverKind;
 use hotloop::{spawn, yield_now, Runtime};
 
 /// Starts a listener on worker 0 that sleeps (blocking its thread) before
@@ -77,122 +77,150 @@ fn burst_beside_hogs(
     rt.stats().workers[0]
 }
 
-test_all_drivers! {
-    fn accepts_are_taken_in_batches_of_at_most_the_bound(driver: DriverKind) {
-        let options = ListenerOptions {
-            accepts_per_wakeup_max: Some(8),
-            accept_pacing: None,
-            ..Default::default()
-        };
-        let c = burst_into_a_busy_listener(driver, options, 200);
-        assert_eq!(c.accepted, 200);
-        assert!(c.max_accepted_per_wakeup <= 8, "batch of {} exceeds the bound of 8", c.max_accepted_per_wakeup);
-        assert!(c.accept_wakeups >= 25, "200 connections in batches of 8 need 25 wakeups, saw {}", c.accept_wakeups);
-        assert!(c.accept_bound_hits > 0);
-    }
+#[hotloop::test(driver = "all")]
+fn accepts_are_taken_in_batches_of_at_most_the_bound(driver: DriverKind) {
+    let options = ListenerOptions {
+        accepts_per_wakeup_max: Some(8),
+        accept_pacing: None,
+        ..Default::default()
+    };
+    let c = burst_into_a_busy_listener(driver, options, 200);
+    assert_eq!(c.accepted, 200);
+    assert!(
+        c.max_accepted_per_wakeup <= 8,
+        "batch of {} exceeds the bound of 8",
+        c.max_accepted_per_wakeup
+    );
+    assert!(
+        c.accept_wakeups >= 25,
+        "200 connections in batches of 8 need 25 wakeups, saw {}",
+        c.accept_wakeups
+    );
+    assert!(c.accept_bound_hits > 0);
+}
 
-    fn unlimited_accepts_drain_the_queue_in_one_wakeup(driver: DriverKind) {
-        let options = ListenerOptions {
-            accepts_per_wakeup_max: None,
-            accept_pacing: None,
-            ..Default::default()
-        };
-        let c = burst_into_a_busy_listener(driver, options, 200);
-        assert_eq!(c.accepted, 200);
-        assert!(c.max_accepted_per_wakeup > 8, "unbounded accept took only {} at once", c.max_accepted_per_wakeup);
-        assert_eq!(c.accept_bound_hits, 0);
-    }
+#[hotloop::test(driver = "all")]
+fn unlimited_accepts_drain_the_queue_in_one_wakeup(driver: DriverKind) {
+    let options =
+        ListenerOptions { accepts_per_wakeup_max: None, accept_pacing: None, ..Default::default() };
+    let c = burst_into_a_busy_listener(driver, options, 200);
+    assert_eq!(c.accepted, 200);
+    assert!(
+        c.max_accepted_per_wakeup > 8,
+        "unbounded accept took only {} at once",
+        c.max_accepted_per_wakeup
+    );
+    assert_eq!(c.accept_bound_hits, 0);
+}
 
-    fn paced_accepts_shrink_while_the_worker_is_behind(driver: DriverKind) {
-        // 40 runnable tasks (over the run queue target of 32) and turns of
-        // about 3 ms (61 polls of 50 µs, over the 1 ms target): the budget stays near one.
-        let options = ListenerOptions {
-            accepts_per_wakeup_max: None,
-            accept_pacing: Some(AcceptPacing::default()),
-            ..Default::default()
-        };
-        let c = burst_beside_hogs(driver, options, 100, 40);
-        assert_eq!(c.accepted, 100);
-        assert!(c.max_accepted_per_wakeup <= 8, "a paced batch of {} while behind", c.max_accepted_per_wakeup);
-        assert!(c.accept_wakeups >= 25, "100 connections in small batches, saw {} wakeups", c.accept_wakeups);
-    }
+#[hotloop::test(driver = "all")]
+fn paced_accepts_shrink_while_the_worker_is_behind(driver: DriverKind) {
+    // 40 runnable tasks (over the run queue target of 32) and turns of
+    // about 3 ms (61 polls of 50 µs, over the 1 ms target): the budget stays near one.
+    let options = ListenerOptions {
+        accepts_per_wakeup_max: None,
+        accept_pacing: Some(AcceptPacing::default()),
+        ..Default::default()
+    };
+    let c = burst_beside_hogs(driver, options, 100, 40);
+    assert_eq!(c.accepted, 100);
+    assert!(
+        c.max_accepted_per_wakeup <= 8,
+        "a paced batch of {} while behind",
+        c.max_accepted_per_wakeup
+    );
+    assert!(
+        c.accept_wakeups >= 25,
+        "100 connections in small batches, saw {} wakeups",
+        c.accept_wakeups
+    );
+}
 
-    fn paced_accepts_grow_while_the_worker_keeps_up(driver: DriverKind) {
-        let options = ListenerOptions {
-            accepts_per_wakeup_max: Some(64),
-            accept_pacing: Some(AcceptPacing::default()),
-            ..Default::default()
-        };
-        let c = burst_into_a_busy_listener(driver, options, 300);
-        assert_eq!(c.accepted, 300);
-        assert!(c.max_accepted_per_wakeup > 8, "the budget did not grow: largest batch {}", c.max_accepted_per_wakeup);
-        assert!(c.max_accepted_per_wakeup <= 64, "batch of {} exceeds the cap of 64", c.max_accepted_per_wakeup);
-    }
+#[hotloop::test(driver = "all")]
+fn paced_accepts_grow_while_the_worker_keeps_up(driver: DriverKind) {
+    let options = ListenerOptions {
+        accepts_per_wakeup_max: Some(64),
+        accept_pacing: Some(AcceptPacing::default()),
+        ..Default::default()
+    };
+    let c = burst_into_a_busy_listener(driver, options, 300);
+    assert_eq!(c.accepted, 300);
+    assert!(
+        c.max_accepted_per_wakeup > 8,
+        "the budget did not grow: largest batch {}",
+        c.max_accepted_per_wakeup
+    );
+    assert!(
+        c.max_accepted_per_wakeup <= 64,
+        "batch of {} exceeds the cap of 64",
+        c.max_accepted_per_wakeup
+    );
+}
 
-    fn accepted_sockets_inherit_nodelay(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let nodelay = rt.block_on(async {
-            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let client = std::thread::spawn(move || TcpStream::connect(addr).unwrap());
-            let (stream, peer) = listener.accept().await.unwrap();
-            assert!(peer.ip().is_loopback());
-            drop(client.join().unwrap());
-            stream.nodelay().unwrap()
-        });
-        assert!(nodelay);
-    }
+#[hotloop::test(driver = "all")]
+fn accepted_sockets_inherit_nodelay(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let nodelay = rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || TcpStream::connect(addr).unwrap());
+        let (stream, peer) = listener.accept().await.unwrap();
+        assert!(peer.ip().is_loopback());
+        drop(client.join().unwrap());
+        stream.nodelay().unwrap()
+    });
+    assert!(nodelay);
+}
 
-    fn a_task_that_only_yields_does_not_stop_accepts(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let (tx, rx) = mpsc::channel::<SocketAddr>();
-        drop(rt.handle().spawn_on(0, move || async move {
-            spawn(async {
-                loop {
-                    // A timer, not `yield_now`: a yielding task would run up to
-                    // `event_interval` times per turn.
-                    hotloop::time::sleep(Duration::from_millis(1)).await;
-                }
-            });
-            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
+#[hotloop::test(driver = "all")]
+fn a_task_that_only_yields_does_not_stop_accepts(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let (tx, rx) = mpsc::channel::<SocketAddr>();
+    drop(rt.handle().spawn_on(0, move || async move {
+        spawn(async {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
-                spawn(common::echo(stream));
+                // A timer, not `yield_now`: a yielding task would run up to
+                // `event_interval` times per turn.
+                hotloop::time::sleep(Duration::from_millis(1)).await;
             }
-        }));
-        let addr = rx.recv().unwrap();
-        for _ in 0..20 {
-            assert_eq!(common::roundtrip(addr, b"hello", 5), b"hello");
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        tx.send(listener.local_addr().unwrap()).unwrap();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            spawn(common::echo(stream));
         }
+    }));
+    let addr = rx.recv().unwrap();
+    for _ in 0..20 {
+        assert_eq!(common::roundtrip(addr, b"hello", 5), b"hello");
     }
 }
 
-test_all_drivers! {
-    /// Two tasks accepting on one listener both get a connection: a second
-    /// waiter does not push the first one out.
-    fn two_tasks_accepting_on_one_listener_both_get_one(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        rt.block_on(async {
-            let l = std::rc::Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
-            let addr = l.local_addr().unwrap();
-            let tasks: Vec<_> = (0..2)
-                .map(|_| {
-                    let l = l.clone();
-                    spawn(async move { l.accept_stream().await.map(drop) })
-                })
-                .collect();
-            hotloop::time::sleep(Duration::from_millis(10)).await; // both are parked
-            let _c1 = TcpStream::connect(addr).unwrap();
-            hotloop::time::sleep(Duration::from_millis(10)).await;
-            let _c2 = TcpStream::connect(addr).unwrap();
-            for t in tasks {
-                hotloop::time::timeout(Duration::from_secs(2), t)
-                    .await
-                    .expect("an accepting task was never woken")
-                    .unwrap()
-                    .unwrap();
-            }
-        });
-    }
+/// Two tasks accepting on one listener both get a connection: a second
+/// waiter does not push the first one out.
+#[hotloop::test(driver = "all")]
+fn two_tasks_accepting_on_one_listener_both_get_one(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    rt.block_on(async {
+        let l = std::rc::Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let addr = l.local_addr().unwrap();
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let l = l.clone();
+                spawn(async move { l.accept_stream().await.map(drop) })
+            })
+            .collect();
+        hotloop::time::sleep(Duration::from_millis(10)).await; // both are parked
+        let _c1 = TcpStream::connect(addr).unwrap();
+        hotloop::time::sleep(Duration::from_millis(10)).await;
+        let _c2 = TcpStream::connect(addr).unwrap();
+        for t in tasks {
+            hotloop::time::timeout(Duration::from_secs(2), t)
+                .await
+                .expect("an accepting task was never woken")
+                .unwrap()
+                .unwrap();
+        }
+    });
 }

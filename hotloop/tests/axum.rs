@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use common::DriverKind;
+use hotloop::DriverKind;
 use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
@@ -87,110 +87,121 @@ fn closed_within(s: &mut std::net::TcpStream, limit: Duration) -> bool {
     }
 }
 
-test_all_drivers! {
-    fn the_example_router_answers_on_one_keep_alive_connection(driver: DriverKind) {
-        let (_rt, server) = serve_router(driver, 2, example::app());
-        let mut s = connect(server.local_addr());
-        let (status, _, body) = request(&mut s, "GET", "/", "");
-        assert_eq!((status.as_str(), body.as_str()), ("http/1.1 200 ok", "hello from axum on hotloop\n"));
-        let (status, head, body) = request(&mut s, "GET", "/users/7", "");
-        assert_eq!(status, "http/1.1 200 ok");
-        assert!(head.contains("content-type: application/json"), "{head}");
-        assert_eq!(body, r#"{"id":7,"name":"user 7"}"#);
-        let (_, _, body) = request(&mut s, "POST", "/echo", "ping");
-        assert_eq!(body, "ping");
-        let (status, _, _) = request(&mut s, "GET", "/missing", "");
-        assert_eq!(status, "http/1.1 404 not found");
-        // The hotloop timeout layer: /slow sleeps 5 s, the limit is 1 s.
-        let start = Instant::now();
-        let (status, _, _) = request(&mut s, "GET", "/slow", "");
-        assert_eq!(status, "http/1.1 408 request timeout");
-        let took = start.elapsed();
-        assert!(took >= Duration::from_millis(990) && took < Duration::from_secs(3), "{took:?}");
+#[hotloop::test(driver = "all")]
+fn the_example_router_answers_on_one_keep_alive_connection(driver: DriverKind) {
+    let (_rt, server) = serve_router(driver, 2, example::app());
+    let mut s = connect(server.local_addr());
+    let (status, _, body) = request(&mut s, "GET", "/", "");
+    assert_eq!(
+        (status.as_str(), body.as_str()),
+        ("http/1.1 200 ok", "hello from axum on hotloop\n")
+    );
+    let (status, head, body) = request(&mut s, "GET", "/users/7", "");
+    assert_eq!(status, "http/1.1 200 ok");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    assert_eq!(body, r#"{"id":7,"name":"user 7"}"#);
+    let (_, _, body) = request(&mut s, "POST", "/echo", "ping");
+    assert_eq!(body, "ping");
+    let (status, _, _) = request(&mut s, "GET", "/missing", "");
+    assert_eq!(status, "http/1.1 404 not found");
+    // The hotloop timeout layer: /slow sleeps 5 s, the limit is 1 s.
+    let start = Instant::now();
+    let (status, _, _) = request(&mut s, "GET", "/slow", "");
+    assert_eq!(status, "http/1.1 408 request timeout");
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(990) && took < Duration::from_secs(3), "{took:?}");
+}
+
+#[hotloop::test(driver = "all")]
+fn wrk_keep_alive_has_no_errors(driver: DriverKind) {
+    if Command::new("wrk").arg("--version").output().is_err() {
+        eprintln!("skipped: `wrk` is not installed (apt-get install wrk)");
+        return;
     }
+    let (_rt, server) = serve_router(driver, 2, example::app());
+    let url = format!("http://{}/users/1", server.local_addr());
+    let out = Command::new("wrk")
+        .args(["-t1", "-c16", "-d2s", "--timeout", "2s", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("Socket errors"), "{text}");
+    assert!(!text.contains("Non-2xx"), "{text}");
+    let requests: u64 = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .map(|(n, _)| n.trim().parse().unwrap())
+        .unwrap_or(0);
+    assert!(requests > 100, "{text}");
+}
 
-    fn wrk_keep_alive_has_no_errors(driver: DriverKind) {
-        if Command::new("wrk").arg("--version").output().is_err() {
-            eprintln!("skipped: `wrk` is not installed (apt-get install wrk)");
-            return;
-        }
-        let (_rt, server) = serve_router(driver, 2, example::app());
-        let url = format!("http://{}/users/1", server.local_addr());
-        let out = Command::new("wrk")
-            .args(["-t1", "-c16", "-d2s", "--timeout", "2s", &url])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{text}");
-        assert!(!text.contains("Socket errors"), "{text}");
-        assert!(!text.contains("Non-2xx"), "{text}");
-        let requests: u64 = text
-            .lines()
-            .find_map(|l| l.trim().split_once(" requests in "))
-            .map(|(n, _)| n.trim().parse().unwrap())
-            .unwrap_or(0);
-        assert!(requests > 100, "{text}");
-    }
-
-    fn graceful_stop_finishes_http1_requests_in_flight(driver: DriverKind) {
-        let router = Router::new()
-            .route("/", get(|| async { "quick" }))
-            .route("/slow", get(|| async {
-                hotloop::time::sleep(Duration::from_millis(500)).await;
-                "finished"
-            }));
-        let (_rt, server) = serve_router(driver, 1, router);
-        let addr = server.local_addr();
-        // An idle keep-alive connection and one with a request in flight.
-        let mut idle = connect(addr);
-        assert_eq!(request(&mut idle, "GET", "/", "").2, "quick");
-        let busy = std::thread::spawn(move || {
-            let mut s = connect(addr);
-            let reply = request(&mut s, "GET", "/slow", "");
-            (reply, closed_within(&mut s, Duration::from_secs(2)))
-        });
-        std::thread::sleep(Duration::from_millis(150));
-
-        let start = Instant::now();
-        let cut = server.shutdown_blocking(Duration::from_secs(10));
-        let took = start.elapsed();
-        assert_eq!(cut, 0, "no connection was cut at the grace limit");
-        assert!(took < Duration::from_secs(3), "shutdown waited {took:?}, not for the grace limit");
-        let ((status, head, body), closed) = busy.join().unwrap();
-        assert_eq!((status.as_str(), body.as_str()), ("http/1.1 200 ok", "finished"));
-        assert!(head.contains("connection: close"), "told the client it ends: {head}");
-        assert!(closed, "the busy connection closed after its response");
-        assert!(closed_within(&mut idle, Duration::from_secs(1)), "the idle connection was closed");
-    }
-
-    fn graceful_stop_finishes_http2_streams_in_flight(driver: DriverKind) {
-        let router = Router::new().route("/slow", get(|| async {
+#[hotloop::test(driver = "all")]
+fn graceful_stop_finishes_http1_requests_in_flight(driver: DriverKind) {
+    let router = Router::new().route("/", get(|| async { "quick" })).route(
+        "/slow",
+        get(|| async {
             hotloop::time::sleep(Duration::from_millis(500)).await;
             "finished"
-        }));
-        let (_rt, server) = serve_router(driver, 1, router);
-        let addr = server.local_addr();
-        let client = std::thread::spawn(move || {
-            let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-            rt.block_on(async move {
-                let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
-                let (mut sender, conn) =
-                    hyper::client::conn::http2::handshake(HotloopExecutor, TokioIo::new(stream)).await.unwrap();
-                let conn = hotloop::spawn(conn);
-                let req = Request::get("http://t/slow").body(Empty::<Bytes>::new()).unwrap();
-                let resp = sender.send_request(req).await.unwrap();
-                let body = resp.into_body().collect().await.unwrap().to_bytes();
-                // The server's GOAWAY ends the connection once the stream is done.
-                let ended = hotloop::time::timeout(Duration::from_secs(2), conn).await.is_ok();
-                (body, ended)
-            })
-        });
-        std::thread::sleep(Duration::from_millis(200));
-        let start = Instant::now();
-        assert_eq!(server.shutdown_blocking(Duration::from_secs(10)), 0);
-        assert!(start.elapsed() < Duration::from_secs(3));
-        let (body, ended) = client.join().unwrap();
-        assert_eq!(body, Bytes::from("finished"));
-        assert!(ended, "the HTTP/2 connection ended after GOAWAY");
-    }
+        }),
+    );
+    let (_rt, server) = serve_router(driver, 1, router);
+    let addr = server.local_addr();
+    // An idle keep-alive connection and one with a request in flight.
+    let mut idle = connect(addr);
+    assert_eq!(request(&mut idle, "GET", "/", "").2, "quick");
+    let busy = std::thread::spawn(move || {
+        let mut s = connect(addr);
+        let reply = request(&mut s, "GET", "/slow", "");
+        (reply, closed_within(&mut s, Duration::from_secs(2)))
+    });
+    std::thread::sleep(Duration::from_millis(150));
+
+    let start = Instant::now();
+    let cut = server.shutdown_blocking(Duration::from_secs(10));
+    let took = start.elapsed();
+    assert_eq!(cut, 0, "no connection was cut at the grace limit");
+    assert!(took < Duration::from_secs(3), "shutdown waited {took:?}, not for the grace limit");
+    let ((status, head, body), closed) = busy.join().unwrap();
+    assert_eq!((status.as_str(), body.as_str()), ("http/1.1 200 ok", "finished"));
+    assert!(head.contains("connection: close"), "told the client it ends: {head}");
+    assert!(closed, "the busy connection closed after its response");
+    assert!(closed_within(&mut idle, Duration::from_secs(1)), "the idle connection was closed");
+}
+
+#[hotloop::test(driver = "all")]
+fn graceful_stop_finishes_http2_streams_in_flight(driver: DriverKind) {
+    let router = Router::new().route(
+        "/slow",
+        get(|| async {
+            hotloop::time::sleep(Duration::from_millis(500)).await;
+            "finished"
+        }),
+    );
+    let (_rt, server) = serve_router(driver, 1, router);
+    let addr = server.local_addr();
+    let client = std::thread::spawn(move || {
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        rt.block_on(async move {
+            let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(HotloopExecutor, TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            let conn = hotloop::spawn(conn);
+            let req = Request::get("http://t/slow").body(Empty::<Bytes>::new()).unwrap();
+            let resp = sender.send_request(req).await.unwrap();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            // The server's GOAWAY ends the connection once the stream is done.
+            let ended = hotloop::time::timeout(Duration::from_secs(2), conn).await.is_ok();
+            (body, ended)
+        })
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    assert_eq!(server.shutdown_blocking(Duration::from_secs(10)), 0);
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let (body, ended) = client.join().unwrap();
+    assert_eq!(body, Bytes::from("finished"));
+    assert!(ended, "the HTTP/2 connection ended after GOAWAY");
 }

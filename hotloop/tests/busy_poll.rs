@@ -6,8 +6,8 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::net::{serve, ListenerOptions, Server};
+use hotloop::DriverKind;
 use hotloop::{BusyPoll, Runtime};
 
 fn echo_server(driver: DriverKind, mode: BusyPoll) -> (Runtime, Server, SocketAddr) {
@@ -18,38 +18,39 @@ fn echo_server(driver: DriverKind, mode: BusyPoll) -> (Runtime, Server, SocketAd
     (rt, server, addr)
 }
 
-test_all_drivers! {
-    fn off_sleeps_when_idle(driver: DriverKind) {
-        let (rt, _server, addr) = echo_server(driver, BusyPoll::Off);
-        assert_eq!(common::roundtrip(addr, b"hi", 2), b"hi");
-        std::thread::sleep(Duration::from_millis(200));
-        let c = rt.stats().workers[0];
-        assert_eq!(c.poller_spins, 0);
-        assert!(c.poller_waits < 50, "an idle worker woke {} times", c.poller_waits);
-        assert_eq!(rt.stats().info.busy_poll, "off");
-    }
+#[hotloop::test(driver = "all")]
+fn off_sleeps_when_idle(driver: DriverKind) {
+    let (rt, _server, addr) = echo_server(driver, BusyPoll::Off);
+    assert_eq!(common::roundtrip(addr, b"hi", 2), b"hi");
+    std::thread::sleep(Duration::from_millis(200));
+    let c = rt.stats().workers[0];
+    assert_eq!(c.poller_spins, 0);
+    assert!(c.poller_waits < 50, "an idle worker woke {} times", c.poller_waits);
+    assert_eq!(rt.stats().info.busy_poll, "off");
+}
 
-    fn always_never_sleeps(driver: DriverKind) {
-        let (rt, _server, addr) = echo_server(driver, BusyPoll::Always);
-        assert_eq!(common::roundtrip(addr, b"hi", 2), b"hi");
-        std::thread::sleep(Duration::from_millis(200));
-        let c = rt.stats().workers[0];
-        assert!(c.poller_spins > 1_000, "only {} spins in 200 ms", c.poller_spins);
-        assert_eq!(c.poller_waits, 0);
-        assert_eq!(rt.stats().info.busy_poll, "always");
-    }
+#[hotloop::test(driver = "all")]
+fn always_never_sleeps(driver: DriverKind) {
+    let (rt, _server, addr) = echo_server(driver, BusyPoll::Always);
+    assert_eq!(common::roundtrip(addr, b"hi", 2), b"hi");
+    std::thread::sleep(Duration::from_millis(200));
+    let c = rt.stats().workers[0];
+    assert!(c.poller_spins > 1_000, "only {} spins in 200 ms", c.poller_spins);
+    assert_eq!(c.poller_waits, 0);
+    assert_eq!(rt.stats().info.busy_poll, "always");
+}
 
-    fn adaptive_spins_then_sleeps(driver: DriverKind) {
-        let mode = BusyPoll::Adaptive { spin_budget: Duration::from_millis(20) };
-        let (rt, _server, addr) = echo_server(driver, mode);
-        assert_eq!(common::roundtrip(addr, b"hi", 2), b"hi");
-        std::thread::sleep(Duration::from_millis(150));
-        let first = rt.stats().workers[0];
-        std::thread::sleep(Duration::from_millis(200));
-        let second = rt.stats().workers[0];
-        assert!(first.poller_spins > 0, "adaptive mode spun after the event");
-        assert_eq!(second.poller_spins, first.poller_spins, "an idle worker stopped spinning");
-        assert!(second.poller_waits > 0);
-        assert_eq!(rt.stats().info.busy_poll, "adaptive:20000");
-    }
+#[hotloop::test(driver = "all")]
+fn adaptive_spins_then_sleeps(driver: DriverKind) {
+    let mode = BusyPoll::Adaptive { spin_budget: Duration::from_millis(20) };
+    let (rt, _server, addr) = echo_server(driver, mode);
+    assert_eq!(common::roundtrip(addr, b"hi", 2), b"hi");
+    std::thread::sleep(Duration::from_millis(150));
+    let first = rt.stats().workers[0];
+    std::thread::sleep(Duration::from_millis(200));
+    let second = rt.stats().workers[0];
+    assert!(first.poller_spins > 0, "adaptive mode spun after the event");
+    assert_eq!(second.poller_spins, first.poller_spins, "an idle worker stopped spinning");
+    assert!(second.poller_waits > 0);
+    assert_eq!(rt.stats().info.busy_poll, "adaptive:20000");
 }

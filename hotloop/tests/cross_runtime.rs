@@ -14,9 +14,9 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::net::TcpStream;
 use hotloop::time::{sleep, timeout};
+use hotloop::DriverKind;
 use hotloop::{spawn, Runtime};
 
 fn runtime(driver: DriverKind) -> Runtime {
@@ -32,80 +32,81 @@ async fn poll_once<F: Future + Unpin>(f: &mut F) {
     .await
 }
 
-test_all_drivers! {
-    /// A read started on runtime A and dropped inside runtime B's
-    /// `block_on` is cancelled in A: B's own read (in the same slot of its
-    /// own table) still completes with its data.
-    fn an_operation_dropped_under_another_runtime_stays_in_its_own(driver: DriverKind) {
-        let (rt_a, rt_b) = (runtime(driver), runtime(driver));
-        let la = StdListener::bind("127.0.0.1:0").unwrap();
-        let lb = StdListener::bind("127.0.0.1:0").unwrap();
-        let (addr_a, addr_b) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
-        let read_a = rt_a.block_on(async move {
-            let a = TcpStream::connect(addr_a).await.unwrap();
-            let mut read = Box::pin(async move { a.read(Vec::with_capacity(64)).await });
-            poll_once(&mut read).await;
-            sleep(Duration::from_millis(5)).await; // the read reaches A's kernel queue
-            read
-        });
-        let (_pa, _) = la.accept().unwrap();
-        rt_b.block_on(async move {
-            let b = TcpStream::connect(addr_b).await.unwrap();
-            let (mut pb, _) = lb.accept().unwrap();
-            let mut read_b = Box::pin(b.read(Vec::with_capacity(64)));
-            poll_once(&mut read_b).await;
-            sleep(Duration::from_millis(5)).await;
-            drop(read_a); // A's operation, dropped while B runs
-            pb.write_all(b"for b").unwrap();
-            let (res, buf) = timeout(Duration::from_secs(2), read_b)
-                .await
-                .expect("B's read was disturbed by A's cancellation");
-            assert_eq!(res.unwrap(), 5);
-            assert_eq!(&buf[..], b"for b");
-        });
-        // A still works after its operation was cancelled from outside.
-        rt_a.block_on(async { sleep(Duration::from_millis(1)).await });
-    }
+/// A read started on runtime A and dropped inside runtime B's
+/// `block_on` is cancelled in A: B's own read (in the same slot of its
+/// own table) still completes with its data.
+#[hotloop::test(driver = "all")]
+fn an_operation_dropped_under_another_runtime_stays_in_its_own(driver: DriverKind) {
+    let (rt_a, rt_b) = (runtime(driver), runtime(driver));
+    let la = StdListener::bind("127.0.0.1:0").unwrap();
+    let lb = StdListener::bind("127.0.0.1:0").unwrap();
+    let (addr_a, addr_b) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+    let read_a = rt_a.block_on(async move {
+        let a = TcpStream::connect(addr_a).await.unwrap();
+        let mut read = Box::pin(async move { a.read(Vec::with_capacity(64)).await });
+        poll_once(&mut read).await;
+        sleep(Duration::from_millis(5)).await; // the read reaches A's kernel queue
+        read
+    });
+    let (_pa, _) = la.accept().unwrap();
+    rt_b.block_on(async move {
+        let b = TcpStream::connect(addr_b).await.unwrap();
+        let (mut pb, _) = lb.accept().unwrap();
+        let mut read_b = Box::pin(b.read(Vec::with_capacity(64)));
+        poll_once(&mut read_b).await;
+        sleep(Duration::from_millis(5)).await;
+        drop(read_a); // A's operation, dropped while B runs
+        pb.write_all(b"for b").unwrap();
+        let (res, buf) = timeout(Duration::from_secs(2), read_b)
+            .await
+            .expect("B's read was disturbed by A's cancellation");
+        assert_eq!(res.unwrap(), 5);
+        assert_eq!(&buf[..], b"for b");
+    });
+    // A still works after its operation was cancelled from outside.
+    rt_a.block_on(async { sleep(Duration::from_millis(1)).await });
+}
 
-    /// Aborting runtime A's task inside runtime B's `block_on` aborts that
-    /// task, not B's task in the same slot.
-    fn abort_from_another_runtime_aborts_its_own_task(driver: DriverKind) {
-        let (rt_a, rt_b) = (runtime(driver), runtime(driver));
-        let handle_a = rt_a.block_on(async {
-            spawn(async {
-                sleep(Duration::from_millis(100)).await;
-                "a"
-            })
+/// Aborting runtime A's task inside runtime B's `block_on` aborts that
+/// task, not B's task in the same slot.
+#[hotloop::test(driver = "all")]
+fn abort_from_another_runtime_aborts_its_own_task(driver: DriverKind) {
+    let (rt_a, rt_b) = (runtime(driver), runtime(driver));
+    let handle_a = rt_a.block_on(async {
+        spawn(async {
+            sleep(Duration::from_millis(100)).await;
+            "a"
+        })
+    });
+    let out_b = rt_b.block_on(async move {
+        let task_b = spawn(async {
+            sleep(Duration::from_millis(20)).await;
+            "b"
         });
-        let out_b = rt_b.block_on(async move {
-            let task_b = spawn(async {
-                sleep(Duration::from_millis(20)).await;
-                "b"
-            });
-            handle_a.abort();
-            let out = task_b.await;
-            (out, handle_a)
-        });
-        let (out_b, handle_a) = out_b;
-        assert_eq!(out_b.expect("B's task was aborted by A's handle"), "b");
-        let out_a = rt_a.block_on(handle_a);
-        assert!(out_a.expect_err("A's task ran to completion after abort").is_cancelled());
-    }
+        handle_a.abort();
+        let out = task_b.await;
+        (out, handle_a)
+    });
+    let (out_b, handle_a) = out_b;
+    assert_eq!(out_b.expect("B's task was aborted by A's handle"), "b");
+    let out_a = rt_a.block_on(handle_a);
+    assert!(out_a.expect_err("A's task ran to completion after abort").is_cancelled());
+}
 
-    /// A socket of runtime A used while runtime B runs fails with an error
-    /// that says so, instead of waiting forever in a driver nobody polls.
-    fn a_socket_used_under_another_runtime_fails_cleanly(driver: DriverKind) {
-        let (rt_a, rt_b) = (runtime(driver), runtime(driver));
-        let l = StdListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let a = rt_a.block_on(async move { TcpStream::connect(addr).await.unwrap() });
-        let _peer: StdStream = l.accept().unwrap().0;
-        rt_b.block_on(async move {
-            let (res, _) = timeout(Duration::from_secs(2), a.read(Vec::with_capacity(8)))
-                .await
-                .expect("a read on another runtime's socket waited forever");
-            let err = res.expect_err("a read with nothing to read succeeded");
-            assert!(err.to_string().contains("not running on this thread"), "{err}");
-        });
-    }
+/// A socket of runtime A used while runtime B runs fails with an error
+/// that says so, instead of waiting forever in a driver nobody polls.
+#[hotloop::test(driver = "all")]
+fn a_socket_used_under_another_runtime_fails_cleanly(driver: DriverKind) {
+    let (rt_a, rt_b) = (runtime(driver), runtime(driver));
+    let l = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let a = rt_a.block_on(async move { TcpStream::connect(addr).await.unwrap() });
+    let _peer: StdStream = l.accept().unwrap().0;
+    rt_b.block_on(async move {
+        let (res, _) = timeout(Duration::from_secs(2), a.read(Vec::with_capacity(8)))
+            .await
+            .expect("a read on another runtime's socket waited forever");
+        let err = res.expect_err("a read with nothing to read succeeded");
+        assert!(err.to_string().contains("not running on this thread"), "{err}");
+    });
 }

@@ -9,8 +9,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::net::TcpListener;
+use hotloop::DriverKind;
 use hotloop::{spawn, Runtime};
 
 fn set_nofile(soft: u64) -> u64 {

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 
 use bytes::Bytes;
-use common::DriverKind;
+use hotloop::DriverKind;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -34,73 +34,79 @@ fn hotloop_hyper_server(driver: DriverKind) -> (Runtime, Server, SocketAddr) {
     (rt, server, addr)
 }
 
-test_all_drivers! {
-    fn curl_speaks_http1_and_http2_prior_knowledge(driver: DriverKind) {
-        if Command::new("curl").arg("--version").output().is_err() {
-            eprintln!("skipped: curl is not installed");
-            return;
-        }
-        let (_rt, _server, addr) = hotloop_hyper_server(driver);
-        let url = format!("http://{addr}/x");
-        for flag in ["--http1.1", "--http2-prior-knowledge"] {
-            let out = Command::new("curl")
-                .args(["-sS", "--max-time", "10", "-w", " %{http_version}", flag, "-d", "abc", &url])
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).to_string();
-            assert!(out.status.success(), "curl {flag}: {}", String::from_utf8_lossy(&out.stderr));
-            let expected_version = if flag == "--http1.1" { "1.1" } else { "2" };
-            assert_eq!(text, format!("hello 3 {expected_version}"), "curl {flag}");
-        }
+#[hotloop::test(driver = "all")]
+fn curl_speaks_http1_and_http2_prior_knowledge(driver: DriverKind) {
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("skipped: curl is not installed");
+        return;
     }
-
-    fn hyper_client_on_tokio_against_hotloop(driver: DriverKind) {
-        let (_rt, _server, addr) = hotloop_hyper_server(driver);
-        let tokio_rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let body = tokio_rt.block_on(async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-            tokio::spawn(conn);
-            let mut bodies = Vec::new();
-            for i in 0..3 {
-                let req = Request::post("/").body(Full::new(Bytes::from(vec![b'a'; i * 10]))).unwrap();
-                let resp = sender.send_request(req).await.unwrap();
-                bodies.push(resp.into_body().collect().await.unwrap().to_bytes());
-            }
-            bodies
-        });
-        assert_eq!(body, vec![Bytes::from("hello 0"), Bytes::from("hello 10"), Bytes::from("hello 20")]);
+    let (_rt, _server, addr) = hotloop_hyper_server(driver);
+    let url = format!("http://{addr}/x");
+    for flag in ["--http1.1", "--http2-prior-knowledge"] {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-w", " %{http_version}", flag, "-d", "abc", &url])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "curl {flag}: {}", String::from_utf8_lossy(&out.stderr));
+        let expected_version = if flag == "--http1.1" { "1.1" } else { "2" };
+        assert_eq!(text, format!("hello 3 {expected_version}"), "curl {flag}");
     }
+}
 
-    fn hyper_client_on_hotloop_against_tokio(driver: DriverKind) {
-        // A hyper server on a tokio current-thread runtime, in its own thread.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(l.local_addr().unwrap()).unwrap();
-                loop {
-                    let Ok((s, _)) = l.accept().await else { return };
-                    tokio::spawn(async move {
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(s), service_fn(hello))
-                            .await;
-                    });
-                }
-            });
-        });
-        let addr = rx.recv().unwrap();
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let got = rt.block_on(async move {
-            let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(HyperIo::new(stream)).await.unwrap();
-            hotloop::spawn(conn);
-            let req = Request::post("/").body(Full::new(Bytes::from_static(b"12345"))).unwrap();
+#[hotloop::test(driver = "all")]
+fn hyper_client_on_tokio_against_hotloop(driver: DriverKind) {
+    let (_rt, _server, addr) = hotloop_hyper_server(driver);
+    let tokio_rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let body = tokio_rt.block_on(async move {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let mut bodies = Vec::new();
+        for i in 0..3 {
+            let req = Request::post("/").body(Full::new(Bytes::from(vec![b'a'; i * 10]))).unwrap();
             let resp = sender.send_request(req).await.unwrap();
-            resp.into_body().collect().await.unwrap().to_bytes()
+            bodies.push(resp.into_body().collect().await.unwrap().to_bytes());
+        }
+        bodies
+    });
+    assert_eq!(
+        body,
+        vec![Bytes::from("hello 0"), Bytes::from("hello 10"), Bytes::from("hello 20")]
+    );
+}
+
+#[hotloop::test(driver = "all")]
+fn hyper_client_on_hotloop_against_tokio(driver: DriverKind) {
+    // A hyper server on a tokio current-thread runtime, in its own thread.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            loop {
+                let Ok((s, _)) = l.accept().await else { return };
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), service_fn(hello))
+                        .await;
+                });
+            }
         });
-        assert_eq!(got, Bytes::from("hello 5"));
-        let _ = HotloopExecutor; // the executor type is public for hyper's builders
-    }
+    });
+    let addr = rx.recv().unwrap();
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let got = rt.block_on(async move {
+        let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(HyperIo::new(stream)).await.unwrap();
+        hotloop::spawn(conn);
+        let req = Request::post("/").body(Full::new(Bytes::from_static(b"12345"))).unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        resp.into_body().collect().await.unwrap().to_bytes()
+    });
+    assert_eq!(got, Bytes::from("hello 5"));
+    let _ = HotloopExecutor; // the executor type is public for hyper's builders
 }

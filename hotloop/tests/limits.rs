@@ -7,8 +7,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::net::{serve, ServerOptions};
+use hotloop::DriverKind;
 use hotloop::Runtime;
 
 fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
@@ -83,52 +83,51 @@ fn limit_test(driver: DriverKind, options: ServerOptions, workers: usize, limit:
     assert_eq!(served, 5, "every client is served as slots free up");
 }
 
-test_all_drivers! {
-    fn per_worker_maxconn_pauses_accepting(driver: DriverKind) {
-        let options = ServerOptions { maxconn_per_worker: Some(2), ..Default::default() };
-        limit_test(driver, options, 1, 2);
-    }
-
-    fn global_maxconn_pauses_accepting(driver: DriverKind) {
-        let options = ServerOptions { maxconn: Some(3), ..Default::default() };
-        limit_test(driver, options, 2, 3);
-    }
+#[hotloop::test(driver = "all")]
+fn per_worker_maxconn_pauses_accepting(driver: DriverKind) {
+    let options = ServerOptions { maxconn_per_worker: Some(2), ..Default::default() };
+    limit_test(driver, options, 1, 2);
 }
 
-test_all_drivers! {
-    /// At `maxconn` the driver holds no descriptors beyond the limit: on
-    /// io_uring the multishot accept stops, so the kernel's backlog (not
-    /// the driver's queue) holds the clients that wait; it resumes as
-    /// connections finish.
-    fn maxconn_bounds_descriptors_not_only_handlers(driver: DriverKind) {
-        const LIMIT: usize = 10;
-        const CLIENTS: usize = 120;
-        let _serial = serial();
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let options = ServerOptions { maxconn: Some(LIMIT), ..Default::default() };
-        let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
-        let addr = server.local_addr();
-        std::thread::sleep(Duration::from_millis(50));
-        let baseline = hotloop::open_fd_count().unwrap();
-        let mut clients: Vec<TcpStream> =
-            (0..CLIENTS).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        std::thread::sleep(Duration::from_millis(300));
-        let held = hotloop::open_fd_count().unwrap() - baseline - CLIENTS;
-        assert!(
-            held <= LIMIT + 2,
-            "the server holds {held} descriptors for {CLIENTS} clients at maxconn {LIMIT}"
-        );
-        // Finishing connections lets the waiting ones in, one slot at a time.
-        for c in clients.drain(..LIMIT) {
-            drop(c);
-        }
-        assert!(wait_for(|| rt.stats().total.accepted >= 2 * LIMIT as u64), "accepting resumed");
-        let mut c = clients.pop().unwrap();
-        drop(clients);
-        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        c.write_all(b"ping").unwrap();
-        let mut b = [0u8; 4];
-        c.read_exact(&mut b).expect("a waiting client is served once slots free");
-        assert_eq!(&b, b"ping");
+#[hotloop::test(driver = "all")]
+fn global_maxconn_pauses_accepting(driver: DriverKind) {
+    let options = ServerOptions { maxconn: Some(3), ..Default::default() };
+    limit_test(driver, options, 2, 3);
+}
+
+/// At `maxconn` the driver holds no descriptors beyond the limit: on
+/// io_uring the multishot accept stops, so the kernel's backlog (not
+/// the driver's queue) holds the clients that wait; it resumes as
+/// connections finish.
+#[hotloop::test(driver = "all")]
+fn maxconn_bounds_descriptors_not_only_handlers(driver: DriverKind) {
+    const LIMIT: usize = 10;
+    const CLIENTS: usize = 120;
+    let _serial = serial();
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let options = ServerOptions { maxconn: Some(LIMIT), ..Default::default() };
+    let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
+    let addr = server.local_addr();
+    std::thread::sleep(Duration::from_millis(50));
+    let baseline = hotloop::open_fd_count().unwrap();
+    let mut clients: Vec<TcpStream> =
+        (0..CLIENTS).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let held = hotloop::open_fd_count().unwrap() - baseline - CLIENTS;
+    assert!(
+        held <= LIMIT + 2,
+        "the server holds {held} descriptors for {CLIENTS} clients at maxconn {LIMIT}"
+    );
+    // Finishing connections lets the waiting ones in, one slot at a time.
+    for c in clients.drain(..LIMIT) {
+        drop(c);
     }
+    assert!(wait_for(|| rt.stats().total.accepted >= 2 * LIMIT as u64), "accepting resumed");
+    let mut c = clients.pop().unwrap();
+    drop(clients);
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).expect("a waiting client is served once slots free");
+    assert_eq!(&b, b"ping");
 }

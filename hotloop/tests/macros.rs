@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use hotloop::net::{TcpListener, TcpStream};
-use hotloop::{DriverKind, Handle};
+use hotloop::{DriverKind, Handle, Runtime};
 
 /// The driver the current runtime's workers use, as the stats report it.
 fn current_driver() -> &'static str {
@@ -82,6 +82,31 @@ async fn ignore_passes_through() {
     panic!("ignored tests do not run");
 }
 
+/// A plain `fn` with `driver = "all"` runs once per driver and gets no
+/// runtime: it builds its own, here with two workers.
+#[hotloop::test(driver = "all")]
+fn a_plain_fn_runs_once_per_driver_on_runtimes_it_builds(driver: DriverKind) {
+    let expected = match driver {
+        DriverKind::Epoll => "epoll",
+        DriverKind::Uring => "uring",
+        DriverKind::Auto => unreachable!("`all` names each driver"),
+    };
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    assert_eq!(rt.stats().info.driver, expected);
+    let from_worker = rt.block_on(async { Handle::current().spawn_on(1, || async { 7 }).await });
+    assert_eq!(from_worker.unwrap(), 7);
+}
+
+#[hotloop::test(driver = "all")]
+fn a_plain_fn_may_return_a_result(driver: DriverKind) -> std::io::Result<()> {
+    let rt = Runtime::builder().workers(1).driver(driver).build()?;
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        std::net::TcpStream::connect(listener.local_addr()?)?;
+        Ok(())
+    })
+}
+
 /// Where io_uring cannot run, `HOTLOOP_REQUIRE_URING=1` turns the skip into
 /// a failure: run the uring variant in a child process with it set.
 #[test]
@@ -92,12 +117,18 @@ fn require_uring_fails_instead_of_skipping() {
         );
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "uring_only_skips_where_the_kernel_cannot", "--test-threads", "1"])
-        .env("HOTLOOP_REQUIRE_URING", "1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "the io_uring test must fail when io_uring is required");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("HOTLOOP_REQUIRE_URING=1"), "{text}");
+    // An `async fn` test, and a plain `fn` one.
+    for test in [
+        "uring_only_skips_where_the_kernel_cannot",
+        "a_plain_fn_runs_once_per_driver_on_runtimes_it_builds::uring",
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--test-threads", "1"])
+            .env("HOTLOOP_REQUIRE_URING", "1")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{test} must fail when io_uring is required");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("HOTLOOP_REQUIRE_URING=1"), "{text}");
+    }
 }

@@ -12,9 +12,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::DriverKind;
 use hotloop::net::{ListenerOptions, TcpListener, TcpStream};
 use hotloop::time::{sleep, timeout, timeout_at};
+use hotloop::DriverKind;
 use hotloop::{AcceptMode, Runtime};
 
 /// A deadline that every clock, the loop's cached one included, sees as passed.
@@ -57,140 +57,144 @@ fn silent_peer() -> (SocketAddr, mpsc::Sender<()>) {
     (addr, tx)
 }
 
-test_all_drivers! {
-    /// A write whose deadline passed in the turn it was made, on a stream
-    /// dropped at once: another socket that gets the same descriptor number
-    /// must not receive its bytes.
-    fn a_dropped_write_never_reaches_a_reused_descriptor(driver: DriverKind) {
-        let rt = runtime(driver);
-        let (addr_a, _hold_a) = silent_peer();
-        let (addr_b, got_b) = recording_peer(b"");
-        rt.block_on(async {
-            let a = TcpStream::connect(addr_a).await.unwrap();
-            let fd_a = std::os::fd::AsRawFd::as_raw_fd(&a);
-            // Queued, then dropped by the elapsed deadline in the same turn.
-            let _ = timeout_at(already_passed(), a.write(b"LEAKED BYTES".to_vec())).await;
-            drop(a);
-            // A blocking connect in the same turn takes the lowest free number.
-            let b = StdStream::connect(addr_b).unwrap();
-            let fd_b = std::os::fd::AsRawFd::as_raw_fd(&b);
-            if fd_b != fd_a {
-                eprintln!("note: the descriptor was not reused ({fd_a} -> {fd_b})");
+/// A write whose deadline passed in the turn it was made, on a stream
+/// dropped at once: another socket that gets the same descriptor number
+/// must not receive its bytes.
+#[hotloop::test(driver = "all")]
+fn a_dropped_write_never_reaches_a_reused_descriptor(driver: DriverKind) {
+    let rt = runtime(driver);
+    let (addr_a, _hold_a) = silent_peer();
+    let (addr_b, got_b) = recording_peer(b"");
+    rt.block_on(async {
+        let a = TcpStream::connect(addr_a).await.unwrap();
+        let fd_a = std::os::fd::AsRawFd::as_raw_fd(&a);
+        // Queued, then dropped by the elapsed deadline in the same turn.
+        let _ = timeout_at(already_passed(), a.write(b"LEAKED BYTES".to_vec())).await;
+        drop(a);
+        // A blocking connect in the same turn takes the lowest free number.
+        let b = StdStream::connect(addr_b).unwrap();
+        let fd_b = std::os::fd::AsRawFd::as_raw_fd(&b);
+        if fd_b != fd_a {
+            eprintln!("note: the descriptor was not reused ({fd_a} -> {fd_b})");
+        }
+        // Let the loop enter the kernel a few times.
+        sleep(Duration::from_millis(30)).await;
+        (&b).write_all(b"hello").unwrap();
+        drop(b);
+    });
+    let got = got_b.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(got, b"hello", "bytes of a dropped write reached another socket");
+}
+
+/// A read dropped the same way must not steal the bytes of the socket
+/// that reuses its descriptor number.
+#[hotloop::test(driver = "all")]
+fn a_dropped_read_never_steals_from_a_reused_descriptor(driver: DriverKind) {
+    let rt = runtime(driver);
+    let (addr_a, _hold_a) = silent_peer();
+    let (addr_b, _got_b) = recording_peer(b"GREETING");
+    rt.block_on(async {
+        let a = TcpStream::connect(addr_a).await.unwrap();
+        let _ = timeout_at(already_passed(), a.read(Vec::with_capacity(64))).await;
+        drop(a);
+        let mut b = StdStream::connect(addr_b).unwrap();
+        // Wait (blocking this turn) until the greeting is in b's receive queue.
+        thread::sleep(Duration::from_millis(30));
+        sleep(Duration::from_millis(30)).await;
+        b.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut got = [0u8; 8];
+        b.read_exact(&mut got).expect("the greeting was stolen by a dropped read");
+        assert_eq!(&got, b"GREETING");
+    });
+}
+
+/// A read whose future is dropped in the turn it was made loses no
+/// bytes: the kernel never saw it.
+#[hotloop::test(driver = "all")]
+fn a_read_dropped_in_its_own_turn_loses_nothing(driver: DriverKind) {
+    let rt = runtime(driver);
+    rt.block_on(async {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = StdStream::connect(l.local_addr().unwrap()).unwrap();
+        let s = l.accept_stream().await.unwrap();
+        c.write_all(b"DATA").unwrap();
+        sleep(Duration::from_millis(20)).await; // the bytes are in s's receive queue
+        for _ in 0..10 {
+            let r = timeout_at(already_passed(), s.read(Vec::with_capacity(64))).await;
+            if let Ok((res, buf)) = r {
+                // epoll reads at once; that is fine, and the bytes are here.
+                assert_eq!((res.unwrap(), &buf[..]), (4, &b"DATA"[..]));
+                return;
             }
-            // Let the loop enter the kernel a few times.
-            sleep(Duration::from_millis(30)).await;
-            (&b).write_all(b"hello").unwrap();
-            drop(b);
-        });
-        let got = got_b.recv_timeout(Duration::from_secs(5)).unwrap();
-        assert_eq!(got, b"hello", "bytes of a dropped write reached another socket");
-    }
+        }
+        let (res, buf) = timeout(Duration::from_secs(2), s.read(Vec::with_capacity(64)))
+            .await
+            .expect("the bytes were lost to a dropped read");
+        assert_eq!(res.unwrap(), 4);
+        assert_eq!(&buf[..], b"DATA");
+    });
+}
 
-    /// A read dropped the same way must not steal the bytes of the socket
-    /// that reuses its descriptor number.
-    fn a_dropped_read_never_steals_from_a_reused_descriptor(driver: DriverKind) {
-        let rt = runtime(driver);
-        let (addr_a, _hold_a) = silent_peer();
-        let (addr_b, _got_b) = recording_peer(b"GREETING");
-        rt.block_on(async {
-            let a = TcpStream::connect(addr_a).await.unwrap();
-            let _ = timeout_at(already_passed(), a.read(Vec::with_capacity(64))).await;
-            drop(a);
-            let mut b = StdStream::connect(addr_b).unwrap();
-            // Wait (blocking this turn) until the greeting is in b's receive queue.
-            thread::sleep(Duration::from_millis(30));
-            sleep(Duration::from_millis(30)).await;
-            b.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            let mut got = [0u8; 8];
-            b.read_exact(&mut got).expect("the greeting was stolen by a dropped read");
-            assert_eq!(&got, b"GREETING");
-        });
-    }
+/// A single-shot accept armed right before its listener is dropped
+/// never takes a connection meant for the next listener that gets the
+/// same descriptor number.
+#[hotloop::test(driver = "all")]
+fn a_dropped_listeners_accept_never_takes_another_listeners_connection(driver: DriverKind) {
+    let rt = runtime(driver);
+    rt.block_on(async {
+        let opts = ListenerOptions { accept_mode: AcceptMode::Single, ..Default::default() };
+        let old = TcpListener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
+        // Arms an accept (single-shot on io_uring) and leaves it queued.
+        assert!(timeout(Duration::from_millis(1), old.accept()).await.is_err());
+        drop(old);
+        let new = TcpListener::bind_with("127.0.0.1:0", opts).unwrap();
+        let mut c = StdStream::connect(new.local_addr().unwrap()).unwrap();
+        let (s, _) = timeout(Duration::from_secs(2), new.accept())
+            .await
+            .expect("the connection went to the dropped listener's accept")
+            .unwrap();
+        c.write_all(b"x").unwrap();
+        let (res, buf) = s.read(Vec::with_capacity(8)).await;
+        assert_eq!((res.unwrap(), &buf[..]), (1, &b"x"[..]));
+    });
+}
 
-    /// A read whose future is dropped in the turn it was made loses no
-    /// bytes: the kernel never saw it.
-    fn a_read_dropped_in_its_own_turn_loses_nothing(driver: DriverKind) {
-        let rt = runtime(driver);
-        rt.block_on(async {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            let mut c = StdStream::connect(l.local_addr().unwrap()).unwrap();
-            let s = l.accept_stream().await.unwrap();
-            c.write_all(b"DATA").unwrap();
-            sleep(Duration::from_millis(20)).await; // the bytes are in s's receive queue
-            for _ in 0..10 {
-                let r = timeout_at(already_passed(), s.read(Vec::with_capacity(64))).await;
-                if let Ok((res, buf)) = r {
-                    // epoll reads at once; that is fine, and the bytes are here.
-                    assert_eq!((res.unwrap(), &buf[..]), (4, &b"DATA"[..]));
-                    return;
-                }
-            }
-            let (res, buf) = timeout(Duration::from_secs(2), s.read(Vec::with_capacity(64)))
-                .await
-                .expect("the bytes were lost to a dropped read");
-            assert_eq!(res.unwrap(), 4);
-            assert_eq!(&buf[..], b"DATA");
-        });
-    }
+/// A listener whose accept is armed, dropped after `block_on` returned,
+/// stops accepting at once.
+#[hotloop::test(driver = "all")]
+fn a_listener_dropped_outside_its_runtime_stops_accepting(driver: DriverKind) {
+    let rt = runtime(driver);
+    let listener = rt.block_on(async {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        // Arms the accept (multishot on io_uring) and leaves it armed.
+        assert!(timeout(Duration::from_millis(20), l.accept()).await.is_err());
+        l
+    });
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let err = StdStream::connect(addr).expect_err("a dropped listener still accepts");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    drop(rt);
+}
 
-    /// A single-shot accept armed right before its listener is dropped
-    /// never takes a connection meant for the next listener that gets the
-    /// same descriptor number.
-    fn a_dropped_listeners_accept_never_takes_another_listeners_connection(driver: DriverKind) {
-        let rt = runtime(driver);
-        rt.block_on(async {
-            let opts = ListenerOptions { accept_mode: AcceptMode::Single, ..Default::default() };
-            let old = TcpListener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
-            // Arms an accept (single-shot on io_uring) and leaves it queued.
-            assert!(timeout(Duration::from_millis(1), old.accept()).await.is_err());
-            drop(old);
-            let new = TcpListener::bind_with("127.0.0.1:0", opts).unwrap();
-            let mut c = StdStream::connect(new.local_addr().unwrap()).unwrap();
-            let (s, _) = timeout(Duration::from_secs(2), new.accept())
-                .await
-                .expect("the connection went to the dropped listener's accept")
-                .unwrap();
-            c.write_all(b"x").unwrap();
-            let (res, buf) = s.read(Vec::with_capacity(8)).await;
-            assert_eq!((res.unwrap(), &buf[..]), (1, &b"x"[..]));
-        });
-    }
-
-    /// A listener whose accept is armed, dropped after `block_on` returned,
-    /// stops accepting at once.
-    fn a_listener_dropped_outside_its_runtime_stops_accepting(driver: DriverKind) {
-        let rt = runtime(driver);
-        let listener = rt.block_on(async {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            // Arms the accept (multishot on io_uring) and leaves it armed.
-            assert!(timeout(Duration::from_millis(20), l.accept()).await.is_err());
-            l
-        });
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        let err = StdStream::connect(addr).expect_err("a dropped listener still accepts");
-        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
-        drop(rt);
-    }
-
-    /// A stream with a read in flight, dropped after `block_on` returned,
-    /// closes at once: the peer sees the end of the stream.
-    fn a_stream_dropped_outside_its_runtime_closes(driver: DriverKind) {
-        let rt = runtime(driver);
-        let l = StdListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let stream = rt.block_on(async {
-            let s = TcpStream::connect(addr).await.unwrap();
-            // The read stays in the kernel until its cancel is processed.
-            assert!(timeout(Duration::from_millis(20), s.read(Vec::with_capacity(64))).await.is_err());
-            s
-        });
-        let (mut peer, _) = l.accept().unwrap();
-        drop(stream);
-        peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut buf = [0u8; 8];
-        let n = peer.read(&mut buf).expect("the peer never saw the stream close");
-        assert_eq!(n, 0);
-        drop(rt);
-    }
+/// A stream with a read in flight, dropped after `block_on` returned,
+/// closes at once: the peer sees the end of the stream.
+#[hotloop::test(driver = "all")]
+fn a_stream_dropped_outside_its_runtime_closes(driver: DriverKind) {
+    let rt = runtime(driver);
+    let l = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let stream = rt.block_on(async {
+        let s = TcpStream::connect(addr).await.unwrap();
+        // The read stays in the kernel until its cancel is processed.
+        assert!(timeout(Duration::from_millis(20), s.read(Vec::with_capacity(64))).await.is_err());
+        s
+    });
+    let (mut peer, _) = l.accept().unwrap();
+    drop(stream);
+    peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut buf = [0u8; 8];
+    let n = peer.read(&mut buf).expect("the peer never saw the stream close");
+    assert_eq!(n, 0);
+    drop(rt);
 }

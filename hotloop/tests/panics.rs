@@ -11,8 +11,8 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::time::{sleep, timeout};
+use hotloop::DriverKind;
 use hotloop::{spawn, yield_now, JoinError, Runtime};
 
 /// Panics when dropped.
@@ -47,92 +47,98 @@ fn payload(e: JoinError) -> String {
     }
 }
 
-test_all_drivers! {
-    fn a_panicking_destructor_of_an_aborted_task_spares_the_worker(driver: DriverKind) {
-        let rt = runtime(driver);
-        let r = rt
-            .handle()
-            .spawn_on(0, || async {
-                let h = spawn(async {
-                    let _g = PanicOnDrop("aborted task's destructor");
-                    pending::<()>().await
-                });
-                yield_now().await;
-                h.abort();
-                h.await.map_err(|e| e.is_cancelled())
-            })
-            .join();
-        assert_eq!(r.unwrap(), Err(true));
-        worker_alive(&rt);
-    }
-
-    fn a_panicking_destructor_of_a_finished_task_spares_the_worker(driver: DriverKind) {
-        let rt = runtime(driver);
-        let r = rt
-            .handle()
-            .spawn_on(0, || Finished {
-                _guard: PanicOnDrop("finished task's destructor"),
-                inner: Box::pin(async {
-                    sleep(Duration::from_millis(1)).await;
-                    5
-                }),
-            })
-            .join();
-        assert_eq!(r.unwrap(), 5, "the output was delivered before the destructor ran");
-        worker_alive(&rt);
-    }
-
-    fn a_panicking_spawn_on_closure_reaches_its_join_handle(driver: DriverKind) {
-        let rt = runtime(driver);
-        let r = rt
-            .handle()
-            .spawn_on(0, || -> std::future::Ready<u32> { panic!("closure panicked") })
-            .join();
-        assert_eq!(payload(r.unwrap_err()), "closure panicked");
-        worker_alive(&rt);
-        // block_on_all, which waits on every worker, still returns.
-        let all = rt.block_on_all(|w| async move { w });
-        assert_eq!(all.len(), 1);
-    }
-
-    /// A buffer whose destructor panics, dropped by the driver when its
-    /// cancelled read ends (io_uring) or by the task (epoll).
-    fn a_panicking_buffer_destructor_spares_the_worker(driver: DriverKind) {
-        let rt = runtime(driver);
-        let r = rt
-            .handle()
-            .spawn_on(0, || async {
-                let l = hotloop::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-                let s = l.accept_stream().await.unwrap();
-                let buf = PanickyBuf { bytes: Vec::with_capacity(64), _g: PanicOnDrop("buffer") };
-                let r = hotloop::spawn(async move {
-                    let _ = timeout(Duration::from_millis(5), s.read(buf)).await;
-                })
-                .await;
-                sleep(Duration::from_millis(20)).await; // the cancelled read ends
-                r.is_err()
-            })
-            .join();
-        assert!(r.is_ok(), "{:?}", r.err().map(payload));
-        worker_alive(&rt);
-    }
-
-    /// A task that panics and whose destructor then aborts another task:
-    /// the panic is the panicking task's, and the other task is cancelled.
-    fn a_panic_is_never_blamed_on_another_task(driver: DriverKind) {
-        let rt = runtime(driver);
-        rt.block_on(async {
-            let victim = Rc::new(RefCell::new(spawn(pending::<()>())));
-            let culprit = spawn(WithGuard {
-                _guard: AbortOnDrop(victim.clone()),
-                inner: Box::pin(async { panic!("the culprit's own panic") }),
+#[hotloop::test(driver = "all")]
+fn a_panicking_destructor_of_an_aborted_task_spares_the_worker(driver: DriverKind) {
+    let rt = runtime(driver);
+    let r = rt
+        .handle()
+        .spawn_on(0, || async {
+            let h = spawn(async {
+                let _g = PanicOnDrop("aborted task's destructor");
+                pending::<()>().await
             });
-            assert_eq!(payload(culprit.await.unwrap_err()), "the culprit's own panic");
-            let v = poll_fn(|cx| Pin::new(&mut *victim.borrow_mut()).poll(cx)).await;
-            assert!(v.expect_err("the victim ran on").is_cancelled(), "the victim got the culprit's panic");
+            yield_now().await;
+            h.abort();
+            h.await.map_err(|e| e.is_cancelled())
+        })
+        .join();
+    assert_eq!(r.unwrap(), Err(true));
+    worker_alive(&rt);
+}
+
+#[hotloop::test(driver = "all")]
+fn a_panicking_destructor_of_a_finished_task_spares_the_worker(driver: DriverKind) {
+    let rt = runtime(driver);
+    let r = rt
+        .handle()
+        .spawn_on(0, || Finished {
+            _guard: PanicOnDrop("finished task's destructor"),
+            inner: Box::pin(async {
+                sleep(Duration::from_millis(1)).await;
+                5
+            }),
+        })
+        .join();
+    assert_eq!(r.unwrap(), 5, "the output was delivered before the destructor ran");
+    worker_alive(&rt);
+}
+
+#[hotloop::test(driver = "all")]
+fn a_panicking_spawn_on_closure_reaches_its_join_handle(driver: DriverKind) {
+    let rt = runtime(driver);
+    let r = rt
+        .handle()
+        .spawn_on(0, || -> std::future::Ready<u32> { panic!("closure panicked") })
+        .join();
+    assert_eq!(payload(r.unwrap_err()), "closure panicked");
+    worker_alive(&rt);
+    // block_on_all, which waits on every worker, still returns.
+    let all = rt.block_on_all(|w| async move { w });
+    assert_eq!(all.len(), 1);
+}
+
+/// A buffer whose destructor panics, dropped by the driver when its
+/// cancelled read ends (io_uring) or by the task (epoll).
+#[hotloop::test(driver = "all")]
+fn a_panicking_buffer_destructor_spares_the_worker(driver: DriverKind) {
+    let rt = runtime(driver);
+    let r = rt
+        .handle()
+        .spawn_on(0, || async {
+            let l = hotloop::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let s = l.accept_stream().await.unwrap();
+            let buf = PanickyBuf { bytes: Vec::with_capacity(64), _g: PanicOnDrop("buffer") };
+            let r = hotloop::spawn(async move {
+                let _ = timeout(Duration::from_millis(5), s.read(buf)).await;
+            })
+            .await;
+            sleep(Duration::from_millis(20)).await; // the cancelled read ends
+            r.is_err()
+        })
+        .join();
+    assert!(r.is_ok(), "{:?}", r.err().map(payload));
+    worker_alive(&rt);
+}
+
+/// A task that panics and whose destructor then aborts another task:
+/// the panic is the panicking task's, and the other task is cancelled.
+#[hotloop::test(driver = "all")]
+fn a_panic_is_never_blamed_on_another_task(driver: DriverKind) {
+    let rt = runtime(driver);
+    rt.block_on(async {
+        let victim = Rc::new(RefCell::new(spawn(pending::<()>())));
+        let culprit = spawn(WithGuard {
+            _guard: AbortOnDrop(victim.clone()),
+            inner: Box::pin(async { panic!("the culprit's own panic") }),
         });
-    }
+        assert_eq!(payload(culprit.await.unwrap_err()), "the culprit's own panic");
+        let v = poll_fn(|cx| Pin::new(&mut *victim.borrow_mut()).poll(cx)).await;
+        assert!(
+            v.expect_err("the victim ran on").is_cancelled(),
+            "the victim got the culprit's panic"
+        );
+    });
 }
 
 /// Aborts a task when dropped.

@@ -9,8 +9,8 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::net::{serve, ListenerOptions};
+use hotloop::DriverKind;
 use hotloop::{Registration, Runtime};
 
 const CONNECTIONS: usize = 50;

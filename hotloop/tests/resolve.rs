@@ -105,8 +105,7 @@ fn slow_resolver_does_not_stall_the_worker(driver: DriverKind) {
     server.stop();
 }
 
-test_all_drivers! {
-    fn a_slow_resolver_does_not_stall_the_worker(driver: DriverKind) {
-        slow_resolver_does_not_stall_the_worker(driver);
-    }
+#[hotloop::test(driver = "all")]
+fn a_slow_resolver_does_not_stall_the_worker(driver: DriverKind) {
+    slow_resolver_does_not_stall_the_worker(driver);
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use hotloop::{spawn, yield_now, Runtime};
+use hotloop::{spawn, yield_now, DriverKind, Runtime};
 
 /// Sets a flag when dropped, to see that a task's future was dropped.
 struct DropFlag(Arc<AtomicBool>);
@@ -20,95 +20,103 @@ impl Drop for DropFlag {
     }
 }
 
-test_all_drivers! {
-    fn block_on_and_spawn_return_outputs(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let out = rt.block_on(async {
-            let local = Rc::new(Cell::new(1)); // !Send state is fine in a task
-            let l2 = local.clone();
-            let h = spawn(async move {
-                l2.set(l2.get() + 41);
-                "done"
-            });
-            let r = h.await.unwrap();
-            (r, local.get())
+#[hotloop::test(driver = "all")]
+fn block_on_and_spawn_return_outputs(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let out = rt.block_on(async {
+        let local = Rc::new(Cell::new(1)); // !Send state is fine in a task
+        let l2 = local.clone();
+        let h = spawn(async move {
+            l2.set(l2.get() + 41);
+            "done"
         });
-        assert_eq!(out, ("done", 42));
-    }
+        let r = h.await.unwrap();
+        (r, local.get())
+    });
+    assert_eq!(out, ("done", 42));
+}
 
-    fn abort_drops_the_future(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let dropped = Arc::new(AtomicBool::new(false));
-        let d = dropped.clone();
-        let err = rt.block_on(async move {
-            let h = spawn(async move {
-                let _flag = DropFlag(d);
-                hotloop::time::sleep(Duration::from_secs(3600)).await;
-            });
-            yield_now().await;
-            h.abort();
-            h.await.unwrap_err()
+#[hotloop::test(driver = "all")]
+fn abort_drops_the_future(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let d = dropped.clone();
+    let err = rt.block_on(async move {
+        let h = spawn(async move {
+            let _flag = DropFlag(d);
+            hotloop::time::sleep(Duration::from_secs(3600)).await;
         });
-        assert!(err.is_cancelled());
-        assert!(dropped.load(Ordering::SeqCst));
-    }
+        yield_now().await;
+        h.abort();
+        h.await.unwrap_err()
+    });
+    assert!(err.is_cancelled());
+    assert!(dropped.load(Ordering::SeqCst));
+}
 
-    fn panicking_task_reports_and_runtime_continues(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let (panicked, after) = rt.block_on(async {
-            let h = spawn(async { panic!("boom (expected by the test)") });
-            let panicked = h.await.unwrap_err().is_panic();
-            (panicked, spawn(async { 7 }).await.unwrap())
-        });
-        assert!(panicked);
-        assert_eq!(after, 7);
-    }
+#[hotloop::test(driver = "all")]
+fn panicking_task_reports_and_runtime_continues(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let (panicked, after) = rt.block_on(async {
+        let h = spawn(async { panic!("boom (expected by the test)") });
+        let panicked = h.await.unwrap_err().is_panic();
+        (panicked, spawn(async { 7 }).await.unwrap())
+    });
+    assert!(panicked);
+    assert_eq!(after, 7);
+}
 
-    fn spawn_on_workers_from_another_thread(driver: DriverKind) {
-        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
-        let handle = rt.handle().clone();
-        let t = std::thread::spawn(move || {
-            (0..handle.workers())
-                .map(|w| handle.spawn_on(w, move || async move { std::thread::current().name().map(String::from) }))
-                .map(|h| h.join().unwrap())
-                .collect::<Vec<_>>()
-        });
-        let names = t.join().unwrap();
-        assert_eq!(names, vec![Some("hotloop-worker-0".into()), Some("hotloop-worker-1".into())]);
-    }
-
-    fn cross_thread_wake_reaches_a_sleeping_worker(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        let slot: Arc<Mutex<(bool, Option<Waker>)>> = Arc::new(Mutex::new((false, None)));
-        let s2 = slot.clone();
-        let waiter = rt.handle().spawn_on(0, move || async move {
-            std::future::poll_fn(|cx| {
-                let mut st = s2.lock().unwrap();
-                if st.0 {
-                    Poll::Ready(())
-                } else {
-                    st.1 = Some(cx.waker().clone());
-                    Poll::Pending
-                }
+#[hotloop::test(driver = "all")]
+fn spawn_on_workers_from_another_thread(driver: DriverKind) {
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let handle = rt.handle().clone();
+    let t = std::thread::spawn(move || {
+        (0..handle.workers())
+            .map(|w| {
+                handle.spawn_on(w, move || async move {
+                    std::thread::current().name().map(String::from)
+                })
             })
-            .await
-        });
-        // Let the worker go to sleep in its poller with no timer pending.
-        std::thread::sleep(Duration::from_millis(100));
-        let waker = {
-            let mut st = slot.lock().unwrap();
-            st.0 = true;
-            st.1.take().expect("task parked its waker")
-        };
-        waker.wake();
-        waiter.join().unwrap();
-        assert!(rt.stats().workers[0].remote_wakeups > 0);
-    }
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let names = t.join().unwrap();
+    assert_eq!(names, vec![Some("hotloop-worker-0".into()), Some("hotloop-worker-1".into())]);
+}
 
-    fn block_on_all_runs_on_every_worker(driver: DriverKind) {
-        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
-        let out = rt.block_on_all(|w| async move { w * 10 });
-        let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
-        assert_eq!(out, vec![0, 10]);
-    }
+#[hotloop::test(driver = "all")]
+fn cross_thread_wake_reaches_a_sleeping_worker(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let slot: Arc<Mutex<(bool, Option<Waker>)>> = Arc::new(Mutex::new((false, None)));
+    let s2 = slot.clone();
+    let waiter = rt.handle().spawn_on(0, move || async move {
+        std::future::poll_fn(|cx| {
+            let mut st = s2.lock().unwrap();
+            if st.0 {
+                Poll::Ready(())
+            } else {
+                st.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    });
+    // Let the worker go to sleep in its poller with no timer pending.
+    std::thread::sleep(Duration::from_millis(100));
+    let waker = {
+        let mut st = slot.lock().unwrap();
+        st.0 = true;
+        st.1.take().expect("task parked its waker")
+    };
+    waker.wake();
+    waiter.join().unwrap();
+    assert!(rt.stats().workers[0].remote_wakeups > 0);
+}
+
+#[hotloop::test(driver = "all")]
+fn block_on_all_runs_on_every_worker(driver: DriverKind) {
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let out = rt.block_on_all(|w| async move { w * 10 });
+    let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
+    assert_eq!(out, vec![0, 10]);
 }

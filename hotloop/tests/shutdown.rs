@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::DriverKind;
 use hotloop::net::{serve, ListenerOptions, TcpListener};
+use hotloop::DriverKind;
 use hotloop::Runtime;
 
 struct Count(Arc<AtomicUsize>);

@@ -9,8 +9,8 @@ mod common;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::DriverKind;
 use hotloop::time::{interval, sleep, timeout};
+use hotloop::DriverKind;
 use hotloop::{spawn, Runtime};
 
 #[hotloop::test(driver = "all")]
@@ -78,54 +78,58 @@ async fn dropped_sleep_is_cancelled() {
     assert!(c.timers_fired <= 1_100, "cancelled timers fired: {}", c.timers_fired);
 }
 
-test_all_drivers! {
-    /// `Duration::MAX` means "never": no overflow panic, and the worker sleeps.
-    fn the_longest_sleeps_and_timeouts_neither_panic_nor_spin(driver: DriverKind) {
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        rt.block_on(async {
-            assert_eq!(timeout(Duration::MAX, async { 3 }).await, Ok(3));
-            assert!(timeout(Duration::from_millis(10), sleep(Duration::MAX)).await.is_err());
-            // A deadline past 2^64 ms from the clock's base.
-            let polls = std::rc::Rc::new(std::cell::Cell::new(0u32));
-            let counted = polls.clone();
-            let far = spawn(async move {
-                let mut s = std::pin::pin!(sleep(Duration::from_millis(u64::MAX)));
-                std::future::poll_fn(|cx| {
-                    counted.set(counted.get() + 1);
-                    s.as_mut().poll(cx)
-                })
-                .await
-            });
-            sleep(Duration::from_millis(100)).await;
-            assert!(!far.is_finished(), "a sleep of 2^64 ms fired");
-            assert!(polls.get() <= 2, "the far sleep was polled {} times: the worker spins", polls.get());
-            far.abort();
-        });
-    }
-
-    /// A sleep polled on one worker and then awaited on another leaves no
-    /// entry in the first worker's wheel.
-    fn a_sleep_that_moves_between_workers_leaves_no_timer_behind(driver: DriverKind) {
-        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
-        let h = rt.handle();
-        let s = h
-            .spawn_on(0, || async {
-                let mut s = Box::pin(sleep(Duration::from_millis(30)));
-                std::future::poll_fn(|cx| {
-                    let _ = s.as_mut().poll(cx);
-                    std::task::Poll::Ready(())
-                })
-                .await;
-                s
+/// `Duration::MAX` means "never": no overflow panic, and the worker sleeps.
+#[hotloop::test(driver = "all")]
+fn the_longest_sleeps_and_timeouts_neither_panic_nor_spin(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    rt.block_on(async {
+        assert_eq!(timeout(Duration::MAX, async { 3 }).await, Ok(3));
+        assert!(timeout(Duration::from_millis(10), sleep(Duration::MAX)).await.is_err());
+        // A deadline past 2^64 ms from the clock's base.
+        let polls = std::rc::Rc::new(std::cell::Cell::new(0u32));
+        let counted = polls.clone();
+        let far = spawn(async move {
+            let mut s = std::pin::pin!(sleep(Duration::from_millis(u64::MAX)));
+            std::future::poll_fn(|cx| {
+                counted.set(counted.get() + 1);
+                s.as_mut().poll(cx)
             })
-            .join()
-            .unwrap();
-        h.spawn_on(1, move || s).join().unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        let stats = rt.stats();
-        assert_eq!(stats.workers[1].timers_fired, 1, "the sleep fired on the worker that awaited it");
-        assert_eq!(stats.workers[0].timers_fired, 0, "the first worker's wheel kept a stale timer");
-    }
+            .await
+        });
+        sleep(Duration::from_millis(100)).await;
+        assert!(!far.is_finished(), "a sleep of 2^64 ms fired");
+        assert!(
+            polls.get() <= 2,
+            "the far sleep was polled {} times: the worker spins",
+            polls.get()
+        );
+        far.abort();
+    });
+}
+
+/// A sleep polled on one worker and then awaited on another leaves no
+/// entry in the first worker's wheel.
+#[hotloop::test(driver = "all")]
+fn a_sleep_that_moves_between_workers_leaves_no_timer_behind(driver: DriverKind) {
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let h = rt.handle();
+    let s = h
+        .spawn_on(0, || async {
+            let mut s = Box::pin(sleep(Duration::from_millis(30)));
+            std::future::poll_fn(|cx| {
+                let _ = s.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
+            s
+        })
+        .join()
+        .unwrap();
+    h.spawn_on(1, move || s).join().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let stats = rt.stats();
+    assert_eq!(stats.workers[1].timers_fired, 1, "the sleep fired on the worker that awaited it");
+    assert_eq!(stats.workers[0].timers_fired, 0, "the first worker's wheel kept a stale timer");
 }
 
 /// A sleep held in a thread-local that outlives the runtime's own

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::DriverKind;
+use hotloop::DriverKind;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -157,139 +157,151 @@ fn tls10_client_hello() -> Vec<u8> {
     record
 }
 
-test_all_drivers! {
-    fn curl_speaks_http1_and_http2_over_tls(driver: DriverKind) {
-        if !have("curl") {
-            return;
-        }
-        let s = https_server(driver);
-        let url = format!("https://localhost:{}/x", s.addr.port());
-        let resolve = format!("localhost:{}:127.0.0.1", s.addr.port());
-        let features = String::from_utf8_lossy(&Command::new("curl").arg("--version").output().unwrap().stdout).to_string();
-        let mut flags = vec![("--http1.1", "hello 3 HTTP/1.1 1.1")];
-        if features.contains("HTTP2") {
-            flags.push(("--http2", "hello 3 HTTP/2.0 2"));
-        } else {
-            eprintln!("this curl has no HTTP/2: only HTTP/1.1 checked");
-        }
-        for (flag, expected) in flags {
-            let out = Command::new("curl")
-                .args(["-sS", "--max-time", "10", "--cacert"])
-                .arg(&s.cert)
-                .args(["--resolve", &resolve, "-w", " %{http_version}", flag, "-d", "abc", &url])
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "curl {flag}: {}", String::from_utf8_lossy(&out.stderr));
-            assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "curl {flag}");
-        }
-        drop(s.rt);
+#[hotloop::test(driver = "all")]
+fn curl_speaks_http1_and_http2_over_tls(driver: DriverKind) {
+    if !have("curl") {
+        return;
     }
-
-    fn openssl_s_client_verifies_and_negotiates_alpn(driver: DriverKind) {
-        if !have("openssl") {
-            return;
-        }
-        let s = https_server(driver);
-        let mut child = Command::new("openssl")
-            .args(["s_client", "-connect", &s.addr.to_string(), "-servername", "localhost"])
-            .args(["-verify_return_error", "-alpn", "http/1.1", "-ign_eof", "-CAfile"])
+    let s = https_server(driver);
+    let url = format!("https://localhost:{}/x", s.addr.port());
+    let resolve = format!("localhost:{}:127.0.0.1", s.addr.port());
+    let features =
+        String::from_utf8_lossy(&Command::new("curl").arg("--version").output().unwrap().stdout)
+            .to_string();
+    let mut flags = vec![("--http1.1", "hello 3 HTTP/1.1 1.1")];
+    if features.contains("HTTP2") {
+        flags.push(("--http2", "hello 3 HTTP/2.0 2"));
+    } else {
+        eprintln!("this curl has no HTTP/2: only HTTP/1.1 checked");
+    }
+    for (flag, expected) in flags {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "--cacert"])
             .arg(&s.cert)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+            .args(["--resolve", &resolve, "-w", " %{http_version}", flag, "-d", "abc", &url])
+            .output()
             .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let pid = child.id();
-        let killer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(15));
-            // The pid is our own child's; it is gone (and this a no-op) once it exited.
-            let _ = Command::new("kill").arg(pid.to_string()).status();
-        });
-        let out = child.wait_with_output().unwrap();
-        drop(killer);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
-        assert!(text.contains("ALPN protocol: http/1.1"), "{text}");
-        assert!(text.contains("hello 0 HTTP/1.1"), "{text}");
+        assert!(out.status.success(), "curl {flag}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "curl {flag}");
     }
+    drop(s.rt);
+}
 
-    fn hyper_client_on_hotloop_over_tls_h2_and_http1(driver: DriverKind) {
-        let s = https_server(driver);
-        assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_H2), "hello 4 HTTP/2.0");
-        assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_HTTP11), "hello 4 HTTP/1.1");
+#[hotloop::test(driver = "all")]
+fn openssl_s_client_verifies_and_negotiates_alpn(driver: DriverKind) {
+    if !have("openssl") {
+        return;
     }
+    let s = https_server(driver);
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-connect", &s.addr.to_string(), "-servername", "localhost"])
+        .args(["-verify_return_error", "-alpn", "http/1.1", "-ign_eof", "-CAfile"])
+        .arg(&s.cert)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let pid = child.id();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(15));
+        // The pid is our own child's; it is gone (and this a no-op) once it exited.
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(killer);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
+    assert!(text.contains("ALPN protocol: http/1.1"), "{text}");
+    assert!(text.contains("hello 0 HTTP/1.1"), "{text}");
+}
 
-    fn failed_handshakes_end_within_the_limit_and_nothing_else(driver: DriverKind) {
-        let s = https_server(driver);
-        // Clients that stall halfway through a hello, held open throughout.
-        let hello = tls10_client_hello();
-        let stalled: Vec<_> = (0..20)
-            .map(|_| {
-                let mut c = std::net::TcpStream::connect(s.addr).unwrap();
-                c.write_all(&hello[..10]).unwrap();
-                c
-            })
-            .collect();
+#[hotloop::test(driver = "all")]
+fn hyper_client_on_hotloop_over_tls_h2_and_http1(driver: DriverKind) {
+    let s = https_server(driver);
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_H2), "hello 4 HTTP/2.0");
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_HTTP11), "hello 4 HTTP/1.1");
+}
 
-        // Garbage and a TLS 1.0-only hello are refused at once.
-        let garbage = time_until_closed(s.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").expect("closed");
-        assert!(garbage < HANDSHAKE_LIMIT, "garbage took {garbage:?}");
-        let old = time_until_closed(s.addr, &hello).expect("closed");
-        assert!(old < HANDSHAKE_LIMIT, "a TLS 1.0 hello took {old:?}");
+#[hotloop::test(driver = "all")]
+fn failed_handshakes_end_within_the_limit_and_nothing_else(driver: DriverKind) {
+    let s = https_server(driver);
+    // Clients that stall halfway through a hello, held open throughout.
+    let hello = tls10_client_hello();
+    let stalled: Vec<_> = (0..20)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+            c.write_all(&hello[..10]).unwrap();
+            c
+        })
+        .collect();
 
-        // A good client is served while the stalled ones wait.
-        assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_H2), "hello 4 HTTP/2.0");
+    // Garbage and a TLS 1.0-only hello are refused at once.
+    let garbage = time_until_closed(s.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").expect("closed");
+    assert!(garbage < HANDSHAKE_LIMIT, "garbage took {garbage:?}");
+    let old = time_until_closed(s.addr, &hello).expect("closed");
+    assert!(old < HANDSHAKE_LIMIT, "a TLS 1.0 hello took {old:?}");
 
-        // Each stalled client is cut at the handshake limit.
-        let stalled_for = time_until_closed(s.addr, &hello[..10]).expect("a stalled handshake is cut");
-        assert!(stalled_for >= HANDSHAKE_LIMIT - Duration::from_millis(50), "{stalled_for:?}");
-        assert!(stalled_for < HANDSHAKE_LIMIT + Duration::from_secs(1), "{stalled_for:?}");
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while s.server.active_connections() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert_eq!(s.server.active_connections(), 0, "every stalled handshake ended");
-        drop(stalled);
-        assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_HTTP11), "hello 4 HTTP/1.1");
+    // A good client is served while the stalled ones wait.
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_H2), "hello 4 HTTP/2.0");
+
+    // Each stalled client is cut at the handshake limit.
+    let stalled_for = time_until_closed(s.addr, &hello[..10]).expect("a stalled handshake is cut");
+    assert!(stalled_for >= HANDSHAKE_LIMIT - Duration::from_millis(50), "{stalled_for:?}");
+    assert!(stalled_for < HANDSHAKE_LIMIT + Duration::from_secs(1), "{stalled_for:?}");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while s.server.active_connections() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(s.server.active_connections(), 0, "every stalled handshake ended");
+    drop(stalled);
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_HTTP11), "hello 4 HTTP/1.1");
+}
 
-    fn serve_tls_echo_with_the_tls_connector(driver: DriverKind) {
-        let (cert, key) = certificate();
-        let acceptor = TlsAcceptor::from_pem_files(&cert, &key).unwrap();
-        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
-        let server = serve_tls(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), acceptor, |mut tls| async move {
+#[hotloop::test(driver = "all")]
+fn serve_tls_echo_with_the_tls_connector(driver: DriverKind) {
+    let (cert, key) = certificate();
+    let acceptor = TlsAcceptor::from_pem_files(&cert, &key).unwrap();
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let server = serve_tls(
+        rt.handle(),
+        "127.0.0.1:0",
+        ListenerOptions::default(),
+        acceptor,
+        |mut tls| async move {
             let mut buf = [0u8; 1024];
             while let Ok(n @ 1..) = tls.read(&mut buf).await {
                 if tls.write_all(&buf[..n]).await.is_err() {
                     break;
                 }
             }
-        })
-        .unwrap();
-        let addr = server.local_addr();
-        let connector = TlsConnector::from_root_pem_file(&cert, &[]).unwrap();
-        let got = rt.block_on(async move {
-            let mut tls = connector.connect_to(("localhost", addr.port()), "localhost").await.unwrap();
-            let mut out = Vec::new();
-            for i in 0..10u8 {
-                let msg = vec![i; 1000 + i as usize];
-                tls.write_all(&msg).await.unwrap();
-                let mut back = vec![0u8; msg.len()];
-                tls.read_exact(&mut back).await.unwrap();
-                out.push(back == msg);
-            }
-            out
-        });
-        assert!(got.iter().all(|ok| *ok));
-        // A certificate for another name is refused by the connector.
-        let connector = TlsConnector::from_root_pem_file(&cert, &[]).unwrap();
-        let err = rt.block_on(async move { connector.connect_to(addr, "example.com").await.map(|_| ()) });
-        assert!(err.is_err());
-    }
+        },
+    )
+    .unwrap();
+    let addr = server.local_addr();
+    let connector = TlsConnector::from_root_pem_file(&cert, &[]).unwrap();
+    let got = rt.block_on(async move {
+        let mut tls = connector.connect_to(("localhost", addr.port()), "localhost").await.unwrap();
+        let mut out = Vec::new();
+        for i in 0..10u8 {
+            let msg = vec![i; 1000 + i as usize];
+            tls.write_all(&msg).await.unwrap();
+            let mut back = vec![0u8; msg.len()];
+            tls.read_exact(&mut back).await.unwrap();
+            out.push(back == msg);
+        }
+        out
+    });
+    assert!(got.iter().all(|ok| *ok));
+    // A certificate for another name is refused by the connector.
+    let connector = TlsConnector::from_root_pem_file(&cert, &[]).unwrap();
+    let err =
+        rt.block_on(async move { connector.connect_to(addr, "example.com").await.map(|_| ()) });
+    assert!(err.is_err());
 }

@@ -1,5 +1,5 @@
 //! What the command-level tests share: a `hotloop` process stopped by pid,
-//! HTTP and stats helpers, and a macro that runs a test on each driver.
+//! HTTP and stats helpers, and the `--driver` value for each driver.
 
 #![allow(dead_code)] // each test file uses its own subset
 
@@ -9,51 +9,16 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The environment variable that turns a skipped io_uring test into a failure.
-pub const REQUIRE_URING: &str = "HOTLOOP_REQUIRE_URING";
-
-/// True (after saying why) if the io_uring variant must skip here.
-///
-/// # Panics
-/// If it would skip while [`REQUIRE_URING`] is set to `1`.
-pub fn skip_uring() -> bool {
-    let Err(reason) = hotloop::runtime::uring_available() else { return false };
-    if std::env::var(REQUIRE_URING).is_ok_and(|v| v == "1") {
-        panic!("io_uring is required ({REQUIRE_URING}=1) but cannot run here: {reason}");
+/// The `--driver` value that runs the command on `driver`: each test is
+/// `#[hotloop::test(driver = "all")]`, run once per driver as `name::epoll`
+/// and `name::uring` (the io_uring one skips where the kernel cannot run it,
+/// and fails instead under `HOTLOOP_REQUIRE_URING=1`).
+pub fn driver_arg(driver: hotloop::DriverKind) -> &'static str {
+    match driver {
+        hotloop::DriverKind::Epoll => "epoll",
+        hotloop::DriverKind::Uring => "uring",
+        hotloop::DriverKind::Auto => "auto",
     }
-    eprintln!("skipped on io_uring: {reason}");
-    true
-}
-
-/// Defines each test once per driver, as `name::epoll` and `name::uring`;
-/// the body gets the driver's name for `--driver`.
-#[macro_export]
-macro_rules! test_all_drivers {
-    ($( $(#[$meta:meta])* fn $name:ident($driver:ident: &str) $body:block )*) => {
-        $(
-            mod $name {
-                #[allow(unused_imports)]
-                use super::*;
-
-                fn run($driver: &'static str) $body
-
-                $(#[$meta])*
-                #[test]
-                fn epoll() {
-                    run("epoll");
-                }
-
-                $(#[$meta])*
-                #[test]
-                fn uring() {
-                    if $crate::common::skip_uring() {
-                        return;
-                    }
-                    run("uring");
-                }
-            }
-        )*
-    };
 }
 
 /// A `hotloop` process, killed on drop if still running.
