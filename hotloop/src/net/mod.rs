@@ -27,4 +27,6 @@ pub use server::{
 pub use sockopt::TcpKeepalive;
 pub use stream::TcpStream;
 pub use udp::{UdpOptions, UdpSocket};
-pub use unix::{UnixListener, UnixStream, UNIX_CONNECT_FULL_BACKLOG_WAIT, UNIX_CONNECT_RETRY_PAUSE_MAX};
+pub use unix::{
+    UnixListener, UnixStream, UNIX_CONNECT_FULL_BACKLOG_WAIT, UNIX_CONNECT_RETRY_PAUSE_MAX,
+};

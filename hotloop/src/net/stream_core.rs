@@ -107,7 +107,11 @@ impl StreamCore {
     }
 
     /// Writes from a borrowed slice (the poll form behind `AsyncWrite`).
-    pub(crate) fn poll_write_slice(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    pub(crate) fn poll_write_slice(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.src.poll_write_slice(cx, buf)
     }
 

@@ -182,7 +182,8 @@ impl UdpSocket {
     pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<()> {
         let mut last_err = None;
         for addr in addr.to_socket_addrs()? {
-            match socket2::SockRef::from(&self.src.as_fd()).connect(&socket2::SockAddr::from(addr)) {
+            match socket2::SockRef::from(&self.src.as_fd()).connect(&socket2::SockAddr::from(addr))
+            {
                 Ok(()) => return Ok(()),
                 Err(e) => last_err = Some(e),
             }
