@@ -69,6 +69,7 @@ async fn main() -> io::Result<()> {
     }
     print!("echoed: {}", String::from_utf8_lossy(&reply));
 
-    server.await.map_err(io::Error::other)??;
+    // The server's own result, once its task ended (a panic would be a JoinError).
+    server.await.map_err(|e| io::Error::other(e.to_string()))??;
     std::fs::remove_file(&path)
 }
