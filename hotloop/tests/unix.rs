@@ -186,7 +186,7 @@ async fn connect_waits_while_the_backlog_is_full() {
 }
 
 #[test]
-fn serve_unix_spreads_many_clients_over_the_workers() {
+fn serve_unix_serves_many_clients_from_two_workers() {
     for driver in [DriverKind::Epoll, DriverKind::Uring] {
         if driver == DriverKind::Uring && common::skip_uring() {
             continue;
@@ -215,6 +215,10 @@ fn serve_unix_spreads_many_clients_over_the_workers() {
         for t in threads {
             t.join().unwrap();
         }
+        let stats = rt.handle().stats();
+        let per_worker: Vec<u64> = stats.workers.iter().map(|w| w.accepted).collect();
+        eprintln!("{driver:?}: connections accepted per worker {per_worker:?}");
+        assert_eq!(stats.total.accepted, 32, "every client was accepted once");
         let left = server.shutdown_blocking(Duration::from_secs(5));
         assert_eq!(left, 0, "every connection ended ({driver:?})");
         assert!(path.exists(), "stopping leaves the socket file");
@@ -430,4 +434,17 @@ fn count_descriptors_alone() {
         assert_eq!(hotloop::open_fd_count().unwrap(), before, "{driver:?} closed everything");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+#[cfg(feature = "futures-io")]
+#[hotloop::test(driver = "all")]
+async fn futures_traits_over_a_pair() {
+    use futures_util::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    // The traits' methods by path: the inherent owned-buffer ones share their names.
+    AsyncWriteExt::write_all(&mut a, b"through futures-io").await.unwrap();
+    AsyncWriteExt::close(&mut a).await.unwrap();
+    let mut got = Vec::new();
+    timeout(LIMIT, AsyncReadExt::read_to_end(&mut b, &mut got)).await.unwrap().unwrap();
+    assert_eq!(got, b"through futures-io");
 }
