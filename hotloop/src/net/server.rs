@@ -16,6 +16,12 @@
 //! The alternative, one accepting worker handing connections to the others,
 //! would cost a cross-thread send per connection and make that worker the
 //! bottleneck.
+//!
+//! One effect of sharing the socket: epoll forgets a registration only
+//! when every descriptor of the socket is closed, so a worker whose copy
+//! closed while others are still open keeps receiving the socket's events
+//! until they close too. They carry the closed source's stale key and are
+//! dropped (a wakeup each); all copies close when the server stops.
 
 use std::future::{poll_fn, Future};
 use std::io;
