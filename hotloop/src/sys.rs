@@ -193,20 +193,6 @@ pub(crate) fn accept(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(conn) })
 }
 
-/// Creates a non-blocking, close-on-exec TCP socket for `addr`'s family.
-pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
-    let family = match addr {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
-    // SAFETY: socket(2) takes no pointers; a non-negative return is a new fd we own.
-    let fd = cvt(unsafe {
-        libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
-    })?;
-    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 /// Creates a non-blocking, close-on-exec UDP socket for `addr`'s family.
 pub(crate) fn udp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
     let family = match addr {
@@ -299,26 +285,6 @@ pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io
     Ok(())
 }
 
-/// Sets `SO_LINGER`: `Some(d)` makes `close` wait up to `d` for unsent
-/// data (`Some(ZERO)`: close resets the connection); `None` is the default.
-pub(crate) fn set_linger(fd: RawFd, linger: Option<std::time::Duration>) -> io::Result<()> {
-    let value = libc::linger {
-        l_onoff: linger.is_some() as libc::c_int,
-        l_linger: linger.map_or(0, |d| d.as_secs().min(i32::MAX as u64) as libc::c_int),
-    };
-    // SAFETY: passes a pointer to a live `linger` and its exact size.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&value as *const libc::linger).cast(),
-            size_of::<libc::linger>() as libc::socklen_t,
-        )
-    })?;
-    Ok(())
-}
-
 /// Reads an integer socket option.
 pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     let mut value: i32 = 0;
@@ -326,29 +292,6 @@ pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32
     // SAFETY: the kernel writes at most `len` bytes into the live i32.
     cvt(unsafe { libc::getsockopt(fd, level, name, (&mut value as *mut i32).cast(), &mut len) })?;
     Ok(value)
-}
-
-/// Binds `fd` to `addr`.
-pub(crate) fn bind(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
-    let (storage, len) = std_to_sockaddr(addr);
-    // SAFETY: `storage` holds a valid sockaddr of `len` bytes.
-    cvt(unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
-    Ok(())
-}
-
-/// Marks `fd` as a listening socket.
-pub(crate) fn listen(fd: RawFd, backlog: i32) -> io::Result<()> {
-    // SAFETY: listen(2) takes no pointers.
-    cvt(unsafe { libc::listen(fd, backlog) })?;
-    Ok(())
-}
-
-/// Starts a connect on a non-blocking socket; `EINPROGRESS` comes back as an error.
-pub(crate) fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
-    let (storage, len) = std_to_sockaddr(addr);
-    // SAFETY: `storage` holds a valid sockaddr of `len` bytes.
-    cvt(unsafe { libc::connect(fd, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
-    Ok(())
 }
 
 /// Shuts down one or both halves of a connection.
@@ -371,6 +314,38 @@ pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
 /// The peer address of a connected socket.
 pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
     sockname(fd, libc::getpeername)
+}
+
+/// The local address of a Unix domain socket, in std's form.
+pub(crate) fn unix_local_addr(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<std::os::unix::net::SocketAddr> {
+    with_unix_stream(fd, |s| s.local_addr())
+}
+
+/// The peer address of a connected Unix domain socket, in std's form.
+pub(crate) fn unix_peer_addr(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<std::os::unix::net::SocketAddr> {
+    with_unix_stream(fd, |s| s.peer_addr())
+}
+
+/// Calls `f` with `fd` seen as a std `UnixStream` that never closes it, so
+/// std's address decoding (the only way to build its `SocketAddr`, unnamed
+/// ones included) works on a descriptor someone else owns.
+fn with_unix_stream<R>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    f: impl FnOnce(&std::os::unix::net::UnixStream) -> R,
+) -> R {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `fd` is open for the whole call (it is borrowed across it);
+    // the stream is only lent to `f` by reference, so it cannot escape, and
+    // `ManuallyDrop` means it never closes the descriptor, whose ownership
+    // stays with the lender.
+    let stream = std::mem::ManuallyDrop::new(unsafe {
+        std::os::unix::net::UnixStream::from_raw_fd(fd.as_raw_fd())
+    });
+    f(&stream)
 }
 
 type SocknameFn =

@@ -49,7 +49,7 @@ pub(crate) use wake::Unpark;
 use std::io;
 use std::io::IoSliceMut;
 use std::net::SocketAddr;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
@@ -218,6 +218,12 @@ impl Source {
     /// The raw descriptor (for syscalls that never wait).
     pub(crate) fn fd(&self) -> RawFd {
         each!(self, s => s.fd())
+    }
+
+    /// The descriptor, borrowed for as long as the source lives (for
+    /// socket options through safe wrappers such as `socket2::SockRef`).
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        each!(self, s => s.as_fd())
     }
 
     /// Receives into `buf` (from its start up to its capacity).

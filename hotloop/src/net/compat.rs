@@ -1,55 +1,68 @@
-//! `TcpStream` as tokio's and futures' `AsyncRead`/`AsyncWrite`, so the
-//! libraries written for them (hyper, tower, tonic, ...) run on hotloop.
+//! `TcpStream` and `UnixStream` as tokio's and futures' `AsyncRead`/
+//! `AsyncWrite`, so the libraries written for them (hyper, tower, tonic,
+//! ...) run on hotloop.
 //!
 //! These sit on the same driver operations as the owned-buffer API: on
 //! epoll a read goes straight into the caller's slice; on io_uring it lands
 //! first in a buffer the stream owns, because the kernel may still write
-//! into it after the caller's slice is gone.
+//! into it after the caller's slice is gone. Both stream types forward to
+//! their shared core (`stream_core.rs`); one macro per trait family writes
+//! the identical impls for each type.
 
 use std::io;
-use std::net::Shutdown;
 use std::task::{Context, Poll};
 
-use super::TcpStream;
+use super::{TcpStream, UnixStream};
 
-impl TcpStream {
-    /// Reads into `buf` (the poll form behind the `AsyncRead` impls).
-    pub fn poll_read_slice(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        self.source().poll_read_slice(cx, buf)
-    }
+/// The poll forms, the same on both stream types.
+macro_rules! poll_forms {
+    ($ty:ident) => {
+        impl $ty {
+            /// Reads into `buf` (the poll form behind the `AsyncRead` impls).
+            pub fn poll_read_slice(
+                &self,
+                cx: &mut Context<'_>,
+                buf: &mut [u8],
+            ) -> Poll<io::Result<usize>> {
+                self.core().poll_read_slice(cx, buf)
+            }
 
-    /// Writes from `buf` (the poll form behind the `AsyncWrite` impls).
-    pub fn poll_write_slice(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        self.source().poll_write_slice(cx, buf)
-    }
+            /// Writes from `buf` (the poll form behind the `AsyncWrite` impls).
+            pub fn poll_write_slice(
+                &self,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                self.core().poll_write_slice(cx, buf)
+            }
 
-    /// Writes from several slices at once.
-    pub fn poll_write_slices(
-        &self,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.source().poll_write_slices(cx, bufs)
-    }
+            /// Writes from several slices at once.
+            pub fn poll_write_slices(
+                &self,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                self.core().poll_write_slices(cx, bufs)
+            }
 
-    /// Waits until every byte the poll-form writes accepted is in the
-    /// kernel (the poll form behind `poll_flush`). On io_uring those writes
-    /// are written behind; on epoll they are in the kernel already.
-    pub fn poll_flush_writes(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.source().poll_flush(cx)
-    }
+            /// Waits until every byte the poll-form writes accepted is in the
+            /// kernel (the poll form behind `poll_flush`). On io_uring those writes
+            /// are written behind; on epoll they are in the kernel already.
+            pub fn poll_flush_writes(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.core().poll_flush(cx)
+            }
 
-    /// Flushes, then shuts down the write half (the poll form behind
-    /// `poll_shutdown`/`poll_close`).
-    pub fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.source().poll_flush(cx))?;
-        // shutdown(2) never blocks, so the poll form makes the call directly on either driver.
-        match crate::sys::shutdown(self.source().fd(), Shutdown::Write) {
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
-            other => Poll::Ready(other),
+            /// Flushes, then shuts down the write half (the poll form behind
+            /// `poll_shutdown`/`poll_close`).
+            pub fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.core().poll_shutdown_write(cx)
+            }
         }
-    }
+    };
 }
+
+poll_forms!(TcpStream);
+poll_forms!(UnixStream);
 
 #[cfg(feature = "tokio-io")]
 mod tokio_impls {
@@ -57,45 +70,56 @@ mod tokio_impls {
     use std::pin::Pin;
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-    impl AsyncRead for TcpStream {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &mut ReadBuf<'_>,
-        ) -> Poll<io::Result<()>> {
-            crate::buf::poll_read_tokio(self.source(), cx, buf)
-        }
+    macro_rules! tokio_io {
+        ($ty:ident) => {
+            impl AsyncRead for $ty {
+                fn poll_read(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &mut ReadBuf<'_>,
+                ) -> Poll<io::Result<()>> {
+                    // Into the spare room as it is: no zeroing first.
+                    crate::buf::poll_read_tokio(self.core().source(), cx, buf)
+                }
+            }
+
+            impl AsyncWrite for $ty {
+                fn poll_write(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &[u8],
+                ) -> Poll<io::Result<usize>> {
+                    self.poll_write_slice(cx, buf)
+                }
+
+                fn poll_write_vectored(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    bufs: &[io::IoSlice<'_>],
+                ) -> Poll<io::Result<usize>> {
+                    self.poll_write_slices(cx, bufs)
+                }
+
+                fn is_write_vectored(&self) -> bool {
+                    true
+                }
+
+                fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    self.poll_flush_writes(cx)
+                }
+
+                fn poll_shutdown(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                ) -> Poll<io::Result<()>> {
+                    self.poll_shutdown_write(cx)
+                }
+            }
+        };
     }
 
-    impl AsyncWrite for TcpStream {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            self.poll_write_slice(cx, buf)
-        }
-
-        fn poll_write_vectored(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            bufs: &[io::IoSlice<'_>],
-        ) -> Poll<io::Result<usize>> {
-            self.poll_write_slices(cx, bufs)
-        }
-
-        fn is_write_vectored(&self) -> bool {
-            true
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            self.poll_flush_writes(cx)
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            self.poll_shutdown_write(cx)
-        }
-    }
+    tokio_io!(TcpStream);
+    tokio_io!(UnixStream);
 }
 
 #[cfg(feature = "futures-io")]
@@ -104,39 +128,46 @@ mod futures_impls {
     use futures_io::{AsyncRead, AsyncWrite};
     use std::pin::Pin;
 
-    impl AsyncRead for TcpStream {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &mut [u8],
-        ) -> Poll<io::Result<usize>> {
-            self.poll_read_slice(cx, buf)
-        }
+    macro_rules! futures_io {
+        ($ty:ident) => {
+            impl AsyncRead for $ty {
+                fn poll_read(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &mut [u8],
+                ) -> Poll<io::Result<usize>> {
+                    self.poll_read_slice(cx, buf)
+                }
+            }
+
+            impl AsyncWrite for $ty {
+                fn poll_write(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    buf: &[u8],
+                ) -> Poll<io::Result<usize>> {
+                    self.poll_write_slice(cx, buf)
+                }
+
+                fn poll_write_vectored(
+                    self: Pin<&mut Self>,
+                    cx: &mut Context<'_>,
+                    bufs: &[io::IoSlice<'_>],
+                ) -> Poll<io::Result<usize>> {
+                    self.poll_write_slices(cx, bufs)
+                }
+
+                fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    self.poll_flush_writes(cx)
+                }
+
+                fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                    self.poll_shutdown_write(cx)
+                }
+            }
+        };
     }
 
-    impl AsyncWrite for TcpStream {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            self.poll_write_slice(cx, buf)
-        }
-
-        fn poll_write_vectored(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            bufs: &[io::IoSlice<'_>],
-        ) -> Poll<io::Result<usize>> {
-            self.poll_write_slices(cx, bufs)
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            self.poll_flush_writes(cx)
-        }
-
-        fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            self.poll_shutdown_write(cx)
-        }
-    }
+    futures_io!(TcpStream);
+    futures_io!(UnixStream);
 }

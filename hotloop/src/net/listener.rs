@@ -22,8 +22,10 @@ use std::cell::Cell;
 use std::future::poll_fn;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Instant;
+
+use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::options::{AcceptPacing, ListenerOptions};
 use super::stream::TcpStream;
@@ -34,20 +36,7 @@ use crate::sys;
 
 /// A TCP listening socket bound to one worker.
 pub struct TcpListener {
-    src: Source,
-    options: ListenerOptions,
-    /// The loop turn of the last accept, and how many were taken in it.
-    batch_turn: Cell<u64>,
-    batch_count: Cell<usize>,
-    /// Accepting resumes at this instant after running out of descriptors.
-    paused_until: Cell<Option<Instant>>,
-    /// The current run of resource failures (out of descriptors or memory):
-    /// when it began and how many accepts failed, so it is logged once when
-    /// it begins and once when it ends, not at every retry.
-    exhausted: Cell<Option<(Instant, u64)>>,
-    /// With accept pacing: this turn's budget and when the turn's first accept came.
-    pace_budget: Cell<usize>,
-    pace_turn_started: Cell<Option<Instant>>,
+    acceptor: Acceptor,
 }
 
 impl TcpListener {
@@ -67,26 +56,17 @@ impl TcpListener {
 
     /// Wraps an already listening, non-blocking socket (see [`bind_socket`]).
     pub(crate) fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<TcpListener> {
-        Ok(TcpListener {
-            src: context::with(|cx| Source::new_listener(&cx.driver, fd))?,
-            batch_turn: Cell::new(u64::MAX),
-            batch_count: Cell::new(0),
-            paused_until: Cell::new(None),
-            exhausted: Cell::new(None),
-            pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
-            pace_turn_started: Cell::new(None),
-            options,
-        })
+        Ok(TcpListener { acceptor: Acceptor::new(fd, options)? })
     }
 
     /// The address the listener is bound to.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        sys::local_addr(self.src.fd())
+        sys::local_addr(self.acceptor.fd())
     }
 
     /// The options it was created with.
     pub fn options(&self) -> &ListenerOptions {
-        &self.options
+        self.acceptor.options()
     }
 
     /// Accepts a connection and looks up its peer address.
@@ -98,9 +78,7 @@ impl TcpListener {
             let stream = self.accept_stream().await?;
             match stream.peer_addr() {
                 Ok(addr) => return Ok((stream, addr)),
-                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-                    context::with(|cx| stats::add(&cx.shared.stats.accept_errors_aborted, 1));
-                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => count_reset_in_queue(),
                 Err(e) => return Err(e),
             }
         }
@@ -113,6 +91,95 @@ impl TcpListener {
     /// [`ListenerOptions::resource_pause`] and counts the error; connections
     /// that died in the queue are skipped. Other errors are returned.
     pub async fn accept_stream(&self) -> io::Result<TcpStream> {
+        TcpStream::from_fd(self.acceptor.accept_fd().await?)
+    }
+
+    /// Says how many more connections the caller will take before it says
+    /// otherwise (`None`: no limit). A server at its connection limit sets
+    /// `Some(0)`. On io_uring the driver then accepts no more than that
+    /// ahead of the caller (a multishot accept is stopped, single accepts
+    /// are used below the limit), so the rest wait in the kernel's backlog
+    /// and hold no descriptor; on epoll connections are only accepted when
+    /// asked for anyway.
+    pub fn set_accept_room(&self, room: Option<usize>) {
+        self.acceptor.set_accept_room(room);
+    }
+
+    /// Takes a connection only if one is ready now, ignoring the accept
+    /// bound: for draining the queue when a server stops, so that the
+    /// connections the kernel already accepted are served, not reset.
+    pub fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
+        Some(self.acceptor.accept_fd_ready()?.and_then(TcpStream::from_fd))
+    }
+}
+
+impl AsRawFd for TcpListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.acceptor.fd()
+    }
+}
+
+impl AsFd for TcpListener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.acceptor.as_fd()
+    }
+}
+
+/// Counts a connection that was reset before its peer address could be read.
+pub(crate) fn count_reset_in_queue() {
+    context::with(|cx| stats::add(&cx.shared.stats.accept_errors_aborted, 1));
+}
+
+/// The accept policy over one listening socket, whatever its family: the
+/// per-turn bound, pacing, and the pause after running out of descriptors.
+/// [`TcpListener`] and [`UnixListener`](super::UnixListener) each hold one.
+pub(crate) struct Acceptor {
+    src: Source,
+    options: ListenerOptions,
+    /// The loop turn of the last accept, and how many were taken in it.
+    batch_turn: Cell<u64>,
+    batch_count: Cell<usize>,
+    /// Accepting resumes at this instant after running out of descriptors.
+    paused_until: Cell<Option<Instant>>,
+    /// The current run of resource failures (out of descriptors or memory):
+    /// when it began and how many accepts failed, so it is logged once when
+    /// it begins and once when it ends, not at every retry.
+    exhausted: Cell<Option<(Instant, u64)>>,
+    /// With accept pacing: this turn's budget and when the turn's first accept came.
+    pace_budget: Cell<usize>,
+    pace_turn_started: Cell<Option<Instant>>,
+}
+
+impl Acceptor {
+    /// Wraps an already listening, non-blocking socket on the current worker's driver.
+    pub(crate) fn new(fd: OwnedFd, options: ListenerOptions) -> io::Result<Acceptor> {
+        Ok(Acceptor {
+            src: context::with(|cx| Source::new_listener(&cx.driver, fd))?,
+            batch_turn: Cell::new(u64::MAX),
+            batch_count: Cell::new(0),
+            paused_until: Cell::new(None),
+            exhausted: Cell::new(None),
+            pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
+            pace_turn_started: Cell::new(None),
+            options,
+        })
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.src.fd()
+    }
+
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.src.as_fd()
+    }
+
+    pub(crate) fn options(&self) -> &ListenerOptions {
+        &self.options
+    }
+
+    /// Accepts a connection under the policy (see
+    /// [`TcpListener::accept_stream`]).
+    pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
         loop {
             if let Some(until) = self.paused_until.take() {
                 crate::time::sleep_until(until).await;
@@ -127,33 +194,25 @@ impl TcpListener {
                 Ok(fd) => {
                     self.count_accept();
                     self.end_exhaustion();
-                    return TcpStream::from_fd(fd);
+                    return Ok(fd);
                 }
                 Err(e) => self.on_accept_error(e)?,
             }
         }
     }
 
-    /// Says how many more connections the caller will take before it says
-    /// otherwise (`None`: no limit). A server at its connection limit sets
-    /// `Some(0)`. On io_uring the driver then accepts no more than that
-    /// ahead of the caller (a multishot accept is stopped, single accepts
-    /// are used below the limit), so the rest wait in the kernel's backlog
-    /// and hold no descriptor; on epoll connections are only accepted when
-    /// asked for anyway.
-    pub fn set_accept_room(&self, room: Option<usize>) {
+    /// See [`TcpListener::set_accept_room`].
+    pub(crate) fn set_accept_room(&self, room: Option<usize>) {
         self.src.set_accept_room(room.unwrap_or(usize::MAX));
     }
 
-    /// Takes a connection only if one is ready now, ignoring the accept
-    /// bound: for draining the queue when a server stops, so that the
-    /// connections the kernel already accepted are served, not reset.
-    pub fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
+    /// See [`TcpListener::accept_ready`].
+    pub(crate) fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>> {
         match self.src.accept_now(self.options.accept_mode)? {
             Ok(fd) => {
                 self.count_accept();
                 self.end_exhaustion();
-                Some(TcpStream::from_fd(fd))
+                Some(Ok(fd))
             }
             Err(e) => Some(Err(e)),
         }
@@ -261,7 +320,7 @@ impl TcpListener {
 impl std::fmt::Debug for TcpListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpListener")
-            .field("fd", &self.src.fd())
+            .field("fd", &self.acceptor.fd())
             .field("addr", &self.local_addr().ok())
             .finish()
     }
@@ -286,19 +345,23 @@ pub(crate) fn bind_socket(
 }
 
 fn bind_one(addr: &SocketAddr, options: &ListenerOptions) -> io::Result<OwnedFd> {
-    let fd = sys::tcp_socket(addr)?;
-    let raw = fd.as_raw_fd();
-    sys::setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    let socket = Socket::new(Domain::for_address(*addr), Type::STREAM.nonblocking(), None)?;
+    socket.set_reuse_address(true)?;
     if options.reuse_port {
-        sys::setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        socket.set_reuse_port(true)?;
     }
     if options.nodelay {
-        sys::setsockopt_int(raw, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)?;
+        socket.set_tcp_nodelay(true)?;
     }
     if let Some(secs) = options.defer_accept_secs {
-        sys::setsockopt_int(raw, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, secs as i32)?;
+        sys::setsockopt_int(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            secs.min(i32::MAX as u32) as i32,
+        )?;
     }
-    sys::bind(raw, addr)?;
-    sys::listen(raw, options.backlog.min(i32::MAX as u32) as i32)?;
-    Ok(fd)
+    socket.bind(&SockAddr::from(*addr))?;
+    socket.listen(options.backlog.min(i32::MAX as u32) as i32)?;
+    Ok(socket.into())
 }

@@ -1,5 +1,6 @@
-//! Networking: TCP listeners with an accept policy, streams with
-//! owned-buffer I/O, a thread-per-core server helper, and UDP sockets.
+//! Networking: TCP and Unix domain listeners with an accept policy,
+//! streams with owned-buffer I/O and socket options, a thread-per-core
+//! server helper, and UDP sockets.
 
 mod compat;
 mod listener;
@@ -7,8 +8,11 @@ mod options;
 pub(crate) mod pool;
 mod resolve;
 mod server;
+mod sockopt;
 mod stream;
+mod stream_core;
 pub mod udp;
+mod unix;
 
 pub use listener::TcpListener;
 pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
@@ -16,6 +20,13 @@ pub use pool::{PooledBuf, ReadPooled, POOLED_BUFFER_BYTES};
 #[doc(hidden)]
 pub use resolve::__set_resolver;
 pub use resolve::{lookup_host, Target, ToSocketAddrs};
-pub use server::{serve, serve_with_stop, Server, StopSignal, Stopping};
+pub use server::{
+    serve, serve_unix, serve_unix_with_stop, serve_with_stop, Server, StopSignal, Stopping,
+    UnixServer,
+};
+pub use sockopt::TcpKeepalive;
 pub use stream::TcpStream;
 pub use udp::{UdpOptions, UdpSocket};
+pub use unix::{
+    UnixListener, UnixStream, UNIX_CONNECT_FULL_BACKLOG_WAIT, UNIX_CONNECT_RETRY_PAUSE_MAX,
+};

@@ -4,7 +4,11 @@ use std::time::Duration;
 
 use crate::driver::AcceptMode;
 
-/// How a [`TcpListener`](super::TcpListener) is set up and how it accepts.
+/// How a [`TcpListener`](super::TcpListener) or a
+/// [`UnixListener`](super::UnixListener) is set up and how it accepts.
+///
+/// A Unix listener ignores the TCP-only fields (`reuse_port`, `nodelay`,
+/// `defer_accept_secs`); `remove_stale_socket` is for Unix listeners only.
 #[derive(Debug, Clone)]
 pub struct ListenerOptions {
     /// `SO_REUSEPORT`: several listeners on one port, the kernel spreading
@@ -35,6 +39,12 @@ pub struct ListenerOptions {
     /// established connections' p99 lower than the fixed bound of 32 at the
     /// same requests per CPU second (`BENCHMARKS.md`).
     pub accept_pacing: Option<AcceptPacing>,
+    /// Unix listeners only: when the path holds a socket file that no
+    /// process listens on (connecting to it is refused), remove it before
+    /// binding. A socket someone listens on, or any other kind of file, is
+    /// never removed: binding then fails with `AddrInUse`. Default: off, so
+    /// an existing path makes `bind` fail with `AddrInUse`, as in std and tokio.
+    pub remove_stale_socket: bool,
 }
 
 /// Accept pacing by the worker's own lag.
@@ -90,6 +100,7 @@ impl Default for ListenerOptions {
             accept_mode: AcceptMode::Multishot,
             resource_pause: Duration::from_millis(10),
             accept_pacing: Some(AcceptPacing::default()),
+            remove_stale_socket: false,
         }
     }
 }

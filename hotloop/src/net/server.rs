@@ -1,10 +1,33 @@
 //! The thread-per-core server helper: one `SO_REUSEPORT` listener per
-//! worker, each accepted connection handed to a handler task on the worker
-//! that accepted it.
+//! worker (TCP) or one copy of the listening socket per worker (Unix),
+//! each accepted connection handed to a handler task on the worker that
+//! accepted it.
+//!
+//! # Implementation notes
+//! A Unix socket path cannot be bound once per worker (`SO_REUSEPORT` does
+//! not apply to `AF_UNIX`), so [`serve_unix`] binds once and gives every
+//! worker a duplicate of the listening descriptor (`dup(2)`: the same
+//! socket and accept queue). Each worker then runs the same accept loop as
+//! for TCP, limits and draining included. The kernel hands each connection
+//! to one of the accepts waiting on the socket: io_uring's accept waits
+//! exclusively, so one ring is woken per connection; on epoll every
+//! worker's epoll sees the socket become readable and the workers race for
+//! the connection, the losers getting `EAGAIN` (a wakeup each, no harm).
+//! The alternative, one accepting worker handing connections to the others,
+//! would cost a cross-thread send per connection and make that worker the
+//! bottleneck.
+//!
+//! One effect of sharing the socket: epoll forgets a registration only
+//! when every descriptor of the socket is closed, so a worker whose copy
+//! closed while others are still open keeps receiving the socket's events
+//! until they close too. They carry the closed source's stale key and are
+//! dropped (a wakeup each); all copies close when the server stops.
 
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,13 +40,65 @@ use std::rc::Rc;
 use super::listener::{bind_socket, TcpListener};
 use super::options::{ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
+use super::unix::{bind_unix_socket, UnixListener, UnixStream};
 use crate::runtime::{spawn_detached, Handle, OnDone, RemoteJoinHandle};
 
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
-pub struct Server {
-    local_addr: SocketAddr,
+///
+/// `A` is what it listens on: a `SocketAddr` for [`serve`], a path for
+/// [`serve_unix`] (see [`UnixServer`]).
+pub struct Server<A = SocketAddr> {
+    local_addr: A,
+    /// `local_addr` as the log lines show it.
+    label: String,
     shared: Arc<ServerShared>,
     accept_loops: Vec<RemoteJoinHandle<io::Result<()>>>,
+}
+
+/// A running [`serve_unix`] server: a [`Server`] that listens on a path.
+pub type UnixServer = Server<PathBuf>;
+
+/// What the accept loop needs of a listener: [`TcpListener`] and
+/// [`UnixListener`] (monomorphised, so the TCP loop is what it was).
+pub(crate) trait Accept: Sized + 'static {
+    /// The connection type it hands to handlers.
+    type Stream: 'static;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self>;
+    fn accept_stream(&self) -> impl Future<Output = io::Result<Self::Stream>> + '_;
+    fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
+    fn set_accept_room(&self, room: Option<usize>);
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
+        TcpListener::from_fd(fd, options)
+    }
+    fn accept_stream(&self) -> impl Future<Output = io::Result<TcpStream>> + '_ {
+        TcpListener::accept_stream(self)
+    }
+    fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
+        TcpListener::accept_ready(self)
+    }
+    fn set_accept_room(&self, room: Option<usize>) {
+        TcpListener::set_accept_room(self, room)
+    }
+}
+
+impl Accept for UnixListener {
+    type Stream = UnixStream;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
+        UnixListener::from_fd(fd, options)
+    }
+    fn accept_stream(&self) -> impl Future<Output = io::Result<UnixStream>> + '_ {
+        UnixListener::accept_stream(self)
+    }
+    fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
+        UnixListener::accept_ready(self)
+    }
+    fn set_accept_room(&self, room: Option<usize>) {
+        UnixListener::set_accept_room(self, room)
+    }
 }
 
 struct ServerShared {
@@ -226,10 +301,7 @@ where
     H: Fn(TcpStream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let server_options: ServerOptions = options.into();
-    let limits =
-        Limits { global: server_options.maxconn, per_worker: server_options.maxconn_per_worker };
-    let mut options: ListenerOptions = server_options.listener;
+    let (mut options, limits) = split_options(options.into());
     if handle.workers() > 1 {
         options.reuse_port = true;
     }
@@ -239,6 +311,91 @@ where
     for _ in 1..handle.workers() {
         sockets.push(bind_socket(local_addr, &options)?);
     }
+    let label = local_addr.to_string();
+    Ok(start::<TcpListener, _, _, _>(handle, local_addr, label, sockets, options, limits, handler))
+}
+
+/// [`serve`] over a Unix domain socket at `path`: every worker of
+/// `handle`'s runtime accepts on a copy of one listening socket (see the
+/// module notes) and runs `handler(stream)` as a task for each connection
+/// it accepts.
+///
+/// Binding fails with `AddrInUse` if the path exists, unless
+/// [`ListenerOptions::remove_stale_socket`] is set and the file is a socket
+/// nobody listens on (one left by a previous run). Stopping the server
+/// leaves the socket file in place.
+pub fn serve_unix<H, Fut>(
+    handle: &Handle,
+    path: impl AsRef<Path>,
+    options: impl Into<ServerOptions>,
+    handler: H,
+) -> io::Result<UnixServer>
+where
+    H: Fn(UnixStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    serve_unix_with_stop(handle, path, options, move |stream, _stop| handler(stream))
+}
+
+/// [`serve_unix`], with a [`StopSignal`] for each handler (see [`serve_with_stop`]).
+pub fn serve_unix_with_stop<H, Fut>(
+    handle: &Handle,
+    path: impl AsRef<Path>,
+    options: impl Into<ServerOptions>,
+    handler: H,
+) -> io::Result<UnixServer>
+where
+    H: Fn(UnixStream, StopSignal) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let path = path.as_ref();
+    let (options, limits) = split_options(options.into());
+    let first = bind_unix_socket(path, &options)?;
+    let mut sockets = Vec::with_capacity(handle.workers());
+    for _ in 1..handle.workers() {
+        match first.try_clone() {
+            Ok(fd) => sockets.push(fd),
+            Err(e) => {
+                // The file is ours (the bind just made it) and nobody will accept on it.
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        }
+    }
+    sockets.insert(0, first);
+    let label = path.display().to_string();
+    Ok(start::<UnixListener, _, _, _>(
+        handle,
+        path.to_path_buf(),
+        label,
+        sockets,
+        options,
+        limits,
+        handler,
+    ))
+}
+
+/// The listener options and the connection limits of `options`.
+fn split_options(options: ServerOptions) -> (ListenerOptions, Limits) {
+    let limits = Limits { global: options.maxconn, per_worker: options.maxconn_per_worker };
+    (options.listener, limits)
+}
+
+/// Starts one accept loop per socket, socket `i` on worker `i`.
+fn start<L, A, H, Fut>(
+    handle: &Handle,
+    local_addr: A,
+    label: String,
+    sockets: Vec<OwnedFd>,
+    options: ListenerOptions,
+    limits: Limits,
+    handler: H,
+) -> Server<A>
+where
+    L: Accept,
+    H: Fn(L::Stream, StopSignal) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
     let shared = Arc::new(ServerShared {
         stopped: Mutex::new((false, Vec::new())),
         active: AtomicUsize::new(0),
@@ -254,12 +411,12 @@ where
             let handler = handler.clone();
             let options = options.clone();
             handle.spawn_on(worker, move || async move {
-                let listener = TcpListener::from_fd(fd, options)?;
+                let listener = L::from_fd(fd, options)?;
                 accept_loop(listener, shared, handler, limits).await
             })
         })
         .collect();
-    Ok(Server { local_addr, shared, accept_loops })
+    Server { local_addr, label, shared, accept_loops }
 }
 
 /// The connection limits of one server.
@@ -269,14 +426,15 @@ struct Limits {
     per_worker: Option<usize>,
 }
 
-async fn accept_loop<H, Fut>(
-    listener: TcpListener,
+async fn accept_loop<L, H, Fut>(
+    listener: L,
     shared: Arc<ServerShared>,
     handler: Arc<H>,
     limits: Limits,
 ) -> io::Result<()>
 where
-    H: Fn(TcpStream, StopSignal) -> Fut + 'static,
+    L: Accept,
+    H: Fn(L::Stream, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
     let local = Rc::new(WorkerConns::default());
@@ -402,13 +560,13 @@ fn try_reserve(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bo
 
 /// Starts the handler of a connection whose slot in `shared.active` is
 /// already taken.
-fn start_handler<H, Fut>(
-    stream: TcpStream,
+fn start_handler<S, H, Fut>(
+    stream: S,
     shared: &Arc<ServerShared>,
     local: &Rc<WorkerConns>,
     handler: &H,
 ) where
-    H: Fn(TcpStream, StopSignal) -> Fut + 'static,
+    H: Fn(S, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
     local.active.set(local.active.get() + 1);
@@ -417,12 +575,14 @@ fn start_handler<H, Fut>(
     spawn_detached(OnDone::new(handler(stream, stop), move |()| drop(guard)));
 }
 
-impl Server {
-    /// The address every worker listens on.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+impl<A: Clone> Server<A> {
+    /// The address every worker listens on (for [`serve_unix`], the path).
+    pub fn local_addr(&self) -> A {
+        self.local_addr.clone()
     }
+}
 
+impl<A> Server<A> {
     /// Connections accepted and not yet finished, over all workers.
     pub fn active_connections(&self) -> usize {
         self.shared.active.load(Ordering::Acquire)
@@ -440,7 +600,7 @@ impl Server {
     pub fn stop(&self) {
         crate::log::info(format_args!(
             "server on {}: stopping accepts, {} connections in flight",
-            self.local_addr,
+            self.label,
             self.active_connections()
         ));
         self.shared.stop();
@@ -461,7 +621,7 @@ impl Server {
         let left = self.shared.active.load(Ordering::Acquire);
         crate::log::info(format_args!(
             "server on {}: stopped, {left} connections cut at the grace limit",
-            self.local_addr
+            self.label
         ));
         left
     }

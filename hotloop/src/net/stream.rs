@@ -1,13 +1,15 @@
 //! A TCP connection with owned-buffer reads and writes.
 
+use std::future::Future;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use socket2::{Domain, Socket, Type};
+
+use super::stream_core::StreamCore;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::driver::Source;
-use crate::runtime::context;
 use crate::sys;
 
 /// A TCP connection owned by one worker.
@@ -16,18 +18,17 @@ use crate::sys;
 /// writes (wrap the stream in an `Rc`); at most one read and one write
 /// should be in flight at a time.
 pub struct TcpStream {
-    src: Source,
+    core: StreamCore,
 }
 
 impl TcpStream {
     /// Wraps a connected (or connecting) socket on the current worker's driver.
     pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<TcpStream> {
-        let src = context::with(|cx| Source::new(&cx.driver, fd))?;
-        Ok(TcpStream { src })
+        Ok(TcpStream { core: StreamCore::new(fd)? })
     }
 
-    pub(crate) fn source(&self) -> &Source {
-        &self.src
+    pub(crate) fn core(&self) -> &StreamCore {
+        &self.core
     }
 
     /// Connects to the first address of `addr` that accepts.
@@ -54,8 +55,9 @@ impl TcpStream {
     }
 
     async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
-        let stream = TcpStream::from_fd(sys::tcp_socket(&addr)?)?;
-        stream.src.connect(addr).await?;
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
+        let stream = TcpStream::from_fd(socket.into())?;
+        stream.core.source().connect(addr).await?;
         Ok(stream)
     }
 
@@ -72,8 +74,8 @@ impl TcpStream {
     /// and keeps using the connection should use
     /// [`read_pooled`](Self::read_pooled), which waits for readiness and
     /// then reads, and is cancel-safe on both drivers.
-    pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
-        self.src.recv(buf).await
+    pub fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+        self.core.read(buf)
     }
 
     /// Reads into a buffer borrowed from the worker's pool
@@ -86,7 +88,7 @@ impl TcpStream {
     /// data) and then reads without waiting, so a dropped future never
     /// takes bytes with it.
     pub fn read_pooled(&self) -> super::ReadPooled<'_> {
-        super::pool::ReadPooled::new(&self.src)
+        self.core.read_pooled()
     }
 
     /// Writes some of `buf`; returns how many bytes were taken.
@@ -94,75 +96,53 @@ impl TcpStream {
     /// On io_uring, a write whose future is dropped after the kernel saw it
     /// may still have sent some bytes: treat a cancelled write as leaving
     /// the stream in an unknown state.
-    pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        self.src.send(buf).await
+    pub fn write<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+        self.core.write(buf)
     }
 
     /// Writes all of `buf`.
-    pub async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
-        let total = buf.bytes_init();
-        let mut slice = buf.slice(..);
-        let mut done = 0;
-        while done < total {
-            let (res, s) = self.src.send(slice).await;
-            let buf = s.into_inner();
-            match res {
-                Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
-                Ok(n) => done += n,
-                Err(e) => return (Err(e), buf),
-            }
-            slice = buf.slice(done..);
-        }
-        (Ok(()), slice.into_inner())
+    pub fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> + '_ {
+        self.core.write_all(buf)
     }
 
     /// Writes the buffers in order with one call (`sendmsg`); may write fewer bytes than all.
-    pub async fn write_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
-        self.src.send_vectored(bufs).await
+    pub fn write_vectored<B: IoBuf>(
+        &self,
+        bufs: Vec<B>,
+    ) -> impl Future<Output = BufResult<usize, Vec<B>>> + '_ {
+        self.core.write_vectored(bufs)
     }
 
     /// Shuts down the read half, the write half or both.
-    pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        self.src.shutdown(how).await
+    pub fn shutdown(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
+        self.core.shutdown(how)
     }
 
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        sys::local_addr(self.src.fd())
+        sys::local_addr(self.core.fd())
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        sys::peer_addr(self.src.fd())
-    }
-
-    /// Sets `TCP_NODELAY`.
-    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        sys::setsockopt_int(self.src.fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, on as i32)
-    }
-
-    /// Sets `SO_LINGER`. `Some(Duration::ZERO)` makes closing the stream
-    /// reset the connection (the peer reads `ECONNRESET`, not a clean end
-    /// of stream), which is how a proxy passes on a cut; `None` restores
-    /// the default (close sends a FIN after the unsent data).
-    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
-        sys::set_linger(self.src.fd(), linger)
-    }
-
-    /// Reads `TCP_NODELAY`.
-    pub fn nodelay(&self) -> io::Result<bool> {
-        Ok(sys::getsockopt_int(self.src.fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY)? != 0)
+        sys::peer_addr(self.core.fd())
     }
 }
 
 impl AsRawFd for TcpStream {
     fn as_raw_fd(&self) -> RawFd {
-        self.src.fd()
+        self.core.fd()
+    }
+}
+
+impl AsFd for TcpStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.core.as_fd()
     }
 }
 
 impl std::fmt::Debug for TcpStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpStream").field("fd", &self.src.fd()).finish()
+        f.debug_struct("TcpStream").field("fd", &self.core.fd()).finish()
     }
 }

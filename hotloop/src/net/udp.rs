@@ -104,7 +104,7 @@ impl UdpSocket {
         if let (SocketAddr::V6(_), Some(only)) = (addr, options.only_v6) {
             sys::setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, only as i32)?;
         }
-        sys::bind(raw, &addr)?;
+        socket2::SockRef::from(&fd).bind(&socket2::SockAddr::from(addr))?;
         let socket = Self::from_fd(fd)?;
         socket.configure(addr.is_ipv6(), options)?;
         Ok(socket)
@@ -182,7 +182,8 @@ impl UdpSocket {
     pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<()> {
         let mut last_err = None;
         for addr in addr.to_socket_addrs()? {
-            match sys::connect(self.src.fd(), &addr) {
+            match socket2::SockRef::from(&self.src.as_fd()).connect(&socket2::SockAddr::from(addr))
+            {
                 Ok(()) => return Ok(()),
                 Err(e) => last_err = Some(e),
             }

@@ -6,7 +6,7 @@ use std::future::poll_fn;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
@@ -54,6 +54,11 @@ impl Source {
     /// The raw descriptor.
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The descriptor, borrowed.
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// True unless the socket is registered and the last operation in
@@ -205,7 +210,7 @@ impl Source {
 
     /// Connects a fresh non-blocking socket to `addr`.
     pub(crate) async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
-        match sys::connect(self.fd(), &addr) {
+        match socket2::SockRef::from(&self.fd).connect(&socket2::SockAddr::from(addr)) {
             Ok(()) => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => return Err(e),

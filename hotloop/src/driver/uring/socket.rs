@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
@@ -64,6 +64,11 @@ impl Source {
     /// The raw descriptor.
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The descriptor, borrowed (the source's own reference keeps it open).
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// Queues `entry` with `data` as its storage.

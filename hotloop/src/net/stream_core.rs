@@ -1,0 +1,141 @@
+//! The byte-stream core that [`TcpStream`](super::TcpStream) and
+//! [`UnixStream`](super::UnixStream) share.
+//!
+//! # Implementation notes
+//! The driver's socket source works on any connected stream descriptor, so
+//! both stream types hold a `StreamCore` and forward to it. The owned-buffer
+//! forwarders return the core's futures instead of wrapping them in an
+//! `async fn` of their own: the future a caller awaits is the driver's
+//! operation with no extra state machine around it, so a TCP read or write
+//! costs what it did before the core was shared.
+
+use std::future::Future;
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::task::{Context, Poll};
+
+use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::Source;
+use crate::runtime::context;
+
+/// A connected stream socket on one worker's driver.
+pub(crate) struct StreamCore {
+    src: Source,
+}
+
+impl StreamCore {
+    /// Wraps a connected (or connecting) socket on the current worker's driver.
+    pub(crate) fn new(fd: OwnedFd) -> io::Result<StreamCore> {
+        let src = context::with(|cx| Source::new(&cx.driver, fd))?;
+        Ok(StreamCore { src })
+    }
+
+    pub(crate) fn source(&self) -> &Source {
+        &self.src
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.src.fd()
+    }
+
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.src.as_fd()
+    }
+
+    /// See [`TcpStream::read`](super::TcpStream::read).
+    #[inline]
+    pub(crate) fn read<B: IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = BufResult<usize, B>> + '_ {
+        self.src.recv(buf)
+    }
+
+    /// See [`TcpStream::read_pooled`](super::TcpStream::read_pooled).
+    #[inline]
+    pub(crate) fn read_pooled(&self) -> super::ReadPooled<'_> {
+        super::pool::ReadPooled::new(&self.src)
+    }
+
+    /// See [`TcpStream::write`](super::TcpStream::write).
+    #[inline]
+    pub(crate) fn write<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+        self.src.send(buf)
+    }
+
+    /// Writes all of `buf`.
+    pub(crate) async fn write_all<B: IoBuf>(&self, buf: B) -> BufResult<(), B> {
+        let total = buf.bytes_init();
+        let mut slice = buf.slice(..);
+        let mut done = 0;
+        while done < total {
+            let (res, s) = self.src.send(slice).await;
+            let buf = s.into_inner();
+            match res {
+                Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
+                Ok(n) => done += n,
+                Err(e) => return (Err(e), buf),
+            }
+            slice = buf.slice(done..);
+        }
+        (Ok(()), slice.into_inner())
+    }
+
+    /// See [`TcpStream::write_vectored`](super::TcpStream::write_vectored).
+    #[inline]
+    pub(crate) fn write_vectored<B: IoBuf>(
+        &self,
+        bufs: Vec<B>,
+    ) -> impl Future<Output = BufResult<usize, Vec<B>>> + '_ {
+        self.src.send_vectored(bufs)
+    }
+
+    /// Shuts down the read half, the write half or both.
+    #[inline]
+    pub(crate) fn shutdown(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
+        self.src.shutdown(how)
+    }
+
+    /// Reads into a borrowed slice (the poll form behind `AsyncRead`).
+    pub(crate) fn poll_read_slice(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        self.src.poll_read_slice(cx, buf)
+    }
+
+    /// Writes from a borrowed slice (the poll form behind `AsyncWrite`).
+    pub(crate) fn poll_write_slice(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.src.poll_write_slice(cx, buf)
+    }
+
+    /// Writes from several borrowed slices with one call.
+    pub(crate) fn poll_write_slices(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.src.poll_write_slices(cx, bufs)
+    }
+
+    /// Waits until every byte the poll-form writes accepted is in the kernel.
+    pub(crate) fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.src.poll_flush(cx)
+    }
+
+    /// Flushes, then shuts down the write half.
+    pub(crate) fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.src.poll_flush(cx))?;
+        // shutdown(2) never blocks, so the poll form makes the call directly on either driver.
+        match crate::sys::shutdown(self.src.fd(), Shutdown::Write) {
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
+            other => Poll::Ready(other),
+        }
+    }
+}
