@@ -215,7 +215,8 @@ impl Uring {
         let entry =
             opcode::RecvMsgMulti::new(types::Fd(fd.as_raw_fd()), hdr, d.ring.buf_ring.group())
                 .build();
-        let op = self.ops.insert(Lifecycle::RecvMsgMulti { dgrams, fd: fd.clone(), submitted: false });
+        let op =
+            self.ops.insert(Lifecycle::RecvMsgMulti { dgrams, fd: fd.clone(), submitted: false });
         d.op = Some(op);
         // The entry points at the boxed header, which the queue keeps (and,
         // once the socket is closed, the operation) until the last completion.

@@ -30,8 +30,8 @@ use super::op::{OnDrop, Op};
 use super::socket::{is_retry, Source};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::not_running;
-use crate::slab::Key;
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
+use crate::slab::Key;
 
 /// The readiness polls of a datagram socket's borrowed forms.
 #[derive(Default)]
