@@ -261,10 +261,8 @@ impl Uring {
         if n > 0 {
             d.ring.buf_ring.publish();
         }
-        if n == 0 && error.is_none() {
-            if !d.waiters.iter().any(|w| w.will_wake(waker)) {
-                d.waiters.push(waker.clone());
-            }
+        if n == 0 && error.is_none() && !d.waiters.iter().any(|w| w.will_wake(waker)) {
+            d.waiters.push(waker.clone());
         }
         self.arm_dgrams(dgrams, fd);
         match (n, error) {
