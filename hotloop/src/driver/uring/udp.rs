@@ -96,6 +96,9 @@ impl Source {
         match waits.ring {
             RingMode::Ring(key) => Some(key),
             RingMode::Plain => None,
+            // Outside its runtime the receive fails with the not-running
+            // error; the ring is registered from the worker's thread only.
+            RingMode::Undecided if !self.driver.entered.get() => None,
             RingMode::Undecided => {
                 let key = self.driver.state.borrow_mut().open_dgrams();
                 waits.ring = key.map_or(RingMode::Plain, RingMode::Ring);
