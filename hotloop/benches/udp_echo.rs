@@ -13,7 +13,11 @@
 //! `/proc/self/task/TID/schedstat`, which includes the kernel's work on
 //! the thread's behalf (loopback delivers each echo in the sender's
 //! context). Rows run interleaved, `ROUNDS` times; the table shows the
-//! median round.
+//! median round. `UDP_ECHO_SERVERS=uring,uring-plain,...` picks the rows
+//! (`epoll`, `uring`, `uring-plain`, `uring-owned`, `uring-owned-plain`,
+//! `tokio`, `floor`; all by default). The `-plain` rows run the io_uring
+//! server with `HOTLOOP_URING_MULTISHOT_RECVMSG=0`: receives through
+//! `recvmmsg`/`RECVMSG` instead of the multishot `RECVMSG` queue.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -50,6 +54,10 @@ enum Server {
     /// io_uring with the owned-buffer forms: one RECVMSG and one SENDMSG
     /// ring operation per datagram.
     HotloopUringOwned,
+    /// [`Server::HotloopUring`] without multishot `RECVMSG`.
+    HotloopUringPlain,
+    /// [`Server::HotloopUringOwned`] without multishot `RECVMSG`.
+    HotloopUringOwnedPlain,
     Tokio,
     Floor,
 }
@@ -59,10 +67,41 @@ impl Server {
         match self {
             Server::HotloopEpoll => "hotloop epoll (recvmmsg/sendmmsg)",
             Server::HotloopUring => "hotloop io_uring (poll forms)",
-            Server::HotloopUringOwned => "hotloop io_uring (owned RECVMSG/SENDMSG ops)",
+            Server::HotloopUringOwned => "hotloop io_uring (owned forms)",
+            Server::HotloopUringPlain => "hotloop io_uring (poll forms, no multishot RECVMSG)",
+            Server::HotloopUringOwnedPlain => {
+                "hotloop io_uring (owned RECVMSG/SENDMSG ops, no multishot RECVMSG)"
+            }
             Server::Tokio => "tokio UdpSocket",
             Server::Floor => "floor (blocking recvmmsg/sendmmsg)",
         }
+    }
+
+    /// The row's key in `UDP_ECHO_SERVERS`.
+    fn key(self) -> &'static str {
+        match self {
+            Server::HotloopEpoll => "epoll",
+            Server::HotloopUring => "uring",
+            Server::HotloopUringOwned => "uring-owned",
+            Server::HotloopUringPlain => "uring-plain",
+            Server::HotloopUringOwnedPlain => "uring-owned-plain",
+            Server::Tokio => "tokio",
+            Server::Floor => "floor",
+        }
+    }
+
+    fn uring(self) -> bool {
+        matches!(
+            self,
+            Server::HotloopUring
+                | Server::HotloopUringOwned
+                | Server::HotloopUringPlain
+                | Server::HotloopUringOwnedPlain
+        )
+    }
+
+    fn owned(self) -> bool {
+        matches!(self, Server::HotloopUringOwned | Server::HotloopUringOwnedPlain)
     }
 }
 
@@ -82,17 +121,22 @@ fn main() {
     if let Err(why) = &uring {
         eprintln!("io_uring rows skipped: {why}");
     }
+    let picked = std::env::var("UDP_ECHO_SERVERS").ok();
     let mut configs = Vec::new();
     for gso in [false, true] {
         for server in [
             Server::HotloopEpoll,
             Server::HotloopUring,
+            Server::HotloopUringPlain,
             Server::HotloopUringOwned,
+            Server::HotloopUringOwnedPlain,
             Server::Tokio,
             Server::Floor,
         ] {
-            let needs_uring = matches!(server, Server::HotloopUring | Server::HotloopUringOwned);
-            if (needs_uring && uring.is_err()) || (gso && server == Server::Tokio) {
+            if picked.as_deref().is_some_and(|p| !p.split(',').any(|k| k.trim() == server.key())) {
+                continue;
+            }
+            if (server.uring() && uring.is_err()) || (gso && server == Server::Tokio) {
                 continue;
             }
             configs.push((server, gso));
@@ -186,18 +230,28 @@ fn serve(
 ) {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     match server {
-        Server::HotloopEpoll | Server::HotloopUring | Server::HotloopUringOwned => {
+        Server::HotloopEpoll
+        | Server::HotloopUring
+        | Server::HotloopUringOwned
+        | Server::HotloopUringPlain
+        | Server::HotloopUringOwnedPlain => {
             let driver = if server == Server::HotloopEpoll {
                 hotloop::DriverKind::Epoll
             } else {
                 hotloop::DriverKind::Uring
             };
+            // The switch is read when the driver starts; rows run one at a time.
+            if matches!(server, Server::HotloopUringPlain | Server::HotloopUringOwnedPlain) {
+                std::env::set_var("HOTLOOP_URING_MULTISHOT_RECVMSG", "0");
+            } else {
+                std::env::remove_var("HOTLOOP_URING_MULTISHOT_RECVMSG");
+            }
             // The server runs on this thread, in `block_on`.
             let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
             rt.block_on(async move {
                 let sock = UdpSocket::bind_with(addr, &server_options(gso)).unwrap();
                 ready.send((sock.local_addr().unwrap(), my_tid())).unwrap();
-                if server == Server::HotloopUringOwned {
+                if server.owned() {
                     hotloop_owned(&sock, gso, &stop).await
                 } else {
                     hotloop_batched(&sock, gso, &stop).await

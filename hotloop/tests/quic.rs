@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use hotloop::Runtime;
+use hotloop::{DriverKind, Runtime};
 use quinn::{ClientConfig, ConnectionError, ServerConfig, TransportConfig, VarInt};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -91,157 +91,164 @@ async fn echo_once(conn: &quinn::Connection, data: Vec<u8>) -> Vec<u8> {
     recv.read_to_end(usize::MAX).await.unwrap()
 }
 
-test_all_drivers! {
-    fn tokio_client_hotloop_server(driver: DriverKind) {
-        let (server_config, client_config) = configs(None);
-        let (_rt, addr, ends) = hotloop_server(driver, server_config);
-        tokio_rt().block_on(async {
-            tokio::time::timeout(LIMIT, async {
-                let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
-                client.set_default_client_config(client_config);
-                let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
-                // Many streams at once.
-                let streams: Vec<_> = (0..100u32)
-                    .map(|i| {
-                        let conn = conn.clone();
-                        tokio::spawn(async move {
-                            let msg = format!("stream {i}").into_bytes();
-                            assert_eq!(echo_once(&conn, msg.clone()).await, msg);
-                        })
-                    })
-                    .collect();
-                for s in streams {
-                    s.await.unwrap();
-                }
-                // A large transfer.
-                let large: Vec<u8> = (0..LARGE_BYTES).map(|i| (i % 251) as u8).collect();
-                assert!(echo_once(&conn, large.clone()).await == large);
-                // Close.
-                conn.close(VarInt::from_u32(7), b"done");
-                client.wait_idle().await;
-            })
-            .await
-            .unwrap();
-        });
-        match ends.recv_timeout(LIMIT).unwrap() {
-            ConnectionError::ApplicationClosed(close) => assert_eq!(close.error_code, VarInt::from_u32(7)),
-            other => panic!("the server saw {other:?}, not the client's close"),
-        }
-    }
-
-    fn idle_timeout(driver: DriverKind) {
-        let (server_config, client_config) = configs(Some(Duration::from_millis(300)));
-        let (_rt, addr, ends) = hotloop_server(driver, server_config);
-        let rt = tokio_rt();
-        let (_client, _conn) = rt.block_on(async {
+#[hotloop::test(driver = "all")]
+fn tokio_client_hotloop_server(driver: DriverKind) {
+    let (server_config, client_config) = configs(None);
+    let (_rt, addr, ends) = hotloop_server(driver, server_config);
+    tokio_rt().block_on(async {
+        tokio::time::timeout(LIMIT, async {
             let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
             client.set_default_client_config(client_config);
             let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
-            assert_eq!(echo_once(&conn, b"hi".to_vec()).await, b"hi");
-            (client, conn)
-        });
-        // The tokio runtime is not driven from here on: the client goes silent.
-        let start = std::time::Instant::now();
-        match ends.recv_timeout(LIMIT).unwrap() {
-            ConnectionError::TimedOut => {}
-            other => panic!("the server saw {other:?}, not an idle timeout"),
+            // Many streams at once.
+            let streams: Vec<_> = (0..100u32)
+                .map(|i| {
+                    let conn = conn.clone();
+                    tokio::spawn(async move {
+                        let msg = format!("stream {i}").into_bytes();
+                        assert_eq!(echo_once(&conn, msg.clone()).await, msg);
+                    })
+                })
+                .collect();
+            for s in streams {
+                s.await.unwrap();
+            }
+            // A large transfer.
+            let large: Vec<u8> = (0..LARGE_BYTES).map(|i| (i % 251) as u8).collect();
+            assert!(echo_once(&conn, large.clone()).await == large);
+            // Close.
+            conn.close(VarInt::from_u32(7), b"done");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    match ends.recv_timeout(LIMIT).unwrap() {
+        ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(close.error_code, VarInt::from_u32(7))
         }
-        let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
+        other => panic!("the server saw {other:?}, not the client's close"),
     }
+}
 
-    fn hotloop_client_tokio_server(driver: DriverKind) {
-        let (server_config, client_config) = configs(None);
-        let tokio = tokio_rt();
-        let server = {
-            let _guard = tokio.enter();
-            quinn::Endpoint::server(server_config, LOCALHOST).unwrap()
-        };
-        let addr = server.local_addr().unwrap();
-        let server_thread = std::thread::spawn(move || {
-            tokio.block_on(async move {
-                let conn = server.accept().await.unwrap().await.unwrap();
-                for _ in 0..20 {
-                    let (mut send, mut recv) = conn.accept_bi().await.unwrap();
-                    let data = recv.read_to_end(usize::MAX).await.unwrap();
-                    send.write_all(&data).await.unwrap();
-                    send.finish().unwrap();
-                }
-                conn.closed().await
-            })
+#[hotloop::test(driver = "all")]
+fn idle_timeout(driver: DriverKind) {
+    let (server_config, client_config) = configs(Some(Duration::from_millis(300)));
+    let (_rt, addr, ends) = hotloop_server(driver, server_config);
+    let rt = tokio_rt();
+    let (_client, _conn) = rt.block_on(async {
+        let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
+        client.set_default_client_config(client_config);
+        let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
+        assert_eq!(echo_once(&conn, b"hi".to_vec()).await, b"hi");
+        (client, conn)
+    });
+    // The tokio runtime is not driven from here on: the client goes silent.
+    let start = std::time::Instant::now();
+    match ends.recv_timeout(LIMIT).unwrap() {
+        ConnectionError::TimedOut => {}
+        other => panic!("the server saw {other:?}, not an idle timeout"),
+    }
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
+}
+
+#[hotloop::test(driver = "all")]
+fn hotloop_client_tokio_server(driver: DriverKind) {
+    let (server_config, client_config) = configs(None);
+    let tokio = tokio_rt();
+    let server = {
+        let _guard = tokio.enter();
+        quinn::Endpoint::server(server_config, LOCALHOST).unwrap()
+    };
+    let addr = server.local_addr().unwrap();
+    let server_thread = std::thread::spawn(move || {
+        tokio.block_on(async move {
+            let conn = server.accept().await.unwrap().await.unwrap();
+            for _ in 0..20 {
+                let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+                let data = recv.read_to_end(usize::MAX).await.unwrap();
+                send.write_all(&data).await.unwrap();
+                send.finish().unwrap();
+            }
+            conn.closed().await
+        })
+    });
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    rt.block_on(async move {
+        hotloop::time::timeout(LIMIT, async {
+            let client = hotloop::quic::endpoint(LOCALHOST, None).unwrap();
+            let conn =
+                client.connect_with(client_config, addr, "localhost").unwrap().await.unwrap();
+            for i in 0..19 {
+                let msg = vec![i as u8; 1000 * i];
+                assert_eq!(echo_once(&conn, msg.clone()).await, msg);
+            }
+            let large: Vec<u8> = (0..LARGE_BYTES).map(|i| (i % 253) as u8).collect();
+            assert!(echo_once(&conn, large.clone()).await == large);
+            conn.close(VarInt::from_u32(3), b"bye");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    match server_thread.join().unwrap() {
+        ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(close.error_code, VarInt::from_u32(3))
+        }
+        other => panic!("the tokio server saw {other:?}"),
+    }
+}
+
+#[hotloop::test(driver = "all")]
+fn one_endpoint_per_worker(driver: DriverKind) {
+    let (server_config, client_config) = configs(None);
+    let port = std::net::UdpSocket::bind(LOCALHOST).unwrap().local_addr().unwrap().port();
+    let addr = SocketAddr::new(LOCALHOST.ip(), port);
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let served = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    {
+        let served = served.clone();
+        let handle = rt.handle().clone();
+        std::thread::spawn(move || {
+            for worker in 0..2 {
+                let (server_config, served) = (server_config.clone(), served.clone());
+                handle.spawn_on(worker, move || async move {
+                    let endpoint = hotloop::quic::endpoint(addr, Some(server_config)).unwrap();
+                    while let Some(incoming) = endpoint.accept().await {
+                        let served = served.clone();
+                        hotloop::spawn(async move {
+                            let Ok(conn) = incoming.await else { return };
+                            served[worker].fetch_add(1, Ordering::Relaxed);
+                            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                                let data = recv.read_to_end(1024).await.unwrap();
+                                send.write_all(&data).await.unwrap();
+                                send.finish().unwrap();
+                            }
+                        });
+                    }
+                });
+            }
         });
-        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-        rt.block_on(async move {
-            hotloop::time::timeout(LIMIT, async {
-                let client = hotloop::quic::endpoint(LOCALHOST, None).unwrap();
-                let conn = client.connect_with(client_config, addr, "localhost").unwrap().await.unwrap();
-                for i in 0..19 {
-                    let msg = vec![i as u8; 1000 * i];
-                    assert_eq!(echo_once(&conn, msg.clone()).await, msg);
-                }
-                let large: Vec<u8> = (0..LARGE_BYTES).map(|i| (i % 253) as u8).collect();
-                assert!(echo_once(&conn, large.clone()).await == large);
-                conn.close(VarInt::from_u32(3), b"bye");
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    tokio_rt().block_on(async {
+        tokio::time::timeout(LIMIT, async {
+            // Each client endpoint has its own port, so the kernel's
+            // SO_REUSEPORT hash spreads them over the workers' sockets.
+            for i in 0..20u8 {
+                let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
+                client.set_default_client_config(client_config.clone());
+                let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
+                assert_eq!(echo_once(&conn, vec![i; 100]).await, vec![i; 100]);
+                conn.close(VarInt::from_u32(0), b"");
                 client.wait_idle().await;
-            })
-            .await
-            .unwrap();
-        });
-        match server_thread.join().unwrap() {
-            ConnectionError::ApplicationClosed(close) => assert_eq!(close.error_code, VarInt::from_u32(3)),
-            other => panic!("the tokio server saw {other:?}"),
-        }
-    }
-
-    fn one_endpoint_per_worker(driver: DriverKind) {
-        let (server_config, client_config) = configs(None);
-        let port = std::net::UdpSocket::bind(LOCALHOST).unwrap().local_addr().unwrap().port();
-        let addr = SocketAddr::new(LOCALHOST.ip(), port);
-        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
-        let served = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
-        {
-            let served = served.clone();
-            let handle = rt.handle().clone();
-            std::thread::spawn(move || {
-                for worker in 0..2 {
-                    let (server_config, served) = (server_config.clone(), served.clone());
-                    handle.spawn_on(worker, move || async move {
-                        let endpoint = hotloop::quic::endpoint(addr, Some(server_config)).unwrap();
-                        while let Some(incoming) = endpoint.accept().await {
-                            let served = served.clone();
-                            hotloop::spawn(async move {
-                                let Ok(conn) = incoming.await else { return };
-                                served[worker].fetch_add(1, Ordering::Relaxed);
-                                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                                    let data = recv.read_to_end(1024).await.unwrap();
-                                    send.write_all(&data).await.unwrap();
-                                    send.finish().unwrap();
-                                }
-                            });
-                        }
-                    });
-                }
-            });
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        tokio_rt().block_on(async {
-            tokio::time::timeout(LIMIT, async {
-                // Each client endpoint has its own port, so the kernel's
-                // SO_REUSEPORT hash spreads them over the workers' sockets.
-                for i in 0..20u8 {
-                    let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
-                    client.set_default_client_config(client_config.clone());
-                    let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
-                    assert_eq!(echo_once(&conn, vec![i; 100]).await, vec![i; 100]);
-                    conn.close(VarInt::from_u32(0), b"");
-                    client.wait_idle().await;
-                }
-            })
-            .await
-            .unwrap();
-        });
-        let counts = [served[0].load(Ordering::Relaxed), served[1].load(Ordering::Relaxed)];
-        assert_eq!(counts[0] + counts[1], 20);
-        assert!(counts[0] > 0 && counts[1] > 0, "every worker serves connections: {counts:?}");
-    }
+            }
+        })
+        .await
+        .unwrap();
+    });
+    let counts = [served[0].load(Ordering::Relaxed), served[1].load(Ordering::Relaxed)];
+    assert_eq!(counts[0] + counts[1], 20);
+    assert!(counts[0] > 0 && counts[1] > 0, "every worker serves connections: {counts:?}");
 }

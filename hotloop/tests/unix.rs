@@ -13,9 +13,9 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hotloop::DriverKind;
 use hotloop::net::{serve_unix, ListenerOptions, UnixListener, UnixStream};
 use hotloop::time::timeout;
+use hotloop::DriverKind;
 use hotloop::{spawn, Runtime};
 
 /// A fresh socket path in the temporary directory, unique to this process

@@ -412,4 +412,10 @@ impl Source {
     pub(crate) async fn writable(&self) -> io::Result<()> {
         each!(self, s => s.writable().await)
     }
+
+    /// True once the socket's receives take from an io_uring multishot
+    /// `RECVMSG` (never on epoll).
+    pub(crate) fn receives_from_ring(&self) -> bool {
+        matches!(self, Source::Uring(s) if s.receives_from_ring())
+    }
 }

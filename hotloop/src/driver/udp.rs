@@ -261,6 +261,49 @@ impl MsgBuf {
     }
 }
 
+/// The name and control space a multishot `RECVMSG` reserves in each
+/// provided buffer, after its `io_uring_recvmsg_out` header and before the
+/// payload: a header naming these sizes goes with the operation.
+pub(crate) fn multishot_recv_template() -> libc::msghdr {
+    // SAFETY: msghdr is plain old data; all-zero is a valid, empty header.
+    let mut hdr: libc::msghdr = unsafe { zeroed() };
+    hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    hdr.msg_controllen = CONTROL_BYTES;
+    hdr
+}
+
+/// Bytes a multishot `RECVMSG` puts before the payload in each buffer: the
+/// `io_uring_recvmsg_out` header (16 bytes), then the name and control
+/// space of [`multishot_recv_template`].
+pub(crate) const MULTISHOT_RECV_HEADER_BYTES: usize =
+    16 + size_of::<libc::sockaddr_storage>() + CONTROL_BYTES;
+
+/// What the kernel said about a datagram a multishot `RECVMSG` put in a
+/// provided buffer: `name` and `control` as it wrote them there (at any
+/// alignment), `flags` from its `io_uring_recvmsg_out` header, `len` the
+/// payload bytes it holds.
+pub(crate) fn decode_multishot(name: &[u8], control: &[u8], flags: u32, len: usize) -> RecvMeta {
+    let mut msg = MsgBuf::new();
+    // The buffer's bytes are copied into a `MsgBuf`, whose control space
+    // is aligned as `cmsghdr` needs; the provided buffer's need not be.
+    let name_len = name.len().min(size_of::<libc::sockaddr_storage>());
+    let control_len = control.len().min(CONTROL_BYTES);
+    // SAFETY: the destination is `msg.name`, a sockaddr_storage of at least `name_len` bytes,
+    // and does not overlap `name`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            name.as_ptr(),
+            (&mut msg.name as *mut libc::sockaddr_storage).cast::<u8>(),
+            name_len,
+        )
+    };
+    msg.control.0[..control_len].copy_from_slice(&control[..control_len]);
+    msg.point_recv();
+    msg.hdr.msg_controllen = control_len;
+    msg.hdr.msg_flags = flags as libc::c_int;
+    msg.decode_recv(len)
+}
+
 /// Appends control messages to a header's control space.
 struct Encoder<'a> {
     hdr: &'a mut libc::msghdr,

@@ -297,6 +297,15 @@ impl UdpSocket {
         self.src.writable().await
     }
 
+    /// True once this socket's receives come from an io_uring multishot
+    /// `RECVMSG` filling a buffer ring of its own (decided at its first
+    /// receive: the io_uring driver on Linux 6.0+, unless
+    /// `HOTLOOP_URING_MULTISHOT_RECVMSG=0`); false on epoll and on the
+    /// fallback path. For diagnostics and tests.
+    pub fn receives_from_ring(&self) -> bool {
+        self.src.receives_from_ring()
+    }
+
     /// Turns receive coalescing (`UDP_GRO`) on or off.
     pub fn set_gro(&self, on: bool) -> io::Result<()> {
         sys::setsockopt_int(self.src.fd(), libc::SOL_UDP, libc::UDP_GRO, on as i32)?;

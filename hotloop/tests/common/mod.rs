@@ -28,42 +28,6 @@ pub fn skip_uring() -> bool {
     true
 }
 
-/// Defines each test once per driver, as modules `name::epoll` and
-/// `name::uring`; the io_uring variant prints why it skipped where the
-/// kernel cannot run it (and fails instead under `HOTLOOP_REQUIRE_URING=1`).
-///
-/// `#[hotloop::test(driver = "all")]` does the same, for `async fn` tests
-/// and plain `fn name(driver: DriverKind)` ones alike, and is what tests
-/// use; this macro stays only for `udp.rs` and `quic.rs`, until they move.
-#[macro_export]
-macro_rules! test_all_drivers {
-    ($( $(#[$meta:meta])* fn $name:ident($driver:ident: DriverKind) $body:block )*) => {
-        $(
-            mod $name {
-                #[allow(unused_imports)]
-                use super::*;
-
-                fn run($driver: ::hotloop::DriverKind) $body
-
-                $(#[$meta])*
-                #[test]
-                fn epoll() {
-                    run(::hotloop::DriverKind::Epoll);
-                }
-
-                $(#[$meta])*
-                #[test]
-                fn uring() {
-                    if $crate::common::skip_uring() {
-                        return;
-                    }
-                    run(::hotloop::DriverKind::Uring);
-                }
-            }
-        )*
-    };
-}
-
 /// A blocking client: connect, send `req`, read until EOF or `expect` bytes.
 pub fn roundtrip(addr: SocketAddr, req: &[u8], expect: usize) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).expect("connect");

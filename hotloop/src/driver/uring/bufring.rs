@@ -5,14 +5,17 @@
 //! # Implementation notes
 //! - The ring is an array of `io_uring_buf` entries in page-aligned memory
 //!   shared with the kernel; the buffers are one heap block, cut into
-//!   [`BUFFER_BYTES`] pieces named by their index (the buffer id). The
+//!   equal pieces ([`BUFFER_BYTES`] for the driver's stream ring) named by
+//!   their index (the buffer id). The block is zeroed by `calloc`, which
+//!   maps fresh pages for a large block: a page costs memory only once the
+//!   kernel has written into it. The
 //!   kernel consumes entries from the head; the driver gives a buffer back
 //!   by writing an entry at the tail and publishing the tail with a release
 //!   store, which is the only ordering the kernel needs.
 //! - A completion names the buffer it filled (`IORING_CQE_F_BUFFER`). The
-//!   driver copies the bytes out (into the reader's own buffer) and gives
-//!   the buffer back at once, so buffers never leave the driver and a slow
-//!   reader never holds one for long.
+//!   stream ring's buffers are copied out and given back at once, so a
+//!   slow reader never holds one; a datagram socket's own ring
+//!   (`dgram.rs`) keeps each buffer until its datagram is taken.
 //! - Both blocks must outlive every operation that may still pick from the
 //!   ring: the ring is dropped (and unregistered) only with the driver,
 //!   after every operation has ended, and leaked with the operations if
@@ -33,23 +36,48 @@ pub(super) const BUFFER_BYTES: usize = 4096;
 /// The buffer group id the ring is registered under.
 pub(super) const GROUP: u16 = 0;
 
-/// The ring of provided buffers.
+/// A ring of provided buffers, registered under one buffer group.
 pub(super) struct BufRing {
-    /// `BUFFERS` entries, page-aligned, shared with the kernel.
+    /// `count` entries, page-aligned, shared with the kernel.
     entries: NonNull<BufRingEntry>,
     layout: Layout,
-    /// `BUFFERS * BUFFER_BYTES` bytes the kernel writes into.
+    /// `count * buffer_bytes` bytes the kernel writes into.
     buffers: Box<[u8]>,
+    /// Buffers in the ring (a power of two).
+    count: u16,
+    /// Bytes per buffer.
+    buffer_bytes: usize,
+    /// The buffer group id the ring is registered under.
+    group: u16,
     /// The tail as the driver knows it (the kernel reads the published one).
     tail: u16,
 }
 
 impl BufRing {
-    /// Allocates the ring and its buffers, registers them with `ring`
-    /// and hands every buffer to the kernel.
+    /// Allocates the driver's stream ring ([`BUFFERS`] of [`BUFFER_BYTES`]
+    /// under [`GROUP`]), registers it with `ring` and hands every buffer to
+    /// the kernel.
     pub(super) fn new(ring: &IoUring) -> io::Result<BufRing> {
+        Self::with_group(ring, GROUP, BUFFERS, BUFFER_BYTES)
+    }
+
+    /// Allocates `count` buffers of `buffer_bytes` (`count` a power of two,
+    /// at most 2^15), registers them under `group` and hands every buffer
+    /// to the kernel.
+    pub(super) fn with_group(
+        ring: &IoUring,
+        group: u16,
+        count: u16,
+        buffer_bytes: usize,
+    ) -> io::Result<BufRing> {
+        if !count.is_power_of_two() || count > 1 << 15 || buffer_bytes > u32::MAX as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a buffer ring holds a power of two of buffers, at most 32768, of at most 4 GiB",
+            ));
+        }
         let page = 4096;
-        let layout = Layout::from_size_align(BUFFERS as usize * size_of::<BufRingEntry>(), page)
+        let layout = Layout::from_size_align(count as usize * size_of::<BufRingEntry>(), page)
             .map_err(io::Error::other)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -59,21 +87,24 @@ impl BufRing {
         let mut buf_ring = BufRing {
             entries,
             layout,
-            buffers: vec![0u8; BUFFERS as usize * BUFFER_BYTES].into_boxed_slice(),
+            buffers: vec![0u8; count as usize * buffer_bytes].into_boxed_slice(),
+            count,
+            buffer_bytes,
+            group,
             tail: 0,
         };
-        // SAFETY: `entries` points at `BUFFERS` zeroed, page-aligned entries that live (with the
+        // SAFETY: `entries` points at `count` zeroed, page-aligned entries that live (with the
         // buffers) until this ring is dropped, which unregisters it first; the driver keeps the
         // ring for as long as any operation may pick from it.
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
                 entries.as_ptr() as u64,
-                BUFFERS,
-                GROUP,
+                count,
+                group,
                 0,
             )?;
         }
-        for bid in 0..BUFFERS {
+        for bid in 0..count {
             buf_ring.push(bid);
         }
         buf_ring.publish();
@@ -82,19 +113,30 @@ impl BufRing {
 
     /// The `len` bytes the kernel wrote into buffer `bid`.
     pub(super) fn bytes(&self, bid: u16, len: usize) -> &[u8] {
-        let start = bid as usize * BUFFER_BYTES;
-        &self.buffers[start..start + len.min(BUFFER_BYTES)]
+        let start = bid as usize * self.buffer_bytes;
+        &self.buffers[start..start + len.min(self.buffer_bytes)]
+    }
+
+    /// Buffers in the ring.
+    pub(super) fn count(&self) -> u16 {
+        self.count
+    }
+
+    /// The buffer group id the ring is registered under.
+    pub(super) fn group(&self) -> u16 {
+        self.group
     }
 
     /// Gives buffer `bid` back to the kernel (visible at the next [`BufRing::publish`]).
     pub(super) fn push(&mut self, bid: u16) {
-        let index = (self.tail & (BUFFERS - 1)) as usize;
-        let addr = self.buffers.as_ptr() as u64 + (bid as usize * BUFFER_BYTES) as u64;
-        // SAFETY: `index < BUFFERS`, so the entry is inside the allocation; the kernel does not
+        debug_assert!(bid < self.count);
+        let index = (self.tail & (self.count - 1)) as usize;
+        let addr = self.buffers.as_ptr() as u64 + (bid as usize * self.buffer_bytes) as u64;
+        // SAFETY: `index < count`, so the entry is inside the allocation; the kernel does not
         // read entries between the published tail and this one.
         let entry = unsafe { &mut *self.entries.as_ptr().add(index) };
         entry.set_addr(addr);
-        entry.set_len(BUFFER_BYTES as u32);
+        entry.set_len(self.buffer_bytes as u32);
         entry.set_bid(bid);
         self.tail = self.tail.wrapping_add(1);
     }
@@ -111,7 +153,7 @@ impl BufRing {
 
     /// Unregisters the ring from `ring`; after this the memory may be freed.
     pub(super) fn unregister(&self, ring: &IoUring) {
-        let _ = ring.submitter().unregister_buf_ring(GROUP);
+        let _ = ring.submitter().unregister_buf_ring(self.group);
     }
 }
 

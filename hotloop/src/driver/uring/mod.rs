@@ -39,6 +39,7 @@
 mod accept;
 mod bufring;
 mod compat;
+mod dgram;
 mod op;
 mod pooled;
 mod ring;
@@ -100,6 +101,17 @@ struct Uring {
     /// The provided buffers multishot receives pick from, where the kernel
     /// has them (Linux 6.0); without them pooled reads wait with `POLL_ADD`.
     buf_ring: Option<bufring::BufRing>,
+    /// The receive queues of datagram sockets, each with its own ring
+    /// (`dgram.rs`).
+    dgrams: Slab<dgram::Datagrams>,
+    /// Whether datagram sockets receive with multishot `RECVMSG` (Linux 6.0).
+    dgram_multishot: bool,
+    /// Buffer group ids of datagram rings freed for reuse.
+    dgram_groups: Vec<u16>,
+    /// The last buffer group id handed out (0 is the stream ring's).
+    dgram_next_group: u16,
+    /// True once a datagram ring failed to register (said once).
+    dgram_ring_failed: bool,
     unpark: Arc<Unpark>,
     /// True while the eventfd's poll is armed.
     wake_armed: bool,
@@ -141,6 +153,11 @@ impl Driver {
             listeners: Slab::default(),
             streams: Slab::default(),
             buf_ring,
+            dgrams: Slab::default(),
+            dgram_multishot: probe::multishot_recvmsg_supported(),
+            dgram_groups: Vec::new(),
+            dgram_next_group: bufring::GROUP,
+            dgram_ring_failed: false,
             unpark,
             wake_armed: false,
             wake_multishot: true,
@@ -376,6 +393,21 @@ impl Uring {
                     self.ops.remove(key);
                 }
             }
+            Lifecycle::RecvMsgMulti { dgrams, .. } => {
+                let dgrams = *dgrams;
+                if last {
+                    self.ops.remove(key);
+                }
+                dgram::on_completion(self, dgrams, key, res, flags, woken);
+            }
+            // Buffers it still fills die with its ring, at the last completion.
+            Lifecycle::OrphanRecvMsg { .. } => {
+                if last {
+                    if let Some(Lifecycle::OrphanRecvMsg { ring, .. }) = self.ops.remove(key) {
+                        self.free_recv_ring(*ring);
+                    }
+                }
+            }
             // A single-shot operation completes once, and a withdrawn one
             // never reached the kernel: nothing more can come.
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}
@@ -394,6 +426,9 @@ impl Drop for Uring {
         }
         for key in self.streams.keys() {
             self.release_stream(key);
+        }
+        for key in self.dgrams.keys() {
+            self.release_dgrams(key);
         }
         // Writes that dropped streams left running get half the drain time
         // to finish, as the kernel would send a closed socket's buffered

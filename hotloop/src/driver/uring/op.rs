@@ -82,6 +82,11 @@ pub(super) enum Lifecycle {
     /// A multishot receive whose socket was closed: buffers it still
     /// fills go straight back to the ring.
     OrphanRecv(#[allow(dead_code)] SharedFd),
+    /// A multishot `RECVMSG` whose datagrams go to a socket's queue.
+    RecvMsgMulti { dgrams: Key, fd: SharedFd, submitted: bool },
+    /// A multishot `RECVMSG` whose socket was closed: it keeps the socket
+    /// and its ring (freed at the last completion).
+    OrphanRecvMsg { _fd: SharedFd, ring: Box<super::dgram::RecvRing> },
 }
 
 impl Lifecycle {
@@ -94,7 +99,9 @@ impl Lifecycle {
             | Lifecycle::Accept { .. }
             | Lifecycle::Orphan(_)
             | Lifecycle::RecvMulti { .. }
-            | Lifecycle::OrphanRecv(_) => true,
+            | Lifecycle::OrphanRecv(_)
+            | Lifecycle::RecvMsgMulti { .. }
+            | Lifecycle::OrphanRecvMsg { .. } => true,
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
         }
     }
@@ -103,7 +110,10 @@ impl Lifecycle {
     pub(super) fn is_waiting(&self) -> bool {
         matches!(
             self,
-            Lifecycle::Waiting { .. } | Lifecycle::Accept { .. } | Lifecycle::RecvMulti { .. }
+            Lifecycle::Waiting { .. }
+                | Lifecycle::Accept { .. }
+                | Lifecycle::RecvMulti { .. }
+                | Lifecycle::RecvMsgMulti { .. }
         )
     }
 
@@ -112,12 +122,14 @@ impl Lifecycle {
         match self {
             Lifecycle::Waiting { submitted, .. }
             | Lifecycle::Accept { submitted, .. }
-            | Lifecycle::RecvMulti { submitted, .. } => *submitted = true,
+            | Lifecycle::RecvMulti { submitted, .. }
+            | Lifecycle::RecvMsgMulti { submitted, .. } => *submitted = true,
             Lifecycle::Completed(_)
             | Lifecycle::Cancelled(_)
             | Lifecycle::Withdrawn
             | Lifecycle::Orphan(_)
-            | Lifecycle::OrphanRecv(_) => {}
+            | Lifecycle::OrphanRecv(_)
+            | Lifecycle::OrphanRecvMsg { .. } => {}
         }
     }
 }
@@ -173,7 +185,9 @@ impl Uring {
             | Lifecycle::Accept { .. }
             | Lifecycle::Orphan(_)
             | Lifecycle::RecvMulti { .. }
-            | Lifecycle::OrphanRecv(_) => {
+            | Lifecycle::OrphanRecv(_)
+            | Lifecycle::RecvMsgMulti { .. }
+            | Lifecycle::OrphanRecvMsg { .. } => {
                 std::mem::forget(storage);
                 None
             }

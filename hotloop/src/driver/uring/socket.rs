@@ -22,8 +22,8 @@ use crate::sys;
 /// A socket owned by one io_uring driver. Its descriptor closes when the
 /// source and every operation the kernel still holds on it are gone.
 pub(crate) struct Source {
-    fd: SharedFd,
-    driver: Rc<Driver>,
+    pub(super) fd: SharedFd,
+    pub(super) driver: Rc<Driver>,
     /// The accept queue, once the socket has been accepted on.
     listener: Cell<Option<Key>>,
     /// How many connections the owner will take (see `set_accept_room`).
@@ -438,6 +438,9 @@ impl Drop for Source {
             }
             if let Some(key) = self.stream.get() {
                 st.release_stream(key);
+            }
+            if let Some(key) = self.datagram.borrow().as_ref().and_then(|w| w.ring_key()) {
+                st.release_dgrams(key);
             }
         }
         // `fd` closes now if no operation holds it, else at the last one's

@@ -13,8 +13,13 @@
 //!   the socket, one per direction) only when the call would block. A
 //!   receive batch that came back short drained the queue, so the next
 //!   receive arms its poll at once instead of first failing with `EAGAIN`.
+//! - Where the kernel has multishot `RECVMSG` (Linux 6.0), every receive,
+//!   owned or borrowed, takes from the socket's queue that one multishot
+//!   fills from the socket's own buffer ring (`dgram.rs`) instead: no system
+//!   call per datagram or batch, and no poll. The other forms stay as the
+//!   fallback where a ring cannot be had.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSliceMut};
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
@@ -24,7 +29,9 @@ use io_uring::{opcode, types};
 use super::op::{OnDrop, Op};
 use super::socket::{is_retry, Source};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::not_running;
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
+use crate::slab::Key;
 
 /// The readiness polls of a datagram socket's borrowed forms.
 #[derive(Default)]
@@ -35,6 +42,43 @@ pub(super) struct DatagramWaits {
     /// so the next receive arms its poll without a `recvmmsg` that would
     /// only say `EAGAIN` (as epoll's readiness bit does).
     recv_drained: bool,
+    /// Whether receives take from a multishot `RECVMSG`'s queue.
+    ring: RingMode,
+}
+
+/// How a datagram socket receives on io_uring, decided at its first receive.
+#[derive(Default, Clone, Copy)]
+enum RingMode {
+    /// Not received on yet.
+    #[default]
+    Undecided,
+    /// From the queue of the driver's `dgrams` slot.
+    Ring(Key),
+    /// With `RECVMSG` and `recvmmsg` (no multishot `RECVMSG` here).
+    Plain,
+}
+
+impl DatagramWaits {
+    /// The socket's datagram queue, if it receives through one.
+    pub(super) fn ring_key(&self) -> Option<Key> {
+        match self.ring {
+            RingMode::Ring(key) => Some(key),
+            RingMode::Undecided | RingMode::Plain => None,
+        }
+    }
+}
+
+/// Copies a queued datagram's `payload` into the `cap` bytes at `dst`,
+/// reporting truncation as `recvmsg` does: `len` is what was copied, and
+/// `truncated` is set when the datagram did not fit.
+///
+/// # Safety
+/// `dst` must point at `cap` writable bytes that do not overlap `payload`.
+unsafe fn copy_datagram(payload: &[u8], meta: RecvMeta, dst: *mut u8, cap: usize) -> RecvMeta {
+    let n = payload.len().min(cap);
+    // SAFETY: the caller vouches for `cap` writable bytes at `dst`, apart from `payload`.
+    unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, n) };
+    RecvMeta { len: n, truncated: meta.truncated || payload.len() > cap, ..meta }
 }
 
 /// What a `RECVMSG`/`SENDMSG` keeps alive: the buffer and the header.
@@ -44,8 +88,66 @@ struct MsgStorage<B> {
 }
 
 impl Source {
+    /// The socket's datagram queue if it receives through a multishot
+    /// `RECVMSG`; decided (and the ring registered) at the first call.
+    fn recv_ring(&self) -> Option<Key> {
+        let mut waits = self.datagram.borrow_mut();
+        let waits = waits.get_or_insert_with(Box::default);
+        match waits.ring {
+            RingMode::Ring(key) => Some(key),
+            RingMode::Plain => None,
+            // Outside its runtime the receive fails with the not-running
+            // error; the ring is registered from the worker's thread only.
+            RingMode::Undecided if !self.driver.entered.get() => None,
+            RingMode::Undecided => {
+                let key = self.driver.state.borrow_mut().open_dgrams();
+                waits.ring = key.map_or(RingMode::Plain, RingMode::Ring);
+                key
+            }
+        }
+    }
+
+    /// True once receives on this socket take from a multishot `RECVMSG`.
+    pub(crate) fn receives_from_ring(&self) -> bool {
+        self.datagram.borrow().as_ref().is_some_and(|w| w.ring_key().is_some())
+    }
+
+    /// Takes up to `max` datagrams from the queue `key`, or parks the task.
+    fn poll_ring(
+        &self,
+        cx: &mut TaskContext<'_>,
+        key: Key,
+        max: usize,
+        deliver: impl FnMut(usize, &[u8], RecvMeta),
+    ) -> Poll<io::Result<usize>> {
+        if !self.driver.entered.get() {
+            return Poll::Ready(Err(not_running()));
+        }
+        self.driver.state.borrow_mut().poll_dgrams(key, &self.fd, cx.waker(), max, deliver)
+    }
+
     /// Receives one datagram into `buf` (from its start up to its capacity).
     pub(crate) async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
+        if let Some(key) = self.recv_ring() {
+            let (dst, cap) = (buf.stable_mut_ptr(), buf.bytes_total());
+            let mut got = RecvMeta::default();
+            let res = poll_fn(|cx| {
+                self.poll_ring(cx, key, 1, |_, payload, meta| {
+                    // SAFETY: `buf` has `cap` writable bytes at `dst`, a fixed address while it
+                    // moves, and the driver's ring buffer is not part of it.
+                    got = unsafe { copy_datagram(payload, meta, dst, cap) };
+                })
+            })
+            .await;
+            return match res {
+                Ok(_) => {
+                    // SAFETY: `copy_datagram` wrote `got.len` bytes at the start of the buffer.
+                    unsafe { buf.set_init(got.len) };
+                    (Ok(got), buf)
+                }
+                Err(e) => (Err(e), buf),
+            };
+        }
         let mut msg = Box::new(MsgBuf::new());
         loop {
             msg.prepare_recv(buf.stable_mut_ptr(), buf.bytes_total());
@@ -174,6 +276,16 @@ impl Source {
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
         let asked = bufs.len().min(meta.len()).min(udp::BATCH_DATAGRAMS_MAX);
+        if asked == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        if let Some(key) = self.recv_ring() {
+            return self.poll_ring(cx, key, asked, |i, payload, m| {
+                let dst = &mut bufs[i];
+                // SAFETY: `dst` is a live, writable borrowed slice, apart from the ring buffer.
+                meta[i] = unsafe { copy_datagram(payload, m, dst.as_mut_ptr(), dst.len()) };
+            });
+        }
         let polled = self.poll_datagram(cx, libc::POLLIN, || udp::recv_batch(fd, bufs, meta));
         if let Poll::Ready(Ok(n)) = polled {
             if asked > 1 && n < asked {

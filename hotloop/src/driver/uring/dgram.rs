@@ -1,0 +1,302 @@
+//! Datagram receives on io_uring: one multishot `RECVMSG` per socket that
+//! picks buffers from the socket's own provided-buffer ring, its datagrams
+//! queued in the driver until the owner takes them.
+//!
+//! # Implementation notes
+//! - The first receive of a datagram socket (Linux 6.0+, unless
+//!   `HOTLOOP_URING_MULTISHOT_RECVMSG=0` or `HOTLOOP_URING_MULTISHOT_RECV=0`)
+//!   registers a ring of [`dgram_buffers`] buffers of [`DGRAM_BUFFER_BYTES`]
+//!   under a buffer group of its own and arms an `IORING_OP_RECVMSG` with
+//!   `IORING_RECV_MULTISHOT`. Each datagram lands in one buffer as the
+//!   kernel lays it out: the `io_uring_recvmsg_out` header, the source
+//!   address, the control messages (GRO segment size, ECN, destination
+//!   address) and the payload. A completion queues the buffer's id with the
+//!   decoded metadata; a receive copies the payload into the caller's
+//!   buffer and gives the ring buffer back to the kernel. Where a ring cannot
+//!   be registered, the socket receives as before (`RECVMSG` and `recvmmsg`).
+//! - Why a ring per socket: a socket whose owner reads slowly holds its own
+//!   buffers, never another socket's, and an operation can own its ring
+//!   until its last completion even after the socket is closed.
+//! - Why 64 KiB buffers: a datagram, and a GRO train, is at most 64 KiB, so
+//!   the kernel never truncates one; truncation is then decided only by the
+//!   caller's buffer, exactly as with a plain `recvmsg`. The ring's memory is
+//!   `calloc`ed: a page is resident only once the kernel has written into it,
+//!   so 64 buffers are about 4 MiB of address space but, for 1,200-byte QUIC
+//!   datagrams, at most two pages each. `HOTLOOP_URING_DGRAM_BUFFERS` (a
+//!   power of two up to 32768) changes the count.
+//! - When every buffer holds a datagram not yet taken, the kernel ends the
+//!   multishot with `ENOBUFS` and leaves further datagrams in the socket's
+//!   receive buffer, where UDP queues (or drops) them as it always does. It
+//!   is re-armed when the owner has taken half of the queue (or all of it),
+//!   so a full ring never makes the driver spin. Any other end (a cancel, an
+//!   error, which is queued for the owner) is re-armed by the next receive.
+//! - Closing the socket drops its queue. An armed multishot is cancelled;
+//!   it keeps the descriptor, the ring and the header it names until its
+//!   last completion, then the ring is unregistered and freed.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
+use std::task::{Poll, Waker};
+
+use io_uring::{cqueue, opcode, types};
+
+use super::bufring::BufRing;
+use super::op::Lifecycle;
+use super::{SharedFd, Uring};
+use crate::driver::udp::{self, RecvMeta};
+use crate::slab::Key;
+
+/// Buffers in a datagram socket's ring unless `HOTLOOP_URING_DGRAM_BUFFERS` says otherwise.
+pub(super) const DGRAM_BUFFERS_DEFAULT: u16 = 64;
+/// Bytes per buffer: the kernel's header, name and control space, and room
+/// for the largest datagram or GRO train (64 KiB).
+pub(super) const DGRAM_BUFFER_BYTES: usize = udp::MULTISHOT_RECV_HEADER_BYTES + 64 * 1024;
+
+/// Buffers per datagram socket's ring: `HOTLOOP_URING_DGRAM_BUFFERS` if it
+/// is a power of two up to 32768, else [`DGRAM_BUFFERS_DEFAULT`]. Read once
+/// per process.
+pub(super) fn dgram_buffers() -> u16 {
+    static COUNT: OnceLock<u16> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let Ok(v) = std::env::var("HOTLOOP_URING_DGRAM_BUFFERS") else {
+            return DGRAM_BUFFERS_DEFAULT;
+        };
+        match v.trim().parse::<u16>() {
+            Ok(n) if n.is_power_of_two() && n <= 1 << 15 => n,
+            _ => {
+                crate::log::warn(format_args!(
+                    "HOTLOOP_URING_DGRAM_BUFFERS={v:?} is not a power of two from 1 to 32768; \
+                     using {DGRAM_BUFFERS_DEFAULT}"
+                ));
+                DGRAM_BUFFERS_DEFAULT
+            }
+        }
+    })
+}
+
+/// A socket's ring and the header its multishot names: both must outlive
+/// the operation.
+pub(super) struct RecvRing {
+    buf_ring: BufRing,
+    /// Only `msg_namelen` and `msg_controllen` matter: the space the kernel
+    /// reserves in each buffer.
+    msg: Box<libc::msghdr>,
+}
+
+/// A datagram the kernel put in a ring buffer, not yet taken.
+struct Received {
+    bid: u16,
+    /// Where the payload starts in the buffer.
+    start: usize,
+    /// `len` is the payload bytes in the buffer; `truncated` what the kernel said.
+    meta: RecvMeta,
+}
+
+/// One datagram socket's multishot receive and its queue.
+pub(super) struct Datagrams {
+    ring: RecvRing,
+    /// Datagrams (each holding a ring buffer) and errors, oldest first.
+    queue: VecDeque<io::Result<Received>>,
+    /// The multishot receive in flight.
+    op: Option<Key>,
+    /// Tasks waiting for a datagram.
+    waiters: Vec<Waker>,
+}
+
+/// Handles a completion of the multishot receive of `dgrams`.
+pub(super) fn on_completion(
+    ur: &mut Uring,
+    dgrams: Key,
+    key: Key,
+    res: i32,
+    flags: u32,
+    woken: &mut Vec<Waker>,
+) {
+    let last = !cqueue::more(flags);
+    let Some(d) = ur.dgrams.get_mut(dgrams) else { return };
+    match (res, cqueue::buffer_select(flags)) {
+        (n, Some(bid)) if n >= 0 => {
+            let bytes = d.ring.buf_ring.bytes(bid, n as usize);
+            match types::RecvMsgOut::parse(bytes, &d.ring.msg) {
+                Ok(out) => {
+                    let start = out.payload_data().as_ptr() as usize - bytes.as_ptr() as usize;
+                    let mut meta = udp::decode_multishot(
+                        out.name_data(),
+                        out.control_data(),
+                        out.flags(),
+                        out.payload_data().len(),
+                    );
+                    meta.truncated |= out.is_payload_truncated();
+                    d.queue.push_back(Ok(Received { bid, start, meta }));
+                }
+                // Shorter than the layout it was given: cannot happen, but
+                // the buffer must not be lost.
+                Err(()) => {
+                    d.ring.buf_ring.push(bid);
+                    d.ring.buf_ring.publish();
+                }
+            }
+        }
+        (n, None) if n >= 0 => {}
+        (e, bid) if e == -libc::ENOBUFS || e == -libc::ECANCELED => {
+            if let Some(bid) = bid {
+                d.ring.buf_ring.push(bid);
+                d.ring.buf_ring.publish();
+            }
+        }
+        (e, bid) => {
+            if let Some(bid) = bid {
+                d.ring.buf_ring.push(bid);
+                d.ring.buf_ring.publish();
+            }
+            d.queue.push_back(Err(io::Error::from_raw_os_error(-e)));
+        }
+    }
+    if last && d.op == Some(key) {
+        d.op = None;
+    }
+    // A receiver waits for a datagram, or, when the multishot just ended,
+    // to arm it again.
+    if !d.queue.is_empty() || last {
+        woken.append(&mut d.waiters);
+    }
+}
+
+impl Uring {
+    /// Gives a datagram socket a ring and a queue, if the kernel has
+    /// multishot `RECVMSG` and a ring can be registered; `None` means the
+    /// socket receives without them.
+    pub(super) fn open_dgrams(&mut self) -> Option<Key> {
+        if !self.dgram_multishot {
+            return None;
+        }
+        let group = match self.dgram_groups.pop() {
+            Some(g) => g,
+            None if self.dgram_next_group < u16::MAX => {
+                self.dgram_next_group += 1;
+                self.dgram_next_group
+            }
+            None => return None,
+        };
+        match BufRing::with_group(self.ring.io_uring(), group, dgram_buffers(), DGRAM_BUFFER_BYTES)
+        {
+            Ok(buf_ring) => {
+                let msg = Box::new(udp::multishot_recv_template());
+                Some(self.dgrams.insert(Datagrams {
+                    ring: RecvRing { buf_ring, msg },
+                    queue: VecDeque::new(),
+                    op: None,
+                    waiters: Vec::new(),
+                }))
+            }
+            Err(e) => {
+                self.dgram_groups.push(group);
+                if !std::mem::replace(&mut self.dgram_ring_failed, true) {
+                    crate::log::warn(format_args!(
+                        "io_uring: a datagram socket's buffer ring could not be registered ({e}); \
+                         such sockets receive without multishot RECVMSG"
+                    ));
+                }
+                None
+            }
+        }
+    }
+
+    /// Arms the multishot receive of `dgrams` unless it is armed or most
+    /// of the ring is waiting to be taken.
+    fn arm_dgrams(&mut self, dgrams: Key, fd: &SharedFd) {
+        let Some(d) = self.dgrams.get_mut(dgrams) else { return };
+        if d.op.is_some() || d.queue.len() > usize::from(d.ring.buf_ring.count()) / 2 {
+            return;
+        }
+        let hdr: *const libc::msghdr = &*d.ring.msg;
+        let entry =
+            opcode::RecvMsgMulti::new(types::Fd(fd.as_raw_fd()), hdr, d.ring.buf_ring.group())
+                .build();
+        let op =
+            self.ops.insert(Lifecycle::RecvMsgMulti { dgrams, fd: fd.clone(), submitted: false });
+        d.op = Some(op);
+        // The entry points at the boxed header, which the queue keeps (and,
+        // once the socket is closed, the operation) until the last completion.
+        self.ring.push(entry.user_data(op.to_u64()));
+    }
+
+    /// Hands up to `max` queued datagrams to `deliver` (index, payload,
+    /// metadata whose `len` is the payload's), oldest first, giving their
+    /// buffers back. Returns how many; an error queued behind datagrams
+    /// comes at the next call. With nothing queued, parks `waker` and arms
+    /// the receive.
+    pub(super) fn poll_dgrams(
+        &mut self,
+        dgrams: Key,
+        fd: &SharedFd,
+        waker: &Waker,
+        max: usize,
+        mut deliver: impl FnMut(usize, &[u8], RecvMeta),
+    ) -> Poll<io::Result<usize>> {
+        let Some(d) = self.dgrams.get_mut(dgrams) else {
+            return Poll::Ready(Err(io::Error::other("a live socket's datagram queue was freed")));
+        };
+        let mut n = 0;
+        let mut error = None;
+        while n < max {
+            match d.queue.front() {
+                None => break,
+                Some(Err(_)) if n > 0 => break,
+                Some(Err(_)) => {
+                    error = d.queue.pop_front().and_then(Result::err);
+                    break;
+                }
+                Some(Ok(r)) => {
+                    let bytes = d.ring.buf_ring.bytes(r.bid, r.start + r.meta.len);
+                    deliver(n, &bytes[r.start..], r.meta);
+                    d.ring.buf_ring.push(r.bid);
+                    d.queue.pop_front();
+                    n += 1;
+                }
+            }
+        }
+        if n > 0 {
+            d.ring.buf_ring.publish();
+        }
+        if n == 0 && error.is_none() && !d.waiters.iter().any(|w| w.will_wake(waker)) {
+            d.waiters.push(waker.clone());
+        }
+        self.arm_dgrams(dgrams, fd);
+        match (n, error) {
+            (_, Some(e)) => Poll::Ready(Err(e)),
+            (0, None) => Poll::Pending,
+            (n, None) => Poll::Ready(Ok(n)),
+        }
+    }
+
+    /// Forgets the queue of a datagram socket being closed: its multishot
+    /// is cancelled and keeps the ring until its last completion.
+    pub(super) fn release_dgrams(&mut self, key: Key) {
+        let Some(d) = self.dgrams.remove(key) else { return };
+        let ring = d.ring;
+        let Some(op) = d.op else { return self.free_recv_ring(ring) };
+        let Some(state) = self.ops.get_mut(op) else { return self.free_recv_ring(ring) };
+        match std::mem::replace(state, Lifecycle::Withdrawn) {
+            // Never reached the kernel: the entry is skipped at the next enter.
+            Lifecycle::RecvMsgMulti { submitted: false, .. } => self.free_recv_ring(ring),
+            Lifecycle::RecvMsgMulti { fd, submitted: true, .. } => {
+                *state = Lifecycle::OrphanRecvMsg { _fd: fd, ring: Box::new(ring) };
+                self.ring.push_cancel(op);
+            }
+            other => {
+                *state = other;
+                self.free_recv_ring(ring);
+            }
+        }
+    }
+
+    /// Unregisters a ring no operation can pick from any more, frees it and
+    /// its group id.
+    pub(super) fn free_recv_ring(&mut self, ring: RecvRing) {
+        ring.buf_ring.unregister(self.ring.io_uring());
+        self.dgram_groups.push(ring.buf_ring.group());
+    }
+}
