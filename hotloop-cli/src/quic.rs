@@ -41,7 +41,7 @@ use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{Endpoint, IdleTimeout, Incoming, RecvStream, SendStream, TransportConfig, VarInt};
 
 use crate::serve::{millis_or_never, App, ServeArgs};
-use crate::stats_server::{Extra, Kind, StatsServer};
+use crate::stats_server::StatsServer;
 use crate::{drain, stop};
 
 /// The ALPN protocol id `serve quic` offers.
@@ -155,27 +155,13 @@ pub fn run(
         let settings = settings.clone();
         move || settings.active.load(Ordering::SeqCst)
     };
-    let _stats_server = match &args.runtime.stats_addr {
-        Some(addr) => {
-            let active = active.clone();
-            Some(StatsServer::start(
-                addr,
-                rt.handle().clone(),
-                Arc::new(move || {
-                    vec![Extra {
-                        name: "active_connections",
-                        help: "QUIC connections open now, over all workers.",
-                        kind: Kind::Gauge,
-                        value: active() as u64,
-                    }]
-                }),
-            )?)
-        }
-        None => None,
-    };
-    if let Some(st) = &_stats_server {
-        eprintln!("hotloop serve: stats on http://{}/stats", st.local_addr());
-    }
+    let _stats_server = StatsServer::start_with_active(
+        "hotloop serve",
+        args.runtime.stats_addr.as_deref(),
+        rt.handle().clone(),
+        "QUIC connections open now, over all workers.",
+        active.clone(),
+    )?;
     let accepted = || settings.accepted.load(Ordering::Relaxed);
     let status = || format!("{} connections open, {} accepted", active(), accepted());
     // The accept loops refuse new connections once `drain` says stopping.

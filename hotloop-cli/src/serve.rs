@@ -30,7 +30,7 @@ use hotloop::time::{timeout, Sleep};
 use hotloop::tls::{serve_tls, ALPN_H2, ALPN_HTTP11};
 
 use crate::runtime_args::RuntimeArgs;
-use crate::stats_server::{Extra, Kind, StatsServer};
+use crate::stats_server::StatsServer;
 use crate::{drain, stop};
 use hotloop_proto::{self as proto, hyper_app, Method, ParseOptions, Request};
 use hyper::service::service_fn;
@@ -196,27 +196,16 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         stats.info.busy_poll,
     );
     let active = Arc::new(server.active_connections_reader());
-    let _stats_server = match &args.runtime.stats_addr {
-        Some(addr) => {
-            let active = active.clone();
-            Some(StatsServer::start(
-                addr,
-                rt.handle().clone(),
-                Arc::new(move || {
-                    vec![Extra {
-                        name: "active_connections",
-                        help: "Connections open now, over all workers.",
-                        kind: Kind::Gauge,
-                        value: active() as u64,
-                    }]
-                }),
-            )?)
-        }
-        None => None,
+    let _stats_server = {
+        let active = active.clone();
+        StatsServer::start_with_active(
+            "hotloop serve",
+            args.runtime.stats_addr.as_deref(),
+            rt.handle().clone(),
+            "Connections open now, over all workers.",
+            move || active(),
+        )?
     };
-    if let Some(st) = &_stats_server {
-        eprintln!("hotloop serve: stats on http://{}/stats", st.local_addr());
-    }
     let status =
         || format!("{} connections open, {} accepted", active(), rt.stats().total.accepted);
     let stopped = stop::run_until_stopped(
