@@ -29,7 +29,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -103,6 +103,9 @@ impl Accept for UnixListener {
 
 struct ServerShared {
     stopped: Mutex<(bool, Vec<Waker>)>,
+    /// `stopped.0`, read without the lock: an accept loop checks it on
+    /// every poll, and the lock is shared by every worker.
+    stopped_now: AtomicBool,
     active: AtomicUsize,
     /// Accept loops parked at the global limit, on any worker: a connection
     /// that finishes anywhere wakes them.
@@ -116,6 +119,7 @@ impl ServerShared {
         let wakers = {
             let mut st = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
             st.0 = true;
+            self.stopped_now.store(true, Ordering::Release);
             std::mem::take(&mut st.1)
         };
         for w in wakers {
@@ -149,7 +153,17 @@ impl ServerShared {
         }
     }
 
+    /// True once the server was told to stop (no waker filed).
+    fn is_stopped(&self) -> bool {
+        self.stopped_now.load(Ordering::Acquire)
+    }
+
+    /// True once the server was told to stop; otherwise files `waker`, to be
+    /// woken when it is.
     fn poll_stopped(&self, waker: &Waker) -> bool {
+        if self.is_stopped() {
+            return true;
+        }
         let mut st = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
         if !st.0 && !st.1.iter().any(|w| w.will_wake(waker)) {
             st.1.push(waker.clone());
@@ -398,6 +412,7 @@ where
 {
     let shared = Arc::new(ServerShared {
         stopped: Mutex::new((false, Vec::new())),
+        stopped_now: AtomicBool::new(false),
         active: AtomicUsize::new(0),
         slot_waiters: Mutex::new(Vec::new()),
         slot_waiting: AtomicUsize::new(0),
@@ -438,6 +453,10 @@ where
     Fut: Future<Output = ()> + 'static,
 {
     let local = Rc::new(WorkerConns::default());
+    // The loop's waker is filed for the stop once (a task's waker does not
+    // change); each poll after that reads an atomic, not the lock every
+    // worker's accept loop shares.
+    let mut stop_filed = false;
     loop {
         if at_limit(&shared, &local, limits) {
             crate::runtime::context::with(|cx| {
@@ -446,9 +465,7 @@ where
             // On io_uring this stops the armed accept: the clients that wait
             // do so in the kernel's backlog, not as descriptors here.
             listener.set_accept_room(Some(0));
-            while at_limit(&shared, &local, limits)
-                && !shared.poll_stopped(std::task::Waker::noop())
-            {
+            while at_limit(&shared, &local, limits) && !shared.is_stopped() {
                 wait_for_a_free_slot(&shared, &local, limits).await;
             }
         }
@@ -457,7 +474,13 @@ where
         let accepted = {
             let mut accept = pin!(listener.accept_stream());
             poll_fn(|cx| {
-                if shared.poll_stopped(cx.waker()) {
+                let stopped = if stop_filed {
+                    shared.is_stopped()
+                } else {
+                    stop_filed = true;
+                    shared.poll_stopped(cx.waker())
+                };
+                if stopped {
                     return Poll::Ready(None);
                 }
                 accept.as_mut().poll(cx).map(Some)
@@ -480,7 +503,7 @@ where
                 // Another worker may have taken the last slot since the check
                 // above: hold the connection (it is not closed) until one frees.
                 while !try_reserve(&shared, &local, limits) {
-                    if shared.poll_stopped(std::task::Waker::noop()) {
+                    if shared.is_stopped() {
                         shared.active.fetch_add(1, Ordering::AcqRel);
                         break;
                     }
