@@ -238,7 +238,9 @@ impl Acceptor {
             let turn = cx.turn.get();
             if self.batch_turn.get() != turn {
                 if let Some(pacing) = self.options.accept_pacing {
-                    self.pace(&pacing, turn);
+                    // The loop's clock of this turn: the pacing times whole
+                    // turns, so it needs no clock read of its own.
+                    self.pace(&pacing, turn, cx.clock.cached(), cx.run_queue.borrow().len());
                 }
                 self.batch_turn.set(turn);
                 self.batch_count.set(0);
@@ -253,8 +255,7 @@ impl Acceptor {
 
     /// Updates the pacing budget at the first accept of `turn` (see the
     /// module notes).
-    fn pace(&self, pacing: &AcceptPacing, turn: u64) {
-        let now = Instant::now();
+    fn pace(&self, pacing: &AcceptPacing, turn: u64, now: Instant, run_queue_len: usize) {
         let max = self.options.accepts_per_wakeup_max.unwrap_or(ListenerOptions::ACCEPTS_PACED_MAX);
         let budget = self.pace_budget.get();
         // The previous turn ended on the budget and this is the next one: it was all work.
@@ -262,7 +263,7 @@ impl Acceptor {
             self.batch_turn.get().wrapping_add(1) == turn && self.batch_count.get() >= budget;
         let slow =
             timed && self.pace_turn_started.get().is_some_and(|t| now - t > pacing.turn_target);
-        let behind = slow || context::run_queue_len() > pacing.run_queue_target;
+        let behind = slow || run_queue_len > pacing.run_queue_target;
         let next = if behind { budget / 2 } else { budget + pacing.accepts_increase };
         self.pace_budget.set(next.clamp(1, max.max(1)));
         self.pace_turn_started.set(Some(now));

@@ -68,12 +68,6 @@ pub(crate) fn current() -> Option<Rc<Context>> {
     CURRENT.try_with(|c| c.try_borrow().ok().and_then(|c| c.clone())).ok().flatten()
 }
 
-/// Tasks queued to run on the current worker now (0 outside a worker): how
-/// far behind the loop is, for accept pacing (`net/listener.rs`).
-pub(crate) fn run_queue_len() -> usize {
-    try_with(|cx| cx.run_queue.borrow().len()).unwrap_or(0)
-}
-
 /// Runs `f` with the current worker's context.
 ///
 /// # Panics
