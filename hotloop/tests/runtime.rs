@@ -120,3 +120,42 @@ fn block_on_all_runs_on_every_worker(driver: DriverKind) {
     let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
     assert_eq!(out, vec![0, 10]);
 }
+
+/// A finished task's waker is kept for later spawns only when nothing else
+/// holds a clone of it; a clone kept past its task's end must find a stale
+/// key and wake nothing.
+#[hotloop::test]
+async fn a_waker_kept_after_its_task_ended_never_wakes_a_later_task() {
+    use std::cell::RefCell;
+    use std::future::poll_fn;
+
+    let kept: Rc<RefCell<Option<Waker>>> = Rc::default();
+    let k = kept.clone();
+    hotloop::spawn(poll_fn(move |cx| {
+        *k.borrow_mut() = Some(cx.waker().clone());
+        Poll::Ready(())
+    }))
+    .await
+    .unwrap();
+    // Tasks that end with no clone left: their wakers are reused.
+    for _ in 0..100 {
+        hotloop::spawn(async {}).await.unwrap();
+    }
+    let polls = Rc::new(Cell::new(0));
+    let p = polls.clone();
+    let later = hotloop::spawn(poll_fn(move |_| {
+        p.set(p.get() + 1);
+        Poll::<()>::Pending
+    }));
+    for _ in 0..3 {
+        hotloop::yield_now().await;
+    }
+    let before = polls.get();
+    assert_eq!(before, 1, "polled once, then parked with no waker kept");
+    kept.borrow_mut().take().unwrap().wake();
+    for _ in 0..3 {
+        hotloop::yield_now().await;
+    }
+    assert_eq!(polls.get(), before, "a stale waker woke a later task");
+    later.abort();
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use super::context::{self, Context};
-use super::task::{Task, TaskKey, TaskWaker};
+use super::task::{Task, TaskKey};
 use crate::stats;
 
 /// Why a task produced no output.
@@ -208,7 +208,7 @@ fn spawn_boxed(future: super::task::TaskFuture) -> TaskKey {
     context::with(|cx| {
         let mut tasks = cx.tasks.borrow_mut();
         let key = tasks.next_key();
-        let header = TaskWaker::new(key, cx.shared.clone());
+        let header = tasks.waker_for(key, &cx.shared);
         let waker = Waker::from(header.clone());
         let inserted = tasks.insert(Task {
             future: Some(future),

@@ -44,7 +44,14 @@ pub(crate) struct Task {
 #[derive(Default)]
 pub(crate) struct TaskSlab {
     slab: Slab<Task>,
+    /// Wakers of finished tasks that nothing else referred to, kept for
+    /// the next spawns: a connection's task then costs one allocation (its
+    /// future), not two.
+    spare_wakers: Vec<Arc<TaskWaker>>,
 }
+
+/// The most spare wakers a worker keeps.
+const SPARE_WAKERS_MAX: usize = 1024;
 
 impl TaskSlab {
     /// The key the next inserted task will get.
@@ -65,6 +72,32 @@ impl TaskSlab {
     /// Removes the task behind `key`; a later key for this slot has a new generation.
     pub(crate) fn remove(&mut self, key: TaskKey) -> Option<Task> {
         self.slab.remove(Key::from_u64(key))
+    }
+
+    /// A waker for the task that will get `key`: a spare one if there is
+    /// one, else a new one.
+    pub(crate) fn waker_for(&mut self, key: TaskKey, worker: &Arc<WorkerShared>) -> Arc<TaskWaker> {
+        if let Some(mut spare) = self.spare_wakers.pop() {
+            // Spares are kept only while nothing else refers to them.
+            if let Some(w) = Arc::get_mut(&mut spare) {
+                w.key = key;
+                *w.scheduled.get_mut() = false;
+                return spare;
+            }
+        }
+        TaskWaker::new(key, worker.clone())
+    }
+
+    /// Drops a finished task (its future already dropped), keeping its
+    /// waker as a spare if no clone of it is left anywhere (a clone held
+    /// elsewhere could still wake it, and must find a stale key).
+    pub(crate) fn retire(&mut self, task: Task) {
+        let Task { future, waker, mut header, .. } = task;
+        debug_assert!(future.is_none(), "a task is retired after its future is dropped");
+        drop(waker);
+        if self.spare_wakers.len() < SPARE_WAKERS_MAX && Arc::get_mut(&mut header).is_some() {
+            self.spare_wakers.push(header);
+        }
     }
 
     /// Takes every task out, for shutdown.

@@ -152,7 +152,13 @@ fn run_task(cx: &Context, key: TaskKey) {
     // Dropped outside the borrow (destructors may spawn or close sockets),
     // and guarded: a destructor that panics must not take the worker down.
     drop_guarded(future);
-    drop_guarded(finished);
+    // The task's own waker (moved out for the poll), so that its header
+    // may be kept for the next spawn if nothing else holds a clone.
+    drop(waker);
+    if let Some(task) = finished {
+        // Only the runtime's own parts are left in it: no user destructor.
+        cx.tasks.borrow_mut().retire(task);
+    }
     cx.panic_payload.borrow_mut().take();
 }
 
