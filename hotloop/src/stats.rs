@@ -185,7 +185,9 @@ impl BlockingCounters {
 /// Counters of every worker at one moment, with their sum.
 #[derive(Debug, Clone, Default)]
 pub struct StatsSnapshot {
-    /// Each worker's counters, by worker index.
+    /// Each worker's counters, by worker index, then one more entry: the
+    /// thread that runs `Runtime::block_on` (its tasks, timers and I/O are
+    /// counted apart from the workers').
     pub workers: Vec<Counters>,
     /// The counters summed over workers (high-water marks take the maximum).
     pub total: Counters,
