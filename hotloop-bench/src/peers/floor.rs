@@ -149,14 +149,14 @@ pub fn run(args: &FloorArgs) -> io::Result<()> {
 
     // Bind every listener before serving, so a port in use is reported
     // at once; the first one fixes the port when port 0 was asked for.
-    let first = listener(args.addr)?;
+    let first = listener(args.addr, true)?;
     let addr = first
         .local_addr()?
         .as_socket()
         .ok_or_else(|| invalid("listener has no inet address".into()))?;
     let mut listeners = vec![first];
     for _ in 1..args.workers {
-        listeners.push(listener(addr)?);
+        listeners.push(listener(addr, true)?);
     }
 
     let signals = SignalGuard::block_stop_signals()?;
@@ -185,11 +185,23 @@ pub fn run(args: &FloorArgs) -> io::Result<()> {
     io::stdout().flush()?;
 
     signals.wait();
+    stop_workers("floor", &stop, &wakers, handles, None)
+}
+
+/// Tells the workers to stop (`stop`, then a write to each one's eventfd),
+/// joins them, and returns the first error: `first_err`, if the start
+/// already failed, else the first a worker ended with. Shared by both floors.
+pub(super) fn stop_workers(
+    name: &str,
+    stop: &AtomicBool,
+    wakers: &[OwnedFd],
+    handles: Vec<std::thread::JoinHandle<io::Result<()>>>,
+    mut first_err: Option<io::Error>,
+) -> io::Result<()> {
     stop.store(true, Ordering::Release);
-    for w in &wakers {
+    for w in wakers {
         wake(w);
     }
-    let mut first_err = None;
     for h in handles {
         match h.join() {
             Ok(Ok(())) => {}
@@ -197,20 +209,23 @@ pub fn run(args: &FloorArgs) -> io::Result<()> {
                 first_err.get_or_insert(e);
             }
             Err(_) => {
-                first_err.get_or_insert(io::Error::other("a floor worker panicked"));
+                first_err.get_or_insert(io::Error::other(format!("a {name} worker panicked")));
             }
         }
     }
     first_err.map_or(Ok(()), Err)
 }
 
-fn invalid(msg: String) -> io::Error {
+pub(super) fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-fn listener(addr: SocketAddr) -> io::Result<Socket> {
-    let sock =
-        Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), Some(Protocol::TCP))?;
+/// A listening socket with the floors' options (`SO_REUSEADDR`,
+/// `SO_REUSEPORT`, the floors' backlog); non-blocking for epoll, blocking
+/// for io_uring, which polls it and never blocks the thread.
+pub(super) fn listener(addr: SocketAddr, nonblocking: bool) -> io::Result<Socket> {
+    let ty = if nonblocking { Type::STREAM.nonblocking() } else { Type::STREAM };
+    let sock = Socket::new(Domain::for_address(addr), ty, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     sock.set_reuse_port(true)?;
     sock.bind(&SockAddr::from(addr))

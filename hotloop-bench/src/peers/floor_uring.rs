@@ -79,9 +79,10 @@ use std::sync::{mpsc, Arc};
 use io_uring::types::{BufRingEntry, CancelBuilder, Fd, Timespec};
 use io_uring::{cqueue, opcode, squeue, IoUring};
 use slab::Slab;
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::floor::{App, ACCEPT_PAUSE_MS, BODY_SIZE_MAX_BYTES, LISTEN_BACKLOG, WORKERS_MAX};
+use super::floor::{
+    invalid, listener, stop_workers, App, ACCEPT_PAUSE_MS, BODY_SIZE_MAX_BYTES, WORKERS_MAX,
+};
 use crate::proto::{self, Request};
 
 /// Submission queue entries per ring.
@@ -172,14 +173,14 @@ pub fn run(args: &FloorUringArgs) -> io::Result<()> {
 
     // Bind every listener before serving, so a port in use is reported at
     // once; the first one fixes the port when port 0 was asked for.
-    let first = listener(args.addr)?;
+    let first = listener(args.addr, false)?;
     let addr = first
         .local_addr()?
         .as_socket()
         .ok_or_else(|| invalid("listener has no inet address".into()))?;
     let mut listeners = vec![first];
     for _ in 1..args.workers {
-        listeners.push(listener(addr)?);
+        listeners.push(listener(addr, false)?);
     }
 
     // Blocked before any worker starts, so every thread inherits the mask.
@@ -255,38 +256,7 @@ pub fn run(args: &FloorUringArgs) -> io::Result<()> {
         }
     }
 
-    stop.store(true, Ordering::Release);
-    for w in &wakers {
-        wake(w);
-    }
-    for h in handles {
-        match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert(io::Error::other("a floor-uring worker panicked"));
-            }
-        }
-    }
-    first_err.map_or(Ok(()), Err)
-}
-
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg)
-}
-
-/// A listener with the epoll floor's options. Left blocking: io_uring
-/// polls it, and never blocks the thread.
-fn listener(addr: SocketAddr) -> io::Result<Socket> {
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    sock.set_reuse_address(true)?;
-    sock.set_reuse_port(true)?;
-    sock.bind(&SockAddr::from(addr))
-        .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
-    sock.listen(LISTEN_BACKLOG)?;
-    Ok(sock)
+    stop_workers("floor-uring", &stop, &wakers, handles, first_err)
 }
 
 fn eventfd() -> io::Result<OwnedFd> {
@@ -298,14 +268,6 @@ fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd(2) succeeded, so `fd` is a new descriptor nothing
     // else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn wake(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: `one` is 8 readable bytes, the size eventfd(2) requires; the
-    // fd is an open eventfd owned by `fd`. A full counter (EAGAIN) already
-    // means the worker will wake, so the result is not needed.
-    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
 /// What every worker serves, read-only.
