@@ -45,6 +45,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         rate: None,
         sources: 4,
         warmup_secs: 0,
+        spin: false,
     };
     let mut specs = vec![
         ServerSpec::hotloop("uring multishot", &["--driver", "uring", "--accept", "multishot"]),

@@ -94,6 +94,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             rate: Some(rate),
             sources: 8,
             warmup_secs: 0,
+            spin: false,
         };
         for spec in &specs {
             let row = ctx.measure(&format!("{group} body"), spec, &work, &load);

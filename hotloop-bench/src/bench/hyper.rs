@@ -50,6 +50,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             rate,
             sources: 1,
             warmup_secs: 0,
+            spin: false,
         };
         for spec in &specs {
             let row = ctx.measure(group, spec, &work, &load);

@@ -11,6 +11,12 @@ const DURATION_QUICK_S: u64 = 1;
 const CONCURRENCY: [u64; 2] = [1, 256];
 /// Response body bytes.
 const BODY_BYTES: usize = 64;
+/// Connections in the open-loop group.
+const OPEN_LOOP_CONNECTIONS: u64 = 256;
+/// Requests per second in the open-loop group: a moderate rate, about a
+/// third of what one worker serves here, so p50 shows the latency a server
+/// adds when it is not busy.
+const OPEN_LOOP_RATE: u64 = 50_000;
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
@@ -49,11 +55,33 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             rate: None,
             sources: 1,
             warmup_secs: 0,
+            spin: false,
         };
         for spec in &specs {
             let row = ctx.measure(&format!("concurrency {c}"), spec, &work, &load);
             result.rows.push(row);
         }
+    }
+    let open_loop = LoadSpec {
+        mode: "keepalive",
+        connections: OPEN_LOOP_CONNECTIONS,
+        requests: None,
+        duration_secs: duration,
+        size: BODY_BYTES,
+        rate: Some(OPEN_LOOP_RATE),
+        sources: 1,
+        warmup_secs: 0,
+        spin: true,
+    };
+    result.setup.push(format!(
+        "open loop: {OPEN_LOOP_CONNECTIONS} connections at {OPEN_LOOP_RATE} requests/s, latency from each \
+         request's intended send; the generator busy-waits for each start when it has a CPU of its own \
+         (`--spin`), so its own wake-up is not in the figures"
+    ));
+    let group = format!("open loop {OPEN_LOOP_RATE}/s, {OPEN_LOOP_CONNECTIONS} connections");
+    for spec in &specs {
+        let row = ctx.measure(&group, spec, &work, &open_loop);
+        result.rows.push(row);
     }
     result
 }

@@ -28,6 +28,9 @@ pub struct LoadSpec {
     pub sources: u32,
     /// Seconds run before measuring (`--warmup`), not counted.
     pub warmup_secs: u64,
+    /// Open loop: the generator busy-waits for each start (`--spin`); only
+    /// passed when the generator is pinned to a CPU of its own.
+    pub spin: bool,
 }
 
 impl LoadSpec {
@@ -71,6 +74,9 @@ impl LoadSpec {
         }
         if let Some(cpu) = pin {
             a.extend(["--pin".to_string(), cpu.to_string()]);
+            if self.spin && self.rate.is_some() {
+                a.push("--spin".to_string());
+            }
         }
         a
     }
@@ -146,6 +152,7 @@ mod tests {
             rate: None,
             sources: 4,
             warmup_secs: 0,
+            spin: false,
         };
         let a = spec.args("127.0.0.1:9000".parse().unwrap(), "echo", Some(1)).join(" ");
         assert!(a.contains("--mode burst") && a.contains("--connections 10000"), "{a}");

@@ -54,6 +54,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         rate: None,
         sources: 4,
         warmup_secs: 0,
+        spin: false,
     };
     let mut local: Vec<ServerSpec> = BUSY_POLL
         .iter()

@@ -48,6 +48,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         rate: Some(rate),
         sources: 8,
         warmup_secs: 0,
+        spin: false,
     };
     let mut specs = Vec::new();
     for register in ["eager", "lazy"] {

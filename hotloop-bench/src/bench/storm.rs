@@ -88,6 +88,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         rate: Some(ESTABLISHED_RATE),
         sources: 1,
         warmup_secs: ESTABLISHED_WARMUP_S,
+        // The storm's generator shares its CPU: a spinning one would starve it.
+        spin: false,
     };
     let storm = LoadSpec {
         mode: "churn",
@@ -98,6 +100,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         rate: None,
         sources: 4,
         warmup_secs: 0,
+        spin: false,
     };
     let specs = server_specs(ctx, &mut result.setup);
     for spec in &specs {

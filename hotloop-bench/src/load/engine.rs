@@ -129,6 +129,10 @@ fn token(slot: usize, gen: u32) -> Token {
     Token(slot | (gen as usize) << 32)
 }
 
+/// The open-loop alarm's token: no connection's (slots stay far below
+/// 2^32 - 1).
+const ALARM: Token = Token(usize::MAX);
+
 fn untoken(t: Token) -> (usize, u32) {
     (t.0 & 0xffff_ffff, (t.0 >> 32) as u32)
 }
@@ -158,6 +162,9 @@ struct Engine<'p> {
     end: Instant,
     last_finish: Instant,
     schedule: Option<Schedule>,
+    /// Wakes the loop at the schedule's next start to the nanosecond (open
+    /// loop only).
+    alarm: Option<sys::Alarm>,
     /// The most connections to hold open: the concurrency asked for, lowered
     /// when the open-file limit is hit.
     conn_cap: usize,
@@ -166,11 +173,24 @@ struct Engine<'p> {
 
 /// Runs `plan` to one of its bounds.
 pub(super) fn run(plan: &Plan) -> io::Result<LoadReport> {
+    let poll = Poll::new()?;
+    let alarm = match plan.rate {
+        Some(_) if !plan.spin => {
+            let alarm = sys::Alarm::new()?;
+            poll.registry().register(
+                &mut SourceFd(&alarm.as_raw_fd()),
+                ALARM,
+                Interest::READABLE,
+            )?;
+            Some(alarm)
+        }
+        _ => None,
+    };
     let start = Instant::now();
     let measure_start = start + plan.warmup;
     let mut engine = Engine {
         plan,
-        poll: Poll::new()?,
+        poll,
         conns: Slab::with_capacity(plan.concurrency.min(65_536)),
         next_gen: 0,
         next_source: 0,
@@ -187,6 +207,7 @@ pub(super) fn run(plan: &Plan) -> io::Result<LoadReport> {
         end: measure_start + plan.duration,
         last_finish: measure_start,
         schedule: plan.rate.map(|rate| Schedule { start, rate, k: 0 }),
+        alarm,
         conn_cap: plan.concurrency,
         max_in_flight: 0,
     };
@@ -214,13 +235,28 @@ impl Engine<'_> {
                 self.expire(now);
                 next_scan = now + scan_interval;
             }
-            let timeout = self.poll_timeout(now, next_scan);
+            let (mut timeout, on_schedule) = self.poll_timeout(now, next_scan);
+            if on_schedule && self.plan.spin {
+                timeout = Duration::ZERO;
+            } else if on_schedule && !timeout.is_zero() {
+                // epoll_wait rounds the timeout up to a millisecond; the
+                // alarm wakes the poll at the start itself.
+                if let Some(alarm) = &self.alarm {
+                    alarm.arm(timeout)?;
+                }
+            }
             match self.poll.poll(&mut events, Some(timeout)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
             for ev in events.iter() {
+                if ev.token() == ALARM {
+                    if let Some(alarm) = &self.alarm {
+                        alarm.clear();
+                    }
+                    continue;
+                }
                 let (slot, gen) = untoken(ev.token());
                 match self.conns.get(slot) {
                     // The clock is read per event, so that a reply's latency
@@ -267,10 +303,11 @@ impl Engine<'_> {
         self.budget == Some(0) && self.measured_in_flight == 0
     }
 
-    /// How long the next poll may sleep.
-    fn poll_timeout(&self, now: Instant, next_scan: Instant) -> Duration {
+    /// How long the next poll may sleep, and whether the wake is the
+    /// open-loop schedule's next start.
+    fn poll_timeout(&self, now: Instant, next_scan: Instant) -> (Duration, bool) {
         if self.finished() {
-            return Duration::ZERO;
+            return (Duration::ZERO, false);
         }
         let mut until = self.end.min(next_scan);
         let room = if self.plan.one_per_connection {
@@ -278,15 +315,22 @@ impl Engine<'_> {
         } else {
             !self.idle.is_empty() || self.conns.len() < self.conn_cap
         };
+        let mut on_schedule = false;
         if room && self.budget != Some(0) {
             match &self.schedule {
-                Some(s) => until = until.min(s.next()),
+                Some(s) => {
+                    let next = s.next();
+                    if next < until {
+                        until = next;
+                        on_schedule = true;
+                    }
+                }
                 // A closed loop with room left means the dispatch slice
                 // ran out: come straight back.
                 None => until = now,
             }
         }
-        until.saturating_duration_since(now)
+        (until.saturating_duration_since(now), on_schedule)
     }
 
     /// Starts whatever the mode, the bounds and the schedule allow now.

@@ -140,6 +140,13 @@ pub struct LoadArgs {
     /// fixed schedule, measuring latency from each one's intended start.
     #[arg(long, value_name = "PER_SEC")]
     pub rate: Option<f64>,
+    /// Open loop: busy-wait for each start instead of sleeping until it.
+    /// A sleeping generator adds its own wake-up (tens of microseconds on a
+    /// virtual machine) to every latency it reports; spinning keeps the
+    /// schedule to the microsecond at the cost of a whole CPU, so give the
+    /// generator one of its own (`--pin`).
+    #[arg(long, requires = "rate")]
+    pub spin: bool,
     /// Seconds to run before measuring; not counted in any figure.
     #[arg(long, default_value_t = 0.0, value_name = "SECS")]
     pub warmup: f64,
@@ -179,6 +186,7 @@ impl LoadArgs {
             size: 128,
             path: "/".to_string(),
             rate: None,
+            spin: false,
             warmup: 0.0,
             pin: None,
             sources: 1,
@@ -225,6 +233,8 @@ struct Plan {
     duration: Duration,
     warmup: Duration,
     rate: Option<f64>,
+    /// Busy-wait for open-loop starts (`--spin`).
+    spin: bool,
     /// Addresses to bind before connect; empty when the kernel picks.
     sources: Vec<SocketAddr>,
     connect_timeout: Duration,
@@ -310,6 +320,7 @@ impl Plan {
             duration,
             warmup,
             rate: args.rate,
+            spin: args.spin && args.rate.is_some(),
             sources,
             connect_timeout: Duration::from_millis(args.connect_timeout),
             timeout: Duration::from_millis(args.timeout),

@@ -79,3 +79,70 @@ pub fn cpu_seconds_self() -> f64 {
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
+
+/// A one-shot `timerfd` on `CLOCK_MONOTONIC`: the open-loop schedule's
+/// alarm.
+///
+/// epoll_wait(2) takes its timeout in whole milliseconds, so a generator
+/// that slept on it alone would send an open-loop run's requests in bursts
+/// at millisecond edges (50 at once at 50,000 per second), and every
+/// server's latency would include waiting behind the rest of its burst. A
+/// timerfd expires at the nanosecond asked for (with no timer slack) and
+/// wakes the same epoll.
+pub struct Alarm {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Alarm {
+    /// Creates a disarmed, non-blocking alarm.
+    pub fn new() -> io::Result<Alarm> {
+        // SAFETY: timerfd_create(2) takes no pointers; a non-negative result
+        // is a new descriptor that nothing else owns.
+        let fd = unsafe {
+            libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created above and is owned by no one else.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Alarm { fd })
+    }
+
+    /// Arms the alarm to expire once, `after` from now (at least 1 ns: a zero
+    /// value would disarm it).
+    pub fn arm(&self, after: std::time::Duration) -> io::Result<()> {
+        let after = after.max(std::time::Duration::from_nanos(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: after.subsec_nanos() as libc::c_long,
+            },
+        };
+        // SAFETY: the fd is the timerfd this alarm owns; `spec` is a valid
+        // itimerspec that timerfd_settime(2) only reads; the old value is not
+        // asked for (null).
+        let rc =
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Reads the expiry count, so the next expiry is a new event.
+    pub fn clear(&self) {
+        let mut expiries = [0u8; 8];
+        // SAFETY: the fd is the timerfd this alarm owns; `expiries` is 8
+        // writable bytes, the size a timerfd read needs. EAGAIN (not expired)
+        // is fine to ignore.
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), expiries.as_mut_ptr().cast(), 8) };
+    }
+}
+
+impl AsRawFd for Alarm {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
