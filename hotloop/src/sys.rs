@@ -42,8 +42,18 @@ pub(crate) fn epoll_wait(
     timeout_ms: i32,
 ) -> io::Result<usize> {
     let max = events.len().min(i32::MAX as usize) as i32;
-    // SAFETY: the kernel writes at most `max` entries into `events`, which has room for them.
-    let n = cvt(unsafe { libc::epoll_wait(epfd, events.as_mut_ptr().cast(), max, timeout_ms) })?;
+    // SAFETY: the kernel writes at most `max` entries into `events`, which
+    // has room for them. Made with syscall(2): libc's wrapper is a
+    // cancellation point (see `raw_recvfrom`).
+    let n = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_epoll_wait,
+            epfd as libc::c_long,
+            events.as_mut_ptr(),
+            max as libc::c_long,
+            timeout_ms as libc::c_long,
+        )
+    })?;
     Ok(n as usize)
 }
 
@@ -180,17 +190,30 @@ pub(crate) unsafe fn sendmsg(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize
 /// The peer address is not asked for: io_uring's multishot accept cannot
 /// return it either, so both drivers look it up only when asked.
 pub(crate) fn accept(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: null address pointers are allowed and mean "don't report the peer".
+    // SAFETY: null address pointers are allowed and mean "don't report the
+    // peer". Made with syscall(2): libc's wrapper is a cancellation point
+    // (see `raw_recvfrom`).
     let conn = cvt(unsafe {
-        libc::accept4(
-            fd,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        libc::syscall(
+            libc::SYS_accept4,
+            fd as libc::c_long,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+            (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as libc::c_long,
         )
     })?;
     // SAFETY: `conn` is a new fd from the kernel; we own it.
-    Ok(unsafe { OwnedFd::from_raw_fd(conn) })
+    Ok(unsafe { OwnedFd::from_raw_fd(conn as RawFd) })
+}
+
+/// Closes `fd` with syscall(2) rather than libc's `close`, a cancellation
+/// point (see `raw_recvfrom`). Errors are ignored, as `OwnedFd`'s drop
+/// does: the descriptor is released whatever close(2) returns on Linux.
+pub(crate) fn close(fd: OwnedFd) {
+    let fd = fd.into_raw_fd();
+    // SAFETY: `fd` came out of an `OwnedFd`, so this is its only owner and
+    // nothing uses the number after this call.
+    unsafe { libc::syscall(libc::SYS_close, fd as libc::c_long) };
 }
 
 /// Creates a non-blocking, close-on-exec UDP socket for `addr`'s family.

@@ -253,7 +253,7 @@ impl Engine<'_> {
             for ev in events.iter() {
                 if ev.token() == ALARM {
                     if let Some(alarm) = &self.alarm {
-                        alarm.clear();
+                        let _ = alarm.clear();
                     }
                     continue;
                 }

@@ -131,18 +131,42 @@ impl Alarm {
         Ok(())
     }
 
-    /// Reads the expiry count, so the next expiry is a new event.
-    pub fn clear(&self) {
+    /// Reads and returns the expiry count (0 if it has not expired), so
+    /// the next expiry is a new event.
+    pub fn clear(&self) -> u64 {
         let mut expiries = [0u8; 8];
         // SAFETY: the fd is the timerfd this alarm owns; `expiries` is 8
-        // writable bytes, the size a timerfd read needs. EAGAIN (not expired)
-        // is fine to ignore.
-        let _ = unsafe { libc::read(self.fd.as_raw_fd(), expiries.as_mut_ptr().cast(), 8) };
+        // writable bytes, the size a timerfd read needs.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), expiries.as_mut_ptr().cast(), 8) };
+        if n == 8 {
+            u64::from_ne_bytes(expiries)
+        } else {
+            0
+        }
     }
 }
 
 impl AsRawFd for Alarm {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Alarm;
+    use std::time::Duration;
+
+    #[test]
+    fn an_alarm_expires_once_and_a_cleared_one_reads_zero() {
+        let alarm = Alarm::new().unwrap();
+        assert_eq!(alarm.clear(), 0, "a disarmed alarm has not expired");
+        alarm.arm(Duration::from_micros(200)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(alarm.clear(), 1);
+        assert_eq!(alarm.clear(), 0, "one-shot: no second expiry");
+        alarm.arm(Duration::ZERO).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(alarm.clear(), 1, "a zero delay still arms (1 ns), it does not disarm");
     }
 }

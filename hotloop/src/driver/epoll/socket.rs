@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::future::poll_fn;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -22,7 +23,8 @@ use crate::sys;
 /// has to wait (or at once in eager mode, and always for listeners), kept
 /// until close.
 pub(crate) struct Source {
-    fd: OwnedFd,
+    /// Taken out and closed by `Drop`.
+    fd: ManuallyDrop<OwnedFd>,
     driver: Rc<Driver>,
     /// The epoll slot, once registered.
     token: Cell<Option<Key>>,
@@ -31,7 +33,8 @@ pub(crate) struct Source {
 impl Source {
     /// Wraps a socket; in eager mode, registers it now.
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<Source> {
-        let src = Source { fd, driver: driver.clone(), token: Cell::new(None) };
+        let src =
+            Source { fd: ManuallyDrop::new(fd), driver: driver.clone(), token: Cell::new(None) };
         if driver.registration == Registration::Eager {
             src.register()?;
         }
@@ -40,7 +43,8 @@ impl Source {
 
     /// Wraps a listening socket, which always ends up waiting: registers it now.
     pub(crate) fn new_listener(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<Source> {
-        let src = Source { fd, driver: driver.clone(), token: Cell::new(None) };
+        let src =
+            Source { fd: ManuallyDrop::new(fd), driver: driver.clone(), token: Cell::new(None) };
         src.register()?;
         Ok(src)
     }
@@ -210,7 +214,7 @@ impl Source {
 
     /// Connects a fresh non-blocking socket to `addr`.
     pub(crate) async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
-        match socket2::SockRef::from(&self.fd).connect(&socket2::SockAddr::from(addr)) {
+        match socket2::SockRef::from(&*self.fd).connect(&socket2::SockAddr::from(addr)) {
             Ok(()) => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => return Err(e),
@@ -337,11 +341,14 @@ impl Source {
 
 impl Drop for Source {
     fn drop(&mut self) {
-        // Closing the descriptor (when `fd` drops, after this) removes it
-        // from epoll's interest list; events already queued for it carry a
-        // key that is stale from here on and are dropped.
+        // Closing the descriptor removes it from epoll's interest list;
+        // events already queued for it carry a key that is stale from here
+        // on and are dropped.
         if let Ok(mut poller) = self.driver.poller.try_borrow_mut() {
             poller.release(self.token.get());
         }
+        // SAFETY: `fd` is taken once, here, and the source is not used again.
+        let fd = unsafe { ManuallyDrop::take(&mut self.fd) };
+        sys::close(fd);
     }
 }
