@@ -11,7 +11,7 @@
 //! is compiled for [`TcpStream`] itself (owned pooled buffers, no dynamic
 //! dispatch) and the TLS path separately for the TLS stream.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::io;
 use std::net::Shutdown;
 use std::ops::Deref;
@@ -240,11 +240,13 @@ pub(crate) trait Conn {
     fn read_some(&mut self) -> impl Future<Output = io::Result<Self::Buf>>;
 
     /// Writes all of `buf`, giving up with `TimedOut` when the writes make
-    /// no progress for `limit` (the client does not read).
+    /// no progress for `limit` (the client does not read). `timer` is the
+    /// connection's, which a write that has to wait may use.
     fn send<B: IoBuf + Deref<Target = [u8]>>(
         &mut self,
         buf: B,
         limit: Option<Duration>,
+        timer: &mut ConnTimer,
     ) -> impl Future<Output = io::Result<()>>;
 
     /// Ends the writing side (after all that was sent).
@@ -266,8 +268,9 @@ impl Conn for TcpStream {
         &mut self,
         buf: B,
         limit: Option<Duration>,
+        timer: &mut ConnTimer,
     ) -> impl Future<Output = io::Result<()>> {
-        send(self, buf, limit)
+        send(self, buf, limit, timer)
     }
 
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>> {
@@ -289,21 +292,23 @@ async fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) {
     stream.finish(settings.send_timeout).await;
 }
 
-/// A connection's read deadline (idle or header) on one timer that is moved
-/// only when it fires: a request costs a store of the loop's clock, not a
-/// timer inserted and cancelled (nginx keeps its timers the same way).
+/// A connection's deadlines (idle, header, send) on one timer that is
+/// moved only when it fires: a request costs a store of the loop's clock,
+/// not a timer inserted and cancelled (nginx keeps its timers the same
+/// way). A write that has to wait (on io_uring, every write waits for its
+/// completion) uses it too, so no timer is filed per response.
 ///
 /// It also carries the connection's registration for a graceful stop, so
 /// an idle wait ends when the server stops without a wrapper future
 /// around each read.
-struct ReadDeadline {
+pub(crate) struct ConnTimer {
     timer: Sleep,
     stop: drain::StopWatch,
 }
 
-impl ReadDeadline {
+impl ConnTimer {
     fn new() -> Self {
-        ReadDeadline { timer: hotloop::time::sleep(Duration::MAX), stop: Default::default() }
+        ConnTimer { timer: hotloop::time::sleep(Duration::MAX), stop: Default::default() }
     }
 
     /// Runs `read` (a connection's read, pinned by the caller) until `due`;
@@ -317,22 +322,50 @@ impl ReadDeadline {
         idle: bool,
     ) -> DeadlineRead<'a, F> {
         if let Some(due) = due {
-            // Only ever moved earlier here; a later deadline is taken up
-            // when the timer fires.
-            if self.timer.deadline() > due {
-                Pin::new(&mut self.timer).reset(due);
-            }
+            self.bring_forward(due);
         }
-        DeadlineRead { read, deadline: self, due, idle }
+        DeadlineRead { read, timer: self, due, idle }
+    }
+
+    /// Runs `write` (pinned by the caller); once it has to wait, for at
+    /// most `limit`.
+    fn write<'a, W: Future>(
+        &'a mut self,
+        write: Pin<&'a mut W>,
+        limit: Option<Duration>,
+    ) -> DeadlineWrite<'a, W> {
+        DeadlineWrite { write, timer: self, limit, due: None }
+    }
+
+    /// Makes the timer fire no later than `due`. Only ever moved earlier
+    /// here; a later deadline is taken up when the timer fires.
+    fn bring_forward(&mut self, due: Instant) {
+        if self.timer.deadline() > due {
+            Pin::new(&mut self.timer).reset(due);
+        }
+    }
+
+    /// Whether `due` has passed, as far as the timer knows; registers
+    /// `cx` to be woken when it fires otherwise. A timer set for an
+    /// earlier deadline that has since moved on is moved to `due`.
+    fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, due: Instant) -> bool {
+        let mut timer = Pin::new(&mut self.timer);
+        while timer.as_mut().poll(cx).is_ready() {
+            if hotloop::time::now() >= due {
+                return true;
+            }
+            timer.as_mut().reset(due);
+        }
+        false
     }
 }
 
-/// The future of [`ReadDeadline::read`]: one poll function over the read,
+/// The future of [`ConnTimer::read`]: one poll function over the read,
 /// the stop and the timer (an `async fn` here would add a state machine
 /// of its own to every request's path).
 struct DeadlineRead<'a, F> {
     read: Pin<&'a mut F>,
-    deadline: &'a mut ReadDeadline,
+    timer: &'a mut ConnTimer,
     due: Option<Instant>,
     idle: bool,
 }
@@ -350,17 +383,47 @@ where
         if let Poll::Ready(r) = this.read.as_mut().poll(cx) {
             return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
         }
-        if this.idle && this.deadline.stop.poll_stopped(cx.waker()) {
+        if this.idle && this.timer.stop.poll_stopped(cx.waker()) {
             return Poll::Ready(None);
         }
-        let Some(due) = this.due else { return Poll::Pending };
-        let mut timer = Pin::new(&mut this.deadline.timer);
-        while timer.as_mut().poll(cx).is_ready() {
-            if hotloop::time::now() >= due {
-                return Poll::Ready(None);
+        match this.due {
+            Some(due) if this.timer.poll_expired(cx, due) => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// The future of [`ConnTimer::write`]: the write, and once it has had to
+/// wait, the connection's timer. `Err(TimedOut)` when `limit` passed with
+/// the write still waiting.
+struct DeadlineWrite<'a, W> {
+    write: Pin<&'a mut W>,
+    timer: &'a mut ConnTimer,
+    limit: Option<Duration>,
+    /// When the wait runs out, set at the first poll that had to wait.
+    due: Option<Instant>,
+}
+
+impl<W: Future> Future for DeadlineWrite<'_, W> {
+    type Output = io::Result<W::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        // Every field is `Unpin`: no pin projection needed.
+        let this = &mut *self;
+        if let Poll::Ready(out) = this.write.as_mut().poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        let Some(limit) = this.limit else { return Poll::Pending };
+        let due = match this.due {
+            Some(due) => due,
+            None => {
+                let due = hotloop::time::now() + limit;
+                this.timer.bring_forward(due);
+                *this.due.insert(due)
             }
-            // The timer was set for an earlier request: move it on.
-            timer.as_mut().reset(due);
+        };
+        if this.timer.poll_expired(cx, due) {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
         }
         Poll::Pending
     }
@@ -369,17 +432,19 @@ where
 /// Writes all of `buf`, giving up when one write has made no progress for
 /// `limit` (the client does not read); `Err` means the connection is done.
 ///
-/// The usual case, one write that takes the whole buffer at once, arms no
-/// timer and keeps only that write in the connection's future; a write
-/// that must wait, or a short one, continues on the heap, so its timer and
-/// loop do not grow every connection's state.
-async fn send<B: IoBuf>(stream: &TcpStream, buf: B, limit: Option<Duration>) -> io::Result<()> {
+/// The usual case, one write that takes the whole buffer (at once on
+/// epoll, at its completion on io_uring), files no timer of its own: a
+/// wait runs on the connection's timer. A short write continues on the
+/// heap, so its loop does not grow every connection's state.
+async fn send<B: IoBuf>(
+    stream: &TcpStream,
+    buf: B,
+    limit: Option<Duration>,
+    timer: &mut ConnTimer,
+) -> io::Result<()> {
     let total = buf.bytes_init();
-    let mut write = pin!(stream.write(buf));
-    let (res, buf) = match poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
-        Poll::Ready(done) => done,
-        Poll::Pending => Box::pin(wait_write(write.as_mut(), limit)).await?,
-    };
+    let write = pin!(stream.write(buf));
+    let (res, buf) = timer.write(write, limit).await?;
     match res? {
         0 if total > 0 => Err(io::ErrorKind::WriteZero.into()),
         n if n >= total => Ok(()),
@@ -421,18 +486,18 @@ async fn send_rest<B: IoBuf>(
 }
 
 async fn echo<S: Conn>(stream: &mut S, s: &Settings) {
-    let mut reader = ReadDeadline::new();
+    let mut timer = ConnTimer::new();
     loop {
         // Set after the last write finished: the idle clock counts time
         // with no progress either way.
         let deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
         let got = {
             let read = pin!(stream.read_some());
-            reader.read(read, deadline, false).await
+            timer.read(read, deadline, false).await
         };
         let Some(buf) = got else { return };
         proto::spin_work(s.work_us);
-        if stream.send(buf, s.send_timeout).await.is_err() {
+        if stream.send(buf, s.send_timeout, &mut timer).await.is_err() {
             return;
         }
     }
@@ -445,7 +510,7 @@ async fn http<S: Conn>(stream: &mut S, s: &Settings) {
     let mut pending: Vec<u8> = Vec::new();
     // Bytes of `buf` already answered.
     let mut consumed = 0;
-    let mut reader = ReadDeadline::new();
+    let mut timer = ConnTimer::new();
     // The first request's head must arrive within the header timeout.
     let mut head_deadline = Some(hotloop::time::now() + s.header_timeout);
     loop {
@@ -472,7 +537,7 @@ async fn http<S: Conn>(stream: &mut S, s: &Settings) {
                     (Method::Head, false) => s.keep_alive_head_reply.clone(),
                     (Method::Head, true) => s.close_head_reply.clone(),
                 };
-                if stream.send(reply, s.send_timeout).await.is_err() || close {
+                if stream.send(reply, s.send_timeout, &mut timer).await.is_err() || close {
                     return;
                 }
                 // Between requests the idle timeout applies, until a byte of the next one arrives.
@@ -503,7 +568,7 @@ async fn http<S: Conn>(stream: &mut S, s: &Settings) {
         let idle = head_deadline.is_none();
         let got = {
             let read = pin!(stream.read_some());
-            reader.read(read, deadline, idle).await
+            timer.read(read, deadline, idle).await
         };
         match got {
             Some(b) => {
@@ -539,7 +604,8 @@ async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
 /// section 9.6; nginx's `lingering_close`, with a shorter bound: 2 s rather
 /// than nginx's 30 s, to free the descriptor sooner).
 async fn reject<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
-    if stream.send(proto::response_error(status), s.send_timeout).await.is_err() {
+    let mut timer = ConnTimer::new();
+    if stream.send(proto::response_error(status), s.send_timeout, &mut timer).await.is_err() {
         return;
     }
     if stream.shutdown_write().await.is_err() {
@@ -547,11 +613,10 @@ async fn reject<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
     }
     let until = Instant::now() + LINGER_MAX;
     let mut drained = 0;
-    let mut reader = ReadDeadline::new();
     while drained < LINGER_BYTES_MAX {
         let got = {
             let read = pin!(stream.read_some());
-            reader.read(read, Some(until), false).await
+            timer.read(read, Some(until), false).await
         };
         match got {
             Some(b) => drained += b.len(),

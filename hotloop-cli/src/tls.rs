@@ -26,7 +26,7 @@ use hotloop::tls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use hotloop::tls::{load_certs, load_private_key, server_config, ServerTlsStream, TlsAcceptor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::serve::{Conn, ServeArgs};
+use crate::serve::{Conn, ConnTimer, ServeArgs};
 
 /// The most plaintext written and flushed under one send-timeout clock:
 /// one TLS record's worth.
@@ -87,6 +87,9 @@ impl Conn for ServerTlsStream {
         &mut self,
         buf: B,
         limit: Option<Duration>,
+        // TLS writes go through the record layer's own futures, bounded
+        // per piece below.
+        _timer: &mut ConnTimer,
     ) -> io::Result<()> {
         for piece in buf.chunks(TLS_WRITE_BYTES) {
             let write = async {
