@@ -26,7 +26,7 @@ use hotloop::buf::IoBuf;
 use hotloop::hyper::{serve_hyper, serve_hyper_tls};
 use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
-use hotloop::time::{timeout, Sleep};
+use hotloop::time::Sleep;
 use hotloop::tls::{serve_tls, ALPN_H2, ALPN_HTTP11};
 
 use crate::runtime_args::RuntimeArgs;
@@ -448,20 +448,7 @@ async fn send<B: IoBuf>(
     match res? {
         0 if total > 0 => Err(io::ErrorKind::WriteZero.into()),
         n if n >= total => Ok(()),
-        n => Box::pin(send_rest(stream, buf, n, limit)).await,
-    }
-}
-
-/// Waits for a write that could not complete at once, for at most `limit`
-/// (each write returns as soon as it moved any bytes, so the clock runs
-/// from the last progress).
-async fn wait_write<W: Future>(
-    write: Pin<&mut W>,
-    limit: Option<Duration>,
-) -> io::Result<W::Output> {
-    match limit {
-        Some(t) => timeout(t, write).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut)),
-        None => Ok(write.await),
+        n => Box::pin(send_rest(stream, buf, n, limit, timer)).await,
     }
 }
 
@@ -471,11 +458,14 @@ async fn send_rest<B: IoBuf>(
     mut buf: B,
     mut done: usize,
     limit: Option<Duration>,
+    timer: &mut ConnTimer,
 ) -> io::Result<()> {
     let total = buf.bytes_init();
     while done < total {
-        let mut write = pin!(stream.write(buf.slice(done..)));
-        let (res, slice) = wait_write(write.as_mut(), limit).await?;
+        // Each write returns as soon as it moved any bytes, so the limit
+        // runs from the last progress.
+        let write = pin!(stream.write(buf.slice(done..)));
+        let (res, slice) = timer.write(write, limit).await?;
         buf = slice.into_inner();
         match res? {
             0 => return Err(io::ErrorKind::WriteZero.into()),
