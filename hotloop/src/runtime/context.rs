@@ -112,6 +112,10 @@ pub(crate) struct Clock {
     base: Instant,
     /// The system clock at the last [`Clock::update`].
     now: Cell<Instant>,
+    /// `now` as nanoseconds since `base`, so that the loop's per-turn
+    /// questions (which tick is it, how long until a tick) are integer
+    /// arithmetic rather than `Instant` subtractions.
+    now_ns: Cell<u64>,
 }
 
 impl Clock {
@@ -121,14 +125,33 @@ impl Clock {
 
     pub(crate) fn new() -> Self {
         let now = Instant::now();
-        Clock { base: now, now: Cell::new(now) }
+        Clock { base: now, now: Cell::new(now), now_ns: Cell::new(0) }
     }
 
     /// Reads the system clock and remembers it as this turn's time.
     pub(crate) fn update(&self) -> Instant {
         let now = Instant::now();
         self.now.set(now);
+        let since = now.saturating_duration_since(self.base);
+        // Saturates after about 584 years of uptime.
+        let ns = since
+            .as_secs()
+            .saturating_mul(NANOS_PER_SEC)
+            .saturating_add(u64::from(since.subsec_nanos()));
+        self.now_ns.set(ns);
         now
+    }
+
+    /// The tick that has fully elapsed at the last [`Clock::update`]
+    /// (rounds down).
+    pub(crate) fn tick_now(&self) -> u64 {
+        self.now_ns.get() / NANOS_PER_MILLI
+    }
+
+    /// How long from the last [`Clock::update`] until `tick` begins (zero
+    /// if it has).
+    pub(crate) fn until_tick(&self, tick: u64) -> Duration {
+        Duration::from_nanos(tick.saturating_mul(NANOS_PER_MILLI).saturating_sub(self.now_ns.get()))
     }
 
     /// The time of the last [`Clock::update`]: never later than the real
@@ -137,33 +160,62 @@ impl Clock {
         self.now.get()
     }
 
-    /// The tick that has fully elapsed at `t` (rounds down).
-    pub(crate) fn tick_at(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.base).as_millis() as u64
-    }
-
     /// The first tick at or after `deadline` (rounds up, so a timer never
     /// fires early), at most [`Clock::TICK_MAX`].
     pub(crate) fn tick_for_deadline(&self, deadline: Instant) -> u64 {
         let since = deadline.saturating_duration_since(self.base);
-        let ms = since.as_millis().min(u128::from(Self::TICK_MAX)) as u64;
-        if ms < Self::TICK_MAX && since > Duration::from_millis(ms) {
+        // In u64 (`as_millis` is u128 arithmetic).
+        let ms = since
+            .as_secs()
+            .saturating_mul(1000)
+            .saturating_add(u64::from(since.subsec_millis()))
+            .min(Self::TICK_MAX);
+        if ms < Self::TICK_MAX && since.subsec_nanos() % 1_000_000 != 0 {
             ms + 1
         } else {
             ms
         }
     }
-
-    /// The instant at which `tick` begins.
-    /// (Saturates at a far-future instant where `Instant` cannot go further.)
-    pub(crate) fn instant_of(&self, tick: u64) -> Instant {
-        let d = Duration::from_millis(tick);
-        self.base.checked_add(d).unwrap_or_else(|| far_future(self.base))
-    }
 }
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+const NANOS_PER_MILLI: u64 = 1_000_000;
 
 /// An instant about 30 years ahead of `from`, which every platform's
 /// `Instant` can represent: the stand-in for "never".
 pub(crate) fn far_future(from: Instant) -> Instant {
     from + Duration::from_secs(86_400 * 365 * 30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Clock;
+    use std::time::Duration;
+
+    #[test]
+    fn the_clocks_integer_answers_agree_with_instant_arithmetic() {
+        let clock = Clock::new();
+        std::thread::sleep(Duration::from_millis(3));
+        let now = clock.update();
+        let since = now - clock.base;
+        assert_eq!(clock.tick_now(), since.as_millis() as u64);
+        // The current tick has begun; the next begins within a millisecond.
+        assert_eq!(clock.until_tick(clock.tick_now()), Duration::ZERO);
+        let next = clock.until_tick(clock.tick_now() + 1);
+        assert!(next > Duration::ZERO && next <= Duration::from_millis(1), "{next:?}");
+        assert_eq!(
+            clock.base + Duration::from_millis(clock.tick_now() + 1),
+            now + next,
+            "until_tick is exact to the nanosecond"
+        );
+        // A deadline rounds up to its tick, never down.
+        let tick = clock.tick_for_deadline(now + Duration::from_micros(1_500));
+        assert!(clock.base + Duration::from_millis(tick) >= now + Duration::from_micros(1_500));
+        assert!(clock.base + Duration::from_millis(tick - 1) < now + Duration::from_micros(1_500));
+        // A deadline on a tick's edge is that tick.
+        let edge = clock.base + Duration::from_millis(7);
+        assert_eq!(clock.tick_for_deadline(edge), 7);
+        // "Never" stays far away without overflowing.
+        assert!(clock.until_tick(Clock::TICK_MAX) > Duration::from_secs(86_400 * 365 * 100));
+    }
 }

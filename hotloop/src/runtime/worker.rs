@@ -102,7 +102,7 @@ pub(crate) fn run<F: Future>(
         for w in deferred {
             w.wake();
         }
-        fire_timers(cx, now);
+        fire_timers(cx);
     }
 }
 
@@ -195,7 +195,7 @@ fn poll_wait(cx: &Context, now: Instant, last_event: Instant) -> Wait {
         _ => {}
     }
     let next = cx.timers.borrow().next_deadline();
-    Wait::Sleep(next.map(|tick| cx.clock.instant_of(tick).saturating_duration_since(now)))
+    Wait::Sleep(next.map(|tick| cx.clock.until_tick(tick)))
 }
 
 /// Tells other threads the worker may block, so they write its eventfd;
@@ -206,9 +206,9 @@ fn announce_sleep(cx: &Context) -> bool {
     cx.shared.doorbell.announce_sleep()
 }
 
-/// Wakes the tasks whose timers are due.
-fn fire_timers(cx: &Context, now: Instant) {
-    let tick = cx.clock.tick_at(now);
+/// Wakes the tasks whose timers are due at the last clock update.
+fn fire_timers(cx: &Context) {
+    let tick = cx.clock.tick_now();
     let mut due = Vec::new();
     {
         let mut timers = cx.timers.borrow_mut();

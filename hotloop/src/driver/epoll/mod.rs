@@ -211,7 +211,12 @@ impl Poller {
         let timeout_ms = match timeout {
             None => -1,
             // epoll_wait counts whole milliseconds; round up so a timer is never woken early.
-            Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
+            // (In u64: a u128 division is a library call.)
+            Some(d) => d
+                .as_secs()
+                .saturating_mul(1000)
+                .saturating_add(u64::from(d.subsec_nanos().div_ceil(1_000_000)))
+                .min(i32::MAX as u64) as i32,
         };
         let n = match sys::epoll_wait(self.epfd.as_raw_fd(), &mut self.events, timeout_ms) {
             Ok(n) => n,
