@@ -32,7 +32,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     );
     result.setup.push(format!(
         "{BODY_BYTES}-byte bodies, closed loop and open loop at {FIXED_RATE}/s; \
-         servers: `hotloop serve hyper`, `hotloop-bench peer tokio hyper`"
+         servers: `hotloop serve hyper`, `hotloop-bench peer tokio hyper`; each repeat runs against every \
+         server in turn"
     ));
     let work = Workload { proto: "hyper".into(), body_size: BODY_BYTES, work_us: 0 };
     let specs = vec![
@@ -52,10 +53,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             warmup_secs: 0,
             spin: false,
         };
-        for spec in &specs {
-            let row = ctx.measure(group, spec, &work, &load);
-            result.rows.push(row);
-        }
+        // Repeats interleaved across the servers (none busy-polls).
+        result.rows.extend(ctx.measure_side_by_side(group, &specs, &work, &load));
     }
     result
 }

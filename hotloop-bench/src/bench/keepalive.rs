@@ -37,7 +37,10 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             },
         ],
     );
-    result.setup.push(format!("{BODY_BYTES}-byte bodies"));
+    result.setup.push(format!(
+        "{BODY_BYTES}-byte bodies; every server is started and warmed up, then each repeat runs against all of \
+         them in turn, so a slow spell of a shared machine falls on all alike"
+    ));
     let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
     let mut specs = vec![
         ServerSpec::hotloop("epoll", &["--driver", "epoll"]),
@@ -57,10 +60,9 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             warmup_secs: 0,
             spin: false,
         };
-        for spec in &specs {
-            let row = ctx.measure(&format!("concurrency {c}"), spec, &work, &load);
-            result.rows.push(row);
-        }
+        // Repeats interleaved across the servers (none busy-polls).
+        let group = format!("concurrency {c}");
+        result.rows.extend(ctx.measure_side_by_side(&group, &specs, &work, &load));
     }
     let open_loop = LoadSpec {
         mode: "keepalive",
@@ -79,9 +81,6 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
          (`--spin`), so its own wake-up is not in the figures"
     ));
     let group = format!("open loop {OPEN_LOOP_RATE}/s, {OPEN_LOOP_CONNECTIONS} connections");
-    for spec in &specs {
-        let row = ctx.measure(&group, spec, &work, &open_loop);
-        result.rows.push(row);
-    }
+    result.rows.extend(ctx.measure_side_by_side(&group, &specs, &work, &open_loop));
     result
 }

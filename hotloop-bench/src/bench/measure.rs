@@ -84,84 +84,108 @@ impl Ctx {
         work: &Workload,
         load: &LoadSpec,
     ) -> Row {
-        let label = if spec.config.is_empty() {
-            spec.server.clone()
-        } else {
-            format!("{} {}", spec.server, spec.config)
-        };
-        let title = if group.is_empty() { label.clone() } else { format!("{group}: {label}") };
-        if let Some(why) = &self.load_missing {
-            return Row::unavailable(group, &spec.server, &spec.config, why.clone());
-        }
-        if self.quick && self.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
-            let why = format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
-            self.progress(&format!("{title}: {why}"));
-            return Row::unavailable(group, &spec.server, &spec.config, why);
-        }
-        self.progress(&format!("{title}: starting"));
-        let mut running = match server::start(self, spec, work) {
-            Ok(r) => r,
-            Err(why) => {
-                self.progress(&format!("{title}: unavailable: {why}"));
-                return Row::unavailable(group, &spec.server, &spec.config, why);
-            }
-        };
-        let mut row = Row::new(group, &spec.server, &spec.config);
-        row.notes.extend(running.notes.iter().cloned());
-        self.note_load(load, work.load_proto());
-        let warmup_requests = if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
-        let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
-        if let Err(e) = self.run_load(&running, work.load_proto(), &warmup, &title) {
-            row.notes.push(format!("warm-up failed: {e}"));
-        }
-        let mut samples: Vec<BTreeMap<String, f64>> = Vec::new();
-        let mut histograms = Vec::new();
-        for repeat in 1..=self.repeats {
-            match self.measure_once(&mut running, work, load, &title) {
-                Ok((figures, histogram)) => {
-                    let rate = figures.get(METRIC_RATE).copied().unwrap_or(f64::NAN);
-                    self.progress(&format!(
-                        "{title}: repeat {repeat}/{}: {} /s, p99 {} µs, server CPU {} s/1k",
-                        self.repeats,
-                        report::format_figure(rate, 0),
-                        report::format_figure(
-                            figures.get("p99_us").copied().unwrap_or(f64::NAN),
-                            0
-                        ),
-                        report::format_figure(
-                            figures.get(METRIC_CPU_PER_1K).copied().unwrap_or(f64::NAN),
-                            4
-                        ),
-                    ));
-                    samples.push(figures);
-                    histograms.push(histogram);
-                }
-                Err(e) => {
-                    self.progress(&format!("{title}: repeat {repeat} failed: {e}"));
-                    row.notes.push(format!("repeat {repeat}: {e}"));
-                }
-            }
-            if running.exited() {
-                row.notes.push("the server exited during the run".into());
-                break;
-            }
-        }
-        row.server_info = running.stats_text();
-        drop(running);
-        if !summarise(&mut row, &samples) {
-            return row;
-        }
-        // Keep the histogram of the repeat with the median rate.
-        let rates: Vec<f64> =
-            samples.iter().map(|s| s.get(METRIC_RATE).copied().unwrap_or(0.0)).collect();
-        let mid = report::median(&rates);
-        let pick = rates
+        let mut rows = self.measure_side_by_side(group, std::slice::from_ref(spec), work, load);
+        rows.pop().expect("one row per spec")
+    }
+
+    /// [`Ctx::measure`] for several servers at once, their repeats
+    /// interleaved: all are started and warmed up, then each repeat runs
+    /// the load against every server in turn. A shared machine's slow spell
+    /// then falls on every server alike instead of on whichever one was
+    /// being measured, and the medians compare. The servers wait idle on
+    /// their CPU while another is measured, so no spec here may busy-poll.
+    /// Returns one row per spec, in order.
+    pub fn measure_side_by_side(
+        &mut self,
+        group: &str,
+        specs: &[ServerSpec],
+        work: &Workload,
+        load: &LoadSpec,
+    ) -> Vec<Row> {
+        let mut slots: Vec<Slot> = specs
             .iter()
-            .enumerate()
-            .min_by(|a, b| (a.1 - mid).abs().total_cmp(&(b.1 - mid).abs()))
-            .map_or(0, |(i, _)| i);
-        row.histogram_us = histograms.swap_remove(pick);
-        row
+            .map(|spec| {
+                let label = if spec.config.is_empty() {
+                    spec.server.clone()
+                } else {
+                    format!("{} {}", spec.server, spec.config)
+                };
+                Slot {
+                    title: if group.is_empty() { label } else { format!("{group}: {label}") },
+                    row: Row::new(group, &spec.server, &spec.config),
+                    running: None,
+                    samples: Vec::new(),
+                    histograms: Vec::new(),
+                }
+            })
+            .collect();
+        for (slot, spec) in slots.iter_mut().zip(specs) {
+            if let Some(why) = &self.load_missing {
+                slot.row = Row::unavailable(group, &spec.server, &spec.config, why.clone());
+                continue;
+            }
+            if self.quick && self.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
+                let why =
+                    format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
+                self.progress(&format!("{}: {why}", slot.title));
+                slot.row = Row::unavailable(group, &spec.server, &spec.config, why);
+                continue;
+            }
+            self.progress(&format!("{}: starting", slot.title));
+            let running = match server::start(self, spec, work) {
+                Ok(r) => r,
+                Err(why) => {
+                    self.progress(&format!("{}: unavailable: {why}", slot.title));
+                    slot.row = Row::unavailable(group, &spec.server, &spec.config, why);
+                    continue;
+                }
+            };
+            slot.row.notes.extend(running.notes.iter().cloned());
+            self.note_load(load, work.load_proto());
+            let warmup_requests =
+                if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
+            let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
+            if let Err(e) = self.run_load(&running, work.load_proto(), &warmup, &slot.title) {
+                slot.row.notes.push(format!("warm-up failed: {e}"));
+            }
+            slot.running = Some(running);
+        }
+        for repeat in 1..=self.repeats {
+            for slot in &mut slots {
+                let Some(running) = slot.running.as_mut() else { continue };
+                match self.measure_once(running, work, load, &slot.title) {
+                    Ok((figures, histogram)) => {
+                        let rate = figures.get(METRIC_RATE).copied().unwrap_or(f64::NAN);
+                        self.progress(&format!(
+                            "{}: repeat {repeat}/{}: {} /s, p99 {} µs, server CPU {} s/1k",
+                            slot.title,
+                            self.repeats,
+                            report::format_figure(rate, 0),
+                            report::format_figure(
+                                figures.get("p99_us").copied().unwrap_or(f64::NAN),
+                                0
+                            ),
+                            report::format_figure(
+                                figures.get(METRIC_CPU_PER_1K).copied().unwrap_or(f64::NAN),
+                                4
+                            ),
+                        ));
+                        slot.samples.push(figures);
+                        slot.histograms.push(histogram);
+                    }
+                    Err(e) => {
+                        self.progress(&format!("{}: repeat {repeat} failed: {e}", slot.title));
+                        slot.row.notes.push(format!("repeat {repeat}: {e}"));
+                    }
+                }
+                if running.exited() {
+                    slot.row.notes.push("the server exited during the run".into());
+                    slot.row.server_info = running.stats_text();
+                    slot.running = None;
+                }
+            }
+        }
+        slots.into_iter().map(Slot::finish).collect()
     }
 
     fn measure_once(
@@ -239,6 +263,39 @@ impl Ctx {
             return Err(format!("no request completed ({} errors)", report.errors_total()));
         }
         Ok(report)
+    }
+}
+
+/// One server of [`Ctx::measure_side_by_side`] while it is measured.
+struct Slot {
+    title: String,
+    row: Row,
+    /// `None` once stopped, or if it never started (then `row` says why).
+    running: Option<Running>,
+    samples: Vec<BTreeMap<String, f64>>,
+    histograms: Vec<Histogram>,
+}
+
+impl Slot {
+    /// Stops the server and folds its repeats into its row.
+    fn finish(mut self) -> Row {
+        if let Some(running) = self.running.take() {
+            self.row.server_info = running.stats_text();
+        }
+        if self.row.unavailable.is_some() || !summarise(&mut self.row, &self.samples) {
+            return self.row;
+        }
+        // Keep the histogram of the repeat with the median rate.
+        let rates: Vec<f64> =
+            self.samples.iter().map(|s| s.get(METRIC_RATE).copied().unwrap_or(0.0)).collect();
+        let mid = report::median(&rates);
+        let pick = rates
+            .iter()
+            .enumerate()
+            .min_by(|a, b| (a.1 - mid).abs().total_cmp(&(b.1 - mid).abs()))
+            .map_or(0, |(i, _)| i);
+        self.row.histogram_us = self.histograms.swap_remove(pick);
+        self.row
     }
 }
 
