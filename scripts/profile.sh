@@ -7,8 +7,11 @@
 #
 # Servers: hotloop (epoll, io_uring), the raw-syscall floor, the raw
 # io_uring floor (floor-uring), tokio; one worker each, pinned to CPU 0;
-# the load generator on CPU 1. Counts, not times, so the figures do not
-# drift with a busy machine. Needs the release binaries (cargo build
+# the load generator on CPU 1. Instructions are counted over keep-alive at
+# 256 connections, serial connections, and an open loop slow enough that
+# each wakeup serves about one request (the loop's per-turn cost). Counts,
+# not times, so the figures do not drift with a busy machine. Needs the
+# release binaries (cargo build
 # --release -p hotloop-cli -p hotloop-bench), strace and valgrind (apt-get
 # install strace valgrind).
 set -euo pipefail
@@ -20,6 +23,8 @@ bin=target/release
 KEEPALIVE_REQUESTS=${KEEPALIVE_REQUESTS:-100000}
 SERIAL_CONNECTIONS=${SERIAL_CONNECTIONS:-5000}
 CALLGRIND_REQUESTS=${CALLGRIND_REQUESTS:-20000}
+# Requests per second of the open-loop instruction count (one per wakeup).
+OPENLOOP_RATE=${OPENLOOP_RATE:-2000}
 SERVERS=${SERVERS:-floor floor-uring tokio hotloop-epoll hotloop-uring}
 # The hotloop binary to profile (another build can be compared side by side).
 HOTLOOP_BIN=${HOTLOOP_BIN:-$bin/hotloop}
@@ -74,8 +79,12 @@ run() {
   [ "$mode" = keepalive1 ] && conns=1
   local load_mode=keepalive
   [ "$mode" = serial ] && load_mode=serial
+  # openloop: 256 connections at a rate low enough that each wakeup
+  # serves about one request, so the loop's per-turn cost shows.
+  local rate=()
+  [ "$mode" = openloop ] && rate=(--rate "$OPENLOOP_RATE")
   taskset -c 1 "$bin/hotloop-bench" load --addr "$addr" --proto http --mode "$load_mode" \
-    --connections "$conns" --requests "$count" --duration 120 > "$out/$tag.load" 2>&1 || true
+    --connections "$conns" --requests "$count" --duration 120 "${rate[@]}" > "$out/$tag.load" 2>&1 || true
   # Stop the server itself (under strace, the tracer's child), so the
   # tracer writes its summary when the server exits.
   if [ "$tool" = strace ]; then
@@ -100,6 +109,7 @@ if [ "$what" = instructions ] || [ "$what" = both ]; then
   for name in $SERVERS; do
     run "$name" callgrind keepalive "$CALLGRIND_REQUESTS"
     run "$name" callgrind serial "$((CALLGRIND_REQUESTS / 10))"
+    run "$name" callgrind openloop "$((CALLGRIND_REQUESTS * 2 / 5))"
   done
 fi
 echo "results in $out/ (*.strace: syscall summaries; *.callgrind: callgrind_annotate them)"
