@@ -89,8 +89,15 @@ impl Wakers {
     }
 
     fn take_into(&mut self, out: &mut Vec<Waker>) {
-        out.extend(self.first.take());
-        out.append(&mut self.more);
+        // Called for both directions of every event, and usually finds one
+        // waker or none: tested branches, not `extend`/`append`'s generic
+        // reserve-and-copy (about 40 instructions a call).
+        if let Some(w) = self.first.take() {
+            out.push(w);
+        }
+        if !self.more.is_empty() {
+            out.append(&mut self.more);
+        }
     }
 }
 
