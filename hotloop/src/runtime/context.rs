@@ -106,16 +106,24 @@ impl Drop for EnterGuard {
 }
 
 /// The worker's clock: the wheel counts whole milliseconds since `base`,
-/// and the loop reads the system clock once per turn into `now`, which
-/// timers compare against instead of reading the clock again.
+/// and the loop reads the system clock once or twice per turn into
+/// `now_ns`, which timers compare against instead of reading the clock
+/// again.
+///
+/// A reading is one `clock_gettime` and a subtraction; the `Instant` of a
+/// turn is made only when something asks for it ([`Clock::cached`]), since
+/// most turns never do, and `Instant`'s own arithmetic (normalising
+/// seconds and nanoseconds) cost more than the reading itself.
 pub(crate) struct Clock {
     base: Instant,
-    /// The system clock at the last [`Clock::update`].
-    now: Cell<Instant>,
-    /// `now` as nanoseconds since `base`, so that the loop's per-turn
-    /// questions (which tick is it, how long until a tick) are integer
-    /// arithmetic rather than `Instant` subtractions.
+    /// The monotonic clock at `base`, in nanoseconds, read just after it:
+    /// `base + (reading - base_raw)` is then never later than the real time
+    /// of the reading.
+    base_raw: u64,
+    /// Nanoseconds since `base` at the last [`Clock::update`].
     now_ns: Cell<u64>,
+    /// `base + now_ns`, once asked for since the last update.
+    now: Cell<Option<Instant>>,
 }
 
 impl Clock {
@@ -124,22 +132,18 @@ impl Clock {
     pub(crate) const TICK_MAX: u64 = u64::MAX >> 12;
 
     pub(crate) fn new() -> Self {
-        let now = Instant::now();
-        Clock { base: now, now: Cell::new(now), now_ns: Cell::new(0) }
+        let base = Instant::now();
+        let base_raw = crate::sys::monotonic_ns();
+        Clock { base, base_raw, now_ns: Cell::new(0), now: Cell::new(Some(base)) }
     }
 
-    /// Reads the system clock and remembers it as this turn's time.
-    pub(crate) fn update(&self) -> Instant {
-        let now = Instant::now();
-        self.now.set(now);
-        let since = now.saturating_duration_since(self.base);
-        // Saturates after about 584 years of uptime.
-        let ns = since
-            .as_secs()
-            .saturating_mul(NANOS_PER_SEC)
-            .saturating_add(u64::from(since.subsec_nanos()));
+    /// Reads the system clock and remembers it as this turn's time;
+    /// returns it as nanoseconds since the clock's start.
+    pub(crate) fn update(&self) -> u64 {
+        let ns = crate::sys::monotonic_ns().saturating_sub(self.base_raw);
         self.now_ns.set(ns);
-        now
+        self.now.set(None);
+        ns
     }
 
     /// The tick that has fully elapsed at the last [`Clock::update`]
@@ -157,7 +161,12 @@ impl Clock {
     /// The time of the last [`Clock::update`]: never later than the real
     /// time, so a deadline compared against it is never taken as passed early.
     pub(crate) fn cached(&self) -> Instant {
-        self.now.get()
+        if let Some(now) = self.now.get() {
+            return now;
+        }
+        let now = self.base + Duration::from_nanos(self.now_ns.get());
+        self.now.set(Some(now));
+        now
     }
 
     /// The first tick at or after `deadline` (rounds up, so a timer never
@@ -178,7 +187,6 @@ impl Clock {
     }
 }
 
-const NANOS_PER_SEC: u64 = 1_000_000_000;
 const NANOS_PER_MILLI: u64 = 1_000_000;
 
 /// An instant about 30 years ahead of `from`, which every platform's
@@ -190,13 +198,21 @@ pub(crate) fn far_future(from: Instant) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::Clock;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn the_clocks_integer_answers_agree_with_instant_arithmetic() {
         let clock = Clock::new();
         std::thread::sleep(Duration::from_millis(3));
-        let now = clock.update();
+        let before = Instant::now();
+        let ns = clock.update();
+        let after = Instant::now();
+        let now = clock.cached();
+        // The turn's instant is the reading's, and never ahead of the real time.
+        assert!(now <= after, "{now:?} > {after:?}");
+        assert!(now + Duration::from_millis(1) > before, "reading far behind the real time");
+        assert_eq!(now, clock.base + Duration::from_nanos(ns));
+        assert_eq!(clock.cached(), now, "asked twice, the same instant");
         let since = now - clock.base;
         assert_eq!(clock.tick_now(), since.as_millis() as u64);
         // The current tick has begun; the next begins within a millisecond.
@@ -217,5 +233,9 @@ mod tests {
         assert_eq!(clock.tick_for_deadline(edge), 7);
         // "Never" stays far away without overflowing.
         assert!(clock.until_tick(Clock::TICK_MAX) > Duration::from_secs(86_400 * 365 * 100));
+        // A later reading moves on, and so does the instant made from it.
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(clock.update() >= ns + 2_000_000);
+        assert!(clock.cached() >= now + Duration::from_millis(2));
     }
 }

@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::config::BusyPoll;
 use super::context::Context;
@@ -58,8 +58,7 @@ pub(crate) fn run<F: Future>(
         }
 
         // 2. I/O.
-        let now = cx.clock.update();
-        let wait = poll_wait(cx, now, last_event);
+        let wait = poll_wait(cx, last_event);
         let timeout = match wait {
             Wait::Sleep(t) if announce_sleep(cx) => {
                 stats::add(&cx.shared.stats.poller_waits, 1);
@@ -182,20 +181,32 @@ enum Wait {
     Sleep(Option<Duration>),
 }
 
-/// Decides how the driver may wait this turn.
-fn poll_wait(cx: &Context, now: Instant, last_event: Instant) -> Wait {
+/// Decides how the driver may wait this turn. The clock is read again
+/// only when the answer depends on it (the tasks just run took time): a
+/// spin budget to check, or a timer to sleep until.
+fn poll_wait(cx: &Context, last_event_ns: u64) -> Wait {
     if !cx.run_queue.borrow().is_empty() || !cx.after_poll.borrow().is_empty() {
         return Wait::Now;
     }
+    let mut updated = false;
     match cx.config.busy_poll {
         BusyPoll::Always => return Wait::Spin,
-        BusyPoll::Adaptive { spin_budget } if now.duration_since(last_event) < spin_budget => {
-            return Wait::Spin
+        BusyPoll::Adaptive { spin_budget } => {
+            let now = cx.clock.update();
+            updated = true;
+            if u128::from(now.saturating_sub(last_event_ns)) < spin_budget.as_nanos() {
+                return Wait::Spin;
+            }
         }
-        _ => {}
+        BusyPoll::Off => {}
     }
     let next = cx.timers.borrow().next_deadline();
-    Wait::Sleep(next.map(|tick| cx.clock.until_tick(tick)))
+    Wait::Sleep(next.map(|tick| {
+        if !updated {
+            cx.clock.update();
+        }
+        cx.clock.until_tick(tick)
+    }))
 }
 
 /// Tells other threads the worker may block, so they write its eventfd;
