@@ -106,6 +106,9 @@ counters! {
     tasks_spawned: sum,
     /// Timers fired.
     timers_fired: sum,
+    /// Times the driver armed its deadline timer (epoll's timerfd): only
+    /// when the worker's earliest deadline came earlier than the armed one.
+    timer_arms: sum,
     /// Wake-ups from other threads (eventfd).
     remote_wakeups: sum,
     /// Submission queue entries pushed (io_uring).

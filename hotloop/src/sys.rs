@@ -104,6 +104,36 @@ pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Creates a non-blocking, close-on-exec timerfd on `CLOCK_MONOTONIC`.
+pub(crate) fn timerfd() -> io::Result<OwnedFd> {
+    // SAFETY: timerfd_create(2) takes no pointers; a non-negative return is a new fd we own.
+    let fd = cvt(unsafe {
+        libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)
+    })?;
+    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Arms a timerfd to expire once, at `deadline_ns` on `CLOCK_MONOTONIC`
+/// (an absolute time: [`monotonic_ns`]'s clock). Re-arming replaces the
+/// previous expiry and clears a count not yet read; a time already passed
+/// expires at once.
+pub(crate) fn timerfd_arm_at(fd: RawFd, deadline_ns: u64) -> io::Result<()> {
+    // Zero would disarm; the clock's time zero is long past either way.
+    let deadline_ns = deadline_ns.max(1);
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+        it_value: libc::timespec {
+            tv_sec: (deadline_ns / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+        },
+    };
+    // SAFETY: `spec` is a valid itimerspec that outlives the call; a null
+    // old-value pointer is allowed.
+    cvt(unsafe { libc::timerfd_settime(fd, libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) })
+        .map(drop)
+}
+
 /// Adds one to an eventfd's counter, waking whoever polls it.
 pub(crate) fn eventfd_signal(fd: RawFd) {
     let one: u64 = 1;

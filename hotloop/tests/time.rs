@@ -78,6 +78,53 @@ async fn dropped_sleep_is_cancelled() {
     assert!(c.timers_fired <= 1_100, "cancelled timers fired: {}", c.timers_fired);
 }
 
+/// The driver sleeps until the wheel's earliest deadline: one that comes
+/// earlier than the deadline the worker last slept with (epoll keeps a
+/// timerfd armed across sleeps) still wakes it on time, and so does a
+/// later one after the earlier timer was cancelled.
+#[hotloop::test(driver = "all")]
+async fn an_earlier_deadline_than_the_last_sleeps_is_met() {
+    let far = spawn(sleep(Duration::from_secs(30)));
+    // The worker sleeps with only the far deadline (the job wakes it from
+    // another thread).
+    hotloop::spawn_blocking(|| std::thread::sleep(Duration::from_millis(30))).await.unwrap();
+    let start = Instant::now();
+    sleep(Duration::from_millis(20)).await;
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(20) && took < Duration::from_secs(2), "{took:?}");
+    // A near deadline armed, then cancelled: the next one is still met.
+    assert!(timeout(Duration::from_millis(5), std::future::pending::<()>()).await.is_err());
+    let near = spawn(sleep(Duration::from_millis(15)));
+    near.abort();
+    let start = Instant::now();
+    sleep(Duration::from_millis(40)).await;
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(40) && took < Duration::from_secs(2), "{took:?}");
+    far.abort();
+}
+
+/// With the earliest deadline unchanged (a server's idle timeouts), the
+/// worker's sleeps arm no kernel timer each: epoll's timerfd is armed
+/// once for them all.
+#[hotloop::test(driver = "epoll")]
+async fn sleeps_until_an_unchanged_deadline_arm_the_timer_once() {
+    let far = spawn(sleep(Duration::from_secs(30)));
+    hotloop::spawn_blocking(|| ()).await.unwrap();
+    let before = hotloop::Handle::current().stats().total;
+    for _ in 0..50 {
+        // Each job's completion wakes the sleeping worker from another thread.
+        hotloop::spawn_blocking(|| std::thread::sleep(Duration::from_micros(300))).await.unwrap();
+    }
+    let after = hotloop::Handle::current().stats().total;
+    assert!(after.poller_waits - before.poller_waits >= 25, "the worker did not sleep");
+    assert_eq!(
+        after.timer_arms - before.timer_arms,
+        0,
+        "the timer was re-armed for the same deadline"
+    );
+    far.abort();
+}
+
 /// `Duration::MAX` means "never": no overflow panic, and the worker sleeps.
 #[hotloop::test(driver = "all")]
 fn the_longest_sleeps_and_timeouts_neither_panic_nor_spin(driver: DriverKind) {

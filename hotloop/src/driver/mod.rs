@@ -3,11 +3,12 @@
 //! # The contract
 //! Every backend module provides the same two types:
 //! - `Driver`, one per worker, behind an `Rc` that every socket of the
-//!   worker holds: `new(config, unpark, stats)` sets it up; `poll(timeout)`
-//!   waits at most `timeout` (`None`: until something happens), then wakes
-//!   every task whose I/O became ready or completed, and returns how many
-//!   events or completions it handled; `enter()` marks it as running on
-//!   this thread until the guard drops.
+//!   worker holds: `new(config, unpark, stats)` sets it up; `poll(park)`
+//!   waits as the [`Park`] says (not at all, or until something happens
+//!   or an absolute deadline passes), then wakes every task whose I/O
+//!   became ready or completed, and returns how many events or
+//!   completions it handled; `enter()` marks it as running on this thread
+//!   until the guard drops.
 //! - `Source`, a socket bound to one `Driver`, with the socket operations:
 //!   owned-buffer `recv`/`send`/`send_vectored`, `connect`, `shutdown`,
 //!   `poll_accept`/`accept_now`, a readiness wait (`readable`) with a
@@ -53,12 +54,26 @@ use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
-use std::time::Duration;
 
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::stats::{DriverInfo, WorkerStats};
 use crate::sys;
 use udp::{RecvMeta, SendMeta, Transmit};
+
+/// How long one poll of a driver may block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Park {
+    /// Do not block: take what is ready.
+    Skip,
+    /// Block until something happens or, if given, until this time on
+    /// `CLOCK_MONOTONIC` in nanoseconds (`sys::monotonic_ns`'s clock).
+    ///
+    /// A deadline rather than a timeout: a driver that keeps a timer of
+    /// its own armed (epoll's timerfd) re-arms it only when the deadline
+    /// moves earlier, instead of setting up a kernel timer for every
+    /// wait.
+    Until(Option<u64>),
+}
 
 /// The driver one worker uses.
 #[derive(Clone)]
@@ -118,11 +133,11 @@ impl Driver {
         Ok((Driver::Epoll(driver), info))
     }
 
-    /// Waits for I/O for at most `timeout` and wakes the tasks it concerns.
-    pub(crate) fn poll(&self, timeout: Option<Duration>) -> io::Result<usize> {
+    /// Waits for I/O as `park` says and wakes the tasks it concerns.
+    pub(crate) fn poll(&self, park: Park) -> io::Result<usize> {
         match self {
-            Driver::Epoll(d) => d.poll(timeout),
-            Driver::Uring(d) => d.poll(timeout),
+            Driver::Epoll(d) => d.poll(park),
+            Driver::Uring(d) => d.poll(park),
         }
     }
 

@@ -106,9 +106,11 @@ impl Drop for EnterGuard {
 }
 
 /// The worker's clock: the wheel counts whole milliseconds since `base`,
-/// and the loop reads the system clock once or twice per turn into
-/// `now_ns`, which timers compare against instead of reading the clock
-/// again.
+/// and the loop reads the system clock once per turn, after the driver's
+/// poll, into `now_ns`, which timers compare against instead of reading
+/// the clock again. The driver sleeps until an absolute time on the same
+/// clock ([`Clock::monotonic_at_tick`]), so deciding how long to sleep
+/// needs no reading.
 ///
 /// A reading is one `clock_gettime` and a subtraction; the `Instant` of a
 /// turn is made only when something asks for it ([`Clock::cached`]), since
@@ -152,10 +154,10 @@ impl Clock {
         self.now_ns.get() / NANOS_PER_MILLI
     }
 
-    /// How long from the last [`Clock::update`] until `tick` begins (zero
-    /// if it has).
-    pub(crate) fn until_tick(&self, tick: u64) -> Duration {
-        Duration::from_nanos(tick.saturating_mul(NANOS_PER_MILLI).saturating_sub(self.now_ns.get()))
+    /// The time `tick` begins on `CLOCK_MONOTONIC`, in nanoseconds: the
+    /// deadline a driver waits until.
+    pub(crate) fn monotonic_at_tick(&self, tick: u64) -> u64 {
+        tick.saturating_mul(NANOS_PER_MILLI).saturating_add(self.base_raw)
     }
 
     /// The time of the last [`Clock::update`]: never later than the real
@@ -215,15 +217,18 @@ mod tests {
         assert_eq!(clock.cached(), now, "asked twice, the same instant");
         let since = now - clock.base;
         assert_eq!(clock.tick_now(), since.as_millis() as u64);
-        // The current tick has begun; the next begins within a millisecond.
-        assert_eq!(clock.until_tick(clock.tick_now()), Duration::ZERO);
-        let next = clock.until_tick(clock.tick_now() + 1);
-        assert!(next > Duration::ZERO && next <= Duration::from_millis(1), "{next:?}");
+        // On the drivers' clock, the current tick has begun at the reading
+        // and the next begins within a millisecond of it.
+        let reading = clock.base_raw + ns;
+        assert!(clock.monotonic_at_tick(clock.tick_now()) <= reading);
+        let next = clock.monotonic_at_tick(clock.tick_now() + 1);
+        assert!(next > reading && next - reading <= 1_000_000, "{next} vs {reading}");
         assert_eq!(
             clock.base + Duration::from_millis(clock.tick_now() + 1),
-            now + next,
-            "until_tick is exact to the nanosecond"
+            now + Duration::from_nanos(next - reading),
+            "a tick's monotonic time is exact to the nanosecond"
         );
+        assert!(crate::sys::monotonic_ns() >= reading, "the drivers' clock is the one read");
         // A deadline rounds up to its tick, never down.
         let tick = clock.tick_for_deadline(now + Duration::from_micros(1_500));
         assert!(clock.base + Duration::from_millis(tick) >= now + Duration::from_micros(1_500));
@@ -232,7 +237,9 @@ mod tests {
         let edge = clock.base + Duration::from_millis(7);
         assert_eq!(clock.tick_for_deadline(edge), 7);
         // "Never" stays far away without overflowing.
-        assert!(clock.until_tick(Clock::TICK_MAX) > Duration::from_secs(86_400 * 365 * 100));
+        assert!(
+            clock.monotonic_at_tick(Clock::TICK_MAX) > reading + 86_400 * 365 * 100 * 1_000_000_000
+        );
         // A later reading moves on, and so does the instant made from it.
         std::thread::sleep(Duration::from_millis(2));
         assert!(clock.update() >= ns + 2_000_000);

@@ -9,15 +9,14 @@
 //! 4. wake what waited for "after the next poll" (accept batches that hit
 //!    their bound), then fire due timers.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::Duration;
-
 use super::config::BusyPoll;
 use super::context::Context;
 use super::task::{TaskKey, TaskWaker, MAIN_TASK};
+use crate::driver::Park;
 use crate::stats;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll, Waker};
 
 /// The largest number of timers fired in one loop turn; the rest fire on the next.
 const TIMERS_PER_TURN_MAX: usize = 1024;
@@ -59,14 +58,14 @@ pub(crate) fn run<F: Future>(
 
         // 2. I/O.
         let wait = poll_wait(cx, last_event);
-        let timeout = match wait {
-            Wait::Sleep(t) if announce_sleep(cx) => {
+        let park = match wait {
+            Wait::Sleep(deadline) if announce_sleep(cx) => {
                 stats::add(&cx.shared.stats.poller_waits, 1);
-                t
+                Park::Until(deadline)
             }
-            _ => Some(Duration::ZERO),
+            _ => Park::Skip,
         };
-        let events = match cx.driver.poll(timeout) {
+        let events = match cx.driver.poll(park) {
             Ok(n) => n,
             Err(e) => panic!("the I/O driver failed and the worker cannot continue: {e}"),
         };
@@ -177,23 +176,23 @@ enum Wait {
     Now,
     /// Nothing queued, but busy polling says not to sleep.
     Spin,
-    /// Sleep until an event or the wheel's earliest deadline (`None`: no timer).
-    Sleep(Option<Duration>),
+    /// Sleep until an event or the wheel's earliest deadline, on the
+    /// driver's clock (`None`: no timer).
+    Sleep(Option<u64>),
 }
 
-/// Decides how the driver may wait this turn. The clock is read again
-/// only when the answer depends on it (the tasks just run took time): a
-/// spin budget to check, or a timer to sleep until.
+/// Decides how the driver may wait this turn. A sleep is until the
+/// wheel's earliest tick as an absolute time, so no clock reading is
+/// needed for it; only a spin budget reads the clock again (the tasks
+/// just run took time).
 fn poll_wait(cx: &Context, last_event_ns: u64) -> Wait {
     if !cx.run_queue.borrow().is_empty() || !cx.after_poll.borrow().is_empty() {
         return Wait::Now;
     }
-    let mut updated = false;
     match cx.config.busy_poll {
         BusyPoll::Always => return Wait::Spin,
         BusyPoll::Adaptive { spin_budget } => {
             let now = cx.clock.update();
-            updated = true;
             if u128::from(now.saturating_sub(last_event_ns)) < spin_budget.as_nanos() {
                 return Wait::Spin;
             }
@@ -201,12 +200,7 @@ fn poll_wait(cx: &Context, last_event_ns: u64) -> Wait {
         BusyPoll::Off => {}
     }
     let next = cx.timers.borrow().next_deadline();
-    Wait::Sleep(next.map(|tick| {
-        if !updated {
-            cx.clock.update();
-        }
-        cx.clock.until_tick(tick)
-    }))
+    Wait::Sleep(next.map(|tick| cx.clock.monotonic_at_tick(tick)))
 }
 
 /// Tells other threads the worker may block, so they write its eventfd;

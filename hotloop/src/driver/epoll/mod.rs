@@ -21,6 +21,13 @@
 //!   whose slot was reused carries the old generation and is dropped.
 //! - Wakers are woken after the poller's state is released, so a waker
 //!   that runs code of its own can never find the driver borrowed.
+//! - A wait until a deadline sleeps in `epoll_wait` without a timeout, on
+//!   a timerfd in the interest list that stays armed across waits and is
+//!   re-armed only when a deadline comes earlier than the armed one (an
+//!   expiry that comes too early costs one spare turn). A timeout on
+//!   every `epoll_wait` had the kernel set up and cancel a timer on every
+//!   sleep, though the worker's earliest deadline (in a server, a
+//!   connection's idle or header timeout) seldom moves.
 
 mod socket;
 mod udp;
@@ -34,15 +41,16 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Waker;
-use std::time::Duration;
 
-use super::{DriverConfig, Registration, Unpark};
+use super::{DriverConfig, Park, Registration, Unpark};
 use crate::slab::{Key, Slab};
 use crate::stats::{self, WorkerStats};
 use crate::sys;
 
 /// The token of the worker's eventfd (no slab key reaches it).
 const WAKE_TOKEN: u64 = u64::MAX;
+/// The token of the worker's timerfd (no slab key reaches it either).
+const TIMER_TOKEN: u64 = u64::MAX - 1;
 
 /// Interest for every registered socket: both directions, edge-triggered.
 const INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
@@ -123,6 +131,11 @@ struct Poller {
     events: Vec<MaybeUninit<libc::epoll_event>>,
     slots: Slab<IoSlot>,
     unpark: Arc<Unpark>,
+    /// Wakes `epoll_wait` at a deadline (see the module notes).
+    timer: OwnedFd,
+    /// When `timer` expires (`CLOCK_MONOTONIC` nanoseconds); `None` once
+    /// it has, or before it was first armed.
+    timer_armed: Option<u64>,
     stats: Arc<WorkerStats>,
 }
 
@@ -141,6 +154,13 @@ impl Driver {
             (libc::EPOLLIN | libc::EPOLLET) as u32,
             WAKE_TOKEN,
         )?;
+        let timer = sys::timerfd()?;
+        sys::epoll_add(
+            epfd.as_raw_fd(),
+            timer.as_raw_fd(),
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+            TIMER_TOKEN,
+        )?;
         let kernel_busy_poll = match config.kernel_busy_poll {
             None => "off".to_string(),
             Some(p) => match sys::epoll_set_busy_poll(epfd.as_raw_fd(), p.busy_poll_us, p.budget) {
@@ -156,6 +176,8 @@ impl Driver {
             events: vec![MaybeUninit::uninit(); config.events_per_poll_max],
             slots: Slab::default(),
             unpark,
+            timer,
+            timer_armed: None,
             stats,
         };
         let driver = Driver {
@@ -172,10 +194,10 @@ impl Driver {
         &self.entered
     }
 
-    /// Waits for events for at most `timeout` and wakes the parked tasks.
-    pub(crate) fn poll(&self, timeout: Option<Duration>) -> io::Result<usize> {
+    /// Waits for events as `park` says and wakes the parked tasks.
+    pub(crate) fn poll(&self, park: Park) -> io::Result<usize> {
         let mut woken = std::mem::take(&mut *self.woken.borrow_mut());
-        let n = self.poller.borrow_mut().poll(timeout, &mut woken)?;
+        let n = self.poller.borrow_mut().poll(park, &mut woken)?;
         for w in woken.drain(..) {
             w.wake();
         }
@@ -209,21 +231,32 @@ impl Poller {
         }
     }
 
+    /// Makes the timerfd expire no later than `deadline`: re-armed (one
+    /// system call) only when it is not armed or armed for later.
+    fn arm_timer(&mut self, deadline: u64) -> io::Result<()> {
+        if self.timer_armed.is_some_and(|armed| armed <= deadline) {
+            return Ok(());
+        }
+        sys::timerfd_arm_at(self.timer.as_raw_fd(), deadline)?;
+        stats::add(&self.stats.timer_arms, 1);
+        self.timer_armed = Some(deadline);
+        Ok(())
+    }
+
     fn slot(&mut self, key: Key) -> &mut IoSlot {
         self.slots.get_mut(key).expect("a registered source's epoll slot was freed under it")
     }
 
     /// Waits for events and collects the wakers of the tasks they concern.
-    fn poll(&mut self, timeout: Option<Duration>, woken: &mut Vec<Waker>) -> io::Result<usize> {
-        let timeout_ms = match timeout {
-            None => -1,
-            // epoll_wait counts whole milliseconds; round up so a timer is never woken early.
-            // (In u64: a u128 division is a library call.)
-            Some(d) => d
-                .as_secs()
-                .saturating_mul(1000)
-                .saturating_add(u64::from(d.subsec_nanos().div_ceil(1_000_000)))
-                .min(i32::MAX as u64) as i32,
+    fn poll(&mut self, park: Park, woken: &mut Vec<Waker>) -> io::Result<usize> {
+        let timeout_ms = match park {
+            Park::Skip => 0,
+            Park::Until(deadline) => {
+                if let Some(deadline) = deadline {
+                    self.arm_timer(deadline)?;
+                }
+                -1
+            }
         };
         let n = match sys::epoll_wait(self.epfd.as_raw_fd(), &mut self.events, timeout_ms) {
             Ok(n) => n,
@@ -236,6 +269,12 @@ impl Poller {
             let (token, flags) = (ev.u64, ev.events);
             if token == WAKE_TOKEN {
                 self.unpark.drain();
+                continue;
+            }
+            if token == TIMER_TOKEN {
+                // Edge-triggered: the expiry is reported once, and the next
+                // arming clears its count, so it is never read.
+                self.timer_armed = None;
                 continue;
             }
             let Some(s) = self.slots.get_mut(Key::from_u64(token)) else {

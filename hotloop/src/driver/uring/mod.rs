@@ -62,9 +62,10 @@ use io_uring::{cqueue, opcode, types};
 
 use self::op::Lifecycle;
 use self::ring::{Ring, CANCEL_USER_DATA, WAKE_USER_DATA};
-use super::{probe, DriverConfig, Unpark};
+use super::{probe, DriverConfig, Park, Unpark};
 use crate::slab::{Key, Slab};
 use crate::stats::{self, WorkerStats};
+use crate::sys;
 
 /// A descriptor shared by a socket and the operations the kernel holds on
 /// it; closed when the last holder drops it.
@@ -182,10 +183,18 @@ impl Driver {
         &self.entered
     }
 
-    /// Submits what tasks queued, waits for completions for at most
-    /// `timeout` and wakes the tasks they concern. Returns how many
-    /// completions were handled.
-    pub(crate) fn poll(&self, timeout: Option<Duration>) -> io::Result<usize> {
+    /// Submits what tasks queued, waits for completions as `park` says
+    /// and wakes the tasks they concern. Returns how many completions
+    /// were handled.
+    pub(crate) fn poll(&self, park: Park) -> io::Result<usize> {
+        let timeout = match park {
+            Park::Skip => Some(Duration::ZERO),
+            Park::Until(None) => None,
+            // The wait's timeout is relative: from the deadline, less now.
+            Park::Until(Some(deadline)) => {
+                Some(Duration::from_nanos(deadline.saturating_sub(sys::monotonic_ns())))
+            }
+        };
         let mut woken = std::mem::take(&mut *self.woken.borrow_mut());
         let mut freed = std::mem::take(&mut *self.freed.borrow_mut());
         let res = self.state.borrow_mut().poll(timeout, &mut woken, &mut freed);
