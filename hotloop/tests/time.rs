@@ -79,9 +79,9 @@ async fn dropped_sleep_is_cancelled() {
 }
 
 /// The driver sleeps until the wheel's earliest deadline: one that comes
-/// earlier than the deadline the worker last slept with (epoll keeps a
-/// timerfd armed across sleeps) still wakes it on time, and so does a
-/// later one after the earlier timer was cancelled.
+/// earlier than the deadline the worker last slept with (both drivers
+/// keep a timer armed across sleeps) still wakes it on time, and so does
+/// a later one after the earlier timer was cancelled.
 #[hotloop::test(driver = "all")]
 async fn an_earlier_deadline_than_the_last_sleeps_is_met() {
     let far = spawn(sleep(Duration::from_secs(30)));
@@ -104,9 +104,9 @@ async fn an_earlier_deadline_than_the_last_sleeps_is_met() {
 }
 
 /// With the earliest deadline unchanged (a server's idle timeouts), the
-/// worker's sleeps arm no kernel timer each: epoll's timerfd is armed
-/// once for them all.
-#[hotloop::test(driver = "epoll")]
+/// worker's sleeps arm no kernel timer each: the driver's timer (epoll's
+/// timerfd, io_uring's timeout entry) is armed once for them all.
+#[hotloop::test(driver = "all")]
 async fn sleeps_until_an_unchanged_deadline_arm_the_timer_once() {
     let far = spawn(sleep(Duration::from_secs(30)));
     hotloop::spawn_blocking(|| ()).await.unwrap();

@@ -20,8 +20,14 @@
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.
 //! - In-flight operations live in a generational slab ([`op`]);
-//!   `user_data` is the slot's key. Two values no key can take mark the
-//!   eventfd poll and cancel requests.
+//!   `user_data` is the slot's key. Values no key can take mark the
+//!   eventfd poll, cancel requests and the deadline timer.
+//! - A wait until a deadline is a wait for one completion, with an
+//!   absolute `IORING_OP_TIMEOUT` in the ring that stays armed across
+//!   waits and is moved (`IORING_TIMEOUT_UPDATE`) only when a deadline
+//!   comes earlier than the armed one, as epoll's timerfd is: a timeout on
+//!   every `io_uring_enter` set up a kernel timer per wait and needed a
+//!   clock reading to turn the deadline into a timeout.
 //! - An operation holds its socket (a shared descriptor) as well as its
 //!   memory until its last completion, so a socket closed by its owner
 //!   stays open for as long as the kernel may still act on it, and its
@@ -61,7 +67,7 @@ use std::time::{Duration, Instant};
 use io_uring::{cqueue, opcode, types};
 
 use self::op::Lifecycle;
-use self::ring::{Ring, CANCEL_USER_DATA, WAKE_USER_DATA};
+use self::ring::{Ring, CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
 use super::{probe, DriverConfig, Park, Unpark};
 use crate::slab::{Key, Slab};
 use crate::stats::{self, WorkerStats};
@@ -73,6 +79,8 @@ pub(crate) type SharedFd = Rc<OwnedFd>;
 
 /// How long dropping the driver waits for cancelled operations to complete.
 const DRAIN_ON_DROP_MAX: Duration = Duration::from_secs(1);
+/// Nanoseconds per second, for the deadline timer's `timespec`.
+const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// How long a socket dropped outside its runtime waits for its cancelled
 /// operations, so that it closes (and its peer sees the end) at once.
 const SETTLE_MAX: Duration = Duration::from_millis(100);
@@ -128,6 +136,13 @@ struct Uring {
     dropped_seen: u32,
     /// Writes left running by dropped streams, with their deadlines, oldest first.
     lingering: VecDeque<(Instant, Key)>,
+    /// When the deadline timer expires (`CLOCK_MONOTONIC` nanoseconds);
+    /// `None` once it has, or before it was first armed.
+    timer_armed: Option<u64>,
+    /// The deadline the timer's entries point at. The kernel copies it
+    /// when it takes an entry, so one place serves them all (entries
+    /// still pending read its latest value, the latest deadline).
+    timer_spec: Box<types::Timespec>,
 }
 
 impl Driver {
@@ -167,6 +182,8 @@ impl Driver {
             cqes: Vec::with_capacity(config.events_per_poll_max),
             dropped_seen: 0,
             lingering: VecDeque::new(),
+            timer_armed: None,
+            timer_spec: Box::new(types::Timespec::new()),
         };
         uring.arm_wake();
         let driver = Driver {
@@ -187,17 +204,9 @@ impl Driver {
     /// and wakes the tasks they concern. Returns how many completions
     /// were handled.
     pub(crate) fn poll(&self, park: Park) -> io::Result<usize> {
-        let timeout = match park {
-            Park::Skip => Some(Duration::ZERO),
-            Park::Until(None) => None,
-            // The wait's timeout is relative: from the deadline, less now.
-            Park::Until(Some(deadline)) => {
-                Some(Duration::from_nanos(deadline.saturating_sub(sys::monotonic_ns())))
-            }
-        };
         let mut woken = std::mem::take(&mut *self.woken.borrow_mut());
         let mut freed = std::mem::take(&mut *self.freed.borrow_mut());
-        let res = self.state.borrow_mut().poll(timeout, &mut woken, &mut freed);
+        let res = self.state.borrow_mut().poll(park, &mut woken, &mut freed);
         self.release(&mut woken, &mut freed);
         *self.woken.borrow_mut() = woken;
         *self.freed.borrow_mut() = freed;
@@ -244,7 +253,7 @@ impl Driver {
             let mut freed = Vec::new();
             let busy = match self.state.try_borrow_mut() {
                 Ok(mut st) => {
-                    let _ = st.poll(Some(Duration::ZERO), &mut woken, &mut freed);
+                    let _ = st.poll(Park::Skip, &mut woken, &mut freed);
                     st.ops.iter().any(|(_, s)| s.held_by_kernel() && !s.is_waiting())
                 }
                 Err(_) => false,
@@ -269,10 +278,38 @@ impl Uring {
         self.wake_armed = true;
     }
 
+    /// Makes the deadline timer expire no later than `deadline`: a new
+    /// timer when none is armed, moved when it is armed for later, left
+    /// alone otherwise (an expiry that comes early costs a spare turn).
+    fn arm_timer(&mut self, deadline: u64) {
+        if self.timer_armed.is_some_and(|armed| armed <= deadline) {
+            return;
+        }
+        *self.timer_spec = types::Timespec::new()
+            .sec(deadline / NANOS_PER_SEC)
+            .nsec((deadline % NANOS_PER_SEC) as u32);
+        let spec: *const types::Timespec = &*self.timer_spec;
+        let entry = match self.timer_armed {
+            None => opcode::Timeout::new(spec)
+                .flags(types::TimeoutFlags::ABS)
+                .build()
+                .user_data(TIMER_USER_DATA),
+            Some(_) => opcode::TimeoutUpdate::new(TIMER_USER_DATA, spec)
+                .flags(types::TimeoutFlags::ABS)
+                .build()
+                .user_data(TIMER_UPDATE_USER_DATA),
+        };
+        // The kernel reads `timer_spec` when it takes the entry; the box
+        // lives as long as the ring's entries do.
+        self.ring.push(entry);
+        self.timer_armed = Some(deadline);
+        stats::add(&self.ring.stats.timer_arms, 1);
+    }
+
     /// One turn: submit, wait, reap.
     fn poll(
         &mut self,
-        timeout: Option<Duration>,
+        park: Park,
         woken: &mut Vec<Waker>,
         freed: &mut Vec<Box<dyn Any>>,
     ) -> io::Result<usize> {
@@ -280,14 +317,23 @@ impl Uring {
             self.arm_wake();
         }
         self.cancel_expired_lingerers();
-        // A lingering write must be cut at its deadline even on a worker
-        // with nothing else to do: wait no longer than the first one.
-        let timeout = match self.lingering.front() {
-            Some(&(first, _)) => {
+        let timeout = match (park, self.lingering.front()) {
+            (Park::Skip, _) => Some(Duration::ZERO),
+            // A lingering write must be cut at its deadline even on a
+            // worker with nothing else to do: wait no longer than the
+            // first one (rare: a timed wait, as for any deadline before).
+            (Park::Until(deadline), Some(&(first, _))) => {
                 let until_first = first.saturating_duration_since(Instant::now());
-                Some(timeout.map_or(until_first, |t| t.min(until_first)))
+                let until_deadline =
+                    deadline.map(|d| Duration::from_nanos(d.saturating_sub(sys::monotonic_ns())));
+                Some(until_deadline.map_or(until_first, |t| t.min(until_first)))
             }
-            None => timeout,
+            (Park::Until(deadline), None) => {
+                if let Some(deadline) = deadline {
+                    self.arm_timer(deadline);
+                }
+                None
+            }
         };
         self.ring.enter(timeout, &mut self.ops)?;
         Ok(self.reap(woken, freed))
@@ -354,7 +400,14 @@ impl Uring {
                 }
                 return;
             }
-            CANCEL_USER_DATA => return,
+            CANCEL_USER_DATA | TIMER_UPDATE_USER_DATA => return,
+            TIMER_USER_DATA => {
+                // Expired (`ETIME`) or cancelled with the ring: either way
+                // no longer armed. (A move that came too late fails with
+                // `ENOENT`, after this completion.)
+                self.timer_armed = None;
+                return;
+            }
             _ => {}
         }
         let key = Key::from_u64(user_data);

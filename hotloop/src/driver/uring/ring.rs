@@ -30,6 +30,14 @@ use crate::stats::{self, WorkerStats};
 pub(super) const WAKE_USER_DATA: u64 = u64::MAX;
 /// `user_data` of cancel requests.
 pub(super) const CANCEL_USER_DATA: u64 = u64::MAX - 1;
+/// `user_data` of the driver's deadline timer (`IORING_OP_TIMEOUT`).
+pub(super) const TIMER_USER_DATA: u64 = u64::MAX - 2;
+/// `user_data` of a request that moves the deadline timer.
+pub(super) const TIMER_UPDATE_USER_DATA: u64 = u64::MAX - 3;
+/// `user_data` at or above this is one of the driver's own entries above,
+/// not an operation's slab key (no key reaches it: its index would be
+/// past four billion slots).
+const DRIVER_USER_DATA_MIN: u64 = TIMER_UPDATE_USER_DATA;
 /// Completion queue entries per submission queue entry (the kernel's default is 2).
 const CQ_ENTRIES_PER_SQ: u32 = 4;
 /// `IORING_ENTER_GETEVENTS`: run deferred completion work and reap.
@@ -135,7 +143,7 @@ impl Ring {
     fn flush(&mut self, ops: &mut Slab<Lifecycle>) -> io::Result<()> {
         while let Some(entry) = self.pending.front() {
             let user_data = entry.get_user_data();
-            if user_data != WAKE_USER_DATA && user_data != CANCEL_USER_DATA {
+            if user_data < DRIVER_USER_DATA_MIN {
                 let key = Key::from_u64(user_data);
                 match ops.get_mut(key) {
                     Some(Lifecycle::Withdrawn) => {
