@@ -74,6 +74,14 @@ impl hyper::rt::Timer for HotloopTimer {
         Box::pin(HyperSleep(crate::time::sleep_until(deadline)))
     }
 
+    /// The worker loop's reading of this turn ([`crate::time::now`]), not
+    /// a clock reading: hyper asks for it on every request to start its
+    /// header-read timeout, and a turn's precision is ample for a timeout
+    /// of seconds.
+    fn now(&self) -> Instant {
+        crate::time::now()
+    }
+
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
         match sleep.as_mut().downcast_mut_pin::<HyperSleep>() {
             Some(mut s) => s.0.reset(new_deadline),

@@ -110,3 +110,37 @@ fn hyper_client_on_hotloop_against_tokio(driver: DriverKind) {
     assert_eq!(got, Bytes::from("hello 5"));
     let _ = HotloopExecutor; // the executor type is public for hyper's builders
 }
+
+/// hyper's header-read timeout runs on hotloop's timer (`HotloopTimer`,
+/// whose `now` is the loop's reading of the turn): a client that never
+/// finishes its request head is cut off once the timeout passes, and not
+/// before.
+#[hotloop::test(driver = "all")]
+async fn hypers_header_timeout_cuts_off_a_client_that_never_finishes_its_head() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    let listener = hotloop::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let start = Instant::now();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        (start.elapsed(), String::from_utf8_lossy(&rest).to_string())
+    });
+    let (stream, _) = listener.accept().await.unwrap();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(hotloop::hyper::HotloopTimer).header_read_timeout(Duration::from_millis(300));
+    let served = builder.serve_connection(HyperIo::new(stream), service_fn(hello)).await;
+    assert!(served.is_err(), "hyper ended the connection without a timeout error");
+    let (took, reply) = hotloop::spawn_blocking(move || client.join().unwrap()).await.unwrap();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(4),
+        "closed after {took:?}"
+    );
+    // hyper answers a header timeout with 408 where it can, or just closes.
+    assert!(reply.is_empty() || reply.starts_with("HTTP/1.1 408"), "{reply}");
+}
