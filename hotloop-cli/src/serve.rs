@@ -18,7 +18,7 @@ use std::ops::Deref;
 use std::path::PathBuf;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -303,12 +303,21 @@ async fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) {
 /// around each read.
 pub(crate) struct ConnTimer {
     timer: Sleep,
+    /// The waker the timer is filed with in the worker's wheel, while it
+    /// is: a wait that finds its own task's waker there and the deadline
+    /// still ahead needs nothing from the wheel (the usual case: the
+    /// connection's task parks again after every request).
+    filed: Option<Waker>,
     stop: drain::StopWatch,
 }
 
 impl ConnTimer {
     fn new() -> Self {
-        ConnTimer { timer: hotloop::time::sleep(Duration::MAX), stop: Default::default() }
+        ConnTimer {
+            timer: hotloop::time::sleep(Duration::MAX),
+            filed: None,
+            stop: Default::default(),
+        }
     }
 
     /// Runs `read` (a connection's read, pinned by the caller) until `due`;
@@ -342,6 +351,8 @@ impl ConnTimer {
     fn bring_forward(&mut self, due: Instant) {
         if self.timer.deadline() > due {
             Pin::new(&mut self.timer).reset(due);
+            // A reset may take the timer out of the wheel.
+            self.filed = None;
         }
     }
 
@@ -349,14 +360,28 @@ impl ConnTimer {
     /// `cx` to be woken when it fires otherwise. A timer set for an
     /// earlier deadline that has since moved on is moved to `due`.
     fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, due: Instant) -> bool {
+        if self.filed_with(cx.waker()) && hotloop::time::now() < self.timer.deadline() {
+            return false;
+        }
         let mut timer = Pin::new(&mut self.timer);
         while timer.as_mut().poll(cx).is_ready() {
+            self.filed = None;
             if hotloop::time::now() >= due {
                 return true;
             }
             timer.as_mut().reset(due);
         }
+        // Pending: the timer is in the wheel with this task's waker.
+        if !self.filed_with(cx.waker()) {
+            self.filed = Some(cx.waker().clone());
+        }
         false
+    }
+
+    /// Whether the timer is in the wheel with `waker` (or one that wakes
+    /// the same task).
+    fn filed_with(&self, waker: &Waker) -> bool {
+        self.filed.as_ref().is_some_and(|w| w.will_wake(waker))
     }
 }
 
