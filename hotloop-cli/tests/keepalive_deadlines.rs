@@ -7,33 +7,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::Proc;
+use common::{read_response, read_to_close, Proc};
 use hotloop::DriverKind;
-
-/// Reads one `200 OK` answer with its 2-byte body (`serve http`'s reply
-/// is `ok`), from a keep-alive connection.
-fn read_answer(s: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut b = [0u8; 512];
-    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
-        let n = s.read(&mut b).expect("answer");
-        assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&b[..n]);
-    }
-    String::from_utf8_lossy(&got).to_string()
-}
-
-/// Reads until the server closes; returns what came and how long it took.
-fn read_to_close(s: &mut TcpStream) -> (String, Duration) {
-    let start = Instant::now();
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
-    (String::from_utf8_lossy(&rest).to_string(), start.elapsed())
-}
 
 #[hotloop::test(driver = "all")]
 fn keep_alive_connections_follow_the_idle_and_header_timeouts_across_requests(driver: DriverKind) {
@@ -60,14 +39,14 @@ fn keep_alive_connections_follow_the_idle_and_header_timeouts_across_requests(dr
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     for _ in 0..5 {
         s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        let answer = read_answer(&mut s);
+        let answer = read_response(&mut s);
         assert!(answer.starts_with("HTTP/1.1 200"), "{driver}: {answer}");
         std::thread::sleep(Duration::from_millis(250));
     }
     // Then silence: closed at the idle timeout after the last answer
     // (250 ms of it have passed), with nothing more sent.
     let (rest, took) = read_to_close(&mut s);
-    assert!(rest.is_empty(), "{driver}: {rest}");
+    assert!(rest.is_empty(), "{driver}: {}", String::from_utf8_lossy(&rest));
     assert!(
         took >= Duration::from_millis(300) && took < Duration::from_secs(3),
         "{driver}: idle close {took:?} after the wait"
@@ -78,11 +57,12 @@ fn keep_alive_connections_follow_the_idle_and_header_timeouts_across_requests(dr
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     for _ in 0..3 {
         s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        let answer = read_answer(&mut s);
+        let answer = read_response(&mut s);
         assert!(answer.starts_with("HTTP/1.1 200"), "{driver}: {answer}");
     }
     s.write_all(b"GET / HTTP/1.1\r\nHost").unwrap();
     let (rest, took) = read_to_close(&mut s);
+    let rest = String::from_utf8_lossy(&rest);
     assert!(rest.starts_with("HTTP/1.1 408"), "{driver}: {rest}");
     assert!(
         took >= Duration::from_millis(350) && took < Duration::from_secs(3),

@@ -103,20 +103,6 @@ fn tls_client(
     tls
 }
 
-/// Reads until the end of the stream (a clean close_notify, a TCP close
-/// or a reset) and returns what came, and how long it took.
-fn read_to_close(tls: &mut impl Read) -> (Vec<u8>, Duration) {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tls.read(&mut buf) {
-            Ok(0) | Err(_) => return (got, start.elapsed()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-}
-
 /// Waits for the plain TCP connection to be closed by the server, within `limit`.
 fn closed_within(s: &mut TcpStream, limit: Duration) -> Duration {
     s.set_read_timeout(Some(limit)).unwrap();
@@ -237,7 +223,7 @@ fn garbage_and_stalled_handshakes_lose_only_their_connection(driver: DriverKind)
     // Another client, while the stalled one is open.
     let mut tls = tls_client(addr, &cert);
     tls.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
-    let (reply, _) = read_to_close(&mut tls);
+    let (reply, _) = common::read_to_close(&mut tls);
     let reply = String::from_utf8_lossy(&reply);
     assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
     closed_within(&mut stalled, Duration::from_secs(5));
@@ -259,7 +245,7 @@ fn a_tls_connection_follows_the_header_and_idle_timeouts(driver: DriverKind) {
     let (mut p, addr, cert) = serve_tls(driver, "http", &["--header-timeout-ms", "300"]);
     let mut tls = tls_client(addr, &cert);
     tls.write_all(b"GET / HTTP/1.1\r\n").unwrap();
-    let (reply, took) = read_to_close(&mut tls);
+    let (reply, took) = common::read_to_close(&mut tls);
     let reply = String::from_utf8_lossy(&reply);
     assert!(reply.starts_with("HTTP/1.1 408"), "{driver}: {reply}");
     assert!(took < Duration::from_secs(3), "{driver}: 408 after {took:?}");
@@ -272,7 +258,7 @@ fn a_tls_connection_follows_the_header_and_idle_timeouts(driver: DriverKind) {
     let mut got = [0u8; 4];
     tls.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"ping");
-    let (rest, took) = read_to_close(&mut tls);
+    let (rest, took) = common::read_to_close(&mut tls);
     assert!(rest.is_empty(), "{driver}: {rest:?}");
     assert!(
         took >= Duration::from_millis(200) && took < Duration::from_secs(3),

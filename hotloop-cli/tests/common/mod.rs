@@ -206,3 +206,17 @@ pub fn read_response(s: &mut TcpStream) -> String {
     s.read_exact(&mut body).unwrap();
     head + &String::from_utf8(body).unwrap()
 }
+
+/// Reads until the end of the stream (a TCP close, a TLS close_notify or
+/// a reset) and returns what came, and how long it took.
+pub fn read_to_close(s: &mut impl Read) -> (Vec<u8>, Duration) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return (got, start.elapsed()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}

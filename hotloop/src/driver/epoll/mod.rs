@@ -148,19 +148,12 @@ impl Driver {
         stats: Arc<WorkerStats>,
     ) -> io::Result<(Rc<Driver>, String)> {
         let epfd = sys::epoll_create()?;
-        sys::epoll_add(
-            epfd.as_raw_fd(),
-            unpark.fd(),
-            (libc::EPOLLIN | libc::EPOLLET) as u32,
-            WAKE_TOKEN,
-        )?;
         let timer = sys::timerfd()?;
-        sys::epoll_add(
-            epfd.as_raw_fd(),
-            timer.as_raw_fd(),
-            (libc::EPOLLIN | libc::EPOLLET) as u32,
-            TIMER_TOKEN,
-        )?;
+        // The driver's own two descriptors, edge-triggered: the wake-up
+        // eventfd and the deadline timerfd.
+        for (fd, token) in [(unpark.fd(), WAKE_TOKEN), (timer.as_raw_fd(), TIMER_TOKEN)] {
+            sys::epoll_add(epfd.as_raw_fd(), fd, (libc::EPOLLIN | libc::EPOLLET) as u32, token)?;
+        }
         let kernel_busy_poll = match config.kernel_busy_poll {
             None => "off".to_string(),
             Some(p) => match sys::epoll_set_busy_poll(epfd.as_raw_fd(), p.busy_poll_us, p.budget) {
