@@ -8,11 +8,24 @@
 mod common;
 
 use std::io::Write;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::{read_response, read_to_close, Proc};
 use hotloop::DriverKind;
+
+/// Opens a keep-alive connection and has `requests` requests answered on it.
+fn answered_connection(addr: SocketAddr, requests: usize, pause: Duration) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for _ in 0..requests {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let answer = read_response(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        std::thread::sleep(pause);
+    }
+    s
+}
 
 #[hotloop::test(driver = "all")]
 fn keep_alive_connections_follow_the_idle_and_header_timeouts_across_requests(driver: DriverKind) {
@@ -35,14 +48,7 @@ fn keep_alive_connections_follow_the_idle_and_header_timeouts_across_requests(dr
 
     // Requests spread over more than the first header deadline and more
     // than one idle timeout: each answer restarts the idle clock.
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    for _ in 0..5 {
-        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        let answer = read_response(&mut s);
-        assert!(answer.starts_with("HTTP/1.1 200"), "{driver}: {answer}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let mut s = answered_connection(addr, 5, Duration::from_millis(250));
     // Then silence: closed at the idle timeout after the last answer
     // (250 ms of it have passed), with nothing more sent.
     let (rest, took) = read_to_close(&mut s);
@@ -53,13 +59,7 @@ fn keep_alive_connections_follow_the_idle_and_header_timeouts_across_requests(dr
     );
 
     // Answered requests, then half a request head: 408 at the header timeout.
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    for _ in 0..3 {
-        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        let answer = read_response(&mut s);
-        assert!(answer.starts_with("HTTP/1.1 200"), "{driver}: {answer}");
-    }
+    let mut s = answered_connection(addr, 3, Duration::ZERO);
     s.write_all(b"GET / HTTP/1.1\r\nHost").unwrap();
     let (rest, took) = read_to_close(&mut s);
     let rest = String::from_utf8_lossy(&rest);
