@@ -178,7 +178,7 @@ fn dropped_reads_free_everything() {
             let mut client = StdStream::connect(addr).unwrap();
             let stream = listener.accept_stream().await.unwrap();
             for _ in 0..DROPS_PER_CONNECTION {
-                // Nothing to read: the read is still in the kernel when its future is dropped.
+                // Nothing to read: the read is still waiting when its future is dropped.
                 let r =
                     timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(64))).await;
                 assert!(r.is_err(), "a read with no data completed");
@@ -202,12 +202,8 @@ fn dropped_reads_free_everything() {
         // Let the cancel completions come back, so the kernel releases its file references.
         sleep(Duration::from_millis(20)).await;
     });
-    let stats = rt.stats().total;
-    assert!(
-        stats.cancellations >= (CONNECTIONS * DROPS_PER_CONNECTION) as u64,
-        "cancellations: {}",
-        stats.cancellations
-    );
+    // A dropped read leaves nothing in the kernel to cancel: reads wait on
+    // the socket's receive queue, not in an operation of their own.
     assert_eq!(hotloop::open_fd_count().unwrap(), baseline, "descriptors leaked");
 }
 

@@ -11,7 +11,7 @@
 //!   until the guard drops.
 //! - `Source`, a socket bound to one `Driver`, with the socket operations:
 //!   owned-buffer `recv`/`send`/`send_vectored`, `connect`, `shutdown`,
-//!   `poll_accept`/`accept_now`, a readiness wait (`readable`) with a
+//!   `poll_accept`/`accept_now`, a readiness wait (`poll_readable`) with a
 //!   non-blocking `try_recv` beside it, and the borrowed-slice poll forms
 //!   behind tokio's and futures' I/O traits; for datagram sockets, owned
 //!   `recv_msg`/`send_msg`, batched borrowed `poll_recv_batch`/
@@ -266,22 +266,11 @@ impl Source {
         each!(self, s => s.shutdown(how).await)
     }
 
-    /// Waits until the socket may have bytes to read (or a connection to
-    /// accept); then [`Source::try_recv`] says whether it has.
-    pub(crate) async fn readable(&self) -> io::Result<()> {
-        each!(self, s => s.readable().await)
-    }
-
-    /// The poll form of [`Source::readable`] where the backend has one
-    /// without an operation of its own to keep (epoll's readiness bits, and
-    /// io_uring's multishot receive queue); `None` where waiting needs a
-    /// kernel operation held across polls (io_uring's one-shot `POLL_ADD`):
-    /// then use [`Source::readable`].
-    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Option<Poll<io::Result<()>>> {
-        match self {
-            Source::Epoll(s) => Some(s.poll_readable(cx)),
-            Source::Uring(s) => s.poll_readable(cx),
-        }
+    /// Ready once the socket may have bytes to read (or an end or error to
+    /// report); then [`Source::try_recv`] says whether it has. Holds no
+    /// buffer while it waits.
+    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => s.poll_readable(cx))
     }
 
     /// False when the last read drained the socket and nothing new has

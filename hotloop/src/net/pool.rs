@@ -22,32 +22,27 @@ use crate::driver::Source;
 /// once data is there. An empty buffer means the peer closed its side.
 ///
 /// A named future rather than an `async fn`, so a read is one poll
-/// function, not a chain of nested state machines; it holds a boxed wait
-/// only on io_uring without a buffer ring, where waiting is an operation
-/// of its own.
+/// function, not a chain of nested state machines. It keeps no state: a
+/// wait in progress is held by the socket (epoll's readiness bits, or
+/// io_uring's receive queue or readiness poll), so dropping the future
+/// between polls loses nothing.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadPooled<'a> {
     src: &'a Source,
-    wait: Option<Pin<Box<dyn Future<Output = io::Result<()>> + 'a>>>,
 }
 
 impl<'a> ReadPooled<'a> {
     pub(crate) fn new(src: &'a Source) -> Self {
-        ReadPooled { src, wait: None }
+        ReadPooled { src }
     }
 }
 
 impl Future for ReadPooled<'_> {
     type Output = io::Result<PooledBuf>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let src = self.src;
         loop {
-            if let Some(wait) = self.wait.as_mut() {
-                let res = std::task::ready!(wait.as_mut().poll(cx));
-                self.wait = None;
-                res?;
-            }
             // On epoll, a socket that the last read drained waits for an
             // edge first instead of making a read that would fail.
             if src.may_read_now() {
@@ -64,17 +59,14 @@ impl Future for ReadPooled<'_> {
                     }
                 }
             }
-            match src.poll_readable(cx) {
-                Some(ready) => std::task::ready!(ready)?,
-                None => self.wait = Some(Box::pin(src.readable())),
-            }
+            std::task::ready!(src.poll_readable(cx))?;
         }
     }
 }
 
 impl std::fmt::Debug for ReadPooled<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadPooled").field("waiting", &self.wait.is_some()).finish()
+        f.debug_struct("ReadPooled").finish_non_exhaustive()
     }
 }
 

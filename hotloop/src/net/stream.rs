@@ -65,15 +65,11 @@ impl TcpStream {
     /// bytes for a `Vec`. `Ok(0)` means the peer closed its side.
     ///
     /// # Cancel safety
-    /// On epoll, dropping the future (a `timeout`, a `select`) loses
-    /// nothing: the bytes stay in the socket. On io_uring the read is a
-    /// kernel operation: dropped in the loop turn it was made, it is
-    /// withdrawn before the kernel sees it and loses nothing; dropped later,
-    /// it is cancelled, but if the kernel had already copied bytes into its
-    /// buffer, those bytes go with the buffer. A caller that times reads out
-    /// and keeps using the connection should use
-    /// [`read_pooled`](Self::read_pooled), which waits for readiness and
-    /// then reads, and is cancel-safe on both drivers.
+    /// Cancel-safe on both drivers: dropping the future (a `timeout`, a
+    /// `select`) loses nothing. It waits for readiness and then reads
+    /// without waiting (on io_uring from the socket's receive queue, which
+    /// every read style on the stream shares), so the kernel never holds
+    /// a read into this buffer.
     pub fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.core.read(buf)
     }

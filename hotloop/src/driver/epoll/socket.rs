@@ -243,11 +243,6 @@ impl Source {
         sys::shutdown(self.fd(), how)
     }
 
-    /// Waits until the socket may have bytes to read.
-    pub(crate) async fn readable(&self) -> io::Result<()> {
-        poll_fn(|cx| self.poll_ready(cx, Direction::Read)).await
-    }
-
     /// The poll form of [`Source::readable`].
     pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         self.poll_ready(cx, Direction::Read)

@@ -44,13 +44,13 @@
 
 mod accept;
 mod bufring;
-mod compat;
 mod dgram;
 mod op;
 mod pooled;
 mod ring;
 mod socket;
 mod udp;
+mod write_behind;
 
 pub(crate) use socket::Source;
 
@@ -237,6 +237,21 @@ impl Driver {
         if let Ok(mut st) = self.state.try_borrow_mut() {
             let st = &mut *st;
             let _ = st.ring.submit_pending(&mut st.ops);
+        }
+    }
+
+    /// Sends `buf[sent..]` on `fd` after its stream is gone: the rest of a
+    /// written-behind write that was waiting for room when the stream was
+    /// dropped.
+    fn linger_send(&self, fd: &SharedFd, buf: Vec<u8>, sent: usize) {
+        if sent >= buf.len() {
+            return;
+        }
+        let write =
+            write_behind::LingeringWrite::new(buf, sent, fd.clone(), Instant::now() + WRITE_LINGER);
+        let entry = write.send_entry();
+        if let Ok(mut st) = self.state.try_borrow_mut() {
+            st.start_lingering(Box::new(write), entry);
         }
     }
 
@@ -470,6 +485,17 @@ impl Uring {
                     }
                 }
             }
+            Lifecycle::Lingering(write) => match write.next_entry(res) {
+                // The next part (or a wait for room) under the same key:
+                // its entry points into the write's buffer, which stays in
+                // this slot.
+                Some(entry) => self.ring.push(entry.user_data(user_data)),
+                None => {
+                    if let Some(Lifecycle::Lingering(write)) = self.ops.remove(key) {
+                        freed.push(write);
+                    }
+                }
+            },
             // A single-shot operation completes once, and a withdrawn one
             // never reached the kernel: nothing more can come.
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}

@@ -18,6 +18,13 @@
 //!                                                   last completion: freed (storage dropped)
 //! ```
 //!
+//! The driver-owned states beside it: a multishot accept, receive or
+//! `RECVMSG` feeds its socket's queue (`Accept`, `RecvMulti`,
+//! `RecvMsgMulti`) and becomes an orphan when its socket closes, freed at
+//! its last completion; a written-behind send whose stream was dropped
+//! becomes `Lingering` and submits its next part under the same key at
+//! each completion until it is done (`write_behind.rs`).
+//!
 //! # Ownership invariant
 //! Everything an entry points to (buffer, iovec array, `msghdr`, socket
 //! address) **and the socket itself** (a [`SharedFd`] clone) is owned by
@@ -37,6 +44,7 @@ use std::time::Instant;
 
 use io_uring::squeue;
 
+use super::write_behind::LingeringWrite;
 use super::{Driver, SharedFd, Uring, WRITE_LINGER};
 use crate::driver::not_running;
 use crate::slab::Key;
@@ -87,6 +95,10 @@ pub(super) enum Lifecycle {
     /// A multishot `RECVMSG` whose socket was closed: it keeps the socket
     /// and its ring (freed at the last completion).
     OrphanRecvMsg { _fd: SharedFd, ring: Box<super::dgram::RecvRing> },
+    /// The rest of a written-behind send whose stream was dropped: each
+    /// completion submits the next part under the same key until all is
+    /// sent, the socket fails, or its deadline passes.
+    Lingering(Box<LingeringWrite>),
 }
 
 impl Lifecycle {
@@ -101,7 +113,8 @@ impl Lifecycle {
             | Lifecycle::RecvMulti { .. }
             | Lifecycle::OrphanRecv(_)
             | Lifecycle::RecvMsgMulti { .. }
-            | Lifecycle::OrphanRecvMsg { .. } => true,
+            | Lifecycle::OrphanRecvMsg { .. }
+            | Lifecycle::Lingering(_) => true,
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
         }
     }
@@ -129,32 +142,18 @@ impl Lifecycle {
             | Lifecycle::Withdrawn
             | Lifecycle::Orphan(_)
             | Lifecycle::OrphanRecv(_)
-            | Lifecycle::OrphanRecvMsg { .. } => {}
+            | Lifecycle::OrphanRecvMsg { .. }
+            | Lifecycle::Lingering(_) => {}
         }
     }
-}
-
-/// What happens to a dropped operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum OnDrop {
-    /// Ask the kernel to cancel it (reads, polls, connects).
-    Cancel,
-    /// Let it finish for at most [`WRITE_LINGER`], then cancel (a write
-    /// the caller was told had been taken).
-    Linger,
 }
 
 impl Uring {
     /// Forgets the future of `key`. Returns the storage if it can be freed
     /// now (the kernel never saw the entry, or already completed it);
     /// otherwise keeps it in the slot until the last completion and asks
-    /// the kernel to cancel (or, for a lingering write, to finish).
-    fn forget_op(
-        &mut self,
-        key: Key,
-        storage: Box<dyn Any>,
-        on_drop: OnDrop,
-    ) -> Option<Box<dyn Any>> {
+    /// the kernel to cancel.
+    fn forget_op(&mut self, key: Key, storage: Box<dyn Any>) -> Option<Box<dyn Any>> {
         let Some(state) = self.ops.get_mut(key) else {
             // A slot the future waited on is never freed under it; if it
             // somehow were, leak rather than risk freeing memory in use.
@@ -162,18 +161,13 @@ impl Uring {
             return None;
         };
         match state {
-            Lifecycle::Waiting { submitted: false, .. } if on_drop == OnDrop::Cancel => {
+            Lifecycle::Waiting { submitted: false, .. } => {
                 *state = Lifecycle::Withdrawn;
                 Some(storage)
             }
             Lifecycle::Waiting { .. } => {
                 *state = Lifecycle::Cancelled(storage);
-                match on_drop {
-                    OnDrop::Cancel => self.ring.push_cancel(key),
-                    OnDrop::Linger => {
-                        self.lingering.push_back((Instant::now() + WRITE_LINGER, key))
-                    }
-                }
+                self.ring.push_cancel(key);
                 None
             }
             Lifecycle::Completed(_) => {
@@ -187,7 +181,8 @@ impl Uring {
             | Lifecycle::RecvMulti { .. }
             | Lifecycle::OrphanRecv(_)
             | Lifecycle::RecvMsgMulti { .. }
-            | Lifecycle::OrphanRecvMsg { .. } => {
+            | Lifecycle::OrphanRecvMsg { .. }
+            | Lifecycle::Lingering(_) => {
                 std::mem::forget(storage);
                 None
             }
@@ -226,7 +221,6 @@ pub(super) struct Op<T: 'static> {
     key: Key,
     /// The operation's memory and socket; `None` once the future returned.
     data: Option<(T, SharedFd)>,
-    on_drop: OnDrop,
 }
 
 // `data` is never pinned: the kernel sees only the heap memory it points to.
@@ -246,7 +240,6 @@ impl<T: 'static> Op<T> {
         fd: &SharedFd,
         entry: squeue::Entry,
         data: T,
-        on_drop: OnDrop,
     ) -> Result<Op<T>, (io::Error, T)> {
         if !driver.entered.get() {
             return Err((not_running(), data));
@@ -257,7 +250,7 @@ impl<T: 'static> Op<T> {
         let key = st.ops.insert(Lifecycle::Waiting { waker: None, submitted: false });
         st.ring.push(entry.user_data(key.to_u64()));
         drop(st);
-        Ok(Op { driver: driver.clone(), key, data: Some((data, fd.clone())), on_drop })
+        Ok(Op { driver: driver.clone(), key, data: Some((data, fd.clone())) })
     }
 }
 
@@ -279,7 +272,7 @@ impl<T: 'static> Drop for Op<T> {
         };
         let storage: Box<dyn Any> = Box::new(data);
         let free_now = match self.driver.state.try_borrow_mut() {
-            Ok(mut st) => st.forget_op(self.key, storage, self.on_drop),
+            Ok(mut st) => st.forget_op(self.key, storage),
             Err(_) => {
                 // Dropped while the driver's state is borrowed (from a
                 // destructor the driver runs): the kernel may still use the
@@ -291,5 +284,56 @@ impl<T: 'static> Drop for Op<T> {
         // Dropped outside the borrow: a buffer's destructor may do I/O.
         drop(free_now);
         self.driver.settle();
+    }
+}
+
+impl Op<Vec<u8>> {
+    /// Hands a written-behind send, of which the kernel has taken `sent`
+    /// bytes so far, to the driver, which sends the rest after this future
+    /// is gone (its stream is being dropped): for at most [`WRITE_LINGER`].
+    pub(super) fn linger(mut self, sent: usize) {
+        let Some((buf, fd)) = self.data.take() else { return };
+        let write = LingeringWrite::new(buf, sent, fd, Instant::now() + WRITE_LINGER);
+        match self.driver.state.try_borrow_mut() {
+            Ok(mut st) => st.linger(self.key, write),
+            // Dropped from a destructor the driver runs: the kernel may
+            // still use the buffer, so it is leaked rather than freed.
+            Err(_) => std::mem::forget(write),
+        }
+    }
+}
+
+impl Uring {
+    /// Keeps `write`, whose current send is the operation `key`, going
+    /// after its future is gone.
+    fn linger(&mut self, key: Key, mut write: LingeringWrite) {
+        let Some(state) = self.ops.get_mut(key) else {
+            std::mem::forget(write);
+            return;
+        };
+        match state {
+            // The send is queued or in the kernel: its completion continues it.
+            Lifecycle::Waiting { .. } => {
+                self.lingering.push_back((write.deadline(), key));
+                *state = Lifecycle::Lingering(Box::new(write));
+            }
+            // The send completed and nobody took the result yet: continue now.
+            Lifecycle::Completed(cqe) => {
+                let res = cqe.res;
+                self.ops.remove(key);
+                if let Some(entry) = write.next_entry(res) {
+                    self.start_lingering(Box::new(write), entry);
+                }
+            }
+            _ => std::mem::forget(write),
+        }
+    }
+
+    /// Submits `entry`, the next step of `write`, in a slot of its own.
+    pub(super) fn start_lingering(&mut self, write: Box<LingeringWrite>, entry: squeue::Entry) {
+        let deadline = write.deadline();
+        let key = self.ops.insert(Lifecycle::Lingering(write));
+        self.lingering.push_back((deadline, key));
+        self.ring.push(entry.user_data(key.to_u64()));
     }
 }

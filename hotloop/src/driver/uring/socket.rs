@@ -11,8 +11,8 @@ use std::task::{Context as TaskContext, Poll};
 
 use io_uring::{opcode, types};
 
-use super::compat::StreamBuffers;
-use super::op::{OnDrop, Op};
+use super::op::Op;
+use super::write_behind::WriteBehind;
 use super::{Driver, SharedFd};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::{not_running, AcceptMode};
@@ -35,8 +35,11 @@ pub(crate) struct Source {
     /// pooled read waits for readiness first instead of a `recv` that
     /// would fail (as epoll's readiness bit does).
     drained: Cell<bool>,
-    /// The owned buffers behind the borrowed-slice forms, made on first use.
-    compat: RefCell<Option<Box<StreamBuffers>>>,
+    /// Without a buffer ring: the `POLL_ADD` a read waits on, kept across
+    /// polls of the poll-form reads.
+    read_wait: RefCell<Option<Op<()>>>,
+    /// The write-behind buffer of the borrowed-slice writes, made on first use.
+    write_behind: RefCell<Option<Box<WriteBehind>>>,
     /// The readiness polls of a datagram socket's borrowed forms, made on first use.
     pub(super) datagram: RefCell<Option<Box<super::udp::DatagramWaits>>>,
 }
@@ -51,7 +54,8 @@ impl Source {
             accept_room: Cell::new(usize::MAX),
             stream: Cell::new(None),
             drained: Cell::new(false),
-            compat: RefCell::new(None),
+            read_wait: RefCell::new(None),
+            write_behind: RefCell::new(None),
             datagram: RefCell::new(None),
         })
     }
@@ -80,10 +84,9 @@ impl Source {
         &self,
         entry: io_uring::squeue::Entry,
         data: T,
-        on_drop: OnDrop,
     ) -> Result<Op<T>, (io::Error, T)> {
         // SAFETY: forwarded from the caller; `self.fd` is the socket `entry` names.
-        unsafe { Op::submit(&self.driver, &self.fd, entry, data, on_drop) }
+        unsafe { Op::submit(&self.driver, &self.fd, entry, data) }
     }
 
     fn raw(&self) -> types::Fd {
@@ -91,61 +94,36 @@ impl Source {
     }
 
     /// Receives into `buf` (from its start up to its capacity).
+    ///
+    /// Through the socket's one receive path, as every read style is
+    /// ([`Source::poll_read_uninit`]): a read dropped while it waits has
+    /// taken no bytes, and bytes another style queued come first.
     pub(crate) async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
-        if self.reads_through_queue() {
-            let total = buf.bytes_total();
-            let res = loop {
-                // SAFETY: the buffer has `bytes_total` writable bytes at a fixed address, and it
-                // is only written through this slice while this future runs.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        buf.stable_mut_ptr().cast::<MaybeUninit<u8>>(),
-                        total,
-                    )
-                };
-                match self.try_recv(dst) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    r => break r,
-                }
-                if let Err(e) = self.readable().await {
-                    break Err(e);
-                }
+        let total = buf.bytes_total();
+        let res = std::future::poll_fn(|cx| {
+            // SAFETY: the buffer has `bytes_total` writable bytes at a fixed address, and it is
+            // only written through this slice, within this poll.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(
+                    buf.stable_mut_ptr().cast::<MaybeUninit<u8>>(),
+                    total,
+                )
             };
-            if let Ok(n) = res {
-                // SAFETY: `try_recv` initialised the first `n` bytes.
-                unsafe { buf.set_init(n) };
-            }
-            return (res, buf);
+            self.poll_read_uninit(cx, dst)
+        })
+        .await;
+        if let Ok(n) = res {
+            // SAFETY: `poll_read_uninit` initialised the first `n` bytes.
+            unsafe { buf.set_init(n) };
         }
-        loop {
-            let len = buf.bytes_total().min(u32::MAX as usize) as u32;
-            let entry = opcode::Recv::new(self.raw(), buf.stable_mut_ptr(), len).build();
-            // SAFETY: the entry points at `buf`'s `len` writable bytes, which IoBufMut keeps at a
-            // fixed address while `buf` moves; the op owns `buf` until its last completion.
-            let op = match unsafe { self.submit(entry, buf, OnDrop::Cancel) } {
-                Ok(op) => op,
-                Err((e, b)) => return (Err(e), b),
-            };
-            let (cqe, b) = op.await;
-            buf = b;
-            match cqe.result() {
-                Ok(n) => {
-                    // SAFETY: the kernel wrote `n` bytes at the start of the buffer.
-                    unsafe { buf.set_init(n as usize) };
-                    return (Ok(n as usize), buf);
-                }
-                Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.poll_events(libc::POLLIN).await {
-                        return (Err(e), buf);
-                    }
-                }
-                Err(e) => return (Err(e), buf),
-            }
-        }
+        (res, buf)
     }
 
     /// Sends the initialised bytes of `buf`; may send fewer.
     pub(crate) async fn send<B: IoBuf>(&self, mut buf: B) -> BufResult<usize, B> {
+        if let Err(e) = self.flush_written_behind().await {
+            return (Err(e), buf);
+        }
         loop {
             let len = buf.bytes_init().min(u32::MAX as usize) as u32;
             let entry = opcode::Send::new(self.raw(), buf.stable_ptr(), len)
@@ -153,7 +131,7 @@ impl Source {
                 .build();
             // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
             // fixed address while `buf` moves; the op owns `buf` until its last completion.
-            let op = match unsafe { self.submit(entry, buf, OnDrop::Cancel) } {
+            let op = match unsafe { self.submit(entry, buf) } {
                 Ok(op) => op,
                 Err((e, b)) => return (Err(e), b),
             };
@@ -173,6 +151,9 @@ impl Source {
 
     /// Sends the buffers in order in one `sendmsg`; may send fewer bytes than all.
     pub(crate) async fn send_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
+        if let Err(e) = self.flush_written_behind().await {
+            return (Err(e), bufs);
+        }
         let mut storage = MsgStorage::new(bufs);
         loop {
             let msg: *const libc::msghdr = &*storage.msg;
@@ -181,7 +162,7 @@ impl Source {
             // SAFETY: the entry points at the boxed msghdr, which points at the iovec array (a
             // Vec's heap block), which points at the buffers' stable bytes; `storage` owns all
             // three and the op owns `storage` until its last completion.
-            let op = match unsafe { self.submit(entry, storage, OnDrop::Cancel) } {
+            let op = match unsafe { self.submit(entry, storage) } {
                 Ok(op) => op,
                 Err((e, s)) => return (Err(e), s.bufs),
             };
@@ -207,7 +188,7 @@ impl Source {
         let entry = opcode::Connect::new(self.raw(), ptr, len).build();
         // SAFETY: the entry points at the boxed address (`len` bytes), owned by the op until its
         // last completion.
-        let op = unsafe { self.submit(entry, storage, OnDrop::Cancel) }.map_err(|(e, _)| e)?;
+        let op = unsafe { self.submit(entry, storage) }.map_err(|(e, _)| e)?;
         let (cqe, _storage) = op.await;
         match cqe.result() {
             Ok(_) => Ok(()),
@@ -231,6 +212,9 @@ impl Source {
 
     /// Shuts down one or both directions of a connection.
     pub(crate) async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
+        if how != std::net::Shutdown::Read {
+            self.flush_written_behind().await?;
+        }
         let how = match how {
             std::net::Shutdown::Read => libc::SHUT_RD,
             std::net::Shutdown::Write => libc::SHUT_WR,
@@ -238,7 +222,7 @@ impl Source {
         };
         let entry = opcode::Shutdown::new(self.raw(), how).build();
         // SAFETY: a shutdown entry points at no memory.
-        let op = unsafe { self.submit(entry, (), OnDrop::Cancel) }.map_err(|(e, _)| e)?;
+        let op = unsafe { self.submit(entry, ()) }.map_err(|(e, _)| e)?;
         let (cqe, ()) = op.await;
         cqe.result().map(drop)
     }
@@ -254,28 +238,26 @@ impl Source {
     pub(super) fn submit_poll(&self, events: i16) -> io::Result<Op<()>> {
         let entry = opcode::PollAdd::new(self.raw(), events as u32).build();
         // SAFETY: a poll entry points at no memory.
-        unsafe { self.submit(entry, (), OnDrop::Cancel) }.map_err(|(e, ())| e)
+        unsafe { self.submit(entry, ()) }.map_err(|(e, ())| e)
     }
 
-    /// Waits until the socket has bytes to read (a `POLL_ADD`, which holds
-    /// no buffer while it waits).
-    pub(crate) async fn readable(&self) -> io::Result<()> {
+    /// Ready once the socket has bytes to read: with a buffer ring, ready
+    /// once the multishot receive queued something; without one, a
+    /// `POLL_ADD` kept in the source across polls (dropping it takes no
+    /// bytes).
+    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         if self.driver.state.borrow().has_buf_ring() {
-            return std::future::poll_fn(|cx| self.poll_stream_ready(cx)).await;
+            return self.poll_stream_ready(cx);
         }
-        self.poll_events(libc::POLLIN).await?;
+        let mut wait = self.read_wait.borrow_mut();
+        let op = match wait.as_mut() {
+            Some(op) => op,
+            None => wait.insert(self.submit_poll(libc::POLLIN)?),
+        };
+        let (cqe, ()) = std::task::ready!(std::future::Future::poll(std::pin::Pin::new(op), cx));
+        *wait = None;
         self.drained.set(false);
-        Ok(())
-    }
-
-    /// The poll form of [`Source::readable`] with a buffer ring; `None`
-    /// without one (the wait is then a `POLL_ADD` operation: use `readable`).
-    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Option<Poll<io::Result<()>>> {
-        if self.driver.state.borrow().has_buf_ring() {
-            Some(self.poll_stream_ready(cx))
-        } else {
-            None
-        }
+        Poll::Ready(cqe.result().map(drop))
     }
 
     /// Ready once the multishot receive queued bytes, an end or an error.
@@ -322,12 +304,6 @@ impl Source {
             _ => {}
         }
         res
-    }
-
-    /// True once pooled reads gave the socket a receive queue: every read
-    /// then goes through it, so bytes keep their order.
-    fn reads_through_queue(&self) -> bool {
-        self.stream.get().is_some()
     }
 
     /// Takes one queued connection, or arms an accept and parks the task.
@@ -381,56 +357,75 @@ impl Source {
     }
 
     /// Reads into a borrowed slice that may be uninitialised; `Ok(n)`
-    /// means its first `n` bytes were written. Through the multishot
-    /// receive's queue where there is one, else the stream's owned buffer.
+    /// means its first `n` bytes were written.
+    ///
+    /// Every read style (owned, pooled, tokio, futures, hyper) comes here
+    /// or to [`Source::try_recv`], so the socket has one truth about its
+    /// received bytes: the multishot receive's queue in the driver where
+    /// there is a buffer ring, the kernel's socket buffer otherwise. The
+    /// kernel never holds a read into memory of a future that may be
+    /// dropped, so cancelling a read loses nothing.
     pub(crate) fn poll_read_uninit(
         &self,
         cx: &mut TaskContext<'_>,
         dst: &mut [MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
-        if self.reads_through_queue() {
-            loop {
+        if dst.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        loop {
+            if self.may_read_now() {
                 match self.try_recv(dst) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     r => return Poll::Ready(r),
                 }
-                std::task::ready!(self.poll_stream_ready(cx))?;
             }
+            std::task::ready!(self.poll_readable(cx))?;
         }
-        let mut compat = self.compat.borrow_mut();
-        compat.get_or_insert_with(Box::default).poll_read(self, cx, dst)
     }
 
-    /// Writes borrowed slices through the stream's owned buffer.
+    /// Writes borrowed slices through the stream's write-behind buffer.
     pub(crate) fn poll_write_slices(
         &self,
         cx: &mut TaskContext<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let mut compat = self.compat.borrow_mut();
-        compat.get_or_insert_with(Box::default).poll_write(self, cx, bufs)
+        let mut wb = self.write_behind.borrow_mut();
+        wb.get_or_insert_with(Box::default).poll_write(self, cx, bufs)
     }
 
     /// Waits until every byte the borrowed-slice writes took is sent.
     pub(crate) fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        match self.compat.borrow_mut().as_mut() {
-            Some(sb) => sb.poll_flush(self, cx),
+        match self.write_behind.borrow_mut().as_mut() {
+            Some(wb) => wb.poll_flush(self, cx),
             None => Poll::Ready(Ok(())),
         }
+    }
+
+    /// Waits for the borrowed-slice writes still in flight, so an
+    /// owned-buffer write or a shutdown comes after them.
+    async fn flush_written_behind(&self) -> io::Result<()> {
+        let writing = self.write_behind.borrow().as_ref().is_some_and(|wb| wb.is_writing());
+        if writing {
+            std::future::poll_fn(|cx| self.poll_flush(cx)).await?;
+        }
+        Ok(())
     }
 }
 
 impl Drop for Source {
     fn drop(&mut self) {
-        // In-flight borrowed-slice reads are cancelled, and a write they
-        // took is left to finish (for a while): see `compat`. That write is
-        // handed to the kernel now, not at the next loop turn: the caller
-        // was told it had been written, and may block before that turn.
-        let compat = self.compat.take();
-        let writing = compat.as_ref().is_some_and(|c| c.is_writing());
-        drop(compat);
-        if writing {
-            self.driver.submit_now();
+        // A read's readiness wait is cancelled; a borrowed-slice write the
+        // caller was told had been taken is finished by the driver (for a
+        // while): see `write_behind`. It is handed to the kernel now, not
+        // at the next loop turn: the caller may block before that turn.
+        drop(self.read_wait.take());
+        if let Some(wb) = self.write_behind.take() {
+            let writing = wb.is_writing();
+            (*wb).linger(self);
+            if writing {
+                self.driver.submit_now();
+            }
         }
         if let Ok(mut st) = self.driver.state.try_borrow_mut() {
             if let Some(key) = self.listener.get() {

@@ -26,7 +26,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use io_uring::{opcode, types};
 
-use super::op::{OnDrop, Op};
+use super::op::Op;
 use super::socket::{is_retry, Source};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::not_running;
@@ -157,7 +157,7 @@ impl Source {
             // SAFETY: the entry points at the boxed header, which points at the box's own address
             // and control space and at the buffer's `bytes_total` stable writable bytes; the op
             // owns all of it until its last completion.
-            let op = match unsafe { self.submit(entry, storage, OnDrop::Cancel) } {
+            let op = match unsafe { self.submit(entry, storage) } {
                 Ok(op) => op,
                 Err((e, s)) => return (Err(e), s.buf),
             };
@@ -197,7 +197,7 @@ impl Source {
             // SAFETY: the entry points at the boxed header, which points at the box's own address
             // and control data and at the buffer's `bytes_init` stable bytes; the op owns all of
             // it until its last completion.
-            let op = match unsafe { self.submit(entry, storage, OnDrop::Cancel) } {
+            let op = match unsafe { self.submit(entry, storage) } {
                 Ok(op) => op,
                 Err((e, s)) => return (Err(e), s.buf),
             };

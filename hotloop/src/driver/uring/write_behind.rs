@@ -1,0 +1,255 @@
+//! Borrowed-slice writes (the poll form behind tokio's and futures'
+//! `AsyncWrite`) on a completion driver, and the rest of such a write
+//! after its stream is dropped.
+//!
+//! # Implementation notes
+//! - Writes are written behind: `poll_write` copies the caller's bytes
+//!   into a buffer the stream owns, submits the send and returns their
+//!   count at once, as a buffered writer does. `AsyncWrite` promises
+//!   nothing about what a caller passes next, so a write that returned
+//!   `Pending` must have taken nothing; one that returned `Ok(n)` must not
+//!   depend on the caller's slice again. A later `poll_write`,
+//!   `poll_flush`, shutdown or owned-buffer write first waits for the send
+//!   in flight (sending the rest if the kernel took part), and reports its
+//!   error if it failed. At most [`WRITE_BEHIND_MAX_BYTES`] are taken per
+//!   call.
+//! - A reported byte is never dropped silently: when the stream is
+//!   dropped with a send in flight (or waiting for room), the send becomes
+//!   a [`LingeringWrite`] that the driver keeps going, part after part,
+//!   until every byte is sent, the socket fails, or
+//!   [`super::WRITE_LINGER`] has passed since the drop (then it is
+//!   cancelled, as the kernel drops a closed socket's unsent bytes after
+//!   its linger time).
+//! - Reads have no owned buffer here: every read style takes from the
+//!   socket's one receive path (`pooled.rs`), so no bytes wait in a
+//!   place another style would not look.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Instant;
+
+use io_uring::{opcode, squeue, types};
+
+use super::op::Op;
+use super::socket::{is_retry, Source};
+use super::SharedFd;
+
+/// The most bytes one `poll_write` takes.
+const WRITE_BEHIND_MAX_BYTES: usize = 64 * 1024;
+
+/// What the write direction of a stream is waiting for.
+enum Pending {
+    /// Nothing in flight.
+    Idle,
+    /// The send of `buf[write_sent..]`.
+    Send(Op<Vec<u8>>),
+    /// Room to send, after the kernel answered `EAGAIN`; the bytes wait in
+    /// `spare`.
+    Writable(Op<()>),
+}
+
+/// A stream's write-behind buffer for the poll-based I/O traits.
+pub(super) struct WriteBehind {
+    write: Pending,
+    /// Bytes of the buffer in flight that earlier completions already sent.
+    sent: usize,
+    /// The buffer of the last finished write, kept for the next one; while
+    /// `write` is `Writable`, the bytes still to send.
+    spare: Vec<u8>,
+}
+
+impl Default for WriteBehind {
+    fn default() -> Self {
+        WriteBehind { write: Pending::Idle, sent: 0, spare: Vec::new() }
+    }
+}
+
+impl WriteBehind {
+    /// True while a write taken by `poll_write` is still being sent.
+    pub(super) fn is_writing(&self) -> bool {
+        !matches!(self.write, Pending::Idle)
+    }
+
+    /// Takes up to [`WRITE_BEHIND_MAX_BYTES`] of `data` once the previous
+    /// write is done, and starts sending them.
+    pub(super) fn poll_write(
+        &mut self,
+        src: &Source,
+        cx: &mut TaskContext<'_>,
+        data: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let total: usize = data.iter().map(|b| b.len()).sum();
+        if total == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        std::task::ready!(self.poll_flush(src, cx))?;
+        let mut buf = std::mem::take(&mut self.spare);
+        buf.clear();
+        for slice in data {
+            let room = WRITE_BEHIND_MAX_BYTES - buf.len();
+            if room == 0 {
+                break;
+            }
+            buf.extend_from_slice(&slice[..slice.len().min(room)]);
+        }
+        let taken = buf.len();
+        self.sent = 0;
+        if let Err((e, buf)) = self.submit_send(src, buf) {
+            self.spare = buf;
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(taken))
+    }
+
+    /// Sends `buf[sent..]`.
+    fn submit_send(&mut self, src: &Source, buf: Vec<u8>) -> Result<(), (io::Error, Vec<u8>)> {
+        let entry = send_entry(src.fd(), &buf[self.sent..]);
+        // SAFETY: the entry points at initialised bytes inside `buf`'s heap block, which does not
+        // move with `buf`; the op owns `buf` until its last completion.
+        let op = unsafe { src.submit(entry, buf) }?;
+        self.write = Pending::Send(op);
+        Ok(())
+    }
+
+    /// Waits until every byte taken by `poll_write` is sent; returns the
+    /// error of a send that failed.
+    pub(super) fn poll_flush(
+        &mut self,
+        src: &Source,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            match &mut self.write {
+                Pending::Idle => return Poll::Ready(Ok(())),
+                Pending::Send(op) => {
+                    let (cqe, buf) = std::task::ready!(Pin::new(op).poll(cx));
+                    self.write = Pending::Idle;
+                    match cqe.result() {
+                        Ok(n) => {
+                            self.sent += n as usize;
+                            if n == 0 || self.sent >= buf.len() {
+                                self.spare = buf;
+                                if n == 0 {
+                                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                                }
+                                continue;
+                            }
+                            // The kernel took part: send the rest before anything new.
+                            if let Err((e, buf)) = self.submit_send(src, buf) {
+                                self.spare = buf;
+                                return Poll::Ready(Err(e));
+                            }
+                        }
+                        Err(e) if is_retry(&e) => {
+                            // Keep the unsent bytes; resend them once writable.
+                            self.spare = buf;
+                            self.write = Pending::Writable(src.submit_poll(libc::POLLOUT)?);
+                        }
+                        Err(e) => {
+                            self.spare = buf;
+                            return Poll::Ready(Err(e));
+                        }
+                    }
+                }
+                Pending::Writable(op) => {
+                    let (cqe, ()) = std::task::ready!(Pin::new(op).poll(cx));
+                    self.write = Pending::Idle;
+                    cqe.result()?;
+                    let buf = std::mem::take(&mut self.spare);
+                    if let Err((e, buf)) = self.submit_send(src, buf) {
+                        self.spare = buf;
+                        return Poll::Ready(Err(e));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stream is being dropped: hands a send still in flight (or
+    /// waiting for room) to the driver, which finishes it.
+    pub(super) fn linger(self, src: &Source) {
+        match self.write {
+            Pending::Idle => {}
+            Pending::Send(op) => op.linger(self.sent),
+            Pending::Writable(wait) => {
+                drop(wait);
+                src.driver.linger_send(&src.fd, self.spare, self.sent);
+            }
+        }
+    }
+}
+
+/// A `send` entry for `bytes` (no `SIGPIPE` on a closed peer).
+fn send_entry(fd: std::os::fd::RawFd, bytes: &[u8]) -> squeue::Entry {
+    opcode::Send::new(types::Fd(fd), bytes.as_ptr(), bytes.len().min(u32::MAX as usize) as u32)
+        .flags(libc::MSG_NOSIGNAL)
+        .build()
+}
+
+/// The rest of a written-behind send whose stream was dropped, kept going
+/// by the driver (its slot's state in `op.rs`).
+pub(super) struct LingeringWrite {
+    /// The bytes and how many of them the kernel has taken.
+    buf: Vec<u8>,
+    sent: usize,
+    /// The socket, open until this write ends.
+    fd: SharedFd,
+    /// When the rest is given up.
+    deadline: Instant,
+    /// True while the entry in flight is a `POLLOUT` wait, not a send.
+    awaiting_room: bool,
+}
+
+impl LingeringWrite {
+    /// A lingering write of `buf[sent..]` on `fd`, given up at `deadline`.
+    pub(super) fn new(buf: Vec<u8>, sent: usize, fd: SharedFd, deadline: Instant) -> Self {
+        LingeringWrite { buf, sent, fd, deadline, awaiting_room: false }
+    }
+
+    /// The entry that sends what is left (the first, or after a part).
+    pub(super) fn send_entry(&self) -> squeue::Entry {
+        use std::os::fd::AsRawFd;
+        send_entry(self.fd.as_raw_fd(), &self.buf[self.sent..])
+    }
+
+    /// When the rest is given up.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Takes the result `res` of the entry in flight; returns the next
+    /// entry to submit under the same key, or `None` when the write is
+    /// over (all sent, failed, or past its deadline).
+    ///
+    /// The returned entry points into `self.buf`, which stays in the
+    /// driver's slot, at the same heap address, until the next completion.
+    pub(super) fn next_entry(&mut self, res: i32) -> Option<squeue::Entry> {
+        if self.awaiting_room {
+            self.awaiting_room = false;
+            if res < 0 {
+                return None;
+            }
+        } else if res > 0 {
+            self.sent += res as usize;
+        } else if res == -libc::EAGAIN || res == -libc::EINTR {
+            if Instant::now() >= self.deadline {
+                return None;
+            }
+            self.awaiting_room = true;
+            use std::os::fd::AsRawFd;
+            return Some(
+                opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLOUT as u32).build(),
+            );
+        } else {
+            // The peer is gone (an error) or took nothing (0): nothing
+            // more can be delivered.
+            return None;
+        }
+        if self.sent >= self.buf.len() || Instant::now() >= self.deadline {
+            return None;
+        }
+        Some(self.send_entry())
+    }
+}
