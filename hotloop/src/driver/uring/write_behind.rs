@@ -85,6 +85,11 @@ impl WriteBehind {
             return Poll::Ready(Ok(0));
         }
         std::task::ready!(self.poll_flush(src, cx))?;
+        // Copied and written behind: the send goes to the kernel with the
+        // loop's one `io_uring_enter` of the turn, batched with every
+        // other connection's. (A direct `send` first, as epoll makes, cost
+        // 9-15% more CPU per hyper request in a same-service comparison:
+        // a system call per response against a share of one enter.)
         let mut buf = std::mem::take(&mut self.spare);
         buf.clear();
         for slice in data {

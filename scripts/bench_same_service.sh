@@ -16,22 +16,30 @@ set -euo pipefail
 ROUNDS=${1:-5}
 SECS=${2:-5}
 cd "$(dirname "$0")/.."
-cargo build --release -p hotloop --features tls,hyper,tower --example tls_axum_peers >&2
-BIN=target/release/examples/tls_axum_peers
+cargo build --release -p hotloop --features tls,hyper,tower --example same_service >&2
+BIN=${BIN:-target/release/examples/same_service}
 OUT=$(mktemp -d /tmp/hotloop-bench-tls.XXXXXX)
 "$BIN" cert "$OUT"
 PORT=18443
 PEERS=("hotloop-epoll" "hotloop-uring" "tokio")
+# BASE_BIN=path/to/an/older/same_service adds that build as base-epoll and
+# base-uring, to compare two builds of hotloop in the same rounds.
+[ -n "${BASE_BIN:-}" ] && PEERS+=("base-epoll" "base-uring")
 
 start() { # kind peer: starts the server on a fresh port (no TIME_WAIT left from the last one)
     local kind=$1 peer=$2 args
     PORT=$((PORT + 1))
+    local bin=$BIN
     case "$peer" in
         hotloop-*) args=("$kind" hotloop "${peer#hotloop-}" "127.0.0.1:$PORT") ;;
+        base-*) args=("$kind" hotloop "${peer#base-}" "127.0.0.1:$PORT"); bin=$BASE_BIN ;;
         tokio) args=("$kind" tokio "127.0.0.1:$PORT") ;;
     esac
-    [ "$kind" = tls ] && args+=("$OUT/cert.pem" "$OUT/key.pem")
-    taskset -c 0 "$BIN" "${args[@]}" >/dev/null 2>&1 &
+    case "$kind" in
+        tls|axum-tls) args+=("$OUT/cert.pem" "$OUT/key.pem") ;;
+        hyper) args+=(1024) ;;
+    esac
+    taskset -c 0 "$bin" "${args[@]}" >/dev/null 2>&1 &
     SERVER=$!
     for _ in $(seq 100); do
         (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && return 0
@@ -56,7 +64,7 @@ measure() { # kind(wrk|h2load) args...
         total=$(awk '/requests in/ {print $1}' <<<"$out")
     else
         # -D alone has been seen to hang on a stuck connection: bound it.
-        out=$(timeout $((SECS + 20)) taskset -c 1 h2load -t1 -c32 -m10 -D "$SECS" "$@" 2>/dev/null)
+        out=$(timeout $((SECS + 20)) taskset -c 1 h2load -t1 -D "$SECS" "$@" 2>/dev/null)
         rps=$(awk '/^finished in/ {print $4}' <<<"$out")
         total=$(awk '/^requests:/ {print $8}' <<<"$out")
     fi
@@ -73,23 +81,40 @@ record() { # measurement peer load...
     R[$m,$peer]+="${res% *} "
     C[$m,$peer]+="${res#* } "
 }
+want() { [ -z "${ONLY:-}" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 for round in $(seq "$ROUNDS"); do
     for peer in "${PEERS[@]}"; do
-        if [ "${ONLY:-tls}" = tls ]; then
-        start tls "$peer"
-        taskset -c 1 wrk -t1 -c32 -d1s "https://127.0.0.1:$PORT/" >/dev/null # warm-up
-        record tls_keepalive "$peer" wrk -c32 -d"${SECS}s" "https://127.0.0.1:$PORT/"
-        record tls_handshake "$peer" wrk -c16 -d"${SECS}s" -H 'Connection: close' "https://127.0.0.1:$PORT/"
-        if command -v h2load >/dev/null; then
-            record tls_h2 "$peer" h2load "https://127.0.0.1:$PORT/"
+        if want hyper; then
+            start hyper "$peer"
+            taskset -c 1 wrk -t1 -c64 -d1s "http://127.0.0.1:$PORT/" >/dev/null # warm-up
+            record hyper_h1 "$peer" wrk -c64 -d"${SECS}s" "http://127.0.0.1:$PORT/"
+            if command -v h2load >/dev/null; then
+                record hyper_h2 "$peer" h2load -c16 -m16 "http://127.0.0.1:$PORT/"
+            fi
+            stop
         fi
-        stop
+        if want tls; then
+            start tls "$peer"
+            taskset -c 1 wrk -t1 -c32 -d1s "https://127.0.0.1:$PORT/" >/dev/null # warm-up
+            record tls_keepalive "$peer" wrk -c32 -d"${SECS}s" "https://127.0.0.1:$PORT/"
+            record tls_handshake "$peer" wrk -c16 -d"${SECS}s" -H 'Connection: close' "https://127.0.0.1:$PORT/"
+            if command -v h2load >/dev/null; then
+                record tls_h2 "$peer" h2load -c32 -m10 "https://127.0.0.1:$PORT/"
+            fi
+            stop
         fi
-        [ "${ONLY:-axum}" = axum ] || continue
-        start axum "$peer"
-        taskset -c 1 wrk -t1 -c32 -d1s "http://127.0.0.1:$PORT/users/7" >/dev/null
-        record axum "$peer" wrk -c32 -d"${SECS}s" "http://127.0.0.1:$PORT/users/7"
-        stop
+        if want axum; then
+            start axum "$peer"
+            taskset -c 1 wrk -t1 -c32 -d1s "http://127.0.0.1:$PORT/users/7" >/dev/null
+            record axum "$peer" wrk -c32 -d"${SECS}s" "http://127.0.0.1:$PORT/users/7"
+            stop
+        fi
+        if want axum-tls; then
+            start axum-tls "$peer"
+            taskset -c 1 wrk -t1 -c32 -d1s "https://127.0.0.1:$PORT/users/7" >/dev/null
+            record axum_tls "$peer" wrk -c32 -d"${SECS}s" "https://127.0.0.1:$PORT/users/7"
+            stop
+        fi
     done
     echo "round $round done" >&2
 done
@@ -99,7 +124,7 @@ spread() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {printf "%
 # The per-round ratio of two peers' figures, as a list.
 ratios() { paste -d' ' <(tr ' ' '\n' <<<"$1" | grep -v '^$') <(tr ' ' '\n' <<<"$2" | grep -v '^$') | awk '{printf "%.3f ", $1 / $2}'; }
 printf "%-14s %-14s %10s %16s %14s %16s %16s\n" measurement server "req/s" "req/s range" "CPU ms/1k req" "req/s vs tokio" "CPU vs tokio"
-for m in tls_handshake tls_keepalive tls_h2 axum; do
+for m in hyper_h1 hyper_h2 tls_handshake tls_keepalive tls_h2 axum axum_tls; do
     for peer in "${PEERS[@]}"; do
         v=${R[$m,$peer]:-}
         [ -z "$v" ] && continue

@@ -120,8 +120,21 @@ fn hello_boxed() -> impl hyper::service::Service<
     Error = Infallible,
     Future = impl std::future::Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send,
 > + Send {
-    service_fn(|_req: Request<Incoming>| async {
-        Ok::<_, Infallible>(Response::new(axum::body::Body::from("hello world\n")))
+    fixed_body(bytes::Bytes::from_static(b"hello world\n"))
+}
+
+/// A fixed answer of `body`'s bytes (cloned, not copied, per request).
+fn fixed_body(
+    body: bytes::Bytes,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<axum::body::Body>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send,
+> + Send {
+    service_fn(move |_req: Request<Incoming>| {
+        let body = body.clone();
+        async move { Ok::<_, Infallible>(Response::new(axum::body::Body::from(body))) }
     })
 }
 
@@ -129,6 +142,41 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     match a.as_slice() {
+        ["hyper", "hotloop", driver, addr, size] => {
+            let rt = hotloop_runtime(driver);
+            let body = bytes::Bytes::from(vec![b'x'; size.parse().unwrap()]);
+            let server = serve_hyper(rt.handle(), *addr, ListenerOptions::default(), move || {
+                fixed_body(body.clone())
+            })
+            .unwrap();
+            println!("listening on {}", server.local_addr());
+            rt.block_on(server.stopped()).unwrap();
+        }
+        ["hyper", "tokio", addr, size] => {
+            let body = bytes::Bytes::from(vec![b'x'; size.parse().unwrap()]);
+            tokio_serve(addr, None, move || fixed_body(body.clone()));
+        }
+        ["axum-tls", "hotloop", driver, addr, cert, key] => {
+            let rt = hotloop_runtime(driver);
+            let acceptor =
+                TlsAcceptor::new(tls_config(cert, key)).handshake_timeout(HANDSHAKE_LIMIT);
+            let app = router();
+            let server = serve_hyper_tls(
+                rt.handle(),
+                *addr,
+                ListenerOptions::default(),
+                acceptor,
+                move || TowerToHyperService::new(app.clone()),
+            )
+            .unwrap();
+            println!("listening on {}", server.local_addr());
+            rt.block_on(server.stopped()).unwrap();
+        }
+        ["axum-tls", "tokio", addr, cert, key] => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(cert, key)));
+            let app = router();
+            tokio_serve(addr, Some(acceptor), move || TowerToHyperService::new(app.clone()));
+        }
         ["cert", dir] => {
             let cert =
                 rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
