@@ -2,12 +2,14 @@
 //! `AsyncWrite`, so the libraries written for them (hyper, tower, tonic,
 //! ...) run on hotloop.
 //!
-//! These sit on the same driver operations as the owned-buffer API: on
-//! epoll a read goes straight into the caller's slice; on io_uring it lands
-//! first in a buffer the stream owns, because the kernel may still write
-//! into it after the caller's slice is gone. Both stream types forward to
-//! their shared core (`stream_core.rs`); one macro per trait family writes
-//! the identical impls for each type.
+//! These sit on the same driver paths as the owned-buffer API, so read and
+//! write styles can be mixed on one stream: on epoll a read goes straight
+//! into the caller's slice; on io_uring it copies from the socket's
+//! receive queue, which every read style shares (the kernel never writes
+//! into the caller's slice, which may be gone before it would). Writes on
+//! io_uring are written behind and flushed by `poll_flush`. Both stream
+//! types forward to their shared core (`stream_core.rs`); one macro per
+//! trait family writes the identical impls for each type.
 
 use std::io;
 use std::task::{Context, Poll};
