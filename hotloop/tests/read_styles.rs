@@ -32,19 +32,38 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i * 7 + i / 251) % 253) as u8).collect()
 }
 
-/// Reads at most `max` bytes in `style`; `Ok(empty)` at the end of the stream.
-async fn read_once(s: &mut TcpStream, style: Style, max: usize) -> std::io::Result<Vec<u8>> {
+/// The two stream types, which share one core: each read style on either.
+trait Stream: tokio::io::AsyncRead + futures_io::AsyncRead + Unpin {
+    async fn owned(&self, max: usize) -> std::io::Result<Vec<u8>>;
+    async fn pooled(&self) -> std::io::Result<Vec<u8>>;
+}
+
+impl Stream for TcpStream {
+    async fn owned(&self, max: usize) -> std::io::Result<Vec<u8>> {
+        let (res, buf) = self.read(Vec::with_capacity(max)).await;
+        res.map(|_| buf)
+    }
+    async fn pooled(&self) -> std::io::Result<Vec<u8>> {
+        self.read_pooled().await.map(|b| b.to_vec())
+    }
+}
+
+impl Stream for hotloop::net::UnixStream {
+    async fn owned(&self, max: usize) -> std::io::Result<Vec<u8>> {
+        let (res, buf) = self.read(Vec::with_capacity(max)).await;
+        res.map(|_| buf)
+    }
+    async fn pooled(&self) -> std::io::Result<Vec<u8>> {
+        self.read_pooled().await.map(|b| b.to_vec())
+    }
+}
+
+/// Reads at most `max` bytes in `style` (a pooled read hands out what it
+/// has); `Ok(empty)` at the end of the stream.
+async fn read_once<S: Stream>(s: &mut S, style: Style, max: usize) -> std::io::Result<Vec<u8>> {
     match style {
-        Style::Owned => {
-            let (res, buf) = s.read(Vec::with_capacity(max)).await;
-            res.map(|_| buf)
-        }
-        Style::Pooled => {
-            // A pooled read hands out what it has; keep only `max` of it by
-            // reading the rest in a second style-free step would change
-            // the test, so take it whole.
-            s.read_pooled().await.map(|b| b.to_vec())
-        }
+        Style::Owned => s.owned(max).await,
+        Style::Pooled => s.pooled().await,
         Style::Tokio => {
             let mut buf = vec![0u8; max];
             let n = tokio::io::AsyncReadExt::read(s, &mut buf).await?;
@@ -146,7 +165,7 @@ fn dribble(mut c: StdStream, data: Vec<u8>) {
 
 /// Alternates `a` and `b` on one stream; every third read is under a
 /// timeout short enough to cut some of them off while they wait.
-async fn read_alternating(mut s: TcpStream, a: Style, b: Style, len: usize) -> Vec<u8> {
+async fn read_alternating<S: Stream>(mut s: S, a: Style, b: Style, len: usize) -> Vec<u8> {
     let sizes = [7usize, 1, 4096, 100, 65_536, 3];
     let mut got = Vec::with_capacity(len);
     let mut i = 0usize;
@@ -383,4 +402,39 @@ fn an_owned_shutdown_after_borrowed_writes_sends_them_first(driver: DriverKind) 
         },
     );
     assert!(got == sent, "{driver:?}: {} of {} bytes before the shutdown", got.len(), sent.len());
+}
+
+/// The same mix on a Unix domain stream pair (both ends on the worker; the
+/// writer is a task of its own).
+#[hotloop::test(driver = "all")]
+async fn read_styles_mix_on_a_unix_stream(driver: DriverKind) {
+    const LEN: usize = 60_000;
+    for (a, b) in [
+        (Style::Tokio, Style::Owned),
+        (Style::Pooled, Style::Futures),
+        (Style::Owned, Style::Pooled),
+    ] {
+        let (reader, writer) = hotloop::net::UnixStream::pair().unwrap();
+        let data = pattern(LEN);
+        let sent = data.clone();
+        let w = hotloop::spawn(async move {
+            let mut at = 0;
+            let mut step = 0;
+            while at < data.len() {
+                let n = [1, 900, 17, 5000, 3, 64][step % 6].min(data.len() - at);
+                let (res, _) = writer.write_all(data[at..at + n].to_vec()).await;
+                res.unwrap();
+                at += n;
+                step += 1;
+                if step % 3 == 0 {
+                    hotloop::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            writer.shutdown(std::net::Shutdown::Write).await.unwrap();
+            writer
+        });
+        let got = read_alternating(reader, a, b, LEN).await;
+        drop(w.await.unwrap());
+        assert!(got == sent, "{driver:?} unix {a:?}/{b:?}: bytes lost or moved");
+    }
 }
