@@ -24,7 +24,8 @@
 //! address, `never` refuses beyond the bound. A connection from a validated
 //! address takes its slot at once. Each connection's flow-control windows
 //! and stream count are bounded ([`QuicArgs`]), and so is the memory it can
-//! make the server hold.
+//! make the server hold; once many connections have ended, what they held
+//! goes back to the kernel ([`MemoryReleaser`]).
 //!
 //! Stopping (SIGTERM, SIGINT): new connections are refused; a connection
 //! with no stream (request) open closes at once, one with streams once
@@ -108,6 +109,14 @@ pub const UNVALIDATED_HANDSHAKES_MAX: usize = 256;
 /// How long an abandoned unvalidated handshake's amplification limit stays
 /// after it, while quinn sends the connection's close.
 const AMPLIFICATION_LIMIT_LINGER: Duration = Duration::from_secs(1);
+/// How often the server looks whether many connections have ended.
+const RELEASE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Connections that ended (net) since the last look for which the server
+/// gives the allocator's free memory back to the kernel.
+const RELEASE_CONNECTIONS_ENDED_MIN: usize = 64;
+/// Looks after such a release that release again: quinn frees an ended
+/// connection's state only after its draining period (three probe timeouts).
+const RELEASE_FOLLOW_UPS: u32 = 2;
 /// Connection attempts quinn queues per endpoint before the accept loop
 /// takes them; beyond it new ones are dropped unanswered.
 const INCOMING_PER_ENDPOINT_MAX: usize = 1024;
@@ -195,6 +204,8 @@ struct Settings {
     slots: AtomicUsize,
     /// Handshakes in progress from addresses not validated.
     unvalidated: AtomicUsize,
+    /// The most connections open at once since the memory releaser last looked.
+    peak: AtomicUsize,
     accepted: AtomicU64,
     retries: AtomicU64,
     refused: AtomicU64,
@@ -240,6 +251,7 @@ pub fn run(
         active: AtomicUsize::new(0),
         slots: AtomicUsize::new(0),
         unvalidated: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
         accepted: AtomicU64::new(0),
         retries: AtomicU64::new(0),
         refused: AtomicU64::new(0),
@@ -295,6 +307,7 @@ pub fn run(
         "QUIC connections open now, over all workers.",
         active.clone(),
     )?;
+    let releaser = MemoryReleaser::start(settings.clone())?;
     let accepted = || settings.accepted.load(Ordering::Relaxed);
     let status = || {
         format!(
@@ -330,6 +343,7 @@ pub fn run(
     for close in closes {
         let _ = close.join();
     }
+    drop(releaser);
     let how = if stopped.forced { "stopped at once" } else { "stopped" };
     eprintln!(
         "hotloop serve: {how} ({} connections cut at the grace limit); {} accepted",
@@ -337,6 +351,60 @@ pub fn run(
         accepted()
     );
     Ok(())
+}
+
+/// A thread that gives the allocator's free memory back to the kernel once
+/// many connections have ended (a flood of handshakes, a crowd of clients
+/// gone): glibc keeps what they freed for reuse, so the resident size would
+/// otherwise stay at its peak. It runs beside the workers, so the release's
+/// walk of the heap holds up no connection's loop. Stopped when dropped.
+struct MemoryReleaser {
+    stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MemoryReleaser {
+    fn start(settings: Arc<Settings>) -> io::Result<MemoryReleaser> {
+        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let flag = stop.clone();
+        let thread =
+            std::thread::Builder::new().name("hotloop-release".into()).spawn(move || {
+                let mut follow_ups = 0;
+                loop {
+                    let (lock, wake) = &*flag;
+                    let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    let (stopped, _) = wake
+                        .wait_timeout_while(stopped, RELEASE_CHECK_INTERVAL, |stopped| !*stopped)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *stopped {
+                        return;
+                    }
+                    drop(stopped);
+                    let open = settings.active.load(Ordering::SeqCst);
+                    let peak = settings.peak.swap(open, Ordering::Relaxed).max(open);
+                    if peak - open >= RELEASE_CONNECTIONS_ENDED_MIN {
+                        follow_ups = RELEASE_FOLLOW_UPS;
+                    } else if follow_ups == 0 {
+                        continue;
+                    } else {
+                        follow_ups -= 1;
+                    }
+                    hotloop::release_free_memory();
+                }
+            })?;
+        Ok(MemoryReleaser { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for MemoryReleaser {
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.stop;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The certificate chain and key to serve, and a line for the operator
@@ -466,7 +534,8 @@ async fn accept_loop(endpoint: Endpoint, settings: Arc<Settings>) {
                 }
             }
         };
-        settings.active.fetch_add(1, Ordering::SeqCst);
+        let open = settings.active.fetch_add(1, Ordering::SeqCst) + 1;
+        settings.peak.fetch_max(open, Ordering::Relaxed);
         settings.accepted.fetch_add(1, Ordering::Relaxed);
         let guard = Active(settings.clone());
         drop(hotloop::spawn(connection(incoming, admitted, guard)));
