@@ -80,9 +80,18 @@ QUIC (UDP; one endpoint per worker on one port, SO_REUSEPORT):
   for clients to trust; its SHA-256 is printed either way.
   --idle-timeout-ms is QUIC's idle timeout; --handshake-timeout-ms bounds the
   handshake; --send-timeout-ms resets a stream (code 1) whose echo the client
-  does not read; --maxconn refuses connections beyond it. The TCP listener flags
-  (--backlog, --max-accepts, --accept-pacing, --defer-accept, --accept) and
-  --maxconn-per-worker do not apply.
+  does not read; --maxconn (default 4096) refuses connections beyond it. The TCP
+  listener flags (--backlog, --max-accepts, --accept-pacing, --defer-accept,
+  --accept) and --maxconn-per-worker do not apply.
+  Address validation: a handshake from an address not yet validated takes no
+  --maxconn slot until it completes (then, if none is left, it is closed with
+  code 2, h3 H3_EXCESSIVE_LOAD), and is sent at most 3 times the bytes the
+  address sent (RFC 9000 section 8); --quic-retry auto (the default) answers new
+  addresses with a Retry once --quic-unvalidated-max (256) such handshakes are in
+  progress, `always` answers every new address so, `never` refuses past the bound.
+  Per connection: --quic-max-streams (100) open streams, and what the server
+  holds for it: --quic-receive-window-bytes (1 MiB, all streams),
+  --quic-stream-receive-window-bytes (256 KiB), --quic-send-window-bytes (1 MiB).
   On a stop: new connections are refused; a connection with no stream (request)
   open closes at once, others once their streams are done (h3 sends GOAWAY
   first); the close code is 0 (quic) or H3_NO_ERROR (h3), reason \"server

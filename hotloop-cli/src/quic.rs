@@ -14,6 +14,19 @@
 //! address served (written to `--write-cert` for clients to trust). ALPN is
 //! [`ALPN`] (`quic`; a client offering none is served too) or `h3`.
 //!
+//! Admission: a handshake from an address quinn has not validated holds no
+//! `--maxconn` slot, and its replies are held to three times what the
+//! address sent (`hotloop::quic::limit_amplification`); it takes a slot
+//! when it completes. With `--quic-retry auto` (the default), once
+//! `--quic-unvalidated-max` such handshakes are in progress, a new one gets
+//! a Retry instead (the client has to echo a token from its own address, so
+//! a spoofed one never comes back); `always` sends one to every new
+//! address, `never` refuses beyond the bound. A connection from a validated
+//! address takes its slot at once. Each connection's flow-control windows
+//! and stream count are bounded ([`QuicArgs`]), and so is the memory it can
+//! make the server hold; once many connections have ended, what they held
+//! goes back to the kernel ([`MemoryReleaser`]).
+//!
 //! Stopping (SIGTERM, SIGINT): new connections are refused; a connection
 //! with no stream (request) open closes at once, one with streams once
 //! they are done (`h3` first sends GOAWAY, so the client opens no more),
@@ -32,6 +45,8 @@ use std::sync::{mpsc, Arc};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
+use clap::{Args, ValueEnum};
+use hotloop::quic::AmplificationLimit;
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::timeout;
 use hotloop::tls::rustls;
@@ -58,12 +73,110 @@ const CLOSE_REASON: &[u8] = b"server stopping";
 /// The stream reset code when the client reads nothing for --send-timeout-ms.
 pub const RESET_SEND_TIMEOUT: u32 = 1;
 
-/// The most bytes taken from a stream per read (it is written back as it is).
+/// The application close code of a `quic` connection whose handshake
+/// completed when every `--maxconn` slot was taken.
+pub const CLOSE_FULL: u32 = 2;
+/// The same for `h3`: HTTP/3's H3_EXCESSIVE_LOAD.
+pub const CLOSE_FULL_H3: u32 = 0x107;
+/// The reason sent with [`CLOSE_FULL`].
+const CLOSE_FULL_REASON: &[u8] = b"server full";
+
+/// The most bytes taken from a stream per read (it is written back as it
+/// is, so a stream's echo holds at most this much of its own).
 const CHUNK_BYTES_MAX: usize = 64 * 1024;
-/// The most streams of each client open at once.
-const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+/// The default of `--quic-max-streams`: bidirectional streams of each client
+/// open at once. quinn keeps the state of every stream a client may open
+/// from the start of the handshake (about 130 bytes each), so this also
+/// sizes what a half-open connection costs.
+pub const STREAMS_PER_CONNECTION_MAX: u32 = 100;
+/// The most `--quic-max-streams` may be.
+const STREAMS_PER_CONNECTION_LIMIT_MAX: u32 = 10_000;
+/// The default of `--quic-receive-window-bytes`: what one connection may have
+/// sent that the server has not read yet, all streams together.
+pub const RECEIVE_WINDOW_BYTES: u32 = 1024 * 1024;
+/// The default of `--quic-stream-receive-window-bytes`: the same for one stream.
+pub const STREAM_RECEIVE_WINDOW_BYTES: u32 = 256 * 1024;
+/// The default of `--quic-send-window-bytes`: what one connection may have
+/// written that the client has not acknowledged yet, all streams together.
+pub const SEND_WINDOW_BYTES: u32 = 1024 * 1024;
+/// The connection limit when `--maxconn` is not given: with the windows
+/// above, a connection makes the server hold at most about 2 MiB.
+pub const MAXCONN_DEFAULT: usize = 4096;
+/// The default of `--quic-unvalidated-max`: handshakes from addresses not yet
+/// validated in progress at once over all workers; beyond it `auto` answers
+/// with a Retry. Each holds about 50 KB until it completes or times out.
+pub const UNVALIDATED_HANDSHAKES_MAX: usize = 256;
+/// How long an abandoned unvalidated handshake's amplification limit stays
+/// after it, while quinn sends the connection's close.
+const AMPLIFICATION_LIMIT_LINGER: Duration = Duration::from_secs(1);
+/// How often the server looks whether many connections have ended.
+const RELEASE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Connections that ended (net) since the last look for which the server
+/// gives the allocator's free memory back to the kernel.
+const RELEASE_CONNECTIONS_ENDED_MIN: usize = 64;
+/// Looks after such a release that release again: quinn frees an ended
+/// connection's state only after its draining period (three probe timeouts).
+const RELEASE_FOLLOW_UPS: u32 = 2;
+/// Connection attempts quinn queues per endpoint before the accept loop
+/// takes them; beyond it new ones are dropped unanswered.
+const INCOMING_PER_ENDPOINT_MAX: usize = 1024;
+/// What quinn buffers for one queued attempt after its first datagram (more
+/// Initial datagrams of a large ClientHello).
+const INCOMING_BUFFER_BYTES: u64 = 16 * 1024;
+/// The same over all queued attempts of one endpoint.
+const INCOMING_BUFFERS_TOTAL_BYTES: u64 = 1024 * 1024;
 /// After closing the endpoints, how long to let their close packets go out.
 const CLOSE_FLUSH_MAX: Duration = Duration::from_millis(250);
+
+/// `serve quic` and `serve h3` flags: address validation and what one
+/// connection may hold.
+#[derive(Args, Debug, Clone)]
+pub struct QuicArgs {
+    /// quic and h3: answer a new connection from an address not yet
+    /// validated with a Retry, which the client must answer from that
+    /// address (one more round trip; a spoofed address never answers):
+    /// `auto` once --quic-unvalidated-max such handshakes are in progress,
+    /// `always`, or `never` (refuse beyond that bound instead).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub quic_retry: RetryPolicy,
+    /// quic and h3: the most handshakes from unvalidated addresses in
+    /// progress at once, over all workers. They hold no --maxconn slot
+    /// until they complete.
+    #[arg(long, default_value_t = UNVALIDATED_HANDSHAKES_MAX)]
+    pub quic_unvalidated_max: usize,
+    /// quic and h3: the most bidirectional streams a client may have open at
+    /// once on one connection (h3: requests).
+    #[arg(long, default_value_t = STREAMS_PER_CONNECTION_MAX,
+          value_parser = clap::builder::RangedU64ValueParser::<u32>::new()
+              .range(1..=STREAMS_PER_CONNECTION_LIMIT_MAX as u64))]
+    pub quic_max_streams: u32,
+    /// quic and h3: the most bytes a client may have sent on one connection
+    /// that the server has not read yet, all streams together.
+    #[arg(long, default_value_t = RECEIVE_WINDOW_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
+    pub quic_receive_window_bytes: u32,
+    /// quic and h3: the same for one stream.
+    #[arg(long, default_value_t = STREAM_RECEIVE_WINDOW_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
+    pub quic_stream_receive_window_bytes: u32,
+    /// quic and h3: the most bytes the server keeps written on one
+    /// connection that the client has not acknowledged, all streams
+    /// together; a stream's writes wait beyond it.
+    #[arg(long, default_value_t = SEND_WINDOW_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
+    pub quic_send_window_bytes: u32,
+}
+
+/// When a new connection from an unvalidated address is sent a Retry.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// Once --quic-unvalidated-max handshakes from unvalidated addresses are in progress.
+    Auto,
+    /// Every one.
+    Always,
+    /// None: beyond --quic-unvalidated-max, refused.
+    Never,
+}
 
 /// What the connections speak.
 enum Proto {
@@ -79,10 +192,32 @@ struct Settings {
     work_us: u64,
     send_timeout: Option<Duration>,
     handshake_timeout: Duration,
-    maxconn: Option<usize>,
+    retry: RetryPolicy,
+    unvalidated_max: usize,
+    maxconn: usize,
+    /// The close code of a connection that completes with no slot left.
+    close_full: u32,
     /// Connections open now (handshaking included), over all workers.
     active: AtomicUsize,
+    /// Connections holding a `--maxconn` slot: those whose address is
+    /// validated (by a Retry, or by completing the handshake).
+    slots: AtomicUsize,
+    /// Handshakes in progress from addresses not validated.
+    unvalidated: AtomicUsize,
+    /// The most connections open at once since the memory releaser last looked.
+    peak: AtomicUsize,
     accepted: AtomicU64,
+    retries: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Settings {
+    /// Takes one of `count`'s `max` places, if one is left.
+    fn take(count: &AtomicUsize, max: usize) -> bool {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1))
+            .is_ok()
+    }
 }
 
 /// Runs `hotloop serve quic` or `hotloop serve h3` until a stop signal.
@@ -96,12 +231,12 @@ pub fn run(
         io::Error::new(io::ErrorKind::InvalidInput, format!("`{}` names no address", args.addr))
     })?;
     let (certs, key, note) = identity(args, addr)?;
-    let (proto, alpn, close_code) = match args.app {
+    let (proto, alpn, close_code, close_full) = match args.app {
         App::H3 => {
             let body = bytes::Bytes::from(vec![b'x'; args.body_size]);
-            (Proto::H3 { body }, ALPN_H3, CLOSE_STOPPING_H3)
+            (Proto::H3 { body }, ALPN_H3, CLOSE_STOPPING_H3, CLOSE_FULL_H3)
         }
-        _ => (Proto::Echo, ALPN, CLOSE_STOPPING),
+        _ => (Proto::Echo, ALPN, CLOSE_STOPPING, CLOSE_FULL),
     };
     let server_config = server_config(args, certs, key, alpn)?;
     let settings = Arc::new(Settings {
@@ -109,9 +244,17 @@ pub fn run(
         work_us: args.work_us,
         send_timeout: millis_or_never(args.send_timeout_ms),
         handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
-        maxconn: args.runtime.maxconn,
+        retry: args.quic.quic_retry,
+        unvalidated_max: args.quic.quic_unvalidated_max,
+        maxconn: args.runtime.maxconn.unwrap_or(MAXCONN_DEFAULT),
+        close_full,
         active: AtomicUsize::new(0),
+        slots: AtomicUsize::new(0),
+        unvalidated: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
         accepted: AtomicU64::new(0),
+        retries: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
     });
 
     // Worker 0 binds first, so that port 0 becomes one port every worker binds.
@@ -143,12 +286,14 @@ pub fn run(
 
     let stats = rt.stats();
     eprintln!(
-        "hotloop serve {:?} on {bound} | workers {workers} | driver {} ({}) | busy-poll {} | open-file limit {nofile} | ALPN {}",
+        "hotloop serve {:?} on {bound} | workers {workers} | driver {} ({}) | busy-poll {} | open-file limit {nofile} | ALPN {} | maxconn {} | retry {:?}",
         args.app,
         stats.info.driver,
         stats.info.reason,
         stats.info.busy_poll,
         String::from_utf8_lossy(alpn),
+        settings.maxconn,
+        settings.retry,
     );
     eprintln!("hotloop serve: {note}");
     let active = {
@@ -162,8 +307,18 @@ pub fn run(
         "QUIC connections open now, over all workers.",
         active.clone(),
     )?;
+    let releaser = MemoryReleaser::start(settings.clone())?;
     let accepted = || settings.accepted.load(Ordering::Relaxed);
-    let status = || format!("{} connections open, {} accepted", active(), accepted());
+    let status = || {
+        format!(
+            "{} connections open ({} handshaking from unvalidated addresses), {} accepted, {} Retry sent, {} refused",
+            active(),
+            settings.unvalidated.load(Ordering::Relaxed),
+            accepted(),
+            settings.retries.load(Ordering::Relaxed),
+            settings.refused.load(Ordering::Relaxed),
+        )
+    };
     // The accept loops refuse new connections once `drain` says stopping.
     let stopped = stop::run_until_stopped_with(
         "hotloop serve",
@@ -188,6 +343,7 @@ pub fn run(
     for close in closes {
         let _ = close.join();
     }
+    drop(releaser);
     let how = if stopped.forced { "stopped at once" } else { "stopped" };
     eprintln!(
         "hotloop serve: {how} ({} connections cut at the grace limit); {} accepted",
@@ -195,6 +351,60 @@ pub fn run(
         accepted()
     );
     Ok(())
+}
+
+/// A thread that gives the allocator's free memory back to the kernel once
+/// many connections have ended (a flood of handshakes, a crowd of clients
+/// gone): glibc keeps what they freed for reuse, so the resident size would
+/// otherwise stay at its peak. It runs beside the workers, so the release's
+/// walk of the heap holds up no connection's loop. Stopped when dropped.
+struct MemoryReleaser {
+    stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MemoryReleaser {
+    fn start(settings: Arc<Settings>) -> io::Result<MemoryReleaser> {
+        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let flag = stop.clone();
+        let thread =
+            std::thread::Builder::new().name("hotloop-release".into()).spawn(move || {
+                let mut follow_ups = 0;
+                loop {
+                    let (lock, wake) = &*flag;
+                    let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    let (stopped, _) = wake
+                        .wait_timeout_while(stopped, RELEASE_CHECK_INTERVAL, |stopped| !*stopped)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *stopped {
+                        return;
+                    }
+                    drop(stopped);
+                    let open = settings.active.load(Ordering::SeqCst);
+                    let peak = settings.peak.swap(open, Ordering::Relaxed).max(open);
+                    if peak - open >= RELEASE_CONNECTIONS_ENDED_MIN {
+                        follow_ups = RELEASE_FOLLOW_UPS;
+                    } else if follow_ups == 0 {
+                        continue;
+                    } else {
+                        follow_ups -= 1;
+                    }
+                    hotloop::release_free_memory();
+                }
+            })?;
+        Ok(MemoryReleaser { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for MemoryReleaser {
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.stop;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The certificate chain and key to serve, and a line for the operator
@@ -244,8 +454,9 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 /// quinn's server configuration: TLS 1.3 with `alpn`, the idle timeout,
-/// and room for [`STREAMS_PER_CONNECTION_MAX`] bidirectional streams (and no
-/// unidirectional ones, which nothing here would read).
+/// the flow-control windows and bidirectional stream count of [`QuicArgs`]
+/// (and no unidirectional streams for echo, which nothing would read), and
+/// bounds on the connection attempts quinn queues.
 fn server_config(
     args: &ServeArgs,
     certs: Vec<CertificateDer<'static>>,
@@ -265,8 +476,15 @@ fn server_config(
         })?;
     tls.alpn_protocols = vec![alpn.to_vec()];
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| invalid(e.to_string()))?;
+    let q = &args.quic;
     let mut transport = TransportConfig::default();
-    transport.max_concurrent_bidi_streams(VarInt::from_u32(STREAMS_PER_CONNECTION_MAX));
+    transport.max_concurrent_bidi_streams(VarInt::from_u32(q.quic_max_streams));
+    // quinn's defaults are sized for one fast stream (1.25 MB a stream, no
+    // bound for the connection, 10 MB to send): a client that opens many
+    // streams and reads nothing would make the server hold 1.4 MB each.
+    transport.receive_window(VarInt::from_u32(q.quic_receive_window_bytes));
+    transport.stream_receive_window(VarInt::from_u32(q.quic_stream_receive_window_bytes));
+    transport.send_window(u64::from(q.quic_send_window_bytes));
     // HTTP/3 opens three unidirectional streams (control, QPACK encoder
     // and decoder); echo has no use for any.
     let uni = if alpn == ALPN_H3 { 8 } else { 0 };
@@ -280,23 +498,85 @@ fn server_config(
     transport.max_idle_timeout(idle);
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(Arc::new(transport));
+    config.max_incoming(INCOMING_PER_ENDPOINT_MAX);
+    config.incoming_buffer_size(INCOMING_BUFFER_BYTES);
+    config.incoming_buffer_size_total(INCOMING_BUFFERS_TOTAL_BYTES);
     Ok(config)
 }
 
 /// Takes the worker's incoming connections, each to a task of its own,
-/// until the runtime ends; refuses them once the server is stopping or
-/// full.
+/// until the runtime ends; sends a Retry or refuses as [`admit`] says.
 async fn accept_loop(endpoint: Endpoint, settings: Arc<Settings>) {
     while let Some(incoming) = endpoint.accept().await {
-        let full = settings.maxconn.is_some_and(|m| settings.active.load(Ordering::SeqCst) >= m);
-        if drain::stopping() || full {
-            incoming.refuse();
-            continue;
-        }
-        settings.active.fetch_add(1, Ordering::SeqCst);
+        let admitted = match admit(&incoming, &settings) {
+            Admit::Refuse => {
+                settings.refused.fetch_add(1, Ordering::Relaxed);
+                incoming.refuse();
+                continue;
+            }
+            Admit::Retry => {
+                settings.retries.fetch_add(1, Ordering::Relaxed);
+                // `admit` sends a Retry only where quinn may.
+                if let Err(e) = incoming.retry() {
+                    e.into_incoming().refuse();
+                }
+                continue;
+            }
+            Admit::Slot => Admitted::Slot(Slot(settings.clone())),
+            Admit::Unvalidated => {
+                let pending = Unvalidated(settings.clone());
+                match hotloop::quic::limit_amplification(&endpoint, incoming.remote_address()) {
+                    Ok(limit) => Admitted::Unvalidated(pending, limit),
+                    Err(_) => {
+                        incoming.ignore();
+                        continue;
+                    }
+                }
+            }
+        };
+        let open = settings.active.fetch_add(1, Ordering::SeqCst) + 1;
+        settings.peak.fetch_max(open, Ordering::Relaxed);
         settings.accepted.fetch_add(1, Ordering::Relaxed);
         let guard = Active(settings.clone());
-        drop(hotloop::spawn(connection(incoming, guard)));
+        drop(hotloop::spawn(connection(incoming, admitted, guard)));
+    }
+}
+
+/// What to do with a connection attempt.
+enum Admit {
+    Refuse,
+    Retry,
+    /// Its address is validated and it has taken a `--maxconn` slot.
+    Slot,
+    /// Its address is not validated; it has taken a place among the
+    /// unvalidated handshakes and takes a slot when it completes.
+    Unvalidated,
+}
+
+/// Decides on a connection attempt (and takes its slot or its place): a
+/// stopping or full server refuses; a validated address takes a slot; an
+/// unvalidated one is sent a Retry or takes a place as `--quic-retry` and
+/// `--quic-unvalidated-max` say. A spoofed address can hold a place, never a
+/// slot, so a flood of them cannot take the server's slots from clients.
+fn admit(incoming: &Incoming, s: &Settings) -> Admit {
+    if drain::stopping() || s.slots.load(Ordering::SeqCst) >= s.maxconn {
+        return Admit::Refuse;
+    }
+    if incoming.remote_address_validated() {
+        return match Settings::take(&s.slots, s.maxconn) {
+            true => Admit::Slot,
+            false => Admit::Refuse,
+        };
+    }
+    if s.retry == RetryPolicy::Always {
+        return Admit::Retry;
+    }
+    if Settings::take(&s.unvalidated, s.unvalidated_max) {
+        return Admit::Unvalidated;
+    }
+    match s.retry {
+        RetryPolicy::Never => Admit::Refuse,
+        _ => Admit::Retry,
     }
 }
 
@@ -309,13 +589,61 @@ impl Drop for Active {
     }
 }
 
+/// A `--maxconn` slot, given back when dropped.
+struct Slot(Arc<Settings>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.slots.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A place among the unvalidated handshakes, given back when dropped.
+struct Unvalidated(Arc<Settings>);
+
+impl Drop for Unvalidated {
+    fn drop(&mut self) {
+        self.0.unvalidated.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How a connection was let in.
+enum Admitted {
+    Slot(Slot),
+    /// Handshaking from an unvalidated address, its replies held to the
+    /// amplification limit.
+    Unvalidated(Unvalidated, AmplificationLimit),
+}
+
 /// One connection: handshake within the limit, then the protocol.
-async fn connection(incoming: Incoming, active: Active) {
+async fn connection(incoming: Incoming, admitted: Admitted, active: Active) {
     let settings = active.0.clone();
     let conn = match timeout(settings.handshake_timeout, incoming.into_future()).await {
         Ok(Ok(conn)) => conn,
         // A failed handshake, or one past the limit (dropping it abandons the connection).
-        _ => return,
+        _ => {
+            if let Admitted::Unvalidated(place, limit) = admitted {
+                drop((place, active));
+                // quinn sends its close once the handshake is dropped: that
+                // datagram too is held to the amplification limit.
+                hotloop::time::sleep(AMPLIFICATION_LIMIT_LINGER).await;
+                drop(limit);
+            }
+            return;
+        }
+    };
+    // A completed handshake has validated the address: its place and its
+    // amplification limit are given back, and it needs a slot now.
+    let _slot = match admitted {
+        Admitted::Slot(slot) => slot,
+        Admitted::Unvalidated(place, limit) => {
+            drop((place, limit));
+            if !Settings::take(&settings.slots, settings.maxconn) {
+                conn.close(VarInt::from_u32(settings.close_full), CLOSE_FULL_REASON);
+                return;
+            }
+            Slot(settings.clone())
+        }
     };
     match &settings.proto {
         Proto::Echo => echo_connection(conn, &settings).await,

@@ -44,7 +44,8 @@ pub struct RuntimeArgs {
     /// Listen backlog.
     #[arg(long, default_value_t = 4096)]
     pub backlog: u32,
-    /// The most connections open at once over all workers (default: no limit).
+    /// The most connections open at once over all workers (default: no
+    /// limit; quic and h3: 4096).
     #[arg(long)]
     pub maxconn: Option<usize>,
     /// The most connections open at once on one worker (default: no limit).

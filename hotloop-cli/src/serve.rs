@@ -104,6 +104,8 @@ pub struct ServeArgs {
     pub write_cert: Option<PathBuf>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub quic: crate::quic::QuicArgs,
 }
 
 /// After an error reply, the most bytes read and thrown away, and for how

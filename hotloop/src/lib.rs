@@ -66,7 +66,7 @@ pub use runtime::{
     spawn, spawn_blocking, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle,
     KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
 };
-pub use sys::{open_fd_count, raise_nofile_limit};
+pub use sys::{open_fd_count, raise_nofile_limit, release_free_memory};
 
 #[cfg(feature = "macros")]
 pub use hotloop_macros::{main, test};

@@ -38,10 +38,19 @@
 //! - Receives are `recvmmsg` batches (with GRO, each buffer may hold many
 //!   datagrams); sends are one `sendmsg` per transmit, with `UDP_SEGMENT`
 //!   when quinn batches datagrams for GSO.
+//! - quinn checks its anti-amplification budget only before starting a
+//!   datagram and then lets a whole one go out, so a server answering an
+//!   address that never replies sends up to a datagram more than three
+//!   times what it received (RFC 9000 section 8 makes three times a hard
+//!   limit). [`limit_amplification`] holds the socket itself to the limit
+//!   for a peer while a handshake from it is unvalidated.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::io::{self, IoSliceMut};
+use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -63,6 +72,129 @@ use crate::time::Sleep;
 
 /// One send error in this many is logged.
 const SEND_ERRORS_PER_LOG: u64 = 1000;
+
+/// Before a peer's address is validated a server may send it at most this
+/// many times the bytes it has received from it (RFC 9000 section 8).
+pub const AMPLIFICATION_FACTOR: u64 = 3;
+/// What the datagram that opened a handshake counts for when its limit
+/// starts (it arrived before): the least a server accepts a client's first
+/// datagram with (RFC 9000 section 14.1), so the count only ever errs low.
+const INITIAL_DATAGRAM_MIN_BYTES: u64 = 1200;
+
+/// A peer held to [`AMPLIFICATION_FACTOR`]: what it sent and was sent.
+struct Budget {
+    /// The [`AmplificationLimit`]s held for it (handshakes in progress).
+    holders: u32,
+    received: u64,
+    sent: u64,
+}
+
+thread_local! {
+    /// The peers this worker's QUIC sockets answer under an amplification
+    /// limit, by (local address, peer address). A worker's sockets and its
+    /// accept loops run on the worker's thread, so no lock is needed; it is
+    /// empty (one check per batch) unless handshakes are unvalidated.
+    static UNVALIDATED: RefCell<HashMap<(SocketAddr, SocketAddr), Budget>> =
+        RefCell::new(HashMap::new());
+}
+
+/// Holds what `endpoint` sends to one peer to [`AMPLIFICATION_FACTOR`] times
+/// what it has received from that peer (the first datagram counted as
+/// 1,200 bytes) until dropped; datagrams beyond it are dropped by the
+/// socket, as a lost datagram is, and recovered by QUIC once the peer
+/// answers. Take one for a handshake whose address quinn has not validated
+/// (`Incoming::remote_address_validated`) before accepting it, and drop it
+/// when the handshake has ended either way; several for one peer share its
+/// budget.
+///
+/// quinn applies the same limit but checks it only before each datagram,
+/// and so sends up to one datagram more; this makes the limit exact.
+///
+/// Call it on the worker that runs `endpoint` (where its `accept` is
+/// awaited) and drop it there: the limits are kept per worker.
+///
+/// # Panics
+/// Outside a hotloop worker.
+pub fn limit_amplification(
+    endpoint: &quinn::Endpoint,
+    remote: SocketAddr,
+) -> io::Result<AmplificationLimit> {
+    // The limits live with the worker's sockets; a thread without them would keep one in vain.
+    context::with(|_| ());
+    let key = (endpoint.local_addr()?, remote);
+    UNVALIDATED.with(|t| {
+        let mut t = t.borrow_mut();
+        let b = t.entry(key).or_insert(Budget { holders: 0, received: 0, sent: 0 });
+        b.holders += 1;
+        b.received += INITIAL_DATAGRAM_MIN_BYTES;
+    });
+    Ok(AmplificationLimit { key, _on_worker: PhantomData })
+}
+
+/// A peer's amplification limit, lifted when the last one for it is
+/// dropped (see [`limit_amplification`]).
+#[derive(Debug)]
+pub struct AmplificationLimit {
+    key: (SocketAddr, SocketAddr),
+    /// The limit is the worker's: it is dropped where it was taken.
+    _on_worker: PhantomData<*const ()>,
+}
+
+impl Drop for AmplificationLimit {
+    fn drop(&mut self) {
+        UNVALIDATED.with(|t| {
+            let mut t = t.borrow_mut();
+            if let Some(b) = t.get_mut(&self.key) {
+                b.holders -= 1;
+                if b.holders == 0 {
+                    t.remove(&self.key);
+                }
+            }
+        });
+    }
+}
+
+/// How many of `len` bytes to `remote` (datagrams of `segment` bytes, the
+/// last maybe shorter) may go out under its amplification limit, in whole
+/// datagrams; counts them as sent.
+fn amplification_allowance(
+    local: SocketAddr,
+    remote: SocketAddr,
+    len: usize,
+    segment: Option<usize>,
+) -> usize {
+    UNVALIDATED.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.is_empty() {
+            return len;
+        }
+        let Some(b) = t.get_mut(&(local, remote)) else { return len };
+        let left = (b.received * AMPLIFICATION_FACTOR).saturating_sub(b.sent);
+        let allowed = if len as u64 <= left {
+            len
+        } else {
+            let segment = segment.unwrap_or(len).max(1);
+            (left as usize / segment) * segment
+        };
+        b.sent += allowed as u64;
+        allowed
+    })
+}
+
+/// Counts received datagrams towards their senders' amplification limits.
+fn amplification_received(local: SocketAddr, got: &[RecvMeta]) {
+    UNVALIDATED.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.is_empty() {
+            return;
+        }
+        for m in got {
+            if let Some(b) = t.get_mut(&(local, m.addr)) {
+                b.received += m.len as u64;
+            }
+        }
+    });
+}
 
 /// Binds a UDP socket for QUIC on the calling worker ([`UdpOptions::quic`]:
 /// `SO_REUSEPORT`, GRO, ECN, destination addresses, don't-fragment) and
@@ -264,10 +396,20 @@ impl AsyncUdpSocket for QuicSocket {
     }
 
     fn try_send(&self, t: &QuinnTransmit<'_>) -> io::Result<()> {
+        let allowed = amplification_allowance(
+            self.local_addr,
+            t.destination,
+            t.contents.len(),
+            t.segment_size,
+        );
+        if allowed == 0 {
+            // Over the peer's amplification limit: lost, as far as quinn knows.
+            return Ok(());
+        }
         let transmit = Transmit {
             destination: t.destination,
             ecn: ecn_from_quinn(t.ecn),
-            contents: t.contents,
+            contents: &t.contents[..allowed],
             segment_size: t.segment_size,
             src_ip: t.src_ip,
         };
@@ -299,6 +441,7 @@ impl AsyncUdpSocket for QuicSocket {
         let n = meta.len().min(BATCH_DATAGRAMS_MAX);
         let received =
             std::task::ready!(self.socket.get().poll_recv_msgs(cx, bufs, &mut got[..n]))?;
+        amplification_received(self.local_addr, &got[..received]);
         for (out, m) in meta.iter_mut().zip(&got[..received]) {
             *out = QuinnRecvMeta {
                 addr: m.addr,
