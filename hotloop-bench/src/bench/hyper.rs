@@ -13,8 +13,8 @@ const DURATION_QUICK_S: u64 = 1;
 const CONNECTIONS: u64 = 64;
 /// The fixed rate of the CPU comparison, requests per second.
 const FIXED_RATE: u64 = 10_000;
-/// Response body bytes.
-const BODY_BYTES: usize = 64;
+/// Response body bytes (1 KiB: a small API answer, not an empty one).
+const BODY_BYTES: usize = 1024;
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
