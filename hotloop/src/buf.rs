@@ -18,26 +18,6 @@ use std::ops::{Bound, RangeBounds};
 /// The result of an owned-buffer operation: the outcome and the buffer.
 pub type BufResult<T, B> = (std::io::Result<T>, B);
 
-/// Reads from `src` into the unfilled part of a tokio `ReadBuf` without
-/// zeroing it first (the `AsyncRead` impls: zeroing the caller's spare room
-/// on every read would cost more than the read's copy).
-#[cfg(feature = "tokio-io")]
-pub(crate) fn poll_read_tokio(
-    src: &crate::driver::Source,
-    cx: &mut std::task::Context<'_>,
-    buf: &mut tokio::io::ReadBuf<'_>,
-) -> std::task::Poll<std::io::Result<()>> {
-    // SAFETY: the driver only writes initialised bytes into `dst` (it never
-    // de-initialises any), as `unfilled_mut` requires.
-    let dst = unsafe { buf.unfilled_mut() };
-    let n = std::task::ready!(src.poll_read_uninit(cx, dst))?;
-    // SAFETY: `poll_read_uninit` returned `n`: it wrote the first `n`
-    // bytes of the unfilled part.
-    unsafe { buf.assume_init(n) };
-    buf.advance(n);
-    std::task::Poll::Ready(Ok(()))
-}
-
 /// Runs a tokio-style read (`read` fills a `ReadBuf`) straight into
 /// hyper's uninitialised read cursor, as hyper-util's `TokioIo` does:
 /// no zeroed staging chunk and no copy.

@@ -57,3 +57,12 @@ fn what_the_driver_imports_imports_nothing_above_it() {
     let found = offences(&shared, &ABOVE_THE_DRIVER);
     assert!(found.is_empty(), "a module under the driver reaches above it:\n{}", found.join("\n"));
 }
+
+#[test]
+fn the_buffer_layer_imports_no_driver() {
+    // Owned buffers sit under the driver: the driver takes them, never the
+    // reverse (the tokio read adapter that needs a socket lives in `net`).
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = offences(&[src.join("buf.rs")], &["crate::driver"]);
+    assert!(found.is_empty(), "buf.rs reaches into the driver:\n{}", found.join("\n"));
+}

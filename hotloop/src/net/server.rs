@@ -181,7 +181,7 @@ struct WorkerConns {
     /// Set by this worker's accept loop when the server stops.
     stopping: Cell<bool>,
     /// Handlers waiting for [`StopSignal::stopping`], woken when it is set.
-    stop_waiters: RefCell<slab::Slab<Waker>>,
+    stop_waiters: RefCell<crate::slab::Slab<Waker>>,
 }
 
 impl WorkerConns {
@@ -189,7 +189,7 @@ impl WorkerConns {
     /// that waits for it.
     fn set_stopping(&self) {
         self.stopping.set(true);
-        let wakers: Vec<Waker> = self.stop_waiters.borrow_mut().drain().collect();
+        let wakers: Vec<Waker> = self.stop_waiters.borrow_mut().drain();
         for w in wakers {
             w.wake();
         }
@@ -228,7 +228,7 @@ impl std::fmt::Debug for StopSignal {
 /// The future of [`StopSignal::stopping`].
 pub struct Stopping {
     local: Rc<WorkerConns>,
-    key: Option<usize>,
+    key: Option<crate::slab::Key>,
 }
 
 impl Future for Stopping {
@@ -257,7 +257,7 @@ impl Drop for Stopping {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             if !self.local.stopping.get() {
-                self.local.stop_waiters.borrow_mut().try_remove(key);
+                self.local.stop_waiters.borrow_mut().remove(key);
             }
         }
     }
