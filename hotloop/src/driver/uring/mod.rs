@@ -45,10 +45,13 @@
 mod accept;
 mod bufring;
 mod dgram;
+mod dispatch;
 mod op;
 mod pooled;
 mod ring;
 mod socket;
+mod teardown;
+mod turn;
 mod udp;
 mod write_behind;
 
@@ -64,14 +67,13 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use io_uring::{cqueue, opcode, types};
+use io_uring::types;
 
 use self::op::Lifecycle;
-use self::ring::{Ring, CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
+use self::ring::Ring;
 use super::{probe, DriverConfig, Park, Unpark};
 use crate::slab::{Key, Slab};
-use crate::stats::{self, WorkerStats};
-use crate::sys;
+use crate::stats::WorkerStats;
 
 /// A descriptor shared by a socket and the operations the kernel holds on
 /// it; closed when the last holder drops it.
@@ -282,283 +284,6 @@ impl Driver {
     }
 }
 
-impl Uring {
-    /// Arms the multishot (or one-shot) poll on the unpark eventfd.
-    fn arm_wake(&mut self) {
-        let entry = opcode::PollAdd::new(types::Fd(self.unpark.fd()), libc::POLLIN as u32)
-            .multi(self.wake_multishot)
-            .build()
-            .user_data(WAKE_USER_DATA);
-        self.ring.push(entry);
-        self.wake_armed = true;
-    }
-
-    /// Makes the deadline timer expire no later than `deadline`: a new
-    /// timer when none is armed, moved when it is armed for later, left
-    /// alone otherwise (an expiry that comes early costs a spare turn).
-    fn arm_timer(&mut self, deadline: u64) {
-        if self.timer_armed.is_some_and(|armed| armed <= deadline) {
-            return;
-        }
-        *self.timer_spec = types::Timespec::new()
-            .sec(deadline / NANOS_PER_SEC)
-            .nsec((deadline % NANOS_PER_SEC) as u32);
-        let spec: *const types::Timespec = &*self.timer_spec;
-        let entry = match self.timer_armed {
-            None => opcode::Timeout::new(spec)
-                .flags(types::TimeoutFlags::ABS)
-                .build()
-                .user_data(TIMER_USER_DATA),
-            Some(_) => opcode::TimeoutUpdate::new(TIMER_USER_DATA, spec)
-                .flags(types::TimeoutFlags::ABS)
-                .build()
-                .user_data(TIMER_UPDATE_USER_DATA),
-        };
-        // The kernel reads `timer_spec` when it takes the entry; the box
-        // lives as long as the ring's entries do.
-        self.ring.push(entry);
-        self.timer_armed = Some(deadline);
-        stats::add(&self.ring.stats.timer_arms, 1);
-    }
-
-    /// One turn: submit, wait, reap.
-    fn poll(
-        &mut self,
-        park: Park,
-        woken: &mut Vec<Waker>,
-        freed: &mut Vec<Box<dyn Any>>,
-    ) -> io::Result<usize> {
-        if !self.wake_armed {
-            self.arm_wake();
-        }
-        self.cancel_expired_lingerers();
-        let timeout = match (park, self.lingering.front()) {
-            (Park::Skip, _) => Some(Duration::ZERO),
-            // A lingering write must be cut at its deadline even on a
-            // worker with nothing else to do: wait no longer than the
-            // first one (rare: a timed wait, as for any deadline before).
-            (Park::Until(deadline), Some(&(first, _))) => {
-                let until_first = first.saturating_duration_since(Instant::now());
-                let until_deadline =
-                    deadline.map(|d| Duration::from_nanos(d.saturating_sub(sys::monotonic_ns())));
-                Some(until_deadline.map_or(until_first, |t| t.min(until_first)))
-            }
-            (Park::Until(deadline), None) => {
-                if let Some(deadline) = deadline {
-                    self.arm_timer(deadline);
-                }
-                None
-            }
-        };
-        self.ring.enter(timeout, &mut self.ops)?;
-        Ok(self.reap(woken, freed))
-    }
-
-    /// Cancels the writes of dropped streams that ran past their linger time.
-    fn cancel_expired_lingerers(&mut self) {
-        let Some(&(first, _)) = self.lingering.front() else { return };
-        let now = Instant::now();
-        if first > now {
-            return;
-        }
-        while let Some(&(deadline, key)) = self.lingering.front() {
-            if deadline > now {
-                break;
-            }
-            self.lingering.pop_front();
-            if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
-                self.ring.push_cancel(key);
-            }
-        }
-    }
-
-    /// Handles the completions waiting in the completion queue.
-    fn reap(&mut self, woken: &mut Vec<Waker>, freed: &mut Vec<Box<dyn Any>>) -> usize {
-        let (overflowed, lost) = self.ring.take_completions(
-            &mut self.cqes,
-            self.completions_per_poll_max,
-            &mut self.dropped_seen,
-        );
-        if overflowed || lost > 0 {
-            stats::add(&self.ring.stats.cq_overflows, u64::from(overflowed) + u64::from(lost));
-        }
-        let cqes = std::mem::take(&mut self.cqes);
-        for &(user_data, res, flags) in &cqes {
-            self.dispatch(user_data, res, flags, woken, freed);
-        }
-        let n = cqes.len();
-        self.cqes = cqes;
-        stats::add(&self.ring.stats.completions, n as u64);
-        stats::add(&self.ring.stats.poller_events, n as u64);
-        n
-    }
-
-    /// Delivers one completion.
-    fn dispatch(
-        &mut self,
-        user_data: u64,
-        res: i32,
-        flags: u32,
-        woken: &mut Vec<Waker>,
-        freed: &mut Vec<Box<dyn Any>>,
-    ) {
-        let last = !cqueue::more(flags);
-        match user_data {
-            WAKE_USER_DATA => {
-                self.unpark.drain();
-                if res == -libc::EINVAL && self.wake_multishot {
-                    // No multishot poll on this kernel (before 5.13): one-shot from now on.
-                    self.wake_multishot = false;
-                }
-                if last {
-                    self.wake_armed = false;
-                }
-                return;
-            }
-            CANCEL_USER_DATA | TIMER_UPDATE_USER_DATA => return,
-            TIMER_USER_DATA => {
-                // Expired (`ETIME`) or cancelled with the ring: either way
-                // no longer armed. (A move that came too late fails with
-                // `ENOENT`, after this completion.)
-                self.timer_armed = None;
-                return;
-            }
-            _ => {}
-        }
-        let key = Key::from_u64(user_data);
-        let Some(state) = self.ops.get_mut(key) else {
-            stats::add(&self.ring.stats.stale_events, 1);
-            return;
-        };
-        match state {
-            Lifecycle::Waiting { waker, .. } => {
-                let waker = waker.take();
-                *state = Lifecycle::Completed(op::Cqe { res });
-                woken.extend(waker);
-            }
-            Lifecycle::Cancelled(_) => {
-                if last {
-                    // The kernel is done with the storage (and the socket).
-                    if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
-                        freed.push(storage);
-                    }
-                }
-            }
-            Lifecycle::Accept { listener, .. } => {
-                let listener = *listener;
-                if last {
-                    self.ops.remove(key);
-                }
-                accept::on_completion(self, listener, key, res, last, woken);
-            }
-            Lifecycle::Orphan(_) => {
-                accept::close_accepted(res);
-                if last {
-                    self.ops.remove(key);
-                }
-            }
-            Lifecycle::RecvMulti { stream, .. } => {
-                let stream = *stream;
-                if last {
-                    self.ops.remove(key);
-                }
-                pooled::on_completion(self, stream, key, res, flags, woken);
-            }
-            Lifecycle::OrphanRecv(_) => {
-                pooled::give_back(self.buf_ring.as_mut(), cqueue::buffer_select(flags));
-                if last {
-                    self.ops.remove(key);
-                }
-            }
-            Lifecycle::RecvMsgMulti { dgrams, .. } => {
-                let dgrams = *dgrams;
-                if last {
-                    self.ops.remove(key);
-                }
-                dgram::on_completion(self, dgrams, key, res, flags, woken);
-            }
-            // Buffers it still fills die with its ring, at the last completion.
-            Lifecycle::OrphanRecvMsg { .. } => {
-                if last {
-                    if let Some(Lifecycle::OrphanRecvMsg { ring, .. }) = self.ops.remove(key) {
-                        self.free_recv_ring(*ring);
-                    }
-                }
-            }
-            Lifecycle::Lingering(write) => match write.next_entry(res) {
-                // The next part (or a wait for room) under the same key:
-                // its entry points into the write's buffer, which stays in
-                // this slot.
-                Some(entry) => self.ring.push(entry.user_data(user_data)),
-                None => {
-                    if let Some(Lifecycle::Lingering(write)) = self.ops.remove(key) {
-                        freed.push(write);
-                    }
-                }
-            },
-            // A single-shot operation completes once, and a withdrawn one
-            // never reached the kernel: nothing more can come.
-            Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}
-        }
-    }
-}
-
-impl Drop for Uring {
-    fn drop(&mut self) {
-        for key in self.listeners.keys() {
-            if let Some(l) = self.listeners.remove(key) {
-                if let Some(op) = l.op {
-                    accept::orphan(self, op);
-                }
-            }
-        }
-        for key in self.streams.keys() {
-            self.release_stream(key);
-        }
-        for key in self.dgrams.keys() {
-            self.release_dgrams(key);
-        }
-        // Writes that dropped streams left running get half the drain time
-        // to finish, as the kernel would send a closed socket's buffered
-        // bytes; everything else is cancelled now.
-        let lingering: Vec<Key> = self.lingering.drain(..).map(|(_, k)| k).collect();
-        for key in self.ops.keys() {
-            if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) && !lingering.contains(&key)
-            {
-                self.ring.push_cancel(key);
-            }
-        }
-        self.ring.push_cancel_user_data(WAKE_USER_DATA);
-        let start = Instant::now();
-        let deadline = start + DRAIN_ON_DROP_MAX;
-        let mut lingering = Some(lingering);
-        let mut woken = Vec::new();
-        let mut freed = Vec::new();
-        while self.ops.iter().any(|(_, s)| s.held_by_kernel()) && Instant::now() < deadline {
-            if Instant::now() >= start + DRAIN_ON_DROP_MAX / 2 {
-                for key in lingering.take().unwrap_or_default() {
-                    if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
-                        self.ring.push_cancel(key);
-                    }
-                }
-            }
-            if self.ring.enter(Some(Duration::from_millis(10)), &mut self.ops).is_err() {
-                break;
-            }
-            self.reap(&mut woken, &mut freed);
-        }
-        drop(woken);
-        drop(freed);
-        if self.ops.iter().any(|(_, s)| s.held_by_kernel()) {
-            // The kernel still holds some operations: their memory, and the
-            // buffers they may pick, must not be freed.
-            std::mem::forget(std::mem::take(&mut self.ops));
-            std::mem::forget(self.buf_ring.take());
-        } else if let Some(buf_ring) = &self.buf_ring {
-            buf_ring.unregister(self.ring.io_uring());
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,145 @@
+//! Completions: reaping the completion queue and delivering each
+//! completion to the operation, queue or driver state it belongs to.
+
+use std::any::Any;
+use std::task::Waker;
+
+use io_uring::cqueue;
+
+use super::op::{self, Lifecycle};
+use super::ring::{CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
+use super::{accept, dgram, pooled, Uring};
+use crate::slab::Key;
+use crate::stats;
+
+impl Uring {
+    /// Handles the completions waiting in the completion queue.
+    pub(super) fn reap(&mut self, woken: &mut Vec<Waker>, freed: &mut Vec<Box<dyn Any>>) -> usize {
+        let (overflowed, lost) = self.ring.take_completions(
+            &mut self.cqes,
+            self.completions_per_poll_max,
+            &mut self.dropped_seen,
+        );
+        if overflowed || lost > 0 {
+            stats::add(&self.ring.stats.cq_overflows, u64::from(overflowed) + u64::from(lost));
+        }
+        let cqes = std::mem::take(&mut self.cqes);
+        for &(user_data, res, flags) in &cqes {
+            self.dispatch(user_data, res, flags, woken, freed);
+        }
+        let n = cqes.len();
+        self.cqes = cqes;
+        stats::add(&self.ring.stats.completions, n as u64);
+        stats::add(&self.ring.stats.poller_events, n as u64);
+        n
+    }
+
+    /// Delivers one completion.
+    fn dispatch(
+        &mut self,
+        user_data: u64,
+        res: i32,
+        flags: u32,
+        woken: &mut Vec<Waker>,
+        freed: &mut Vec<Box<dyn Any>>,
+    ) {
+        let last = !cqueue::more(flags);
+        match user_data {
+            WAKE_USER_DATA => {
+                self.unpark.drain();
+                if res == -libc::EINVAL && self.wake_multishot {
+                    // No multishot poll on this kernel (before 5.13): one-shot from now on.
+                    self.wake_multishot = false;
+                }
+                if last {
+                    self.wake_armed = false;
+                }
+                return;
+            }
+            CANCEL_USER_DATA | TIMER_UPDATE_USER_DATA => return,
+            TIMER_USER_DATA => {
+                // Expired (`ETIME`) or cancelled with the ring: either way
+                // no longer armed. (A move that came too late fails with
+                // `ENOENT`, after this completion.)
+                self.timer_armed = None;
+                return;
+            }
+            _ => {}
+        }
+        let key = Key::from_u64(user_data);
+        let Some(state) = self.ops.get_mut(key) else {
+            stats::add(&self.ring.stats.stale_events, 1);
+            return;
+        };
+        match state {
+            Lifecycle::Waiting { waker, .. } => {
+                let waker = waker.take();
+                *state = Lifecycle::Completed(op::Cqe { res });
+                woken.extend(waker);
+            }
+            Lifecycle::Cancelled(_) => {
+                if last {
+                    // The kernel is done with the storage (and the socket).
+                    if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
+                        freed.push(storage);
+                    }
+                }
+            }
+            Lifecycle::Accept { listener, .. } => {
+                let listener = *listener;
+                if last {
+                    self.ops.remove(key);
+                }
+                accept::on_completion(self, listener, key, res, last, woken);
+            }
+            Lifecycle::Orphan(_) => {
+                accept::close_accepted(res);
+                if last {
+                    self.ops.remove(key);
+                }
+            }
+            Lifecycle::RecvMulti { stream, .. } => {
+                let stream = *stream;
+                if last {
+                    self.ops.remove(key);
+                }
+                pooled::on_completion(self, stream, key, res, flags, woken);
+            }
+            Lifecycle::OrphanRecv(_) => {
+                pooled::give_back(self.buf_ring.as_mut(), cqueue::buffer_select(flags));
+                if last {
+                    self.ops.remove(key);
+                }
+            }
+            Lifecycle::RecvMsgMulti { dgrams, .. } => {
+                let dgrams = *dgrams;
+                if last {
+                    self.ops.remove(key);
+                }
+                dgram::on_completion(self, dgrams, key, res, flags, woken);
+            }
+            // Buffers it still fills die with its ring, at the last completion.
+            Lifecycle::OrphanRecvMsg { .. } => {
+                if last {
+                    if let Some(Lifecycle::OrphanRecvMsg { ring, .. }) = self.ops.remove(key) {
+                        self.free_recv_ring(*ring);
+                    }
+                }
+            }
+            Lifecycle::Lingering(write) => match write.next_entry(res) {
+                // The next part (or a wait for room) under the same key:
+                // its entry points into the write's buffer, which stays in
+                // this slot.
+                Some(entry) => self.ring.push(entry.user_data(user_data)),
+                None => {
+                    if let Some(Lifecycle::Lingering(write)) = self.ops.remove(key) {
+                        freed.push(write);
+                    }
+                }
+            },
+            // A single-shot operation completes once, and a withdrawn one
+            // never reached the kernel: nothing more can come.
+            Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}
+        }
+    }
+}
