@@ -164,3 +164,12 @@ impl Drop for BufRing {
         unsafe { std::alloc::dealloc(self.entries.as_ptr().cast(), self.layout) };
     }
 }
+
+/// A datagram socket's own ring and the header its multishot `RECVMSG`
+/// names (`dgram.rs`): both must outlive the operation.
+pub(super) struct RecvRing {
+    pub(super) buf_ring: BufRing,
+    /// Only `msg_namelen` and `msg_controllen` matter: the space the kernel
+    /// reserves in each buffer.
+    pub(super) msg: Box<libc::msghdr>,
+}

@@ -42,7 +42,7 @@ use std::task::{Poll, Waker};
 
 use io_uring::{cqueue, opcode, types};
 
-use super::bufring::BufRing;
+use super::bufring::{BufRing, RecvRing};
 use super::op::Lifecycle;
 use super::{SharedFd, Uring};
 use crate::driver::udp::{self, RecvMeta};
@@ -74,15 +74,6 @@ pub(super) fn dgram_buffers() -> u16 {
             }
         }
     })
-}
-
-/// A socket's ring and the header its multishot names: both must outlive
-/// the operation.
-pub(super) struct RecvRing {
-    buf_ring: BufRing,
-    /// Only `msg_namelen` and `msg_controllen` matter: the space the kernel
-    /// reserves in each buffer.
-    msg: Box<libc::msghdr>,
 }
 
 /// A datagram the kernel put in a ring buffer, not yet taken.

@@ -46,6 +46,7 @@ mod accept;
 mod bufring;
 mod dgram;
 mod dispatch;
+mod linger;
 mod op;
 mod pooled;
 mod ring;
@@ -250,7 +251,7 @@ impl Driver {
             return;
         }
         let write =
-            write_behind::LingeringWrite::new(buf, sent, fd.clone(), Instant::now() + WRITE_LINGER);
+            linger::LingeringWrite::new(buf, sent, fd.clone(), Instant::now() + WRITE_LINGER);
         let entry = write.send_entry();
         if let Ok(mut st) = self.state.try_borrow_mut() {
             st.start_lingering(Box::new(write), entry);
@@ -283,7 +284,6 @@ impl Driver {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -44,7 +44,7 @@ use std::time::Instant;
 
 use io_uring::squeue;
 
-use super::write_behind::LingeringWrite;
+use super::linger::LingeringWrite;
 use super::{Driver, SharedFd, Uring, WRITE_LINGER};
 use crate::driver::not_running;
 use crate::slab::Key;
@@ -94,7 +94,7 @@ pub(super) enum Lifecycle {
     RecvMsgMulti { dgrams: Key, fd: SharedFd, submitted: bool },
     /// A multishot `RECVMSG` whose socket was closed: it keeps the socket
     /// and its ring (freed at the last completion).
-    OrphanRecvMsg { _fd: SharedFd, ring: Box<super::dgram::RecvRing> },
+    OrphanRecvMsg { _fd: SharedFd, ring: Box<super::bufring::RecvRing> },
     /// The rest of a written-behind send whose stream was dropped: each
     /// completion submits the next part under the same key until all is
     /// sent, the socket fails, or its deadline passes.
@@ -336,4 +336,11 @@ impl Uring {
         self.lingering.push_back((deadline, key));
         self.ring.push(entry.user_data(key.to_u64()));
     }
+}
+
+/// True for results that mean "not now": the operation ran without
+/// waiting (a non-blocking socket handled by a kernel worker) and should
+/// wait for readiness and run again.
+pub(super) fn is_retry(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
 }

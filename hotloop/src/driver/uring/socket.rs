@@ -11,8 +11,8 @@ use std::task::{Context as TaskContext, Poll};
 
 use io_uring::{opcode, types};
 
-use super::op::Op;
-use super::write_behind::WriteBehind;
+use super::op::{is_retry, Op};
+use super::write_behind::{Sock, WriteBehind};
 use super::{Driver, SharedFd};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::{not_running, AcceptMode};
@@ -391,15 +391,20 @@ impl Source {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let mut wb = self.write_behind.borrow_mut();
-        wb.get_or_insert_with(Box::default).poll_write(self, cx, bufs)
+        wb.get_or_insert_with(Box::default).poll_write(self.sock(), cx, bufs)
     }
 
     /// Waits until every byte the borrowed-slice writes took is sent.
     pub(crate) fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         match self.write_behind.borrow_mut().as_mut() {
-            Some(wb) => wb.poll_flush(self, cx),
+            Some(wb) => wb.poll_flush(self.sock(), cx),
             None => Poll::Ready(Ok(())),
         }
+    }
+
+    /// The socket and its driver, for the write-behind buffer.
+    fn sock(&self) -> Sock<'_> {
+        Sock { driver: &self.driver, fd: &self.fd }
     }
 
     /// Waits for the borrowed-slice writes still in flight, so an
@@ -422,7 +427,7 @@ impl Drop for Source {
         drop(self.read_wait.take());
         if let Some(wb) = self.write_behind.take() {
             let writing = wb.is_writing();
-            (*wb).linger(self);
+            (*wb).linger(self.sock());
             if writing {
                 self.driver.submit_now();
             }
@@ -461,11 +466,4 @@ impl<B: IoBuf> MsgStorage<B> {
         msg.msg_iovlen = iov.len();
         MsgStorage { bufs, _iov: iov, msg }
     }
-}
-
-/// True for results that mean "not now": the operation ran without
-/// waiting (a non-blocking socket handled by a kernel worker) and should
-/// wait for readiness and run again.
-pub(super) fn is_retry(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
 }

@@ -26,8 +26,8 @@ use std::task::{Context as TaskContext, Poll};
 
 use io_uring::{opcode, types};
 
-use super::op::Op;
-use super::socket::{is_retry, Source};
+use super::op::{is_retry, Op};
+use super::socket::Source;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::not_running;
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};

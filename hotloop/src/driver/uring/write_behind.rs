@@ -28,13 +28,15 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
-use std::time::Instant;
 
-use io_uring::{opcode, squeue, types};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
 
-use super::op::Op;
-use super::socket::{is_retry, Source};
-use super::SharedFd;
+use io_uring::{opcode, types};
+
+use super::linger::send_entry;
+use super::op::{is_retry, Op};
+use super::{Driver, SharedFd};
 
 /// The most bytes one `poll_write` takes.
 const WRITE_BEHIND_MAX_BYTES: usize = 64 * 1024;
@@ -76,7 +78,7 @@ impl WriteBehind {
     /// write is done, and starts sending them.
     pub(super) fn poll_write(
         &mut self,
-        src: &Source,
+        sock: Sock<'_>,
         cx: &mut TaskContext<'_>,
         data: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
@@ -84,7 +86,7 @@ impl WriteBehind {
         if total == 0 {
             return Poll::Ready(Ok(0));
         }
-        std::task::ready!(self.poll_flush(src, cx))?;
+        std::task::ready!(self.poll_flush(sock, cx))?;
         // Copied and written behind: the send goes to the kernel with the
         // loop's one `io_uring_enter` of the turn, batched with every
         // other connection's. (A direct `send` first, as epoll makes, cost
@@ -101,7 +103,7 @@ impl WriteBehind {
         }
         let taken = buf.len();
         self.sent = 0;
-        if let Err((e, buf)) = self.submit_send(src, buf) {
+        if let Err((e, buf)) = self.submit_send(sock, buf) {
             self.spare = buf;
             return Poll::Ready(Err(e));
         }
@@ -109,11 +111,11 @@ impl WriteBehind {
     }
 
     /// Sends `buf[sent..]`.
-    fn submit_send(&mut self, src: &Source, buf: Vec<u8>) -> Result<(), (io::Error, Vec<u8>)> {
-        let entry = send_entry(src.fd(), &buf[self.sent..]);
+    fn submit_send(&mut self, sock: Sock<'_>, buf: Vec<u8>) -> Result<(), (io::Error, Vec<u8>)> {
+        let entry = send_entry(sock.fd.as_raw_fd(), &buf[self.sent..]);
         // SAFETY: the entry points at initialised bytes inside `buf`'s heap block, which does not
-        // move with `buf`; the op owns `buf` until its last completion.
-        let op = unsafe { src.submit(entry, buf) }?;
+        // move with `buf`; the op owns `buf` until its last completion; `sock.fd` is the socket.
+        let op = unsafe { Op::submit(sock.driver, sock.fd, entry, buf) }?;
         self.write = Pending::Send(op);
         Ok(())
     }
@@ -122,7 +124,7 @@ impl WriteBehind {
     /// error of a send that failed.
     pub(super) fn poll_flush(
         &mut self,
-        src: &Source,
+        sock: Sock<'_>,
         cx: &mut TaskContext<'_>,
     ) -> Poll<io::Result<()>> {
         loop {
@@ -142,7 +144,7 @@ impl WriteBehind {
                                 continue;
                             }
                             // The kernel took part: send the rest before anything new.
-                            if let Err((e, buf)) = self.submit_send(src, buf) {
+                            if let Err((e, buf)) = self.submit_send(sock, buf) {
                                 self.spare = buf;
                                 return Poll::Ready(Err(e));
                             }
@@ -150,7 +152,7 @@ impl WriteBehind {
                         Err(e) if is_retry(&e) => {
                             // Keep the unsent bytes; resend them once writable.
                             self.spare = buf;
-                            self.write = Pending::Writable(src.submit_poll(libc::POLLOUT)?);
+                            self.write = Pending::Writable(sock.writable()?);
                         }
                         Err(e) => {
                             self.spare = buf;
@@ -163,7 +165,7 @@ impl WriteBehind {
                     self.write = Pending::Idle;
                     cqe.result()?;
                     let buf = std::mem::take(&mut self.spare);
-                    if let Err((e, buf)) = self.submit_send(src, buf) {
+                    if let Err((e, buf)) = self.submit_send(sock, buf) {
                         self.spare = buf;
                         return Poll::Ready(Err(e));
                     }
@@ -174,87 +176,31 @@ impl WriteBehind {
 
     /// The stream is being dropped: hands a send still in flight (or
     /// waiting for room) to the driver, which finishes it.
-    pub(super) fn linger(self, src: &Source) {
+    pub(super) fn linger(self, sock: Sock<'_>) {
         match self.write {
             Pending::Idle => {}
             Pending::Send(op) => op.linger(self.sent),
             Pending::Writable(wait) => {
                 drop(wait);
-                src.driver.linger_send(&src.fd, self.spare, self.sent);
+                sock.driver.linger_send(sock.fd, self.spare, self.sent);
             }
         }
     }
 }
 
-/// A `send` entry for `bytes` (no `SIGPIPE` on a closed peer).
-fn send_entry(fd: std::os::fd::RawFd, bytes: &[u8]) -> squeue::Entry {
-    opcode::Send::new(types::Fd(fd), bytes.as_ptr(), bytes.len().min(u32::MAX as usize) as u32)
-        .flags(libc::MSG_NOSIGNAL)
-        .build()
+/// The socket a write-behind buffer writes to, and its driver.
+#[derive(Clone, Copy)]
+pub(super) struct Sock<'a> {
+    pub(super) driver: &'a Rc<Driver>,
+    pub(super) fd: &'a SharedFd,
 }
 
-/// The rest of a written-behind send whose stream was dropped, kept going
-/// by the driver (its slot's state in `op.rs`).
-pub(super) struct LingeringWrite {
-    /// The bytes and how many of them the kernel has taken.
-    buf: Vec<u8>,
-    sent: usize,
-    /// The socket, open until this write ends.
-    fd: SharedFd,
-    /// When the rest is given up.
-    deadline: Instant,
-    /// True while the entry in flight is a `POLLOUT` wait, not a send.
-    awaiting_room: bool,
-}
-
-impl LingeringWrite {
-    /// A lingering write of `buf[sent..]` on `fd`, given up at `deadline`.
-    pub(super) fn new(buf: Vec<u8>, sent: usize, fd: SharedFd, deadline: Instant) -> Self {
-        LingeringWrite { buf, sent, fd, deadline, awaiting_room: false }
-    }
-
-    /// The entry that sends what is left (the first, or after a part).
-    pub(super) fn send_entry(&self) -> squeue::Entry {
-        use std::os::fd::AsRawFd;
-        send_entry(self.fd.as_raw_fd(), &self.buf[self.sent..])
-    }
-
-    /// When the rest is given up.
-    pub(super) fn deadline(&self) -> Instant {
-        self.deadline
-    }
-
-    /// Takes the result `res` of the entry in flight; returns the next
-    /// entry to submit under the same key, or `None` when the write is
-    /// over (all sent, failed, or past its deadline).
-    ///
-    /// The returned entry points into `self.buf`, which stays in the
-    /// driver's slot, at the same heap address, until the next completion.
-    pub(super) fn next_entry(&mut self, res: i32) -> Option<squeue::Entry> {
-        if self.awaiting_room {
-            self.awaiting_room = false;
-            if res < 0 {
-                return None;
-            }
-        } else if res > 0 {
-            self.sent += res as usize;
-        } else if res == -libc::EAGAIN || res == -libc::EINTR {
-            if Instant::now() >= self.deadline {
-                return None;
-            }
-            self.awaiting_room = true;
-            use std::os::fd::AsRawFd;
-            return Some(
-                opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLOUT as u32).build(),
-            );
-        } else {
-            // The peer is gone (an error) or took nothing (0): nothing
-            // more can be delivered.
-            return None;
-        }
-        if self.sent >= self.buf.len() || Instant::now() >= self.deadline {
-            return None;
-        }
-        Some(self.send_entry())
+impl Sock<'_> {
+    /// Submits a `POLLOUT` wait.
+    fn writable(self) -> io::Result<Op<()>> {
+        let entry =
+            opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLOUT as u32).build();
+        // SAFETY: a poll entry points at no memory; `self.fd` is the socket it names.
+        unsafe { Op::submit(self.driver, self.fd, entry, ()) }.map_err(|(e, ())| e)
     }
 }
