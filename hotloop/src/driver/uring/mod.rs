@@ -110,6 +110,8 @@ struct Uring {
     listeners: Slab<accept::Listener>,
     /// The receive queues of sockets read with pooled reads.
     streams: Slab<pooled::Stream>,
+    /// Emptied receive-queue blocks, reused by the next arrival.
+    spare_queues: Vec<Vec<u8>>,
     /// The provided buffers multishot receives pick from, where the kernel
     /// has them (Linux 6.0); without them pooled reads wait with `POLL_ADD`.
     buf_ring: Option<bufring::BufRing>,
@@ -171,6 +173,7 @@ impl Driver {
             ops: Slab::default(),
             listeners: Slab::default(),
             streams: Slab::default(),
+            spare_queues: Vec::with_capacity(pooled::SPARE_QUEUES_MAX),
             buf_ring,
             dgrams: Slab::default(),
             dgram_multishot: probe::multishot_recvmsg_supported(),

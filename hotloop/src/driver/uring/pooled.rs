@@ -12,6 +12,9 @@
 //!   is never held by a slow reader.
 //! - `try_recv` copies from the queue (as much as fits, across chunks) and
 //!   says `WouldBlock` when it is empty; `readable` waits until it is not.
+//!   An emptied queue's block goes to a small per-driver list of spares
+//!   that the next arrival on any socket takes, so a request costs no
+//!   allocation and an idle socket holds no block.
 //!   Bytes wait in the driver, not in a future, so dropping a read loses
 //!   nothing (the same cancel safety as epoll).
 //! - The queue is bounded by [`QUEUED_BYTES_MAX`]: past it the multishot is
@@ -40,6 +43,11 @@ use crate::sys;
 /// The most received bytes queued per socket before the multishot
 /// receive is paused.
 pub(super) const QUEUED_BYTES_MAX: usize = 64 * 1024;
+
+/// The most emptied queue blocks a driver keeps for reuse.
+pub(super) const SPARE_QUEUES_MAX: usize = 64;
+/// The largest emptied queue block kept for reuse; larger ones are freed.
+const SPARE_QUEUE_BYTES_MAX: usize = 16 * 1024;
 
 /// What the multishot receive of one socket has delivered.
 #[derive(Default)]
@@ -86,6 +94,9 @@ pub(super) fn on_completion(
     match res {
         n if n > 0 => {
             if let (Some(bid), Some(ring)) = (bid, ur.buf_ring.as_mut()) {
+                if s.bytes.capacity() == 0 {
+                    s.bytes = ur.spare_queues.pop().unwrap_or_default();
+                }
                 s.bytes.extend_from_slice(ring.bytes(bid, n as usize));
                 ring.push(bid);
                 ring.publish();
@@ -152,15 +163,25 @@ impl Uring {
         let n = s.queued_bytes().min(dst.len());
         if n > 0 {
             let src = &s.bytes[s.read_pos..s.read_pos + n];
-            // Written through `MaybeUninit` (the destination may be
-            // uninitialised); the loop compiles to a memcpy.
-            for (d, b) in dst[..n].iter_mut().zip(src) {
-                d.write(*b);
-            }
+            // SAFETY: `dst` has room for `n` bytes (`n <= dst.len()`), `src`
+            // holds `n` initialised bytes, and they cannot overlap: `src` is
+            // the queue's own heap block, `dst` the caller's memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), n)
+            };
             s.read_pos += n;
             if s.read_pos == s.bytes.len() {
-                s.bytes = Vec::new();
+                // Emptied: the block goes to the driver's spares, not to the
+                // allocator (a free and a malloc per request otherwise), and
+                // a quiet socket holds none.
+                let mut bytes = std::mem::take(&mut s.bytes);
                 s.read_pos = 0;
+                if self.spare_queues.len() < SPARE_QUEUES_MAX
+                    && bytes.capacity() <= SPARE_QUEUE_BYTES_MAX
+                {
+                    bytes.clear();
+                    self.spare_queues.push(bytes);
+                }
             }
         }
         let result = if n > 0 {
