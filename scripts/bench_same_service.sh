@@ -18,6 +18,8 @@ SECS=${2:-5}
 cd "$(dirname "$0")/.."
 cargo build --release -p hotloop --features tls,hyper,tower --example same_service >&2
 BIN=${BIN:-target/release/examples/same_service}
+cargo build --release -p hotloop-bench >&2
+LOAD=target/release/hotloop-bench
 OUT=$(mktemp -d /tmp/hotloop-bench-tls.XXXXXX)
 "$BIN" cert "$OUT"
 PORT=18443
@@ -57,7 +59,13 @@ measure() { # kind(wrk|h2load) args...
     local kind=$1 out c0 c1 rps total
     shift
     c0=$(cpu_ticks)
-    if [ "$kind" = wrk ]; then
+    if [ "$kind" = load ]; then
+        # hotloop-bench's load generator: one thread, like wrk, but it
+        # keeps up with faster servers than wrk does on one core.
+        out=$(timeout $((SECS + 20)) taskset -c 1 "$LOAD" load --proto http "$@" 2>&1)
+        rps=$(awk '/throughput/ {print $2}' <<<"$out")
+        total=$(awk '/completed/ {print $2}' <<<"$out")
+    elif [ "$kind" = wrk ]; then
         out=$(timeout $((SECS + 20)) taskset -c 1 wrk -t1 "$@")
         if grep -qE "Socket errors|Non-2xx" <<<"$out"; then echo "wrk errors: $out" >&2; fi
         rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
@@ -88,6 +96,7 @@ for round in $(seq "$ROUNDS"); do
             start hyper "$peer"
             taskset -c 1 wrk -t1 -c64 -d1s "http://127.0.0.1:$PORT/" >/dev/null # warm-up
             record hyper_h1 "$peer" wrk -c64 -d"${SECS}s" "http://127.0.0.1:$PORT/"
+            record hyper_h1_load "$peer" load --addr "127.0.0.1:$PORT" -c 64 -d "$SECS"
             if command -v h2load >/dev/null; then
                 record hyper_h2 "$peer" h2load -c16 -m16 "http://127.0.0.1:$PORT/"
             fi
@@ -124,7 +133,7 @@ spread() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {printf "%
 # The per-round ratio of two peers' figures, as a list.
 ratios() { paste -d' ' <(tr ' ' '\n' <<<"$1" | grep -v '^$') <(tr ' ' '\n' <<<"$2" | grep -v '^$') | awk '{printf "%.3f ", $1 / $2}'; }
 printf "%-14s %-14s %10s %16s %14s %16s %16s\n" measurement server "req/s" "req/s range" "CPU ms/1k req" "req/s vs tokio" "CPU vs tokio"
-for m in hyper_h1 hyper_h2 tls_handshake tls_keepalive tls_h2 axum axum_tls; do
+for m in hyper_h1 hyper_h1_load hyper_h2 tls_handshake tls_keepalive tls_h2 axum axum_tls; do
     for peer in "${PEERS[@]}"; do
         v=${R[$m,$peer]:-}
         [ -z "$v" ] && continue
