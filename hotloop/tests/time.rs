@@ -44,6 +44,22 @@ async fn interval_ticks_on_schedule() {
     assert!(start.elapsed() >= Duration::from_millis(50));
 }
 
+/// A period near the end of time saturates, as `sleep` and `timeout` do:
+/// the first tick comes at once, the next never.
+#[hotloop::test(driver = "all")]
+async fn an_interval_near_the_end_of_time_ticks_once_and_then_waits() {
+    for period in
+        [Duration::MAX, Duration::MAX - Duration::from_secs(1), Duration::from_secs(u64::MAX / 2)]
+    {
+        let mut ticks = interval(period);
+        timeout(Duration::from_secs(5), ticks.tick()).await.expect("the first tick is at once");
+        assert!(
+            timeout(Duration::from_millis(30), ticks.tick()).await.is_err(),
+            "a second tick of a {period:?} period came"
+        );
+    }
+}
+
 #[hotloop::test(driver = "all")]
 async fn thousands_of_timers_fire_and_none_early() {
     let handles: Vec<_> = (0..5_000u64)

@@ -76,8 +76,13 @@ pub fn sleep(duration: Duration) -> Sleep {
 
 /// `now + duration`, saturated at a far-future instant.
 fn deadline_after(duration: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(duration).unwrap_or_else(|| crate::runtime::context::far_future(now))
+    saturating_add(Instant::now(), duration)
+}
+
+/// `at + duration`, saturated at a far-future instant: every deadline in
+/// this module is made here, so none overflows the clock.
+fn saturating_add(at: Instant, duration: Duration) -> Instant {
+    at.checked_add(duration).unwrap_or_else(|| crate::runtime::context::far_future(at))
 }
 
 /// Waits until `deadline`.
@@ -213,8 +218,8 @@ impl Interval {
         let scheduled = self.sleep.deadline();
         (&mut self.sleep).await;
         let now = Instant::now();
-        let next =
-            if now > scheduled + self.period { now + self.period } else { scheduled + self.period };
+        let on_schedule = saturating_add(scheduled, self.period);
+        let next = if now > on_schedule { saturating_add(now, self.period) } else { on_schedule };
         self.sleep = sleep_until(next);
         scheduled
     }
