@@ -197,3 +197,85 @@ unsafe impl hotloop::buf::IoBufMut for PanickyBuf {
         unsafe { self.bytes.set_init(n) }
     }
 }
+
+/// A `block_on` inside a task is refused in that task, before anything
+/// changes: the task's handle reports the panic, and the worker keeps its
+/// own context (its later spawns and timers run on it).
+#[hotloop::test(driver = "all")]
+fn a_nested_block_on_panics_in_its_task_and_the_worker_keeps_its_context(driver: DriverKind) {
+    let rt = runtime(driver);
+    let other = Rc::new(runtime(driver));
+    rt.block_on(async {
+        for target in [other.clone(), other.clone()] {
+            let nested = spawn(async move { target.block_on(async { 1 }) });
+            let err = timeout(Duration::from_secs(10), nested).await.unwrap().unwrap_err();
+            assert!(payload(err).contains("cannot be entered from inside another"));
+        }
+        // The worker still has its own context: a spawn and a sleep run here.
+        let later = spawn(async {
+            sleep(Duration::from_millis(5)).await;
+            9
+        });
+        assert_eq!(timeout(Duration::from_secs(10), later).await.unwrap().unwrap(), 9);
+    });
+    // And the same runtime, nested in its own task.
+    let rt = Rc::new(rt);
+    let again = rt.clone();
+    let err = rt.block_on(async move { spawn(async move { again.block_on(async {}) }).await });
+    assert!(err.unwrap_err().is_panic());
+    worker_alive(&rt);
+    let other = Rc::try_unwrap(other).ok().unwrap();
+    worker_alive(&other);
+}
+
+/// A task that owns a `Runtime` and panics drops that runtime while it
+/// unwinds: the drop must not panic again (that would abort the process).
+/// Runs in a child process, which an abort would kill.
+#[hotloop::test(driver = "all")]
+fn a_task_that_owns_a_runtime_and_panics_reports_the_panic(driver: DriverKind) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["owned_runtime_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env("HOTLOOP_OWNED_RUNTIME_CHILD", format!("{driver:?}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the child ended with {:?}:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("owned runtimes: ok"));
+}
+
+/// The child of the test above.
+#[test]
+fn owned_runtime_child() {
+    let Ok(driver) = std::env::var("HOTLOOP_OWNED_RUNTIME_CHILD") else { return };
+    let driver: DriverKind = driver.to_lowercase().parse().unwrap();
+    let rt = runtime(driver);
+    rt.block_on(async move {
+        // Dropped while the owning task unwinds.
+        let owner = spawn(async move {
+            let inner = Runtime::builder().workers(1).driver(driver).build().unwrap();
+            assert_eq!(inner.handle().spawn_on(0, || async { 3 }).join().unwrap(), 3);
+            let _owned = inner;
+            panic!("the owner panics");
+        });
+        let err = timeout(Duration::from_secs(10), owner).await.unwrap().unwrap_err();
+        assert_eq!(payload(err), "the owner panics");
+        // Dropped normally, inside a task, after its own block_on ran elsewhere.
+        let dropper = spawn(async move {
+            let inner = Runtime::builder().workers(1).driver(driver).build().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            inner.handle().spawn(async move { tx.send(5).unwrap() });
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 5);
+            drop(inner);
+            11
+        });
+        assert_eq!(timeout(Duration::from_secs(10), dropper).await.unwrap().unwrap(), 11);
+        // The worker still has its own context.
+        sleep(Duration::from_millis(2)).await;
+    });
+    worker_alive(&rt);
+    println!("owned runtimes: ok");
+}

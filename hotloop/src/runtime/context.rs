@@ -80,14 +80,28 @@ pub(crate) fn with<R>(f: impl FnOnce(&Context) -> R) -> R {
 }
 
 /// Makes `cx` the current context until the guard drops.
+///
+/// # The context rule
+/// A thread runs at most one worker at a time: entering a context on a
+/// thread that already has one (a `block_on` called from inside a task)
+/// is refused *before* anything changes, so the worker that made the
+/// call keeps its own context, driver and pool, and the refusal is an
+/// ordinary panic inside the calling task (its `JoinHandle` reports
+/// `Panicked`). The one place a context is stacked on another is
+/// [`enter_over`], for dropping a runtime from inside another's task.
+///
+/// # Panics
+/// If this thread already runs a hotloop worker.
 pub(crate) fn enter(cx: Rc<Context>) -> (EnterGuard, crate::driver::EnterGuard) {
-    let driver = cx.driver.enter();
-    let previous = CURRENT.with(|c| c.borrow_mut().replace(cx));
-    crate::net::pool::open();
+    let occupied = CURRENT.with(|c| c.try_borrow().map_or(true, |c| c.is_some()));
     assert!(
-        previous.is_none(),
-        "a hotloop runtime cannot be started from inside another: `block_on` was called on a worker thread"
+        !occupied,
+        "a hotloop runtime cannot be entered from inside another: `block_on` was called on a \
+         worker thread (await the future instead, or run the blocking part with `spawn_blocking`)"
     );
+    let driver = cx.driver.enter();
+    CURRENT.with(|c| *c.borrow_mut() = Some(cx));
+    crate::net::pool::open();
     (EnterGuard, driver)
 }
 
@@ -102,6 +116,42 @@ impl Drop for EnterGuard {
         drop(cx);
         // After the context (and the tasks it held, which may give buffers back).
         crate::net::pool::close();
+    }
+}
+
+/// Makes `cx` the current context for a moment, over whatever context
+/// the thread has (none, or another runtime's worker whose task is
+/// dropping a `Runtime`), and puts that one back when the guard drops.
+///
+/// Only a runtime's own shutdown uses this: it runs no task of the other
+/// context in between, and never panics (a panic while a task unwinds
+/// would abort the process).
+pub(crate) fn enter_over(cx: Rc<Context>) -> OverGuard {
+    let driver = cx.driver.enter();
+    let previous = CURRENT.try_with(|c| c.try_borrow_mut().ok().map(|mut c| c.replace(cx)));
+    let installed = matches!(previous, Ok(Some(_)));
+    OverGuard { previous: previous.ok().flatten().flatten(), installed, _driver: driver }
+}
+
+/// Restores the context [`enter_over`] covered.
+pub(crate) struct OverGuard {
+    previous: Option<Rc<Context>>,
+    /// False if the context could not be installed (the thread's locals
+    /// are being torn down, or the cell is in use): then nothing is restored.
+    installed: bool,
+    _driver: crate::driver::EnterGuard,
+}
+
+impl Drop for OverGuard {
+    fn drop(&mut self) {
+        if !self.installed {
+            return;
+        }
+        let previous = self.previous.take();
+        let ours = CURRENT.try_with(|c| {
+            c.try_borrow_mut().ok().map(|mut c| std::mem::replace(&mut *c, previous))
+        });
+        drop(ours);
     }
 }
 

@@ -364,7 +364,9 @@ impl Runtime {
         stop_threads(&self.handle.inner.workers, threads);
         self.handle.inner.blocking.shutdown();
         if let Some(cx) = self.main.take() {
-            let guard = context::enter(cx.clone());
+            // Over whatever context this thread has: a task of another
+            // runtime may own this one and drop it, even while unwinding.
+            let guard = context::enter_over(cx.clone());
             shutdown_tasks(&cx);
             drop(guard);
             // Sockets the caller still holds keep the driver alive; they
