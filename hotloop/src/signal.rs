@@ -404,11 +404,19 @@ fn dispatch(mut pipe: File) {
     }
 }
 
+/// Wakes every listener parked on `sig`. A waker that panics is reported
+/// and skipped: one bad waker must not end the thread, which would leave
+/// every later wait for a signal in the process hanging.
 fn wake_all(sig: usize) {
     let parked = std::mem::take(&mut *lock(&PARKED[sig]));
     // Woken outside the lock: a waker may run code that polls a listener.
     for (_, waker) in parked {
-        waker.wake();
+        let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+        if woken.is_err() {
+            crate::log::warn(format_args!(
+                "a signal listener's waker panicked when woken; the other listeners are woken"
+            ));
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 
 /// Converts a C return value into `io::Result`, reading `errno` on -1.
 fn cvt<T: PartialOrd + Default>(ret: T) -> io::Result<T> {
@@ -564,12 +564,31 @@ static SIGNAL_COUNTS: [AtomicUsize; SIGNAL_SLOTS] = [const { AtomicUsize::new(0)
 /// [`signal_set_pipe`] sets it.
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
 
-/// The handler that was installed before ours (its address, as `sa_sigaction`
-/// holds it) and its flags, so ours can call it too. `SIG_DFL` (0) and
-/// `SIG_IGN` (1) are never called.
-static SIGNAL_PREVIOUS: [AtomicUsize; SIGNAL_SLOTS] = [const { AtomicUsize::new(0) }; SIGNAL_SLOTS];
-static SIGNAL_PREVIOUS_FLAGS: [AtomicI32; SIGNAL_SLOTS] =
-    [const { AtomicI32::new(0) }; SIGNAL_SLOTS];
+/// The handler that was installed before ours, so ours can call it too.
+/// `SIG_DFL` (0) and `SIG_IGN` (1) are never called.
+struct PreviousHandler {
+    /// Its address, as `sa_sigaction` holds it.
+    action: usize,
+    /// Its flags: `SA_SIGINFO` says which signature it has.
+    flags: libc::c_int,
+}
+
+/// Per signal, the handler ours chains to, or null. One pointer to an
+/// immutable pair, never two values: a signal that lands between two
+/// stores must not pair one handler's address with another's flags and
+/// call it through the wrong signature. A replaced pair is leaked, since
+/// a handler running on another thread may still be reading it (a few
+/// words per install, and installs happen once per signal).
+static SIGNAL_PREVIOUS: [AtomicPtr<PreviousHandler>; SIGNAL_SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; SIGNAL_SLOTS];
+
+/// Records the handler `old` as the one `slot`'s handler chains to.
+fn signal_set_previous(slot: usize, old: &libc::sigaction) {
+    let pair =
+        Box::into_raw(Box::new(PreviousHandler { action: old.sa_sigaction, flags: old.sa_flags }));
+    // The pair replaced is leaked on purpose (see `SIGNAL_PREVIOUS`).
+    SIGNAL_PREVIOUS[slot].store(pair, Ordering::SeqCst);
+}
 
 /// How many times `sig` has arrived since its handler was installed (it
 /// wraps; only changes matter).
@@ -619,8 +638,7 @@ pub(crate) fn signal_install(sig: libc::c_int) -> io::Result<()> {
     cvt(unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) })?;
     // Recorded before ours is installed, so a signal that lands right after
     // the install already finds the handler to chain to.
-    SIGNAL_PREVIOUS[slot].store(old.sa_sigaction, Ordering::SeqCst);
-    SIGNAL_PREVIOUS_FLAGS[slot].store(old.sa_flags, Ordering::SeqCst);
+    signal_set_previous(slot, &old);
 
     // SAFETY: as above, all-zero is a valid sigaction; every field used is set below.
     let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -632,8 +650,7 @@ pub(crate) fn signal_install(sig: libc::c_int) -> io::Result<()> {
     // SAFETY: `new` is a valid action whose handler is async-signal-safe (see `on_signal`); `old` is live.
     cvt(unsafe { libc::sigaction(sig, &new, &mut old) })?;
     // Someone may have changed it between the two calls: chain to what was really replaced.
-    SIGNAL_PREVIOUS[slot].store(old.sa_sigaction, Ordering::SeqCst);
-    SIGNAL_PREVIOUS_FLAGS[slot].store(old.sa_flags, Ordering::SeqCst);
+    signal_set_previous(slot, &old);
     Ok(())
 }
 
@@ -655,18 +672,22 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, context: *
         // never closed; EAGAIN (pipe full) means a wake-up is already waiting.
         unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
     }
-    if let Some(slot) = slot {
-        let previous = SIGNAL_PREVIOUS[slot].load(Ordering::SeqCst);
-        if previous != libc::SIG_DFL && previous != libc::SIG_IGN {
-            if SIGNAL_PREVIOUS_FLAGS[slot].load(Ordering::SeqCst) & libc::SA_SIGINFO != 0 {
-                // SAFETY: sigaction(2) returned this address as an SA_SIGINFO handler
-                // of this signal, so it has this signature and stays valid.
+    let pair = slot.map_or(std::ptr::null_mut(), |i| SIGNAL_PREVIOUS[i].load(Ordering::SeqCst));
+    // SAFETY: a non-null pointer here came from `Box::into_raw` in
+    // `signal_set_previous`, is never freed, and the pair is never written after.
+    if let Some(previous) = unsafe { pair.as_ref() } {
+        let action = previous.action;
+        if action != libc::SIG_DFL && action != libc::SIG_IGN {
+            if previous.flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: sigaction(2) returned this address, with these flags, as an
+                // SA_SIGINFO handler of this signal, so it has this signature and stays valid.
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(previous) };
+                    unsafe { std::mem::transmute(action) };
                 f(sig, info, context);
             } else {
-                // SAFETY: sigaction(2) returned this address as a plain handler of this signal.
-                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(previous) };
+                // SAFETY: sigaction(2) returned this address, with these flags, as a plain
+                // handler of this signal.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(action) };
                 f(sig);
             }
         }

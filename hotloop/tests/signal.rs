@@ -172,3 +172,59 @@ fn shutdown_signals_takes_each_signal_on_a_blocking_thread() {
     sender.join().unwrap();
     assert_eq!(signals.wait_timeout(Duration::from_millis(20)).unwrap(), None);
 }
+
+/// Panics when woken.
+struct PanicWaker;
+
+impl std::task::Wake for PanicWaker {
+    fn wake(self: Arc<Self>) {
+        panic!("a listener's waker panics");
+    }
+}
+
+/// Sends `kind` to this process from another thread after `after`, so
+/// the listener is parked and only a wake from the signal thread can
+/// deliver it.
+fn send_later(kind: SignalKind, after: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        // SAFETY: kill(2) takes no pointers; it signals this process only.
+        unsafe { libc::kill(libc::getpid(), kind.as_raw_value()) };
+    })
+}
+
+/// Waits for `sig`'s next delivery, which a wake must bring: a
+/// `timeout` polls its future once more when it ends and would find the
+/// delivery counted even with no wake, so the wait is bounded well below it.
+async fn woken_within(sig: &mut Signal, limit: Duration) {
+    let start = std::time::Instant::now();
+    assert_eq!(timeout(LIMIT, sig.recv()).await.expect("delivery stopped"), Some(()));
+    assert!(start.elapsed() < limit, "the delivery came only when the wait gave up: no wake");
+}
+
+/// One listener whose waker panics does not end delivery: later
+/// listeners, of this signal and others, still get theirs.
+#[hotloop::test(driver = "all")]
+async fn a_panicking_waker_does_not_stop_signal_delivery(_driver: DriverKind) {
+    let _serial = serial();
+    let mut bad = signal(SignalKind::user_defined2()).unwrap();
+    let waker = std::task::Waker::from(Arc::new(PanicWaker));
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(bad.poll_recv(&mut cx).is_pending(), "a delivery before any was sent");
+    raise(SignalKind::user_defined2());
+    hotloop::time::sleep(Duration::from_millis(50)).await;
+    // Parked listeners, woken only by the signal thread.
+    let mut good = signal(SignalKind::user_defined2()).unwrap();
+    for _ in 0..2 {
+        assert!(is_idle(&mut good).await);
+        let sender = send_later(SignalKind::user_defined2(), Duration::from_millis(20));
+        woken_within(&mut good, LIMIT / 2).await;
+        sender.join().unwrap();
+    }
+    let mut other = signal(SignalKind::user_defined1()).unwrap();
+    assert!(is_idle(&mut other).await);
+    let sender = send_later(SignalKind::user_defined1(), Duration::from_millis(20));
+    woken_within(&mut other, LIMIT / 2).await;
+    sender.join().unwrap();
+    drop(bad);
+}
