@@ -25,7 +25,7 @@
 //!    adds one to the signal's delivery counter and writes one byte to a
 //!    non-blocking self-pipe. That is all it does: atomics and `write(2)`
 //!    are async-signal-safe, wakers and locks are not. It lives in
-//!    `sys.rs`, with the crate's other `unsafe` system calls.
+//!    `sys/signal.rs`, with the crate's other `unsafe` system calls.
 //! 2. One thread, `hotloop-signal`, started with the first listener,
 //!    blocks in `read(2)` on the pipe. Each time it wakes it compares every
 //!    counter with the last value it saw and wakes the wakers parked on the

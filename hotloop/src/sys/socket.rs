@@ -1,0 +1,347 @@
+//! Socket calls: receive and send (through `syscall(2)` where libc's
+//! wrappers would be cancellation points), accept, close, options and
+//! address conversion.
+
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
+
+use super::cvt;
+
+/// Reads into `len` bytes at `ptr`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for writes for the duration of the call.
+pub(crate) unsafe fn recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer; the address arguments are null.
+    let n = cvt(unsafe { raw_recvfrom(fd, ptr, len, 0) })?;
+    Ok(n as usize)
+}
+
+/// Reads into `len` bytes at `ptr` without blocking, even on a blocking socket.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for writes for the duration of the call.
+pub(crate) unsafe fn recv_nowait(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer; the address arguments are null.
+    let n = cvt(unsafe { raw_recvfrom(fd, ptr, len, libc::MSG_DONTWAIT) })?;
+    Ok(n as usize)
+}
+
+/// Sends `len` bytes at `ptr`, never raising `SIGPIPE`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for reads for the duration of the call.
+pub(crate) unsafe fn send(fd: RawFd, ptr: *const u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer; the address arguments are
+    // null. MSG_NOSIGNAL turns a write to a closed peer into EPIPE instead
+    // of a signal.
+    let n = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd as libc::c_long,
+            ptr,
+            len,
+            libc::MSG_NOSIGNAL as libc::c_long,
+            std::ptr::null::<libc::sockaddr>(),
+            0 as libc::c_long,
+        )
+    })?;
+    Ok(n as usize)
+}
+
+/// `recvfrom(2)` without a source address, made with `syscall(2)` rather
+/// than libc's `recv`: libc's wrappers are thread cancellation points, and
+/// in a threaded process each call switches asynchronous cancellation on
+/// and off around the system call (about 60 instructions per request on
+/// the keep-alive path). hotloop never cancels threads.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for writes for the duration of the call.
+#[inline]
+unsafe fn raw_recvfrom(fd: RawFd, ptr: *mut u8, len: usize, flags: i32) -> libc::c_long {
+    // SAFETY: the caller guarantees the buffer; null address and length
+    // pointers tell the kernel not to report the source address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd as libc::c_long,
+            ptr,
+            len,
+            flags as libc::c_long,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        )
+    }
+}
+
+/// Sends the buffers described by `iov` in one call, never raising `SIGPIPE`.
+///
+/// # Safety
+/// Every `iovec` must describe memory valid for reads for the duration of the call.
+pub(crate) unsafe fn sendmsg(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    // SAFETY: `msg` points at `iov`, which the caller guarantees; both outlive the call.
+    let n = cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
+}
+
+/// Accepts one connection as a non-blocking, close-on-exec socket.
+///
+/// The peer address is not asked for: io_uring's multishot accept cannot
+/// return it either, so both drivers look it up only when asked.
+pub(crate) fn accept(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: null address pointers are allowed and mean "don't report the
+    // peer". Made with syscall(2): libc's wrapper is a cancellation point
+    // (see `raw_recvfrom`).
+    let conn = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_accept4,
+            fd as libc::c_long,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+            (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as libc::c_long,
+        )
+    })?;
+    // SAFETY: `conn` is a new fd from the kernel; we own it.
+    Ok(unsafe { OwnedFd::from_raw_fd(conn as RawFd) })
+}
+
+/// Closes `fd` with syscall(2) rather than libc's `close`, a cancellation
+/// point (see `raw_recvfrom`). Errors are ignored, as `OwnedFd`'s drop
+/// does: the descriptor is released whatever close(2) returns on Linux.
+pub(crate) fn close(fd: OwnedFd) {
+    let fd = fd.into_raw_fd();
+    // SAFETY: `fd` came out of an `OwnedFd`, so this is its only owner and
+    // nothing uses the number after this call.
+    unsafe { libc::syscall(libc::SYS_close, fd as libc::c_long) };
+}
+
+/// Creates a non-blocking, close-on-exec UDP socket for `addr`'s family.
+pub(crate) fn udp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
+    let family = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: socket(2) takes no pointers; a non-negative return is a new fd we own.
+    let fd = cvt(unsafe {
+        libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+    })?;
+    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets or clears `O_NONBLOCK`.
+pub(crate) fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl(2) with F_GETFL takes no pointers.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    // SAFETY: fcntl(2) with F_SETFL takes an int.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+/// Receives one message as `msg` describes; returns the bytes received.
+///
+/// # Safety
+/// Every pointer in `msg` (name, iovecs, control) must be valid for writes
+/// of the lengths it gives, for the duration of the call.
+pub(crate) unsafe fn recvmsg(fd: RawFd, msg: &mut libc::msghdr, flags: i32) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the header's pointers.
+    let n = cvt(unsafe { libc::recvmsg(fd, msg, flags) })?;
+    Ok(n as usize)
+}
+
+/// Receives up to `msgs.len()` messages; returns how many arrived.
+///
+/// # Safety
+/// As [`recvmsg`], for every header in `msgs`.
+pub(crate) unsafe fn recvmmsg(
+    fd: RawFd,
+    msgs: &mut [libc::mmsghdr],
+    flags: i32,
+) -> io::Result<usize> {
+    let len = msgs.len().min(u32::MAX as usize) as libc::c_uint;
+    // SAFETY: the caller guarantees the headers' pointers; no timeout is passed.
+    let n =
+        cvt(unsafe { libc::recvmmsg(fd, msgs.as_mut_ptr(), len, flags, std::ptr::null_mut()) })?;
+    Ok(n as usize)
+}
+
+/// Sends one message as `msg` describes, never raising `SIGPIPE`; returns the bytes sent.
+///
+/// # Safety
+/// Every pointer in `msg` (name, iovecs, control) must be valid for reads
+/// of the lengths it gives, for the duration of the call.
+pub(crate) unsafe fn sendmsg_hdr(fd: RawFd, msg: &libc::msghdr, flags: i32) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the header's pointers.
+    let n = cvt(unsafe { libc::sendmsg(fd, msg, flags | libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
+}
+
+/// Sends up to `msgs.len()` messages; returns how many the kernel took.
+///
+/// # Safety
+/// As [`sendmsg_hdr`], for every header in `msgs`.
+pub(crate) unsafe fn sendmmsg(
+    fd: RawFd,
+    msgs: &mut [libc::mmsghdr],
+    flags: i32,
+) -> io::Result<usize> {
+    let len = msgs.len().min(u32::MAX as usize) as libc::c_uint;
+    // SAFETY: the caller guarantees the headers' pointers.
+    let n = cvt(unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), len, flags | libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
+}
+
+/// Sets an integer socket option.
+pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live i32 and its exact size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+/// Reads an integer socket option.
+pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
+    let mut value: i32 = 0;
+    let mut len = size_of::<i32>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into the live i32.
+    cvt(unsafe { libc::getsockopt(fd, level, name, (&mut value as *mut i32).cast(), &mut len) })?;
+    Ok(value)
+}
+
+/// Shuts down one or both halves of a connection.
+pub(crate) fn shutdown(fd: RawFd, how: std::net::Shutdown) -> io::Result<()> {
+    let how = match how {
+        std::net::Shutdown::Read => libc::SHUT_RD,
+        std::net::Shutdown::Write => libc::SHUT_WR,
+        std::net::Shutdown::Both => libc::SHUT_RDWR,
+    };
+    // SAFETY: shutdown(2) takes no pointers.
+    cvt(unsafe { libc::shutdown(fd, how) })?;
+    Ok(())
+}
+
+/// The local address of a socket.
+pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    sockname(fd, libc::getsockname)
+}
+
+/// The peer address of a connected socket.
+pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    sockname(fd, libc::getpeername)
+}
+
+/// The local address of a Unix domain socket, in std's form.
+pub(crate) fn unix_local_addr(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<std::os::unix::net::SocketAddr> {
+    with_unix_stream(fd, |s| s.local_addr())
+}
+
+/// The peer address of a connected Unix domain socket, in std's form.
+pub(crate) fn unix_peer_addr(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<std::os::unix::net::SocketAddr> {
+    with_unix_stream(fd, |s| s.peer_addr())
+}
+
+/// Calls `f` with `fd` seen as a std `UnixStream` that never closes it, so
+/// std's address decoding (the only way to build its `SocketAddr`, unnamed
+/// ones included) works on a descriptor someone else owns.
+fn with_unix_stream<R>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    f: impl FnOnce(&std::os::unix::net::UnixStream) -> R,
+) -> R {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `fd` is open for the whole call (it is borrowed across it);
+    // the stream is only lent to `f` by reference, so it cannot escape, and
+    // `ManuallyDrop` means it never closes the descriptor, whose ownership
+    // stays with the lender.
+    let stream = std::mem::ManuallyDrop::new(unsafe {
+        std::os::unix::net::UnixStream::from_raw_fd(fd.as_raw_fd())
+    });
+    f(&stream)
+}
+
+type SocknameFn =
+    unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+
+fn sockname(fd: RawFd, f: SocknameFn) -> io::Result<SocketAddr> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage` has room for any address and `len` says how much.
+    cvt(unsafe { f(fd, storage.as_mut_ptr().cast(), &mut len) })?;
+    // SAFETY: zero-initialised and then written by the kernel.
+    sockaddr_to_std(unsafe { storage.assume_init_ref() })
+}
+
+/// Converts a kernel socket address into a `SocketAddr`.
+pub(crate) fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
+    match storage.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in, which fits inside it.
+            let a =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says this storage holds a sockaddr_in6, which fits inside it.
+            let a = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "unsupported address family")),
+    }
+}
+
+/// Converts a `SocketAddr` into kernel form and its length.
+pub(crate) fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_in fits inside sockaddr_storage, which is suitably aligned for it.
+            let sin = unsafe {
+                &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_in6 fits inside sockaddr_storage, which is suitably aligned for it.
+            let sin6 = unsafe {
+                &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
