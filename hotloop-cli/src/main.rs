@@ -55,7 +55,9 @@ SIGUSR1 logs one status line. SIGUSR2 is logged and ignored."
     pub const SERVE: &str = concat!(
         "\
 Timeouts (echo and http; the hyper app has hyper's own header-read timeout, none of these):
-  --idle-timeout-ms    60000  nothing moved in either direction: close
+  --idle-timeout-ms    60000  nothing moved in either direction, whether the server
+                              waits to read or to write: close (408 first if a
+                              request head is unfinished)
   --header-timeout-ms  10000  a request head not complete: 408 and close (http)
   --send-timeout-ms    60000  a write made no progress (the client does not read): close
   --grace-ms            5000  on a graceful stop, how long open connections may take
