@@ -220,6 +220,8 @@ pub fn read_to_close(s: &mut impl Read) -> (Vec<u8>, Duration) {
     let mut buf = [0u8; 4096];
     loop {
         match s.read(&mut buf) {
+            // A signal to the test process is not the end of the stream.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Ok(0) | Err(_) => return (got, start.elapsed()),
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
