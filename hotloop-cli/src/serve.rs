@@ -4,7 +4,8 @@
 //! `hyper` runs the hyper service in `hotloop_proto::hyper_app` through
 //! [`hotloop::hyper::serve_hyper`] (HTTP/1.1, and HTTP/2 by prior
 //! knowledge), so hyper on hotloop can be compared with the same service on
-//! tokio. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
+//! tokio; the command's idle, send and header timeouts go to it as
+//! [`HyperOptions`]. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
 //! (in `quic.rs`) echoes QUIC streams, and `h3` answers HTTP/3 there.
 //!
 //! The echo and http handlers are generic over [`Conn`], so the plain path
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hotloop::buf::IoBuf;
-use hotloop::hyper::{serve_hyper, serve_hyper_tls};
+use hotloop::hyper::{serve_hyper, serve_hyper_tls, HyperOptions};
 use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::Sleep;
@@ -65,18 +66,20 @@ pub struct ServeArgs {
     /// CPU work per request in microseconds, standing in for an application's own processing.
     #[arg(long, default_value_t = 0)]
     pub work_us: u64,
-    /// Idle timeout (echo, http; quic and h3: QUIC's idle timeout):
-    /// close a connection when nothing has moved in either direction for
-    /// this long, whether it waits to read or to write, milliseconds (0:
-    /// never).
+    /// Idle timeout (echo, http, hyper; quic and h3: QUIC's idle
+    /// timeout): close a connection when nothing has moved in either
+    /// direction for this long, whether it waits to read or to write
+    /// (hyper over HTTP/2: GOAWAY, then close), milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
-    /// Header timeout (http): a request head must arrive whole within this
-    /// long of its first byte (of the connection, for the first request),
-    /// however slowly it trickles; then 408 and close. Milliseconds.
+    /// Header timeout (http; hyper over HTTP/1.1): a request head must
+    /// arrive whole within this long of its first byte (of the connection,
+    /// for the first request; for hyper, of the end of the previous
+    /// answer), however slowly it trickles; then 408 and close (hyper
+    /// closes). Milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
-    /// Send timeout (echo, http; quic resets the stream): close a
+    /// Send timeout (echo, http, hyper; quic resets the stream): close a
     /// connection when a write has made no progress for this long, because
     /// the client does not read (nginx's `send_timeout`); a shorter idle
     /// timeout closes it sooner. Milliseconds (0: never).
@@ -186,6 +189,12 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
             let make_service = move || {
                 let body = body.clone();
                 service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
+            };
+            let options = HyperOptions {
+                server: options,
+                idle_timeout: settings.idle_timeout,
+                send_timeout: millis_or_never(args.send_timeout_ms),
+                header_timeout: Some(settings.header_timeout),
             };
             match tls {
                 None => serve_hyper(rt.handle(), addr, options, make_service)?,

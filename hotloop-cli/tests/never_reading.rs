@@ -1,7 +1,7 @@
 //! Clients that send and never read: the send timeout frees their
 //! connections (nginx's `send_timeout`), and so does a shorter idle
-//! timeout, since nothing moves on them either way; plain and TLS, on both
-//! drivers.
+//! timeout, since nothing moves on them either way; echo, http and hyper,
+//! plain and TLS, on both drivers.
 
 mod common;
 
@@ -153,5 +153,16 @@ fn tls_clients_that_never_read_are_closed_at_the_idle_timeout(driver: DriverKind
     let driver = common::driver_arg(driver);
     for (app, chunk) in [("echo", ECHO_CHUNK), ("http", PIPELINED)] {
         check(driver, app, chunk, true, IDLE_TIMEOUT, Duration::from_secs(5));
+    }
+}
+
+/// `serve hyper`: hyper's HTTP/1.1 connections, plain and TLS, follow the
+/// send timeout and the idle timeout too.
+#[hotloop::test(driver = "all")]
+fn hyper_clients_that_never_read_are_closed_at_the_send_and_idle_timeouts(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    for tls in [false, true] {
+        check(driver, "hyper", PIPELINED, tls, SEND_TIMEOUT, Duration::from_secs(5));
+        check(driver, "hyper", PIPELINED, tls, IDLE_TIMEOUT, Duration::from_secs(5));
     }
 }
