@@ -1,11 +1,13 @@
 //! `hotloop serve hyper` under hostile clients: idle HTTP/2 connections
-//! are sent a GOAWAY and closed at the idle timeout (clients that never
-//! read: `never_reading.rs`); plain and TLS, on both drivers.
+//! are sent a GOAWAY and closed at the idle timeout, clients that never
+//! read are closed at the idle or send timeout, and a client that ends
+//! its side after its request (a TCP half-close, or a TLS close_notify)
+//! still gets the answer; plain and TLS, on both drivers.
 
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -108,4 +110,52 @@ fn idle_http2_connections_get_a_goaway_and_close_at_the_idle_timeout(driver: Dri
     let driver = common::driver_arg(driver);
     idle_http2(driver, false);
     idle_http2(driver, true);
+}
+
+/// Fifty clients at once each send a request and end their side: each
+/// reads the whole answer.
+fn half_closing(driver: &str, tls: bool) {
+    let (_p, addr, _stats, cert) = start(driver, tls, &[]);
+    let answers: Vec<String> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..50)
+            .map(|_| {
+                let cert = cert.as_deref();
+                scope.spawn(move || {
+                    let tcp = TcpStream::connect(addr).unwrap();
+                    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+                    let got = match cert {
+                        None => {
+                            let mut s = tcp;
+                            s.write_all(request).unwrap();
+                            s.shutdown(Shutdown::Write).unwrap();
+                            read_to_close(&mut s).0
+                        }
+                        Some(cert) => {
+                            let mut s = common::tls_client_over(tcp, cert, &[b"http/1.1"]);
+                            s.write_all(request).unwrap();
+                            s.conn.send_close_notify();
+                            s.flush().unwrap();
+                            s.sock.shutdown(Shutdown::Write).unwrap();
+                            read_to_close(&mut s).0
+                        }
+                    };
+                    String::from_utf8_lossy(&got).into_owned()
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let unanswered = answers
+        .iter()
+        .filter(|a| !(a.starts_with("HTTP/1.1 200 OK") && a.ends_with(&"x".repeat(64))))
+        .count();
+    assert_eq!(unanswered, 0, "{driver} (TLS: {tls}): {unanswered} of 50 unanswered");
+}
+
+#[hotloop::test(driver = "all")]
+fn a_client_that_half_closes_after_its_request_gets_the_answer(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    half_closing(driver, false);
+    half_closing(driver, true);
 }

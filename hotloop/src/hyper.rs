@@ -11,7 +11,9 @@
 //! [`serve_hyper`] bounds every connection by the deadlines of
 //! [`HyperOptions`]: nothing moved either way for the idle timeout, a
 //! write stalled for the send timeout (a client that does not read), and,
-//! for HTTP/1.1, hyper's own header-read timeout.
+//! for HTTP/1.1, hyper's own header-read timeout. A client that ends its
+//! side after a request (a TCP half-close, or a TLS close_notify) still
+//! gets its answer.
 //!
 //! # Implementation notes
 //!
@@ -32,6 +34,10 @@
 //!   stalled write is cut at once (a GOAWAY could not be sent anyway). A
 //!   cut shuts the socket down both ways before the stream is dropped, so
 //!   a write in flight on io_uring ends at once too.
+//! - hyper's HTTP/1.1 server drops a connection whose read side ends while
+//!   a request is being answered unless it allows half-closed connections
+//!   (`half_close`), which it does here: the end of the client's side is
+//!   then only an end of requests.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
@@ -321,7 +327,12 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(HotloopExecutor);
-    builder.http1().timer(HotloopTimer).keep_alive(true).header_read_timeout(deadlines.header);
+    builder
+        .http1()
+        .timer(HotloopTimer)
+        .keep_alive(true)
+        .half_close(true)
+        .header_read_timeout(deadlines.header);
     builder.http2().timer(HotloopTimer);
     let progress = Rc::new(Progress::new());
     let io = TimedIo { io, progress: progress.clone() };
