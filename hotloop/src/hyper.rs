@@ -26,8 +26,9 @@
 //!   bytes last moved and since when a write has waited; the task keeps
 //!   one timer, moved only earlier as it goes, and looks at the shared
 //!   record when the timer fires, filing it again for the later deadline
-//!   if bytes moved meanwhile (the same lazy scheme as the command's
-//!   connection timer, and as nginx's).
+//!   if bytes moved meanwhile (nginx keeps its timers the same way). A
+//!   read moves the idle clock but not a waiting write's: a client that
+//!   keeps sending and never reads still meets the send timeout.
 //! - At the idle deadline hyper is asked to finish gracefully (an idle
 //!   HTTP/1.1 connection closes at once; HTTP/2 sends GOAWAY), and the
 //!   connection is cut [`IDLE_CLOSE_GRACE`] later if it has not ended; a
@@ -420,7 +421,13 @@ impl Progress {
         }
     }
 
-    /// A read or a write moved bytes.
+    /// A read moved bytes. A write that waits still waits: a client that
+    /// sends and does not read is still bounded by the send timeout.
+    fn read(&self) {
+        self.moved.set(crate::time::now());
+    }
+
+    /// A write (or a flush) moved bytes.
     fn moved(&self) {
         self.moved.set(crate::time::now());
         self.write_waiting.set(None);
@@ -487,7 +494,7 @@ impl<T: tokio::io::AsyncRead + Socket + Unpin> hyper::rt::Read for TimedIo<T> {
         crate::buf::poll_read_hyper(buf, |rb| {
             let poll = Pin::new(&mut this.io).poll_read(cx, rb);
             if poll.is_ready() && !rb.filled().is_empty() {
-                this.progress.moved();
+                this.progress.read();
             }
             poll
         })
