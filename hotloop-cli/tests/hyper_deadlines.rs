@@ -1,8 +1,9 @@
 //! `hotloop serve hyper` under hostile clients: idle HTTP/2 connections
-//! are sent a GOAWAY and closed at the idle timeout, clients that never
-//! read are closed at the idle or send timeout, and a client that ends
-//! its side after its request (a TCP half-close, or a TLS close_notify)
-//! still gets the answer; plain and TLS, on both drivers.
+//! are sent a GOAWAY and closed at the idle timeout, an HTTP/2 client that
+//! never reads is cut at the send timeout (HTTP/1.1 ones:
+//! `never_reading.rs`), and a client that ends its side after its request
+//! (a TCP half-close, or a TLS close_notify) still gets the answer; plain
+//! and TLS, on both drivers.
 
 mod common;
 
@@ -158,4 +159,55 @@ fn a_client_that_half_closes_after_its_request_gets_the_answer(driver: DriverKin
     let driver = common::driver_arg(driver);
     half_closing(driver, false);
     half_closing(driver, true);
+}
+
+/// An HTTP/2 frame: its header (length, type, flags, stream) and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut frame = len.to_be_bytes()[1..].to_vec();
+    frame.extend_from_slice(&[kind, flags]);
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// An HTTP/2 client that lifts flow control, asks for a hundred 64 KiB
+/// answers and never reads them, while it keeps sending PINGs: the
+/// server's writes stall, and the send timeout cuts the connection.
+#[hotloop::test(driver = "all")]
+fn a_never_reading_http2_client_meets_the_send_timeout(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let limits =
+        ["--send-timeout-ms", "300", "--idle-timeout-ms", "600000", "--body-size", "65536"];
+    let (_p, addr, stats, _) = start(driver, false, &limits);
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE at its largest, and the connection's window too.
+    hello.extend(h2_frame(4, 0, 0, &[0, 4, 0x7f, 0xff, 0xff, 0xff]));
+    hello.extend(h2_frame(8, 0, 0, &(0x7fff_ffffu32 - 65_535).to_be_bytes()));
+    // GET / (:method GET, :scheme http, :path /, :authority t), END_STREAM | END_HEADERS.
+    for stream in (1..200).step_by(2) {
+        hello.extend(h2_frame(1, 0x5, stream, &[0x82, 0x86, 0x84, 0x41, 0x01, b't']));
+    }
+    s.write_all(&hello).unwrap();
+    assert!(wait_until(Duration::from_secs(2), || stat(stats, "active_connections") == 1));
+    let start = Instant::now();
+    let mut closed = false;
+    while start.elapsed() < Duration::from_secs(4) {
+        if stat(stats, "active_connections") == 0 {
+            closed = true;
+            break;
+        }
+        if s.write_all(&h2_frame(6, 0, 0, &[0; 8])).is_err() {
+            // The server cut it; the stats say so on the next round.
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(closed, "{driver}: still open after {:?}", start.elapsed());
 }
