@@ -54,9 +54,14 @@ SIGUSR1 logs one status line. SIGUSR2 is logged and ignored."
     }
     pub const SERVE: &str = concat!(
         "\
-Timeouts (echo and http; the hyper app has hyper's own header-read timeout, none of these):
-  --idle-timeout-ms    60000  nothing moved in either direction: close
-  --header-timeout-ms  10000  a request head not complete: 408 and close (http)
+Timeouts (echo, http and hyper):
+  --idle-timeout-ms    60000  nothing moved in either direction, whether the server
+                              waits to read or to write: close (http: 408 first if
+                              a request head is unfinished; hyper over HTTP/2:
+                              GOAWAY, then close within 1 s)
+  --header-timeout-ms  10000  a request head not complete: 408 and close (http);
+                              hyper over HTTP/1.1: hyper's header-read timeout,
+                              counted from the end of the previous answer: close
   --send-timeout-ms    60000  a write made no progress (the client does not read): close
   --grace-ms            5000  on a graceful stop, how long open connections may take
   after an error reply (400, 405, 408, 431, 501, 505): writing is shut down, and

@@ -4,7 +4,8 @@
 //! `hyper` runs the hyper service in `hotloop_proto::hyper_app` through
 //! [`hotloop::hyper::serve_hyper`] (HTTP/1.1, and HTTP/2 by prior
 //! knowledge), so hyper on hotloop can be compared with the same service on
-//! tokio. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
+//! tokio; the command's idle, send and header timeouts go to it as
+//! [`HyperOptions`]. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
 //! (in `quic.rs`) echoes QUIC streams, and `h3` answers HTTP/3 there.
 //!
 //! The echo and http handlers are generic over [`Conn`], so the plain path
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hotloop::buf::IoBuf;
-use hotloop::hyper::{serve_hyper, serve_hyper_tls};
+use hotloop::hyper::{serve_hyper, serve_hyper_tls, HyperOptions};
 use hotloop::net::{serve, PooledBuf, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::Sleep;
@@ -65,19 +66,23 @@ pub struct ServeArgs {
     /// CPU work per request in microseconds, standing in for an application's own processing.
     #[arg(long, default_value_t = 0)]
     pub work_us: u64,
-    /// Idle timeout (echo, http; quic and h3: QUIC's idle timeout): close a
-    /// connection when nothing has moved in either direction for this long,
-    /// milliseconds (0: never).
+    /// Idle timeout (echo, http, hyper; quic and h3: QUIC's idle
+    /// timeout): close a connection when nothing has moved in either
+    /// direction for this long, whether it waits to read or to write
+    /// (hyper over HTTP/2: GOAWAY, then close), milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
-    /// Header timeout (http): a request head must arrive whole within this
-    /// long of its first byte (of the connection, for the first request),
-    /// however slowly it trickles; then 408 and close. Milliseconds.
+    /// Header timeout (http; hyper over HTTP/1.1): a request head must
+    /// arrive whole within this long of its first byte (of the connection,
+    /// for the first request; for hyper, of the end of the previous
+    /// answer), however slowly it trickles; then 408 and close (hyper
+    /// closes). Milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
-    /// Send timeout (echo, http; quic resets the stream): close a connection when a write has made
-    /// no progress for this long, because the client does not read
-    /// (nginx's `send_timeout`), milliseconds (0: never).
+    /// Send timeout (echo, http, hyper; quic resets the stream): close a
+    /// connection when a write has made no progress for this long, because
+    /// the client does not read (nginx's `send_timeout`); a shorter idle
+    /// timeout closes it sooner. Milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub send_timeout_ms: u64,
     /// HTTP: the most headers a request may carry; more gets 431.
@@ -120,7 +125,10 @@ struct Settings {
     work_us: u64,
     idle_timeout: Option<Duration>,
     header_timeout: Duration,
-    send_timeout: Option<Duration>,
+    /// How long a write may wait without progress: the send timeout, or
+    /// the idle timeout when that is shorter, since a connection on which
+    /// nothing moves is idle whether it waits to read or to write.
+    write_limit: Option<Duration>,
     parse: ParseOptions,
     keep_alive_reply: Arc<[u8]>,
     close_reply: Arc<[u8]>,
@@ -130,6 +138,14 @@ struct Settings {
 
 pub(crate) fn millis_or_never(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// The shorter of two optional limits (`None`: never).
+pub(crate) fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Runs the server until a stop signal (see `stop.rs` for each signal).
@@ -157,7 +173,10 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         work_us: args.work_us,
         idle_timeout: millis_or_never(args.idle_timeout_ms),
         header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
-        send_timeout: millis_or_never(args.send_timeout_ms),
+        write_limit: shorter(
+            millis_or_never(args.send_timeout_ms),
+            millis_or_never(args.idle_timeout_ms),
+        ),
         parse: ParseOptions { max_headers: args.max_headers, allow_head: true },
         keep_alive_reply: proto::response_ok(args.body_size, false).into(),
         close_reply: proto::response_ok(args.body_size, true).into(),
@@ -172,6 +191,12 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
             let make_service = move || {
                 let body = body.clone();
                 service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
+            };
+            let options = HyperOptions {
+                server: options,
+                idle_timeout: settings.idle_timeout,
+                send_timeout: millis_or_never(args.send_timeout_ms),
+                header_timeout: Some(settings.header_timeout),
             };
             match tls {
                 None => serve_hyper(rt.handle(), addr, options, make_service)?,
@@ -291,7 +316,7 @@ async fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) {
     } else {
         http(&mut stream, &settings).await
     }
-    stream.finish(settings.send_timeout).await;
+    stream.finish(settings.write_limit).await;
 }
 
 /// A connection's deadlines (idle, header, send) on one timer that is
@@ -514,7 +539,7 @@ async fn echo<S: Conn>(stream: &mut S, s: &Settings) {
         };
         let Some(buf) = got else { return };
         proto::spin_work(s.work_us);
-        if stream.send(buf, s.send_timeout, &mut timer).await.is_err() {
+        if stream.send(buf, s.write_limit, &mut timer).await.is_err() {
             return;
         }
     }
@@ -554,7 +579,7 @@ async fn http<S: Conn>(stream: &mut S, s: &Settings) {
                     (Method::Head, false) => s.keep_alive_head_reply.clone(),
                     (Method::Head, true) => s.close_head_reply.clone(),
                 };
-                if stream.send(reply, s.send_timeout, &mut timer).await.is_err() || close {
+                if stream.send(reply, s.write_limit, &mut timer).await.is_err() || close {
                     return;
                 }
                 // Between requests the idle timeout applies, until a byte of the next one arrives.
@@ -573,7 +598,13 @@ async fn http<S: Conn>(stream: &mut S, s: &Settings) {
         if !pending.is_empty() && head_deadline.is_none() {
             head_deadline = Some(hotloop::time::now() + s.header_timeout);
         }
-        let deadline = head_deadline.or(s.idle_timeout.map(|t| hotloop::time::now() + t));
+        // The idle timeout runs from now whatever is awaited, a request
+        // head included: a head also has to be whole by its own deadline.
+        let idle_deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
+        let deadline = match (head_deadline, idle_deadline) {
+            (Some(h), Some(i)) => Some(h.min(i)),
+            (h, i) => h.or(i),
+        };
         // Back to the pool before waiting.
         drop(std::mem::take(&mut buf));
         // An idle keep-alive connection (answered, no next request begun)
@@ -597,7 +628,9 @@ async fn http<S: Conn>(stream: &mut S, s: &Settings) {
                 }
             }
             None => {
-                if !pending.is_empty() && head_deadline.is_some_and(|d| hotloop::time::now() >= d) {
+                // A head left unfinished at a deadline (its own or the
+                // idle one) is answered; a close or an error is not.
+                if !pending.is_empty() && deadline.is_some_and(|d| hotloop::time::now() >= d) {
                     reject_boxed(stream, 408, s).await;
                 }
                 return;
@@ -622,7 +655,7 @@ async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
 /// than nginx's 30 s, to free the descriptor sooner).
 async fn reject<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
     let mut timer = ConnTimer::new();
-    if stream.send(proto::response_error(status), s.send_timeout, &mut timer).await.is_err() {
+    if stream.send(proto::response_error(status), s.write_limit, &mut timer).await.is_err() {
         return;
     }
     if stream.shutdown_write().await.is_err() {

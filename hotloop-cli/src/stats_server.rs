@@ -5,22 +5,31 @@
 //! The endpoint is served by the runtime itself: an accept loop and a
 //! once-a-second rate sampler run as tasks on worker 0, and each scrape is a
 //! task of its own, so a slow client holds only its own connection (until
-//! [`REQUEST_TIMEOUT`]) and never delays another scrape.
+//! [`HEADER_TIMEOUT`], then [`WRITE_TIMEOUT`]) and never delays another
+//! scrape.
 //!
 //! # Implementation notes
 //!
 //! - Reading the counters is a relaxed load of each worker's atomics
 //!   ([`hotloop::Handle::stats`]); it never waits for another worker.
-//! - At most [`SCRAPES_IN_FLIGHT_MAX`] scrapes are answered at once; a
-//!   connection beyond that is closed at once, so a flood of scrapers costs
-//!   worker 0 a bounded amount of memory.
-//! - The endpoint's listener is a hotloop listener, so its connections
-//!   count in the runtime's `accepted` (and wakeups) like any other; the
-//!   `stats_scrapes` field says how many of them were scrapes.
+//! - At most [`CONNECTIONS_MAX`] connections are held at once. A new one
+//!   beyond that closes the oldest connection still waiting for its
+//!   request head (a silent client), so silent connections cannot keep
+//!   scrapes out; if every held connection is being answered, the new one
+//!   is closed. A flood of clients costs worker 0 a bounded amount of
+//!   memory and descriptors.
+//! - Only `GET` and `HEAD` are answered (`HEAD` without the body); other
+//!   methods get 405, bytes that are not an HTTP/1.x request 400, a head
+//!   not whole within [`HEADER_TIMEOUT`] 408 (a connection that sent
+//!   nothing is just closed), a head over [`REQUEST_HEAD_MAX_BYTES`] 431.
+//! - The endpoint's listener does not count in the runtime's `accepted`
+//!   (nor its wakeups): those counters are the served application's. The
+//!   `stats_scrapes` field says how many connections the endpoint took.
 //! - Dropping the [`StatsServer`] sets a flag and makes one connection to
 //!   the endpoint so that the accept loop wakes, sees it and ends.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -28,15 +37,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use hotloop::net::{TcpListener, TcpStream};
+use hotloop::net::{ListenerOptions, TcpListener, TcpStream};
 use hotloop::time::{interval, timeout_at};
-use hotloop::Handle;
+use hotloop::{Handle, JoinHandle};
+use hotloop_proto::{Method, ParseOptions, Request};
 
-/// How long a scrape may take to send its request head.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// The most scrapes answered at once.
-pub const SCRAPES_IN_FLIGHT_MAX: usize = 64;
-/// The most bytes of a scrape's request head that are read.
+/// How long a scrape may take to send its whole request head (counted
+/// from its connection); then 408, or a close if it sent nothing.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long writing the answer may take once the head is read.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most connections the endpoint holds at once (see the module notes).
+pub const CONNECTIONS_MAX: usize = 16;
+/// The most bytes of a scrape's request head; a longer one gets 431.
 pub const REQUEST_HEAD_MAX_BYTES: usize = 2048;
 /// How long starting the endpoint may take before it is reported as failed.
 const START_TIMEOUT: Duration = Duration::from_secs(5);
@@ -137,6 +150,14 @@ impl Drop for StatsServer {
     }
 }
 
+/// A connection the endpoint holds: its task, and whether it is still
+/// waiting for its request head (and so may be closed to make room).
+struct Held {
+    id: u64,
+    task: JoinHandle<()>,
+    reading: Rc<Cell<bool>>,
+}
+
 /// The endpoint's accept loop, on worker 0.
 async fn serve(
     addr: String,
@@ -145,7 +166,10 @@ async fn serve(
     stop: Arc<AtomicBool>,
     started: mpsc::Sender<std::io::Result<SocketAddr>>,
 ) {
-    let listener = match TcpListener::bind(addr.as_str()).and_then(|l| Ok((l.local_addr()?, l))) {
+    // Scrapes are not the served application's connections.
+    let options = ListenerOptions { count_in_stats: false, ..Default::default() };
+    let bound = TcpListener::bind_with(addr.as_str(), options);
+    let listener = match bound.and_then(|l| Ok((l.local_addr()?, l))) {
         Ok((local, listener)) => {
             let _ = started.send(Ok(local));
             listener
@@ -157,23 +181,50 @@ async fn serve(
     };
     let rates = Rc::new(Cell::new(Rates::default()));
     let sampler = hotloop::spawn(sample_rates(handle.clone(), rates.clone(), stop.clone()));
-    let in_flight = Rc::new(Cell::new(0usize));
-    let scrapes = Rc::new(Cell::new(0u64));
+    let held: Rc<RefCell<VecDeque<Held>>> = Rc::default();
+    let mut scrapes = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let Ok(conn) = listener.accept_stream().await else { continue };
-        scrapes.set(scrapes.get() + 1);
-        if stop.load(Ordering::Relaxed) || in_flight.get() >= SCRAPES_IN_FLIGHT_MAX {
+        scrapes += 1;
+        if stop.load(Ordering::Relaxed) || !make_room(&held) {
             continue; // dropping `conn` closes it
         }
-        in_flight.set(in_flight.get() + 1);
-        let (handle, extra, rates, in_flight, scrapes) =
-            (handle.clone(), extra.clone(), rates.clone(), in_flight.clone(), scrapes.get());
-        drop(hotloop::spawn(async move {
-            answer(conn, &handle, rates.get(), scrapes, &*extra).await;
-            in_flight.set(in_flight.get() - 1);
-        }));
+        let reading = Rc::new(Cell::new(true));
+        let task = {
+            let (handle, extra, rates) = (handle.clone(), extra.clone(), rates.clone());
+            let (held, reading) = (held.clone(), reading.clone());
+            hotloop::spawn(async move {
+                answer(conn, &handle, rates.get(), scrapes, &*extra, &reading).await;
+                held.borrow_mut().retain(|h| h.id != scrapes);
+            })
+        };
+        // The task has not run yet: it is queued behind this loop.
+        held.borrow_mut().push_back(Held { id: scrapes, task, reading });
     }
     sampler.abort();
+    for h in held.take() {
+        h.task.abort();
+    }
+}
+
+/// Makes room for one more connection: true if there is some, or if the
+/// oldest connection still waiting for its head was closed for it.
+fn make_room(held: &RefCell<VecDeque<Held>>) -> bool {
+    let oldest_reading = {
+        let mut held = held.borrow_mut();
+        if held.len() < CONNECTIONS_MAX {
+            return true;
+        }
+        match held.iter().position(|h| h.reading.get()) {
+            Some(i) => held.remove(i),
+            None => return false,
+        }
+    };
+    // Outside the borrow: dropping the task's future closes its connection.
+    if let Some(h) = oldest_reading {
+        h.task.abort();
+    }
+    true
 }
 
 /// Samples the accepted count once a second.
@@ -191,23 +242,93 @@ async fn sample_rates(handle: Handle, rates: Rc<Cell<Rates>>, stop: Arc<AtomicBo
     }
 }
 
-/// Reads one request head (within [`REQUEST_TIMEOUT`]) and answers it.
+/// What a request head asks for: a method the endpoint answers, or the
+/// error status to answer with. `None` when there is nothing to answer
+/// (the client closed or stayed silent before sending a byte).
+async fn read_head(conn: &TcpStream, head: &mut Vec<u8>) -> Option<Result<Method, u16>> {
+    let deadline = Instant::now() + HEADER_TIMEOUT;
+    let options = ParseOptions { allow_head: true, ..Default::default() };
+    loop {
+        if !head.is_empty() {
+            match hotloop_proto::parse_request_with(head, options) {
+                (Request::Complete { .. }, method) => return Some(Ok(method)),
+                (Request::Partial, _) if head.len() < REQUEST_HEAD_MAX_BYTES => {}
+                (Request::Partial | Request::TooLarge, _) => return Some(Err(431)),
+                (Request::Malformed, _) => return Some(Err(400)),
+                (Request::Unsupported(status), _) => return Some(Err(status)),
+            }
+        }
+        match timeout_at(deadline, conn.read_pooled()).await {
+            Ok(Ok(buf)) if !buf.is_empty() => head.extend_from_slice(&buf),
+            // Closed or failed: a head cut short is answered, in case the
+            // client only shut down its writing side.
+            Ok(_) => return (!head.is_empty()).then_some(Err(400)),
+            Err(_) => return (!head.is_empty()).then_some(Err(408)),
+        }
+    }
+}
+
+/// An error answer that closes the connection.
+fn error_reply(status: u16) -> String {
+    let (status, reason, allow) = match status {
+        405 => (405, "Method Not Allowed", "Allow: GET, HEAD\r\n"),
+        408 => (408, "Request Timeout", ""),
+        431 => (431, "Request Header Fields Too Large", ""),
+        501 => (501, "Not Implemented", ""),
+        505 => (505, "HTTP Version Not Supported", ""),
+        _ => (400, "Bad Request", ""),
+    };
+    format!("HTTP/1.1 {status} {reason}\r\n{allow}Content-Length: 0\r\nConnection: close\r\n\r\n")
+}
+
+/// Reads one request head (within [`HEADER_TIMEOUT`]) and answers it;
+/// `reading` is cleared once the head is in.
 async fn answer(
     conn: TcpStream,
     handle: &Handle,
     rates: Rates,
     scrapes: u64,
     extra: &(dyn Fn() -> Vec<Extra> + Send + Sync),
+    reading: &Cell<bool>,
 ) {
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut head: Vec<u8> = Vec::new();
-    while head.len() < REQUEST_HEAD_MAX_BYTES && !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match timeout_at(deadline, conn.read_pooled()).await {
-            Ok(Ok(buf)) if !buf.is_empty() => head.extend_from_slice(&buf),
-            _ => break,
+    let Some(request) = read_head(&conn, &mut head).await else { return };
+    reading.set(false);
+    let reply = match request {
+        Err(status) => error_reply(status),
+        Ok(method) => {
+            let path = hotloop_proto::request_path(&head);
+            let (status, ctype, body) = match path {
+                "/stats" | "/" => {
+                    ("200 OK", "application/json", json(handle, &fields(extra, rates, scrapes)))
+                }
+                "/metrics" => (
+                    "200 OK",
+                    "text/plain; version=0.0.4",
+                    prometheus(handle, &fields(extra, rates, scrapes)),
+                ),
+                _ => ("404 Not Found", "text/plain", "try /stats or /metrics\n".to_string()),
+            };
+            let mut reply = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            // HEAD: the head a GET would get, with its length, and no body.
+            if method == Method::Get {
+                reply.push_str(&body);
+            }
+            reply
         }
-    }
-    let path = hotloop_proto::request_path(&head);
+    };
+    let _ = timeout_at(Instant::now() + WRITE_TIMEOUT, conn.write_all(reply.into_bytes())).await;
+}
+
+/// The endpoint's own fields, after the command's.
+fn fields(
+    extra: &(dyn Fn() -> Vec<Extra> + Send + Sync),
+    rates: Rates,
+    scrapes: u64,
+) -> Vec<Extra> {
     let mut fields = extra();
     fields.push(Extra {
         name: "connection_rate_per_second",
@@ -223,20 +344,11 @@ async fn answer(
     });
     fields.push(Extra {
         name: "stats_scrapes",
-        help: "Connections to this stats endpoint, this one included (they count in accepted too).",
+        help: "Connections to this stats endpoint, this one included (not counted in accepted).",
         kind: Kind::Counter,
         value: scrapes,
     });
-    let (status, ctype, body) = match path {
-        "/stats" | "/" => ("200 OK", "application/json", json(handle, &fields)),
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", prometheus(handle, &fields)),
-        _ => ("404 Not Found", "text/plain", "try /stats or /metrics\n".to_string()),
-    };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = timeout_at(deadline + REQUEST_TIMEOUT, conn.write_all(reply.into_bytes())).await;
+    fields
 }
 
 /// The runtime's snapshot as JSON with the extra fields at the top level.

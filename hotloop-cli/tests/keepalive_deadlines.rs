@@ -70,3 +70,44 @@ fn keep_alive_connections_follow_the_idle_and_header_timeouts_across_requests(dr
     );
     p.signal("TERM");
 }
+
+/// With the idle timeout shorter than the header timeout, a connection
+/// on which nothing moves is closed at the idle timeout whatever it waits
+/// for: a first request that never comes, or the rest of a head (which
+/// gets its 408).
+#[hotloop::test(driver = "all")]
+fn an_idle_timeout_shorter_than_the_header_timeout_closes_a_silent_head(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let mut p = Proc::start(&[
+        "serve",
+        "http",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--driver",
+        driver,
+        "--header-timeout-ms",
+        "10000",
+        "--idle-timeout-ms",
+        "300",
+    ]);
+    let addr = p.addr_after(" on ");
+
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (rest, took) = read_to_close(&mut silent);
+    assert!(rest.is_empty(), "{driver}: {}", String::from_utf8_lossy(&rest));
+    assert!(took < Duration::from_secs(3), "{driver}: a silent connection closed after {took:?}");
+
+    let mut s = answered_connection(addr, 1, Duration::ZERO);
+    s.write_all(b"GET / HTTP/1.1\r\nHost").unwrap();
+    let (rest, took) = read_to_close(&mut s);
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.starts_with("HTTP/1.1 408"), "{driver}: {rest}");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "{driver}: 408 after {took:?}"
+    );
+    p.signal("TERM");
+}

@@ -11,49 +11,12 @@ mod common;
 
 use hotloop::DriverKind;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Proc;
-use hotloop::tls::rustls;
-use rustls::pki_types::ServerName;
-
-/// A self-signed certificate for `localhost` and 127.0.0.1 in a fresh
-/// temporary directory: (certificate path, key path).
-fn certificate() -> (PathBuf, PathBuf) {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-    let cert = rcgen::generate_simple_self_signed(names).unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "hotloop-cli-tls-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.key_pair.serialize_pem()).unwrap();
-    (c, k)
-}
-
-/// `hotloop serve APP` over TLS on `driver` with two workers; the process,
-/// its address and the certificate's path.
-fn serve_tls(driver: &str, app: &str, extra: &[&str]) -> (Proc, SocketAddr, PathBuf) {
-    let (cert, key) = certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
-    let mut args =
-        vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
-    args.extend_from_slice(&["--tls-cert", c, "--tls-key", k]);
-    args.extend_from_slice(extra);
-    let mut p = Proc::start(&args);
-    let addr = p.addr_after(" on ");
-    assert!(p.seen.iter().any(|l| l.contains("over TLS")), "{:?}", p.seen);
-    (p, addr, cert)
-}
+use common::{certificate, serve_tls, tls_client};
 
 fn have(tool: &str) -> bool {
     let ok = Command::new(tool).arg("version").output().is_ok_and(|o| o.status.success())
@@ -74,33 +37,6 @@ fn curl(cert: &Path, args: &[&str], urls: &[String]) -> String {
         .unwrap();
     assert!(out.status.success(), "curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// A blocking TLS client that trusts `cert`, connected to `addr` with the
-/// handshake done.
-fn tls_client(
-    addr: SocketAddr,
-    cert: &Path,
-) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in hotloop::tls::load_certs(cert).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-    let tcp = TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    while tls.conn.is_handshaking() {
-        tls.conn.complete_io(&mut tls.sock).unwrap();
-    }
-    tls
 }
 
 /// Waits for the plain TCP connection to be closed by the server, within `limit`.

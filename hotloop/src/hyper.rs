@@ -8,16 +8,45 @@
 //! on this module links no tokio runtime code. With the `tls` feature,
 //! `serve_hyper_tls` does the same over rustls, with ALPN.
 //!
+//! [`serve_hyper`] bounds every connection by the deadlines of
+//! [`HyperOptions`]: nothing moved either way for the idle timeout, a
+//! write stalled for the send timeout (a client that does not read), and,
+//! for HTTP/1.1, hyper's own header-read timeout. A client that ends its
+//! side after a request (a TCP half-close, or a TLS close_notify) still
+//! gets its answer.
+//!
 //! # Implementation notes
 //!
-//! hyper hands reads an uninitialised cursor; it is filled in place (the
-//! `unsafe` for that lives in the buffer layer, `buf.rs`), and hotloop's
-//! `AsyncRead` impls read into a `ReadBuf`'s spare room without zeroing
-//! it, so a read is one copy from the kernel, as on tokio.
+//! - hyper hands reads an uninitialised cursor; it is filled in place (the
+//!   `unsafe` for that lives in the buffer layer, `buf.rs`), and hotloop's
+//!   `AsyncRead` impls read into a `ReadBuf`'s spare room without zeroing
+//!   it, so a read is one copy from the kernel, as on tokio.
+//! - The deadlines cost no timer per request. The I/O handed to hyper
+//!   records, in a [`Cell`] it shares with the connection's task, when
+//!   bytes last moved and since when a write has waited; the task keeps
+//!   one timer, moved only earlier as it goes, and looks at the shared
+//!   record when the timer fires, filing it again for the later deadline
+//!   if bytes moved meanwhile (nginx keeps its timers the same way). A
+//!   read moves the idle clock but not a waiting write's: a client that
+//!   keeps sending and never reads still meets the send timeout.
+//! - At the idle deadline hyper is asked to finish gracefully (an idle
+//!   HTTP/1.1 connection closes at once; HTTP/2 sends GOAWAY), and the
+//!   connection is cut [`IDLE_CLOSE_GRACE`] later if it has not ended; a
+//!   stalled write is cut at once (a GOAWAY could not be sent anyway). A
+//!   cut shuts the socket down both ways before the stream is dropped, so
+//!   a write in flight on io_uring ends at once too.
+//! - hyper's HTTP/1.1 server drops a connection whose read side ends while
+//!   a request is being answered unless it allows half-closed connections
+//!   (`half_close`), which it does here: the end of the client's side is
+//!   then only an end of requests.
 
+use std::cell::Cell;
 use std::future::{poll_fn, Future};
+use std::net::Shutdown;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::{pin, Pin};
-use std::task::{Context, Poll};
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use hyper::body::{Body, Incoming};
@@ -26,7 +55,8 @@ use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::server::conn::auto;
 
-use crate::net::{serve_with_stop, Server, ServerOptions, StopSignal, TcpStream};
+use crate::net::{serve_with_stop, ListenerOptions, Server, ServerOptions, StopSignal, TcpStream};
+use crate::time::Sleep;
 use crate::Handle;
 
 /// Adapts a tower `Service` (an axum `Router`, a `ServiceBuilder` stack)
@@ -53,7 +83,7 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HotloopTimer;
 
-/// A hotloop [`Sleep`](crate::time::Sleep) as hyper's `Sleep`.
+/// A hotloop [`Sleep`] as hyper's `Sleep`.
 pub struct HyperSleep(crate::time::Sleep);
 
 impl Future for HyperSleep {
@@ -143,9 +173,93 @@ impl<T: tokio::io::AsyncWrite + Unpin> hyper::rt::Write for HyperIo<T> {
     }
 }
 
+/// How long an idle connection that was asked to finish (HTTP/2: sent a
+/// GOAWAY) may take to end before it is cut.
+pub const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// How [`serve_hyper`] and `serve_hyper_tls` (feature `tls`) serve: the
+/// listeners and connection limits, and the deadlines that bound every
+/// connection.
+///
+/// A [`ServerOptions`] or a [`ListenerOptions`] converts into one with the
+/// default deadlines.
+#[derive(Debug, Clone)]
+pub struct HyperOptions {
+    /// The listeners and the connection limits.
+    pub server: ServerOptions,
+    /// Close a connection on which no byte has moved either way for this
+    /// long, whatever it waits for: the next request, the rest of one, or
+    /// a client that does not read its answer. HTTP/1.1 connections are
+    /// closed (at once if no request is open), HTTP/2 ones are sent a
+    /// GOAWAY, and either is cut [`IDLE_CLOSE_GRACE`] later if it has not
+    /// ended. A service that takes longer than this to start its answer,
+    /// with nothing else moving, loses its connection the same way: set it
+    /// above the slowest answer. `None`: never. Default: 60 s.
+    pub idle_timeout: Option<Duration>,
+    /// Cut a connection whose write has made no progress for this long,
+    /// because the client does not read (nginx's `send_timeout`); a
+    /// shorter idle timeout cuts it sooner. `None`: never. Default: 60 s.
+    pub send_timeout: Option<Duration>,
+    /// HTTP/1.1: hyper's header-read timeout. A request head must arrive
+    /// whole within this long of the start of its read (for a kept-alive
+    /// connection, of the end of the previous answer); then the connection
+    /// is closed. `None`: never. Default: 30 s (hyper's own default).
+    pub header_timeout: Option<Duration>,
+}
+
+impl HyperOptions {
+    /// The default idle timeout.
+    pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+    /// The default send timeout.
+    pub const SEND_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+    /// The default header-read timeout (hyper's).
+    pub const HEADER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+}
+
+impl Default for HyperOptions {
+    fn default() -> Self {
+        HyperOptions {
+            server: ServerOptions::default(),
+            idle_timeout: Some(Self::IDLE_TIMEOUT_DEFAULT),
+            send_timeout: Some(Self::SEND_TIMEOUT_DEFAULT),
+            header_timeout: Some(Self::HEADER_TIMEOUT_DEFAULT),
+        }
+    }
+}
+
+impl From<ServerOptions> for HyperOptions {
+    fn from(server: ServerOptions) -> Self {
+        HyperOptions { server, ..Default::default() }
+    }
+}
+
+impl From<ListenerOptions> for HyperOptions {
+    fn from(listener: ListenerOptions) -> Self {
+        ServerOptions::from(listener).into()
+    }
+}
+
+/// A connection's deadlines, as each connection's task holds them.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    idle: Option<Duration>,
+    send: Option<Duration>,
+    header: Option<Duration>,
+}
+
+impl From<&HyperOptions> for Deadlines {
+    fn from(o: &HyperOptions) -> Self {
+        Deadlines { idle: o.idle_timeout, send: o.send_timeout, header: o.header_timeout }
+    }
+}
+
 /// Serves `make_service()` on every worker of `handle`'s runtime: HTTP/1.1,
 /// and HTTP/2 when the client starts with the HTTP/2 preface (prior
 /// knowledge, `h2c`). Each worker calls `make_service` once per connection.
+///
+/// `options` is a [`HyperOptions`], or a [`ServerOptions`] or
+/// [`ListenerOptions`] with the default deadlines (idle and send timeouts
+/// of 60 s, hyper's header-read timeout of 30 s).
 ///
 /// When the server stops ([`Server::stop`] or
 /// [`Server::shutdown_blocking`]), every connection is told to finish
@@ -154,7 +268,7 @@ impl<T: tokio::io::AsyncWrite + Unpin> hyper::rt::Write for HyperIo<T> {
 pub fn serve_hyper<M, S, B>(
     handle: &Handle,
     addr: impl std::net::ToSocketAddrs,
-    options: impl Into<ServerOptions>,
+    options: impl Into<HyperOptions>,
     make_service: M,
 ) -> std::io::Result<Server>
 where
@@ -165,8 +279,10 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    serve_with_stop(handle, addr, options, move |stream: TcpStream, stop| {
-        serve_connection(stream, make_service(), stop)
+    let options = options.into();
+    let deadlines = Deadlines::from(&options);
+    serve_with_stop(handle, addr, options.server, move |stream: TcpStream, stop| {
+        serve_connection(stream, make_service(), stop, deadlines)
     })
 }
 
@@ -178,7 +294,7 @@ where
 pub fn serve_hyper_tls<M, S, B>(
     handle: &Handle,
     addr: impl std::net::ToSocketAddrs,
-    options: impl Into<ServerOptions>,
+    options: impl Into<HyperOptions>,
     acceptor: crate::tls::TlsAcceptor,
     make_service: M,
 ) -> std::io::Result<Server>
@@ -192,16 +308,19 @@ where
 {
     use crate::tls::{ALPN_H2, ALPN_HTTP11};
     let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
-    crate::tls::serve_tls_with_stop(handle, addr, options, acceptor, move |tls, stop| {
-        serve_connection(tls, make_service(), stop)
+    let options = options.into();
+    let deadlines = Deadlines::from(&options);
+    crate::tls::serve_tls_with_stop(handle, addr, options.server, acceptor, move |tls, stop| {
+        serve_connection(tls, make_service(), stop, deadlines)
     })
 }
 
-/// Serves one connection until the client is done, or until the server
-/// stops, then lets hyper end it gracefully.
-async fn serve_connection<I, S, B>(io: I, service: S, stop: StopSignal)
+/// Serves one connection until the client is done, until a deadline
+/// passes, or until the server stops, then lets hyper end it gracefully
+/// (or cuts it: see the module notes).
+async fn serve_connection<I, S, B>(io: I, service: S, stop: StopSignal, deadlines: Deadlines)
 where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin + 'static,
     S: Service<Request<Incoming>, Response = Response<B>> + 'static,
     S::Future: 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -209,10 +328,18 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(HotloopExecutor);
-    builder.http1().timer(HotloopTimer).keep_alive(true);
+    builder
+        .http1()
+        .timer(HotloopTimer)
+        .keep_alive(true)
+        .half_close(true)
+        .header_read_timeout(deadlines.header);
     builder.http2().timer(HotloopTimer);
-    let mut conn = pin!(builder.serve_connection(HyperIo::new(io), service));
+    let progress = Rc::new(Progress::new());
+    let io = TimedIo { io, progress: progress.clone() };
+    let mut conn = pin!(builder.serve_connection(io, service));
     let mut stopping = pin!(stop.stopping());
+    let mut watch = Watch::new();
     let mut told = false;
     // Errors here are the client's (resets, bad requests): the connection just ends.
     let _ = poll_fn(|cx| {
@@ -227,7 +354,262 @@ where
             }
             conn.as_mut().graceful_shutdown();
         }
-        conn.as_mut().poll(cx)
+        if let Poll::Ready(out) = conn.as_mut().poll(cx) {
+            return Poll::Ready(out);
+        }
+        loop {
+            match watch.poll(cx, &progress, &deadlines) {
+                None => return Poll::Pending,
+                Some(Expiry::Idle) => {
+                    told = true;
+                    conn.as_mut().graceful_shutdown();
+                    // An idle HTTP/1.1 connection ends here and now; for
+                    // the others the watch files the grace's deadline.
+                    if let Poll::Ready(out) = conn.as_mut().poll(cx) {
+                        return Poll::Ready(out);
+                    }
+                }
+                Some(Expiry::Cut) => {
+                    progress.cut.set(true);
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
     })
     .await;
+}
+
+/// A stream whose socket can be shut down while the stream is in use.
+trait Socket {
+    /// The socket under the stream.
+    fn socket(&self) -> BorrowedFd<'_>;
+}
+
+impl Socket for TcpStream {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Socket for crate::tls::ServerTlsStream {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.get_ref().0.as_fd()
+    }
+}
+
+/// What a connection's I/O records for its deadlines (see the module
+/// notes), in the loop's clock.
+struct Progress {
+    /// When a byte last moved either way.
+    moved: Cell<Instant>,
+    /// Since when a write (or a flush) has been waiting, while one is.
+    write_waiting: Cell<Option<Instant>>,
+    /// The last flush (or shutdown) had to wait.
+    flush_waited: Cell<bool>,
+    /// A deadline passed: the socket is shut down before it is closed.
+    cut: Cell<bool>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            moved: Cell::new(crate::time::now()),
+            write_waiting: Cell::new(None),
+            flush_waited: Cell::new(false),
+            cut: Cell::new(false),
+        }
+    }
+
+    /// A read moved bytes. A write that waits still waits: a client that
+    /// sends and does not read is still bounded by the send timeout.
+    fn read(&self) {
+        self.moved.set(crate::time::now());
+    }
+
+    /// A write (or a flush) moved bytes.
+    fn moved(&self) {
+        self.moved.set(crate::time::now());
+        self.write_waiting.set(None);
+    }
+
+    fn waiting(&self) {
+        if self.write_waiting.get().is_none() {
+            self.write_waiting.set(Some(crate::time::now()));
+        }
+    }
+
+    /// Records the outcome of a write.
+    fn wrote(&self, poll: &Poll<std::io::Result<usize>>) {
+        match poll {
+            Poll::Pending => self.waiting(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.moved(),
+            Poll::Ready(_) => {}
+        }
+    }
+
+    /// Records the outcome of a flush or a shutdown: progress only if it
+    /// had to wait (one that has nothing to wait for, as on epoll, or
+    /// nothing buffered, must not pass for progress).
+    fn flushed(&self, poll: &Poll<std::io::Result<()>>) {
+        match poll {
+            Poll::Pending => {
+                self.flush_waited.set(true);
+                self.waiting();
+            }
+            Poll::Ready(result) => {
+                if self.flush_waited.replace(false) && result.is_ok() {
+                    self.moved();
+                }
+            }
+        }
+    }
+}
+
+/// The I/O hyper gets from [`serve_hyper`]: [`HyperIo`]'s, recording its
+/// progress.
+struct TimedIo<T: Socket> {
+    io: T,
+    progress: Rc<Progress>,
+}
+
+impl<T: Socket> Drop for TimedIo<T> {
+    fn drop(&mut self) {
+        if self.progress.cut.get() {
+            // Ends a write in flight now (on io_uring a dropped stream's
+            // write would otherwise linger), and the client reads a reset
+            // or an end rather than waiting.
+            let _ = socket2::SockRef::from(&self.io.socket()).shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Socket + Unpin> hyper::rt::Read for TimedIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        crate::buf::poll_read_hyper(buf, |rb| {
+            let poll = Pin::new(&mut this.io).poll_read(cx, rb);
+            if poll.is_ready() && !rb.filled().is_empty() {
+                this.progress.read();
+            }
+            poll
+        })
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Socket + Unpin> hyper::rt::Write for TimedIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progress.wrote(&poll);
+        poll
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.progress.wrote(&poll);
+        poll
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // On io_uring the stream writes behind: a flush waits for the kernel.
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.progress.flushed(&poll);
+        poll
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.progress.flushed(&poll);
+        poll
+    }
+}
+
+/// Which deadline passed.
+enum Expiry {
+    /// Nothing moved for the idle timeout, and no write is waiting: hyper
+    /// is asked to finish.
+    Idle,
+    /// A write stalled past its limit, or the grace after [`Expiry::Idle`]
+    /// ran out: the connection is cut.
+    Cut,
+}
+
+/// A connection's one timer for its deadlines, moved only earlier as it
+/// goes and brought up to date when it fires.
+struct Watch {
+    timer: Sleep,
+    /// The waker the timer is filed with in the worker's wheel, while it
+    /// is: a poll that finds its own task's waker there and the deadline
+    /// still ahead need not touch the wheel (the usual case).
+    filed: Option<Waker>,
+    /// After [`Expiry::Idle`]: when the connection is cut if it has not ended.
+    cut_at: Option<Instant>,
+}
+
+impl Watch {
+    fn new() -> Self {
+        Watch { timer: crate::time::sleep(Duration::MAX), filed: None, cut_at: None }
+    }
+
+    /// The earliest deadline now, and what passing it means.
+    fn due(&self, progress: &Progress, d: &Deadlines) -> Option<(Instant, Expiry)> {
+        let waiting = progress.write_waiting.get();
+        let send = waiting.zip(d.send).map(|(since, t)| (since + t, Expiry::Cut));
+        let idle = match (d.idle, self.cut_at) {
+            (Some(t), None) => {
+                // A write stalled that long is cut: a GOAWAY could not go out.
+                let expiry = if waiting.is_some() { Expiry::Cut } else { Expiry::Idle };
+                Some((progress.moved.get() + t, expiry))
+            }
+            _ => None,
+        };
+        let grace = self.cut_at.map(|at| (at, Expiry::Cut));
+        [send, idle, grace].into_iter().flatten().min_by_key(|(at, _)| *at)
+    }
+
+    /// Whether a deadline passed; registers `cx` to be woken at the next
+    /// one otherwise.
+    fn poll(&mut self, cx: &mut Context<'_>, progress: &Progress, d: &Deadlines) -> Option<Expiry> {
+        let (due, _) = self.due(progress, d)?;
+        if due < self.timer.deadline() {
+            Pin::new(&mut self.timer).reset(due);
+            // A reset may take the timer out of the wheel.
+            self.filed = None;
+        }
+        let filed = self.filed.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if filed && crate::time::now() < self.timer.deadline() {
+            return None;
+        }
+        while Pin::new(&mut self.timer).poll(cx).is_ready() {
+            self.filed = None;
+            // Bytes may have moved since the timer was set: look again.
+            let (due, expiry) = self.due(progress, d)?;
+            if crate::time::now() >= due {
+                if let Expiry::Idle = expiry {
+                    self.cut_at = Some(crate::time::now() + IDLE_CLOSE_GRACE);
+                }
+                return Some(expiry);
+            }
+            Pin::new(&mut self.timer).reset(due);
+        }
+        // Pending: the timer is in the wheel with this task's waker.
+        self.filed = Some(cx.waker().clone());
+        None
+    }
 }

@@ -5,9 +5,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+use hotloop::tls::rustls;
+use rustls::pki_types::ServerName;
 
 /// The `--driver` value that runs the command on `driver`: each test is
 /// `#[hotloop::test(driver = "all")]`, run once per driver as `name::epoll`
@@ -215,8 +220,77 @@ pub fn read_to_close(s: &mut impl Read) -> (Vec<u8>, Duration) {
     let mut buf = [0u8; 4096];
     loop {
         match s.read(&mut buf) {
+            // A signal to the test process is not the end of the stream.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Ok(0) | Err(_) => return (got, start.elapsed()),
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
     }
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1 in a fresh
+/// temporary directory: (certificate path, key path).
+pub fn certificate() -> (PathBuf, PathBuf) {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let cert = rcgen::generate_simple_self_signed(names).unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "hotloop-cli-tls-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&c, cert.cert.pem()).unwrap();
+    std::fs::write(&k, cert.key_pair.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// `hotloop serve APP` over TLS on `driver` with two workers; the process,
+/// its address and the certificate's path.
+pub fn serve_tls(driver: &str, app: &str, extra: &[&str]) -> (Proc, SocketAddr, PathBuf) {
+    let (cert, key) = certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let mut args =
+        vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
+    args.extend_from_slice(&["--tls-cert", c, "--tls-key", k]);
+    args.extend_from_slice(extra);
+    let mut p = Proc::start(&args);
+    let addr = p.addr_after(" on ");
+    assert!(p.seen.iter().any(|l| l.contains("over TLS")), "{:?}", p.seen);
+    (p, addr, cert)
+}
+
+/// A blocking TLS client connection.
+pub type TlsClient = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A blocking TLS client that trusts `cert`, connected to `addr` with the
+/// handshake done.
+pub fn tls_client(addr: SocketAddr, cert: &Path) -> TlsClient {
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tls_client_over(tcp, cert, &[])
+}
+
+/// A TLS client that trusts `cert` over `tcp` (connected), offering ALPN
+/// `alpn`, with the handshake done.
+pub fn tls_client_over(tcp: TcpStream, cert: &Path, alpn: &[&[u8]]) -> TlsClient {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in hotloop::tls::load_certs(cert).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock).unwrap();
+    }
+    tls
 }

@@ -244,12 +244,16 @@ impl Acceptor {
                 }
                 self.batch_turn.set(turn);
                 self.batch_count.set(0);
-                stats::add(&s.accept_wakeups, 1);
+                if self.options.count_in_stats {
+                    stats::add(&s.accept_wakeups, 1);
+                }
             }
             let n = self.batch_count.get() + 1;
             self.batch_count.set(n);
-            stats::add(&s.accepted, 1);
-            stats::raise(&s.max_accepted_per_wakeup, n as u64);
+            if self.options.count_in_stats {
+                stats::add(&s.accepted, 1);
+                stats::raise(&s.max_accepted_per_wakeup, n as u64);
+            }
         });
     }
 

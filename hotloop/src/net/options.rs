@@ -45,6 +45,12 @@ pub struct ListenerOptions {
     /// never removed: binding then fails with `AddrInUse`. Default: off, so
     /// an existing path makes `bind` fail with `AddrInUse`, as in std and tokio.
     pub remove_stale_socket: bool,
+    /// Whether the connections this listener accepts count in the
+    /// runtime's stats (`accepted`, `accept_wakeups`,
+    /// `max_accepted_per_wakeup`). Off for a side listener, such as a
+    /// stats or admin endpoint, whose connections would otherwise pass for
+    /// the served application's. Default: on.
+    pub count_in_stats: bool,
 }
 
 /// Accept pacing by the worker's own lag.
@@ -101,6 +107,7 @@ impl Default for ListenerOptions {
             resource_pause: Duration::from_millis(10),
             accept_pacing: Some(AcceptPacing::default()),
             remove_stale_socket: false,
+            count_in_stats: true,
         }
     }
 }
