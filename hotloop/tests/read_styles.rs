@@ -438,3 +438,32 @@ async fn read_styles_mix_on_a_unix_stream(driver: DriverKind) {
         assert!(got == sent, "{driver:?} unix {a:?}/{b:?}: bytes lost or moved");
     }
 }
+
+/// Shutting down both sides cuts a connection at once, even with a
+/// written-behind send stalled on a peer that never reads.
+#[hotloop::test(driver = "all")]
+fn a_full_shutdown_does_not_wait_for_a_stalled_write(driver: DriverKind) {
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    with_pair(
+        driver,
+        move |c| {
+            go_rx.recv().unwrap(); // never reads before the server is done
+            drop(c);
+        },
+        async move |mut s| {
+            s.set_send_buffer_size(4096).unwrap();
+            let chunk = vec![7u8; 64 * 1024];
+            // Write until a write has to wait for the peer.
+            while timeout(
+                Duration::from_millis(200),
+                tokio::io::AsyncWriteExt::write(&mut s, &chunk),
+            )
+            .await
+            .is_ok()
+            {}
+            let cut = timeout(Duration::from_secs(3), s.shutdown(std::net::Shutdown::Both)).await;
+            assert!(cut.is_ok(), "{driver:?}: shutdown(Both) waited for a peer that never reads");
+            go_tx.send(()).unwrap();
+        },
+    );
+}

@@ -212,7 +212,11 @@ impl Source {
 
     /// Shuts down one or both directions of a connection.
     pub(crate) async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
-        if how != std::net::Shutdown::Read {
+        // A write-side shutdown comes after the bytes written behind (the
+        // peer's end of stream follows the data, as on epoll). Shutting
+        // down both sides is how a connection is cut, and waits for
+        // nothing: a peer that never reads must not hold it.
+        if how == std::net::Shutdown::Write {
             self.flush_written_behind().await?;
         }
         let how = match how {
