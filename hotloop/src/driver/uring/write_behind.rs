@@ -15,7 +15,7 @@
 //!   call.
 //! - A reported byte is never dropped silently: when the stream is
 //!   dropped with a send in flight (or waiting for room), the send becomes
-//!   a [`LingeringWrite`] that the driver keeps going, part after part,
+//!   a lingering write (`linger.rs`) that the driver keeps going, part after part,
 //!   until every byte is sent, the socket fails, or
 //!   [`super::WRITE_LINGER`] has passed since the drop (then it is
 //!   cancelled, as the kernel drops a closed socket's unsent bytes after
@@ -26,11 +26,10 @@
 
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
-use std::task::{Context as TaskContext, Poll};
-
 use std::os::fd::AsRawFd;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context as TaskContext, Poll};
 
 use io_uring::{opcode, types};
 
