@@ -225,7 +225,7 @@ async fn connect_backend(config: &ProxyConfig) -> Option<TcpStream> {
         if attempt > 0 {
             config.counters.retries.fetch_add(1, Relaxed);
         }
-        match TcpStream::connect_timeout(addr, config.connect_timeout).await {
+        match connect_within(addr, config.connect_timeout).await {
             Ok(s) => return Some(s),
             Err(_) => {
                 config.counters.backend_connect_failures.fetch_add(1, Relaxed);
@@ -233,6 +233,35 @@ async fn connect_backend(config: &ProxyConfig) -> Option<TcpStream> {
         }
     }
     None
+}
+
+/// The first wait for a descriptor when the process has none left; each
+/// further wait doubles, up to [`DESCRIPTOR_WAIT_MAX`].
+const DESCRIPTOR_WAIT_FIRST: Duration = Duration::from_millis(5);
+/// The longest single wait for a descriptor.
+const DESCRIPTOR_WAIT_MAX: Duration = Duration::from_millis(100);
+
+/// Connects to `addr` within `limit`. Out of descriptors (the client's
+/// socket may have taken the last one), it waits for one to free, backing
+/// off, for the rest of the limit: at the descriptor limit a client waits
+/// for its connect timeout like any other, not cut at once.
+async fn connect_within(addr: SocketAddr, limit: Duration) -> std::io::Result<TcpStream> {
+    let deadline = Instant::now() + limit;
+    let mut wait = DESCRIPTOR_WAIT_FIRST;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(addr, left).await {
+            Err(e) if out_of_descriptors(&e) && left > wait => {
+                hotloop::time::sleep(wait).await;
+                wait = (wait * 2).min(DESCRIPTOR_WAIT_MAX);
+            }
+            result => return result,
+        }
+    }
+}
+
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
 }
 
 /// Forwards one client connection.

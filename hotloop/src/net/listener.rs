@@ -17,13 +17,24 @@
 //! timed when the previous one ended on the budget: the accept loop then
 //! waits for the next driver poll, which does not block (a waker is queued
 //! for after it), so the time measured is work, not idle waiting.
+//!
+//! Near the open-file limit the listener takes one connection per turn, on
+//! both drivers (on io_uring a multishot accept is stopped, so the kernel
+//! does not fill the table in one go). The kernel hands out the lowest free
+//! descriptor, so an accepted descriptor numbered within
+//! [`SCARCE_RESERVE_MAX`] of the limit means at most that many are left;
+//! the connections just accepted then get to open what they need (a
+//! proxy's backend socket, a file) before the next accept takes another.
+//! Running out (`EMFILE`) counts as scarce too. A run of failures is one
+//! episode, logged when it begins and when accepting has worked for
+//! [`EXHAUSTION_QUIET`] since its last failure.
 
 use std::cell::Cell;
 use std::future::poll_fn;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, SockAddr, Socket, Type};
 
@@ -33,6 +44,15 @@ use crate::driver::Source;
 use crate::runtime::{context, yield_to_driver};
 use crate::stats;
 use crate::sys;
+
+/// The most descriptors left below the open-file limit at which accepting
+/// slows to one connection per loop turn (a sixteenth of the limit, if
+/// less, for small limits).
+pub const SCARCE_RESERVE_MAX: u64 = 16;
+
+/// How long accepting must work without a resource failure before a run
+/// of failures is reported as over; shorter gaps are one episode.
+pub const EXHAUSTION_QUIET: Duration = Duration::from_secs(1);
 
 /// A TCP listening socket bound to one worker.
 pub struct TcpListener {
@@ -141,10 +161,16 @@ pub(crate) struct Acceptor {
     batch_count: Cell<usize>,
     /// Accepting resumes at this instant after running out of descriptors.
     paused_until: Cell<Option<Instant>>,
-    /// The current run of resource failures (out of descriptors or memory):
-    /// when it began and how many accepts failed, so it is logged once when
-    /// it begins and once when it ends, not at every retry.
-    exhausted: Cell<Option<(Instant, u64)>>,
+    /// The current run of resource failures (out of descriptors or memory),
+    /// so it is logged once when it begins and once when it ends, not at
+    /// every retry.
+    exhausted: Cell<Option<Exhaustion>>,
+    /// Descriptors numbered at or above this are near the open-file limit.
+    scarce_from: RawFd,
+    /// True while descriptors are scarce: one accept per turn.
+    scarce: Cell<bool>,
+    /// How many connections the owner said it will take (`usize::MAX`: no limit).
+    owner_room: Cell<usize>,
     /// With accept pacing: this turn's budget and when the turn's first accept came.
     pace_budget: Cell<usize>,
     pace_turn_started: Cell<Option<Instant>>,
@@ -159,6 +185,9 @@ impl Acceptor {
             batch_count: Cell::new(0),
             paused_until: Cell::new(None),
             exhausted: Cell::new(None),
+            scarce_from: scarce_from(),
+            scarce: Cell::new(false),
+            owner_room: Cell::new(usize::MAX),
             pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
             pace_turn_started: Cell::new(None),
             options,
@@ -189,10 +218,29 @@ impl Acceptor {
                 yield_to_driver().await;
             }
             let mode = self.options.accept_mode;
-            let result = poll_fn(|cx| self.src.poll_accept(cx, mode)).await;
+            let accept = poll_fn(|cx| self.src.poll_accept(cx, mode));
+            // During a run of failures, waiting ends at the run's quiet
+            // point too, so its end is reported even if no client comes.
+            let result = match self.exhausted.get() {
+                Some(run) => {
+                    match crate::time::timeout_at(run.last_failure + EXHAUSTION_QUIET, accept).await
+                    {
+                        Ok(result) => result,
+                        Err(_) => {
+                            // The timer says the quiet spell is over.
+                            if let Some(run) = self.exhausted.take() {
+                                run.report_end();
+                            }
+                            continue;
+                        }
+                    }
+                }
+                None => accept.await,
+            };
             match result {
                 Ok(fd) => {
                     self.count_accept();
+                    self.set_scarce(fd.as_raw_fd() >= self.scarce_from);
                     self.end_exhaustion();
                     return Ok(fd);
                 }
@@ -203,7 +251,22 @@ impl Acceptor {
 
     /// See [`TcpListener::set_accept_room`].
     pub(crate) fn set_accept_room(&self, room: Option<usize>) {
-        self.src.set_accept_room(room.unwrap_or(usize::MAX));
+        self.owner_room.set(room.unwrap_or(usize::MAX));
+        self.apply_room();
+    }
+
+    /// Tells the driver how far ahead it may accept: what the owner said,
+    /// and at most one while descriptors are scarce.
+    fn apply_room(&self) {
+        let room = self.owner_room.get();
+        self.src.set_accept_room(if self.scarce.get() { room.min(1) } else { room });
+    }
+
+    /// Enters or leaves the scarce state (see the module notes).
+    fn set_scarce(&self, scarce: bool) {
+        if self.scarce.replace(scarce) != scarce {
+            self.apply_room();
+        }
     }
 
     /// See [`TcpListener::accept_ready`].
@@ -211,6 +274,7 @@ impl Acceptor {
         match self.src.accept_now(self.options.accept_mode)? {
             Ok(fd) => {
                 self.count_accept();
+                self.set_scarce(fd.as_raw_fd() >= self.scarce_from);
                 self.end_exhaustion();
                 Some(Ok(fd))
             }
@@ -226,6 +290,9 @@ impl Acceptor {
 
     /// The most connections this turn may take.
     fn turn_limit(&self) -> usize {
+        if self.scarce.get() {
+            return 1;
+        }
         match self.options.accept_pacing {
             Some(_) => self.pace_budget.get(),
             None => self.options.accepts_per_wakeup_max.unwrap_or(usize::MAX),
@@ -273,16 +340,14 @@ impl Acceptor {
         self.pace_turn_started.set(Some(now));
     }
 
-    /// Ends a run of resource failures, saying how long it lasted.
+    /// Ends a run of resource failures, saying how long it lasted, once
+    /// accepting has worked for [`EXHAUSTION_QUIET`] since its last failure.
     fn end_exhaustion(&self) {
-        if let Some((since, failures)) = self.exhausted.take() {
-            context::with(|cx| {
-                crate::log::warn(format_args!(
-                    "worker {}: accepting again after {failures} failed accepts over {:?}",
-                    cx.id,
-                    since.elapsed()
-                ))
-            });
+        if let Some(run) = self.exhausted.get() {
+            if run.last_failure.elapsed() >= EXHAUSTION_QUIET {
+                self.exhausted.set(None);
+                run.report_end();
+            }
         }
     }
 
@@ -293,17 +358,29 @@ impl Acceptor {
             match e.raw_os_error() {
                 Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
                     // Said once per run of failures, not per retry; the line
-                    // at the run's end says how many there were.
-                    match self.exhausted.get() {
-                        Some((since, n)) => self.exhausted.set(Some((since, n + 1))),
-                        None => {
+                    // at the run's end says how many there were. A run ends
+                    // only after a quiet spell, so failures that come and go
+                    // (descriptors freed one at a time) are one episode.
+                    let now = Instant::now();
+                    let run = match self.exhausted.get() {
+                        Some(run) if now - run.last_failure < EXHAUSTION_QUIET => run,
+                        earlier => {
+                            if let Some(run) = earlier {
+                                run.report_end();
+                            }
                             crate::log::warn(format_args!(
                                 "worker {}: accept failed ({e}); retrying every {:?} until it works (raise the open-file limit or lower maxconn)",
                                 cx.id, self.options.resource_pause
                             ));
-                            self.exhausted.set(Some((Instant::now(), 1)));
+                            Exhaustion { worker: cx.id, since: now, last_failure: now, failures: 0 }
                         }
-                    }
+                    };
+                    self.exhausted.set(Some(Exhaustion {
+                        last_failure: now,
+                        failures: run.failures + 1,
+                        ..run
+                    }));
+                    self.set_scarce(true);
                     stats::add(&s.accept_errors_resources, 1);
                     stats::add(&s.accept_pauses, 1);
                     self.paused_until.set(Some(Instant::now() + self.options.resource_pause));
@@ -320,6 +397,34 @@ impl Acceptor {
             }
         })
     }
+}
+
+/// One run of accept failures for lack of resources.
+#[derive(Clone, Copy)]
+struct Exhaustion {
+    worker: usize,
+    since: Instant,
+    last_failure: Instant,
+    failures: u64,
+}
+
+impl Exhaustion {
+    fn report_end(&self) {
+        crate::log::warn(format_args!(
+            "worker {}: accepting again after {} failed accepts over {:?}",
+            self.worker,
+            self.failures,
+            self.last_failure - self.since
+        ));
+    }
+}
+
+/// The descriptor number from which descriptors count as scarce, from the
+/// open-file limit in force when the listener is made.
+fn scarce_from() -> RawFd {
+    let limit = sys::nofile_soft_limit().unwrap_or(u64::MAX);
+    let reserve = (limit / 16).clamp(1, SCARCE_RESERVE_MAX);
+    limit.saturating_sub(reserve).min(RawFd::MAX as u64) as RawFd
 }
 
 impl std::fmt::Debug for TcpListener {

@@ -30,6 +30,14 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
     Ok(lim.rlim_cur)
 }
 
+/// The soft open-file limit in force now (`RLIMIT_NOFILE`).
+pub(crate) fn nofile_soft_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into the live struct.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    Ok(lim.rlim_cur)
+}
+
 /// The number of descriptors this process has open (entries of `/proc/self/fd`).
 pub fn open_fd_count() -> io::Result<usize> {
     // read_dir itself holds one descriptor while counting; subtract it.
