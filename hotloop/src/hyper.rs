@@ -18,7 +18,7 @@
 //! # Implementation notes
 //!
 //! - hyper hands reads an uninitialised cursor; it is filled in place (the
-//!   `unsafe` for that lives in the buffer layer, `buf.rs`), and hotloop's
+//!   `unsafe` for that lives in the buffer layer, `buf/`), and hotloop's
 //!   `AsyncRead` impls read into a `ReadBuf`'s spare room without zeroing
 //!   it, so a read is one copy from the kernel, as on tokio.
 //! - The deadlines cost no timer per request. The I/O handed to hyper

@@ -101,7 +101,7 @@ pub(crate) fn enter(cx: Rc<Context>) -> (EnterGuard, crate::driver::EnterGuard) 
     );
     let driver = cx.driver.enter();
     CURRENT.with(|c| *c.borrow_mut() = Some(cx));
-    crate::net::pool::open();
+    crate::buf::pool::open();
     (EnterGuard, driver)
 }
 
@@ -115,7 +115,7 @@ impl Drop for EnterGuard {
         let cx = CURRENT.try_with(|c| c.borrow_mut().take()).ok().flatten();
         drop(cx);
         // After the context (and the tasks it held, which may give buffers back).
-        crate::net::pool::close();
+        crate::buf::pool::close();
     }
 }
 

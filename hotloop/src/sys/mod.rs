@@ -1,6 +1,6 @@
 //! Thin, checked wrappers over the Linux system calls hotloop makes.
 //!
-//! Every `unsafe` block in the crate outside `driver/` and `buf.rs` lives
+//! Every `unsafe` block in the crate outside `driver/` and `buf/` lives
 //! here, in a file by topic: `poll.rs` (epoll, eventfd, timerfd),
 //! `socket.rs`, `process.rs` (CPU pinning, limits, descriptor counts,
 //! memory), `signal.rs` (the handler).

@@ -13,6 +13,8 @@
 //! block qualifies, an array on the stack does not), and the lengths must be
 //! truthful.
 
+pub(crate) mod pool;
+
 use std::ops::{Bound, RangeBounds};
 
 /// The result of an owned-buffer operation: the outcome and the buffer.
