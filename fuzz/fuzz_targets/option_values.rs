@@ -2,7 +2,8 @@
 //! `--accept`): any string gives a value or a clear error, never a panic.
 #![no_main]
 
-use hotloop::{AcceptMode, BusyPoll, DriverKind, Registration};
+use hotloop::net::AcceptMode;
+use hotloop::{BusyPoll, DriverKind, Registration};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use clap::Args;
+use hotloop::net::AcceptMode;
 use hotloop::net::{AcceptPacing, ListenerOptions, ServerOptions};
-use hotloop::{AcceptMode, BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
+use hotloop::{BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
 
 /// How the runtime and its listeners are set up.
 #[derive(Args, Debug, Clone)]

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hotloop::buf::IoBuf;
+use hotloop::buf::PooledBuf;
 use hotloop::hyper::{serve_hyper, serve_hyper_tls, HyperOptions};
-use hotloop::net::{serve, PooledBuf, TcpStream};
+use hotloop::net::{serve, TcpStream};
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::Sleep;
 use hotloop::tls::{serve_tls, ALPN_H2, ALPN_HTTP11};
@@ -310,13 +311,19 @@ impl Conn for TcpStream {
     }
 }
 
-async fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) {
-    if settings.echo {
-        echo(&mut stream, &settings).await
-    } else {
-        http(&mut stream, &settings).await
+/// One connection, start to end. A block rather than an `async fn`: an
+/// `async fn` moves its arguments into its body's locals, so the stream
+/// and settings would be stored twice in every connection's future.
+#[allow(clippy::manual_async_fn)]
+fn handle_connection<S: Conn>(mut stream: S, settings: Arc<Settings>) -> impl Future<Output = ()> {
+    async move {
+        if settings.echo {
+            echo(&mut stream, &settings).await
+        } else {
+            http(&mut stream, &settings).await
+        }
+        stream.finish(settings.write_limit).await;
     }
-    stream.finish(settings.write_limit).await;
 }
 
 /// A connection's deadlines (idle, header, send) on one timer that is
@@ -488,19 +495,25 @@ impl<W: Future> Future for DeadlineWrite<'_, W> {
 /// epoll, at its completion on io_uring), files no timer of its own: a
 /// wait runs on the connection's timer. A short write continues on the
 /// heap, so its loop does not grow every connection's state.
-async fn send<B: IoBuf>(
-    stream: &TcpStream,
+///
+/// A block rather than an `async fn`, so its arguments are not stored
+/// twice in every connection's future.
+#[allow(clippy::manual_async_fn)]
+fn send<'s, 't, B: IoBuf>(
+    stream: &'s TcpStream,
     buf: B,
     limit: Option<Duration>,
-    timer: &mut ConnTimer,
-) -> io::Result<()> {
-    let total = buf.bytes_init();
-    let write = pin!(stream.write(buf));
-    let (res, buf) = timer.write(write, limit).await?;
-    match res? {
-        0 if total > 0 => Err(io::ErrorKind::WriteZero.into()),
-        n if n >= total => Ok(()),
-        n => Box::pin(send_rest(stream, buf, n, limit, timer)).await,
+    timer: &'t mut ConnTimer,
+) -> impl Future<Output = io::Result<()>> + use<'s, 't, B> {
+    async move {
+        let total = buf.bytes_init();
+        let write = pin!(stream.write(buf));
+        let (res, buf) = timer.write(write, limit).await?;
+        match res? {
+            0 if total > 0 => Err(io::ErrorKind::WriteZero.into()),
+            n if n >= total => Ok(()),
+            n => Box::pin(send_rest(stream, buf, n, limit, timer)).await,
+        }
     }
 }
 

@@ -16,8 +16,9 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hotloop::net::AcceptMode;
 use hotloop::net::{serve, ListenerOptions, TcpStream};
-use hotloop::{AcceptMode, DriverKind, Runtime};
+use hotloop::{DriverKind, Runtime};
 
 struct Args {
     clients: usize,

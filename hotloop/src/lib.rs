@@ -61,7 +61,6 @@ pub mod tls;
 #[cfg(feature = "tower")]
 pub mod tower;
 
-pub use driver::AcceptMode;
 pub use runtime::{
     spawn, spawn_blocking, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle,
     KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,

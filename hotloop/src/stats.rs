@@ -27,10 +27,11 @@ pub(crate) fn raise(counter: &AtomicU64, value: u64) {
 /// list of names stay in step.
 macro_rules! counters {
     ($( $(#[doc = $doc:literal])* $name:ident: $kind:ident, )*) => {
-        /// The live counters of one worker, written only by that worker.
+        /// The live counters of one worker, written only by that worker
+        /// (read through [`Counters`] snapshots).
         #[derive(Debug, Default)]
-        pub struct WorkerStats {
-            $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+        pub(crate) struct WorkerStats {
+            $( $(#[doc = $doc])* pub(crate) $name: AtomicU64, )*
         }
 
         /// A copy of one worker's counters (or their sum) at one moment.

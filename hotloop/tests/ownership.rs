@@ -12,10 +12,11 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use hotloop::net::AcceptMode;
 use hotloop::net::{ListenerOptions, TcpListener, TcpStream};
 use hotloop::time::{sleep, timeout, timeout_at};
 use hotloop::DriverKind;
-use hotloop::{AcceptMode, Runtime};
+use hotloop::Runtime;
 
 /// A deadline that every clock, the loop's cached one included, sees as passed.
 fn already_passed() -> Instant {

@@ -62,7 +62,7 @@ async fn connect_by_host_name() {
 }
 
 fn slow_resolver_does_not_stall_the_worker(driver: DriverKind) {
-    hotloop::net::__set_resolver(Some(slow_resolver));
+    hotloop::net::set_resolver(Some(slow_resolver));
     let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
     // An echo server and the slow connect share worker 0.
     let server =

@@ -14,9 +14,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use hotloop::net::AcceptMode;
 use hotloop::net::{serve, ListenerOptions, TcpListener};
 use hotloop::time::{sleep, timeout};
-use hotloop::{AcceptMode, BusyPoll, DriverKind, Runtime};
+use hotloop::{BusyPoll, DriverKind, Runtime};
 
 /// Serialises the tests of this file.
 fn serial() -> MutexGuard<'static, ()> {

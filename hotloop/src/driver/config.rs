@@ -96,4 +96,54 @@ pub(crate) struct DriverConfig {
     pub(crate) uring_entries: u32,
     /// The kernel's own busy polling, where it applies.
     pub(crate) kernel_busy_poll: Option<KernelBusyPoll>,
+    /// io_uring switches for measuring or working around a kernel bug.
+    pub(crate) uring_switches: UringSwitches,
+}
+
+/// Switches that turn io_uring features off, read from the environment in
+/// one place ([`UringSwitches::from_env`]) when a runtime is built:
+/// - `HOTLOOP_URING_MULTISHOT_RECV=0`: no multishot receive with a
+///   provided-buffer ring, for streams or datagrams;
+/// - `HOTLOOP_URING_MULTISHOT_RECVMSG=0`: none for datagrams alone;
+/// - `HOTLOOP_URING_DGRAM_BUFFERS=N`: buffers in each datagram socket's
+///   ring (a power of two up to 32768).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UringSwitches {
+    /// Multishot receive on streams (and datagrams) where the kernel has it.
+    pub(crate) multishot_recv: bool,
+    /// Multishot `RECVMSG` on datagram sockets where the kernel has it.
+    pub(crate) multishot_recvmsg: bool,
+    /// Buffers in each datagram socket's ring.
+    pub(crate) dgram_buffers: u16,
+}
+
+impl UringSwitches {
+    /// Buffers in a datagram socket's ring unless the environment says otherwise.
+    pub(crate) const DGRAM_BUFFERS_DEFAULT: u16 = 64;
+
+    /// The switches as the environment sets them (a malformed buffer count
+    /// is reported and the default used).
+    pub(crate) fn from_env() -> Self {
+        let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
+        let multishot_recv = !off("HOTLOOP_URING_MULTISHOT_RECV");
+        let dgram_buffers = match std::env::var("HOTLOOP_URING_DGRAM_BUFFERS") {
+            Err(_) => Self::DGRAM_BUFFERS_DEFAULT,
+            Ok(v) => match v.trim().parse::<u16>() {
+                Ok(n) if n.is_power_of_two() && n <= 1 << 15 => n,
+                _ => {
+                    crate::log::warn(format_args!(
+                        "HOTLOOP_URING_DGRAM_BUFFERS={v:?} is not a power of two from 1 to \
+                         32768; using {}",
+                        Self::DGRAM_BUFFERS_DEFAULT
+                    ));
+                    Self::DGRAM_BUFFERS_DEFAULT
+                }
+            },
+        };
+        UringSwitches {
+            multishot_recv,
+            multishot_recvmsg: multishot_recv && !off("HOTLOOP_URING_MULTISHOT_RECVMSG"),
+            dgram_buffers,
+        }
+    }
 }

@@ -43,8 +43,8 @@ pub(crate) mod udp;
 pub(crate) mod uring;
 mod wake;
 
-pub(crate) use config::DriverConfig;
 pub use config::{AcceptMode, DriverKind, KernelBusyPoll, Registration};
+pub(crate) use config::{DriverConfig, UringSwitches};
 pub(crate) use wake::Unpark;
 
 use std::io;

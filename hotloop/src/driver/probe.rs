@@ -35,24 +35,9 @@ pub(crate) fn uring_support() -> Result<(), String> {
 pub(crate) const MULTISHOT_RECV_SINCE: (u32, u32) = (6, 0);
 
 /// True if the running kernel supports multishot receive with provided
-/// buffer rings. `HOTLOOP_URING_MULTISHOT_RECV=0` turns it off (to measure
-/// the difference, or to work around a kernel bug).
+/// buffer rings (and so multishot `RECVMSG` on datagram sockets).
 pub(crate) fn multishot_recv_supported() -> bool {
-    if std::env::var("HOTLOOP_URING_MULTISHOT_RECV").is_ok_and(|v| v == "0") {
-        return false;
-    }
     kernel_release().is_some_and(|r| r >= MULTISHOT_RECV_SINCE)
-}
-
-/// True if datagram sockets on io_uring may receive with a multishot
-/// `RECVMSG` and a provided-buffer ring (Linux 6.0, as multishot receive).
-/// `HOTLOOP_URING_MULTISHOT_RECVMSG=0` turns it off alone, and
-/// `HOTLOOP_URING_MULTISHOT_RECV=0` with pooled stream reads.
-pub(crate) fn multishot_recvmsg_supported() -> bool {
-    if std::env::var("HOTLOOP_URING_MULTISHOT_RECVMSG").is_ok_and(|v| v == "0") {
-        return false;
-    }
-    multishot_recv_supported()
 }
 
 /// True if the running kernel supports multishot accept.

@@ -14,12 +14,13 @@ mod stream_core;
 pub mod udp;
 mod unix;
 
+pub use crate::driver::AcceptMode;
 pub use listener::TcpListener;
 pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
-pub use pool::{PooledBuf, ReadPooled, POOLED_BUFFER_BYTES};
-#[doc(hidden)]
-pub use resolve::__set_resolver;
+pub use pool::{ReadPooled, POOLED_BUFFER_BYTES};
 pub use resolve::{lookup_host, Target, ToSocketAddrs};
+#[cfg(feature = "test-util")]
+pub use resolve::{set_resolver, ResolverFn};
 pub use server::{
     serve, serve_unix, serve_unix_with_stop, serve_with_stop, Server, StopSignal, Stopping,
     UnixServer,
@@ -27,6 +28,4 @@ pub use server::{
 pub use sockopt::TcpKeepalive;
 pub use stream::TcpStream;
 pub use udp::{UdpOptions, UdpSocket};
-pub use unix::{
-    UnixListener, UnixStream, UNIX_CONNECT_FULL_BACKLOG_WAIT, UNIX_CONNECT_RETRY_PAUSE_MAX,
-};
+pub use unix::{UnixListener, UnixStream};

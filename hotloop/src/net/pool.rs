@@ -15,7 +15,8 @@ use std::task::{Context, Poll};
 
 pub use crate::buf::pool::POOLED_BUFFER_BYTES;
 use crate::buf::pool::{give, take};
-pub use crate::buf::PooledBuf;
+use crate::buf::PooledBuf;
+
 use crate::driver::Source;
 
 /// The future of [`TcpStream::read_pooled`](super::TcpStream::read_pooled):

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::sync::RwLock;
 
 /// A resolver: host and port to addresses. The default calls the system resolver.
-#[doc(hidden)]
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub type ResolverFn = fn(&str, u16) -> io::Result<Vec<SocketAddr>>;
 
 /// The resolver every lookup uses; replaced only by tests.
@@ -26,8 +26,8 @@ fn system_resolver(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
 /// Replaces the resolver that host names go through (`None` restores the
 /// system resolver). For tests that need a slow or scripted resolver; the
 /// function runs on the blocking pool, exactly where `getaddrinfo` would.
-#[doc(hidden)]
-pub fn __set_resolver(resolver: Option<ResolverFn>) {
+#[cfg(feature = "test-util")]
+pub fn set_resolver(resolver: Option<ResolverFn>) {
     *RESOLVER.write().unwrap_or_else(|e| e.into_inner()) = resolver.unwrap_or(system_resolver);
 }
 

@@ -45,10 +45,10 @@ use crate::sys;
 
 /// How long [`UnixStream::connect`] keeps retrying while the listener's
 /// backlog is full before it gives up with `ErrorKind::WouldBlock`.
-pub const UNIX_CONNECT_FULL_BACKLOG_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const UNIX_CONNECT_FULL_BACKLOG_WAIT: Duration = Duration::from_secs(5);
 
 /// The longest pause between two of those retries.
-pub const UNIX_CONNECT_RETRY_PAUSE_MAX: Duration = Duration::from_millis(64);
+pub(crate) const UNIX_CONNECT_RETRY_PAUSE_MAX: Duration = Duration::from_millis(64);
 
 /// A Unix domain stream connection owned by one worker.
 ///

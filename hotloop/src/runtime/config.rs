@@ -98,6 +98,7 @@ impl Config {
             events_per_poll_max: self.events_per_poll_max,
             uring_entries: self.uring_entries,
             kernel_busy_poll: self.kernel_busy_poll,
+            uring_switches: crate::driver::UringSwitches::from_env(),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! # Implementation notes
 //! - The first receive of a datagram socket (Linux 6.0+, unless
 //!   `HOTLOOP_URING_MULTISHOT_RECVMSG=0` or `HOTLOOP_URING_MULTISHOT_RECV=0`)
-//!   registers a ring of [`dgram_buffers`] buffers of [`DGRAM_BUFFER_BYTES`]
+//!   registers a ring of `dgram_buffers` buffers (64 unless `DriverConfig` says otherwise) of [`DGRAM_BUFFER_BYTES`]
 //!   under a buffer group of its own and arms an `IORING_OP_RECVMSG` with
 //!   `IORING_RECV_MULTISHOT`. Each datagram lands in one buffer as the
 //!   kernel lays it out: the `io_uring_recvmsg_out` header, the source
@@ -37,7 +37,6 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::OnceLock;
 use std::task::{Poll, Waker};
 
 use io_uring::{cqueue, opcode, types};
@@ -48,33 +47,9 @@ use super::{SharedFd, Uring};
 use crate::driver::udp::{self, RecvMeta};
 use crate::slab::Key;
 
-/// Buffers in a datagram socket's ring unless `HOTLOOP_URING_DGRAM_BUFFERS` says otherwise.
-pub(super) const DGRAM_BUFFERS_DEFAULT: u16 = 64;
 /// Bytes per buffer: the kernel's header, name and control space, and room
 /// for the largest datagram or GRO train (64 KiB).
 pub(super) const DGRAM_BUFFER_BYTES: usize = udp::MULTISHOT_RECV_HEADER_BYTES + 64 * 1024;
-
-/// Buffers per datagram socket's ring: `HOTLOOP_URING_DGRAM_BUFFERS` if it
-/// is a power of two up to 32768, else [`DGRAM_BUFFERS_DEFAULT`]. Read once
-/// per process.
-pub(super) fn dgram_buffers() -> u16 {
-    static COUNT: OnceLock<u16> = OnceLock::new();
-    *COUNT.get_or_init(|| {
-        let Ok(v) = std::env::var("HOTLOOP_URING_DGRAM_BUFFERS") else {
-            return DGRAM_BUFFERS_DEFAULT;
-        };
-        match v.trim().parse::<u16>() {
-            Ok(n) if n.is_power_of_two() && n <= 1 << 15 => n,
-            _ => {
-                crate::log::warn(format_args!(
-                    "HOTLOOP_URING_DGRAM_BUFFERS={v:?} is not a power of two from 1 to 32768; \
-                     using {DGRAM_BUFFERS_DEFAULT}"
-                ));
-                DGRAM_BUFFERS_DEFAULT
-            }
-        }
-    })
-}
 
 /// A datagram the kernel put in a ring buffer, not yet taken.
 struct Received {
@@ -171,8 +146,12 @@ impl Uring {
             }
             None => return None,
         };
-        match BufRing::with_group(self.ring.io_uring(), group, dgram_buffers(), DGRAM_BUFFER_BYTES)
-        {
+        match BufRing::with_group(
+            self.ring.io_uring(),
+            group,
+            self.dgram_buffers,
+            DGRAM_BUFFER_BYTES,
+        ) {
             Ok(buf_ring) => {
                 let msg = Box::new(udp::multishot_recv_template());
                 Some(self.dgrams.insert(Datagrams {

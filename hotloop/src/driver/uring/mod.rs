@@ -120,6 +120,8 @@ struct Uring {
     dgrams: Slab<dgram::Datagrams>,
     /// Whether datagram sockets receive with multishot `RECVMSG` (Linux 6.0).
     dgram_multishot: bool,
+    /// Buffers in each datagram socket's ring.
+    dgram_buffers: u16,
     /// Buffer group ids of datagram rings freed for reuse.
     dgram_groups: Vec<u16>,
     /// The last buffer group id handed out (0 is the stream ring's).
@@ -163,7 +165,8 @@ impl Driver {
                 Err(why) => io::Error::new(e.kind(), why),
                 Ok(()) => e,
             })?;
-        let buf_ring = if probe::multishot_recv_supported() {
+        let switches = config.uring_switches;
+        let buf_ring = if switches.multishot_recv && probe::multishot_recv_supported() {
             bufring::BufRing::new(ring.io_uring()).ok()
         } else {
             None
@@ -176,7 +179,8 @@ impl Driver {
             spare_queues: Vec::with_capacity(pooled::SPARE_QUEUES_MAX),
             buf_ring,
             dgrams: Slab::default(),
-            dgram_multishot: probe::multishot_recvmsg_supported(),
+            dgram_multishot: switches.multishot_recvmsg && probe::multishot_recv_supported(),
+            dgram_buffers: switches.dgram_buffers,
             dgram_groups: Vec::new(),
             dgram_next_group: bufring::GROUP,
             dgram_ring_failed: false,
