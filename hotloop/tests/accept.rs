@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use hotloop::net::{AcceptPacing, ListenerOptions, TcpListener};
+use hotloop::net::{serve, AcceptMode, AcceptPacing, ListenerOptions, TcpListener};
 use hotloop::DriverKind;
 use hotloop::{spawn, yield_now, Runtime};
 
@@ -223,4 +223,34 @@ fn two_tasks_accepting_on_one_listener_both_get_one(driver: DriverKind) {
                 .unwrap();
         }
     });
+}
+
+#[hotloop::test(driver = "all")]
+fn single_and_multishot_accept_both_serve(driver: DriverKind) {
+    for mode in [AcceptMode::Multishot, AcceptMode::Single] {
+        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+        let options = ListenerOptions { accept_mode: mode, ..ListenerOptions::default() };
+        let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
+        let addr = server.local_addr();
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                std::thread::spawn(move || {
+                    for i in 0..15 {
+                        let msg = format!("{mode:?} client {c} message {i}");
+                        let back = common::roundtrip(addr, msg.as_bytes(), msg.len());
+                        assert_eq!(back, msg.as_bytes());
+                    }
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        assert_eq!(server.shutdown_blocking(Duration::from_secs(5)), 0);
+        let stats = rt.stats();
+        assert_eq!(stats.total.accepted, 60, "{mode:?}");
+        if stats.info.driver == "uring" && mode == AcceptMode::Single {
+            assert_eq!(stats.total.multishot_rearms, 0);
+        }
+    }
 }

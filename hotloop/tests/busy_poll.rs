@@ -54,3 +54,32 @@ fn adaptive_spins_then_sleeps(driver: DriverKind) {
     assert!(second.poller_waits > 0);
     assert_eq!(rt.stats().info.busy_poll, "adaptive:20000");
 }
+
+#[hotloop::test(driver = "all")]
+fn busy_polling_spins_on_the_completion_queue(driver: DriverKind) {
+    for mode in [BusyPoll::Always, BusyPoll::Adaptive { spin_budget: Duration::from_micros(200) }] {
+        let rt = Runtime::builder().workers(1).driver(driver).busy_poll(mode).build().unwrap();
+        let server =
+            serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
+        let addr = server.local_addr();
+        for i in 0..20 {
+            let msg = format!("{mode} round trip {i}");
+            assert_eq!(common::roundtrip(addr, msg.as_bytes(), msg.len()), msg.as_bytes());
+        }
+        // Leave the worker idle for a while: in `always` mode it keeps spinning.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(server.shutdown_blocking(Duration::from_secs(5)), 0);
+        let stats = rt.stats().total;
+        assert!(stats.poller_spins > 0, "{mode}: never spun");
+        assert_eq!(stats.accepted, 20);
+        if rt.stats().info.driver == "uring" && mode == BusyPoll::Always {
+            // An idle spin reads the completion queue without entering the kernel.
+            assert!(
+                stats.uring_enters < stats.poller_spins,
+                "{mode}: {} enters for {} spins",
+                stats.uring_enters,
+                stats.poller_spins
+            );
+        }
+    }
+}

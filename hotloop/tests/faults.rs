@@ -7,7 +7,8 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use hotloop::net::{serve, ListenerOptions, TcpListener};
 use hotloop::time::timeout;
@@ -189,4 +190,70 @@ fn dropping_reads_mid_flight_keeps_the_driver_consistent(driver: DriverKind) {
 fn socket_connect_nonblocking(addr: SocketAddr) -> Option<std::net::TcpStream> {
     let s = TcpStream::connect_timeout(&addr, Duration::from_millis(50)).ok()?;
     Some(s)
+}
+
+#[hotloop::test(driver = "all")]
+fn peer_reset_during_read_is_an_error(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = thread::spawn(move || {
+            let s = TcpStream::connect(addr).unwrap();
+            // Wait for the server's bytes, leave them unread and close:
+            // closing with unread data makes the kernel send a reset.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut probe = [0u8; 1];
+            s.set_nonblocking(true).unwrap();
+            while s.peek(&mut probe).is_err() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            thread::sleep(Duration::from_millis(20));
+            drop(s);
+        });
+        let (stream, _) = listener.accept().await.unwrap();
+        let (res, _) = stream.write_all(b"never read".to_vec()).await;
+        res.unwrap();
+        let (res, _) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
+            .await
+            .expect("the reset never reached the read");
+        let err = res.expect_err("a reset connection cannot be read");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        client.join().unwrap();
+    });
+}
+
+#[hotloop::test(driver = "all")]
+fn client_connect_vectored_write_and_shutdown(driver: DriverKind) {
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let echo = thread::spawn(move || {
+        let (mut s, _) = server.accept().unwrap();
+        let mut all = Vec::new();
+        std::io::Read::read_to_end(&mut s, &mut all).unwrap();
+        s.write_all(&all).unwrap();
+    });
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    rt.block_on(async {
+        let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+        let bufs = vec![b"vectored ".to_vec(), b"write ".to_vec(), b"works".to_vec()];
+        let (res, _) = stream.write_vectored(bufs).await;
+        assert_eq!(res.unwrap(), 20);
+        stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+        let mut back = Vec::new();
+        loop {
+            let (res, buf) = stream.read(Vec::with_capacity(64)).await;
+            match res.unwrap() {
+                0 => break,
+                _ => back.extend_from_slice(&buf),
+            }
+        }
+        assert_eq!(back, b"vectored write works");
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused_addr = closed.local_addr().unwrap();
+        drop(closed);
+        let err = hotloop::net::TcpStream::connect(refused_addr).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    });
+    echo.join().unwrap();
 }

@@ -395,8 +395,12 @@ pub fn placement(cpus: &[usize]) -> (Vec<usize>, Option<usize>) {
 /// The `hotloop` server binary that belongs with `bench_exe`.
 ///
 /// Inside the source tree (this crate's manifest is still where it was
-/// built), `cargo build -p hotloop-cli` with this executable's profile
-/// brings it up to date first; it does nothing when it already is. The
+/// built), `cargo build -p hotloop-cli -p hotloop-bench` with this
+/// executable's profile brings it up to date first; it does nothing when it
+/// already is. Both packages are named so that cargo resolves the same
+/// features as the README's command (which builds the two together):
+/// building the server alone would resolve `hotloop`'s features for it
+/// alone and compile the runtime and its dependencies a second time. The
 /// binary is then the `hotloop` in this executable's target directory
 /// (`target/release/`, or its parent when this runs from `deps/` as a
 /// test). Outside the source tree, a `hotloop` next to this executable or
@@ -414,7 +418,7 @@ pub fn locate_server(bench_exe: &Path) -> io::Result<PathBuf> {
             let profile_arg = if profile == "debug" { "dev" } else { profile.as_str() };
             eprintln!("hotloop-bench: building the `hotloop` server ({profile_arg} profile)");
             let status = Command::new(cargo)
-                .args(["build", "--quiet", "-p", "hotloop-cli", "--bin", "hotloop", "--profile"])
+                .args(["build", "--quiet", "-p", "hotloop-cli", "-p", "hotloop-bench", "--profile"])
                 .arg(profile_arg)
                 .arg("--manifest-path")
                 .arg(&manifest)

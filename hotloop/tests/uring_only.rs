@@ -1,5 +1,9 @@
-//! io_uring specifics: multishot accept and its re-arm, the accept bound,
-//! cancellation safety, errors from the peer, and the fallback to epoll.
+//! What only the io_uring driver has: multishot accept and its re-arm after
+//! `EMFILE` or a full queue, the accept bound over a multishot accept,
+//! operations dropped while the kernel holds them, small rings under
+//! bursts, the lingering of a dropped stream's write, kernel busy polling
+//! and the fallback to epoll. Behaviour both drivers share lives in the
+//! file named after the behaviour.
 //!
 //! The tests in this file count descriptors and change the process's
 //! descriptor limit, so they run one at a time (`serial`).
@@ -14,10 +18,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hotloop::net::AcceptMode;
-use hotloop::net::{serve, ListenerOptions, TcpListener};
+use hotloop::net::{ListenerOptions, TcpListener};
 use hotloop::time::{sleep, timeout};
-use hotloop::{BusyPoll, DriverKind, Runtime};
+use hotloop::{DriverKind, Runtime};
 
 /// Serialises the tests of this file.
 fn serial() -> MutexGuard<'static, ()> {
@@ -97,69 +100,6 @@ fn accept_bound_holds_on_uring() {
     );
     assert!(stats.accept_bound_hits >= 1);
     assert_eq!(stats.multishot_rearms, 0, "one multishot accept took the whole burst");
-}
-
-#[hotloop::test(driver = "all")]
-fn single_and_multishot_accept_both_serve(driver: DriverKind) {
-    let _serial = serial();
-    for mode in [AcceptMode::Multishot, AcceptMode::Single] {
-        let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
-        let options = ListenerOptions { accept_mode: mode, ..ListenerOptions::default() };
-        let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
-        let addr = server.local_addr();
-        let clients: Vec<_> = (0..4)
-            .map(|c| {
-                thread::spawn(move || {
-                    for i in 0..15 {
-                        let msg = format!("{mode:?} client {c} message {i}");
-                        let back = common::roundtrip(addr, msg.as_bytes(), msg.len());
-                        assert_eq!(back, msg.as_bytes());
-                    }
-                })
-            })
-            .collect();
-        for c in clients {
-            c.join().unwrap();
-        }
-        assert_eq!(server.shutdown_blocking(Duration::from_secs(5)), 0);
-        let stats = rt.stats();
-        assert_eq!(stats.total.accepted, 60, "{mode:?}");
-        if stats.info.driver == "uring" && mode == AcceptMode::Single {
-            assert_eq!(stats.total.multishot_rearms, 0);
-        }
-    }
-}
-
-#[hotloop::test(driver = "all")]
-fn peer_reset_during_read_is_an_error(driver: DriverKind) {
-    let _serial = serial();
-    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-    rt.block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = thread::spawn(move || {
-            let s = StdStream::connect(addr).unwrap();
-            // Wait for the server's bytes, leave them unread and close:
-            // closing with unread data makes the kernel send a reset.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let mut probe = [0u8; 1];
-            s.set_nonblocking(true).unwrap();
-            while s.peek(&mut probe).is_err() && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(1));
-            }
-            thread::sleep(Duration::from_millis(20));
-            drop(s);
-        });
-        let (stream, _) = listener.accept().await.unwrap();
-        let (res, _) = stream.write_all(b"never read".to_vec()).await;
-        res.unwrap();
-        let (res, _) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
-            .await
-            .expect("the reset never reached the read");
-        let err = res.expect_err("a reset connection cannot be read");
-        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
-        client.join().unwrap();
-    });
 }
 
 #[test]
@@ -413,72 +353,6 @@ fn small_rings_survive_bursts() {
         stats.uring_enters,
         stats.submissions
     );
-}
-
-#[hotloop::test(driver = "all")]
-fn client_connect_vectored_write_and_shutdown(driver: DriverKind) {
-    let _serial = serial();
-    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = server.local_addr().unwrap();
-    let echo = thread::spawn(move || {
-        let (mut s, _) = server.accept().unwrap();
-        let mut all = Vec::new();
-        std::io::Read::read_to_end(&mut s, &mut all).unwrap();
-        s.write_all(&all).unwrap();
-    });
-    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
-    rt.block_on(async {
-        let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
-        let bufs = vec![b"vectored ".to_vec(), b"write ".to_vec(), b"works".to_vec()];
-        let (res, _) = stream.write_vectored(bufs).await;
-        assert_eq!(res.unwrap(), 20);
-        stream.shutdown(std::net::Shutdown::Write).await.unwrap();
-        let mut back = Vec::new();
-        loop {
-            let (res, buf) = stream.read(Vec::with_capacity(64)).await;
-            match res.unwrap() {
-                0 => break,
-                _ => back.extend_from_slice(&buf),
-            }
-        }
-        assert_eq!(back, b"vectored write works");
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let refused_addr = closed.local_addr().unwrap();
-        drop(closed);
-        let err = hotloop::net::TcpStream::connect(refused_addr).await.unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
-    });
-    echo.join().unwrap();
-}
-
-#[hotloop::test(driver = "all")]
-fn busy_polling_spins_on_the_completion_queue(driver: DriverKind) {
-    let _serial = serial();
-    for mode in [BusyPoll::Always, BusyPoll::Adaptive { spin_budget: Duration::from_micros(200) }] {
-        let rt = Runtime::builder().workers(1).driver(driver).busy_poll(mode).build().unwrap();
-        let server =
-            serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), common::echo).unwrap();
-        let addr = server.local_addr();
-        for i in 0..20 {
-            let msg = format!("{mode} round trip {i}");
-            assert_eq!(common::roundtrip(addr, msg.as_bytes(), msg.len()), msg.as_bytes());
-        }
-        // Leave the worker idle for a while: in `always` mode it keeps spinning.
-        thread::sleep(Duration::from_millis(20));
-        assert_eq!(server.shutdown_blocking(Duration::from_secs(5)), 0);
-        let stats = rt.stats().total;
-        assert!(stats.poller_spins > 0, "{mode}: never spun");
-        assert_eq!(stats.accepted, 20);
-        if rt.stats().info.driver == "uring" && mode == BusyPoll::Always {
-            // An idle spin reads the completion queue without entering the kernel.
-            assert!(
-                stats.uring_enters < stats.poller_spins,
-                "{mode}: {} enters for {} spins",
-                stats.uring_enters,
-                stats.poller_spins
-            );
-        }
-    }
 }
 
 #[test]
