@@ -4,7 +4,7 @@
 # per measurement, in turn, and the figures are medians over the rounds.
 # Server pinned to CPU 0, load generator to CPU 1.
 #
-#   scripts/bench_tls_axum.sh [ROUNDS] [SECONDS]     # defaults: 5 rounds, 5 s each
+#   scripts/bench_same_service.sh [ROUNDS] [SECONDS]     # defaults: 5 rounds, 5 s each
 #
 # Prints, per measurement and server: the median req/s and its range over
 # the rounds, the median server CPU time per 1,000 requests (from
