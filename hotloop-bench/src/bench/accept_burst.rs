@@ -33,7 +33,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ],
     );
     result.setup.push(format!(
-        "{clients} clients, {MESSAGE_BYTES}-byte messages; hotloop on `--driver uring`"
+        "{clients} clients, {MESSAGE_BYTES}-byte messages; each hotloop row names its driver and accept mode"
     ));
     let work = Workload { proto: "echo".into(), body_size: 0, work_us: 0 };
     let load = LoadSpec {

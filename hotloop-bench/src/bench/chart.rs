@@ -16,6 +16,13 @@ const PALETTE: [&str; 10] = [
     "#bcbd22", "#17becf",
 ];
 
+/// Line styles, one per pass through the palette: solid, dashed, dotted.
+const DASHES: [&str; 3] = ["none", "7 4", "2 3"];
+/// Height of one legend entry.
+const LEGEND_ROW_PX: f64 = 18.0;
+/// Width allowed per legend character (12 px sans-serif).
+const LEGEND_CHAR_PX: f64 = 7.0;
+
 /// Escapes text for use inside SVG elements and attributes.
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -38,7 +45,7 @@ pub fn bars(title: &str, unit: &str, items: &[(String, f64)]) -> String {
     let height = top + BAR_ROW_PX * items.len().max(1) as f64 + 30.0;
     let max = items.iter().map(|(_, v)| *v).filter(|v| v.is_finite()).fold(0.0, f64::max);
     let scale = if max > 0.0 { (WIDTH_PX - LABEL_WIDTH_PX - 110.0) / max } else { 0.0 };
-    let mut svg = header(height, title);
+    let mut svg = header(WIDTH_PX, height, title);
     for (i, (label, value)) in items.iter().enumerate() {
         let y = top + BAR_ROW_PX * i as f64;
         let w = if value.is_finite() { (value * scale).max(1.0) } else { 0.0 };
@@ -51,7 +58,11 @@ pub fn bars(title: &str, unit: &str, items: &[(String, f64)]) -> String {
             label = escape(label),
             bh = BAR_ROW_PX - 6.0,
             vx = LABEL_WIDTH_PX + w + 6.0,
-            value = escape(&format!("{} {unit}", super::report::format_figure(*value, 1))),
+            value = escape(&if value.is_finite() {
+                format!("{} {unit}", super::report::format_figure(*value, 1))
+            } else {
+                "no figure (see the table)".to_string()
+            }),
         );
     }
     svg.push_str("</svg>\n");
@@ -61,8 +72,14 @@ pub fn bars(title: &str, unit: &str, items: &[(String, f64)]) -> String {
 /// Cumulative latency distributions, one line per `(label, histogram)`,
 /// the time axis logarithmic in microseconds.
 pub fn latency_cdf(title: &str, series: &[(String, Vec<(f64, u64)>)]) -> String {
-    let (left, right, top, bottom) = (70.0, WIDTH_PX - 260.0, 50.0, 400.0);
-    let mut svg = header(bottom + 50.0, title);
+    // The legend gets the room its longest label needs, and the plot is as
+    // tall as the legend, so every series is named in full.
+    let label_chars = series.iter().map(|(l, _)| l.chars().count()).max().unwrap_or(0);
+    let legend_px = 50.0 + LEGEND_CHAR_PX * label_chars as f64;
+    let width = WIDTH_PX - 260.0 + legend_px;
+    let (left, right, top) = (70.0, WIDTH_PX - 260.0, 50.0);
+    let bottom = (top + LEGEND_ROW_PX * series.len() as f64 + 10.0).max(400.0);
+    let mut svg = header(width, bottom + 50.0, title);
     let values = series.iter().flat_map(|(_, h)| h.iter().map(|&(v, _)| v)).filter(|v| *v > 0.0);
     let (lo, hi) = values.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if !lo.is_finite() {
@@ -118,7 +135,10 @@ pub fn latency_cdf(title: &str, series: &[(String, Vec<(f64, u64)>)]) -> String 
         ty = bottom + 40.0
     );
     for (i, (label, histogram)) in series.iter().enumerate() {
+        // Past the palette's ten colours the lines are dashed, then dotted:
+        // no two series look alike.
         let color = PALETTE[i % PALETTE.len()];
+        let dash = DASHES[(i / PALETTE.len()) % DASHES.len()];
         let points = cumulative(histogram);
         if !points.is_empty() {
             let mut path = String::new();
@@ -132,16 +152,17 @@ pub fn latency_cdf(title: &str, series: &[(String, Vec<(f64, u64)>)]) -> String 
             }
             let _ = writeln!(
                 svg,
-                r#"<path d="{path}" fill="none" stroke="{color}" stroke-width="1.8"/>"#
+                r#"<path d="{path}" fill="none" stroke="{color}" stroke-width="1.8" stroke-dasharray="{dash}"/>"#
             );
         }
-        let ly = top + 10.0 + 20.0 * i as f64;
+        let ly = top + 10.0 + LEGEND_ROW_PX * i as f64;
         let _ = writeln!(
             svg,
-            r#"<rect x="{lx}" y="{ry}" width="14" height="4" fill="{color}"/><text x="{tx}" y="{ly}">{label}</text>"#,
-            lx = right + 15.0,
-            ry = ly - 6.0,
-            tx = right + 35.0,
+            r#"<line x1="{lx}" y1="{ry}" x2="{lx2}" y2="{ry}" stroke="{color}" stroke-width="3" stroke-dasharray="{dash}"/><text x="{tx}" y="{ly}">{label}</text>"#,
+            lx = right + 10.0,
+            lx2 = right + 32.0,
+            ry = ly - 4.0,
+            tx = right + 38.0,
             label = escape(label),
         );
     }
@@ -185,13 +206,13 @@ fn duration_label(us: f64) -> String {
     }
 }
 
-fn header(height: f64, title: &str) -> String {
+fn header(width: f64, height: f64, title: &str) -> String {
     format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH_PX}\" height=\"{height}\" \
-         viewBox=\"0 0 {WIDTH_PX} {height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"{x}\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">{title}</text>\n",
-        x = WIDTH_PX / 2.0,
+        x = width / 2.0,
         title = escape(title)
     )
 }
@@ -223,5 +244,18 @@ mod tests {
         let svg = latency_cdf("t", &[("x".into(), vec![(5.0, 3), (250.0, 1)])]);
         assert!(svg.contains("<path") && svg.contains("99.99%"));
         assert!(latency_cdf("t", &[]).contains("no latency data"));
+        let svg = bars("t", "req/s", &[("starved".into(), f64::NAN)]);
+        assert!(svg.contains("starved") && svg.contains("no figure"));
+        // Many series: all named, none styled like another.
+        let many: Vec<_> =
+            (0..21).map(|i| (format!("server {i:02} with a long name"), vec![(5.0, 1)])).collect();
+        let svg = latency_cdf("t", &many);
+        assert!(many.iter().all(|(l, _)| svg.contains(l.as_str())));
+        let styles: std::collections::HashSet<_> = svg
+            .lines()
+            .filter(|l| l.starts_with("<path"))
+            .map(|l| l.split("stroke=").nth(1).unwrap().to_string())
+            .collect();
+        assert_eq!(styles.len(), 21);
     }
 }

@@ -51,8 +51,11 @@ pub fn write_charts(out: &Path, result: &ScenarioResult) -> io::Result<()> {
     let bars: Vec<(String, f64)> = result
         .rows
         .iter()
-        .filter_map(|r| {
-            r.get(headline.key).map(|v| (format!("{}{}", group_prefix(&r.group), r.label()), v))
+        // A row without the figure (a starved or failed configuration)
+        // keeps its bar, drawn empty and labelled, rather than vanishing.
+        .map(|r| {
+            let value = r.get(headline.key).unwrap_or(f64::NAN);
+            (format!("{}{}", group_prefix(&r.group), r.label()), value)
         })
         .collect();
     if !bars.is_empty() {
