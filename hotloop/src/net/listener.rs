@@ -19,7 +19,7 @@
 //! for after it), so the time measured is work, not idle waiting.
 
 use std::cell::Cell;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -105,6 +105,12 @@ impl TcpListener {
         self.acceptor.set_accept_room(room);
     }
 
+    /// Accepts under the policy of [`Self::accept_stream`], handing back
+    /// the descriptor (a server may pass it to another worker).
+    pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
+        self.acceptor.accept_fd().await
+    }
+
     /// Takes a connection only if one is ready now, ignoring the accept
     /// bound: for draining the queue when a server stops, so that the
     /// connections the kernel already accepted are served, not reset.
@@ -122,6 +128,40 @@ impl AsRawFd for TcpListener {
 impl AsFd for TcpListener {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.acceptor.as_fd()
+    }
+}
+
+/// What the accept loop needs of a listener: [`TcpListener`] and
+/// [`UnixListener`] (monomorphised, so the TCP loop is what it was).
+pub(crate) trait Accept: Sized + 'static {
+    /// The connection type it hands to handlers.
+    type Stream: 'static;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self>;
+    /// Accepts under the listener's policy, without making a stream yet
+    /// (the connection may be handed to another worker).
+    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_;
+    /// A stream on the current worker over an accepted connection.
+    fn stream_from_fd(fd: OwnedFd) -> io::Result<Self::Stream>;
+    fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
+    fn set_accept_room(&self, room: Option<usize>);
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
+        TcpListener::from_fd(fd, options)
+    }
+    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_ {
+        TcpListener::accept_fd(self)
+    }
+    fn stream_from_fd(fd: OwnedFd) -> io::Result<TcpStream> {
+        TcpStream::from_fd(fd)
+    }
+    fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
+        TcpListener::accept_ready(self)
+    }
+    fn set_accept_room(&self, room: Option<usize>) {
+        TcpListener::set_accept_room(self, room)
     }
 }
 

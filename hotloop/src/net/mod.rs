@@ -2,6 +2,7 @@
 //! streams with owned-buffer I/O and socket options, a thread-per-core
 //! server helper, and UDP sockets.
 
+mod balance;
 mod compat;
 mod listener;
 mod options;
@@ -15,7 +16,7 @@ pub mod udp;
 mod unix;
 
 pub use listener::TcpListener;
-pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
+pub use options::{AcceptPacing, Balance, ListenerOptions, ServerOptions};
 pub use pool::{PooledBuf, ReadPooled, POOLED_BUFFER_BYTES};
 #[doc(hidden)]
 pub use resolve::__set_resolver;
