@@ -188,6 +188,12 @@ pub(crate) struct Acceptor {
     /// With accept pacing: this turn's budget and when the turn's first accept came.
     pace_budget: Cell<usize>,
     pace_turn_started: Cell<Option<Instant>>,
+    /// Set when pacing finds the worker behind, cleared once the budget
+    /// is back at its cap: meanwhile the driver accepts no further ahead
+    /// than the budget.
+    pace_behind: Cell<bool>,
+    /// How many more connections the owner will take (`usize::MAX`: all).
+    owner_room: Cell<usize>,
 }
 
 impl Acceptor {
@@ -201,6 +207,8 @@ impl Acceptor {
             exhausted: Cell::new(None),
             pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
             pace_turn_started: Cell::new(None),
+            pace_behind: Cell::new(false),
+            owner_room: Cell::new(usize::MAX),
             options,
         })
     }
@@ -243,7 +251,27 @@ impl Acceptor {
 
     /// See [`TcpListener::set_accept_room`].
     pub(crate) fn set_accept_room(&self, room: Option<usize>) {
-        self.src.set_accept_room(room.unwrap_or(usize::MAX));
+        self.owner_room.set(room.unwrap_or(usize::MAX));
+        self.update_driver_room();
+    }
+
+    /// Tells the driver how far ahead of the accept loop it may accept:
+    /// the owner's room and, from the turn pacing finds the worker behind
+    /// until the budget is back at its cap, the budget. Bounded, io_uring's driver
+    /// stops its multishot accept, which takes a whole backlog in one
+    /// enter, and takes connections one `accept4` at a time when asked, as
+    /// epoll's loop does; the rest wait in the kernel's backlog.
+    fn update_driver_room(&self) {
+        let mut room = self.owner_room.get();
+        if self.pace_behind.get() {
+            room = room.min(self.pace_budget.get());
+        }
+        self.src.set_accept_room(room);
+    }
+
+    /// The largest budget pacing gives a turn.
+    fn pace_max(&self) -> usize {
+        self.options.accepts_per_wakeup_max.unwrap_or(ListenerOptions::ACCEPTS_PACED_MAX).max(1)
     }
 
     /// See [`TcpListener::accept_ready`].
@@ -300,7 +328,7 @@ impl Acceptor {
     /// Updates the pacing budget at the first accept of `turn` (see the
     /// module notes).
     fn pace(&self, pacing: &AcceptPacing, turn: u64, now: Instant, run_queue_len: usize) {
-        let max = self.options.accepts_per_wakeup_max.unwrap_or(ListenerOptions::ACCEPTS_PACED_MAX);
+        let max = self.pace_max();
         let budget = self.pace_budget.get();
         // The previous turn ended on the budget and this is the next one: it was all work.
         let timed =
@@ -309,8 +337,14 @@ impl Acceptor {
             timed && self.pace_turn_started.get().is_some_and(|t| now - t > pacing.turn_target);
         let behind = slow || run_queue_len > pacing.run_queue_target;
         let next = if behind { budget / 2 } else { budget + pacing.accepts_increase };
-        self.pace_budget.set(next.clamp(1, max.max(1)));
+        let next = next.clamp(1, max);
+        self.pace_budget.set(next);
         self.pace_turn_started.set(Some(now));
+        let was_behind = self.pace_behind.get();
+        self.pace_behind.set(behind || (was_behind && next < max));
+        if next != budget || was_behind != self.pace_behind.get() {
+            self.update_driver_room();
+        }
     }
 
     /// Ends a run of resource failures, saying how long it lasted.

@@ -154,10 +154,10 @@ pub enum Balance {
 
 impl Balance {
     /// Below this busy share (per-mille) a worker keeps what it accepts.
-    pub const LOAD_BUSY_MIN_PERMILLE: u32 = 600;
+    pub const LOAD_BUSY_MIN_PERMILLE: u32 = 300;
     /// A connection moves only to a worker at least this much (per-mille)
     /// less busy than the one that accepted it.
-    pub const LOAD_MARGIN_PERMILLE: u32 = 250;
+    pub const LOAD_MARGIN_PERMILLE: u32 = 150;
     /// What a connection already on its way to a worker adds to that
     /// worker's busy share (per-mille) when the next one is placed.
     pub const LOAD_INCOMING_PERMILLE: u32 = 100;
