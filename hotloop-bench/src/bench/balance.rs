@@ -17,6 +17,9 @@
 //! - The machine has two CPUs, so the load generators are not pinned and
 //!   share them with the server: the figures compare the three placements
 //!   under the same disturbance, not absolute latencies.
+//! - The three servers run at once (idle between their trials) and each
+//!   trial runs against all three in turn, so a slow spell of the shared
+//!   machine falls on all of them alike.
 //! - Per-worker CPU is read from `/proc/PID/task/*/stat` over the trial
 //!   (a pinned worker's thread always last ran on its own CPU); per-worker
 //!   connections from the stats endpoint once every connection is open.
@@ -92,21 +95,23 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     ctx.server_cpus = proc::allowed_cpus().into_iter().take(WORKERS).collect();
     let drivers: &[&str] = if ctx.quick { &["uring"] } else { &["uring", "epoll"] };
     for driver in drivers {
-        for balance in ["kernel", "load", "count"] {
-            let spec = ServerSpec::hotloop(
-                &format!("{driver} {balance}"),
-                &[
-                    "--driver",
-                    driver,
-                    "--balance",
-                    balance,
-                    "--work-ns-per-byte",
-                    &WORK_NS_PER_BYTE.to_string(),
-                ],
-            );
-            let row = measure(ctx, &spec, trials, duration);
-            result.rows.push(row);
-        }
+        let specs: Vec<ServerSpec> = ["kernel", "load", "count"]
+            .iter()
+            .map(|balance| {
+                ServerSpec::hotloop(
+                    &format!("{driver} {balance}"),
+                    &[
+                        "--driver",
+                        driver,
+                        "--balance",
+                        balance,
+                        "--work-ns-per-byte",
+                        &WORK_NS_PER_BYTE.to_string(),
+                    ],
+                )
+            })
+            .collect();
+        result.rows.extend(measure_interleaved(ctx, &specs, trials, duration));
     }
     ctx.workers = saved_workers;
     ctx.server_cpus = saved_cpus;
@@ -130,41 +135,64 @@ fn columns() -> Vec<Column> {
     ]
 }
 
-fn measure(ctx: &mut Ctx, spec: &ServerSpec, trials: usize, duration: u64) -> Row {
-    let title = format!("{} {}", spec.server, spec.config);
+/// Starts every server of `specs`, then runs trial after trial, each
+/// against every server in turn, so that a slow spell of a shared machine
+/// falls on all of them alike; one row per server.
+fn measure_interleaved(
+    ctx: &mut Ctx,
+    specs: &[ServerSpec],
+    trials: usize,
+    duration: u64,
+) -> Vec<Row> {
+    let mut rows: Vec<Row> = specs.iter().map(|s| Row::new("", &s.server, &s.config)).collect();
     if let Some(why) = &ctx.load_missing {
-        return Row::unavailable("", &spec.server, &spec.config, why.clone());
+        for row in &mut rows {
+            row.unavailable = Some(why.clone());
+        }
+        return rows;
     }
     let work = Workload { proto: "echo".into(), body_size: LIGHT_BYTES, work_us: 0 };
-    ctx.progress(&format!("{title}: starting"));
-    let running = match server::start(ctx, spec, &work) {
-        Ok(r) => r,
-        Err(why) => return Row::unavailable("", &spec.server, &spec.config, why),
-    };
+    let mut running = Vec::new();
+    for (spec, row) in specs.iter().zip(&mut rows) {
+        ctx.progress(&format!("{} {}: starting", spec.server, spec.config));
+        match server::start(ctx, spec, &work) {
+            Ok(r) => running.push(Some(r)),
+            Err(why) => {
+                row.unavailable = Some(why);
+                running.push(None);
+            }
+        }
+    }
     let (light, heavy) = loads(duration);
     ctx.note_load(&light, "echo");
     ctx.note_load(&heavy, "echo");
-    let mut row = Row::new("", &spec.server, &spec.config);
-    let mut samples = Vec::new();
+    let mut samples: Vec<Vec<BTreeMap<String, f64>>> = vec![Vec::new(); specs.len()];
     for trial in 1..=trials {
-        match run_trial(ctx, &running, &light, &heavy, &title) {
-            Ok(f) => {
-                ctx.progress(&format!(
-                    "{title}: trial {trial}/{trials}: light p99 {:.2} ms, CPU {:.0}% / {:.0}%, hand-offs {}",
-                    f.get("light_p99_ms").copied().unwrap_or(f64::NAN),
-                    f.get("cpu_max_pct").copied().unwrap_or(f64::NAN),
-                    f.get("cpu_min_pct").copied().unwrap_or(f64::NAN),
-                    f.get("handoffs").copied().unwrap_or(f64::NAN),
-                ));
-                samples.push(f);
+        for (i, spec) in specs.iter().enumerate() {
+            let Some(server) = &running[i] else { continue };
+            let title = format!("{} {}", spec.server, spec.config);
+            match run_trial(ctx, server, &light, &heavy, &title) {
+                Ok(f) => {
+                    ctx.progress(&format!(
+                        "{title}: trial {trial}/{trials}: light p99 {:.2} ms, CPU {:.0}% / {:.0}%, hand-offs {}",
+                        f.get("light_p99_ms").copied().unwrap_or(f64::NAN),
+                        f.get("cpu_max_pct").copied().unwrap_or(f64::NAN),
+                        f.get("cpu_min_pct").copied().unwrap_or(f64::NAN),
+                        f.get("handoffs").copied().unwrap_or(f64::NAN),
+                    ));
+                    samples[i].push(f);
+                }
+                Err(e) => rows[i].notes.push(format!("trial {trial}: {e}")),
             }
-            Err(e) => row.notes.push(format!("trial {trial}: {e}")),
         }
     }
-    row.server_info = running.stats_text();
-    drop(running);
-    super::measure::summarise(&mut row, &samples);
-    row
+    for (i, row) in rows.iter_mut().enumerate() {
+        if let Some(server) = running[i].take() {
+            row.server_info = server.stats_text();
+            super::measure::summarise(row, &samples[i]);
+        }
+    }
+    rows
 }
 
 /// The light group's and a heavy connection's load runs.
