@@ -246,3 +246,92 @@ impl Drop for LaneGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::load::{LoadMeter, LOAD_WINDOW_NS};
+
+    fn workers(n: usize) -> Vec<Arc<WorkerShared>> {
+        (0..n).map(|i| WorkerShared::new(i).unwrap()).collect()
+    }
+
+    fn a_descriptor() -> OwnedFd {
+        std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    /// Publishes `busy` per-mille for `worker`, as of `now`.
+    fn set_busy(worker: &WorkerShared, busy_permille: u64, now: u64) {
+        let meter = LoadMeter::default();
+        let mut t = now - 40 * LOAD_WINDOW_NS;
+        meter.turn_ended(t, 0, &worker.load);
+        while t < now {
+            t += LOAD_WINDOW_NS;
+            meter.idle(LOAD_WINDOW_NS * (1000 - busy_permille) / 1000);
+            meter.turn_ended(t, 0, &worker.load);
+        }
+    }
+
+    #[test]
+    fn count_sends_a_connection_to_the_worker_with_fewest() {
+        let w = workers(3);
+        let lanes = Lanes::new(Balance::Count, w.clone());
+        assert_eq!(lanes.target(0, 0), None, "ties stay");
+        w[0].load.connection_opened();
+        w[0].load.connection_opened();
+        w[1].load.connection_opened();
+        assert_eq!(lanes.target(0, 0), Some(2));
+        assert_eq!(lanes.target(2, 0), None);
+    }
+
+    #[test]
+    fn load_moves_a_connection_only_from_a_busy_worker_to_a_much_idler_one() {
+        let now = 100 * LOAD_WINDOW_NS;
+        let w = workers(2);
+        let lanes = Lanes::new(Balance::Load, w.clone());
+        set_busy(&w[0], 250, now);
+        set_busy(&w[1], 0, now);
+        assert_eq!(lanes.target(0, now), None, "not busy enough to move anything");
+        set_busy(&w[0], 900, now);
+        assert_eq!(lanes.target(0, now), Some(1));
+        set_busy(&w[1], 800, now);
+        assert_eq!(lanes.target(0, now), None, "within the margin");
+        // Connections already on their way count against the idle worker.
+        set_busy(&w[1], 0, now);
+        for _ in 0..9 {
+            w[1].load.incoming_added();
+        }
+        assert_eq!(lanes.target(0, now), None);
+    }
+
+    #[test]
+    fn a_closed_lane_or_a_dead_worker_is_never_chosen_and_gives_the_connection_back() {
+        let w = workers(3);
+        let lanes = Lanes::new(Balance::Count, w.clone());
+        for _ in 0..5 {
+            w[0].load.connection_opened();
+        }
+        w[1].load.connection_opened();
+        let queued = a_descriptor();
+        lanes.offer(2, queued).unwrap();
+        assert_eq!(w[2].load.incoming(), 1);
+        // Worker 2's lane closes with a connection in it: it is handed on.
+        let left = lanes.close(2);
+        assert_eq!(left.len(), 1);
+        assert_eq!(w[2].load.incoming(), 0);
+        lanes.hand_on(2, left);
+        assert!(lanes.take(0).is_some() || lanes.take(1).is_some(), "the connection was lost");
+        assert_eq!(lanes.target(0, 0), Some(1), "the closed lane is skipped");
+        assert!(lanes.offer(2, a_descriptor()).is_err(), "a closed lane takes nothing");
+        w[1].die();
+        assert_eq!(lanes.target(0, 0), None, "a dead worker is skipped");
+    }
+
+    #[test]
+    fn the_kernel_placement_and_a_single_worker_move_nothing() {
+        let w = workers(2);
+        w[0].load.connection_opened();
+        assert_eq!(Lanes::new(Balance::Kernel, w.clone()).target(0, 0), None);
+        assert_eq!(Lanes::new(Balance::Count, workers(1)).target(0, 0), None);
+    }
+}
