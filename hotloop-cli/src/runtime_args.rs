@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use hotloop::net::AcceptMode;
-use hotloop::net::{AcceptPacing, ListenerOptions, ServerOptions};
+use hotloop::net::{AcceptMode, AcceptPacing, Balance, ListenerOptions, ServerOptions};
 use hotloop::{BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
 
 /// How the runtime and its listeners are set up.
@@ -52,6 +51,11 @@ pub struct RuntimeArgs {
     /// The most connections open at once on one worker (default: no limit).
     #[arg(long)]
     pub maxconn_per_worker: Option<usize>,
+    /// Which worker serves a new connection: `load` (a busy worker hands
+    /// it to the least busy one), `count` (the worker holding the fewest
+    /// connections) or `kernel` (where the kernel's SO_REUSEPORT hash put it).
+    #[arg(long, default_value = "load")]
+    pub balance: Balance,
     /// Serve the live counters over HTTP on this address (GET /stats for JSON, /metrics for Prometheus).
     #[arg(long)]
     pub stats_addr: Option<String>,
@@ -147,6 +151,7 @@ impl RuntimeArgs {
             listener: self.listener_options(),
             maxconn: self.maxconn,
             maxconn_per_worker: self.maxconn_per_worker,
+            balance: self.balance,
         }
     }
 

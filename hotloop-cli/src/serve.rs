@@ -67,6 +67,11 @@ pub struct ServeArgs {
     /// CPU work per request in microseconds, standing in for an application's own processing.
     #[arg(long, default_value_t = 0)]
     pub work_us: u64,
+    /// echo: CPU work per byte received, in nanoseconds, on top of
+    /// --work-us: connections that send more cost more, as a mix of heavy
+    /// and light clients does.
+    #[arg(long, default_value_t = 0)]
+    pub work_ns_per_byte: u64,
     /// Idle timeout (echo, http, hyper; quic and h3: QUIC's idle
     /// timeout): close a connection when nothing has moved in either
     /// direction for this long, whether it waits to read or to write
@@ -124,6 +129,7 @@ struct Settings {
     /// Echo rather than HTTP.
     echo: bool,
     work_us: u64,
+    work_ns_per_byte: u64,
     idle_timeout: Option<Duration>,
     header_timeout: Duration,
     /// How long a write may wait without progress: the send timeout, or
@@ -172,6 +178,7 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let settings = Arc::new(Settings {
         echo: args.app == App::Echo,
         work_us: args.work_us,
+        work_ns_per_byte: args.work_ns_per_byte,
         idle_timeout: millis_or_never(args.idle_timeout_ms),
         header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
         write_limit: shorter(
@@ -551,7 +558,7 @@ async fn echo<S: Conn>(stream: &mut S, s: &Settings) {
             timer.read(read, deadline, false).await
         };
         let Some(buf) = got else { return };
-        proto::spin_work(s.work_us);
+        proto::spin_work(s.work_us + buf.len() as u64 * s.work_ns_per_byte / 1000);
         if stream.send(buf, s.write_limit, &mut timer).await.is_err() {
             return;
         }

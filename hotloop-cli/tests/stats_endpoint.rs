@@ -129,3 +129,33 @@ fn scrapes_do_not_count_as_accepted_connections(driver: DriverKind) {
         .sum();
     assert_eq!(total, 3, "{driver}: {prom}");
 }
+
+#[hotloop::test(driver = "all")]
+fn each_workers_load_is_in_json_and_prometheus(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_p, addr, stats) = start(driver);
+    // Three connections held open, each answered once so its handler holds it.
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(b"x").unwrap();
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).unwrap();
+            s
+        })
+        .collect();
+    let json = exchange(stats, b"GET /stats HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_eq!(json.matches("\"load_busy_permille\":").count(), 2, "{driver}: {json}");
+    assert_eq!(json.matches("\"load_connections\":").count(), 2, "{driver}: {json}");
+    let text = exchange(stats, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert!(text.contains("# TYPE hotloop_load_busy_permille gauge"), "{driver}: {text}");
+    assert!(text.contains("hotloop_handoffs_out_total{worker=\"1\"}"), "{driver}: {text}");
+    let connections: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("hotloop_load_connections{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(connections, 3, "{driver}: {text}");
+    drop(held);
+}

@@ -89,6 +89,10 @@ counters! {
     accept_pauses: sum,
     /// Times a server stopped accepting because it held its `maxconn` connections.
     maxconn_reached: sum,
+    /// Connections this worker accepted and handed to a less loaded worker.
+    handoffs_out: sum,
+    /// Connections another worker accepted and handed to this one.
+    handoffs_in: sum,
     /// Sockets registered with epoll (`epoll_ctl` ADD calls).
     registrations: sum,
     /// Sockets closed without ever being registered with epoll.
@@ -186,6 +190,44 @@ impl BlockingCounters {
     }
 }
 
+/// One worker's load at one moment, as the connection balancing reads it
+/// (gauges, not counters).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LoadGauges {
+    /// The share of recent time the worker spent working, in per-mille
+    /// (a moving average over 1 ms windows).
+    pub busy_permille: u64,
+    /// Tasks queued to run at the last measurement.
+    pub run_queue: u64,
+    /// Connections open on the worker that a server's handlers hold.
+    pub connections: u64,
+    /// Connections handed to the worker and not yet taken.
+    pub incoming: u64,
+}
+
+impl LoadGauges {
+    /// Every field as (name, value).
+    pub fn fields(&self) -> [(&'static str, u64); 4] {
+        [
+            ("load_busy_permille", self.busy_permille),
+            ("load_run_queue", self.run_queue),
+            ("load_connections", self.connections),
+            ("load_incoming", self.incoming),
+        ]
+    }
+
+    /// One sentence per field of [`LoadGauges::fields`], in order (the
+    /// `# HELP` text of the Prometheus output).
+    pub fn descriptions() -> [&'static str; 4] {
+        [
+            "Share of recent time the worker spent working, in per-mille.",
+            "Tasks queued to run on the worker.",
+            "Connections open on the worker.",
+            "Connections handed to the worker and not yet taken.",
+        ]
+    }
+}
+
 /// Counters of every worker at one moment, with their sum.
 #[derive(Debug, Clone, Default)]
 pub struct StatsSnapshot {
@@ -199,6 +241,9 @@ pub struct StatsSnapshot {
     pub info: DriverInfo,
     /// The blocking pool (jobs queued and running, threads).
     pub blocking: BlockingCounters,
+    /// Each worker's load, by worker index (the workers only, not the
+    /// `block_on` thread).
+    pub loads: Vec<LoadGauges>,
 }
 
 impl StatsSnapshot {
@@ -208,7 +253,13 @@ impl StatsSnapshot {
         for w in &workers {
             total.merge(w);
         }
-        StatsSnapshot { workers, total, info, blocking: BlockingCounters::default() }
+        StatsSnapshot {
+            workers,
+            total,
+            info,
+            blocking: BlockingCounters::default(),
+            loads: Vec::new(),
+        }
     }
 
     /// The snapshot as one JSON object: the summed counters at the top level,
@@ -239,6 +290,9 @@ impl StatsSnapshot {
                 let sep = if j + 1 < fields.len() { "," } else { "" };
                 let _ = write!(out, "\"{name}\":{value}{sep}");
             }
+            for (name, value) in self.loads.get(i).map(LoadGauges::fields).into_iter().flatten() {
+                let _ = write!(out, ",\"{name}\":{value}");
+            }
             out.push('}');
         }
         out.push_str("]}");
@@ -258,6 +312,16 @@ impl StatsSnapshot {
             for (worker, w) in self.workers.iter().enumerate() {
                 let value = w.fields()[idx].1;
                 let _ = writeln!(out, "hotloop_{name}{suffix}{{worker=\"{worker}\"}} {value}");
+            }
+        }
+        let load_help = LoadGauges::descriptions();
+        for (idx, (name, _)) in LoadGauges::default().fields().into_iter().enumerate() {
+            let _ =
+                writeln!(out, "# HELP hotloop_{name} {}", prometheus_escape_help(load_help[idx]));
+            let _ = writeln!(out, "# TYPE hotloop_{name} gauge");
+            for (worker, l) in self.loads.iter().enumerate() {
+                let _ =
+                    writeln!(out, "hotloop_{name}{{worker=\"{worker}\"}} {}", l.fields()[idx].1);
             }
         }
         let blocking_help = BlockingCounters::descriptions();
@@ -317,12 +381,16 @@ mod tests {
         add(&b.accepted, 4);
         raise(&a.max_accepted_per_wakeup, 7);
         raise(&b.max_accepted_per_wakeup, 5);
-        let snap = StatsSnapshot::collect(&[a, b], DriverInfo::default());
+        let mut snap = StatsSnapshot::collect(&[a, b], DriverInfo::default());
+        snap.loads =
+            vec![LoadGauges::default(), LoadGauges { busy_permille: 640, ..Default::default() }];
         assert_eq!(snap.total.accepted, 7);
         assert_eq!(snap.total.max_accepted_per_wakeup, 7);
         assert!(snap.to_json().contains("\"accepted\":7,"));
         assert!(snap.to_prometheus().contains("hotloop_accepted_total{worker=\"1\"} 4"));
         assert!(snap.to_json().contains("\"blocking_queued\":0,"));
         assert!(snap.to_prometheus().contains("hotloop_blocking_running 0"));
+        assert!(snap.to_json().contains("\"load_busy_permille\":640"));
+        assert!(snap.to_prometheus().contains("hotloop_load_busy_permille{worker=\"1\"} 640"));
     }
 }

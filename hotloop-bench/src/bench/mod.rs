@@ -21,6 +21,7 @@
 //!   times; figures are medians, with the spread over repeats beside them.
 
 mod accept_burst;
+mod balance;
 mod chart;
 mod churn;
 mod hyper;
@@ -115,11 +116,14 @@ pub enum ScenarioName {
     Keepalive,
     /// The same hyper service on hotloop and on tokio.
     Hyper,
+    /// Two workers, heavy and light connections: kernel hash vs load-aware
+    /// hand-off vs connection count.
+    Balance,
 }
 
 impl ScenarioName {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [ScenarioName; 8] = [
+    pub const ALL: [ScenarioName; 9] = [
         ScenarioName::AcceptBurst,
         ScenarioName::Serial,
         ScenarioName::Churn,
@@ -128,6 +132,7 @@ impl ScenarioName {
         ScenarioName::Timers,
         ScenarioName::Keepalive,
         ScenarioName::Hyper,
+        ScenarioName::Balance,
     ];
 
     /// The name used on the command line and in file names.
@@ -141,6 +146,7 @@ impl ScenarioName {
             ScenarioName::Timers => "timers",
             ScenarioName::Keepalive => "keepalive",
             ScenarioName::Hyper => "hyper",
+            ScenarioName::Balance => "balance",
         }
     }
 }
@@ -365,6 +371,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::Timers => timers::run(&mut ctx),
             ScenarioName::Keepalive => keepalive::run(&mut ctx),
             ScenarioName::Hyper => hyper::run(&mut ctx),
+            ScenarioName::Balance => balance::run(&mut ctx),
         };
         let loads = ctx.load_lines.iter().map(|l| format!("load: `{l}`"));
         result.setup.splice(0..0, loads);

@@ -225,7 +225,8 @@ pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-fn clock_ticks_per_second() -> f64 {
+/// Clock ticks per second, the unit of `/proc` CPU times.
+pub fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf(3) only reads a configuration value.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if ticks > 0 {

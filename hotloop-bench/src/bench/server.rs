@@ -141,6 +141,11 @@ impl Running {
         proc::http_get(addr, "/stats", Duration::from_millis(STATS_TIMEOUT_MS)).ok()
     }
 
+    /// The process id of its (first) process.
+    pub fn pid(&self) -> Option<u32> {
+        self.children.first().map(Child::pid)
+    }
+
     /// Whether any of its processes has ended.
     pub fn exited(&mut self) -> bool {
         self.children.iter_mut().any(|c| c.exited().is_some())

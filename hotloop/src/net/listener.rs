@@ -30,7 +30,7 @@
 //! [`EXHAUSTION_QUIET`] since its last failure.
 
 use std::cell::Cell;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -125,6 +125,12 @@ impl TcpListener {
         self.acceptor.set_accept_room(room);
     }
 
+    /// Accepts under the policy of [`Self::accept_stream`], handing back
+    /// the descriptor (a server may pass it to another worker).
+    pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
+        self.acceptor.accept_fd().await
+    }
+
     /// Takes a connection only if one is ready now, ignoring the accept
     /// bound: for draining the queue when a server stops, so that the
     /// connections the kernel already accepted are served, not reset.
@@ -142,6 +148,40 @@ impl AsRawFd for TcpListener {
 impl AsFd for TcpListener {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.acceptor.as_fd()
+    }
+}
+
+/// What the accept loop needs of a listener: [`TcpListener`] and
+/// [`UnixListener`] (monomorphised, so the TCP loop is what it was).
+pub(crate) trait Accept: Sized + 'static {
+    /// The connection type it hands to handlers.
+    type Stream: 'static;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self>;
+    /// Accepts under the listener's policy, without making a stream yet
+    /// (the connection may be handed to another worker).
+    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_;
+    /// A stream on the current worker over an accepted connection.
+    fn stream_from_fd(fd: OwnedFd) -> io::Result<Self::Stream>;
+    fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
+    fn set_accept_room(&self, room: Option<usize>);
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
+        TcpListener::from_fd(fd, options)
+    }
+    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_ {
+        TcpListener::accept_fd(self)
+    }
+    fn stream_from_fd(fd: OwnedFd) -> io::Result<TcpStream> {
+        TcpStream::from_fd(fd)
+    }
+    fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
+        TcpListener::accept_ready(self)
+    }
+    fn set_accept_room(&self, room: Option<usize>) {
+        TcpListener::set_accept_room(self, room)
     }
 }
 
@@ -174,6 +214,10 @@ pub(crate) struct Acceptor {
     /// With accept pacing: this turn's budget and when the turn's first accept came.
     pace_budget: Cell<usize>,
     pace_turn_started: Cell<Option<Instant>>,
+    /// Set when pacing finds the worker behind, cleared once the budget
+    /// is back at its cap: meanwhile the driver accepts no further ahead
+    /// than the budget.
+    pace_behind: Cell<bool>,
 }
 
 impl Acceptor {
@@ -190,6 +234,7 @@ impl Acceptor {
             owner_room: Cell::new(usize::MAX),
             pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
             pace_turn_started: Cell::new(None),
+            pace_behind: Cell::new(false),
             options,
         })
     }
@@ -252,21 +297,37 @@ impl Acceptor {
     /// See [`TcpListener::set_accept_room`].
     pub(crate) fn set_accept_room(&self, room: Option<usize>) {
         self.owner_room.set(room.unwrap_or(usize::MAX));
-        self.apply_room();
+        self.update_driver_room();
     }
 
-    /// Tells the driver how far ahead it may accept: what the owner said,
-    /// and at most one while descriptors are scarce.
-    fn apply_room(&self) {
-        let room = self.owner_room.get();
-        self.src.set_accept_room(if self.scarce.get() { room.min(1) } else { room });
+    /// Tells the driver how far ahead of the accept loop it may accept:
+    /// the owner's room; at most one while descriptors are scarce; and,
+    /// from the turn pacing finds the worker behind until the budget is
+    /// back at its cap, the budget. Bounded, io_uring's driver stops its
+    /// multishot accept, which takes a whole backlog in one enter, and
+    /// takes connections one `accept4` at a time when asked, as epoll's
+    /// loop does; the rest wait in the kernel's backlog.
+    fn update_driver_room(&self) {
+        let mut room = self.owner_room.get();
+        if self.pace_behind.get() {
+            room = room.min(self.pace_budget.get());
+        }
+        if self.scarce.get() {
+            room = room.min(1);
+        }
+        self.src.set_accept_room(room);
     }
 
     /// Enters or leaves the scarce state (see the module notes).
     fn set_scarce(&self, scarce: bool) {
         if self.scarce.replace(scarce) != scarce {
-            self.apply_room();
+            self.update_driver_room();
         }
+    }
+
+    /// The largest budget pacing gives a turn.
+    fn pace_max(&self) -> usize {
+        self.options.accepts_per_wakeup_max.unwrap_or(ListenerOptions::ACCEPTS_PACED_MAX).max(1)
     }
 
     /// See [`TcpListener::accept_ready`].
@@ -327,7 +388,7 @@ impl Acceptor {
     /// Updates the pacing budget at the first accept of `turn` (see the
     /// module notes).
     fn pace(&self, pacing: &AcceptPacing, turn: u64, now: Instant, run_queue_len: usize) {
-        let max = self.options.accepts_per_wakeup_max.unwrap_or(ListenerOptions::ACCEPTS_PACED_MAX);
+        let max = self.pace_max();
         let budget = self.pace_budget.get();
         // The previous turn ended on the budget and this is the next one: it was all work.
         let timed =
@@ -336,8 +397,14 @@ impl Acceptor {
             timed && self.pace_turn_started.get().is_some_and(|t| now - t > pacing.turn_target);
         let behind = slow || run_queue_len > pacing.run_queue_target;
         let next = if behind { budget / 2 } else { budget + pacing.accepts_increase };
-        self.pace_budget.set(next.clamp(1, max.max(1)));
+        let next = next.clamp(1, max);
+        self.pace_budget.set(next);
         self.pace_turn_started.set(Some(now));
+        let was_behind = self.pace_behind.get();
+        self.pace_behind.set(behind || (was_behind && next < max));
+        if next != budget || was_behind != self.pace_behind.get() {
+            self.update_driver_room();
+        }
     }
 
     /// Ends a run of resource failures, saying how long it lasted, once

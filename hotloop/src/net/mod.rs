@@ -2,6 +2,7 @@
 //! streams with owned-buffer I/O and socket options, a thread-per-core
 //! server helper, and UDP sockets.
 
+mod balance;
 mod compat;
 mod listener;
 mod options;
@@ -16,7 +17,7 @@ mod unix;
 
 pub use crate::driver::AcceptMode;
 pub use listener::TcpListener;
-pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
+pub use options::{AcceptPacing, Balance, ListenerOptions, ServerOptions};
 pub use pool::{ReadPooled, POOLED_BUFFER_BYTES};
 pub use resolve::{lookup_host, Target, ToSocketAddrs};
 #[cfg(feature = "test-util")]

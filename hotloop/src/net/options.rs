@@ -124,6 +124,66 @@ pub struct ServerOptions {
     pub maxconn: Option<usize>,
     /// The most connections open at once on one worker (`None`: no limit).
     pub maxconn_per_worker: Option<usize>,
+    /// Which worker serves a new connection. Default: [`Balance::Load`].
+    pub balance: Balance,
+}
+
+/// Which worker serves a connection a server accepts.
+///
+/// The kernel's `SO_REUSEPORT` hash puts each new TCP connection in one
+/// worker's accept queue, whatever that worker's load. With `Load` or
+/// `Count`, the worker that accepted it may hand it, as a descriptor, to
+/// another worker of the same server before anything is read from it
+/// (see `net/balance.rs`). A Unix server's workers share one accept queue,
+/// so whichever is free takes the next connection; hand-offs apply the same.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Balance {
+    /// The kernel's hash alone: a connection stays where it was accepted.
+    Kernel,
+    /// A worker busy for more than [`Balance::LOAD_BUSY_MIN_PERMILLE`] of
+    /// its recent time hands a new connection to the least busy worker,
+    /// if that one is at least [`Balance::LOAD_MARGIN_PERMILLE`] less busy.
+    /// Below that load it costs one atomic read per accepted connection.
+    #[default]
+    Load,
+    /// Every connection goes to the worker holding the fewest connections
+    /// (ties stay), as Envoy's `exact_balance` does: equal counts, whatever
+    /// each connection costs.
+    Count,
+}
+
+impl Balance {
+    /// Below this busy share (per-mille) a worker keeps what it accepts.
+    pub const LOAD_BUSY_MIN_PERMILLE: u32 = 300;
+    /// A connection moves only to a worker at least this much (per-mille)
+    /// less busy than the one that accepted it.
+    pub const LOAD_MARGIN_PERMILLE: u32 = 150;
+    /// What a connection already on its way to a worker adds to that
+    /// worker's busy share (per-mille) when the next one is placed.
+    pub const LOAD_INCOMING_PERMILLE: u32 = 100;
+}
+
+impl std::str::FromStr for Balance {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kernel" => Ok(Balance::Kernel),
+            "load" => Ok(Balance::Load),
+            "count" => Ok(Balance::Count),
+            other => Err(format!("unknown balance `{other}`: expected kernel, load or count")),
+        }
+    }
+}
+
+impl std::fmt::Display for Balance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Balance::Kernel => "kernel",
+            Balance::Load => "load",
+            Balance::Count => "count",
+        })
+    }
 }
 
 impl From<ListenerOptions> for ServerOptions {

@@ -37,11 +37,13 @@ use std::time::{Duration, Instant};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::listener::{bind_socket, TcpListener};
-use super::options::{ListenerOptions, ServerOptions};
+use super::balance::{hand_off, LaneGuard, Lanes};
+use super::listener::{bind_socket, Accept, TcpListener};
+use super::options::{Balance, ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
 use super::unix::{bind_unix_socket, UnixListener, UnixStream};
-use crate::runtime::{spawn_detached, Handle, OnDone, RemoteJoinHandle};
+use crate::runtime::shared::WorkerShared;
+use crate::runtime::{context, spawn_detached, Handle, OnDone, RemoteJoinHandle};
 
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
 ///
@@ -57,49 +59,6 @@ pub struct Server<A = SocketAddr> {
 
 /// A running [`serve_unix`] server: a [`Server`] that listens on a path.
 pub type UnixServer = Server<PathBuf>;
-
-/// What the accept loop needs of a listener: [`TcpListener`] and
-/// [`UnixListener`] (monomorphised, so the TCP loop is what it was).
-pub(crate) trait Accept: Sized + 'static {
-    /// The connection type it hands to handlers.
-    type Stream: 'static;
-    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self>;
-    fn accept_stream(&self) -> impl Future<Output = io::Result<Self::Stream>> + '_;
-    fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
-    fn set_accept_room(&self, room: Option<usize>);
-}
-
-impl Accept for TcpListener {
-    type Stream = TcpStream;
-    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
-        TcpListener::from_fd(fd, options)
-    }
-    fn accept_stream(&self) -> impl Future<Output = io::Result<TcpStream>> + '_ {
-        TcpListener::accept_stream(self)
-    }
-    fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
-        TcpListener::accept_ready(self)
-    }
-    fn set_accept_room(&self, room: Option<usize>) {
-        TcpListener::set_accept_room(self, room)
-    }
-}
-
-impl Accept for UnixListener {
-    type Stream = UnixStream;
-    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
-        UnixListener::from_fd(fd, options)
-    }
-    fn accept_stream(&self) -> impl Future<Output = io::Result<UnixStream>> + '_ {
-        UnixListener::accept_stream(self)
-    }
-    fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
-        UnixListener::accept_ready(self)
-    }
-    fn set_accept_room(&self, room: Option<usize>) {
-        UnixListener::set_accept_room(self, room)
-    }
-}
 
 struct ServerShared {
     stopped: Mutex<(bool, Vec<Waker>)>,
@@ -173,8 +132,9 @@ impl ServerShared {
 }
 
 /// One worker's view of its connections, for the per-worker limit.
-#[derive(Default)]
 struct WorkerConns {
+    /// The worker, whose published load counts the connections.
+    worker: Arc<WorkerShared>,
     active: Cell<usize>,
     /// The accept loop, parked because a limit was reached.
     waiting: Cell<Option<Waker>>,
@@ -185,6 +145,16 @@ struct WorkerConns {
 }
 
 impl WorkerConns {
+    fn new(worker: Arc<WorkerShared>) -> Self {
+        WorkerConns {
+            worker,
+            active: Cell::new(0),
+            waiting: Cell::new(None),
+            stopping: Cell::new(false),
+            stop_waiters: RefCell::new(crate::slab::Slab::default()),
+        }
+    }
+
     /// Marks the server as stopping on this worker and wakes every handler
     /// that waits for it.
     fn set_stopping(&self) {
@@ -273,6 +243,7 @@ impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.shared.active.fetch_sub(1, Ordering::SeqCst);
         self.local.active.set(self.local.active.get() - 1);
+        self.local.worker.load.connection_closed();
         if let Some(w) = self.local.waiting.take() {
             w.wake();
         }
@@ -391,7 +362,11 @@ where
 
 /// The listener options and the connection limits of `options`.
 fn split_options(options: ServerOptions) -> (ListenerOptions, Limits) {
-    let limits = Limits { global: options.maxconn, per_worker: options.maxconn_per_worker };
+    let limits = Limits {
+        global: options.maxconn,
+        per_worker: options.maxconn_per_worker,
+        balance: options.balance,
+    };
     (options.listener, limits)
 }
 
@@ -417,6 +392,7 @@ where
         slot_waiters: Mutex::new(Vec::new()),
         slot_waiting: AtomicUsize::new(0),
     });
+    let lanes = Arc::new(Lanes::new(limits.balance, handle.inner.workers.clone()));
     let handler = Arc::new(handler);
     let accept_loops = sockets
         .into_iter()
@@ -425,9 +401,13 @@ where
             let shared = shared.clone();
             let handler = handler.clone();
             let options = options.clone();
+            let lanes = lanes.clone();
             handle.spawn_on(worker, move || async move {
+                // Whatever ends the loop (a stop, an error, the worker's
+                // loop failing) closes this worker's lane first.
+                let lane = LaneGuard { lanes, me: worker };
                 let listener = L::from_fd(fd, options)?;
-                accept_loop(listener, shared, handler, limits).await
+                accept_loop(listener, shared, handler, limits, &lane).await
             })
         })
         .collect();
@@ -439,6 +419,14 @@ where
 struct Limits {
     global: Option<usize>,
     per_worker: Option<usize>,
+    balance: Balance,
+}
+
+/// A connection for the accept loop: one it accepted, or one another
+/// worker handed to it.
+enum Arrival {
+    Accepted(OwnedFd),
+    HandedIn(OwnedFd),
 }
 
 async fn accept_loop<L, H, Fut>(
@@ -446,13 +434,16 @@ async fn accept_loop<L, H, Fut>(
     shared: Arc<ServerShared>,
     handler: Arc<H>,
     limits: Limits,
+    lane: &LaneGuard,
 ) -> io::Result<()>
 where
     L: Accept,
     H: Fn(L::Stream, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let local = Rc::new(WorkerConns::default());
+    let local = Rc::new(WorkerConns::new(context::with(|cx| cx.shared.clone())));
+    let (lanes, me) = (&*lane.lanes, lane.me);
+    let balancing = lanes.enabled();
     // The loop's waker is filed for the stop once (a task's waker does not
     // change); each poll after that reads an atomic, not the lock every
     // worker's accept loop shares.
@@ -472,18 +463,24 @@ where
         // The driver accepts no further ahead than the slots left.
         listener.set_accept_room(room(&shared, &local, limits));
         let accepted = {
-            let mut accept = pin!(listener.accept_stream());
+            let mut accept = pin!(listener.accept_fd());
             poll_fn(|cx| {
                 let stopped = if stop_filed {
                     shared.is_stopped()
                 } else {
                     stop_filed = true;
+                    if balancing {
+                        lanes.register(me, cx.waker());
+                    }
                     shared.poll_stopped(cx.waker())
                 };
                 if stopped {
                     return Poll::Ready(None);
                 }
-                accept.as_mut().poll(cx).map(Some)
+                if let Some(fd) = lanes.take(me) {
+                    return Poll::Ready(Some(Ok(Arrival::HandedIn(fd))));
+                }
+                accept.as_mut().poll(cx).map(|r| Some(r.map(Arrival::Accepted)))
             })
             .await
         };
@@ -497,9 +494,30 @@ where
                     shared.active.fetch_add(1, Ordering::AcqRel);
                     start_handler(stream, &shared, &local, &*handler);
                 }
+                // Connections other workers handed here were accepted:
+                // served whatever the limit, as a connection held at the
+                // limit is once the server stops.
+                for fd in lanes.close(me) {
+                    let Ok(stream) = L::stream_from_fd(fd) else { continue };
+                    shared.active.fetch_add(1, Ordering::AcqRel);
+                    start_handler(stream, &shared, &local, &*handler);
+                }
                 return Ok(());
             }
-            Some(Ok(stream)) => {
+            Some(Ok(arrival)) => {
+                let fd = match arrival {
+                    Arrival::Accepted(fd) => match hand_off(lanes, me, fd) {
+                        None => continue,
+                        Some(fd) => fd,
+                    },
+                    Arrival::HandedIn(fd) => {
+                        context::with(|cx| crate::stats::add(&cx.shared.stats.handoffs_in, 1));
+                        fd
+                    }
+                };
+                // A connection whose stream cannot be made (its descriptor
+                // is closed with the error) is one the peer sees reset.
+                let Ok(stream) = L::stream_from_fd(fd) else { continue };
                 // Another worker may have taken the last slot since the check
                 // above: hold the connection (it is not closed) until one frees.
                 while !try_reserve(&shared, &local, limits) {
@@ -593,6 +611,7 @@ fn start_handler<S, H, Fut>(
     Fut: Future<Output = ()> + 'static,
 {
     local.active.set(local.active.get() + 1);
+    local.worker.load.connection_opened();
     let guard = ActiveGuard { shared: shared.clone(), local: local.clone() };
     let stop = StopSignal { local: local.clone() };
     spawn_detached(OnDone::new(handler(stream, stop), move |()| drop(guard)));

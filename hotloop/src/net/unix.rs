@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use socket2::{Domain, SockAddr, Socket, Type};
 
-use super::listener::{count_reset_in_queue, Acceptor};
+use super::listener::{count_reset_in_queue, Accept, Acceptor};
 use super::options::ListenerOptions;
 use super::stream_core::StreamCore;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
@@ -247,6 +247,12 @@ impl UnixListener {
         self.acceptor.set_accept_room(room);
     }
 
+    /// Accepts under the policy of [`Self::accept_stream`], handing back
+    /// the descriptor (a server may pass it to another worker).
+    pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
+        self.acceptor.accept_fd().await
+    }
+
     /// Takes a connection only if one is ready now, ignoring the accept
     /// bound (for draining the queue when a server stops).
     pub fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
@@ -330,4 +336,23 @@ fn remove_stale_socket(path: &Path, addr: &SockAddr) -> io::Result<()> {
 /// `e`, with what was being done and to which path, keeping its kind.
 fn with_path(e: io::Error, doing: &str, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{doing} {}: {e}", path.display()))
+}
+
+impl Accept for UnixListener {
+    type Stream = UnixStream;
+    fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
+        UnixListener::from_fd(fd, options)
+    }
+    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_ {
+        UnixListener::accept_fd(self)
+    }
+    fn stream_from_fd(fd: OwnedFd) -> io::Result<UnixStream> {
+        UnixStream::from_fd(fd)
+    }
+    fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
+        UnixListener::accept_ready(self)
+    }
+    fn set_accept_room(&self, room: Option<usize>) {
+        UnixListener::set_accept_room(self, room)
+    }
 }

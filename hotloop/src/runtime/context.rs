@@ -40,6 +40,8 @@ pub(crate) struct Context {
     /// The task that just panicked and its payload, while its future is
     /// dropped: only that task's join slot takes it.
     pub(crate) panic_payload: RefCell<Option<(TaskKey, Box<dyn std::any::Any + Send>)>>,
+    /// The loop's idle time in the current load window.
+    pub(crate) load_meter: super::load::LoadMeter,
 }
 
 thread_local! {
@@ -196,6 +198,12 @@ impl Clock {
         self.now_ns.set(ns);
         self.now.set(None);
         ns
+    }
+
+    /// The time of the last [`Clock::update`] on `CLOCK_MONOTONIC`, in
+    /// nanoseconds: comparable across workers.
+    pub(crate) fn monotonic_ns(&self) -> u64 {
+        self.now_ns.get().saturating_add(self.base_raw)
     }
 
     /// The tick that has fully elapsed at the last [`Clock::update`]

@@ -121,6 +121,13 @@ impl Handle {
         let info = self.inner.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut snapshot = StatsSnapshot::collect(&stats, info);
         snapshot.blocking = self.inner.blocking.counters();
+        let now = crate::sys::monotonic_ns();
+        snapshot.loads = self
+            .inner
+            .workers
+            .iter()
+            .map(|w| w.load.snapshot(now, w.doorbell.is_asleep()))
+            .collect();
         snapshot
     }
 }

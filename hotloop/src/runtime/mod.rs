@@ -12,7 +12,8 @@ mod config;
 pub(crate) mod context;
 mod handle;
 mod join;
-mod shared;
+pub(crate) mod load;
+pub(crate) mod shared;
 mod task;
 mod worker;
 
@@ -270,6 +271,7 @@ impl Context {
             turn: Cell::new(0),
             after_poll: RefCell::new(Vec::new()),
             panic_payload: RefCell::new(None),
+            load_meter: load::LoadMeter::default(),
         }))
     }
 }

@@ -52,6 +52,11 @@ impl Doorbell {
         true
     }
 
+    /// Any thread: true while the worker may be sleeping in its poller.
+    pub(crate) fn is_asleep(&self) -> bool {
+        self.sleeping.load(Ordering::Relaxed)
+    }
+
     /// Worker: back from the poller.
     pub(crate) fn awake(&self) {
         self.sleeping.store(false, Ordering::Relaxed);
@@ -88,6 +93,8 @@ pub(crate) struct WorkerShared {
     /// waits for it gets `JoinError::Cancelled` instead of waiting forever.
     pub(crate) dead: std::sync::atomic::AtomicBool,
     pub(crate) stats: Arc<WorkerStats>,
+    /// The load other workers read to decide where a connection goes.
+    pub(crate) load: super::load::WorkerLoad,
 }
 
 impl WorkerShared {
@@ -99,6 +106,7 @@ impl WorkerShared {
             unpark: Arc::new(Unpark::new()?),
             dead: std::sync::atomic::AtomicBool::new(false),
             stats: Arc::new(WorkerStats::default()),
+            load: super::load::WorkerLoad::default(),
         }))
     }
 
@@ -139,6 +147,14 @@ impl WorkerShared {
         self.doorbell.clear();
         let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut *inbox)
+    }
+
+    /// The worker's busy share now, in per-mille (see `load.rs`).
+    pub(crate) fn busy_at(&self, now_ns: u64) -> u32 {
+        if self.dead.load(Ordering::Acquire) {
+            return super::load::BUSY_FULL_PERMILLE;
+        }
+        self.load.busy_at(now_ns, self.doorbell.is_asleep())
     }
 
     /// Marks the worker dead and hands back what was left for it.

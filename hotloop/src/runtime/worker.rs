@@ -65,6 +65,8 @@ pub(crate) fn run<F: Future>(
             }
             _ => Park::Skip,
         };
+        // A sleep or a spin may be idle time: when it began, for the load meter.
+        let idle_from = (park != Park::Skip || wait == Wait::Spin).then(|| cx.clock.update());
         let events = match cx.driver.poll(park) {
             Ok(n) => n,
             Err(e) => panic!("the I/O driver failed and the worker cannot continue: {e}"),
@@ -74,9 +76,20 @@ pub(crate) fn run<F: Future>(
             stats::add(&cx.shared.stats.poller_spins, 1);
         }
         let now = cx.clock.update();
+        if let Some(from) = idle_from {
+            // A spin that found events was work; a sleep was idle until they came.
+            if wait != Wait::Spin || events == 0 {
+                cx.load_meter.idle(now.saturating_sub(from));
+            }
+        }
         if events > 0 {
             last_event = now;
         }
+        cx.load_meter.turn_ended(
+            cx.clock.monotonic_ns(),
+            cx.run_queue.borrow().len(),
+            &cx.shared.load,
+        );
         cx.turn.set(cx.turn.get() + 1);
 
         // 3. Inbox.

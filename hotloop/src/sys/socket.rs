@@ -95,6 +95,17 @@ pub(crate) unsafe fn sendmsg(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize
 /// The peer address is not asked for: io_uring's multishot accept cannot
 /// return it either, so both drivers look it up only when asked.
 pub(crate) fn accept(fd: RawFd) -> io::Result<OwnedFd> {
+    accept4(fd, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+}
+
+/// Accepts one connection as a blocking, close-on-exec socket: what
+/// io_uring's own accept makes, for a driver whose operations wait in the
+/// kernel rather than fail with `EAGAIN`.
+pub(crate) fn accept_blocking(fd: RawFd) -> io::Result<OwnedFd> {
+    accept4(fd, libc::SOCK_CLOEXEC)
+}
+
+fn accept4(fd: RawFd, flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: null address pointers are allowed and mean "don't report the
     // peer". Made with syscall(2): libc's wrapper is a cancellation point
     // (see `raw_recvfrom`).
@@ -104,7 +115,7 @@ pub(crate) fn accept(fd: RawFd) -> io::Result<OwnedFd> {
             fd as libc::c_long,
             std::ptr::null_mut::<libc::sockaddr>(),
             std::ptr::null_mut::<libc::socklen_t>(),
-            (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as libc::c_long,
+            flags as libc::c_long,
         )
     })?;
     // SAFETY: `conn` is a new fd from the kernel; we own it.

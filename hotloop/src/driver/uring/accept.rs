@@ -58,6 +58,8 @@ pub(super) struct Listener {
     waiters: Vec<Waker>,
     /// True once a multishot accept has been armed (later arms are re-arms).
     armed_before: bool,
+    /// True if `op` is a multishot accept.
+    op_multishot: bool,
     /// The most connections the listener's owner will take before it says
     /// otherwise: the queue never holds more.
     room: usize,
@@ -71,6 +73,7 @@ impl Default for Listener {
             cancelling: false,
             waiters: Vec::new(),
             armed_before: false,
+            op_multishot: false,
             room: usize::MAX,
         }
     }
@@ -154,6 +157,16 @@ impl Uring {
         if let Some(r) = l.queue.pop_front() {
             return Some(r);
         }
+        // A bounded owner (accept pacing while its worker is behind, or a
+        // connection limit near) takes connections straight from the
+        // kernel's backlog, one `accept4` each when it asks, as epoll's
+        // accept loop does; the accept armed below only wakes it.
+        if mode == AcceptMode::Multishot && !multishot && room > 0 {
+            match crate::sys::accept_blocking(fd.as_raw_fd()) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                other => return Some(other),
+            }
+        }
         if l.op.is_none() && room > 0 {
             let raw = types::Fd(fd.as_raw_fd());
             let entry = if multishot {
@@ -175,6 +188,7 @@ impl Uring {
                 submitted: false,
             });
             l.op = Some(op);
+            l.op_multishot = multishot;
             // An accept entry points at no memory (null address pointers).
             self.ring.push(entry.user_data(op.to_u64()));
         }
@@ -200,7 +214,10 @@ impl Uring {
     pub(super) fn set_accept_room(&mut self, key: Option<Key>, room: usize) {
         let Some(l) = key.and_then(|k| self.listeners.get_mut(k)) else { return };
         l.room = room;
-        if l.queue.len() < room || l.cancelling {
+        // A bounded owner stops a multishot accept whatever is queued: one
+        // enter could accept a whole backlog ahead of it.
+        let bounded_multishot = l.op_multishot && room < ACCEPT_QUEUE_MAX;
+        if (l.queue.len() < room && !bounded_multishot) || l.cancelling {
             return;
         }
         let Some(op) = l.op else { return };

@@ -1,0 +1,359 @@
+//! `balance`: two workers, a few heavy long-lived connections among light
+//! ones, placed by the kernel's `SO_REUSEPORT` hash, by hotloop's
+//! load-aware hand-off, or by an `exact_balance`-style connection count.
+//!
+//! # Implementation notes
+//! - The server is `hotloop serve echo` with two workers pinned to the
+//!   first two CPUs, costing [`WORK_NS_PER_BYTE`] per byte received, so a
+//!   heavy connection's [`HEAVY_BYTES`] message costs about 200 µs and a
+//!   light one's [`LIGHT_BYTES`] about 2 µs.
+//! - One trial opens, [`STAGGER_MS`] apart, a group of light keep-alive
+//!   connections, then one heavy connection, four times over (light, heavy,
+//!   light, heavy, ...), each a load generator of its own sending at a
+//!   fixed rate (open loop). The kernel's hash places each connection at
+//!   random; a count balance places a heavy connection by the light ones
+//!   beside it; the light groups measure their latency after a second of
+//!   warm-up, once every heavy connection is sending.
+//! - The machine has two CPUs, so the load generators are not pinned and
+//!   share them with the server: the figures compare the three placements
+//!   under the same disturbance, not absolute latencies.
+//! - The three servers run at once (idle between their trials) and each
+//!   trial runs against all three in turn, so a slow spell of the shared
+//!   machine falls on all of them alike.
+//! - Per-worker CPU is read from `/proc/PID/task/*/stat` over the trial
+//!   (a pinned worker's thread always last ran on its own CPU); per-worker
+//!   connections from the stats endpoint once every connection is open.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::report::{Better, Column, LoadReport, Row};
+use super::server::{self, ServerSpec, Workload};
+use super::{last_line, proc, Ctx, LoadSpec, ScenarioResult, STATS_TIMEOUT_MS};
+
+/// Workers in the server.
+pub const WORKERS: usize = 2;
+/// Heavy connections per trial.
+pub const HEAVY_CONNECTIONS: usize = 4;
+/// Bytes per heavy message.
+pub const HEAVY_BYTES: usize = 2048;
+/// Messages per second each heavy connection sends.
+pub const HEAVY_RATE: u64 = 1_200;
+/// Light keep-alive connections per group (one group before each heavy one).
+pub const LIGHT_CONNECTIONS: u64 = 4;
+/// Bytes per light message.
+pub const LIGHT_BYTES: usize = 16;
+/// Messages per second each light group sends.
+pub const LIGHT_RATE: u64 = 500;
+/// Server CPU per byte received, nanoseconds.
+pub const WORK_NS_PER_BYTE: u64 = 100;
+/// Between one connection group's start and the next.
+pub const STAGGER_MS: u64 = 100;
+/// Trials per placement, full run and `--quick`.
+pub const TRIALS_FULL: usize = 20;
+/// Trials per placement with `--quick`.
+pub const TRIALS_QUICK: usize = 5;
+/// Measured seconds per light group, full run and `--quick`.
+pub const DURATION_FULL_S: u64 = 2;
+/// Measured seconds per light group with `--quick`.
+pub const DURATION_QUICK_S: u64 = 1;
+/// A light group's warm-up: longer than every group's start, so each
+/// measures only while all heavy connections send.
+const LIGHT_WARMUP_S: u64 = 1;
+
+/// Runs the scenario.
+pub fn run(ctx: &mut Ctx) -> ScenarioResult {
+    let trials = if ctx.quick { TRIALS_QUICK } else { TRIALS_FULL };
+    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let mut result = ScenarioResult::new(
+        "balance",
+        &format!(
+            "{WORKERS} workers; {HEAVY_CONNECTIONS} heavy connections ({HEAVY_BYTES}-byte echo at \
+             {HEAVY_RATE}/s each, ~{} µs of work per message) among light ones \
+             ({LIGHT_BYTES} bytes at {LIGHT_RATE}/s per group of {LIGHT_CONNECTIONS}); {trials} trials",
+            HEAVY_BYTES as u64 * WORK_NS_PER_BYTE / 1000
+        ),
+        "Envoy's exact_balance balances connection counts, not load; the kernel's reuseport hash \
+         balances neither",
+        columns(),
+    );
+    result.setup.push(format!(
+        "arrival order per trial: light group, heavy, light group, heavy, ... ({STAGGER_MS} ms apart); \
+         server CPU {WORK_NS_PER_BYTE} ns per byte received; workers pinned to CPUs 0 and 1, load \
+         generators unpinned on the same two CPUs"
+    ));
+    result.setup.push(
+        "CPU max/min %: the busier and the idler worker's CPU over the trial; imbalance: their \
+         difference; figures are medians over trials, with min, max and spread beside them"
+            .into(),
+    );
+    let (saved_workers, saved_cpus, saved_load) =
+        (ctx.workers, ctx.server_cpus.clone(), ctx.load_cpu);
+    ctx.workers = WORKERS;
+    ctx.load_cpu = None;
+    ctx.server_cpus = proc::allowed_cpus().into_iter().take(WORKERS).collect();
+    let drivers: &[&str] = if ctx.quick { &["uring"] } else { &["uring", "epoll"] };
+    for driver in drivers {
+        let specs: Vec<ServerSpec> = ["kernel", "load", "count"]
+            .iter()
+            .map(|balance| {
+                ServerSpec::hotloop(
+                    &format!("{driver} {balance}"),
+                    &[
+                        "--driver",
+                        driver,
+                        "--balance",
+                        balance,
+                        "--work-ns-per-byte",
+                        &WORK_NS_PER_BYTE.to_string(),
+                    ],
+                )
+            })
+            .collect();
+        result.rows.extend(measure_interleaved(ctx, &specs, trials, duration));
+    }
+    ctx.workers = saved_workers;
+    ctx.server_cpus = saved_cpus;
+    ctx.load_cpu = saved_load;
+    result
+}
+
+fn columns() -> Vec<Column> {
+    let col = |key, header, decimals, better| Column { key, header, decimals, better };
+    vec![
+        col("light_p99_ms", "light p99 ms", 2, Better::Lower),
+        col("light_p50_ms", "light p50 ms", 3, Better::Lower),
+        col("cpu_imbalance_pct", "CPU imbalance %", 0, Better::Lower),
+        col("cpu_max_pct", "CPU max %", 0, Better::Lower),
+        col("cpu_min_pct", "CPU min %", 0, Better::Higher),
+        col("conns_max", "conns max", 0, Better::Lower),
+        col("conns_min", "conns min", 0, Better::Higher),
+        col("handoffs", "hand-offs", 0, Better::Lower),
+        col("heavy_rate_pct", "heavy % of offered", 1, Better::Higher),
+        col("errors", "errors", 0, Better::Lower),
+    ]
+}
+
+/// Starts every server of `specs`, then runs trial after trial, each
+/// against every server in turn, so that a slow spell of a shared machine
+/// falls on all of them alike; one row per server.
+fn measure_interleaved(
+    ctx: &mut Ctx,
+    specs: &[ServerSpec],
+    trials: usize,
+    duration: u64,
+) -> Vec<Row> {
+    let mut rows: Vec<Row> = specs.iter().map(|s| Row::new("", &s.server, &s.config)).collect();
+    if let Some(why) = &ctx.load_missing {
+        for row in &mut rows {
+            row.unavailable = Some(why.clone());
+        }
+        return rows;
+    }
+    let work = Workload { proto: "echo".into(), body_size: LIGHT_BYTES, work_us: 0 };
+    let mut running = Vec::new();
+    for (spec, row) in specs.iter().zip(&mut rows) {
+        ctx.progress(&format!("{} {}: starting", spec.server, spec.config));
+        match server::start(ctx, spec, &work) {
+            Ok(r) => running.push(Some(r)),
+            Err(why) => {
+                row.unavailable = Some(why);
+                running.push(None);
+            }
+        }
+    }
+    let (light, heavy) = loads(duration);
+    ctx.note_load(&light, "echo");
+    ctx.note_load(&heavy, "echo");
+    let mut samples: Vec<Vec<BTreeMap<String, f64>>> = vec![Vec::new(); specs.len()];
+    for trial in 1..=trials {
+        for (i, spec) in specs.iter().enumerate() {
+            let Some(server) = &running[i] else { continue };
+            let title = format!("{} {}", spec.server, spec.config);
+            match run_trial(ctx, server, &light, &heavy, &title) {
+                Ok(f) => {
+                    ctx.progress(&format!(
+                        "{title}: trial {trial}/{trials}: light p99 {:.2} ms, CPU {:.0}% / {:.0}%, hand-offs {}",
+                        f.get("light_p99_ms").copied().unwrap_or(f64::NAN),
+                        f.get("cpu_max_pct").copied().unwrap_or(f64::NAN),
+                        f.get("cpu_min_pct").copied().unwrap_or(f64::NAN),
+                        f.get("handoffs").copied().unwrap_or(f64::NAN),
+                    ));
+                    samples[i].push(f);
+                }
+                Err(e) => rows[i].notes.push(format!("trial {trial}: {e}")),
+            }
+        }
+    }
+    for (i, row) in rows.iter_mut().enumerate() {
+        if let Some(server) = running[i].take() {
+            row.server_info = server.stats_text();
+            super::measure::summarise(row, &samples[i]);
+        }
+    }
+    rows
+}
+
+/// The light group's and a heavy connection's load runs.
+fn loads(duration: u64) -> (LoadSpec, LoadSpec) {
+    let light = LoadSpec {
+        mode: "keepalive",
+        connections: LIGHT_CONNECTIONS,
+        requests: None,
+        duration_secs: duration,
+        size: LIGHT_BYTES,
+        rate: Some(LIGHT_RATE),
+        sources: 1,
+        warmup_secs: LIGHT_WARMUP_S,
+        spin: false,
+    };
+    // Long enough to outlast the last light group.
+    let heavy_secs =
+        duration + LIGHT_WARMUP_S + 1 + (2 * HEAVY_CONNECTIONS as u64 * STAGGER_MS) / 1000;
+    let heavy = LoadSpec {
+        mode: "keepalive",
+        connections: 1,
+        requests: None,
+        duration_secs: heavy_secs,
+        size: HEAVY_BYTES,
+        rate: Some(HEAVY_RATE),
+        sources: 1,
+        warmup_secs: 0,
+        spin: false,
+    };
+    (light, heavy)
+}
+
+fn run_trial(
+    ctx: &mut Ctx,
+    running: &server::Running,
+    light: &LoadSpec,
+    heavy: &LoadSpec,
+    title: &str,
+) -> Result<BTreeMap<String, f64>, String> {
+    let pid = running.pid().ok_or("the server has no process")?;
+    let stats_before = running.stats().unwrap_or_default();
+    let cpu_before = worker_cpu_seconds(pid);
+    let started = Instant::now();
+    let mut lights = Vec::new();
+    let mut heavies = Vec::new();
+    for _ in 0..HEAVY_CONNECTIONS {
+        lights.push(spawn_load(ctx, running, light, &format!("light-{title}")));
+        std::thread::sleep(Duration::from_millis(STAGGER_MS));
+        heavies.push(spawn_load(ctx, running, heavy, &format!("heavy-{title}")));
+        std::thread::sleep(Duration::from_millis(STAGGER_MS));
+    }
+    // Every connection is open and sending: where did they land?
+    std::thread::sleep(Duration::from_millis(300));
+    let conns = worker_connections(running);
+    let lights: Vec<LoadReport> = lights.into_iter().map(join).collect::<Result<_, _>>()?;
+    let heavies: Vec<LoadReport> = heavies.into_iter().map(join).collect::<Result<_, _>>()?;
+    let wall = started.elapsed().as_secs_f64();
+    let cpu_after = worker_cpu_seconds(pid);
+    let stats_after = running.stats().unwrap_or_default();
+    let mut f = BTreeMap::new();
+    let p50s: Vec<f64> = lights.iter().map(|r| r.latency_us.p50 / 1000.0).collect();
+    f.insert("light_p50_ms".into(), super::report::median(&p50s));
+    let p99 = lights.iter().map(|r| r.latency_us.p99 / 1000.0).fold(0.0, f64::max);
+    f.insert("light_p99_ms".into(), p99);
+    let cpu: Vec<f64> =
+        cpu_after.iter().zip(&cpu_before).map(|(a, b)| 100.0 * (a - b) / wall).collect();
+    if cpu.len() == WORKERS {
+        let (max, min) = (
+            cpu.iter().copied().fold(0.0, f64::max),
+            cpu.iter().copied().fold(f64::INFINITY, f64::min),
+        );
+        f.insert("cpu_max_pct".into(), max);
+        f.insert("cpu_min_pct".into(), min);
+        f.insert("cpu_imbalance_pct".into(), max - min);
+    }
+    if conns.len() == WORKERS {
+        f.insert("conns_max".into(), conns.iter().copied().fold(0.0, f64::max));
+        f.insert("conns_min".into(), conns.iter().copied().fold(f64::INFINITY, f64::min));
+    }
+    let delta = |k: &str| {
+        stats_after.get(k).copied().unwrap_or(0.0) - stats_before.get(k).copied().unwrap_or(0.0)
+    };
+    f.insert("handoffs".into(), delta("handoffs_out"));
+    let offered = (HEAVY_RATE * HEAVY_CONNECTIONS as u64) as f64;
+    let heavy_rate: f64 = heavies.iter().map(|r| r.rate_per_s).sum();
+    f.insert("heavy_rate_pct".into(), 100.0 * heavy_rate / offered);
+    let errors: u64 = lights.iter().chain(&heavies).map(LoadReport::errors_total).sum();
+    f.insert("errors".into(), errors as f64);
+    Ok(f)
+}
+
+type LoadThread = std::thread::JoinHandle<Result<LoadReport, String>>;
+
+fn spawn_load(ctx: &mut Ctx, running: &server::Running, load: &LoadSpec, name: &str) -> LoadThread {
+    let mut cmd = Command::new(&ctx.exe);
+    cmd.arg("load").args(load.args(running.addr, "echo", None));
+    let log = ctx.log_path(&format!("load-{name}"));
+    let timeout = load.timeout();
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        let (status, stdout) =
+            proc::run_bounded(&name, cmd, &[], &log, timeout).map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("{name} load {status}: {}", last_line(&log)));
+        }
+        LoadReport::parse(&stdout)
+    })
+}
+
+fn join(t: LoadThread) -> Result<LoadReport, String> {
+    t.join().map_err(|_| "a load thread panicked".to_string())?
+}
+
+/// CPU seconds of each worker thread, by worker (the CPU it is pinned to).
+fn worker_cpu_seconds(pid: u32) -> Vec<f64> {
+    let mut by_cpu = vec![0.0; WORKERS];
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("hotloop-worker") {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(ticks), Some(cpu)) = (proc::parse_stat_cpu_ticks(&stat), last_cpu(&stat)) else {
+            continue;
+        };
+        if let Some(slot) = by_cpu.get_mut(cpu) {
+            *slot += ticks as f64 / proc::clock_ticks_per_second();
+        }
+    }
+    by_cpu
+}
+
+/// Field 39 of `/proc/PID/task/TID/stat`: the CPU the thread last ran on.
+fn last_cpu(stat: &str) -> Option<usize> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ")" comes field 3: field 39 is the 37th of those.
+    rest.split_ascii_whitespace().nth(36)?.parse().ok()
+}
+
+/// Each worker's open connections, from the stats endpoint.
+fn worker_connections(running: &server::Running) -> Vec<f64> {
+    let Some(addr) = running.stats_addr else { return Vec::new() };
+    let Ok(body) = proc::http_get(addr, "/stats", Duration::from_millis(STATS_TIMEOUT_MS)) else {
+        return Vec::new();
+    };
+    let value: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let Some(workers) = value.get("workers").and_then(|w| w.as_array()) else { return Vec::new() };
+    workers.iter().take(WORKERS).filter_map(|w| w.get("load_connections")?.as_f64()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_last_cpu_of_a_thread() {
+        let mut stat = String::from("12 (hotloop-worker) S");
+        for i in 4..=52 {
+            stat.push_str(&format!(" {}", if i == 39 { 1 } else { 0 }));
+        }
+        assert_eq!(last_cpu(&stat), Some(1));
+    }
+}

@@ -1,0 +1,337 @@
+//! Load-aware connection distribution: a worker that accepted a connection
+//! may hand it to a less loaded worker of the same server.
+//!
+//! # Implementation notes
+//! - Each worker of a server has a lane: a short queue of descriptors that
+//!   other workers handed to it, with the waker of its accept loop. The
+//!   lane's lock is taken only to hand a connection over or take one;
+//!   the accept path itself reads atomics (the workers' published load,
+//!   `runtime/load.rs`, and the lane's length), so no lock shared by all
+//!   workers is on it.
+//! - The choice is made on the accepting worker, right after `accept`,
+//!   before anything is read: the connection moves as a descriptor and
+//!   becomes a stream on the worker that serves it. With
+//!   [`Balance::Load`] a worker keeps what it accepts unless it is busy
+//!   for more than [`Balance::LOAD_BUSY_MIN_PERMILLE`] of its recent time;
+//!   then it hands the connection to the least busy worker if that one is
+//!   [`Balance::LOAD_MARGIN_PERMILLE`] less busy, counting connections
+//!   already on their way there. With [`Balance::Count`] it goes to the
+//!   worker holding the fewest connections.
+//! - Other mechanisms were weighed. A reuseport eBPF program
+//!   (`SO_ATTACH_REUSEPORT_EBPF`) reading a per-worker load map needs
+//!   `CAP_BPF` (unprivileged BPF is off by default on current
+//!   distributions), chooses at the SYN, before any load update, so a
+//!   burst of SYNs all go to the worker that looked idlest, and indexes
+//!   sockets by their order in the group, which shifts when one closes; a
+//!   classic BPF program cannot read a map at all; `SO_INCOMING_CPU`
+//!   follows the CPU that took the interrupt, not the load. A hand-off
+//!   needs no privilege and works alike on both drivers; what it costs is
+//!   a cross-thread wake per connection moved, and only a busy worker
+//!   pays it.
+//! - A worker that can no longer take connections closes its lane: a
+//!   worker whose server stopped (it serves what was queued), and one
+//!   whose loop failed (its accept loop is dropped, and what was queued is
+//!   handed on to another open lane). A closed lane refuses hand-offs, and
+//!   a refused connection is served where it was accepted, so none is
+//!   lost; a dead worker is never chosen.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+
+use super::options::Balance;
+use crate::runtime::context;
+use crate::runtime::shared::WorkerShared;
+
+/// The lanes of one server, one per worker (lane `i` for worker `i`).
+pub(crate) struct Lanes {
+    mode: Balance,
+    lanes: Vec<Lane>,
+    workers: Vec<Arc<WorkerShared>>,
+}
+
+/// What other workers handed to one worker.
+struct Lane {
+    queue: Mutex<LaneQueue>,
+    /// `queue.fds.len()`, read without the lock on every accept poll.
+    queued: AtomicUsize,
+    /// `queue.open`, read without the lock when choosing a worker.
+    open: AtomicBool,
+}
+
+struct LaneQueue {
+    fds: VecDeque<OwnedFd>,
+    /// The accept loop of the lane's worker.
+    waker: Option<Waker>,
+    open: bool,
+}
+
+impl Lanes {
+    /// Lanes for `workers` (every worker of the runtime, in order).
+    pub(crate) fn new(mode: Balance, workers: Vec<Arc<WorkerShared>>) -> Lanes {
+        let lanes = workers
+            .iter()
+            .map(|_| Lane {
+                queue: Mutex::new(LaneQueue { fds: VecDeque::new(), waker: None, open: true }),
+                queued: AtomicUsize::new(0),
+                open: AtomicBool::new(true),
+            })
+            .collect();
+        Lanes { mode, lanes, workers }
+    }
+
+    /// True if connections may move between workers at all.
+    pub(crate) fn enabled(&self) -> bool {
+        self.mode != Balance::Kernel && self.lanes.len() > 1
+    }
+
+    /// The worker that should serve a connection `me` just accepted, if
+    /// not `me` (`now_ns`: the time on `CLOCK_MONOTONIC`).
+    pub(crate) fn target(&self, me: usize, now_ns: u64) -> Option<usize> {
+        if !self.enabled() {
+            return None;
+        }
+        match self.mode {
+            Balance::Kernel => None,
+            Balance::Load => self.least_busy(me, now_ns),
+            Balance::Count => self.fewest_connections(me),
+        }
+    }
+
+    fn candidates(&self, me: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.lanes.len()).filter(move |&j| {
+            j != me
+                && self.lanes[j].open.load(Ordering::Acquire)
+                && !self.workers[j].dead.load(Ordering::Acquire)
+        })
+    }
+
+    fn least_busy(&self, me: usize, now_ns: u64) -> Option<usize> {
+        let mine = self.workers[me].load.busy_at(now_ns, false);
+        if mine < Balance::LOAD_BUSY_MIN_PERMILLE {
+            return None;
+        }
+        let score = |j: usize| {
+            let incoming = self.workers[j].load.incoming().min(u64::from(u32::MAX)) as u32;
+            self.workers[j]
+                .busy_at(now_ns)
+                .saturating_add(incoming.saturating_mul(Balance::LOAD_INCOMING_PERMILLE))
+        };
+        let (best, best_score) =
+            self.candidates(me).map(|j| (j, score(j))).min_by_key(|&(_, s)| s)?;
+        (best_score.saturating_add(Balance::LOAD_MARGIN_PERMILLE) <= mine).then_some(best)
+    }
+
+    fn fewest_connections(&self, me: usize) -> Option<usize> {
+        let mine = self.workers[me].load.connections_and_incoming();
+        let (best, count) = self
+            .candidates(me)
+            .map(|j| (j, self.workers[j].load.connections_and_incoming()))
+            .min_by_key(|&(_, c)| c)?;
+        (count < mine).then_some(best)
+    }
+
+    /// Hands `fd` to worker `to`; gives it back if that worker's lane is closed.
+    pub(crate) fn offer(&self, to: usize, fd: OwnedFd) -> Result<(), OwnedFd> {
+        let lane = &self.lanes[to];
+        let waker = {
+            let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.open {
+                return Err(fd);
+            }
+            self.workers[to].load.incoming_added();
+            q.fds.push_back(fd);
+            lane.queued.store(q.fds.len(), Ordering::Release);
+            q.waker.clone()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Files the accept loop of worker `me`, woken when a connection is
+    /// handed to it.
+    pub(crate) fn register(&self, me: usize, waker: &Waker) {
+        let mut q = self.lanes[me].queue.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            q.waker = Some(waker.clone());
+        }
+    }
+
+    /// Takes a connection handed to worker `me`, if there is one.
+    pub(crate) fn take(&self, me: usize) -> Option<OwnedFd> {
+        let lane = &self.lanes[me];
+        if lane.queued.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let fd = {
+            let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let fd = q.fds.pop_front();
+            lane.queued.store(q.fds.len(), Ordering::Release);
+            fd
+        };
+        if fd.is_some() {
+            self.workers[me].load.incoming_taken();
+        }
+        fd
+    }
+
+    /// Closes worker `me`'s lane: nothing more is handed to it. Returns
+    /// what was handed to it and not yet taken.
+    pub(crate) fn close(&self, me: usize) -> Vec<OwnedFd> {
+        let lane = &self.lanes[me];
+        let fds = {
+            let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.open = false;
+            lane.open.store(false, Ordering::Release);
+            q.waker = None;
+            lane.queued.store(0, Ordering::Release);
+            Vec::from(std::mem::take(&mut q.fds))
+        };
+        for _ in &fds {
+            self.workers[me].load.incoming_taken();
+        }
+        fds
+    }
+
+    /// Hands each of `fds` to some other open lane than `me`'s; a
+    /// connection no lane takes is closed (no worker of the server is left
+    /// to serve it).
+    pub(crate) fn hand_on(&self, me: usize, fds: Vec<OwnedFd>) {
+        'fds: for mut fd in fds {
+            for j in (0..self.lanes.len()).filter(|&j| j != me) {
+                match self.offer(j, fd) {
+                    Ok(()) => continue 'fds,
+                    Err(back) => fd = back,
+                }
+            }
+            crate::log::warn(format_args!(
+                "a connection handed to worker {me} was closed: no worker of its server is accepting"
+            ));
+        }
+    }
+}
+
+/// Hands a connection just accepted on worker `me` to a less loaded
+/// worker if the balance says so (`None`: it was handed over); else, or if
+/// the chosen worker refuses it, gives it back to be served here.
+pub(crate) fn hand_off(lanes: &Lanes, me: usize, fd: OwnedFd) -> Option<OwnedFd> {
+    let now = context::with(|cx| cx.clock.monotonic_ns());
+    let Some(to) = lanes.target(me, now) else { return Some(fd) };
+    match lanes.offer(to, fd) {
+        Ok(()) => {
+            context::with(|cx| crate::stats::add(&cx.shared.stats.handoffs_out, 1));
+            None
+        }
+        Err(fd) => Some(fd),
+    }
+}
+
+/// Closes a worker's lane when its accept loop ends for any reason, and
+/// hands on what was still queued in it (after a normal stop the loop has
+/// already served it, so nothing is left).
+pub(crate) struct LaneGuard {
+    pub(crate) lanes: Arc<Lanes>,
+    pub(crate) me: usize,
+}
+
+impl Drop for LaneGuard {
+    fn drop(&mut self) {
+        let left = self.lanes.close(self.me);
+        if !left.is_empty() {
+            self.lanes.hand_on(self.me, left);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::load::{LoadMeter, LOAD_WINDOW_NS};
+
+    fn workers(n: usize) -> Vec<Arc<WorkerShared>> {
+        (0..n).map(|i| WorkerShared::new(i).unwrap()).collect()
+    }
+
+    fn a_descriptor() -> OwnedFd {
+        std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    /// Publishes `busy` per-mille for `worker`, as of `now`.
+    fn set_busy(worker: &WorkerShared, busy_permille: u64, now: u64) {
+        let meter = LoadMeter::default();
+        let mut t = now - 40 * LOAD_WINDOW_NS;
+        meter.turn_ended(t, 0, &worker.load);
+        while t < now {
+            t += LOAD_WINDOW_NS;
+            meter.idle(LOAD_WINDOW_NS * (1000 - busy_permille) / 1000);
+            meter.turn_ended(t, 0, &worker.load);
+        }
+    }
+
+    #[test]
+    fn count_sends_a_connection_to_the_worker_with_fewest() {
+        let w = workers(3);
+        let lanes = Lanes::new(Balance::Count, w.clone());
+        assert_eq!(lanes.target(0, 0), None, "ties stay");
+        w[0].load.connection_opened();
+        w[0].load.connection_opened();
+        w[1].load.connection_opened();
+        assert_eq!(lanes.target(0, 0), Some(2));
+        assert_eq!(lanes.target(2, 0), None);
+    }
+
+    #[test]
+    fn load_moves_a_connection_only_from_a_busy_worker_to_a_much_idler_one() {
+        let now = 100 * LOAD_WINDOW_NS;
+        let w = workers(2);
+        let lanes = Lanes::new(Balance::Load, w.clone());
+        set_busy(&w[0], 250, now);
+        set_busy(&w[1], 0, now);
+        assert_eq!(lanes.target(0, now), None, "not busy enough to move anything");
+        set_busy(&w[0], 900, now);
+        assert_eq!(lanes.target(0, now), Some(1));
+        set_busy(&w[1], 800, now);
+        assert_eq!(lanes.target(0, now), None, "within the margin");
+        // Connections already on their way count against the idle worker.
+        set_busy(&w[1], 0, now);
+        for _ in 0..9 {
+            w[1].load.incoming_added();
+        }
+        assert_eq!(lanes.target(0, now), None);
+    }
+
+    #[test]
+    fn a_closed_lane_or_a_dead_worker_is_never_chosen_and_gives_the_connection_back() {
+        let w = workers(3);
+        let lanes = Lanes::new(Balance::Count, w.clone());
+        for _ in 0..5 {
+            w[0].load.connection_opened();
+        }
+        w[1].load.connection_opened();
+        let queued = a_descriptor();
+        lanes.offer(2, queued).unwrap();
+        assert_eq!(w[2].load.incoming(), 1);
+        // Worker 2's lane closes with a connection in it: it is handed on.
+        let left = lanes.close(2);
+        assert_eq!(left.len(), 1);
+        assert_eq!(w[2].load.incoming(), 0);
+        lanes.hand_on(2, left);
+        assert!(lanes.take(0).is_some() || lanes.take(1).is_some(), "the connection was lost");
+        assert_eq!(lanes.target(0, 0), Some(1), "the closed lane is skipped");
+        assert!(lanes.offer(2, a_descriptor()).is_err(), "a closed lane takes nothing");
+        w[1].die();
+        assert_eq!(lanes.target(0, 0), None, "a dead worker is skipped");
+    }
+
+    #[test]
+    fn the_kernel_placement_and_a_single_worker_move_nothing() {
+        let w = workers(2);
+        w[0].load.connection_opened();
+        assert_eq!(Lanes::new(Balance::Kernel, w.clone()).target(0, 0), None);
+        assert_eq!(Lanes::new(Balance::Count, workers(1)).target(0, 0), None);
+    }
+}
