@@ -148,6 +148,9 @@ fn each_workers_load_is_in_json_and_prometheus(driver: DriverKind) {
     let json = exchange(stats, b"GET /stats HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_eq!(json.matches("\"load_busy_permille\":").count(), 2, "{driver}: {json}");
     assert_eq!(json.matches("\"load_connections\":").count(), 2, "{driver}: {json}");
+    // Two workers, and the `block_on` thread named apart from them.
+    assert_eq!(json.matches("\"remote_wakeups\":").count(), 4, "{driver}: {json}");
+    assert!(json.contains("\"block_on\":{"), "{driver}: {json}");
     let text = exchange(stats, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
     assert!(text.contains("# TYPE hotloop_load_busy_permille gauge"), "{driver}: {text}");
     assert!(text.contains("hotloop_handoffs_out_total{worker=\"1\"}"), "{driver}: {text}");

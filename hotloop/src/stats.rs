@@ -231,10 +231,12 @@ impl LoadGauges {
 /// Counters of every worker at one moment, with their sum.
 #[derive(Debug, Clone, Default)]
 pub struct StatsSnapshot {
-    /// Each worker's counters, by worker index, then one more entry: the
-    /// thread that runs `Runtime::block_on` (its tasks, timers and I/O are
-    /// counted apart from the workers').
+    /// Each worker's counters, by worker index.
     pub workers: Vec<Counters>,
+    /// The counters of the thread that runs `Runtime::block_on`: it has a
+    /// driver and timers of its own, so what its future does (a connect, a
+    /// sleep) is counted here, apart from the workers'.
+    pub block_on: Counters,
     /// The counters summed over workers (high-water marks take the maximum).
     pub total: Counters,
     /// How the drivers were set up (from worker 0; every worker is set up alike).
@@ -247,14 +249,20 @@ pub struct StatsSnapshot {
 }
 
 impl StatsSnapshot {
-    pub(crate) fn collect(workers: &[Arc<WorkerStats>], info: DriverInfo) -> Self {
+    pub(crate) fn collect(
+        workers: &[Arc<WorkerStats>],
+        block_on: &WorkerStats,
+        info: DriverInfo,
+    ) -> Self {
         let workers: Vec<Counters> = workers.iter().map(|w| w.load()).collect();
+        let block_on = block_on.load();
         let mut total = Counters::default();
-        for w in &workers {
+        for w in workers.iter().chain(Some(&block_on)) {
             total.merge(w);
         }
         StatsSnapshot {
             workers,
+            block_on,
             total,
             info,
             blocking: BlockingCounters::default(),
@@ -263,7 +271,8 @@ impl StatsSnapshot {
     }
 
     /// The snapshot as one JSON object: the summed counters at the top level,
-    /// the driver fields, and `workers` as an array of per-worker objects.
+    /// the driver fields, `workers` as an array of per-worker objects, and
+    /// `block_on` as the object of the thread that runs `Runtime::block_on`.
     pub fn to_json(&self) -> String {
         let mut out = String::from("{");
         for (name, value, _) in self.total.fields() {
@@ -295,7 +304,13 @@ impl StatsSnapshot {
             }
             out.push('}');
         }
-        out.push_str("]}");
+        out.push_str("],\"block_on\":{");
+        let fields = self.block_on.fields();
+        for (j, (name, value, _)) in fields.iter().enumerate() {
+            let sep = if j + 1 < fields.len() { "," } else { "" };
+            let _ = write!(out, "\"{name}\":{value}{sep}");
+        }
+        out.push_str("}}");
         out
     }
 
@@ -313,6 +328,9 @@ impl StatsSnapshot {
                 let value = w.fields()[idx].1;
                 let _ = writeln!(out, "hotloop_{name}{suffix}{{worker=\"{worker}\"}} {value}");
             }
+            // The `block_on` thread, named as such rather than as a worker.
+            let value = self.block_on.fields()[idx].1;
+            let _ = writeln!(out, "hotloop_{name}{suffix}{{worker=\"block_on\"}} {value}");
         }
         let load_help = LoadGauges::descriptions();
         for (idx, (name, _)) in LoadGauges::default().fields().into_iter().enumerate() {
@@ -381,12 +399,17 @@ mod tests {
         add(&b.accepted, 4);
         raise(&a.max_accepted_per_wakeup, 7);
         raise(&b.max_accepted_per_wakeup, 5);
-        let mut snap = StatsSnapshot::collect(&[a, b], DriverInfo::default());
+        let main = WorkerStats::default();
+        add(&main.accepted, 1);
+        let mut snap = StatsSnapshot::collect(&[a, b], &main, DriverInfo::default());
         snap.loads =
             vec![LoadGauges::default(), LoadGauges { busy_permille: 640, ..Default::default() }];
-        assert_eq!(snap.total.accepted, 7);
+        assert_eq!(snap.total.accepted, 8);
+        assert_eq!(snap.workers.len(), 2, "the block_on thread is not a worker");
+        assert!(snap.to_json().contains("\"block_on\":{\"accepted\":1,"));
+        assert!(snap.to_prometheus().contains("hotloop_accepted_total{worker=\"block_on\"} 1"));
         assert_eq!(snap.total.max_accepted_per_wakeup, 7);
-        assert!(snap.to_json().contains("\"accepted\":7,"));
+        assert!(snap.to_json().contains("\"accepted\":8,"));
         assert!(snap.to_prometheus().contains("hotloop_accepted_total{worker=\"1\"} 4"));
         assert!(snap.to_json().contains("\"blocking_queued\":0,"));
         assert!(snap.to_prometheus().contains("hotloop_blocking_running 0"));

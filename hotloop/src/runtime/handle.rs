@@ -108,18 +108,12 @@ impl Handle {
         self.inner.blocking.spawn(f)
     }
 
-    /// A snapshot of every worker's counters; the last entry of
-    /// `workers` is the thread that runs `block_on`.
+    /// A snapshot of every worker's counters, and of the thread that runs
+    /// `block_on` (apart from the workers').
     pub fn stats(&self) -> StatsSnapshot {
-        let stats: Vec<_> = self
-            .inner
-            .workers
-            .iter()
-            .chain(Some(&self.inner.main))
-            .map(|w| w.stats.clone())
-            .collect();
+        let stats: Vec<_> = self.inner.workers.iter().map(|w| w.stats.clone()).collect();
         let info = self.inner.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut snapshot = StatsSnapshot::collect(&stats, info);
+        let mut snapshot = StatsSnapshot::collect(&stats, &self.inner.main.stats, info);
         snapshot.blocking = self.inner.blocking.counters();
         let now = crate::sys::monotonic_ns();
         snapshot.loads = self
