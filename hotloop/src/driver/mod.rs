@@ -153,6 +153,72 @@ impl Driver {
     }
 }
 
+/// A file operation the io_uring driver runs as a ring operation where
+/// the kernel has its opcode (`uring/file.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileOp {
+    /// `OPENAT`.
+    Open,
+    /// `READ`.
+    Read,
+    /// `WRITE`.
+    Write,
+    /// `STATX`.
+    Statx,
+    /// `FSYNC`.
+    Fsync,
+    /// `FTRUNCATE` (Linux 6.9).
+    Ftruncate,
+    /// `RENAMEAT`.
+    Rename,
+    /// `UNLINKAT`.
+    Unlink,
+    /// `MKDIRAT`.
+    Mkdir,
+    /// `SPLICE`.
+    Splice,
+}
+
+impl FileOp {
+    fn code(self) -> u8 {
+        use io_uring::opcode;
+        match self {
+            FileOp::Open => opcode::OpenAt::CODE,
+            FileOp::Read => opcode::Read::CODE,
+            FileOp::Write => opcode::Write::CODE,
+            FileOp::Statx => opcode::Statx::CODE,
+            FileOp::Fsync => opcode::Fsync::CODE,
+            FileOp::Ftruncate => opcode::Ftruncate::CODE,
+            FileOp::Rename => opcode::RenameAt::CODE,
+            FileOp::Unlink => opcode::UnlinkAt::CODE,
+            FileOp::Mkdir => opcode::MkDirAt::CODE,
+            FileOp::Splice => opcode::Splice::CODE,
+        }
+    }
+}
+
+/// Whether file operations may go on the ring: `HOTLOOP_URING_FS=0` sends
+/// them all to the blocking pool, as on epoll (to measure the difference,
+/// or to work around a kernel bug).
+fn ring_files_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var("HOTLOOP_URING_FS").map_or(true, |v| v != "0"))
+}
+
+impl Driver {
+    /// The io_uring driver if this is one and its kernel has `op`;
+    /// `None` means the caller runs the operation another way (the
+    /// blocking pool for files, `sendfile` for sockets).
+    pub(crate) fn ring_for(&self, op: FileOp) -> Option<&Rc<uring::Driver>> {
+        match self {
+            Driver::Uring(d) if ring_files_allowed() && probe::opcode_supported(op.code()) => {
+                Some(d)
+            }
+            Driver::Uring(_) | Driver::Epoll(_) => None,
+        }
+    }
+}
+
 /// Keeps a driver entered; see [`Driver::enter`].
 pub(crate) struct EnterGuard {
     driver: Driver,
@@ -259,6 +325,26 @@ impl Source {
     /// Connects a fresh non-blocking socket to `addr`.
     pub(crate) async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
         each!(self, s => s.connect(addr).await)
+    }
+
+    /// Sends up to `len` bytes of `file` from `offset` without copying them
+    /// through user space, stopping early at the file's end: `sendfile` on
+    /// epoll, `SPLICE` through a pipe on io_uring (`ENOSYS` where the ring
+    /// has no `SPLICE`). Returns the bytes sent, and the error that stopped
+    /// it before `len`, if one did.
+    pub(crate) async fn send_file(
+        &self,
+        file: &uring::SharedFile,
+        offset: u64,
+        len: u64,
+    ) -> (u64, io::Result<()>) {
+        match self {
+            Source::Epoll(s) => s.send_file(file, offset, len).await,
+            Source::Uring(s) if probe::opcode_supported(FileOp::Splice.code()) => {
+                s.send_file(file, offset, len).await
+            }
+            Source::Uring(_) => (0, Err(io::Error::from_raw_os_error(libc::ENOSYS))),
+        }
     }
 
     /// Shuts down one or both directions of a connection.

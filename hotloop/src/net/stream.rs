@@ -61,6 +61,32 @@ impl TcpStream {
         Ok(stream)
     }
 
+    /// Sends up to `len` bytes of `file`, from `offset`, without
+    /// copying them through user space; returns how many were sent.
+    ///
+    /// Fewer than `len` only when the file ends first (also when it
+    /// shrinks during the send): nothing past its end is sent, and
+    /// the send does not wait for it to grow. On epoll this is
+    /// `sendfile(2)`, waiting for room in the socket when it has
+    /// none; on io_uring two `SPLICE` operations per step, file to
+    /// a pipe of the worker's and pipe to socket. Where the kernel
+    /// refuses (`EINVAL`, `ENOSYS`, `EOPNOTSUPP`: a file system
+    /// without splice support, a ring without `SPLICE`), the rest is
+    /// read and written instead, in 64 KiB steps.
+    ///
+    /// The file's cursor does not move. An error may come after
+    /// some bytes were sent: the stream is then best closed.
+    /// Dropping the future mid-send leaves the stream at an unknown
+    /// point of the file.
+    pub async fn send_file(
+        &self,
+        file: &crate::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<u64> {
+        self.core().send_file(file, offset, len).await
+    }
+
     /// Reads into `buf`, replacing its contents: up to `buf.capacity()`
     /// bytes for a `Vec`. `Ok(0)` means the peer closed its side.
     ///

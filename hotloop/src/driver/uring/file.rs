@@ -1,0 +1,352 @@
+//! Files on the io_uring driver: `OPENAT`, `READ`, `WRITE`, `STATX`,
+//! `FSYNC`, `FTRUNCATE`, `RENAMEAT`, `UNLINKAT` and `MKDIRAT` as ring
+//! operations, and a file sent on a socket with `SPLICE` through a pipe.
+//!
+//! # Implementation notes
+//! - A file operation names no socket of the driver's, so it is submitted
+//!   unbound ([`Op::submit_unbound`]): its storage holds the file (an
+//!   `Arc<File>` clone) and every path and buffer the entry points at,
+//!   until its last completion, as a socket operation's does.
+//! - An `OPENAT` whose future was dropped after submission may still open
+//!   the file: its completion then carries a descriptor nobody will take,
+//!   which [`close_unclaimed`] closes (called for a cancelled operation's
+//!   last completion, and for a completion its future never took).
+//! - `send_file` splices file -> pipe -> socket: the kernel moves page
+//!   references, the bytes never reach user space. Pipes come from a small
+//!   per-worker pool ([`PIPES_POOLED_MAX`]) and go back only empty: a send
+//!   that fails or is dropped with bytes in its pipe closes that pipe
+//!   (with its bytes) instead. A splice from the file that returns 0 means
+//!   the file ended (it may have shrunk since the caller looked): the send
+//!   stops there, short.
+
+use std::any::Any;
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use io_uring::{opcode, types};
+
+use super::op::{is_retry, Op};
+use super::socket::Source;
+use super::{Driver, SharedFd};
+use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::sys;
+
+/// The most bytes one `READ` or `WRITE` asks for (as `read(2)` caps them).
+const RW_CHUNK_MAX: usize = 0x7fff_f000;
+/// The room asked for in a splice pipe: bytes moved per pair of splices.
+const PIPE_BYTES: usize = 1024 * 1024;
+/// The most empty pipes a worker keeps for later sends.
+pub(super) const PIPES_POOLED_MAX: usize = 16;
+
+/// A file shared by its handle and the operations the kernel holds on it.
+pub(crate) type SharedFile = Arc<File>;
+
+/// What an `OPENAT` keeps alive: the path.
+struct OpenPath(#[allow(dead_code)] CString);
+
+/// A pipe a splice goes through.
+pub(super) struct Pipe {
+    rd: SharedFd,
+    wr: SharedFd,
+    /// The pipe's room in bytes.
+    size: usize,
+}
+
+/// Closes the descriptor an `OPENAT` opened for a future that was dropped:
+/// `storage` is the operation's, `res` its result.
+pub(super) fn close_unclaimed(storage: &dyn Any, res: i32) {
+    if res >= 0 && storage.is::<(OpenPath, Option<SharedFd>)>() {
+        // SAFETY: the kernel opened `res` for this operation, whose future
+        // is gone: nothing else owns or will use the descriptor.
+        drop(unsafe { OwnedFd::from_raw_fd(res as RawFd) });
+    }
+}
+
+/// `statx` results: the kernel writes the whole struct.
+fn boxed_statx() -> Box<MaybeUninit<libc::statx>> {
+    Box::new(MaybeUninit::zeroed())
+}
+
+impl Driver {
+    /// Opens `path` (`openat(AT_FDCWD, path, flags | O_CLOEXEC, mode)`).
+    pub(crate) async fn open(
+        self: &Rc<Self>,
+        path: CString,
+        flags: i32,
+        mode: u32,
+    ) -> io::Result<OwnedFd> {
+        let entry = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+            .flags(flags | libc::O_CLOEXEC)
+            .mode(mode)
+            .build();
+        // SAFETY: the entry points at the path's heap bytes (NUL-terminated),
+        // which the op owns until its last completion.
+        let op = unsafe { Op::submit_unbound(self, entry, OpenPath(path)) }.map_err(|(e, _)| e)?;
+        let (cqe, _path) = op.await;
+        let fd = cqe.result()?;
+        // SAFETY: a successful OPENAT returns a new descriptor that only this call owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
+    /// Reads into `buf` (from its start up to its capacity) from `offset`.
+    pub(crate) async fn read_at<B: IoBufMut>(
+        self: &Rc<Self>,
+        file: &SharedFile,
+        mut buf: B,
+        offset: u64,
+    ) -> BufResult<usize, B> {
+        let len = buf.bytes_total().min(RW_CHUNK_MAX) as u32;
+        let entry = opcode::Read::new(types::Fd(file.as_raw_fd()), buf.stable_mut_ptr(), len)
+            .offset(offset)
+            .build();
+        // SAFETY: the entry points at `len` writable bytes of `buf`, at a fixed
+        // address while it moves; the op owns `buf` and the file until its last completion.
+        let op = match unsafe { Op::submit_unbound(self, entry, (buf, file.clone())) } {
+            Ok(op) => op,
+            Err((e, (buf, _))) => return (Err(e), buf),
+        };
+        let (cqe, (mut buf, _)) = op.await;
+        match cqe.result() {
+            Ok(n) => {
+                // SAFETY: the kernel wrote `n` bytes at the start of the buffer.
+                unsafe { buf.set_init(n as usize) };
+                (Ok(n as usize), buf)
+            }
+            Err(e) => (Err(e), buf),
+        }
+    }
+
+    /// Writes the initialised bytes of `buf` at `offset`; may write fewer.
+    pub(crate) async fn write_at<B: IoBuf>(
+        self: &Rc<Self>,
+        file: &SharedFile,
+        buf: B,
+        offset: u64,
+    ) -> BufResult<usize, B> {
+        let len = buf.bytes_init().min(RW_CHUNK_MAX) as u32;
+        let entry = opcode::Write::new(types::Fd(file.as_raw_fd()), buf.stable_ptr(), len)
+            .offset(offset)
+            .build();
+        // SAFETY: the entry points at `len` initialised bytes of `buf`, at a fixed
+        // address while it moves; the op owns `buf` and the file until its last completion.
+        let op = match unsafe { Op::submit_unbound(self, entry, (buf, file.clone())) } {
+            Ok(op) => op,
+            Err((e, (buf, _))) => return (Err(e), buf),
+        };
+        let (cqe, (buf, _)) = op.await;
+        (cqe.result().map(|n| n as usize), buf)
+    }
+
+    /// `statx` of an open file.
+    pub(crate) async fn statx_file(self: &Rc<Self>, file: &SharedFile) -> io::Result<libc::statx> {
+        self.statx(Some(file.clone()), CString::default(), libc::AT_EMPTY_PATH).await
+    }
+
+    /// `statx` of a path; `follow` follows a final symbolic link.
+    pub(crate) async fn statx_path(
+        self: &Rc<Self>,
+        path: CString,
+        follow: bool,
+    ) -> io::Result<libc::statx> {
+        let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+        self.statx(None, path, flags).await
+    }
+
+    async fn statx(
+        self: &Rc<Self>,
+        file: Option<SharedFile>,
+        path: CString,
+        flags: i32,
+    ) -> io::Result<libc::statx> {
+        let mut out = boxed_statx();
+        let dirfd = file.as_ref().map_or(libc::AT_FDCWD, |f| f.as_raw_fd());
+        let entry = opcode::Statx::new(
+            types::Fd(dirfd),
+            path.as_ptr(),
+            out.as_mut_ptr().cast::<types::statx>(),
+        )
+        .flags(flags)
+        .mask(libc::STATX_BASIC_STATS | libc::STATX_BTIME)
+        .build();
+        // SAFETY: the entry points at the path's heap bytes and the boxed
+        // result, both owned by the op until its last completion, as is the file.
+        let op =
+            unsafe { Op::submit_unbound(self, entry, (out, path, file)) }.map_err(|(e, _)| e)?;
+        let (cqe, (out, _, _)) = op.await;
+        cqe.result()?;
+        // SAFETY: a successful STATX wrote the whole struct (and it started zeroed).
+        Ok(unsafe { out.assume_init_read() })
+    }
+
+    /// `fsync` (`fdatasync` with `data_only`).
+    pub(crate) async fn fsync(
+        self: &Rc<Self>,
+        file: &SharedFile,
+        data_only: bool,
+    ) -> io::Result<()> {
+        let mut entry = opcode::Fsync::new(types::Fd(file.as_raw_fd()));
+        if data_only {
+            entry = entry.flags(types::FsyncFlags::DATASYNC);
+        }
+        // SAFETY: the entry points at no memory; the op holds the file.
+        let op =
+            unsafe { Op::submit_unbound(self, entry.build(), file.clone()) }.map_err(|(e, _)| e)?;
+        op.await.0.result().map(drop)
+    }
+
+    /// `ftruncate`.
+    pub(crate) async fn ftruncate(self: &Rc<Self>, file: &SharedFile, len: u64) -> io::Result<()> {
+        let entry = opcode::Ftruncate::new(types::Fd(file.as_raw_fd()), len).build();
+        // SAFETY: the entry points at no memory; the op holds the file.
+        let op = unsafe { Op::submit_unbound(self, entry, file.clone()) }.map_err(|(e, _)| e)?;
+        op.await.0.result().map(drop)
+    }
+
+    /// `renameat(AT_FDCWD, from, AT_FDCWD, to)`.
+    pub(crate) async fn rename(self: &Rc<Self>, from: CString, to: CString) -> io::Result<()> {
+        let entry = opcode::RenameAt::new(
+            types::Fd(libc::AT_FDCWD),
+            from.as_ptr(),
+            types::Fd(libc::AT_FDCWD),
+            to.as_ptr(),
+        )
+        .build();
+        // SAFETY: the entry points at both paths' heap bytes, owned by the op
+        // until its last completion.
+        let op = unsafe { Op::submit_unbound(self, entry, (from, to)) }.map_err(|(e, _)| e)?;
+        op.await.0.result().map(drop)
+    }
+
+    /// `unlinkat` of a file, or of an empty directory with `dir`.
+    pub(crate) async fn unlink(self: &Rc<Self>, path: CString, dir: bool) -> io::Result<()> {
+        let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+        let entry =
+            opcode::UnlinkAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr()).flags(flags).build();
+        // SAFETY: the entry points at the path's heap bytes, owned by the op.
+        let op = unsafe { Op::submit_unbound(self, entry, path) }.map_err(|(e, _)| e)?;
+        op.await.0.result().map(drop)
+    }
+
+    /// `mkdirat(AT_FDCWD, path, mode)`.
+    pub(crate) async fn mkdir(self: &Rc<Self>, path: CString, mode: u32) -> io::Result<()> {
+        let entry =
+            opcode::MkDirAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr()).mode(mode).build();
+        // SAFETY: the entry points at the path's heap bytes, owned by the op.
+        let op = unsafe { Op::submit_unbound(self, entry, path) }.map_err(|(e, _)| e)?;
+        op.await.0.result().map(drop)
+    }
+
+    /// An empty pipe from the pool, or a new one.
+    fn take_pipe(&self) -> io::Result<Pipe> {
+        if let Some(pipe) = self.pipes.borrow_mut().pop() {
+            return Ok(pipe);
+        }
+        let (rd, wr) = sys::pipe(PIPE_BYTES)?;
+        let size = sys::pipe_size(wr.as_raw_fd())?;
+        Ok(Pipe { rd: Rc::new(rd), wr: Rc::new(wr), size })
+    }
+
+    /// Keeps an empty pipe for the next send.
+    fn give_back_pipe(&self, pipe: Pipe) {
+        let mut pipes = self.pipes.borrow_mut();
+        if pipes.len() < PIPES_POOLED_MAX {
+            pipes.push(pipe);
+        }
+    }
+}
+
+impl Source {
+    /// Sends up to `len` bytes of `file` from `offset` on this socket,
+    /// stopping early at the file's end. Returns the bytes sent, and the
+    /// error that stopped it before `len`, if one did.
+    pub(crate) async fn send_file(
+        &self,
+        file: &SharedFile,
+        offset: u64,
+        len: u64,
+    ) -> (u64, io::Result<()>) {
+        // Bytes the poll-form writes accepted go first.
+        if let Err(e) = self.flush_written_behind().await {
+            return (0, Err(e));
+        }
+        let pipe = match self.driver.take_pipe() {
+            Ok(pipe) => pipe,
+            Err(e) => return (0, Err(e)),
+        };
+        let mut sent = 0;
+        while sent < len {
+            let want = (len - sent).min(pipe.size as u64) as u32;
+            let Some(from) = offset.checked_add(sent).and_then(|o| i64::try_from(o).ok()) else {
+                return (
+                    sent,
+                    Err(io::Error::new(io::ErrorKind::InvalidInput, "file offset too large")),
+                );
+            };
+            let entry = opcode::Splice::new(
+                types::Fd(file.as_raw_fd()),
+                from,
+                types::Fd(pipe.wr.as_raw_fd()),
+                -1,
+                want,
+            )
+            .build();
+            // SAFETY: a splice entry points at no memory; the op holds the file
+            // and the pipe's write end until its last completion.
+            let op = match unsafe {
+                Op::submit_unbound(&self.driver, entry, (file.clone(), pipe.wr.clone()))
+            } {
+                Ok(op) => op,
+                Err((e, _)) => return (sent, Err(e)),
+            };
+            let filled = match op.await.0.result() {
+                // The file ended (perhaps shrunk): stop short.
+                Ok(0) => break,
+                Ok(n) => n,
+                // The pipe is still empty: it can be used again.
+                Err(e) => {
+                    self.driver.give_back_pipe(pipe);
+                    return (sent, Err(e));
+                }
+            };
+            let mut left = filled;
+            while left > 0 {
+                let entry = opcode::Splice::new(
+                    types::Fd(pipe.rd.as_raw_fd()),
+                    -1,
+                    types::Fd(self.fd()),
+                    -1,
+                    left,
+                )
+                .build();
+                // SAFETY: a splice entry points at no memory; the op holds the
+                // socket, and the pipe's read end in its storage, until its last completion.
+                let op = match unsafe { self.submit(entry, pipe.rd.clone()) } {
+                    Ok(op) => op,
+                    Err((e, _)) => return (sent, Err(e)),
+                };
+                match op.await.0.result() {
+                    Ok(0) => return (sent, Err(io::ErrorKind::WriteZero.into())),
+                    Ok(n) => {
+                        left -= n;
+                        sent += u64::from(n);
+                    }
+                    // A non-blocking socket (one this side connected) with no room.
+                    Err(e) if is_retry(&e) => {
+                        if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                            return (sent, Err(e));
+                        }
+                    }
+                    // The pipe keeps what was not sent: it is closed with it.
+                    Err(e) => return (sent, Err(e)),
+                }
+            }
+        }
+        self.driver.give_back_pipe(pipe);
+        (sent, Ok(()))
+    }
+}

@@ -1,0 +1,48 @@
+//! File calls the drivers make directly: `sendfile` on epoll, and the pipe
+//! an io_uring `splice` goes through.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use super::cvt;
+
+/// The most bytes one `sendfile(2)` call moves (the kernel's own cap).
+pub(crate) const SENDFILE_CHUNK_MAX: usize = 0x7fff_f000;
+
+/// Sends up to `len` bytes of `file` from `offset` to the socket `sock`;
+/// returns how many, 0 at the file's end. A non-blocking socket with no
+/// room fails with `WouldBlock`.
+///
+/// A peer that has gone raises `SIGPIPE`, which Rust programs ignore by
+/// default: the call then fails with `EPIPE`.
+pub(crate) fn sendfile(sock: RawFd, file: RawFd, offset: u64, len: usize) -> io::Result<usize> {
+    let mut off = libc::off_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
+    let len = len.min(SENDFILE_CHUNK_MAX);
+    // SAFETY: `off` is a valid, writable `off_t` for the call; the kernel
+    // checks both descriptors and touches no other user memory.
+    let n = cvt(unsafe { libc::sendfile(sock, file, &mut off, len) })?;
+    Ok(n as usize)
+}
+
+/// A pipe (read end, write end), close-on-exec and blocking, with room
+/// for `size_bytes` if the kernel allows that much (else its default).
+pub(crate) fn pipe(size_bytes: usize) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for the two descriptors `pipe2` writes.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: `pipe2` succeeded, so both descriptors are open and ours alone.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let size = libc::c_int::try_from(size_bytes).unwrap_or(libc::c_int::MAX);
+    // A smaller pipe only means more splices per file: failure is not an error.
+    // SAFETY: F_SETPIPE_SZ takes an int and touches no user memory.
+    let _ = unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, size) };
+    Ok((rd, wr))
+}
+
+/// The room of the pipe `fd` in bytes.
+pub(crate) fn pipe_size(fd: RawFd) -> io::Result<usize> {
+    // SAFETY: F_GETPIPE_SZ touches no user memory.
+    let n = cvt(unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) })?;
+    Ok(n as usize)
+}
