@@ -74,6 +74,12 @@ impl TcpStream {
     /// without splice support, a ring without `SPLICE`), the rest is
     /// read and written instead, in 64 KiB steps.
     ///
+    /// The bytes travel as references to the file's cached pages until the
+    /// peer has them: a change to the file made meanwhile (a truncation
+    /// included) may show in bytes already counted as sent, as with
+    /// `sendfile` in any server. Replace files by renaming a new one into
+    /// place to serve consistent bytes.
+    ///
     /// The file's cursor does not move. An error may come after
     /// some bytes were sent: the stream is then best closed.
     /// Dropping the future mid-send leaves the stream at an unknown
