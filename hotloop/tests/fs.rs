@@ -1,7 +1,8 @@
 //! `hotloop::fs` on both drivers: every function, the errors of bad paths
 //! (with the path in the message and the kind kept), a read-only file
 //! written to, reads and opens dropped while in flight (nothing leaks, the
-//! file stays usable), and tokio's `AsyncRead`/`AsyncWrite`/`AsyncSeek`.
+//! file stays usable), tokio's `AsyncRead`/`AsyncWrite`/`AsyncSeek`, and
+//! `Dir`, which refuses paths that leave it.
 
 use std::future::Future;
 use std::io::{self, SeekFrom};
@@ -305,4 +306,38 @@ async fn tokio_read_seek_and_write() {
     let mut all = Vec::new();
     timeout(LIMIT, reader.read_to_end(&mut all)).await.unwrap().unwrap();
     assert!(all == big);
+}
+
+#[hotloop::test(driver = "all")]
+async fn dir_opens_beneath_and_refuses_ways_out() {
+    let outside = TempDir::new("outside");
+    fs::write(outside.join("secret"), b"secret").await.unwrap();
+    let root = TempDir::new("root");
+    fs::create_dir_all(root.join("sub")).await.unwrap();
+    fs::write(root.join("sub/file"), b"inside").await.unwrap();
+    std::os::unix::fs::symlink("sub/file", root.join("inner-link")).unwrap();
+    std::os::unix::fs::symlink(outside.join("secret"), root.join("abs-link")).unwrap();
+    std::os::unix::fs::symlink("../../outside-rel", root.join("sub/rel-link")).unwrap();
+    let dir = fs::Dir::open(&root.0).await.unwrap();
+    let blocking = fs::Dir::open_blocking(&root.0).unwrap();
+    let mut read = OpenOptions::new();
+    read.read(true);
+    for dir in [&dir, &blocking] {
+        let mut f = dir.open_file("sub/file", &read).await.unwrap();
+        assert_eq!(f.read_to_end(Vec::new()).await.1, b"inside");
+        let mut f = dir.open_file("inner-link", &read).await.unwrap();
+        assert_eq!(f.read_to_end(Vec::new()).await.1, b"inside", "a link inside is followed");
+        let escape = format!("../{}/secret", outside.0.file_name().unwrap().to_str().unwrap());
+        for bad in [escape.as_str(), "abs-link", "sub/rel-link", "sub/../../x"] {
+            let e = dir.open_file(bad, &read).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{bad}: {e}");
+            assert!(e.to_string().contains("resolves outside"), "{e}");
+        }
+        let e = dir.open_file(outside.join("secret"), &read).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "an absolute path: {e}");
+        let e = dir.open_file("sub/missing", &read).await.unwrap_err();
+        assert_names_path(&e, io::ErrorKind::NotFound, "open", &root.join("sub/missing"));
+    }
+    let e = fs::Dir::open(root.join("sub/file")).await.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotADirectory, "{e}");
 }

@@ -159,6 +159,8 @@ impl Driver {
 pub(crate) enum FileOp {
     /// `OPENAT`.
     Open,
+    /// `OPENAT2`.
+    OpenBeneath,
     /// `READ`.
     Read,
     /// `WRITE`.
@@ -184,6 +186,7 @@ impl FileOp {
         use io_uring::opcode;
         match self {
             FileOp::Open => opcode::OpenAt::CODE,
+            FileOp::OpenBeneath => opcode::OpenAt2::CODE,
             FileOp::Read => opcode::Read::CODE,
             FileOp::Write => opcode::Write::CODE,
             FileOp::Statx => opcode::Statx::CODE,

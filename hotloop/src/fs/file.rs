@@ -64,10 +64,10 @@ impl File {
 
     pub(super) async fn open_with(path: &Path, options: &OpenOptions) -> io::Result<File> {
         let file = ops::open(path, options).await.map_err(|e| with_path("open", path, e))?;
-        Ok(File::new(file, path.into()))
+        Ok(File::wrap(file, path.into()))
     }
 
-    fn new(file: std::fs::File, path: Arc<Path>) -> File {
+    pub(super) fn wrap(file: std::fs::File, path: Arc<Path>) -> File {
         File {
             file: Arc::new(file),
             path,
@@ -79,7 +79,7 @@ impl File {
 
     /// Wraps a file opened by the standard library.
     pub fn from_std(file: std::fs::File) -> File {
-        File::new(file, Path::new("<file>").into())
+        File::wrap(file, Path::new("<file>").into())
     }
 
     /// The path the file was opened with (as its errors name it).

@@ -9,13 +9,16 @@
 //! their message (`open /x/y: No such file or directory (os error 2)`)
 //! and keep the `ErrorKind`.
 //!
+//! [`Dir`] opens files beneath a directory and refuses paths that leave
+//! it (`..`, symbolic links pointing out), for serving files under a root.
+//!
 //! A [`File`] may be sent to a socket without copying its bytes through
 //! user space: [`TcpStream::send_file`](crate::net::TcpStream::send_file).
 //!
 //! # Implementation notes
 //! - On io_uring each call is one ring operation (`OPENAT`, `READ`,
 //!   `WRITE`, `STATX`, `FSYNC`, `FTRUNCATE`, `RENAMEAT`, `UNLINKAT`,
-//!   `MKDIRAT`) submitted with the worker's other entries at the loop's
+//!   `MKDIRAT`; `OPENAT2` for [`Dir`]) submitted with the worker's other entries at the loop's
 //!   next `io_uring_enter`; the kernel serves a read of cached pages
 //!   inline and hands what would block to its own workers. The opcodes are
 //!   probed once per process: one the kernel lacks (`FTRUNCATE` before
@@ -35,12 +38,14 @@
 
 #[cfg(feature = "tokio-io")]
 mod compat;
+mod dir;
 mod error;
 mod file;
 mod metadata;
 mod ops;
 mod options;
 
+pub use dir::Dir;
 pub use file::File;
 pub use metadata::Metadata;
 pub use options::OpenOptions;

@@ -53,6 +53,26 @@ pub(super) async fn open(path: &Path, options: &OpenOptions) -> io::Result<StdFi
     blocking(move || options.open(path)).await
 }
 
+pub(super) async fn open_beneath(
+    dir: &SharedFile,
+    path: &Path,
+    options: &OpenOptions,
+) -> io::Result<StdFile> {
+    let flags = options.flags()?;
+    // `openat2` refuses a mode without a file to create.
+    let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { options.mode } else { 0 };
+    if let Some(ring) = ring(FileOp::OpenBeneath)? {
+        let fd = ring.open_beneath(dir, c_path(path)?, flags, mode).await?;
+        return Ok(StdFile::from(fd));
+    }
+    let (dir, path) = (dir.clone(), c_path(path)?);
+    blocking(move || {
+        use std::os::fd::AsRawFd;
+        crate::sys::open_beneath(dir.as_raw_fd(), &path, flags, mode).map(StdFile::from)
+    })
+    .await
+}
+
 /// Moves `buf` into a `Vec` without copying when it is one.
 fn as_vec<B: 'static>(buf: B) -> Result<Vec<u8>, B> {
     let boxed: Box<dyn Any> = Box::new(buf);

@@ -1,6 +1,7 @@
-//! File calls the drivers make directly: `sendfile` on epoll, and the pipe
-//! an io_uring `splice` goes through.
+//! File calls made directly: `sendfile` on epoll, the pipe an io_uring
+//! `splice` goes through, and `openat2` for the blocking pool.
 
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
@@ -45,4 +46,27 @@ pub(crate) fn pipe_size(fd: RawFd) -> io::Result<usize> {
     // SAFETY: F_GETPIPE_SZ touches no user memory.
     let n = cvt(unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) })?;
     Ok(n as usize)
+}
+
+/// `openat2(dir, path, flags | O_CLOEXEC, mode)` with `RESOLVE_BENEATH`:
+/// fails with `EXDEV` if resolving `path` would leave `dir`.
+pub(crate) fn open_beneath(dir: RawFd, path: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `open_how` is plain integers; all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = u64::from(mode);
+    how.resolve = libc::RESOLVE_BENEATH;
+    // SAFETY: `path` is NUL-terminated and `how` a valid `open_how` of the
+    // size passed, both alive for the call; the kernel checks `dir`.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    })?;
+    // SAFETY: a successful openat2 returns a new descriptor only we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }

@@ -1,4 +1,4 @@
-//! Files on the io_uring driver: `OPENAT`, `READ`, `WRITE`, `STATX`,
+//! Files on the io_uring driver: `OPENAT`, `OPENAT2`, `READ`, `WRITE`, `STATX`,
 //! `FSYNC`, `FTRUNCATE`, `RENAMEAT`, `UNLINKAT` and `MKDIRAT` as ring
 //! operations, and a file sent on a socket with `SPLICE` through a pipe.
 //!
@@ -46,8 +46,13 @@ pub(super) const PIPES_POOLED_MAX: usize = 16;
 /// A file shared by its handle and the operations the kernel holds on it.
 pub(crate) type SharedFile = Arc<File>;
 
-/// What an `OPENAT` keeps alive: the path.
-struct OpenPath(#[allow(dead_code)] CString);
+/// What an `OPENAT` or `OPENAT2` keeps alive: the path, and for `OPENAT2`
+/// the `open_how` and the directory it resolves beneath.
+struct OpenPath {
+    _path: CString,
+    _how: Option<Box<types::OpenHow>>,
+    _dir: Option<SharedFile>,
+}
 
 /// A pipe a splice goes through.
 pub(super) struct Pipe {
@@ -86,10 +91,40 @@ impl Driver {
             .build();
         // SAFETY: the entry points at the path's heap bytes (NUL-terminated),
         // which the op owns until its last completion.
-        let op = unsafe { Op::submit_unbound(self, entry, OpenPath(path)) }.map_err(|(e, _)| e)?;
+        let storage = OpenPath { _path: path, _how: None, _dir: None };
+        let op = unsafe { Op::submit_unbound(self, entry, storage) }.map_err(|(e, _)| e)?;
         let (cqe, _path) = op.await;
         let fd = cqe.result()?;
         // SAFETY: a successful OPENAT returns a new descriptor that only this call owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
+    /// Opens `path` relative to the directory `dir`, refusing (`EXDEV`)
+    /// any resolution that leaves it: `..` above it, an absolute path or a
+    /// symbolic link pointing out (`openat2` with `RESOLVE_BENEATH`).
+    pub(crate) async fn open_beneath(
+        self: &Rc<Self>,
+        dir: &SharedFile,
+        path: CString,
+        flags: i32,
+        mode: u32,
+    ) -> io::Result<OwnedFd> {
+        let how = Box::new(
+            types::OpenHow::new()
+                .flags((flags | libc::O_CLOEXEC) as u64)
+                .mode(u64::from(mode))
+                .resolve(libc::RESOLVE_BENEATH),
+        );
+        let entry =
+            opcode::OpenAt2::new(types::Fd(dir.as_raw_fd()), path.as_ptr(), &*how as *const _)
+                .build();
+        let storage = OpenPath { _path: path, _how: Some(how), _dir: Some(dir.clone()) };
+        // SAFETY: the entry points at the path's heap bytes and the boxed
+        // `open_how`; the op owns both, and the directory, until its last completion.
+        let op = unsafe { Op::submit_unbound(self, entry, storage) }.map_err(|(e, _)| e)?;
+        let (cqe, _storage) = op.await;
+        let fd = cqe.result()?;
+        // SAFETY: a successful OPENAT2 returns a new descriptor that only this call owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
     }
 
