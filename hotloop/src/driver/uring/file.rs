@@ -89,9 +89,9 @@ impl Driver {
             .flags(flags | libc::O_CLOEXEC)
             .mode(mode)
             .build();
+        let storage = OpenPath { _path: path, _how: None, _dir: None };
         // SAFETY: the entry points at the path's heap bytes (NUL-terminated),
         // which the op owns until its last completion.
-        let storage = OpenPath { _path: path, _how: None, _dir: None };
         let op = unsafe { Op::submit_unbound(self, entry, storage) }.map_err(|(e, _)| e)?;
         let (cqe, _path) = op.await;
         let fd = cqe.result()?;
