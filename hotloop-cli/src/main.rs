@@ -10,6 +10,7 @@ mod proxy;
 mod quic;
 mod runtime_args;
 mod serve;
+mod static_files;
 mod stats_server;
 mod stop;
 mod tls;
@@ -28,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run an echo, HTTP or hyper server (plain or TLS), or a QUIC echo or HTTP/3 server.
+    /// Run an echo, HTTP, hyper or static-file server (plain or TLS), or a QUIC echo or HTTP/3 server.
     #[command(after_help = SERVE_NOTES)]
     Serve(serve::ServeArgs),
     /// Forward TCP connections to backends, round-robin.
