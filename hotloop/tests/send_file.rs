@@ -1,6 +1,7 @@
 //! `send_file` on both drivers: a whole file, a range of one, ranges that
 //! run past the end, a Unix stream, a client that stops reading mid-file
-//! and then closes (the send fails instead of hanging), and a file
+//! and then closes (the send fails instead of hanging), a send dropped
+//! mid-file (the worker goes on at once), and a file
 //! truncated during the send (it stops at the new end, sends nothing past
 //! it and does not hang).
 
@@ -230,4 +231,36 @@ async fn a_connected_client_socket_sends_too() {
     drop(stream);
     let got = hotloop::spawn_blocking(move || server.join().unwrap()).await.unwrap();
     assert!(got == data);
+}
+
+#[hotloop::test(driver = "all")]
+async fn a_send_dropped_mid_file_does_not_stall_the_worker() {
+    let data = pattern(32 << 20);
+    let tmp = TempFile::with("dropped", &data).await;
+    let file = File::open(&tmp.0).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Reads a little, then nothing; closes after two seconds, which would
+    // end a worker stalled on the dropped send (so a failure is bounded).
+    let client = thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let mut buf = vec![0u8; 100_000];
+        s.read_exact(&mut buf).unwrap();
+        thread::sleep(Duration::from_secs(2));
+    });
+    let (stream, _) = timeout(LIMIT, listener.accept()).await.unwrap().unwrap();
+    let start = std::time::Instant::now();
+    // The send waits for a client that does not read: the timeout drops it.
+    let res =
+        timeout(Duration::from_millis(300), stream.send_file(&file, 0, data.len() as u64)).await;
+    assert!(res.is_err(), "the send cannot finish");
+    drop(stream);
+    let dropped_after = start.elapsed();
+    assert!(
+        dropped_after < Duration::from_millis(1500),
+        "dropping the send stalled the worker until the client left ({dropped_after:?})"
+    );
+    hotloop::spawn_blocking(move || client.join().unwrap()).await.unwrap();
+    let (sent, got) = send_range(&file, 5, 200_000).await;
+    assert_eq!((sent, &got[..]), (200_000, &data[5..200_005]));
 }

@@ -15,7 +15,8 @@
 //!   references, the bytes never reach user space. Pipes come from a small
 //!   per-worker pool ([`PIPES_POOLED_MAX`]) and go back only empty: a send
 //!   that fails or is dropped with bytes in its pipe closes that pipe
-//!   (with its bytes) instead. A splice from the file that returns 0 means
+//!   (with its bytes) instead, once no splice holds it ([`Pipe::ends`]).
+//!   A splice from the file that returns 0 means
 //!   the file ended (it may have shrunk since the caller looked): the send
 //!   stops there, short.
 
@@ -60,6 +61,18 @@ pub(super) struct Pipe {
     wr: SharedFd,
     /// The pipe's room in bytes.
     size: usize,
+}
+
+impl Pipe {
+    /// Both ends, for an operation's storage. A splice holds the pipe's
+    /// lock while it waits (for room in the socket, say), and closing
+    /// either end takes that lock: were the pipe closed while a cancelled
+    /// splice still ran, the close would block the worker until the splice
+    /// ended, and the cancel (submitted at the worker's next enter) would
+    /// never be sent. So the pipe closes only after its last operation.
+    fn ends(&self) -> (SharedFd, SharedFd) {
+        (self.rd.clone(), self.wr.clone())
+    }
 }
 
 /// Closes the descriptor an `OPENAT` opened for a future that was dropped:
@@ -331,9 +344,9 @@ impl Source {
             )
             .build();
             // SAFETY: a splice entry points at no memory; the op holds the file
-            // and the pipe's write end until its last completion.
+            // and both ends of the pipe until its last completion.
             let op = match unsafe {
-                Op::submit_unbound(&self.driver, entry, (file.clone(), pipe.wr.clone()))
+                Op::submit_unbound(&self.driver, entry, (file.clone(), pipe.ends()))
             } {
                 Ok(op) => op,
                 Err((e, _)) => return (sent, Err(e)),
@@ -359,8 +372,8 @@ impl Source {
                 )
                 .build();
                 // SAFETY: a splice entry points at no memory; the op holds the
-                // socket, and the pipe's read end in its storage, until its last completion.
-                let op = match unsafe { self.submit(entry, pipe.rd.clone()) } {
+                // socket, and both ends of the pipe in its storage, until its last completion.
+                let op = match unsafe { self.submit(entry, pipe.ends()) } {
                     Ok(op) => op,
                     Err((e, _)) => return (sent, Err(e)),
                 };
