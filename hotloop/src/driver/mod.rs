@@ -13,7 +13,8 @@
 //!   owned-buffer `recv`/`send`/`send_vectored`, `connect`, `shutdown`,
 //!   `poll_accept`/`accept_now`, a readiness wait (`poll_readable`) with a
 //!   non-blocking `try_recv` beside it, and the borrowed-slice poll forms
-//!   behind tokio's and futures' I/O traits; for datagram sockets, owned
+//!   behind tokio's and futures' I/O traits, and `send_file` (a file's
+//!   bytes to the socket without a copy through user space); for datagram sockets, owned
 //!   `recv_msg`/`send_msg`, batched borrowed `poll_recv_batch`/
 //!   `poll_send_batch`, `try_send_one` and `writable` (each backend's
 //!   `udp.rs`; control messages are encoded in [`udp`] only).
@@ -21,7 +22,9 @@
 //! Two backends exist on Linux and both always compile: [`epoll`]
 //! (readiness) and [`uring`] (completion). [`Driver`] and [`Source`] here
 //! are enums over them, chosen once at start-up; every operation matches
-//! once and calls its backend. The network layer (`net/`) sees only this
+//! once and calls its backend. File operations exist only on io_uring
+//! (`uring/file.rs`): [`Driver::ring_for`] says whether the ring runs one,
+//! and the file layer (`fs/`) uses the blocking pool otherwise. The network layer (`net/`) sees only this
 //! module.
 //!
 //! # Architecture invariants
