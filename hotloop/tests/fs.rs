@@ -341,3 +341,17 @@ async fn dir_opens_beneath_and_refuses_ways_out() {
     let e = fs::Dir::open(root.join("sub/file")).await.unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::NotADirectory, "{e}");
 }
+
+#[hotloop::test(driver = "all")]
+async fn offsets_past_the_largest_are_refused() {
+    let dir = TempDir::new("offsets");
+    let path = dir.join("f");
+    fs::write(&path, b"abc").await.unwrap();
+    let file = OpenOptions::new().read(true).write(true).open(&path).await.unwrap();
+    // u64::MAX would mean "the file's position" to the kernel on io_uring.
+    let (res, _) = file.read_at(Vec::with_capacity(8), u64::MAX).await;
+    assert_eq!(res.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    let (res, _) = file.write_at(b"x".to_vec(), u64::MAX).await;
+    assert_eq!(res.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    assert_eq!(fs::read(&path).await.unwrap(), b"abc");
+}

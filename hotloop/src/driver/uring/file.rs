@@ -39,6 +39,14 @@ use crate::sys;
 
 /// The most bytes one `READ` or `WRITE` asks for (as `read(2)` caps them).
 const RW_CHUNK_MAX: usize = 0x7fff_f000;
+/// The largest file offset (`-1`, that is `u64::MAX`, would mean "the
+/// file's position" to the kernel).
+const OFFSET_MAX: u64 = i64::MAX as u64;
+
+fn offset_too_large() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, "file offset too large")
+}
+
 /// The room asked for in a splice pipe: bytes moved per pair of splices.
 const PIPE_BYTES: usize = 1024 * 1024;
 /// The most empty pipes a worker keeps for later sends.
@@ -148,6 +156,9 @@ impl Driver {
         mut buf: B,
         offset: u64,
     ) -> BufResult<usize, B> {
+        if offset > OFFSET_MAX {
+            return (Err(offset_too_large()), buf);
+        }
         let len = buf.bytes_total().min(RW_CHUNK_MAX) as u32;
         let entry = opcode::Read::new(types::Fd(file.as_raw_fd()), buf.stable_mut_ptr(), len)
             .offset(offset)
@@ -176,6 +187,9 @@ impl Driver {
         buf: B,
         offset: u64,
     ) -> BufResult<usize, B> {
+        if offset > OFFSET_MAX {
+            return (Err(offset_too_large()), buf);
+        }
         let len = buf.bytes_init().min(RW_CHUNK_MAX) as u32;
         let entry = opcode::Write::new(types::Fd(file.as_raw_fd()), buf.stable_ptr(), len)
             .offset(offset)
