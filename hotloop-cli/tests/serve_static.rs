@@ -4,7 +4,8 @@
 //! 416), several ranges (the whole file); 304 for `If-Modified-Since`;
 //! traversal refused (`..`, percent-encoded, links out of the root); TLS;
 //! a client that stops reading mid-file cut at the send timeout; a file
-//! that shrinks mid-send ends the connection short of its promise.
+//! that shrinks mid-send ends the connection short of its promise; open
+//! files kept for a second at most (a replaced file is then served).
 
 mod common;
 
@@ -324,4 +325,23 @@ fn a_file_that_shrinks_mid_send_ends_the_connection(driver: DriverKind) {
     assert!(reply.body.len() < 64 << 20, "closed short of the promise");
     assert!(took < Duration::from_secs(15), "closed, not left hanging");
     assert!(reply.body[..1 << 20] == pattern(1 << 20)[..], "the bytes still in the file are right");
+}
+
+#[hotloop::test(driver = "all")]
+fn replaced_files_are_served_within_the_cache_period(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    assert_eq!(get(addr, "/sub/a.txt").body, b"0123456789");
+    // Replaced by a rename, as deployments do: the open file is kept for
+    // at most a second, then the new one is served.
+    let tmp = root.path().join("sub/.a.txt.new");
+    std::fs::write(&tmp, "new content").unwrap();
+    std::fs::rename(&tmp, root.path().join("sub/a.txt")).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let r = get(addr, "/sub/a.txt");
+    assert_eq!((r.status, &r.body[..]), (200, &b"new content"[..]));
+    // A miss is not kept: a file that appears is served at once.
+    assert_eq!(get(addr, "/late.txt").status, 404);
+    std::fs::write(root.path().join("late.txt"), "here").unwrap();
+    assert_eq!(get(addr, "/late.txt").body, b"here");
 }

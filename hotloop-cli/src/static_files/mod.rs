@@ -14,6 +14,9 @@
 //! send timeouts, keep-alive, the same graceful stop and error replies.
 //!
 //! # Implementation notes
+//! - Open files are kept per worker for one second (`cache.rs`, as
+//!   nginx's `open_file_cache`): a file served again within that second
+//!   costs no open and no `statx`.
 //! - A request target is percent-decoded and split into segments; a `..`
 //!   segment (literal or encoded) is 403 and an encoded `/` or NUL is 400,
 //!   before any file is touched. The path is then opened beneath the root
@@ -22,9 +25,10 @@
 //!   the path resolves (403), with no window between a check and the open.
 //! - On plain TCP the body goes with [`TcpStream::send_file`]
 //!   (`sendfile` on epoll, `splice` on io_uring), in steps of
-//!   [`SEND_FILE_STEP_BYTES`], each bounded by the send timeout; a body of
-//!   at most [`INLINE_BODY_MAX_BYTES`] is read into the head's buffer and
-//!   sent with it in one write instead. Over TLS the file is read and
+//!   [`SEND_FILE_STEP_BYTES`], each bounded by the send timeout; where
+//!   file reads are ring operations (io_uring), a body of at most
+//!   [`INLINE_BODY_MAX_BYTES`] is read into the head's buffer and sent
+//!   with it in one write instead. Over TLS the file is read and
 //!   written through the TLS stream.
 //! - A file that shrinks while it is sent ends the send at its new end;
 //!   fewer bytes than `Content-Length` promised were sent, so the
@@ -34,6 +38,7 @@
 //!   kernel or blocking-pool thread, not the worker); serve a root of
 //!   regular files and directories.
 
+mod cache;
 mod mime;
 mod range;
 mod request;
@@ -42,6 +47,7 @@ mod target;
 use std::io;
 use std::path::Path;
 use std::pin::pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -154,22 +160,30 @@ async fn respond<S: Conn>(
     }
     let error = |status: u16| request::simple(status, "", close, get);
     let found = match target::relative_path(head.target) {
-        Ok(rel) => open(&site.root, &rel).await,
+        Ok(rel) => match cache::get(&rel) {
+            Some(entry) => Ok(entry),
+            None => open(&site.root, &rel).await.map(|(file, meta, name)| {
+                let entry = Rc::new(cache::Entry::new(file, meta, name));
+                cache::put(&rel, entry.clone());
+                entry
+            }),
+        },
         Err(target::Refused::Traversal) => Err(403),
         Err(target::Refused::Malformed) => Err(400),
     };
-    let (file, meta, name) = match found {
-        Ok(found) => found,
+    let entry = match found {
+        Ok(entry) => entry,
         Err(status) => {
             return finish(stream.send(error(status), site.write_limit, timer).await, close)
         }
     };
+    let (file, meta, name) = (&entry.file, &entry.meta, &entry.name);
     let modified = meta.modified().unwrap_or(UNIX_EPOCH);
     let last_modified = httpdate::fmt_http_date(modified);
     let headers = |extra: &str| {
         format!(
             "Content-Type: {}\r\nLast-Modified: {last_modified}\r\nAccept-Ranges: bytes\r\n{extra}",
-            mime::content_type(&name)
+            mime::content_type(name)
         )
     };
     if not_modified(head.if_modified_since, modified) {
@@ -199,9 +213,12 @@ async fn respond<S: Conn>(
         let reply = request::head(status, &extra, body_len, close, 0);
         return finish(stream.send(reply, site.write_limit, timer).await, close);
     }
-    if body_len <= INLINE_BODY_MAX_BYTES {
+    // Where a read is a ring operation, a small body goes with the head in
+    // one write; on the blocking pool a read would cost more than a second
+    // write, so `send_file` it is.
+    if body_len <= INLINE_BODY_MAX_BYTES && hotloop::fs::reads_on_ring() {
         let mut reply = request::head(status, &extra, body_len, close, body_len as usize);
-        let Ok(()) = read_into(&file, &mut reply, start, body_len).await else {
+        let Ok(()) = read_into(file, &mut reply, start, body_len).await else {
             // The file shrank under us before a byte was sent: say nothing
             // we cannot back and close.
             return After::Close;
@@ -212,7 +229,7 @@ async fn respond<S: Conn>(
     if stream.send(reply, site.write_limit, timer).await.is_err() {
         return After::Close;
     }
-    let sent = stream.send_file(&file, start, body_len, site.write_limit, timer).await;
+    let sent = stream.send_file(file, start, body_len, site.write_limit, timer).await;
     finish(sent, close)
 }
 

@@ -55,6 +55,16 @@ use std::path::Path;
 
 use error::with_path;
 
+/// True when file reads on this worker are io_uring operations, false
+/// when they go to the blocking pool (the epoll driver, a ring without
+/// `READ`, or `HOTLOOP_URING_FS=0`), or off a worker. A server can choose
+/// by it how to send a small file: read into its own buffer where a read
+/// costs no thread hop, [`TcpStream::send_file`](crate::net::TcpStream::send_file)
+/// otherwise.
+pub fn reads_on_ring() -> bool {
+    ops::on_ring(crate::driver::FileOp::Read)
+}
+
 /// Reads the whole file at `path`.
 pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     let mut file = File::open(path).await?;

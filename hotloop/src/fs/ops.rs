@@ -27,6 +27,11 @@ fn ring(op: FileOp) -> io::Result<Option<Rc<uring::Driver>>> {
     context::try_with(|cx| cx.driver.ring_for(op).cloned()).ok_or_else(not_on_worker)
 }
 
+/// True when `op` runs on this worker's ring.
+pub(super) fn on_ring(op: FileOp) -> bool {
+    matches!(ring(op), Ok(Some(_)))
+}
+
 /// Runs `f` on the blocking pool.
 async fn blocking<R: Send + 'static>(
     f: impl FnOnce() -> io::Result<R> + Send + 'static,
