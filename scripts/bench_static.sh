@@ -10,9 +10,9 @@
 # the rounds, the median server CPU time (utime + stime from
 # /proc/PID/stat, kernel worker threads of the process included) per
 # request and per MiB served, and the medians of the per-round ratios to
-# nginx. nginx runs as the current user from a temporary prefix
-# (`master_process off`, so its one process is the one measured) and is
-# stopped by pid, as every server is.
+# nginx (nginx-cache is nginx with open_file_cache). nginx runs as the
+# current user from a temporary prefix (`master_process off`, so its one
+# process is the one measured) and is stopped by pid, as every server is.
 set -euo pipefail
 ROUNDS=${1:-5}
 SECS=${2:-5}
@@ -32,10 +32,14 @@ head -c $((64 * 1024)) /dev/urandom >"$T/root/64k.bin"
 head -c $((8 * 1024 * 1024)) /dev/urandom >"$T/root/8m.bin"
 SIZES=(1k 64k 8m)
 declare -A BYTES=([1k]=1024 [64k]=65536 [8m]=8388608)
-PEERS=(nginx hotloop-epoll hotloop-uring)
+# nginx-cache is nginx with open_file_cache (1 s validity), which is what
+# `hotloop serve static` does with its open files.
+PEERS=(nginx nginx-cache hotloop-epoll hotloop-uring)
 PORT=18600
 
-nginx_conf() { # port
+nginx_conf() { # port [cache]
+    local cache=""
+    [ -n "${2:-}" ] && cache="open_file_cache max=1024 inactive=20s; open_file_cache_valid 1s;"
     cat <<CONF
 worker_processes 1;
 master_process off;
@@ -54,6 +58,7 @@ http {
     uwsgi_temp_path $T/nginx/uwsgi;
     scgi_temp_path $T/nginx/scgi;
     default_type application/octet-stream;
+    $cache
     server {
         listen 127.0.0.1:$1 reuseport;
         root $T/root;
@@ -66,8 +71,8 @@ start() { # peer: starts the server on a fresh port (no TIME_WAIT left from the 
     local peer=$1
     PORT=$((PORT + 1))
     case "$peer" in
-        nginx)
-            nginx_conf "$PORT" >"$T/nginx/nginx.conf"
+        nginx|nginx-cache)
+            nginx_conf "$PORT" "${peer#nginx}" >"$T/nginx/nginx.conf"
             taskset -c 0 nginx -p "$T/nginx" -c "$T/nginx/nginx.conf" -e "$T/nginx/error.log" >/dev/null 2>&1 &
             ;;
         hotloop-*)
