@@ -9,7 +9,7 @@
 # Prints, per file size and server: the median req/s and its range over
 # the rounds, the median server CPU time (utime + stime from
 # /proc/PID/stat, kernel worker threads of the process included) per
-# request and per MiB served, and the medians of the per-round ratios to
+# request and per GiB served, and the medians of the per-round ratios to
 # nginx (nginx-cache is nginx with open_file_cache). nginx runs as the
 # current user from a temporary prefix (`master_process off`, so its one
 # process is the one measured) and is stopped by pid, as every server is.
