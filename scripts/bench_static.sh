@@ -34,7 +34,9 @@ SIZES=(1k 64k 8m)
 declare -A BYTES=([1k]=1024 [64k]=65536 [8m]=8388608)
 # nginx-cache is nginx with open_file_cache (1 s validity), which is what
 # `hotloop serve static` does with its open files.
-PEERS=(nginx nginx-cache hotloop-epoll hotloop-uring)
+# hotloop-uring-splice sends files with SPLICE operations instead of
+# sendfile (HOTLOOP_URING_SEND_FILE=splice).
+PEERS=(nginx nginx-cache hotloop-epoll hotloop-uring hotloop-uring-splice)
 PORT=18600
 
 nginx_conf() { # port [cache]
@@ -74,6 +76,10 @@ start() { # peer: starts the server on a fresh port (no TIME_WAIT left from the 
         nginx|nginx-cache)
             nginx_conf "$PORT" "${peer#nginx}" >"$T/nginx/nginx.conf"
             taskset -c 0 nginx -p "$T/nginx" -c "$T/nginx/nginx.conf" -e "$T/nginx/error.log" >/dev/null 2>&1 &
+            ;;
+        hotloop-uring-splice)
+            HOTLOOP_URING_SEND_FILE=splice taskset -c 0 "$BIN" serve static --root "$T/root" \
+                --addr "127.0.0.1:$PORT" --workers 1 --driver uring >/dev/null 2>"$T/hotloop.log" &
             ;;
         hotloop-*)
             taskset -c 0 "$BIN" serve static --root "$T/root" --addr "127.0.0.1:$PORT" \

@@ -180,8 +180,6 @@ pub(crate) enum FileOp {
     Unlink,
     /// `MKDIRAT`.
     Mkdir,
-    /// `SPLICE`.
-    Splice,
 }
 
 impl FileOp {
@@ -198,7 +196,6 @@ impl FileOp {
             FileOp::Rename => opcode::RenameAt::CODE,
             FileOp::Unlink => opcode::UnlinkAt::CODE,
             FileOp::Mkdir => opcode::MkDirAt::CODE,
-            FileOp::Splice => opcode::Splice::CODE,
         }
     }
 }
@@ -335,22 +332,16 @@ impl Source {
 
     /// Sends up to `len` bytes of `file` from `offset` without copying them
     /// through user space, stopping early at the file's end: `sendfile` on
-    /// epoll, `SPLICE` through a pipe on io_uring (`ENOSYS` where the ring
-    /// has no `SPLICE`). Returns the bytes sent, and the error that stopped
-    /// it before `len`, if one did.
+    /// both drivers (io_uring waits for room with a `POLL_ADD`; with
+    /// `HOTLOOP_URING_SEND_FILE=splice`, `SPLICE` through a pipe). Returns
+    /// the bytes sent, and the error that stopped it before `len`, if one did.
     pub(crate) async fn send_file(
         &self,
         file: &uring::SharedFile,
         offset: u64,
         len: u64,
     ) -> (u64, io::Result<()>) {
-        match self {
-            Source::Epoll(s) => s.send_file(file, offset, len).await,
-            Source::Uring(s) if probe::opcode_supported(FileOp::Splice.code()) => {
-                s.send_file(file, offset, len).await
-            }
-            Source::Uring(_) => (0, Err(io::Error::from_raw_os_error(libc::ENOSYS))),
-        }
+        each!(self, s => s.send_file(file, offset, len).await)
     }
 
     /// Shuts down one or both directions of a connection.

@@ -26,6 +26,34 @@ pub(crate) fn sendfile(sock: RawFd, file: RawFd, offset: u64, len: usize) -> io:
     Ok(n as usize)
 }
 
+/// [`sendfile`] that never blocks, also on a blocking socket: the socket
+/// is non-blocking for the call (`sendfile(2)` takes no `MSG_DONTWAIT`)
+/// and gets its flags back after it. `WouldBlock` when it has no room.
+///
+/// Only for a socket nothing else sends on meanwhile: another thread
+/// would see it non-blocking during the call.
+pub(crate) fn sendfile_nowait(
+    sock: RawFd,
+    file: RawFd,
+    offset: u64,
+    len: usize,
+) -> io::Result<usize> {
+    // SAFETY: F_GETFL takes no argument and touches no user memory.
+    let flags = cvt(unsafe { libc::fcntl(sock, libc::F_GETFL) })?;
+    if flags & libc::O_NONBLOCK != 0 {
+        return sendfile(sock, file, offset, len);
+    }
+    // SAFETY: F_SETFL takes an int and touches no user memory.
+    cvt(unsafe { libc::fcntl(sock, libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    let res = sendfile(sock, file, offset, len);
+    // SAFETY: as above; the socket gets back the flags it had.
+    let restored = cvt(unsafe { libc::fcntl(sock, libc::F_SETFL, flags) });
+    match (res, restored) {
+        (Ok(n), Ok(_)) => Ok(n),
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    }
+}
+
 /// A pipe (read end, write end), close-on-exec and blocking, with room
 /// for `size_bytes` if the kernel allows that much (else its default).
 pub(crate) fn pipe(size_bytes: usize) -> io::Result<(OwnedFd, OwnedFd)> {

@@ -35,6 +35,7 @@ use super::op::{is_retry, Op};
 use super::socket::Source;
 use super::{Driver, SharedFd};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::probe;
 use crate::sys;
 
 /// The most bytes one `READ` or `WRITE` asks for (as `read(2)` caps them).
@@ -322,6 +323,14 @@ impl Driver {
     }
 }
 
+/// How `send_file` moves a file on io_uring: `sendfile(2)` from the worker
+/// by default; `HOTLOOP_URING_SEND_FILE=splice` uses two `SPLICE`
+/// operations per step instead (to measure one against the other).
+fn splice_chosen() -> bool {
+    static SPLICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPLICE.get_or_init(|| std::env::var("HOTLOOP_URING_SEND_FILE").is_ok_and(|v| v == "splice"))
+}
+
 impl Source {
     /// Sends up to `len` bytes of `file` from `offset` on this socket,
     /// stopping early at the file's end. Returns the bytes sent, and the
@@ -336,6 +345,38 @@ impl Source {
         if let Err(e) = self.flush_written_behind().await {
             return (0, Err(e));
         }
+        if splice_chosen() && probe::opcode_supported(opcode::Splice::CODE) {
+            return self.send_file_splice(file, offset, len).await;
+        }
+        // The stream's own sends are done (flushed above, and owned sends
+        // complete before they return), so nothing else sends on the
+        // socket while `sendfile_nowait` makes it non-blocking.
+        let mut sent = 0u64;
+        while sent < len {
+            let want = usize::try_from(len - sent).unwrap_or(usize::MAX);
+            match sys::sendfile_nowait(self.fd(), file.as_raw_fd(), offset + sent, want) {
+                // The file ended (perhaps shrunk): stop short.
+                Ok(0) => break,
+                Ok(n) => sent += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                        return (sent, Err(e));
+                    }
+                }
+                Err(e) => return (sent, Err(e)),
+            }
+        }
+        (sent, Ok(()))
+    }
+
+    /// [`Source::send_file`] by `SPLICE` through a pooled pipe.
+    async fn send_file_splice(
+        &self,
+        file: &SharedFile,
+        offset: u64,
+        len: u64,
+    ) -> (u64, io::Result<()>) {
         let pipe = match self.driver.take_pipe() {
             Ok(pipe) => pipe,
             Err(e) => return (0, Err(e)),
