@@ -74,7 +74,7 @@ Static files (serve static --root DIR): GET and HEAD of the files under DIR,
   end; several ranges get the whole file), a directory's index.html, 405 for
   other methods; `..` (also percent-encoded) is 403 and links out of DIR are
   refused; the timeouts and TLS flags apply as for http. Bodies go by sendfile
-  (epoll) or splice (io_uring); a file that shrinks while sent closes the
+  (small ones on io_uring with the head); a file that shrinks while sent closes the
   connection short of its Content-Length.
 
 TLS (echo, http, hyper, static): --tls-cert FILE --tls-key FILE (PEM: the chain, the

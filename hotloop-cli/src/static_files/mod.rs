@@ -24,7 +24,7 @@
 //!   symbolic link that points out of the root is refused by the kernel as
 //!   the path resolves (403), with no window between a check and the open.
 //! - On plain TCP the body goes with [`TcpStream::send_file`]
-//!   (`sendfile` on epoll, `splice` on io_uring), in steps of
+//!   (`sendfile`), in steps of
 //!   [`SEND_FILE_STEP_BYTES`], each bounded by the send timeout; where
 //!   file reads are ring operations (io_uring), a body of at most
 //!   [`INLINE_BODY_MAX_BYTES`] is read into the head's buffer and sent
@@ -63,7 +63,7 @@ use request::Parsed;
 /// this much within the send timeout keeps its connection).
 pub const SEND_FILE_STEP_BYTES: u64 = 512 * 1024;
 /// A body this small is read into the response head's buffer and sent
-/// with it in one write: cheaper than a second write or a splice.
+/// with it in one write: cheaper than a second write.
 pub const INLINE_BODY_MAX_BYTES: u64 = 16 * 1024;
 
 /// What every connection of a static server shares.

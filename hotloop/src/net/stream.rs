@@ -66,12 +66,12 @@ impl TcpStream {
     ///
     /// Fewer than `len` only when the file ends first (also when it
     /// shrinks during the send): nothing past its end is sent, and
-    /// the send does not wait for it to grow. On epoll this is
-    /// `sendfile(2)`, waiting for room in the socket when it has
-    /// none; on io_uring two `SPLICE` operations per step, file to
-    /// a pipe of the worker's and pipe to socket. Where the kernel
-    /// refuses (`EINVAL`, `ENOSYS`, `EOPNOTSUPP`: a file system
-    /// without splice support, a ring without `SPLICE`), the rest is
+    /// the send does not wait for it to grow. This is `sendfile(2)` on
+    /// both drivers, waiting for room in the socket when it has none (on
+    /// io_uring with a `POLL_ADD`; `HOTLOOP_URING_SEND_FILE=splice` sends
+    /// with two `SPLICE` operations per step through a pipe of the
+    /// worker's instead). Where the kernel refuses (`EINVAL`, `ENOSYS`,
+    /// `EOPNOTSUPP`: a file system without splice support), the rest is
     /// read and written instead, in 64 KiB steps.
     ///
     /// The bytes travel as references to the file's cached pages until the

@@ -119,8 +119,7 @@ impl StreamCore {
     }
 
     /// [`send_file`](Self::send_file) by reading and writing, for files the
-    /// kernel will not splice or `sendfile` (some pseudo file systems), or
-    /// a ring without `SPLICE`.
+    /// kernel will not splice or `sendfile` (some pseudo file systems).
     async fn send_file_copying(
         &self,
         file: &crate::fs::File,

@@ -1,6 +1,6 @@
 //! Files on the io_uring driver: `OPENAT`, `OPENAT2`, `READ`, `WRITE`, `STATX`,
 //! `FSYNC`, `FTRUNCATE`, `RENAMEAT`, `UNLINKAT` and `MKDIRAT` as ring
-//! operations, and a file sent on a socket with `SPLICE` through a pipe.
+//! operations, and a file sent on a socket.
 //!
 //! # Implementation notes
 //! - A file operation names no socket of the driver's, so it is submitted
@@ -11,8 +11,18 @@
 //!   the file: its completion then carries a descriptor nobody will take,
 //!   which [`close_unclaimed`] closes (called for a cancelled operation's
 //!   last completion, and for a completion its future never took).
-//! - `send_file` splices file -> pipe -> socket: the kernel moves page
-//!   references, the bytes never reach user space. Pipes come from a small
+//! - `send_file` is `sendfile(2)` from the worker, as on epoll: an
+//!   accepted socket is blocking on io_uring, so it is made non-blocking
+//!   for the call alone (`sys::sendfile_nowait`), and a `POLL_ADD` waits
+//!   for room when there is none. Nothing else sends on the socket
+//!   meanwhile (written-behind bytes are flushed first), so no other
+//!   operation sees the flag. The alternative, two `SPLICE` operations per
+//!   step (file -> pipe -> socket), is kept behind
+//!   `HOTLOOP_URING_SEND_FILE=splice`: io_uring runs every splice on one of
+//!   its kernel workers, which cost more CPU per byte than `sendfile`
+//!   (BENCHMARKS.md, "Files").
+//! - With splice, the kernel moves page references, the bytes never reach
+//!   user space either. Pipes come from a small
 //!   per-worker pool ([`PIPES_POOLED_MAX`]) and go back only empty: a send
 //!   that fails or is dropped with bytes in its pipe closes that pipe
 //!   (with its bytes) instead, once no splice holds it ([`Pipe::ends`]).
