@@ -200,7 +200,7 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     let (addr, options) = (args.addr.as_str(), args.runtime.server_options());
     let server = match (args.app, tls) {
         (App::Static, tls) => {
-            let site = Arc::new(crate::static_files::Site {
+            let site = crate::static_files::Site {
                 root: hotloop::fs::Dir::open_blocking(
                     args.root.as_deref().unwrap_or(".".as_ref()),
                 )?,
@@ -208,15 +208,8 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
                 header_timeout: settings.header_timeout,
                 write_limit: settings.write_limit,
                 max_headers: args.max_headers,
-            });
-            match tls {
-                None => serve(rt.handle(), addr, options, move |stream| {
-                    crate::static_files::handle(stream, site.clone())
-                })?,
-                Some(tls) => serve_tls(rt.handle(), addr, options, tls, move |stream| {
-                    crate::static_files::handle(stream, site.clone())
-                })?,
-            }
+            };
+            crate::static_files::start(rt.handle(), addr, options, tls, site)?
         }
         (App::Hyper, tls) => {
             let body = hyper_app::body(args.body_size);

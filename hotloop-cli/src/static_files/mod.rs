@@ -76,6 +76,25 @@ pub struct Site {
     pub max_headers: usize,
 }
 
+/// Starts serving `site` on `addr`: plain TCP, or TLS with `tls`.
+pub fn start(
+    runtime: &hotloop::Handle,
+    addr: &str,
+    options: hotloop::net::ServerOptions,
+    tls: Option<hotloop::tls::TlsAcceptor>,
+    site: Site,
+) -> io::Result<hotloop::net::Server> {
+    let site = Arc::new(site);
+    match tls {
+        None => {
+            hotloop::net::serve(runtime, addr, options, move |stream| handle(stream, site.clone()))
+        }
+        Some(tls) => hotloop::tls::serve_tls(runtime, addr, options, tls, move |stream| {
+            handle(stream, site.clone())
+        }),
+    }
+}
+
 /// Serves one connection until it closes.
 pub async fn handle<S: Conn>(mut stream: S, site: Arc<Site>) {
     serve(&mut stream, &site).await;
