@@ -10,6 +10,7 @@ mod proxy;
 mod quic;
 mod runtime_args;
 mod serve;
+mod static_files;
 mod stats_server;
 mod stop;
 mod tls;
@@ -28,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run an echo, HTTP or hyper server (plain or TLS), or a QUIC echo or HTTP/3 server.
+    /// Run an echo, HTTP, hyper or static-file server (plain or TLS), or a QUIC echo or HTTP/3 server.
     #[command(after_help = SERVE_NOTES)]
     Serve(serve::ServeArgs),
     /// Forward TCP connections to backends, round-robin.
@@ -54,7 +55,7 @@ SIGUSR1 logs one status line. SIGUSR2 is logged and ignored."
     }
     pub const SERVE: &str = concat!(
         "\
-Timeouts (echo, http and hyper):
+Timeouts (echo, http, hyper and static):
   --idle-timeout-ms    60000  nothing moved in either direction, whether the server
                               waits to read or to write: close (http: 408 first if
                               a request head is unfinished; hyper over HTTP/2:
@@ -68,7 +69,15 @@ Timeouts (echo, http and hyper):
   up to 256 KiB the client still sends is read and dropped for at most 2 s before
   closing, so the client reads the reply rather than a reset.
 
-TLS (echo, http, hyper): --tls-cert FILE --tls-key FILE (PEM: the chain, the
+Static files (serve static --root DIR): GET and HEAD of the files under DIR,
+  with Last-Modified and If-Modified-Since (304), one Range (206; 416 past the
+  end; several ranges get the whole file), a directory's index.html, 405 for
+  other methods; `..` (also percent-encoded) is 403 and links out of DIR are
+  refused; the timeouts and TLS flags apply as for http. Bodies go by sendfile
+  (small ones on io_uring with the head); a file that shrinks while sent closes the
+  connection short of its Content-Length.
+
+TLS (echo, http, hyper, static): --tls-cert FILE --tls-key FILE (PEM: the chain, the
 server's certificate first; a PKCS#8, PKCS#1 or SEC1 key). TLS 1.2 and 1.3 on
 rustls; ALPN h2 and http/1.1 (hyper), http/1.1 (http), none (echo).
   --handshake-timeout-ms 10000  a handshake not done: close (garbage or an old

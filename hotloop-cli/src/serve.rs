@@ -1,4 +1,4 @@
-//! `hotloop serve echo|http|hyper|quic|h3`: the runtime as a real server.
+//! `hotloop serve echo|http|hyper|quic|h3|static`: the runtime as a real server.
 //!
 //! `echo` and `http` are hand-written handlers on the owned-buffer API;
 //! `hyper` runs the hyper service in `hotloop_proto::hyper_app` through
@@ -6,7 +6,9 @@
 //! knowledge), so hyper on hotloop can be compared with the same service on
 //! tokio; the command's idle, send and header timeouts go to it as
 //! [`HyperOptions`]. With `--tls-cert` and `--tls-key` all three run over TLS; `quic`
-//! (in `quic.rs`) echoes QUIC streams, and `h3` answers HTTP/3 there.
+//! (in `quic.rs`) echoes QUIC streams, and `h3` answers HTTP/3 there;
+//! `static` (in `static_files/`) serves the files under `--root` with the
+//! same connection handling as `http`.
 //!
 //! The echo and http handlers are generic over [`Conn`], so the plain path
 //! is compiled for [`TcpStream`] itself (owned pooled buffers, no dynamic
@@ -51,6 +53,8 @@ pub enum App {
     Quic,
     /// HTTP/3 over QUIC (UDP): every request gets the fixed body.
     H3,
+    /// The files under --root over HTTP/1.1 (GET and HEAD, ranges, 304).
+    Static,
 }
 
 /// `hotloop serve` flags.
@@ -61,6 +65,10 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: String,
+    /// static: the directory whose files are served (a request for a
+    /// directory gets its index.html).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
     /// HTTP response body size in bytes (http, hyper, h3).
     #[arg(long, default_value_t = 64)]
     pub body_size: usize,
@@ -163,6 +171,12 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     if matches!(args.app, App::Quic | App::H3) {
         return crate::quic::run(args, &signals, &rt, nofile);
     }
+    if args.root.is_some() != (args.app == App::Static) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--root DIR is what `serve static` serves, and only `serve static` takes it",
+        ));
+    }
     if args.write_cert.is_some() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -171,7 +185,7 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     }
     let alpn: &[&[u8]] = match args.app {
         App::Hyper => &[ALPN_H2, ALPN_HTTP11],
-        App::Http => &[ALPN_HTTP11],
+        App::Http | App::Static => &[ALPN_HTTP11],
         App::Echo | App::Quic | App::H3 => &[],
     };
     let tls = crate::tls::acceptor(args, alpn)?;
@@ -193,6 +207,18 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
     });
     let (addr, options) = (args.addr.as_str(), args.runtime.server_options());
     let server = match (args.app, tls) {
+        (App::Static, tls) => {
+            let site = crate::static_files::Site {
+                root: hotloop::fs::Dir::open_blocking(
+                    args.root.as_deref().unwrap_or(".".as_ref()),
+                )?,
+                idle_timeout: settings.idle_timeout,
+                header_timeout: settings.header_timeout,
+                write_limit: settings.write_limit,
+                max_headers: args.max_headers,
+            };
+            crate::static_files::start(rt.handle(), addr, options, tls, site)?
+        }
         (App::Hyper, tls) => {
             let body = hyper_app::body(args.body_size);
             let work_us = args.work_us;
@@ -284,6 +310,17 @@ pub(crate) trait Conn {
         timer: &mut ConnTimer,
     ) -> impl Future<Output = io::Result<()>>;
 
+    /// Sends `len` bytes of `file` from `offset`, giving up as [`Conn::send`]
+    /// does; `UnexpectedEof` when the file ends first (it shrank).
+    fn send_file(
+        &mut self,
+        file: &hotloop::fs::File,
+        offset: u64,
+        len: u64,
+        limit: Option<Duration>,
+        timer: &mut ConnTimer,
+    ) -> impl Future<Output = io::Result<()>>;
+
     /// Ends the writing side (after all that was sent).
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>>;
 
@@ -306,6 +343,17 @@ impl Conn for TcpStream {
         timer: &mut ConnTimer,
     ) -> impl Future<Output = io::Result<()>> {
         send(self, buf, limit, timer)
+    }
+
+    fn send_file(
+        &mut self,
+        file: &hotloop::fs::File,
+        offset: u64,
+        len: u64,
+        limit: Option<Duration>,
+        timer: &mut ConnTimer,
+    ) -> impl Future<Output = io::Result<()>> {
+        crate::static_files::send_file_tcp(self, file, offset, len, limit, timer)
     }
 
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>> {
@@ -353,7 +401,7 @@ pub(crate) struct ConnTimer {
 }
 
 impl ConnTimer {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ConnTimer {
             timer: hotloop::time::sleep(Duration::MAX),
             filed: None,
@@ -365,7 +413,7 @@ impl ConnTimer {
     /// the result is `None` when `due` passed, the peer closed, the read
     /// failed, or (`idle`) the server began to stop while it waited. What
     /// is ready at once is still taken after a stop.
-    fn read<'a, F>(
+    pub(crate) fn read<'a, F>(
         &'a mut self,
         read: Pin<&'a mut F>,
         due: Option<Instant>,
@@ -379,7 +427,7 @@ impl ConnTimer {
 
     /// Runs `write` (pinned by the caller); once it has to wait, for at
     /// most `limit`.
-    fn write<'a, W: Future>(
+    pub(crate) fn write<'a, W: Future>(
         &'a mut self,
         write: Pin<&'a mut W>,
         limit: Option<Duration>,
@@ -429,7 +477,7 @@ impl ConnTimer {
 /// The future of [`ConnTimer::read`]: one poll function over the read,
 /// the stop and the timer (an `async fn` here would add a state machine
 /// of its own to every request's path).
-struct DeadlineRead<'a, F> {
+pub(crate) struct DeadlineRead<'a, F> {
     read: Pin<&'a mut F>,
     timer: &'a mut ConnTimer,
     due: Option<Instant>,
@@ -462,7 +510,7 @@ where
 /// The future of [`ConnTimer::write`]: the write, and once it has had to
 /// wait, the connection's timer. `Err(TimedOut)` when `limit` passed with
 /// the write still waiting.
-struct DeadlineWrite<'a, W> {
+pub(crate) struct DeadlineWrite<'a, W> {
     write: Pin<&'a mut W>,
     timer: &'a mut ConnTimer,
     limit: Option<Duration>,
@@ -663,7 +711,7 @@ async fn http<S: Conn>(stream: &mut S, s: &Settings) {
 /// its state (a write, a timer, a read) out of every connection's future,
 /// which is copied once per connection when it is spawned.
 async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
-    Box::pin(reject(stream, status, s)).await
+    Box::pin(reject(stream, status, s.write_limit)).await
 }
 
 /// Answers with an error status and closes gracefully: shut down writing
@@ -673,9 +721,9 @@ async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
 /// reset, which can destroy the reply before the client reads it (RFC 9112
 /// section 9.6; nginx's `lingering_close`, with a shorter bound: 2 s rather
 /// than nginx's 30 s, to free the descriptor sooner).
-async fn reject<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
+pub(crate) async fn reject<S: Conn>(stream: &mut S, status: u16, write_limit: Option<Duration>) {
     let mut timer = ConnTimer::new();
-    if stream.send(proto::response_error(status), s.write_limit, &mut timer).await.is_err() {
+    if stream.send(proto::response_error(status), write_limit, &mut timer).await.is_err() {
         return;
     }
     if stream.shutdown_write().await.is_err() {

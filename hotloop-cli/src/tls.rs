@@ -108,6 +108,19 @@ impl Conn for ServerTlsStream {
         Ok(())
     }
 
+    /// Read and written through the TLS stream: the bytes must be
+    /// encrypted, so they come to user space anyway.
+    async fn send_file(
+        &mut self,
+        file: &hotloop::fs::File,
+        offset: u64,
+        len: u64,
+        limit: Option<Duration>,
+        timer: &mut ConnTimer,
+    ) -> io::Result<()> {
+        crate::static_files::send_file_copying(self, file, offset, len, limit, timer).await
+    }
+
     async fn shutdown_write(&mut self) -> io::Result<()> {
         // close_notify, then the TCP write side.
         self.shutdown().await

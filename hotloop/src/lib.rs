@@ -43,6 +43,7 @@
 
 pub mod buf;
 mod driver;
+pub mod fs;
 #[cfg(feature = "hyper")]
 pub mod hyper;
 mod log;

@@ -266,3 +266,46 @@ pub(crate) fn iovecs<B: IoBuf>(bufs: &[B]) -> Vec<libc::iovec> {
         })
         .collect()
 }
+
+/// Copies `src` into `buf` from its start (as much as fits) and records
+/// those bytes as its contents; returns how many were copied. The safe
+/// way for code outside the drivers to fill an owned buffer.
+pub(crate) fn fill<B: IoBufMut>(buf: &mut B, src: &[u8]) -> usize {
+    let n = src.len().min(buf.bytes_total());
+    // SAFETY: `buf` has `bytes_total >= n` writable bytes at `stable_mut_ptr`,
+    // which cannot overlap `src` (borrowed while `buf` is borrowed mutably).
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), buf.stable_mut_ptr(), n);
+        buf.set_init(n);
+    }
+    n
+}
+
+/// The initialised bytes of `buf`, borrowed.
+pub(crate) fn init_bytes<B: IoBuf>(buf: &B) -> &[u8] {
+    // SAFETY: `IoBuf` promises `bytes_init` initialised bytes at `stable_ptr`,
+    // unchanged while `buf` is borrowed.
+    unsafe { std::slice::from_raw_parts(buf.stable_ptr(), buf.bytes_init()) }
+}
+
+/// The spare capacity of a `Vec` as a buffer to read into: a read appends
+/// to the `Vec`'s contents instead of replacing them.
+pub(crate) struct Tail(pub(crate) Vec<u8>);
+
+// SAFETY: the Vec's heap block does not move when the Vec moves; the bytes
+// from `len` to `capacity` are writable.
+unsafe impl IoBufMut for Tail {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        let len = self.0.len();
+        // SAFETY: `len <= capacity`, so the pointer stays within (or one past) the allocation.
+        unsafe { self.0.as_mut_ptr().add(len) }
+    }
+    fn bytes_total(&self) -> usize {
+        self.0.capacity() - self.0.len()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        let len = self.0.len();
+        // SAFETY: the caller guarantees the `n` bytes after `len` were written.
+        unsafe { self.0.set_len(len + n) };
+    }
+}

@@ -13,7 +13,8 @@
 //!   owned-buffer `recv`/`send`/`send_vectored`, `connect`, `shutdown`,
 //!   `poll_accept`/`accept_now`, a readiness wait (`poll_readable`) with a
 //!   non-blocking `try_recv` beside it, and the borrowed-slice poll forms
-//!   behind tokio's and futures' I/O traits; for datagram sockets, owned
+//!   behind tokio's and futures' I/O traits, and `send_file` (a file's
+//!   bytes to the socket without a copy through user space); for datagram sockets, owned
 //!   `recv_msg`/`send_msg`, batched borrowed `poll_recv_batch`/
 //!   `poll_send_batch`, `try_send_one` and `writable` (each backend's
 //!   `udp.rs`; control messages are encoded in [`udp`] only).
@@ -21,7 +22,9 @@
 //! Two backends exist on Linux and both always compile: [`epoll`]
 //! (readiness) and [`uring`] (completion). [`Driver`] and [`Source`] here
 //! are enums over them, chosen once at start-up; every operation matches
-//! once and calls its backend. The network layer (`net/`) sees only this
+//! once and calls its backend. File operations exist only on io_uring
+//! (`uring/file.rs`): [`Driver::ring_for`] says whether the ring runs one,
+//! and the file layer (`fs/`) uses the blocking pool otherwise. The network layer (`net/`) sees only this
 //! module.
 //!
 //! # Architecture invariants
@@ -153,6 +156,72 @@ impl Driver {
     }
 }
 
+/// A file operation the io_uring driver runs as a ring operation where
+/// the kernel has its opcode (`uring/file.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileOp {
+    /// `OPENAT`.
+    Open,
+    /// `OPENAT2`.
+    OpenBeneath,
+    /// `READ`.
+    Read,
+    /// `WRITE`.
+    Write,
+    /// `STATX`.
+    Statx,
+    /// `FSYNC`.
+    Fsync,
+    /// `FTRUNCATE` (Linux 6.9).
+    Ftruncate,
+    /// `RENAMEAT`.
+    Rename,
+    /// `UNLINKAT`.
+    Unlink,
+    /// `MKDIRAT`.
+    Mkdir,
+}
+
+impl FileOp {
+    fn code(self) -> u8 {
+        use io_uring::opcode;
+        match self {
+            FileOp::Open => opcode::OpenAt::CODE,
+            FileOp::OpenBeneath => opcode::OpenAt2::CODE,
+            FileOp::Read => opcode::Read::CODE,
+            FileOp::Write => opcode::Write::CODE,
+            FileOp::Statx => opcode::Statx::CODE,
+            FileOp::Fsync => opcode::Fsync::CODE,
+            FileOp::Ftruncate => opcode::Ftruncate::CODE,
+            FileOp::Rename => opcode::RenameAt::CODE,
+            FileOp::Unlink => opcode::UnlinkAt::CODE,
+            FileOp::Mkdir => opcode::MkDirAt::CODE,
+        }
+    }
+}
+
+/// Whether file operations may go on the ring: `HOTLOOP_URING_FS=0` sends
+/// them all to the blocking pool, as on epoll (to measure the difference,
+/// or to work around a kernel bug).
+fn ring_files_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var("HOTLOOP_URING_FS").map_or(true, |v| v != "0"))
+}
+
+impl Driver {
+    /// The io_uring driver if this is one and its kernel has `op`;
+    /// `None` means the caller runs the operation another way (the
+    /// blocking pool for files, `sendfile` for sockets).
+    pub(crate) fn ring_for(&self, op: FileOp) -> Option<&Rc<uring::Driver>> {
+        match self {
+            Driver::Uring(d) if ring_files_allowed() && probe::opcode_supported(op.code()) => {
+                Some(d)
+            }
+            Driver::Uring(_) | Driver::Epoll(_) => None,
+        }
+    }
+}
+
 /// Keeps a driver entered; see [`Driver::enter`].
 pub(crate) struct EnterGuard {
     driver: Driver,
@@ -259,6 +328,20 @@ impl Source {
     /// Connects a fresh non-blocking socket to `addr`.
     pub(crate) async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
         each!(self, s => s.connect(addr).await)
+    }
+
+    /// Sends up to `len` bytes of `file` from `offset` without copying them
+    /// through user space, stopping early at the file's end: `sendfile` on
+    /// both drivers (io_uring waits for room with a `POLL_ADD`; with
+    /// `HOTLOOP_URING_SEND_FILE=splice`, `SPLICE` through a pipe). Returns
+    /// the bytes sent, and the error that stopped it before `len`, if one did.
+    pub(crate) async fn send_file(
+        &self,
+        file: &uring::SharedFile,
+        offset: u64,
+        len: u64,
+    ) -> (u64, io::Result<()>) {
+        each!(self, s => s.send_file(file, offset, len).await)
     }
 
     /// Shuts down one or both directions of a connection.

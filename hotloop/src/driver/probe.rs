@@ -45,6 +45,24 @@ pub(crate) fn multishot_accept_supported() -> bool {
     kernel_release().is_some_and(|r| r >= MULTISHOT_ACCEPT_SINCE)
 }
 
+/// True if the kernel's io_uring has the opcode `code` (`IORING_REGISTER_PROBE`
+/// on a small ring, asked once per process). False where io_uring cannot
+/// run at all.
+pub(crate) fn opcode_supported(code: u8) -> bool {
+    static OPCODES: OnceLock<[bool; 256]> = OnceLock::new();
+    OPCODES.get_or_init(|| {
+        let mut supported = [false; 256];
+        let Ok(ring) = IoUring::new(2) else { return supported };
+        let mut probe = Probe::new();
+        if ring.submitter().register_probe(&mut probe).is_ok() {
+            for (code, slot) in supported.iter_mut().enumerate() {
+                *slot = probe.is_supported(code as u8);
+            }
+        }
+        supported
+    })[usize::from(code)]
+}
+
 fn probe() -> Result<(), String> {
     let disabled = std::fs::read_to_string(IO_URING_DISABLED_PATH)
         .ok()

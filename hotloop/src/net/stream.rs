@@ -61,6 +61,38 @@ impl TcpStream {
         Ok(stream)
     }
 
+    /// Sends up to `len` bytes of `file`, from `offset`, without
+    /// copying them through user space; returns how many were sent.
+    ///
+    /// Fewer than `len` only when the file ends first (also when it
+    /// shrinks during the send): nothing past its end is sent, and
+    /// the send does not wait for it to grow. This is `sendfile(2)` on
+    /// both drivers, waiting for room in the socket when it has none (on
+    /// io_uring with a `POLL_ADD`; `HOTLOOP_URING_SEND_FILE=splice` sends
+    /// with two `SPLICE` operations per step through a pipe of the
+    /// worker's instead). Where the kernel refuses (`EINVAL`, `ENOSYS`,
+    /// `EOPNOTSUPP`: a file system without splice support), the rest is
+    /// read and written instead, in 64 KiB steps.
+    ///
+    /// The bytes travel as references to the file's cached pages until the
+    /// peer has them: a change to the file made meanwhile (a truncation
+    /// included) may show in bytes already counted as sent, as with
+    /// `sendfile` in any server. Replace files by renaming a new one into
+    /// place to serve consistent bytes.
+    ///
+    /// The file's cursor does not move. An error may come after
+    /// some bytes were sent: the stream is then best closed.
+    /// Dropping the future mid-send leaves the stream at an unknown
+    /// point of the file.
+    pub async fn send_file(
+        &self,
+        file: &crate::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<u64> {
+        self.core().send_file(file, offset, len).await
+    }
+
     /// Reads into `buf`, replacing its contents: up to `buf.capacity()`
     /// bytes for a `Vec`. `Ok(0)` means the peer closed its side.
     ///

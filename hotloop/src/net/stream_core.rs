@@ -19,6 +19,15 @@ use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::Source;
 use crate::runtime::context;
 
+/// The bytes read and written per step when a file is sent by copying.
+const COPY_CHUNK_BYTES: usize = 64 * 1024;
+
+/// True for the errors with which `sendfile` or `splice` refuse a file or
+/// a socket (as opposed to a failed connection): copying still works.
+fn refused_by_kernel(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | libc::ESPIPE))
+}
+
 /// A connected stream socket on one worker's driver.
 pub(crate) struct StreamCore {
     src: Source,
@@ -89,6 +98,52 @@ impl StreamCore {
         bufs: Vec<B>,
     ) -> impl Future<Output = BufResult<usize, Vec<B>>> + '_ {
         self.src.send_vectored(bufs)
+    }
+
+    /// See [`TcpStream::send_file`](super::TcpStream::send_file).
+    pub(crate) async fn send_file(
+        &self,
+        file: &crate::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<u64> {
+        let (sent, res) = self.src.send_file(file.shared(), offset, len).await;
+        match res {
+            Ok(()) => Ok(sent),
+            Err(e) if refused_by_kernel(&e) => {
+                let more = self.send_file_copying(file, offset + sent, len - sent).await?;
+                Ok(sent + more)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`send_file`](Self::send_file) by reading and writing, for files the
+    /// kernel will not splice or `sendfile` (some pseudo file systems).
+    async fn send_file_copying(
+        &self,
+        file: &crate::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<u64> {
+        let mut buf = Vec::with_capacity(COPY_CHUNK_BYTES.min(len as usize));
+        let mut sent = 0;
+        while sent < len {
+            buf.clear();
+            buf.reserve(COPY_CHUNK_BYTES.min((len - sent) as usize));
+            let (res, b) = file.read_at(buf, offset + sent).await;
+            let mut chunk = b;
+            let n = res?;
+            if n == 0 {
+                break;
+            }
+            chunk.truncate(n.min((len - sent) as usize));
+            let (res, b) = self.write_all(chunk).await;
+            res?;
+            sent += b.len() as u64;
+            buf = b;
+        }
+        Ok(sent)
     }
 
     /// Shuts down the read half, the write half or both.

@@ -78,6 +78,18 @@ impl UnixStream {
         &self.core
     }
 
+    /// Sends up to `len` bytes of `file`, from `offset`, without copying
+    /// them through user space; returns how many were sent, fewer only when
+    /// the file ends first. As [`TcpStream::send_file`](super::TcpStream::send_file).
+    pub async fn send_file(
+        &self,
+        file: &crate::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<u64> {
+        self.core.send_file(file, offset, len).await
+    }
+
     /// Connects to the listener at `path`.
     ///
     /// A path that does not exist fails with `ErrorKind::NotFound`, and one

@@ -2,18 +2,20 @@
 //!
 //! Every `unsafe` block in the crate outside `driver/` and `buf/` lives
 //! here, in a file by topic: `poll.rs` (epoll, eventfd, timerfd),
-//! `socket.rs`, `process.rs` (CPU pinning, limits, descriptor counts,
+//! `socket.rs`, `file.rs` (`sendfile`, pipes), `process.rs` (CPU pinning, limits, descriptor counts,
 //! memory), `signal.rs` (the handler).
 //! Each wrapper turns the C convention (-1 and `errno`) into `io::Result`, so
 //! the layers above never touch a raw return value.
 
 use std::io;
 
+mod file;
 mod poll;
 mod process;
 mod signal;
 mod socket;
 
+pub(crate) use file::*;
 pub(crate) use poll::*;
 pub(crate) use process::{advise_huge_pages, nofile_soft_limit, pin_to_cpu};
 pub use process::{open_fd_count, raise_nofile_limit, release_free_memory};

@@ -166,6 +166,40 @@ impl Source {
         polled
     }
 
+    /// Sends up to `len` bytes of `file` from `offset` with `sendfile(2)`,
+    /// waiting for room when the socket has none; stops early at the
+    /// file's end (a `sendfile` that returns 0). Returns the bytes sent,
+    /// and the error that stopped it before `len`, if one did.
+    pub(crate) async fn send_file(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> (u64, io::Result<()>) {
+        use std::os::fd::AsRawFd;
+        let (sock, file) = (self.fd(), file.as_raw_fd());
+        let mut sent = 0u64;
+        let res = poll_fn(|cx| loop {
+            if sent >= len {
+                return Poll::Ready(Ok(()));
+            }
+            let want = usize::try_from(len - sent).unwrap_or(usize::MAX);
+            // A short count may mean the file ended rather than a full
+            // socket: the next call tells (0, or `EAGAIN`), so readiness is
+            // not cleared here.
+            match self.poll_io(cx, Direction::Write, || {
+                sys::sendfile(sock, file, offset.saturating_add(sent), want)
+            }) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(n)) => sent += n as u64,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await;
+        (sent, res)
+    }
+
     /// Receives into `buf` (from its start up to its capacity).
     pub(crate) async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
         let fd = self.fd();

@@ -8,7 +8,7 @@ use io_uring::cqueue;
 
 use super::op::{self, Lifecycle};
 use super::ring::{CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
-use super::{accept, dgram, pooled, Uring};
+use super::{accept, dgram, file, pooled, Uring};
 use crate::slab::Key;
 use crate::stats;
 
@@ -81,6 +81,7 @@ impl Uring {
                 if last {
                     // The kernel is done with the storage (and the socket).
                     if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
+                        file::close_unclaimed(&*storage, res);
                         freed.push(storage);
                     }
                 }

@@ -46,6 +46,7 @@ mod accept;
 mod bufring;
 mod dgram;
 mod dispatch;
+mod file;
 mod linger;
 mod op;
 mod pooled;
@@ -56,6 +57,7 @@ mod turn;
 mod udp;
 mod write_behind;
 
+pub(crate) use file::SharedFile;
 pub(crate) use socket::Source;
 
 use std::any::Any;
@@ -101,6 +103,9 @@ pub(crate) struct Driver {
     /// Storage of operations the kernel is done with, dropped once the
     /// state is released.
     freed: RefCell<Vec<Box<dyn Any>>>,
+    /// Empty pipes for file sends (`file.rs`), at most
+    /// [`file::PIPES_POOLED_MAX`].
+    pipes: RefCell<Vec<file::Pipe>>,
 }
 
 /// The ring and everything the kernel may still refer to.
@@ -201,6 +206,7 @@ impl Driver {
             entered: Cell::new(false),
             woken: RefCell::new(Vec::new()),
             freed: RefCell::new(Vec::new()),
+            pipes: RefCell::new(Vec::new()),
         };
         Ok((Rc::new(driver), kernel_busy_poll))
     }

@@ -170,7 +170,9 @@ impl Uring {
                 self.ring.push_cancel(key);
                 None
             }
-            Lifecycle::Completed(_) => {
+            Lifecycle::Completed(cqe) => {
+                // A result nobody will take: an opened file is closed.
+                super::file::close_unclaimed(&*storage, cqe.res);
                 self.ops.remove(key);
                 Some(storage)
             }
@@ -219,8 +221,9 @@ impl Uring {
 pub(super) struct Op<T: 'static> {
     driver: Rc<Driver>,
     key: Key,
-    /// The operation's memory and socket; `None` once the future returned.
-    data: Option<(T, SharedFd)>,
+    /// The operation's memory and socket (none for operations on paths, or
+    /// on files their storage holds); `None` once the future returned.
+    data: Option<(T, Option<SharedFd>)>,
 }
 
 // `data` is never pinned: the kernel sees only the heap memory it points to.
@@ -241,6 +244,33 @@ impl<T: 'static> Op<T> {
         entry: squeue::Entry,
         data: T,
     ) -> Result<Op<T>, (io::Error, T)> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::submit_with(driver, Some(fd), entry, data) }
+    }
+
+    /// Queues `entry`, which names no socket of the driver's: a path, or a
+    /// file that `data` itself holds open.
+    ///
+    /// # Safety
+    /// As [`Op::submit`]; any descriptor `entry` names must stay open for
+    /// as long as `data` lives (it holds it).
+    pub(super) unsafe fn submit_unbound(
+        driver: &Rc<Driver>,
+        entry: squeue::Entry,
+        data: T,
+    ) -> Result<Op<T>, (io::Error, T)> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::submit_with(driver, None, entry, data) }
+    }
+
+    /// # Safety
+    /// As [`Op::submit`].
+    unsafe fn submit_with(
+        driver: &Rc<Driver>,
+        fd: Option<&SharedFd>,
+        entry: squeue::Entry,
+        data: T,
+    ) -> Result<Op<T>, (io::Error, T)> {
         if !driver.entered.get() {
             return Err((not_running(), data));
         }
@@ -250,7 +280,7 @@ impl<T: 'static> Op<T> {
         let key = st.ops.insert(Lifecycle::Waiting { waker: None, submitted: false });
         st.ring.push(entry.user_data(key.to_u64()));
         drop(st);
-        Ok(Op { driver: driver.clone(), key, data: Some((data, fd.clone())) })
+        Ok(Op { driver: driver.clone(), key, data: Some((data, fd.cloned())) })
     }
 }
 
@@ -292,7 +322,7 @@ impl Op<Vec<u8>> {
     /// bytes so far, to the driver, which sends the rest after this future
     /// is gone (its stream is being dropped): for at most [`WRITE_LINGER`].
     pub(super) fn linger(mut self, sent: usize) {
-        let Some((buf, fd)) = self.data.take() else { return };
+        let Some((buf, Some(fd))) = self.data.take() else { return };
         let write = LingeringWrite::new(buf, sent, fd, Instant::now() + WRITE_LINGER);
         match self.driver.state.try_borrow_mut() {
             Ok(mut st) => st.linger(self.key, write),

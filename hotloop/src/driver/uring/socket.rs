@@ -413,7 +413,7 @@ impl Source {
 
     /// Waits for the borrowed-slice writes still in flight, so an
     /// owned-buffer write or a shutdown comes after them.
-    async fn flush_written_behind(&self) -> io::Result<()> {
+    pub(super) async fn flush_written_behind(&self) -> io::Result<()> {
         let writing = self.write_behind.borrow().as_ref().is_some_and(|wb| wb.is_writing());
         if writing {
             std::future::poll_fn(|cx| self.poll_flush(cx)).await?;

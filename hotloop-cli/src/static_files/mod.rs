@@ -1,0 +1,411 @@
+//! `hotloop serve static --root DIR`: files under a directory over
+//! HTTP/1.1, plain or TLS.
+//!
+//! `GET` and `HEAD`, with `Content-Length`, `Content-Type` by extension,
+//! `Last-Modified` and `If-Modified-Since` (304), one `Range` (206 with
+//! `Content-Range`, 416 when no byte of it exists; several ranges get the
+//! whole file, as RFC 9110 allows; `If-Range` with a date other than the
+//! file's `Last-Modified` gets the whole file too). A directory is served
+//! by its `index.html`, or is 404. Other methods get 405 with
+//! `Allow: GET, HEAD`.
+//!
+//! The connection handling is `serve http`'s: the same [`Conn`] (plain
+//! TCP or TLS), the same per-connection timer for the header, idle and
+//! send timeouts, keep-alive, the same graceful stop and error replies.
+//!
+//! # Implementation notes
+//! - Open files are kept per worker for one second (`cache.rs`, as
+//!   nginx's `open_file_cache`): a file served again within that second
+//!   costs no open and no `statx`.
+//! - A request target is percent-decoded and split into segments; a `..`
+//!   segment (literal or encoded) is 403 and an encoded `/` or NUL is 400,
+//!   before any file is touched. The path is then opened beneath the root
+//!   with [`Dir::open_file`] (`openat2` with `RESOLVE_BENEATH`), so a
+//!   symbolic link that points out of the root is refused by the kernel as
+//!   the path resolves (403), with no window between a check and the open.
+//! - On plain TCP the body goes with [`TcpStream::send_file`]
+//!   (`sendfile`), in steps of
+//!   [`SEND_FILE_STEP_BYTES`], each bounded by the send timeout; where
+//!   file reads are ring operations (io_uring), a body of at most
+//!   [`INLINE_BODY_MAX_BYTES`] is read into the head's buffer and sent
+//!   with it in one write instead. Over TLS the file is read and
+//!   written through the TLS stream.
+//! - A file that shrinks while it is sent ends the send at its new end;
+//!   fewer bytes than `Content-Length` promised were sent, so the
+//!   connection is closed (the client sees a short body, never another
+//!   file's bytes, and nothing waits for bytes that will not come).
+//! - Named limit: opening a FIFO under the root waits for a writer (on a
+//!   kernel or blocking-pool thread, not the worker); serve a root of
+//!   regular files and directories.
+
+mod cache;
+mod mime;
+mod range;
+mod request;
+mod target;
+
+use std::io;
+use std::path::Path;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hotloop::fs::{Dir, File, Metadata, OpenOptions};
+use hotloop::net::TcpStream;
+
+use crate::drain;
+use crate::serve::{reject, Conn, ConnTimer};
+use range::Ranged;
+use request::Parsed;
+
+/// Bytes of a file sent under one send-timeout clock (a client that takes
+/// this much within the send timeout keeps its connection).
+pub const SEND_FILE_STEP_BYTES: u64 = 512 * 1024;
+/// A body this small is read into the response head's buffer and sent
+/// with it in one write: cheaper than a second write.
+pub const INLINE_BODY_MAX_BYTES: u64 = 16 * 1024;
+
+/// What every connection of a static server shares.
+pub struct Site {
+    pub root: Dir,
+    pub idle_timeout: Option<Duration>,
+    pub header_timeout: Duration,
+    /// The send timeout, or the idle timeout when that is shorter.
+    pub write_limit: Option<Duration>,
+    pub max_headers: usize,
+}
+
+/// Starts serving `site` on `addr`: plain TCP, or TLS with `tls`.
+pub fn start(
+    runtime: &hotloop::Handle,
+    addr: &str,
+    options: hotloop::net::ServerOptions,
+    tls: Option<hotloop::tls::TlsAcceptor>,
+    site: Site,
+) -> io::Result<hotloop::net::Server> {
+    let site = Arc::new(site);
+    match tls {
+        None => {
+            hotloop::net::serve(runtime, addr, options, move |stream| handle(stream, site.clone()))
+        }
+        Some(tls) => hotloop::tls::serve_tls(runtime, addr, options, tls, move |stream| {
+            handle(stream, site.clone())
+        }),
+    }
+}
+
+/// Serves one connection until it closes.
+pub async fn handle<S: Conn>(mut stream: S, site: Arc<Site>) {
+    serve(&mut stream, &site).await;
+    stream.finish(site.write_limit).await;
+}
+
+/// Whether the connection goes on after a response.
+enum After {
+    KeepAlive,
+    Close,
+}
+
+async fn serve<S: Conn>(stream: &mut S, site: &Site) {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut timer = ConnTimer::new();
+    let mut head_deadline = Some(hotloop::time::now() + site.header_timeout);
+    loop {
+        if !pending.is_empty() {
+            match request::parse(&pending, site.max_headers) {
+                Parsed::Complete(head) => {
+                    let len = head.len;
+                    let after = Box::pin(respond(stream, site, &head, &mut timer)).await;
+                    pending.drain(..len);
+                    match after {
+                        After::KeepAlive => {
+                            head_deadline = None;
+                            continue;
+                        }
+                        After::Close => return,
+                    }
+                }
+                Parsed::Partial => {}
+                Parsed::Error(status) => return reject(stream, status, site.write_limit).await,
+            }
+        }
+        if !pending.is_empty() && head_deadline.is_none() {
+            head_deadline = Some(hotloop::time::now() + site.header_timeout);
+        }
+        let idle_deadline = site.idle_timeout.map(|t| hotloop::time::now() + t);
+        let deadline = match (head_deadline, idle_deadline) {
+            (Some(h), Some(i)) => Some(h.min(i)),
+            (h, i) => h.or(i),
+        };
+        // Between requests a stop closes the connection at once.
+        let idle = head_deadline.is_none() && pending.is_empty();
+        let got = {
+            let read = pin!(stream.read_some());
+            timer.read(read, deadline, idle).await
+        };
+        match got {
+            Some(b) => pending.extend_from_slice(&b),
+            None => {
+                if !pending.is_empty() && deadline.is_some_and(|d| hotloop::time::now() >= d) {
+                    reject(stream, 408, site.write_limit).await;
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Answers one request.
+async fn respond<S: Conn>(
+    stream: &mut S,
+    site: &Site,
+    head: &request::Head<'_>,
+    timer: &mut ConnTimer,
+) -> After {
+    let close = head.close || drain::stopping();
+    let get = match head.method {
+        "GET" => true,
+        "HEAD" => false,
+        _ => {
+            let reply = request::simple(405, "Allow: GET, HEAD\r\n", true, true);
+            let _ = stream.send(reply, site.write_limit, timer).await;
+            return After::Close;
+        }
+    };
+    if head.has_body {
+        reject(stream, 400, site.write_limit).await;
+        return After::Close;
+    }
+    let error = |status: u16| request::simple(status, "", close, get);
+    let found = match target::relative_path(head.target) {
+        Ok(rel) => match cache::get(&rel) {
+            Some(entry) => Ok(entry),
+            None => open(&site.root, &rel).await.map(|(file, meta, name)| {
+                let entry = Rc::new(cache::Entry::new(file, meta, name));
+                cache::put(&rel, entry.clone());
+                entry
+            }),
+        },
+        Err(target::Refused::Traversal) => Err(403),
+        Err(target::Refused::Malformed) => Err(400),
+    };
+    let entry = match found {
+        Ok(entry) => entry,
+        Err(status) => {
+            return finish(stream.send(error(status), site.write_limit, timer).await, close)
+        }
+    };
+    let (file, meta, name) = (&entry.file, &entry.meta, &entry.name);
+    let modified = meta.modified().unwrap_or(UNIX_EPOCH);
+    let last_modified = httpdate::fmt_http_date(modified);
+    let headers = |extra: &str| {
+        format!(
+            "Content-Type: {}\r\nLast-Modified: {last_modified}\r\nAccept-Ranges: bytes\r\n{extra}",
+            mime::content_type(name)
+        )
+    };
+    if not_modified(head.if_modified_since, modified) {
+        let reply = request::head(304, &format!("Last-Modified: {last_modified}\r\n"), 0, close, 0);
+        // A 304 has no body, whatever Content-Length says: drop the header.
+        let reply = strip_content_length(reply);
+        return finish(stream.send(reply, site.write_limit, timer).await, close);
+    }
+    let len = meta.len();
+    let if_range_matches = head.if_range.is_none_or(|v| v == last_modified.as_bytes());
+    let ranged = if if_range_matches { range::parse(head.range, len) } else { Ranged::Full };
+    let (status, start, body_len, extra) = match ranged {
+        Ranged::Full => (200, 0, len, headers("")),
+        Ranged::Part { start, end } => (
+            206,
+            start,
+            end - start + 1,
+            headers(&format!("Content-Range: bytes {start}-{end}/{len}\r\n")),
+        ),
+        Ranged::Unsatisfiable => {
+            let extra = format!("Content-Range: bytes */{len}\r\n");
+            let reply = request::simple(416, &extra, close, get);
+            return finish(stream.send(reply, site.write_limit, timer).await, close);
+        }
+    };
+    if !get || body_len == 0 {
+        let reply = request::head(status, &extra, body_len, close, 0);
+        return finish(stream.send(reply, site.write_limit, timer).await, close);
+    }
+    // Where a read is a ring operation, a small body goes with the head in
+    // one write; on the blocking pool a read would cost more than a second
+    // write, so `send_file` it is.
+    if body_len <= INLINE_BODY_MAX_BYTES && hotloop::fs::reads_on_ring() {
+        let mut reply = request::head(status, &extra, body_len, close, body_len as usize);
+        let Ok(()) = read_into(file, &mut reply, start, body_len).await else {
+            // The file shrank under us before a byte was sent: say nothing
+            // we cannot back and close.
+            return After::Close;
+        };
+        return finish(stream.send(reply, site.write_limit, timer).await, close);
+    }
+    let reply = request::head(status, &extra, body_len, close, 0);
+    if stream.send(reply, site.write_limit, timer).await.is_err() {
+        return After::Close;
+    }
+    let sent = stream.send_file(file, start, body_len, site.write_limit, timer).await;
+    finish(sent, close)
+}
+
+/// The connection's fate after the last write of a response.
+fn finish(sent: io::Result<()>, close: bool) -> After {
+    if sent.is_err() || close {
+        After::Close
+    } else {
+        After::KeepAlive
+    }
+}
+
+/// Opens `rel` beneath the root: the file, its metadata and the name its
+/// content type comes from; a directory's `index.html`. `Err` is the status
+/// to answer with.
+async fn open(root: &Dir, rel: &Path) -> Result<(File, Metadata, String), u16> {
+    let mut read = OpenOptions::new();
+    read.read(true);
+    let file = root.open_file(rel_or_dot(rel), &read).await.map_err(status_of)?;
+    let meta = file.metadata().await.map_err(status_of)?;
+    if meta.is_file() {
+        let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        return Ok((file, meta, name));
+    }
+    if !meta.is_dir() {
+        return Err(404);
+    }
+    drop(file);
+    let index = rel.join("index.html");
+    let file = root.open_file(&index, &read).await.map_err(status_of)?;
+    let meta = file.metadata().await.map_err(status_of)?;
+    if !meta.is_file() {
+        return Err(404);
+    }
+    Ok((file, meta, "index.html".to_string()))
+}
+
+/// The root itself is `.`.
+fn rel_or_dot(rel: &Path) -> &Path {
+    if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    }
+}
+
+/// The status for a failed open or stat.
+fn status_of(e: io::Error) -> u16 {
+    match e.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => 404,
+        io::ErrorKind::PermissionDenied => 403,
+        // A name too long names nothing servable.
+        io::ErrorKind::InvalidFilename => 404,
+        // A loop of symbolic links, as nginx answers it.
+        _ if os_error(&e) == Some(ELOOP) => 403,
+        _ => 500,
+    }
+}
+
+/// `ELOOP` on Linux: too many symbolic links.
+const ELOOP: i32 = 40;
+
+/// The system error under `hotloop::fs`'s error, which names the path.
+fn os_error(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| {
+        let inner = std::error::Error::source(e.get_ref()?)?;
+        inner.downcast_ref::<io::Error>()?.raw_os_error()
+    })
+}
+
+/// True when `If-Modified-Since` is a date at or after the file's
+/// modification time (to the second, as `Last-Modified` says it).
+fn not_modified(header: Option<&[u8]>, modified: SystemTime) -> bool {
+    let Some(since) = header.and_then(|h| std::str::from_utf8(h).ok()) else { return false };
+    let Ok(since) = httpdate::parse_http_date(since.trim()) else { return false };
+    let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    secs(modified) <= secs(since)
+}
+
+/// Removes the `Content-Length` line from a head.
+fn strip_content_length(head: Vec<u8>) -> Vec<u8> {
+    let text = String::from_utf8_lossy(&head);
+    text.split_inclusive("\r\n")
+        .filter(|line| !line.starts_with("Content-Length:"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+/// Appends `len` bytes of `file` from `offset` to `out`; `Err` when the
+/// file has fewer.
+async fn read_into(file: &File, out: &mut Vec<u8>, offset: u64, len: u64) -> io::Result<()> {
+    let mut chunk = Vec::with_capacity(len as usize);
+    let mut done = 0;
+    while done < len {
+        chunk.clear();
+        chunk.reserve((len - done) as usize);
+        let (res, buf) = file.read_at(chunk, offset + done).await;
+        chunk = buf;
+        match res? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                let n = (n as u64).min(len - done);
+                out.extend_from_slice(&chunk[..n as usize]);
+                done += n;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from `offset` on plain TCP with
+/// [`TcpStream::send_file`], in steps of [`SEND_FILE_STEP_BYTES`] that
+/// each must finish within `limit`; `UnexpectedEof` when the file ends
+/// first.
+pub async fn send_file_tcp(
+    stream: &TcpStream,
+    file: &File,
+    offset: u64,
+    len: u64,
+    limit: Option<Duration>,
+    timer: &mut ConnTimer,
+) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let step = (len - done).min(SEND_FILE_STEP_BYTES);
+        let send = pin!(stream.send_file(file, offset + done, step));
+        let sent = timer.write(send, limit).await??;
+        if sent < step {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        done += sent;
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from `offset` by reading it and writing
+/// through `stream` (TLS); `UnexpectedEof` when the file ends first.
+pub async fn send_file_copying<S: Conn>(
+    stream: &mut S,
+    file: &File,
+    offset: u64,
+    len: u64,
+    limit: Option<Duration>,
+    timer: &mut ConnTimer,
+) -> io::Result<()> {
+    const STEP: u64 = 64 * 1024;
+    let mut done = 0;
+    while done < len {
+        let want = (len - done).min(STEP);
+        let (res, mut buf) = file.read_at(Vec::with_capacity(want as usize), offset + done).await;
+        let n = res?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.truncate(n.min(want as usize));
+        done += buf.len() as u64;
+        stream.send(buf, limit, timer).await?;
+    }
+    Ok(())
+}

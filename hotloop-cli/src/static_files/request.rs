@@ -1,0 +1,198 @@
+//! The request head `serve static` reads, and the response heads it writes.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::mem::MaybeUninit;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hotloop_proto::{REQUEST_HEADERS_LIMIT_MAX, REQUEST_HEADERS_MAX, REQUEST_HEAD_MAX_BYTES};
+
+/// What the handler needs of a request head; the slices point into the
+/// buffer the head was parsed from.
+#[derive(Debug)]
+pub struct Head<'a> {
+    /// Bytes of the head, including the blank line.
+    pub len: usize,
+    pub method: &'a str,
+    pub target: &'a str,
+    /// `Connection: close`, or HTTP/1.0 without keep-alive.
+    pub close: bool,
+    /// A `Content-Length` other than 0 or a `Transfer-Encoding`.
+    pub has_body: bool,
+    pub range: Option<&'a [u8]>,
+    pub if_range: Option<&'a [u8]>,
+    pub if_modified_since: Option<&'a [u8]>,
+}
+
+/// What parsing the buffered bytes found.
+#[derive(Debug)]
+pub enum Parsed<'a> {
+    Complete(Head<'a>),
+    /// More bytes are needed.
+    Partial,
+    /// Answer with this status and close (400, 431, 505).
+    Error(u16),
+}
+
+/// Parses the request head at the start of `buf`, with at most
+/// `max_headers` headers.
+pub fn parse(buf: &[u8], max_headers: usize) -> Parsed<'_> {
+    let max = max_headers.clamp(1, REQUEST_HEADERS_LIMIT_MAX);
+    // The default limit's slots on the stack; a larger limit on the heap.
+    if max <= REQUEST_HEADERS_MAX {
+        let mut slots =
+            [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; REQUEST_HEADERS_MAX];
+        parse_into(buf, &mut slots[..max])
+    } else {
+        let mut slots: Vec<_> = (0..max).map(|_| MaybeUninit::uninit()).collect();
+        parse_into(buf, &mut slots)
+    }
+}
+
+fn parse_into<'a>(buf: &'a [u8], slots: &mut [MaybeUninit<httparse::Header<'a>>]) -> Parsed<'a> {
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(buf, slots) {
+        Ok(httparse::Status::Complete(len)) if len > REQUEST_HEAD_MAX_BYTES => Parsed::Error(431),
+        Ok(httparse::Status::Complete(len)) => {
+            let (Some(method), Some(target)) = (req.method, req.path) else {
+                return Parsed::Error(400);
+            };
+            let mut head = Head {
+                len,
+                method,
+                target,
+                close: req.version == Some(0),
+                has_body: false,
+                range: None,
+                if_range: None,
+                if_modified_since: None,
+            };
+            for h in req.headers.iter() {
+                let name = h.name;
+                if name.eq_ignore_ascii_case("connection") {
+                    if h.value.eq_ignore_ascii_case(b"close") {
+                        head.close = true;
+                    } else if h.value.eq_ignore_ascii_case(b"keep-alive") {
+                        head.close = false;
+                    }
+                } else if name.eq_ignore_ascii_case("range") {
+                    head.range = Some(h.value);
+                } else if name.eq_ignore_ascii_case("if-modified-since") {
+                    head.if_modified_since = Some(h.value);
+                } else if name.eq_ignore_ascii_case("if-range") {
+                    head.if_range = Some(h.value);
+                } else if (name.eq_ignore_ascii_case("content-length")
+                    && h.value.trim_ascii() != b"0")
+                    || name.eq_ignore_ascii_case("transfer-encoding")
+                {
+                    head.has_body = true;
+                }
+            }
+            Parsed::Complete(head)
+        }
+        Ok(httparse::Status::Partial) if buf.len() > REQUEST_HEAD_MAX_BYTES => Parsed::Error(431),
+        Ok(httparse::Status::Partial) => Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => Parsed::Error(431),
+        Err(httparse::Error::Version) => Parsed::Error(505),
+        Err(_) => Parsed::Error(400),
+    }
+}
+
+/// The reason phrase of the statuses this server sends.
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        206 => "Partial Content",
+        304 => "Not Modified",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        416 => "Range Not Satisfiable",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+/// The current time as an HTTP date, formatted once per second per thread.
+fn http_date_now() -> String {
+    thread_local! {
+        static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs {
+            *c = (secs, httpdate::fmt_http_date(now));
+        }
+        c.1.clone()
+    })
+}
+
+/// Writes a response head: the status line, `Server`, `Date`, the
+/// `extra` header lines (each ending in CRLF), `Content-Length` and
+/// `Connection`. `capacity` is reserved beyond the head (for a body that
+/// follows in the same write).
+pub fn head(
+    status: u16,
+    extra: &str,
+    content_length: u64,
+    close: bool,
+    capacity: usize,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + extra.len() + capacity);
+    let connection = if close { "close" } else { "keep-alive" };
+    let _ = write!(
+        out,
+        "HTTP/1.1 {status} {}\r\nServer: hotloop\r\nDate: {}\r\n{extra}Content-Length: {content_length}\r\nConnection: {connection}\r\n\r\n",
+        reason(status),
+        http_date_now(),
+    );
+    out
+}
+
+/// A whole short response with a plain-text body naming the status.
+pub fn simple(status: u16, extra: &str, close: bool, with_body: bool) -> Vec<u8> {
+    let body = format!("{} {}\n", status, reason(status));
+    let mut out = head(
+        status,
+        &format!("Content-Type: text/plain; charset=utf-8\r\n{extra}"),
+        body.len() as u64,
+        close,
+        body.len(),
+    );
+    if with_body {
+        out.extend_from_slice(body.as_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_the_handler_needs() {
+        let req = b"GET /a%20b?q HTTP/1.1\r\nHost: x\r\nRange: bytes=0-0\r\nIf-Modified-Since: Wed, 21 Oct 2015 07:28:00 GMT\r\n\r\nGET";
+        let Parsed::Complete(h) = parse(req, 100) else { panic!("not complete") };
+        assert_eq!((h.method, h.target, h.close, h.has_body), ("GET", "/a%20b?q", false, false));
+        assert_eq!(h.range, Some(&b"bytes=0-0"[..]));
+        assert!(h.if_modified_since.is_some());
+        assert_eq!(h.len, req.len() - 3);
+        let Parsed::Complete(h) = parse(b"HEAD / HTTP/1.0\r\n\r\n", 100) else { panic!() };
+        assert!(h.close, "HTTP/1.0 closes by default");
+        let Parsed::Complete(h) = parse(b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n", 100)
+        else {
+            panic!()
+        };
+        assert!(h.has_body);
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\nHost:", 100), Parsed::Partial));
+        assert!(matches!(parse(b"\x00garbage\r\n\r\n", 100), Parsed::Error(400)));
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", 1), Parsed::Error(431)));
+    }
+}

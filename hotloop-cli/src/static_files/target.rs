@@ -1,0 +1,88 @@
+//! From a request target to a path under the root: percent-decoding and
+//! refusing what could leave it.
+
+use std::path::PathBuf;
+
+/// Why a target maps to no path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Not a path at all (no leading `/`, bad percent-encoding, a NUL): 400.
+    Malformed,
+    /// A `..` segment, literal or percent-encoded: 403.
+    Traversal,
+}
+
+/// The path of `target` relative to the root: the query and fragment
+/// dropped, percent-decoded, empty and `.` segments skipped. `..` is
+/// refused rather than resolved, and so is a decoded `/` inside a segment
+/// (`%2F`), which would change how the path splits. An empty result is
+/// the root itself.
+pub fn relative_path(target: &str) -> Result<PathBuf, Refused> {
+    let path = target.split(['?', '#']).next().unwrap_or("");
+    let Some(path) = path.strip_prefix('/') else { return Err(Refused::Malformed) };
+    let mut out = PathBuf::new();
+    for raw in path.split('/') {
+        let segment = decode(raw).ok_or(Refused::Malformed)?;
+        if segment.contains(&0) || segment.contains(&b'/') {
+            return Err(Refused::Malformed);
+        }
+        match &segment[..] {
+            b"" | b"." => {}
+            b".." => return Err(Refused::Traversal),
+            _ => {
+                use std::os::unix::ffi::OsStrExt;
+                out.push(std::ffi::OsStr::from_bytes(&segment));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Percent-decodes `s`; `None` for a `%` not followed by two hex digits.
+fn decode(s: &str) -> Option<Vec<u8>> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{relative_path, Refused};
+    use std::path::PathBuf;
+
+    #[test]
+    fn maps_targets() {
+        assert_eq!(relative_path("/"), Ok(PathBuf::new()));
+        assert_eq!(relative_path("/a/b.txt?x=1#f"), Ok(PathBuf::from("a/b.txt")));
+        assert_eq!(relative_path("//a/./b"), Ok(PathBuf::from("a/b")));
+        assert_eq!(relative_path("/with%20space"), Ok(PathBuf::from("with space")));
+        assert_eq!(relative_path("/..a/b.."), Ok(PathBuf::from("..a/b..")));
+    }
+
+    #[test]
+    fn refuses_ways_out_and_garbage() {
+        assert_eq!(relative_path("/../etc/passwd"), Err(Refused::Traversal));
+        assert_eq!(relative_path("/a/../../x"), Err(Refused::Traversal));
+        assert_eq!(relative_path("/%2e%2e/x"), Err(Refused::Traversal));
+        assert_eq!(relative_path("/%2E%2E"), Err(Refused::Traversal));
+        assert_eq!(relative_path("/.%2e/x"), Err(Refused::Traversal));
+        assert_eq!(relative_path("/a%2f..%2f..%2fx"), Err(Refused::Malformed));
+        assert_eq!(relative_path("/a%00b"), Err(Refused::Malformed));
+        assert_eq!(relative_path("/a%zz"), Err(Refused::Malformed));
+        assert_eq!(relative_path("/a%2"), Err(Refused::Malformed));
+        assert_eq!(relative_path("a"), Err(Refused::Malformed));
+        assert_eq!(relative_path("*"), Err(Refused::Malformed));
+    }
+}

@@ -1,0 +1,347 @@
+//! `hotloop serve static` on both drivers: GET and HEAD with the right
+//! lengths and types, index.html, 404 and 405, keep-alive; single ranges
+//! and their edges (`bytes=0-0`, `bytes=-5`, `bytes=5-`, past the end:
+//! 416), several ranges (the whole file); 304 for `If-Modified-Since`;
+//! traversal refused (`..`, percent-encoded, links out of the root); TLS;
+//! a client that stops reading mid-file cut at the send timeout; a file
+//! that shrinks mid-send ends the connection short of its promise; open
+//! files kept for a second at most (a replaced file is then served).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{read_to_close, stat, wait_until, Proc};
+use hotloop::DriverKind;
+
+/// A directory of files to serve, removed when dropped.
+struct Root(PathBuf);
+
+impl Root {
+    fn new() -> Root {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let base = std::env::temp_dir().join(format!("hotloop-static-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::create_dir_all(root.join("empty")).unwrap();
+        std::fs::write(root.join("index.html"), "<h1>home</h1>\n").unwrap();
+        std::fs::write(root.join("sub/a.txt"), "0123456789").unwrap();
+        std::fs::write(root.join("sub/index.html"), "sub index").unwrap();
+        std::fs::write(root.join("data.json"), "{}").unwrap();
+        std::fs::write(root.join("with space.css"), "p{}").unwrap();
+        std::fs::write(root.join("big.bin"), pattern(300_000)).unwrap();
+        std::fs::write(base.join("secret.txt"), "outside the root").unwrap();
+        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("out-abs")).unwrap();
+        std::os::unix::fs::symlink("../secret.txt", root.join("out-rel")).unwrap();
+        std::os::unix::fs::symlink("sub/a.txt", root.join("in-link")).unwrap();
+        Root(root)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8 ^ (i / 251 % 256) as u8).collect()
+}
+
+/// `hotloop serve static --root ROOT` on `driver` with `extra` flags.
+fn start(driver: DriverKind, root: &Path, extra: &[&str]) -> (Proc, SocketAddr) {
+    let mut args = vec!["serve", "static", "--addr", "127.0.0.1:0", "--workers", "1"];
+    args.extend_from_slice(&["--driver", common::driver_arg(driver)]);
+    args.extend_from_slice(&["--root", root.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    let mut p = Proc::start(&args);
+    let addr = p.addr_after(" on ");
+    (p, addr)
+}
+
+/// A response: its status, its head lines and its body.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (n, v) = l.split_once(": ")?;
+            n.eq_ignore_ascii_case(name).then_some(v)
+        })
+    }
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a whole head");
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    Reply { status, head, body: raw[split + 4..].to_vec() }
+}
+
+/// Sends `method target` with `headers` and `Connection: close`; the reply.
+fn request(addr: SocketAddr, method: &str, target: &str, headers: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "{method} {target} HTTP/1.1\r\nHost: t\r\n{headers}Connection: close\r\n\r\n")
+        .unwrap();
+    parse_reply(&read_to_close(&mut s).0)
+}
+
+fn get(addr: SocketAddr, target: &str) -> Reply {
+    request(addr, "GET", target, "")
+}
+
+#[hotloop::test(driver = "all")]
+fn serves_get_and_head(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    let r = get(addr, "/");
+    assert_eq!((r.status, &r.body[..]), (200, &b"<h1>home</h1>\n"[..]));
+    assert_eq!(r.header("Content-Type"), Some("text/html; charset=utf-8"));
+    assert_eq!(r.header("Content-Length"), Some("14"));
+    assert!(r.header("Last-Modified").is_some_and(|d| d.ends_with(" GMT")));
+    assert_eq!(r.header("Accept-Ranges"), Some("bytes"));
+    let r = get(addr, "/sub/");
+    assert_eq!((r.status, &r.body[..]), (200, &b"sub index"[..]));
+    let r = get(addr, "/sub/a.txt");
+    assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]));
+    assert_eq!(r.header("Content-Type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(get(addr, "/data.json").header("Content-Type"), Some("application/json"));
+    let r = get(addr, "/with%20space.css?v=1");
+    assert_eq!((r.status, r.header("Content-Type")), (200, Some("text/css; charset=utf-8")));
+    let r = get(addr, "/big.bin");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("Content-Type"), Some("application/octet-stream"));
+    assert!(r.body == pattern(300_000), "the body is the file");
+    let r = request(addr, "HEAD", "/big.bin", "");
+    assert_eq!((r.status, r.header("Content-Length"), r.body.len()), (200, Some("300000"), 0));
+    let r = request(addr, "HEAD", "/sub/a.txt", "");
+    assert_eq!((r.status, r.header("Content-Length"), r.body.len()), (200, Some("10"), 0));
+
+    assert_eq!(get(addr, "/missing").status, 404);
+    assert_eq!(get(addr, "/sub/a.txt/under").status, 404);
+    assert_eq!(get(addr, "/empty/").status, 404, "a directory without index.html");
+    let r = request(addr, "POST", "/sub/a.txt", "");
+    assert_eq!((r.status, r.header("Allow")), (405, Some("GET, HEAD")));
+    assert_eq!(request(addr, "DELETE", "/", "").status, 405);
+
+    // Keep-alive: three requests on one connection, the middle one a HEAD.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"GET /sub/a.txt HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let first = common::read_response(&mut s);
+    assert!(first.starts_with("HTTP/1.1 200 OK") && first.ends_with("0123456789"), "{first}");
+    assert!(first.contains("Connection: keep-alive"));
+    s.write_all(
+        b"HEAD /big.bin HTTP/1.1\r\nHost: t\r\n\r\nGET /data.json HTTP/1.1\r\nHost: t\r\n\r\n",
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    assert!(String::from_utf8_lossy(&head).contains("Content-Length: 300000"));
+    let third = common::read_response(&mut s);
+    assert!(third.ends_with("{}"), "no body after a HEAD: {third}");
+}
+
+#[hotloop::test(driver = "all")]
+fn serves_single_ranges(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    let range = |target: &str, spec: &str| get_with(addr, target, &format!("Range: {spec}\r\n"));
+    let r = range("/sub/a.txt", "bytes=0-0");
+    assert_eq!((r.status, &r.body[..]), (206, &b"0"[..]));
+    assert_eq!(r.header("Content-Range"), Some("bytes 0-0/10"));
+    assert_eq!(r.header("Content-Length"), Some("1"));
+    let r = range("/sub/a.txt", "bytes=-5");
+    assert_eq!(
+        (r.status, &r.body[..], r.header("Content-Range")),
+        (206, &b"56789"[..], Some("bytes 5-9/10"))
+    );
+    let r = range("/sub/a.txt", "bytes=5-");
+    assert_eq!(
+        (r.status, &r.body[..], r.header("Content-Range")),
+        (206, &b"56789"[..], Some("bytes 5-9/10"))
+    );
+    let r = range("/sub/a.txt", "bytes=3-100");
+    assert_eq!(
+        (r.status, &r.body[..], r.header("Content-Range")),
+        (206, &b"3456789"[..], Some("bytes 3-9/10"))
+    );
+    let r = range("/sub/a.txt", "bytes=-50");
+    assert_eq!((r.status, &r.body[..]), (206, &b"0123456789"[..]));
+    for past in ["bytes=10-", "bytes=10-20", "bytes=-0"] {
+        let r = range("/sub/a.txt", past);
+        assert_eq!((r.status, r.header("Content-Range")), (416, Some("bytes */10")), "{past}");
+    }
+    // Several ranges, or one we do not understand: the whole file.
+    for whole in ["bytes=0-1,4-5", "bytes=5-3", "lines=1-2", "bytes=x-y"] {
+        let r = range("/sub/a.txt", whole);
+        assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]), "{whole}");
+    }
+    // A large range goes by send_file.
+    let big = pattern(300_000);
+    let r = range("/big.bin", "bytes=100000-299998");
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("Content-Range"), Some("bytes 100000-299998/300000"));
+    assert!(r.body[..] == big[100_000..299_999]);
+    let r = request(addr, "HEAD", "/big.bin", "Range: bytes=-7\r\n");
+    assert_eq!((r.status, r.header("Content-Length"), r.body.len()), (206, Some("7"), 0));
+}
+
+fn get_with(addr: SocketAddr, target: &str, headers: &str) -> Reply {
+    request(addr, "GET", target, headers)
+}
+
+#[hotloop::test(driver = "all")]
+fn answers_if_modified_since_with_304(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    let r = get(addr, "/sub/a.txt");
+    let last_modified = r.header("Last-Modified").unwrap().to_string();
+    let r = get_with(addr, "/sub/a.txt", &format!("If-Modified-Since: {last_modified}\r\n"));
+    assert_eq!((r.status, r.body.len()), (304, 0));
+    assert_eq!(r.header("Last-Modified"), Some(last_modified.as_str()));
+    let r = get_with(addr, "/sub/a.txt", "If-Modified-Since: Thu, 01 Jan 2015 00:00:00 GMT\r\n");
+    assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]));
+    let r = get_with(addr, "/sub/a.txt", "If-Modified-Since: not a date\r\n");
+    assert_eq!(r.status, 200);
+    // If-Range: the date matches, the range is served; otherwise the whole.
+    let matching = format!("If-Range: {last_modified}\r\nRange: bytes=0-1\r\n");
+    assert_eq!(get_with(addr, "/sub/a.txt", &matching).status, 206);
+    let stale = "If-Range: Thu, 01 Jan 2015 00:00:00 GMT\r\nRange: bytes=0-1\r\n";
+    assert_eq!(get_with(addr, "/sub/a.txt", stale).status, 200);
+}
+
+#[hotloop::test(driver = "all")]
+fn refuses_traversal(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    for target in [
+        "/../secret.txt",
+        "/sub/../../secret.txt",
+        "/%2e%2e/secret.txt",
+        "/sub/%2E%2E/%2e%2e/secret.txt",
+        "/..%2fsecret.txt",
+    ] {
+        let r = get(addr, target);
+        assert!(matches!(r.status, 400 | 403 | 404), "{target}: {}", r.status);
+        assert!(!String::from_utf8_lossy(&r.body).contains("outside"), "{target} leaked");
+    }
+    assert_eq!(get(addr, "/../secret.txt").status, 403);
+    assert_eq!(get(addr, "/%2e%2e/secret.txt").status, 403);
+    assert_eq!(get(addr, "/sub%2f..%2f..%2fsecret.txt").status, 400);
+    assert_eq!(get(addr, "/a%00b").status, 400);
+    // Links that leave the root are refused; one that stays inside is followed.
+    assert_eq!(get(addr, "/out-abs").status, 403);
+    assert_eq!(get(addr, "/out-rel").status, 403);
+    let r = get(addr, "/in-link");
+    assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]));
+}
+
+#[hotloop::test(driver = "all")]
+fn serves_over_tls(driver: DriverKind) {
+    let root = Root::new();
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (_p, addr) = start(driver, root.path(), &["--tls-cert", c, "--tls-key", k]);
+    let mut s = common::tls_client(addr, &cert);
+    s.write_all(
+        b"GET /big.bin HTTP/1.1\r\nHost: t\r\nRange: bytes=1000-\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    s.flush().unwrap();
+    let r = parse_reply(&read_to_close(&mut s).0);
+    assert_eq!(r.status, 206);
+    assert!(r.body[..] == pattern(300_000)[1000..], "{} bytes", r.body.len());
+}
+
+/// A connected socket with a small receive buffer.
+fn small_buffer_socket(addr: SocketAddr) -> TcpStream {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    sock.into()
+}
+
+#[hotloop::test(driver = "all")]
+fn a_client_that_stops_reading_is_cut_at_the_send_timeout(driver: DriverKind) {
+    let root = Root::new();
+    std::fs::write(root.path().join("huge.bin"), pattern(32 << 20)).unwrap();
+    let limits = ["--send-timeout-ms", "300", "--idle-timeout-ms", "600000"];
+    let (mut p, addr) =
+        start(driver, root.path(), &[&limits[..], &["--stats-addr", "127.0.0.1:0"]].concat());
+    let stats = p.addr_after("stats on ");
+    let mut s = small_buffer_socket(addr);
+    s.write_all(b"GET /huge.bin HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut first = vec![0u8; 64 * 1024];
+    s.read_exact(&mut first).unwrap();
+    // Reads nothing more, and keeps the connection open.
+    let start = Instant::now();
+    let cut = wait_until(Duration::from_secs(15), || stat(stats, "active_connections") == 0);
+    assert!(cut, "still open after {:?}", start.elapsed());
+    // The client sees the end well short of the file.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (rest, _) = read_to_close(&mut s);
+    assert!(first.len() + rest.len() < 32 << 20, "the whole file went to a client that stopped");
+    let r = get(addr, "/sub/a.txt");
+    assert_eq!(r.status, 200, "still serving");
+}
+
+#[hotloop::test(driver = "all")]
+fn a_file_that_shrinks_mid_send_ends_the_connection(driver: DriverKind) {
+    let root = Root::new();
+    let path = root.path().join("shrinks.bin");
+    std::fs::write(&path, pattern(64 << 20)).unwrap();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    let mut s = small_buffer_socket(addr);
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // Keep-alive: only a close ends the read below.
+    s.write_all(b"GET /shrinks.bin HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut first = vec![0u8; 256 * 1024];
+    s.read_exact(&mut first).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(1 << 20).unwrap();
+    let (rest, took) = read_to_close(&mut s);
+    let reply = parse_reply(&[first, rest].concat());
+    assert_eq!(reply.header("Content-Length"), Some("67108864"));
+    assert!(reply.body.len() < 64 << 20, "closed short of the promise");
+    assert!(took < Duration::from_secs(15), "closed, not left hanging");
+    assert!(reply.body[..1 << 20] == pattern(1 << 20)[..], "the bytes still in the file are right");
+}
+
+#[hotloop::test(driver = "all")]
+fn replaced_files_are_served_within_the_cache_period(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    assert_eq!(get(addr, "/sub/a.txt").body, b"0123456789");
+    // Replaced by a rename, as deployments do: the open file is kept for
+    // at most a second, then the new one is served.
+    let tmp = root.path().join("sub/.a.txt.new");
+    std::fs::write(&tmp, "new content").unwrap();
+    std::fs::rename(&tmp, root.path().join("sub/a.txt")).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let r = get(addr, "/sub/a.txt");
+    assert_eq!((r.status, &r.body[..]), (200, &b"new content"[..]));
+    // A miss is not kept: a file that appears is served at once.
+    assert_eq!(get(addr, "/late.txt").status, 404);
+    std::fs::write(root.path().join("late.txt"), "here").unwrap();
+    assert_eq!(get(addr, "/late.txt").body, b"here");
+}
