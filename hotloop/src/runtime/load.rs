@@ -8,8 +8,10 @@
 //!   [`LOAD_WINDOW_NS`] (at the first turn after one has passed) it turns
 //!   the window into a busy share in per-mille and folds it into a moving
 //!   average (a quarter of the new window each time), then publishes it
-//!   with the time of the update. A turn costs one comparison; a sleeping
-//!   turn one more clock read (the time it went to sleep).
+//!   with the time of the update. A turn costs one comparison; a turn that
+//!   ran tasks and then sleeps or spins, one more clock read (when the
+//!   idle time began); a turn that ran none takes the time the last poll
+//!   returned, so an idle spin reads no extra clock.
 //! - A worker that sleeps publishes nothing while it sleeps, and one stuck
 //!   in a long task cannot publish: a reader tells them apart by the
 //!   worker's doorbell (set only while it may sleep in the driver). A

@@ -35,12 +35,16 @@ pub(crate) fn run<F: Future>(
         cx.run_queue.borrow_mut().push_back(MAIN_TASK);
     }
     let mut last_event = cx.clock.update();
+    // The clock at the last driver poll's return.
+    let mut polled_at = last_event;
     loop {
         // 1. Tasks.
+        let mut ran_tasks = false;
         for _ in 0..cx.config.event_interval {
             let Some(key) = cx.run_queue.borrow_mut().pop_front() else {
                 break;
             };
+            ran_tasks = true;
             if key == MAIN_TASK {
                 if let Some(fut) = main.as_mut() {
                     // A wake from now on (including from inside this poll) queues it again.
@@ -65,8 +69,14 @@ pub(crate) fn run<F: Future>(
             }
             _ => Park::Skip,
         };
-        // A sleep or a spin may be idle time: when it began, for the load meter.
-        let idle_from = (park != Park::Skip || wait == Wait::Spin).then(|| cx.clock.update());
+        // A sleep or a spin may be idle time: when it began, for the load
+        // meter. A turn that ran no task has done nothing since the last
+        // poll returned, so a busy-polling spin reads no clock for it.
+        let idle_from = match (park != Park::Skip || wait == Wait::Spin, ran_tasks) {
+            (false, _) => None,
+            (true, false) => Some(polled_at),
+            (true, true) => Some(cx.clock.update()),
+        };
         let events = match cx.driver.poll(park) {
             Ok(n) => n,
             Err(e) => panic!("the I/O driver failed and the worker cannot continue: {e}"),
@@ -76,6 +86,7 @@ pub(crate) fn run<F: Future>(
             stats::add(&cx.shared.stats.poller_spins, 1);
         }
         let now = cx.clock.update();
+        polled_at = now;
         if let Some(from) = idle_from {
             // A spin that found events was work; a sleep was idle until they came.
             if wait != Wait::Spin || events == 0 {
