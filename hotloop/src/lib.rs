@@ -55,6 +55,7 @@ pub mod signal;
 mod slab;
 pub mod stats;
 mod sys;
+pub mod task;
 pub mod time;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -64,7 +65,7 @@ pub mod tower;
 pub use driver::AcceptMode;
 pub use runtime::{
     spawn, spawn_blocking, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle,
-    KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
+    JoinSet, KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
 };
 pub use sys::{open_fd_count, raise_nofile_limit, release_free_memory};
 

@@ -12,6 +12,8 @@ mod config;
 pub(crate) mod context;
 mod handle;
 mod join;
+mod join_set;
+mod join_slot;
 mod shared;
 mod task;
 mod worker;
@@ -22,6 +24,7 @@ pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::Handle;
 pub use join::{spawn, yield_now, JoinError, JoinHandle, RemoteJoinHandle};
 pub(crate) use join::{spawn_detached, yield_to_driver, OnDone};
+pub use join_set::JoinSet;
 pub(crate) use shared::WorkerShared;
 
 use std::cell::{Cell, RefCell};
