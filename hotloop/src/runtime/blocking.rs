@@ -152,6 +152,13 @@ impl BlockingPool {
         drop(dropped);
     }
 
+    /// True while a job is queued or running: paused time does not jump
+    /// ahead while one may still wake a task.
+    pub(crate) fn has_jobs(&self) -> bool {
+        let s = &self.inner.stats;
+        s.queued.load(Relaxed) > 0 || s.running.load(Relaxed) > 0
+    }
+
     /// The pool's counters now.
     pub(crate) fn counters(&self) -> BlockingCounters {
         let s = &self.inner.stats;
