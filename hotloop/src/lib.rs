@@ -48,6 +48,7 @@ pub mod hyper;
 mod log;
 mod loom;
 pub mod net;
+pub mod process;
 #[cfg(feature = "quic")]
 pub mod quic;
 pub mod runtime;

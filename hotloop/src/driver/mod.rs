@@ -273,6 +273,16 @@ impl Source {
         each!(self, s => s.poll_readable(cx))
     }
 
+    /// Ready when the descriptor next polls readable: for a descriptor
+    /// that is not a socket, such as a pidfd (readable once its process
+    /// has exited). It never answers from remembered readiness, since its
+    /// caller has just looked and found nothing: epoll waits for the next
+    /// event (registration reports a descriptor readable already), io_uring
+    /// keeps a one-shot `POLL_ADD` across polls.
+    pub(crate) fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => s.poll_next_readable(cx))
+    }
+
     /// False when the last read drained the socket and nothing new has
     /// been signalled since: waiting first saves a syscall that would fail.
     pub(crate) fn may_read_now(&self) -> bool {

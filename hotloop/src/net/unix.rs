@@ -68,7 +68,7 @@ impl UnixStream {
 
     /// Wraps a socket this process connected, blocking or not as the
     /// current worker's driver wants it (see the module notes).
-    fn from_own_fd(fd: OwnedFd) -> io::Result<UnixStream> {
+    pub(crate) fn from_own_fd(fd: OwnedFd) -> io::Result<UnixStream> {
         let nonblocking = context::with(|cx| matches!(cx.driver, Driver::Epoll(_)));
         socket2::SockRef::from(&fd).set_nonblocking(nonblocking)?;
         Self::from_fd(fd)

@@ -15,7 +15,7 @@ mod signal;
 mod socket;
 
 pub(crate) use poll::*;
-pub(crate) use process::{advise_huge_pages, pin_to_cpu};
+pub(crate) use process::{advise_huge_pages, pidfd_open, pin_to_cpu};
 pub use process::{open_fd_count, raise_nofile_limit, release_free_memory};
 pub(crate) use signal::*;
 pub(crate) use socket::*;

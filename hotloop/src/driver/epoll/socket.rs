@@ -248,6 +248,16 @@ impl Source {
         self.poll_ready(cx, Direction::Read)
     }
 
+    /// Parks until the next read event (see [`crate::driver::Source::poll_next_readable`]).
+    pub(crate) fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        if self.token.get().is_some() && self.is_ready(Direction::Read) {
+            // An event came since the last wait: consume it.
+            self.clear_ready(Direction::Read);
+            return Poll::Ready(Ok(()));
+        }
+        self.park(cx, Direction::Read)
+    }
+
     /// False when the last read drained the socket and no event came since.
     pub(crate) fn may_read_now(&self) -> bool {
         self.is_ready(Direction::Read)
