@@ -283,6 +283,15 @@ impl Source {
         each!(self, s => s.poll_next_readable(cx))
     }
 
+    /// Ready when the socket next polls writable; as
+    /// [`Source::poll_next_readable`], never from remembered readiness.
+    pub(crate) async fn next_writable(&self) -> io::Result<()> {
+        match self {
+            Source::Epoll(s) => std::future::poll_fn(|cx| s.poll_next_writable(cx)).await,
+            Source::Uring(s) => s.next_writable().await,
+        }
+    }
+
     /// False when the last read drained the socket and nothing new has
     /// been signalled since: waiting first saves a syscall that would fail.
     pub(crate) fn may_read_now(&self) -> bool {

@@ -1,6 +1,6 @@
 //! Networking: TCP and Unix domain listeners with an accept policy,
 //! streams with owned-buffer I/O and socket options, a thread-per-core
-//! server helper, and UDP sockets.
+//! server helper, UDP sockets and Unix datagram sockets.
 
 mod compat;
 mod listener;
@@ -13,6 +13,7 @@ mod stream;
 mod stream_core;
 pub mod udp;
 mod unix;
+mod unix_datagram;
 
 pub use listener::TcpListener;
 pub use options::{AcceptPacing, ListenerOptions, ServerOptions};
@@ -30,3 +31,4 @@ pub use udp::{UdpOptions, UdpSocket};
 pub use unix::{
     UnixListener, UnixStream, UNIX_CONNECT_FULL_BACKLOG_WAIT, UNIX_CONNECT_RETRY_PAUSE_MAX,
 };
+pub use unix_datagram::{UCred, UnixDatagram};

@@ -168,6 +168,12 @@ impl UnixStream {
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         sys::unix_peer_addr(self.core.as_fd())
     }
+
+    /// The credentials of the peer process (`SO_PEERCRED`): its pid, uid
+    /// and gid when it connected (or made the pair).
+    pub fn peer_cred(&self) -> io::Result<super::UCred> {
+        super::UCred::of(self.core.source().as_fd())
+    }
 }
 
 impl AsRawFd for UnixStream {

@@ -278,6 +278,11 @@ impl Source {
         Poll::Ready(cqe.result().map(drop))
     }
 
+    /// Ready once the socket polls writable (a one-shot `POLL_ADD`).
+    pub(crate) async fn next_writable(&self) -> io::Result<()> {
+        self.poll_events(libc::POLLOUT).await
+    }
+
     /// Ready once the multishot receive queued bytes, an end or an error.
     fn poll_stream_ready(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         if !self.driver.entered.get() {
