@@ -92,21 +92,26 @@ impl Driver {
         unpark: Arc<Unpark>,
         stats: Arc<WorkerStats>,
     ) -> io::Result<(Driver, DriverInfo)> {
-        let requested = match std::env::var("HOTLOOP_DRIVER").ok().as_deref() {
-            Some(s) if !s.is_empty() => {
-                s.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?
-            }
-            _ => config.kind,
+        let (requested, by) = match std::env::var("HOTLOOP_DRIVER").ok().as_deref() {
+            Some(s) if !s.is_empty() => (
+                s.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+                " (HOTLOOP_DRIVER)",
+            ),
+            _ => (config.kind, ""),
         };
+        let mut fallback = false;
         let (use_uring, mut reason) = match requested {
-            DriverKind::Epoll => (false, "epoll was requested".to_string()),
-            DriverKind::Uring => (true, "io_uring was requested".to_string()),
+            DriverKind::Epoll => (false, format!("epoll was requested{by}")),
+            DriverKind::Uring => (true, format!("io_uring was requested{by}")),
             DriverKind::Auto => match probe::uring_support() {
                 Ok(()) => (
                     true,
                     "auto: the kernel supports every io_uring feature hotloop uses".to_string(),
                 ),
-                Err(why) => (false, format!("auto: {why}; using epoll")),
+                Err(why) => {
+                    fallback = true;
+                    (false, format!("auto: {why}; using epoll"))
+                }
             },
         };
         if use_uring {
@@ -117,19 +122,26 @@ impl Driver {
                         reason,
                         busy_poll: String::new(),
                         kernel_busy_poll,
+                        fallback: false,
                     };
                     return Ok((Driver::Uring(driver), info));
                 }
                 // The probe's small ring worked but this one did not: auto still falls back.
                 Err(e) if requested == DriverKind::Auto => {
+                    fallback = true;
                     reason = format!("auto: io_uring setup failed ({e}); using epoll");
                 }
                 Err(e) => return Err(e),
             }
         }
         let (driver, kernel_busy_poll) = epoll::Driver::new(config, unpark, stats)?;
-        let info =
-            DriverInfo { driver: "epoll", reason, busy_poll: String::new(), kernel_busy_poll };
+        let info = DriverInfo {
+            driver: "epoll",
+            reason,
+            busy_poll: String::new(),
+            kernel_busy_poll,
+            fallback,
+        };
         Ok((Driver::Epoll(driver), info))
     }
 

@@ -11,7 +11,7 @@ mod server;
 mod sockopt;
 mod stream;
 mod stream_core;
-pub mod udp;
+mod udp;
 mod unix;
 mod unix_datagram;
 
@@ -27,7 +27,10 @@ pub use server::{
 };
 pub use sockopt::TcpKeepalive;
 pub use stream::TcpStream;
-pub use udp::{UdpOptions, UdpSocket};
+pub use udp::{
+    EcnCodepoint, RecvMeta, SendMeta, Transmit, UdpOptions, UdpSocket, BATCH_DATAGRAMS_MAX,
+    GRO_SEGMENTS_MAX,
+};
 pub use unix::{
     UnixListener, UnixStream, UNIX_CONNECT_FULL_BACKLOG_WAIT, UNIX_CONNECT_RETRY_PAUSE_MAX,
 };

@@ -289,7 +289,7 @@ impl Drop for ActiveGuard {
 /// `options` is a [`ListenerOptions`] or, with connection limits, a
 /// [`ServerOptions`].
 pub fn serve<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl ToSocketAddrs,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -298,6 +298,7 @@ where
     H: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     serve_with_stop(handle, addr, options, move |stream, _stop| handler(stream))
 }
 
@@ -306,7 +307,7 @@ where
 /// being cut at the grace limit (`serve_hyper` uses it to make hyper
 /// finish the request in flight and close).
 pub fn serve_with_stop<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl ToSocketAddrs,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -315,6 +316,7 @@ where
     H: Fn(TcpStream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     let (mut options, limits) = split_options(options.into());
     if handle.workers() > 1 {
         options.reuse_port = true;
@@ -339,7 +341,7 @@ where
 /// nobody listens on (one left by a previous run). Stopping the server
 /// leaves the socket file in place.
 pub fn serve_unix<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     path: impl AsRef<Path>,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -348,12 +350,13 @@ where
     H: Fn(UnixStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     serve_unix_with_stop(handle, path, options, move |stream, _stop| handler(stream))
 }
 
 /// [`serve_unix`], with a [`StopSignal`] for each handler (see [`serve_with_stop`]).
 pub fn serve_unix_with_stop<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     path: impl AsRef<Path>,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -362,6 +365,7 @@ where
     H: Fn(UnixStream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     let path = path.as_ref();
     let (options, limits) = split_options(options.into());
     let first = bind_unix_socket(path, &options)?;

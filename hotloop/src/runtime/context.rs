@@ -102,11 +102,14 @@ pub(crate) fn enter(cx: Rc<Context>) -> (EnterGuard, crate::driver::EnterGuard) 
     let driver = cx.driver.enter();
     CURRENT.with(|c| *c.borrow_mut() = Some(cx));
     crate::net::pool::open();
-    (EnterGuard, driver)
+    (EnterGuard { _tokio: super::tokio_time::enter() }, driver)
 }
 
 /// Clears the current context when dropped.
-pub(crate) struct EnterGuard;
+pub(crate) struct EnterGuard {
+    /// tokio's timer, entered while the worker runs (feature `tokio-time`).
+    _tokio: super::tokio_time::Guard,
+}
 
 impl Drop for EnterGuard {
     fn drop(&mut self) {

@@ -124,6 +124,15 @@ impl Handle {
     }
 }
 
+/// So that functions taking a runtime's handle (`serve`, `serve_hyper`,
+/// `serve_tls`, ...) take it by reference (`rt.handle()`) or by value (a
+/// clone) alike.
+impl AsRef<Handle> for Handle {
+    fn as_ref(&self) -> &Handle {
+        self
+    }
+}
+
 impl std::fmt::Debug for Handle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handle").field("workers", &self.workers()).finish()

@@ -145,6 +145,7 @@ fn run_task(cx: &Context, key: TaskKey) {
         Ok(Poll::Ready(())) => true,
         Ok(Poll::Pending) => false,
         Err(payload) => {
+            explain_panic(&*payload);
             *cx.panic_payload.borrow_mut() = Some((key, payload));
             true
         }
@@ -171,6 +172,23 @@ fn run_task(cx: &Context, key: TaskKey) {
         cx.tasks.borrow_mut().retire(task);
     }
     cx.panic_payload.borrow_mut().take();
+}
+
+/// Adds what to do to a panic that tokio raises when a task calls a tokio
+/// API that needs a tokio runtime (most often `tokio::time::sleep`).
+fn explain_panic(payload: &(dyn std::any::Any + Send)) {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    if msg.is_some_and(|m| m.contains("must be called from the context of a Tokio")) {
+        crate::log::warn(format_args!(
+            "a task called a tokio API that needs a tokio runtime on a hotloop worker: for \
+             timers use hotloop::time::{{sleep, timeout, interval}} or \
+             hotloop::tower::TimeoutLayer, or enable hotloop's `tokio-time` feature, which \
+             hosts tokio's timer"
+        ));
+    }
 }
 
 /// Drops `value`, catching a panic from its destructor: the worker and
