@@ -301,7 +301,7 @@ impl Conn for TcpStream {
     }
 
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>> {
-        self.shutdown(Shutdown::Write)
+        self.shutdown_with(Shutdown::Write)
     }
 
     /// Nothing to do: closing the descriptor is the end.
@@ -495,7 +495,7 @@ async fn send<B: IoBuf>(
     timer: &mut ConnTimer,
 ) -> io::Result<()> {
     let total = buf.bytes_init();
-    let write = pin!(stream.write(buf));
+    let write = pin!(stream.write_owned(buf));
     let (res, buf) = timer.write(write, limit).await?;
     match res? {
         0 if total > 0 => Err(io::ErrorKind::WriteZero.into()),
@@ -516,7 +516,7 @@ async fn send_rest<B: IoBuf>(
     while done < total {
         // Each write returns as soon as it moved any bytes, so the limit
         // runs from the last progress.
-        let write = pin!(stream.write(buf.slice(done..)));
+        let write = pin!(stream.write_owned(buf.slice(done..)));
         let (res, slice) = timer.write(write, limit).await?;
         buf = slice.into_inner();
         match res? {

@@ -64,7 +64,7 @@ async fn slow() -> &'static str {
 async fn banner(Path(port): Path<u16>) -> Result<Vec<u8>, (StatusCode, String)> {
     let io = hotloop::spawn(async move {
         let stream = hotloop::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        let (res, buf) = stream.read(Vec::with_capacity(256)).await;
+        let (res, buf) = stream.read_owned(Vec::with_capacity(256)).await;
         res.map(|_| buf)
     });
     match hotloop::time::timeout(Duration::from_millis(500), io).await {

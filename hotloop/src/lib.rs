@@ -13,13 +13,13 @@
 //! let server = serve(rt.handle(), "127.0.0.1:8080", ListenerOptions::default(), |stream| async move {
 //!     let mut buf = Vec::with_capacity(4096);
 //!     loop {
-//!         let (n, b) = stream.read(buf).await;
+//!         let (n, b) = stream.read_owned(buf).await;
 //!         buf = b;
 //!         match n {
 //!             Ok(0) | Err(_) => return,
 //!             Ok(_) => {}
 //!         }
-//!         let (res, b) = stream.write_all(buf).await;
+//!         let (res, b) = stream.write_all_owned(buf).await;
 //!         buf = b;
 //!         if res.is_err() {
 //!             return;

@@ -55,9 +55,9 @@ fn reset(stream: TcpStream) {
 #[hotloop::test(driver = "all")]
 fn peer_reset_mid_read_is_an_error_not_a_panic(driver: DriverKind) {
     let (_rt, addr, rx) = server_reporting(driver, |s, tx| async move {
-        let (first, buf) = s.read(Vec::with_capacity(64)).await;
+        let (first, buf) = s.read_owned(Vec::with_capacity(64)).await;
         let _ = tx.send(first.map(|n| n > 0).unwrap_or(false));
-        let (second, _) = s.read(buf).await;
+        let (second, _) = s.read_owned(buf).await;
         // A reset reads as ECONNRESET (or, if it raced the read, as EOF).
         let _ = tx.send(
             matches!(second, Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset)
@@ -81,7 +81,7 @@ fn half_close_reads_eof_and_can_still_answer(driver: DriverKind) {
         let mut got = Vec::new();
         let mut buf = Vec::with_capacity(16);
         loop {
-            let (res, b) = s.read(buf).await;
+            let (res, b) = s.read_owned(buf).await;
             match res {
                 Ok(0) => break,
                 Ok(_) => got.extend_from_slice(&b),
@@ -90,7 +90,7 @@ fn half_close_reads_eof_and_can_still_answer(driver: DriverKind) {
             buf = b;
         }
         got.reverse();
-        let _ = s.write_all(got).await;
+        let _ = s.write_all_owned(got).await;
     });
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -108,7 +108,7 @@ fn write_to_a_closed_peer_is_epipe_not_sigpipe(driver: DriverKind) {
         let chunk = vec![7u8; 64 * 1024];
         let mut result = Ok(());
         for _ in 0..1_000 {
-            let (res, _) = s.write_all(chunk.clone()).await;
+            let (res, _) = s.write_all_owned(chunk.clone()).await;
             if let Err(e) = res {
                 result = Err(e.kind());
                 break;
@@ -169,7 +169,8 @@ fn dropping_reads_mid_flight_keeps_the_driver_consistent(driver: DriverKind) {
         let (stream, _) = listener.accept().await.unwrap();
         let mut dropped = 0;
         loop {
-            match timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(16))).await {
+            match timeout(Duration::from_millis(1), stream.read_owned(Vec::with_capacity(16))).await
+            {
                 Err(_) => dropped += 1,
                 Ok((res, buf)) => {
                     assert_eq!(res.unwrap(), 4);
@@ -179,7 +180,7 @@ fn dropping_reads_mid_flight_keeps_the_driver_consistent(driver: DriverKind) {
             }
         }
         assert!(dropped > 10, "reads were dropped mid-flight {dropped} times");
-        let (res, _) = stream.write_all(&b"ok"[..]).await;
+        let (res, _) = stream.write_all_owned(&b"ok"[..]).await;
         res.unwrap();
         assert_eq!(&client.join().unwrap(), b"ok");
     });

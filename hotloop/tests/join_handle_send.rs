@@ -33,18 +33,18 @@ fn a_handle_is_awaited_on_another_thread(driver: DriverKind) {
         let addr = listener.local_addr()?;
         let handle = hotloop::spawn(async move {
             let stream = TcpStream::connect(addr).await?;
-            let (res, _) = stream.write_all(b"ping".to_vec()).await;
+            let (res, _) = stream.write_all_owned(b"ping".to_vec()).await;
             res?;
-            let (res, buf) = stream.read(Vec::with_capacity(16)).await;
+            let (res, buf) = stream.read_owned(Vec::with_capacity(16)).await;
             res?;
             Ok(buf)
         });
         assert_send(&handle);
         handle_tx.send(handle).unwrap();
         let (peer, _) = listener.accept().await?;
-        let (res, buf) = peer.read(Vec::with_capacity(16)).await;
+        let (res, buf) = peer.read_owned(Vec::with_capacity(16)).await;
         res?;
-        let (res, _) = peer.write_all(buf).await;
+        let (res, _) = peer.write_all_owned(buf).await;
         res
     });
     let handle = handle_rx.recv_timeout(Duration::from_secs(10)).unwrap();

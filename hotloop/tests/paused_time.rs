@@ -47,7 +47,7 @@ async fn a_timeout_on_io_that_never_comes_fires() {
     let (_server, _) = listener.accept().await.unwrap();
     let real = Instant::now();
     // The peer never writes: only the (paused) clock can end this.
-    let read = timeout(Duration::from_secs(3600), client.read(Vec::with_capacity(16))).await;
+    let read = timeout(Duration::from_secs(3600), client.read_owned(Vec::with_capacity(16))).await;
     assert!(read.is_err(), "the read cannot finish: nothing was sent");
     assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
 }
@@ -78,7 +78,7 @@ async fn a_servers_idle_timeout_cuts_a_silent_connection_quickly() {
             hotloop::spawn(async move {
                 let mut buf = Vec::with_capacity(64);
                 loop {
-                    match timeout(IDLE, stream.read(buf)).await {
+                    match timeout(IDLE, stream.read_owned(buf)).await {
                         Ok((Ok(n), b)) if n > 0 => buf = b,
                         _ => return, // idle, closed or failed: the stream drops
                     }
@@ -89,7 +89,7 @@ async fn a_servers_idle_timeout_cuts_a_silent_connection_quickly() {
     });
     let client = TcpStream::connect(addr).await.unwrap();
     let (real, start) = (Instant::now(), now());
-    let (n, _) = client.read(Vec::with_capacity(16)).await;
+    let (n, _) = client.read_owned(Vec::with_capacity(16)).await;
     assert_eq!(n.unwrap(), 0, "the server closed the silent connection");
     assert!(now() - start >= IDLE, "closed after {:?} of paused time", now() - start);
     assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());

@@ -21,10 +21,10 @@ async fn echoes_through_cat() {
     let stdout = child.stdout.take().unwrap();
     let mut echoed = Vec::new();
     for line in ["one\n", "two\n", "three\n"] {
-        let (res, _) = stdin.write_all(line.as_bytes().to_vec()).await;
+        let (res, _) = stdin.write_all_owned(line.as_bytes().to_vec()).await;
         res.unwrap();
         while echoed.len() < line.len() {
-            let (n, buf) = timeout(LIMIT, stdout.read(Vec::with_capacity(64))).await.unwrap();
+            let (n, buf) = timeout(LIMIT, stdout.read_owned(Vec::with_capacity(64))).await.unwrap();
             assert!(n.unwrap() > 0, "cat ended early");
             echoed.extend_from_slice(&buf);
         }
@@ -32,7 +32,7 @@ async fn echoes_through_cat() {
         echoed.clear();
     }
     drop(stdin); // cat sees the end of its input and exits
-    let (n, _) = timeout(LIMIT, stdout.read(Vec::with_capacity(64))).await.unwrap();
+    let (n, _) = timeout(LIMIT, stdout.read_owned(Vec::with_capacity(64))).await.unwrap();
     assert_eq!(n.unwrap(), 0, "cat's output ends when it exits");
     let status = timeout(LIMIT, child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status}");

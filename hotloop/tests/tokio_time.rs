@@ -28,7 +28,8 @@ async fn tokio_timeout_cuts_hotloop_io_that_never_comes() {
     let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
     let (_server, _) = listener.accept().await.unwrap();
     let start = Instant::now();
-    let read = tokio::time::timeout(Duration::from_millis(50), client.read(Vec::with_capacity(8)));
+    let read =
+        tokio::time::timeout(Duration::from_millis(50), client.read_owned(Vec::with_capacity(8)));
     assert!(read.await.is_err(), "nothing was sent, so the read cannot finish");
     assert!(start.elapsed() >= Duration::from_millis(50));
 }

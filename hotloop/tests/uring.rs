@@ -150,9 +150,9 @@ fn peer_reset_during_read_is_an_error(driver: DriverKind) {
             drop(s);
         });
         let (stream, _) = listener.accept().await.unwrap();
-        let (res, _) = stream.write_all(b"never read".to_vec()).await;
+        let (res, _) = stream.write_all_owned(b"never read".to_vec()).await;
         res.unwrap();
-        let (res, _) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
+        let (res, _) = timeout(Duration::from_secs(5), stream.read_owned(Vec::with_capacity(64)))
             .await
             .expect("the reset never reached the read");
         let err = res.expect_err("a reset connection cannot be read");
@@ -180,14 +180,16 @@ fn dropped_reads_free_everything() {
             for _ in 0..DROPS_PER_CONNECTION {
                 // Nothing to read: the read is still waiting when its future is dropped.
                 let r =
-                    timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(64))).await;
+                    timeout(Duration::from_millis(1), stream.read_owned(Vec::with_capacity(64)))
+                        .await;
                 assert!(r.is_err(), "a read with no data completed");
             }
             // The driver is still consistent: a later read gets the data.
             client.write_all(b"ping").unwrap();
-            let (res, buf) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
-                .await
-                .expect("read after cancellations timed out");
+            let (res, buf) =
+                timeout(Duration::from_secs(5), stream.read_owned(Vec::with_capacity(64)))
+                    .await
+                    .expect("read after cancellations timed out");
             assert_eq!(res.unwrap(), 4);
             assert_eq!(&buf[..], b"ping");
             drop(stream);
@@ -384,7 +386,7 @@ fn small_rings_survive_bursts() {
                 .expect("accept timed out")
                 .unwrap();
             readers.push(hotloop::spawn(async move {
-                let (res, buf) = s.read(Vec::with_capacity(16)).await;
+                let (res, buf) = s.read_owned(Vec::with_capacity(16)).await;
                 assert_eq!(res.unwrap(), 5);
                 buf
             }));
@@ -429,12 +431,12 @@ fn client_connect_vectored_write_and_shutdown(driver: DriverKind) {
     rt.block_on(async {
         let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
         let bufs = vec![b"vectored ".to_vec(), b"write ".to_vec(), b"works".to_vec()];
-        let (res, _) = stream.write_vectored(bufs).await;
+        let (res, _) = stream.write_vectored_owned(bufs).await;
         assert_eq!(res.unwrap(), 20);
-        stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+        stream.shutdown_with(std::net::Shutdown::Write).await.unwrap();
         let mut back = Vec::new();
         loop {
-            let (res, buf) = stream.read(Vec::with_capacity(64)).await;
+            let (res, buf) = stream.read_owned(Vec::with_capacity(64)).await;
             match res.unwrap() {
                 0 => break,
                 _ => back.extend_from_slice(&buf),
@@ -577,7 +579,9 @@ fn reads_dropped_while_data_arrives() {
         let stream = listener.accept_stream().await.unwrap();
         let (mut received, mut dropped) = (0usize, 0usize);
         for _ in 0..ROUNDS {
-            match timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(256))).await {
+            match timeout(Duration::from_millis(1), stream.read_owned(Vec::with_capacity(256)))
+                .await
+            {
                 Ok((res, buf)) => {
                     let n = res.unwrap();
                     assert!(buf.iter().all(|&b| b == 1), "a read returned foreign bytes");

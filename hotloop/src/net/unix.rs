@@ -123,8 +123,11 @@ impl UnixStream {
     }
 
     /// Reads into `buf`, replacing its contents. `Ok(0)` means the peer
-    /// closed its side. Cancel safety as [`TcpStream::read`](super::TcpStream::read).
-    pub fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+    /// closed its side. Cancel safety as [`TcpStream::read_owned`](super::TcpStream::read_owned).
+    pub fn read_owned<B: IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.core.read(buf)
     }
 
@@ -136,17 +139,17 @@ impl UnixStream {
     }
 
     /// Writes some of `buf`; returns how many bytes were taken.
-    pub fn write<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+    pub fn write_owned<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.core.write(buf)
     }
 
     /// Writes all of `buf`.
-    pub fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> + '_ {
+    pub fn write_all_owned<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> + '_ {
         self.core.write_all(buf)
     }
 
     /// Writes the buffers in order with one call (`sendmsg`); may write fewer bytes than all.
-    pub fn write_vectored<B: IoBuf>(
+    pub fn write_vectored_owned<B: IoBuf>(
         &self,
         bufs: Vec<B>,
     ) -> impl Future<Output = BufResult<usize, Vec<B>>> + '_ {
@@ -154,7 +157,7 @@ impl UnixStream {
     }
 
     /// Shuts down the read half, the write half or both.
-    pub fn shutdown(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
+    pub fn shutdown_with(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
         self.core.shutdown(how)
     }
 

@@ -219,7 +219,7 @@ async fn read_to_end(stream: UnixStream) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut chunk = Vec::with_capacity(CHUNK_BYTES);
     loop {
-        let (res, buf) = stream.read(chunk).await;
+        let (res, buf) = stream.read_owned(chunk).await;
         match res? {
             0 => return Ok(out),
             _ => out.extend_from_slice(&buf),

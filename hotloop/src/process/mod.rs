@@ -11,11 +11,11 @@
 //!
 //! let mut child = Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
 //! let stdin = child.stdin.take().unwrap();
-//! let (res, _) = stdin.write_all(b"ping".to_vec()).await;
+//! let (res, _) = stdin.write_all_owned(b"ping".to_vec()).await;
 //! res?;
 //! drop(stdin); // end of input: `cat` exits after echoing it
 //! let stdout = child.stdout.take().unwrap();
-//! let (n, buf) = stdout.read(Vec::with_capacity(16)).await;
+//! let (n, buf) = stdout.read_owned(Vec::with_capacity(16)).await;
 //! assert_eq!((n?, &buf[..]), (4, &b"ping"[..]));
 //! assert!(child.wait().await?.success());
 //! # Ok::<(), std::io::Error>(())

@@ -354,7 +354,7 @@ mod tests {
             // submissions keep failing.
             fail_submits(50);
             for s in &streams {
-                assert!(timeout(Duration::from_millis(1), s.read(Vec::with_capacity(16)))
+                assert!(timeout(Duration::from_millis(1), s.read_owned(Vec::with_capacity(16)))
                     .await
                     .is_err());
             }
@@ -367,7 +367,7 @@ mod tests {
             assert_eq!(cancelled_ops(), 0, "a cancel was lost: a read still holds its socket");
             // Everything still works.
             clients[0].write_all(b"hi").unwrap();
-            let (res, buf) = streams[0].read(Vec::with_capacity(16)).await;
+            let (res, buf) = streams[0].read_owned(Vec::with_capacity(16)).await;
             assert_eq!((res.unwrap(), &buf[..]), (2, &b"hi"[..]));
         });
         assert!(rt.stats().total.sq_full + rt.stats().total.uring_enters > 0);
