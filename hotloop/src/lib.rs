@@ -35,8 +35,15 @@
 //! `#[hotloop::test(driver = "all")]` runs a test once per driver.
 //! Blocking work goes to [`spawn_blocking`]; host names resolve there
 //! ([`net::lookup_host`]). [`signal::ctrl_c`] and [`signal::signal`] wait
-//! for process signals in a task, as `tokio::signal` does. Features `hyper`, `tls` and `tower` add hyper
-//! serving, TLS with ALPN, and a tower `TimeoutLayer` on hotloop's timers.
+//! for process signals in a task, as `tokio::signal` does. [`task::JoinSet`]
+//! joins groups of tasks; [`process::Command`] runs child processes;
+//! [`time::pause`] (or `#[hotloop::test(start_paused = true)]`) runs
+//! timers on a paused clock. The owned-buffer stream methods
+//! (`read_owned`, `write_all_owned`, ...) sit beside tokio's
+//! `AsyncReadExt`/`AsyncWriteExt`, which work by plain method calls.
+//! Features `hyper`, `tls` and `tower` add hyper serving, TLS with ALPN,
+//! and a tower `TimeoutLayer` on hotloop's timers; `tokio-time` hosts
+//! tokio's timer for libraries that call `tokio::time`.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]

@@ -159,3 +159,10 @@ async fn waiting_parks_instead_of_spinning() {
     // A handful of polls (the first, the wake at exit); a spin would be thousands.
     assert!(polls < 20, "the waiting task was polled {polls} times");
 }
+
+/// Outside a worker, spawning is an error, and no process is started.
+#[test]
+fn spawning_outside_a_worker_is_an_error() {
+    let err = Command::new("true").spawn().unwrap_err();
+    assert!(err.to_string().contains("hotloop worker"), "{err}");
+}

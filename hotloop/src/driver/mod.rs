@@ -12,7 +12,9 @@
 //! - `Source`, a socket bound to one `Driver`, with the socket operations:
 //!   owned-buffer `recv`/`send`/`send_vectored`, `connect`, `shutdown`,
 //!   `poll_accept`/`accept_now`, a readiness wait (`poll_readable`) with a
-//!   non-blocking `try_recv` beside it, and the borrowed-slice poll forms
+//!   non-blocking `try_recv` beside it, waits for the next readiness that
+//!   never answer from remembered state (`poll_next_readable`,
+//!   `next_writable`: for pidfds and Unix datagram sockets), and the borrowed-slice poll forms
 //!   behind tokio's and futures' I/O traits; for datagram sockets, owned
 //!   `recv_msg`/`send_msg`, batched borrowed `poll_recv_batch`/
 //!   `poll_send_batch`, `try_send_one` and `writable` (each backend's

@@ -204,10 +204,8 @@ impl Command {
     /// used up: a second spawn inherits the streams not set again.
     ///
     /// A program that cannot be found fails with `ErrorKind::NotFound`,
-    /// and the error names it.
-    ///
-    /// # Panics
-    /// Outside a hotloop worker.
+    /// and the error names it. Outside a hotloop worker (whose driver
+    /// waits for the child) it fails before starting anything.
     pub fn spawn(&mut self) -> io::Result<Child> {
         let (stdin, stdout, stderr) = (self.stdin.take(), self.stdout.take(), self.stderr.take());
         self.spawn_with(stdin, stdout, stderr)
@@ -219,13 +217,26 @@ impl Command {
         stdout: Option<Stdio>,
         stderr: Option<Stdio>,
     ) -> io::Result<Child> {
+        if crate::runtime::context::try_with(|_| ()).is_none() {
+            return Err(io::Error::other(
+                "hotloop::process::Command::spawn must be called on a hotloop worker \
+                 (inside Runtime::block_on or a task spawned there)",
+            ));
+        }
         let (stdin_set, stdout_set, stderr_set) =
             (stdin.is_some(), stdout.is_some(), stderr.is_some());
-        let stdin = child::connect(stdin, &mut self.std, child::Stream::In)?;
-        let stdout = child::connect(stdout, &mut self.std, child::Stream::Out)?;
-        let stderr = child::connect(stderr, &mut self.std, child::Stream::Err)?;
-        let spawned = self.std.spawn().map_err(|e| self.spawn_error(e));
-        // The command lets go of the child's ends of the pipes, spawned or not.
+        let connected = (|| {
+            let stdin = child::connect(stdin, &mut self.std, child::Stream::In)?;
+            let stdout = child::connect(stdout, &mut self.std, child::Stream::Out)?;
+            let stderr = child::connect(stderr, &mut self.std, child::Stream::Err)?;
+            Ok::<_, io::Error>((stdin, stdout, stderr))
+        })();
+        let spawned = match &connected {
+            Ok(_) => self.std.spawn().map_err(|e| self.spawn_error(e)),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        };
+        // The command lets go of the child's ends of the pipes, spawned or
+        // not, so no descriptor stays behind in it.
         for (set, which) in [
             (stdin_set, child::Stream::In),
             (stdout_set, child::Stream::Out),
@@ -235,6 +246,7 @@ impl Command {
                 child::release(&mut self.std, which);
             }
         }
+        let (stdin, stdout, stderr) = connected?;
         Child::new(spawned?, stdin, stdout, stderr, self.kill_on_drop)
     }
 
