@@ -8,7 +8,6 @@
 //! costs the same with ten tasks or ten thousand: it pops an id and takes
 //! that task's output, without polling the others.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::task::{Context as TaskContext, Poll};
@@ -16,6 +15,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::join::{spawn_in_set, JoinError, JoinHandle};
 use super::join_slot::{lock, SetNotify};
 use crate::loom::sync::Arc;
+use crate::slab::{Key, Slab};
 
 /// A set of tasks spawned on the current worker, awaited in the order
 /// they finish, as tokio's `JoinSet`.
@@ -42,15 +42,16 @@ use crate::loom::sync::Arc;
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct JoinSet<T> {
-    tasks: HashMap<u64, JoinHandle<T>>,
-    next_id: u64,
+    /// The handles, keyed by each task's id in the set (a generational
+    /// slab key: a stale id finds nothing).
+    tasks: Slab<JoinHandle<T>>,
     notify: Arc<SetNotify>,
 }
 
 impl<T: 'static> JoinSet<T> {
     /// An empty set.
     pub fn new() -> Self {
-        JoinSet { tasks: HashMap::new(), next_id: 0, notify: SetNotify::new() }
+        JoinSet { tasks: Slab::default(), notify: SetNotify::new() }
     }
 
     /// Spawns `future` on the current worker as a task of this set.
@@ -61,10 +62,10 @@ impl<T: 'static> JoinSet<T> {
     where
         F: Future<Output = T> + 'static,
     {
-        let id = self.next_id;
-        self.next_id += 1;
-        let handle = spawn_in_set(future, Some((self.notify.clone(), id)));
-        self.tasks.insert(id, handle);
+        let id = self.tasks.vacant_key();
+        let handle = spawn_in_set(future, Some((self.notify.clone(), id.to_u64())));
+        let inserted = self.tasks.insert(handle);
+        debug_assert_eq!(inserted.to_u64(), id.to_u64());
     }
 
     /// Waits for the next task to finish and returns its result; `None`
@@ -132,7 +133,7 @@ impl<T: 'static> JoinSet<T> {
 
     /// The output of task `id`, removed from the set.
     fn take_finished(&mut self, id: u64) -> Option<Result<T, JoinError>> {
-        let handle = self.tasks.remove(&id)?;
+        let handle = self.tasks.remove(Key::from_u64(id))?;
         handle.take_output()
     }
 }
@@ -152,7 +153,7 @@ impl<T> JoinSet<T> {
     /// then giving `JoinError::Cancelled` (or its output, if it had
     /// already finished).
     pub fn abort_all(&mut self) {
-        for handle in self.tasks.values() {
+        for (_, handle) in self.tasks.iter() {
             handle.abort();
         }
     }
@@ -169,7 +170,7 @@ impl<T> JoinSet<T> {
 
     /// Removes every task from the set without aborting them: they keep running.
     pub fn detach_all(&mut self) {
-        self.tasks.clear();
+        drop(self.tasks.drain());
         lock(&self.notify.ready).ids.clear();
     }
 }
