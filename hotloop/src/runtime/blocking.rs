@@ -92,7 +92,7 @@ impl BlockingPool {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        let slot = JoinSlot::new(None);
+        let slot = JoinSlot::new(None, None);
         // Dropped unrun (at shutdown), the completion reports `Cancelled`.
         let completion = Completion(slot.clone());
         let job: Job = Box::new(move |stats: &Stats| {

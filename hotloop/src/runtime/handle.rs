@@ -68,7 +68,7 @@ impl Handle {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        let slot = JoinSlot::new(None);
+        let slot = JoinSlot::new(None, None);
         let completion = Completion(slot.clone());
         let shared = &self.inner.workers[worker];
         shared.push_runnable(Box::new(move || {

@@ -154,11 +154,14 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
-    let slot = JoinSlot::new(set);
+    // The key the task will get, so the slot is made whole (no lock to
+    // record it afterwards); nothing is spawned in between.
+    let (key, owner, owner_uid) =
+        context::with(|cx| (cx.tasks.borrow().next_key(), cx.shared.clone(), cx.uid));
+    let slot = JoinSlot::new(set, Some(key));
     let completion = Completion(slot.clone());
-    let key = spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
-    slot.set_key(key);
-    let (owner, owner_uid) = context::with(|cx| (cx.shared.clone(), cx.uid));
+    let spawned = spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
+    debug_assert_eq!(spawned, key);
     JoinHandle { slot, key, owner, owner_uid }
 }
 

@@ -81,16 +81,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<T> JoinSlot<T> {
-    /// An empty slot; `set` is the join set to tell when it is filled.
-    pub(crate) fn new(set: Option<(Arc<SetNotify>, u64)>) -> Arc<Self> {
+    /// An empty slot; `set` is the join set to tell when it is filled,
+    /// `key` the task's key if it is known already.
+    pub(crate) fn new(set: Option<(Arc<SetNotify>, u64)>, key: Option<TaskKey>) -> Arc<Self> {
         Arc::new(JoinSlot {
-            state: Mutex::new(SlotState {
-                output: None,
-                finished: false,
-                waiter: None,
-                key: None,
-                set,
-            }),
+            state: Mutex::new(SlotState { output: None, finished: false, waiter: None, key, set }),
             ready: Condvar::new(),
         })
     }
@@ -214,7 +209,7 @@ mod loom_tests {
     fn a_poll_racing_the_finish_loses_neither_output_nor_wake() {
         loom::model(|| {
             let set = SetNotify::new();
-            let slot = JoinSlot::<u32>::new(Some((set.clone(), 7)));
+            let slot = JoinSlot::<u32>::new(Some((set.clone(), 7)), None);
             let worker = {
                 let slot = slot.clone();
                 loom::thread::spawn(move || slot.finish(Ok(5)))
