@@ -334,13 +334,13 @@ async fn copy(
         let Ok(buf) = from.read_pooled().await else { return Ended::Failed };
         moved.set(Instant::now());
         if buf.is_empty() {
-            return match to.shutdown(Shutdown::Write).await {
+            return match to.shutdown_with(Shutdown::Write).await {
                 Ok(()) => Ended::Eof,
                 Err(_) => Ended::Failed,
             };
         }
         counter.fetch_add(buf.len() as u64, Relaxed);
-        let (res, _) = to.write_all(buf).await;
+        let (res, _) = to.write_all_owned(buf).await;
         if res.is_err() {
             return Ended::Failed;
         }

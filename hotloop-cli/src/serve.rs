@@ -357,7 +357,7 @@ impl Conn for TcpStream {
     }
 
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>> {
-        self.shutdown(Shutdown::Write)
+        self.shutdown_with(Shutdown::Write)
     }
 
     /// Nothing to do: closing the descriptor is the end.
@@ -562,7 +562,7 @@ fn send<'s, 't, B: IoBuf>(
 ) -> impl Future<Output = io::Result<()>> + use<'s, 't, B> {
     async move {
         let total = buf.bytes_init();
-        let write = pin!(stream.write(buf));
+        let write = pin!(stream.write_owned(buf));
         let (res, buf) = timer.write(write, limit).await?;
         match res? {
             0 if total > 0 => Err(io::ErrorKind::WriteZero.into()),
@@ -584,7 +584,7 @@ async fn send_rest<B: IoBuf>(
     while done < total {
         // Each write returns as soon as it moved any bytes, so the limit
         // runs from the last progress.
-        let write = pin!(stream.write(buf.slice(done..)));
+        let write = pin!(stream.write_owned(buf.slice(done..)));
         let (res, slice) = timer.write(write, limit).await?;
         buf = slice.into_inner();
         match res? {

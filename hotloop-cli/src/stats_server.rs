@@ -320,7 +320,8 @@ async fn answer(
             reply
         }
     };
-    let _ = timeout_at(Instant::now() + WRITE_TIMEOUT, conn.write_all(reply.into_bytes())).await;
+    let _ =
+        timeout_at(Instant::now() + WRITE_TIMEOUT, conn.write_all_owned(reply.into_bytes())).await;
 }
 
 /// The endpoint's own fields, after the command's.

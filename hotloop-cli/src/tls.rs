@@ -69,7 +69,7 @@ fn timed_out() -> io::Error {
 
 /// Ends the connection now, whatever the TLS layer still has in flight.
 async fn cut(tls: &ServerTlsStream) {
-    let _ = tls.get_ref().0.shutdown(Shutdown::Both).await;
+    let _ = tls.get_ref().0.shutdown_with(Shutdown::Both).await;
 }
 
 impl Conn for ServerTlsStream {

@@ -50,6 +50,10 @@ pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
 ///   it prints why and passes, unless the environment variable
 ///   `HOTLOOP_REQUIRE_URING=1` is set: then it fails.
 /// - `workers = N` (default 1).
+/// - `start_paused = true` (default false): the body starts with time
+///   paused on its worker (`hotloop::time::pause()`), so its timers move
+///   only with `hotloop::time::advance` or when nothing else can run
+///   (then the clock jumps to the next timer). Only for an `async fn`.
 ///
 /// The test function may take one argument, the `hotloop::DriverKind` it
 /// runs on. Other attributes (`#[should_panic]`, `#[ignore]`) are copied to
@@ -90,16 +94,18 @@ enum Driver {
 struct Options {
     driver: Driver,
     workers: Option<TokenStream2>,
+    /// `start_paused = true`, and where it was written.
+    start_paused: Option<Span>,
 }
 
 fn parse_options(args: TokenStream, kind: Kind) -> syn::Result<Options> {
     let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse(args)?;
-    let mut options = Options { driver: Driver::Auto, workers: None };
+    let mut options = Options { driver: Driver::Auto, workers: None, start_paused: None };
     for meta in metas {
         let Meta::NameValue(nv) = &meta else {
             return Err(syn::Error::new_spanned(
                 meta,
-                "expected `driver = \"...\"` or `workers = N`",
+                "expected `driver = \"...\"`, `workers = N` or `start_paused = true`",
             ));
         };
         let name = nv.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
@@ -135,11 +141,21 @@ fn parse_options(args: TokenStream, kind: Kind) -> syn::Result<Options> {
                 }
                 options.workers = Some(quote!(#n));
             }
+            "start_paused" if kind == Kind::Test => {
+                let Expr::Lit(ExprLit { lit: Lit::Bool(b), .. }) = &nv.value else {
+                    return Err(syn::Error::new_spanned(&nv.value, "`start_paused` takes a bool"));
+                };
+                options.start_paused = b.value.then_some(b.span);
+            }
             _ => {
+                let expected = match kind {
+                    Kind::Test => "`driver`, `workers` or `start_paused`",
+                    Kind::Main => "`driver` or `workers`",
+                };
                 return Err(syn::Error::new_spanned(
                     &nv.path,
-                    "unknown option: expected `driver` or `workers`",
-                ))
+                    format!("unknown option: expected {expected}"),
+                ));
             }
         }
     }
@@ -167,6 +183,12 @@ fn expand(args: TokenStream, item: TokenStream, kind: Kind) -> syn::Result<Token
             return Err(syn::Error::new_spanned(
                 workers,
                 "`workers` sets the runtime an `async fn` test runs on; a plain `fn` test builds its own",
+            ));
+        }
+        if let Some(span) = options.start_paused {
+            return Err(syn::Error::new(
+                span,
+                "`start_paused` pauses the runtime an `async fn` test runs on; a plain `fn` test builds its own (call `hotloop::time::pause()` there)",
             ));
         }
     }
@@ -236,6 +258,14 @@ fn expand_test(
         quote!(#sig #block)
     };
     // An `async fn` runs on a runtime built here; a plain `fn` is called as it is.
+    let call = if options.start_paused.is_some() {
+        quote!(async {
+            ::hotloop::time::pause();
+            #call.await
+        })
+    } else {
+        call
+    };
     let run = if is_async {
         quote! {
             let runtime = ::hotloop::Runtime::builder()

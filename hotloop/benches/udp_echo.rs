@@ -31,7 +31,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hotloop::net::udp::{RecvMeta, Transmit, BATCH_DATAGRAMS_MAX};
+use hotloop::net::{RecvMeta, Transmit, BATCH_DATAGRAMS_MAX};
 use hotloop::net::{UdpOptions, UdpSocket};
 
 /// Bytes per datagram.
@@ -332,7 +332,7 @@ async fn hotloop_owned(sock: &UdpSocket, gso: bool, stop: &AtomicBool) {
         let (res, b) = sock.recv_msg(buf).await;
         buf = b;
         let Ok(meta) = res else { continue };
-        let send = hotloop::net::udp::SendMeta {
+        let send = hotloop::net::SendMeta {
             destination: Some(meta.addr),
             segment_size: (meta.len > meta.stride).then_some(meta.stride),
             ..Default::default()

@@ -59,13 +59,13 @@ fn run_server(mode: AcceptMode, workers: usize) {
     let server = serve(rt.handle(), "127.0.0.1:0", options, |stream| async move {
         let mut buf = Vec::with_capacity(4096);
         loop {
-            let (res, b) = stream.read(buf).await;
+            let (res, b) = stream.read_owned(buf).await;
             buf = b;
             match res {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             }
-            let (res, b) = stream.write_all(buf).await;
+            let (res, b) = stream.write_all_owned(buf).await;
             buf = b;
             if res.is_err() {
                 return;
@@ -153,12 +153,12 @@ fn burst(client_rt: &Runtime, addr: SocketAddr, clients: usize, size: usize) -> 
             .map(|_| {
                 hotloop::spawn(async move {
                     let stream = TcpStream::connect(addr).await?;
-                    let (res, _) = stream.write_all(vec![7u8; size]).await;
+                    let (res, _) = stream.write_all_owned(vec![7u8; size]).await;
                     res?;
                     let mut got = 0;
                     let mut buf = Vec::with_capacity(size);
                     while got < size {
-                        let (res, b) = stream.read(buf).await;
+                        let (res, b) = stream.read_owned(buf).await;
                         buf = b;
                         match res? {
                             0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),

@@ -7,6 +7,7 @@
 //! curl http://127.0.0.1:3000/users/7
 //! curl -d 'ping' http://127.0.0.1:3000/echo
 //! curl -i http://127.0.0.1:3000/slow        # 408 after one second
+//! curl http://127.0.0.1:3000/banner/22       # the first bytes 127.0.0.1:22 sends
 //! ```
 //!
 //! Stop it with Ctrl-C: the server stops accepting, lets each connection
@@ -56,6 +57,24 @@ async fn slow() -> &'static str {
     "too late\n"
 }
 
+/// hotloop I/O from a handler. axum wants every handler's future to be
+/// `Send`, and a hotloop `TcpStream` is not (it belongs to its worker), so
+/// the I/O runs in a task of its own on this worker and the handler awaits
+/// its `JoinHandle`, which is `Send` because its output is.
+async fn banner(Path(port): Path<u16>) -> Result<Vec<u8>, (StatusCode, String)> {
+    let io = hotloop::spawn(async move {
+        let stream = hotloop::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let (res, buf) = stream.read_owned(Vec::with_capacity(256)).await;
+        res.map(|_| buf)
+    });
+    match hotloop::time::timeout(Duration::from_millis(500), io).await {
+        Ok(Ok(Ok(bytes))) => Ok(bytes),
+        Ok(Ok(Err(e))) => Err((StatusCode::BAD_GATEWAY, format!("127.0.0.1:{port}: {e}\n"))),
+        Ok(Err(e)) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))),
+        Err(_) => Err((StatusCode::GATEWAY_TIMEOUT, format!("127.0.0.1:{port} sent nothing\n"))),
+    }
+}
+
 /// The application: routes, then a one-second limit on every request.
 pub fn app() -> Router {
     Router::new()
@@ -63,6 +82,7 @@ pub fn app() -> Router {
         .route("/users/{id}", get(user))
         .route("/echo", post(echo))
         .route("/slow", get(slow))
+        .route("/banner/{port}", get(banner))
         .layer(
             ServiceBuilder::new()
                 // Turns the timeout's error into a response.

@@ -11,13 +11,13 @@ use hotloop::Runtime;
 async fn echo(stream: TcpStream) {
     let mut buf = Vec::with_capacity(16 * 1024);
     loop {
-        let (read, b) = stream.read(buf).await;
+        let (read, b) = stream.read_owned(buf).await;
         buf = b;
         match read {
             Ok(0) | Err(_) => return, // closed or reset: nothing left to do
             Ok(_) => {}
         }
-        let (written, b) = stream.write_all(buf).await;
+        let (written, b) = stream.write_all_owned(buf).await;
         buf = b;
         if written.is_err() {
             return;

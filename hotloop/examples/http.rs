@@ -42,18 +42,18 @@ async fn serve_http(stream: TcpStream, keep_alive: Arc<[u8]>, close: Arc<[u8]>) 
         while let Some((len, wants_close)) = parse_head(&pending) {
             pending.drain(..len);
             let reply = if wants_close { close.clone() } else { keep_alive.clone() };
-            let (res, _) = stream.write_all(reply).await;
+            let (res, _) = stream.write_all_owned(reply).await;
             if res.is_err() || wants_close {
                 return;
             }
         }
         if pending.len() > REQUEST_HEAD_MAX_BYTES {
             let _ = stream
-                .write_all(&b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n"[..])
+                .write_all_owned(&b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n"[..])
                 .await;
             return;
         }
-        let (read, b) = stream.read(buf).await;
+        let (read, b) = stream.read_owned(buf).await;
         buf = b;
         match read {
             Ok(0) | Err(_) => return,

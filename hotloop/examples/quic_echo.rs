@@ -9,13 +9,42 @@
 //! The certificate is self-signed for "localhost" and generated at start;
 //! its DER form is written to `quic_echo_cert.der` in the current directory
 //! so a client can trust it.
+//!
+//! QUIC's handshake requires an application protocol (ALPN, RFC 9001
+//! section 8.1): clients that offer none, or another, are refused. This
+//! server speaks [`ALPN`], `hotloop-echo`, as `hotloop serve quic` does, so
+//! a client sets the same (quinn: `rustls::ClientConfig::alpn_protocols`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hotloop::Runtime;
+use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{ServerConfig, TransportConfig, VarInt};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+/// The application protocol this echo server speaks.
+pub const ALPN: &[u8] = b"hotloop-echo";
+
+/// quinn's server configuration: TLS 1.3 with the certificate and the
+/// ALPN, and how many streams a client may open at once.
+pub fn server_config(
+    cert_der: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+) -> Result<ServerConfig, Box<dyn std::error::Error>> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])?
+    .with_no_client_auth()
+    .with_single_cert(vec![cert_der], key)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let mut server_config = ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls)?));
+    let mut transport = TransportConfig::default();
+    transport.max_concurrent_bidi_streams(VarInt::from_u32(1024));
+    server_config.transport_config(Arc::new(transport));
+    Ok(server_config)
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr: SocketAddr =
@@ -27,12 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write("quic_echo_cert.der", &cert_der)?;
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()));
 
-    // 2. quinn's server configuration: the certificate, and how many
-    //    streams a client may open at once.
-    let mut server_config = ServerConfig::with_single_cert(vec![cert_der], key)?;
-    let mut transport = TransportConfig::default();
-    transport.max_concurrent_bidi_streams(VarInt::from_u32(1024));
-    server_config.transport_config(Arc::new(transport));
+    let server_config = server_config(cert_der, key)?;
 
     // 3. One worker per core; each binds its own endpoint to `addr`.
     let rt = Runtime::builder().build()?;

@@ -21,13 +21,13 @@ async fn echo(stream: UnixStream) {
     let mut buf = Vec::with_capacity(16 * 1024);
     loop {
         // Owned buffers: the buffer goes into the read and comes back with its result.
-        let (read, b) = stream.read(buf).await;
+        let (read, b) = stream.read_owned(buf).await;
         buf = b;
         match read {
             Ok(0) | Err(_) => return, // the client is done (or gone)
             Ok(_) => {}
         }
-        let (written, b) = stream.write_all(buf).await;
+        let (written, b) = stream.write_all_owned(buf).await;
         buf = b;
         if written.is_err() {
             return;
@@ -54,14 +54,14 @@ async fn main() -> io::Result<()> {
     // The client: connect, send a line, and say we are done sending, so the
     // server's read sees the end and it closes after echoing.
     let client = UnixStream::connect(&path).await?;
-    let (sent, _) = client.write_all(b"hello over a Unix socket\n".to_vec()).await;
+    let (sent, _) = client.write_all_owned(b"hello over a Unix socket\n".to_vec()).await;
     sent?;
-    client.shutdown(Shutdown::Write).await?;
+    client.shutdown_with(Shutdown::Write).await?;
 
     // Read until the server closes.
     let mut reply = Vec::new();
     loop {
-        let (read, buf) = client.read(Vec::with_capacity(1024)).await;
+        let (read, buf) = client.read_owned(Vec::with_capacity(1024)).await;
         if read? == 0 {
             break;
         }

@@ -266,7 +266,7 @@ impl From<&HyperOptions> for Deadlines {
 /// gracefully: HTTP/1.1 connections finish the request in flight and
 /// close; HTTP/2 connections send `GOAWAY` and finish their open streams.
 pub fn serve_hyper<M, S, B>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl std::net::ToSocketAddrs,
     options: impl Into<HyperOptions>,
     make_service: M,
@@ -279,6 +279,7 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let handle = handle.as_ref();
     let options = options.into();
     let deadlines = Deadlines::from(&options);
     serve_with_stop(handle, addr, options.server, move |stream: TcpStream, stop| {
@@ -292,7 +293,7 @@ where
 /// already names protocols, so browsers and `curl` negotiate HTTP/2.
 #[cfg(feature = "tls")]
 pub fn serve_hyper_tls<M, S, B>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl std::net::ToSocketAddrs,
     options: impl Into<HyperOptions>,
     acceptor: crate::tls::TlsAcceptor,
@@ -306,6 +307,7 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let handle = handle.as_ref();
     use crate::tls::{ALPN_H2, ALPN_HTTP11};
     let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
     let options = options.into();

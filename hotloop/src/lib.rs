@@ -13,13 +13,13 @@
 //! let server = serve(rt.handle(), "127.0.0.1:8080", ListenerOptions::default(), |stream| async move {
 //!     let mut buf = Vec::with_capacity(4096);
 //!     loop {
-//!         let (n, b) = stream.read(buf).await;
+//!         let (n, b) = stream.read_owned(buf).await;
 //!         buf = b;
 //!         match n {
 //!             Ok(0) | Err(_) => return,
 //!             Ok(_) => {}
 //!         }
-//!         let (res, b) = stream.write_all(buf).await;
+//!         let (res, b) = stream.write_all_owned(buf).await;
 //!         buf = b;
 //!         if res.is_err() {
 //!             return;
@@ -35,8 +35,15 @@
 //! `#[hotloop::test(driver = "all")]` runs a test once per driver.
 //! Blocking work goes to [`spawn_blocking`]; host names resolve there
 //! ([`net::lookup_host`]). [`signal::ctrl_c`] and [`signal::signal`] wait
-//! for process signals in a task, as `tokio::signal` does. Features `hyper`, `tls` and `tower` add hyper
-//! serving, TLS with ALPN, and a tower `TimeoutLayer` on hotloop's timers.
+//! for process signals in a task, as `tokio::signal` does. [`task::JoinSet`]
+//! joins groups of tasks; [`process::Command`] runs child processes;
+//! [`time::pause`] (or `#[hotloop::test(start_paused = true)]`) runs
+//! timers on a paused clock. The owned-buffer stream methods
+//! (`read_owned`, `write_all_owned`, ...) sit beside tokio's
+//! `AsyncReadExt`/`AsyncWriteExt`, which work by plain method calls.
+//! Features `hyper`, `tls` and `tower` add hyper serving, TLS with ALPN,
+//! and a tower `TimeoutLayer` on hotloop's timers; `tokio-time` hosts
+//! tokio's timer for libraries that call `tokio::time`.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -49,6 +56,7 @@ pub mod hyper;
 mod log;
 mod loom;
 pub mod net;
+pub mod process;
 #[cfg(feature = "quic")]
 pub mod quic;
 pub mod runtime;
@@ -56,6 +64,7 @@ pub mod signal;
 mod slab;
 pub mod stats;
 mod sys;
+pub mod task;
 pub mod time;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -64,7 +73,7 @@ pub mod tower;
 
 pub use runtime::{
     spawn, spawn_blocking, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle,
-    KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
+    JoinSet, KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
 };
 pub use sys::{open_fd_count, raise_nofile_limit, release_free_memory};
 

@@ -64,7 +64,7 @@ use quinn::udp::{RecvMeta as QuinnRecvMeta, Transmit as QuinnTransmit};
 use quinn::{AsyncTimer, AsyncUdpSocket, EndpointConfig, Runtime, ServerConfig, UdpPoller};
 use send_wrapper::SendWrapper;
 
-use crate::net::udp::{EcnCodepoint, RecvMeta, Transmit, BATCH_DATAGRAMS_MAX};
+use crate::net::{EcnCodepoint, RecvMeta, Transmit, BATCH_DATAGRAMS_MAX};
 use crate::net::{UdpOptions, UdpSocket};
 use crate::runtime::context;
 use crate::runtime::WorkerShared;

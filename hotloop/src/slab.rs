@@ -104,13 +104,11 @@ impl<T> Slab<T> {
     }
 
     /// How many values the slab holds.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// True if the slab holds nothing.
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -143,6 +143,10 @@ pub struct DriverInfo {
     pub busy_poll: String,
     /// Whether the kernel's own busy polling (`EPIOCSPARAMS` or NAPI registration) took effect, and why not.
     pub kernel_busy_poll: String,
+    /// True if `auto` wanted io_uring and fell back to epoll (the one case
+    /// the runtime warns about); false when a driver was asked for by name
+    /// (`Builder::driver` or `HOTLOOP_DRIVER`).
+    pub fallback: bool,
 }
 
 /// The runtime's blocking pool at one moment (shared by every worker, so

@@ -262,7 +262,7 @@ impl std::fmt::Debug for TlsConnector {
 /// accepted it, then handed to `handler`. A failed handshake ends that
 /// connection only.
 pub fn serve_tls<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl std::net::ToSocketAddrs,
     options: impl Into<ServerOptions>,
     acceptor: TlsAcceptor,
@@ -272,12 +272,13 @@ where
     H: Fn(ServerTlsStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     serve_tls_with_stop(handle, addr, options, acceptor, move |tls, _stop| handler(tls))
 }
 
 /// [`serve_tls`] with the server's [`StopSignal`] for each handler.
 pub fn serve_tls_with_stop<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl std::net::ToSocketAddrs,
     options: impl Into<ServerOptions>,
     acceptor: TlsAcceptor,
@@ -287,6 +288,7 @@ where
     H: Fn(ServerTlsStream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     let handler = Arc::new(handler);
     crate::net::serve_with_stop(handle, addr, options, move |stream, stop| {
         let acceptor = acceptor.clone();

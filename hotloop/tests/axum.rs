@@ -112,6 +112,22 @@ fn the_example_router_answers_on_one_keep_alive_connection(driver: DriverKind) {
     assert!(took >= Duration::from_millis(990) && took < Duration::from_secs(3), "{took:?}");
 }
 
+/// A `Send` handler does hotloop I/O through a spawned task and its handle.
+#[hotloop::test(driver = "all")]
+fn a_handler_awaits_hotloop_io_through_a_join_handle(driver: DriverKind) {
+    let (_rt, server) = serve_router(driver, 1, example::app());
+    let banner = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = banner.local_addr().unwrap().port();
+    let greeter = std::thread::spawn(move || {
+        let (mut peer, _) = banner.accept().unwrap();
+        peer.write_all(b"SSH-2.0-test\r\n").unwrap();
+    });
+    let mut s = connect(server.local_addr());
+    let (status, _, body) = request(&mut s, "GET", &format!("/banner/{port}"), "");
+    assert_eq!((status.as_str(), body.as_str()), ("http/1.1 200 ok", "SSH-2.0-test\r\n"));
+    greeter.join().unwrap();
+}
+
 #[hotloop::test(driver = "all")]
 fn wrk_keep_alive_has_no_errors(driver: DriverKind) {
     if Command::new("wrk").arg("--version").output().is_err() {

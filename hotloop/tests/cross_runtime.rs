@@ -43,7 +43,7 @@ fn an_operation_dropped_under_another_runtime_stays_in_its_own(driver: DriverKin
     let (addr_a, addr_b) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
     let read_a = rt_a.block_on(async move {
         let a = TcpStream::connect(addr_a).await.unwrap();
-        let mut read = Box::pin(async move { a.read(Vec::with_capacity(64)).await });
+        let mut read = Box::pin(async move { a.read_owned(Vec::with_capacity(64)).await });
         poll_once(&mut read).await;
         sleep(Duration::from_millis(5)).await; // the read reaches A's kernel queue
         read
@@ -52,7 +52,7 @@ fn an_operation_dropped_under_another_runtime_stays_in_its_own(driver: DriverKin
     rt_b.block_on(async move {
         let b = TcpStream::connect(addr_b).await.unwrap();
         let (mut pb, _) = lb.accept().unwrap();
-        let mut read_b = Box::pin(b.read(Vec::with_capacity(64)));
+        let mut read_b = Box::pin(b.read_owned(Vec::with_capacity(64)));
         poll_once(&mut read_b).await;
         sleep(Duration::from_millis(5)).await;
         drop(read_a); // A's operation, dropped while B runs
@@ -103,7 +103,7 @@ fn a_socket_used_under_another_runtime_fails_cleanly(driver: DriverKind) {
     let a = rt_a.block_on(async move { TcpStream::connect(addr).await.unwrap() });
     let _peer: StdStream = l.accept().unwrap().0;
     rt_b.block_on(async move {
-        let (res, _) = timeout(Duration::from_secs(2), a.read(Vec::with_capacity(8)))
+        let (res, _) = timeout(Duration::from_secs(2), a.read_owned(Vec::with_capacity(8)))
             .await
             .expect("a read on another runtime's socket waited forever");
         let err = res.expect_err("a read with nothing to read succeeded");

@@ -56,9 +56,9 @@ fn reset(stream: TcpStream) {
 #[hotloop::test(driver = "all")]
 fn peer_reset_mid_read_is_an_error_not_a_panic(driver: DriverKind) {
     let (_rt, addr, rx) = server_reporting(driver, |s, tx| async move {
-        let (first, buf) = s.read(Vec::with_capacity(64)).await;
+        let (first, buf) = s.read_owned(Vec::with_capacity(64)).await;
         let _ = tx.send(first.map(|n| n > 0).unwrap_or(false));
-        let (second, _) = s.read(buf).await;
+        let (second, _) = s.read_owned(buf).await;
         // A reset reads as ECONNRESET (or, if it raced the read, as EOF).
         let _ = tx.send(
             matches!(second, Err(ref e) if e.kind() == std::io::ErrorKind::ConnectionReset)
@@ -82,7 +82,7 @@ fn half_close_reads_eof_and_can_still_answer(driver: DriverKind) {
         let mut got = Vec::new();
         let mut buf = Vec::with_capacity(16);
         loop {
-            let (res, b) = s.read(buf).await;
+            let (res, b) = s.read_owned(buf).await;
             match res {
                 Ok(0) => break,
                 Ok(_) => got.extend_from_slice(&b),
@@ -91,7 +91,7 @@ fn half_close_reads_eof_and_can_still_answer(driver: DriverKind) {
             buf = b;
         }
         got.reverse();
-        let _ = s.write_all(got).await;
+        let _ = s.write_all_owned(got).await;
     });
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -109,7 +109,7 @@ fn write_to_a_closed_peer_is_epipe_not_sigpipe(driver: DriverKind) {
         let chunk = vec![7u8; 64 * 1024];
         let mut result = Ok(());
         for _ in 0..1_000 {
-            let (res, _) = s.write_all(chunk.clone()).await;
+            let (res, _) = s.write_all_owned(chunk.clone()).await;
             if let Err(e) = res {
                 result = Err(e.kind());
                 break;
@@ -170,7 +170,8 @@ fn dropping_reads_mid_flight_keeps_the_driver_consistent(driver: DriverKind) {
         let (stream, _) = listener.accept().await.unwrap();
         let mut dropped = 0;
         loop {
-            match timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(16))).await {
+            match timeout(Duration::from_millis(1), stream.read_owned(Vec::with_capacity(16))).await
+            {
                 Err(_) => dropped += 1,
                 Ok((res, buf)) => {
                     assert_eq!(res.unwrap(), 4);
@@ -180,7 +181,7 @@ fn dropping_reads_mid_flight_keeps_the_driver_consistent(driver: DriverKind) {
             }
         }
         assert!(dropped > 10, "reads were dropped mid-flight {dropped} times");
-        let (res, _) = stream.write_all(&b"ok"[..]).await;
+        let (res, _) = stream.write_all_owned(&b"ok"[..]).await;
         res.unwrap();
         assert_eq!(&client.join().unwrap(), b"ok");
     });
@@ -212,9 +213,9 @@ fn peer_reset_during_read_is_an_error(driver: DriverKind) {
             drop(s);
         });
         let (stream, _) = listener.accept().await.unwrap();
-        let (res, _) = stream.write_all(b"never read".to_vec()).await;
+        let (res, _) = stream.write_all_owned(b"never read".to_vec()).await;
         res.unwrap();
-        let (res, _) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
+        let (res, _) = timeout(Duration::from_secs(5), stream.read_owned(Vec::with_capacity(64)))
             .await
             .expect("the reset never reached the read");
         let err = res.expect_err("a reset connection cannot be read");
@@ -237,12 +238,12 @@ fn client_connect_vectored_write_and_shutdown(driver: DriverKind) {
     rt.block_on(async {
         let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
         let bufs = vec![b"vectored ".to_vec(), b"write ".to_vec(), b"works".to_vec()];
-        let (res, _) = stream.write_vectored(bufs).await;
+        let (res, _) = stream.write_vectored_owned(bufs).await;
         assert_eq!(res.unwrap(), 20);
-        stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+        stream.shutdown_with(std::net::Shutdown::Write).await.unwrap();
         let mut back = Vec::new();
         loop {
-            let (res, buf) = stream.read(Vec::with_capacity(64)).await;
+            let (res, buf) = stream.read_owned(Vec::with_capacity(64)).await;
             match res.unwrap() {
                 0 => break,
                 _ => back.extend_from_slice(&buf),

@@ -40,9 +40,9 @@ async fn one_test_per_driver(driver: DriverKind) {
         out
     });
     let (stream, _) = listener.accept().await.unwrap();
-    let (n, buf) = stream.read(Vec::with_capacity(16)).await;
+    let (n, buf) = stream.read_owned(Vec::with_capacity(16)).await;
     assert_eq!(n.unwrap(), 4);
-    let (res, _) = stream.write_all(buf).await;
+    let (res, _) = stream.write_all_owned(buf).await;
     res.unwrap();
     assert_eq!(&client.join().unwrap(), b"ping");
 }

@@ -70,7 +70,7 @@ fn a_dropped_write_never_reaches_a_reused_descriptor(driver: DriverKind) {
         let a = TcpStream::connect(addr_a).await.unwrap();
         let fd_a = std::os::fd::AsRawFd::as_raw_fd(&a);
         // Queued, then dropped by the elapsed deadline in the same turn.
-        let _ = timeout_at(already_passed(), a.write(b"LEAKED BYTES".to_vec())).await;
+        let _ = timeout_at(already_passed(), a.write_owned(b"LEAKED BYTES".to_vec())).await;
         drop(a);
         // A blocking connect in the same turn takes the lowest free number.
         let b = StdStream::connect(addr_b).unwrap();
@@ -96,7 +96,7 @@ fn a_dropped_read_never_steals_from_a_reused_descriptor(driver: DriverKind) {
     let (addr_b, _got_b) = recording_peer(b"GREETING");
     rt.block_on(async {
         let a = TcpStream::connect(addr_a).await.unwrap();
-        let _ = timeout_at(already_passed(), a.read(Vec::with_capacity(64))).await;
+        let _ = timeout_at(already_passed(), a.read_owned(Vec::with_capacity(64))).await;
         drop(a);
         let mut b = StdStream::connect(addr_b).unwrap();
         // Wait (blocking this turn) until the greeting is in b's receive queue.
@@ -121,14 +121,14 @@ fn a_read_dropped_in_its_own_turn_loses_nothing(driver: DriverKind) {
         c.write_all(b"DATA").unwrap();
         sleep(Duration::from_millis(20)).await; // the bytes are in s's receive queue
         for _ in 0..10 {
-            let r = timeout_at(already_passed(), s.read(Vec::with_capacity(64))).await;
+            let r = timeout_at(already_passed(), s.read_owned(Vec::with_capacity(64))).await;
             if let Ok((res, buf)) = r {
                 // epoll reads at once; that is fine, and the bytes are here.
                 assert_eq!((res.unwrap(), &buf[..]), (4, &b"DATA"[..]));
                 return;
             }
         }
-        let (res, buf) = timeout(Duration::from_secs(2), s.read(Vec::with_capacity(64)))
+        let (res, buf) = timeout(Duration::from_secs(2), s.read_owned(Vec::with_capacity(64)))
             .await
             .expect("the bytes were lost to a dropped read");
         assert_eq!(res.unwrap(), 4);
@@ -155,7 +155,7 @@ fn a_dropped_listeners_accept_never_takes_another_listeners_connection(driver: D
             .expect("the connection went to the dropped listener's accept")
             .unwrap();
         c.write_all(b"x").unwrap();
-        let (res, buf) = s.read(Vec::with_capacity(8)).await;
+        let (res, buf) = s.read_owned(Vec::with_capacity(8)).await;
         assert_eq!((res.unwrap(), &buf[..]), (1, &b"x"[..]));
     });
 }
@@ -188,7 +188,9 @@ fn a_stream_dropped_outside_its_runtime_closes(driver: DriverKind) {
     let stream = rt.block_on(async {
         let s = TcpStream::connect(addr).await.unwrap();
         // The read stays in the kernel until its cancel is processed.
-        assert!(timeout(Duration::from_millis(20), s.read(Vec::with_capacity(64))).await.is_err());
+        assert!(timeout(Duration::from_millis(20), s.read_owned(Vec::with_capacity(64)))
+            .await
+            .is_err());
         s
     });
     let (mut peer, _) = l.accept().unwrap();

@@ -110,7 +110,7 @@ fn a_panicking_buffer_destructor_spares_the_worker(driver: DriverKind) {
             let s = l.accept_stream().await.unwrap();
             let buf = PanickyBuf { bytes: Vec::with_capacity(64), _g: PanicOnDrop("buffer") };
             let r = hotloop::spawn(async move {
-                let _ = timeout(Duration::from_millis(5), s.read(buf)).await;
+                let _ = timeout(Duration::from_millis(5), s.read_owned(buf)).await;
             })
             .await;
             sleep(Duration::from_millis(20)).await; // the cancelled read ends

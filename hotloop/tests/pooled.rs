@@ -71,9 +71,10 @@ fn pooled_and_plain_reads_keep_the_order(driver: DriverKind) {
                 assert!(!b.is_empty());
                 got.extend_from_slice(&b);
             } else {
-                let (res, b) = timeout(Duration::from_secs(5), s.read(Vec::with_capacity(3_000)))
-                    .await
-                    .unwrap();
+                let (res, b) =
+                    timeout(Duration::from_secs(5), s.read_owned(Vec::with_capacity(3_000)))
+                        .await
+                        .unwrap();
                 let n = res.unwrap();
                 assert!(n > 0);
                 got.extend_from_slice(&b[..n]);

@@ -5,6 +5,10 @@
 
 mod common;
 
+#[allow(dead_code)]
+#[path = "../examples/quic_echo.rs"]
+mod example;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -251,4 +255,55 @@ fn one_endpoint_per_worker(driver: DriverKind) {
     let counts = [served[0].load(Ordering::Relaxed), served[1].load(Ordering::Relaxed)];
     assert_eq!(counts[0] + counts[1], 20);
     assert!(counts[0] > 0 && counts[1] > 0, "every worker serves connections: {counts:?}");
+}
+
+/// The example server sets an ALPN (QUIC requires one): a client offering
+/// it gets its stream echoed, one offering another protocol is refused.
+#[hotloop::test(driver = "all")]
+fn the_example_server_speaks_its_alpn(driver: DriverKind) {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert_der = CertificateDer::from(cert.cert);
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()));
+    let server_config = example::server_config(cert_der.clone(), key).unwrap();
+    let (_rt, addr, _ends) = hotloop_server(driver, server_config);
+    let client_config = |alpn: &[u8]| {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert_der.clone()).unwrap();
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![alpn.to_vec()];
+        ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap()))
+    };
+    tokio_rt().block_on(async {
+        tokio::time::timeout(LIMIT, async {
+            let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
+            client.set_default_client_config(client_config(example::ALPN));
+            let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
+            assert_eq!(
+                conn.handshake_data()
+                    .unwrap()
+                    .downcast::<quinn::crypto::rustls::HandshakeData>()
+                    .unwrap()
+                    .protocol
+                    .as_deref(),
+                Some(example::ALPN)
+            );
+            let (mut send, mut recv) = conn.open_bi().await.unwrap();
+            send.write_all(b"alpn").await.unwrap();
+            send.finish().unwrap();
+            let mut buf = [0u8; 4];
+            recv.read_exact(&mut buf).await.unwrap();
+            assert_eq!(&buf, b"alpn");
+            client.set_default_client_config(client_config(b"h3"));
+            let refused = client.connect(addr, "localhost").unwrap().await;
+            assert!(refused.is_err(), "a client offering another protocol got in");
+        })
+        .await
+        .unwrap();
+    });
 }

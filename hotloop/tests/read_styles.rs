@@ -2,7 +2,7 @@
 //! no byte is skipped, repeated or reordered, and every byte a write
 //! reported reaches the peer, even when the stream is dropped unflushed.
 //!
-//! The styles are the owned-buffer `read`, `read_pooled`, tokio's
+//! The styles are the owned-buffer `read_owned`, `read_pooled`, tokio's
 //! `AsyncRead` and futures' `AsyncRead`; each pair of them alternates on
 //! one stream while some reads are cut short by a timeout.
 
@@ -40,7 +40,7 @@ trait Stream: tokio::io::AsyncRead + futures_io::AsyncRead + Unpin {
 
 impl Stream for TcpStream {
     async fn owned(&self, max: usize) -> std::io::Result<Vec<u8>> {
-        let (res, buf) = self.read(Vec::with_capacity(max)).await;
+        let (res, buf) = self.read_owned(Vec::with_capacity(max)).await;
         res.map(|_| buf)
     }
     async fn pooled(&self) -> std::io::Result<Vec<u8>> {
@@ -50,7 +50,7 @@ impl Stream for TcpStream {
 
 impl Stream for hotloop::net::UnixStream {
     async fn owned(&self, max: usize) -> std::io::Result<Vec<u8>> {
-        let (res, buf) = self.read(Vec::with_capacity(max)).await;
+        let (res, buf) = self.read_owned(Vec::with_capacity(max)).await;
         res.map(|_| buf)
     }
     async fn pooled(&self) -> std::io::Result<Vec<u8>> {
@@ -359,7 +359,7 @@ fn writes_reported_before_an_unflushed_drop_all_arrive(driver: DriverKind) {
                         .await
                         .unwrap(),
                         (WriteStyle::Mixed, _) => {
-                            let (res, _) = s.write_all(data[at..end].to_vec()).await;
+                            let (res, _) = s.write_all_owned(data[at..end].to_vec()).await;
                             res.unwrap();
                             end - at
                         }
@@ -396,7 +396,7 @@ fn an_owned_shutdown_after_borrowed_writes_sends_them_first(driver: DriverKind) 
         async move |mut s| {
             s.set_send_buffer_size(4096).unwrap();
             tokio::io::AsyncWriteExt::write_all(&mut s, &data).await.unwrap();
-            s.shutdown(std::net::Shutdown::Write).await.unwrap();
+            s.shutdown_with(std::net::Shutdown::Write).await.unwrap();
             // The stream stays open until the peer has everything.
             hotloop::time::sleep(Duration::from_millis(300)).await;
         },
@@ -422,7 +422,7 @@ async fn read_styles_mix_on_a_unix_stream(driver: DriverKind) {
             let mut step = 0;
             while at < data.len() {
                 let n = [1, 900, 17, 5000, 3, 64][step % 6].min(data.len() - at);
-                let (res, _) = writer.write_all(data[at..at + n].to_vec()).await;
+                let (res, _) = writer.write_all_owned(data[at..at + n].to_vec()).await;
                 res.unwrap();
                 at += n;
                 step += 1;
@@ -430,7 +430,7 @@ async fn read_styles_mix_on_a_unix_stream(driver: DriverKind) {
                     hotloop::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            writer.shutdown(std::net::Shutdown::Write).await.unwrap();
+            writer.shutdown_with(std::net::Shutdown::Write).await.unwrap();
             writer
         });
         let got = read_alternating(reader, a, b, LEN).await;
@@ -461,7 +461,8 @@ fn a_full_shutdown_does_not_wait_for_a_stalled_write(driver: DriverKind) {
             .await
             .is_ok()
             {}
-            let cut = timeout(Duration::from_secs(3), s.shutdown(std::net::Shutdown::Both)).await;
+            let cut =
+                timeout(Duration::from_secs(3), s.shutdown_with(std::net::Shutdown::Both)).await;
             assert!(cut.is_ok(), "{driver:?}: shutdown(Both) waited for a peer that never reads");
             go_tx.send(()).unwrap();
         },

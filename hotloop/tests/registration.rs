@@ -17,9 +17,9 @@ const CONNECTIONS: usize = 50;
 
 /// A short stream: read one request, answer, close.
 async fn short_stream(stream: hotloop::net::TcpStream) {
-    let (res, _buf) = stream.read(Vec::with_capacity(512)).await;
+    let (res, _buf) = stream.read_owned(Vec::with_capacity(512)).await;
     if matches!(res, Ok(n) if n > 0) {
-        let _ = stream.write_all(&b"pong"[..]).await;
+        let _ = stream.write_all_owned(&b"pong"[..]).await;
     }
 }
 

@@ -115,7 +115,7 @@ async fn sends_on_a_unix_stream() {
     let reader = spawn(async move {
         let mut out = Vec::new();
         loop {
-            let (res, buf) = b.read(Vec::with_capacity(65536)).await;
+            let (res, buf) = b.read_owned(Vec::with_capacity(65536)).await;
             match res.unwrap() {
                 0 => return out,
                 _ => out.extend_from_slice(&buf),

@@ -138,8 +138,8 @@ async fn quickack_ttl_and_incoming_cpu() {
     assert_eq!(SockRef::from(&c).ttl_v4().unwrap(), 42);
 
     // After a packet arrived, the kernel knows which CPU took it.
-    c.write_all(b"ping".to_vec()).await.0.unwrap();
-    let (res, _) = timeout(LIMIT, s.read(Vec::with_capacity(8))).await.unwrap();
+    c.write_all_owned(b"ping".to_vec()).await.0.unwrap();
+    let (res, _) = timeout(LIMIT, s.read_owned(Vec::with_capacity(8))).await.unwrap();
     assert_eq!(res.unwrap(), 4);
     let cpu = s.incoming_cpu().unwrap().expect("a packet arrived");
     assert_eq!(cpu, SockRef::from(&s).cpu_affinity().unwrap());

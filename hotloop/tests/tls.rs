@@ -68,8 +68,10 @@ fn https_server(driver: DriverKind) -> HttpsServer {
     let acceptor =
         TlsAcceptor::from_pem_files(&cert, &key).unwrap().handshake_timeout(HANDSHAKE_LIMIT);
     let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    // The handle by value (a clone); `rt.handle()` by reference works as well.
+    let handle: hotloop::Handle = rt.handle().clone();
     let server =
-        serve_hyper_tls(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), acceptor, || {
+        serve_hyper_tls(handle, "127.0.0.1:0", ListenerOptions::default(), acceptor, || {
             service_fn(hello)
         })
         .unwrap();

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use hotloop::net::udp::{EcnCodepoint, RecvMeta, SendMeta, Transmit};
+use hotloop::net::{EcnCodepoint, RecvMeta, SendMeta, Transmit};
 use hotloop::net::{UdpOptions, UdpSocket};
 use hotloop::runtime::Handle;
 use hotloop::time::timeout;

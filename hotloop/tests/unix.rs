@@ -43,7 +43,7 @@ async fn echo(stream: UnixStream) {
             Ok(d) if !d.is_empty() => d,
             _ => return,
         };
-        if stream.write_all(data.to_vec()).await.0.is_err() {
+        if stream.write_all_owned(data.to_vec()).await.0.is_err() {
             return;
         }
     }
@@ -53,7 +53,7 @@ async fn echo(stream: UnixStream) {
 async fn read_n(s: &UnixStream, n: usize) -> Vec<u8> {
     let mut out = Vec::new();
     while out.len() < n {
-        let (res, buf) = s.read(Vec::with_capacity(4096)).await;
+        let (res, buf) = s.read_owned(Vec::with_capacity(4096)).await;
         match res.expect("read") {
             0 => break,
             _ => out.extend_from_slice(&buf),
@@ -75,9 +75,9 @@ async fn echo_over_a_path() {
         let s = UnixStream::connect(&client_path).await.unwrap();
         assert_eq!(s.peer_addr().unwrap().as_pathname(), Some(client_path.as_path()));
         assert!(s.local_addr().unwrap().is_unnamed());
-        s.write_all(b"hello over a path".to_vec()).await.0.unwrap();
+        s.write_all_owned(b"hello over a path".to_vec()).await.0.unwrap();
         let back = read_n(&s, 17).await;
-        s.shutdown(Shutdown::Write).await.unwrap();
+        s.shutdown_with(Shutdown::Write).await.unwrap();
         assert_eq!(read_n(&s, 1).await, b"", "the server closed after our end");
         back
     });
@@ -97,13 +97,13 @@ async fn echo_over_an_abstract_name() {
         let name = name.clone();
         async move {
             let s = UnixStream::connect(&name).await.unwrap();
-            s.write_all(b"abstract".to_vec()).await.0.unwrap();
+            s.write_all_owned(b"abstract".to_vec()).await.0.unwrap();
             read_n(&s, 8).await
         }
     });
     let (stream, _) = timeout(LIMIT, listener.accept()).await.unwrap().unwrap();
     let data = read_n(&stream, 8).await;
-    stream.write_all(data).await.0.unwrap();
+    stream.write_all_owned(data).await.0.unwrap();
     assert_eq!(client.await.unwrap(), b"abstract");
 }
 
@@ -112,10 +112,10 @@ async fn a_pair_talks_both_ways() {
     let (a, b) = UnixStream::pair().unwrap();
     assert!(a.local_addr().unwrap().is_unnamed());
     assert!(b.peer_addr().unwrap().is_unnamed());
-    let n = a.write_vectored(vec![b"one ".to_vec(), b"two".to_vec()]).await.0.unwrap();
+    let n = a.write_vectored_owned(vec![b"one ".to_vec(), b"two".to_vec()]).await.0.unwrap();
     assert_eq!(n, 7);
     assert_eq!(timeout(LIMIT, read_n(&b, 7)).await.unwrap(), b"one two");
-    b.write_all(b"back".to_vec()).await.0.unwrap();
+    b.write_all_owned(b"back".to_vec()).await.0.unwrap();
     let got = timeout(LIMIT, a.read_pooled()).await.unwrap().unwrap();
     assert_eq!(&got[..], b"back");
     // Bigger than a socket buffer: the writer waits for the reader.
@@ -124,7 +124,7 @@ async fn a_pair_talks_both_ways() {
     let writer = spawn({
         let a = a.clone();
         let big = big.clone();
-        async move { a.write_all(big).await.0.unwrap() }
+        async move { a.write_all_owned(big).await.0.unwrap() }
     });
     let got = timeout(LIMIT, read_n(&b, big.len())).await.unwrap();
     writer.await.unwrap();
@@ -149,7 +149,7 @@ async fn many_connections_at_once_on_one_listener() {
             spawn(async move {
                 let s = UnixStream::connect(&path).await.unwrap();
                 let msg = format!("client {i}");
-                s.write_all(msg.clone().into_bytes()).await.0.unwrap();
+                s.write_all_owned(msg.clone().into_bytes()).await.0.unwrap();
                 assert_eq!(read_n(&s, msg.len()).await, msg.as_bytes());
             })
         })
@@ -229,16 +229,16 @@ fn serve_unix_serves_many_clients_from_two_workers() {
 #[hotloop::test(driver = "all")]
 async fn half_close_keeps_the_other_direction() {
     let (client, server) = UnixStream::pair().unwrap();
-    client.write_all(b"request".to_vec()).await.0.unwrap();
-    client.shutdown(Shutdown::Write).await.unwrap();
+    client.write_all_owned(b"request".to_vec()).await.0.unwrap();
+    client.shutdown_with(Shutdown::Write).await.unwrap();
     // The server sees the request, then the end of it.
     assert_eq!(timeout(LIMIT, read_n(&server, 100)).await.unwrap(), b"request");
     // The other direction still works.
-    server.write_all(b"reply after your end".to_vec()).await.0.unwrap();
-    server.shutdown(Shutdown::Write).await.unwrap();
+    server.write_all_owned(b"reply after your end".to_vec()).await.0.unwrap();
+    server.shutdown_with(Shutdown::Write).await.unwrap();
     assert_eq!(timeout(LIMIT, read_n(&client, 100)).await.unwrap(), b"reply after your end");
     // Writing on the half the client shut down fails.
-    let (res, _) = client.write(b"late".to_vec()).await;
+    let (res, _) = client.write_owned(b"late".to_vec()).await;
     assert_eq!(res.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
 }
 
@@ -246,27 +246,28 @@ async fn half_close_keeps_the_other_direction() {
 async fn a_peer_that_goes_away_mid_stream() {
     // Closed mid-message: the reader gets what was sent, then the end.
     let (a, b) = UnixStream::pair().unwrap();
-    a.write_all(b"half a mess".to_vec()).await.0.unwrap();
+    a.write_all_owned(b"half a mess".to_vec()).await.0.unwrap();
     drop(a);
     assert_eq!(timeout(LIMIT, read_n(&b, 100)).await.unwrap(), b"half a mess");
-    let (res, _) = b.write(b"anyone?".to_vec()).await;
+    let (res, _) = b.write_owned(b"anyone?".to_vec()).await;
     assert_eq!(res.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
 
     // Closed with unread data: the kernel reports a reset to the writer.
     let (a, b) = UnixStream::pair().unwrap();
-    b.write_all(b"never read".to_vec()).await.0.unwrap();
+    b.write_all_owned(b"never read".to_vec()).await.0.unwrap();
     drop(a);
-    let (res, _) = timeout(LIMIT, b.read(Vec::with_capacity(64))).await.unwrap();
+    let (res, _) = timeout(LIMIT, b.read_owned(Vec::with_capacity(64))).await.unwrap();
     match res {
         Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
         Ok(n) => assert_eq!(n, 0, "a reset or a clean end, never data"),
     }
-    let (res, _) = b.write(b"anyone?".to_vec()).await;
+    let (res, _) = b.write_owned(b"anyone?".to_vec()).await;
     assert!(res.is_err(), "writing to a closed peer fails");
 
     // A reader parked in a read is woken by the close.
     let (a, b) = UnixStream::pair().unwrap();
-    let reader = spawn(async move { b.read(Vec::with_capacity(64)).await.0.map_err(|e| e.kind()) });
+    let reader =
+        spawn(async move { b.read_owned(Vec::with_capacity(64)).await.0.map_err(|e| e.kind()) });
     hotloop::time::sleep(Duration::from_millis(20)).await;
     drop(a);
     assert_eq!(timeout(LIMIT, reader).await.unwrap().unwrap(), Ok(0));
@@ -384,7 +385,7 @@ fn exercise(driver: DriverKind, dir: &Path) {
         });
         for _ in 0..20 {
             let s = UnixStream::connect(&path).await.unwrap();
-            s.write_all(b"x".to_vec()).await.0.unwrap();
+            s.write_all_owned(b"x".to_vec()).await.0.unwrap();
             assert_eq!(read_n(&s, 1).await, b"x");
         }
         timeout(LIMIT, accepted).await.unwrap().unwrap();

@@ -121,14 +121,16 @@ fn dropped_reads_free_everything() {
             for _ in 0..DROPS_PER_CONNECTION {
                 // Nothing to read: the read is still waiting when its future is dropped.
                 let r =
-                    timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(64))).await;
+                    timeout(Duration::from_millis(1), stream.read_owned(Vec::with_capacity(64)))
+                        .await;
                 assert!(r.is_err(), "a read with no data completed");
             }
             // The driver is still consistent: a later read gets the data.
             client.write_all(b"ping").unwrap();
-            let (res, buf) = timeout(Duration::from_secs(5), stream.read(Vec::with_capacity(64)))
-                .await
-                .expect("read after cancellations timed out");
+            let (res, buf) =
+                timeout(Duration::from_secs(5), stream.read_owned(Vec::with_capacity(64)))
+                    .await
+                    .expect("read after cancellations timed out");
             assert_eq!(res.unwrap(), 4);
             assert_eq!(&buf[..], b"ping");
             drop(stream);
@@ -325,7 +327,7 @@ fn small_rings_survive_bursts() {
                 .expect("accept timed out")
                 .unwrap();
             readers.push(hotloop::spawn(async move {
-                let (res, buf) = s.read(Vec::with_capacity(16)).await;
+                let (res, buf) = s.read_owned(Vec::with_capacity(16)).await;
                 assert_eq!(res.unwrap(), 5);
                 buf
             }));
@@ -455,7 +457,9 @@ fn reads_dropped_while_data_arrives() {
         let stream = listener.accept_stream().await.unwrap();
         let (mut received, mut dropped) = (0usize, 0usize);
         for _ in 0..ROUNDS {
-            match timeout(Duration::from_millis(1), stream.read(Vec::with_capacity(256))).await {
+            match timeout(Duration::from_millis(1), stream.read_owned(Vec::with_capacity(256)))
+                .await
+            {
                 Ok((res, buf)) => {
                     let n = res.unwrap();
                     assert!(buf.iter().all(|&b| b == 1), "a read returned foreign bytes");

@@ -106,7 +106,11 @@ pub(crate) struct DriverConfig {
 ///   provided-buffer ring, for streams or datagrams;
 /// - `HOTLOOP_URING_MULTISHOT_RECVMSG=0`: none for datagrams alone;
 /// - `HOTLOOP_URING_DGRAM_BUFFERS=N`: buffers in each datagram socket's
-///   ring (a power of two up to 32768).
+///   ring (a power of two up to 32768);
+/// - `HOTLOOP_URING_FS=0`: file operations on the blocking pool, as on
+///   epoll, instead of the ring;
+/// - `HOTLOOP_URING_SEND_FILE=splice`: `send_file` by two `SPLICE`
+///   operations per step instead of `sendfile(2)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -115,6 +119,10 @@ pub(crate) struct UringSwitches {
     pub(crate) multishot_recvmsg: bool,
     /// Buffers in each datagram socket's ring.
     pub(crate) dgram_buffers: u16,
+    /// File operations as ring operations where the kernel has them.
+    pub(crate) files_on_ring: bool,
+    /// `send_file` by `SPLICE` through a pipe rather than `sendfile(2)`.
+    pub(crate) send_file_splice: bool,
 }
 
 impl UringSwitches {
@@ -144,6 +152,8 @@ impl UringSwitches {
             multishot_recv,
             multishot_recvmsg: multishot_recv && !off("HOTLOOP_URING_MULTISHOT_RECVMSG"),
             dgram_buffers,
+            files_on_ring: !off("HOTLOOP_URING_FS"),
+            send_file_splice: std::env::var("HOTLOOP_URING_SEND_FILE").is_ok_and(|v| v == "splice"),
         }
     }
 }

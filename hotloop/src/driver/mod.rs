@@ -12,7 +12,9 @@
 //! - `Source`, a socket bound to one `Driver`, with the socket operations:
 //!   owned-buffer `recv`/`send`/`send_vectored`, `connect`, `shutdown`,
 //!   `poll_accept`/`accept_now`, a readiness wait (`poll_readable`) with a
-//!   non-blocking `try_recv` beside it, and the borrowed-slice poll forms
+//!   non-blocking `try_recv` beside it, waits for the next readiness that
+//!   never answer from remembered state (`poll_next_readable`,
+//!   `next_writable`: for pidfds and Unix datagram sockets), the borrowed-slice poll forms
 //!   behind tokio's and futures' I/O traits, and `send_file` (a file's
 //!   bytes to the socket without a copy through user space); for datagram sockets, owned
 //!   `recv_msg`/`send_msg`, batched borrowed `poll_recv_batch`/
@@ -95,21 +97,26 @@ impl Driver {
         unpark: Arc<Unpark>,
         stats: Arc<WorkerStats>,
     ) -> io::Result<(Driver, DriverInfo)> {
-        let requested = match std::env::var("HOTLOOP_DRIVER").ok().as_deref() {
-            Some(s) if !s.is_empty() => {
-                s.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?
-            }
-            _ => config.kind,
+        let (requested, by) = match std::env::var("HOTLOOP_DRIVER").ok().as_deref() {
+            Some(s) if !s.is_empty() => (
+                s.parse().map_err(|e: String| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+                " (HOTLOOP_DRIVER)",
+            ),
+            _ => (config.kind, ""),
         };
+        let mut fallback = false;
         let (use_uring, mut reason) = match requested {
-            DriverKind::Epoll => (false, "epoll was requested".to_string()),
-            DriverKind::Uring => (true, "io_uring was requested".to_string()),
+            DriverKind::Epoll => (false, format!("epoll was requested{by}")),
+            DriverKind::Uring => (true, format!("io_uring was requested{by}")),
             DriverKind::Auto => match probe::uring_support() {
                 Ok(()) => (
                     true,
                     "auto: the kernel supports every io_uring feature hotloop uses".to_string(),
                 ),
-                Err(why) => (false, format!("auto: {why}; using epoll")),
+                Err(why) => {
+                    fallback = true;
+                    (false, format!("auto: {why}; using epoll"))
+                }
             },
         };
         if use_uring {
@@ -120,19 +127,26 @@ impl Driver {
                         reason,
                         busy_poll: String::new(),
                         kernel_busy_poll,
+                        fallback: false,
                     };
                     return Ok((Driver::Uring(driver), info));
                 }
                 // The probe's small ring worked but this one did not: auto still falls back.
                 Err(e) if requested == DriverKind::Auto => {
+                    fallback = true;
                     reason = format!("auto: io_uring setup failed ({e}); using epoll");
                 }
                 Err(e) => return Err(e),
             }
         }
         let (driver, kernel_busy_poll) = epoll::Driver::new(config, unpark, stats)?;
-        let info =
-            DriverInfo { driver: "epoll", reason, busy_poll: String::new(), kernel_busy_poll };
+        let info = DriverInfo {
+            driver: "epoll",
+            reason,
+            busy_poll: String::new(),
+            kernel_busy_poll,
+            fallback,
+        };
         Ok((Driver::Epoll(driver), info))
     }
 
@@ -200,21 +214,13 @@ impl FileOp {
     }
 }
 
-/// Whether file operations may go on the ring: `HOTLOOP_URING_FS=0` sends
-/// them all to the blocking pool, as on epoll (to measure the difference,
-/// or to work around a kernel bug).
-fn ring_files_allowed() -> bool {
-    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWED.get_or_init(|| std::env::var("HOTLOOP_URING_FS").map_or(true, |v| v != "0"))
-}
-
 impl Driver {
     /// The io_uring driver if this is one and its kernel has `op`;
     /// `None` means the caller runs the operation another way (the
     /// blocking pool for files, `sendfile` for sockets).
     pub(crate) fn ring_for(&self, op: FileOp) -> Option<&Rc<uring::Driver>> {
         match self {
-            Driver::Uring(d) if ring_files_allowed() && probe::opcode_supported(op.code()) => {
+            Driver::Uring(d) if d.switches.files_on_ring && probe::opcode_supported(op.code()) => {
                 Some(d)
             }
             Driver::Uring(_) | Driver::Epoll(_) => None,
@@ -354,6 +360,25 @@ impl Source {
     /// buffer while it waits.
     pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         each!(self, s => s.poll_readable(cx))
+    }
+
+    /// Ready when the descriptor next polls readable: for a descriptor
+    /// that is not a socket, such as a pidfd (readable once its process
+    /// has exited). It never answers from remembered readiness, since its
+    /// caller has just looked and found nothing: epoll waits for the next
+    /// event (registration reports a descriptor readable already), io_uring
+    /// keeps a one-shot `POLL_ADD` across polls.
+    pub(crate) fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => s.poll_next_readable(cx))
+    }
+
+    /// Ready when the socket next polls writable; as
+    /// [`Source::poll_next_readable`], never from remembered readiness.
+    pub(crate) async fn next_writable(&self) -> io::Result<()> {
+        match self {
+            Source::Epoll(s) => std::future::poll_fn(|cx| s.poll_next_writable(cx)).await,
+            Source::Uring(s) => s.next_writable().await,
+        }
     }
 
     /// False when the last read drained the socket and nothing new has

@@ -1,6 +1,6 @@
 //! Networking: TCP and Unix domain listeners with an accept policy,
 //! streams with owned-buffer I/O and socket options, a thread-per-core
-//! server helper, and UDP sockets.
+//! server helper, UDP sockets and Unix datagram sockets.
 
 mod balance;
 mod compat;
@@ -12,8 +12,9 @@ mod server;
 mod sockopt;
 mod stream;
 mod stream_core;
-pub mod udp;
+mod udp;
 mod unix;
+mod unix_datagram;
 
 pub use crate::driver::AcceptMode;
 pub use listener::TcpListener;
@@ -28,5 +29,9 @@ pub use server::{
 };
 pub use sockopt::TcpKeepalive;
 pub use stream::TcpStream;
-pub use udp::{UdpOptions, UdpSocket};
+pub use udp::{
+    EcnCodepoint, RecvMeta, SendMeta, Transmit, UdpOptions, UdpSocket, BATCH_DATAGRAMS_MAX,
+    GRO_SEGMENTS_MAX,
+};
 pub use unix::{UnixListener, UnixStream};
+pub use unix_datagram::{UCred, UnixDatagram};

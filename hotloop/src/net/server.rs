@@ -260,7 +260,7 @@ impl Drop for ActiveGuard {
 /// `options` is a [`ListenerOptions`] or, with connection limits, a
 /// [`ServerOptions`].
 pub fn serve<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl ToSocketAddrs,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -269,6 +269,7 @@ where
     H: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     serve_with_stop(handle, addr, options, move |stream, _stop| handler(stream))
 }
 
@@ -277,7 +278,7 @@ where
 /// being cut at the grace limit (`serve_hyper` uses it to make hyper
 /// finish the request in flight and close).
 pub fn serve_with_stop<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     addr: impl ToSocketAddrs,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -286,6 +287,7 @@ where
     H: Fn(TcpStream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     let (mut options, limits) = split_options(options.into());
     if handle.workers() > 1 {
         options.reuse_port = true;
@@ -310,7 +312,7 @@ where
 /// nobody listens on (one left by a previous run). Stopping the server
 /// leaves the socket file in place.
 pub fn serve_unix<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     path: impl AsRef<Path>,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -319,12 +321,13 @@ where
     H: Fn(UnixStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     serve_unix_with_stop(handle, path, options, move |stream, _stop| handler(stream))
 }
 
 /// [`serve_unix`], with a [`StopSignal`] for each handler (see [`serve_with_stop`]).
 pub fn serve_unix_with_stop<H, Fut>(
-    handle: &Handle,
+    handle: impl AsRef<Handle>,
     path: impl AsRef<Path>,
     options: impl Into<ServerOptions>,
     handler: H,
@@ -333,6 +336,7 @@ where
     H: Fn(UnixStream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let handle = handle.as_ref();
     let path = path.as_ref();
     let (options, limits) = split_options(options.into());
     let first = bind_unix_socket(path, &options)?;

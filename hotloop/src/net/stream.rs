@@ -102,7 +102,10 @@ impl TcpStream {
     /// without waiting (on io_uring from the socket's receive queue, which
     /// every read style on the stream shares), so the kernel never holds
     /// a read into this buffer.
-    pub fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+    pub fn read_owned<B: IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.core.read(buf)
     }
 
@@ -124,17 +127,17 @@ impl TcpStream {
     /// On io_uring, a write whose future is dropped after the kernel saw it
     /// may still have sent some bytes: treat a cancelled write as leaving
     /// the stream in an unknown state.
-    pub fn write<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+    pub fn write_owned<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.core.write(buf)
     }
 
     /// Writes all of `buf`.
-    pub fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> + '_ {
+    pub fn write_all_owned<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> + '_ {
         self.core.write_all(buf)
     }
 
     /// Writes the buffers in order with one call (`sendmsg`); may write fewer bytes than all.
-    pub fn write_vectored<B: IoBuf>(
+    pub fn write_vectored_owned<B: IoBuf>(
         &self,
         bufs: Vec<B>,
     ) -> impl Future<Output = BufResult<usize, Vec<B>>> + '_ {
@@ -142,7 +145,7 @@ impl TcpStream {
     }
 
     /// Shuts down the read half, the write half or both.
-    pub fn shutdown(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
+    pub fn shutdown_with(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
         self.core.shutdown(how)
     }
 

@@ -52,7 +52,7 @@ impl StreamCore {
         self.src.as_fd()
     }
 
-    /// See [`TcpStream::read`](super::TcpStream::read).
+    /// See [`TcpStream::read_owned`](super::TcpStream::read_owned).
     #[inline]
     pub(crate) fn read<B: IoBufMut>(
         &self,

@@ -68,7 +68,7 @@ impl UnixStream {
 
     /// Wraps a socket this process connected, blocking or not as the
     /// current worker's driver wants it (see the module notes).
-    fn from_own_fd(fd: OwnedFd) -> io::Result<UnixStream> {
+    pub(crate) fn from_own_fd(fd: OwnedFd) -> io::Result<UnixStream> {
         let nonblocking = context::with(|cx| matches!(cx.driver, Driver::Epoll(_)));
         socket2::SockRef::from(&fd).set_nonblocking(nonblocking)?;
         Self::from_fd(fd)
@@ -135,8 +135,11 @@ impl UnixStream {
     }
 
     /// Reads into `buf`, replacing its contents. `Ok(0)` means the peer
-    /// closed its side. Cancel safety as [`TcpStream::read`](super::TcpStream::read).
-    pub fn read<B: IoBufMut>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+    /// closed its side. Cancel safety as [`TcpStream::read_owned`](super::TcpStream::read_owned).
+    pub fn read_owned<B: IoBufMut>(
+        &self,
+        buf: B,
+    ) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.core.read(buf)
     }
 
@@ -148,17 +151,17 @@ impl UnixStream {
     }
 
     /// Writes some of `buf`; returns how many bytes were taken.
-    pub fn write<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
+    pub fn write_owned<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.core.write(buf)
     }
 
     /// Writes all of `buf`.
-    pub fn write_all<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> + '_ {
+    pub fn write_all_owned<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<(), B>> + '_ {
         self.core.write_all(buf)
     }
 
     /// Writes the buffers in order with one call (`sendmsg`); may write fewer bytes than all.
-    pub fn write_vectored<B: IoBuf>(
+    pub fn write_vectored_owned<B: IoBuf>(
         &self,
         bufs: Vec<B>,
     ) -> impl Future<Output = BufResult<usize, Vec<B>>> + '_ {
@@ -166,7 +169,7 @@ impl UnixStream {
     }
 
     /// Shuts down the read half, the write half or both.
-    pub fn shutdown(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
+    pub fn shutdown_with(&self, how: Shutdown) -> impl Future<Output = io::Result<()>> + '_ {
         self.core.shutdown(how)
     }
 
@@ -179,6 +182,12 @@ impl UnixStream {
     /// did not bind, which is the usual case).
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         sys::unix_peer_addr(self.core.as_fd())
+    }
+
+    /// The credentials of the peer process (`SO_PEERCRED`): its pid, uid
+    /// and gid when it connected (or made the pair).
+    pub fn peer_cred(&self) -> io::Result<super::UCred> {
+        super::UCred::of(self.core.source().as_fd())
     }
 }
 

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::join::{JoinError, RemoteCompletion, RemoteJoinHandle, RemoteSlot};
+use super::join::{JoinError, RemoteJoinHandle};
+use super::join_slot::{Completion, JoinSlot};
 use crate::stats::BlockingCounters;
 
 /// The default upper bound on blocking threads (tokio's default).
@@ -91,9 +92,9 @@ impl BlockingPool {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        let slot = RemoteSlot::new();
+        let slot = JoinSlot::new(None, None);
         // Dropped unrun (at shutdown), the completion reports `Cancelled`.
-        let completion = RemoteCompletion(slot.clone());
+        let completion = Completion(slot.clone());
         let job: Job = Box::new(move |stats: &Stats| {
             let out = catch_unwind(AssertUnwindSafe(f)).map_err(JoinError::Panicked);
             stats.running.fetch_sub(1, Relaxed);
@@ -149,6 +150,13 @@ impl BlockingPool {
         self.inner.work.notify_all();
         // Their handles learn `Cancelled` as the jobs drop, outside the lock.
         drop(dropped);
+    }
+
+    /// True while a job is queued or running: paused time does not jump
+    /// ahead while one may still wake a task.
+    pub(crate) fn has_jobs(&self) -> bool {
+        let s = &self.inner.stats;
+        s.queued.load(Relaxed) > 0 || s.running.load(Relaxed) > 0
     }
 
     /// The pool's counters now.

@@ -104,11 +104,14 @@ pub(crate) fn enter(cx: Rc<Context>) -> (EnterGuard, crate::driver::EnterGuard) 
     let driver = cx.driver.enter();
     CURRENT.with(|c| *c.borrow_mut() = Some(cx));
     crate::buf::pool::open();
-    (EnterGuard, driver)
+    (EnterGuard { _tokio: super::tokio_time::enter() }, driver)
 }
 
 /// Clears the current context when dropped.
-pub(crate) struct EnterGuard;
+pub(crate) struct EnterGuard {
+    /// tokio's timer, entered while the worker runs (feature `tokio-time`).
+    _tokio: super::tokio_time::Guard,
+}
 
 impl Drop for EnterGuard {
     fn drop(&mut self) {
@@ -168,6 +171,12 @@ impl Drop for OverGuard {
 /// turn is made only when something asks for it ([`Clock::cached`]), since
 /// most turns never do, and `Instant`'s own arithmetic (normalising
 /// seconds and nanoseconds) cost more than the reading itself.
+///
+/// The clock can be paused ([`crate::time::pause`]): an update then reads
+/// nothing and the time moves only by [`Clock::advance`] (or the loop's
+/// auto-advance to the next timer). On resume it runs on from where it
+/// stood, `offset_ns` ahead of the system clock (or from the system
+/// clock, if that is ahead), so it never goes back.
 pub(crate) struct Clock {
     base: Instant,
     /// The monotonic clock at `base`, in nanoseconds, read just after it:
@@ -178,6 +187,12 @@ pub(crate) struct Clock {
     now_ns: Cell<u64>,
     /// `base + now_ns`, once asked for since the last update.
     now: Cell<Option<Instant>>,
+    /// True while time is paused.
+    paused: Cell<bool>,
+    /// How far this clock runs ahead of the system clock, in nanoseconds
+    /// (time skipped while paused, or by an advance); 0 unless paused time
+    /// was used.
+    offset_ns: Cell<u64>,
 }
 
 impl Clock {
@@ -188,22 +203,100 @@ impl Clock {
     pub(crate) fn new() -> Self {
         let base = Instant::now();
         let base_raw = crate::sys::monotonic_ns();
-        Clock { base, base_raw, now_ns: Cell::new(0), now: Cell::new(Some(base)) }
+        Clock {
+            base,
+            base_raw,
+            now_ns: Cell::new(0),
+            now: Cell::new(Some(base)),
+            paused: Cell::new(false),
+            offset_ns: Cell::new(0),
+        }
     }
 
     /// Reads the system clock and remembers it as this turn's time;
-    /// returns it as nanoseconds since the clock's start.
+    /// returns it as nanoseconds since the clock's start. While paused it
+    /// reads nothing and returns the paused time.
     pub(crate) fn update(&self) -> u64 {
-        let ns = crate::sys::monotonic_ns().saturating_sub(self.base_raw);
+        if self.paused.get() {
+            return self.now_ns.get();
+        }
+        let ns = self.real_ns().saturating_add(self.offset_ns.get());
         self.now_ns.set(ns);
         self.now.set(None);
         ns
     }
 
     /// The time of the last [`Clock::update`] on `CLOCK_MONOTONIC`, in
-    /// nanoseconds: comparable across workers.
+    /// nanoseconds: comparable across workers (paused or advanced time
+    /// aside, which moves this worker's clock alone).
     pub(crate) fn monotonic_ns(&self) -> u64 {
-        self.now_ns.get().saturating_add(self.base_raw)
+        self.now_ns.get().saturating_sub(self.offset_ns.get()).saturating_add(self.base_raw)
+    }
+
+    /// The system clock, in nanoseconds since `base`.
+    fn real_ns(&self) -> u64 {
+        crate::sys::monotonic_ns().saturating_sub(self.base_raw)
+    }
+
+    /// The time to count a new deadline from (`sleep(d)` is `d` after
+    /// it): the system clock, unless paused time moved this clock off it.
+    pub(crate) fn deadline_base(&self) -> Instant {
+        if self.paused.get() {
+            return self.cached();
+        }
+        match self.offset_ns.get() {
+            0 => Instant::now(),
+            offset => Instant::now() + Duration::from_nanos(offset),
+        }
+    }
+
+    /// True while time is paused.
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused.get()
+    }
+
+    /// Stops the clock at the current time, moved up to the next whole
+    /// tick: deadlines of whole milliseconds from it then fall on tick
+    /// starts, so a jump to a timer's tick lands on its deadline exactly.
+    pub(crate) fn pause(&self) {
+        if !self.paused.get() {
+            let ns = self.update().div_ceil(NANOS_PER_MILLI).saturating_mul(NANOS_PER_MILLI);
+            self.now_ns.set(ns);
+            self.now.set(None);
+            self.paused.set(true);
+        }
+    }
+
+    /// Starts the clock again from where it stands (or from the system
+    /// clock, if that is ahead).
+    pub(crate) fn resume(&self) {
+        if self.paused.replace(false) {
+            self.offset_ns.set(self.now_ns.get().saturating_sub(self.real_ns()));
+            self.update();
+        }
+    }
+
+    /// Moves the clock `by` forward: the paused time, or, running, the
+    /// offset from the system clock.
+    pub(crate) fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        if self.paused.get() {
+            let ns = self.now_ns.get().saturating_add(by);
+            self.now_ns.set(ns);
+            self.now.set(None);
+        } else {
+            self.offset_ns.set(self.offset_ns.get().saturating_add(by));
+            self.update();
+        }
+    }
+
+    /// Moves a paused clock to the start of `tick`, if that is later.
+    pub(crate) fn advance_to_tick(&self, tick: u64) {
+        let ns = tick.saturating_mul(NANOS_PER_MILLI);
+        if self.paused.get() && ns > self.now_ns.get() {
+            self.now_ns.set(ns);
+            self.now.set(None);
+        }
     }
 
     /// The tick that has fully elapsed at the last [`Clock::update`]
@@ -215,7 +308,9 @@ impl Clock {
     /// The time `tick` begins on `CLOCK_MONOTONIC`, in nanoseconds: the
     /// deadline a driver waits until.
     pub(crate) fn monotonic_at_tick(&self, tick: u64) -> u64 {
-        tick.saturating_mul(NANOS_PER_MILLI).saturating_add(self.base_raw)
+        tick.saturating_mul(NANOS_PER_MILLI)
+            .saturating_add(self.base_raw)
+            .saturating_sub(self.offset_ns.get())
     }
 
     /// The time of the last [`Clock::update`]: never later than the real

@@ -5,9 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::blocking::BlockingPool;
-use super::join::{
-    spawn_detached, JoinError, OnDone, RemoteCompletion, RemoteJoinHandle, RemoteSlot,
-};
+use super::join::{spawn_detached, JoinError, OnDone, RemoteJoinHandle};
+use super::join_slot::{Completion, JoinSlot};
 use super::shared::WorkerShared;
 use crate::stats::{DriverInfo, StatsSnapshot};
 
@@ -69,8 +68,8 @@ impl Handle {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        let slot = RemoteSlot::new();
-        let completion = RemoteCompletion(slot.clone());
+        let slot = JoinSlot::new(None, None);
+        let completion = Completion(slot.clone());
         let shared = &self.inner.workers[worker];
         shared.push_runnable(Box::new(move || {
             // A closure that panics reports it through the join handle.
@@ -123,6 +122,15 @@ impl Handle {
             .map(|w| w.load.snapshot(now, w.doorbell.is_asleep()))
             .collect();
         snapshot
+    }
+}
+
+/// So that functions taking a runtime's handle (`serve`, `serve_hyper`,
+/// `serve_tls`, ...) take it by reference (`rt.handle()`) or by value (a
+/// clone) alike.
+impl AsRef<Handle> for Handle {
+    fn as_ref(&self) -> &Handle {
+        self
     }
 }
 

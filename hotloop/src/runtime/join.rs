@@ -1,16 +1,16 @@
 //! Spawning tasks and waiting for them: `spawn`, `JoinHandle`, `JoinError`.
 
 use std::any::Any;
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::{Rc, Weak};
-use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use super::context::{self, Context};
+use super::join_slot::{Completion, JoinSlot, SetNotify};
+use super::shared::WorkerShared;
 use super::task::{Task, TaskKey};
+use crate::loom::sync::Arc;
 use crate::stats;
 
 /// Why a task produced no output.
@@ -52,109 +52,73 @@ impl fmt::Display for JoinError {
 
 impl std::error::Error for JoinError {}
 
-/// Where a task's output waits for its `JoinHandle`.
-struct JoinSlot<T> {
-    output: Option<Result<T, JoinError>>,
-    finished: bool,
-    waiter: Option<Waker>,
-    /// The task's key, so only its own panic is taken as its result.
-    key: TaskKey,
-}
-
-/// Completes the join slot when the task finishes or is dropped unfinished.
-struct Completion<T: 'static> {
-    slot: Rc<RefCell<JoinSlot<T>>>,
-}
-
-impl<T: 'static> Completion<T> {
-    fn finish(&self, result: Result<T, JoinError>) {
-        let waiter = {
-            let mut slot = self.slot.borrow_mut();
-            if slot.finished {
-                return;
-            }
-            slot.finished = true;
-            slot.output = Some(result);
-            slot.waiter.take()
-        };
-        if let Some(w) = waiter {
-            w.wake();
-        }
-    }
-}
-
-impl<T: 'static> Drop for Completion<T> {
-    fn drop(&mut self) {
-        if self.slot.borrow().finished {
-            return;
-        }
-        // Dropped unfinished: aborted, shut down, or panicked (the executor
-        // parks the payload in the context before dropping the task).
-        let key = self.slot.borrow().key;
-        self.finish(Err(take_panic(key).map_or(JoinError::Cancelled, JoinError::Panicked)));
-    }
-}
-
-/// The payload of the panic of task `key`, if that task is the one being
-/// dropped because it panicked.
-fn take_panic(key: TaskKey) -> Option<Box<dyn Any + Send>> {
-    context::try_with(|cx| {
-        let mut parked = cx.panic_payload.borrow_mut();
-        match &*parked {
-            Some((k, _)) if *k == key => parked.take().map(|(_, payload)| payload),
-            _ => None,
-        }
-    })
-    .flatten()
-}
-
 /// An owned permission to await a task's output or abort it.
 ///
-/// Dropping the handle detaches the task: it keeps running.
-/// A `JoinHandle` belongs to the worker that spawned the task (it is `!Send`).
+/// Dropping the handle detaches the task: it keeps running. The task runs
+/// on the worker that spawned it, but the handle may go anywhere: it is
+/// `Send` when the output is, so a `Send` future (an axum handler, a
+/// future for another runtime) can spawn hotloop I/O and await its result.
 pub struct JoinHandle<T> {
-    slot: Rc<RefCell<JoinSlot<T>>>,
+    slot: Arc<JoinSlot<T>>,
     key: TaskKey,
-    /// The worker the task runs on; a `Weak` so that a handle kept inside
-    /// a task does not keep its worker alive.
-    owner: Weak<Context>,
+    /// The worker the task runs on: its inbox takes an abort sent from
+    /// elsewhere. Holding it does not keep the worker's tasks alive.
+    owner: std::sync::Arc<WorkerShared>,
+    /// Which context of that worker (its `uid`) holds the task.
+    owner_uid: u64,
 }
 
 impl<T> JoinHandle<T> {
     /// Cancels the task: its future is dropped at once (or, if the task is
-    /// the one running now, as soon as its current poll returns). Awaiting
-    /// the handle then gives `JoinError::Cancelled`, unless the task had
-    /// already finished.
+    /// the one running now, as soon as its current poll returns; from
+    /// another thread, at its worker's next turn). Awaiting the handle then
+    /// gives `JoinError::Cancelled`, unless the task had already finished.
     pub fn abort(&self) {
-        let Some(owner) = self.owner.upgrade() else {
-            return; // the runtime is gone, and the task with it
-        };
-        let key = self.key;
-        let current = context::try_with(|cx| std::ptr::eq(cx, &*owner)).unwrap_or(false);
-        let removed = {
-            let Ok(mut tasks) = owner.tasks.try_borrow_mut() else { return };
-            match tasks.get_mut(key) {
-                // Running now, or its runtime is not the one running here:
-                // mark it, and its own worker drops it when it comes up.
-                Some(task) if task.future.is_none() || !current => {
-                    task.aborted = true;
-                    if !current {
-                        owner.run_queue.borrow_mut().push_back(key);
-                    }
-                    None
+        let (key, uid) = (self.key, self.owner_uid);
+        match context::current() {
+            Some(cx) if cx.uid == uid => abort_local(&cx, key),
+            _ => self.owner.push_runnable(Box::new(move || {
+                if let Some(cx) = context::current().filter(|cx| cx.uid == uid) {
+                    abort_local(&cx, key);
                 }
-                Some(_) => tasks.remove(key),
-                None => None,
-            }
-        };
-        // Dropped outside the borrow, and guarded: its destructors may touch
-        // the runtime, or panic.
-        super::worker::drop_guarded(removed);
+            })),
+        }
     }
 
     /// True once the task has finished, was aborted, or panicked.
     pub fn is_finished(&self) -> bool {
-        self.slot.borrow().finished
+        self.slot.is_finished()
+    }
+
+    /// The output if the task has finished and it was not taken yet;
+    /// never waits.
+    pub(crate) fn take_output(&self) -> Option<Result<T, JoinError>> {
+        self.slot.take_output()
+    }
+}
+
+/// Aborts task `key` of `cx`, the context running on this thread.
+fn abort_local(cx: &Context, key: TaskKey) {
+    let removed = {
+        let Ok(mut tasks) = cx.tasks.try_borrow_mut() else { return };
+        match tasks.get_mut(key) {
+            // Running now: mark it, and the executor drops it after its poll.
+            Some(task) if task.future.is_none() => {
+                task.aborted = true;
+                None
+            }
+            Some(_) => tasks.remove(key),
+            None => None,
+        }
+    };
+    // Dropped outside the borrow, and guarded: its destructors may touch
+    // the runtime, or panic.
+    super::worker::drop_guarded(removed);
+}
+
+impl<T> fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JoinHandle").field("finished", &self.is_finished()).finish()
     }
 }
 
@@ -162,22 +126,14 @@ impl<T> Future for JoinHandle<T> {
     type Output = Result<T, JoinError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        let mut slot = self.slot.borrow_mut();
-        if let Some(out) = slot.output.take() {
-            return Poll::Ready(out);
-        }
-        assert!(!slot.finished, "JoinHandle polled after it returned its output");
-        match &slot.waiter {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => slot.waiter = Some(cx.waker().clone()),
-        }
-        Poll::Pending
+        self.slot.poll_output(cx.waker())
     }
 }
 
 /// Spawns a future on the current worker and returns a handle to its output.
 ///
-/// The future need not be `Send`: it never leaves this worker.
+/// The future need not be `Send`: it never leaves this worker. The handle
+/// is `Send` when the output is.
 ///
 /// # Panics
 /// Outside a hotloop worker.
@@ -186,13 +142,27 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
-    let slot =
-        Rc::new(RefCell::new(JoinSlot { output: None, finished: false, waiter: None, key: 0 }));
-    let completion = Completion { slot: slot.clone() };
-    let key = spawn_detached(OnDone::new(future, move |out| completion.finish(Ok(out))));
-    slot.borrow_mut().key = key;
-    let owner = context::current().map_or_else(Weak::new, |cx| Rc::downgrade(&cx));
-    JoinHandle { slot, key, owner }
+    spawn_in_set(future, None)
+}
+
+/// [`spawn`], telling `set` when the task finishes.
+pub(crate) fn spawn_in_set<F>(
+    future: F,
+    set: Option<(Arc<SetNotify>, u64)>,
+) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    // The key the task will get, so the slot is made whole (no lock to
+    // record it afterwards); nothing is spawned in between.
+    let (key, owner, owner_uid) =
+        context::with(|cx| (cx.tasks.borrow().next_key(), cx.shared.clone(), cx.uid));
+    let slot = JoinSlot::new(set, Some(key));
+    let completion = Completion(slot.clone());
+    let spawned = spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
+    debug_assert_eq!(spawned, key);
+    JoinHandle { slot, key, owner, owner_uid }
 }
 
 /// Spawns a future whose output nobody awaits (a connection handler): no
@@ -288,77 +258,22 @@ pub(crate) async fn yield_to_driver() {
     .await
 }
 
-/// The shared state behind a [`RemoteJoinHandle`].
-pub(crate) struct RemoteSlot<T> {
-    state: Mutex<RemoteState<T>>,
-    ready: Condvar,
-}
-
-struct RemoteState<T> {
-    output: Option<Result<T, JoinError>>,
-    finished: bool,
-    waiter: Option<Waker>,
-    /// The task's key on its worker, once spawned.
-    key: Option<TaskKey>,
-}
-
-impl<T> RemoteSlot<T> {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(RemoteSlot {
-            state: Mutex::new(RemoteState {
-                output: None,
-                finished: false,
-                waiter: None,
-                key: None,
-            }),
-            ready: Condvar::new(),
-        })
-    }
-
-    /// Records the key of the task spawned for this slot.
-    pub(crate) fn set_key(&self, key: TaskKey) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).key = Some(key);
-    }
-
-    pub(crate) fn finish(&self, result: Result<T, JoinError>) {
-        let waiter = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if st.finished {
-                return;
-            }
-            st.finished = true;
-            st.output = Some(result);
-            st.waiter.take()
-        };
-        self.ready.notify_all();
-        if let Some(w) = waiter {
-            w.wake();
-        }
-    }
-}
-
 /// A `Send` handle to a task spawned on a worker from another thread
 /// (see [`Handle::spawn_on`](crate::Handle::spawn_on)).
 pub struct RemoteJoinHandle<T> {
-    pub(crate) slot: Arc<RemoteSlot<T>>,
+    pub(crate) slot: Arc<JoinSlot<T>>,
 }
 
 impl<T> RemoteJoinHandle<T> {
     /// Blocks the calling thread until the task finishes. Do not call it
     /// on a hotloop worker: it would stop that worker.
     pub fn join(self) -> Result<T, JoinError> {
-        let mut st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(out) = st.output.take() {
-                return out;
-            }
-            st = self.slot.ready.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
+        self.slot.wait()
     }
 
     /// True once the task has finished.
     pub fn is_finished(&self) -> bool {
-        self.slot.state.lock().unwrap_or_else(|e| e.into_inner()).finished
+        self.slot.is_finished()
     }
 }
 
@@ -366,28 +281,6 @@ impl<T> Future for RemoteJoinHandle<T> {
     type Output = Result<T, JoinError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        let mut st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(out) = st.output.take() {
-            return Poll::Ready(out);
-        }
-        st.waiter = Some(cx.waker().clone());
-        Poll::Pending
-    }
-}
-
-/// Finishes a remote slot as cancelled if the task is dropped unfinished.
-pub(crate) struct RemoteCompletion<T: Send + 'static>(pub(crate) Arc<RemoteSlot<T>>);
-
-impl<T: Send + 'static> Drop for RemoteCompletion<T> {
-    fn drop(&mut self) {
-        let key = {
-            let st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-            if st.finished {
-                return;
-            }
-            st.key
-        };
-        let panic = key.and_then(take_panic);
-        self.0.finish(Err(panic.map_or(JoinError::Cancelled, JoinError::Panicked)));
+        self.slot.poll_output(cx.waker())
     }
 }

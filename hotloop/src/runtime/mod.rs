@@ -12,9 +12,16 @@ mod config;
 pub(crate) mod context;
 mod handle;
 mod join;
+mod join_set;
+mod join_slot;
 pub(crate) mod load;
 pub(crate) mod shared;
 mod task;
+#[cfg(feature = "tokio-time")]
+mod tokio_time;
+#[cfg(not(feature = "tokio-time"))]
+#[path = "tokio_time_off.rs"]
+mod tokio_time;
 mod worker;
 
 pub use blocking::spawn_blocking;
@@ -23,7 +30,9 @@ pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::Handle;
 pub use join::{spawn, yield_now, JoinError, JoinHandle, RemoteJoinHandle};
 pub(crate) use join::{spawn_detached, yield_to_driver, OnDone};
+pub use join_set::JoinSet;
 pub(crate) use shared::WorkerShared;
+pub(crate) use worker::fire_timers;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -253,7 +262,9 @@ impl Context {
         let (driver, mut driver_info) =
             Driver::new(&config.driver_config(), shared.unpark.clone(), shared.stats.clone())?;
         driver_info.busy_poll = config.busy_poll.to_string();
-        if config.driver == DriverKind::Auto && driver_info.driver == "epoll" && id == 0 {
+        // Only a fallback is worth a warning; a driver asked for by name is
+        // reported in the stats and the start-up info event.
+        if driver_info.fallback && id == 0 {
             crate::log::warn(format_args!("{}", driver_info.reason));
         }
         Ok(Rc::new(Context {

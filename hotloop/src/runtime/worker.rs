@@ -61,8 +61,18 @@ pub(crate) fn run<F: Future>(
         }
 
         // 2. I/O.
-        let wait = poll_wait(cx, last_event);
+        let wait = match poll_wait(cx, last_event) {
+            // Paused, with a blocking job out: wait for its result (it
+            // comes through the inbox), not for a deadline of the paused clock.
+            Wait::Sleep(Some(_)) if cx.clock.is_paused() && cx.handle.inner.blocking.has_jobs() => {
+                Wait::Sleep(None)
+            }
+            wait => wait,
+        };
         let park = match wait {
+            // Paused time never sleeps until a deadline: look for I/O, and
+            // if there is none, jump to the deadline below.
+            Wait::Sleep(Some(_)) if cx.clock.is_paused() => Park::Skip,
             Wait::Sleep(deadline) if announce_sleep(cx) => {
                 stats::add(&cx.shared.stats.poller_waits, 1);
                 Park::Until(deadline)
@@ -84,6 +94,9 @@ pub(crate) fn run<F: Future>(
         cx.shared.doorbell.awake();
         if wait == Wait::Spin && events == 0 {
             stats::add(&cx.shared.stats.poller_spins, 1);
+        }
+        if events == 0 && cx.clock.is_paused() {
+            auto_advance(cx, wait);
         }
         let now = cx.clock.update();
         polled_at = now;
@@ -156,6 +169,7 @@ fn run_task(cx: &Context, key: TaskKey) {
         Ok(Poll::Ready(())) => true,
         Ok(Poll::Pending) => false,
         Err(payload) => {
+            explain_panic(&*payload);
             *cx.panic_payload.borrow_mut() = Some((key, payload));
             true
         }
@@ -182,6 +196,23 @@ fn run_task(cx: &Context, key: TaskKey) {
         cx.tasks.borrow_mut().retire(task);
     }
     cx.panic_payload.borrow_mut().take();
+}
+
+/// Adds what to do to a panic that tokio raises when a task calls a tokio
+/// API that needs a tokio runtime (most often `tokio::time::sleep`).
+fn explain_panic(payload: &(dyn std::any::Any + Send)) {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    if msg.is_some_and(|m| m.contains("must be called from the context of a Tokio")) {
+        crate::log::warn(format_args!(
+            "a task called a tokio API that needs a tokio runtime on a hotloop worker: for \
+             timers use hotloop::time::{{sleep, timeout, interval}} or \
+             hotloop::tower::TimeoutLayer, or enable hotloop's `tokio-time` feature, which \
+             hosts tokio's timer"
+        ));
+    }
 }
 
 /// Drops `value`, catching a panic from its destructor: the worker and
@@ -235,8 +266,23 @@ fn announce_sleep(cx: &Context) -> bool {
     cx.shared.doorbell.announce_sleep()
 }
 
-/// Wakes the tasks whose timers are due at the last clock update.
-fn fire_timers(cx: &Context) {
+/// With the clock paused and nothing to do (no task, no I/O event, no
+/// message from another thread, no blocking job out), moves the clock to
+/// the next timer. A blocking job out makes the loop wait instead (see
+/// `run`), so it never gets here.
+fn auto_advance(cx: &Context, wait: Wait) {
+    let Wait::Sleep(Some(_)) = wait else { return };
+    if cx.shared.doorbell.is_pending() || !cx.run_queue.borrow().is_empty() {
+        return;
+    }
+    let next = cx.timers.borrow().next_deadline();
+    if let Some(tick) = next {
+        cx.clock.advance_to_tick(tick);
+    }
+}
+
+/// Wakes the tasks whose timers are due at the clock's current time.
+pub(crate) fn fire_timers(cx: &Context) {
     let tick = cx.clock.tick_now();
     let mut due = Vec::new();
     {

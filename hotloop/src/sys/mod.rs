@@ -2,7 +2,8 @@
 //!
 //! Every `unsafe` block in the crate outside `driver/` and `buf/` lives
 //! here, in a file by topic: `poll.rs` (epoll, eventfd, timerfd),
-//! `socket.rs`, `file.rs` (`sendfile`, pipes), `process.rs` (CPU pinning, limits, descriptor counts,
+//! `socket.rs`, `file.rs` (`sendfile`, pipes), `unix.rs` (datagram calls on a borrowed
+//! descriptor, `SO_PEERCRED`), `process.rs` (CPU pinning, limits, descriptor counts,
 //! memory), `signal.rs` (the handler).
 //! Each wrapper turns the C convention (-1 and `errno`) into `io::Result`, so
 //! the layers above never touch a raw return value.
@@ -14,13 +15,15 @@ mod poll;
 mod process;
 mod signal;
 mod socket;
+mod unix;
 
 pub(crate) use file::*;
 pub(crate) use poll::*;
-pub(crate) use process::{advise_huge_pages, nofile_soft_limit, pin_to_cpu};
+pub(crate) use process::{advise_huge_pages, nofile_soft_limit, pidfd_open, pin_to_cpu};
 pub use process::{open_fd_count, raise_nofile_limit, release_free_memory};
 pub(crate) use signal::*;
 pub(crate) use socket::*;
+pub(crate) use unix::{peer_cred, with_unix_datagram};
 
 /// Converts a C return value into `io::Result`, reading `errno` on -1.
 pub(crate) fn cvt<T: PartialOrd + Default>(ret: T) -> io::Result<T> {

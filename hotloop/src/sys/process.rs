@@ -77,3 +77,15 @@ pub(crate) fn advise_huge_pages(addr: usize, len: usize) {
         libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
     }
 }
+
+/// A pidfd for child `pid` (`pidfd_open(2)`, Linux 5.3+): readable once the
+/// process exits; close-on-exec, as every pidfd is.
+pub(crate) fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "process id out of range"))?;
+    // SAFETY: pidfd_open takes a pid and flags by value and touches no memory of ours.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: on success the call returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
+}

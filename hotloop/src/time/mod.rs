@@ -3,8 +3,18 @@
 //! A timer's deadline is rounded up to the wheel's 1 ms tick, so it never
 //! fires early; the worker's poller sleeps at most until the wheel's
 //! earliest deadline.
+//!
+//! Time can be paused on a worker ([`pause`], or
+//! `#[hotloop::test(start_paused = true)]`), as with tokio's `test-util`:
+//! deadlines then move only with [`advance`], or when the worker has
+//! nothing to run and no I/O ready, when its clock jumps to the next timer.
+//! Deadlines made with this module's functions and [`now`] follow the
+//! paused clock; an `Instant` taken from `std::time::Instant::now()` does not.
 
+mod paused;
 pub mod wheel;
+
+pub use paused::{advance, pause, resume};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -76,7 +86,13 @@ pub fn sleep(duration: Duration) -> Sleep {
 
 /// `now + duration`, saturated at a far-future instant.
 fn deadline_after(duration: Duration) -> Instant {
-    saturating_add(Instant::now(), duration)
+    saturating_add(deadline_base(), duration)
+}
+
+/// The time new deadlines count from: the system clock, or on a worker
+/// whose time was paused, that worker's clock.
+fn deadline_base() -> Instant {
+    context::try_with(|cx| cx.clock.deadline_base()).unwrap_or_else(Instant::now)
 }
 
 /// `at + duration`, saturated at a far-future instant: every deadline in
@@ -209,7 +225,7 @@ pub struct Interval {
 /// If `period` is zero.
 pub fn interval(period: Duration) -> Interval {
     assert!(period > Duration::ZERO, "interval period must be non-zero");
-    Interval { period, sleep: sleep_until(Instant::now()) }
+    Interval { period, sleep: sleep_until(deadline_base()) }
 }
 
 impl Interval {
@@ -217,7 +233,7 @@ impl Interval {
     pub async fn tick(&mut self) -> Instant {
         let scheduled = self.sleep.deadline();
         (&mut self.sleep).await;
-        let now = Instant::now();
+        let now = deadline_base();
         let on_schedule = saturating_add(scheduled, self.period);
         let next = if now > on_schedule { saturating_add(now, self.period) } else { on_schedule };
         self.sleep = sleep_until(next);

@@ -42,13 +42,13 @@ pub fn roundtrip(addr: SocketAddr, req: &[u8], expect: usize) -> Vec<u8> {
 pub async fn echo(stream: hotloop::net::TcpStream) {
     let mut buf = Vec::with_capacity(4096);
     loop {
-        let (res, b) = stream.read(buf).await;
+        let (res, b) = stream.read_owned(buf).await;
         buf = b;
         match res {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        let (res, b) = stream.write_all(buf).await;
+        let (res, b) = stream.write_all_owned(buf).await;
         buf = b;
         if res.is_err() {
             return;

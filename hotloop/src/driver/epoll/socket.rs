@@ -282,6 +282,25 @@ impl Source {
         self.poll_ready(cx, Direction::Read)
     }
 
+    /// Parks until the next read event (see [`crate::driver::Source::poll_next_readable`]).
+    pub(crate) fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        self.poll_next(cx, Direction::Read)
+    }
+
+    /// Parks until the next write event.
+    pub(crate) fn poll_next_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        self.poll_next(cx, Direction::Write)
+    }
+
+    fn poll_next(&self, cx: &mut TaskContext<'_>, dir: Direction) -> Poll<io::Result<()>> {
+        if self.token.get().is_some() && self.is_ready(dir) {
+            // An event came since the last wait: consume it.
+            self.clear_ready(dir);
+            return Poll::Ready(Ok(()));
+        }
+        self.park(cx, dir)
+    }
+
     /// False when the last read drained the socket and no event came since.
     pub(crate) fn may_read_now(&self) -> bool {
         self.is_ready(Direction::Read)

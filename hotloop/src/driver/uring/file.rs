@@ -333,14 +333,6 @@ impl Driver {
     }
 }
 
-/// How `send_file` moves a file on io_uring: `sendfile(2)` from the worker
-/// by default; `HOTLOOP_URING_SEND_FILE=splice` uses two `SPLICE`
-/// operations per step instead (to measure one against the other).
-fn splice_chosen() -> bool {
-    static SPLICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SPLICE.get_or_init(|| std::env::var("HOTLOOP_URING_SEND_FILE").is_ok_and(|v| v == "splice"))
-}
-
 impl Source {
     /// Sends up to `len` bytes of `file` from `offset` on this socket,
     /// stopping early at the file's end. Returns the bytes sent, and the
@@ -355,7 +347,10 @@ impl Source {
         if let Err(e) = self.flush_written_behind().await {
             return (0, Err(e));
         }
-        if splice_chosen() && probe::opcode_supported(opcode::Splice::CODE) {
+        // `sendfile(2)` from the worker by default; with the `splice`
+        // switch, two `SPLICE` operations per step (to measure one against
+        // the other).
+        if self.driver.switches.send_file_splice && probe::opcode_supported(opcode::Splice::CODE) {
             return self.send_file_splice(file, offset, len).await;
         }
         // The stream's own sends are done (flushed above, and owned sends

@@ -75,6 +75,7 @@ use io_uring::types;
 use self::op::Lifecycle;
 use self::ring::Ring;
 use super::{probe, DriverConfig, Park, Unpark};
+use crate::driver::UringSwitches;
 use crate::slab::{Key, Slab};
 use crate::stats::WorkerStats;
 
@@ -106,6 +107,9 @@ pub(crate) struct Driver {
     /// Empty pipes for file sends (`file.rs`), at most
     /// [`file::PIPES_POOLED_MAX`].
     pipes: RefCell<Vec<file::Pipe>>,
+    /// The switches it was built with (file operations on the ring, how
+    /// `send_file` moves bytes).
+    pub(crate) switches: UringSwitches,
 }
 
 /// The ring and everything the kernel may still refer to.
@@ -207,6 +211,7 @@ impl Driver {
             woken: RefCell::new(Vec::new()),
             freed: RefCell::new(Vec::new()),
             pipes: RefCell::new(Vec::new()),
+            switches,
         };
         Ok((Rc::new(driver), kernel_busy_poll))
     }
@@ -364,7 +369,7 @@ mod tests {
             // submissions keep failing.
             fail_submits(50);
             for s in &streams {
-                assert!(timeout(Duration::from_millis(1), s.read(Vec::with_capacity(16)))
+                assert!(timeout(Duration::from_millis(1), s.read_owned(Vec::with_capacity(16)))
                     .await
                     .is_err());
             }
@@ -377,7 +382,7 @@ mod tests {
             assert_eq!(cancelled_ops(), 0, "a cancel was lost: a read still holds its socket");
             // Everything still works.
             clients[0].write_all(b"hi").unwrap();
-            let (res, buf) = streams[0].read(Vec::with_capacity(16)).await;
+            let (res, buf) = streams[0].read_owned(Vec::with_capacity(16)).await;
             assert_eq!((res.unwrap(), &buf[..]), (2, &b"hi"[..]));
         });
         assert!(rt.stats().total.sq_full + rt.stats().total.uring_enters > 0);

@@ -264,6 +264,25 @@ impl Source {
         Poll::Ready(cqe.result().map(drop))
     }
 
+    /// Ready once a one-shot `POLL_ADD` for `POLLIN` completes (see
+    /// [`crate::driver::Source::poll_next_readable`]); the entry is kept
+    /// across polls, and a new one is made after each completion.
+    pub(crate) fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        let mut wait = self.read_wait.borrow_mut();
+        let op = match wait.as_mut() {
+            Some(op) => op,
+            None => wait.insert(self.submit_poll(libc::POLLIN)?),
+        };
+        let (cqe, ()) = std::task::ready!(std::future::Future::poll(std::pin::Pin::new(op), cx));
+        *wait = None;
+        Poll::Ready(cqe.result().map(drop))
+    }
+
+    /// Ready once the socket polls writable (a one-shot `POLL_ADD`).
+    pub(crate) async fn next_writable(&self) -> io::Result<()> {
+        self.poll_events(libc::POLLOUT).await
+    }
+
     /// Ready once the multishot receive queued bytes, an end or an error.
     fn poll_stream_ready(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         if !self.driver.entered.get() {

@@ -1,0 +1,194 @@
+//! `JoinSet`: a group of tasks on the current worker, joined in the order
+//! they finish.
+//!
+//! # Implementation notes
+//! Each task's join slot knows its set and its id there: when the task
+//! finishes (returns, panics or is aborted) the slot pushes the id onto
+//! the set's list of finished tasks and wakes `join_next`. So `join_next`
+//! costs the same with ten tasks or ten thousand: it pops an id and takes
+//! that task's output, without polling the others.
+
+use std::fmt;
+use std::future::Future;
+use std::task::{Context as TaskContext, Poll};
+
+use super::join::{spawn_in_set, JoinError, JoinHandle};
+use super::join_slot::{lock, SetNotify};
+use crate::loom::sync::Arc;
+use crate::slab::{Key, Slab};
+
+/// A set of tasks spawned on the current worker, awaited in the order
+/// they finish, as tokio's `JoinSet`.
+///
+/// Dropping the set aborts every task still in it.
+///
+/// ```
+/// use hotloop::task::JoinSet;
+///
+/// # hotloop::Runtime::new()?.block_on(async {
+/// let mut set = JoinSet::new();
+/// for i in 0..10u64 {
+///     set.spawn(async move {
+///         hotloop::time::sleep(std::time::Duration::from_millis(10 - i)).await;
+///         i
+///     });
+/// }
+/// let mut sum = 0;
+/// while let Some(result) = set.join_next().await {
+///     sum += result.expect("no task panicked");
+/// }
+/// assert_eq!(sum, 45);
+/// # });
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct JoinSet<T> {
+    /// The handles, keyed by each task's id in the set (a generational
+    /// slab key: a stale id finds nothing).
+    tasks: Slab<JoinHandle<T>>,
+    notify: Arc<SetNotify>,
+}
+
+impl<T: 'static> JoinSet<T> {
+    /// An empty set.
+    pub fn new() -> Self {
+        JoinSet { tasks: Slab::default(), notify: SetNotify::new() }
+    }
+
+    /// Spawns `future` on the current worker as a task of this set.
+    ///
+    /// # Panics
+    /// Outside a hotloop worker.
+    pub fn spawn<F>(&mut self, future: F)
+    where
+        F: Future<Output = T> + 'static,
+    {
+        let id = self.tasks.vacant_key();
+        let handle = spawn_in_set(future, Some((self.notify.clone(), id.to_u64())));
+        let inserted = self.tasks.insert(handle);
+        debug_assert_eq!(inserted.to_u64(), id.to_u64());
+    }
+
+    /// Waits for the next task to finish and returns its result; `None`
+    /// once the set is empty. Cancel-safe: a result is taken only in the
+    /// poll that returns it.
+    pub async fn join_next(&mut self) -> Option<Result<T, JoinError>> {
+        std::future::poll_fn(|cx| self.poll_join_next(cx)).await
+    }
+
+    /// The result of a task that has finished, if there is one; never waits.
+    pub fn try_join_next(&mut self) -> Option<Result<T, JoinError>> {
+        loop {
+            let id = lock(&self.notify.ready).ids.pop_front()?;
+            if let Some(out) = self.take_finished(id) {
+                return Some(out);
+            }
+        }
+    }
+
+    /// The poll form of [`join_next`](Self::join_next).
+    pub fn poll_join_next(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<T, JoinError>>> {
+        loop {
+            let id = {
+                let mut ready = lock(&self.notify.ready);
+                match ready.ids.pop_front() {
+                    Some(id) => id,
+                    None if self.tasks.is_empty() => return Poll::Ready(None),
+                    None => {
+                        // Filed under the lock the finishing task takes: no
+                        // finish between the check and this is missed.
+                        match &ready.waiter {
+                            Some(w) if w.will_wake(cx.waker()) => {}
+                            _ => ready.waiter = Some(cx.waker().clone()),
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            };
+            if let Some(out) = self.take_finished(id) {
+                return Poll::Ready(Some(out));
+            }
+        }
+    }
+
+    /// Waits for every task and returns their outputs in the order they
+    /// finished.
+    ///
+    /// # Panics
+    /// If a task panicked (the panic is resumed here) or was aborted, as
+    /// tokio's `join_all` does.
+    pub async fn join_all(mut self) -> Vec<T> {
+        let mut out = Vec::with_capacity(self.len());
+        while let Some(result) = self.join_next().await {
+            match result {
+                Ok(v) => out.push(v),
+                Err(JoinError::Panicked(payload)) => std::panic::resume_unwind(payload),
+                Err(JoinError::Cancelled) => panic!("a task of the JoinSet was aborted"),
+            }
+        }
+        out
+    }
+
+    /// The output of task `id`, removed from the set.
+    fn take_finished(&mut self, id: u64) -> Option<Result<T, JoinError>> {
+        let handle = self.tasks.remove(Key::from_u64(id))?;
+        handle.take_output()
+    }
+}
+
+impl<T> JoinSet<T> {
+    /// The tasks in the set: running, or finished and not yet joined.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// True if the set holds no task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Aborts every task in the set. They stay in it until joined, each
+    /// then giving `JoinError::Cancelled` (or its output, if it had
+    /// already finished).
+    pub fn abort_all(&mut self) {
+        for (_, handle) in self.tasks.iter() {
+            handle.abort();
+        }
+    }
+
+    /// Aborts every task and waits until each is gone, discarding their
+    /// results.
+    pub async fn shutdown(&mut self)
+    where
+        T: 'static,
+    {
+        self.abort_all();
+        while self.join_next().await.is_some() {}
+    }
+
+    /// Removes every task from the set without aborting them: they keep running.
+    pub fn detach_all(&mut self) {
+        drop(self.tasks.drain());
+        lock(&self.notify.ready).ids.clear();
+    }
+}
+
+impl<T: 'static> Default for JoinSet<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Drop for JoinSet<T> {
+    fn drop(&mut self) {
+        self.abort_all();
+    }
+}
+
+impl<T> fmt::Debug for JoinSet<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JoinSet").field("len", &self.len()).finish()
+    }
+}

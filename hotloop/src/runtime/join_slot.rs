@@ -1,0 +1,231 @@
+//! Where a task's output waits for whoever joins it: the slot shared by
+//! [`JoinHandle`](super::JoinHandle), [`RemoteJoinHandle`](super::RemoteJoinHandle),
+//! the blocking pool and [`JoinSet`](super::JoinSet).
+//!
+//! # Implementation notes
+//! The slot is the one part of a task that two threads may touch at once:
+//! the task finishes on its worker while its handle (which is `Send` when
+//! the output is) is polled, dropped or blocked on elsewhere. So it is a
+//! mutex around the output, the finished flag and the waiting waker, and a
+//! condition variable for a blocking `join`. The waker is woken after the
+//! lock is released, so a waker that runs code (or takes another lock)
+//! never does so under it. The lock is taken once when the task finishes
+//! and once per poll of the handle; tasks spawned without a handle (the
+//! connection handlers) have no slot at all.
+//!
+//! Under `--cfg hotloop_loom` the mutex and condition variable are loom's,
+//! and the test below checks that a poll racing the finish never loses the
+//! wake nor the output.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::task::{Poll, Waker};
+
+use super::context;
+use super::task::TaskKey;
+use super::JoinError;
+use crate::loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Told when a task of a [`JoinSet`](super::JoinSet) finishes: the set's
+/// list of finished task ids and the waker of its `join_next`.
+pub(crate) struct SetNotify {
+    pub(crate) ready: Mutex<SetReady>,
+}
+
+/// The ids of a set's finished tasks not yet joined, and who waits for one.
+#[derive(Default)]
+pub(crate) struct SetReady {
+    pub(crate) ids: VecDeque<u64>,
+    pub(crate) waiter: Option<Waker>,
+}
+
+impl SetNotify {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(SetNotify { ready: Mutex::new(SetReady::default()) })
+    }
+
+    /// Records that task `id` finished and wakes the set's waiter.
+    fn finished(&self, id: u64) {
+        let waiter = {
+            let mut ready = lock(&self.ready);
+            ready.ids.push_back(id);
+            ready.waiter.take()
+        };
+        if let Some(w) = waiter {
+            w.wake();
+        }
+    }
+}
+
+/// The shared slot of one task's output.
+pub(crate) struct JoinSlot<T> {
+    state: Mutex<SlotState<T>>,
+    ready: Condvar,
+}
+
+struct SlotState<T> {
+    output: Option<Result<T, JoinError>>,
+    finished: bool,
+    waiter: Option<Waker>,
+    /// The task's key on its worker once spawned, so that only its own
+    /// panic is taken as its result.
+    key: Option<TaskKey>,
+    /// The set the task belongs to, and its id there.
+    set: Option<(Arc<SetNotify>, u64)>,
+}
+
+/// Locks `m`, ignoring poison: every critical section here leaves the
+/// state whole (no user code runs under these locks).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<T> JoinSlot<T> {
+    /// An empty slot; `set` is the join set to tell when it is filled,
+    /// `key` the task's key if it is known already.
+    pub(crate) fn new(set: Option<(Arc<SetNotify>, u64)>, key: Option<TaskKey>) -> Arc<Self> {
+        Arc::new(JoinSlot {
+            state: Mutex::new(SlotState { output: None, finished: false, waiter: None, key, set }),
+            ready: Condvar::new(),
+        })
+    }
+
+    /// Records the key of the task spawned for this slot.
+    pub(crate) fn set_key(&self, key: TaskKey) {
+        lock(&self.state).key = Some(key);
+    }
+
+    /// Stores the task's result (the first one only) and wakes its waiter
+    /// and its set.
+    pub(crate) fn finish(&self, result: Result<T, JoinError>) {
+        let (waiter, set) = {
+            let mut st = lock(&self.state);
+            if st.finished {
+                return;
+            }
+            st.finished = true;
+            st.output = Some(result);
+            (st.waiter.take(), st.set.take())
+        };
+        self.ready.notify_all();
+        if let Some(w) = waiter {
+            w.wake();
+        }
+        if let Some((set, id)) = set {
+            set.finished(id);
+        }
+    }
+
+    /// The output if it is there; else files `waker` to be woken when it is.
+    ///
+    /// # Panics
+    /// If the output was already taken.
+    pub(crate) fn poll_output(&self, waker: &Waker) -> Poll<Result<T, JoinError>> {
+        let mut st = lock(&self.state);
+        if let Some(out) = st.output.take() {
+            return Poll::Ready(out);
+        }
+        assert!(!st.finished, "a join handle was polled after it returned its output");
+        match &st.waiter {
+            Some(w) if w.will_wake(waker) => {}
+            _ => st.waiter = Some(waker.clone()),
+        }
+        Poll::Pending
+    }
+
+    /// The output if it is there, without filing a waker.
+    pub(crate) fn take_output(&self) -> Option<Result<T, JoinError>> {
+        lock(&self.state).output.take()
+    }
+
+    /// Blocks the calling thread until the output is there.
+    pub(crate) fn wait(&self) -> Result<T, JoinError> {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(out) = st.output.take() {
+                return out;
+            }
+            st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// True once the task has finished, was aborted, or panicked.
+    pub(crate) fn is_finished(&self) -> bool {
+        lock(&self.state).finished
+    }
+}
+
+/// The task's side of a slot: finishes it with the output, or, if the
+/// task is dropped unfinished, with `Cancelled` (or its panic).
+pub(crate) struct Completion<T: 'static>(pub(crate) Arc<JoinSlot<T>>);
+
+impl<T: 'static> Drop for Completion<T> {
+    fn drop(&mut self) {
+        let key = {
+            let st = lock(&self.0.state);
+            if st.finished {
+                return;
+            }
+            st.key
+        };
+        // Dropped unfinished: aborted, shut down, or panicked (the executor
+        // parks the payload in the context before dropping the task).
+        let panic = key.and_then(take_panic);
+        self.0.finish(Err(panic.map_or(JoinError::Cancelled, JoinError::Panicked)));
+    }
+}
+
+/// The payload of the panic of task `key`, if that task is the one being
+/// dropped because it panicked.
+fn take_panic(key: TaskKey) -> Option<Box<dyn Any + Send>> {
+    context::try_with(|cx| {
+        let mut parked = cx.panic_payload.borrow_mut();
+        match &*parked {
+            Some((k, _)) if *k == key => parked.take().map(|(_, payload)| payload),
+            _ => None,
+        }
+    })
+    .flatten()
+}
+
+#[cfg(all(test, hotloop_loom))]
+mod loom_tests {
+    use super::{JoinSlot, SetNotify};
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Poll, Wake, Waker};
+
+    struct Flag(AtomicBool);
+
+    impl Wake for Flag {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A handle polled on one thread while the task finishes on another
+    /// either gets the output at once or is woken, and the set hears of
+    /// the finish exactly once: no interleaving loses either.
+    #[test]
+    fn a_poll_racing_the_finish_loses_neither_output_nor_wake() {
+        loom::model(|| {
+            let set = SetNotify::new();
+            let slot = JoinSlot::<u32>::new(Some((set.clone(), 7)), None);
+            let worker = {
+                let slot = slot.clone();
+                loom::thread::spawn(move || slot.finish(Ok(5)))
+            };
+            let flag = std::sync::Arc::new(Flag(AtomicBool::new(false)));
+            let waker = Waker::from(flag.clone());
+            let first = slot.poll_output(&waker);
+            worker.join().unwrap();
+            match first {
+                Poll::Ready(out) => assert_eq!(out.ok(), Some(5)),
+                Poll::Pending => {
+                    assert!(flag.0.load(Ordering::SeqCst), "the finish did not wake the handle");
+                    assert_eq!(slot.take_output().and_then(Result::ok), Some(5));
+                }
+            }
+            assert_eq!(super::lock(&set.ready).ids.iter().copied().collect::<Vec<_>>(), vec![7]);
+        });
+    }
+}

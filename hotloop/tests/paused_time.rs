@@ -1,0 +1,110 @@
+//! Paused time: a long sleep ends in milliseconds of real time, `advance`
+//! fires timers in deadline order, a timeout on I/O that never comes
+//! fires, an interval ticks, and a server's idle timeout cuts a silent
+//! connection at once in real time.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use hotloop::net::{TcpListener, TcpStream};
+use hotloop::time::{advance, interval, now, sleep, timeout};
+
+/// The most real time a paused test may take for what it waits for.
+const REAL_LIMIT: Duration = Duration::from_secs(5);
+
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_sixty_second_sleep_ends_at_once() {
+    let (real, virtual_start) = (Instant::now(), now());
+    sleep(Duration::from_secs(60)).await;
+    assert!(now() - virtual_start >= Duration::from_secs(60), "the paused clock moved 60 s");
+    assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
+}
+
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn advance_fires_timers_in_deadline_order() {
+    let fired = Rc::new(RefCell::new(Vec::new()));
+    for secs in [3u64, 1, 2] {
+        let fired = fired.clone();
+        hotloop::spawn(async move {
+            sleep(Duration::from_secs(secs)).await;
+            fired.borrow_mut().push(secs);
+        });
+    }
+    hotloop::yield_now().await; // the sleeps are filed
+    advance(Duration::from_millis(1500)).await;
+    assert_eq!(*fired.borrow(), [1], "only the 1 s timer is due at 1.5 s");
+    advance(Duration::from_millis(1000)).await;
+    assert_eq!(*fired.borrow(), [1, 2]);
+    advance(Duration::from_secs(10)).await;
+    assert_eq!(*fired.borrow(), [1, 2, 3]);
+}
+
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_timeout_on_io_that_never_comes_fires() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    let (_server, _) = listener.accept().await.unwrap();
+    let real = Instant::now();
+    // The peer never writes: only the (paused) clock can end this.
+    let read = timeout(Duration::from_secs(3600), client.read_owned(Vec::with_capacity(16))).await;
+    assert!(read.is_err(), "the read cannot finish: nothing was sent");
+    assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
+}
+
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn an_interval_ticks_on_the_paused_clock() {
+    let real = Instant::now();
+    let start = now();
+    let mut ticks = interval(Duration::from_secs(10));
+    for _ in 0..7 {
+        ticks.tick().await;
+    }
+    // The first tick is at once; six periods follow.
+    assert_eq!(now() - start, Duration::from_secs(60));
+    assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
+}
+
+/// A server that drops a connection after 60 s without a byte, tested in
+/// paused time: the client sees the close without waiting a minute.
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_servers_idle_timeout_cuts_a_silent_connection_quickly() {
+    const IDLE: Duration = Duration::from_secs(60);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = hotloop::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            hotloop::spawn(async move {
+                let mut buf = Vec::with_capacity(64);
+                loop {
+                    match timeout(IDLE, stream.read_owned(buf)).await {
+                        Ok((Ok(n), b)) if n > 0 => buf = b,
+                        _ => return, // idle, closed or failed: the stream drops
+                    }
+                    buf.clear();
+                }
+            });
+        }
+    });
+    let client = TcpStream::connect(addr).await.unwrap();
+    let (real, start) = (Instant::now(), now());
+    let (n, _) = client.read_owned(Vec::with_capacity(16)).await;
+    assert_eq!(n.unwrap(), 0, "the server closed the silent connection");
+    assert!(now() - start >= IDLE, "closed after {:?} of paused time", now() - start);
+    assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
+    server.abort();
+}
+
+/// `resume` lets the clock run again from where it stood: it never goes back.
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn resume_runs_on_from_the_paused_time() {
+    let start = now();
+    advance(Duration::from_secs(3600)).await;
+    hotloop::time::resume();
+    sleep(Duration::from_millis(5)).await;
+    assert!(now() - start >= Duration::from_secs(3600));
+    let real = Instant::now();
+    sleep(Duration::from_millis(20)).await;
+    assert!(real.elapsed() >= Duration::from_millis(20), "a running clock waits in real time");
+}

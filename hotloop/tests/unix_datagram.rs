@@ -1,0 +1,169 @@
+//! Unix datagram sockets: bound sockets addressed by path, connected
+//! sockets, an unnamed pair, an unbound sender, truncation to the buffer,
+//! a receive that waits (and is cancel-safe), a sender held back by a full
+//! queue; and `peer_cred` on Unix streams.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hotloop::net::{UnixDatagram, UnixListener, UnixStream};
+use hotloop::time::{sleep, timeout};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A fresh socket path in the temporary directory, removed when dropped.
+struct TempPath(PathBuf);
+
+impl TempPath {
+    fn new(tag: &str) -> TempPath {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        TempPath(
+            std::env::temp_dir()
+                .join(format!("hotloop-dgram-{}-{tag}-{n}.sock", std::process::id())),
+        )
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[hotloop::test(driver = "all")]
+async fn bound_sockets_exchange_datagrams_by_path() {
+    let (pa, pb) = (TempPath::new("a"), TempPath::new("b"));
+    let a = UnixDatagram::bind(&pa.0).unwrap();
+    let b = UnixDatagram::bind(&pb.0).unwrap();
+    assert_eq!(a.send_to(b"hello", &pb.0).await.unwrap(), 5);
+    let mut buf = [0u8; 64];
+    let (n, from) = timeout(LIMIT, b.recv_from(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"hello");
+    assert_eq!(from.as_pathname(), Some(pa.0.as_path()));
+    assert_eq!(b.local_addr().unwrap().as_pathname(), Some(pb.0.as_path()));
+    // Boundaries are kept: two sends, two receives.
+    b.send_to(b"one", &pa.0).await.unwrap();
+    b.send_to(b"two!", &pa.0).await.unwrap();
+    assert_eq!(a.recv(&mut buf).await.unwrap(), 3);
+    assert_eq!(a.recv(&mut buf).await.unwrap(), 4);
+    assert_eq!(&buf[..4], b"two!");
+}
+
+#[hotloop::test(driver = "all")]
+async fn connected_sockets_use_send_and_recv() {
+    let (pa, pb) = (TempPath::new("a"), TempPath::new("b"));
+    let a = UnixDatagram::bind(&pa.0).unwrap();
+    let b = UnixDatagram::bind(&pb.0).unwrap();
+    a.connect(&pb.0).unwrap();
+    b.connect(&pa.0).unwrap();
+    assert_eq!(a.peer_addr().unwrap().as_pathname(), Some(pb.0.as_path()));
+    a.send(b"ping").await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = timeout(LIMIT, b.recv(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"ping");
+    b.send(b"pong").await.unwrap();
+    let n = timeout(LIMIT, a.recv(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"pong");
+}
+
+#[hotloop::test(driver = "all")]
+async fn a_pair_and_an_unbound_sender() {
+    let (x, y) = UnixDatagram::pair().unwrap();
+    x.send(b"over the pair").await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = timeout(LIMIT, y.recv(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"over the pair");
+
+    let path = TempPath::new("server");
+    let server = UnixDatagram::bind(&path.0).unwrap();
+    let client = UnixDatagram::unbound().unwrap();
+    client.send_to(b"anon", &path.0).await.unwrap();
+    let (n, from) = timeout(LIMIT, server.recv_from(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"anon");
+    assert!(from.is_unnamed(), "an unbound sender has no address: {from:?}");
+}
+
+#[hotloop::test(driver = "all")]
+async fn a_datagram_longer_than_the_buffer_is_cut() {
+    let (x, y) = UnixDatagram::pair().unwrap();
+    x.send(&[7u8; 100]).await.unwrap();
+    x.send(b"next").await.unwrap();
+    let mut small = [0u8; 10];
+    assert_eq!(y.recv(&mut small).await.unwrap(), 10);
+    // The rest of the first datagram is gone; the next one is whole.
+    let mut buf = [0u8; 100];
+    let n = y.recv(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"next");
+}
+
+#[hotloop::test(driver = "all")]
+async fn a_waiting_receive_is_woken_and_a_cancelled_one_takes_nothing() {
+    let (x, y) = UnixDatagram::pair().unwrap();
+    let mut buf = [0u8; 16];
+    // Cancelled while waiting: nothing lost.
+    assert!(timeout(Duration::from_millis(20), y.recv(&mut buf)).await.is_err());
+    let x = std::rc::Rc::new(x);
+    let sender = x.clone();
+    hotloop::spawn(async move {
+        sleep(Duration::from_millis(20)).await;
+        sender.send(b"late").await.unwrap();
+    });
+    let n = timeout(LIMIT, y.recv(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"late");
+}
+
+#[hotloop::test(driver = "all")]
+async fn a_sender_waits_for_a_full_queue_to_drain() {
+    const DATAGRAMS: usize = 2000;
+    let (x, y) = UnixDatagram::pair().unwrap();
+    // Far more than the receive queue holds: sends must wait for the reader.
+    let writer = hotloop::spawn(async move {
+        for i in 0..DATAGRAMS {
+            x.send(&(i as u32).to_le_bytes()).await.unwrap();
+        }
+    });
+    let mut buf = [0u8; 4];
+    for i in 0..DATAGRAMS {
+        let n = timeout(LIMIT, y.recv(&mut buf)).await.unwrap().unwrap();
+        assert_eq!((n, u32::from_le_bytes(buf)), (4, i as u32));
+    }
+    timeout(LIMIT, writer).await.unwrap().unwrap();
+}
+
+#[hotloop::test(driver = "all")]
+async fn binding_a_taken_path_fails_clearly() {
+    let path = TempPath::new("taken");
+    let _first = UnixDatagram::bind(&path.0).unwrap();
+    let err = UnixDatagram::bind(&path.0).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    assert!(err.to_string().contains(&*path.0.to_string_lossy()), "{err}");
+}
+
+#[hotloop::test(driver = "all")]
+async fn peer_cred_names_this_process() {
+    let me = std::process::id() as i32;
+    let (uid, gid) = own_ids();
+    let (a, b) = UnixStream::pair().unwrap();
+    for s in [&a, &b] {
+        let cred = s.peer_cred().unwrap();
+        assert_eq!((cred.pid(), cred.uid(), cred.gid()), (Some(me), uid, gid));
+    }
+    let path = TempPath::new("listener");
+    let listener = UnixListener::bind(&path.0).unwrap();
+    let client = UnixStream::connect(&path.0).await.unwrap();
+    let (server, _) = timeout(LIMIT, listener.accept()).await.unwrap().unwrap();
+    assert_eq!(server.peer_cred().unwrap().pid(), Some(me));
+    assert_eq!(client.peer_cred().unwrap().uid(), uid);
+}
+
+/// This process's uid and gid, read from `/proc/self/status`.
+fn own_ids() -> (u32, u32) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| -> u32 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    (field("Uid:"), field("Gid:"))
+}
