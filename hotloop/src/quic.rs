@@ -66,7 +66,7 @@ use send_wrapper::SendWrapper;
 
 use crate::net::{EcnCodepoint, RecvMeta, Transmit, BATCH_DATAGRAMS_MAX};
 use crate::net::{UdpOptions, UdpSocket};
-use crate::runtime::context;
+use crate::runtime::current;
 use crate::runtime::WorkerShared;
 use crate::time::Sleep;
 
@@ -120,7 +120,7 @@ pub fn limit_amplification(
     remote: SocketAddr,
 ) -> io::Result<AmplificationLimit> {
     // The limits live with the worker's sockets; a thread without them would keep one in vain.
-    context::with(|_| ());
+    current::assert_on_worker();
     let key = (endpoint.local_addr()?, remote);
     UNVALIDATED.with(|t| {
         let mut t = t.borrow_mut();
@@ -237,11 +237,11 @@ impl HotloopRuntime {
     /// # Panics
     /// Outside a hotloop worker.
     pub fn current() -> Arc<HotloopRuntime> {
-        context::with(|cx| Arc::new(HotloopRuntime { owner: cx.shared.clone(), uid: cx.uid }))
+        Arc::new(HotloopRuntime { owner: current::worker_shared(), uid: current::worker_uid() })
     }
 
     fn on_owner(&self) -> bool {
-        context::try_with(|cx| cx.uid == self.uid).unwrap_or(false)
+        current::try_worker_uid() == Some(self.uid)
     }
 
     fn wrap(&self, socket: UdpSocket) -> io::Result<Arc<dyn AsyncUdpSocket>> {

@@ -5,6 +5,9 @@
 //! - `buf/` imports no driver.
 //! - `runtime/` imports nothing from `net/` (the network layer is built on
 //!   the runtime, not the reverse).
+//! - Nothing outside `runtime/` reads the worker's context: the rest of
+//!   the crate asks `runtime/current.rs` for what it needs, so the
+//!   context's fields stay the runtime's own.
 
 use std::path::{Path, PathBuf};
 
@@ -76,4 +79,18 @@ fn the_runtime_imports_nothing_from_the_network_layer() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let found = offences(&sources(&src.join("runtime")), &["crate::net", "super::net"]);
     assert!(found.is_empty(), "runtime/ reaches into net/:\n{}", found.join("\n"));
+}
+
+#[test]
+fn only_the_runtime_reads_the_workers_context() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let runtime = src.join("runtime");
+    let outside: Vec<PathBuf> =
+        sources(&src).into_iter().filter(|f| !f.starts_with(&runtime)).collect();
+    let found = offences(&outside, &["context::", "runtime::context", "runtime::{context"]);
+    assert!(
+        found.is_empty(),
+        "reads the worker's context outside runtime/ (use `runtime::current`):\n{}",
+        found.join("\n")
+    );
 }

@@ -16,7 +16,7 @@ use super::error::{not_on_worker, nul_in_path};
 use super::{Metadata, OpenOptions};
 use crate::buf::{self, BufResult, IoBuf, IoBufMut};
 use crate::driver::{uring, FileOp};
-use crate::runtime::context;
+use crate::runtime::current;
 
 /// A file shared by its handle and the operations in flight on it.
 pub(crate) type SharedFile = Arc<StdFile>;
@@ -24,7 +24,7 @@ pub(crate) type SharedFile = Arc<StdFile>;
 /// The worker's io_uring driver if `op` runs on its ring; `Ok(None)` sends
 /// it to the blocking pool.
 fn ring(op: FileOp) -> io::Result<Option<Rc<uring::Driver>>> {
-    context::try_with(|cx| cx.driver.ring_for(op).cloned()).ok_or_else(not_on_worker)
+    current::try_with_driver(|d| d.ring_for(op).cloned()).ok_or_else(not_on_worker)
 }
 
 /// True when `op` runs on this worker's ring.
@@ -36,7 +36,7 @@ pub(super) fn on_ring(op: FileOp) -> bool {
 async fn blocking<R: Send + 'static>(
     f: impl FnOnce() -> io::Result<R> + Send + 'static,
 ) -> io::Result<R> {
-    let handle = context::try_with(|cx| cx.handle.spawn_blocking(f)).ok_or_else(not_on_worker)?;
+    let handle = current::try_spawn_blocking(f).ok_or_else(not_on_worker)?;
     match handle.await {
         Ok(r) => r,
         Err(e) => Err(io::Error::other(format!("the blocking pool dropped the job: {e}"))),

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
 use super::options::Balance;
-use crate::runtime::context;
+use crate::runtime::current;
 use crate::runtime::shared::WorkerShared;
 
 /// The lanes of one server, one per worker (lane `i` for worker `i`).
@@ -219,11 +219,11 @@ impl Lanes {
 /// worker if the balance says so (`None`: it was handed over); else, or if
 /// the chosen worker refuses it, gives it back to be served here.
 pub(crate) fn hand_off(lanes: &Lanes, me: usize, fd: OwnedFd) -> Option<OwnedFd> {
-    let now = context::with(|cx| cx.clock.monotonic_ns());
+    let now = current::clock_monotonic_ns();
     let Some(to) = lanes.target(me, now) else { return Some(fd) };
     match lanes.offer(to, fd) {
         Ok(()) => {
-            context::with(|cx| crate::stats::add(&cx.shared.stats.handoffs_out, 1));
+            current::count(|s| &s.handoffs_out);
             None
         }
         Err(fd) => Some(fd),

@@ -41,7 +41,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 use super::options::{AcceptPacing, ListenerOptions};
 use super::stream::TcpStream;
 use crate::driver::Source;
-use crate::runtime::{context, yield_to_driver};
+use crate::runtime::{current, yield_to_driver};
 use crate::stats;
 use crate::sys;
 
@@ -187,7 +187,7 @@ impl Accept for TcpListener {
 
 /// Counts a connection that was reset before its peer address could be read.
 pub(crate) fn count_reset_in_queue() {
-    context::with(|cx| stats::add(&cx.shared.stats.accept_errors_aborted, 1));
+    current::count(|s| &s.accept_errors_aborted);
 }
 
 /// The accept policy over one listening socket, whatever its family: the
@@ -224,7 +224,7 @@ impl Acceptor {
     /// Wraps an already listening, non-blocking socket on the current worker's driver.
     pub(crate) fn new(fd: OwnedFd, options: ListenerOptions) -> io::Result<Acceptor> {
         Ok(Acceptor {
-            src: context::with(|cx| Source::new_listener(&cx.driver, fd))?,
+            src: current::with_driver(|d| Source::new_listener(d, fd))?,
             batch_turn: Cell::new(u64::MAX),
             batch_count: Cell::new(0),
             paused_until: Cell::new(None),
@@ -259,7 +259,7 @@ impl Acceptor {
                 crate::time::sleep_until(until).await;
             }
             if self.bound_reached() {
-                context::with(|cx| stats::add(&cx.shared.stats.accept_bound_hits, 1));
+                current::count(|s| &s.accept_bound_hits);
                 yield_to_driver().await;
             }
             let mode = self.options.accept_mode;
@@ -345,8 +345,9 @@ impl Acceptor {
 
     /// True if this turn's batch is full.
     fn bound_reached(&self) -> bool {
-        let turn = context::with(|cx| cx.turn.get());
-        self.batch_turn.get() == turn && self.batch_count.get() >= self.turn_limit()
+        // The count first: until a batch is full, an accept then looks up
+        // the turn only once, when it counts itself.
+        self.batch_count.get() >= self.turn_limit() && self.batch_turn.get() == current::turn()
     }
 
     /// The most connections this turn may take.
@@ -361,14 +362,14 @@ impl Acceptor {
     }
 
     fn count_accept(&self) {
-        context::with(|cx| {
-            let s = &cx.shared.stats;
-            let turn = cx.turn.get();
+        current::with_turn(|t| {
+            let s = t.stats();
+            let turn = t.number();
             if self.batch_turn.get() != turn {
                 if let Some(pacing) = self.options.accept_pacing {
                     // The loop's clock of this turn: the pacing times whole
                     // turns, so it needs no clock read of its own.
-                    self.pace(&pacing, turn, cx.clock.cached(), cx.run_queue.borrow().len());
+                    self.pace(&pacing, turn, t.now(), t.run_queue_len());
                 }
                 self.batch_turn.set(turn);
                 self.batch_count.set(0);
@@ -420,8 +421,8 @@ impl Acceptor {
 
     /// Classifies an accept error: `Ok` to keep accepting, `Err` to give up.
     fn on_accept_error(&self, e: io::Error) -> io::Result<()> {
-        context::with(|cx| {
-            let s = &cx.shared.stats;
+        current::with_turn(|t| {
+            let s = t.stats();
             match e.raw_os_error() {
                 Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
                     // Said once per run of failures, not per retry; the line
@@ -437,9 +438,14 @@ impl Acceptor {
                             }
                             crate::log::warn(format_args!(
                                 "worker {}: accept failed ({e}); retrying every {:?} until it works (raise the open-file limit or lower maxconn)",
-                                cx.id, self.options.resource_pause
+                                t.worker_index(), self.options.resource_pause
                             ));
-                            Exhaustion { worker: cx.id, since: now, last_failure: now, failures: 0 }
+                            Exhaustion {
+                                worker: t.worker_index(),
+                                since: now,
+                                last_failure: now,
+                                failures: 0,
+                            }
                         }
                     };
                     self.exhausted.set(Some(Exhaustion {

@@ -43,7 +43,7 @@ use super::options::{Balance, ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
 use super::unix::{bind_unix_socket, UnixListener, UnixStream};
 use crate::runtime::shared::WorkerShared;
-use crate::runtime::{context, spawn_detached, Handle, OnDone, RemoteJoinHandle};
+use crate::runtime::{current, spawn_detached, Handle, OnDone, RemoteJoinHandle};
 
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
 ///
@@ -445,7 +445,7 @@ where
     H: Fn(L::Stream, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let local = Rc::new(WorkerConns::new(context::with(|cx| cx.shared.clone())));
+    let local = Rc::new(WorkerConns::new(current::worker_shared()));
     let (lanes, me) = (&*lane.lanes, lane.me);
     let balancing = lanes.enabled();
     // The loop's waker is filed for the stop once (a task's waker does not
@@ -454,9 +454,7 @@ where
     let mut stop_filed = false;
     loop {
         if at_limit(&shared, &local, limits) {
-            crate::runtime::context::with(|cx| {
-                crate::stats::add(&cx.shared.stats.maxconn_reached, 1)
-            });
+            current::count(|s| &s.maxconn_reached);
             // On io_uring this stops the armed accept: the clients that wait
             // do so in the kernel's backlog, not as descriptors here.
             listener.set_accept_room(Some(0));
@@ -515,7 +513,7 @@ where
                         Some(fd) => fd,
                     },
                     Arrival::HandedIn(fd) => {
-                        context::with(|cx| crate::stats::add(&cx.shared.stats.handoffs_in, 1));
+                        current::count(|s| &s.handoffs_in);
                         fd
                     }
                 };
@@ -529,9 +527,7 @@ where
                         shared.active.fetch_add(1, Ordering::AcqRel);
                         break;
                     }
-                    crate::runtime::context::with(|cx| {
-                        crate::stats::add(&cx.shared.stats.maxconn_reached, 1)
-                    });
+                    current::count(|s| &s.maxconn_reached);
                     wait_for_a_free_slot(&shared, &local, limits).await;
                 }
                 start_handler(stream, &shared, &local, &*handler);

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::Source;
-use crate::runtime::context;
+use crate::runtime::current;
 
 /// The bytes read and written per step when a file is sent by copying.
 const COPY_CHUNK_BYTES: usize = 64 * 1024;
@@ -36,7 +36,7 @@ pub(crate) struct StreamCore {
 impl StreamCore {
     /// Wraps a connected (or connecting) socket on the current worker's driver.
     pub(crate) fn new(fd: OwnedFd) -> io::Result<StreamCore> {
-        let src = context::with(|cx| Source::new(&cx.driver, fd))?;
+        let src = current::with_driver(|d| Source::new(d, fd))?;
         Ok(StreamCore { src })
     }
 

@@ -16,7 +16,7 @@ use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::udp::gso_segments_max;
 pub use crate::driver::udp::{EcnCodepoint, RecvMeta, SendMeta, Transmit, BATCH_DATAGRAMS_MAX};
 use crate::driver::Source;
-use crate::runtime::context;
+use crate::runtime::current;
 use crate::sys;
 
 /// The most datagrams the kernel coalesces into one GRO receive.
@@ -119,7 +119,7 @@ impl UdpSocket {
     }
 
     fn from_fd(fd: OwnedFd) -> io::Result<UdpSocket> {
-        let src = context::with(|cx| Source::new_datagram(&cx.driver, fd))?;
+        let src = current::with_driver(|d| Source::new_datagram(d, fd))?;
         Ok(UdpSocket { src, gro: Cell::new(false) })
     }
 

@@ -40,7 +40,7 @@ use super::options::ListenerOptions;
 use super::stream_core::StreamCore;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::Driver;
-use crate::runtime::context;
+use crate::runtime::current;
 use crate::sys;
 
 /// How long [`UnixStream::connect`] keeps retrying while the listener's
@@ -69,7 +69,7 @@ impl UnixStream {
     /// Wraps a socket this process connected, blocking or not as the
     /// current worker's driver wants it (see the module notes).
     pub(crate) fn from_own_fd(fd: OwnedFd) -> io::Result<UnixStream> {
-        let nonblocking = context::with(|cx| matches!(cx.driver, Driver::Epoll(_)));
+        let nonblocking = current::with_driver(|d| matches!(d, Driver::Epoll(_)));
         socket2::SockRef::from(&fd).set_nonblocking(nonblocking)?;
         Self::from_fd(fd)
     }

@@ -15,7 +15,7 @@ use std::os::unix::net::SocketAddr;
 use std::path::Path;
 
 use crate::driver::Source;
-use crate::runtime::context;
+use crate::runtime::current;
 use crate::sys;
 
 /// A Unix domain datagram socket on the current worker, as tokio's
@@ -55,7 +55,7 @@ impl UnixDatagram {
     pub fn from_std(socket: std::os::unix::net::UnixDatagram) -> io::Result<UnixDatagram> {
         socket.set_nonblocking(true)?;
         let fd = OwnedFd::from(socket);
-        let src = context::with(|cx| Source::new(&cx.driver, fd))?;
+        let src = current::with_driver(|d| Source::new(d, fd))?;
         Ok(UnixDatagram { src })
     }
 

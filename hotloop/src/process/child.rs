@@ -9,7 +9,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::{Stdio, StdioKind};
 use crate::driver::Source;
 use crate::net::UnixStream;
-use crate::runtime::context;
+use crate::runtime::current;
 
 /// The parent's end of a child's piped standard input: a Unix stream
 /// socket (see the module notes). Dropping it (or shutting down its write
@@ -131,7 +131,7 @@ impl Child {
         // The pid cannot be reused before this process reaps it, so the
         // pidfd names this child.
         let pidfd = match crate::sys::pidfd_open(std.id())
-            .and_then(|fd| context::with(|cx| Source::new(&cx.driver, fd)))
+            .and_then(|fd| current::with_driver(|d| Source::new(d, fd)))
         {
             Ok(src) => src,
             Err(e) => {
@@ -242,7 +242,7 @@ impl Drop for Child {
         }
         // Still running: a task reaps it when it exits, so it does not
         // stay a zombie. Outside a worker there is no one to wait.
-        if context::try_with(|_| ()).is_some() {
+        if current::on_worker() {
             crate::runtime::spawn_detached(async move {
                 let _ = std::future::poll_fn(|cx| process.poll_wait(cx)).await;
             });

@@ -217,7 +217,7 @@ impl Command {
         stdout: Option<Stdio>,
         stderr: Option<Stdio>,
     ) -> io::Result<Child> {
-        if crate::runtime::context::try_with(|_| ()).is_none() {
+        if !crate::runtime::current::on_worker() {
             return Err(io::Error::other(
                 "hotloop::process::Command::spawn must be called on a hotloop worker \
                  (inside Runtime::block_on or a task spawned there)",

@@ -1,6 +1,7 @@
 //! The per-worker context: everything a worker owns, reachable from the
 //! tasks running on it through a thread-local that is set only while the
-//! worker runs.
+//! worker runs. Its fields are the runtime's own; the rest of the crate
+//! asks [`super::current`] for what it needs.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -19,29 +20,29 @@ use crate::time::wheel::TimerWheel;
 
 /// One worker's state. Only its own thread touches it.
 pub(crate) struct Context {
-    pub(crate) id: usize,
+    pub(super) id: usize,
     /// Unique over every context of every runtime in the process: tells a
     /// timer which wheel it lives in.
-    pub(crate) uid: u64,
-    pub(crate) shared: Arc<WorkerShared>,
-    pub(crate) config: Config,
-    pub(crate) handle: Handle,
-    pub(crate) tasks: RefCell<TaskSlab>,
-    pub(crate) run_queue: RefCell<VecDeque<TaskKey>>,
+    pub(super) uid: u64,
+    pub(super) shared: Arc<WorkerShared>,
+    pub(super) config: Config,
+    pub(super) handle: Handle,
+    pub(super) tasks: RefCell<TaskSlab>,
+    pub(super) run_queue: RefCell<VecDeque<TaskKey>>,
     /// The worker's I/O driver; every socket made here holds a clone.
-    pub(crate) driver: Driver,
-    pub(crate) driver_info: DriverInfo,
-    pub(crate) timers: RefCell<TimerWheel<Waker>>,
-    pub(crate) clock: Clock,
+    pub(super) driver: Driver,
+    pub(super) driver_info: DriverInfo,
+    pub(super) timers: RefCell<TimerWheel<Waker>>,
+    pub(super) clock: Clock,
     /// Incremented once per poll of the driver: one "wakeup" of the loop.
-    pub(crate) turn: Cell<u64>,
+    pub(super) turn: Cell<u64>,
     /// Wakers to wake after the next poll of the driver.
-    pub(crate) after_poll: RefCell<Vec<Waker>>,
+    pub(super) after_poll: RefCell<Vec<Waker>>,
     /// The task that just panicked and its payload, while its future is
     /// dropped: only that task's join slot takes it.
-    pub(crate) panic_payload: RefCell<Option<(TaskKey, Box<dyn std::any::Any + Send>)>>,
+    pub(super) panic_payload: RefCell<Option<(TaskKey, Box<dyn std::any::Any + Send>)>>,
     /// The loop's idle time in the current load window.
-    pub(crate) load_meter: super::load::LoadMeter,
+    pub(super) load_meter: super::load::LoadMeter,
 }
 
 thread_local! {
@@ -343,12 +344,6 @@ impl Clock {
 }
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
-
-/// An instant about 30 years ahead of `from`, which every platform's
-/// `Instant` can represent: the stand-in for "never".
-pub(crate) fn far_future(from: Instant) -> Instant {
-    from + Duration::from_secs(86_400 * 365 * 30)
-}
 
 #[cfg(test)]
 mod tests {

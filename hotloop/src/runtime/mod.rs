@@ -9,7 +9,8 @@
 
 mod blocking;
 mod config;
-pub(crate) mod context;
+mod context;
+pub(crate) mod current;
 mod handle;
 mod join;
 mod join_set;
@@ -32,7 +33,6 @@ pub use join::{spawn, yield_now, JoinError, JoinHandle, RemoteJoinHandle};
 pub(crate) use join::{spawn_detached, yield_to_driver, OnDone};
 pub use join_set::JoinSet;
 pub(crate) use shared::WorkerShared;
-pub(crate) use worker::fire_timers;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;

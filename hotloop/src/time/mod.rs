@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use crate::runtime::context::{self, Context};
+use crate::runtime::current::{self, Timers};
 use crate::runtime::WorkerShared;
 use wheel::TimerKey;
 
@@ -48,17 +48,17 @@ struct Filed {
 impl Filed {
     /// Cancels the timer: directly on its own worker, else by asking that
     /// worker to do it, so its wheel does not keep a stale entry.
-    fn cancel(self, cx: Option<&Context>) {
-        match cx {
-            Some(cx) if cx.uid == self.uid => {
-                cx.timers.borrow_mut().cancel(self.key);
+    fn cancel(self, here: Option<&Timers<'_>>) {
+        match here {
+            Some(t) if t.worker_uid() == self.uid => {
+                t.wheel().cancel(self.key);
             }
             _ => {
                 let (key, uid) = (self.key, self.uid);
                 self.owner.push_runnable(Box::new(move || {
-                    context::try_with(|cx| {
-                        if cx.uid == uid {
-                            cx.timers.borrow_mut().cancel(key);
+                    current::try_with_timers(|t| {
+                        if t.worker_uid() == uid {
+                            t.wheel().cancel(key);
                         }
                     });
                 }));
@@ -75,7 +75,7 @@ impl Filed {
 /// Good for timestamps that only need to be as fine as a loop turn, such
 /// as the last activity of a connection, checked against an idle timeout.
 pub fn now() -> Instant {
-    context::try_with(|cx| cx.clock.cached()).unwrap_or_else(Instant::now)
+    current::try_clock_now().unwrap_or_else(Instant::now)
 }
 
 /// Waits for `duration`. A duration too long for the clock (such as
@@ -92,13 +92,19 @@ fn deadline_after(duration: Duration) -> Instant {
 /// The time new deadlines count from: the system clock, or on a worker
 /// whose time was paused, that worker's clock.
 fn deadline_base() -> Instant {
-    context::try_with(|cx| cx.clock.deadline_base()).unwrap_or_else(Instant::now)
+    current::try_deadline_base().unwrap_or_else(Instant::now)
 }
 
 /// `at + duration`, saturated at a far-future instant: every deadline in
 /// this module is made here, so none overflows the clock.
 fn saturating_add(at: Instant, duration: Duration) -> Instant {
-    at.checked_add(duration).unwrap_or_else(|| crate::runtime::context::far_future(at))
+    at.checked_add(duration).unwrap_or_else(|| far_future(at))
+}
+
+/// An instant about 30 years ahead of `from`, which every platform's
+/// `Instant` can represent: the stand-in for "never".
+fn far_future(from: Instant) -> Instant {
+    from + Duration::from_secs(86_400 * 365 * 30)
 }
 
 /// Waits until `deadline`.
@@ -116,12 +122,12 @@ impl Sleep {
     pub fn reset(&mut self, deadline: Instant) {
         self.deadline = deadline;
         if let Some(filed) = self.entry.take() {
-            context::with(|cx| {
-                let tick = cx.clock.tick_for_deadline(deadline);
-                if cx.uid == filed.uid && cx.timers.borrow_mut().reset(filed.key, tick) {
+            current::with_timers(|t| {
+                let tick = t.tick_for_deadline(deadline);
+                if t.worker_uid() == filed.uid && t.wheel().reset(filed.key, tick) {
                     self.entry = Some(filed);
                 } else {
-                    filed.cancel(Some(cx));
+                    filed.cancel(Some(t));
                 }
             });
         }
@@ -132,21 +138,21 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, task_cx: &mut TaskContext<'_>) -> Poll<()> {
-        context::with(|cx| {
+        current::with_timers(|t| {
             // The loop's time of this turn: no clock read per poll. It is
             // never ahead of the real time, so a sleep never ends early; one
             // that is due but not yet seen as such fires at the next turn.
-            if cx.clock.cached() >= self.deadline {
+            if t.now() >= self.deadline {
                 if let Some(filed) = self.entry.take() {
-                    filed.cancel(Some(cx));
+                    filed.cancel(Some(t));
                 }
                 return Poll::Ready(());
             }
-            if let Some(filed) = self.entry.take_if(|f| f.uid != cx.uid) {
+            if let Some(filed) = self.entry.take_if(|f| f.uid != t.worker_uid()) {
                 // Polled on another worker than the one holding the timer.
-                filed.cancel(Some(cx));
+                filed.cancel(Some(t));
             }
-            let mut timers = cx.timers.borrow_mut();
+            let mut timers = t.wheel();
             match self.entry.as_ref().and_then(|f| timers.get_mut(f.key)) {
                 Some(w) => {
                     if !w.will_wake(task_cx.waker()) {
@@ -154,9 +160,9 @@ impl Future for Sleep {
                     }
                 }
                 None => {
-                    let tick = cx.clock.tick_for_deadline(self.deadline);
+                    let tick = t.tick_for_deadline(self.deadline);
                     let key = timers.insert(tick, task_cx.waker().clone());
-                    self.entry = Some(Filed { key, uid: cx.uid, owner: cx.shared.clone() });
+                    self.entry = Some(Filed { key, uid: t.worker_uid(), owner: t.worker_shared() });
                 }
             }
             Poll::Pending
@@ -168,7 +174,7 @@ impl Drop for Sleep {
     fn drop(&mut self) {
         let mut filed = self.entry.take();
         if filed.is_some() {
-            context::try_with(|cx| filed.take().map(|f| f.cancel(Some(cx))));
+            current::try_with_timers(|t| filed.take().map(|f| f.cancel(Some(t))));
             if let Some(f) = filed {
                 f.cancel(None);
             }

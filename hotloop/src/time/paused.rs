@@ -3,17 +3,17 @@
 //! # Implementation notes
 //! Each worker has its own clock and wheel, so pausing acts on the
 //! calling worker only (a `#[hotloop::test]` body and the tasks it spawns
-//! share one). While paused, the loop's clock reads stop
-//! ([`Clock::update`](crate::runtime::context::Clock) returns the paused
-//! time) and the loop never sleeps until a deadline: when it has nothing
-//! to run it polls the driver without waiting, and only if that brought no
-//! event, no message from another thread came in, and no blocking-pool
-//! job is out, it moves the clock to the wheel's next deadline (tokio's
-//! auto-advance). With no timer at all it blocks on I/O as usual.
+//! share one). While paused, the loop's clock reads stop (an update
+//! returns the paused time) and the loop never sleeps until a deadline:
+//! when it has nothing to run it polls the driver without waiting, and
+//! only if that brought no event, no message from another thread came in,
+//! and no blocking-pool job is out, it moves the clock to the wheel's
+//! next deadline (tokio's auto-advance). With no timer at all it blocks on
+//! I/O as usual.
 
 use std::time::Duration;
 
-use crate::runtime::context;
+use crate::runtime::current;
 
 /// Stops the current worker's clock: from now on its timers move only
 /// with [`advance`], or when the worker has nothing else to do (then its
@@ -26,7 +26,7 @@ use crate::runtime::context;
 /// # Panics
 /// Outside a hotloop worker.
 pub fn pause() {
-    context::with(|cx| cx.clock.pause());
+    current::pause_clock();
 }
 
 /// Starts the current worker's clock again, from the time it stands at
@@ -36,7 +36,7 @@ pub fn pause() {
 /// # Panics
 /// Outside a hotloop worker.
 pub fn resume() {
-    context::with(|cx| cx.clock.resume());
+    current::resume_clock();
 }
 
 /// Moves the current worker's clock `by` forward, fires the timers that
@@ -47,9 +47,6 @@ pub fn resume() {
 /// # Panics
 /// Outside a hotloop worker.
 pub async fn advance(by: Duration) {
-    context::with(|cx| {
-        cx.clock.advance(by);
-        crate::runtime::fire_timers(cx);
-    });
+    current::advance_clock(by);
     crate::yield_now().await;
 }

@@ -310,14 +310,14 @@ mod tests {
 
     use crate::driver::Driver as AnyDriver;
     use crate::net::TcpListener;
-    use crate::runtime::context;
+    use crate::runtime::current;
     use crate::time::{sleep, timeout};
     use crate::{DriverKind, Runtime};
 
     /// Makes the next `n` submissions of the current worker's ring fail
     /// as a full or busy ring would.
     fn fail_submits(n: u32) {
-        context::with(|cx| match &cx.driver {
+        current::with_driver(|d| match d {
             AnyDriver::Uring(d) => d.state.borrow_mut().ring.failing_submits = n,
             AnyDriver::Epoll(_) => panic!("this test needs the io_uring driver"),
         });
@@ -325,7 +325,7 @@ mod tests {
 
     /// Operations the kernel holds whose futures are gone.
     fn cancelled_ops() -> usize {
-        context::with(|cx| match &cx.driver {
+        current::with_driver(|d| match d {
             AnyDriver::Uring(d) => d
                 .state
                 .borrow()
