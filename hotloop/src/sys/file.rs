@@ -26,20 +26,27 @@ pub(crate) fn sendfile(sock: RawFd, file: RawFd, offset: u64, len: usize) -> io:
     Ok(n as usize)
 }
 
-/// [`sendfile`] that never blocks, also on a blocking socket: the socket
-/// is non-blocking for the call (`sendfile(2)` takes no `MSG_DONTWAIT`)
-/// and gets its flags back after it. `WouldBlock` when it has no room.
+/// The file status flags of `fd` (`F_GETFL`), for [`sendfile_nowait`].
+pub(crate) fn status_flags(fd: RawFd) -> io::Result<libc::c_int> {
+    // SAFETY: F_GETFL takes no argument and touches no user memory.
+    cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })
+}
+
+/// `sendfile(2)` that does not block: a socket in blocking mode (as
+/// io_uring's accepted ones are; `flags` are its status flags, from
+/// [`status_flags`]) is non-blocking for the call (`sendfile(2)` takes no
+/// `MSG_DONTWAIT`) and gets its flags back after it. `WouldBlock` when it
+/// has no room.
 ///
 /// Only for a socket nothing else sends on meanwhile: another thread
 /// would see it non-blocking during the call.
 pub(crate) fn sendfile_nowait(
     sock: RawFd,
+    flags: libc::c_int,
     file: RawFd,
     offset: u64,
     len: usize,
 ) -> io::Result<usize> {
-    // SAFETY: F_GETFL takes no argument and touches no user memory.
-    let flags = cvt(unsafe { libc::fcntl(sock, libc::F_GETFL) })?;
     if flags & libc::O_NONBLOCK != 0 {
         return sendfile(sock, file, offset, len);
     }

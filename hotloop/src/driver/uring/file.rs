@@ -14,7 +14,9 @@
 //! - `send_file` is `sendfile(2)` from the worker, as on epoll: an
 //!   accepted socket is blocking on io_uring, so it is made non-blocking
 //!   for the call alone (`sys::sendfile_nowait`), and a `POLL_ADD` waits
-//!   for room when there is none. Nothing else sends on the socket
+//!   for room when there is none, or when a call moved fewer bytes than
+//!   asked (the socket filled up: retrying at once would move only the
+//!   few bytes freed since, one system call each). Nothing else sends on the socket
 //!   meanwhile (written-behind bytes are flushed first), so no other
 //!   operation sees the flag. The alternative, two `SPLICE` operations per
 //!   step (file -> pipe -> socket), is kept behind
@@ -47,6 +49,7 @@ use super::{Driver, SharedFd};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::probe;
 use crate::sys;
+use crate::sys::SENDFILE_CHUNK_MAX;
 
 /// The most bytes one `READ` or `WRITE` asks for (as `read(2)` caps them).
 const RW_CHUNK_MAX: usize = 0x7fff_f000;
@@ -356,20 +359,39 @@ impl Source {
         // The stream's own sends are done (flushed above, and owned sends
         // complete before they return), so nothing else sends on the
         // socket while `sendfile_nowait` makes it non-blocking.
+        // The flags are read once: a `fcntl` pair per call is what remains.
+        let flags = match sys::status_flags(self.fd()) {
+            Ok(flags) => flags,
+            Err(e) => return (0, Err(e)),
+        };
         let mut sent = 0u64;
         while sent < len {
-            let want = usize::try_from(len - sent).unwrap_or(usize::MAX);
-            match sys::sendfile_nowait(self.fd(), file.as_raw_fd(), offset + sent, want) {
+            let want = usize::try_from(len - sent).unwrap_or(usize::MAX).min(SENDFILE_CHUNK_MAX);
+            let res = sys::sendfile_nowait(self.fd(), flags, file.as_raw_fd(), offset + sent, want);
+            let room = match res {
                 // The file ended (perhaps shrunk): stop short.
                 Ok(0) => break,
-                Ok(n) => sent += n as u64,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if let Err(e) = self.poll_events(libc::POLLOUT).await {
-                        return (sent, Err(e));
-                    }
+                // A short count almost always means the socket is full
+                // (nginx reads it so too): the next call waits for room
+                // rather than moving the few bytes freed meanwhile. If the
+                // file ended instead, the wait ends at once and the next
+                // call says so.
+                Ok(n) if n < want => {
+                    sent += n as u64;
+                    false
                 }
+                Ok(n) => {
+                    sent += n as u64;
+                    true
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
                 Err(e) => return (sent, Err(e)),
+            };
+            if !room && sent < len {
+                if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                    return (sent, Err(e));
+                }
             }
         }
         (sent, Ok(()))
