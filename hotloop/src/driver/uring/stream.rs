@@ -385,3 +385,110 @@ impl<B: IoBuf> MsgStorage<B> {
         MsgStorage { bufs, _iov: iov, msg }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use std::task::{Context, Waker};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::driver::config::{DriverConfig, DriverKind, Registration, UringSwitches};
+    use crate::driver::park::Park;
+    use crate::driver::wake::Unpark;
+    use crate::stats::WorkerStats;
+
+    /// A driver without a buffer ring (as before Linux 6.0), entered.
+    fn driver_without_buf_ring() -> Option<Rc<Driver>> {
+        if crate::runtime::uring_available().is_err() {
+            eprintln!("skipped: io_uring is not available");
+            return None;
+        }
+        let config = DriverConfig {
+            kind: DriverKind::Uring,
+            registration: Registration::Lazy,
+            events_per_poll_max: 64,
+            uring_entries: 64,
+            kernel_busy_poll: None,
+            uring_switches: UringSwitches { multishot_recv: false, ..UringSwitches::from_env() },
+        };
+        let unpark = Arc::new(Unpark::new().unwrap());
+        let (driver, _) = Driver::new(&config, unpark, Arc::new(WorkerStats::default())).unwrap();
+        assert!(!driver.reads_from_ring);
+        driver.entered.set(true);
+        Some(driver)
+    }
+
+    /// Operations in the driver's slab.
+    fn ops(driver: &Driver) -> usize {
+        driver.state.borrow().ops.len()
+    }
+
+    /// Turns the ring until no operation is left (at most a second).
+    fn drain(driver: &Driver) {
+        for _ in 0..1000 {
+            driver.poll(Park::Skip).unwrap();
+            if ops(driver) == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Without a buffer ring a read waits on a `POLL_ADD` the stream keeps
+    /// by its key: the wait completes when bytes come, and the next one is
+    /// a new entry.
+    #[test]
+    fn a_read_wait_kept_by_key_completes_and_is_made_again() {
+        let Some(driver) = driver_without_buf_ring() else { return };
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let src = StreamSource::new(&driver, OwnedFd::from(ours));
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut buf = [MaybeUninit::uninit(); 8];
+        assert_eq!(src.try_recv(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert!(!src.may_read_now());
+        assert!(src.poll_readable(&mut cx).is_pending());
+        assert!(src.reads.get().is_some() && ops(&driver) == 1);
+        // Polled again, the same entry: nothing new is submitted.
+        assert!(src.poll_readable(&mut cx).is_pending());
+        assert_eq!(ops(&driver), 1);
+        peer.write_all(b"hi").unwrap();
+        let mut ready = src.poll_readable(&mut cx);
+        for _ in 0..1000 {
+            if ready.is_ready() {
+                break;
+            }
+            driver.poll(Park::Skip).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+            ready = src.poll_readable(&mut cx);
+        }
+        assert!(matches!(ready, Poll::Ready(Ok(()))));
+        assert!(src.reads.get().is_none() && src.may_read_now());
+        assert_eq!(ops(&driver), 0);
+        assert_eq!(src.try_recv(&mut buf).unwrap(), 2);
+    }
+
+    /// A stream dropped while its read waits cancels the wait, and the
+    /// descriptor stays open until the cancel's last completion, then
+    /// closes: the peer sees the end.
+    #[test]
+    fn a_read_wait_kept_by_key_is_cancelled_with_its_stream() {
+        let Some(driver) = driver_without_buf_ring() else { return };
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let src = StreamSource::new(&driver, OwnedFd::from(ours));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(src.poll_readable(&mut cx).is_pending());
+        // The kernel has the entry.
+        driver.poll(Park::Skip).unwrap();
+        let fd = Rc::downgrade(&src.core.fd);
+        drop(src);
+        assert!(fd.upgrade().is_some(), "closed while the kernel may still poll it");
+        drain(&driver);
+        assert_eq!(ops(&driver), 0, "the wait was not cancelled");
+        assert!(fd.upgrade().is_none(), "the descriptor outlived its last operation");
+        peer.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        assert_eq!(peer.read(&mut [0; 8]).unwrap(), 0);
+    }
+}
