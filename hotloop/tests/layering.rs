@@ -8,6 +8,11 @@
 //! - Nothing outside `runtime/` reads the worker's context: the rest of
 //!   the crate asks `runtime/current.rs` for what it needs, so the
 //!   context's fields stay the runtime's own.
+//! - Inside `driver/`, imports run one way: the modules every backend
+//!   shares name only those below them, the backends name only those
+//!   (never each other, nor the face above them), and inside `uring/` each
+//!   module names only the modules below it in the order its module doc
+//!   gives.
 
 use std::path::{Path, PathBuf};
 
@@ -93,4 +98,182 @@ fn only_the_runtime_reads_the_workers_context() {
         "reads the worker's context outside runtime/ (use `runtime::current`):\n{}",
         found.join("\n")
     );
+}
+
+/// The code lines of `file`, numbered from 1, with comments and the unit
+/// tests at the end of the file left out (as [`offences`] reads them).
+fn code_lines(file: &Path) -> Vec<(usize, String)> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim() == "#[cfg(test)]" {
+            break;
+        }
+        out.push((i + 1, line.split("//").next().unwrap_or("").to_string()));
+    }
+    out
+}
+
+/// The first segment of every path that follows `prefix` in `file`'s
+/// code, with its line: `prefix` then `a::B` gives `a`, and a group
+/// `prefix{a::B, c}` (over several lines, as `rustfmt` wraps it) gives
+/// `a` and `c`. `self` in a group is left out.
+fn names_after(file: &Path, prefix: &str) -> Vec<(usize, String)> {
+    let lines = code_lines(file);
+    let mut text = String::new();
+    let mut line_of = Vec::new();
+    for (n, line) in &lines {
+        for _ in 0..=line.len() {
+            line_of.push(*n);
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    let ident = |s: &str| -> String {
+        s.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+    };
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find(prefix) {
+        let start = from + at;
+        from = start + prefix.len();
+        // `super::super::x` is not `super::x`: leave it to its own prefix.
+        if text[..start].ends_with("super::") {
+            continue;
+        }
+        let rest = &text[from..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 1;
+            let mut item = String::new();
+            let mut items = Vec::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 1 => {
+                        items.push(std::mem::take(&mut item));
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 {
+                    break;
+                }
+                item.push(c);
+            }
+            items.push(item);
+            for item in items {
+                let name = ident(&item);
+                if !name.is_empty() && name != "self" {
+                    found.push((line_of[start], name));
+                }
+            }
+        } else {
+            let name = ident(rest);
+            if !name.is_empty() {
+                found.push((line_of[start], name));
+            }
+        }
+    }
+    found
+}
+
+/// The modules of `driver/` that both backends use, bottom to top; each
+/// names only those before it.
+const DRIVER_SHARED: [&str; 5] = ["park", "config", "wake", "probe", "udp"];
+
+/// The modules of `driver/uring/`, bottom to top, as `uring/mod.rs` lists
+/// them; each names only those before it (`mod.rs`, which defines the
+/// state they all extend, is not among them).
+const URING_ORDER: [&str; 19] = [
+    "bufring",
+    "linger",
+    "unclaimed",
+    "lifecycle",
+    "ring",
+    "op",
+    "accept",
+    "pooled",
+    "dgram",
+    "dispatch",
+    "turn",
+    "teardown",
+    "source",
+    "readiness",
+    "listener",
+    "write_behind",
+    "stream",
+    "udp",
+    "file",
+];
+
+#[test]
+fn the_modules_the_backends_share_name_only_those_below_them() {
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/driver");
+    let mut found = Vec::new();
+    for (i, module) in DRIVER_SHARED.iter().enumerate() {
+        let file = driver.join(format!("{module}.rs"));
+        for prefix in ["super::", "crate::driver::"] {
+            for (line, name) in names_after(&file, prefix) {
+                if !DRIVER_SHARED[..i].contains(&name.as_str()) {
+                    found.push(format!("{}:{line}: {prefix}{name}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "a shared driver module reaches up:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_backends_name_only_the_shared_driver_modules() {
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/driver");
+    let mut found = Vec::new();
+    for backend in ["epoll", "uring"] {
+        for file in sources(&driver.join(backend)) {
+            // From the backend's `mod.rs`, `super::` is `driver/`; from the
+            // files beside it, `super::super::` is.
+            let up = if file.file_name().is_some_and(|f| f == "mod.rs") {
+                "super::"
+            } else {
+                "super::super::"
+            };
+            for prefix in [up, "crate::driver::"] {
+                for (line, name) in names_after(&file, prefix) {
+                    if !DRIVER_SHARED.contains(&name.as_str()) {
+                        found.push(format!("{}:{line}: {prefix}{name}", file.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a backend reaches the face of driver/ or the other backend:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn uring_modules_name_only_modules_below_them() {
+    let uring = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/driver/uring");
+    let mut found = Vec::new();
+    for file in sources(&uring) {
+        let stem = file.file_stem().unwrap().to_str().unwrap().to_string();
+        if stem == "mod" {
+            continue;
+        }
+        let Some(rank) = URING_ORDER.iter().position(|m| *m == stem) else {
+            found.push(format!("{}: not in URING_ORDER (place it there)", file.display()));
+            continue;
+        };
+        for prefix in ["super::", "crate::driver::uring::"] {
+            for (line, name) in names_after(&file, prefix) {
+                let above = URING_ORDER[rank..].contains(&name.as_str());
+                if above {
+                    found.push(format!("{}:{line}: {prefix}{name}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "a uring module names one at or above it:\n{}", found.join("\n"));
 }

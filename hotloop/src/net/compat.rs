@@ -71,7 +71,7 @@ poll_forms!(UnixStream);
 /// on every read would cost more than the read's copy).
 #[cfg(feature = "tokio-io")]
 pub(crate) fn poll_read_tokio(
-    src: &crate::driver::Source,
+    src: &crate::driver::StreamSource,
     cx: &mut std::task::Context<'_>,
     buf: &mut tokio::io::ReadBuf<'_>,
 ) -> std::task::Poll<std::io::Result<()>> {

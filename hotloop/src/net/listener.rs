@@ -40,7 +40,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::options::{AcceptPacing, ListenerOptions};
 use super::stream::TcpStream;
-use crate::driver::Source;
+use crate::driver::ListenerSource;
 use crate::runtime::{current, yield_to_driver};
 use crate::stats;
 use crate::sys;
@@ -194,7 +194,7 @@ pub(crate) fn count_reset_in_queue() {
 /// per-turn bound, pacing, and the pause after running out of descriptors.
 /// [`TcpListener`] and [`UnixListener`](super::UnixListener) each hold one.
 pub(crate) struct Acceptor {
-    src: Source,
+    src: ListenerSource,
     options: ListenerOptions,
     /// The loop turn of the last accept, and how many were taken in it.
     batch_turn: Cell<u64>,
@@ -224,7 +224,7 @@ impl Acceptor {
     /// Wraps an already listening, non-blocking socket on the current worker's driver.
     pub(crate) fn new(fd: OwnedFd, options: ListenerOptions) -> io::Result<Acceptor> {
         Ok(Acceptor {
-            src: current::with_driver(|d| Source::new_listener(d, fd))?,
+            src: current::with_driver(|d| ListenerSource::new(d, fd))?,
             batch_turn: Cell::new(u64::MAX),
             batch_count: Cell::new(0),
             paused_until: Cell::new(None),

@@ -17,7 +17,7 @@ pub use crate::buf::pool::POOLED_BUFFER_BYTES;
 use crate::buf::pool::{give, take};
 use crate::buf::PooledBuf;
 
-use crate::driver::Source;
+use crate::driver::StreamSource;
 
 /// The future of [`TcpStream::read_pooled`](super::TcpStream::read_pooled):
 /// a buffer from the worker's pool with what the socket had, taken only
@@ -30,11 +30,11 @@ use crate::driver::Source;
 /// between polls loses nothing.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadPooled<'a> {
-    src: &'a Source,
+    src: &'a StreamSource,
 }
 
 impl<'a> ReadPooled<'a> {
-    pub(crate) fn new(src: &'a Source) -> Self {
+    pub(crate) fn new(src: &'a StreamSource) -> Self {
         ReadPooled { src }
     }
 }

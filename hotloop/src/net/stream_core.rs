@@ -16,7 +16,7 @@ use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::task::{Context, Poll};
 
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::driver::Source;
+use crate::driver::StreamSource;
 use crate::runtime::current;
 
 /// The bytes read and written per step when a file is sent by copying.
@@ -30,17 +30,17 @@ fn refused_by_kernel(e: &io::Error) -> bool {
 
 /// A connected stream socket on one worker's driver.
 pub(crate) struct StreamCore {
-    src: Source,
+    src: StreamSource,
 }
 
 impl StreamCore {
     /// Wraps a connected (or connecting) socket on the current worker's driver.
     pub(crate) fn new(fd: OwnedFd) -> io::Result<StreamCore> {
-        let src = current::with_driver(|d| Source::new(d, fd))?;
+        let src = current::with_driver(|d| StreamSource::new(d, fd))?;
         Ok(StreamCore { src })
     }
 
-    pub(crate) fn source(&self) -> &Source {
+    pub(crate) fn source(&self) -> &StreamSource {
         &self.src
     }
 

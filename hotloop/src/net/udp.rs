@@ -15,7 +15,7 @@ use std::task::{Context as TaskContext, Poll};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::udp::gso_segments_max;
 pub use crate::driver::udp::{EcnCodepoint, RecvMeta, SendMeta, Transmit, BATCH_DATAGRAMS_MAX};
-use crate::driver::Source;
+use crate::driver::DatagramSource;
 use crate::runtime::current;
 use crate::sys;
 
@@ -68,7 +68,7 @@ impl UdpOptions {
 ///
 /// Operations take `&self`: one task may receive while another sends.
 pub struct UdpSocket {
-    src: Source,
+    src: DatagramSource,
     gro: Cell<bool>,
 }
 
@@ -119,7 +119,7 @@ impl UdpSocket {
     }
 
     fn from_fd(fd: OwnedFd) -> io::Result<UdpSocket> {
-        let src = current::with_driver(|d| Source::new_datagram(d, fd))?;
+        let src = current::with_driver(|d| DatagramSource::new(d, fd))?;
         Ok(UdpSocket { src, gro: Cell::new(false) })
     }
 

@@ -14,7 +14,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::SocketAddr;
 use std::path::Path;
 
-use crate::driver::Source;
+use crate::driver::ReadinessSource;
 use crate::runtime::current;
 use crate::sys;
 
@@ -22,7 +22,7 @@ use crate::sys;
 /// `UnixDatagram`. Message boundaries are kept; a datagram larger than
 /// the buffer is cut to it.
 pub struct UnixDatagram {
-    src: Source,
+    src: ReadinessSource,
 }
 
 impl UnixDatagram {
@@ -55,7 +55,7 @@ impl UnixDatagram {
     pub fn from_std(socket: std::os::unix::net::UnixDatagram) -> io::Result<UnixDatagram> {
         socket.set_nonblocking(true)?;
         let fd = OwnedFd::from(socket);
-        let src = current::with_driver(|d| Source::new(d, fd))?;
+        let src = current::with_driver(|d| ReadinessSource::new(d, fd))?;
         Ok(UnixDatagram { src })
     }
 

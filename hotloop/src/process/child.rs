@@ -7,7 +7,7 @@ use std::process::{ExitStatus, Output};
 use std::task::{Context as TaskContext, Poll};
 
 use super::{Stdio, StdioKind};
-use crate::driver::Source;
+use crate::driver::ReadinessSource;
 use crate::net::UnixStream;
 use crate::runtime::current;
 
@@ -87,7 +87,7 @@ pub struct Child {
 /// The process and the pidfd that says when it exited.
 struct Process {
     std: std::process::Child,
-    pidfd: Source,
+    pidfd: ReadinessSource,
     /// Set once the process was reaped.
     status: Option<ExitStatus>,
 }
@@ -131,7 +131,7 @@ impl Child {
         // The pid cannot be reused before this process reaps it, so the
         // pidfd names this child.
         let pidfd = match crate::sys::pidfd_open(std.id())
-            .and_then(|fd| current::with_driver(|d| Source::new(d, fd)))
+            .and_then(|fd| current::with_driver(|d| ReadinessSource::new(d, fd)))
         {
             Ok(src) => src,
             Err(e) => {

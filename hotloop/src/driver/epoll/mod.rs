@@ -28,11 +28,21 @@
 //!   every `epoll_wait` had the kernel set up and cancel a timer on every
 //!   sleep, though the worker's earliest deadline (in a server, a
 //!   connection's idle or header timeout) seldom moves.
+//! - `source.rs` is what every socket role shares: the descriptor, the
+//!   driver, the registration and the waits built on it. `stream.rs`,
+//!   `listener.rs`, `udp.rs` and `readiness.rs` each add one role's
+//!   operations on top and name nothing but `source.rs` and this file.
 
-mod socket;
+mod listener;
+mod readiness;
+mod source;
+mod stream;
 mod udp;
 
-pub(crate) use socket::Source;
+pub(crate) use listener::ListenerSource;
+pub(crate) use readiness::ReadinessSource;
+pub(crate) use stream::StreamSource;
+pub(crate) use udp::DatagramSource;
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -42,7 +52,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Waker;
 
-use super::{DriverConfig, Park, Registration, Unpark};
+use super::config::{DriverConfig, Registration};
+use super::park::Park;
+use super::wake::Unpark;
 use crate::slab::{Key, Slab};
 use crate::stats::{self, WorkerStats};
 use crate::sys;
@@ -109,10 +121,19 @@ impl Wakers {
     }
 }
 
-fn bit(dir: super::Direction) -> u8 {
+/// Which way an operation waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Waiting to read or accept.
+    Read,
+    /// Waiting to write or for a connect to finish.
+    Write,
+}
+
+fn bit(dir: Direction) -> u8 {
     match dir {
-        super::Direction::Read => READABLE,
-        super::Direction::Write => WRITABLE,
+        Direction::Read => READABLE,
+        Direction::Write => WRITABLE,
     }
 }
 

@@ -8,20 +8,42 @@
 
 use std::future::poll_fn;
 use std::io::{self, IoSliceMut};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
-use super::Source;
+use super::source::SourceCore;
+use super::{Direction, Driver};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
-use crate::driver::Direction;
 use crate::sys;
 
-impl Source {
+/// A datagram socket owned by one epoll driver, closed when dropped.
+pub(crate) struct DatagramSource {
+    core: SourceCore,
+}
+
+impl DatagramSource {
+    /// Wraps a non-blocking datagram socket; in eager mode, registers it now.
+    pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<DatagramSource> {
+        Ok(DatagramSource { core: SourceCore::new(driver, fd)? })
+    }
+
+    /// The raw descriptor.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.core.fd()
+    }
+
+    /// The descriptor, borrowed.
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.core.as_fd()
+    }
+
     /// Receives one datagram into `buf` (from its start up to its capacity).
     pub(crate) async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
         let fd = self.fd();
         let res = poll_fn(|cx| {
-            self.poll_io(cx, Direction::Read, || {
+            self.core.poll_io(cx, Direction::Read, || {
                 let mut msg = MsgBuf::new();
                 msg.prepare_recv(buf.stable_mut_ptr(), buf.bytes_total());
                 // SAFETY: the header points at `msg` (live for the call) and at the buffer's
@@ -42,7 +64,7 @@ impl Source {
     pub(crate) async fn send_msg<B: IoBuf>(&self, buf: B, meta: SendMeta) -> BufResult<usize, B> {
         let fd = self.fd();
         let res = poll_fn(|cx| {
-            self.poll_io(cx, Direction::Write, || {
+            self.core.poll_io(cx, Direction::Write, || {
                 let mut msg = MsgBuf::new();
                 msg.prepare_send(buf.stable_ptr(), buf.bytes_init(), &meta);
                 // SAFETY: the header points at `msg` (live for the call) and at the buffer's
@@ -63,10 +85,10 @@ impl Source {
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
         let asked = bufs.len().min(meta.len()).min(udp::BATCH_DATAGRAMS_MAX);
-        let polled = self.poll_io(cx, Direction::Read, || udp::recv_batch(fd, bufs, meta));
+        let polled = self.core.poll_io(cx, Direction::Read, || udp::recv_batch(fd, bufs, meta));
         if let Poll::Ready(Ok(n)) = polled {
             if asked > 1 && n < asked {
-                self.clear_ready(Direction::Read);
+                self.core.clear_ready(Direction::Read);
             }
         }
         polled
@@ -80,26 +102,26 @@ impl Source {
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
         let asked = transmits.len().min(udp::BATCH_DATAGRAMS_MAX);
-        let polled = self.poll_io(cx, Direction::Write, || udp::send_batch(fd, transmits));
+        let polled = self.core.poll_io(cx, Direction::Write, || udp::send_batch(fd, transmits));
         if let Poll::Ready(Ok(n)) = polled {
             if n < asked {
-                self.clear_ready(Direction::Write);
+                self.core.clear_ready(Direction::Write);
             }
         }
         polled
     }
 
     /// Sends one transmit now or says `WouldBlock` (and remembers that the
-    /// send buffer is full, so [`Source::writable`] waits for room).
+    /// send buffer is full, so [`DatagramSource::writable`] waits for room).
     pub(crate) fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
-        if !self.is_ready(Direction::Write) {
+        if !self.core.is_ready(Direction::Write) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         loop {
             match udp::send_one(self.fd(), transmit) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.clear_ready(Direction::Write);
+                    self.core.clear_ready(Direction::Write);
                     return Err(e);
                 }
                 r => return r,
@@ -109,6 +131,6 @@ impl Source {
 
     /// Waits until the socket may have room to send.
     pub(crate) async fn writable(&self) -> io::Result<()> {
-        poll_fn(|cx| self.poll_ready(cx, Direction::Write)).await
+        poll_fn(|cx| self.core.poll_ready(cx, Direction::Write)).await
     }
 }

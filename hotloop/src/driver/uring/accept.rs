@@ -36,9 +36,10 @@ use std::task::Waker;
 
 use io_uring::{opcode, types};
 
-use super::op::Lifecycle;
+use super::lifecycle::Lifecycle;
+use super::unclaimed;
 use super::{SharedFd, Uring};
-use crate::driver::AcceptMode;
+use crate::driver::config::AcceptMode;
 use crate::slab::Key;
 use crate::stats;
 
@@ -91,7 +92,7 @@ pub(super) fn on_completion(
     let Some(l) = ur.listeners.get_mut(listener) else {
         // Unreachable by construction (closing a listener orphans its accept
         // first); still, never leak a descriptor.
-        close_accepted(res);
+        unclaimed::close(res);
         return;
     };
     if res >= 0 {
@@ -111,14 +112,6 @@ pub(super) fn on_completion(
         ur.ring.push_cancel(key);
     }
     woken.append(&mut l.waiters);
-}
-
-/// Closes the descriptor an accept completion delivered, if it is one.
-pub(super) fn close_accepted(res: i32) {
-    if res >= 0 {
-        // SAFETY: a non-negative accept result is a new descriptor nobody else owns.
-        drop(unsafe { OwnedFd::from_raw_fd(res) });
-    }
 }
 
 /// Detaches the accept `op` from its (closed) listener: withdrawn if the

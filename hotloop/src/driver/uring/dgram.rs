@@ -42,7 +42,7 @@ use std::task::{Poll, Waker};
 use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, RecvRing};
-use super::op::Lifecycle;
+use super::lifecycle::Lifecycle;
 use super::{SharedFd, Uring};
 use crate::driver::udp::{self, RecvMeta};
 use crate::slab::Key;

@@ -6,9 +6,10 @@ use std::task::Waker;
 
 use io_uring::cqueue;
 
-use super::op::{self, Lifecycle};
+use super::lifecycle::{Cqe, Lifecycle};
+use super::op;
 use super::ring::{CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
-use super::{accept, dgram, file, pooled, Uring};
+use super::{accept, dgram, pooled, unclaimed, Uring};
 use crate::slab::Key;
 use crate::stats;
 
@@ -74,14 +75,14 @@ impl Uring {
         match state {
             Lifecycle::Waiting { waker, .. } => {
                 let waker = waker.take();
-                *state = Lifecycle::Completed(op::Cqe { res });
+                *state = Lifecycle::Completed(Cqe { res });
                 woken.extend(waker);
             }
             Lifecycle::Cancelled(_) => {
                 if last {
                     // The kernel is done with the storage (and the socket).
                     if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
-                        file::close_unclaimed(&*storage, res);
+                        op::close_unclaimed(&*storage, res);
                         freed.push(storage);
                     }
                 }
@@ -94,7 +95,7 @@ impl Uring {
                 accept::on_completion(self, listener, key, res, last, woken);
             }
             Lifecycle::Orphan(_) => {
-                accept::close_accepted(res);
+                unclaimed::close(res);
                 if last {
                     self.ops.remove(key);
                 }

@@ -8,9 +8,10 @@
 //!   `Arc<File>` clone) and every path and buffer the entry points at,
 //!   until its last completion, as a socket operation's does.
 //! - An `OPENAT` whose future was dropped after submission may still open
-//!   the file: its completion then carries a descriptor nobody will take,
-//!   which [`close_unclaimed`] closes (called for a cancelled operation's
-//!   last completion, and for a completion its future never took).
+//!   the file: its completion then carries a descriptor nobody will take.
+//!   Its storage is an [`OpenPath`], by which the driver knows to close
+//!   that descriptor (`unclaimed.rs`), whether the completion came after
+//!   the cancel or before the drop, never taken.
 //! - `send_file` is `sendfile(2)` from the worker, as on epoll: an
 //!   accepted socket is blocking on io_uring, so it is made non-blocking
 //!   for the call alone (`sys::sendfile_nowait`), and a `POLL_ADD` waits
@@ -32,20 +33,18 @@
 //!   the file ended (it may have shrunk since the caller looked): the send
 //!   stops there, short.
 
-use std::any::Any;
 use std::ffi::CString;
-use std::fs::File;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
-use std::sync::Arc;
 
 use io_uring::{opcode, types};
 
 use super::op::{is_retry, Op};
-use super::socket::Source;
-use super::{Driver, SharedFd};
+use super::stream::StreamSource;
+use super::unclaimed::OpenPath;
+use super::{Driver, SharedFd, SharedFile};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::probe;
 use crate::sys;
@@ -65,17 +64,6 @@ fn offset_too_large() -> io::Error {
 const PIPE_BYTES: usize = 1024 * 1024;
 /// The most empty pipes a worker keeps for later sends.
 pub(super) const PIPES_POOLED_MAX: usize = 16;
-
-/// A file shared by its handle and the operations the kernel holds on it.
-pub(crate) type SharedFile = Arc<File>;
-
-/// What an `OPENAT` or `OPENAT2` keeps alive: the path, and for `OPENAT2`
-/// the `open_how` and the directory it resolves beneath.
-struct OpenPath {
-    _path: CString,
-    _how: Option<Box<types::OpenHow>>,
-    _dir: Option<SharedFile>,
-}
 
 /// A pipe a splice goes through.
 pub(super) struct Pipe {
@@ -97,16 +85,6 @@ impl Pipe {
     }
 }
 
-/// Closes the descriptor an `OPENAT` opened for a future that was dropped:
-/// `storage` is the operation's, `res` its result.
-pub(super) fn close_unclaimed(storage: &dyn Any, res: i32) {
-    if res >= 0 && storage.is::<(OpenPath, Option<SharedFd>)>() {
-        // SAFETY: the kernel opened `res` for this operation, whose future
-        // is gone: nothing else owns or will use the descriptor.
-        drop(unsafe { OwnedFd::from_raw_fd(res as RawFd) });
-    }
-}
-
 /// `statx` results: the kernel writes the whole struct.
 fn boxed_statx() -> Box<MaybeUninit<libc::statx>> {
     Box::new(MaybeUninit::zeroed())
@@ -124,7 +102,7 @@ impl Driver {
             .flags(flags | libc::O_CLOEXEC)
             .mode(mode)
             .build();
-        let storage = OpenPath { _path: path, _how: None, _dir: None };
+        let storage = OpenPath::new(path, None, None);
         // SAFETY: the entry points at the path's heap bytes (NUL-terminated),
         // which the op owns until its last completion.
         let op = unsafe { Op::submit_unbound(self, entry, storage) }.map_err(|(e, _)| e)?;
@@ -153,7 +131,7 @@ impl Driver {
         let entry =
             opcode::OpenAt2::new(types::Fd(dir.as_raw_fd()), path.as_ptr(), &*how as *const _)
                 .build();
-        let storage = OpenPath { _path: path, _how: Some(how), _dir: Some(dir.clone()) };
+        let storage = OpenPath::new(path, Some(how), Some(dir.clone()));
         // SAFETY: the entry points at the path's heap bytes and the boxed
         // `open_how`; the op owns both, and the directory, until its last completion.
         let op = unsafe { Op::submit_unbound(self, entry, storage) }.map_err(|(e, _)| e)?;
@@ -336,7 +314,7 @@ impl Driver {
     }
 }
 
-impl Source {
+impl StreamSource {
     /// Sends up to `len` bytes of `file` from `offset` on this socket,
     /// stopping early at the file's end. Returns the bytes sent, and the
     /// error that stopped it before `len`, if one did.
@@ -353,7 +331,9 @@ impl Source {
         // `sendfile(2)` from the worker by default; with the `splice`
         // switch, two `SPLICE` operations per step (to measure one against
         // the other).
-        if self.driver.switches.send_file_splice && probe::opcode_supported(opcode::Splice::CODE) {
+        if self.core.driver.switches.send_file_splice
+            && probe::opcode_supported(opcode::Splice::CODE)
+        {
             return self.send_file_splice(file, offset, len).await;
         }
         // The stream's own sends are done (flushed above, and owned sends
@@ -389,7 +369,7 @@ impl Source {
                 Err(e) => return (sent, Err(e)),
             };
             if !room && sent < len {
-                if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
                     return (sent, Err(e));
                 }
             }
@@ -397,14 +377,14 @@ impl Source {
         (sent, Ok(()))
     }
 
-    /// [`Source::send_file`] by `SPLICE` through a pooled pipe.
+    /// [`StreamSource::send_file`] by `SPLICE` through a pooled pipe.
     async fn send_file_splice(
         &self,
         file: &SharedFile,
         offset: u64,
         len: u64,
     ) -> (u64, io::Result<()>) {
-        let pipe = match self.driver.take_pipe() {
+        let pipe = match self.core.driver.take_pipe() {
             Ok(pipe) => pipe,
             Err(e) => return (0, Err(e)),
         };
@@ -428,7 +408,7 @@ impl Source {
             // SAFETY: a splice entry points at no memory; the op holds the file
             // and both ends of the pipe until its last completion.
             let op = match unsafe {
-                Op::submit_unbound(&self.driver, entry, (file.clone(), pipe.ends()))
+                Op::submit_unbound(&self.core.driver, entry, (file.clone(), pipe.ends()))
             } {
                 Ok(op) => op,
                 Err((e, _)) => return (sent, Err(e)),
@@ -439,7 +419,7 @@ impl Source {
                 Ok(n) => n,
                 // The pipe is still empty: it can be used again.
                 Err(e) => {
-                    self.driver.give_back_pipe(pipe);
+                    self.core.driver.give_back_pipe(pipe);
                     return (sent, Err(e));
                 }
             };
@@ -455,7 +435,7 @@ impl Source {
                 .build();
                 // SAFETY: a splice entry points at no memory; the op holds the
                 // socket, and both ends of the pipe in its storage, until its last completion.
-                let op = match unsafe { self.submit(entry, pipe.ends()) } {
+                let op = match unsafe { self.core.submit(entry, pipe.ends()) } {
                     Ok(op) => op,
                     Err((e, _)) => return (sent, Err(e)),
                 };
@@ -467,7 +447,7 @@ impl Source {
                     }
                     // A non-blocking socket (one this side connected) with no room.
                     Err(e) if is_retry(&e) => {
-                        if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                        if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
                             return (sent, Err(e));
                         }
                     }
@@ -476,7 +456,7 @@ impl Source {
                 }
             }
         }
-        self.driver.give_back_pipe(pipe);
+        self.core.driver.give_back_pipe(pipe);
         (sent, Ok(()))
     }
 }

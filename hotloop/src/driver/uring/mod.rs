@@ -19,7 +19,7 @@
 //! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.
-//! - In-flight operations live in a generational slab ([`op`]);
+//! - In-flight operations live in a generational slab ([`lifecycle`], [`op`]);
 //!   `user_data` is the slot's key. Values no key can take mark the
 //!   eventfd poll, cancel requests and the deadline timer.
 //! - A wait until a deadline is a wait for one completion, with an
@@ -41,28 +41,60 @@
 //!
 //! Architecture invariant: nothing but the worker's own thread touches the
 //! ring (`SINGLE_ISSUER` makes the kernel enforce it).
+//!
+//! # Layout
+//! This file defines the state every module here extends (`Driver`, its
+//! `Uring`, `SharedFd`) and the driver's own entry points (`poll`,
+//! `settle`). Beneath it, imports run one way: each module names only
+//! modules before it in this list, bottom to top (`tests/layering.rs`
+//! checks it):
+//!
+//! 1. `bufring`: provided-buffer rings.
+//! 2. `linger`: the rest of a written-behind send after its stream is gone.
+//! 3. `unclaimed`: descriptors the kernel hands back that nobody will take.
+//! 4. `lifecycle`: an operation's slot states.
+//! 5. `ring`: setup, the pending list, the one enter per turn.
+//! 6. `op`: the future of an operation, and what its drop does.
+//! 7. `accept`, `pooled`, `dgram`: the multishot queues of listeners,
+//!    streams and datagram sockets.
+//! 8. `dispatch`: delivering each completion; `turn`: one turn of the
+//!    ring; `teardown`: dropping the driver.
+//! 9. `source`: the descriptor and driver every socket role holds, and its
+//!    ring entries.
+//! 10. `readiness`, `listener`: the watched descriptor and the listener.
+//! 11. `write_behind`: the poll-form writes' buffer; `stream`: the stream
+//!     source; `udp`: the datagram source.
+//! 12. `file`: file operations, and `send_file` on a stream.
 
 mod accept;
 mod bufring;
 mod dgram;
 mod dispatch;
 mod file;
+mod lifecycle;
 mod linger;
+mod listener;
 mod op;
 mod pooled;
+mod readiness;
 mod ring;
-mod socket;
+mod source;
+mod stream;
 mod teardown;
 mod turn;
 mod udp;
+mod unclaimed;
 mod write_behind;
 
-pub(crate) use file::SharedFile;
-pub(crate) use socket::Source;
+pub(crate) use listener::ListenerSource;
+pub(crate) use readiness::ReadinessSource;
+pub(crate) use stream::StreamSource;
+pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
@@ -72,16 +104,21 @@ use std::time::{Duration, Instant};
 
 use io_uring::types;
 
-use self::op::Lifecycle;
+use self::lifecycle::Lifecycle;
 use self::ring::Ring;
-use super::{probe, DriverConfig, Park, Unpark};
-use crate::driver::UringSwitches;
+use super::config::{DriverConfig, UringSwitches};
+use super::park::Park;
+use super::probe;
+use super::wake::Unpark;
 use crate::slab::{Key, Slab};
 use crate::stats::WorkerStats;
 
 /// A descriptor shared by a socket and the operations the kernel holds on
 /// it; closed when the last holder drops it.
 pub(crate) type SharedFd = Rc<OwnedFd>;
+
+/// A file shared by its handle and the operations the kernel holds on it.
+pub(crate) type SharedFile = Arc<File>;
 
 /// How long dropping the driver waits for cancelled operations to complete.
 const DRAIN_ON_DROP_MAX: Duration = Duration::from_secs(1);
@@ -110,6 +147,10 @@ pub(crate) struct Driver {
     /// The switches it was built with (file operations on the ring, how
     /// `send_file` moves bytes).
     pub(crate) switches: UringSwitches,
+    /// True if the driver has a provided-buffer ring, for its whole life:
+    /// a stream's reads then take from a multishot receive's queue, else
+    /// they wait on a `POLL_ADD` (see `stream.rs`).
+    reads_from_ring: bool,
 }
 
 /// The ring and everything the kernel may still refer to.
@@ -205,6 +246,7 @@ impl Driver {
             timer_spec: Box::new(types::Timespec::new()),
         };
         uring.arm_wake();
+        let reads_from_ring = uring.buf_ring.is_some();
         let driver = Driver {
             state: RefCell::new(uring),
             entered: Cell::new(false),
@@ -212,6 +254,7 @@ impl Driver {
             freed: RefCell::new(Vec::new()),
             pipes: RefCell::new(Vec::new()),
             switches,
+            reads_from_ring,
         };
         Ok((Rc::new(driver), kernel_busy_poll))
     }

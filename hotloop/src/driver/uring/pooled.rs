@@ -35,7 +35,7 @@ use std::task::Waker;
 use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, GROUP};
-use super::op::Lifecycle;
+use super::lifecycle::Lifecycle;
 use super::{SharedFd, Uring};
 use crate::slab::Key;
 use crate::sys;
@@ -131,11 +131,6 @@ pub(super) fn give_back(ring: Option<&mut BufRing>, bid: Option<u16>) {
 }
 
 impl Uring {
-    /// True if pooled reads can use a multishot receive here.
-    pub(super) fn has_buf_ring(&self) -> bool {
-        self.buf_ring.is_some()
-    }
-
     /// Arms the multishot receive of `stream` if it is not armed and the
     /// queue has room.
     fn arm_stream(&mut self, stream: Key, fd: &SharedFd) {

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::op::Lifecycle;
-use crate::driver::DriverConfig;
+use super::lifecycle::Lifecycle;
+use crate::driver::config::DriverConfig;
 use crate::slab::{Key, Slab};
 use crate::stats::{self, WorkerStats};
 
@@ -119,7 +119,7 @@ impl Ring {
     /// in the submission queue then waits here.
     ///
     /// Every pointer in `entry` must stay valid until the operation's last
-    /// completion (the [`super::op::Op::submit`] contract).
+    /// completion (the `Op::submit` contract, `op.rs`).
     pub(super) fn push(&mut self, entry: squeue::Entry) {
         self.pending.push_back(entry);
     }

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::op::Lifecycle;
+use super::lifecycle::Lifecycle;
 use super::ring::WAKE_USER_DATA;
 use super::{accept, Uring, DRAIN_ON_DROP_MAX};
 use crate::slab::Key;

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types};
 
-use super::op::Lifecycle;
+use super::lifecycle::Lifecycle;
 use super::ring::{TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
 use super::{Uring, NANOS_PER_SEC};
-use crate::driver::Park;
+use crate::driver::park::Park;
 use crate::stats;
 use crate::sys;
 

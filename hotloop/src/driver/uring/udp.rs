@@ -19,23 +19,35 @@
 //!   call per datagram or batch, and no poll. The other forms stay as the
 //!   fallback where a ring cannot be had.
 
+use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::io::{self, IoSliceMut};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
 use io_uring::{opcode, types};
 
 use super::op::{is_retry, Op};
-use super::socket::Source;
+use super::source::SourceCore;
+use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::driver::not_running;
+use crate::driver::park::not_running;
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
 use crate::slab::Key;
 
+/// A datagram socket owned by one io_uring driver.
+pub(crate) struct DatagramSource {
+    core: SourceCore,
+    /// The readiness polls of the borrowed forms and the receive queue,
+    /// made on first use.
+    waits: RefCell<Option<Box<DatagramWaits>>>,
+}
+
 /// The readiness polls of a datagram socket's borrowed forms.
 #[derive(Default)]
-pub(super) struct DatagramWaits {
+struct DatagramWaits {
     recv: Option<Op<()>>,
     send: Option<Op<()>>,
     /// The last receive batch came back short: the queue was empty then,
@@ -60,7 +72,7 @@ enum RingMode {
 
 impl DatagramWaits {
     /// The socket's datagram queue, if it receives through one.
-    pub(super) fn ring_key(&self) -> Option<Key> {
+    fn ring_key(&self) -> Option<Key> {
         match self.ring {
             RingMode::Ring(key) => Some(key),
             RingMode::Undecided | RingMode::Plain => None,
@@ -87,20 +99,35 @@ struct MsgStorage<B> {
     msg: Box<MsgBuf>,
 }
 
-impl Source {
+impl DatagramSource {
+    /// Wraps a (blocking) datagram socket.
+    pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> DatagramSource {
+        DatagramSource { core: SourceCore::new(driver, fd), waits: RefCell::new(None) }
+    }
+
+    /// The raw descriptor.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.core.fd()
+    }
+
+    /// The descriptor, borrowed.
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.core.as_fd()
+    }
+
     /// The socket's datagram queue if it receives through a multishot
     /// `RECVMSG`; decided (and the ring registered) at the first call.
     fn recv_ring(&self) -> Option<Key> {
-        let mut waits = self.datagram.borrow_mut();
+        let mut waits = self.waits.borrow_mut();
         let waits = waits.get_or_insert_with(Box::default);
         match waits.ring {
             RingMode::Ring(key) => Some(key),
             RingMode::Plain => None,
             // Outside its runtime the receive fails with the not-running
             // error; the ring is registered from the worker's thread only.
-            RingMode::Undecided if !self.driver.entered.get() => None,
+            RingMode::Undecided if !self.core.driver.entered.get() => None,
             RingMode::Undecided => {
-                let key = self.driver.state.borrow_mut().open_dgrams();
+                let key = self.core.driver.state.borrow_mut().open_dgrams();
                 waits.ring = key.map_or(RingMode::Plain, RingMode::Ring);
                 key
             }
@@ -109,7 +136,7 @@ impl Source {
 
     /// True once receives on this socket take from a multishot `RECVMSG`.
     pub(crate) fn receives_from_ring(&self) -> bool {
-        self.datagram.borrow().as_ref().is_some_and(|w| w.ring_key().is_some())
+        self.waits.borrow().as_ref().is_some_and(|w| w.ring_key().is_some())
     }
 
     /// Takes up to `max` datagrams from the queue `key`, or parks the task.
@@ -120,10 +147,16 @@ impl Source {
         max: usize,
         deliver: impl FnMut(usize, &[u8], RecvMeta),
     ) -> Poll<io::Result<usize>> {
-        if !self.driver.entered.get() {
+        if !self.core.driver.entered.get() {
             return Poll::Ready(Err(not_running()));
         }
-        self.driver.state.borrow_mut().poll_dgrams(key, &self.fd, cx.waker(), max, deliver)
+        self.core.driver.state.borrow_mut().poll_dgrams(
+            key,
+            &self.core.fd,
+            cx.waker(),
+            max,
+            deliver,
+        )
     }
 
     /// Receives one datagram into `buf` (from its start up to its capacity).
@@ -157,7 +190,7 @@ impl Source {
             // SAFETY: the entry points at the boxed header, which points at the box's own address
             // and control space and at the buffer's `bytes_total` stable writable bytes; the op
             // owns all of it until its last completion.
-            let op = match unsafe { self.submit(entry, storage) } {
+            let op = match unsafe { self.core.submit(entry, storage) } {
                 Ok(op) => op,
                 Err((e, s)) => return (Err(e), s.buf),
             };
@@ -171,7 +204,7 @@ impl Source {
                     return (Ok(meta), buf);
                 }
                 Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.poll_events(libc::POLLIN).await {
+                    if let Err(e) = self.core.poll_events(libc::POLLIN).await {
                         return (Err(e), buf);
                     }
                 }
@@ -197,7 +230,7 @@ impl Source {
             // SAFETY: the entry points at the boxed header, which points at the box's own address
             // and control data and at the buffer's `bytes_init` stable bytes; the op owns all of
             // it until its last completion.
-            let op = match unsafe { self.submit(entry, storage) } {
+            let op = match unsafe { self.core.submit(entry, storage) } {
                 Ok(op) => op,
                 Err((e, s)) => return (Err(e), s.buf),
             };
@@ -206,7 +239,7 @@ impl Source {
             match cqe.result() {
                 Ok(n) => return (Ok(n as usize), buf),
                 Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                    if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
                         return (Err(e), buf);
                     }
                 }
@@ -226,7 +259,7 @@ impl Source {
         let recv = events == libc::POLLIN;
         loop {
             let skip_call = {
-                let mut waits = self.datagram.borrow_mut();
+                let mut waits = self.waits.borrow_mut();
                 let waits = waits.get_or_insert_with(Box::default);
                 let slot = if recv { &mut waits.recv } else { &mut waits.send };
                 if let Some(op) = slot.as_mut() {
@@ -253,11 +286,11 @@ impl Source {
                 }
             }
             // Fails with the not-running error outside the socket's runtime.
-            let op = match self.submit_poll(events) {
+            let op = match self.core.submit_poll(events) {
                 Ok(op) => op,
                 Err(e) => return Poll::Ready(Err(e)),
             };
-            let mut waits = self.datagram.borrow_mut();
+            let mut waits = self.waits.borrow_mut();
             let waits = waits.get_or_insert_with(Box::default);
             if recv {
                 waits.recv = Some(op);
@@ -289,7 +322,7 @@ impl Source {
         let polled = self.poll_datagram(cx, libc::POLLIN, || udp::recv_batch(fd, bufs, meta));
         if let Poll::Ready(Ok(n)) = polled {
             if asked > 1 && n < asked {
-                if let Some(waits) = self.datagram.borrow_mut().as_mut() {
+                if let Some(waits) = self.waits.borrow_mut().as_mut() {
                     waits.recv_drained = true;
                 }
             }
@@ -319,6 +352,21 @@ impl Source {
 
     /// Waits until the socket has room to send (a one-shot `POLL_ADD`).
     pub(crate) async fn writable(&self) -> io::Result<()> {
-        self.poll_events(libc::POLLOUT).await
+        self.core.poll_events(libc::POLLOUT).await
+    }
+}
+
+impl Drop for DatagramSource {
+    fn drop(&mut self) {
+        // The receive queue is dropped and its multishot cancelled (it keeps
+        // the socket and the ring until its last completion); the polls of
+        // the borrowed forms are cancelled as the box drops, and the core
+        // then settles.
+        let ring = self.waits.get_mut().as_ref().and_then(|w| w.ring_key());
+        if let Some(key) = ring {
+            if let Ok(mut st) = self.core.driver.state.try_borrow_mut() {
+                st.release_dgrams(key);
+            }
+        }
     }
 }

@@ -26,16 +26,12 @@
 
 use std::future::Future;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
-
-use io_uring::{opcode, types};
 
 use super::linger::send_entry;
 use super::op::{is_retry, Op};
-use super::{Driver, SharedFd};
+use super::source::SourceCore;
 
 /// The most bytes one `poll_write` takes.
 const WRITE_BEHIND_MAX_BYTES: usize = 64 * 1024;
@@ -77,7 +73,7 @@ impl WriteBehind {
     /// write is done, and starts sending them.
     pub(super) fn poll_write(
         &mut self,
-        sock: Sock<'_>,
+        sock: &SourceCore,
         cx: &mut TaskContext<'_>,
         data: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
@@ -110,11 +106,11 @@ impl WriteBehind {
     }
 
     /// Sends `buf[sent..]`.
-    fn submit_send(&mut self, sock: Sock<'_>, buf: Vec<u8>) -> Result<(), (io::Error, Vec<u8>)> {
-        let entry = send_entry(sock.fd.as_raw_fd(), &buf[self.sent..]);
+    fn submit_send(&mut self, sock: &SourceCore, buf: Vec<u8>) -> Result<(), (io::Error, Vec<u8>)> {
+        let entry = send_entry(sock.fd(), &buf[self.sent..]);
         // SAFETY: the entry points at initialised bytes inside `buf`'s heap block, which does not
-        // move with `buf`; the op owns `buf` until its last completion; `sock.fd` is the socket.
-        let op = unsafe { Op::submit(sock.driver, sock.fd, entry, buf) }?;
+        // move with `buf`; the op owns `buf` until its last completion.
+        let op = unsafe { sock.submit(entry, buf) }?;
         self.write = Pending::Send(op);
         Ok(())
     }
@@ -123,7 +119,7 @@ impl WriteBehind {
     /// error of a send that failed.
     pub(super) fn poll_flush(
         &mut self,
-        sock: Sock<'_>,
+        sock: &SourceCore,
         cx: &mut TaskContext<'_>,
     ) -> Poll<io::Result<()>> {
         loop {
@@ -151,7 +147,7 @@ impl WriteBehind {
                         Err(e) if is_retry(&e) => {
                             // Keep the unsent bytes; resend them once writable.
                             self.spare = buf;
-                            self.write = Pending::Writable(sock.writable()?);
+                            self.write = Pending::Writable(sock.submit_poll(libc::POLLOUT)?);
                         }
                         Err(e) => {
                             self.spare = buf;
@@ -175,31 +171,14 @@ impl WriteBehind {
 
     /// The stream is being dropped: hands a send still in flight (or
     /// waiting for room) to the driver, which finishes it.
-    pub(super) fn linger(self, sock: Sock<'_>) {
+    pub(super) fn linger(self, sock: &SourceCore) {
         match self.write {
             Pending::Idle => {}
             Pending::Send(op) => op.linger(self.sent),
             Pending::Writable(wait) => {
                 drop(wait);
-                sock.driver.linger_send(sock.fd, self.spare, self.sent);
+                sock.driver.linger_send(&sock.fd, self.spare, self.sent);
             }
         }
-    }
-}
-
-/// The socket a write-behind buffer writes to, and its driver.
-#[derive(Clone, Copy)]
-pub(super) struct Sock<'a> {
-    pub(super) driver: &'a Rc<Driver>,
-    pub(super) fd: &'a SharedFd,
-}
-
-impl Sock<'_> {
-    /// Submits a `POLLOUT` wait.
-    fn writable(self) -> io::Result<Op<()>> {
-        let entry =
-            opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLOUT as u32).build();
-        // SAFETY: a poll entry points at no memory; `self.fd` is the socket it names.
-        unsafe { Op::submit(self.driver, self.fd, entry, ()) }.map_err(|(e, ())| e)
     }
 }

@@ -1,102 +1,97 @@
-//! A socket on the io_uring driver and its operations, each a ring entry
-//! that owns its buffer and its socket until its last completion.
+//! A byte-stream socket on the io_uring driver and its operations, each a
+//! ring entry that owns its buffer and its socket until its last
+//! completion; reads take from the socket's one receive path.
+//!
+//! # Implementation notes
+//! - Every idle connection holds one of these, so it carries only a
+//!   stream's state, in 40 bytes: the core (descriptor and driver), one
+//!   key, a flag and one pointer. The key names the receive queue where
+//!   the driver has a buffer ring, and otherwise the `POLL_ADD` a read
+//!   waits on: a driver has a ring for its whole life or never, so the
+//!   two never meet. The write-behind buffer, which only the poll-form
+//!   writes need, is boxed and made on first use.
+//! - The write-behind buffer sits in a `Cell` (8 bytes; a `RefCell` would
+//!   be 16): it is lent out for the length of one call, and put back by a
+//!   guard even if that call unwinds.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
-use super::op::{is_retry, Op};
-use super::write_behind::{Sock, WriteBehind};
-use super::{Driver, SharedFd};
+use super::op::is_retry;
+use super::source::SourceCore;
+use super::write_behind::WriteBehind;
+use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::driver::{not_running, AcceptMode};
+use crate::driver::park::not_running;
 use crate::slab::Key;
 use crate::sys;
 
-/// A socket owned by one io_uring driver. Its descriptor closes when the
-/// source and every operation the kernel still holds on it are gone.
-pub(crate) struct Source {
-    pub(super) fd: SharedFd,
-    pub(super) driver: Rc<Driver>,
-    /// The accept queue, once the socket has been accepted on.
-    listener: Cell<Option<Key>>,
-    /// How many connections the owner will take (see `set_accept_room`).
-    accept_room: Cell<usize>,
-    /// The receive queue of the multishot receive behind pooled reads,
-    /// once the socket has been read that way (with a buffer ring).
-    stream: Cell<Option<Key>>,
+/// A connected (or connecting) stream socket owned by one io_uring driver.
+/// Its descriptor closes when the source and every operation the kernel
+/// still holds on it are gone.
+pub(crate) struct StreamSource {
+    pub(super) core: SourceCore,
+    /// Where the driver has a buffer ring: the receive queue of the
+    /// multishot receive behind every read, once the socket has been read.
+    /// Without one: the `POLL_ADD` a read waits on, kept across polls.
+    reads: Cell<Option<Key>>,
     /// True when the last non-blocking read drained the socket: the next
-    /// pooled read waits for readiness first instead of a `recv` that
-    /// would fail (as epoll's readiness bit does).
+    /// read waits for readiness first instead of a `recv` that would fail
+    /// (as epoll's readiness bit does). Only without a buffer ring.
     drained: Cell<bool>,
-    /// Without a buffer ring: the `POLL_ADD` a read waits on, kept across
-    /// polls of the poll-form reads.
-    read_wait: RefCell<Option<Op<()>>>,
     /// The write-behind buffer of the borrowed-slice writes, made on first use.
-    write_behind: RefCell<Option<Box<WriteBehind>>>,
-    /// The readiness polls of a datagram socket's borrowed forms, made on first use.
-    pub(super) datagram: RefCell<Option<Box<super::udp::DatagramWaits>>>,
+    write_behind: Cell<Option<Box<WriteBehind>>>,
 }
 
-impl Source {
-    /// Wraps a connected or connecting socket.
-    pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<Source> {
-        Ok(Source {
-            fd: Rc::new(fd),
-            driver: driver.clone(),
-            listener: Cell::new(None),
-            accept_room: Cell::new(usize::MAX),
-            stream: Cell::new(None),
-            drained: Cell::new(false),
-            read_wait: RefCell::new(None),
-            write_behind: RefCell::new(None),
-            datagram: RefCell::new(None),
-        })
-    }
+/// The write-behind buffer, lent out of its stream's cell; put back on drop.
+struct Lent<'a> {
+    cell: &'a Cell<Option<Box<WriteBehind>>>,
+    wb: Option<Box<WriteBehind>>,
+}
 
-    /// Wraps a listening socket.
-    pub(crate) fn new_listener(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<Source> {
-        Self::new(driver, fd)
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        self.cell.set(self.wb.take());
+    }
+}
+
+impl StreamSource {
+    /// Wraps a connected or connecting socket.
+    pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> StreamSource {
+        StreamSource {
+            core: SourceCore::new(driver, fd),
+            reads: Cell::new(None),
+            drained: Cell::new(false),
+            write_behind: Cell::new(None),
+        }
     }
 
     /// The raw descriptor.
     pub(crate) fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.core.fd()
     }
 
     /// The descriptor, borrowed (the source's own reference keeps it open).
     pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.core.as_fd()
     }
 
-    /// Queues `entry` with `data` as its storage.
-    ///
-    /// # Safety
-    /// As [`Op::submit`]: every pointer in `entry` points into `data`'s
-    /// stable heap memory (or nowhere), valid for the access made.
-    pub(super) unsafe fn submit<T: 'static>(
-        &self,
-        entry: io_uring::squeue::Entry,
-        data: T,
-    ) -> Result<Op<T>, (io::Error, T)> {
-        // SAFETY: forwarded from the caller; `self.fd` is the socket `entry` names.
-        unsafe { Op::submit(&self.driver, &self.fd, entry, data) }
-    }
-
-    fn raw(&self) -> types::Fd {
-        types::Fd(self.fd.as_raw_fd())
+    /// The write-behind buffer, lent until the guard drops.
+    fn lend_write_behind(&self) -> Lent<'_> {
+        Lent { cell: &self.write_behind, wb: self.write_behind.take() }
     }
 
     /// Receives into `buf` (from its start up to its capacity).
     ///
     /// Through the socket's one receive path, as every read style is
-    /// ([`Source::poll_read_uninit`]): a read dropped while it waits has
+    /// ([`StreamSource::poll_read_uninit`]): a read dropped while it waits has
     /// taken no bytes, and bytes another style queued come first.
     pub(crate) async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
         let total = buf.bytes_total();
@@ -126,12 +121,12 @@ impl Source {
         }
         loop {
             let len = buf.bytes_init().min(u32::MAX as usize) as u32;
-            let entry = opcode::Send::new(self.raw(), buf.stable_ptr(), len)
+            let entry = opcode::Send::new(self.core.raw(), buf.stable_ptr(), len)
                 .flags(libc::MSG_NOSIGNAL)
                 .build();
             // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
             // fixed address while `buf` moves; the op owns `buf` until its last completion.
-            let op = match unsafe { self.submit(entry, buf) } {
+            let op = match unsafe { self.core.submit(entry, buf) } {
                 Ok(op) => op,
                 Err((e, b)) => return (Err(e), b),
             };
@@ -140,7 +135,7 @@ impl Source {
             match cqe.result() {
                 Ok(n) => return (Ok(n as usize), buf),
                 Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                    if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
                         return (Err(e), buf);
                     }
                 }
@@ -158,11 +153,11 @@ impl Source {
         loop {
             let msg: *const libc::msghdr = &*storage.msg;
             let entry =
-                opcode::SendMsg::new(self.raw(), msg).flags(libc::MSG_NOSIGNAL as u32).build();
+                opcode::SendMsg::new(self.core.raw(), msg).flags(libc::MSG_NOSIGNAL as u32).build();
             // SAFETY: the entry points at the boxed msghdr, which points at the iovec array (a
             // Vec's heap block), which points at the buffers' stable bytes; `storage` owns all
             // three and the op owns `storage` until its last completion.
-            let op = match unsafe { self.submit(entry, storage) } {
+            let op = match unsafe { self.core.submit(entry, storage) } {
                 Ok(op) => op,
                 Err((e, s)) => return (Err(e), s.bufs),
             };
@@ -171,7 +166,7 @@ impl Source {
             match cqe.result() {
                 Ok(n) => return (Ok(n as usize), storage.bufs),
                 Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.poll_events(libc::POLLOUT).await {
+                    if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
                         return (Err(e), storage.bufs);
                     }
                 }
@@ -185,10 +180,10 @@ impl Source {
         let (storage, len) = sys::std_to_sockaddr(&addr);
         let storage = Box::new(storage);
         let ptr: *const libc::sockaddr = (&*storage as *const libc::sockaddr_storage).cast();
-        let entry = opcode::Connect::new(self.raw(), ptr, len).build();
+        let entry = opcode::Connect::new(self.core.raw(), ptr, len).build();
         // SAFETY: the entry points at the boxed address (`len` bytes), owned by the op until its
         // last completion.
-        let op = unsafe { self.submit(entry, storage) }.map_err(|(e, _)| e)?;
+        let op = unsafe { self.core.submit(entry, storage) }.map_err(|(e, _)| e)?;
         let (cqe, _storage) = op.await;
         match cqe.result() {
             Ok(_) => Ok(()),
@@ -200,7 +195,7 @@ impl Source {
                     Some(libc::EINPROGRESS | libc::EALREADY | libc::EAGAIN)
                 ) =>
             {
-                self.poll_events(libc::POLLOUT).await?;
+                self.core.poll_events(libc::POLLOUT).await?;
                 match sys::getsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_ERROR)? {
                     0 => Ok(()),
                     errno => Err(io::Error::from_raw_os_error(errno)),
@@ -224,25 +219,11 @@ impl Source {
             std::net::Shutdown::Write => libc::SHUT_WR,
             std::net::Shutdown::Both => libc::SHUT_RDWR,
         };
-        let entry = opcode::Shutdown::new(self.raw(), how).build();
+        let entry = opcode::Shutdown::new(self.core.raw(), how).build();
         // SAFETY: a shutdown entry points at no memory.
-        let op = unsafe { self.submit(entry, ()) }.map_err(|(e, _)| e)?;
+        let op = unsafe { self.core.submit(entry, ()) }.map_err(|(e, _)| e)?;
         let (cqe, ()) = op.await;
         cqe.result().map(drop)
-    }
-
-    /// Waits until the socket reports one of `events` (a one-shot `POLL_ADD`).
-    pub(super) async fn poll_events(&self, events: i16) -> io::Result<()> {
-        let op = self.submit_poll(events)?;
-        let (cqe, ()) = op.await;
-        cqe.result().map(drop)
-    }
-
-    /// Submits a one-shot `POLL_ADD` for `events`.
-    pub(super) fn submit_poll(&self, events: i16) -> io::Result<Op<()>> {
-        let entry = opcode::PollAdd::new(self.raw(), events as u32).build();
-        // SAFETY: a poll entry points at no memory.
-        unsafe { self.submit(entry, ()) }.map_err(|(e, ())| e)
     }
 
     /// Ready once the socket has bytes to read: with a buffer ring, ready
@@ -250,47 +231,23 @@ impl Source {
     /// `POLL_ADD` kept in the source across polls (dropping it takes no
     /// bytes).
     pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        if self.driver.state.borrow().has_buf_ring() {
+        if self.core.driver.reads_from_ring {
             return self.poll_stream_ready(cx);
         }
-        let mut wait = self.read_wait.borrow_mut();
-        let op = match wait.as_mut() {
-            Some(op) => op,
-            None => wait.insert(self.submit_poll(libc::POLLIN)?),
-        };
-        let (cqe, ()) = std::task::ready!(std::future::Future::poll(std::pin::Pin::new(op), cx));
-        *wait = None;
+        let cqe = std::task::ready!(self.core.poll_kept(&self.reads, libc::POLLIN, cx))?;
         self.drained.set(false);
         Poll::Ready(cqe.result().map(drop))
     }
 
-    /// Ready once a one-shot `POLL_ADD` for `POLLIN` completes (see
-    /// [`crate::driver::Source::poll_next_readable`]); the entry is kept
-    /// across polls, and a new one is made after each completion.
-    pub(crate) fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        let mut wait = self.read_wait.borrow_mut();
-        let op = match wait.as_mut() {
-            Some(op) => op,
-            None => wait.insert(self.submit_poll(libc::POLLIN)?),
-        };
-        let (cqe, ()) = std::task::ready!(std::future::Future::poll(std::pin::Pin::new(op), cx));
-        *wait = None;
-        Poll::Ready(cqe.result().map(drop))
-    }
-
-    /// Ready once the socket polls writable (a one-shot `POLL_ADD`).
-    pub(crate) async fn next_writable(&self) -> io::Result<()> {
-        self.poll_events(libc::POLLOUT).await
-    }
-
     /// Ready once the multishot receive queued bytes, an end or an error.
     fn poll_stream_ready(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        if !self.driver.entered.get() {
+        let driver = &self.core.driver;
+        if !driver.entered.get() {
             return Poll::Ready(Err(not_running()));
         }
-        let mut key = self.stream.get();
-        let ready = self.driver.state.borrow_mut().stream_ready(&mut key, &self.fd, cx.waker());
-        self.stream.set(key);
+        let mut key = self.reads.get();
+        let ready = driver.state.borrow_mut().stream_ready(&mut key, &self.core.fd, cx.waker());
+        self.reads.set(key);
         if ready {
             Poll::Ready(Ok(()))
         } else {
@@ -310,14 +267,11 @@ impl Source {
     /// blocking), where a short read or `WouldBlock` records that the
     /// socket is drained.
     pub(crate) fn try_recv(&self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
-        {
-            let mut st = self.driver.state.borrow_mut();
-            if st.has_buf_ring() {
-                let mut key = self.stream.get();
-                let res = st.stream_recv(&mut key, &self.fd, buf);
-                self.stream.set(key);
-                return res;
-            }
+        if self.core.driver.reads_from_ring {
+            let mut key = self.reads.get();
+            let res = self.core.driver.state.borrow_mut().stream_recv(&mut key, &self.core.fd, buf);
+            self.reads.set(key);
+            return res;
         }
         // SAFETY: `buf` is a live slice of `len` writable bytes for the duration of the call.
         let res = unsafe { sys::recv_nowait(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -329,64 +283,14 @@ impl Source {
         res
     }
 
-    /// Takes one queued connection, or arms an accept and parks the task.
-    pub(crate) fn poll_accept(
-        &self,
-        cx: &mut TaskContext<'_>,
-        mode: AcceptMode,
-    ) -> Poll<io::Result<OwnedFd>> {
-        if !self.driver.entered.get() {
-            return Poll::Ready(Err(not_running()));
-        }
-        let mut key = self.listener.get();
-        let room = self.accept_room.get();
-        let got = self.driver.state.borrow_mut().poll_accept(
-            &mut key,
-            &self.fd,
-            mode,
-            room,
-            Some(cx.waker()),
-        );
-        self.listener.set(key);
-        match got {
-            Some(r) => Poll::Ready(r),
-            None => Poll::Pending,
-        }
-    }
-
-    /// Takes one connection only if one is ready now: from the accept
-    /// queue, else straight from the kernel's backlog with a non-blocking
-    /// `accept4` (the multishot may not have run since the connection came
-    /// in). For draining a listener when a server stops.
-    pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
-        let _ = mode; // every mode drains the same queue and backlog
-        if let Some(key) = self.listener.get() {
-            if let Some(r) = self.driver.state.borrow_mut().take_queued(key) {
-                return Some(r);
-            }
-        }
-        match sys::accept(self.fd()) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            other => Some(other),
-        }
-    }
-
-    /// Sets how many connections the owner will take from now on: no more
-    /// are accepted ahead into the queue, and at zero the armed accept stops.
-    pub(crate) fn set_accept_room(&self, room: usize) {
-        if self.accept_room.replace(room) != room {
-            self.driver.state.borrow_mut().set_accept_room(self.listener.get(), room);
-        }
-    }
-
     /// Reads into a borrowed slice that may be uninitialised; `Ok(n)`
     /// means its first `n` bytes were written.
     ///
     /// Every read style (owned, pooled, tokio, futures, hyper) comes here
-    /// or to [`Source::try_recv`], so the socket has one truth about its
-    /// received bytes: the multishot receive's queue in the driver where
-    /// there is a buffer ring, the kernel's socket buffer otherwise. The
-    /// kernel never holds a read into memory of a future that may be
+    /// or to [`StreamSource::try_recv`], so the socket has one truth about
+    /// its received bytes: the multishot receive's queue in the driver
+    /// where there is a buffer ring, the kernel's socket buffer otherwise.
+    /// The kernel never holds a read into memory of a future that may be
     /// dropped, so cancelling a read loses nothing.
     pub(crate) fn poll_read_uninit(
         &self,
@@ -413,27 +317,22 @@ impl Source {
         cx: &mut TaskContext<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let mut wb = self.write_behind.borrow_mut();
-        wb.get_or_insert_with(Box::default).poll_write(self.sock(), cx, bufs)
+        let mut lent = self.lend_write_behind();
+        lent.wb.get_or_insert_with(Box::default).poll_write(&self.core, cx, bufs)
     }
 
     /// Waits until every byte the borrowed-slice writes took is sent.
     pub(crate) fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        match self.write_behind.borrow_mut().as_mut() {
-            Some(wb) => wb.poll_flush(self.sock(), cx),
+        match self.lend_write_behind().wb.as_mut() {
+            Some(wb) => wb.poll_flush(&self.core, cx),
             None => Poll::Ready(Ok(())),
         }
-    }
-
-    /// The socket and its driver, for the write-behind buffer.
-    fn sock(&self) -> Sock<'_> {
-        Sock { driver: &self.driver, fd: &self.fd }
     }
 
     /// Waits for the borrowed-slice writes still in flight, so an
     /// owned-buffer write or a shutdown comes after them.
     pub(super) async fn flush_written_behind(&self) -> io::Result<()> {
-        let writing = self.write_behind.borrow().as_ref().is_some_and(|wb| wb.is_writing());
+        let writing = self.lend_write_behind().wb.as_ref().is_some_and(|wb| wb.is_writing());
         if writing {
             std::future::poll_fn(|cx| self.poll_flush(cx)).await?;
         }
@@ -441,35 +340,31 @@ impl Source {
     }
 }
 
-impl Drop for Source {
+impl Drop for StreamSource {
     fn drop(&mut self) {
         // A read's readiness wait is cancelled; a borrowed-slice write the
         // caller was told had been taken is finished by the driver (for a
         // while): see `write_behind`. It is handed to the kernel now, not
         // at the next loop turn: the caller may block before that turn.
-        drop(self.read_wait.take());
+        let driver = &self.core.driver;
+        if !driver.reads_from_ring {
+            self.core.cancel_kept(&self.reads);
+        }
         if let Some(wb) = self.write_behind.take() {
             let writing = wb.is_writing();
-            (*wb).linger(self.sock());
+            (*wb).linger(&self.core);
             if writing {
-                self.driver.submit_now();
+                driver.submit_now();
             }
         }
-        if let Ok(mut st) = self.driver.state.try_borrow_mut() {
-            if let Some(key) = self.listener.get() {
-                st.release_listener(key);
-            }
-            if let Some(key) = self.stream.get() {
-                st.release_stream(key);
-            }
-            if let Some(key) = self.datagram.borrow().as_ref().and_then(|w| w.ring_key()) {
-                st.release_dgrams(key);
+        if driver.reads_from_ring {
+            if let Some(key) = self.reads.get() {
+                if let Ok(mut st) = driver.state.try_borrow_mut() {
+                    st.release_stream(key);
+                }
             }
         }
-        // `fd` closes now if no operation holds it, else at the last one's
-        // end. Outside the runtime, push that end along so the socket
-        // really closes (and a listener stops accepting) now.
-        self.driver.settle();
+        // The core settles last: outside the runtime the socket closes now.
     }
 }
 
@@ -488,5 +383,112 @@ impl<B: IoBuf> MsgStorage<B> {
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
         msg.msg_iovlen = iov.len();
         MsgStorage { bufs, _iov: iov, msg }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use std::task::{Context, Waker};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::driver::config::{DriverConfig, DriverKind, Registration, UringSwitches};
+    use crate::driver::park::Park;
+    use crate::driver::wake::Unpark;
+    use crate::stats::WorkerStats;
+
+    /// A driver without a buffer ring (as before Linux 6.0), entered.
+    fn driver_without_buf_ring() -> Option<Rc<Driver>> {
+        if crate::runtime::uring_available().is_err() {
+            eprintln!("skipped: io_uring is not available");
+            return None;
+        }
+        let config = DriverConfig {
+            kind: DriverKind::Uring,
+            registration: Registration::Lazy,
+            events_per_poll_max: 64,
+            uring_entries: 64,
+            kernel_busy_poll: None,
+            uring_switches: UringSwitches { multishot_recv: false, ..UringSwitches::from_env() },
+        };
+        let unpark = Arc::new(Unpark::new().unwrap());
+        let (driver, _) = Driver::new(&config, unpark, Arc::new(WorkerStats::default())).unwrap();
+        assert!(!driver.reads_from_ring);
+        driver.entered.set(true);
+        Some(driver)
+    }
+
+    /// Operations in the driver's slab.
+    fn ops(driver: &Driver) -> usize {
+        driver.state.borrow().ops.len()
+    }
+
+    /// Turns the ring until no operation is left (at most a second).
+    fn drain(driver: &Driver) {
+        for _ in 0..1000 {
+            driver.poll(Park::Skip).unwrap();
+            if ops(driver) == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Without a buffer ring a read waits on a `POLL_ADD` the stream keeps
+    /// by its key: the wait completes when bytes come, and the next one is
+    /// a new entry.
+    #[test]
+    fn a_read_wait_kept_by_key_completes_and_is_made_again() {
+        let Some(driver) = driver_without_buf_ring() else { return };
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let src = StreamSource::new(&driver, OwnedFd::from(ours));
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut buf = [MaybeUninit::uninit(); 8];
+        assert_eq!(src.try_recv(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert!(!src.may_read_now());
+        assert!(src.poll_readable(&mut cx).is_pending());
+        assert!(src.reads.get().is_some() && ops(&driver) == 1);
+        // Polled again, the same entry: nothing new is submitted.
+        assert!(src.poll_readable(&mut cx).is_pending());
+        assert_eq!(ops(&driver), 1);
+        peer.write_all(b"hi").unwrap();
+        let mut ready = src.poll_readable(&mut cx);
+        for _ in 0..1000 {
+            if ready.is_ready() {
+                break;
+            }
+            driver.poll(Park::Skip).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+            ready = src.poll_readable(&mut cx);
+        }
+        assert!(matches!(ready, Poll::Ready(Ok(()))));
+        assert!(src.reads.get().is_none() && src.may_read_now());
+        assert_eq!(ops(&driver), 0);
+        assert_eq!(src.try_recv(&mut buf).unwrap(), 2);
+    }
+
+    /// A stream dropped while its read waits cancels the wait, and the
+    /// descriptor stays open until the cancel's last completion, then
+    /// closes: the peer sees the end.
+    #[test]
+    fn a_read_wait_kept_by_key_is_cancelled_with_its_stream() {
+        let Some(driver) = driver_without_buf_ring() else { return };
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let src = StreamSource::new(&driver, OwnedFd::from(ours));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(src.poll_readable(&mut cx).is_pending());
+        // The kernel has the entry.
+        driver.poll(Park::Skip).unwrap();
+        let fd = Rc::downgrade(&src.core.fd);
+        drop(src);
+        assert!(fd.upgrade().is_some(), "closed while the kernel may still poll it");
+        drain(&driver);
+        assert_eq!(ops(&driver), 0, "the wait was not cancelled");
+        assert!(fd.upgrade().is_none(), "the descriptor outlived its last operation");
+        peer.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        assert_eq!(peer.read(&mut [0; 8]).unwrap(), 0);
     }
 }

@@ -1,0 +1,109 @@
+//! A listening socket on the io_uring driver: its connections come from
+//! the accept queue the driver keeps for it (`accept.rs`).
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::task::{Context as TaskContext, Poll};
+
+use super::source::SourceCore;
+use super::Driver;
+use crate::driver::config::AcceptMode;
+use crate::driver::park::not_running;
+use crate::slab::Key;
+use crate::sys;
+
+/// A listening socket owned by one io_uring driver.
+pub(crate) struct ListenerSource {
+    core: SourceCore,
+    /// The accept queue, once the socket has been accepted on.
+    queue: Cell<Option<Key>>,
+    /// How many connections the owner will take (see `set_accept_room`).
+    room: Cell<usize>,
+}
+
+impl ListenerSource {
+    /// Wraps a listening socket.
+    pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> ListenerSource {
+        ListenerSource {
+            core: SourceCore::new(driver, fd),
+            queue: Cell::new(None),
+            room: Cell::new(usize::MAX),
+        }
+    }
+
+    /// The raw descriptor.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.core.fd()
+    }
+
+    /// The descriptor, borrowed.
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.core.as_fd()
+    }
+
+    /// Takes one queued connection, or arms an accept and parks the task.
+    pub(crate) fn poll_accept(
+        &self,
+        cx: &mut TaskContext<'_>,
+        mode: AcceptMode,
+    ) -> Poll<io::Result<OwnedFd>> {
+        let driver = &self.core.driver;
+        if !driver.entered.get() {
+            return Poll::Ready(Err(not_running()));
+        }
+        let mut key = self.queue.get();
+        let room = self.room.get();
+        let got = driver.state.borrow_mut().poll_accept(
+            &mut key,
+            &self.core.fd,
+            mode,
+            room,
+            Some(cx.waker()),
+        );
+        self.queue.set(key);
+        match got {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Takes one connection only if one is ready now: from the accept
+    /// queue, else straight from the kernel's backlog with a non-blocking
+    /// `accept4` (the multishot may not have run since the connection came
+    /// in). For draining a listener when a server stops.
+    pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
+        let _ = mode; // every mode drains the same queue and backlog
+        if let Some(key) = self.queue.get() {
+            if let Some(r) = self.core.driver.state.borrow_mut().take_queued(key) {
+                return Some(r);
+            }
+        }
+        match sys::accept(self.fd()) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            other => Some(other),
+        }
+    }
+
+    /// Sets how many connections the owner will take from now on: no more
+    /// are accepted ahead into the queue, and at zero the armed accept stops.
+    pub(crate) fn set_accept_room(&self, room: usize) {
+        if self.room.replace(room) != room {
+            self.core.driver.state.borrow_mut().set_accept_room(self.queue.get(), room);
+        }
+    }
+}
+
+impl Drop for ListenerSource {
+    fn drop(&mut self) {
+        // The queue's connections nobody took are closed, and the accept
+        // in flight is withdrawn or cancelled; the core then settles, so a
+        // listener dropped outside its runtime stops accepting now.
+        if let Some(key) = self.queue.get() {
+            if let Ok(mut st) = self.core.driver.state.try_borrow_mut() {
+                st.release_listener(key);
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! What every socket role on the io_uring driver is: the descriptor,
+//! shared with the operations the kernel holds on it, and the driver.
+//! The ring entries every role submits on its socket start here.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context as TaskContext, Poll};
+
+use io_uring::{opcode, types};
+
+use super::lifecycle::Cqe;
+use super::op::Op;
+use super::{Driver, SharedFd};
+use crate::slab::Key;
+
+/// A descriptor owned by one io_uring driver. It closes when its source
+/// and every operation the kernel still holds on it are gone.
+pub(super) struct SourceCore {
+    pub(super) fd: SharedFd,
+    pub(super) driver: Rc<Driver>,
+}
+
+impl SourceCore {
+    /// Wraps `fd` on `driver`.
+    pub(super) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> SourceCore {
+        SourceCore { fd: Rc::new(fd), driver: driver.clone() }
+    }
+
+    /// The raw descriptor.
+    pub(super) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The descriptor, borrowed (the source's own reference keeps it open).
+    pub(super) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The descriptor as a ring entry names it.
+    pub(super) fn raw(&self) -> types::Fd {
+        types::Fd(self.fd.as_raw_fd())
+    }
+
+    /// Queues `entry` with `data` as its storage.
+    ///
+    /// # Safety
+    /// As [`Op::submit`]: every pointer in `entry` points into `data`'s
+    /// stable heap memory (or nowhere), valid for the access made.
+    pub(super) unsafe fn submit<T: 'static>(
+        &self,
+        entry: io_uring::squeue::Entry,
+        data: T,
+    ) -> Result<Op<T>, (io::Error, T)> {
+        // SAFETY: forwarded from the caller; `self.fd` is the socket `entry` names.
+        unsafe { Op::submit(&self.driver, &self.fd, entry, data) }
+    }
+
+    /// Waits until the socket reports one of `events` (a one-shot `POLL_ADD`).
+    pub(super) async fn poll_events(&self, events: i16) -> io::Result<()> {
+        let op = self.submit_poll(events)?;
+        let (cqe, ()) = op.await;
+        cqe.result().map(drop)
+    }
+
+    /// Submits a one-shot `POLL_ADD` for `events`.
+    pub(super) fn submit_poll(&self, events: i16) -> io::Result<Op<()>> {
+        let entry = opcode::PollAdd::new(self.raw(), events as u32).build();
+        // SAFETY: a poll entry points at no memory.
+        unsafe { self.submit(entry, ()) }.map_err(|(e, ())| e)
+    }
+
+    /// Polls the one-shot `POLL_ADD` for `events` whose key `kept` holds,
+    /// submitting one first if it holds none; an error is the submission's,
+    /// the completion says how the poll ended. While it waits, only its key
+    /// stays in `kept` (see [`Op::into_key`]); once it completes, `kept` is
+    /// empty and the next call submits a new one.
+    pub(super) fn poll_kept(
+        &self,
+        kept: &Cell<Option<Key>>,
+        events: i16,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<io::Result<Cqe>> {
+        let mut op = match kept.take() {
+            Some(key) => Op::resume(&self.driver, &self.fd, key),
+            None => self.submit_poll(events)?,
+        };
+        match Pin::new(&mut op).poll(cx) {
+            Poll::Pending => {
+                kept.set(Some(op.into_key()));
+                Poll::Pending
+            }
+            Poll::Ready((cqe, ())) => Poll::Ready(Ok(cqe)),
+        }
+    }
+
+    /// Cancels the poll whose key `kept` holds, if any (when its source is
+    /// dropped): the driver keeps the socket until its last completion.
+    pub(super) fn cancel_kept(&self, kept: &Cell<Option<Key>>) {
+        if let Some(key) = kept.take() {
+            drop(Op::resume(&self.driver, &self.fd, key));
+        }
+    }
+}
+
+impl Drop for SourceCore {
+    fn drop(&mut self) {
+        // `fd` closes now if no operation holds it, else at the last one's
+        // end. Outside the runtime, push that end along so the socket
+        // really closes (and a listener stops accepting) now.
+        self.driver.settle();
+    }
+}
