@@ -5,11 +5,13 @@
 //! It links hotloop and no other runtime; the measuring tools (load
 //! generator, peers, benchmark suite) live in `hotloop-bench`.
 
+mod conn;
 mod drain;
 mod proxy;
 mod quic;
 mod runtime_args;
 mod serve;
+mod serve_args;
 mod static_files;
 mod stats_server;
 mod stop;
@@ -31,7 +33,7 @@ struct Cli {
 enum Command {
     /// Run an echo, HTTP, hyper or static-file server (plain or TLS), or a QUIC echo or HTTP/3 server.
     #[command(after_help = SERVE_NOTES)]
-    Serve(serve::ServeArgs),
+    Serve(serve_args::ServeArgs),
     /// Forward TCP connections to backends, round-robin.
     #[command(after_help = PROXY_NOTES)]
     Proxy(proxy::ProxyArgs),

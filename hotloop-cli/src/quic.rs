@@ -33,6 +33,8 @@
 //! each with [`CLOSE_STOPPING`] (`h3`: `H3_NO_ERROR`) and reason
 //! "server stopping"; what is still open after `--grace-ms` (or at a second
 //! signal) is closed the same way.
+//!
+//! [`QuicArgs`]: crate::serve_args::QuicArgs
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future, IntoFuture};
@@ -45,7 +47,6 @@ use std::sync::{mpsc, Arc};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
 use hotloop::quic::AmplificationLimit;
 use hotloop::signal::ShutdownSignals;
 use hotloop::time::timeout;
@@ -55,7 +56,7 @@ use hotloop::Runtime;
 use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{Endpoint, IdleTimeout, Incoming, RecvStream, SendStream, TransportConfig, VarInt};
 
-use crate::serve::{millis_or_never, App, ServeArgs};
+use crate::serve_args::{millis_or_never, App, RetryPolicy, ServeArgs};
 use crate::stats_server::StatsServer;
 use crate::{drain, stop};
 
@@ -84,28 +85,10 @@ const CLOSE_FULL_REASON: &[u8] = b"server full";
 /// The most bytes taken from a stream per read (it is written back as it
 /// is, so a stream's echo holds at most this much of its own).
 const CHUNK_BYTES_MAX: usize = 64 * 1024;
-/// The default of `--quic-max-streams`: bidirectional streams of each client
-/// open at once. quinn keeps the state of every stream a client may open
-/// from the start of the handshake (about 130 bytes each), so this also
-/// sizes what a half-open connection costs.
-pub const STREAMS_PER_CONNECTION_MAX: u32 = 100;
-/// The most `--quic-max-streams` may be.
-const STREAMS_PER_CONNECTION_LIMIT_MAX: u32 = 10_000;
-/// The default of `--quic-receive-window-bytes`: what one connection may have
-/// sent that the server has not read yet, all streams together.
-pub const RECEIVE_WINDOW_BYTES: u32 = 1024 * 1024;
-/// The default of `--quic-stream-receive-window-bytes`: the same for one stream.
-pub const STREAM_RECEIVE_WINDOW_BYTES: u32 = 256 * 1024;
-/// The default of `--quic-send-window-bytes`: what one connection may have
-/// written that the client has not acknowledged yet, all streams together.
-pub const SEND_WINDOW_BYTES: u32 = 1024 * 1024;
-/// The connection limit when `--maxconn` is not given: with the windows
-/// above, a connection makes the server hold at most about 2 MiB.
+/// The connection limit when `--maxconn` is not given: with the default
+/// windows (`serve_args.rs`), a connection makes the server hold at most
+/// about 2 MiB.
 pub const MAXCONN_DEFAULT: usize = 4096;
-/// The default of `--quic-unvalidated-max`: handshakes from addresses not yet
-/// validated in progress at once over all workers; beyond it `auto` answers
-/// with a Retry. Each holds about 50 KB until it completes or times out.
-pub const UNVALIDATED_HANDSHAKES_MAX: usize = 256;
 /// How long an abandoned unvalidated handshake's amplification limit stays
 /// after it, while quinn sends the connection's close.
 const AMPLIFICATION_LIMIT_LINGER: Duration = Duration::from_secs(1);
@@ -127,56 +110,6 @@ const INCOMING_BUFFER_BYTES: u64 = 16 * 1024;
 const INCOMING_BUFFERS_TOTAL_BYTES: u64 = 1024 * 1024;
 /// After closing the endpoints, how long to let their close packets go out.
 const CLOSE_FLUSH_MAX: Duration = Duration::from_millis(250);
-
-/// `serve quic` and `serve h3` flags: address validation and what one
-/// connection may hold.
-#[derive(Args, Debug, Clone)]
-pub struct QuicArgs {
-    /// quic and h3: answer a new connection from an address not yet
-    /// validated with a Retry, which the client must answer from that
-    /// address (one more round trip; a spoofed address never answers):
-    /// `auto` once --quic-unvalidated-max such handshakes are in progress,
-    /// `always`, or `never` (refuse beyond that bound instead).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub quic_retry: RetryPolicy,
-    /// quic and h3: the most handshakes from unvalidated addresses in
-    /// progress at once, over all workers. They hold no --maxconn slot
-    /// until they complete.
-    #[arg(long, default_value_t = UNVALIDATED_HANDSHAKES_MAX)]
-    pub quic_unvalidated_max: usize,
-    /// quic and h3: the most bidirectional streams a client may have open at
-    /// once on one connection (h3: requests).
-    #[arg(long, default_value_t = STREAMS_PER_CONNECTION_MAX,
-          value_parser = clap::builder::RangedU64ValueParser::<u32>::new()
-              .range(1..=STREAMS_PER_CONNECTION_LIMIT_MAX as u64))]
-    pub quic_max_streams: u32,
-    /// quic and h3: the most bytes a client may have sent on one connection
-    /// that the server has not read yet, all streams together.
-    #[arg(long, default_value_t = RECEIVE_WINDOW_BYTES,
-          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
-    pub quic_receive_window_bytes: u32,
-    /// quic and h3: the same for one stream.
-    #[arg(long, default_value_t = STREAM_RECEIVE_WINDOW_BYTES,
-          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
-    pub quic_stream_receive_window_bytes: u32,
-    /// quic and h3: the most bytes the server keeps written on one
-    /// connection that the client has not acknowledged, all streams
-    /// together; a stream's writes wait beyond it.
-    #[arg(long, default_value_t = SEND_WINDOW_BYTES,
-          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
-    pub quic_send_window_bytes: u32,
-}
-
-/// When a new connection from an unvalidated address is sent a Retry.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryPolicy {
-    /// Once --quic-unvalidated-max handshakes from unvalidated addresses are in progress.
-    Auto,
-    /// Every one.
-    Always,
-    /// None: beyond --quic-unvalidated-max, refused.
-    Never,
-}
 
 /// What the connections speak.
 enum Proto {
@@ -457,6 +390,8 @@ fn sha256_hex(data: &[u8]) -> String {
 /// the flow-control windows and bidirectional stream count of [`QuicArgs`]
 /// (and no unidirectional streams for echo, which nothing would read), and
 /// bounds on the connection attempts quinn queues.
+///
+/// [`QuicArgs`]: crate::serve_args::QuicArgs
 fn server_config(
     args: &ServeArgs,
     certs: Vec<CertificateDer<'static>>,

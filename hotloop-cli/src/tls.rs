@@ -1,6 +1,6 @@
-//! TLS for `hotloop serve echo|http|hyper`: the acceptor from `--tls-cert`
-//! and `--tls-key`, and the echo and http handlers' [`Conn`] over a TLS
-//! stream.
+//! TLS for `hotloop serve echo|http|hyper|static`: the acceptor from
+//! `--tls-cert` and `--tls-key`, and the hand-written handlers' [`Conn`]
+//! over a TLS stream (a file is read and written through it).
 //!
 //! Over TLS the send timeout counts progress per TLS record: each piece of
 //! up to [`TLS_WRITE_BYTES`] must be written and flushed to the socket
@@ -26,7 +26,8 @@ use hotloop::tls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use hotloop::tls::{load_certs, load_private_key, server_config, ServerTlsStream, TlsAcceptor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::serve::{Conn, ConnTimer, ServeArgs};
+use crate::conn::{Conn, ConnTimer, LINGER_MAX};
+use crate::serve_args::ServeArgs;
 
 /// The most plaintext written and flushed under one send-timeout clock:
 /// one TLS record's worth.
@@ -118,7 +119,7 @@ impl Conn for ServerTlsStream {
         limit: Option<Duration>,
         timer: &mut ConnTimer,
     ) -> io::Result<()> {
-        crate::static_files::send_file_copying(self, file, offset, len, limit, timer).await
+        send_file_copying(self, file, offset, len, limit, timer).await
     }
 
     async fn shutdown_write(&mut self) -> io::Result<()> {
@@ -129,9 +130,35 @@ impl Conn for ServerTlsStream {
     /// Sends close_notify, so the client sees a clean end rather than a
     /// truncation.
     async fn finish(&mut self, limit: Option<Duration>) {
-        let limit = limit.unwrap_or(crate::serve::LINGER_MAX);
+        let limit = limit.unwrap_or(LINGER_MAX);
         if !matches!(timeout(limit, self.shutdown()).await, Ok(Ok(()))) {
             cut(self).await;
         }
     }
+}
+
+/// Sends `len` bytes of `file` from `offset` by reading it and writing
+/// through `stream` (TLS); `UnexpectedEof` when the file ends first.
+async fn send_file_copying<S: Conn>(
+    stream: &mut S,
+    file: &hotloop::fs::File,
+    offset: u64,
+    len: u64,
+    limit: Option<Duration>,
+    timer: &mut ConnTimer,
+) -> io::Result<()> {
+    const STEP: u64 = 64 * 1024;
+    let mut done = 0;
+    while done < len {
+        let want = (len - done).min(STEP);
+        let (res, mut buf) = file.read_at(Vec::with_capacity(want as usize), offset + done).await;
+        let n = res?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.truncate(n.min(want as usize));
+        done += buf.len() as u64;
+        stream.send(buf, limit, timer).await?;
+    }
+    Ok(())
 }

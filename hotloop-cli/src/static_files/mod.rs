@@ -24,12 +24,12 @@
 //!   symbolic link that points out of the root is refused by the kernel as
 //!   the path resolves (403), with no window between a check and the open.
 //! - On plain TCP the body goes with [`TcpStream::send_file`]
-//!   (`sendfile`), in steps of
-//!   [`SEND_FILE_STEP_BYTES`], each bounded by the send timeout; where
+//!   (`sendfile`), in steps of `SEND_FILE_STEP_BYTES` (`conn/send.rs`),
+//!   each bounded by the send timeout; where
 //!   file reads are ring operations (io_uring), a body of at most
 //!   [`INLINE_BODY_MAX_BYTES`] is read into the head's buffer and sent
 //!   with it in one write instead. Over TLS the file is read and
-//!   written through the TLS stream.
+//!   written through the TLS stream (`tls.rs`).
 //! - A file that shrinks while it is sent ends the send at its new end;
 //!   fewer bytes than `Content-Length` promised were sent, so the
 //!   connection is closed (the client sees a short body, never another
@@ -37,6 +37,8 @@
 //! - Named limit: opening a FIFO under the root waits for a writer (on a
 //!   kernel or blocking-pool thread, not the worker); serve a root of
 //!   regular files and directories.
+//!
+//! [`TcpStream::send_file`]: hotloop::net::TcpStream::send_file
 
 mod cache;
 mod mime;
@@ -52,16 +54,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hotloop::fs::{Dir, File, Metadata, OpenOptions};
-use hotloop::net::TcpStream;
 
+use crate::conn::{reject, Conn, ConnTimer};
 use crate::drain;
-use crate::serve::{reject, Conn, ConnTimer};
 use range::Ranged;
 use request::Parsed;
 
-/// Bytes of a file sent under one send-timeout clock (a client that takes
-/// this much within the send timeout keeps its connection).
-pub const SEND_FILE_STEP_BYTES: u64 = 512 * 1024;
 /// A body this small is read into the response head's buffer and sent
 /// with it in one write: cheaper than a second write.
 pub const INLINE_BODY_MAX_BYTES: u64 = 16 * 1024;
@@ -355,57 +353,6 @@ async fn read_into(file: &File, out: &mut Vec<u8>, offset: u64, len: u64) -> io:
                 done += n;
             }
         }
-    }
-    Ok(())
-}
-
-/// Sends `len` bytes of `file` from `offset` on plain TCP with
-/// [`TcpStream::send_file`], in steps of [`SEND_FILE_STEP_BYTES`] that
-/// each must finish within `limit`; `UnexpectedEof` when the file ends
-/// first.
-pub async fn send_file_tcp(
-    stream: &TcpStream,
-    file: &File,
-    offset: u64,
-    len: u64,
-    limit: Option<Duration>,
-    timer: &mut ConnTimer,
-) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        let step = (len - done).min(SEND_FILE_STEP_BYTES);
-        let send = pin!(stream.send_file(file, offset + done, step));
-        let sent = timer.write(send, limit).await??;
-        if sent < step {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        done += sent;
-    }
-    Ok(())
-}
-
-/// Sends `len` bytes of `file` from `offset` by reading it and writing
-/// through `stream` (TLS); `UnexpectedEof` when the file ends first.
-pub async fn send_file_copying<S: Conn>(
-    stream: &mut S,
-    file: &File,
-    offset: u64,
-    len: u64,
-    limit: Option<Duration>,
-    timer: &mut ConnTimer,
-) -> io::Result<()> {
-    const STEP: u64 = 64 * 1024;
-    let mut done = 0;
-    while done < len {
-        let want = (len - done).min(STEP);
-        let (res, mut buf) = file.read_at(Vec::with_capacity(want as usize), offset + done).await;
-        let n = res?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        buf.truncate(n.min(want as usize));
-        done += buf.len() as u64;
-        stream.send(buf, limit, timer).await?;
     }
     Ok(())
 }

@@ -1,0 +1,176 @@
+//! [`ConnTimer`]: a connection's idle, header and send deadlines, and its
+//! graceful-stop registration, on one timer; and the two futures that wait
+//! on it.
+
+use std::future::Future;
+use std::io;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use hotloop::time::Sleep;
+
+use crate::drain;
+
+/// A connection's deadlines (idle, header, send) on one timer that is
+/// moved only when it fires: a request costs a store of the loop's clock,
+/// not a timer inserted and cancelled (nginx keeps its timers the same
+/// way). A write that has to wait (on io_uring, every write waits for its
+/// completion) uses it too, so no timer is filed per response.
+///
+/// It also carries the connection's registration for a graceful stop, so
+/// an idle wait ends when the server stops without a wrapper future
+/// around each read.
+pub(crate) struct ConnTimer {
+    timer: Sleep,
+    /// The waker the timer is filed with in the worker's wheel, while it
+    /// is: a wait that finds its own task's waker there and the deadline
+    /// still ahead needs nothing from the wheel (the usual case: the
+    /// connection's task parks again after every request).
+    filed: Option<Waker>,
+    stop: drain::StopWatch,
+}
+
+impl ConnTimer {
+    pub(crate) fn new() -> Self {
+        ConnTimer {
+            timer: hotloop::time::sleep(Duration::MAX),
+            filed: None,
+            stop: Default::default(),
+        }
+    }
+
+    /// Runs `read` (a connection's read, pinned by the caller) until `due`;
+    /// the result is `None` when `due` passed, the peer closed, the read
+    /// failed, or (`idle`) the server began to stop while it waited. What
+    /// is ready at once is still taken after a stop.
+    pub(crate) fn read<'a, F>(
+        &'a mut self,
+        read: Pin<&'a mut F>,
+        due: Option<Instant>,
+        idle: bool,
+    ) -> DeadlineRead<'a, F> {
+        if let Some(due) = due {
+            self.bring_forward(due);
+        }
+        DeadlineRead { read, timer: self, due, idle }
+    }
+
+    /// Runs `write` (pinned by the caller); once it has to wait, for at
+    /// most `limit`.
+    pub(crate) fn write<'a, W: Future>(
+        &'a mut self,
+        write: Pin<&'a mut W>,
+        limit: Option<Duration>,
+    ) -> DeadlineWrite<'a, W> {
+        DeadlineWrite { write, timer: self, limit, due: None }
+    }
+
+    /// Makes the timer fire no later than `due`. Only ever moved earlier
+    /// here; a later deadline is taken up when the timer fires.
+    fn bring_forward(&mut self, due: Instant) {
+        if self.timer.deadline() > due {
+            Pin::new(&mut self.timer).reset(due);
+            // A reset may take the timer out of the wheel.
+            self.filed = None;
+        }
+    }
+
+    /// Whether `due` has passed, as far as the timer knows; registers
+    /// `cx` to be woken when it fires otherwise. A timer set for an
+    /// earlier deadline that has since moved on is moved to `due`.
+    fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, due: Instant) -> bool {
+        if self.filed_with(cx.waker()) && hotloop::time::now() < self.timer.deadline() {
+            return false;
+        }
+        let mut timer = Pin::new(&mut self.timer);
+        while timer.as_mut().poll(cx).is_ready() {
+            self.filed = None;
+            if hotloop::time::now() >= due {
+                return true;
+            }
+            timer.as_mut().reset(due);
+        }
+        // Pending: the timer is in the wheel with this task's waker.
+        if !self.filed_with(cx.waker()) {
+            self.filed = Some(cx.waker().clone());
+        }
+        false
+    }
+
+    /// Whether the timer is in the wheel with `waker` (or one that wakes
+    /// the same task).
+    fn filed_with(&self, waker: &Waker) -> bool {
+        self.filed.as_ref().is_some_and(|w| w.will_wake(waker))
+    }
+}
+
+/// The future of [`ConnTimer::read`]: one poll function over the read,
+/// the stop and the timer (an `async fn` here would add a state machine
+/// of its own to every request's path).
+pub(crate) struct DeadlineRead<'a, F> {
+    read: Pin<&'a mut F>,
+    timer: &'a mut ConnTimer,
+    due: Option<Instant>,
+    idle: bool,
+}
+
+impl<F, B> Future for DeadlineRead<'_, F>
+where
+    F: Future<Output = io::Result<B>>,
+    B: Deref<Target = [u8]>,
+{
+    type Output = Option<B>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        // Every field is `Unpin` (`Sleep` included): no pin projection needed.
+        let this = &mut *self;
+        if let Poll::Ready(r) = this.read.as_mut().poll(cx) {
+            return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
+        }
+        if this.idle && this.timer.stop.poll_stopped(cx.waker()) {
+            return Poll::Ready(None);
+        }
+        match this.due {
+            Some(due) if this.timer.poll_expired(cx, due) => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// The future of [`ConnTimer::write`]: the write, and once it has had to
+/// wait, the connection's timer. `Err(TimedOut)` when `limit` passed with
+/// the write still waiting.
+pub(crate) struct DeadlineWrite<'a, W> {
+    write: Pin<&'a mut W>,
+    timer: &'a mut ConnTimer,
+    limit: Option<Duration>,
+    /// When the wait runs out, set at the first poll that had to wait.
+    due: Option<Instant>,
+}
+
+impl<W: Future> Future for DeadlineWrite<'_, W> {
+    type Output = io::Result<W::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        // Every field is `Unpin`: no pin projection needed.
+        let this = &mut *self;
+        if let Poll::Ready(out) = this.write.as_mut().poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        let Some(limit) = this.limit else { return Poll::Pending };
+        let due = match this.due {
+            Some(due) => due,
+            None => {
+                let due = hotloop::time::now() + limit;
+                this.timer.bring_forward(due);
+                *this.due.insert(due)
+            }
+        };
+        if this.timer.poll_expired(cx, due) {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,193 @@
+//! `serve echo` and `serve http`: the hand-written handlers, generic over
+//! [`Conn`] (plain TCP or TLS), and the settings every connection of one
+//! such server shares.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hotloop_proto::{self as proto, Method, ParseOptions, Request};
+
+use crate::conn::{reject, Conn, ConnTimer};
+use crate::drain;
+use crate::serve_args::{millis_or_never, shorter, App, ServeArgs};
+
+/// What every connection handler of one server shares. `serve hyper` and
+/// `serve static` take their timeouts from it too.
+pub(super) struct Settings {
+    /// Echo rather than HTTP.
+    echo: bool,
+    work_us: u64,
+    work_ns_per_byte: u64,
+    pub(super) idle_timeout: Option<Duration>,
+    pub(super) header_timeout: Duration,
+    /// How long a write may wait without progress: the send timeout, or
+    /// the idle timeout when that is shorter, since a connection on which
+    /// nothing moves is idle whether it waits to read or to write.
+    pub(super) write_limit: Option<Duration>,
+    parse: ParseOptions,
+    keep_alive_reply: Arc<[u8]>,
+    close_reply: Arc<[u8]>,
+    keep_alive_head_reply: Arc<[u8]>,
+    close_head_reply: Arc<[u8]>,
+}
+
+impl Settings {
+    /// The settings of a server from its flags.
+    pub(super) fn new(args: &ServeArgs) -> Settings {
+        Settings {
+            echo: args.app == App::Echo,
+            work_us: args.work_us,
+            work_ns_per_byte: args.work_ns_per_byte,
+            idle_timeout: millis_or_never(args.idle_timeout_ms),
+            header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+            write_limit: shorter(
+                millis_or_never(args.send_timeout_ms),
+                millis_or_never(args.idle_timeout_ms),
+            ),
+            parse: ParseOptions { max_headers: args.max_headers, allow_head: true },
+            keep_alive_reply: proto::response_ok(args.body_size, false).into(),
+            close_reply: proto::response_ok(args.body_size, true).into(),
+            keep_alive_head_reply: proto::response_ok_head(args.body_size, false).into(),
+            close_head_reply: proto::response_ok_head(args.body_size, true).into(),
+        }
+    }
+}
+
+/// One connection, start to end. A block rather than an `async fn`: an
+/// `async fn` moves its arguments into its body's locals, so the stream
+/// and settings would be stored twice in every connection's future.
+#[allow(clippy::manual_async_fn)]
+pub(super) fn handle_connection<S: Conn>(
+    mut stream: S,
+    settings: Arc<Settings>,
+) -> impl Future<Output = ()> {
+    async move {
+        if settings.echo {
+            echo(&mut stream, &settings).await
+        } else {
+            http(&mut stream, &settings).await
+        }
+        stream.finish(settings.write_limit).await;
+    }
+}
+
+async fn echo<S: Conn>(stream: &mut S, s: &Settings) {
+    let mut timer = ConnTimer::new();
+    loop {
+        // Set after the last write finished: the idle clock counts time
+        // with no progress either way.
+        let deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
+        let got = {
+            let read = pin!(stream.read_some());
+            timer.read(read, deadline, false).await
+        };
+        let Some(buf) = got else { return };
+        proto::spin_work(s.work_us + buf.len() as u64 * s.work_ns_per_byte / 1000);
+        if stream.send(buf, s.write_limit, &mut timer).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn http<S: Conn>(stream: &mut S, s: &Settings) {
+    // `buf` takes each read; bytes of a request split across reads gather
+    // in `pending`, which stays empty (and unallocated) in the common case.
+    let mut buf = S::Buf::default();
+    let mut pending: Vec<u8> = Vec::new();
+    // Bytes of `buf` already answered.
+    let mut consumed = 0;
+    let mut timer = ConnTimer::new();
+    // The first request's head must arrive within the header timeout.
+    let mut head_deadline = Some(hotloop::time::now() + s.header_timeout);
+    loop {
+        let unparsed: &[u8] = if pending.is_empty() { &buf[consumed..] } else { &pending };
+        // Nothing left to parse (the usual case after an answer): read.
+        let parsed = if unparsed.is_empty() {
+            (Request::Partial, Method::Get)
+        } else {
+            proto::parse_request_with(unparsed, s.parse)
+        };
+        match parsed {
+            (Request::Complete { len, close }, method) => {
+                if pending.is_empty() {
+                    consumed += len;
+                } else {
+                    pending.drain(..len);
+                }
+                proto::spin_work(s.work_us);
+                // Stopping: this answer is the connection's last.
+                let close = close || drain::stopping();
+                let reply = match (method, close) {
+                    (Method::Get, false) => s.keep_alive_reply.clone(),
+                    (Method::Get, true) => s.close_reply.clone(),
+                    (Method::Head, false) => s.keep_alive_head_reply.clone(),
+                    (Method::Head, true) => s.close_head_reply.clone(),
+                };
+                if stream.send(reply, s.write_limit, &mut timer).await.is_err() || close {
+                    return;
+                }
+                // Between requests the idle timeout applies, until a byte of the next one arrives.
+                head_deadline = None;
+                continue;
+            }
+            (Request::Partial, _) => {
+                if pending.is_empty() && consumed < buf.len() {
+                    pending.extend_from_slice(&buf[consumed..]);
+                }
+            }
+            (Request::Malformed, _) => return reject_boxed(stream, 400, s).await,
+            (Request::TooLarge, _) => return reject_boxed(stream, 431, s).await,
+            (Request::Unsupported(status), _) => return reject_boxed(stream, status, s).await,
+        }
+        if !pending.is_empty() && head_deadline.is_none() {
+            head_deadline = Some(hotloop::time::now() + s.header_timeout);
+        }
+        // The idle timeout runs from now whatever is awaited, a request
+        // head included: a head also has to be whole by its own deadline.
+        let idle_deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
+        let deadline = match (head_deadline, idle_deadline) {
+            (Some(h), Some(i)) => Some(h.min(i)),
+            (h, i) => h.or(i),
+        };
+        // Back to the pool before waiting.
+        drop(std::mem::take(&mut buf));
+        // An idle keep-alive connection (answered, no next request begun)
+        // closes at once when the server stops, as nginx's do. A new
+        // connection waiting for its first request is not idle (its request
+        // may be on the way: nginx waits for it too), and its header timeout
+        // bounds it; one partway through a request gets its answer, with
+        // `Connection: close`.
+        let idle = head_deadline.is_none();
+        let got = {
+            let read = pin!(stream.read_some());
+            timer.read(read, deadline, idle).await
+        };
+        match got {
+            Some(b) => {
+                buf = b;
+                consumed = 0;
+                if !pending.is_empty() {
+                    pending.extend_from_slice(&buf);
+                    consumed = buf.len();
+                }
+            }
+            None => {
+                // A head left unfinished at a deadline (its own or the
+                // idle one) is answered; a close or an error is not.
+                if !pending.is_empty() && deadline.is_some_and(|d| hotloop::time::now() >= d) {
+                    reject_boxed(stream, 408, s).await;
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// [`reject`] on the heap: an error reply is rare, and boxing it keeps
+/// its state (a write, a timer, a read) out of every connection's future,
+/// which is copied once per connection when it is spawned.
+async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
+    Box::pin(reject(stream, status, s.write_limit)).await
+}
