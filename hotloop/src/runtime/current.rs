@@ -33,6 +33,7 @@ pub(crate) fn on_worker() -> bool {
     context::try_with(|_| ()).is_some()
 }
 
+#[cfg(feature = "quic")]
 /// Panics unless called on a hotloop worker: for a function whose state
 /// lives with the worker and would be kept in vain anywhere else.
 #[inline]
@@ -87,6 +88,7 @@ pub(crate) fn worker_shared() -> Arc<WorkerShared> {
     context::with(|cx| cx.shared.clone())
 }
 
+#[cfg(feature = "quic")]
 /// The current worker's id, unique over every worker of every runtime in
 /// the process (unlike its index): tells a timer or a socket wrapper
 /// whether it is on the worker it was made on.
@@ -98,6 +100,7 @@ pub(crate) fn worker_uid() -> u64 {
     context::with(|cx| cx.uid)
 }
 
+#[cfg(feature = "quic")]
 /// [`worker_uid`], or `None` outside a worker.
 #[inline]
 pub(crate) fn try_worker_uid() -> Option<u64> {
