@@ -231,6 +231,9 @@ pub const METRIC_RATE: &str = "rate_per_s";
 pub const METRIC_CPU_PER_1K: &str = "cpu_s_per_1k";
 /// Metric key: server CPU time over wall time, per worker, in percent.
 pub const METRIC_CPU_UTIL: &str = "server_cpu_pct";
+/// Metric key: server CPU time, per worker, in percent, over a window with
+/// no load right after a measured run.
+pub const METRIC_IDLE_CPU: &str = "idle_cpu_pct";
 
 /// The suite's shared state: where things run, what is enabled, the clock.
 pub struct Ctx {
