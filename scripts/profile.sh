@@ -7,6 +7,9 @@
 #
 # Servers: hotloop (epoll, io_uring), the raw-syscall floor, the raw
 # io_uring floor (floor-uring), tokio; one worker each, pinned to CPU 0;
+# SERVERS may add the busy-polling ones (hotloop-epoll-always,
+# hotloop-uring-always, floor-busy, floor-uring-busy), whose spin calls
+# (epoll_wait, io_uring_enter) count with time, not with requests;
 # the load generator on CPU 1. Instructions are counted over keep-alive at
 # 256 connections, serial connections, and an open loop slow enough that
 # each wakeup serves about one request (the loop's per-turn cost). Counts,
@@ -46,6 +49,11 @@ server_cmd() {
     floor) echo "$bin/hotloop-bench peer floor http --addr 127.0.0.1:0 --workers 1" ;;
     floor-uring) echo "$bin/hotloop-bench peer floor-uring http --addr 127.0.0.1:0 --workers 1" ;;
     tokio) echo "$bin/hotloop-bench peer tokio http --addr 127.0.0.1:0 --workers 1" ;;
+    # Busy polling: hotloop's `always` and the floors that never sleep.
+    hotloop-epoll-always) echo "$HOTLOOP_BIN serve http --addr 127.0.0.1:0 --workers 1 --driver epoll --busy-poll always" ;;
+    hotloop-uring-always) echo "$HOTLOOP_BIN serve http --addr 127.0.0.1:0 --workers 1 --driver uring --busy-poll always" ;;
+    floor-busy) echo "$bin/hotloop-bench peer floor http --addr 127.0.0.1:0 --workers 1 --busy-poll" ;;
+    floor-uring-busy) echo "$bin/hotloop-bench peer floor-uring http --addr 127.0.0.1:0 --workers 1 --busy-poll" ;;
   esac
 }
 

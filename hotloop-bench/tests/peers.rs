@@ -1,6 +1,7 @@
 //! The peer servers answer like hotloop's own: echo, HTTP keep-alive,
 //! `Connection: close`, 400 on garbage, and a clean exit on SIGTERM; the
-//! io_uring floor also under back-pressure and on SIGINT.
+//! io_uring floor also under back-pressure and on SIGINT; the floors also
+//! with `--busy-poll`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -33,9 +34,22 @@ impl Peer {
     /// Starts a peer with `env` set; its standard error is kept when `env`
     /// is not empty, for [`Peer::stderr`].
     fn start_with(kind: &str, proto: &str, body_size: usize, env: &[(&str, &str)]) -> Peer {
+        Peer::start_args(kind, proto, body_size, env, &["--workers", "2"])
+    }
+
+    /// [`Peer::start_with`] with `args` after the common ones (`--workers`
+    /// among them).
+    fn start_args(
+        kind: &str,
+        proto: &str,
+        body_size: usize,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Peer {
         let mut child = Command::new(BIN)
-            .args(["peer", kind, proto, "--addr", "127.0.0.1:0", "--workers", "2"])
+            .args(["peer", kind, proto, "--addr", "127.0.0.1:0"])
             .args(["--body-size", &body_size.to_string(), "--work-us", "1"])
+            .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(if env.is_empty() { Stdio::null() } else { Stdio::piped() })
@@ -120,8 +134,12 @@ fn check_http(kind: &str) {
 }
 
 fn check_http_with(kind: &str, env: &[(&str, &str)]) {
-    let peer = Peer::start_with(kind, "http", 100, env);
+    check_http_on(kind, Peer::start_with(kind, "http", 100, env));
+}
 
+/// The HTTP checks against `peer`, a `kind` server started with a
+/// 100-byte body; then SIGTERM.
+fn check_http_on(kind: &str, peer: Peer) {
     let mut s = peer.connect();
     for _ in 0..3 {
         s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
@@ -369,6 +387,41 @@ fn floor_uring_serial_connections() {
     assert_eq!(report["completed"], 300, "{report}");
     let status = peer.terminate();
     assert!(status.success(), "floor-uring exited with {status}");
+}
+
+/// With `--busy-poll` each floor answers as it does without, keeps
+/// spinning on its CPU once the load stops (the zero-timeout poll), and
+/// stops on SIGTERM; one worker each, so the spin takes one CPU only.
+#[test]
+fn floors_busy_poll_answer_and_spin() {
+    for kind in ["floor", "floor-uring"] {
+        let busy = ["--workers", "1", "--busy-poll"];
+        let peer = Peer::start_args(kind, "http", 100, &[], &busy);
+        assert!(peer.banner.contains("busy polling"), "{kind}: {}", peer.banner);
+        let report = load(peer.addr, &["--mode", "serial", "-n", "300"]);
+        assert_eq!(report["errors"]["total"], 0, "{kind}: {report}");
+        assert_eq!(report["completed"], 300, "{kind}: {report}");
+        let pid = peer.child.id();
+        let before = cpu_ticks(pid);
+        thread::sleep(Duration::from_millis(500));
+        let idle = cpu_ticks(pid) - before;
+        // A sleeping server takes about none of the 50 ticks; a spinning one
+        // all it is given. A tenth leaves room for a busy machine.
+        assert!(idle >= 5, "{kind}: {idle} ticks of CPU in 500 ms: not spinning");
+        check_http_on(kind, peer);
+    }
+}
+
+/// `--busy-poll` is a floor option: the runtimes' peers refuse it.
+#[test]
+fn busy_poll_is_for_the_floors_only() {
+    let out = Command::new(BIN)
+        .args(["peer", "tokio", "http", "--addr", "127.0.0.1:0", "--busy-poll"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("floors only"), "{stderr}");
 }
 
 /// Runs `hotloop-bench load --json` against `addr`, bounded in time, and

@@ -1,4 +1,6 @@
-//! `keepalive`: persistent HTTP connections at concurrency 1 and 256.
+//! `keepalive`: persistent HTTP connections at concurrency 1 and 256, and
+//! at concurrency 1 with busy polling: hotloop's `always` and `adaptive`
+//! against the floors that busy-poll.
 
 use super::report::{Better, Column};
 use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K};
@@ -13,6 +15,8 @@ const CONCURRENCY: [u64; 2] = [1, 256];
 const BODY_BYTES: usize = 64;
 /// Connections in the open-loop group.
 const OPEN_LOOP_CONNECTIONS: u64 = 256;
+/// hotloop's busy polling settings in the busy-polling group.
+const BUSY_POLL: [&str; 2] = ["always", "adaptive"];
 /// Requests per second in the open-loop group: a moderate rate, about a
 /// third of what one worker serves here, so p50 shows the latency a server
 /// adds when it is not busy.
@@ -63,6 +67,19 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         // Repeats interleaved across the servers (none busy-polls).
         let group = format!("concurrency {c}");
         result.rows.extend(ctx.measure_side_by_side(&group, &specs, &work, &load));
+        if c == 1 {
+            let busy = busy_specs(ctx);
+            if busy.iter().any(|s| s.server == "floor") {
+                result.setup.push(
+                    "concurrency 1, busy polling: hotloop with `--busy-poll always|adaptive` against the floors \
+                     with `--busy-poll`; each server busy-polls on its CPU only in its turn, held stopped \
+                     (SIGSTOP) while another runs"
+                        .into(),
+                );
+                let group = format!("concurrency {c}, busy polling");
+                result.rows.extend(ctx.measure_side_by_side(&group, &busy, &work, &load));
+            }
+        }
     }
     let open_loop = LoadSpec {
         mode: "keepalive",
@@ -83,4 +100,20 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let group = format!("open loop {OPEN_LOOP_RATE}/s, {OPEN_LOOP_CONNECTIONS} connections");
     result.rows.extend(ctx.measure_side_by_side(&group, &specs, &work, &open_loop));
     result
+}
+
+/// hotloop on each driver with each busy polling setting, then the floors
+/// that busy-poll.
+fn busy_specs(ctx: &Ctx) -> Vec<ServerSpec> {
+    let mut specs = Vec::new();
+    for driver in ["epoll", "uring"] {
+        for b in BUSY_POLL {
+            specs.push(ServerSpec::hotloop(
+                &format!("{driver} busy-poll {b}"),
+                &["--driver", driver, "--busy-poll", b],
+            ));
+        }
+    }
+    specs.extend(ctx.floor_busy_specs());
+    specs
 }

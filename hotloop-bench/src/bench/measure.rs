@@ -1,5 +1,7 @@
 //! Measuring one server configuration: start it, warm it up, run the load
 //! `--repeats` times while reading the server's CPU time and counters, stop it.
+//! Several configurations can be measured side by side, their repeats
+//! interleaved; a busy-polling one is held stopped while another runs.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -9,7 +11,7 @@ use super::report::{self, LoadReport, Row, Summary};
 use super::server::{self, Running, ServerKind, ServerSpec, Workload};
 use super::{
     figures_of, find_on_path, last_line, proc, Ctx, Figures, Histogram, LoadSpec, PeerName,
-    METRIC_CPU_PER_1K, METRIC_CPU_UTIL, METRIC_RATE, QUICK_BUDGET_S, WARMUP_MAX_S,
+    METRIC_CPU_PER_1K, METRIC_CPU_UTIL, METRIC_IDLE_CPU, METRIC_RATE, QUICK_BUDGET_S, WARMUP_MAX_S,
     WARMUP_REQUESTS_FULL, WARMUP_REQUESTS_QUICK,
 };
 
@@ -74,6 +76,26 @@ impl Ctx {
         })
     }
 
+    /// The enabled floors with `--busy-poll` (`floor busy-poll`, `floor
+    /// io_uring busy-poll`): the reference for hotloop's busy polling, which
+    /// a floor that sleeps in the kernel is not.
+    pub fn floor_busy_specs(&self) -> Vec<ServerSpec> {
+        let mut specs = Vec::new();
+        for (peer, name, config) in [
+            (PeerName::Floor, "floor", "busy-poll"),
+            (PeerName::FloorUring, "floor-uring", "io_uring busy-poll"),
+        ] {
+            if self.peers.contains(&peer) {
+                specs.push(ServerSpec {
+                    server: "floor".into(),
+                    config: config.into(),
+                    kind: ServerKind::Peer(name.into(), vec!["--busy-poll".into()]),
+                });
+            }
+        }
+        specs
+    }
+
     /// Starts `spec`, warms it up, measures it `repeats` times under `load`,
     /// stops it, and returns its row. Never fails: problems become an
     /// unavailable row or notes.
@@ -92,9 +114,11 @@ impl Ctx {
     /// interleaved: all are started and warmed up, then each repeat runs
     /// the load against every server in turn. A shared machine's slow spell
     /// then falls on every server alike instead of on whichever one was
-    /// being measured, and the medians compare. The servers wait idle on
-    /// their CPU while another is measured, so no spec here may busy-poll.
-    /// Returns one row per spec, in order.
+    /// being measured, and the medians compare, round by round. The servers
+    /// wait idle on their CPU while another is measured; one that
+    /// busy-polls ([`ServerSpec::busy_polls`]) would spin there, so it is
+    /// held stopped (SIGSTOP) until its turn. Returns one row per spec, in
+    /// order.
     pub fn measure_side_by_side(
         &mut self,
         group: &str,
@@ -102,6 +126,33 @@ impl Ctx {
         work: &Workload,
         load: &LoadSpec,
     ) -> Vec<Row> {
+        self.measure_rounds(group, specs, work, load, None)
+    }
+
+    /// [`Ctx::measure_side_by_side`], and after each measured run the server
+    /// is left idle for `idle_window` while its CPU time is read: the
+    /// [`METRIC_IDLE_CPU`] figure, what busy polling costs with no load.
+    pub fn measure_side_by_side_then_idle(
+        &mut self,
+        group: &str,
+        specs: &[ServerSpec],
+        work: &Workload,
+        load: &LoadSpec,
+        idle_window: Duration,
+    ) -> Vec<Row> {
+        self.measure_rounds(group, specs, work, load, Some(idle_window))
+    }
+
+    fn measure_rounds(
+        &mut self,
+        group: &str,
+        specs: &[ServerSpec],
+        work: &Workload,
+        load: &LoadSpec,
+        idle_window: Option<Duration>,
+    ) -> Vec<Row> {
+        // Alone, a busy-polling server takes no CPU from another.
+        let hold_spinners = specs.len() > 1;
         let mut slots: Vec<Slot> = specs
             .iter()
             .map(|spec| {
@@ -114,6 +165,7 @@ impl Ctx {
                     title: if group.is_empty() { label } else { format!("{group}: {label}") },
                     row: Row::new(group, &spec.server, &spec.config),
                     running: None,
+                    held: hold_spinners && spec.busy_polls(),
                     samples: Vec::new(),
                     histograms: Vec::new(),
                 }
@@ -148,12 +200,32 @@ impl Ctx {
             if let Err(e) = self.run_load(&running, work.load_proto(), &warmup, &slot.title) {
                 slot.row.notes.push(format!("warm-up failed: {e}"));
             }
+            let mut running = running;
+            if slot.held {
+                running.set_stopped(true);
+            }
             slot.running = Some(running);
         }
         for repeat in 1..=self.repeats {
             for slot in &mut slots {
                 let Some(running) = slot.running.as_mut() else { continue };
-                match self.measure_once(running, work, load, &slot.title) {
+                if slot.held {
+                    running.set_stopped(false);
+                }
+                let measured = self.measure_once(running, work, load, &slot.title);
+                let measured = match (measured, idle_window) {
+                    (Ok((mut figures, histogram)), Some(window)) => {
+                        if let Some(pct) = self.idle_cpu_pct(running, window) {
+                            figures.insert(METRIC_IDLE_CPU.into(), pct);
+                        }
+                        Ok((figures, histogram))
+                    }
+                    (other, _) => other,
+                };
+                if slot.held {
+                    running.set_stopped(true);
+                }
+                match measured {
                     Ok((figures, histogram)) => {
                         let rate = figures.get(METRIC_RATE).copied().unwrap_or(f64::NAN);
                         self.progress(&format!(
@@ -241,6 +313,15 @@ impl Ctx {
         Ok((f, report.histogram_us))
     }
 
+    /// The server's CPU time over `window` with no load, in percent of one
+    /// worker's CPU; read from /proc/PID/stat.
+    fn idle_cpu_pct(&self, running: &Running, window: Duration) -> Option<f64> {
+        let before = running.cpu_seconds()?;
+        std::thread::sleep(window);
+        let after = running.cpu_seconds()?;
+        Some((after - before) / window.as_secs_f64() / self.workers as f64 * 100.0)
+    }
+
     /// Runs `hotloop-bench load` against `running`, bounded in time.
     fn run_load(
         &mut self,
@@ -272,6 +353,8 @@ struct Slot {
     row: Row,
     /// `None` once stopped, or if it never started (then `row` says why).
     running: Option<Running>,
+    /// Busy-polls beside other servers: held stopped but for its turn.
+    held: bool,
     samples: Vec<BTreeMap<String, f64>>,
     histograms: Vec<Histogram>,
 }
@@ -279,7 +362,9 @@ struct Slot {
 impl Slot {
     /// Stops the server and folds its repeats into its row.
     fn finish(mut self) -> Row {
-        if let Some(running) = self.running.take() {
+        if let Some(mut running) = self.running.take() {
+            // Resumed, so it answers `GET /stats` and stops on SIGTERM.
+            running.set_stopped(false);
             self.row.server_info = running.stats_text();
         }
         if self.row.unavailable.is_some() || !summarise(&mut self.row, &self.samples) {

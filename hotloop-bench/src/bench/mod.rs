@@ -101,7 +101,8 @@ pub struct BenchArgs {
 pub enum ScenarioName {
     /// 10,000 clients at once, 128-byte echo: io_uring multishot vs single-shot accept.
     AcceptBurst,
-    /// One connection at a time, local and proxied: busy polling off, always, adaptive.
+    /// One connection at a time, local and proxied: busy polling off, always, adaptive,
+    /// against the floors with and without busy polling; idle CPU after each local run.
     Serial,
     /// Many concurrent one-request connections: accepts per wakeup unlimited vs 32.
     Churn,
@@ -112,7 +113,8 @@ pub enum ScenarioName {
     ShortStreams,
     /// The timer wheel's criterion results.
     Timers,
-    /// Persistent connections at concurrency 1 and 256.
+    /// Persistent connections at concurrency 1 and 256, and at 1 with busy
+    /// polling against the busy-polling floors.
     Keepalive,
     /// The same hyper service on hotloop and on tokio.
     Hyper,
@@ -162,7 +164,9 @@ pub enum PeerName {
     /// `hotloop-bench peer floor`, raw system calls.
     Floor,
     /// `hotloop-bench peer floor-uring`, raw io_uring; measured in the
-    /// keepalive and serial scenarios, shown as `floor io_uring`.
+    /// keepalive and serial scenarios, shown as `floor io_uring`. With
+    /// `floor` or `floor-uring`, those scenarios also measure the floor with
+    /// `--busy-poll`.
     #[serde(rename = "floor-uring")]
     FloorUring,
     /// nginx from PATH, HTTP only.
@@ -231,6 +235,9 @@ pub const METRIC_RATE: &str = "rate_per_s";
 pub const METRIC_CPU_PER_1K: &str = "cpu_s_per_1k";
 /// Metric key: server CPU time over wall time, per worker, in percent.
 pub const METRIC_CPU_UTIL: &str = "server_cpu_pct";
+/// Metric key: server CPU time, per worker, in percent, over a window with
+/// no load right after a measured run.
+pub const METRIC_IDLE_CPU: &str = "idle_cpu_pct";
 
 /// The suite's shared state: where things run, what is enabled, the clock.
 pub struct Ctx {

@@ -42,6 +42,15 @@ impl Child {
         self.inner.id()
     }
 
+    /// Stops (SIGSTOP) or resumes (SIGCONT) the process, if it is still
+    /// running: a busy-polling server is held this way while another one is
+    /// measured, so it does not take the CPU they share.
+    pub fn set_stopped(&mut self, stopped: bool) {
+        if self.exited().is_none() {
+            send_signal(self.pid(), if stopped { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+    }
+
     /// The name given at start.
     pub fn name(&self) -> &str {
         &self.name

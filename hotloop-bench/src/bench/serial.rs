@@ -1,12 +1,19 @@
 //! `serial`: one connection at a time over loopback (connect, one HTTP
 //! request, close), terminated by the server and forwarded through
 //! `hotloop proxy`; hotloop with busy polling off, always and adaptive.
+//!
+//! Locally, hotloop is measured side by side with the floors, both the one
+//! that sleeps in the kernel and the one that busy-polls (the reference for
+//! `always` and `adaptive`), their repeats interleaved; after each run the
+//! server is left without load for a few seconds and its CPU time read, so
+//! what busy polling costs when idle has a figure.
 
 use super::report::{Better, Column};
 use super::{
     find_on_path, Ctx, LoadSpec, PeerName, ScenarioResult, ServerKind, ServerSpec, Workload,
-    METRIC_CPU_PER_1K,
+    METRIC_CPU_PER_1K, METRIC_IDLE_CPU,
 };
+use std::time::Duration;
 
 /// Seconds per measured run.
 const DURATION_FULL_S: u64 = 5;
@@ -16,6 +23,10 @@ const DURATION_QUICK_S: u64 = 1;
 const BODY_BYTES: usize = 64;
 /// The busy polling settings compared.
 const BUSY_POLL: [&str; 3] = ["off", "always", "adaptive"];
+/// Seconds without load after each local run over which idle CPU is read.
+const IDLE_WINDOW_FULL_S: u64 = 3;
+/// The idle window with `--quick`.
+const IDLE_WINDOW_QUICK_S: u64 = 1;
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
@@ -32,6 +43,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             Column { key: "server_cpu_pct", header: "server CPU %", decimals: 0, better: Better::Lower },
             Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k conn", decimals: 4, better: Better::Lower },
             Column { key: "stats_poller_spins", header: "poller spins", decimals: 0, better: Better::Lower },
+            Column { key: METRIC_IDLE_CPU, header: "idle CPU %", decimals: 1, better: Better::Lower },
         ],
     );
     result.setup.push(format!(
@@ -66,11 +78,27 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         })
         .collect();
     local.extend(ctx.peer_specs("http", &mut result.setup));
-    local.extend(ctx.floor_uring_spec());
-    for spec in &local {
-        let row = ctx.measure("local", spec, &work, &load);
-        result.rows.push(row);
+    // Each floor beside its busy-polling twin.
+    let mut busy_floors = ctx.floor_busy_specs().into_iter();
+    if ctx.peers.contains(&PeerName::Floor) {
+        local.extend(busy_floors.next());
     }
+    local.extend(ctx.floor_uring_spec());
+    local.extend(busy_floors);
+    let idle_s = if ctx.quick { IDLE_WINDOW_QUICK_S } else { IDLE_WINDOW_FULL_S };
+    result.setup.push(format!(
+        "local: every server is started and warmed up, then each repeat runs against all of them in turn; a \
+         busy-polling server is held stopped (SIGSTOP) while another runs; idle CPU % is the server's CPU time \
+         (/proc/PID/stat) over the {idle_s} s right after each run, with no load"
+    ));
+    let rows = ctx.measure_side_by_side_then_idle(
+        "local",
+        &local,
+        &work,
+        &load,
+        Duration::from_secs(idle_s),
+    );
+    result.rows.extend(rows);
     let mut forwarded = Vec::new();
     for b in BUSY_POLL {
         forwarded.push(ServerSpec {

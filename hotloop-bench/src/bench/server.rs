@@ -99,6 +99,25 @@ impl ServerSpec {
             kind: ServerKind::Peer(name.into(), Vec::new()),
         }
     }
+
+    /// Whether the server busy-polls (spins on its CPU while idle), read
+    /// from the arguments that start it.
+    pub fn busy_polls(&self) -> bool {
+        // `--busy-poll MODE`, `--busy-poll=MODE`, or the floors' bare flag.
+        let asks = |args: &[String]| {
+            args.iter().enumerate().any(|(i, a)| match a.strip_prefix("--busy-poll") {
+                Some("") => args.get(i + 1).is_none_or(|v| v != "off"),
+                Some(rest) => rest.strip_prefix('=').is_some_and(|v| v != "off"),
+                None => false,
+            })
+        };
+        match &self.kind {
+            ServerKind::Serve(args) | ServerKind::Peer(_, args) => asks(args),
+            ServerKind::Proxy { busy_poll } => busy_poll != "off",
+            ServerKind::HaproxyForward { busy_polling, .. } => *busy_polling,
+            ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } => false,
+        }
+    }
 }
 
 /// A started server: its processes, stopped when this is dropped.
@@ -144,6 +163,13 @@ impl Running {
     /// The process id of its (first) process.
     pub fn pid(&self) -> Option<u32> {
         self.children.first().map(Child::pid)
+    }
+
+    /// Stops (SIGSTOP) or resumes (SIGCONT) all its processes.
+    pub fn set_stopped(&mut self, stopped: bool) {
+        for child in &mut self.children {
+            child.set_stopped(stopped);
+        }
     }
 
     /// Whether any of its processes has ended.
@@ -471,6 +497,32 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!(s["registrations"], 2.5);
         assert!(parse_stats("[1]").is_none());
+    }
+
+    #[test]
+    fn busy_polling_is_read_from_the_arguments() {
+        let serve = |args: &[&str]| ServerSpec::hotloop("x", args).busy_polls();
+        assert!(serve(&["--driver", "epoll", "--busy-poll", "always"]));
+        assert!(serve(&["--busy-poll", "adaptive:100"]));
+        assert!(serve(&["--busy-poll=always"]));
+        assert!(!serve(&["--busy-poll", "off", "--driver", "uring"]));
+        assert!(!serve(&["--busy-poll=off"]));
+        assert!(!serve(&["--driver", "epoll"]));
+        let peer = |args: Vec<String>| ServerSpec {
+            server: "floor".into(),
+            config: String::new(),
+            kind: ServerKind::Peer("floor".into(), args),
+        };
+        assert!(peer(vec!["--busy-poll".into()]).busy_polls());
+        assert!(peer(vec!["--busy-poll".into(), "--max-accepts".into(), "8".into()]).busy_polls());
+        assert!(!peer(Vec::new()).busy_polls());
+        assert!(!ServerSpec::peer("tokio").busy_polls());
+        let proxy = |b: &str| ServerSpec {
+            server: "hotloop".into(),
+            config: String::new(),
+            kind: ServerKind::Proxy { busy_poll: b.into() },
+        };
+        assert!(proxy("always").busy_polls() && !proxy("off").busy_polls());
     }
 
     #[test]

@@ -27,6 +27,13 @@
 //! - SIGINT and SIGTERM are blocked in every thread and taken by the main
 //!   thread with sigwait(3); it raises a stop flag and wakes each worker
 //!   through its eventfd. Workers return, dropping every descriptor.
+//! - With `--busy-poll` a worker never sleeps: every epoll_wait(2) has a
+//!   zero timeout, in a loop, as a hand-written busy-polling server does
+//!   (haproxy's `busy-polling`, hotloop's `--busy-poll always`). Each poll
+//!   still takes at most [`EVENTS_PER_WAIT_MAX`] events, and the stop
+//!   still comes through the eventfd; nothing else changes. It costs a
+//!   whole core per worker, idle or not: it is the floor that busy-polling
+//!   settings are measured against, not a way to run.
 //!
 //! Invariant: every descriptor is an [`OwnedFd`] held by exactly one owner
 //! (a worker's listener, epoll or eventfd, or a slab entry), so every path
@@ -128,11 +135,16 @@ pub struct FloorArgs {
     /// Connections accepted per listener wakeup: a number or `unlimited`.
     #[arg(long, default_value = "64", value_parser = parse_max_accepts)]
     pub max_accepts: MaxAccepts,
+    /// Never sleep: poll epoll with a zero timeout in a loop (a whole core
+    /// per worker, idle or not).
+    #[arg(long)]
+    pub busy_poll: bool,
 }
 
 /// Serves until SIGINT or SIGTERM, then closes everything and returns.
 ///
-/// Prints `floor APP listening on ADDR (N workers)` on standard output once
+/// Prints `floor APP listening on ADDR (N workers)` (`, busy polling`
+/// added with `--busy-poll`) on standard output once
 /// every listener is bound, so a caller that asked for port 0 learns the
 /// port.
 pub fn run(args: &FloorArgs) -> io::Result<()> {
@@ -181,7 +193,12 @@ pub fn run(args: &FloorArgs) -> io::Result<()> {
         handles.push(handle);
     }
     let plural = if args.workers == 1 { "" } else { "s" };
-    println!("floor {} listening on {addr} ({} worker{plural})", args.app.as_str(), args.workers);
+    let busy = if args.busy_poll { ", busy polling" } else { "" };
+    println!(
+        "floor {} listening on {addr} ({} worker{plural}{busy})",
+        args.app.as_str(),
+        args.workers
+    );
     io::stdout().flush()?;
 
     signals.wait();
@@ -336,6 +353,8 @@ struct Worker {
     work_us: u64,
     /// Connections accepted per listener wakeup (`None`: until EAGAIN).
     max_accepts: Option<usize>,
+    /// Poll with a zero timeout instead of sleeping.
+    busy_poll: bool,
     resp_keepalive: Vec<u8>,
     resp_close: Vec<u8>,
     conns: Slab<Conn>,
@@ -364,6 +383,7 @@ impl Worker {
             app: args.app,
             work_us: args.work_us,
             max_accepts: args.max_accepts.0,
+            busy_poll: args.busy_poll,
             resp_keepalive: proto::response_ok(args.body_size, false),
             resp_close: proto::response_ok(args.body_size, true),
             conns: Slab::new(),
@@ -389,6 +409,8 @@ impl Worker {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT_MAX];
         loop {
             let timeout_ms = match self.accept_paused_until {
+                // Busy polling: look and come straight back, paused or not.
+                _ if self.busy_poll => 0,
                 None => -1,
                 Some(t) => {
                     let left = t.saturating_duration_since(Instant::now());

@@ -21,6 +21,13 @@
 //!   submits what the previous turn queued and waits for a completion; then
 //!   every completion is handled. Entries that do not fit a full submission
 //!   queue wait in a backlog, in order, for the next turn.
+//! - With `--busy-poll` the turn's `io_uring_enter` never waits: it submits
+//!   with `IORING_ENTER_GETEVENTS` and `min_complete` 0 (liburing's
+//!   `io_uring_submit_and_get_events`), which runs the deferred completion
+//!   work and returns at once, in a loop, as a hand-written busy-polling
+//!   server does (hotloop's `--busy-poll always`). One system call per spin:
+//!   with `DEFER_TASKRUN` completions are only produced inside such an
+//!   enter. It costs a whole core per worker, idle or not.
 //! - One multishot accept per listener. Each connection has one multishot
 //!   receive that picks buffers from a provided-buffer ring ([`BUFFERS`] of
 //!   [`BUFFER_BYTES`], `IORING_REGISTER_PBUF_RING`). The bytes are handled at
@@ -119,6 +126,10 @@ const STOP: u64 = 7;
 /// Generations wrap within the 24 bits between the kind and the slot.
 const GEN_MASK: u32 = 0x00ff_ffff;
 
+/// `IORING_ENTER_GETEVENTS` (io_uring_enter(2)): run deferred completion
+/// work and reap, here with `min_complete` 0 so the enter never waits.
+const IORING_ENTER_GETEVENTS: u32 = 1;
+
 /// Environment variable: `1` makes the server take the paths it falls back
 /// to on older kernels (`IORING_SETUP_COOP_TASKRUN`, a single-shot receive
 /// into each connection's own buffer), so they can be tested anywhere.
@@ -141,6 +152,8 @@ pub struct FloorUringArgs {
     pub body_size: usize,
     /// Microseconds of CPU work per HTTP request.
     pub work_us: u64,
+    /// Never wait in `io_uring_enter`: submit and reap in a loop.
+    pub busy_poll: bool,
 }
 
 /// Serves until SIGINT or SIGTERM, then ends every operation, closes
@@ -189,6 +202,7 @@ pub fn run(args: &FloorUringArgs) -> io::Result<()> {
     let config = Config {
         app: args.app,
         work_us: args.work_us,
+        busy_poll: args.busy_poll,
         keepalive: Box::leak(proto::response_ok(args.body_size, false).into_boxed_slice()),
         close: Box::leak(proto::response_ok(args.body_size, true).into_boxed_slice()),
     };
@@ -275,6 +289,8 @@ fn eventfd() -> io::Result<OwnedFd> {
 struct Config {
     app: App,
     work_us: u64,
+    /// `--busy-poll`: the ring is entered without waiting.
+    busy_poll: bool,
     /// The `200` that keeps the connection open.
     keepalive: &'static [u8],
     /// The `200` that closes it.
@@ -415,6 +431,8 @@ struct Sq {
     inflight: usize,
     /// Set once everything is being cancelled: nothing new is started.
     stopping: bool,
+    /// Enter without waiting for a completion (`--busy-poll`).
+    busy_poll: bool,
 }
 
 impl Sq {
@@ -442,7 +460,9 @@ impl Sq {
         self.backlog.push_back(entry);
     }
 
-    /// Submits everything queued and waits for at least one completion.
+    /// Submits everything queued and waits for at least one completion;
+    /// with busy polling, runs the kernel's completion work and returns
+    /// without waiting.
     fn enter(&mut self) -> io::Result<()> {
         while let Some(entry) = self.backlog.front() {
             // SAFETY: queued by `push`, whose caller promised the buffers
@@ -452,7 +472,24 @@ impl Sq {
             }
             self.backlog.pop_front();
         }
-        match self.ring.submit_and_wait(1) {
+        let entered = if self.busy_poll {
+            let queued = self.ring.submission().len() as u32;
+            // SAFETY: no argument pointer is passed (`None`); the queued
+            // entries were pushed by `push`, whose callers keep their buffers
+            // valid until the last completion. GETEVENTS with min_complete 0
+            // runs deferred completion work and never waits.
+            unsafe {
+                self.ring.submitter().enter::<libc::sigset_t>(
+                    queued,
+                    0,
+                    IORING_ENTER_GETEVENTS,
+                    None,
+                )
+            }
+        } else {
+            self.ring.submit_and_wait(1)
+        };
+        match entered {
             Ok(_) => Ok(()),
             // A signal, or completions to reap before more is taken.
             Err(e)
@@ -705,7 +742,13 @@ impl Worker {
         // Without a buffer ring each connection reads into its own buffer.
         let bufs = if fallback { None } else { BufRing::new(&ring, buffers).ok() };
         Ok(Worker {
-            sq: Sq { ring, backlog: VecDeque::new(), inflight: 0, stopping: false },
+            sq: Sq {
+                ring,
+                backlog: VecDeque::new(),
+                inflight: 0,
+                stopping: false,
+                busy_poll: config.busy_poll,
+            },
             listener,
             wake,
             config,
@@ -732,7 +775,8 @@ impl Worker {
         } else {
             format!("single-shot receive into {RECV_BUF_BYTES}-byte buffers per connection")
         };
-        format!("{}, {recv}", self.setup)
+        let busy = if self.sq.busy_poll { ", busy polling" } else { "" };
+        format!("{}, {recv}{busy}", self.setup)
     }
 
     fn run(mut self, stop: &AtomicBool) -> io::Result<()> {

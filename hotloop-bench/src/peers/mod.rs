@@ -57,6 +57,11 @@ pub struct PeerArgs {
     /// `unlimited` (until accept4 says EAGAIN).
     #[arg(long, default_value = "64", value_parser = floor::parse_max_accepts)]
     pub max_accepts: floor::MaxAccepts,
+    /// floor and floor-uring only: never sleep, poll with a zero timeout
+    /// in a loop (a whole core per worker, idle or not): the floor of
+    /// hotloop's `--busy-poll always`.
+    #[arg(long)]
+    pub busy_poll: bool,
 }
 
 /// The runtimes a peer server can be written on.
@@ -92,6 +97,12 @@ pub fn run(args: PeerArgs) -> io::Result<()> {
             "the hyper peer runs on tokio only",
         ));
     }
+    if args.busy_poll && matches!(args.kind, PeerKind::Tokio | PeerKind::Monoio) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "--busy-poll is for the floors only (floor, floor-uring)",
+        ));
+    }
     match args.kind {
         PeerKind::Tokio => serve_with(&args, tokio::worker),
         PeerKind::Monoio => serve_with(&args, monoio::worker),
@@ -105,6 +116,7 @@ pub fn run(args: PeerArgs) -> io::Result<()> {
             body_size: args.body_size,
             work_us: args.work_us,
             max_accepts: args.max_accepts,
+            busy_poll: args.busy_poll,
         }),
         PeerKind::FloorUring => floor_uring::run(&floor_uring::FloorUringArgs {
             app: match args.proto {
@@ -115,6 +127,7 @@ pub fn run(args: PeerArgs) -> io::Result<()> {
             workers: usize::from(args.workers),
             body_size: args.body_size,
             work_us: args.work_us,
+            busy_poll: args.busy_poll,
         }),
     }
 }
