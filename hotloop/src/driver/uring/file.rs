@@ -14,12 +14,14 @@
 //!   the cancel or before the drop, never taken.
 //! - `send_file` is `sendfile(2)` from the worker, as on epoll: an
 //!   accepted socket is blocking on io_uring, so it is made non-blocking
-//!   for the call alone (`sys::sendfile_nowait`), and a `POLL_ADD` waits
+//!   while the file is sent (`sys::NonBlockingFor`), and a `POLL_ADD` waits
 //!   for room when there is none, or when a call moved fewer bytes than
 //!   asked (the socket filled up: retrying at once would move only the
-//!   few bytes freed since, one system call each). Nothing else sends on the socket
-//!   meanwhile (written-behind bytes are flushed first), so no other
-//!   operation sees the flag. The alternative, two `SPLICE` operations per
+//!   few bytes freed since, one system call each). Nothing else sends on
+//!   the socket meanwhile (written-behind bytes are flushed first); an
+//!   operation another task starts on it meanwhile gets `EAGAIN` instead
+//!   of waiting in the kernel, which every socket operation handles (as on
+//!   a socket this side connected, which is non-blocking). The alternative, two `SPLICE` operations per
 //!   step (file -> pipe -> socket), is kept behind
 //!   `HOTLOOP_URING_SEND_FILE=splice`: io_uring runs every splice on one of
 //!   its kernel workers, which cost more CPU per byte than `sendfile`
@@ -338,16 +340,15 @@ impl StreamSource {
         }
         // The stream's own sends are done (flushed above, and owned sends
         // complete before they return), so nothing else sends on the
-        // socket while `sendfile_nowait` makes it non-blocking.
-        // The flags are read once: a `fcntl` pair per call is what remains.
-        let flags = match sys::status_flags(self.fd()) {
-            Ok(flags) => flags,
+        // socket while it is non-blocking for this file.
+        let _nonblocking = match sys::NonBlockingFor::set(self.fd()) {
+            Ok(guard) => guard,
             Err(e) => return (0, Err(e)),
         };
         let mut sent = 0u64;
         while sent < len {
             let want = usize::try_from(len - sent).unwrap_or(usize::MAX).min(SENDFILE_CHUNK_MAX);
-            let res = sys::sendfile_nowait(self.fd(), flags, file.as_raw_fd(), offset + sent, want);
+            let res = sys::sendfile(self.fd(), file.as_raw_fd(), offset + sent, want);
             let room = match res {
                 // The file ended (perhaps shrunk): stop short.
                 Ok(0) => break,
