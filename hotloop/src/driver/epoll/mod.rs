@@ -41,7 +41,7 @@ mod udp;
 
 pub(crate) use listener::ListenerSource;
 pub(crate) use readiness::ReadinessSource;
-pub(crate) use stream::StreamSource;
+pub(crate) use stream::{SendOwned, StreamSource};
 pub(crate) use udp::DatagramSource;
 
 use std::cell::{Cell, RefCell};

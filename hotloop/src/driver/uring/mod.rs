@@ -88,7 +88,7 @@ mod write_behind;
 
 pub(crate) use listener::ListenerSource;
 pub(crate) use readiness::ReadinessSource;
-pub(crate) use stream::StreamSource;
+pub(crate) use stream::{SendOwned, StreamSource};
 pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
