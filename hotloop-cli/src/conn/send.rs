@@ -37,8 +37,8 @@ pub(super) fn send<'s, 't, B: IoBuf>(
 /// The future of [`send`]: the write, what bounds its wait, and nothing
 /// else. Every answer waits in it, inside its connection's future, so it
 /// is a named future rather than an `async` block, which would keep the
-/// arguments beside the write and a wrapper around it (200 bytes, against
-/// 128 here on io_uring and 96 on epoll).
+/// arguments beside the write and a wrapper around it (168 bytes with an
+/// `Arc<[u8]>` answer, against 104 here).
 struct SendAll<'s, 't, W, F, R> {
     stream: &'s TcpStream,
     limit: Option<Duration>,
