@@ -21,6 +21,7 @@
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
+use std::marker::PhantomData;
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +38,7 @@ struct Drain {
     /// Parked handlers' wakers; `None` marks a slot whose waker was taken
     /// (or never set); free slots are listed in `free`.
     parked: RefCell<Vec<Option<Waker>>>,
-    free: RefCell<Vec<usize>>,
+    free: RefCell<Vec<u32>>,
 }
 
 thread_local! {
@@ -57,13 +58,20 @@ pub fn stopping() -> bool {
 pub async fn until_stop<F: Future>(f: F) -> Option<F::Output> {
     let mut f = pin!(f);
     let mut watch = StopWatch::default();
+    // The waker the list holds, to skip filing the same one again.
+    let mut filed: Option<Waker> = None;
     poll_fn(|cx| {
         // `f` first: what is ready now is still taken after the stop.
         if let Poll::Ready(v) = f.as_mut().poll(cx) {
             return Poll::Ready(Some(v));
         }
-        if watch.poll_stopped(cx.waker()) {
+        let same = filed.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        let mut in_list = same;
+        if watch.poll_stopped(cx.waker(), &mut in_list) {
             return Poll::Ready(None);
+        }
+        if !same {
+            filed = Some(cx.waker().clone());
         }
         Poll::Pending
     })
@@ -72,54 +80,71 @@ pub async fn until_stop<F: Future>(f: F) -> Option<F::Output> {
 
 /// A connection's registration for the stop: its slot in its worker's list
 /// of parked handlers, taken at the first wait and freed on drop.
-#[derive(Default)]
+///
+/// Only the slot's index is kept (4 bytes; the list is the worker's
+/// thread-local, and a connection never leaves its worker). Whether the
+/// list holds the connection's current waker is its owner's to know: a
+/// connection's timer keeps one waker for its timer and its stop.
 pub struct StopWatch {
-    /// The worker's list and this connection's slot in it.
-    slot: Option<(Rc<Drain>, usize)>,
-    /// The waker last filed, to skip filing the same one again.
-    filed: Option<Waker>,
+    /// The index in this worker's list, or [`NO_SLOT`].
+    slot: u32,
+    /// Tied to its worker's thread, as the list is.
+    _worker: PhantomData<Rc<()>>,
+}
+
+/// A [`StopWatch`] that has not filed a waker yet.
+const NO_SLOT: u32 = u32::MAX;
+
+impl Default for StopWatch {
+    fn default() -> Self {
+        StopWatch { slot: NO_SLOT, _worker: PhantomData }
+    }
 }
 
 impl StopWatch {
     /// True if the server is stopping; otherwise files `waker` so that
-    /// [`begin`] wakes it.
-    pub fn poll_stopped(&mut self, waker: &Waker) -> bool {
+    /// [`begin`] wakes it, unless `filed` says the list already holds it
+    /// (or one that wakes the same task); `filed` is true afterwards.
+    pub fn poll_stopped(&mut self, waker: &Waker, filed: &mut bool) -> bool {
         if stopping() {
             return true;
         }
         // The usual case: the same task parks again after its last request.
         // Its waker is still in the list, since only `begin` takes wakers
         // out, and it sets the flag first.
-        if self.filed.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            return false;
+        if !*filed {
+            self.file(waker);
+            *filed = true;
         }
-        self.file(waker);
         false
     }
 
     #[cold]
     fn file(&mut self, waker: &Waker) {
-        let (drain, i) = self.slot.get_or_insert_with(|| {
-            DRAIN.with(|d| {
+        DRAIN.with(|d| {
+            if self.slot == NO_SLOT {
                 let i = d.free.borrow_mut().pop().unwrap_or_else(|| {
                     let mut parked = d.parked.borrow_mut();
                     parked.push(None);
-                    parked.len() - 1
+                    u32::try_from(parked.len() - 1).expect("fewer than 2^32 parked handlers")
                 });
-                (d.clone(), i)
-            })
+                self.slot = i;
+            }
+            d.parked.borrow_mut()[self.slot as usize] = Some(waker.clone());
         });
-        drain.parked.borrow_mut()[*i] = Some(waker.clone());
-        self.filed = Some(waker.clone());
     }
 }
 
 impl Drop for StopWatch {
     fn drop(&mut self) {
-        if let Some((drain, i)) = self.slot.take() {
-            drain.parked.borrow_mut()[i] = None;
-            drain.free.borrow_mut().push(i);
+        if self.slot == NO_SLOT {
+            return;
         }
+        // The list is gone only when its thread ends, and with it the slot.
+        let _ = DRAIN.try_with(|d| {
+            d.parked.borrow_mut()[self.slot as usize] = None;
+            d.free.borrow_mut().push(self.slot);
+        });
     }
 }
 

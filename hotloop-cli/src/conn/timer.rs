@@ -24,11 +24,16 @@ use crate::drain;
 /// around each read.
 pub(crate) struct ConnTimer {
     timer: Sleep,
-    /// The waker the timer is filed with in the worker's wheel, while it
-    /// is: a wait that finds its own task's waker there and the deadline
-    /// still ahead needs nothing from the wheel (the usual case: the
+    /// The waker of the task that last waited here, one copy for the
+    /// timer and the stop (a connection's waits all come from its own
+    /// task): the timer is filed in the worker's wheel with it while
+    /// `timer_filed`, and the stop's list holds it while `stop_filed`. A
+    /// wait that finds its own task's waker here and its flag set needs
+    /// nothing from the wheel or the list (the usual case: the
     /// connection's task parks again after every request).
-    filed: Option<Waker>,
+    waker: Option<Waker>,
+    timer_filed: bool,
+    stop_filed: bool,
     stop: drain::StopWatch,
 }
 
@@ -36,7 +41,9 @@ impl ConnTimer {
     pub(crate) fn new() -> Self {
         ConnTimer {
             timer: hotloop::time::sleep(Duration::MAX),
-            filed: None,
+            waker: None,
+            timer_filed: false,
+            stop_filed: false,
             stop: Default::default(),
         }
     }
@@ -67,42 +74,73 @@ impl ConnTimer {
         DeadlineWrite { write, timer: self, limit, due: None }
     }
 
+    /// For a write that has to wait: true once it has waited `limit`
+    /// (counted from its first wait, whose deadline goes in `due`);
+    /// registers `cx` to be woken then otherwise. Never without a limit.
+    pub(crate) fn write_timed_out(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        limit: Option<Duration>,
+        due: &mut Option<Instant>,
+    ) -> bool {
+        let Some(limit) = limit else { return false };
+        let due = match *due {
+            Some(due) => due,
+            None => {
+                let at = hotloop::time::now() + limit;
+                self.bring_forward(at);
+                *due.insert(at)
+            }
+        };
+        self.poll_expired(cx, due)
+    }
+
     /// Makes the timer fire no later than `due`. Only ever moved earlier
     /// here; a later deadline is taken up when the timer fires.
     fn bring_forward(&mut self, due: Instant) {
         if self.timer.deadline() > due {
             Pin::new(&mut self.timer).reset(due);
             // A reset may take the timer out of the wheel.
-            self.filed = None;
+            self.timer_filed = false;
         }
+    }
+
+    /// Keeps `waker` as the one this connection files; a different task's
+    /// waker (the connection polled from elsewhere) is filed anew.
+    fn waiting_with(&mut self, waker: &Waker) {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            self.waker = Some(waker.clone());
+            self.timer_filed = false;
+            self.stop_filed = false;
+        }
+    }
+
+    /// True if the server is stopping; files this task's waker for the
+    /// stop otherwise.
+    fn poll_stopped(&mut self, waker: &Waker) -> bool {
+        self.waiting_with(waker);
+        self.stop.poll_stopped(waker, &mut self.stop_filed)
     }
 
     /// Whether `due` has passed, as far as the timer knows; registers
     /// `cx` to be woken when it fires otherwise. A timer set for an
     /// earlier deadline that has since moved on is moved to `due`.
     fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, due: Instant) -> bool {
-        if self.filed_with(cx.waker()) && hotloop::time::now() < self.timer.deadline() {
+        self.waiting_with(cx.waker());
+        if self.timer_filed && hotloop::time::now() < self.timer.deadline() {
             return false;
         }
         let mut timer = Pin::new(&mut self.timer);
         while timer.as_mut().poll(cx).is_ready() {
-            self.filed = None;
+            self.timer_filed = false;
             if hotloop::time::now() >= due {
                 return true;
             }
             timer.as_mut().reset(due);
         }
         // Pending: the timer is in the wheel with this task's waker.
-        if !self.filed_with(cx.waker()) {
-            self.filed = Some(cx.waker().clone());
-        }
+        self.timer_filed = true;
         false
-    }
-
-    /// Whether the timer is in the wheel with `waker` (or one that wakes
-    /// the same task).
-    fn filed_with(&self, waker: &Waker) -> bool {
-        self.filed.as_ref().is_some_and(|w| w.will_wake(waker))
     }
 }
 
@@ -129,7 +167,7 @@ where
         if let Poll::Ready(r) = this.read.as_mut().poll(cx) {
             return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
         }
-        if this.idle && this.timer.stop.poll_stopped(cx.waker()) {
+        if this.idle && this.timer.poll_stopped(cx.waker()) {
             return Poll::Ready(None);
         }
         match this.due {
@@ -159,16 +197,7 @@ impl<W: Future> Future for DeadlineWrite<'_, W> {
         if let Poll::Ready(out) = this.write.as_mut().poll(cx) {
             return Poll::Ready(Ok(out));
         }
-        let Some(limit) = this.limit else { return Poll::Pending };
-        let due = match this.due {
-            Some(due) => due,
-            None => {
-                let due = hotloop::time::now() + limit;
-                this.timer.bring_forward(due);
-                *this.due.insert(due)
-            }
-        };
-        if this.timer.poll_expired(cx, due) {
+        if this.timer.write_timed_out(cx, this.limit, &mut this.due) {
             return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
         }
         Poll::Pending

@@ -12,11 +12,13 @@
 //! - A stream's state is what every idle connection pays for, so it is
 //!   kept small: a unit test below bounds its size.
 
+use std::future::Future;
 use std::io;
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
 use super::config::AcceptMode;
@@ -121,8 +123,11 @@ impl StreamSource {
     }
 
     /// Sends the initialised bytes of `buf`; may send fewer.
-    pub(crate) async fn send<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        each!(StreamSource, self, s => s.send(buf).await)
+    pub(crate) fn send<B: IoBuf>(&self, buf: B) -> SendOwned<'_, B> {
+        match self {
+            StreamSource::Epoll(s) => SendOwned::Epoll(s.send(buf)),
+            StreamSource::Uring(s) => SendOwned::Uring(s.send(buf)),
+        }
     }
 
     /// Sends the buffers in order in one call; may send fewer bytes than all.
@@ -229,6 +234,31 @@ impl StreamSource {
     /// kernel (io_uring writes behind; on epoll there is nothing to wait for).
     pub(crate) fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         each!(StreamSource, self, s => s.poll_flush(cx))
+    }
+}
+
+/// The future of [`StreamSource::send`], a named one per backend: every
+/// answer a connection writes waits in it, inside the connection's future,
+/// so it holds one state (the buffer, or the operation that owns it), not
+/// the arguments and each nested `async fn`'s state besides (192 bytes
+/// before, as nested `async fn`s).
+#[must_use = "futures do nothing unless polled"]
+pub(crate) enum SendOwned<'a, B: 'static> {
+    /// On the epoll driver.
+    Epoll(epoll::SendOwned<'a, B>),
+    /// On the io_uring driver.
+    Uring(uring::SendOwned<'a, B>),
+}
+
+impl<B: IoBuf> Future for SendOwned<'_, B> {
+    type Output = BufResult<usize, B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        // Both backends' futures are `Unpin`.
+        match self.get_mut() {
+            SendOwned::Epoll(f) => Pin::new(f).poll(cx),
+            SendOwned::Uring(f) => Pin::new(f).poll(cx),
+        }
     }
 }
 

@@ -133,6 +133,8 @@ impl ServerShared {
 
 /// One worker's view of its connections, for the per-worker limit.
 struct WorkerConns {
+    /// The server, whose count of active connections spans the workers.
+    server: Arc<ServerShared>,
     /// The worker, whose published load counts the connections.
     worker: Arc<WorkerShared>,
     active: Cell<usize>,
@@ -145,8 +147,9 @@ struct WorkerConns {
 }
 
 impl WorkerConns {
-    fn new(worker: Arc<WorkerShared>) -> Self {
+    fn new(server: Arc<ServerShared>, worker: Arc<WorkerShared>) -> Self {
         WorkerConns {
+            server,
             worker,
             active: Cell::new(0),
             waiting: Cell::new(None),
@@ -233,21 +236,21 @@ impl Drop for Stopping {
     }
 }
 
-/// Counts a connection as active, globally and on its worker, until dropped.
+/// Counts a connection as active, globally and on its worker, until
+/// dropped. One pointer: every connection's task holds one.
 struct ActiveGuard {
-    shared: Arc<ServerShared>,
     local: Rc<WorkerConns>,
 }
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+        self.local.server.active.fetch_sub(1, Ordering::SeqCst);
         self.local.active.set(self.local.active.get() - 1);
         self.local.worker.load.connection_closed();
         if let Some(w) = self.local.waiting.take() {
             w.wake();
         }
-        self.shared.wake_slot_waiters();
+        self.local.server.wake_slot_waiters();
     }
 }
 
@@ -445,7 +448,7 @@ where
     H: Fn(L::Stream, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let local = Rc::new(WorkerConns::new(current::worker_shared()));
+    let local = Rc::new(WorkerConns::new(shared.clone(), current::worker_shared()));
     let (lanes, me) = (&*lane.lanes, lane.me);
     let balancing = lanes.enabled();
     // The loop's waker is filed for the stop once (a task's waker does not
@@ -494,7 +497,7 @@ where
                 while !at_limit(&shared, &local, limits) {
                     let Some(Ok(stream)) = listener.accept_ready() else { break };
                     shared.active.fetch_add(1, Ordering::AcqRel);
-                    start_handler(stream, &shared, &local, &*handler);
+                    start_handler(stream, &local, &*handler);
                 }
                 // Connections other workers handed here were accepted:
                 // served whatever the limit, as a connection held at the
@@ -502,7 +505,7 @@ where
                 for fd in lanes.close(me) {
                     let Ok(stream) = L::stream_from_fd(fd) else { continue };
                     shared.active.fetch_add(1, Ordering::AcqRel);
-                    start_handler(stream, &shared, &local, &*handler);
+                    start_handler(stream, &local, &*handler);
                 }
                 return Ok(());
             }
@@ -530,7 +533,7 @@ where
                     current::count(|s| &s.maxconn_reached);
                     wait_for_a_free_slot(&shared, &local, limits).await;
                 }
-                start_handler(stream, &shared, &local, &*handler);
+                start_handler(stream, &local, &*handler);
                 // Let the new handler run before the next accept: its
                 // request is usually in its socket already (TCP_DEFER_ACCEPT),
                 // and serving it first both answers sooner and gives the next
@@ -599,20 +602,16 @@ fn try_reserve(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bo
     }
 }
 
-/// Starts the handler of a connection whose slot in `shared.active` is
-/// already taken.
-fn start_handler<S, H, Fut>(
-    stream: S,
-    shared: &Arc<ServerShared>,
-    local: &Rc<WorkerConns>,
-    handler: &H,
-) where
+/// Starts the handler of a connection whose slot in the server's `active`
+/// count is already taken.
+fn start_handler<S, H, Fut>(stream: S, local: &Rc<WorkerConns>, handler: &H)
+where
     H: Fn(S, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
     local.active.set(local.active.get() + 1);
     local.worker.load.connection_opened();
-    let guard = ActiveGuard { shared: shared.clone(), local: local.clone() };
+    let guard = ActiveGuard { local: local.clone() };
     let stop = StopSignal { local: local.clone() };
     spawn_detached(OnDone::new(handler(stream, stop), move |()| drop(guard)));
 }

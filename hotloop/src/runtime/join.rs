@@ -104,7 +104,7 @@ fn abort_local(cx: &Context, key: TaskKey) {
         match tasks.get_mut(key) {
             // Running now: mark it, and the executor drops it after its poll.
             Some(task) if task.future.is_none() => {
-                task.aborted = true;
+                task.set_aborted();
                 None
             }
             Some(_) => tasks.remove(key),
@@ -180,12 +180,7 @@ fn spawn_boxed(future: super::task::TaskFuture) -> TaskKey {
         let key = tasks.next_key();
         let header = tasks.waker_for(key, &cx.shared);
         let waker = Waker::from(header.clone());
-        let inserted = tasks.insert(Task {
-            future: Some(future),
-            waker: waker.clone(),
-            header,
-            aborted: false,
-        });
+        let inserted = tasks.insert(Task { future: Some(future), waker: waker.clone(), header });
         debug_assert_eq!(inserted, key);
         drop(tasks);
         stats::add(&cx.shared.stats.tasks_spawned, 1);

@@ -146,7 +146,7 @@ fn run_task(cx: &Context, key: TaskKey) {
     let (mut future, waker) = {
         let mut tasks = cx.tasks.borrow_mut();
         let Some(task) = tasks.get_mut(key) else { return };
-        if task.aborted {
+        if task.is_aborted() {
             // Aborted from outside its runtime: drop it here, on its own worker.
             let task = tasks.remove(key);
             drop(tasks);
@@ -176,7 +176,7 @@ fn run_task(cx: &Context, key: TaskKey) {
     };
     let mut tasks = cx.tasks.borrow_mut();
     let finished = match tasks.get_mut(key) {
-        Some(task) if !done && !task.aborted => {
+        Some(task) if !done && !task.is_aborted() => {
             task.future = Some(future);
             task.waker = waker;
             return;

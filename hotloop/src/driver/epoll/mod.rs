@@ -41,7 +41,7 @@ mod udp;
 
 pub(crate) use listener::ListenerSource;
 pub(crate) use readiness::ReadinessSource;
-pub(crate) use stream::StreamSource;
+pub(crate) use stream::{SendOwned, StreamSource};
 pub(crate) use udp::DatagramSource;
 
 use std::cell::{Cell, RefCell};
@@ -76,47 +76,76 @@ const WRITABLE: u8 = 2;
 /// readiness is never cleared again.
 const HANGUP: u8 = 4;
 
-/// What the driver keeps per registered socket.
+/// What the driver keeps per registered socket: 48 bytes, which every
+/// idle connection that has waited once pays.
 struct IoSlot {
     /// Readiness bits, [`READABLE`], [`WRITABLE`] and [`HANGUP`].
     ready: u8,
-    /// The tasks waiting to read (or accept). Usually one; a listener
-    /// shared by several accepting tasks parks them all.
-    readers: Wakers,
-    /// The tasks waiting to write (or for a connect).
-    writers: Wakers,
+    /// The task waiting to read (or accept).
+    reader: Option<Waker>,
+    /// The task waiting to write (or for a connect).
+    writer: Option<Waker>,
+    /// Further tasks parked beside those (a listener shared by several
+    /// accepting tasks parks them all), made when a second distinct task
+    /// parks: two inline lists would cost every socket 48 bytes more.
+    more: Option<Box<MoreWakers>>,
 }
 
-/// The tasks parked on one direction of a socket: one inline, more in a
-/// list that allocates only when a second distinct task parks.
+/// The tasks parked on a socket beyond the first in each direction.
 #[derive(Default)]
-struct Wakers {
-    first: Option<Waker>,
-    more: Vec<Waker>,
+struct MoreWakers {
+    readers: Vec<Waker>,
+    writers: Vec<Waker>,
 }
 
-impl Wakers {
-    fn park(&mut self, waker: &Waker) {
-        match &self.first {
-            None => self.first = Some(waker.clone()),
+impl IoSlot {
+    fn new() -> IoSlot {
+        IoSlot { ready: READABLE | WRITABLE, reader: None, writer: None, more: None }
+    }
+
+    fn park(&mut self, dir: Direction, waker: &Waker) {
+        let first = match dir {
+            Direction::Read => &mut self.reader,
+            Direction::Write => &mut self.writer,
+        };
+        match first {
+            None => *first = Some(waker.clone()),
             Some(w) if w.will_wake(waker) => {}
-            Some(_) => {
-                if !self.more.iter().any(|w| w.will_wake(waker)) {
-                    self.more.push(waker.clone());
-                }
-            }
+            Some(_) => self.park_more(dir, waker),
         }
     }
 
-    fn take_into(&mut self, out: &mut Vec<Waker>) {
+    #[cold]
+    fn park_more(&mut self, dir: Direction, waker: &Waker) {
+        let more = self.more.get_or_insert_with(Box::default);
+        let list = match dir {
+            Direction::Read => &mut more.readers,
+            Direction::Write => &mut more.writers,
+        };
+        if !list.iter().any(|w| w.will_wake(waker)) {
+            list.push(waker.clone());
+        }
+    }
+
+    fn take_into(&mut self, dir: Direction, out: &mut Vec<Waker>) {
         // Called for both directions of every event, and usually finds one
         // waker or none: tested branches, not `extend`/`append`'s generic
         // reserve-and-copy (about 40 instructions a call).
-        if let Some(w) = self.first.take() {
+        let first = match dir {
+            Direction::Read => &mut self.reader,
+            Direction::Write => &mut self.writer,
+        };
+        if let Some(w) = first.take() {
             out.push(w);
         }
-        if !self.more.is_empty() {
-            out.append(&mut self.more);
+        if let Some(more) = &mut self.more {
+            let list = match dir {
+                Direction::Read => &mut more.readers,
+                Direction::Write => &mut more.writers,
+            };
+            if !list.is_empty() {
+                out.append(list);
+            }
         }
     }
 }
@@ -223,11 +252,7 @@ impl Driver {
 impl Poller {
     /// Adds `fd` to the interest list; returns its key.
     fn register(&mut self, fd: RawFd) -> io::Result<Key> {
-        let key = self.slots.insert(IoSlot {
-            ready: READABLE | WRITABLE,
-            readers: Wakers::default(),
-            writers: Wakers::default(),
-        });
+        let key = self.slots.insert(IoSlot::new());
         if let Err(e) = sys::epoll_add(self.epfd.as_raw_fd(), fd, INTEREST, key.to_u64()) {
             self.slots.remove(key);
             return Err(e);
@@ -301,14 +326,27 @@ impl Poller {
             }
             if hangup || flags & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
                 s.ready |= READABLE;
-                s.readers.take_into(woken);
+                s.take_into(Direction::Read, woken);
             }
             if hangup || flags & libc::EPOLLOUT as u32 != 0 {
                 s.ready |= WRITABLE;
-                s.writers.take_into(woken);
+                s.take_into(Direction::Write, woken);
             }
         }
         stats::add(&self.stats.poller_events, n as u64);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of;
+
+    /// Every socket that has waited once holds a slot, idle connections
+    /// included: its size is watched (88 bytes when each direction kept
+    /// a list of its own inline).
+    #[test]
+    fn a_slot_stays_small() {
+        assert!(size_of::<super::IoSlot>() <= 48, "{}", size_of::<super::IoSlot>());
     }
 }

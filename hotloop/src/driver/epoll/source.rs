@@ -101,10 +101,7 @@ impl SourceCore {
         if slot.ready & HANGUP == 0 {
             slot.ready &= !bit(dir);
         }
-        match dir {
-            Direction::Read => slot.readers.park(cx.waker()),
-            Direction::Write => slot.writers.park(cx.waker()),
-        }
+        slot.park(dir, cx.waker());
         Poll::Pending
     }
 

@@ -1,11 +1,12 @@
 //! A byte-stream socket on the epoll driver and its operations: try the
 //! syscall, and only when it would block, register (once) and park.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
@@ -89,16 +90,8 @@ impl StreamSource {
     }
 
     /// Sends the initialised bytes of `buf`; may send fewer.
-    pub(crate) async fn send<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
-        let fd = self.fd();
-        let res = poll_fn(|cx| {
-            self.core.poll_io_bytes(cx, Direction::Write, buf.bytes_init(), || {
-                // SAFETY: the buffer is owned by this future and has `bytes_init` readable bytes.
-                unsafe { sys::send(fd, buf.stable_ptr(), buf.bytes_init()) }
-            })
-        })
-        .await;
-        (res, buf)
+    pub(crate) fn send<B: IoBuf>(&self, buf: B) -> SendOwned<'_, B> {
+        SendOwned { src: self, buf: Some(buf) }
     }
 
     /// Sends the buffers in order in one call; may send fewer bytes than all.
@@ -214,5 +207,34 @@ impl StreamSource {
     /// Nothing is buffered in user space on epoll: a write that returned is in the kernel.
     pub(crate) fn poll_flush(&self, _cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+}
+
+/// The future of [`StreamSource::send`]: the socket and the buffer, and
+/// nothing else (the readiness a wait needs is in the socket's slot), so
+/// a connection waiting to write holds 24 bytes here.
+#[must_use = "futures do nothing unless polled"]
+pub(crate) struct SendOwned<'a, B> {
+    src: &'a StreamSource,
+    /// `None` once the future returned it.
+    buf: Option<B>,
+}
+
+// The buffer is never pinned: the kernel reads only its heap bytes, during
+// the call.
+impl<B> Unpin for SendOwned<'_, B> {}
+
+impl<B: IoBuf> Future for SendOwned<'_, B> {
+    type Output = BufResult<usize, B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let buf = this.buf.as_ref().expect("a send polled after it completed");
+        let (fd, ptr, len) = (this.src.fd(), buf.stable_ptr(), buf.bytes_init());
+        let res = std::task::ready!(this.src.core.poll_io_bytes(cx, Direction::Write, len, || {
+            // SAFETY: the buffer is owned by this future and has `len` readable bytes at `ptr`.
+            unsafe { sys::send(fd, ptr, len) }
+        }));
+        Poll::Ready((res, this.buf.take().expect("taken only here")))
     }
 }

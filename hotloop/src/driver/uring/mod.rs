@@ -88,7 +88,7 @@ mod write_behind;
 
 pub(crate) use listener::ListenerSource;
 pub(crate) use readiness::ReadinessSource;
-pub(crate) use stream::StreamSource;
+pub(crate) use stream::{SendOwned, StreamSource};
 pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
@@ -160,8 +160,10 @@ struct Uring {
     listeners: Slab<accept::Listener>,
     /// The receive queues of sockets read with pooled reads.
     streams: Slab<pooled::Stream>,
-    /// Emptied receive-queue blocks, reused by the next arrival.
-    spare_queues: Vec<Vec<u8>>,
+    /// Emptied receive-queue blocks, reused by the next arrival. Boxed:
+    /// a socket's queue is a box, handed over without an allocation.
+    #[allow(clippy::vec_box)]
+    spare_queues: Vec<Box<pooled::Queue>>,
     /// The provided buffers multishot receives pick from, where the kernel
     /// has them (Linux 6.0); without them pooled reads wait with `POLL_ADD`.
     buf_ring: Option<bufring::BufRing>,

@@ -15,16 +15,18 @@
 //!   guard even if that call unwinds.
 
 use std::cell::Cell;
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
 use io_uring::opcode;
 
-use super::op::is_retry;
+use super::op::{is_retry, Op};
 use super::source::SourceCore;
 use super::write_behind::WriteBehind;
 use super::Driver;
@@ -115,33 +117,19 @@ impl StreamSource {
     }
 
     /// Sends the initialised bytes of `buf`; may send fewer.
-    pub(crate) async fn send<B: IoBuf>(&self, mut buf: B) -> BufResult<usize, B> {
-        if let Err(e) = self.flush_written_behind().await {
-            return (Err(e), buf);
-        }
-        loop {
-            let len = buf.bytes_init().min(u32::MAX as usize) as u32;
-            let entry = opcode::Send::new(self.core.raw(), buf.stable_ptr(), len)
-                .flags(libc::MSG_NOSIGNAL)
-                .build();
-            // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
-            // fixed address while `buf` moves; the op owns `buf` until its last completion.
-            let op = match unsafe { self.core.submit(entry, buf) } {
-                Ok(op) => op,
-                Err((e, b)) => return (Err(e), b),
-            };
-            let (cqe, b) = op.await;
-            buf = b;
-            match cqe.result() {
-                Ok(n) => return (Ok(n as usize), buf),
-                Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
-                        return (Err(e), buf);
-                    }
-                }
-                Err(e) => return (Err(e), buf),
-            }
-        }
+    pub(crate) fn send<B: IoBuf>(&self, buf: B) -> SendOwned<'_, B> {
+        SendOwned { src: self, state: SendState::Start(buf) }
+    }
+
+    /// Submits a `SEND` of the initialised bytes of `buf`.
+    fn submit_send<B: IoBuf>(&self, buf: B) -> Result<Op<B>, (io::Error, B)> {
+        let len = buf.bytes_init().min(u32::MAX as usize) as u32;
+        let entry = opcode::Send::new(self.core.raw(), buf.stable_ptr(), len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build();
+        // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
+        // fixed address while `buf` moves; the op owns `buf` until its last completion.
+        unsafe { self.core.submit(entry, buf) }
     }
 
     /// Sends the buffers in order in one `sendmsg`; may send fewer bytes than all.
@@ -329,11 +317,15 @@ impl StreamSource {
         }
     }
 
+    /// True while a borrowed-slice write is in flight.
+    fn is_writing_behind(&self) -> bool {
+        self.lend_write_behind().wb.as_ref().is_some_and(|wb| wb.is_writing())
+    }
+
     /// Waits for the borrowed-slice writes still in flight, so an
     /// owned-buffer write or a shutdown comes after them.
     pub(super) async fn flush_written_behind(&self) -> io::Result<()> {
-        let writing = self.lend_write_behind().wb.as_ref().is_some_and(|wb| wb.is_writing());
-        if writing {
+        if self.is_writing_behind() {
             std::future::poll_fn(|cx| self.poll_flush(cx)).await?;
         }
         Ok(())
@@ -365,6 +357,90 @@ impl Drop for StreamSource {
             }
         }
         // The core settles last: outside the runtime the socket closes now.
+    }
+}
+
+/// The future of [`StreamSource::send`]: one state at a time (the buffer,
+/// then the `SEND` that owns it, or the wait for room beside it), not a
+/// chain of nested state machines that each keep their own copy.
+#[must_use = "futures do nothing unless polled"]
+pub(crate) struct SendOwned<'a, B: 'static> {
+    src: &'a StreamSource,
+    state: SendState<B>,
+}
+
+enum SendState<B: 'static> {
+    /// Not submitted: bytes written behind go first.
+    Start(B),
+    /// The `SEND` is queued or in the kernel; it owns the buffer.
+    Sending(Op<B>),
+    /// The kernel said `EAGAIN`: a `POLL_ADD` waits for room, then the
+    /// buffer is sent again.
+    Room(Op<()>, B),
+    /// Returned.
+    Done,
+}
+
+// Nothing here is pinned: the kernel sees only the buffer's heap bytes,
+// and an `Op` is `Unpin`.
+impl<B> Unpin for SendOwned<'_, B> {}
+
+impl<B: IoBuf> Future for SendOwned<'_, B> {
+    type Output = BufResult<usize, B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let src = this.src;
+        loop {
+            match std::mem::replace(&mut this.state, SendState::Done) {
+                SendState::Start(buf) => {
+                    // An owned write comes after the borrowed-slice writes
+                    // still in flight, and reports their failure.
+                    if src.is_writing_behind() {
+                        match src.poll_flush(cx) {
+                            Poll::Pending => {
+                                this.state = SendState::Start(buf);
+                                return Poll::Pending;
+                            }
+                            Poll::Ready(Err(e)) => return Poll::Ready((Err(e), buf)),
+                            Poll::Ready(Ok(())) => {}
+                        }
+                    }
+                    match src.submit_send(buf) {
+                        Ok(op) => this.state = SendState::Sending(op),
+                        Err((e, buf)) => return Poll::Ready((Err(e), buf)),
+                    }
+                }
+                SendState::Sending(mut op) => {
+                    let Poll::Ready((cqe, buf)) = Pin::new(&mut op).poll(cx) else {
+                        this.state = SendState::Sending(op);
+                        return Poll::Pending;
+                    };
+                    match cqe.result() {
+                        Ok(n) => return Poll::Ready((Ok(n as usize), buf)),
+                        Err(e) if is_retry(&e) => match src.core.submit_poll(libc::POLLOUT) {
+                            Ok(wait) => this.state = SendState::Room(wait, buf),
+                            Err(e) => return Poll::Ready((Err(e), buf)),
+                        },
+                        Err(e) => return Poll::Ready((Err(e), buf)),
+                    }
+                }
+                SendState::Room(mut wait, buf) => {
+                    let Poll::Ready((cqe, ())) = Pin::new(&mut wait).poll(cx) else {
+                        this.state = SendState::Room(wait, buf);
+                        return Poll::Pending;
+                    };
+                    if let Err(e) = cqe.result() {
+                        return Poll::Ready((Err(e), buf));
+                    }
+                    match src.submit_send(buf) {
+                        Ok(op) => this.state = SendState::Sending(op),
+                        Err((e, buf)) => return Poll::Ready((Err(e), buf)),
+                    }
+                }
+                SendState::Done => panic!("a send polled after it completed"),
+            }
+        }
     }
 }
 
