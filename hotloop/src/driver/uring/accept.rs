@@ -36,7 +36,7 @@ use std::task::Waker;
 
 use io_uring::{opcode, types};
 
-use super::lifecycle::Lifecycle;
+use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
 use super::unclaimed;
 use super::{SharedFd, Uring};
 use crate::driver::config::AcceptMode;
@@ -117,14 +117,8 @@ pub(super) fn on_completion(
 /// Detaches the accept `op` from its (closed) listener: withdrawn if the
 /// kernel has not seen it, else cancelled, closing what it still delivers.
 pub(super) fn orphan(ur: &mut Uring, op: Key) {
-    let Some(state) = ur.ops.get_mut(op) else { return };
-    match std::mem::replace(state, Lifecycle::Withdrawn) {
-        Lifecycle::Accept { submitted: false, .. } => {}
-        Lifecycle::Accept { fd, submitted: true, .. } => {
-            *state = Lifecycle::Orphan(fd);
-            ur.ring.push_cancel(op);
-        }
-        other => *state = other,
+    if ur.ops.get_mut(op).is_some_and(Lifecycle::orphan_feed) {
+        ur.ring.push_cancel(op);
     }
 }
 
@@ -175,11 +169,7 @@ impl Uring {
                 }
                 l.armed_before = true;
             }
-            let op = self.ops.insert(Lifecycle::Accept {
-                listener: lkey,
-                fd: fd.clone(),
-                submitted: false,
-            });
+            let op = self.ops.insert(Lifecycle::queued_feed(FeedKind::Accept, lkey, fd));
             l.op = Some(op);
             l.op_multishot = multishot;
             // An accept entry points at no memory (null address pointers).
@@ -214,12 +204,13 @@ impl Uring {
             return;
         }
         let Some(op) = l.op else { return };
-        match self.ops.get_mut(op) {
-            Some(state @ Lifecycle::Accept { submitted: false, .. }) => {
+        let Some(state) = self.ops.get_mut(op) else { return };
+        match state {
+            Lifecycle::Feed { stage: FeedStage::Queued, .. } => {
                 *state = Lifecycle::Withdrawn;
                 l.op = None;
             }
-            Some(Lifecycle::Accept { submitted: true, .. }) => {
+            Lifecycle::Feed { stage: FeedStage::Feeding, .. } => {
                 l.cancelling = true;
                 self.ring.push_cancel(op);
             }

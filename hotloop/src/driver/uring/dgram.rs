@@ -42,7 +42,7 @@ use std::task::{Poll, Waker};
 use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, RecvRing};
-use super::lifecycle::Lifecycle;
+use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
 use super::{SharedFd, Uring};
 use crate::driver::udp::{self, RecvMeta};
 use crate::slab::Key;
@@ -185,8 +185,7 @@ impl Uring {
         let entry =
             opcode::RecvMsgMulti::new(types::Fd(fd.as_raw_fd()), hdr, d.ring.buf_ring.group())
                 .build();
-        let op =
-            self.ops.insert(Lifecycle::RecvMsgMulti { dgrams, fd: fd.clone(), submitted: false });
+        let op = self.ops.insert(Lifecycle::queued_feed(FeedKind::RecvMsg, dgrams, fd));
         d.op = Some(op);
         // The entry points at the boxed header, which the queue keeps (and,
         // once the socket is closed, the operation) until the last completion.
@@ -242,24 +241,47 @@ impl Uring {
         }
     }
 
-    /// Forgets the queue of a datagram socket being closed: its multishot
-    /// is cancelled and keeps the ring until its last completion.
+    /// Forgets the queue of a datagram socket being closed. An armed
+    /// multishot is cancelled and keeps the queue's slot, and with it the
+    /// ring and header it names, until its last completion
+    /// ([`Uring::free_dgrams`]).
     pub(super) fn release_dgrams(&mut self, key: Key) {
-        let Some(d) = self.dgrams.remove(key) else { return };
-        let ring = d.ring;
-        let Some(op) = d.op else { return self.free_recv_ring(ring) };
-        let Some(state) = self.ops.get_mut(op) else { return self.free_recv_ring(ring) };
-        match std::mem::replace(state, Lifecycle::Withdrawn) {
-            // Never reached the kernel: the entry is skipped at the next enter.
-            Lifecycle::RecvMsgMulti { submitted: false, .. } => self.free_recv_ring(ring),
-            Lifecycle::RecvMsgMulti { fd, submitted: true, .. } => {
-                *state = Lifecycle::OrphanRecvMsg { _fd: fd, ring: Box::new(ring) };
+        let Some(d) = self.dgrams.get_mut(key) else { return };
+        let op = d.op;
+        let stage = op.and_then(|op| match self.ops.get(op) {
+            Some(&Lifecycle::Feed { stage, .. }) => Some(stage),
+            _ => None,
+        });
+        match stage {
+            // Closed before: its feed frees the slot at its last completion.
+            Some(FeedStage::Orphaned) => {}
+            Some(FeedStage::Feeding) => {
+                let op = op.expect("a feed was found by its key");
+                if let Some(state) = self.ops.get_mut(op) {
+                    state.orphan_feed();
+                }
+                // Datagrams nobody will take: their buffers die with the ring.
+                d.queue.clear();
+                d.waiters.clear();
                 self.ring.push_cancel(op);
             }
-            other => {
-                *state = other;
-                self.free_recv_ring(ring);
+            // Never reached the kernel (its entry is skipped at the next
+            // enter), or nothing armed: the ring can go now.
+            Some(FeedStage::Queued) | None => {
+                if let Some(op) = op {
+                    if let Some(state) = self.ops.get_mut(op) {
+                        state.orphan_feed();
+                    }
+                }
+                self.free_dgrams(key);
             }
+        }
+    }
+
+    /// Frees the queue `key` of a closed datagram socket and its ring.
+    pub(super) fn free_dgrams(&mut self, key: Key) {
+        if let Some(d) = self.dgrams.remove(key) {
+            self.free_recv_ring(d.ring);
         }
     }
 

@@ -6,7 +6,7 @@ use std::task::Waker;
 
 use io_uring::cqueue;
 
-use super::lifecycle::{Cqe, Lifecycle};
+use super::lifecycle::{Cqe, FeedKind, FeedStage, Lifecycle};
 use super::op;
 use super::ring::{CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
 use super::{accept, dgram, pooled, unclaimed, Uring};
@@ -87,45 +87,18 @@ impl Uring {
                     }
                 }
             }
-            Lifecycle::Accept { listener, .. } => {
-                let listener = *listener;
+            &mut Lifecycle::Feed { kind, queue, stage, .. } => {
                 if last {
                     self.ops.remove(key);
                 }
-                accept::on_completion(self, listener, key, res, last, woken);
-            }
-            Lifecycle::Orphan(_) => {
-                unclaimed::close(res);
-                if last {
-                    self.ops.remove(key);
+                if stage == FeedStage::Orphaned {
+                    self.on_orphan_completion(kind, queue, res, flags, last);
+                    return;
                 }
-            }
-            Lifecycle::RecvMulti { stream, .. } => {
-                let stream = *stream;
-                if last {
-                    self.ops.remove(key);
-                }
-                pooled::on_completion(self, stream, key, res, flags, woken);
-            }
-            Lifecycle::OrphanRecv(_) => {
-                pooled::give_back(self.buf_ring.as_mut(), cqueue::buffer_select(flags));
-                if last {
-                    self.ops.remove(key);
-                }
-            }
-            Lifecycle::RecvMsgMulti { dgrams, .. } => {
-                let dgrams = *dgrams;
-                if last {
-                    self.ops.remove(key);
-                }
-                dgram::on_completion(self, dgrams, key, res, flags, woken);
-            }
-            // Buffers it still fills die with its ring, at the last completion.
-            Lifecycle::OrphanRecvMsg { .. } => {
-                if last {
-                    if let Some(Lifecycle::OrphanRecvMsg { ring, .. }) = self.ops.remove(key) {
-                        self.free_recv_ring(*ring);
-                    }
+                match kind {
+                    FeedKind::Accept => accept::on_completion(self, queue, key, res, last, woken),
+                    FeedKind::Recv => pooled::on_completion(self, queue, key, res, flags, woken),
+                    FeedKind::RecvMsg => dgram::on_completion(self, queue, key, res, flags, woken),
                 }
             }
             Lifecycle::Lingering(write) => match write.next_entry(res) {
@@ -142,6 +115,28 @@ impl Uring {
             // A single-shot operation completes once, and a withdrawn one
             // never reached the kernel: nothing more can come.
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}
+        }
+    }
+
+    /// Disposes of what an orphaned feed still delivers: a connection is
+    /// closed, a stream buffer goes back to the ring, and a datagram
+    /// socket's ring (with its queue) is freed at the last completion.
+    fn on_orphan_completion(
+        &mut self,
+        kind: FeedKind,
+        queue: Key,
+        res: i32,
+        flags: u32,
+        last: bool,
+    ) {
+        match kind {
+            FeedKind::Accept => unclaimed::close(res),
+            FeedKind::Recv => {
+                pooled::give_back(self.buf_ring.as_mut(), cqueue::buffer_select(flags));
+            }
+            FeedKind::RecvMsg if last => self.free_dgrams(queue),
+            // Buffers it still fills die with its ring, at the last completion.
+            FeedKind::RecvMsg => {}
         }
     }
 }

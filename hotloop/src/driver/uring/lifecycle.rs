@@ -4,36 +4,44 @@
 //! # Implementation notes
 //! Every entry carries its slot's generational key as `user_data`, so a
 //! completion for a slot that was freed and reused is recognised and
-//! dropped. A slot goes through:
+//! dropped. An operation works either for a future or for the driver:
+//!
+//! - A **single-shot** operation of a future (`op.rs`) has the four states
+//!   of a future's operation: `Waiting` (queued, then submitted),
+//!   `Completed`, `Cancelled` (dropped after submission: the slot keeps
+//!   its memory and socket), or `Withdrawn` (dropped before: the next
+//!   enter skips the entry and frees the slot).
+//! - A **feed** is a multishot accept, receive or `RECVMSG` the driver
+//!   keeps armed for a socket's queue (`accept.rs`, `pooled.rs`,
+//!   `dgram.rs`): one state, `Feed`, with what it carries ([`FeedKind`])
+//!   and how far it has got ([`FeedStage`]). A feed not yet submitted is
+//!   withdrawn like a single-shot operation.
+//! - A **lingering** write is the rest of a written-behind send whose
+//!   stream was dropped (`linger.rs`): each completion submits its next
+//!   part under the same key until all is sent, the socket fails, or its
+//!   deadline passes.
 //!
 //! ```text
-//! Waiting{submitted: false} --driver's next enter--> Waiting{submitted: true}
-//!       |                                                  |        \
-//!   future dropped: storage freed at once,            completion    future dropped: storage
-//!   entry skipped at the enter (Withdrawn)                 v          moves into the slot,
-//!                                                  Completed(cqe)     AsyncCancel queued
-//!                                                          |              v
-//!                                             future polled: freed    Cancelled(storage)
-//!                                                                         |
-//!                                                   last completion: freed (storage dropped)
+//! single-shot:  Waiting{submitted: false} --enter--> Waiting{submitted: true} --completion--> Completed
+//!                  | future dropped                     | future dropped                         | future takes it
+//!                  v                                    v                                        v
+//!               Withdrawn --enter: freed            Cancelled --last completion: freed         freed
+//!
+//! feed:         Queued --enter--> Feeding --completions--> the queue's owner
+//!                  | socket closed   | socket closed
+//!                  v                 v
+//!               Withdrawn         Orphaned --last completion: freed
+//!                                 (what it still delivers is closed or given back)
 //! ```
 //!
-//! The driver-owned states beside it: a multishot accept, receive or
-//! `RECVMSG` feeds its socket's queue (`Accept`, `RecvMulti`,
-//! `RecvMsgMulti`) and becomes an orphan when its socket closes, freed at
-//! its last completion; a written-behind send whose stream was dropped
-//! becomes `Lingering` and submits its next part under the same key at
-//! each completion until it is done (`write_behind.rs`).
-//!
-//! The future that waits on a slot, and the moves between these states,
-//! are in `op.rs`; the ring (`ring.rs`) reads the states to skip withdrawn
-//! entries and mark the rest submitted.
+//! The future that waits on a single-shot operation, and the moves between
+//! its states, are in `op.rs`; the ring (`ring.rs`) reads the states to
+//! skip withdrawn entries and mark the rest submitted.
 
 use std::any::Any;
 use std::io;
 use std::task::Waker;
 
-use super::bufring::RecvRing;
 use super::linger::LingeringWrite;
 use super::SharedFd;
 use crate::slab::Key;
@@ -57,82 +65,122 @@ impl Cqe {
 
 /// Where one operation is in its life.
 pub(super) enum Lifecycle {
-    /// The future waits (its waker, once polled). `submitted` is false
-    /// while the entry is still in the driver's list, where it can be
-    /// withdrawn.
+    /// A single-shot operation whose future waits (its waker, once
+    /// polled). `submitted` is false while the entry is still in the
+    /// driver's list, where it can be withdrawn.
     Waiting { waker: Option<Waker>, submitted: bool },
     /// The completion arrived and the future has not taken it yet.
     Completed(Cqe),
     /// The future was dropped after submission: the slot keeps the
     /// operation's memory and socket until the last completion arrives.
     Cancelled(Box<dyn Any>),
-    /// The future was dropped before submission: the entry is skipped at
-    /// the next enter, which frees the slot.
+    /// Dropped before submission: the entry is skipped at the next enter,
+    /// which frees the slot.
     Withdrawn,
-    /// An accept whose completions go to a listener's queue.
-    Accept { listener: Key, fd: SharedFd, submitted: bool },
-    /// An accept whose listener was closed: descriptors it still delivers
-    /// are closed at once. It keeps the listening socket until its end.
-    Orphan(#[allow(dead_code)] SharedFd),
-    /// A multishot receive whose bytes go to a socket's receive queue.
-    RecvMulti { stream: Key, fd: SharedFd, submitted: bool },
-    /// A multishot receive whose socket was closed: buffers it still
-    /// fills go straight back to the ring.
-    OrphanRecv(#[allow(dead_code)] SharedFd),
-    /// A multishot `RECVMSG` whose datagrams go to a socket's queue.
-    RecvMsgMulti { dgrams: Key, fd: SharedFd, submitted: bool },
-    /// A multishot `RECVMSG` whose socket was closed: it keeps the socket
-    /// and its ring (freed at the last completion).
-    OrphanRecvMsg { _fd: SharedFd, ring: Box<RecvRing> },
-    /// The rest of a written-behind send whose stream was dropped: each
-    /// completion submits the next part under the same key until all is
-    /// sent, the socket fails, or its deadline passes.
+    /// A multishot operation feeding the queue `queue` (a key into the
+    /// driver's slab for `kind`). `fd` is held, never read, so that the
+    /// socket stays open until the last completion.
+    Feed {
+        kind: FeedKind,
+        stage: FeedStage,
+        queue: Key,
+        #[allow(dead_code)]
+        fd: SharedFd,
+    },
+    /// The rest of a written-behind send whose stream was dropped.
     Lingering(Box<LingeringWrite>),
 }
 
+/// What a feed's completions carry, and so which queue it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FeedKind {
+    /// Accepted connections, for a listener's queue (`accept.rs`).
+    Accept,
+    /// Stream bytes in provided buffers, for a stream's queue (`pooled.rs`).
+    Recv,
+    /// Datagrams in the socket's own buffer ring (`dgram.rs`).
+    RecvMsg,
+}
+
+/// How far a feed has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FeedStage {
+    /// In the driver's list; can still be withdrawn.
+    Queued,
+    /// Submitted: its completions go to its queue.
+    Feeding,
+    /// Its socket closed after submission and a cancel was sent. What it
+    /// still delivers is closed or given back; a `RecvMsg` feed's queue
+    /// stays until the last completion, because it owns the ring the
+    /// kernel picks buffers from.
+    Orphaned,
+}
+
 impl Lifecycle {
+    /// A single-shot operation, not yet submitted.
+    pub(super) const QUEUED_OP: Lifecycle = Lifecycle::Waiting { waker: None, submitted: false };
+
+    /// A feed of `queue`, not yet submitted.
+    pub(super) fn queued_feed(kind: FeedKind, queue: Key, fd: &SharedFd) -> Lifecycle {
+        Lifecycle::Feed { kind, stage: FeedStage::Queued, queue, fd: fd.clone() }
+    }
+
     /// True while the kernel has (or will get) the operation and may
     /// still post completions for it.
     pub(super) fn held_by_kernel(&self) -> bool {
         match self {
+            Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
             Lifecycle::Waiting { .. }
             | Lifecycle::Cancelled(_)
-            | Lifecycle::Accept { .. }
-            | Lifecycle::Orphan(_)
-            | Lifecycle::RecvMulti { .. }
-            | Lifecycle::OrphanRecv(_)
-            | Lifecycle::RecvMsgMulti { .. }
-            | Lifecycle::OrphanRecvMsg { .. }
+            | Lifecycle::Feed { .. }
             | Lifecycle::Lingering(_) => true,
-            Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
         }
     }
 
-    /// True for an operation whose future still waits for it.
+    /// True for an operation whose future or queue still waits for it.
     pub(super) fn is_waiting(&self) -> bool {
-        matches!(
-            self,
-            Lifecycle::Waiting { .. }
-                | Lifecycle::Accept { .. }
-                | Lifecycle::RecvMulti { .. }
-                | Lifecycle::RecvMsgMulti { .. }
-        )
+        match self {
+            Lifecycle::Waiting { .. } => true,
+            Lifecycle::Feed { stage, .. } => *stage != FeedStage::Orphaned,
+            _ => false,
+        }
     }
 
     /// Records that the entry went into the submission queue.
     pub(super) fn mark_submitted(&mut self) {
         match self {
-            Lifecycle::Waiting { submitted, .. }
-            | Lifecycle::Accept { submitted, .. }
-            | Lifecycle::RecvMulti { submitted, .. }
-            | Lifecycle::RecvMsgMulti { submitted, .. } => *submitted = true,
-            Lifecycle::Completed(_)
-            | Lifecycle::Cancelled(_)
-            | Lifecycle::Withdrawn
-            | Lifecycle::Orphan(_)
-            | Lifecycle::OrphanRecv(_)
-            | Lifecycle::OrphanRecvMsg { .. }
-            | Lifecycle::Lingering(_) => {}
+            Lifecycle::Waiting { submitted, .. } => *submitted = true,
+            Lifecycle::Feed { stage: stage @ FeedStage::Queued, .. } => *stage = FeedStage::Feeding,
+            _ => {}
         }
+    }
+
+    /// Detaches a feed from its queue, whose socket is closing: withdrawn
+    /// if the kernel has not seen it, else orphaned. Returns true if the
+    /// caller has to send the cancel (it was just orphaned).
+    pub(super) fn orphan_feed(&mut self) -> bool {
+        match self {
+            Lifecycle::Feed { stage: FeedStage::Queued, .. } => {
+                *self = Lifecycle::Withdrawn;
+                false
+            }
+            Lifecycle::Feed { stage: stage @ FeedStage::Feeding, .. } => {
+                *stage = FeedStage::Orphaned;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every idle io_uring stream holds one slot for its multishot
+    /// receive: the state stays as small as the flat one was.
+    #[test]
+    fn a_slot_state_stays_small() {
+        assert!(std::mem::size_of::<Lifecycle>() <= 24, "{}", std::mem::size_of::<Lifecycle>());
     }
 }

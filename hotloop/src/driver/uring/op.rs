@@ -66,14 +66,9 @@ impl Uring {
                 Some(storage)
             }
             Lifecycle::Cancelled(_)
-            | Lifecycle::Withdrawn
-            | Lifecycle::Accept { .. }
-            | Lifecycle::Orphan(_)
-            | Lifecycle::RecvMulti { .. }
-            | Lifecycle::OrphanRecv(_)
-            | Lifecycle::RecvMsgMulti { .. }
-            | Lifecycle::OrphanRecvMsg { .. }
-            | Lifecycle::Lingering(_) => {
+            | Lifecycle::Feed { .. }
+            | Lifecycle::Lingering(_)
+            | Lifecycle::Withdrawn => {
                 std::mem::forget(storage);
                 None
             }
@@ -166,7 +161,7 @@ impl<T: 'static> Op<T> {
         let Ok(mut st) = driver.state.try_borrow_mut() else {
             return Err((io::Error::other("io_uring driver busy: an operation was started from inside a waker or destructor"), data));
         };
-        let key = st.ops.insert(Lifecycle::Waiting { waker: None, submitted: false });
+        let key = st.ops.insert(Lifecycle::QUEUED_OP);
         st.ring.push(entry.user_data(key.to_u64()));
         drop(st);
         Ok(Op { driver: driver.clone(), key, data: Some((data, fd.cloned())) })

@@ -35,7 +35,7 @@ use std::task::Waker;
 use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, GROUP};
-use super::lifecycle::Lifecycle;
+use super::lifecycle::{FeedKind, Lifecycle};
 use super::{SharedFd, Uring};
 use crate::slab::Key;
 use crate::sys;
@@ -148,7 +148,7 @@ impl Uring {
             return;
         }
         let entry = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), GROUP).build();
-        let op = self.ops.insert(Lifecycle::RecvMulti { stream, fd: fd.clone(), submitted: false });
+        let op = self.ops.insert(Lifecycle::queued_feed(FeedKind::Recv, stream, fd));
         s.op = Some(op);
         // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
         self.ring.push(entry.user_data(op.to_u64()));
@@ -247,14 +247,8 @@ impl Uring {
     pub(super) fn release_stream(&mut self, key: Key) {
         let Some(s) = self.streams.remove(key) else { return };
         let Some(op) = s.op else { return };
-        let Some(state) = self.ops.get_mut(op) else { return };
-        match std::mem::replace(state, Lifecycle::Withdrawn) {
-            Lifecycle::RecvMulti { submitted: false, .. } => {}
-            Lifecycle::RecvMulti { fd, submitted: true, .. } => {
-                *state = Lifecycle::OrphanRecv(fd);
-                self.ring.push_cancel(op);
-            }
-            other => *state = other,
+        if self.ops.get_mut(op).is_some_and(Lifecycle::orphan_feed) {
+            self.ring.push_cancel(op);
         }
     }
 }

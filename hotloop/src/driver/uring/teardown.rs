@@ -57,9 +57,11 @@ impl Drop for Uring {
         drop(freed);
         if self.ops.iter().any(|(_, s)| s.held_by_kernel()) {
             // The kernel still holds some operations: their memory, and the
-            // buffers they may pick, must not be freed.
+            // buffers they may pick (the stream ring, and the rings of
+            // closed datagram sockets), must not be freed.
             std::mem::forget(std::mem::take(&mut self.ops));
             std::mem::forget(self.buf_ring.take());
+            std::mem::forget(std::mem::take(&mut self.dgrams));
         } else if let Some(buf_ring) = &self.buf_ring {
             buf_ring.unregister(self.ring.io_uring());
         }
