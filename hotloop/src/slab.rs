@@ -8,29 +8,38 @@
 //! nothing instead of the slot's next occupant.
 //!
 //! A key packs into a `u64` as `generation << 32 | index`, the form the
-//! kernel carries back in `epoll_data` and `user_data`.
+//! kernel carries back in `epoll_data` and `user_data`. Generations start
+//! at 1 and skip 0 when they wrap, so an `Option<Key>` is as small as a
+//! key (8 bytes, not 12): the driver keeps one per socket and operation.
+
+use std::num::NonZeroU32;
 
 /// A slot's index and the generation it had when the value went in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
     index: u32,
-    generation: u32,
+    generation: NonZeroU32,
 }
 
 impl Key {
     /// The key as one word: `generation << 32 | index`.
     pub(crate) fn to_u64(self) -> u64 {
-        (u64::from(self.generation) << 32) | u64::from(self.index)
+        (u64::from(self.generation.get()) << 32) | u64::from(self.index)
     }
 
-    /// The key a word made by [`Key::to_u64`] names.
-    pub(crate) fn from_u64(word: u64) -> Key {
-        Key { index: word as u32, generation: (word >> 32) as u32 }
+    /// The key a word made by [`Key::to_u64`] names; `None` for a word no
+    /// key makes (generation 0).
+    pub(crate) fn from_u64(word: u64) -> Option<Key> {
+        let generation = NonZeroU32::new((word >> 32) as u32)?;
+        Some(Key { index: word as u32, generation })
     }
 }
 
+/// The generation a slot starts with.
+const FIRST_GENERATION: NonZeroU32 = NonZeroU32::MIN;
+
 struct Entry<T> {
-    generation: u32,
+    generation: NonZeroU32,
     value: Option<T>,
 }
 
@@ -52,7 +61,7 @@ impl<T> Slab<T> {
     pub(crate) fn vacant_key(&self) -> Key {
         match self.free.last() {
             Some(&index) => Key { index, generation: self.entries[index as usize].generation },
-            None => Key { index: self.entries.len() as u32, generation: 0 },
+            None => Key { index: self.entries.len() as u32, generation: FIRST_GENERATION },
         }
     }
 
@@ -67,8 +76,8 @@ impl<T> Slab<T> {
             }
             None => {
                 let index = u32::try_from(self.entries.len()).expect("slab full: 2^32 entries");
-                self.entries.push(Entry { generation: 0, value: Some(value) });
-                Key { index, generation: 0 }
+                self.entries.push(Entry { generation: FIRST_GENERATION, value: Some(value) });
+                Key { index, generation: FIRST_GENERATION }
             }
         }
     }
@@ -97,7 +106,7 @@ impl<T> Slab<T> {
             return None;
         }
         let value = e.value.take()?;
-        e.generation = e.generation.wrapping_add(1);
+        e.generation = e.generation.checked_add(1).unwrap_or(FIRST_GENERATION);
         self.free.push(key.index);
         self.len -= 1;
         Some(value)
@@ -138,8 +147,26 @@ mod tests {
 
     #[test]
     fn key_round_trips_through_a_word() {
-        let key = Key { index: 7, generation: 0xdead_beef };
-        assert_eq!(Key::from_u64(key.to_u64()), key);
+        let key = Key { index: 7, generation: NonZeroU32::new(0xdead_beef).unwrap() };
+        assert_eq!(Key::from_u64(key.to_u64()), Some(key));
+        assert_eq!(Key::from_u64(7), None, "no key has generation 0");
+    }
+
+    #[test]
+    fn an_optional_key_is_one_word() {
+        assert_eq!(std::mem::size_of::<Option<Key>>(), 8);
+    }
+
+    #[test]
+    fn a_generation_that_wraps_skips_zero() {
+        let mut slab = Slab::default();
+        let first = slab.insert(1);
+        slab.entries[0].generation = NonZeroU32::MAX;
+        let key = Key { index: 0, generation: NonZeroU32::MAX };
+        assert_eq!(slab.remove(key), Some(1));
+        let next = slab.insert(2);
+        assert_eq!(next.generation, FIRST_GENERATION);
+        assert_eq!(next, first, "after a full wrap the slot's first key names it again");
     }
 
     #[test]

@@ -133,7 +133,7 @@ impl<T: 'static> JoinSet<T> {
 
     /// The output of task `id`, removed from the set.
     fn take_finished(&mut self, id: u64) -> Option<Result<T, JoinError>> {
-        let handle = self.tasks.remove(Key::from_u64(id))?;
+        let handle = self.tasks.remove(Key::from_u64(id)?)?;
         handle.take_output()
     }
 }

@@ -77,12 +77,12 @@ impl TaskSlab {
 
     /// The task behind `key`, if it is still alive.
     pub(crate) fn get_mut(&mut self, key: TaskKey) -> Option<&mut Task> {
-        self.slab.get_mut(Key::from_u64(key))
+        self.slab.get_mut(Key::from_u64(key)?)
     }
 
     /// Removes the task behind `key`; a later key for this slot has a new generation.
     pub(crate) fn remove(&mut self, key: TaskKey) -> Option<Task> {
-        self.slab.remove(Key::from_u64(key))
+        self.slab.remove(Key::from_u64(key)?)
     }
 
     /// A waker for the task that will get `key`: a spare one if there is

@@ -316,7 +316,7 @@ impl Poller {
                 self.timer_armed = None;
                 continue;
             }
-            let Some(s) = self.slots.get_mut(Key::from_u64(token)) else {
+            let Some(s) = Key::from_u64(token).and_then(|k| self.slots.get_mut(k)) else {
                 stats::add(&self.stats.stale_events, 1);
                 continue;
             };

@@ -67,8 +67,9 @@ impl Uring {
             }
             _ => {}
         }
-        let key = Key::from_u64(user_data);
-        let Some(state) = self.ops.get_mut(key) else {
+        let Some((key, state)) =
+            Key::from_u64(user_data).and_then(|k| Some((k, self.ops.get_mut(k)?)))
+        else {
             stats::add(&self.ring.stats.stale_events, 1);
             return;
         };

@@ -144,14 +144,13 @@ impl Ring {
         while let Some(entry) = self.pending.front() {
             let user_data = entry.get_user_data();
             if user_data < DRIVER_USER_DATA_MIN {
-                let key = Key::from_u64(user_data);
-                match ops.get_mut(key) {
-                    Some(Lifecycle::Withdrawn) => {
+                match Key::from_u64(user_data).and_then(|k| Some((k, ops.get_mut(k)?))) {
+                    Some((key, Lifecycle::Withdrawn)) => {
                         self.pending.pop_front();
                         ops.remove(key);
                         continue;
                     }
-                    Some(state) => state.mark_submitted(),
+                    Some((_, state)) => state.mark_submitted(),
                     None => {
                         // Unreachable: a slot is freed only after its entry left this list.
                         self.pending.pop_front();
