@@ -201,3 +201,38 @@ fn a_stream_dropped_outside_its_runtime_closes(driver: DriverKind) {
     assert_eq!(n, 0);
     drop(rt);
 }
+
+/// A write dropped while the kernel holds it (its peer reads nothing, so
+/// 8 MiB cannot all go) keeps its buffer until the kernel is done with it,
+/// then frees it; the stream stays usable for another write meanwhile.
+#[hotloop::test(driver = "all")]
+fn a_write_dropped_in_the_kernel_frees_its_buffer_when_the_kernel_is_done(driver: DriverKind) {
+    let rt = runtime(driver);
+    let (addr, _hold) = silent_peer();
+    rt.block_on(async {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let buf: std::sync::Arc<[u8]> = vec![7u8; 8 << 20].into();
+        // A send may take part of the buffer: send it again until the
+        // socket's buffers are full and one waits (is cut by the timeout).
+        let mut cut = false;
+        for _ in 0..64 {
+            match timeout(Duration::from_millis(50), s.write_owned(buf.clone())).await {
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+                Ok((result, _)) => assert!(result.unwrap() > 0),
+            }
+        }
+        assert!(cut, "512 MiB went to a peer that reads nothing");
+        // The stream takes another write while the dropped one winds down.
+        let again = timeout(Duration::from_millis(50), s.write_owned(b"x".to_vec())).await;
+        drop(again);
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::sync::Arc::strong_count(&buf) > 1 && Instant::now() < deadline {
+            sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(std::sync::Arc::strong_count(&buf), 1, "the dropped write's buffer was kept");
+    });
+}

@@ -14,6 +14,7 @@
 use std::any::Any;
 use std::future::Future;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll, Waker};
@@ -198,6 +199,39 @@ impl<T: 'static> Drop for Op<T> {
         // Dropped outside the borrow: a buffer's destructor may do I/O.
         drop(free_now);
         self.driver.settle();
+    }
+}
+
+impl<T: 'static> Op<T> {
+    /// Gives up the future but not the operation, for an owner that keeps
+    /// its driver elsewhere: a [`ParkedOp`] is an `Op` without its driver
+    /// (8 bytes less in every future that holds one across polls).
+    pub(super) fn park(mut self) -> ParkedOp<T> {
+        let (data, fd) = self.data.take().expect("an operation parked after it completed");
+        ParkedOp { key: self.key, data: ManuallyDrop::new((data, fd)) }
+    }
+}
+
+/// An operation whose future was given up between polls ([`Op::park`]):
+/// its key, its storage and its socket, which stay owned here as the
+/// ownership invariant requires. Its owner turns it back into the future
+/// with [`ParkedOp::resume`] to poll it, and to drop it (which cancels it).
+/// Dropped without that, it leaks its storage and socket rather than free
+/// memory the kernel may still use.
+pub(super) struct ParkedOp<T: 'static> {
+    key: Key,
+    data: ManuallyDrop<(T, Option<SharedFd>)>,
+}
+
+impl<T: 'static> ParkedOp<T> {
+    /// The future again, on `driver`, which must be the driver the
+    /// operation was submitted to.
+    pub(super) fn resume(self, driver: &Rc<Driver>) -> Op<T> {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so `data` is taken
+        // exactly once.
+        let data = unsafe { ManuallyDrop::take(&mut this.data) };
+        Op { driver: driver.clone(), key: this.key, data: Some(data) }
     }
 }
 

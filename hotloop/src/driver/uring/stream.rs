@@ -26,7 +26,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use io_uring::opcode;
 
-use super::op::{is_retry, Op};
+use super::op::{is_retry, Op, ParkedOp};
 use super::source::SourceCore;
 use super::write_behind::WriteBehind;
 use super::Driver;
@@ -369,21 +369,36 @@ pub(crate) struct SendOwned<'a, B: 'static> {
     state: SendState<B>,
 }
 
+/// The operations are parked between polls: `src` has their driver.
 enum SendState<B: 'static> {
     /// Not submitted: bytes written behind go first.
     Start(B),
     /// The `SEND` is queued or in the kernel; it owns the buffer.
-    Sending(Op<B>),
+    Sending(ParkedOp<B>),
     /// The kernel said `EAGAIN`: a `POLL_ADD` waits for room, then the
-    /// buffer is sent again.
-    Room(Op<()>, B),
+    /// buffer is sent again. The poll is kept as its key (`Op::into_key`):
+    /// it points at no memory, and `src` holds the socket it names.
+    Room(Key, B),
     /// Returned.
     Done,
 }
 
-// Nothing here is pinned: the kernel sees only the buffer's heap bytes,
-// and an `Op` is `Unpin`.
+// Nothing here is pinned: the kernel sees only the buffer's heap bytes.
 impl<B> Unpin for SendOwned<'_, B> {}
+
+impl<B: 'static> Drop for SendOwned<'_, B> {
+    fn drop(&mut self) {
+        // Dropped while an operation waits: as its future, it withdraws or
+        // cancels it, the slot keeping the buffer until the kernel is done.
+        match std::mem::replace(&mut self.state, SendState::Done) {
+            SendState::Sending(op) => drop(op.resume(&self.src.core.driver)),
+            SendState::Room(wait, _buf) => {
+                drop(Op::resume(&self.src.core.driver, &self.src.core.fd, wait));
+            }
+            SendState::Start(_) | SendState::Done => {}
+        }
+    }
+}
 
 impl<B: IoBuf> Future for SendOwned<'_, B> {
     type Output = BufResult<usize, B>;
@@ -407,34 +422,36 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                         }
                     }
                     match src.submit_send(buf) {
-                        Ok(op) => this.state = SendState::Sending(op),
+                        Ok(op) => this.state = SendState::Sending(op.park()),
                         Err((e, buf)) => return Poll::Ready((Err(e), buf)),
                     }
                 }
-                SendState::Sending(mut op) => {
+                SendState::Sending(op) => {
+                    let mut op = op.resume(&src.core.driver);
                     let Poll::Ready((cqe, buf)) = Pin::new(&mut op).poll(cx) else {
-                        this.state = SendState::Sending(op);
+                        this.state = SendState::Sending(op.park());
                         return Poll::Pending;
                     };
                     match cqe.result() {
                         Ok(n) => return Poll::Ready((Ok(n as usize), buf)),
                         Err(e) if is_retry(&e) => match src.core.submit_poll(libc::POLLOUT) {
-                            Ok(wait) => this.state = SendState::Room(wait, buf),
+                            Ok(wait) => this.state = SendState::Room(wait.into_key(), buf),
                             Err(e) => return Poll::Ready((Err(e), buf)),
                         },
                         Err(e) => return Poll::Ready((Err(e), buf)),
                     }
                 }
-                SendState::Room(mut wait, buf) => {
+                SendState::Room(wait, buf) => {
+                    let mut wait = Op::resume(&src.core.driver, &src.core.fd, wait);
                     let Poll::Ready((cqe, ())) = Pin::new(&mut wait).poll(cx) else {
-                        this.state = SendState::Room(wait, buf);
+                        this.state = SendState::Room(wait.into_key(), buf);
                         return Poll::Pending;
                     };
                     if let Err(e) = cqe.result() {
                         return Poll::Ready((Err(e), buf));
                     }
                     match src.submit_send(buf) {
-                        Ok(op) => this.state = SendState::Sending(op),
+                        Ok(op) => this.state = SendState::Sending(op.park()),
                         Err((e, buf)) => return Poll::Ready((Err(e), buf)),
                     }
                 }
