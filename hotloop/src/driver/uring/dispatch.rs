@@ -67,6 +67,10 @@ impl Uring {
             }
             _ => {}
         }
+        if let Some(stream) = pooled::receive_stream(user_data) {
+            pooled::on_completion(self, stream, res, flags, woken);
+            return;
+        }
         let Some((key, state)) =
             Key::from_u64(user_data).and_then(|k| Some((k, self.ops.get_mut(k)?)))
         else {
@@ -93,12 +97,11 @@ impl Uring {
                     self.ops.remove(key);
                 }
                 if stage == FeedStage::Orphaned {
-                    self.on_orphan_completion(kind, queue, res, flags, last);
+                    self.on_orphan_completion(kind, queue, res, last);
                     return;
                 }
                 match kind {
                     FeedKind::Accept => accept::on_completion(self, queue, key, res, last, woken),
-                    FeedKind::Recv => pooled::on_completion(self, queue, key, res, flags, woken),
                     FeedKind::RecvMsg => dgram::on_completion(self, queue, key, res, flags, woken),
                 }
             }
@@ -120,21 +123,11 @@ impl Uring {
     }
 
     /// Disposes of what an orphaned feed still delivers: a connection is
-    /// closed, a stream buffer goes back to the ring, and a datagram
-    /// socket's ring (with its queue) is freed at the last completion.
-    fn on_orphan_completion(
-        &mut self,
-        kind: FeedKind,
-        queue: Key,
-        res: i32,
-        flags: u32,
-        last: bool,
-    ) {
+    /// closed, and a datagram socket's ring (with its queue) is freed at
+    /// the last completion.
+    fn on_orphan_completion(&mut self, kind: FeedKind, queue: Key, res: i32, last: bool) {
         match kind {
             FeedKind::Accept => unclaimed::close(res),
-            FeedKind::Recv => {
-                pooled::give_back(self.buf_ring.as_mut(), cqueue::buffer_select(flags));
-            }
             FeedKind::RecvMsg if last => self.free_dgrams(queue),
             // Buffers it still fills die with its ring, at the last completion.
             FeedKind::RecvMsg => {}

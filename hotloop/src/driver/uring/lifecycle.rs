@@ -11,11 +11,12 @@
 //!   `Completed`, `Cancelled` (dropped after submission: the slot keeps
 //!   its memory and socket), or `Withdrawn` (dropped before: the next
 //!   enter skips the entry and frees the slot).
-//! - A **feed** is a multishot accept, receive or `RECVMSG` the driver
-//!   keeps armed for a socket's queue (`accept.rs`, `pooled.rs`,
-//!   `dgram.rs`): one state, `Feed`, with what it carries ([`FeedKind`])
-//!   and how far it has got ([`FeedStage`]). A feed not yet submitted is
-//!   withdrawn like a single-shot operation.
+//! - A **feed** is a multishot accept or `RECVMSG` the driver keeps armed
+//!   for a socket's queue (`accept.rs`, `dgram.rs`): one state, `Feed`,
+//!   with what it carries ([`FeedKind`]) and how far it has got
+//!   ([`FeedStage`]). A feed not yet submitted is withdrawn like a
+//!   single-shot operation. (A stream's multishot receive goes through
+//!   the same stages, but in its stream's own slot: `pooled.rs`.)
 //! - A **lingering** write is the rest of a written-behind send whose
 //!   stream was dropped (`linger.rs`): each completion submits its next
 //!   part under the same key until all is sent, the socket fails, or its
@@ -44,7 +45,7 @@ use std::task::Waker;
 
 use super::linger::LingeringWrite;
 use super::SharedFd;
-use crate::slab::Key;
+use crate::slab::{Key, Slab};
 
 /// What the kernel reported for one completion.
 #[derive(Debug, Clone, Copy)]
@@ -96,8 +97,6 @@ pub(super) enum Lifecycle {
 pub(super) enum FeedKind {
     /// Accepted connections, for a listener's queue (`accept.rs`).
     Accept,
-    /// Stream bytes in provided buffers, for a stream's queue (`pooled.rs`).
-    Recv,
     /// Datagrams in the socket's own buffer ring (`dgram.rs`).
     RecvMsg,
 }
@@ -152,6 +151,24 @@ impl Lifecycle {
             Lifecycle::Waiting { submitted, .. } => *submitted = true,
             Lifecycle::Feed { stage: stage @ FeedStage::Queued, .. } => *stage = FeedStage::Feeding,
             _ => {}
+        }
+    }
+
+    /// Whether the entry of `key`, leaving the driver's list, goes to the
+    /// kernel (marking it submitted), or is dropped because its operation
+    /// was withdrawn (freeing the slot).
+    pub(super) fn admit(ops: &mut Slab<Lifecycle>, key: Key) -> bool {
+        match ops.get_mut(key) {
+            Some(Lifecycle::Withdrawn) => {
+                ops.remove(key);
+                false
+            }
+            Some(state) => {
+                state.mark_submitted();
+                true
+            }
+            // Unreachable: a slot is freed only after its entry left the list.
+            None => false,
         }
     }
 

@@ -302,7 +302,8 @@ impl Driver {
     fn submit_now(&self) {
         if let Ok(mut st) = self.state.try_borrow_mut() {
             let st = &mut *st;
-            let _ = st.ring.submit_pending(&mut st.ops);
+            let st = &mut *st;
+            let _ = st.ring.submit_pending(|ud| pooled::admit(&mut st.ops, &mut st.streams, ud));
         }
     }
 
@@ -336,6 +337,7 @@ impl Driver {
                 Ok(mut st) => {
                     let _ = st.poll(Park::Skip, &mut woken, &mut freed);
                     st.ops.iter().any(|(_, s)| s.held_by_kernel() && !s.is_waiting())
+                        || st.streams.iter().any(|(_, s)| s.is_orphaned())
                 }
                 Err(_) => false,
             };

@@ -36,9 +36,9 @@ use std::task::Waker;
 use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, GROUP};
-use super::lifecycle::{FeedKind, Lifecycle};
+use super::lifecycle::Lifecycle;
 use super::{SharedFd, Uring};
-use crate::slab::Key;
+use crate::slab::{Key, Slab};
 use crate::sys;
 
 /// The most received bytes queued per socket before the multishot
@@ -57,14 +57,82 @@ pub(super) struct Stream {
     /// Received bytes not yet taken; `None` once they all are, so a quiet
     /// socket holds no block.
     queue: Option<Box<Queue>>,
-    /// The end of the stream, or an error, after the queued bytes.
-    end: Option<End>,
-    /// The multishot receive in flight.
-    pub(super) op: Option<Key>,
-    /// True once a cancel was queued for `op` because the queue was full.
-    cancelling: bool,
     /// The task waiting in `readable`.
     waiter: Option<Waker>,
+    /// The socket, held from its owner's close to the receive's last
+    /// completion (`Receive::Orphaned`).
+    fd: Option<SharedFd>,
+    /// The end of the stream, or an error, after the queued bytes.
+    end: Option<End>,
+    /// Where the multishot receive is.
+    receive: Receive,
+}
+
+/// Where a stream's multishot receive is. It has no slot in the operation
+/// slab: its `user_data` is the stream's own key, tagged with
+/// [`STREAM_RECEIVE`], and its state lives here, so an idle connection
+/// pays for one slot, not two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Receive {
+    /// None in flight.
+    #[default]
+    Unarmed,
+    /// In the driver's list, where it can still be withdrawn.
+    Queued,
+    /// Submitted: its completions fill the queue.
+    Armed,
+    /// Submitted, and a cancel queued because the queue is full.
+    Cancelling,
+    /// The socket closed before submission: the next enter skips the
+    /// entry and frees the slot.
+    Withdrawn,
+    /// The socket closed after submission: a cancel was sent, buffers it
+    /// still fills go back to the ring, and its last completion frees the
+    /// slot (and the socket it holds).
+    Orphaned,
+}
+
+/// The bit that marks a stream receive's `user_data`: bit 31, the top of a
+/// key's slot index (the operation slab never holds 2^31 operations), so
+/// the key's generation still tells a stale completion.
+const STREAM_RECEIVE: u64 = 1 << 31;
+
+/// The `user_data` of the multishot receive of `stream`.
+fn receive_user_data(stream: Key) -> u64 {
+    stream.to_u64() | STREAM_RECEIVE
+}
+
+/// The stream whose receive `user_data` belongs to, if it is one (a
+/// driver's own `user_data` is told apart before this).
+pub(super) fn receive_stream(user_data: u64) -> Option<Key> {
+    if user_data & STREAM_RECEIVE == 0 {
+        return None;
+    }
+    Key::from_u64(user_data & !STREAM_RECEIVE)
+}
+
+/// Whether the entry carrying `user_data`, leaving the driver's list,
+/// goes to the kernel (marking it submitted), or is dropped because its
+/// operation was withdrawn (freeing its slot).
+pub(super) fn admit(ops: &mut Slab<Lifecycle>, streams: &mut Slab<Stream>, user_data: u64) -> bool {
+    let Some(stream) = receive_stream(user_data) else {
+        return Key::from_u64(user_data).is_some_and(|key| Lifecycle::admit(ops, key));
+    };
+    let Some(s) = streams.get_mut(stream) else { return false };
+    match s.receive {
+        Receive::Queued => {
+            s.receive = Receive::Armed;
+            true
+        }
+        Receive::Withdrawn => {
+            streams.remove(stream);
+            false
+        }
+        // Admitted before, and held back by a full submission queue.
+        Receive::Armed | Receive::Cancelling | Receive::Orphaned => true,
+        // Unreachable: an unarmed receive has no entry in the list.
+        Receive::Unarmed => false,
+    }
 }
 
 /// How a stream ended: cleanly, or with an errno, in 4 bytes.
@@ -107,13 +175,23 @@ impl Stream {
     fn is_empty(&self) -> bool {
         self.queued_bytes() == 0 && self.end.is_none()
     }
+
+    /// True while the kernel holds (or will get) its receive.
+    pub(super) fn held_by_kernel(&self) -> bool {
+        !matches!(self.receive, Receive::Unarmed | Receive::Withdrawn)
+    }
+
+    /// True while its socket is closed and the kernel still holds its
+    /// receive.
+    pub(super) fn is_orphaned(&self) -> bool {
+        self.receive == Receive::Orphaned
+    }
 }
 
 /// Handles a completion of the multishot receive of `stream`.
 pub(super) fn on_completion(
     ur: &mut Uring,
     stream: Key,
-    key: Key,
     res: i32,
     flags: u32,
     woken: &mut Vec<Waker>,
@@ -124,6 +202,14 @@ pub(super) fn on_completion(
         give_back(ur.buf_ring.as_mut(), bid);
         return;
     };
+    if s.receive == Receive::Orphaned {
+        give_back(ur.buf_ring.as_mut(), bid);
+        if last {
+            // The kernel is done: the slot and the socket go.
+            ur.streams.remove(stream);
+        }
+        return;
+    }
     match res {
         n if n > 0 => {
             if let (Some(bid), Some(ring)) = (bid, ur.buf_ring.as_mut()) {
@@ -139,13 +225,10 @@ pub(super) fn on_completion(
         e => s.end = Some(End::error(-e)),
     }
     if last {
-        if s.op == Some(key) {
-            s.op = None;
-        }
-        s.cancelling = false;
-    } else if s.queued_bytes() >= QUEUED_BYTES_MAX && !s.cancelling {
-        s.cancelling = true;
-        ur.ring.push_cancel(key);
+        s.receive = Receive::Unarmed;
+    } else if s.queued_bytes() >= QUEUED_BYTES_MAX && s.receive == Receive::Armed {
+        s.receive = Receive::Cancelling;
+        ur.ring.push_cancel_user_data(receive_user_data(stream));
     }
     // A reader waits for bytes, or, when the receive just ended (a cancel,
     // `ENOBUFS`), to arm it again.
@@ -167,14 +250,16 @@ impl Uring {
     /// queue has room.
     fn arm_stream(&mut self, stream: Key, fd: &SharedFd) {
         let Some(s) = self.streams.get_mut(stream) else { return };
-        if s.op.is_some() || s.end.is_some() || s.queued_bytes() >= QUEUED_BYTES_MAX / 2 {
+        if s.receive != Receive::Unarmed
+            || s.end.is_some()
+            || s.queued_bytes() >= QUEUED_BYTES_MAX / 2
+        {
             return;
         }
         let entry = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), GROUP).build();
-        let op = self.ops.insert(Lifecycle::queued_feed(FeedKind::Recv, stream, fd));
-        s.op = Some(op);
+        s.receive = Receive::Queued;
         // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
-        self.ring.push(entry.user_data(op.to_u64()));
+        self.ring.push(entry.user_data(receive_user_data(stream)));
     }
 
     /// Copies queued bytes into `dst`; `WouldBlock` if there are none
@@ -227,7 +312,7 @@ impl Uring {
                 // in the socket. A short connection (its request there at
                 // accept, with `TCP_DEFER_ACCEPT`) is read without arming a
                 // receive it would only have to cancel.
-                None if s.op.is_none() => {
+                None if s.receive == Receive::Unarmed => {
                     // SAFETY: `dst` is a live slice of `len` writable bytes for the duration of
                     // the call.
                     let res = unsafe {
@@ -266,12 +351,32 @@ impl Uring {
         false
     }
 
-    /// Forgets the receive queue `key` of a socket being closed.
-    pub(super) fn release_stream(&mut self, key: Key) {
-        let Some(s) = self.streams.remove(key) else { return };
-        let Some(op) = s.op else { return };
-        if self.ops.get_mut(op).is_some_and(Lifecycle::orphan_feed) {
-            self.ring.push_cancel(op);
+    /// Forgets the receive queue `key` of a socket being closed. A
+    /// receive the kernel holds is cancelled, and keeps the slot, with
+    /// `fd` (if given), until its last completion; one not yet submitted
+    /// is withdrawn.
+    pub(super) fn release_stream(&mut self, key: Key, fd: Option<&SharedFd>) {
+        let Some(s) = self.streams.get_mut(key) else { return };
+        // Bytes nobody will read, and a waiter nobody will poll.
+        s.queue = None;
+        s.waiter = None;
+        match s.receive {
+            Receive::Unarmed => {
+                self.streams.remove(key);
+            }
+            Receive::Queued => s.receive = Receive::Withdrawn,
+            Receive::Armed => {
+                s.receive = Receive::Orphaned;
+                s.fd = fd.cloned();
+                self.ring.push_cancel_user_data(receive_user_data(key));
+            }
+            // Its cancel is queued already.
+            Receive::Cancelling => {
+                s.receive = Receive::Orphaned;
+                s.fd = fd.cloned();
+            }
+            // Released before.
+            Receive::Withdrawn | Receive::Orphaned => {}
         }
     }
 }
@@ -286,5 +391,15 @@ mod tests {
     #[test]
     fn a_stream_queue_stays_small() {
         assert!(size_of::<super::Stream>() <= 40, "{}", size_of::<super::Stream>());
+    }
+
+    /// A receive's tag never collides with the driver's own `user_data`
+    /// values being told apart first, nor with an operation's key.
+    #[test]
+    fn a_receive_user_data_names_its_stream() {
+        let mut streams = crate::slab::Slab::default();
+        let key = streams.insert(());
+        assert_eq!(super::receive_stream(super::receive_user_data(key)), Some(key));
+        assert_eq!(super::receive_stream(key.to_u64()), None, "an operation's key");
     }
 }

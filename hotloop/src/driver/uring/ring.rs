@@ -4,8 +4,8 @@
 //! # Implementation notes
 //! - Entries wait in [`Ring::pending`], not in the submission queue, until
 //!   [`Ring::enter`] moves them there. An entry whose operation was
-//!   withdrawn meanwhile (its slot says [`Lifecycle::Withdrawn`]) is skipped
-//!   and its slot freed: the kernel never sees it.
+//!   withdrawn meanwhile (its slot says so: `admit` answers for the
+//!   driver) is skipped and its slot freed: the kernel never sees it.
 //! - With `IORING_SETUP_TASKRUN_FLAG` the kernel marks the ring when
 //!   completion work is waiting, so a zero-timeout enter with nothing to
 //!   submit and no mark only reads the completion queue, without a system
@@ -21,9 +21,8 @@ use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::lifecycle::Lifecycle;
 use crate::driver::config::DriverConfig;
-use crate::slab::{Key, Slab};
+use crate::slab::Key;
 use crate::stats::{self, WorkerStats};
 
 /// `user_data` of the eventfd's poll.
@@ -137,26 +136,16 @@ impl Ring {
     }
 
     /// Moves pending entries into the submission queue, submitting when it
-    /// fills. Entries of withdrawn operations are dropped and their slots
-    /// freed. Stops early (leaving the rest pending) if the kernel says
+    /// fills. `admit` says, for an entry's `user_data`, whether it goes
+    /// (marking its operation submitted) or was withdrawn (freeing its
+    /// slot). Stops early (leaving the rest pending) if the kernel says
     /// "not now".
-    fn flush(&mut self, ops: &mut Slab<Lifecycle>) -> io::Result<()> {
+    fn flush(&mut self, admit: &mut impl FnMut(u64) -> bool) -> io::Result<()> {
         while let Some(entry) = self.pending.front() {
             let user_data = entry.get_user_data();
-            if user_data < DRIVER_USER_DATA_MIN {
-                match Key::from_u64(user_data).and_then(|k| Some((k, ops.get_mut(k)?))) {
-                    Some((key, Lifecycle::Withdrawn)) => {
-                        self.pending.pop_front();
-                        ops.remove(key);
-                        continue;
-                    }
-                    Some((_, state)) => state.mark_submitted(),
-                    None => {
-                        // Unreachable: a slot is freed only after its entry left this list.
-                        self.pending.pop_front();
-                        continue;
-                    }
-                }
+            if user_data < DRIVER_USER_DATA_MIN && !admit(user_data) {
+                self.pending.pop_front();
+                continue;
             }
             // SAFETY: the entry's pointers stay valid until its operation's last completion
             // (the `Op::submit` contract); the queue copies the entry itself.
@@ -176,8 +165,8 @@ impl Ring {
 
     /// Moves what is pending into the submission queue and submits it,
     /// without waiting for anything.
-    pub(super) fn submit_pending(&mut self, ops: &mut Slab<Lifecycle>) -> io::Result<()> {
-        self.flush(ops)?;
+    pub(super) fn submit_pending(&mut self, mut admit: impl FnMut(u64) -> bool) -> io::Result<()> {
+        self.flush(&mut admit)?;
         if !self.ring.submission().is_empty() {
             self.submit_now()?;
         }
@@ -205,9 +194,9 @@ impl Ring {
     pub(super) fn enter(
         &mut self,
         mut timeout: Option<Duration>,
-        ops: &mut Slab<Lifecycle>,
+        mut admit: impl FnMut(u64) -> bool,
     ) -> io::Result<()> {
-        self.flush(ops)?;
+        self.flush(&mut admit)?;
         if !self.pending.is_empty() {
             // The kernel refused more for now: come back soon rather than sleep.
             timeout =

@@ -352,7 +352,7 @@ impl Drop for StreamSource {
         if driver.reads_from_ring {
             if let Some(key) = self.reads.get() {
                 if let Ok(mut st) = driver.state.try_borrow_mut() {
-                    st.release_stream(key);
+                    st.release_stream(key, Some(&self.core.fd));
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::lifecycle::Lifecycle;
 use super::ring::WAKE_USER_DATA;
-use super::{accept, Uring, DRAIN_ON_DROP_MAX};
+use super::{accept, pooled, Uring, DRAIN_ON_DROP_MAX};
 use crate::slab::Key;
 
 impl Drop for Uring {
@@ -19,7 +19,7 @@ impl Drop for Uring {
             }
         }
         for key in self.streams.keys() {
-            self.release_stream(key);
+            self.release_stream(key, None);
         }
         for key in self.dgrams.keys() {
             self.release_dgrams(key);
@@ -40,7 +40,7 @@ impl Drop for Uring {
         let mut lingering = Some(lingering);
         let mut woken = Vec::new();
         let mut freed = Vec::new();
-        while self.ops.iter().any(|(_, s)| s.held_by_kernel()) && Instant::now() < deadline {
+        while self.kernel_holds_any() && Instant::now() < deadline {
             if Instant::now() >= start + DRAIN_ON_DROP_MAX / 2 {
                 for key in lingering.take().unwrap_or_default() {
                     if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
@@ -48,22 +48,37 @@ impl Drop for Uring {
                     }
                 }
             }
-            if self.ring.enter(Some(Duration::from_millis(10)), &mut self.ops).is_err() {
+            let (ops, streams) = (&mut self.ops, &mut self.streams);
+            if self
+                .ring
+                .enter(Some(Duration::from_millis(10)), |ud| pooled::admit(ops, streams, ud))
+                .is_err()
+            {
                 break;
             }
             self.reap(&mut woken, &mut freed);
         }
         drop(woken);
         drop(freed);
-        if self.ops.iter().any(|(_, s)| s.held_by_kernel()) {
+        if self.kernel_holds_any() {
             // The kernel still holds some operations: their memory, and the
             // buffers they may pick (the stream ring, and the rings of
-            // closed datagram sockets), must not be freed.
+            // closed datagram sockets), must not be freed, nor the sockets
+            // they name closed.
             std::mem::forget(std::mem::take(&mut self.ops));
+            std::mem::forget(std::mem::take(&mut self.streams));
             std::mem::forget(self.buf_ring.take());
             std::mem::forget(std::mem::take(&mut self.dgrams));
         } else if let Some(buf_ring) = &self.buf_ring {
             buf_ring.unregister(self.ring.io_uring());
         }
+    }
+}
+
+impl Uring {
+    /// True while the kernel holds any operation or stream receive.
+    fn kernel_holds_any(&self) -> bool {
+        self.ops.iter().any(|(_, s)| s.held_by_kernel())
+            || self.streams.iter().any(|(_, s)| s.held_by_kernel())
     }
 }

@@ -10,7 +10,7 @@ use io_uring::{opcode, types};
 
 use super::lifecycle::Lifecycle;
 use super::ring::{TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
-use super::{Uring, NANOS_PER_SEC};
+use super::{pooled, Uring, NANOS_PER_SEC};
 use crate::driver::park::Park;
 use crate::stats;
 use crate::sys;
@@ -83,7 +83,7 @@ impl Uring {
                 None
             }
         };
-        self.ring.enter(timeout, &mut self.ops)?;
+        self.ring.enter(timeout, |ud| pooled::admit(&mut self.ops, &mut self.streams, ud))?;
         Ok(self.reap(woken, freed))
     }
 
