@@ -1,8 +1,10 @@
 //! The server command's modules import one way, from the top down:
-//! `serve/` (which app, and starting it) imports the apps (`quic.rs`,
+//! `serve/` (which app, and starting it) imports the apps (`quic/`,
 //! `tls.rs`, `static_files/`), and they import the pieces below them
 //! (`conn/`, `serve_args.rs`). An arrow back up would make a circle; this
-//! test says which modules each of them may name.
+//! test says which modules each of them may name. Inside `quic/`, each
+//! module names only the modules before it in the order its `mod.rs`
+//! lists, and only the command's modules it needs.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -32,12 +34,18 @@ fn sources(src: &Path, module: &str) -> Vec<PathBuf> {
 /// The top-level modules a line of code names through `crate::` (both
 /// `crate::a::b` and `crate::{a, b::c}`).
 fn named(code: &str, out: &mut BTreeSet<String>) {
+    named_after(code, "crate::", out);
+}
+
+/// The first segment of every path that follows `prefix` in a line of
+/// code (both `prefix` `a::b` and `prefix` `{a, b::c}`).
+fn named_after(code: &str, prefix: &str, out: &mut BTreeSet<String>) {
     let ident = |s: &str| -> String {
         s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
     };
     let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(prefix) {
+        rest = &rest[at + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // The first segment of each path at the group's own level.
             let mut depth = 0;
@@ -100,6 +108,65 @@ fn the_server_modules_import_only_downward() {
         }
     }
     assert!(wrong.is_empty(), "an import against the layering:\n{}", wrong.join("\n"));
+}
+
+/// The modules of `quic/`, bottom to top as `quic/mod.rs` lists them, and
+/// the command's modules each may name (`mod.rs`, the top, names any of
+/// them and what `quic` as a whole may).
+const QUIC_ORDER: [(&str, &[&str]); 8] = [
+    ("settings", &["serve_args"]),
+    ("config", &["serve_args", "tls"]),
+    ("release", &[]),
+    ("admission", &["drain", "serve_args"]),
+    ("streams", &[]),
+    ("echo", &["drain"]),
+    ("http3", &["drain"]),
+    ("connection", &[]),
+];
+
+/// The sibling modules `file` names through `super::` (both `super::a::b`
+/// and `super::{a, b::c}`), with their lines.
+fn siblings(file: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut found = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim() == "#[cfg(test)]" {
+            break;
+        }
+        let mut names = BTreeSet::new();
+        named_after(line.split("//").next().unwrap_or(""), "super::", &mut names);
+        let at = format!("{}:{}: {}", file.display(), i + 1, line.trim());
+        found.extend(names.into_iter().map(|name| (name, at.clone())));
+    }
+    found
+}
+
+#[test]
+fn the_quic_modules_import_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let order: Vec<&str> = QUIC_ORDER.iter().map(|(m, _)| *m).collect();
+    let mut wrong = Vec::new();
+    for file in sources(&src, "quic") {
+        let stem = file.file_stem().unwrap().to_str().unwrap();
+        if stem == "mod" {
+            continue;
+        }
+        let Some(rank) = order.iter().position(|m| *m == stem) else {
+            wrong.push(format!("{}: not in QUIC_ORDER (place it there)", file.display()));
+            continue;
+        };
+        for (name, at) in siblings(&file) {
+            if !order[..rank].contains(&name.as_str()) {
+                wrong.push(format!("quic/{stem} names super::{name}: {at}"));
+            }
+        }
+        for (name, at) in imports(&src, &format!("quic/{stem}")) {
+            if !QUIC_ORDER[rank].1.contains(&name.as_str()) {
+                wrong.push(format!("quic/{stem} names crate::{name}: {at}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "a quic module names one at or above it:\n{}", wrong.join("\n"));
 }
 
 #[test]

@@ -13,6 +13,9 @@
 //!   (never each other, nor the face above them), and inside `uring/` each
 //!   module names only the modules below it in the order its module doc
 //!   gives.
+//! - Inside `runtime/`, imports run one way too: each file names only the
+//!   files below it in the order `runtime/mod.rs` lists, and never the
+//!   face (`mod.rs`) above them.
 
 use std::path::{Path, PathBuf};
 
@@ -101,12 +104,14 @@ fn only_the_runtime_reads_the_workers_context() {
 }
 
 /// The code lines of `file`, numbered from 1, with comments and the unit
-/// tests at the end of the file left out (as [`offences`] reads them).
+/// tests at the end of the file left out (as [`offences`] reads them; the
+/// loom tests, `#[cfg(all(test, hotloop_loom))]`, too).
 fn code_lines(file: &Path) -> Vec<(usize, String)> {
     let text = std::fs::read_to_string(file).unwrap();
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        if line.trim() == "#[cfg(test)]" {
+        let trimmed = line.trim();
+        if trimmed == "#[cfg(test)]" || trimmed.starts_with("#[cfg(all(test,") {
             break;
         }
         out.push((i + 1, line.split("//").next().unwrap_or("").to_string()));
@@ -276,4 +281,55 @@ fn uring_modules_name_only_modules_below_them() {
         }
     }
     assert!(found.is_empty(), "a uring module names one at or above it:\n{}", found.join("\n"));
+}
+
+/// The files of `runtime/`, bottom to top, as `runtime/mod.rs` lists them;
+/// each names only those before it. `mod.rs` (the builder and `Runtime`,
+/// which name them all) is the top: a file below names none of its items,
+/// not even a re-export, so every arrow in the order is seen.
+const RUNTIME_ORDER: [&str; 14] = [
+    "key",
+    "load",
+    "tokio_time",
+    "join_slot",
+    "blocking",
+    "config",
+    "shared",
+    "task",
+    "context",
+    "worker",
+    "join",
+    "handle",
+    "join_set",
+    "current",
+];
+
+#[test]
+fn runtime_files_name_only_files_below_them() {
+    let runtime = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/runtime");
+    let mut found = Vec::new();
+    for file in sources(&runtime) {
+        let stem = file.file_stem().unwrap().to_str().unwrap().to_string();
+        if stem == "mod" {
+            continue;
+        }
+        // The stand-in compiled without the feature is the same module.
+        let module = if stem == "tokio_time_off" { "tokio_time" } else { stem.as_str() };
+        let Some(rank) = RUNTIME_ORDER.iter().position(|m| *m == module) else {
+            found.push(format!("{}: not in RUNTIME_ORDER (place it there)", file.display()));
+            continue;
+        };
+        for prefix in ["super::", "crate::runtime::"] {
+            for (line, name) in names_after(&file, prefix) {
+                if !RUNTIME_ORDER[..rank].contains(&name.as_str()) {
+                    found.push(format!("{}:{line}: {prefix}{name}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a runtime file names one at or above it (or the face, mod.rs):\n{}",
+        found.join("\n")
+    );
 }

@@ -6,7 +6,7 @@
 //! (HTTP/1.1, and HTTP/2 by prior knowledge), so hyper on hotloop can be
 //! compared with the same service on tokio; the command's idle, send and
 //! header timeouts go to it as [`HyperOptions`]. With `--tls-cert` and
-//! `--tls-key` all three run over TLS (`tls.rs`); `quic` (in `quic.rs`)
+//! `--tls-key` all three run over TLS (`tls.rs`); `quic` (in `quic/`)
 //! echoes QUIC streams, and `h3` answers HTTP/3 there; `static` (in
 //! `static_files/`) serves the files under `--root` with the same
 //! connection handling as `http` (`conn/`).

@@ -2,11 +2,13 @@
 //! would stall a worker (file system calls, name resolution, CPU-heavy
 //! code, foreign libraries that block).
 //!
-//! [`spawn_blocking`] queues a closure; a pool thread runs it and hands the
-//! result to the awaiting task through the same slot and waker as a
-//! cross-thread [`RemoteJoinHandle`]: the stored `Waker` is the task's, and
-//! waking it from the pool thread goes through the worker's inbox and
-//! eventfd like any other remote wake. A worker never waits for the pool.
+//! [`spawn_blocking`](crate::spawn_blocking) (in `handle.rs`, which
+//! reaches the pool through the current worker) queues a closure; a pool
+//! thread runs it and hands the result to the awaiting task through the
+//! same slot and waker as a cross-thread [`RemoteJoinHandle`]: the stored
+//! `Waker` is the task's, and waking it from the pool thread goes through
+//! the worker's inbox and eventfd like any other remote wake. A worker
+//! never waits for the pool.
 //!
 //! # Implementation notes
 //! - Threads start on demand, up to `max_blocking_threads`, and exit after
@@ -24,8 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::join::{JoinError, RemoteJoinHandle};
-use super::join_slot::{Completion, JoinSlot};
+use super::join_slot::{Completion, JoinError, JoinSlot, RemoteJoinHandle};
 use crate::stats::BlockingCounters;
 
 /// The default upper bound on blocking threads (tokio's default).
@@ -206,29 +207,4 @@ impl Inner {
         st.threads -= 1;
         self.stats.threads.fetch_sub(1, Relaxed);
     }
-}
-
-/// Runs `f` on the runtime's blocking pool and returns a handle to await
-/// its result, without blocking the worker.
-///
-/// Use it for anything that blocks: file system calls, `getaddrinfo`,
-/// compression of a large body, a synchronous client library. The closure
-/// and its result cross threads, so both must be `Send`.
-///
-/// ```no_run
-/// # hotloop::Runtime::new().unwrap().block_on(async {
-/// let len = hotloop::spawn_blocking(|| std::fs::read("/etc/hostname").map(|b| b.len()))
-///     .await
-///     .expect("the closure did not panic")?;
-/// # Ok::<(), std::io::Error>(()) });
-/// ```
-///
-/// # Panics
-/// Outside a hotloop worker (use [`Handle::spawn_blocking`](crate::Handle::spawn_blocking) there).
-pub fn spawn_blocking<F, R>(f: F) -> RemoteJoinHandle<R>
-where
-    F: FnOnce() -> R + Send + 'static,
-    R: Send + 'static,
-{
-    super::context::with(|cx| cx.handle.spawn_blocking(f))
 }

@@ -2,18 +2,23 @@
 //! tasks running on it through a thread-local that is set only while the
 //! worker runs. Its fields are the runtime's own; the rest of the crate
 //! asks [`super::current`] for what it needs.
+//!
+//! A task's waker ([`TaskWaker`]) is woken here: a wake on the task's own
+//! worker goes straight onto this context's run queue, and only a wake
+//! from elsewhere goes through the worker's inbox.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::Waker;
+use std::task::{Wake, Waker};
 use std::time::{Duration, Instant};
 
 use super::config::Config;
-use super::handle::Handle;
-use super::shared::WorkerShared;
-use super::task::{TaskKey, TaskSlab};
+use super::key::TaskKey;
+use super::shared::{RuntimeShared, WorkerShared};
+use super::task::{TaskSlab, TaskWaker};
 use crate::driver::Driver;
 use crate::stats::DriverInfo;
 use crate::time::wheel::TimerWheel;
@@ -26,7 +31,8 @@ pub(crate) struct Context {
     pub(super) uid: u64,
     pub(super) shared: Arc<WorkerShared>,
     pub(super) config: Config,
-    pub(super) handle: Handle,
+    /// What the runtime's threads share (its `Handle` wraps it).
+    pub(super) runtime: Arc<RuntimeShared>,
     pub(super) tasks: RefCell<TaskSlab>,
     pub(super) run_queue: RefCell<VecDeque<TaskKey>>,
     /// The worker's I/O driver; every socket made here holds a clone.
@@ -158,6 +164,30 @@ impl Drop for OverGuard {
             c.try_borrow_mut().ok().map(|mut c| std::mem::replace(&mut *c, previous))
         });
         drop(ours);
+    }
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let worker_id = self.worker.id;
+        let queued_locally = try_with(|cx| {
+            if cx.id == worker_id && Arc::ptr_eq(&cx.shared, &self.worker) {
+                cx.run_queue.borrow_mut().push_back(self.key);
+                true
+            } else {
+                false
+            }
+        });
+        if queued_locally != Some(true) {
+            self.worker.push_wake(self.key);
+        }
     }
 }
 

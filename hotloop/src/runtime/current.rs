@@ -22,7 +22,8 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use super::context::{self, Context};
-use super::{RemoteJoinHandle, WorkerShared};
+use super::join_slot::RemoteJoinHandle;
+use super::shared::WorkerShared;
 use crate::driver::Driver;
 use crate::stats::{self, WorkerStats};
 use crate::time::wheel::TimerWheel;
@@ -168,7 +169,7 @@ where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,
 {
-    context::try_with(|cx| cx.handle.spawn_blocking(f))
+    context::try_with(|cx| cx.runtime.blocking.spawn(f))
 }
 
 /// What the accept path reads of the current loop turn, in one visit to

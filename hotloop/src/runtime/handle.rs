@@ -1,29 +1,22 @@
-//! The `Send` handle: spawn onto, wake and inspect workers from any thread.
+//! The `Send` handle: spawn onto, wake and inspect workers from any thread;
+//! and `spawn_blocking`, which reaches the blocking pool through the
+//! current worker.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::blocking::BlockingPool;
-use super::join::{spawn_detached, JoinError, OnDone, RemoteJoinHandle};
-use super::join_slot::{Completion, JoinSlot};
-use super::shared::WorkerShared;
-use crate::stats::{DriverInfo, StatsSnapshot};
+use super::context;
+use super::join::{spawn_detached, OnDone, TaskCompletion};
+use super::join_slot::{JoinError, JoinSlot, RemoteJoinHandle};
+use super::shared::{RuntimeShared, WorkerShared};
+use crate::stats::StatsSnapshot;
 
 /// A cheap, cloneable, `Send` handle to a runtime's workers.
 #[derive(Clone)]
 pub struct Handle {
-    pub(crate) inner: Arc<HandleInner>,
-}
-
-pub(crate) struct HandleInner {
-    pub(crate) workers: Vec<Arc<WorkerShared>>,
-    /// The context of the thread that runs `block_on`.
-    pub(crate) main: Arc<WorkerShared>,
-    pub(crate) info: Mutex<DriverInfo>,
-    /// Threads for `spawn_blocking`, shared by every worker.
-    pub(crate) blocking: BlockingPool,
-    next_worker: AtomicUsize,
+    pub(crate) inner: Arc<RuntimeShared>,
 }
 
 impl Handle {
@@ -32,15 +25,7 @@ impl Handle {
         main: Arc<WorkerShared>,
         blocking: BlockingPool,
     ) -> Self {
-        Handle {
-            inner: Arc::new(HandleInner {
-                workers,
-                main,
-                info: Mutex::new(DriverInfo::default()),
-                blocking,
-                next_worker: AtomicUsize::new(0),
-            }),
-        }
+        Handle { inner: Arc::new(RuntimeShared::new(workers, main, blocking)) }
     }
 
     /// The handle of the runtime whose worker is running the caller.
@@ -48,7 +33,7 @@ impl Handle {
     /// # Panics
     /// Outside a hotloop worker.
     pub fn current() -> Handle {
-        super::context::with(|cx| cx.handle.clone())
+        context::with(|cx| Handle { inner: cx.runtime.clone() })
     }
 
     /// The number of workers.
@@ -69,7 +54,7 @@ impl Handle {
         Fut::Output: Send + 'static,
     {
         let slot = JoinSlot::new(None, None);
-        let completion = Completion(slot.clone());
+        let completion = TaskCompletion(slot.clone());
         let shared = &self.inner.workers[worker];
         shared.push_runnable(Box::new(move || {
             // A closure that panics reports it through the join handle.
@@ -98,7 +83,7 @@ impl Handle {
     }
 
     /// Runs `f` on the runtime's blocking pool (see
-    /// [`spawn_blocking`](crate::spawn_blocking)); callable from any thread.
+    /// [`spawn_blocking`]); callable from any thread.
     pub fn spawn_blocking<F, R>(&self, f: F) -> RemoteJoinHandle<R>
     where
         F: FnOnce() -> R + Send + 'static,
@@ -123,6 +108,31 @@ impl Handle {
             .collect();
         snapshot
     }
+}
+
+/// Runs `f` on the runtime's blocking pool and returns a handle to await
+/// its result, without blocking the worker.
+///
+/// Use it for anything that blocks: file system calls, `getaddrinfo`,
+/// compression of a large body, a synchronous client library. The closure
+/// and its result cross threads, so both must be `Send`.
+///
+/// ```no_run
+/// # hotloop::Runtime::new().unwrap().block_on(async {
+/// let len = hotloop::spawn_blocking(|| std::fs::read("/etc/hostname").map(|b| b.len()))
+///     .await
+///     .expect("the closure did not panic")?;
+/// # Ok::<(), std::io::Error>(()) });
+/// ```
+///
+/// # Panics
+/// Outside a hotloop worker (use [`Handle::spawn_blocking`](crate::Handle::spawn_blocking) there).
+pub fn spawn_blocking<F, R>(f: F) -> RemoteJoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    context::with(|cx| cx.runtime.blocking.spawn(f))
 }
 
 /// So that functions taking a runtime's handle (`serve`, `serve_hyper`,

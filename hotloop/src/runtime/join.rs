@@ -1,4 +1,6 @@
-//! Spawning tasks and waiting for them: `spawn`, `JoinHandle`, `JoinError`.
+//! Spawning tasks and waiting for them: `spawn`, `JoinHandle`, and a
+//! task's side of its join slot (`TaskCompletion`), which takes the task's
+//! panic from the context.
 
 use std::any::Any;
 use std::fmt;
@@ -7,50 +9,12 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use super::context::{self, Context};
-use super::join_slot::{Completion, JoinSlot, SetNotify};
+use super::join_slot::{JoinError, JoinSlot, SetNotify};
+use super::key::TaskKey;
 use super::shared::WorkerShared;
-use super::task::{Task, TaskKey};
+use super::task::Task;
 use crate::loom::sync::Arc;
 use crate::stats;
-
-/// Why a task produced no output.
-pub enum JoinError {
-    /// The task was aborted, or dropped when its worker shut down.
-    Cancelled,
-    /// The task panicked; the payload is the panic's.
-    Panicked(Box<dyn Any + Send>),
-}
-
-impl JoinError {
-    /// True if the task was cancelled.
-    pub fn is_cancelled(&self) -> bool {
-        matches!(self, JoinError::Cancelled)
-    }
-    /// True if the task panicked.
-    pub fn is_panic(&self) -> bool {
-        matches!(self, JoinError::Panicked(_))
-    }
-}
-
-impl fmt::Debug for JoinError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            JoinError::Cancelled => write!(f, "JoinError::Cancelled"),
-            JoinError::Panicked(_) => write!(f, "JoinError::Panicked(..)"),
-        }
-    }
-}
-
-impl fmt::Display for JoinError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            JoinError::Cancelled => write!(f, "task was cancelled"),
-            JoinError::Panicked(_) => write!(f, "task panicked"),
-        }
-    }
-}
-
-impl std::error::Error for JoinError {}
 
 /// An owned permission to await a task's output or abort it.
 ///
@@ -159,10 +123,37 @@ where
     let (key, owner, owner_uid) =
         context::with(|cx| (cx.tasks.borrow().next_key(), cx.shared.clone(), cx.uid));
     let slot = JoinSlot::new(set, Some(key));
-    let completion = Completion(slot.clone());
+    let completion = TaskCompletion(slot.clone());
     let spawned = spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
     debug_assert_eq!(spawned, key);
     JoinHandle { slot, key, owner, owner_uid }
+}
+
+/// A task's side of its join slot: finishes it with the output, or, if the
+/// task is dropped unfinished, with `Cancelled` (or its panic).
+pub(crate) struct TaskCompletion<T: 'static>(pub(crate) Arc<JoinSlot<T>>);
+
+impl<T: 'static> Drop for TaskCompletion<T> {
+    fn drop(&mut self) {
+        let Some(key) = self.0.unfinished_key() else { return };
+        // Dropped unfinished: aborted, shut down, or panicked (the executor
+        // parks the payload in the context before dropping the task).
+        let panic = key.and_then(take_panic);
+        self.0.finish(Err(panic.map_or(JoinError::Cancelled, JoinError::Panicked)));
+    }
+}
+
+/// The payload of the panic of task `key`, if that task is the one being
+/// dropped because it panicked.
+fn take_panic(key: TaskKey) -> Option<Box<dyn Any + Send>> {
+    context::try_with(|cx| {
+        let mut parked = cx.panic_payload.borrow_mut();
+        match &*parked {
+            Some((k, _)) if *k == key => parked.take().map(|(_, payload)| payload),
+            _ => None,
+        }
+    })
+    .flatten()
 }
 
 /// Spawns a future whose output nobody awaits (a connection handler): no
@@ -251,31 +242,4 @@ pub(crate) async fn yield_to_driver() {
         })
     })
     .await
-}
-
-/// A `Send` handle to a task spawned on a worker from another thread
-/// (see [`Handle::spawn_on`](crate::Handle::spawn_on)).
-pub struct RemoteJoinHandle<T> {
-    pub(crate) slot: Arc<JoinSlot<T>>,
-}
-
-impl<T> RemoteJoinHandle<T> {
-    /// Blocks the calling thread until the task finishes. Do not call it
-    /// on a hotloop worker: it would stop that worker.
-    pub fn join(self) -> Result<T, JoinError> {
-        self.slot.wait()
-    }
-
-    /// True once the task has finished.
-    pub fn is_finished(&self) -> bool {
-        self.slot.is_finished()
-    }
-}
-
-impl<T> Future for RemoteJoinHandle<T> {
-    type Output = Result<T, JoinError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        self.slot.poll_output(cx.waker())
-    }
 }

@@ -12,8 +12,8 @@ use std::fmt;
 use std::future::Future;
 use std::task::{Context as TaskContext, Poll};
 
-use super::join::{spawn_in_set, JoinError, JoinHandle};
-use super::join_slot::{lock, SetNotify};
+use super::join::{spawn_in_set, JoinHandle};
+use super::join_slot::{lock, JoinError, SetNotify};
 use crate::loom::sync::Arc;
 use crate::slab::{Key, Slab};
 

@@ -1,6 +1,7 @@
 //! Where a task's output waits for whoever joins it: the slot shared by
-//! [`JoinHandle`](super::JoinHandle), [`RemoteJoinHandle`](super::RemoteJoinHandle),
-//! the blocking pool and [`JoinSet`](super::JoinSet).
+//! [`JoinHandle`](super::JoinHandle), [`RemoteJoinHandle`], the blocking
+//! pool and [`JoinSet`](super::JoinSet), and the error a join gives
+//! ([`JoinError`]).
 //!
 //! # Implementation notes
 //! The slot is the one part of a task that two threads may touch at once:
@@ -19,12 +20,52 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::task::{Poll, Waker};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll, Waker};
 
-use super::context;
-use super::task::TaskKey;
-use super::JoinError;
+use super::key::TaskKey;
 use crate::loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Why a task produced no output.
+pub enum JoinError {
+    /// The task was aborted, or dropped when its worker shut down.
+    Cancelled,
+    /// The task panicked; the payload is the panic's.
+    Panicked(Box<dyn Any + Send>),
+}
+
+impl JoinError {
+    /// True if the task was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, JoinError::Cancelled)
+    }
+    /// True if the task panicked.
+    pub fn is_panic(&self) -> bool {
+        matches!(self, JoinError::Panicked(_))
+    }
+}
+
+impl fmt::Debug for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => write!(f, "JoinError::Cancelled"),
+            JoinError::Panicked(_) => write!(f, "JoinError::Panicked(..)"),
+        }
+    }
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => write!(f, "task was cancelled"),
+            JoinError::Panicked(_) => write!(f, "task panicked"),
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
 
 /// Told when a task of a [`JoinSet`](super::JoinSet) finishes: the set's
 /// list of finished task ids and the waker of its `join_next`.
@@ -153,39 +194,52 @@ impl<T> JoinSlot<T> {
     pub(crate) fn is_finished(&self) -> bool {
         lock(&self.state).finished
     }
+
+    /// `None` once the slot is finished; else the task's key, if known.
+    pub(crate) fn unfinished_key(&self) -> Option<Option<TaskKey>> {
+        let st = lock(&self.state);
+        (!st.finished).then_some(st.key)
+    }
 }
 
-/// The task's side of a slot: finishes it with the output, or, if the
-/// task is dropped unfinished, with `Cancelled` (or its panic).
+/// The blocking pool's side of a slot: finishes it with the job's
+/// result, or, if the job is dropped unrun (at shutdown), with `Cancelled`.
+/// A task's side, which also takes the task's panic, is `TaskCompletion`
+/// in `join.rs`.
 pub(crate) struct Completion<T: 'static>(pub(crate) Arc<JoinSlot<T>>);
 
 impl<T: 'static> Drop for Completion<T> {
     fn drop(&mut self) {
-        let key = {
-            let st = lock(&self.0.state);
-            if st.finished {
-                return;
-            }
-            st.key
-        };
-        // Dropped unfinished: aborted, shut down, or panicked (the executor
-        // parks the payload in the context before dropping the task).
-        let panic = key.and_then(take_panic);
-        self.0.finish(Err(panic.map_or(JoinError::Cancelled, JoinError::Panicked)));
+        // A no-op if the job finished it.
+        self.0.finish(Err(JoinError::Cancelled));
     }
 }
 
-/// The payload of the panic of task `key`, if that task is the one being
-/// dropped because it panicked.
-fn take_panic(key: TaskKey) -> Option<Box<dyn Any + Send>> {
-    context::try_with(|cx| {
-        let mut parked = cx.panic_payload.borrow_mut();
-        match &*parked {
-            Some((k, _)) if *k == key => parked.take().map(|(_, payload)| payload),
-            _ => None,
-        }
-    })
-    .flatten()
+/// A `Send` handle to a task spawned on a worker from another thread
+/// (see [`Handle::spawn_on`](crate::Handle::spawn_on)).
+pub struct RemoteJoinHandle<T> {
+    pub(crate) slot: Arc<JoinSlot<T>>,
+}
+
+impl<T> RemoteJoinHandle<T> {
+    /// Blocks the calling thread until the task finishes. Do not call it
+    /// on a hotloop worker: it would stop that worker.
+    pub fn join(self) -> Result<T, JoinError> {
+        self.slot.wait()
+    }
+
+    /// True once the task has finished.
+    pub fn is_finished(&self) -> bool {
+        self.slot.is_finished()
+    }
+}
+
+impl<T> Future for RemoteJoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        self.slot.poll_output(cx.waker())
+    }
 }
 
 #[cfg(all(test, hotloop_loom))]

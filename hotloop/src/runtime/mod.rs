@@ -6,6 +6,34 @@
 //! timer wheel outright: nothing on the hot path is shared or locked. Other
 //! threads reach a worker only through its inbox and eventfd
 //! ([`Handle`]).
+//!
+//! # Layout
+//! Imports among these files run one way: each names only the files
+//! before it in this list, and none names this file's items
+//! (`hotloop/tests/layering.rs` checks it).
+//! 1. `key`: a task's identity (`TaskKey`), which nearly every file names.
+//! 2. `load`: the load a worker publishes for the others.
+//! 3. `tokio_time`: tokio's timer, entered by every worker (feature
+//!    `tokio-time`; `tokio_time_off.rs` without it).
+//! 4. `join_slot`: the slot a task's output waits in, `JoinError`,
+//!    `RemoteJoinHandle`.
+//! 5. `blocking`: the blocking pool.
+//! 6. `config`: the builder's settings.
+//! 7. `shared`: what other threads may touch: each worker's inbox and
+//!    doorbell, and `RuntimeShared` (every worker's half, the blocking
+//!    pool), which the context holds and [`Handle`] wraps.
+//! 8. `task`: the task slab and the waker's state.
+//! 9. `context`: the per-worker state and its thread-local, and the waker's
+//!    wake (a wake on the task's own worker goes onto the run queue here).
+//! 10. `worker`: the loop.
+//! 11. `join`: `spawn`, [`JoinHandle`], and a task's side of its join slot,
+//!     which takes the task's panic from the context.
+//! 12. `handle`: [`Handle`] and [`spawn_blocking`], which reach the
+//!     current worker and spawn through `join`.
+//! 13. `join_set`: [`JoinSet`].
+//! 14. `current`: what the rest of the crate sees of the current worker.
+//!
+//! Then this file: the builder and [`Runtime`].
 
 mod blocking;
 mod config;
@@ -15,6 +43,7 @@ mod handle;
 mod join;
 mod join_set;
 mod join_slot;
+mod key;
 pub(crate) mod load;
 pub(crate) mod shared;
 mod task;
@@ -25,13 +54,13 @@ mod tokio_time;
 mod tokio_time;
 mod worker;
 
-pub use blocking::spawn_blocking;
 pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
-pub use handle::Handle;
-pub use join::{spawn, yield_now, JoinError, JoinHandle, RemoteJoinHandle};
+pub use handle::{spawn_blocking, Handle};
+pub use join::{spawn, yield_now, JoinHandle};
 pub(crate) use join::{spawn_detached, yield_to_driver, OnDone};
 pub use join_set::JoinSet;
+pub use join_slot::{JoinError, RemoteJoinHandle};
 pub(crate) use shared::WorkerShared;
 
 use std::cell::{Cell, RefCell};
@@ -272,7 +301,7 @@ impl Context {
             uid: context::NEXT_CONTEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             shared,
             config,
-            handle,
+            runtime: handle.inner,
             tasks: RefCell::new(TaskSlab::default()),
             run_queue: RefCell::new(VecDeque::with_capacity(256)),
             driver,

@@ -1,14 +1,17 @@
-//! The part of a worker that other threads may touch: its inbox of wakes
-//! and spawned closures, the doorbell that says whether to unpark it, its
-//! counters.
+//! The parts of the runtime that other threads may touch: each worker's
+//! inbox of wakes and spawned closures, the doorbell that says whether to
+//! unpark it, its counters ([`WorkerShared`]); and what the whole runtime
+//! shares ([`RuntimeShared`]: every worker's half, the blocking pool),
+//! which a worker's context holds and a `Handle` wraps.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::task::TaskKey;
+use super::blocking::BlockingPool;
+use super::key::TaskKey;
 use crate::driver::Unpark;
 use crate::loom::{fence, AtomicBool};
-use crate::stats::WorkerStats;
+use crate::stats::{DriverInfo, WorkerStats};
 
 /// A closure sent to a worker to run there (usually one that spawns a task).
 pub(crate) type Runnable = Box<dyn FnOnce() + Send>;
@@ -78,6 +81,34 @@ impl Doorbell {
         self.pending.store(true, Ordering::Release);
         fence(Ordering::SeqCst);
         self.sleeping.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// What every thread of one runtime shares: the state behind its `Handle`.
+pub(crate) struct RuntimeShared {
+    pub(crate) workers: Vec<Arc<WorkerShared>>,
+    /// The context of the thread that runs `block_on`.
+    pub(crate) main: Arc<WorkerShared>,
+    pub(crate) info: Mutex<DriverInfo>,
+    /// Threads for `spawn_blocking`, shared by every worker.
+    pub(crate) blocking: BlockingPool,
+    /// The next worker `Handle::spawn` picks (round-robin).
+    pub(super) next_worker: AtomicUsize,
+}
+
+impl RuntimeShared {
+    pub(crate) fn new(
+        workers: Vec<Arc<WorkerShared>>,
+        main: Arc<WorkerShared>,
+        blocking: BlockingPool,
+    ) -> Self {
+        RuntimeShared {
+            workers,
+            main,
+            info: Mutex::new(DriverInfo::default()),
+            blocking,
+            next_worker: AtomicUsize::new(0),
+        }
     }
 }
 

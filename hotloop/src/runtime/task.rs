@@ -1,5 +1,6 @@
 //! Tasks: the slab that holds each worker's futures, and the waker that
-//! puts a task back on its worker's run queue from any thread.
+//! puts a task back on its worker's run queue from any thread (woken in
+//! `context.rs`, which owns the run queue).
 //!
 //! # Implementation notes
 //! A task's future is `!Send` and lives only in its worker's slab; the waker
@@ -12,14 +13,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Wake, Waker};
+use std::task::Waker;
 
-use super::context;
+use super::key::TaskKey;
 use super::shared::WorkerShared;
 use crate::slab::{Key, Slab};
-
-/// A task's identity on its worker: `generation << 32 | slot`.
-pub(crate) type TaskKey = u64;
 
 /// The key the executor uses for the future passed to `block_on`.
 pub(crate) const MAIN_TASK: TaskKey = u64::MAX;
@@ -118,12 +116,13 @@ impl TaskSlab {
     }
 }
 
-/// The waker of one task.
+/// The waker of one task. Its `Wake` impl is in `context.rs`: a wake on
+/// the task's own worker goes straight onto that context's run queue.
 pub(crate) struct TaskWaker {
-    key: TaskKey,
-    worker: Arc<WorkerShared>,
+    pub(super) key: TaskKey,
+    pub(super) worker: Arc<WorkerShared>,
     /// True while the task sits in a run queue, so repeated wakes enqueue it once.
-    scheduled: AtomicBool,
+    pub(super) scheduled: AtomicBool,
     /// The task's abort flag ([`Task::is_aborted`]): read and written only
     /// on the task's worker, here because the header had the room.
     aborted: AtomicBool,
@@ -143,30 +142,6 @@ impl TaskWaker {
     /// so that a wake during the poll queues it again.
     pub(crate) fn clear_scheduled(&self) {
         self.scheduled.store(false, Ordering::Release);
-    }
-}
-
-impl Wake for TaskWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if self.scheduled.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let worker_id = self.worker.id;
-        let queued_locally = context::try_with(|cx| {
-            if cx.id == worker_id && Arc::ptr_eq(&cx.shared, &self.worker) {
-                cx.run_queue.borrow_mut().push_back(self.key);
-                true
-            } else {
-                false
-            }
-        });
-        if queued_locally != Some(true) {
-            self.worker.push_wake(self.key);
-        }
     }
 }
 

@@ -11,7 +11,8 @@
 
 use super::config::BusyPoll;
 use super::context::Context;
-use super::task::{TaskKey, TaskWaker, MAIN_TASK};
+use super::key::TaskKey;
+use super::task::{TaskWaker, MAIN_TASK};
 use crate::driver::Park;
 use crate::stats;
 use std::future::Future;
@@ -64,7 +65,7 @@ pub(crate) fn run<F: Future>(
         let wait = match poll_wait(cx, last_event) {
             // Paused, with a blocking job out: wait for its result (it
             // comes through the inbox), not for a deadline of the paused clock.
-            Wait::Sleep(Some(_)) if cx.clock.is_paused() && cx.handle.inner.blocking.has_jobs() => {
+            Wait::Sleep(Some(_)) if cx.clock.is_paused() && cx.runtime.blocking.has_jobs() => {
                 Wait::Sleep(None)
             }
             wait => wait,
