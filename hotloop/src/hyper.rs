@@ -41,21 +41,23 @@
 //!   then only an end of requests.
 
 use std::cell::Cell;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::net::Shutdown;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use hyper::body::{Body, Incoming};
 use hyper::rt::ReadBufCursor;
-use hyper::service::Service;
+use hyper::service::{HttpService, Service};
 use hyper::{Request, Response};
 use hyper_util::server::conn::auto;
 
-use crate::net::{serve_with_stop, ListenerOptions, Server, ServerOptions, StopSignal, TcpStream};
+use crate::net::{
+    serve_with_stop, ListenerOptions, Server, ServerOptions, StopSignal, Stopping, TcpStream,
+};
 use crate::time::Sleep;
 use crate::Handle;
 
@@ -320,7 +322,18 @@ where
 /// Serves one connection until the client is done, until a deadline
 /// passes, or until the server stops, then lets hyper end it gracefully
 /// (or cuts it: see the module notes).
-async fn serve_connection<I, S, B>(io: I, service: S, stop: StopSignal, deadlines: Deadlines)
+///
+/// A function that builds a named future rather than an `async fn`: an
+/// `async fn` keeps its arguments beside what it moves them into
+/// (rust-lang/rust#62958), so every connection's task held its stream
+/// twice, and once more inside hyper's connection (for a TLS stream,
+/// 1.2 KB each time). [`ServeConnection`] holds each piece once.
+fn serve_connection<I, S, B>(
+    io: I,
+    service: S,
+    stop: StopSignal,
+    deadlines: Deadlines,
+) -> ServeConnection<I, S>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin + 'static,
     S: Service<Request<Incoming>, Response = Response<B>> + 'static,
@@ -339,46 +352,83 @@ where
     builder.http2().timer(HotloopTimer);
     let progress = Rc::new(Progress::new());
     let io = TimedIo { io, progress: progress.clone() };
-    let mut conn = pin!(builder.serve_connection(io, service));
-    let mut stopping = pin!(stop.stopping());
-    let mut watch = Watch::new();
-    let mut told = false;
+    ServeConnection {
+        // Owned, so the connection need not borrow a builder kept beside it.
+        conn: builder.serve_connection(io, service).into_owned(),
+        stopping: stop.stopping(),
+        progress,
+        watch: Watch::new(),
+        deadlines,
+        told: false,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// One connection's future (see [`serve_connection`]).
+    struct ServeConnection<I, S>
+    where
+        I: Socket,
+        S: HttpService<Incoming>,
+    {
+        #[pin]
+        conn: auto::Connection<'static, TimedIo<I>, S, HotloopExecutor>,
+        stopping: Stopping,
+        progress: Rc<Progress>,
+        watch: Watch,
+        deadlines: Deadlines,
+        // hyper was told to finish (the server stops, or the idle deadline passed).
+        told: bool,
+    }
+}
+
+impl<I, S, B> Future for ServeConnection<I, S>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = ();
+
     // Errors here are the client's (resets, bad requests): the connection just ends.
-    let _ = poll_fn(|cx| {
-        if !told && stopping.as_mut().poll(cx).is_ready() {
-            told = true;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        let mut conn = this.conn;
+        if !*this.told && Pin::new(&mut *this.stopping).poll(cx).is_ready() {
+            *this.told = true;
             // Poll once before telling hyper: a connection accepted while
             // the server stops may have its request waiting in the kernel,
             // and hyper drops a connection whose first bytes it has not
             // read yet instead of serving it.
-            if let Poll::Ready(out) = conn.as_mut().poll(cx) {
-                return Poll::Ready(out);
+            if conn.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
             }
             conn.as_mut().graceful_shutdown();
         }
-        if let Poll::Ready(out) = conn.as_mut().poll(cx) {
-            return Poll::Ready(out);
+        if conn.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
         }
         loop {
-            match watch.poll(cx, &progress, &deadlines) {
+            match this.watch.poll(cx, this.progress, this.deadlines) {
                 None => return Poll::Pending,
                 Some(Expiry::Idle) => {
-                    told = true;
+                    *this.told = true;
                     conn.as_mut().graceful_shutdown();
                     // An idle HTTP/1.1 connection ends here and now; for
                     // the others the watch files the grace's deadline.
-                    if let Poll::Ready(out) = conn.as_mut().poll(cx) {
-                        return Poll::Ready(out);
+                    if conn.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(());
                     }
                 }
                 Some(Expiry::Cut) => {
-                    progress.cut.set(true);
-                    return Poll::Ready(Ok(()));
+                    this.progress.cut.set(true);
+                    return Poll::Ready(());
                 }
             }
         }
-    })
-    .await;
+    }
 }
 
 /// A stream whose socket can be shut down while the stream is in use.
@@ -613,5 +663,37 @@ impl Watch {
         // Pending: the timer is in the wheel with this task's waker.
         self.filed = Some(cx.waker().clone());
         None
+    }
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use std::convert::Infallible;
+    use std::future::{ready, Ready};
+    use std::mem::size_of;
+
+    use super::*;
+
+    struct Empty;
+
+    impl Service<Request<Incoming>> for Empty {
+        type Response = Response<String>;
+        type Error = Infallible;
+        type Future = Ready<Result<Response<String>, Infallible>>;
+        fn call(&self, _: Request<Incoming>) -> Self::Future {
+            ready(Ok(Response::new(String::new())))
+        }
+    }
+
+    /// Every connection's task is as large as this future: a TLS stream
+    /// (1.2 KB) is held once, inside hyper's connection (the `async fn`
+    /// it replaced held it three times: 4,464 bytes against 2,096 over
+    /// plain TCP).
+    #[test]
+    fn a_connection_holds_its_stream_once() {
+        let tls = size_of::<ServeConnection<crate::tls::ServerTlsStream, Empty>>();
+        let plain = size_of::<ServeConnection<TcpStream, Empty>>();
+        let stream = size_of::<crate::tls::ServerTlsStream>() - size_of::<TcpStream>();
+        assert!(tls <= plain + stream + 64, "over TLS {tls} B, plain {plain} B, stream {stream} B");
     }
 }
