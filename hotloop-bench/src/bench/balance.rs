@@ -113,6 +113,9 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             .collect();
         result.rows.extend(measure_interleaved(ctx, &specs, trials, duration));
     }
+    for row in &mut result.rows {
+        row.workers = Some(WORKERS);
+    }
     ctx.workers = saved_workers;
     ctx.server_cpus = saved_cpus;
     ctx.load_cpu = saved_load;

@@ -93,7 +93,18 @@ pub struct BenchArgs {
     /// run (default: built with cargo next to this executable).
     #[arg(long)]
     pub hotloop: Option<PathBuf>,
+    /// Workers per server (default: one per server CPU, half the CPUs):
+    /// hotloop's `--workers`, the peers' `--workers`, nginx's
+    /// `worker_processes`, haproxy's `nbthread`. The servers run on the
+    /// first N CPUs and the load on the next; with fewer than N + 1 CPUs
+    /// the servers run on all of them and the load is not pinned, so they
+    /// share CPUs. The balance scenario always runs two.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=WORKERS_MAX as i64))]
+    pub workers: Option<u16>,
 }
+
+/// The most workers `--workers` takes (the peers' own limit).
+pub const WORKERS_MAX: u16 = 1024;
 
 /// The scenarios, one per experiment hotloop reproduces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -257,8 +268,11 @@ pub struct Ctx {
     pub server_cpus: Vec<usize>,
     /// The CPU the load generator is pinned to.
     pub load_cpu: Option<usize>,
-    /// Worker threads per server (one per server CPU).
+    /// Worker threads per server (one per server CPU unless `--workers`).
     pub workers: usize,
+    /// One line saying the servers share their CPUs with the load
+    /// generator, when they do; every scenario's report carries it.
+    pub placement_note: Option<String>,
     /// Why every load run would fail, if the load generator is missing.
     pub load_missing: Option<String>,
     /// The load commands the current scenario ran, each once, in order:
@@ -335,7 +349,8 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
     // Absolute, because servers (nginx) resolve paths from their own directory.
     let out = std::fs::canonicalize(&args.out)?;
     let cpus = proc::allowed_cpus();
-    let (server_cpus, load_cpu) = placement(&cpus);
+    let place = placement(&cpus, args.workers.map(usize::from));
+    let placement_note = place.shared_note();
     let repeats = args.repeats.unwrap_or(if args.quick { REPEATS_QUICK } else { REPEATS_DEFAULT });
     let mut ctx = Ctx {
         exe,
@@ -344,9 +359,10 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         repeats,
         peers: args.peers.clone(),
         out,
-        workers: server_cpus.len().max(1),
-        server_cpus,
-        load_cpu,
+        workers: place.workers,
+        server_cpus: place.server_cpus,
+        load_cpu: place.load_cpu,
+        placement_note,
         load_missing: None,
         load_lines: Vec::new(),
         started: Instant::now(),
@@ -362,6 +378,9 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         ctx.repeats,
         ctx.out.display()
     ));
+    if let Some(note) = &ctx.placement_note {
+        ctx.progress(note);
+    }
     if let Some(why) = &ctx.load_missing {
         ctx.progress(&format!("every load figure is unavailable: {why}"));
     }
@@ -382,6 +401,14 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         };
         let loads = ctx.load_lines.iter().map(|l| format!("load: `{l}`"));
         result.setup.splice(0..0, loads);
+        // The timers scenario runs no server; balance sets its own workers
+        // and placement, and says so.
+        if !matches!(scenario, ScenarioName::Timers | ScenarioName::Balance) {
+            result.setup.extend(ctx.placement_note.clone());
+            for row in &mut result.rows {
+                row.workers.get_or_insert(ctx.workers);
+            }
+        }
         result.compare();
         output::print_result(&result);
         output::write_charts(&ctx.out, &result)?;
@@ -393,17 +420,57 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
     Ok(())
 }
 
-/// Server CPUs and the load generator's CPU: with two or more CPUs the
-/// servers get the first half (at least one) and the load the next one.
-pub fn placement(cpus: &[usize]) -> (Vec<usize>, Option<usize>) {
-    match cpus.len() {
-        0 => (Vec::new(), None),
-        1 => (Vec::new(), None),
-        n => {
+/// Where the servers and the load generator run, and with how many workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// CPUs the servers are pinned to (none: not pinned).
+    pub server_cpus: Vec<usize>,
+    /// The CPU the load generator is pinned to (none: not pinned).
+    pub load_cpu: Option<usize>,
+    /// Workers per server.
+    pub workers: usize,
+}
+
+impl Placement {
+    /// One line saying that the servers and the load share CPUs, when they
+    /// do (the load is not pinned to a CPU of its own).
+    pub fn shared_note(&self) -> Option<String> {
+        if self.load_cpu.is_some() {
+            return None;
+        }
+        let plural = if self.workers == 1 { "" } else { "s" };
+        let cpus = match self.server_cpus.as_slice() {
+            [] => "unpinned".to_string(),
+            [one] => format!("on CPU {one}"),
+            many => format!("on CPUs {many:?}"),
+        };
+        Some(format!(
+            "shared CPUs: servers with {} worker{plural} {cpus}, load generators not pinned \
+             (fewer CPUs than workers + 1), so the load takes CPU time from the servers",
+            self.workers
+        ))
+    }
+}
+
+/// Server CPUs, the load generator's CPU and the workers per server.
+///
+/// Without `workers`, with two or more CPUs, the servers get the first
+/// half (at least one) and a worker on each, and the load the next one.
+/// With `workers` N, the servers get the first N CPUs and the load the
+/// next; with fewer than N + 1 CPUs the servers get them all and the load
+/// none of its own. With one CPU nothing is pinned.
+pub fn placement(cpus: &[usize], workers: Option<usize>) -> Placement {
+    let (server_cpus, load_cpu) = match (cpus.len(), workers) {
+        (0 | 1, _) => (Vec::new(), None),
+        (n, None) => {
             let servers = (n / 2).max(1);
             (cpus[..servers].to_vec(), Some(cpus[servers]))
         }
-    }
+        (n, Some(w)) if n > w => (cpus[..w].to_vec(), Some(cpus[w])),
+        (_, Some(_)) => (cpus.to_vec(), None),
+    };
+    let workers = workers.unwrap_or(server_cpus.len()).max(1);
+    Placement { server_cpus, load_cpu, workers }
 }
 
 /// The `hotloop` server binary that belongs with `bench_exe`.
@@ -521,8 +588,40 @@ mod tests {
 
     #[test]
     fn placement_splits_cpus() {
-        assert_eq!(placement(&[0]), (vec![], None));
-        assert_eq!(placement(&[0, 1]), (vec![0], Some(1)));
-        assert_eq!(placement(&[0, 1, 2, 3]), (vec![0, 1], Some(2)));
+        let at = |cpus: &[usize], workers| {
+            let p = placement(cpus, workers);
+            (p.server_cpus, p.load_cpu, p.workers)
+        };
+        assert_eq!(at(&[0], None), (vec![], None, 1));
+        assert_eq!(at(&[0, 1], None), (vec![0], Some(1), 1));
+        assert_eq!(at(&[0, 1, 2, 3], None), (vec![0, 1], Some(2), 2));
+        assert!(placement(&[0, 1], None).shared_note().is_none());
+    }
+
+    #[test]
+    fn workers_set_the_placement() {
+        let at = |cpus: &[usize], workers| {
+            let p = placement(cpus, Some(workers));
+            (p.server_cpus, p.load_cpu, p.workers)
+        };
+        // One worker on two CPUs is the default placement.
+        assert_eq!(at(&[0, 1], 1), (vec![0], Some(1), 1));
+        assert_eq!(at(&[0, 1, 2, 3], 1), (vec![0], Some(1), 1));
+        assert_eq!(at(&[0, 1, 2, 3], 3), (vec![0, 1, 2], Some(3), 3));
+        // Not enough CPUs for the load's own: the servers take them all.
+        assert_eq!(at(&[0, 1], 2), (vec![0, 1], None, 2));
+        assert_eq!(at(&[0, 1], 4), (vec![0, 1], None, 4));
+        assert_eq!(at(&[5], 2), (vec![], None, 2));
+        let note = placement(&[0, 1], Some(2)).shared_note().unwrap();
+        assert!(note.contains("2 workers on CPUs [0, 1]"), "{note}");
+        assert!(placement(&[0, 1, 2], Some(2)).shared_note().is_none());
+    }
+
+    #[test]
+    fn workers_parse_within_limits() {
+        assert_eq!(Cli::parse_from(["bench"]).bench.workers, None);
+        assert_eq!(Cli::parse_from(["bench", "--workers", "2"]).bench.workers, Some(2));
+        assert!(Cli::try_parse_from(["bench", "--workers", "0"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--workers", "1025"]).is_err());
     }
 }

@@ -206,6 +206,19 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     Ok(ticks as f64 / clock_ticks_per_second())
 }
 
+/// `pid` and its child processes (from `/proc/PID/task/TID/children`,
+/// proc(5)): nginx with more than one worker runs them as children of its
+/// master, and their CPU time counts only while they run.
+pub fn with_children(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return pids };
+    for task in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("children")) else { continue };
+        pids.extend(text.split_ascii_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    pids
+}
+
 /// Seconds process `pid`'s threads have spent waiting on a run queue for a
 /// CPU (the second field of each `/proc/PID/task/TID/schedstat`): on a
 /// shared machine, the time the process was ready to run but another
@@ -292,6 +305,7 @@ mod tests {
     #[test]
     fn own_cpu_time_is_readable() {
         assert!(cpu_seconds(std::process::id()).unwrap() >= 0.0);
+        assert_eq!(with_children(std::process::id())[0], std::process::id());
         assert!(!allowed_cpus().is_empty());
     }
 

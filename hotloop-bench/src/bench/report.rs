@@ -181,6 +181,9 @@ pub struct Row {
     pub notes: Vec<String>,
     /// What the server reported about itself (`driver`, `busy_poll`).
     pub server_info: BTreeMap<String, String>,
+    /// Workers (threads or processes) the server ran with; `None` where
+    /// no server ran (criterion's results).
+    pub workers: Option<usize>,
 }
 
 impl Row {
@@ -195,6 +198,7 @@ impl Row {
             histogram_us: Vec::new(),
             notes: Vec::new(),
             server_info: BTreeMap::new(),
+            workers: None,
         }
     }
 
@@ -307,8 +311,9 @@ pub fn format_figure(value: f64, decimals: usize) -> String {
     }
 }
 
-/// Renders rows as a text table per group: a column per metric, the first
-/// one with its spread over repeats.
+/// Renders rows as a text table per group: the workers each server ran
+/// with (when known), then a column per metric, the first one with its
+/// spread over repeats.
 pub fn render_table(rows: &[Row], columns: &[Column]) -> String {
     let mut groups: Vec<&str> = Vec::new();
     for row in rows {
@@ -321,10 +326,15 @@ pub fn render_table(rows: &[Row], columns: &[Column]) -> String {
         if !group.is_empty() {
             let _ = writeln!(out, "\n {group}");
         }
+        let show_workers = rows.iter().any(|r| r.group == group && r.workers.is_some());
         let mut header = vec!["server".to_string()];
+        if show_workers {
+            header.push("workers".to_string());
+        }
+        let first_at = header.len();
         header.extend(columns.iter().map(|c| c.header.to_string()));
         if let Some(first) = columns.first() {
-            header.insert(2, format!("{} spread", first.header));
+            header.insert(first_at + 1, format!("{} spread", first.header));
         }
         let mut lines = vec![header];
         for row in rows.iter().filter(|r| r.group == group) {
@@ -333,6 +343,9 @@ pub fn render_table(rows: &[Row], columns: &[Column]) -> String {
                 cells.push(format!("unavailable: {why}"));
                 lines.push(cells);
                 continue;
+            }
+            if show_workers {
+                cells.push(row.workers.map_or("-".into(), |w| w.to_string()));
             }
             for (i, column) in columns.iter().enumerate() {
                 let summary = row.metrics.get(column.key);
@@ -490,6 +503,22 @@ mod tests {
         let text = render_table(&rows, &columns);
         assert!(text.contains("±10.0%"), "{text}");
         assert!(text.contains("unavailable: exited at start"), "{text}");
+        assert!(!text.contains("workers"), "{text}");
+    }
+
+    #[test]
+    fn table_shows_each_rows_workers() {
+        let mut one = row("", "hotloop", "epoll", 1.0);
+        one.workers = Some(1);
+        let mut two = row("", "floor", "", 2.0);
+        two.workers = Some(2);
+        let columns =
+            [Column { key: "rate", header: "req/s", decimals: 0, better: Better::Higher }];
+        let text = render_table(&[one, two], &columns);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("server") && lines[0].contains("| workers | req/s |"), "{text}");
+        assert!(lines[2].starts_with(" hotloop epoll |       1 |"), "{text}");
+        assert!(lines[3].starts_with(" floor         |       2 |"), "{text}");
     }
 
     #[test]

@@ -132,19 +132,31 @@ pub struct Running {
 }
 
 impl Running {
-    /// CPU seconds used by all its processes so far.
+    /// CPU seconds used by all its processes (and their children, such as
+    /// nginx's workers) so far.
     pub fn cpu_seconds(&self) -> Option<f64> {
-        self.children.iter().map(|c| proc::cpu_seconds(c.pid()).ok()).sum()
+        self.pids().map(|pid| proc::cpu_seconds(pid).ok()).sum()
     }
 
     /// Seconds its processes' threads waited for a CPU so far.
     pub fn run_queue_wait_seconds(&self) -> Option<f64> {
-        self.children.iter().map(|c| proc::run_queue_wait_seconds(c.pid()).ok()).sum()
+        self.pids().map(|pid| proc::run_queue_wait_seconds(pid).ok()).sum()
+    }
+
+    /// Its processes and their children.
+    fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.children.iter().flat_map(|c| proc::with_children(c.pid()))
     }
 
     /// The numeric fields of `GET /stats`, if the server has the endpoint.
     pub fn stats(&self) -> Option<BTreeMap<String, f64>> {
         parse_stats(&self.stats_body()?)
+    }
+
+    /// The numeric fields of each worker's object in `GET /stats`, in
+    /// worker order.
+    pub fn worker_stats(&self) -> Option<Vec<BTreeMap<String, f64>>> {
+        parse_worker_stats(&self.stats_body()?)
     }
 
     /// The text fields of `GET /stats` (such as `driver` and `busy_poll`).
@@ -183,6 +195,17 @@ pub fn parse_stats(body: &str) -> Option<BTreeMap<String, f64>> {
     let value: serde_json::Value = serde_json::from_str(body).ok()?;
     let object = value.as_object()?;
     Some(object.iter().filter_map(|(k, v)| v.as_f64().map(|f| (k.clone(), f))).collect())
+}
+
+/// The numeric fields of each object in a stats JSON object's `workers`.
+pub fn parse_worker_stats(body: &str) -> Option<Vec<BTreeMap<String, f64>>> {
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    let workers = value.get("workers")?.as_array()?;
+    let numbers = |w: &serde_json::Value| {
+        let object = w.as_object()?;
+        Some(object.iter().filter_map(|(k, v)| v.as_f64().map(|f| (k.clone(), f))).collect())
+    };
+    workers.iter().map(numbers).collect()
 }
 
 /// Starts `spec` and waits until it accepts connections.
@@ -348,6 +371,8 @@ fn start_proxy(
             addr.to_string(),
             "--backend".into(),
             backend.to_string(),
+            "--workers".into(),
+            ctx.workers.to_string(),
         ];
         if busy_on_proxy {
             args.extend(["--busy-poll".to_string(), busy_poll.to_string()]);
@@ -424,8 +449,11 @@ fn config_dir(ctx: &Ctx, name: &str, port: u16) -> Result<PathBuf, String> {
 /// a fixed `200` whose body is the file `body` in `dir`.
 pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, multi_accept: bool) -> String {
     let multi_accept = if multi_accept { "on" } else { "off" };
+    // Without a master process nginx ignores `worker_processes` and serves
+    // from its one process.
+    let master = if workers > 1 { "on" } else { "off" };
     format!(
-        "daemon off;\nmaster_process off;\nworker_processes {workers};\npid {pid};\n\
+        "daemon off;\nmaster_process {master};\nworker_processes {workers};\npid {pid};\n\
          error_log {err} warn;\nworker_rlimit_nofile 20000;\n\
          events {{ worker_connections 19900; multi_accept {multi_accept}; }}\n\
          http {{\n  access_log off;\n  keepalive_requests 1000000;\n  tcp_nodelay on;\n\
@@ -500,6 +528,15 @@ mod tests {
     }
 
     #[test]
+    fn worker_stats_keep_each_workers_numbers() {
+        let body = r#"{"accepted":3,"workers":[{"accepted":1,"handoffs_in":0},{"accepted":2}]}"#;
+        let w = parse_worker_stats(body).unwrap();
+        assert_eq!(w.len(), 2);
+        assert_eq!((w[0]["accepted"], w[1]["accepted"]), (1.0, 2.0));
+        assert!(parse_worker_stats(r#"{"accepted":3}"#).is_none());
+    }
+
+    #[test]
     fn busy_polling_is_read_from_the_arguments() {
         let serve = |args: &[&str]| ServerSpec::hotloop("x", args).busy_polls();
         assert!(serve(&["--driver", "epoll", "--busy-poll", "always"]));
@@ -532,6 +569,11 @@ mod tests {
         assert!(n.contains("multi_accept on;"), "{n}");
         assert!(nginx_config(Path::new("/tmp/n"), addr, 1, false).contains("multi_accept off;"));
         assert!(n.contains("listen 127.0.0.1:9999") && n.contains("root /tmp/n;"), "{n}");
+        assert!(n.contains("master_process off;\nworker_processes 1;"), "{n}");
+        let n2 = nginx_config(Path::new("/tmp/n"), addr, 2, false);
+        assert!(n2.contains("master_process on;\nworker_processes 2;"), "{n2}");
+        let h2 = haproxy_config(Path::new("/tmp/h"), addr, 2, 64, HaproxyRole::Respond);
+        assert!(h2.contains("nbthread 2\n"), "{h2}");
         let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000, HaproxyRole::Respond);
         assert!(h.contains("bind 127.0.0.1:9999") && h.contains("tune.bufsize 21024"), "{h}");
         assert!(h.contains("file /tmp/h/body") && !h.contains("busy-polling"), "{h}");

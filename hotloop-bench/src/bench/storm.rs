@@ -17,6 +17,10 @@
 //! - The storm's concurrency stays under the listen backlog (4,096), so
 //!   connections wait in the kernel's accept queue rather than being
 //!   dropped as SYNs.
+//! - With more than one worker (`--workers`), hotloop's rows also show how
+//!   its workers split the connections (each worker's accepted, less those
+//!   it handed off, plus those handed to it), read from the stats
+//!   endpoint around each repeat.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -64,7 +68,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         ),
         "DragonFly at most 32 accepts per kevent: an unbounded accept batch delays the I/O of \
          connections the server already has; 1K p99 69.02 -> 35.59 ms",
-        columns(),
+        columns(ctx.workers),
     );
     result.setup.push(
         "established latency runs from each request's intended send (open loop, no coordinated omission); \
@@ -110,10 +114,12 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     result
 }
 
-/// The table's columns; the first, the established connections' p99, is the headline.
-fn columns() -> Vec<Column> {
+/// The table's columns; the first, the established connections' p99, is
+/// the headline. With more than one worker, the split of connections
+/// between them too.
+fn columns(workers: usize) -> Vec<Column> {
     let col = |key, header, decimals, better| Column { key, header, decimals, better };
-    vec![
+    let mut columns = vec![
         col("est_p99_ms", "est. p99 ms", 2, Better::Lower),
         col("est_p50_ms", "est. p50 ms", 2, Better::Lower),
         col("est_p999_ms", "est. p99.9 ms", 2, Better::Lower),
@@ -127,7 +133,39 @@ fn columns() -> Vec<Column> {
         col("load_cpu_pct", "load CPU %", 0, Better::Lower),
         col("accepted_per_wakeup", "accepts/wakeup", 1, Better::Lower),
         col("errors", "errors", 0, Better::Lower),
-    ]
+    ];
+    if workers > 1 {
+        columns.extend([
+            col("busiest_worker_conn_pct", "busiest worker's conn %", 1, Better::Lower),
+            col("handed_off_pct", "handed off %", 1, Better::Lower),
+        ]);
+    }
+    columns
+}
+
+/// From each worker's stats before and after a run: the share of the
+/// connections the busiest worker served, and the share of accepted
+/// connections handed to another worker, both in percent.
+fn worker_split(
+    before: &[BTreeMap<String, f64>],
+    after: &[BTreeMap<String, f64>],
+) -> Option<(f64, f64)> {
+    if before.len() != after.len() || after.len() < 2 {
+        return None;
+    }
+    let delta = |i: usize, k: &str| {
+        after[i].get(k).copied().unwrap_or(0.0) - before[i].get(k).copied().unwrap_or(0.0)
+    };
+    let served: Vec<f64> = (0..after.len())
+        .map(|i| delta(i, "accepted") - delta(i, "handoffs_out") + delta(i, "handoffs_in"))
+        .collect();
+    let accepted: f64 = (0..after.len()).map(|i| delta(i, "accepted")).sum();
+    let handed: f64 = (0..after.len()).map(|i| delta(i, "handoffs_out")).sum();
+    if accepted <= 0.0 {
+        return None;
+    }
+    let busiest = served.iter().copied().fold(0.0, f64::max);
+    Some((100.0 * busiest / accepted, 100.0 * handed / accepted))
 }
 
 /// hotloop's three accept settings on both drivers, the floor's two, and
@@ -242,6 +280,7 @@ fn measure(
     let mut samples: Vec<BTreeMap<String, f64>> = Vec::new();
     for repeat in 1..=ctx.repeats {
         let stats_before = running.stats();
+        let split_before = if ctx.workers > 1 { running.worker_stats() } else { None };
         let cpu_before = running.cpu_seconds();
         let wait_before = running.run_queue_wait_seconds();
         let started = Instant::now();
@@ -250,6 +289,7 @@ fn measure(
         let cpu_after = running.cpu_seconds();
         let wait_after = running.run_queue_wait_seconds();
         let stats_after = running.stats();
+        let split_after = if ctx.workers > 1 { running.worker_stats() } else { None };
         match outcome {
             Ok((est, st)) => {
                 if est.completed == 0 {
@@ -281,6 +321,12 @@ fn measure(
                             "accepted_per_wakeup".into(),
                             delta("accepted") / delta("accept_wakeups"),
                         );
+                    }
+                }
+                if let (Some(b), Some(a)) = (&split_before, &split_after) {
+                    if let Some((busiest, handed)) = worker_split(b, a) {
+                        f.insert("busiest_worker_conn_pct".into(), busiest);
+                        f.insert("handed_off_pct".into(), handed);
                     }
                 }
                 ctx.progress(&format!(
@@ -375,4 +421,33 @@ fn run_both(
     let est = est.join().map_err(|_| "the established load's thread panicked".to_string())?;
     let st = st.join().map_err(|_| "the storm load's thread panicked".to_string())?;
     Ok((est?, st?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(accepted: f64, out: f64, handed_in: f64) -> BTreeMap<String, f64> {
+        [("accepted", accepted), ("handoffs_out", out), ("handoffs_in", handed_in)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    #[test]
+    fn worker_split_counts_hand_offs_where_they_are_served() {
+        let before = [worker(10.0, 0.0, 0.0), worker(10.0, 0.0, 0.0)];
+        // Worker 0 accepted 700 and handed 100 to worker 1, which accepted 300.
+        let after = [worker(710.0, 100.0, 0.0), worker(310.0, 0.0, 100.0)];
+        let (busiest, handed) = worker_split(&before, &after).unwrap();
+        assert!((busiest - 60.0).abs() < 1e-9 && (handed - 10.0).abs() < 1e-9);
+        assert!(worker_split(&before[..1], &after[..1]).is_none());
+        assert!(worker_split(&before, &before).is_none());
+    }
+
+    #[test]
+    fn split_columns_only_with_more_than_one_worker() {
+        let has = |w| columns(w).iter().any(|c| c.key == "busiest_worker_conn_pct");
+        assert!(!has(1) && has(2));
+    }
 }
