@@ -20,8 +20,10 @@
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.
 //! - In-flight operations live in a generational slab ([`lifecycle`], [`op`]);
-//!   `user_data` is the slot's key. Values no key can take mark the
-//!   eventfd poll, cancel requests and the deadline timer.
+//!   `user_data` is the slot's key. A stream's multishot receive lives in
+//!   its stream's slot instead (`pooled.rs`): its `user_data` is the
+//!   stream's key with bit 31 set. Values no key can take mark the eventfd
+//!   poll, cancel requests and the deadline timer.
 //! - A wait until a deadline is a wait for one completion, with an
 //!   absolute `IORING_OP_TIMEOUT` in the ring that stays armed across
 //!   waits and is moved (`IORING_TIMEOUT_UPDATE`) only when a deadline
