@@ -247,34 +247,24 @@ impl Uring {
     /// ([`Uring::free_dgrams`]).
     pub(super) fn release_dgrams(&mut self, key: Key) {
         let Some(d) = self.dgrams.get_mut(key) else { return };
-        let op = d.op;
-        let stage = op.and_then(|op| match self.ops.get(op) {
-            Some(&Lifecycle::Feed { stage, .. }) => Some(stage),
-            _ => None,
-        });
-        match stage {
+        match d.op.and_then(|op| Some((op, self.ops.get_mut(op)?))) {
             // Closed before: its feed frees the slot at its last completion.
-            Some(FeedStage::Orphaned) => {}
-            Some(FeedStage::Feeding) => {
-                let op = op.expect("a feed was found by its key");
-                if let Some(state) = self.ops.get_mut(op) {
-                    state.orphan_feed();
+            Some((_, Lifecycle::Feed { stage: FeedStage::Orphaned, .. })) => {}
+            // In the kernel: cancelled, and orphaned until its last
+            // completion; else withdrawn before the kernel saw it (the next
+            // enter skips its entry), and the ring can go now.
+            Some((op, state)) => {
+                if state.orphan_feed() {
+                    // Datagrams nobody will take: their buffers die with the ring.
+                    d.queue.clear();
+                    d.waiters.clear();
+                    self.ring.push_cancel(op);
+                } else {
+                    self.free_dgrams(key);
                 }
-                // Datagrams nobody will take: their buffers die with the ring.
-                d.queue.clear();
-                d.waiters.clear();
-                self.ring.push_cancel(op);
             }
-            // Never reached the kernel (its entry is skipped at the next
-            // enter), or nothing armed: the ring can go now.
-            Some(FeedStage::Queued) | None => {
-                if let Some(op) = op {
-                    if let Some(state) = self.ops.get_mut(op) {
-                        state.orphan_feed();
-                    }
-                }
-                self.free_dgrams(key);
-            }
+            // Nothing armed.
+            None => self.free_dgrams(key),
         }
     }
 
