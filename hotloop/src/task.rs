@@ -5,7 +5,7 @@
 //! [`spawn`] under tokio's name for a `!Send` task.
 
 pub use crate::runtime::{
-    spawn, spawn_blocking, yield_now, JoinError, JoinHandle, JoinSet, RemoteJoinHandle,
+    spawn, spawn_blocking, wake_all, yield_now, JoinError, JoinHandle, JoinSet, RemoteJoinHandle,
 };
 
 /// [`spawn`] under the name tokio gives it for `!Send` futures: every

@@ -159,3 +159,58 @@ async fn a_waker_kept_after_its_task_ended_never_wakes_a_later_task() {
     assert_eq!(polls.get(), before, "a stale waker woke a later task");
     later.abort();
 }
+
+/// `wake_all` reaches every task of the worker it runs on, even one parked
+/// on a wait that kept no waker (as an idle connection is while the server
+/// is told to stop), and leaves the other workers' tasks alone.
+#[hotloop::test(driver = "all")]
+fn wake_all_reaches_every_task_of_its_worker_and_no_other(driver: DriverKind) {
+    use std::sync::atomic::AtomicUsize;
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let go = Arc::new(AtomicBool::new(false));
+    let parked = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for worker in 0..2 {
+        for _ in 0..3 {
+            let (go, parked) = (go.clone(), parked.clone());
+            tasks.push(rt.handle().spawn_on(worker, move || async move {
+                let mut first = true;
+                // Pending until `go`, and no waker kept anywhere.
+                std::future::poll_fn(|_| {
+                    if first {
+                        first = false;
+                        parked.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if go.load(Ordering::SeqCst) {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                })
+                .await;
+            }));
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while parked.load(Ordering::SeqCst) < 6 {
+        assert!(std::time::Instant::now() < deadline, "the tasks never parked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    go.store(true, Ordering::SeqCst);
+    // Worker 0 only: its three tasks end, worker 1's stay parked.
+    let woken = rt.handle().spawn_on(0, || async { hotloop::task::wake_all() }).join().unwrap();
+    assert!(woken >= 4, "the three parked tasks and the caller: {woken}");
+    let (first, second) = tasks.split_at_mut(3);
+    for t in first.iter() {
+        while !t.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "a parked task was not woken");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(second.iter().all(|t| !t.is_finished()), "another worker's task was woken");
+    rt.handle().spawn_on(1, || async { hotloop::task::wake_all() }).join().unwrap();
+    for t in tasks {
+        t.join().unwrap();
+    }
+}

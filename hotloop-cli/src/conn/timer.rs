@@ -1,6 +1,5 @@
-//! [`ConnTimer`]: a connection's idle, header and send deadlines, and its
-//! graceful-stop registration, on one timer; and the two futures that wait
-//! on it.
+//! [`ConnTimer`]: a connection's idle, header and send deadlines on one
+//! timer; and the two futures that wait on it.
 
 use std::future::Future;
 use std::io;
@@ -19,33 +18,24 @@ use crate::drain;
 /// way). A write that has to wait (on io_uring, every write waits for its
 /// completion) uses it too, so no timer is filed per response.
 ///
-/// It also carries the connection's registration for a graceful stop, so
-/// an idle wait ends when the server stops without a wrapper future
-/// around each read.
+/// An idle wait also ends when the server stops: it checks
+/// [`drain::stopping`] whenever it is polled, and the stop wakes every
+/// task, so no wrapper future around each read and no registration is
+/// needed.
 pub(crate) struct ConnTimer {
     timer: Sleep,
-    /// The waker of the task that last waited here, one copy for the
-    /// timer and the stop (a connection's waits all come from its own
-    /// task): the timer is filed in the worker's wheel with it while
-    /// `timer_filed`, and the stop's list holds it while `stop_filed`. A
-    /// wait that finds its own task's waker here and its flag set needs
-    /// nothing from the wheel or the list (the usual case: the
-    /// connection's task parks again after every request).
+    /// The waker of the task that last waited here (a connection's waits
+    /// all come from its own task): the timer is filed in the worker's
+    /// wheel with it while `timer_filed`. A wait that finds its own task's
+    /// waker here and the flag set needs nothing from the wheel (the usual
+    /// case: the connection's task parks again after every request).
     waker: Option<Waker>,
     timer_filed: bool,
-    stop_filed: bool,
-    stop: drain::StopWatch,
 }
 
 impl ConnTimer {
     pub(crate) fn new() -> Self {
-        ConnTimer {
-            timer: hotloop::time::sleep(Duration::MAX),
-            waker: None,
-            timer_filed: false,
-            stop_filed: false,
-            stop: Default::default(),
-        }
+        ConnTimer { timer: hotloop::time::sleep(Duration::MAX), waker: None, timer_filed: false }
     }
 
     /// Runs `read` (a connection's read, pinned by the caller) until `due`;
@@ -111,15 +101,7 @@ impl ConnTimer {
         if !self.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
             self.waker = Some(waker.clone());
             self.timer_filed = false;
-            self.stop_filed = false;
         }
-    }
-
-    /// True if the server is stopping; files this task's waker for the
-    /// stop otherwise.
-    fn poll_stopped(&mut self, waker: &Waker) -> bool {
-        self.waiting_with(waker);
-        self.stop.poll_stopped(waker, &mut self.stop_filed)
     }
 
     /// Whether `due` has passed, as far as the timer knows; registers
@@ -167,7 +149,7 @@ where
         if let Poll::Ready(r) = this.read.as_mut().poll(cx) {
             return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
         }
-        if this.idle && this.timer.poll_stopped(cx.waker()) {
+        if this.idle && drain::stopping() {
             return Poll::Ready(None);
         }
         match this.due {

@@ -227,6 +227,31 @@ pub async fn yield_now() {
     .await
 }
 
+/// Wakes every task of the current worker once, and returns how many.
+///
+/// A correct future takes a wake it did not ask for as a reason to look
+/// again (it polls, finds nothing new and parks), so this is harmless to
+/// every task and reaches the ones parked on waits no list records. It is
+/// how a graceful stop reaches idle connections without a registration
+/// per connection: set a flag the tasks check when they wait, then call
+/// this on each worker ([`Handle::spawn_on`](super::Handle::spawn_on)).
+/// The tasks run in the worker's next turn; the caller's own task is
+/// woken too. It costs one wake per task, so it is for rare events.
+///
+/// # Panics
+/// Outside a hotloop worker.
+pub fn wake_all() -> usize {
+    // Collected first: a wake on this worker pushes onto its run queue,
+    // which must not happen while the task slab is borrowed.
+    let wakers: Vec<Waker> =
+        context::with(|cx| cx.tasks.borrow().iter().map(|t| t.waker.clone()).collect());
+    let woken = wakers.len();
+    for waker in wakers {
+        waker.wake();
+    }
+    woken
+}
+
 /// Waits until the worker has polled its driver once more, so that I/O and
 /// timers get their turn before the caller continues.
 pub(crate) async fn yield_to_driver() {

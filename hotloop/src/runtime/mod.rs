@@ -57,7 +57,7 @@ mod worker;
 pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::{spawn_blocking, Handle};
-pub use join::{spawn, yield_now, JoinHandle};
+pub use join::{spawn, wake_all, yield_now, JoinHandle};
 pub(crate) use join::{spawn_detached, yield_to_driver, OnDone};
 pub use join_set::JoinSet;
 pub use join_slot::{JoinError, RemoteJoinHandle};

@@ -78,6 +78,11 @@ impl TaskSlab {
         self.slab.get_mut(Key::from_u64(key)?)
     }
 
+    /// Every live task, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Task> {
+        self.slab.iter().map(|(_, t)| t)
+    }
+
     /// Removes the task behind `key`; a later key for this slot has a new generation.
     pub(crate) fn remove(&mut self, key: TaskKey) -> Option<Task> {
         self.slab.remove(Key::from_u64(key)?)
