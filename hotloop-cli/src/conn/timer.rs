@@ -27,7 +27,7 @@ pub(crate) struct ConnTimer {
     /// The waker of the task that last waited here (a connection's waits
     /// all come from its own task): the timer is filed in the worker's
     /// wheel with it while `timer_filed`. A wait that finds its own task's
-    /// waker here and the flag set needs nothing from the wheel (the usual
+    /// waker here and `timer_filed` set needs nothing from the wheel (the usual
     /// case: the connection's task parks again after every request).
     waker: Option<Waker>,
     timer_filed: bool,
