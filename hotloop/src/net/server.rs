@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::rc::Rc;
 
 use super::balance::{hand_off, LaneGuard, Lanes};
@@ -142,8 +142,6 @@ struct WorkerConns {
     waiting: Cell<Option<Waker>>,
     /// Set by this worker's accept loop when the server stops.
     stopping: Cell<bool>,
-    /// Handlers waiting for [`StopSignal::stopping`], woken when it is set.
-    stop_waiters: RefCell<crate::slab::Slab<Waker>>,
 }
 
 impl WorkerConns {
@@ -154,18 +152,17 @@ impl WorkerConns {
             active: Cell::new(0),
             waiting: Cell::new(None),
             stopping: Cell::new(false),
-            stop_waiters: RefCell::new(crate::slab::Slab::default()),
         }
     }
 
-    /// Marks the server as stopping on this worker and wakes every handler
-    /// that waits for it.
+    /// Marks the server as stopping on this worker and wakes every task
+    /// on it, so the handlers that wait for [`StopSignal::stopping`] see
+    /// it: no handler registers anywhere to be found (a list of them would
+    /// cost every connection a slot), and a task that does not wait for
+    /// the stop polls once more and parks.
     fn set_stopping(&self) {
         self.stopping.set(true);
-        let wakers: Vec<Waker> = self.stop_waiters.borrow_mut().drain();
-        for w in wakers {
-            w.wake();
-        }
+        crate::runtime::wake_all();
     }
 }
 
@@ -186,9 +183,10 @@ impl StopSignal {
     }
 
     /// Completes once the server is stopping. Cheap to poll with every
-    /// read: it registers its waker once, in a per-worker list.
+    /// read: it reads a flag and registers nothing (the stop wakes every
+    /// task of the worker).
     pub fn stopping(&self) -> Stopping {
-        Stopping { local: self.local.clone(), key: None }
+        Stopping { local: self.local.clone() }
     }
 }
 
@@ -201,37 +199,16 @@ impl std::fmt::Debug for StopSignal {
 /// The future of [`StopSignal::stopping`].
 pub struct Stopping {
     local: Rc<WorkerConns>,
-    key: Option<crate::slab::Key>,
 }
 
 impl Future for Stopping {
     type Output = ();
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<()> {
         if self.local.stopping.get() {
-            self.key = None; // the accept loop drained the list
-            return Poll::Ready(());
-        }
-        let mut waiters = self.local.stop_waiters.borrow_mut();
-        match self.key.and_then(|k| waiters.get_mut(k)) {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            Some(w) => *w = cx.waker().clone(),
-            None => {
-                let key = waiters.insert(cx.waker().clone());
-                drop(waiters);
-                self.key = Some(key);
-            }
-        }
-        Poll::Pending
-    }
-}
-
-impl Drop for Stopping {
-    fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            if !self.local.stopping.get() {
-                self.local.stop_waiters.borrow_mut().remove(key);
-            }
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
     }
 }

@@ -227,7 +227,8 @@ pub async fn yield_now() {
     .await
 }
 
-/// Wakes every task of the current worker once, and returns how many.
+/// Wakes every task of the current worker once, and the future its
+/// `block_on` runs, if any; returns how many tasks it woke.
 ///
 /// A correct future takes a wake it did not ask for as a reason to look
 /// again (it polls, finds nothing new and parks), so this is harmless to
@@ -243,8 +244,12 @@ pub async fn yield_now() {
 pub fn wake_all() -> usize {
     // Collected first: a wake on this worker pushes onto its run queue,
     // which must not happen while the task slab is borrowed.
-    let wakers: Vec<Waker> =
-        context::with(|cx| cx.tasks.borrow().iter().map(|t| t.waker.clone()).collect());
+    let wakers: Vec<Waker> = context::with(|cx| {
+        // A worker without a `block_on` future skips the entry; one whose
+        // future is already queued polls it once more.
+        cx.run_queue.borrow_mut().push_back(super::task::MAIN_TASK);
+        cx.tasks.borrow().iter().map(|t| t.waker.clone()).collect()
+    });
     let woken = wakers.len();
     for waker in wakers {
         waker.wake();
