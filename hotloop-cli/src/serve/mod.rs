@@ -84,6 +84,7 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
                 idle_timeout: settings.idle_timeout,
                 send_timeout: millis_or_never(args.send_timeout_ms),
                 header_timeout: Some(settings.header_timeout),
+                idle_release: Some(HyperOptions::IDLE_RELEASE_DEFAULT),
             };
             match tls {
                 None => serve_hyper(rt.handle(), addr, options, make_service)?,

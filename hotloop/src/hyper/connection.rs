@@ -1,0 +1,404 @@
+//! One served connection: hyper's HTTP/1.1 or HTTP/2 state over the
+//! connection's I/O, built when the client's bytes arrive and, for
+//! HTTP/1.1, released again when the connection sits between requests.
+//!
+//! hyper 1.x keeps two 8 KiB buffers for every HTTP/1.1 connection (it
+//! reserves its read buffer before each read, and its write buffer lives
+//! as long as the connection), and has no call that gives them back. A
+//! connection that waits for its next request holds them for nothing, so
+//! after [`HyperOptions::idle_release`](super::HyperOptions) with no
+//! request open and nothing moving, the connection takes hyper's state
+//! apart (`into_parts`: the I/O, the service and the bytes read but not
+//! parsed) and waits for the client with a buffer on the stack; the next
+//! bytes build a new one and are handed to it first. nginx does the same
+//! with its request buffers between keep-alive requests.
+//!
+//! The first release comes as soon as the connection is between requests,
+//! so a burst of clients that each send one request and fall silent never
+//! holds hyper's buffers all at once. A client that sends again within
+//! the release time of a release is one that keeps sending: from then on
+//! its state is released only after that time with nothing moving, and
+//! it pays for no rebuild while it sends. That wait costs no timer per
+//! request: it is the connection's deadline timer, which moves only when
+//! it fires.
+//!
+//! While a connection holds no hyper state its deadlines are kept here:
+//! the idle timeout as always, and the header-read timeout, counted from
+//! the end of the last answer (from the connection's start before the
+//! first), as hyper would have. A state built again gets only what is
+//! left of that timeout.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::{http1, http2};
+use hyper::service::{HttpService, Service};
+use hyper::{Request, Response};
+
+use super::deadline::{Deadlines, Expiry, Progress, Socket, TimedIo, Watch};
+use super::tracked::{Rewind, Tracked};
+use super::{HotloopExecutor, HotloopTimer};
+use crate::net::{StopSignal, Stopping};
+
+/// The HTTP/2 connection preface: a client that starts with it speaks
+/// HTTP/2 by prior knowledge.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Which protocol a connection speaks, once its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+type Io<I> = Rewind<TimedIo<I>>;
+
+/// Where a connection is.
+enum Phase<I: Socket, T: HttpService<Incoming>> {
+    /// No hyper state: waiting for the client's next bytes.
+    Parked(Parked<I, T>),
+    Http1(Pin<Box<http1::Connection<Io<I>, T>>>),
+    Http2(Pin<Box<http2::Connection<Io<I>, T, HotloopExecutor>>>),
+    /// Ended without hyper state: shutting the write side down (a TLS
+    /// stream sends its close_notify).
+    Closing(TimedIo<I>),
+    /// Between two phases, or over.
+    Done,
+}
+
+/// A connection without hyper state.
+struct Parked<I: Socket, T> {
+    io: TimedIo<I>,
+    service: T,
+    /// Bytes read and not yet handed to hyper.
+    prefix: Vec<u8>,
+    /// `None` until the first bytes tell.
+    protocol: Option<Protocol>,
+}
+
+/// Serves one connection until the client is done, until a deadline
+/// passes, or until the server stops, then lets hyper end it gracefully
+/// (or cuts it: see the module notes of `hyper`).
+///
+/// A function that builds a named future rather than an `async fn`: an
+/// `async fn` keeps its arguments beside what it moves them into
+/// (rust-lang/rust#62958), so every connection's task held its stream
+/// twice, and once more inside hyper's connection (for a TLS stream,
+/// 1.2 KB each time). [`ServeConnection`] holds each piece once.
+pub(super) fn serve_connection<I, S, B>(
+    io: I,
+    service: S,
+    stop: StopSignal,
+    deadlines: Deadlines,
+) -> ServeConnection<I, S>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let progress = Rc::new(Progress::new());
+    let parked = Parked {
+        io: TimedIo { io, progress: progress.clone() },
+        service: Tracked::new(service, progress.clone()),
+        prefix: Vec::new(),
+        protocol: None,
+    };
+    ServeConnection {
+        phase: Phase::Parked(parked),
+        stopping: stop.stopping(),
+        progress,
+        watch: Watch::new(),
+        deadlines,
+        told: false,
+        released_at: None,
+        chatty: false,
+    }
+}
+
+/// One connection's future (see [`serve_connection`]).
+pub(super) struct ServeConnection<I, S>
+where
+    I: Socket,
+    Tracked<S>: HttpService<Incoming>,
+{
+    phase: Phase<I, Tracked<S>>,
+    stopping: Stopping,
+    progress: Rc<Progress>,
+    watch: Watch,
+    deadlines: Deadlines,
+    // The connection was told to finish (the server stops, or the idle deadline passed).
+    told: bool,
+    /// When hyper's state was last released.
+    released_at: Option<Instant>,
+    /// The client once sent again within the release time of a release:
+    /// from then on its state is released only after that time.
+    chatty: bool,
+}
+
+impl<I, S, B> Future for ServeConnection<I, S>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = ();
+
+    // Errors here are the client's (resets, bad requests): the connection just ends.
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if !this.told && Pin::new(&mut this.stopping).poll(cx).is_ready() {
+            this.told = true;
+            // Poll once before telling hyper: a connection accepted while
+            // the server stops may have its request waiting in the kernel,
+            // and hyper drops a connection whose first bytes it has not
+            // read yet instead of serving it.
+            if this.drive(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            this.finish();
+        }
+        loop {
+            if this.drive(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            let phase = this.phase_deadline();
+            if let Some((at, Expiry::Release)) = phase {
+                if at <= crate::time::now() {
+                    this.release();
+                    continue;
+                }
+            }
+            match this.watch.poll(cx, &this.progress, &this.deadlines, phase) {
+                None => return Poll::Pending,
+                Some(Expiry::Release) => this.release(),
+                Some(Expiry::Idle) => {
+                    // An idle HTTP/1.1 connection ends at once; for the
+                    // others the watch files the grace's deadline.
+                    this.told = true;
+                    this.finish();
+                }
+                Some(Expiry::Cut) => {
+                    this.progress.cut.set(true);
+                    this.phase = Phase::Done;
+                    return Poll::Ready(());
+                }
+            }
+        }
+    }
+}
+
+impl<I, S, B> ServeConnection<I, S>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// Runs the connection as far as it goes now; ready once it has ended.
+    fn drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match &mut self.phase {
+                Phase::Http1(conn) => return conn.as_mut().poll(cx).map(drop),
+                Phase::Http2(conn) => return conn.as_mut().poll(cx).map(drop),
+                Phase::Closing(io) => {
+                    let _ = std::task::ready!(Pin::new(&mut io.io).poll_shutdown(cx));
+                    self.phase = Phase::Done;
+                    return Poll::Ready(());
+                }
+                Phase::Done => return Poll::Ready(()),
+                Phase::Parked(parked) => {
+                    let got = match parked.io.poll_read_to(cx, &mut parked.prefix) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(_)) => {
+                            self.phase = Phase::Done;
+                            return Poll::Ready(());
+                        }
+                        Poll::Ready(Ok(n)) => n,
+                    };
+                    if got == 0 && parked.prefix.is_empty() {
+                        // The client ended its side between requests.
+                        self.close_parked();
+                        continue;
+                    }
+                    if parked.protocol.is_none() {
+                        parked.protocol = detect(&parked.prefix, got == 0);
+                    }
+                    if parked.protocol.is_some() {
+                        self.build();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds hyper's state for a parked connection, handing it the bytes
+    /// read so far.
+    fn build(&mut self) {
+        let Phase::Parked(parked) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return;
+        };
+        if let Some(at) = self.released_at.take() {
+            let soon = self.deadlines.release.is_some_and(|t| crate::time::now() < at + t);
+            self.chatty |= soon;
+        }
+        let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
+        self.phase = match parked.protocol {
+            Some(Protocol::Http2) => {
+                let builder = http2::Builder::new(HotloopExecutor).timer(HotloopTimer).clone();
+                Phase::Http2(Box::pin(builder.serve_connection(io, parked.service)))
+            }
+            _ => {
+                // What is left of the header-read timeout, counted from the
+                // end of the last answer.
+                let header = self.deadlines.header.map(|t| {
+                    let deadline = self.progress.answered.get() + t;
+                    deadline.saturating_duration_since(crate::time::now()).max(Duration::from_millis(1))
+                });
+                let mut builder = http1::Builder::new();
+                builder.timer(HotloopTimer).keep_alive(true).half_close(true).header_read_timeout(header);
+                Phase::Http1(Box::pin(builder.serve_connection(io, parked.service)))
+            }
+        };
+    }
+
+    /// Takes an HTTP/1.1 connection's hyper state apart between requests.
+    fn release(&mut self) {
+        if !matches!(self.phase, Phase::Http1(_)) || !self.progress.between_requests() {
+            return;
+        }
+        let Phase::Http1(conn) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return;
+        };
+        let parts = Pin::into_inner(conn).into_parts();
+        let Rewind { io, prefix } = parts.io;
+        // A pipelined request's first bytes, read and not yet parsed.
+        let mut pending = Vec::new();
+        if !parts.read_buf.is_empty() || !prefix.is_empty() {
+            pending.extend_from_slice(&parts.read_buf);
+            pending.extend_from_slice(&prefix);
+        }
+        self.released_at = Some(crate::time::now());
+        self.phase = Phase::Parked(Parked {
+            io,
+            service: parts.service,
+            prefix: pending,
+            protocol: Some(Protocol::Http1),
+        });
+    }
+
+    /// Tells the connection to finish: hyper ends gracefully; a parked
+    /// connection closes.
+    fn finish(&mut self) {
+        match &mut self.phase {
+            Phase::Http1(conn) => conn.as_mut().graceful_shutdown(),
+            Phase::Http2(conn) => conn.as_mut().graceful_shutdown(),
+            Phase::Parked(_) => self.close_parked(),
+            Phase::Closing(_) | Phase::Done => {}
+        }
+    }
+
+    fn close_parked(&mut self) {
+        if let Phase::Parked(parked) = std::mem::replace(&mut self.phase, Phase::Done) {
+            self.phase = Phase::Closing(parked.io);
+        }
+    }
+
+    /// The deadline the phase adds to the idle and send timeouts: the
+    /// release of an HTTP/1.1 connection sitting between requests, or,
+    /// for a parked one, the header-read timeout.
+    fn phase_deadline(&self) -> Option<(Instant, Expiry)> {
+        if self.told {
+            return None;
+        }
+        match &self.phase {
+            Phase::Http1(_) if self.progress.between_requests() => {
+                let after = self.deadlines.release?;
+                let after = if self.chatty { after } else { Duration::ZERO };
+                Some((self.progress.moved.get() + after, Expiry::Release))
+            }
+            Phase::Parked(_) => {
+                let header = self.deadlines.header?;
+                Some((self.progress.answered.get() + header, Expiry::Idle))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The protocol `prefix` starts, or `None` while it could still be the
+/// HTTP/2 preface. At the client's end (`ended`) it is HTTP/1.1, for hyper
+/// to answer.
+fn detect(prefix: &[u8], ended: bool) -> Option<Protocol> {
+    if prefix.len() >= H2_PREFACE.len() {
+        Some(if prefix.starts_with(H2_PREFACE) { Protocol::Http2 } else { Protocol::Http1 })
+    } else if !ended && H2_PREFACE.starts_with(prefix) {
+        None
+    } else {
+        Some(Protocol::Http1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_bytes_tell_the_protocol() {
+        assert_eq!(detect(b"GET / HTTP/1.1\r\n", false), Some(Protocol::Http1));
+        assert_eq!(detect(b"P", false), None);
+        assert_eq!(detect(b"PRI * HTTP/2.0\r\n", false), None);
+        assert_eq!(detect(b"PUT / HTTP/1.1\r\n", false), Some(Protocol::Http1));
+        assert_eq!(detect(b"PRI * HTTP/2.0\r\n", true), Some(Protocol::Http1));
+        assert_eq!(detect(H2_PREFACE, false), Some(Protocol::Http2));
+        let mut more = H2_PREFACE.to_vec();
+        more.extend_from_slice(b"\0\0\x12\x04");
+        assert_eq!(detect(&more, false), Some(Protocol::Http2));
+    }
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod size_tests {
+    use std::convert::Infallible;
+    use std::future::{ready, Ready};
+    use std::mem::size_of;
+
+    use super::*;
+    use crate::net::TcpStream;
+
+    struct Empty;
+
+    impl Service<Request<Incoming>> for Empty {
+        type Response = Response<String>;
+        type Error = Infallible;
+        type Future = Ready<Result<Response<String>, Infallible>>;
+        fn call(&self, _: Request<Incoming>) -> Self::Future {
+            ready(Ok(Response::new(String::new())))
+        }
+    }
+
+    /// Every connection's task is as large as this future: a TLS stream
+    /// (1.2 KB) is held once (an `async fn` held it three times: 4,464
+    /// bytes against 2,096 over plain TCP), and hyper's state is boxed,
+    /// so a connection without it holds little besides its stream.
+    #[test]
+    fn a_connection_holds_its_stream_once_and_hypers_state_boxed() {
+        let tls = size_of::<ServeConnection<crate::tls::ServerTlsStream, Empty>>();
+        let plain = size_of::<ServeConnection<TcpStream, Empty>>();
+        let stream = size_of::<crate::tls::ServerTlsStream>() - size_of::<TcpStream>();
+        assert!(tls <= plain + stream + 64, "over TLS {tls} B, plain {plain} B, stream {stream} B");
+        assert!(plain <= 256, "plain {plain} B");
+    }
+}

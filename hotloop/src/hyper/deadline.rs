@@ -1,0 +1,338 @@
+//! What a served connection records as it goes (bytes moved, a write
+//! waiting, requests open), the I/O that records it, and the one timer
+//! that turns the record into deadlines.
+//!
+//! The deadlines cost no timer per request: the I/O handed to hyper
+//! records, in a [`Progress`] it shares with the connection's task, when
+//! bytes last moved and since when a write has waited; the task keeps one
+//! [`Watch`], moved only earlier as it goes, and looks at the record when
+//! it fires, filing it again for the later deadline if bytes moved
+//! meanwhile (nginx keeps its timers the same way).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use hyper::rt::ReadBufCursor;
+
+use super::IDLE_CLOSE_GRACE;
+use crate::net::TcpStream;
+use crate::time::Sleep;
+
+/// A stream whose socket can be shut down while the stream is in use.
+pub(super) trait Socket {
+    /// The socket under the stream.
+    fn socket(&self) -> BorrowedFd<'_>;
+}
+
+impl Socket for TcpStream {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Socket for crate::tls::ServerTlsStream {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.get_ref().0.as_fd()
+    }
+}
+
+/// A connection's deadlines, as each connection's task holds them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadlines {
+    pub(super) idle: Option<Duration>,
+    pub(super) send: Option<Duration>,
+    pub(super) header: Option<Duration>,
+    /// HTTP/1.1: how long a connection waits for its next request with
+    /// hyper's state before that state is released.
+    pub(super) release: Option<Duration>,
+}
+
+/// What a connection's I/O and its service record (see the module notes),
+/// in the loop's clock.
+pub(super) struct Progress {
+    /// When a byte last moved either way.
+    pub(super) moved: Cell<Instant>,
+    /// Since when a write (or a flush) has been waiting, while one is.
+    pub(super) write_waiting: Cell<Option<Instant>>,
+    /// The last flush (or shutdown) had to wait.
+    flush_waited: Cell<bool>,
+    /// The last read found nothing and waits for the client.
+    read_waiting: Cell<bool>,
+    /// Requests taken by the service whose answers have not ended.
+    pub(super) open: Cell<u32>,
+    /// The last request came with a body: hyper may still be reading it.
+    pub(super) bodied: Cell<bool>,
+    /// When the last answer ended (at first, when the connection began):
+    /// where an HTTP/1.1 header-read timeout counts from.
+    pub(super) answered: Cell<Instant>,
+    /// A deadline passed: the socket is shut down before it is closed.
+    pub(super) cut: Cell<bool>,
+}
+
+impl Progress {
+    pub(super) fn new() -> Self {
+        let now = crate::time::now();
+        Progress {
+            moved: Cell::new(now),
+            write_waiting: Cell::new(None),
+            flush_waited: Cell::new(false),
+            read_waiting: Cell::new(false),
+            open: Cell::new(0),
+            bodied: Cell::new(false),
+            answered: Cell::new(now),
+            cut: Cell::new(false),
+        }
+    }
+
+    /// Records the outcome of a read. A write that waits still waits: a
+    /// client that sends and does not read is still bounded by the send
+    /// timeout.
+    fn read(&self, poll: &Poll<std::io::Result<()>>, got: bool) {
+        self.read_waiting.set(poll.is_pending());
+        if got {
+            self.moved.set(crate::time::now());
+        }
+    }
+
+    /// A write (or a flush) moved bytes.
+    fn moved(&self) {
+        self.moved.set(crate::time::now());
+        self.write_waiting.set(None);
+    }
+
+    fn waiting(&self) {
+        if self.write_waiting.get().is_none() {
+            self.write_waiting.set(Some(crate::time::now()));
+        }
+    }
+
+    /// Records the outcome of a write.
+    fn wrote(&self, poll: &Poll<std::io::Result<usize>>) {
+        match poll {
+            Poll::Pending => self.waiting(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.moved(),
+            Poll::Ready(_) => {}
+        }
+    }
+
+    /// Records the outcome of a flush or a shutdown: progress only if it
+    /// had to wait (one that has nothing to wait for, as on epoll, or
+    /// nothing buffered, must not pass for progress).
+    fn flushed(&self, poll: &Poll<std::io::Result<()>>) {
+        match poll {
+            Poll::Pending => {
+                self.flush_waited.set(true);
+                self.waiting();
+            }
+            Poll::Ready(result) => {
+                if self.flush_waited.replace(false) && result.is_ok() {
+                    self.moved();
+                }
+            }
+        }
+    }
+
+    /// True when an HTTP/1.1 connection sits between requests: its last
+    /// read waits for the client, no request is open, everything written
+    /// has gone to the kernel, and hyper is not still reading a request
+    /// body. Taking hyper's state apart here loses nothing but buffers:
+    /// what hyper read and has not parsed comes back with its parts.
+    pub(super) fn between_requests(&self) -> bool {
+        self.read_waiting.get()
+            && self.open.get() == 0
+            && !self.bodied.get()
+            && self.write_waiting.get().is_none()
+            && !self.flush_waited.get()
+    }
+}
+
+/// The I/O hyper gets from `serve_hyper`: the stream, recording its
+/// progress.
+pub(super) struct TimedIo<T: Socket> {
+    pub(super) io: T,
+    pub(super) progress: std::rc::Rc<Progress>,
+}
+
+impl<T: Socket> Drop for TimedIo<T> {
+    fn drop(&mut self) {
+        if self.progress.cut.get() {
+            // Ends a write in flight now (on io_uring a dropped stream's
+            // write would otherwise linger), and the client reads a reset
+            // or an end rather than waiting.
+            let _ = socket2::SockRef::from(&self.io.socket()).shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Socket + Unpin> TimedIo<T> {
+    /// Reads what the client sent into the end of `into` through a buffer
+    /// on the stack, so nothing is allocated while the client is silent.
+    /// `Ok(0)`: the client's side ended.
+    pub(super) fn poll_read_to(
+        &mut self,
+        cx: &mut Context<'_>,
+        into: &mut Vec<u8>,
+    ) -> Poll<std::io::Result<usize>> {
+        let mut room = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut rb = tokio::io::ReadBuf::uninit(&mut room);
+        let poll = Pin::new(&mut self.io).poll_read(cx, &mut rb);
+        self.progress.read(&poll, !rb.filled().is_empty());
+        std::task::ready!(poll)?;
+        into.extend_from_slice(rb.filled());
+        Poll::Ready(Ok(rb.filled().len()))
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Socket + Unpin> hyper::rt::Read for TimedIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        crate::buf::poll_read_hyper(buf, |rb| {
+            let poll = Pin::new(&mut this.io).poll_read(cx, rb);
+            this.progress.read(&poll, !rb.filled().is_empty());
+            poll
+        })
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Socket + Unpin> hyper::rt::Write for TimedIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progress.wrote(&poll);
+        poll
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.progress.wrote(&poll);
+        poll
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // On io_uring the stream writes behind: a flush waits for the kernel.
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.progress.flushed(&poll);
+        poll
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.progress.flushed(&poll);
+        poll
+    }
+}
+
+/// Which deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Expiry {
+    /// Nothing moved for the idle timeout, and no write is waiting (or a
+    /// connection without hyper state reached its header deadline): the
+    /// connection is asked to finish.
+    Idle,
+    /// A write stalled past its limit, or the grace after [`Expiry::Idle`]
+    /// ran out: the connection is cut.
+    Cut,
+    /// An HTTP/1.1 connection sat between requests for the release time:
+    /// hyper's state for it is released.
+    Release,
+}
+
+/// A connection's one timer for its deadlines, moved only earlier as it
+/// goes and brought up to date when it fires.
+pub(super) struct Watch {
+    timer: Sleep,
+    /// The waker the timer is filed with in the worker's wheel, while it
+    /// is: a poll that finds its own task's waker there and the deadline
+    /// still ahead need not touch the wheel (the usual case).
+    filed: Option<Waker>,
+    /// After [`Expiry::Idle`]: when the connection is cut if it has not ended.
+    cut_at: Option<Instant>,
+}
+
+impl Watch {
+    pub(super) fn new() -> Self {
+        Watch { timer: crate::time::sleep(Duration::MAX), filed: None, cut_at: None }
+    }
+
+    /// The earliest deadline now, and what passing it means. `phase` is
+    /// the deadline the connection's state adds (see
+    /// `ServeConnection::phase_deadline`).
+    fn due(
+        &self,
+        progress: &Progress,
+        d: &Deadlines,
+        phase: Option<(Instant, Expiry)>,
+    ) -> Option<(Instant, Expiry)> {
+        let waiting = progress.write_waiting.get();
+        let send = waiting.zip(d.send).map(|(since, t)| (since + t, Expiry::Cut));
+        let (idle, phase) = match (d.idle, self.cut_at) {
+            (Some(t), None) => {
+                // A write stalled that long is cut: a GOAWAY could not go out.
+                let expiry = if waiting.is_some() { Expiry::Cut } else { Expiry::Idle };
+                (Some((progress.moved.get() + t, expiry)), phase)
+            }
+            (None, None) => (None, phase),
+            // Asked to finish: only the grace and a stalled write count now.
+            (_, Some(_)) => (None, None),
+        };
+        let grace = self.cut_at.map(|at| (at, Expiry::Cut));
+        [send, idle, grace, phase].into_iter().flatten().min_by_key(|(at, _)| *at)
+    }
+
+    /// Whether a deadline passed; registers `cx` to be woken at the next
+    /// one otherwise.
+    pub(super) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        progress: &Progress,
+        d: &Deadlines,
+        phase: Option<(Instant, Expiry)>,
+    ) -> Option<Expiry> {
+        let (due, _) = self.due(progress, d, phase)?;
+        if due < self.timer.deadline() {
+            Pin::new(&mut self.timer).reset(due);
+            // A reset may take the timer out of the wheel.
+            self.filed = None;
+        }
+        let filed = self.filed.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if filed && crate::time::now() < self.timer.deadline() {
+            return None;
+        }
+        while Pin::new(&mut self.timer).poll(cx).is_ready() {
+            self.filed = None;
+            // Bytes may have moved since the timer was set: look again.
+            let (due, expiry) = self.due(progress, d, phase)?;
+            if crate::time::now() >= due {
+                if let Expiry::Idle = expiry {
+                    self.cut_at = Some(crate::time::now() + IDLE_CLOSE_GRACE);
+                }
+                return Some(expiry);
+            }
+            Pin::new(&mut self.timer).reset(due);
+        }
+        // Pending: the timer is in the wheel with this task's waker.
+        self.filed = Some(cx.waker().clone());
+        None
+    }
+}

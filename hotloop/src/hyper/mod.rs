@@ -1,0 +1,328 @@
+//! hyper 1.x on hotloop: an executor that spawns on the current worker, a
+//! timer on the worker's wheel, and [`serve_hyper`], which serves a hyper
+//! `Service` (HTTP/1.1, and HTTP/2 by prior knowledge) on every worker.
+//!
+//! Connections speak hyper's I/O traits through [`HyperIo`], which sits on
+//! the tokio I/O traits of [`TcpStream`] (or of a TLS stream over it) on
+//! either driver. It needs no `hyper_util::rt::TokioIo`, so a server built
+//! on this module links no tokio runtime code. With the `tls` feature,
+//! `serve_hyper_tls` does the same over rustls, with ALPN.
+//!
+//! [`serve_hyper`] bounds every connection by the deadlines of
+//! [`HyperOptions`]: nothing moved either way for the idle timeout, a
+//! write stalled for the send timeout (a client that does not read), and,
+//! for HTTP/1.1, hyper's own header-read timeout. A client that ends its
+//! side after a request (a TCP half-close, or a TLS close_notify) still
+//! gets its answer.
+//!
+//! # Implementation notes
+//!
+//! - hyper hands reads an uninitialised cursor; it is filled in place (the
+//!   `unsafe` for that lives in the buffer layer, `buf/`), and hotloop's
+//!   `AsyncRead` impls read into a `ReadBuf`'s spare room without zeroing
+//!   it, so a read is one copy from the kernel, as on tokio.
+//! - The deadlines cost no timer per request (`deadline.rs`): the I/O
+//!   handed to hyper records when bytes last moved and since when a write
+//!   has waited, and the connection's one timer reads that record when it
+//!   fires. A read moves the idle clock but not a waiting write's: a
+//!   client that keeps sending and never reads still meets the send
+//!   timeout.
+//! - An HTTP/1.1 connection that sits between requests gives hyper's
+//!   buffers back ([`HyperOptions::idle_release`], `connection.rs`), so an
+//!   idle connection costs about what its socket and task do.
+//! - At the idle deadline hyper is asked to finish gracefully (an idle
+//!   HTTP/1.1 connection closes at once; HTTP/2 sends GOAWAY), and the
+//!   connection is cut [`IDLE_CLOSE_GRACE`] later if it has not ended; a
+//!   stalled write is cut at once (a GOAWAY could not be sent anyway). A
+//!   cut shuts the socket down both ways before the stream is dropped, so
+//!   a write in flight on io_uring ends at once too.
+//! - hyper's HTTP/1.1 server drops a connection whose read side ends while
+//!   a request is being answered unless it allows half-closed connections
+//!   (`half_close`), which it does here: the end of the client's side is
+//!   then only an end of requests.
+
+mod connection;
+mod deadline;
+mod tracked;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::{Body, Incoming};
+use hyper::rt::ReadBufCursor;
+use hyper::service::Service;
+use hyper::{Request, Response};
+
+use self::connection::serve_connection;
+use self::deadline::Deadlines;
+use crate::net::{serve_with_stop, ListenerOptions, Server, ServerOptions, TcpStream};
+use crate::Handle;
+
+/// Adapts a tower `Service` (an axum `Router`, a `ServiceBuilder` stack)
+/// to the hyper `Service` that [`serve_hyper`] takes:
+/// `serve_hyper(handle, addr, options, move || TowerToHyperService::new(router.clone()))`.
+pub use hyper_util::service::TowerToHyperService;
+
+/// hyper's executor: spawns onto the current hotloop worker. Futures need
+/// not be `Send`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HotloopExecutor;
+
+impl<F> hyper::rt::Executor<F> for HotloopExecutor
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    fn execute(&self, future: F) {
+        drop(crate::spawn(future));
+    }
+}
+
+/// hyper's timer: sleeps on the current worker's timer wheel.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HotloopTimer;
+
+/// A hotloop [`Sleep`] as hyper's `Sleep`.
+pub struct HyperSleep(crate::time::Sleep);
+
+impl Future for HyperSleep {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl hyper::rt::Sleep for HyperSleep {}
+
+impl hyper::rt::Timer for HotloopTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(HyperSleep(crate::time::sleep(duration)))
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(HyperSleep(crate::time::sleep_until(deadline)))
+    }
+
+    /// The worker loop's reading of this turn ([`crate::time::now`]), not
+    /// a clock reading: hyper asks for it on every request to start its
+    /// header-read timeout, and a turn's precision is ample for a timeout
+    /// of seconds.
+    fn now(&self) -> Instant {
+        crate::time::now()
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
+        match sleep.as_mut().downcast_mut_pin::<HyperSleep>() {
+            Some(mut s) => s.0.reset(new_deadline),
+            None => *sleep = self.sleep_until(new_deadline),
+        }
+    }
+}
+
+/// A stream with tokio's I/O traits ([`TcpStream`], or a TLS stream over
+/// it) as hyper's `Read` and `Write`.
+#[derive(Debug)]
+pub struct HyperIo<T>(pub T);
+
+impl<T> HyperIo<T> {
+    /// Wraps `stream`.
+    pub fn new(stream: T) -> Self {
+        HyperIo(stream)
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> hyper::rt::Read for HyperIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        crate::buf::poll_read_hyper(buf, |rb| Pin::new(&mut self.0).poll_read(cx, rb))
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> hyper::rt::Write for HyperIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // On io_uring the stream writes behind: a flush waits for the kernel.
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// How long an idle connection that was asked to finish (HTTP/2: sent a
+/// GOAWAY) may take to end before it is cut.
+pub const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// How [`serve_hyper`] and `serve_hyper_tls` (feature `tls`) serve: the
+/// listeners and connection limits, and the deadlines that bound every
+/// connection.
+///
+/// A [`ServerOptions`] or a [`ListenerOptions`] converts into one with the
+/// default deadlines.
+#[derive(Debug, Clone)]
+pub struct HyperOptions {
+    /// The listeners and the connection limits.
+    pub server: ServerOptions,
+    /// Close a connection on which no byte has moved either way for this
+    /// long, whatever it waits for: the next request, the rest of one, or
+    /// a client that does not read its answer. HTTP/1.1 connections are
+    /// closed (at once if no request is open), HTTP/2 ones are sent a
+    /// GOAWAY, and either is cut [`IDLE_CLOSE_GRACE`] later if it has not
+    /// ended. A service that takes longer than this to start its answer,
+    /// with nothing else moving, loses its connection the same way: set it
+    /// above the slowest answer. `None`: never. Default: 60 s.
+    pub idle_timeout: Option<Duration>,
+    /// Cut a connection whose write has made no progress for this long,
+    /// because the client does not read (nginx's `send_timeout`); a
+    /// shorter idle timeout cuts it sooner. `None`: never. Default: 60 s.
+    pub send_timeout: Option<Duration>,
+    /// HTTP/1.1: hyper's header-read timeout. A request head must arrive
+    /// whole within this long of the start of its read (for a kept-alive
+    /// connection, of the end of the previous answer); then the connection
+    /// is closed. `None`: never. Default: 30 s (hyper's own default).
+    pub header_timeout: Option<Duration>,
+    /// HTTP/1.1: hyper's state for a connection (two 8 KiB buffers) is
+    /// released when the connection sits between requests, and built again
+    /// when the client sends its next bytes, so an idle connection holds
+    /// its socket and little else. The first release comes at once; a
+    /// client that sends again within this long of a release keeps its
+    /// state until it has had no request open and nothing moving for this
+    /// long, so a client that keeps sending pays for no rebuild. `None`:
+    /// never release. Default: 500 ms.
+    pub idle_release: Option<Duration>,
+}
+
+impl HyperOptions {
+    /// The default idle timeout.
+    pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+    /// The default send timeout.
+    pub const SEND_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+    /// The default header-read timeout (hyper's).
+    pub const HEADER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+    /// The default release time of an idle HTTP/1.1 connection's hyper state.
+    pub const IDLE_RELEASE_DEFAULT: Duration = Duration::from_millis(500);
+}
+
+impl Default for HyperOptions {
+    fn default() -> Self {
+        HyperOptions {
+            server: ServerOptions::default(),
+            idle_timeout: Some(Self::IDLE_TIMEOUT_DEFAULT),
+            send_timeout: Some(Self::SEND_TIMEOUT_DEFAULT),
+            header_timeout: Some(Self::HEADER_TIMEOUT_DEFAULT),
+            idle_release: Some(Self::IDLE_RELEASE_DEFAULT),
+        }
+    }
+}
+
+impl From<ServerOptions> for HyperOptions {
+    fn from(server: ServerOptions) -> Self {
+        HyperOptions { server, ..Default::default() }
+    }
+}
+
+impl From<ListenerOptions> for HyperOptions {
+    fn from(listener: ListenerOptions) -> Self {
+        ServerOptions::from(listener).into()
+    }
+}
+
+impl From<&HyperOptions> for Deadlines {
+    fn from(o: &HyperOptions) -> Self {
+        Deadlines {
+            idle: o.idle_timeout,
+            send: o.send_timeout,
+            header: o.header_timeout,
+            release: o.idle_release,
+        }
+    }
+}
+
+/// Serves `make_service()` on every worker of `handle`'s runtime: HTTP/1.1,
+/// and HTTP/2 when the client starts with the HTTP/2 preface (prior
+/// knowledge, `h2c`). Each worker calls `make_service` once per connection.
+///
+/// `options` is a [`HyperOptions`], or a [`ServerOptions`] or
+/// [`ListenerOptions`] with the default deadlines (idle and send timeouts
+/// of 60 s, hyper's header-read timeout of 30 s).
+///
+/// When the server stops ([`Server::stop`] or
+/// [`Server::shutdown_blocking`]), every connection is told to finish
+/// gracefully: HTTP/1.1 connections finish the request in flight and
+/// close; HTTP/2 connections send `GOAWAY` and finish their open streams.
+pub fn serve_hyper<M, S, B>(
+    handle: impl AsRef<Handle>,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<HyperOptions>,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn() -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let handle = handle.as_ref();
+    let options = options.into();
+    let deadlines = Deadlines::from(&options);
+    serve_with_stop(handle, addr, options.server, move |stream: TcpStream, stop| {
+        serve_connection(stream, make_service(), stop, deadlines)
+    })
+}
+
+/// [`serve_hyper`] over TLS (feature `tls`): each connection is handshaken
+/// by `acceptor` within its time limit, then served as HTTP/2 or HTTP/1.1.
+/// The acceptor offers ALPN `h2` and `http/1.1` unless its configuration
+/// already names protocols, so browsers and `curl` negotiate HTTP/2.
+#[cfg(feature = "tls")]
+pub fn serve_hyper_tls<M, S, B>(
+    handle: impl AsRef<Handle>,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<HyperOptions>,
+    acceptor: crate::tls::TlsAcceptor,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn() -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let handle = handle.as_ref();
+    use crate::tls::{ALPN_H2, ALPN_HTTP11};
+    let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
+    let options = options.into();
+    let deadlines = Deadlines::from(&options);
+    crate::tls::serve_tls_with_stop(handle, addr, options.server, acceptor, move |tls, stop| {
+        serve_connection(tls, make_service(), stop, deadlines)
+    })
+}
