@@ -166,6 +166,12 @@ impl StreamSource {
         each!(StreamSource, self, s => s.poll_readable(cx))
     }
 
+    /// Drops what the stream keeps between writes (io_uring: the
+    /// write-behind buffer) unless a write is in flight.
+    pub(crate) fn release_idle_buffers(&self) {
+        each!(StreamSource, self, s => s.release_idle_buffers())
+    }
+
     /// False when the last read drained the socket and nothing new has
     /// been signalled since: waiting first saves a syscall that would fail.
     pub(crate) fn may_read_now(&self) -> bool {

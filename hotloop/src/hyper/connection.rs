@@ -118,7 +118,7 @@ where
         watch: Watch::new(),
         deadlines,
         told: false,
-        released_at: None,
+        released: false,
         chatty: false,
     }
 }
@@ -136,8 +136,8 @@ where
     deadlines: Deadlines,
     // The connection was told to finish (the server stops, or the idle deadline passed).
     told: bool,
-    /// When hyper's state was last released.
-    released_at: Option<Instant>,
+    /// hyper's state was released and not built again since.
+    released: bool,
     /// The client once sent again within the release time of a release:
     /// from then on its state is released only after that time.
     chatty: bool,
@@ -250,8 +250,10 @@ where
         let Phase::Parked(parked) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
-        if let Some(at) = self.released_at.take() {
-            let soon = self.deadlines.release.is_some_and(|t| crate::time::now() < at + t);
+        if std::mem::take(&mut self.released) {
+            // A state not yet chatty is released as its answer ends.
+            let at = self.progress.answered.get();
+            let soon = self.deadlines.release().is_some_and(|t| crate::time::now() < at + t);
             self.chatty |= soon;
         }
         let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
@@ -263,12 +265,18 @@ where
             _ => {
                 // What is left of the header-read timeout, counted from the
                 // end of the last answer.
-                let header = self.deadlines.header.map(|t| {
+                let header = self.deadlines.header().map(|t| {
                     let deadline = self.progress.answered.get() + t;
-                    deadline.saturating_duration_since(crate::time::now()).max(Duration::from_millis(1))
+                    deadline
+                        .saturating_duration_since(crate::time::now())
+                        .max(Duration::from_millis(1))
                 });
                 let mut builder = http1::Builder::new();
-                builder.timer(HotloopTimer).keep_alive(true).half_close(true).header_read_timeout(header);
+                builder
+                    .timer(HotloopTimer)
+                    .keep_alive(true)
+                    .half_close(true)
+                    .header_read_timeout(header);
                 Phase::Http1(Box::pin(builder.serve_connection(io, parked.service)))
             }
         };
@@ -284,13 +292,14 @@ where
         };
         let parts = Pin::into_inner(conn).into_parts();
         let Rewind { io, prefix } = parts.io;
+        io.io.release_idle_buffers();
         // A pipelined request's first bytes, read and not yet parsed.
         let mut pending = Vec::new();
         if !parts.read_buf.is_empty() || !prefix.is_empty() {
             pending.extend_from_slice(&parts.read_buf);
             pending.extend_from_slice(&prefix);
         }
-        self.released_at = Some(crate::time::now());
+        self.released = true;
         self.phase = Phase::Parked(Parked {
             io,
             service: parts.service,
@@ -325,12 +334,12 @@ where
         }
         match &self.phase {
             Phase::Http1(_) if self.progress.between_requests() => {
-                let after = self.deadlines.release?;
+                let after = self.deadlines.release()?;
                 let after = if self.chatty { after } else { Duration::ZERO };
                 Some((self.progress.moved.get() + after, Expiry::Release))
             }
             Phase::Parked(_) => {
-                let header = self.deadlines.header?;
+                let header = self.deadlines.header()?;
                 Some((self.progress.answered.get() + header, Expiry::Idle))
             }
             _ => None,
@@ -399,6 +408,6 @@ mod size_tests {
         let plain = size_of::<ServeConnection<TcpStream, Empty>>();
         let stream = size_of::<crate::tls::ServerTlsStream>() - size_of::<TcpStream>();
         assert!(tls <= plain + stream + 64, "over TLS {tls} B, plain {plain} B, stream {stream} B");
-        assert!(plain <= 256, "plain {plain} B");
+        assert!(plain <= 208, "plain {plain} B");
     }
 }

@@ -27,11 +27,19 @@ use crate::time::Sleep;
 pub(super) trait Socket {
     /// The socket under the stream.
     fn socket(&self) -> BorrowedFd<'_>;
+
+    /// Drops what the stream keeps between writes (io_uring's
+    /// write-behind buffer) unless a write is in flight.
+    fn release_idle_buffers(&self);
 }
 
 impl Socket for TcpStream {
     fn socket(&self) -> BorrowedFd<'_> {
         self.as_fd()
+    }
+
+    fn release_idle_buffers(&self) {
+        self.core().release_idle_buffers();
     }
 }
 
@@ -40,17 +48,76 @@ impl Socket for crate::tls::ServerTlsStream {
     fn socket(&self) -> BorrowedFd<'_> {
         self.get_ref().0.as_fd()
     }
+
+    fn release_idle_buffers(&self) {
+        self.get_ref().0.release_idle_buffers();
+    }
 }
 
-/// A connection's deadlines, as each connection's task holds them.
+/// A connection's deadlines, as each connection's task holds them: in
+/// whole milliseconds, 16 bytes where four `Option<Duration>` take 64 (an
+/// idle connection's task is mostly this kind of thing).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Deadlines {
-    pub(super) idle: Option<Duration>,
-    pub(super) send: Option<Duration>,
-    pub(super) header: Option<Duration>,
-    /// HTTP/1.1: how long a connection waits for its next request with
-    /// hyper's state before that state is released.
-    pub(super) release: Option<Duration>,
+    idle: Millis,
+    send: Millis,
+    header: Millis,
+    /// HTTP/1.1: how long a connection that keeps sending waits for its
+    /// next request with hyper's state before that state is released.
+    release: Millis,
+}
+
+impl Deadlines {
+    pub(super) fn new(
+        idle: Option<Duration>,
+        send: Option<Duration>,
+        header: Option<Duration>,
+        release: Option<Duration>,
+    ) -> Self {
+        Deadlines {
+            idle: Millis::new(idle),
+            send: Millis::new(send),
+            header: Millis::new(header),
+            release: Millis::new(release),
+        }
+    }
+
+    pub(super) fn idle(&self) -> Option<Duration> {
+        self.idle.get()
+    }
+
+    pub(super) fn send(&self) -> Option<Duration> {
+        self.send.get()
+    }
+
+    pub(super) fn header(&self) -> Option<Duration> {
+        self.header.get()
+    }
+
+    pub(super) fn release(&self) -> Option<Duration> {
+        self.release.get()
+    }
+}
+
+/// An optional duration in whole milliseconds, rounded up; `u32::MAX`
+/// is none (a limit beyond 49 days is none too).
+#[derive(Debug, Clone, Copy)]
+struct Millis(u32);
+
+impl Millis {
+    fn new(d: Option<Duration>) -> Self {
+        match d {
+            None => Millis(u32::MAX),
+            Some(d) => {
+                let ms = d.as_nanos().div_ceil(1_000_000);
+                Millis(u32::try_from(ms).unwrap_or(u32::MAX))
+            }
+        }
+    }
+
+    fn get(self) -> Option<Duration> {
+        (self.0 != u32::MAX).then(|| Duration::from_millis(u64::from(self.0)))
+    }
 }
 
 /// What a connection's I/O and its service record (see the module notes),
@@ -285,8 +352,8 @@ impl Watch {
         phase: Option<(Instant, Expiry)>,
     ) -> Option<(Instant, Expiry)> {
         let waiting = progress.write_waiting.get();
-        let send = waiting.zip(d.send).map(|(since, t)| (since + t, Expiry::Cut));
-        let (idle, phase) = match (d.idle, self.cut_at) {
+        let send = waiting.zip(d.send()).map(|(since, t)| (since + t, Expiry::Cut));
+        let (idle, phase) = match (d.idle(), self.cut_at) {
             (Some(t), None) => {
                 // A write stalled that long is cut: a GOAWAY could not go out.
                 let expiry = if waiting.is_some() { Expiry::Cut } else { Expiry::Idle };

@@ -254,12 +254,7 @@ impl From<ListenerOptions> for HyperOptions {
 
 impl From<&HyperOptions> for Deadlines {
     fn from(o: &HyperOptions) -> Self {
-        Deadlines {
-            idle: o.idle_timeout,
-            send: o.send_timeout,
-            header: o.header_timeout,
-            release: o.idle_release,
-        }
+        Deadlines::new(o.idle_timeout, o.send_timeout, o.header_timeout, o.idle_release)
     }
 }
 

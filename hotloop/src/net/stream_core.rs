@@ -152,6 +152,12 @@ impl StreamCore {
         self.src.shutdown(how)
     }
 
+    /// Drops what the stream keeps between poll-form writes, unless a
+    /// write is in flight: for a connection about to idle.
+    pub(crate) fn release_idle_buffers(&self) {
+        self.src.release_idle_buffers()
+    }
+
     /// Reads into a borrowed slice (the poll form behind `AsyncRead`).
     pub(crate) fn poll_read_slice(
         &self,

@@ -146,6 +146,10 @@ impl StreamSource {
         self.core.poll_ready(cx, Direction::Read)
     }
 
+    /// Keeps nothing between writes: poll-form writes go straight to the
+    /// socket.
+    pub(crate) fn release_idle_buffers(&self) {}
+
     /// False when the last read drained the socket and no event came since.
     pub(crate) fn may_read_now(&self) -> bool {
         self.core.is_ready(Direction::Read)

@@ -317,6 +317,15 @@ impl StreamSource {
         }
     }
 
+    /// Drops the write-behind buffer, kept between writes for the next
+    /// one, unless a write is in flight: for a connection about to idle.
+    pub(crate) fn release_idle_buffers(&self) {
+        let mut lent = self.lend_write_behind();
+        if lent.wb.as_ref().is_some_and(|wb| !wb.is_writing()) {
+            lent.wb = None;
+        }
+    }
+
     /// True while a borrowed-slice write is in flight.
     fn is_writing_behind(&self) -> bool {
         self.lend_write_behind().wb.as_ref().is_some_and(|wb| wb.is_writing())
