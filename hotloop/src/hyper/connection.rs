@@ -32,7 +32,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Incoming};
@@ -40,7 +40,7 @@ use hyper::server::conn::{http1, http2};
 use hyper::service::{HttpService, Service};
 use hyper::{Request, Response};
 
-use super::deadline::{Deadlines, Expiry, Progress, Socket, TimedIo, Watch};
+use super::deadline::{Deadlines, Expiry, Progress, Socket, Stamp, TimedIo, Watch};
 use super::tracked::{Rewind, Tracked};
 use super::{HotloopExecutor, HotloopTimer};
 use crate::net::{StopSignal, Stopping};
@@ -174,7 +174,7 @@ where
             }
             let phase = this.phase_deadline();
             if let Some((at, Expiry::Release)) = phase {
-                if at <= crate::time::now() {
+                if at <= Stamp::now() {
                     this.release();
                     continue;
                 }
@@ -252,8 +252,8 @@ where
         };
         if std::mem::take(&mut self.released) {
             // A state not yet chatty is released as its answer ends.
-            let at = self.progress.answered.get();
-            let soon = self.deadlines.release().is_some_and(|t| crate::time::now() < at + t);
+            let at = self.progress.answered();
+            let soon = self.deadlines.release().is_some_and(|t| Stamp::now() < at.after(t));
             self.chatty |= soon;
         }
         let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
@@ -266,10 +266,8 @@ where
                 // What is left of the header-read timeout, counted from the
                 // end of the last answer.
                 let header = self.deadlines.header().map(|t| {
-                    let deadline = self.progress.answered.get() + t;
-                    deadline
-                        .saturating_duration_since(crate::time::now())
-                        .max(Duration::from_millis(1))
+                    let deadline = self.progress.answered().after(t);
+                    Stamp::now().until(deadline).max(Duration::from_millis(1))
                 });
                 let mut builder = http1::Builder::new();
                 builder
@@ -328,7 +326,7 @@ where
     /// The deadline the phase adds to the idle and send timeouts: the
     /// release of an HTTP/1.1 connection sitting between requests, or,
     /// for a parked one, the header-read timeout.
-    fn phase_deadline(&self) -> Option<(Instant, Expiry)> {
+    fn phase_deadline(&self) -> Option<(Stamp, Expiry)> {
         if self.told {
             return None;
         }
@@ -336,11 +334,11 @@ where
             Phase::Http1(_) if self.progress.between_requests() => {
                 let after = self.deadlines.release()?;
                 let after = if self.chatty { after } else { Duration::ZERO };
-                Some((self.progress.moved.get() + after, Expiry::Release))
+                Some((self.progress.last_moved().after(after), Expiry::Release))
             }
             Phase::Parked(_) => {
                 let header = self.deadlines.header()?;
-                Some((self.progress.answered.get() + header, Expiry::Idle))
+                Some((self.progress.answered().after(header), Expiry::Idle))
             }
             _ => None,
         }
@@ -409,5 +407,6 @@ mod size_tests {
         let stream = size_of::<crate::tls::ServerTlsStream>() - size_of::<TcpStream>();
         assert!(tls <= plain + stream + 64, "over TLS {tls} B, plain {plain} B, stream {stream} B");
         assert!(plain <= 208, "plain {plain} B");
+        assert!(size_of::<Progress>() <= 32, "{} B", size_of::<Progress>());
     }
 }

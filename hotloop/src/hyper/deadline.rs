@@ -120,13 +120,48 @@ impl Millis {
     }
 }
 
+/// An instant of the worker's loop clock in 8 bytes (an `Instant` takes
+/// 16): nanoseconds since the worker's clock started, read with no
+/// arithmetic (every idle connection keeps three, and every read and
+/// write records one). Comparable only on one worker, which is where a
+/// connection lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Stamp(u64);
+
+impl Stamp {
+    /// No instant (a write that is not waiting; no deadline).
+    pub(super) const NONE: Stamp = Stamp(u64::MAX);
+
+    /// The loop's reading of this turn ([`crate::time::now`]).
+    #[inline]
+    pub(super) fn now() -> Stamp {
+        Stamp(crate::runtime::current::try_clock_ns().unwrap_or(0))
+    }
+
+    /// `d` later.
+    #[inline]
+    pub(super) fn after(self, d: Duration) -> Stamp {
+        Stamp(self.0.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+    }
+
+    /// How long from `self` until `later` (zero if `later` is not later).
+    pub(super) fn until(self, later: Stamp) -> Duration {
+        Duration::from_nanos(later.0.saturating_sub(self.0))
+    }
+
+    /// As an `Instant`, for the timer wheel.
+    fn instant(self) -> Instant {
+        crate::runtime::current::try_clock_instant_at(self.0).unwrap_or_else(Instant::now)
+    }
+}
+
 /// What a connection's I/O and its service record (see the module notes),
 /// in the loop's clock.
 pub(super) struct Progress {
     /// When a byte last moved either way.
-    pub(super) moved: Cell<Instant>,
+    moved: Cell<Stamp>,
     /// Since when a write (or a flush) has been waiting, while one is.
-    pub(super) write_waiting: Cell<Option<Instant>>,
+    write_waiting: Cell<Stamp>,
     /// The last flush (or shutdown) had to wait.
     flush_waited: Cell<bool>,
     /// The last read found nothing and waits for the client.
@@ -137,17 +172,17 @@ pub(super) struct Progress {
     pub(super) bodied: Cell<bool>,
     /// When the last answer ended (at first, when the connection began):
     /// where an HTTP/1.1 header-read timeout counts from.
-    pub(super) answered: Cell<Instant>,
+    answered: Cell<Stamp>,
     /// A deadline passed: the socket is shut down before it is closed.
     pub(super) cut: Cell<bool>,
 }
 
 impl Progress {
     pub(super) fn new() -> Self {
-        let now = crate::time::now();
+        let now = Stamp::now();
         Progress {
             moved: Cell::new(now),
-            write_waiting: Cell::new(None),
+            write_waiting: Cell::new(Stamp::NONE),
             flush_waited: Cell::new(false),
             read_waiting: Cell::new(false),
             open: Cell::new(0),
@@ -163,19 +198,40 @@ impl Progress {
     fn read(&self, poll: &Poll<std::io::Result<()>>, got: bool) {
         self.read_waiting.set(poll.is_pending());
         if got {
-            self.moved.set(crate::time::now());
+            self.moved.set(Stamp::now());
         }
+    }
+
+    /// When a byte last moved either way.
+    pub(super) fn last_moved(&self) -> Stamp {
+        self.moved.get()
+    }
+
+    /// Since when a write (or a flush) has been waiting, while one is.
+    fn write_waiting(&self) -> Option<Stamp> {
+        let since = self.write_waiting.get();
+        (since != Stamp::NONE).then_some(since)
+    }
+
+    /// When the last answer ended (at first, when the connection began).
+    pub(super) fn answered(&self) -> Stamp {
+        self.answered.get()
+    }
+
+    /// An answer ended.
+    pub(super) fn set_answered(&self) {
+        self.answered.set(Stamp::now());
     }
 
     /// A write (or a flush) moved bytes.
     fn moved(&self) {
-        self.moved.set(crate::time::now());
-        self.write_waiting.set(None);
+        self.moved.set(Stamp::now());
+        self.write_waiting.set(Stamp::NONE);
     }
 
     fn waiting(&self) {
-        if self.write_waiting.get().is_none() {
-            self.write_waiting.set(Some(crate::time::now()));
+        if self.write_waiting.get() == Stamp::NONE {
+            self.write_waiting.set(Stamp::now());
         }
     }
 
@@ -214,7 +270,7 @@ impl Progress {
         self.read_waiting.get()
             && self.open.get() == 0
             && !self.bodied.get()
-            && self.write_waiting.get().is_none()
+            && self.write_waiting.get() == Stamp::NONE
             && !self.flush_waited.get()
     }
 }
@@ -329,17 +385,26 @@ pub(super) enum Expiry {
 /// goes and brought up to date when it fires.
 pub(super) struct Watch {
     timer: Sleep,
+    /// The timer's deadline: compared on every poll without turning a
+    /// [`Stamp`] into an `Instant`.
+    timer_at: Stamp,
     /// The waker the timer is filed with in the worker's wheel, while it
     /// is: a poll that finds its own task's waker there and the deadline
     /// still ahead need not touch the wheel (the usual case).
     filed: Option<Waker>,
-    /// After [`Expiry::Idle`]: when the connection is cut if it has not ended.
-    cut_at: Option<Instant>,
+    /// After [`Expiry::Idle`]: when the connection is cut if it has not
+    /// ended ([`Stamp::NONE`] before).
+    cut_at: Stamp,
 }
 
 impl Watch {
     pub(super) fn new() -> Self {
-        Watch { timer: crate::time::sleep(Duration::MAX), filed: None, cut_at: None }
+        Watch {
+            timer: crate::time::sleep(Duration::MAX),
+            timer_at: Stamp::NONE,
+            filed: None,
+            cut_at: Stamp::NONE,
+        }
     }
 
     /// The earliest deadline now, and what passing it means. `phase` is
@@ -349,22 +414,21 @@ impl Watch {
         &self,
         progress: &Progress,
         d: &Deadlines,
-        phase: Option<(Instant, Expiry)>,
-    ) -> Option<(Instant, Expiry)> {
-        let waiting = progress.write_waiting.get();
-        let send = waiting.zip(d.send()).map(|(since, t)| (since + t, Expiry::Cut));
-        let (idle, phase) = match (d.idle(), self.cut_at) {
-            (Some(t), None) => {
-                // A write stalled that long is cut: a GOAWAY could not go out.
-                let expiry = if waiting.is_some() { Expiry::Cut } else { Expiry::Idle };
-                (Some((progress.moved.get() + t, expiry)), phase)
-            }
-            (None, None) => (None, phase),
+        phase: Option<(Stamp, Expiry)>,
+    ) -> Option<(Stamp, Expiry)> {
+        let waiting = progress.write_waiting();
+        let send = waiting.zip(d.send()).map(|(since, t)| (since.after(t), Expiry::Cut));
+        if self.cut_at != Stamp::NONE {
             // Asked to finish: only the grace and a stalled write count now.
-            (_, Some(_)) => (None, None),
-        };
-        let grace = self.cut_at.map(|at| (at, Expiry::Cut));
-        [send, idle, grace, phase].into_iter().flatten().min_by_key(|(at, _)| *at)
+            let grace = (self.cut_at, Expiry::Cut);
+            return Some(send.filter(|s| s.0 < grace.0).unwrap_or(grace));
+        }
+        let idle = d.idle().map(|t| {
+            // A write stalled that long is cut: a GOAWAY could not go out.
+            let expiry = if waiting.is_some() { Expiry::Cut } else { Expiry::Idle };
+            (progress.last_moved().after(t), expiry)
+        });
+        [send, idle, phase].into_iter().flatten().min_by_key(|(at, _)| *at)
     }
 
     /// Whether a deadline passed; registers `cx` to be woken at the next
@@ -374,32 +438,39 @@ impl Watch {
         cx: &mut Context<'_>,
         progress: &Progress,
         d: &Deadlines,
-        phase: Option<(Instant, Expiry)>,
+        phase: Option<(Stamp, Expiry)>,
     ) -> Option<Expiry> {
         let (due, _) = self.due(progress, d, phase)?;
-        if due < self.timer.deadline() {
-            Pin::new(&mut self.timer).reset(due);
-            // A reset may take the timer out of the wheel.
-            self.filed = None;
+        if due < self.timer_at {
+            self.file(due);
         }
         let filed = self.filed.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
-        if filed && crate::time::now() < self.timer.deadline() {
+        if filed && Stamp::now() < self.timer_at {
             return None;
         }
         while Pin::new(&mut self.timer).poll(cx).is_ready() {
             self.filed = None;
             // Bytes may have moved since the timer was set: look again.
             let (due, expiry) = self.due(progress, d, phase)?;
-            if crate::time::now() >= due {
+            let now = Stamp::now();
+            if now >= due {
                 if let Expiry::Idle = expiry {
-                    self.cut_at = Some(crate::time::now() + IDLE_CLOSE_GRACE);
+                    self.cut_at = now.after(IDLE_CLOSE_GRACE);
                 }
                 return Some(expiry);
             }
-            Pin::new(&mut self.timer).reset(due);
+            self.file(due);
         }
         // Pending: the timer is in the wheel with this task's waker.
         self.filed = Some(cx.waker().clone());
         None
+    }
+
+    /// Moves the timer to `at`.
+    fn file(&mut self, at: Stamp) {
+        self.timer_at = at;
+        Pin::new(&mut self.timer).reset(at.instant());
+        // A reset may take the timer out of the wheel.
+        self.filed = None;
     }
 }

@@ -40,6 +40,7 @@ where
     type Error = S::Error;
     type Future = TrackedFuture<S::Future>;
 
+    #[inline]
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         self.progress.bodied.set(!req.body().is_end_stream());
         let open = Open::new(&self.progress);
@@ -61,7 +62,7 @@ impl Open {
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.open.set(self.0.open.get() - 1);
-        self.0.answered.set(crate::time::now());
+        self.0.set_answered();
     }
 }
 
@@ -80,6 +81,7 @@ where
 {
     type Output = Result<Response<TrackedBody<B>>, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = std::task::ready!(this.future.poll(cx))?;
@@ -101,6 +103,7 @@ impl<B: Body> Body for TrackedBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -346,6 +346,18 @@ impl Clock {
 
     /// The time of the last [`Clock::update`]: never later than the real
     /// time, so a deadline compared against it is never taken as passed early.
+    /// The time of the last [`Clock::update`], in nanoseconds since the
+    /// clock's start: [`Clock::cached`] in 8 bytes, with no arithmetic.
+    #[inline]
+    pub(crate) fn cached_ns(&self) -> u64 {
+        self.now_ns.get()
+    }
+
+    /// The instant `ns` nanoseconds after the clock's start.
+    pub(crate) fn instant_at_ns(&self, ns: u64) -> Instant {
+        self.base + Duration::from_nanos(ns)
+    }
+
     pub(crate) fn cached(&self) -> Instant {
         if let Some(now) = self.now.get() {
             return now;

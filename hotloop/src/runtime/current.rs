@@ -108,6 +108,20 @@ pub(crate) fn try_worker_uid() -> Option<u64> {
     context::try_with(|cx| cx.uid)
 }
 
+/// The time the loop read at the start of this turn, in nanoseconds since
+/// the worker's clock started (comparable only on this worker), or `None`
+/// outside a worker.
+#[inline]
+pub(crate) fn try_clock_ns() -> Option<u64> {
+    context::try_with(|cx| cx.clock.cached_ns())
+}
+
+/// The instant `ns` nanoseconds after the worker's clock started (see
+/// [`try_clock_ns`]), or `None` outside a worker.
+pub(crate) fn try_clock_instant_at(ns: u64) -> Option<Instant> {
+    context::try_with(|cx| cx.clock.instant_at_ns(ns))
+}
+
 /// The time the loop read at the start of this turn (no system call), or
 /// `None` outside a worker.
 #[inline]
