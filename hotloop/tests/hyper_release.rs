@@ -172,6 +172,69 @@ fn a_released_connection_serves_whatever_the_client_sends_next(driver: DriverKin
     assert!(rest.is_empty() && start.elapsed() < Duration::from_secs(3), "{rest:?}");
 }
 
+/// An answer whose body pauses longer than the release time: the body
+/// streams while hyper waits for it, and the connection is not taken
+/// apart under it.
+struct SlowBody {
+    step: u8,
+    pause: Option<std::pin::Pin<Box<hotloop::time::Sleep>>>,
+}
+
+impl hyper::body::Body for SlowBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        match self.step {
+            0 => {
+                self.step = 1;
+                self.pause = Some(Box::pin(hotloop::time::sleep(PAUSE)));
+                Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"first")))))
+            }
+            1 => {
+                std::task::ready!(self.pause.as_mut().unwrap().as_mut().poll(cx));
+                self.step = 2;
+                Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"second")))))
+            }
+            _ => Poll::Ready(None),
+        }
+    }
+}
+
+#[hotloop::test(driver = "all")]
+fn an_answer_that_pauses_is_not_cut_by_a_release(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let server = serve_hyper(
+        rt.handle(),
+        "127.0.0.1:0",
+        options(Some(Duration::from_millis(50)), Duration::from_secs(10)),
+        || {
+            service_fn(|_req: Request<Incoming>| async {
+                Ok::<_, Infallible>(Response::new(SlowBody { step: 0, pause: None }))
+            })
+        },
+    )
+    .unwrap();
+    let mut s = connect(server.local_addr());
+    for _ in 0..2 {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"0\r\n\r\n") {
+            assert_eq!(s.read(&mut byte).unwrap(), 1, "ended early: {got:?}");
+            got.push(byte[0]);
+        }
+        let text = String::from_utf8(got).unwrap();
+        assert!(text.contains("first") && text.contains("second"), "{text}");
+        std::thread::sleep(PAUSE);
+    }
+}
+
 /// HTTP/2 by prior knowledge still works after a pause (its state is
 /// never released), on a connection whose preface came in two pieces.
 #[hotloop::test(driver = "all")]

@@ -269,6 +269,9 @@ where
                     let deadline = self.progress.answered().after(t);
                     Stamp::now().until(deadline).max(Duration::from_millis(1))
                 });
+                // `half_close` lets a client that ends its side after a
+                // request get its answer, and keeps hyper from reading while
+                // it answers, which `Progress::between_requests` relies on.
                 let mut builder = http1::Builder::new();
                 builder
                     .timer(HotloopTimer)

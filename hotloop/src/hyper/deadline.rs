@@ -1,5 +1,5 @@
 //! What a served connection records as it goes (bytes moved, a write
-//! waiting, requests open), the I/O that records it, and the one timer
+//! waiting, the requests taken), the I/O that records it, and the one timer
 //! that turns the record into deadlines.
 //!
 //! The deadlines cost no timer per request: the I/O handed to hyper
@@ -166,10 +166,10 @@ pub(super) struct Progress {
     flush_waited: Cell<bool>,
     /// The last read found nothing and waits for the client.
     read_waiting: Cell<bool>,
-    /// Requests taken by the service whose answers have not ended.
-    pub(super) open: Cell<u32>,
+    /// The service took a request and hyper has not read since.
+    took: Cell<bool>,
     /// The last request came with a body: hyper may still be reading it.
-    pub(super) bodied: Cell<bool>,
+    bodied: Cell<bool>,
     /// When the last answer ended (at first, when the connection began):
     /// where an HTTP/1.1 header-read timeout counts from.
     answered: Cell<Stamp>,
@@ -185,7 +185,7 @@ impl Progress {
             write_waiting: Cell::new(Stamp::NONE),
             flush_waited: Cell::new(false),
             read_waiting: Cell::new(false),
-            open: Cell::new(0),
+            took: Cell::new(false),
             bodied: Cell::new(false),
             answered: Cell::new(now),
             cut: Cell::new(false),
@@ -195,11 +195,24 @@ impl Progress {
     /// Records the outcome of a read. A write that waits still waits: a
     /// client that sends and does not read is still bounded by the send
     /// timeout.
+    #[inline]
     fn read(&self, poll: &Poll<std::io::Result<()>>, got: bool) {
         self.read_waiting.set(poll.is_pending());
         if got {
             self.moved.set(Stamp::now());
         }
+        if self.took.replace(false) {
+            // After a request without a body, hyper reads again only once
+            // its answer has ended (see `between_requests`).
+            self.answered.set(Stamp::now());
+        }
+    }
+
+    /// The service took a request; `bodied` if a body follows its head.
+    #[inline]
+    pub(super) fn took(&self, bodied: bool) {
+        self.took.set(true);
+        self.bodied.set(bodied);
     }
 
     /// When a byte last moved either way.
@@ -218,17 +231,14 @@ impl Progress {
         self.answered.get()
     }
 
-    /// An answer ended.
-    pub(super) fn set_answered(&self) {
-        self.answered.set(Stamp::now());
-    }
-
     /// A write (or a flush) moved bytes.
+    #[inline]
     fn moved(&self) {
         self.moved.set(Stamp::now());
         self.write_waiting.set(Stamp::NONE);
     }
 
+    #[inline]
     fn waiting(&self) {
         if self.write_waiting.get() == Stamp::NONE {
             self.write_waiting.set(Stamp::now());
@@ -236,6 +246,7 @@ impl Progress {
     }
 
     /// Records the outcome of a write.
+    #[inline]
     fn wrote(&self, poll: &Poll<std::io::Result<usize>>) {
         match poll {
             Poll::Pending => self.waiting(),
@@ -247,6 +258,7 @@ impl Progress {
     /// Records the outcome of a flush or a shutdown: progress only if it
     /// had to wait (one that has nothing to wait for, as on epoll, or
     /// nothing buffered, must not pass for progress).
+    #[inline]
     fn flushed(&self, poll: &Poll<std::io::Result<()>>) {
         match poll {
             Poll::Pending => {
@@ -262,13 +274,22 @@ impl Progress {
     }
 
     /// True when an HTTP/1.1 connection sits between requests: its last
-    /// read waits for the client, no request is open, everything written
-    /// has gone to the kernel, and hyper is not still reading a request
-    /// body. Taking hyper's state apart here loses nothing but buffers:
-    /// what hyper read and has not parsed comes back with its parts.
+    /// read waits for the client, the last request had no body, and
+    /// everything written has gone to the kernel. Taking hyper's state
+    /// apart here loses nothing but buffers: what hyper read and has not
+    /// parsed comes back with its parts.
+    ///
+    /// Why a waiting read means no request is open: hyper's HTTP/1.1
+    /// server reads a head only with no request in flight, and once a
+    /// head without a body is read, it reads nothing more until that
+    /// request's answer has ended (with `half_close` set, as here, it does
+    /// not read to look for the client's end while it answers). So after
+    /// such a request, the next read is the next head's. A request with a
+    /// body may be followed by reads of that body, so the state is kept
+    /// until a request without one has been answered.
+    #[inline]
     pub(super) fn between_requests(&self) -> bool {
         self.read_waiting.get()
-            && self.open.get() == 0
             && !self.bodied.get()
             && self.write_waiting.get() == Stamp::NONE
             && !self.flush_waited.get()
@@ -313,6 +334,7 @@ impl<T: tokio::io::AsyncRead + Socket + Unpin> TimedIo<T> {
 }
 
 impl<T: tokio::io::AsyncRead + Socket + Unpin> hyper::rt::Read for TimedIo<T> {
+    #[inline]
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -328,6 +350,7 @@ impl<T: tokio::io::AsyncRead + Socket + Unpin> hyper::rt::Read for TimedIo<T> {
 }
 
 impl<T: tokio::io::AsyncWrite + Socket + Unpin> hyper::rt::Write for TimedIo<T> {
+    #[inline]
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -338,6 +361,7 @@ impl<T: tokio::io::AsyncWrite + Socket + Unpin> hyper::rt::Write for TimedIo<T> 
         poll
     }
 
+    #[inline]
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -348,10 +372,12 @@ impl<T: tokio::io::AsyncWrite + Socket + Unpin> hyper::rt::Write for TimedIo<T> 
         poll
     }
 
+    #[inline]
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
     }
 
+    #[inline]
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         // On io_uring the stream writes behind: a flush waits for the kernel.
         let poll = Pin::new(&mut self.io).poll_flush(cx);
