@@ -1,6 +1,6 @@
 //! Live counters, per worker and summed, readable at any time from any thread.
 //!
-//! Each worker is the only writer of its own [`WorkerStats`], so a counter is
+//! Each worker is the only writer of its own `WorkerStats`, so a counter is
 //! bumped with a relaxed load and store (no locked instruction on the hot
 //! path); readers on other threads see values that are at most a few
 //! increments old, which is what a monitoring snapshot needs.

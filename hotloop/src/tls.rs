@@ -162,7 +162,7 @@ impl TlsAcceptor {
     /// large as its largest state, so a handshake stored three times over
     /// (as `time::timeout`'s nested `async fn`s store their future, 3.9 KB
     /// here) stayed in every idle TLS connection's memory long after the
-    /// handshake ended; [`Handshake`] is 1.3 KB.
+    /// handshake ended; `Handshake` is 1.3 KB.
     pub fn accept(&self, stream: TcpStream) -> impl Future<Output = io::Result<ServerTlsStream>> {
         Handshake {
             accept: tokio_rustls::TlsAcceptor::from(self.config.clone()).accept(stream),

@@ -41,8 +41,8 @@ use hyper::service::{HttpService, Service};
 use hyper::{Request, Response};
 
 use super::deadline::{Deadlines, Expiry, Progress, Socket, Stamp, TimedIo, Watch};
+use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
-use super::{HotloopExecutor, HotloopTimer};
 use crate::net::{StopSignal, Stopping};
 
 /// The HTTP/2 connection preface: a client that starts with it speaks

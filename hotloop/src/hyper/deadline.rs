@@ -19,9 +19,12 @@ use std::time::{Duration, Instant};
 
 use hyper::rt::ReadBufCursor;
 
-use super::IDLE_CLOSE_GRACE;
 use crate::net::TcpStream;
 use crate::time::Sleep;
+
+/// How long an idle connection that was asked to finish (HTTP/2: sent a
+/// GOAWAY) may take to end before it is cut.
+pub const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// A stream whose socket can be shut down while the stream is in use.
 pub(super) trait Socket {
