@@ -137,8 +137,11 @@ async fn hypers_header_timeout_cuts_off_a_client_that_never_finishes_its_head() 
     let served = builder.serve_connection(HyperIo::new(stream), service_fn(hello)).await;
     assert!(served.is_err(), "hyper ended the connection without a timeout error");
     let (took, reply) = hotloop::spawn_blocking(move || client.join().unwrap()).await.unwrap();
+    // hyper counts from the loop's reading of the turn in which it began
+    // the head, which may come before the client's own clock reading by a
+    // turn; a loaded machine makes that turn longer.
     assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(4),
+        took >= Duration::from_millis(250) && took < Duration::from_secs(4),
         "closed after {took:?}"
     );
     // hyper answers a header timeout with 408 where it can, or just closes.
