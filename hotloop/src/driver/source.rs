@@ -168,6 +168,7 @@ impl StreamSource {
 
     /// Drops what the stream keeps between writes (io_uring: the
     /// write-behind buffer) unless a write is in flight.
+    #[cfg(feature = "hyper")]
     pub(crate) fn release_idle_buffers(&self) {
         each!(StreamSource, self, s => s.release_idle_buffers())
     }

@@ -40,7 +40,9 @@ use hyper::server::conn::{http1, http2};
 use hyper::service::{HttpService, Service};
 use hyper::{Request, Response};
 
-use super::deadline::{Deadlines, Expiry, Progress, Socket, Stamp, TimedIo, Watch};
+use super::deadline::{
+    Deadlines, Expiry, HeadTimer, Polling, Progress, Socket, Stamp, TimedIo, Watch,
+};
 use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
 use crate::net::{StopSignal, Stopping};
@@ -104,7 +106,7 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let progress = Rc::new(Progress::new());
+    let progress = Rc::new(Progress::new(deadlines.header()));
     let parked = Parked {
         io: TimedIo { io, progress: progress.clone() },
         service: Tracked::new(service, progress.clone()),
@@ -157,6 +159,7 @@ where
     // Errors here are the client's (resets, bad requests): the connection just ends.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
+        let _polling = Polling::new(&this.progress);
         if !this.told && Pin::new(&mut this.stopping).poll(cx).is_ready() {
             this.told = true;
             // Poll once before telling hyper: a connection accepted while
@@ -182,6 +185,8 @@ where
             match this.watch.poll(cx, &this.progress, &this.deadlines, phase) {
                 None => return Poll::Pending,
                 Some(Expiry::Release) => this.release(),
+                // hyper sees its header-read deadline passed when polled.
+                Some(Expiry::Head) => {}
                 Some(Expiry::Idle) => {
                     // An idle HTTP/1.1 connection ends at once; for the
                     // others the watch files the grace's deadline.
@@ -220,6 +225,7 @@ where
                 }
                 Phase::Done => return Poll::Ready(()),
                 Phase::Parked(parked) => {
+                    let quiet_since = self.progress.last_moved();
                     let got = match parked.io.poll_read_to(cx, &mut parked.prefix) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Err(_)) => {
@@ -237,6 +243,13 @@ where
                         parked.protocol = detect(&parked.prefix, got == 0);
                     }
                     if parked.protocol.is_some() {
+                        if std::mem::take(&mut self.released) {
+                            // Back within the release time of its last bytes:
+                            // a client that keeps sending.
+                            let soon = self.deadlines.release();
+                            self.chatty |=
+                                soon.is_some_and(|t| Stamp::now() < quiet_since.after(t));
+                        }
                         self.build();
                     }
                 }
@@ -250,12 +263,6 @@ where
         let Phase::Parked(parked) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
-        if std::mem::take(&mut self.released) {
-            // A state not yet chatty is released as its answer ends.
-            let at = self.progress.answered();
-            let soon = self.deadlines.release().is_some_and(|t| Stamp::now() < at.after(t));
-            self.chatty |= soon;
-        }
         let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
         self.phase = match parked.protocol {
             Some(Protocol::Http2) => {
@@ -265,16 +272,16 @@ where
             _ => {
                 // What is left of the header-read timeout, counted from the
                 // end of the last answer.
-                let header = self.deadlines.header().map(|t| {
-                    let deadline = self.progress.answered().after(t);
-                    Stamp::now().until(deadline).max(Duration::from_millis(1))
+                let header = self.deadlines.header().map(|t| match self.progress.head_by() {
+                    Some(by) => Stamp::now().until(by).max(Duration::from_millis(1)),
+                    None => t,
                 });
                 // `half_close` lets a client that ends its side after a
                 // request get its answer, and keeps hyper from reading while
                 // it answers, which `Progress::between_requests` relies on.
                 let mut builder = http1::Builder::new();
                 builder
-                    .timer(HotloopTimer)
+                    .timer(HeadTimer)
                     .keep_alive(true)
                     .half_close(true)
                     .header_read_timeout(header);
@@ -339,10 +346,7 @@ where
                 let after = if self.chatty { after } else { Duration::ZERO };
                 Some((self.progress.last_moved().after(after), Expiry::Release))
             }
-            Phase::Parked(_) => {
-                let header = self.deadlines.header()?;
-                Some((self.progress.answered().after(header), Expiry::Idle))
-            }
+            Phase::Parked(_) => Some((self.progress.head_by()?, Expiry::Idle)),
             _ => None,
         }
     }

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::net::Shutdown;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -152,6 +153,11 @@ impl Stamp {
         Duration::from_nanos(later.0.saturating_sub(self.0))
     }
 
+    /// `t` as a stamp (hyper's deadlines come as `Instant`s).
+    pub(super) fn from_instant(t: Instant) -> Stamp {
+        Stamp(crate::runtime::current::try_clock_ns_at(t).unwrap_or(0))
+    }
+
     /// As an `Instant`, for the timer wheel.
     fn instant(self) -> Instant {
         crate::runtime::current::try_clock_instant_at(self.0).unwrap_or_else(Instant::now)
@@ -169,28 +175,30 @@ pub(super) struct Progress {
     flush_waited: Cell<bool>,
     /// The last read found nothing and waits for the client.
     read_waiting: Cell<bool>,
-    /// The service took a request and hyper has not read since.
-    took: Cell<bool>,
     /// The last request came with a body: hyper may still be reading it.
     bodied: Cell<bool>,
-    /// When the last answer ended (at first, when the connection began):
-    /// where an HTTP/1.1 header-read timeout counts from.
-    answered: Cell<Stamp>,
+    /// When the next request head must have arrived (HTTP/1.1's
+    /// header-read timeout; [`Stamp::NONE`] for none): from the
+    /// connection's start, then as hyper sets it when it begins to wait
+    /// for each head (see `HeadTimer`).
+    head_by: Cell<Stamp>,
+    /// hyper waits on [`Progress::head_by`] (its header-read sleep lives).
+    head_armed: Cell<bool>,
     /// A deadline passed: the socket is shut down before it is closed.
     pub(super) cut: Cell<bool>,
 }
 
 impl Progress {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(header: Option<Duration>) -> Self {
         let now = Stamp::now();
         Progress {
             moved: Cell::new(now),
             write_waiting: Cell::new(Stamp::NONE),
             flush_waited: Cell::new(false),
             read_waiting: Cell::new(false),
-            took: Cell::new(false),
             bodied: Cell::new(false),
-            answered: Cell::new(now),
+            head_by: Cell::new(header.map_or(Stamp::NONE, |t| now.after(t))),
+            head_armed: Cell::new(false),
             cut: Cell::new(false),
         }
     }
@@ -204,18 +212,18 @@ impl Progress {
         if got {
             self.moved.set(Stamp::now());
         }
-        if self.took.replace(false) {
-            // After a request without a body, hyper reads again only once
-            // its answer has ended (see `between_requests`).
-            self.answered.set(Stamp::now());
-        }
     }
 
     /// The service took a request; `bodied` if a body follows its head.
     #[inline]
     pub(super) fn took(&self, bodied: bool) {
-        self.took.set(true);
         self.bodied.set(bodied);
+    }
+
+    /// When the next request head must have arrived, if ever.
+    pub(super) fn head_by(&self) -> Option<Stamp> {
+        let by = self.head_by.get();
+        (by != Stamp::NONE).then_some(by)
     }
 
     /// When a byte last moved either way.
@@ -227,11 +235,6 @@ impl Progress {
     fn write_waiting(&self) -> Option<Stamp> {
         let since = self.write_waiting.get();
         (since != Stamp::NONE).then_some(since)
-    }
-
-    /// When the last answer ended (at first, when the connection began).
-    pub(super) fn answered(&self) -> Stamp {
-        self.answered.get()
     }
 
     /// A write (or a flush) moved bytes.
@@ -303,7 +306,7 @@ impl Progress {
 /// progress.
 pub(super) struct TimedIo<T: Socket> {
     pub(super) io: T,
-    pub(super) progress: std::rc::Rc<Progress>,
+    pub(super) progress: Rc<Progress>,
 }
 
 impl<T: Socket> Drop for TimedIo<T> {
@@ -395,6 +398,103 @@ impl<T: tokio::io::AsyncWrite + Socket + Unpin> hyper::rt::Write for TimedIo<T> 
     }
 }
 
+thread_local! {
+    /// The record of the connection whose task this worker is polling.
+    static POLLING: Cell<Option<Rc<Progress>>> = const { Cell::new(None) };
+}
+
+/// While alive, `progress` is the record of the connection being polled
+/// (for [`HeadTimer`]); restores the one before when dropped.
+pub(super) struct Polling(Option<Rc<Progress>>);
+
+impl Polling {
+    pub(super) fn new(progress: &Rc<Progress>) -> Self {
+        Polling(POLLING.replace(Some(progress.clone())))
+    }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        POLLING.set(self.0.take());
+    }
+}
+
+/// `f` on the record of the connection being polled, if there is one.
+fn with_polling<R>(f: impl FnOnce(&Progress) -> R) -> Option<R> {
+    POLLING.with(|cell| {
+        let progress = cell.take();
+        let r = progress.as_deref().map(f);
+        cell.set(progress);
+        r
+    })
+}
+
+/// hyper's timer for a served HTTP/1.1 connection, whose only sleep is
+/// the header-read timeout. hyper makes that sleep afresh for every
+/// request (a box, and a timer filed in the wheel and taken out when the
+/// head arrives); this one keeps the deadline in the connection's record
+/// instead, where the connection's one timer already looks
+/// ([`Watch`]), and its sleep is a zero-sized box, which allocates
+/// nothing. hyper polls the sleep only from inside the connection's
+/// poll, where [`Polling`] names the record.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct HeadTimer;
+
+/// The sleep of [`HeadTimer`]: ready once the record's head deadline has
+/// passed.
+struct HeadSleep;
+
+impl Future for HeadSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        // Pending with no record: never seen, as hyper polls it only from
+        // inside the connection's poll; the idle timeout would still end
+        // the connection.
+        let passed = with_polling(|p| p.head_by().is_none_or(|by| Stamp::now() >= by));
+        if passed.unwrap_or(false) {
+            Poll::Ready(())
+        } else {
+            // The connection's watch wakes the task at the deadline.
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for HeadSleep {
+    fn drop(&mut self) {
+        with_polling(|p| p.head_armed.set(false));
+    }
+}
+
+impl hyper::rt::Sleep for HeadSleep {}
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until(crate::time::now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        with_polling(|p| {
+            p.head_by.set(Stamp::from_instant(deadline));
+            p.head_armed.set(true);
+        });
+        Box::pin(HeadSleep)
+    }
+
+    /// The worker loop's reading of this turn, as [`super::HotloopTimer`]'s.
+    fn now(&self) -> Instant {
+        crate::time::now()
+    }
+
+    fn reset(&self, _: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
+        with_polling(|p| {
+            p.head_by.set(Stamp::from_instant(new_deadline));
+            p.head_armed.set(true);
+        });
+    }
+}
+
 /// Which deadline passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Expiry {
@@ -408,6 +508,8 @@ pub(super) enum Expiry {
     /// An HTTP/1.1 connection sat between requests for the release time:
     /// hyper's state for it is released.
     Release,
+    /// hyper's header-read deadline passed: hyper is polled to see it.
+    Head,
 }
 
 /// A connection's one timer for its deadlines, moved only earlier as it
@@ -457,7 +559,9 @@ impl Watch {
             let expiry = if waiting.is_some() { Expiry::Cut } else { Expiry::Idle };
             (progress.last_moved().after(t), expiry)
         });
-        [send, idle, phase].into_iter().flatten().min_by_key(|(at, _)| *at)
+        let head =
+            progress.head_by().filter(|_| progress.head_armed.get()).map(|by| (by, Expiry::Head));
+        [send, idle, phase, head].into_iter().flatten().min_by_key(|(at, _)| *at)
     }
 
     /// Whether a deadline passed; registers `cx` to be woken at the next
@@ -483,8 +587,11 @@ impl Watch {
             let (due, expiry) = self.due(progress, d, phase)?;
             let now = Stamp::now();
             if now >= due {
-                if let Expiry::Idle = expiry {
-                    self.cut_at = now.after(IDLE_CLOSE_GRACE);
+                match expiry {
+                    Expiry::Idle => self.cut_at = now.after(IDLE_CLOSE_GRACE),
+                    // Seen once: hyper's sleep is ready from now on.
+                    Expiry::Head => progress.head_armed.set(false),
+                    Expiry::Cut | Expiry::Release => {}
                 }
                 return Some(expiry);
             }

@@ -154,6 +154,7 @@ impl StreamCore {
 
     /// Drops what the stream keeps between poll-form writes, unless a
     /// write is in flight: for a connection about to idle.
+    #[cfg(feature = "hyper")]
     pub(crate) fn release_idle_buffers(&self) {
         self.src.release_idle_buffers()
     }

@@ -348,12 +348,20 @@ impl Clock {
     /// time, so a deadline compared against it is never taken as passed early.
     /// The time of the last [`Clock::update`], in nanoseconds since the
     /// clock's start: [`Clock::cached`] in 8 bytes, with no arithmetic.
+    #[cfg(feature = "hyper")]
     #[inline]
     pub(crate) fn cached_ns(&self) -> u64 {
         self.now_ns.get()
     }
 
+    /// `t` in nanoseconds since the clock's start (0 before it).
+    #[cfg(feature = "hyper")]
+    pub(crate) fn ns_at(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// The instant `ns` nanoseconds after the clock's start.
+    #[cfg(feature = "hyper")]
     pub(crate) fn instant_at_ns(&self, ns: u64) -> Instant {
         self.base + Duration::from_nanos(ns)
     }

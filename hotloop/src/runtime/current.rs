@@ -111,13 +111,22 @@ pub(crate) fn try_worker_uid() -> Option<u64> {
 /// The time the loop read at the start of this turn, in nanoseconds since
 /// the worker's clock started (comparable only on this worker), or `None`
 /// outside a worker.
+#[cfg(feature = "hyper")]
 #[inline]
 pub(crate) fn try_clock_ns() -> Option<u64> {
     context::try_with(|cx| cx.clock.cached_ns())
 }
 
+/// `t` in nanoseconds since the worker's clock started (see
+/// [`try_clock_ns`]), or `None` outside a worker.
+#[cfg(feature = "hyper")]
+pub(crate) fn try_clock_ns_at(t: Instant) -> Option<u64> {
+    context::try_with(|cx| cx.clock.ns_at(t))
+}
+
 /// The instant `ns` nanoseconds after the worker's clock started (see
 /// [`try_clock_ns`]), or `None` outside a worker.
+#[cfg(feature = "hyper")]
 pub(crate) fn try_clock_instant_at(ns: u64) -> Option<Instant> {
     context::try_with(|cx| cx.clock.instant_at_ns(ns))
 }

@@ -148,6 +148,7 @@ impl StreamSource {
 
     /// Keeps nothing between writes: poll-form writes go straight to the
     /// socket.
+    #[cfg(feature = "hyper")]
     pub(crate) fn release_idle_buffers(&self) {}
 
     /// False when the last read drained the socket and no event came since.

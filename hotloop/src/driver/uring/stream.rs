@@ -319,6 +319,7 @@ impl StreamSource {
 
     /// Drops the write-behind buffer, kept between writes for the next
     /// one, unless a write is in flight: for a connection about to idle.
+    #[cfg(feature = "hyper")]
     pub(crate) fn release_idle_buffers(&self) {
         let mut lent = self.lend_write_behind();
         if lent.wb.as_ref().is_some_and(|wb| !wb.is_writing()) {
