@@ -80,15 +80,21 @@ fn options(release: Option<Duration>, header: Duration) -> HyperOptions {
     }
 }
 
-/// Reads one answer with a `content-length` and returns its body.
-fn read_answer(s: &mut TcpStream) -> String {
+/// Reads byte by byte up to and including `end` (so nothing of a later
+/// answer is taken).
+fn read_through(s: &mut TcpStream, end: &[u8]) -> String {
     let mut got = Vec::new();
     let mut byte = [0u8; 1];
-    while !got.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).unwrap(), 1, "the connection ended in a head: {got:?}");
+    while !got.ends_with(end) {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the connection ended early: {got:?}");
         got.push(byte[0]);
     }
-    let head = String::from_utf8(got).unwrap();
+    String::from_utf8(got).unwrap()
+}
+
+/// Reads one answer with a `content-length` and returns its body.
+fn read_answer(s: &mut TcpStream) -> String {
+    let head = read_through(s, b"\r\n\r\n");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let len: usize = head
         .lines()
@@ -223,13 +229,7 @@ fn an_answer_that_pauses_is_not_cut_by_a_release(driver: DriverKind) {
     let mut s = connect(server.local_addr());
     for _ in 0..2 {
         s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut got = Vec::new();
-        let mut byte = [0u8; 1];
-        while !got.ends_with(b"0\r\n\r\n") {
-            assert_eq!(s.read(&mut byte).unwrap(), 1, "ended early: {got:?}");
-            got.push(byte[0]);
-        }
-        let text = String::from_utf8(got).unwrap();
+        let text = read_through(&mut s, b"0\r\n\r\n");
         assert!(text.contains("first") && text.contains("second"), "{text}");
         std::thread::sleep(PAUSE);
     }

@@ -6,21 +6,20 @@
 //! reserves its read buffer before each read, and its write buffer lives
 //! as long as the connection), and has no call that gives them back. A
 //! connection that waits for its next request holds them for nothing, so
-//! after [`HyperOptions::idle_release`](super::HyperOptions) with no
-//! request open and nothing moving, the connection takes hyper's state
-//! apart (`into_parts`: the I/O, the service and the bytes read but not
-//! parsed) and waits for the client with a buffer on the stack; the next
-//! bytes build a new one and are handed to it first. nginx does the same
-//! with its request buffers between keep-alive requests.
+//! when it sits between requests the connection takes hyper's state apart
+//! (`into_parts`: the I/O, the service and the bytes read but not parsed)
+//! and waits for the client with a buffer on the stack; the next bytes
+//! build a new state and are handed to it first. nginx does the same with
+//! its request buffers between keep-alive requests.
 //!
 //! The first release comes as soon as the connection is between requests,
 //! so a burst of clients that each send one request and fall silent never
-//! holds hyper's buffers all at once. A client that sends again within
-//! the release time of a release is one that keeps sending: from then on
-//! its state is released only after that time with nothing moving, and
-//! it pays for no rebuild while it sends. That wait costs no timer per
-//! request: it is the connection's deadline timer, which moves only when
-//! it fires.
+//! holds hyper's buffers all at once. A client whose next bytes come
+//! within [`HyperOptions::idle_release`](super::HyperOptions) of its last
+//! ones keeps sending: from then on its state is released only after that
+//! long with nothing moving, and it pays for no rebuild while it sends.
+//! That wait costs no timer per request: it is the connection's deadline
+//! timer, which moves only when it fires.
 //!
 //! While a connection holds no hyper state its deadlines are kept here:
 //! the idle timeout as always, and the header-read timeout, counted from
@@ -140,8 +139,9 @@ where
     told: bool,
     /// hyper's state was released and not built again since.
     released: bool,
-    /// The client once sent again within the release time of a release:
-    /// from then on its state is released only after that time.
+    /// After a release, the client's next bytes came within the release
+    /// time of its last ones: from then on its state is released only
+    /// after that time between requests.
     chatty: bool,
 }
 

@@ -96,8 +96,8 @@ pub struct HyperOptions {
     /// released when the connection sits between requests, and built again
     /// when the client sends its next bytes, so an idle connection holds
     /// its socket and little else. The first release comes at once; a
-    /// client that sends again within this long of a release keeps its
-    /// state until it has had no request open and nothing moving for this
+    /// client that sends again within this long of its last bytes keeps
+    /// its state from then on until it has sat between requests for this
     /// long, so a client that keeps sending pays for no rebuild. `None`:
     /// never release. Default: 500 ms.
     pub idle_release: Option<Duration>,
