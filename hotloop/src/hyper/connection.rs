@@ -266,7 +266,8 @@ where
         let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
         self.phase = match parked.protocol {
             Some(Protocol::Http2) => {
-                let builder = http2::Builder::new(HotloopExecutor).timer(HotloopTimer).clone();
+                let mut builder = http2::Builder::new(HotloopExecutor);
+                builder.timer(HotloopTimer);
                 Phase::Http2(Box::pin(builder.serve_connection(io, parked.service)))
             }
             _ => {
