@@ -23,7 +23,9 @@ use crate::drain;
 /// task, so no wrapper future around each read and no registration is
 /// needed.
 pub(crate) struct ConnTimer {
-    timer: Sleep,
+    /// Made at the first deadline, so a connection that never waits
+    /// reads no clock for it.
+    timer: Option<Sleep>,
     /// The waker of the task that last waited here (a connection's waits
     /// all come from its own task): the timer is filed in the worker's
     /// wheel with it while `timer_filed`. A wait that finds its own task's
@@ -35,7 +37,7 @@ pub(crate) struct ConnTimer {
 
 impl ConnTimer {
     pub(crate) fn new() -> Self {
-        ConnTimer { timer: hotloop::time::sleep(Duration::MAX), waker: None, timer_filed: false }
+        ConnTimer { timer: None, waker: None, timer_filed: false }
     }
 
     /// Runs `read` (a connection's read, pinned by the caller) until `due`;
@@ -88,10 +90,14 @@ impl ConnTimer {
     /// Makes the timer fire no later than `due`. Only ever moved earlier
     /// here; a later deadline is taken up when the timer fires.
     fn bring_forward(&mut self, due: Instant) {
-        if self.timer.deadline() > due {
-            Pin::new(&mut self.timer).reset(due);
-            // A reset may take the timer out of the wheel.
-            self.timer_filed = false;
+        match &mut self.timer {
+            Some(timer) if timer.deadline() > due => {
+                Pin::new(timer).reset(due);
+                // A reset may take the timer out of the wheel.
+                self.timer_filed = false;
+            }
+            Some(_) => {}
+            None => self.timer = Some(hotloop::time::sleep_until(due)),
         }
     }
 
@@ -109,10 +115,11 @@ impl ConnTimer {
     /// earlier deadline that has since moved on is moved to `due`.
     fn poll_expired(&mut self, cx: &mut std::task::Context<'_>, due: Instant) -> bool {
         self.waiting_with(cx.waker());
-        if self.timer_filed && hotloop::time::now() < self.timer.deadline() {
+        let timer = self.timer.get_or_insert_with(|| hotloop::time::sleep_until(due));
+        if self.timer_filed && hotloop::time::now() < timer.deadline() {
             return false;
         }
-        let mut timer = Pin::new(&mut self.timer);
+        let mut timer = Pin::new(timer);
         while timer.as_mut().poll(cx).is_ready() {
             self.timer_filed = false;
             if hotloop::time::now() >= due {

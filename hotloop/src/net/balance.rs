@@ -219,6 +219,9 @@ impl Lanes {
 /// worker if the balance says so (`None`: it was handed over); else, or if
 /// the chosen worker refuses it, gives it back to be served here.
 pub(crate) fn hand_off(lanes: &Lanes, me: usize, fd: OwnedFd) -> Option<OwnedFd> {
+    if !lanes.enabled() {
+        return Some(fd);
+    }
     let now = current::clock_monotonic_ns();
     let Some(to) = lanes.target(me, now) else { return Some(fd) };
     match lanes.offer(to, fd) {

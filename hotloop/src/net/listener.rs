@@ -213,7 +213,7 @@ pub(crate) struct Acceptor {
     owner_room: Cell<usize>,
     /// With accept pacing: this turn's budget and when the turn's first accept came.
     pace_budget: Cell<usize>,
-    pace_turn_started: Cell<Option<Instant>>,
+    pace_turn_started: Cell<Option<u64>>,
     /// Set when pacing finds the worker behind, cleared once the budget
     /// is back at its cap: meanwhile the driver accepts no further ahead
     /// than the budget.
@@ -369,7 +369,7 @@ impl Acceptor {
                 if let Some(pacing) = self.options.accept_pacing {
                     // The loop's clock of this turn: the pacing times whole
                     // turns, so it needs no clock read of its own.
-                    self.pace(&pacing, turn, t.now(), t.run_queue_len());
+                    self.pace(&pacing, turn, t.now_ns(), t.run_queue_len());
                 }
                 self.batch_turn.set(turn);
                 self.batch_count.set(0);
@@ -388,19 +388,21 @@ impl Acceptor {
 
     /// Updates the pacing budget at the first accept of `turn` (see the
     /// module notes).
-    fn pace(&self, pacing: &AcceptPacing, turn: u64, now: Instant, run_queue_len: usize) {
+    fn pace(&self, pacing: &AcceptPacing, turn: u64, now_ns: u64, run_queue_len: usize) {
         let max = self.pace_max();
         let budget = self.pace_budget.get();
         // The previous turn ended on the budget and this is the next one: it was all work.
         let timed =
             self.batch_turn.get().wrapping_add(1) == turn && self.batch_count.get() >= budget;
-        let slow =
-            timed && self.pace_turn_started.get().is_some_and(|t| now - t > pacing.turn_target);
+        let slow = timed
+            && self.pace_turn_started.get().is_some_and(|t| {
+                u128::from(now_ns.saturating_sub(t)) > pacing.turn_target.as_nanos()
+            });
         let behind = slow || run_queue_len > pacing.run_queue_target;
         let next = if behind { budget / 2 } else { budget + pacing.accepts_increase };
         let next = next.clamp(1, max);
         self.pace_budget.set(next);
-        self.pace_turn_started.set(Some(now));
+        self.pace_turn_started.set(Some(now_ns));
         let was_behind = self.pace_behind.get();
         self.pace_behind.set(behind || (was_behind && next < max));
         if next != budget || was_behind != self.pace_behind.get() {

@@ -43,7 +43,9 @@ use super::options::{Balance, ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
 use super::unix::{bind_unix_socket, UnixListener, UnixStream};
 use crate::runtime::shared::WorkerShared;
-use crate::runtime::{current, spawn_detached, Handle, OnDone, RemoteJoinHandle};
+use crate::runtime::{
+    current, run_now_if_alone, spawn_detached, Handle, OnDone, RemoteJoinHandle, TaskKey,
+};
 
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
 ///
@@ -413,6 +415,11 @@ enum Arrival {
     HandedIn(OwnedFd),
 }
 
+/// The most new connections' first polls an accept loop runs in place per
+/// loop turn: about what the worker's queue allows a turn (61 polls, two per
+/// connection) before it looks at I/O again.
+const INLINE_HANDLERS_PER_TURN: u32 = 30;
+
 async fn accept_loop<L, H, Fut>(
     listener: L,
     shared: Arc<ServerShared>,
@@ -432,6 +439,8 @@ where
     // change); each poll after that reads an atomic, not the lock every
     // worker's accept loop shares.
     let mut stop_filed = false;
+    // The turn, and how many new handlers were polled in place in it.
+    let mut inline = (u64::MAX, 0u32);
     loop {
         if at_limit(&shared, &local, limits) {
             current::count(|s| &s.maxconn_reached);
@@ -510,14 +519,27 @@ where
                     current::count(|s| &s.maxconn_reached);
                     wait_for_a_free_slot(&shared, &local, limits).await;
                 }
-                start_handler(stream, &local, &*handler);
+                let handler_task = start_handler(stream, &local, &*handler);
                 // Let the new handler run before the next accept: its
                 // request is usually in its socket already (TCP_DEFER_ACCEPT),
                 // and serving it first both answers sooner and gives the next
                 // client time to arrive, so the next `accept4` finds it
                 // rather than failing with EAGAIN (one system call less per
-                // connection when clients come one at a time).
-                crate::runtime::yield_now().await;
+                // connection when clients come one at a time). With nothing
+                // else waiting to run it is polled in place, which saves this
+                // loop a wake and a poll of its own; a few dozen of those per
+                // turn at most, as the queue would have allowed, so a burst
+                // of connections that finish at once cannot keep the worker
+                // from its driver.
+                let turn = current::turn();
+                if inline.0 != turn {
+                    inline = (turn, 0);
+                }
+                if inline.1 < INLINE_HANDLERS_PER_TURN && run_now_if_alone(handler_task) {
+                    inline.1 += 1;
+                } else {
+                    crate::runtime::yield_now().await;
+                }
             }
             Some(Err(e)) => return Err(e),
         }
@@ -581,7 +603,7 @@ fn try_reserve(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bo
 
 /// Starts the handler of a connection whose slot in the server's `active`
 /// count is already taken.
-fn start_handler<S, H, Fut>(stream: S, local: &Rc<WorkerConns>, handler: &H)
+fn start_handler<S, H, Fut>(stream: S, local: &Rc<WorkerConns>, handler: &H) -> TaskKey
 where
     H: Fn(S, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
@@ -590,7 +612,7 @@ where
     local.worker.load.connection_opened();
     let guard = ActiveGuard { local: local.clone() };
     let stop = StopSignal { local: local.clone() };
-    spawn_detached(OnDone::new(handler(stream, stop), move |()| drop(guard)));
+    spawn_detached(OnDone::new(handler(stream, stop), move |()| drop(guard)))
 }
 
 impl<A: Clone> Server<A> {

@@ -348,7 +348,6 @@ impl Clock {
     /// time, so a deadline compared against it is never taken as passed early.
     /// The time of the last [`Clock::update`], in nanoseconds since the
     /// clock's start: [`Clock::cached`] in 8 bytes, with no arithmetic.
-    #[cfg(feature = "hyper")]
     #[inline]
     pub(crate) fn cached_ns(&self) -> u64 {
         self.now_ns.get()

@@ -208,10 +208,11 @@ impl Turn<'_> {
         self.cx.turn.get()
     }
 
-    /// The time the loop read at the start of this turn.
+    /// The time the loop read at the start of this turn, in nanoseconds
+    /// on the worker's clock (no `Instant` arithmetic).
     #[inline]
-    pub(crate) fn now(&self) -> Instant {
-        self.cx.clock.cached()
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.cx.clock.cached_ns()
     }
 
     /// How many tasks wait to run on this worker.

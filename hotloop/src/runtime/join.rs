@@ -212,6 +212,27 @@ impl<F: Future, C: FnOnce(F::Output)> Future for OnDone<F, C> {
     }
 }
 
+/// Polls the task `key` now, inside the caller's poll, if it is the only
+/// task waiting to run (typically just spawned); true if it was polled.
+///
+/// For the accept loop: serving a new connection's first poll in place
+/// gives the order a [`yield_now`] would (the new task, then the loop)
+/// without the loop's own wake, queueing and poll. With other tasks
+/// waiting it does nothing, so a new task never runs ahead of them.
+pub(crate) fn run_now_if_alone(key: TaskKey) -> bool {
+    context::with(|cx| {
+        {
+            let mut queue = cx.run_queue.borrow_mut();
+            if queue.len() != 1 || queue.front() != Some(&key) {
+                return false;
+            }
+            queue.pop_front();
+        }
+        super::worker::run_task(cx, key);
+        true
+    })
+}
+
 /// Yields to the other tasks of this worker once.
 pub async fn yield_now() {
     let mut yielded = false;

@@ -143,7 +143,7 @@ pub(crate) fn run<F: Future>(
 }
 
 /// Polls one task, dropping it if it finished, panicked or was aborted.
-fn run_task(cx: &Context, key: TaskKey) {
+pub(super) fn run_task(cx: &Context, key: TaskKey) {
     let (mut future, waker) = {
         let mut tasks = cx.tasks.borrow_mut();
         let Some(task) = tasks.get_mut(key) else { return };
