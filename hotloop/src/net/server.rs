@@ -415,11 +415,6 @@ enum Arrival {
     HandedIn(OwnedFd),
 }
 
-/// The most new connections' first polls an accept loop runs in place per
-/// loop turn: about what the worker's queue allows a turn (61 polls, two per
-/// connection) before it looks at I/O again.
-const INLINE_HANDLERS_PER_TURN: u32 = 30;
-
 async fn accept_loop<L, H, Fut>(
     listener: L,
     shared: Arc<ServerShared>,
@@ -439,8 +434,6 @@ where
     // change); each poll after that reads an atomic, not the lock every
     // worker's accept loop shares.
     let mut stop_filed = false;
-    // The turn, and how many new handlers were polled in place in it.
-    let mut inline = (u64::MAX, 0u32);
     loop {
         if at_limit(&shared, &local, limits) {
             current::count(|s| &s.maxconn_reached);
@@ -527,17 +520,11 @@ where
                 // rather than failing with EAGAIN (one system call less per
                 // connection when clients come one at a time). With nothing
                 // else waiting to run it is polled in place, which saves this
-                // loop a wake and a poll of its own; a few dozen of those per
-                // turn at most, as the queue would have allowed, so a burst
-                // of connections that finish at once cannot keep the worker
-                // from its driver.
-                let turn = current::turn();
-                if inline.0 != turn {
-                    inline = (turn, 0);
-                }
-                if inline.1 < INLINE_HANDLERS_PER_TURN && run_now_if_alone(handler_task) {
-                    inline.1 += 1;
-                } else {
+                // loop a wake and a poll of its own. Each such poll counts
+                // against the worker's budget of polls per turn, so a burst
+                // of connections that finish at once still lets the worker
+                // look at I/O as often as the yields did.
+                if !run_now_if_alone(handler_task) {
                     crate::runtime::yield_now().await;
                 }
             }

@@ -42,6 +42,10 @@ pub(crate) struct Context {
     pub(super) clock: Clock,
     /// Incremented once per poll of the driver: one "wakeup" of the loop.
     pub(super) turn: Cell<u64>,
+    /// Task polls left in this turn before the loop looks at I/O again
+    /// (`event_interval` at the start of each turn). A poll run in place
+    /// ([`crate::runtime::run_now_if_alone`]) takes from it too.
+    pub(super) polls_left: Cell<u32>,
     /// Wakers to wake after the next poll of the driver.
     pub(super) after_poll: RefCell<Vec<Waker>>,
     /// The task that just panicked and its payload, while its future is

@@ -218,9 +218,16 @@ impl<F: Future, C: FnOnce(F::Output)> Future for OnDone<F, C> {
 /// For the accept loop: serving a new connection's first poll in place
 /// gives the order a [`yield_now`] would (the new task, then the loop)
 /// without the loop's own wake, queueing and poll. With other tasks
-/// waiting it does nothing, so a new task never runs ahead of them.
+/// waiting it does nothing, so a new task never runs ahead of them. It
+/// takes two polls from the turn's budget, the two that the yield would
+/// have cost, and declines when they are not left: the worker gets back
+/// to its driver as often as it would have.
 pub(crate) fn run_now_if_alone(key: TaskKey) -> bool {
     context::with(|cx| {
+        let left = cx.polls_left.get();
+        if left < 2 {
+            return false;
+        }
         {
             let mut queue = cx.run_queue.borrow_mut();
             if queue.len() != 1 || queue.front() != Some(&key) {
@@ -228,6 +235,7 @@ pub(crate) fn run_now_if_alone(key: TaskKey) -> bool {
             }
             queue.pop_front();
         }
+        cx.polls_left.set(left - 2);
         super::worker::run_task(cx, key);
         true
     })

@@ -310,6 +310,7 @@ impl Context {
             timers: RefCell::new(TimerWheel::new()),
             clock: Clock::new(),
             turn: Cell::new(0),
+            polls_left: Cell::new(0),
             after_poll: RefCell::new(Vec::new()),
             panic_payload: RefCell::new(None),
             load_meter: load::LoadMeter::default(),

@@ -41,10 +41,12 @@ pub(crate) fn run<F: Future>(
     loop {
         // 1. Tasks.
         let mut ran_tasks = false;
-        for _ in 0..cx.config.event_interval {
+        cx.polls_left.set(cx.config.event_interval);
+        while cx.polls_left.get() > 0 {
             let Some(key) = cx.run_queue.borrow_mut().pop_front() else {
                 break;
             };
+            cx.polls_left.set(cx.polls_left.get() - 1);
             ran_tasks = true;
             if key == MAIN_TASK {
                 if let Some(fut) = main.as_mut() {

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Server CPU per serial connection, servers alternated round by round:
+# `perf stat -e task-clock,context-switches` on the server over exactly N
+# serial HTTP connections (after 2,000 to warm up), server on CPU 0, load
+# on CPU 1. Prints each round, then each server's median and the medians
+# of the per-round ratios against the first server.
+#
+#   scripts/serial_cpu_ab.sh ROUNDS N NAME=CMD [NAME=CMD ...]
+#
+# CMD is a server command line with PORT where its address goes, e.g.
+#   scripts/serial_cpu_ab.sh 5 20000 \
+#     "floor=target/release/hotloop-bench peer floor http --addr 127.0.0.1:PORT --workers 1" \
+#     "hotloop=target/release/hotloop serve http --addr 127.0.0.1:PORT --workers 1 --driver epoll"
+#
+# Needs perf (apt-get install linux-perf) and the release binaries
+# (cargo build --release -p hotloop-cli -p hotloop-bench).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=$1
+n=$2
+shift 2
+load=target/release/hotloop-bench
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+port=$((20000 + RANDOM % 20000))
+
+names=()
+for spec in "$@"; do names+=("${spec%%=*}"); done
+
+for r in $(seq 1 "$rounds"); do
+  for spec in "$@"; do
+    name=${spec%%=*}
+    cmd=${spec#*=}
+    port=$((port + 1))
+    # shellcheck disable=SC2086
+    taskset -c 0 ${cmd//PORT/$port} > "$out/server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do
+      (echo > /dev/tcp/127.0.0.1/$port) 2> /dev/null && break
+      sleep 0.05
+    done
+    if ! kill -0 "$pid" 2> /dev/null; then
+      echo "round $r $name: the server exited at start:" >&2
+      cat "$out/server.log" >&2
+      exit 1
+    fi
+    taskset -c 1 "$load" load --addr 127.0.0.1:$port --mode serial -n 2000 -d 20 > /dev/null 2>&1
+    perf stat -x, -e task-clock,context-switches -p "$pid" -o "$out/stat" &
+    perf_pid=$!
+    sleep 0.2
+    taskset -c 1 "$load" load --addr 127.0.0.1:$port --mode serial -n "$n" -d 120 > "$out/load" 2>&1
+    kill -INT "$perf_pid"
+    wait "$perf_pid" || true
+    kill -TERM "$pid"
+    wait "$pid" || true
+    ms=$(awk -F, '$3 ~ /task-clock/ {print $1}' "$out/stat")
+    cs=$(awk -F, '$3 ~ /context-switches/ {print $1}' "$out/stat")
+    p50=$(grep -oE 'p50 [0-9]+' "$out/load" | head -1 | awk '{print $2}')
+    echo "round $r $name task_ms=$ms context_switches=$cs p50_us=$p50" | tee -a "$out/rounds"
+  done
+done
+
+python3 - "$out/rounds" "$n" "${names[@]}" << 'PY'
+import statistics, sys
+path, n, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rounds = {}
+for line in open(path):
+    f = line.split()
+    r, name = int(f[1]), f[2]
+    ms = float(f[3].split('=')[1])
+    rounds.setdefault(name, {})[r] = ms
+base = names[0]
+for name in names:
+    per = [rounds[name][r] * 1000 / n for r in sorted(rounds[name])]
+    line = f"{name}: median {statistics.median(per):.2f} µs CPU per connection"
+    if name != base:
+        ratios = [rounds[name][r] / rounds[base][r] for r in sorted(rounds[name]) if r in rounds[base]]
+        line += (f"; over {base} per round: median {statistics.median(ratios):.3f}"
+                 f" (range {min(ratios):.3f}-{max(ratios):.3f})")
+    print(line)
+PY
