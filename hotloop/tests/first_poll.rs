@@ -145,3 +145,54 @@ fn a_first_poll_that_spawns_and_stops_the_server_ends_cleanly(driver: DriverKind
     let r = rt.handle().spawn_on(0, || async { 7 }).join();
     assert_eq!(r.unwrap(), 7);
 }
+
+/// A handler that owns a `Runtime` drops it in its first poll, normally
+/// and while unwinding from a panic: the dropped runtime's shutdown
+/// takes over the thread's context for a moment and must find it free
+/// (a poll in place runs with nothing of the worker's borrowed). Runs in
+/// a child process, which an abort would kill.
+#[hotloop::test(driver = "all")]
+fn a_first_poll_that_drops_a_runtime_it_owns_leaves_the_server_serving(driver: DriverKind) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["owned_runtime_in_first_poll_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env("HOTLOOP_FIRST_POLL_CHILD", format!("{driver:?}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the child ended with {:?}:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("first poll runtimes: ok"));
+}
+
+/// The child of the test above.
+#[test]
+fn owned_runtime_in_first_poll_child() {
+    let Ok(driver) = std::env::var("HOTLOOP_FIRST_POLL_CHILD") else { return };
+    let driver: DriverKind = driver.to_lowercase().parse().unwrap();
+    let rt = runtime(driver);
+    let handler = move |stream: hotloop::net::TcpStream| async move {
+        let (res, buf) = stream.read_owned(Vec::with_capacity(64)).await;
+        let inner = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        inner.handle().spawn(async move { tx.send(5).unwrap() });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 5);
+        if matches!(res, Ok(n) if n > 0) && buf.first() == Some(&b'p') {
+            let _owned = inner;
+            panic!("the owner panics");
+        }
+        drop(inner);
+        let _ = stream.write_all_owned(b"ok".to_vec()).await;
+    };
+    let server = serve(rt.handle(), "127.0.0.1:0", ServerOptions::default(), handler).unwrap();
+    let addr = server.local_addr();
+    for round in 0..3 {
+        assert_eq!(exchange(addr, b"hello"), b"ok", "round {round}: dropped normally");
+        assert_eq!(exchange(addr, b"panic"), b"", "round {round}: dropped while unwinding");
+    }
+    assert_eq!(exchange(addr, b"hello"), b"ok", "still serving");
+    assert!(wait_for(|| server.active_connections() == 0));
+    println!("first poll runtimes: ok");
+}

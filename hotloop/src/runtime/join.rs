@@ -223,22 +223,25 @@ impl<F: Future, C: FnOnce(F::Output)> Future for OnDone<F, C> {
 /// have cost, and declines when they are not left: the worker gets back
 /// to its driver as often as it would have.
 pub(crate) fn run_now_if_alone(key: TaskKey) -> bool {
-    context::with(|cx| {
-        let left = cx.polls_left.get();
-        if left < 2 {
+    // The context is held by its own handle, not through the thread's cell:
+    // the poll below runs with that cell free, as the loop's polls do (a
+    // task that drops a `Runtime` briefly installs that runtime's context
+    // in it).
+    let Some(cx) = context::current() else { return false };
+    let left = cx.polls_left.get();
+    if left < 2 {
+        return false;
+    }
+    {
+        let mut queue = cx.run_queue.borrow_mut();
+        if queue.len() != 1 || queue.front() != Some(&key) {
             return false;
         }
-        {
-            let mut queue = cx.run_queue.borrow_mut();
-            if queue.len() != 1 || queue.front() != Some(&key) {
-                return false;
-            }
-            queue.pop_front();
-        }
-        cx.polls_left.set(left - 2);
-        super::worker::run_task(cx, key);
-        true
-    })
+        queue.pop_front();
+    }
+    cx.polls_left.set(left - 2);
+    super::worker::run_task(&cx, key);
+    true
 }
 
 /// Yields to the other tasks of this worker once.
