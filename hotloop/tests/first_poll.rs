@@ -153,25 +153,15 @@ fn a_first_poll_that_spawns_and_stops_the_server_ends_cleanly(driver: DriverKind
 /// a child process, which an abort would kill.
 #[hotloop::test(driver = "all")]
 fn a_first_poll_that_drops_a_runtime_it_owns_leaves_the_server_serving(driver: DriverKind) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["owned_runtime_in_first_poll_child", "--exact", "--nocapture", "--test-threads=1"])
-        .env("HOTLOOP_FIRST_POLL_CHILD", format!("{driver:?}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the child ended with {:?}:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("first poll runtimes: ok"));
+    let out =
+        common::run_child("owned_runtime_in_first_poll_child", "HOTLOOP_FIRST_POLL_CHILD", driver);
+    assert!(out.contains("first poll runtimes: ok"));
 }
 
 /// The child of the test above.
 #[test]
 fn owned_runtime_in_first_poll_child() {
-    let Ok(driver) = std::env::var("HOTLOOP_FIRST_POLL_CHILD") else { return };
-    let driver: DriverKind = driver.to_lowercase().parse().unwrap();
+    let Some(driver) = common::child_driver("HOTLOOP_FIRST_POLL_CHILD") else { return };
     let rt = runtime(driver);
     let handler = move |stream: hotloop::net::TcpStream| async move {
         let (res, buf) = stream.read_owned(Vec::with_capacity(64)).await;

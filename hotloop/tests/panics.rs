@@ -233,25 +233,14 @@ fn a_nested_block_on_panics_in_its_task_and_the_worker_keeps_its_context(driver:
 /// Runs in a child process, which an abort would kill.
 #[hotloop::test(driver = "all")]
 fn a_task_that_owns_a_runtime_and_panics_reports_the_panic(driver: DriverKind) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["owned_runtime_child", "--exact", "--nocapture", "--test-threads=1"])
-        .env("HOTLOOP_OWNED_RUNTIME_CHILD", format!("{driver:?}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the child ended with {:?}:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("owned runtimes: ok"));
+    let out = common::run_child("owned_runtime_child", "HOTLOOP_OWNED_RUNTIME_CHILD", driver);
+    assert!(out.contains("owned runtimes: ok"));
 }
 
 /// The child of the test above.
 #[test]
 fn owned_runtime_child() {
-    let Ok(driver) = std::env::var("HOTLOOP_OWNED_RUNTIME_CHILD") else { return };
-    let driver: DriverKind = driver.to_lowercase().parse().unwrap();
+    let Some(driver) = common::child_driver("HOTLOOP_OWNED_RUNTIME_CHILD") else { return };
     let rt = runtime(driver);
     rt.block_on(async move {
         // Dropped while the owning task unwinds.

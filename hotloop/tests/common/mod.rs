@@ -55,3 +55,31 @@ pub async fn echo(stream: hotloop::net::TcpStream) {
         }
     }
 }
+
+/// Runs the test named `child` of this test binary in a child process (for
+/// a failure that would abort the process), with `driver` in the
+/// environment variable `env`; returns its stdout.
+///
+/// # Panics
+/// If the child fails; the message carries its stderr.
+pub fn run_child(child: &str, env: &str, driver: hotloop::DriverKind) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([child, "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, format!("{driver:?}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the child ended with {:?}:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// In a child started by [`run_child`]: the driver it was given, or
+/// `None` when this is not that child (the test then does nothing).
+pub fn child_driver(env: &str) -> Option<hotloop::DriverKind> {
+    let driver = std::env::var(env).ok()?;
+    Some(driver.to_lowercase().parse().unwrap())
+}
