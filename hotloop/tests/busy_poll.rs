@@ -83,3 +83,38 @@ fn busy_polling_spins_on_the_completion_queue(driver: DriverKind) {
         }
     }
 }
+
+/// A spinning worker reads the clock only once in several empty spins:
+/// its timers still fire, and on time, whether the sleeper is the
+/// `block_on` future or a spawned task.
+#[hotloop::test(driver = "all")]
+fn a_spinning_worker_fires_its_timers(driver: DriverKind) {
+    const TIMER: Duration = Duration::from_millis(2);
+    for mode in [BusyPoll::Always, BusyPoll::Adaptive { spin_budget: Duration::from_secs(5) }] {
+        let rt = Runtime::builder().workers(1).driver(driver).busy_poll(mode).build().unwrap();
+        let latest = rt.block_on(async {
+            let spawned = hotloop::spawn(async {
+                let mut latest = Duration::ZERO;
+                for _ in 0..20 {
+                    let start = std::time::Instant::now();
+                    hotloop::time::sleep(TIMER).await;
+                    latest = latest.max(start.elapsed());
+                }
+                latest
+            });
+            let mut latest = Duration::ZERO;
+            for _ in 0..20 {
+                let start = std::time::Instant::now();
+                hotloop::time::sleep(TIMER).await;
+                latest = latest.max(start.elapsed());
+            }
+            latest.max(spawned.await.unwrap())
+        });
+        assert!(rt.stats().total.poller_spins > 0, "{mode}: never spun");
+        // The wheel counts whole milliseconds, so a 2 ms sleep ends within
+        // its third tick; the bound is loose for a shared machine, and a
+        // clock that stopped moving would never end it at all.
+        assert!(latest >= TIMER, "{mode}: a timer fired early, after {latest:?}");
+        assert!(latest < Duration::from_millis(500), "{mode}: a timer fired after {latest:?}");
+    }
+}
