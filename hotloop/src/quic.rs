@@ -419,7 +419,11 @@ impl AsyncUdpSocket for QuicSocket {
             // other, and QUIC's recovery deals with it; an error here would
             // end the whole connection.
             Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
-                if self.send_errors.fetch_add(1, Ordering::Relaxed) % SEND_ERRORS_PER_LOG == 0 {
+                if self
+                    .send_errors
+                    .fetch_add(1, Ordering::Relaxed)
+                    .is_multiple_of(SEND_ERRORS_PER_LOG)
+                {
                     crate::log::warn(format_args!(
                         "QUIC datagram to {} not sent: {e} (logged once per {SEND_ERRORS_PER_LOG})",
                         t.destination

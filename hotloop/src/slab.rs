@@ -226,7 +226,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
-            if x % 3 != 0 || model.is_empty() {
+            if !x.is_multiple_of(3) || model.is_empty() {
                 let k = slab.insert(step);
                 assert!(model.insert(k, step).is_none(), "a live key was handed out twice");
             } else {

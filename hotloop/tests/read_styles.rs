@@ -153,7 +153,7 @@ fn dribble(mut c: StdStream, data: Vec<u8>) {
         c.write_all(&data[at..at + n]).unwrap();
         at += n;
         step += 1;
-        if step % 3 == 0 {
+        if step.is_multiple_of(3) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -171,10 +171,10 @@ async fn read_alternating<S: Stream>(mut s: S, a: Style, b: Style, len: usize) -
     let mut i = 0usize;
     let mut cancelled = 0;
     loop {
-        let style = if i % 2 == 0 { a } else { b };
+        let style = if i.is_multiple_of(2) { a } else { b };
         let max = sizes[i % sizes.len()];
         i += 1;
-        let chunk = if i % 3 == 0 {
+        let chunk = if i.is_multiple_of(3) {
             match timeout(Duration::from_micros(300), read_once(&mut s, style, max)).await {
                 Ok(r) => r.unwrap(),
                 Err(_) => {
@@ -206,8 +206,11 @@ fn every_pair_of_read_styles_on_one_stream_loses_nothing(driver: DriverKind) {
             let data = pattern(LEN);
             let sent = data.clone();
             // Both kinds of socket, in turn.
-            let side =
-                if (a as usize + b as usize) % 2 == 0 { Side::Accepted } else { Side::Connected };
+            let side = if (a as usize + b as usize).is_multiple_of(2) {
+                Side::Accepted
+            } else {
+                Side::Connected
+            };
             let ((), got) = with_pair_as(
                 driver,
                 side,

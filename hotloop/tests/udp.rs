@@ -506,7 +506,7 @@ async fn burst_larger_than_the_ring() {
     let mut next = 1u32;
     let mut storage = vec![[0u8; 16]; 32];
     while next <= total {
-        if next % 2 == 0 {
+        if next.is_multiple_of(2) {
             let (res, buf) = timeout(LIMIT, server.recv_msg(Vec::with_capacity(16))).await.unwrap();
             assert_eq!(res.unwrap().len, 4);
             assert_eq!(u32::from_be_bytes(buf[..4].try_into().unwrap()), next);

@@ -44,7 +44,7 @@ use super::stream::TcpStream;
 use super::unix::{bind_unix_socket, UnixListener, UnixStream};
 use crate::runtime::shared::WorkerShared;
 use crate::runtime::{
-    current, run_now_if_alone, spawn_detached, Handle, OnDone, RemoteJoinHandle, TaskKey,
+    current, run_now_if_alone, spawn_detached_with, Handle, OnDone, RemoteJoinHandle, TaskKey,
 };
 
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
@@ -599,7 +599,7 @@ where
     local.worker.load.connection_opened();
     let guard = ActiveGuard { local: local.clone() };
     let stop = StopSignal { local: local.clone() };
-    spawn_detached(OnDone::new(handler(stream, stop), move |()| drop(guard)))
+    spawn_detached_with(move || OnDone::new(handler(stream, stop), move |()| drop(guard)))
 }
 
 impl<A: Clone> Server<A> {

@@ -388,7 +388,7 @@ impl Clock {
             .saturating_mul(1000)
             .saturating_add(u64::from(since.subsec_millis()))
             .min(Self::TICK_MAX);
-        if ms < Self::TICK_MAX && since.subsec_nanos() % 1_000_000 != 0 {
+        if ms < Self::TICK_MAX && !since.subsec_nanos().is_multiple_of(1_000_000) {
             ms + 1
         } else {
             ms

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::blocking::BlockingPool;
 use super::context;
-use super::join::{spawn_detached, OnDone, TaskCompletion};
+use super::join::{spawn_detached_with, OnDone, TaskCompletion};
 use super::join_slot::{JoinError, JoinSlot, RemoteJoinHandle};
 use super::shared::{RuntimeShared, WorkerShared};
 use crate::stats::StatsSnapshot;
@@ -66,7 +66,9 @@ impl Handle {
                 }
             };
             let slot = completion.0.clone();
-            let key = spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
+            let key = spawn_detached_with(move || {
+                OnDone::new(future, move |out| completion.0.finish(Ok(out)))
+            });
             slot.set_key(key);
         }));
         RemoteJoinHandle { slot }

@@ -124,7 +124,8 @@ where
         context::with(|cx| (cx.tasks.borrow().next_key(), cx.shared.clone(), cx.uid));
     let slot = JoinSlot::new(set, Some(key));
     let completion = TaskCompletion(slot.clone());
-    let spawned = spawn_detached(OnDone::new(future, move |out| completion.0.finish(Ok(out))));
+    let spawned =
+        spawn_detached_with(move || OnDone::new(future, move |out| completion.0.finish(Ok(out))));
     debug_assert_eq!(spawned, key);
     JoinHandle { slot, key, owner, owner_uid }
 }
@@ -163,6 +164,20 @@ pub(crate) fn spawn_detached<F: Future<Output = ()> + 'static>(future: F) -> Tas
     // Boxed first, so the future (a connection handler's can be a kilobyte)
     // is copied once, onto the heap, rather than again at every call below.
     spawn_boxed(Box::pin(future))
+}
+
+/// [`spawn_detached`] for the future `make` returns, built straight into
+/// its heap allocation: a connection handler's future (hundreds of bytes,
+/// most of them states not yet entered) is then neither built on the
+/// stack nor copied whole to the heap.
+#[inline]
+pub(crate) fn spawn_detached_with<F, M>(make: M) -> TaskKey
+where
+    F: Future<Output = ()> + 'static,
+    M: FnOnce() -> F,
+{
+    let future: Box<F> = Box::write(Box::new_uninit(), make());
+    spawn_boxed(Box::into_pin(future))
 }
 
 fn spawn_boxed(future: super::task::TaskFuture) -> TaskKey {
