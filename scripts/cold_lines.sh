@@ -21,6 +21,7 @@
 # the release binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/server_wait.sh
 n=$1
 cmd=$2
 top=${3:-0}
@@ -35,15 +36,8 @@ taskset -c 0 valgrind --tool=callgrind --compress-strings=no --compress-pos=no \
   --cache-sim=yes --I1=4096,2,64 --D1=4096,2,64 --LL=8192,2,64 \
   --callgrind-out-file="$out/cg.out" ${cmd//PORT/$port} > "$out/server.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 200); do
-  (echo > /dev/tcp/127.0.0.1/$port) 2> /dev/null && break
-  sleep 0.1
-done
-if ! kill -0 "$pid" 2> /dev/null; then
-  echo "the server exited at start:" >&2
-  cat "$out/server.log" >&2
-  exit 1
-fi
+# valgrind takes a while to start a server.
+wait_for_server "$pid" "$port" "$out/server.log" 400
 taskset -c 1 "$load" load --addr 127.0.0.1:$port --mode serial -n 500 -d 60 > /dev/null 2>&1
 callgrind_control -z "$pid" > /dev/null
 taskset -c 1 "$load" load --addr 127.0.0.1:$port --mode serial -n "$n" -d 300 > /dev/null 2>&1

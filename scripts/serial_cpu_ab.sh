@@ -23,6 +23,7 @@
 # (cargo build --release -p hotloop-cli -p hotloop-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/server_wait.sh
 rounds=$1
 n=$2
 shift 2
@@ -55,15 +56,7 @@ for r in $(seq 1 "$rounds"); do
     # shellcheck disable=SC2086
     taskset -c 0 ${cmd//PORT/$port} > "$out/server.log" 2>&1 &
     pid=$!
-    for _ in $(seq 1 100); do
-      (echo > /dev/tcp/127.0.0.1/$port) 2> /dev/null && break
-      sleep 0.05
-    done
-    if ! kill -0 "$pid" 2> /dev/null; then
-      echo "round $r $name: the server exited at start:" >&2
-      cat "$out/server.log" >&2
-      exit 1
-    fi
+    wait_for_server "$pid" "$port" "$out/server.log" 100
     taskset -c 1 "$load" load --addr 127.0.0.1:$port "${load_args[@]}" -n 2000 -d 20 > /dev/null 2>&1
     perf stat -x, -e "$events" -p "$pid" -o "$out/stat" &
     perf_pid=$!
