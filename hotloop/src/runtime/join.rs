@@ -161,9 +161,7 @@ fn take_panic(key: TaskKey) -> Option<Box<dyn Any + Send>> {
 /// join slot is allocated. Returns the task's key.
 #[inline]
 pub(crate) fn spawn_detached<F: Future<Output = ()> + 'static>(future: F) -> TaskKey {
-    // Boxed first, so the future (a connection handler's can be a kilobyte)
-    // is copied once, onto the heap, rather than again at every call below.
-    spawn_boxed(Box::pin(future))
+    spawn_detached_with(move || future)
 }
 
 /// [`spawn_detached`] for the future `make` returns, built straight into
@@ -176,6 +174,8 @@ where
     F: Future<Output = ()> + 'static,
     M: FnOnce() -> F,
 {
+    // Boxed first, so the future is copied at most once, onto the heap,
+    // rather than again at every call below.
     let future: Box<F> = Box::write(Box::new_uninit(), make());
     spawn_boxed(Box::into_pin(future))
 }
