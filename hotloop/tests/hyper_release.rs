@@ -14,6 +14,7 @@ use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -52,6 +53,21 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
+
+/// `LIVE` counts the whole process: the heap measurement runs alone, with
+/// no other test of this binary allocating or freeing beside it (a test
+/// that ends frees its connections' state, megabytes at a time).
+static HEAP: RwLock<()> = RwLock::new(());
+
+/// Held by every test that only uses the heap.
+fn sharing_the_heap() -> RwLockReadGuard<'static, ()> {
+    HEAP.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held by the test that measures the heap.
+fn alone_on_the_heap() -> RwLockWriteGuard<'static, ()> {
+    HEAP.write().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Answers `<path> <body length>`.
 async fn path_and_length(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -118,6 +134,7 @@ const PAUSE: Duration = Duration::from_millis(150);
 /// Every way back into a released connection is served in order.
 #[hotloop::test(driver = "all")]
 fn a_released_connection_serves_whatever_the_client_sends_next(driver: DriverKind) {
+    let _heap = sharing_the_heap();
     let (_rt, server, addr) =
         server(driver, 1, options(Some(Duration::from_millis(50)), Duration::from_secs(10)));
     let mut s = connect(addr);
@@ -214,6 +231,7 @@ impl hyper::body::Body for SlowBody {
 
 #[hotloop::test(driver = "all")]
 fn an_answer_that_pauses_is_not_cut_by_a_release(driver: DriverKind) {
+    let _heap = sharing_the_heap();
     let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
     let server = serve_hyper(
         rt.handle(),
@@ -239,6 +257,7 @@ fn an_answer_that_pauses_is_not_cut_by_a_release(driver: DriverKind) {
 /// never released), on a connection whose preface came in two pieces.
 #[hotloop::test(driver = "all")]
 fn http2_by_prior_knowledge_is_served_after_a_split_preface_and_a_pause(driver: DriverKind) {
+    let _heap = sharing_the_heap();
     let (_rt, _server, addr) =
         server(driver, 1, options(Some(Duration::from_millis(50)), Duration::from_secs(10)));
     let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
@@ -279,6 +298,7 @@ fn http2_by_prior_knowledge_is_served_after_a_split_preface_and_a_pause(driver: 
 /// with half a head.
 #[hotloop::test(driver = "all")]
 fn the_header_timeout_counts_from_the_last_answer_across_a_release(driver: DriverKind) {
+    let _heap = sharing_the_heap();
     let header = Duration::from_millis(600);
     for release in [Some(Duration::from_millis(50)), None] {
         let (_rt, _server, addr) = server(driver, 1, options(release, header));
@@ -342,11 +362,14 @@ fn heap_per_idle_connection(addr: SocketAddr, n: usize, settle: Duration) -> isi
 /// state; without it, hyper's two 8 KiB buffers.
 #[hotloop::test(driver = "all")]
 fn an_idle_connection_holds_no_hyper_buffers(driver: DriverKind) {
+    let _heap = alone_on_the_heap();
     let n = 300;
     let settle = Duration::from_millis(300);
-    let (_rt, _server, addr) = server(driver, 1, HyperOptions::default());
-    heap_per_idle_connection(addr, 20, settle); // pools and first allocations
-    let released = heap_per_idle_connection(addr, n, settle);
+    let released = {
+        let (_rt, _server, addr) = server(driver, 1, HyperOptions::default());
+        heap_per_idle_connection(addr, 20, settle); // pools and first allocations
+        heap_per_idle_connection(addr, n, settle)
+    };
     let (_rt2, _server2, addr2) = server(driver, 1, options(None, Duration::from_secs(30)));
     heap_per_idle_connection(addr2, 20, settle);
     let kept = heap_per_idle_connection(addr2, n, settle);
