@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Server CPU per serial connection, servers interleaved connection by connection.
+
+    scripts/serial_cpu_interleaved.py BLOCKS PER_BLOCK NAME=CMD NAME=CMD [...]
+
+Starts every server on CPU 0 at once and sends serial HTTP connections
+(connect, one `Connection: close` request, read the whole reply, close)
+from CPU 1 to each in turn: A, B, A, B, ... Every block gives each server
+PER_BLOCK connections and reads each server's CPU time (the sum of its
+threads' `sum_exec_runtime` from /proc/PID/task/*/schedstat, in ns)
+before and after. The servers meet the machine's load, frequency and
+neighbours in the same microseconds, so the per-block ratio against the
+first server is nearly free of the drift that makes separate runs
+disagree; the script prints every block, then each server's median CPU
+per connection and the median and spread of the per-block ratios.
+
+CMD is a server command line with PORT where its address goes, e.g.
+    scripts/serial_cpu_interleaved.py 20 2000 \\
+      "floor=target/release/hotloop-bench peer floor http --addr 127.0.0.1:PORT --workers 1" \\
+      "hotloop=target/release/hotloop serve http --addr 127.0.0.1:PORT --workers 1 --driver epoll"
+
+Each server sleeps between its connections, as a server under light serial
+load does, and starts each one from caches the other servers have used.
+Loopback only; the servers are stopped by pid at the end.
+"""
+
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+WARMUP = 500
+
+
+def cpu_ns(pid):
+    """CPU time of every thread of `pid`, in ns."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that just ended
+    return total
+
+
+def one_connection(port):
+    """One serial connection: request, whole reply, close."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        s.sendall(REQUEST)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise RuntimeError(f"port {port}: closed before the head ended")
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"port {port}: closed before the body ended")
+            body += chunk
+    finally:
+        s.close()
+
+
+def wait_for(port, proc, seconds=20):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server on port {port} exited ({proc.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"no server on port {port} after {seconds} s")
+
+
+def main():
+    if len(sys.argv) < 5:
+        sys.exit(__doc__)
+    blocks, per_block = int(sys.argv[1]), int(sys.argv[2])
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    specs = [a.split("=", 1) for a in sys.argv[3:]]
+    # Below the ephemeral range (32768 up), where the client's own ports come from.
+    base = 20000 + random.randrange(0, 9000)
+    servers = []
+    try:
+        for i, (name, cmd) in enumerate(specs):
+            port = base + i
+            argv = ["taskset", "-c", "0"] + cmd.replace("PORT", str(port)).split()
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            servers.append((name, port, proc))
+        for _, port, proc in servers:
+            wait_for(port, proc)
+        os.sched_setaffinity(0, {1})
+        for _ in range(WARMUP):
+            for _, port, _ in servers:
+                one_connection(port)
+        per_conn = {name: [] for name, _, _ in servers}
+        ratios = {name: [] for name, _, _ in servers[1:]}
+        print("block  " + "  ".join(f"{n:>12}" for n, _, _ in servers) + "  (ns CPU per connection)")
+        for b in range(blocks):
+            start = [cpu_ns(p.pid) for _, _, p in servers]
+            for _ in range(per_block):
+                for _, port, _ in servers:
+                    one_connection(port)
+            used = [(cpu_ns(p.pid) - s) / per_block for s, (_, _, p) in zip(start, servers)]
+            for (name, _, _), u in zip(servers, used):
+                per_conn[name].append(u)
+            for (name, _, _), u in zip(servers[1:], used[1:]):
+                ratios[name].append(u / used[0])
+            print(f"{b + 1:5}  " + "  ".join(f"{u:12.0f}" for u in used), flush=True)
+        first = servers[0][0]
+        print()
+        for name, _, _ in servers:
+            print(f"{name}: median {statistics.median(per_conn[name]):.0f} ns CPU per connection")
+        for name in ratios:
+            r = sorted(ratios[name])
+            q = statistics.quantiles(r, n=4) if len(r) >= 4 else [r[0], statistics.median(r), r[-1]]
+            print(
+                f"{name} / {first}: median of per-block ratios {statistics.median(r):.3f}"
+                f" (quartiles {q[0]:.3f}-{q[2]:.3f}, range {r[0]:.3f}-{r[-1]:.3f}, {len(r)} blocks)"
+            )
+    finally:
+        for _, _, proc in servers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, _, proc in servers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    main()
