@@ -5,7 +5,7 @@
 
 Starts every server on CPU 0 at once and sends serial HTTP connections
 (connect, one `Connection: close` request, read the whole reply, close)
-from CPU 1 to each in turn: A, B, A, B, ... Every block gives each server
+from CPU 1 to each in turn: A, B, B, A, A, B, ... Every block gives each server
 PER_BLOCK connections and reads each server's CPU time (the sum of its
 threads' `sum_exec_runtime` from /proc/PID/task/*/schedstat, in ns)
 before and after. The servers meet the machine's load, frequency and
@@ -22,15 +22,23 @@ CMD is a server command line with PORT where its address goes, e.g.
 Each server sleeps between its connections, as a server under light serial
 load does, and starts each one from caches the other servers have used.
 Loopback only; the servers are stopped by pid at the end.
+
+With PROFILE=1 (and perf, apt-get install linux-perf), every server is
+sampled on the CPU clock during the blocks (`perf record -e cpu-clock`,
+which needs no hardware counters) and the script adds each server's split
+between kernel and user space, as samples and as ns per connection, and
+its TOP (default 15) user-space symbols by samples.
 """
 
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
@@ -75,6 +83,45 @@ def one_connection(port):
         s.close()
 
 
+def start_profiles(servers, tmp):
+    """One `perf record` per server, sampling its every thread on the CPU clock."""
+    profiles = []
+    for name, _, proc in servers:
+        out = os.path.join(tmp, f"{name}.data")
+        rec = subprocess.Popen(
+            ["perf", "record", "-q", "-e", "cpu-clock", "-F", "10000", "-p", str(proc.pid), "-o", out],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        profiles.append((name, rec, out))
+    time.sleep(0.5)  # perf attaches
+    return profiles
+
+
+def report_profiles(profiles, cpu_per_conn, top):
+    """Stops the recorders and prints each server's kernel/user split and top symbols."""
+    for _, rec, _ in profiles:
+        rec.send_signal(signal.SIGINT)
+    for _, rec, _ in profiles:
+        rec.wait(timeout=60)
+    for name, _, out in profiles:
+        lines = subprocess.run(
+            ["perf", "report", "-i", out, "--no-children", "--sort", "dso,sym", "--stdio",
+             "-F", "sample,dso,sym"],
+            capture_output=True, text=True, check=True).stdout.splitlines()
+        rows = []
+        for line in lines:
+            parts = line.split(None, 3)
+            if len(parts) == 4 and parts[0].isdigit():
+                rows.append((int(parts[0]), parts[1], parts[3].strip()))
+        total = sum(r[0] for r in rows) or 1
+        kernel = sum(r[0] for r in rows if r[1].startswith("[kernel"))
+        ns = cpu_per_conn[name]
+        print(f"{name}: {total} samples; kernel {kernel / total:.1%} ({ns * kernel / total:.0f} ns"
+              f" per connection), user {1 - kernel / total:.1%} ({ns * (total - kernel) / total:.0f} ns)")
+        user = sorted((r for r in rows if not r[1].startswith("[kernel")), key=lambda r: -r[0])
+        for samples, dso, sym in user[:top]:
+            print(f"  {samples / total:6.2%}  {dso[:16]:16}  {sym[:100]}")
+
+
 def wait_for(port, proc, seconds=20):
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -109,13 +156,17 @@ def main():
         for _ in range(WARMUP):
             for _, port, _ in servers:
                 one_connection(port)
+        profile = os.environ.get("PROFILE") == "1" and shutil.which("perf")
+        tmp = tempfile.mkdtemp()
+        profiles = start_profiles(servers, tmp) if profile else []
         per_conn = {name: [] for name, _, _ in servers}
         ratios = {name: [] for name, _, _ in servers[1:]}
         print("block  " + "  ".join(f"{n:>12}" for n, _, _ in servers) + "  (ns CPU per connection)")
         for b in range(blocks):
             start = [cpu_ns(p.pid) for _, _, p in servers]
-            for _ in range(per_block):
-                for _, port, _ in servers:
+            for i in range(per_block):
+                # Each server follows each other one equally often.
+                for _, port, _ in servers if i % 2 == 0 else reversed(servers):
                     one_connection(port)
             used = [(cpu_ns(p.pid) - s) / per_block for s, (_, _, p) in zip(start, servers)]
             for (name, _, _), u in zip(servers, used):
@@ -134,6 +185,11 @@ def main():
                 f"{name} / {first}: median of per-block ratios {statistics.median(r):.3f}"
                 f" (quartiles {q[0]:.3f}-{q[2]:.3f}, range {r[0]:.3f}-{r[-1]:.3f}, {len(r)} blocks)"
             )
+        if profiles:
+            print()
+            medians = {name: statistics.median(v) for name, v in per_conn.items()}
+            report_profiles(profiles, medians, int(os.environ.get("TOP", "15")))
+            shutil.rmtree(tmp, ignore_errors=True)
     finally:
         for _, _, proc in servers:
             if proc.poll() is None:
