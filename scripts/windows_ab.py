@@ -12,7 +12,8 @@ ratio against the first server compares measurements taken a fraction of
 a second apart, which cancels most of the drift of a shared machine that
 makes separate multi-second rounds disagree by 20% or more. Prints every
 window, then each server's median rate and p50 and the median and
-quartiles of the per-window ratios.
+quartiles of the per-window ratios: each server against the first, or,
+with PAIRS="a/b,c/d", the named ones.
 
 CMD is a server command line with PORT where its address goes, e.g.
     scripts/windows_ab.py 40 0.3 keepalive \\
@@ -109,10 +110,13 @@ def main():
         for name, _, _ in servers:
             print(f"{name}: median {statistics.median(rates[name]):.0f}/s, "
                   f"p50 median {statistics.median(p50s[name]):.0f} µs")
-        for name, _, _ in servers[1:]:
-            r = [a / b for a, b in zip(rates[name], rates[first])]
-            p = [a / b for a, b in zip(p50s[name], p50s[first])]
-            print(f"{name} / {first}: " + summary("rate", r) + "; " + summary("p50", p))
+        pairs = [(name, first) for name, _, _ in servers[1:]]
+        if os.environ.get("PAIRS"):
+            pairs = [tuple(p.split("/")) for p in os.environ["PAIRS"].split(",")]
+        for name, ref in pairs:
+            r = [a / b for a, b in zip(rates[name], rates[ref])]
+            p = [a / b for a, b in zip(p50s[name], p50s[ref])]
+            print(f"{name} / {ref}: " + summary("rate", r) + "; " + summary("p50", p))
     finally:
         for _, _, proc in servers:
             if proc.poll() is None:
