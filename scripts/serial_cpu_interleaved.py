@@ -31,7 +31,6 @@ its TOP (default 15) user-space symbols by samples.
 """
 
 import os
-import random
 import shutil
 import signal
 import socket
@@ -40,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import servers
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
 WARMUP = 500
@@ -122,84 +123,49 @@ def report_profiles(profiles, cpu_per_conn, top):
             print(f"  {samples / total:6.2%}  {dso[:16]:16}  {sym[:100]}")
 
 
-def wait_for(port, proc, seconds=20):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server on port {port} exited ({proc.returncode})")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"no server on port {port} after {seconds} s")
-
-
 def main():
     if len(sys.argv) < 5:
         sys.exit(__doc__)
     blocks, per_block = int(sys.argv[1]), int(sys.argv[2])
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    specs = [a.split("=", 1) for a in sys.argv[3:]]
-    # Below the ephemeral range (32768 up), where the client's own ports come from.
-    base = 20000 + random.randrange(0, 9000)
-    servers = []
-    try:
-        for i, (name, cmd) in enumerate(specs):
-            port = base + i
-            argv = ["taskset", "-c", "0"] + cmd.replace("PORT", str(port)).split()
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            servers.append((name, port, proc))
-        for _, port, proc in servers:
-            wait_for(port, proc)
+    with servers.running(sys.argv[3:]) as running:
         os.sched_setaffinity(0, {1})
         for _ in range(WARMUP):
-            for _, port, _ in servers:
+            for _, port, _ in running:
                 one_connection(port)
         profile = os.environ.get("PROFILE") == "1" and shutil.which("perf")
         tmp = tempfile.mkdtemp()
-        profiles = start_profiles(servers, tmp) if profile else []
-        per_conn = {name: [] for name, _, _ in servers}
-        ratios = {name: [] for name, _, _ in servers[1:]}
-        print("block  " + "  ".join(f"{n:>12}" for n, _, _ in servers) + "  (ns CPU per connection)")
+        profiles = start_profiles(running, tmp) if profile else []
+        per_conn = {name: [] for name, _, _ in running}
+        ratios = {name: [] for name, _, _ in running[1:]}
+        print("block  " + "  ".join(f"{n:>12}" for n, _, _ in running) + "  (ns CPU per connection)")
         for b in range(blocks):
-            start = [cpu_ns(p.pid) for _, _, p in servers]
+            start = [cpu_ns(p.pid) for _, _, p in running]
             for i in range(per_block):
                 # Each server follows each other one equally often.
-                for _, port, _ in servers if i % 2 == 0 else reversed(servers):
+                for _, port, _ in running if i % 2 == 0 else reversed(running):
                     one_connection(port)
-            used = [(cpu_ns(p.pid) - s) / per_block for s, (_, _, p) in zip(start, servers)]
-            for (name, _, _), u in zip(servers, used):
+            used = [(cpu_ns(p.pid) - s) / per_block for s, (_, _, p) in zip(start, running)]
+            for (name, _, _), u in zip(running, used):
                 per_conn[name].append(u)
-            for (name, _, _), u in zip(servers[1:], used[1:]):
+            for (name, _, _), u in zip(running[1:], used[1:]):
                 ratios[name].append(u / used[0])
             print(f"{b + 1:5}  " + "  ".join(f"{u:12.0f}" for u in used), flush=True)
-        first = servers[0][0]
+        first = running[0][0]
         print()
-        for name, _, _ in servers:
+        for name, _, _ in running:
             print(f"{name}: median {statistics.median(per_conn[name]):.0f} ns CPU per connection")
-        for name in ratios:
-            r = sorted(ratios[name])
-            q = statistics.quantiles(r, n=4) if len(r) >= 4 else [r[0], statistics.median(r), r[-1]]
+        for name, r in ratios.items():
+            median, q1, q3, low, high = servers.spread(r)
             print(
-                f"{name} / {first}: median of per-block ratios {statistics.median(r):.3f}"
-                f" (quartiles {q[0]:.3f}-{q[2]:.3f}, range {r[0]:.3f}-{r[-1]:.3f}, {len(r)} blocks)"
+                f"{name} / {first}: median of per-block ratios {median:.3f}"
+                f" (quartiles {q1:.3f}-{q3:.3f}, range {low:.3f}-{high:.3f}, {len(r)} blocks)"
             )
         if profiles:
             print()
             medians = {name: statistics.median(v) for name, v in per_conn.items()}
             report_profiles(profiles, medians, int(os.environ.get("TOP", "15")))
             shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        for _, _, proc in servers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, _, proc in servers:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 if __name__ == "__main__":

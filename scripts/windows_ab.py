@@ -26,28 +26,14 @@ hotloop-bench). Loopback only; the servers are stopped by pid at the end.
 
 import json
 import os
-import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import time
+
+import servers
 
 LOAD = "target/release/hotloop-bench"
-
-
-def wait_for(port, proc, seconds=20):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server on port {port} exited ({proc.returncode})")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"no server on port {port} after {seconds} s")
 
 
 def window(port, seconds, mode):
@@ -64,9 +50,8 @@ def window(port, seconds, mode):
 
 
 def summary(label, values):
-    v = sorted(values)
-    q = statistics.quantiles(v, n=4) if len(v) >= 4 else [v[0], statistics.median(v), v[-1]]
-    return f"{label} median {statistics.median(v):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f}, {len(v)} windows)"
+    median, q1, q3, _, _ = servers.spread(values)
+    return f"{label} median {median:.3f} (quartiles {q1:.3f}-{q3:.3f}, {len(values)} windows)"
 
 
 def main():
@@ -76,58 +61,36 @@ def main():
     if mode not in ("serial", "keepalive"):
         sys.exit(f"MODE is serial or keepalive, not {mode}")
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    specs = [a.split("=", 1) for a in sys.argv[4:]]
-    # Below the ephemeral range (32768 up), where the load's own ports come from.
-    base = 20000 + random.randrange(0, 9000)
-    servers = []
-    try:
-        for i, (name, cmd) in enumerate(specs):
-            port = base + i
-            argv = ["taskset", "-c", "0"] + cmd.replace("PORT", str(port)).split()
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            servers.append((name, port, proc))
-            wait_for(port, proc)
-            proc.send_signal(signal.SIGSTOP)
-        rates = {name: [] for name, _, _ in servers}
-        p50s = {name: [] for name, _, _ in servers}
-        print("window  " + "  ".join(f"{n:>22}" for n, _, _ in servers) + "  (req/s, p50 µs)")
+    with servers.running(sys.argv[4:], hold_stopped=True) as running:
+        rates = {name: [] for name, _, _ in running}
+        p50s = {name: [] for name, _, _ in running}
+        print("window  " + "  ".join(f"{n:>22}" for n, _, _ in running) + "  (req/s, p50 µs)")
         for w in range(windows):
             got = {}
-            order = servers[w % len(servers):] + servers[:w % len(servers)]
+            order = running[w % len(running):] + running[:w % len(running)]
             for name, port, proc in order:
                 proc.send_signal(signal.SIGCONT)
                 try:
                     got[name] = window(port, seconds, mode)
                 finally:
                     proc.send_signal(signal.SIGSTOP)
-            for name, _, _ in servers:
+            for name, _, _ in running:
                 rates[name].append(got[name][0])
                 p50s[name].append(got[name][1])
             print(f"{w + 1:6}  " + "  ".join(
-                f"{got[n][0]:14.0f} {got[n][1]:7.0f}" for n, _, _ in servers), flush=True)
-        first = servers[0][0]
+                f"{got[n][0]:14.0f} {got[n][1]:7.0f}" for n, _, _ in running), flush=True)
+        first = running[0][0]
         print()
-        for name, _, _ in servers:
+        for name, _, _ in running:
             print(f"{name}: median {statistics.median(rates[name]):.0f}/s, "
                   f"p50 median {statistics.median(p50s[name]):.0f} µs")
-        pairs = [(name, first) for name, _, _ in servers[1:]]
+        pairs = [(name, first) for name, _, _ in running[1:]]
         if os.environ.get("PAIRS"):
             pairs = [tuple(p.split("/")) for p in os.environ["PAIRS"].split(",")]
         for name, ref in pairs:
             r = [a / b for a, b in zip(rates[name], rates[ref])]
             p = [a / b for a, b in zip(p50s[name], p50s[ref])]
             print(f"{name} / {ref}: " + summary("rate", r) + "; " + summary("p50", p))
-    finally:
-        for _, _, proc in servers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-        for _, _, proc in servers:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 if __name__ == "__main__":
