@@ -18,7 +18,8 @@
 # lists the functions touching the most lines. Counts, not times, so they
 # do not drift with the machine's load. Use the epoll driver: valgrind
 # does not follow io_uring. Needs valgrind (apt-get install valgrind) and
-# the release binaries.
+# the release binaries. With DUMP=FILE the dump, with each instruction's
+# address (--dump-instr=yes), is also kept in FILE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/server_wait.sh
@@ -31,8 +32,10 @@ trap 'rm -rf "$out"' EXIT
 # Below the ephemeral range (32768 up), where the load's own connections come from.
 port=$((20000 + RANDOM % 10000))
 
+instr=()
+[ -n "${DUMP:-}" ] && instr=(--dump-instr=yes)
 # shellcheck disable=SC2086
-taskset -c 0 valgrind --tool=callgrind --compress-strings=no --compress-pos=no \
+taskset -c 0 valgrind --tool=callgrind --compress-strings=no --compress-pos=no "${instr[@]}" \
   --cache-sim=yes --I1=4096,2,64 --D1=4096,2,64 --LL=8192,2,64 \
   --callgrind-out-file="$out/cg.out" ${cmd//PORT/$port} > "$out/server.log" 2>&1 &
 pid=$!
@@ -50,15 +53,18 @@ if ! kill -TERM "$pid" 2> /dev/null; then
 fi
 wait "$pid" || true
 dump=$(ls -t "$out"/cg.out.* | head -1)
+[ -n "${DUMP:-}" ] && cp "$dump" "$DUMP"
 
 python3 - "$dump" "$n" "$top" << 'PY'
 import collections, sys
 path, n, top = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 # Events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw; self cost per function.
 cost = collections.defaultdict(lambda: [0] * 9)
-fn, in_call = None, False
+fn, in_call, positions = None, False, 1
 for line in open(path):
-    if line.startswith("fn="):
+    if line.startswith("positions:"):
+        positions = len(line.split()) - 1  # "line", or "instr line"
+    elif line.startswith("fn="):
         fn = line[3:].strip()
     elif line.startswith("calls="):
         in_call = True
@@ -66,7 +72,7 @@ for line in open(path):
         if in_call:
             in_call = False  # the next line is the call's inclusive cost
             continue
-        values = [int(v) for v in line.split()[1:]]
+        values = [int(v) for v in line.split()[positions:]]
         for i, v in enumerate(values):
             cost[fn][i] += v
 total = [sum(c[i] for c in cost.values()) for i in range(9)]

@@ -22,17 +22,15 @@
 #     "ordered=OUT_DIR/hotloop.ordered serve http --addr 127.0.0.1:PORT --workers 1 --driver epoll"
 # The order fits this build and this workload only (the names carry
 # hashes of the build's configuration): an experiment, not a build step.
-# Needs valgrind, and lld as the linker; leaves target/release/hotloop as
+# Needs valgrind, and lld as the linker (Rust's default on x86_64 Linux); leaves target/release/hotloop as
 # the ordered build (cargo build --release -p hotloop-cli restores it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/server_wait.sh
 n=$1
 dir=$(realpath -m "$2")
 mkdir -p "$dir"
 order=$dir/order.txt
 : > "$order"
-load=target/release/hotloop-bench
 
 relink() {
   touch hotloop-cli/src/main.rs
@@ -40,29 +38,18 @@ relink() {
     -C link-arg=-Wl,--symbol-ordering-file="$order" -C link-arg=-Wl,--no-warn-symbol-ordering
 }
 
-# Writes DUMP's code pages and lines per object, and (with ORDER) the
-# binary's functions it ran, most instructions first, to ORDER.
+# Callgrind over N serial connections to BIN's `serve http` (epoll), its
+# dump kept in DUMP.
 profile() {
-  local bin=$1 dump=$2
-  local port=$((20000 + RANDOM % 10000))
-  taskset -c 0 valgrind --tool=callgrind --dump-instr=yes --compress-strings=no --compress-pos=no --callgrind-out-file="$dump" \
-    "$bin" serve http --addr "127.0.0.1:$port" --workers 1 --driver epoll > "$dump.log" 2>&1 &
-  local pid=$!
-  wait_for_server "$pid" "$port" "$dump.log" 400
-  taskset -c 1 "$load" load --addr "127.0.0.1:$port" --mode serial -n 500 -d 60 > /dev/null 2>&1
-  callgrind_control -z "$pid" > /dev/null
-  taskset -c 1 "$load" load --addr "127.0.0.1:$port" --mode serial -n "$n" -d 300 > /dev/null 2>&1
-  callgrind_control -d "$pid" > /dev/null
-  sleep 0.5
-  kill -TERM "$pid"
-  wait "$pid" || true
+  DUMP=$2 scripts/cold_lines.sh "$n" "$1 serve http --addr 127.0.0.1:PORT --workers 1 --driver epoll"
 }
 
+# Prints DUMP's code pages and lines per object and, with ORDER, writes the
+# binary's functions it ran to ORDER, most instructions first.
 pages() {
   python3 - "$1" "$2" "${3:-}" << 'PY'
 import bisect, collections, subprocess, sys
 dump, binary, order = sys.argv[1], sys.argv[2], sys.argv[3]
-dump = sorted(__import__("glob").glob(dump + ".[0-9]*"))[-1]
 name = binary.rsplit("/", 1)[-1]
 pages, lines = collections.defaultdict(set), collections.defaultdict(set)
 cost, ob, in_call = collections.Counter(), "?", False
