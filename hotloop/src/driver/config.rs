@@ -110,7 +110,9 @@ pub(crate) struct DriverConfig {
 /// - `HOTLOOP_URING_FS=0`: file operations on the blocking pool, as on
 ///   epoll, instead of the ring;
 /// - `HOTLOOP_URING_SEND_FILE=splice`: `send_file` by two `SPLICE`
-///   operations per step instead of `sendfile(2)`.
+///   operations per step instead of `sendfile(2)`;
+/// - `HOTLOOP_URING_DIRECT_SEND=0`: every owned stream write as a `SEND`
+///   entry, never first as a non-blocking `send(2)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -123,6 +125,8 @@ pub(crate) struct UringSwitches {
     pub(crate) files_on_ring: bool,
     /// `send_file` by `SPLICE` through a pipe rather than `sendfile(2)`.
     pub(crate) send_file_splice: bool,
+    /// Owned stream writes try a non-blocking `send(2)` first.
+    pub(crate) direct_send: bool,
 }
 
 impl UringSwitches {
@@ -154,6 +158,7 @@ impl UringSwitches {
             dgram_buffers,
             files_on_ring: !off("HOTLOOP_URING_FS"),
             send_file_splice: std::env::var("HOTLOOP_URING_SEND_FILE").is_ok_and(|v| v == "splice"),
+            direct_send: !off("HOTLOOP_URING_DIRECT_SEND"),
         }
     }
 }

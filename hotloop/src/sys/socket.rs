@@ -29,6 +29,29 @@ pub(crate) unsafe fn recv_nowait(fd: RawFd, ptr: *mut u8, len: usize) -> io::Res
     Ok(n as usize)
 }
 
+/// Sends `len` bytes at `ptr` without blocking, even on a blocking socket,
+/// never raising `SIGPIPE`: `WouldBlock` when the socket has no room.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for reads for the duration of the call.
+pub(crate) unsafe fn send_nowait(fd: RawFd, ptr: *const u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffer; the address arguments are
+    // null. MSG_DONTWAIT makes this one call non-blocking; MSG_NOSIGNAL
+    // turns a write to a closed peer into EPIPE instead of a signal.
+    let n = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd as libc::c_long,
+            ptr,
+            len,
+            (libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) as libc::c_long,
+            std::ptr::null::<libc::sockaddr>(),
+            0 as libc::c_long,
+        )
+    })?;
+    Ok(n as usize)
+}
+
 /// Sends `len` bytes at `ptr`, never raising `SIGPIPE`.
 ///
 /// # Safety

@@ -129,6 +129,13 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// How long a socket dropped outside its runtime waits for its cancelled
 /// operations, so that it closes (and its peer sees the end) at once.
 const SETTLE_MAX: Duration = Duration::from_millis(100);
+/// The most completions a poll may have handled for the owned stream
+/// writes after it to go out as a direct `send(2)`; beyond it they are
+/// `SEND` entries submitted together. Measured on loopback: with one
+/// connection at a time a direct send saves 4% of a serial connection's
+/// CPU, while at 16 or 256 busy connections batched entries cost 5-8%
+/// less CPU per request than a system call each.
+const DIRECT_SEND_COMPLETIONS_MAX: usize = 2;
 /// How long a write the stream accepted keeps going after the stream is
 /// dropped before it is cancelled (a peer that never reads cannot hold the
 /// socket for longer).
@@ -149,6 +156,11 @@ pub(crate) struct Driver {
     /// The switches it was built with (file operations on the ring, how
     /// `send_file` moves bytes).
     pub(crate) switches: UringSwitches,
+    /// Completions the last [`Driver::poll`] handled: a worker that found
+    /// only a few has few tasks whose ring entries the next enter could
+    /// carry together, so its owned stream writes go out at once
+    /// ([`Driver::sends_directly`]).
+    last_completions: Cell<usize>,
     /// True if the driver has a provided-buffer ring, for its whole life:
     /// a stream's reads then take from a multishot receive's queue, else
     /// they wait on a `POLL_ADD` (see `stream.rs`).
@@ -258,6 +270,7 @@ impl Driver {
             freed: RefCell::new(Vec::new()),
             pipes: RefCell::new(Vec::new()),
             switches,
+            last_completions: Cell::new(0),
             reads_from_ring,
         };
         Ok((Rc::new(driver), kernel_busy_poll))
@@ -275,10 +288,24 @@ impl Driver {
         let mut woken = std::mem::take(&mut *self.woken.borrow_mut());
         let mut freed = std::mem::take(&mut *self.freed.borrow_mut());
         let res = self.state.borrow_mut().poll(park, &mut woken, &mut freed);
+        if let Ok(n) = res {
+            self.last_completions.set(n);
+        }
         self.release(&mut woken, &mut freed);
         *self.woken.borrow_mut() = woken;
         *self.freed.borrow_mut() = freed;
         res
+    }
+
+    /// True when an owned stream write should try a non-blocking `send(2)`
+    /// before a `SEND` entry: unless switched off, when the last poll
+    /// handled at most [`DIRECT_SEND_COMPLETIONS_MAX`] completions. A lone
+    /// connection (serial, or one request at a time) then gets its answer
+    /// out inside the task's poll, without the entry, its completion and a
+    /// second poll of the task; a busy worker keeps batching its sends into
+    /// one enter, which costs less than a system call each.
+    pub(crate) fn sends_directly(&self) -> bool {
+        self.switches.direct_send && self.last_completions.get() <= DIRECT_SEND_COMPLETIONS_MAX
     }
 
     /// Wakes what a poll collected and drops what it freed, with the state

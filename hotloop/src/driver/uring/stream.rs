@@ -121,6 +121,17 @@ impl StreamSource {
         SendOwned { src: self, state: SendState::Start(buf) }
     }
 
+    /// Sends the initialised bytes of `buf` with a non-blocking `send(2)`,
+    /// as the epoll driver writes: when the socket has room, the bytes are
+    /// in the kernel when the write's first poll returns, with no ring
+    /// entry, no completion and no second poll of the task. `EAGAIN`
+    /// (no room) leaves the write to a `SEND` entry.
+    fn try_send<B: IoBuf>(&self, buf: &B) -> io::Result<usize> {
+        // SAFETY: `buf` keeps `bytes_init` initialised bytes at `stable_ptr`
+        // for the length of this call, which only reads them.
+        unsafe { sys::send_nowait(self.fd(), buf.stable_ptr(), buf.bytes_init()) }
+    }
+
     /// Submits a `SEND` of the initialised bytes of `buf`.
     fn submit_send<B: IoBuf>(&self, buf: B) -> Result<Op<B>, (io::Error, B)> {
         let len = buf.bytes_init().min(u32::MAX as usize) as u32;
@@ -429,6 +440,12 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                             }
                             Poll::Ready(Err(e)) => return Poll::Ready((Err(e), buf)),
                             Poll::Ready(Ok(())) => {}
+                        }
+                    }
+                    if src.core.driver.sends_directly() {
+                        match src.try_send(&buf) {
+                            Err(e) if is_retry(&e) => {}
+                            res => return Poll::Ready((res, buf)),
                         }
                     }
                     match src.submit_send(buf) {
