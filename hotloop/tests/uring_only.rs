@@ -1,8 +1,8 @@
 //! What only the io_uring driver has: multishot accept and its re-arm after
 //! `EMFILE` or a full queue, the accept bound over a multishot accept,
 //! operations dropped while the kernel holds them, small rings under
-//! bursts, the lingering of a dropped stream's write, kernel busy polling
-//! and the fallback to epoll. Behaviour both drivers share lives in the
+//! bursts, the lingering of a dropped stream's write, a quiet worker's
+//! direct sends, kernel busy polling and the fallback to epoll. Behaviour both drivers share lives in the
 //! file named after the behaviour.
 //!
 //! The tests in this file count descriptors and change the process's
@@ -539,4 +539,90 @@ fn a_dropped_streams_stuck_write_is_cut_at_its_linger_limit_on_an_idle_worker() 
         "the socket of a dropped stream whose write is stuck must close at its linger limit"
     );
     assert!(started.elapsed() < Duration::from_secs(9), "closed after {:?}", started.elapsed());
+}
+
+/// An owned write on a quiet worker goes out as a direct `send(2)`, with
+/// no ring entry; into a socket with no room it falls back to a `SEND`
+/// entry that waits, and every byte of every write arrives, in order.
+#[test]
+fn a_quiet_workers_write_is_sent_directly_and_a_full_socket_falls_back_to_the_ring() {
+    use std::io::Read;
+
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    const CHUNK: usize = 64 * 1024;
+    const TOTAL: usize = 24 << 20; // far more than loopback's socket buffers hold
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let addr = listener.local_addr().unwrap();
+    let mut client = StdStream::connect(addr).unwrap();
+    let stats = rt.handle();
+    let (lone_entries, queued_entries) = rt.block_on(async move {
+        let stream = listener.accept_stream().await.unwrap();
+        // Let the worker go quiet: a turn with nothing to complete.
+        sleep(Duration::from_millis(20)).await;
+        let before = stats.stats().total.submissions;
+        let (res, _) = stream.write_owned(b"lone".to_vec()).await;
+        assert_eq!(res.unwrap(), 4);
+        let lone_entries = stats.stats().total.submissions - before;
+        // The client does not read yet: the socket fills, a direct send
+        // says EAGAIN, and the rest goes through SEND entries.
+        let before = stats.stats().total.submissions;
+        let writer = hotloop::spawn(async move {
+            let mut sent = 0;
+            while sent < TOTAL {
+                let chunk: Vec<u8> = (sent..sent + CHUNK).map(|i| (i % 251) as u8).collect();
+                let (res, _) = stream.write_all_owned(chunk).await;
+                res.expect("write");
+                sent += CHUNK;
+            }
+            stream
+        });
+        sleep(Duration::from_millis(300)).await;
+        let queued_entries = stats.stats().total.submissions - before;
+        let reader = std::thread::spawn(move || {
+            let mut first = [0u8; 4];
+            client.read_exact(&mut first).unwrap();
+            assert_eq!(&first, b"lone");
+            let mut got = vec![0u8; TOTAL];
+            client.read_exact(&mut got).unwrap();
+            let wrong = got.iter().enumerate().position(|(i, b)| *b != (i % 251) as u8);
+            assert_eq!(wrong, None, "a byte out of place");
+            client
+        });
+        let _stream = timeout(Duration::from_secs(20), writer).await.expect("writer stuck").unwrap();
+        let _client = hotloop::task::spawn_blocking(move || reader.join().unwrap()).await.unwrap();
+        (lone_entries, queued_entries)
+    });
+    assert_eq!(lone_entries, 0, "a quiet worker's lone write made a ring entry");
+    assert!(queued_entries >= 1, "a write into a full socket never reached the ring");
+}
+
+/// With `HOTLOOP_URING_DIRECT_SEND=0` every owned write is a `SEND` entry.
+#[test]
+fn direct_sends_can_be_switched_off() {
+    const NAME: &str = "direct_sends_can_be_switched_off";
+    if is_child(NAME) {
+        let rt = uring_runtime(1);
+        let handle = rt.handle();
+        let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+        let _client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+        let entries = rt.block_on(async move {
+            let stream = listener.accept_stream().await.unwrap();
+            sleep(Duration::from_millis(20)).await;
+            let before = handle.stats().total.submissions;
+            let (res, _) = stream.write_owned(b"lone".to_vec()).await;
+            assert_eq!(res.unwrap(), 4);
+            handle.stats().total.submissions - before
+        });
+        assert!(entries >= 1, "the write made no ring entry with direct sends off");
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    run_child(NAME, &[("HOTLOOP_URING_DIRECT_SEND", "0")]);
 }

@@ -15,7 +15,9 @@
 //!   in the turn it was made never reaches the kernel, loses no bytes and
 //!   needs no cancel. A full submission queue is never an error: what does
 //!   not fit is submitted in more enters (`sq_full`), or waits in the list
-//!   for the next turn.
+//!   for the next turn. The exception is an owned stream write on a quiet
+//!   worker, which tries a non-blocking `send(2)` first
+//!   ([`Driver::sends_directly`]).
 //! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.
