@@ -203,3 +203,42 @@ fn poll_write_counts_only_the_callers_bytes(driver: DriverKind) {
     assert_eq!(all.len(), expected.len(), "the peer got other bytes than were counted");
     assert!(all == expected, "the peer got other bytes than were counted");
 }
+
+/// Writes through the poll traits and owned-buffer writes, alternated on
+/// one stream whose peer at first does not read: whether a write went
+/// straight to the kernel, waited in a ring entry or behind the stream,
+/// the peer receives every byte once, in the order written.
+#[hotloop::test(driver = "all")]
+fn write_styles_alternated_on_a_full_socket_keep_their_order(driver: DriverKind) {
+    const CHUNK: usize = 48 * 1024 + 7; // not a multiple of any buffer size
+    const CHUNKS: usize = 300; // about 14 MiB: more than loopback's socket buffers
+    let pattern =
+        |at: usize, len: usize| -> Vec<u8> { (at..at + len).map(|i| (i % 253) as u8).collect() };
+    let received = with_pair(
+        driver,
+        |mut c| {
+            std::thread::sleep(Duration::from_millis(200)); // the socket fills meanwhile
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut all = Vec::new();
+            c.read_to_end(&mut all).unwrap();
+            all
+        },
+        async move |mut s| {
+            let mut at = 0;
+            for i in 0..CHUNKS {
+                let bytes = pattern(at, CHUNK);
+                if i % 2 == 0 {
+                    AsyncWriteExt::write_all(&mut s, &bytes).await.unwrap();
+                } else {
+                    let (res, _) = s.write_all_owned(bytes).await;
+                    res.unwrap();
+                }
+                at += CHUNK;
+            }
+            AsyncWriteExt::shutdown(&mut s).await.unwrap();
+        },
+    );
+    assert_eq!(received.len(), CHUNK * CHUNKS, "bytes lost or added");
+    let wrong = received.iter().enumerate().position(|(i, b)| *b != (i % 253) as u8);
+    assert_eq!(wrong, None, "a byte out of order");
+}

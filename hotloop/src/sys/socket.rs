@@ -113,6 +113,23 @@ pub(crate) unsafe fn sendmsg(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize
     Ok(n as usize)
 }
 
+/// Sends `bufs` in order in one call without blocking, even on a blocking
+/// socket, never raising `SIGPIPE`: `WouldBlock` when the socket has no
+/// room. At most `IOV_MAX` (1024) buffers are offered; the count says how
+/// many bytes went.
+pub(crate) fn send_vectored_nowait(fd: RawFd, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
+    let bufs = &bufs[..bufs.len().min(1024)];
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // `IoSlice` is ABI-compatible with `iovec` on Unix (its documented
+    // guarantee), and the kernel only reads through the pointer.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len();
+    // SAFETY: `msg` points at `bufs`, borrowed slices that outlive the call.
+    let n = cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })?;
+    Ok(n as usize)
+}
+
 /// Accepts one connection as a non-blocking, close-on-exec socket.
 ///
 /// The peer address is not asked for: io_uring's multishot accept cannot
