@@ -12,7 +12,8 @@ before and after. The servers meet the machine's load, frequency and
 neighbours in the same microseconds, so the per-block ratio against the
 first server is nearly free of the drift that makes separate runs
 disagree; the script prints every block, then each server's median CPU
-per connection and the median and spread of the per-block ratios.
+per connection and the median and spread of the per-block ratios: each
+server against the first, or, with PAIRS="a/b,c/d", the named ones.
 
 CMD is a server command line with PORT where its address goes, e.g.
     scripts/serial_cpu_interleaved.py 20 2000 \\
@@ -137,7 +138,14 @@ def main():
         tmp = tempfile.mkdtemp()
         profiles = start_profiles(running, tmp) if profile else []
         per_conn = {name: [] for name, _, _ in running}
-        ratios = {name: [] for name, _, _ in running[1:]}
+        names = [name for name, _, _ in running]
+        pairs = [(name, names[0]) for name in names[1:]]
+        if os.environ.get("PAIRS"):
+            pairs = [tuple(p.split("/")) for p in os.environ["PAIRS"].split(",")]
+            unknown = {n for pair in pairs for n in pair} - set(names)
+            if unknown or any(len(pair) != 2 for pair in pairs):
+                sys.exit(f"PAIRS names servers that are not running: {sorted(unknown)}")
+        ratios = {pair: [] for pair in pairs}
         print("block  " + "  ".join(f"{n:>12}" for n, _, _ in running) + "  (ns CPU per connection)")
         for b in range(blocks):
             start = [cpu_ns(p.pid) for _, _, p in running]
@@ -148,17 +156,17 @@ def main():
             used = [(cpu_ns(p.pid) - s) / per_block for s, (_, _, p) in zip(start, running)]
             for (name, _, _), u in zip(running, used):
                 per_conn[name].append(u)
-            for (name, _, _), u in zip(running[1:], used[1:]):
-                ratios[name].append(u / used[0])
+            by_name = dict(zip(names, used))
+            for name, ref in pairs:
+                ratios[(name, ref)].append(by_name[name] / by_name[ref])
             print(f"{b + 1:5}  " + "  ".join(f"{u:12.0f}" for u in used), flush=True)
-        first = running[0][0]
         print()
         for name, _, _ in running:
             print(f"{name}: median {statistics.median(per_conn[name]):.0f} ns CPU per connection")
-        for name, r in ratios.items():
+        for (name, ref), r in ratios.items():
             median, q1, q3, low, high = servers.spread(r)
             print(
-                f"{name} / {first}: median of per-block ratios {median:.3f}"
+                f"{name} / {ref}: median of per-block ratios {median:.3f}"
                 f" (quartiles {q1:.3f}-{q3:.3f}, range {low:.3f}-{high:.3f}, {len(r)} blocks)"
             )
         if profiles:
