@@ -118,6 +118,9 @@ counters! {
     remote_wakeups: sum,
     /// Submission queue entries pushed (io_uring).
     submissions: sum,
+    /// Stream writes a quiet worker sent with a non-blocking `send(2)`
+    /// instead of a ring entry (io_uring).
+    direct_sends: sum,
     /// `io_uring_enter` calls (io_uring).
     uring_enters: sum,
     /// Completions reaped (io_uring).

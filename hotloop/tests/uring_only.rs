@@ -606,6 +606,7 @@ fn a_quiet_workers_write_is_sent_directly_and_a_full_socket_falls_back_to_the_ri
         (lone_entries, queued_entries)
     });
     assert_eq!(lone_entries, 0, "a quiet worker's lone write made a ring entry");
+    assert!(rt.stats().total.direct_sends >= 2, "the direct sends were not counted");
     assert!(queued_entries >= 1, "a write into a full socket never reached the ring");
 }
 

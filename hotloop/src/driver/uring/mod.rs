@@ -163,6 +163,8 @@ pub(crate) struct Driver {
     /// carry together, so its owned stream writes go out at once
     /// ([`Driver::sends_directly`]).
     last_completions: Cell<usize>,
+    /// The worker's counters (`direct_sends` is bumped outside the ring).
+    stats: Arc<WorkerStats>,
     /// True if the driver has a provided-buffer ring, for its whole life:
     /// a stream's reads then take from a multishot receive's queue, else
     /// they wait on a `POLL_ADD` (see `stream.rs`).
@@ -229,7 +231,7 @@ impl Driver {
         stats: Arc<WorkerStats>,
     ) -> io::Result<(Rc<Driver>, String)> {
         let (ring, kernel_busy_poll) =
-            Ring::new(config, stats).map_err(|e| match probe::uring_support() {
+            Ring::new(config, stats.clone()).map_err(|e| match probe::uring_support() {
                 Err(why) => io::Error::new(e.kind(), why),
                 Ok(()) => e,
             })?;
@@ -273,6 +275,7 @@ impl Driver {
             pipes: RefCell::new(Vec::new()),
             switches,
             last_completions: Cell::new(0),
+            stats,
             reads_from_ring,
         };
         Ok((Rc::new(driver), kernel_busy_poll))
@@ -308,6 +311,11 @@ impl Driver {
     /// one enter, which costs less than a system call each.
     pub(crate) fn sends_directly(&self) -> bool {
         self.switches.direct_send && self.last_completions.get() <= DIRECT_SEND_COMPLETIONS_MAX
+    }
+
+    /// Counts a write that [`Driver::sends_directly`] sent without a ring entry.
+    pub(crate) fn count_direct_send(&self) {
+        crate::stats::add(&self.stats.direct_sends, 1);
     }
 
     /// Wakes what a poll collected and drops what it freed, with the state

@@ -445,7 +445,10 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                     if src.core.driver.sends_directly() {
                         match src.try_send(&buf) {
                             Err(e) if is_retry(&e) => {}
-                            res => return Poll::Ready((res, buf)),
+                            res => {
+                                src.core.driver.count_direct_send();
+                                return Poll::Ready((res, buf));
+                            }
                         }
                     }
                     match src.submit_send(buf) {

@@ -92,7 +92,10 @@ impl WriteBehind {
         if sock.driver.sends_directly() {
             match crate::sys::send_vectored_nowait(sock.fd(), data) {
                 Err(e) if is_retry(&e) => {}
-                res => return Poll::Ready(res),
+                res => {
+                    sock.driver.count_direct_send();
+                    return Poll::Ready(res);
+                }
             }
         }
         // Copied and written behind: the send goes to the kernel with the
