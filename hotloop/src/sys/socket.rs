@@ -35,20 +35,9 @@ pub(crate) unsafe fn recv_nowait(fd: RawFd, ptr: *mut u8, len: usize) -> io::Res
 /// # Safety
 /// `ptr..ptr+len` must be valid for reads for the duration of the call.
 pub(crate) unsafe fn send_nowait(fd: RawFd, ptr: *const u8, len: usize) -> io::Result<usize> {
-    // SAFETY: the caller guarantees the buffer; the address arguments are
-    // null. MSG_DONTWAIT makes this one call non-blocking; MSG_NOSIGNAL
-    // turns a write to a closed peer into EPIPE instead of a signal.
-    let n = cvt(unsafe {
-        libc::syscall(
-            libc::SYS_sendto,
-            fd as libc::c_long,
-            ptr,
-            len,
-            (libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) as libc::c_long,
-            std::ptr::null::<libc::sockaddr>(),
-            0 as libc::c_long,
-        )
-    })?;
+    // SAFETY: the caller guarantees the buffer. MSG_DONTWAIT makes this
+    // one call non-blocking.
+    let n = cvt(unsafe { raw_send(fd, ptr, len, libc::MSG_DONTWAIT) })?;
     Ok(n as usize)
 }
 
@@ -57,21 +46,29 @@ pub(crate) unsafe fn send_nowait(fd: RawFd, ptr: *const u8, len: usize) -> io::R
 /// # Safety
 /// `ptr..ptr+len` must be valid for reads for the duration of the call.
 pub(crate) unsafe fn send(fd: RawFd, ptr: *const u8, len: usize) -> io::Result<usize> {
-    // SAFETY: the caller guarantees the buffer; the address arguments are
-    // null. MSG_NOSIGNAL turns a write to a closed peer into EPIPE instead
-    // of a signal.
-    let n = cvt(unsafe {
+    // SAFETY: the caller guarantees the buffer.
+    let n = cvt(unsafe { raw_send(fd, ptr, len, 0) })?;
+    Ok(n as usize)
+}
+
+/// `sendto(2)` with no address and `MSG_NOSIGNAL` added to `flags`, through
+/// `syscall(2)`: a write to a closed peer is `EPIPE`, never a signal.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for reads for the duration of the call.
+unsafe fn raw_send(fd: RawFd, ptr: *const u8, len: usize, flags: i32) -> libc::c_long {
+    // SAFETY: the caller guarantees the buffer; the address arguments are null.
+    unsafe {
         libc::syscall(
             libc::SYS_sendto,
             fd as libc::c_long,
             ptr,
             len,
-            libc::MSG_NOSIGNAL as libc::c_long,
+            (libc::MSG_NOSIGNAL | flags) as libc::c_long,
             std::ptr::null::<libc::sockaddr>(),
             0 as libc::c_long,
         )
-    })?;
-    Ok(n as usize)
+    }
 }
 
 /// `recvfrom(2)` without a source address, made with `syscall(2)` rather
@@ -104,12 +101,28 @@ unsafe fn raw_recvfrom(fd: RawFd, ptr: *mut u8, len: usize, flags: i32) -> libc:
 /// # Safety
 /// Every `iovec` must describe memory valid for reads for the duration of the call.
 pub(crate) unsafe fn sendmsg(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+    // SAFETY: the caller guarantees the buffers.
+    unsafe { sendmsg_flags(fd, iov.as_ptr(), iov.len(), 0) }
+}
+
+/// `sendmsg(2)` of `count` buffers at `iov`, no address, no control data,
+/// `MSG_NOSIGNAL` added to `flags`.
+///
+/// # Safety
+/// `iov` must point at `count` `iovec`s, each describing memory valid for
+/// reads for the duration of the call.
+unsafe fn sendmsg_flags(
+    fd: RawFd,
+    iov: *const libc::iovec,
+    count: usize,
+    flags: i32,
+) -> io::Result<usize> {
     // SAFETY: a zeroed msghdr is valid (no name, no control data).
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = iov.len();
-    // SAFETY: `msg` points at `iov`, which the caller guarantees; both outlive the call.
-    let n = cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) })?;
+    msg.msg_iov = iov as *mut libc::iovec;
+    msg.msg_iovlen = count;
+    // SAFETY: `msg` points at the caller's buffers, which outlive the call.
+    let n = cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | flags) })?;
     Ok(n as usize)
 }
 
@@ -119,15 +132,9 @@ pub(crate) unsafe fn sendmsg(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize
 /// many bytes went.
 pub(crate) fn send_vectored_nowait(fd: RawFd, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
     let bufs = &bufs[..bufs.len().min(1024)];
-    // SAFETY: a zeroed msghdr is valid (no name, no control data).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    // `IoSlice` is ABI-compatible with `iovec` on Unix (its documented
-    // guarantee), and the kernel only reads through the pointer.
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len();
-    // SAFETY: `msg` points at `bufs`, borrowed slices that outlive the call.
-    let n = cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })?;
-    Ok(n as usize)
+    // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix (its
+    // documented guarantee), and the slices are borrowed for the call.
+    unsafe { sendmsg_flags(fd, bufs.as_ptr().cast(), bufs.len(), libc::MSG_DONTWAIT) }
 }
 
 /// Accepts one connection as a non-blocking, close-on-exec socket.
