@@ -111,8 +111,9 @@ pub(crate) struct DriverConfig {
 ///   epoll, instead of the ring;
 /// - `HOTLOOP_URING_SEND_FILE=splice`: `send_file` by two `SPLICE`
 ///   operations per step instead of `sendfile(2)`;
-/// - `HOTLOOP_URING_DIRECT_SEND=0`: every owned stream write as a `SEND`
-///   entry, never first as a non-blocking `send(2)`.
+/// - `HOTLOOP_URING_DIRECT_SEND=0`: every stream write through the ring
+///   (an owned write as a `SEND` entry, a poll-form write written
+///   behind), never first as a non-blocking `send(2)` or `sendmsg(2)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -125,7 +126,7 @@ pub(crate) struct UringSwitches {
     pub(crate) files_on_ring: bool,
     /// `send_file` by `SPLICE` through a pipe rather than `sendfile(2)`.
     pub(crate) send_file_splice: bool,
-    /// Owned stream writes try a non-blocking `send(2)` first.
+    /// Stream writes on a quiet worker try a non-blocking send first.
     pub(crate) direct_send: bool,
 }
 

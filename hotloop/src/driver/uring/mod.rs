@@ -15,9 +15,9 @@
 //!   in the turn it was made never reaches the kernel, loses no bytes and
 //!   needs no cancel. A full submission queue is never an error: what does
 //!   not fit is submitted in more enters (`sq_full`), or waits in the list
-//!   for the next turn. The exception is an owned stream write on a quiet
-//!   worker, which tries a non-blocking `send(2)` first
-//!   ([`Driver::sends_directly`]).
+//!   for the next turn. The exception is a stream write on a quiet
+//!   worker, which tries a non-blocking `send(2)` (owned buffer) or
+//!   `sendmsg(2)` (poll form) first ([`Driver::sends_directly`]).
 //! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.
@@ -131,9 +131,9 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// How long a socket dropped outside its runtime waits for its cancelled
 /// operations, so that it closes (and its peer sees the end) at once.
 const SETTLE_MAX: Duration = Duration::from_millis(100);
-/// The most completions a poll may have handled for the owned stream
-/// writes after it to go out as a direct `send(2)`; beyond it they are
-/// `SEND` entries submitted together. Measured on loopback: with one
+/// The most completions a poll may have handled for the stream writes
+/// after it to go out as direct sends; beyond it they are ring entries
+/// submitted together. Measured on loopback: with one
 /// connection at a time a direct send saves 4% of a serial connection's
 /// CPU, while at 16 or 256 busy connections batched entries cost 5-8%
 /// less CPU per request than a system call each.
@@ -160,7 +160,7 @@ pub(crate) struct Driver {
     pub(crate) switches: UringSwitches,
     /// Completions the last [`Driver::poll`] handled: a worker that found
     /// only a few has few tasks whose ring entries the next enter could
-    /// carry together, so its owned stream writes go out at once
+    /// carry together, so its stream writes go out at once
     /// ([`Driver::sends_directly`]).
     last_completions: Cell<usize>,
     /// The worker's counters (`direct_sends` is bumped outside the ring).
@@ -302,8 +302,8 @@ impl Driver {
         res
     }
 
-    /// True when an owned stream write should try a non-blocking `send(2)`
-    /// before a `SEND` entry: unless switched off, when the last poll
+    /// True when a stream write should try a non-blocking send before a
+    /// ring entry (`stream.rs`, `write_behind.rs`): unless switched off, when the last poll
     /// handled at most [`DIRECT_SEND_COMPLETIONS_MAX`] completions. A lone
     /// connection (serial, or one request at a time) then gets its answer
     /// out inside the task's poll, without the entry, its completion and a
