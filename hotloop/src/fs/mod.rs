@@ -3,7 +3,7 @@
 //! [`File`] reads and writes at offsets with owned buffers
 //! ([`File::read_at`], [`File::write_at`]) and, with the default feature
 //! `tokio-io`, is tokio's `AsyncRead`, `AsyncWrite` and `AsyncSeek`. The
-//! free functions ([`read`], [`write()`], [`read_to_string`], [`metadata`],
+//! free functions ([`read`], [`write()`], [`read_to_string`], [`metadata()`],
 //! [`rename`], [`remove_file`], [`create_dir_all`], ...) do what their
 //! `std::fs` namesakes do. Errors carry the operation and the path in
 //! their message (`open /x/y: No such file or directory (os error 2)`)

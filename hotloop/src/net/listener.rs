@@ -152,7 +152,7 @@ impl AsFd for TcpListener {
 }
 
 /// What the accept loop needs of a listener: [`TcpListener`] and
-/// [`UnixListener`] (monomorphised, so the TCP loop is what it was).
+/// [`UnixListener`](super::UnixListener) (monomorphised, so the TCP loop is what it was).
 pub(crate) trait Accept: Sized + 'static {
     /// The connection type it hands to handlers.
     type Stream: 'static;

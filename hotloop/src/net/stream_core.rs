@@ -67,7 +67,7 @@ impl StreamCore {
         super::pool::ReadPooled::new(&self.src)
     }
 
-    /// See [`TcpStream::write`](super::TcpStream::write).
+    /// See [`TcpStream::write_owned`](super::TcpStream::write_owned).
     #[inline]
     pub(crate) fn write<B: IoBuf>(&self, buf: B) -> impl Future<Output = BufResult<usize, B>> + '_ {
         self.src.send(buf)
@@ -91,7 +91,7 @@ impl StreamCore {
         (Ok(()), slice.into_inner())
     }
 
-    /// See [`TcpStream::write_vectored`](super::TcpStream::write_vectored).
+    /// See [`TcpStream::write_vectored_owned`](super::TcpStream::write_vectored_owned).
     #[inline]
     pub(crate) fn write_vectored<B: IoBuf>(
         &self,

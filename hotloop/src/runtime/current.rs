@@ -273,7 +273,7 @@ impl Timers<'_> {
         self.cx.clock.tick_for_deadline(deadline)
     }
 
-    /// The worker's id (see [`worker_uid`]): which wheel this is.
+    /// The worker's id (as the free function `worker_uid` gives it): which wheel this is.
     #[inline]
     pub(crate) fn worker_uid(&self) -> u64 {
         self.cx.uid

@@ -88,7 +88,7 @@ pub(crate) fn timerfd() -> io::Result<OwnedFd> {
 }
 
 /// Arms a timerfd to expire once, at `deadline_ns` on `CLOCK_MONOTONIC`
-/// (an absolute time: [`monotonic_ns`]'s clock). Re-arming replaces the
+/// (an absolute time: [`monotonic_ns`](super::monotonic_ns)'s clock). Re-arming replaces the
 /// previous expiry and clears a count not yet read; a time already passed
 /// expires at once.
 pub(crate) fn timerfd_arm_at(fd: RawFd, deadline_ns: u64) -> io::Result<()> {
