@@ -17,7 +17,7 @@
 //!   not fit is submitted in more enters (`sq_full`), or waits in the list
 //!   for the next turn. The exception is a stream write on a quiet
 //!   worker, which tries a non-blocking `send(2)` (owned buffer) or
-//!   `sendmsg(2)` (poll form) first ([`Driver::sends_directly`]).
+//!   `sendmsg(2)` (poll form) first ([`Driver::send_directly`]).
 //! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.
@@ -161,7 +161,7 @@ pub(crate) struct Driver {
     /// Completions the last [`Driver::poll`] handled: a worker that found
     /// only a few has few tasks whose ring entries the next enter could
     /// carry together, so its stream writes go out at once
-    /// ([`Driver::sends_directly`]).
+    /// ([`Driver::send_directly`]).
     last_completions: Cell<usize>,
     /// The worker's counters (`direct_sends` is bumped outside the ring).
     stats: Arc<WorkerStats>,
@@ -302,20 +302,31 @@ impl Driver {
         res
     }
 
-    /// True when a stream write should try a non-blocking send before a
-    /// ring entry (`stream.rs`, `write_behind.rs`): unless switched off, when the last poll
-    /// handled at most [`DIRECT_SEND_COMPLETIONS_MAX`] completions. A lone
-    /// connection (serial, or one request at a time) then gets its answer
-    /// out inside the task's poll, without the entry, its completion and a
-    /// second poll of the task; a busy worker keeps batching its sends into
-    /// one enter, which costs less than a system call each.
-    pub(crate) fn sends_directly(&self) -> bool {
-        self.switches.direct_send && self.last_completions.get() <= DIRECT_SEND_COMPLETIONS_MAX
-    }
-
-    /// Counts a write that [`Driver::sends_directly`] sent without a ring entry.
-    pub(crate) fn count_direct_send(&self) {
-        crate::stats::add(&self.stats.direct_sends, 1);
+    /// Runs `send`, a non-blocking send system call, in place of a ring
+    /// entry when the worker is quiet: unless switched off, when the last
+    /// poll handled at most [`DIRECT_SEND_COMPLETIONS_MAX`] completions. A
+    /// lone connection (serial, or one request at a time) then gets its
+    /// answer out inside the task's poll, without the entry, its completion
+    /// and a second poll of the task; a busy worker keeps batching its
+    /// sends into one enter, which costs less than a system call each.
+    ///
+    /// `None`: the worker is busy, or the socket had no room (`EAGAIN`);
+    /// the caller goes through the ring. `Some`: the call's result, counted
+    /// in `direct_sends`.
+    pub(crate) fn send_directly(
+        &self,
+        send: impl FnOnce() -> io::Result<usize>,
+    ) -> Option<io::Result<usize>> {
+        if !self.switches.direct_send || self.last_completions.get() > DIRECT_SEND_COMPLETIONS_MAX {
+            return None;
+        }
+        match send() {
+            Err(e) if op::is_retry(&e) => None,
+            res => {
+                crate::stats::add(&self.stats.direct_sends, 1);
+                Some(res)
+            }
+        }
     }
 
     /// Wakes what a poll collected and drops what it freed, with the state

@@ -442,14 +442,8 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                             Poll::Ready(Ok(())) => {}
                         }
                     }
-                    if src.core.driver.sends_directly() {
-                        match src.try_send(&buf) {
-                            Err(e) if is_retry(&e) => {}
-                            res => {
-                                src.core.driver.count_direct_send();
-                                return Poll::Ready((res, buf));
-                            }
-                        }
+                    if let Some(res) = src.core.driver.send_directly(|| src.try_send(&buf)) {
+                        return Poll::Ready((res, buf));
                     }
                     match src.submit_send(buf) {
                         Ok(op) => this.state = SendState::Sending(op.park()),

@@ -3,7 +3,7 @@
 //! after its stream is dropped.
 //!
 //! # Implementation notes
-//! - On a quiet worker (`Driver::sends_directly`) `poll_write` first
+//! - On a quiet worker (`Driver::send_directly`) `poll_write` first
 //!   tries a non-blocking `sendmsg(2)` of the caller's slices, as epoll
 //!   writes; what the kernel takes is reported at once, and `EAGAIN`
 //!   leaves the write to the path below.
@@ -89,14 +89,10 @@ impl WriteBehind {
         // On a quiet worker the bytes go straight out, uncopied, as on
         // epoll: a lone connection's answer then needs no entry, no
         // completion and no second poll before its flush is done.
-        if sock.driver.sends_directly() {
-            match crate::sys::send_vectored_nowait(sock.fd(), data) {
-                Err(e) if is_retry(&e) => {}
-                res => {
-                    sock.driver.count_direct_send();
-                    return Poll::Ready(res);
-                }
-            }
+        let fd = sock.fd();
+        if let Some(res) = sock.driver.send_directly(|| crate::sys::send_vectored_nowait(fd, data))
+        {
+            return Poll::Ready(res);
         }
         // Copied and written behind: the send goes to the kernel with the
         // loop's one `io_uring_enter` of the turn, batched with every
