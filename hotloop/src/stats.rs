@@ -123,6 +123,10 @@ counters! {
     direct_sends: sum,
     /// `io_uring_enter` calls (io_uring).
     uring_enters: sum,
+    /// Of those, the ones made between two task polls because the oldest
+    /// queued entry had waited longer than the submit delay
+    /// (`HOTLOOP_URING_SUBMIT_AFTER_US`, io_uring).
+    early_submits: sum,
     /// Completions reaped (io_uring).
     completions: sum,
     /// Multishot accepts re-armed after the kernel ended one (io_uring).

@@ -636,3 +636,94 @@ fn direct_sends_can_be_switched_off() {
     }
     run_child(NAME, &[("HOTLOOP_URING_DIRECT_SEND", "0")]);
 }
+
+/// The child of the two tests below: a `SEND` entry queued by one task,
+/// then ten tasks that each hold the worker for 20 ms. Returns when the
+/// peer had the bytes, counted from before the tasks were spawned, and
+/// how long the ten tasks took together.
+fn send_queued_before_costly_tasks() -> (Duration, Duration) {
+    const COSTLY_TASKS: usize = 10;
+    const COSTLY: Duration = Duration::from_millis(20);
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let start = Rc::new(Cell::new(None::<Instant>));
+    let reader = thread::spawn(move || {
+        let mut got = [0u8; 4];
+        std::io::Read::read_exact(&mut client, &mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        Instant::now()
+    });
+    let costly = rt.block_on({
+        let start = start.clone();
+        async move {
+            let stream = listener.accept_stream().await.unwrap();
+            start.set(Some(Instant::now()));
+            // With direct sends off (the callers' environment), the write
+            // is a `SEND` entry waiting for the ring to be entered.
+            let writer = hotloop::spawn(async move {
+                let (res, _) = stream.write_owned(b"ping".to_vec()).await;
+                assert_eq!(res.unwrap(), 4);
+                stream
+            });
+            let t0 = Instant::now();
+            let costly: Vec<_> = (0..COSTLY_TASKS)
+                .map(|_| hotloop::spawn(async { thread::sleep(COSTLY) }))
+                .collect();
+            for task in costly {
+                task.await.unwrap();
+            }
+            let took = t0.elapsed();
+            let _stream = writer.await.unwrap();
+            took
+        }
+    });
+    let arrived = reader.join().unwrap();
+    (arrived - start.get().unwrap(), costly)
+}
+
+/// An entry queued early in a long run of tasks is submitted while the
+/// later tasks run (`HOTLOOP_URING_SUBMIT_AFTER_US`, 50 µs by default),
+/// as epoll's inline write would send it, not after the run.
+#[test]
+fn an_entry_queued_before_costly_tasks_is_submitted_while_they_run() {
+    const NAME: &str = "an_entry_queued_before_costly_tasks_is_submitted_while_they_run";
+    if is_child(NAME) {
+        let (arrived, costly) = send_queued_before_costly_tasks();
+        assert!(costly >= Duration::from_millis(200), "the costly tasks took {costly:?}");
+        assert!(
+            arrived < Duration::from_millis(100),
+            "the bytes arrived {arrived:?} after the write, the costly tasks took {costly:?}"
+        );
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    run_child(NAME, &[("HOTLOOP_URING_DIRECT_SEND", "0")]);
+}
+
+/// With `HOTLOOP_URING_SUBMIT_AFTER_US=off` the same entry waits for the
+/// end of the run of tasks: the case the default exists for.
+#[test]
+fn submitting_during_a_run_of_tasks_can_be_switched_off() {
+    const NAME: &str = "submitting_during_a_run_of_tasks_can_be_switched_off";
+    if is_child(NAME) {
+        let (arrived, costly) = send_queued_before_costly_tasks();
+        assert!(
+            arrived >= Duration::from_millis(180),
+            "the bytes arrived {arrived:?} after the write, before the costly tasks ended \
+             ({costly:?}), with submitting during the run off"
+        );
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    run_child(
+        NAME,
+        &[("HOTLOOP_URING_DIRECT_SEND", "0"), ("HOTLOOP_URING_SUBMIT_AFTER_US", "off")],
+    );
+}

@@ -113,7 +113,11 @@ pub(crate) struct DriverConfig {
 ///   operations per step instead of `sendfile(2)`;
 /// - `HOTLOOP_URING_DIRECT_SEND=0`: every stream write through the ring
 ///   (an owned write as a `SEND` entry, a poll-form write written
-///   behind), never first as a non-blocking `send(2)` or `sendmsg(2)`.
+///   behind), never first as a non-blocking `send(2)` or `sendmsg(2)`;
+/// - `HOTLOOP_URING_SUBMIT_AFTER_US=N` (default 50): queued ring entries
+///   are submitted between two task polls once the oldest has waited N
+///   µs, rather than only when the turn's tasks are done; `off` keeps them
+///   for the end of the turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -128,11 +132,21 @@ pub(crate) struct UringSwitches {
     pub(crate) send_file_splice: bool,
     /// Stream writes on a quiet worker try a non-blocking send first.
     pub(crate) direct_send: bool,
+    /// The longest a ring entry waits, while tasks run, before it is
+    /// submitted on its own (`None`: only at the end of the turn).
+    pub(crate) submit_after_ns: Option<u64>,
 }
 
 impl UringSwitches {
     /// Buffers in a datagram socket's ring unless the environment says otherwise.
     pub(crate) const DGRAM_BUFFERS_DEFAULT: u16 = 64;
+
+    /// How long a ring entry may wait while tasks run, unless the
+    /// environment says otherwise: about one `io_uring_enter` per 50 µs of
+    /// task time at most, so a run of cheap tasks still shares one enter,
+    /// while an answer queued before costly ones leaves within a task of
+    /// being written.
+    pub(crate) const SUBMIT_AFTER_DEFAULT_US: u64 = 50;
 
     /// The switches as the environment sets them (a malformed buffer count
     /// is reported and the default used).
@@ -160,6 +174,28 @@ impl UringSwitches {
             files_on_ring: !off("HOTLOOP_URING_FS"),
             send_file_splice: std::env::var("HOTLOOP_URING_SEND_FILE").is_ok_and(|v| v == "splice"),
             direct_send: !off("HOTLOOP_URING_DIRECT_SEND"),
+            submit_after_ns: submit_after_from_env(),
         }
+    }
+}
+
+/// `HOTLOOP_URING_SUBMIT_AFTER_US` in nanoseconds: `off` is `None`; a
+/// malformed value is reported and the default used.
+fn submit_after_from_env() -> Option<u64> {
+    let default = Some(UringSwitches::SUBMIT_AFTER_DEFAULT_US * 1000);
+    match std::env::var("HOTLOOP_URING_SUBMIT_AFTER_US") {
+        Err(_) => default,
+        Ok(v) if v.trim() == "off" => None,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(us) if us <= 1_000_000 => Some(us * 1000),
+            _ => {
+                crate::log::warn(format_args!(
+                    "HOTLOOP_URING_SUBMIT_AFTER_US={v:?} is neither `off` nor a number of \
+                     microseconds up to 1000000; using {}",
+                    UringSwitches::SUBMIT_AFTER_DEFAULT_US
+                ));
+                default
+            }
+        },
     }
 }

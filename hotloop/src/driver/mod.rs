@@ -155,6 +155,15 @@ impl Driver {
         }
     }
 
+    /// Called by the worker after each task poll (io_uring: submits entries
+    /// that have waited too long; epoll has nothing to do).
+    #[inline]
+    pub(crate) fn after_task_poll(&self) {
+        if let Driver::Uring(d) = self {
+            d.after_task_poll();
+        }
+    }
+
     /// Marks the driver as running on this thread until the guard drops:
     /// only then may its sources wait.
     pub(crate) fn enter(&self) -> EnterGuard {

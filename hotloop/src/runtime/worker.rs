@@ -2,7 +2,8 @@
 //!
 //! One turn of the loop:
 //! 1. poll up to `event_interval` queued tasks (so a busy task set cannot
-//!    starve I/O);
+//!    starve I/O), letting the driver submit after each poll what has
+//!    waited too long (io_uring: entries queued early in a long run);
 //! 2. poll the driver: with a zero timeout if work is queued or busy
 //!    polling is on, else until the next timer or an event;
 //! 3. take what other threads left in the inbox (wakes, spawns, shutdown);
@@ -71,6 +72,7 @@ pub(crate) fn run<F: Future>(
             } else {
                 run_task(cx, key);
             }
+            cx.driver.after_task_poll();
         }
 
         // 2. I/O.

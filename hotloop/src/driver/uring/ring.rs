@@ -3,7 +3,9 @@
 //!
 //! # Implementation notes
 //! - Entries wait in [`Ring::pending`], not in the submission queue, until
-//!   [`Ring::enter`] moves them there. An entry whose operation was
+//!   [`Ring::enter`] (or [`Ring::submit_pending`], when the oldest has
+//!   waited too long while tasks ran: [`Ring::waiting_since_ns`]) moves
+//!   them there. An entry whose operation was
 //!   withdrawn meanwhile (its slot says so: `admit` answers for the
 //!   driver) is skipped and its slot freed: the kernel never sees it.
 //! - With `IORING_SETUP_TASKRUN_FLAG` the kernel marks the ring when
@@ -59,6 +61,9 @@ pub(super) struct Ring {
     ring: Box<IoUring>,
     /// Entries made since the last enter, oldest first.
     pending: VecDeque<squeue::Entry>,
+    /// When the oldest entry not yet handed to the kernel was made
+    /// (`sys::monotonic_ns`), or 0 if none waits.
+    waiting_since_ns: u64,
     pub(super) stats: Arc<WorkerStats>,
     /// Test hook: this many submits fail with `EBUSY` before the kernel is asked.
     #[cfg(test)]
@@ -102,6 +107,7 @@ impl Ring {
         let ring = Ring {
             ring: Box::new(ring),
             pending: VecDeque::new(),
+            waiting_since_ns: 0,
             stats,
             #[cfg(test)]
             failing_submits: 0,
@@ -120,7 +126,23 @@ impl Ring {
     /// Every pointer in `entry` must stay valid until the operation's last
     /// completion (the `Op::submit` contract, `op.rs`).
     pub(super) fn push(&mut self, entry: squeue::Entry) {
+        if self.waiting_since_ns == 0 {
+            self.waiting_since_ns = crate::sys::monotonic_ns().max(1);
+        }
         self.pending.push_back(entry);
+    }
+
+    /// When the oldest entry the kernel has not been handed yet was made
+    /// (`sys::monotonic_ns`), if one waits.
+    pub(super) fn waiting_since_ns(&self) -> Option<u64> {
+        (self.waiting_since_ns != 0).then_some(self.waiting_since_ns)
+    }
+
+    /// After a submission: what is still pending (the kernel said "not
+    /// now") waits from now on.
+    fn submitted(&mut self) {
+        self.waiting_since_ns =
+            if self.pending.is_empty() { 0 } else { crate::sys::monotonic_ns().max(1) };
     }
 
     /// Queues a cancel of the operation `key`.
@@ -170,6 +192,7 @@ impl Ring {
         if !self.ring.submission().is_empty() {
             self.submit_now()?;
         }
+        self.submitted();
         Ok(())
     }
 
@@ -206,6 +229,7 @@ impl Ring {
             let sq = self.ring.submission();
             (sq.len() as u32, sq.taskrun() || sq.cq_overflow())
         };
+        self.submitted();
         if timeout == Some(Duration::ZERO) && queued == 0 && !kernel_has_work {
             // Nothing to submit and no completion work waiting in the kernel
             // (`IORING_SQ_TASKRUN` is clear): peeking at the completion queue
