@@ -683,7 +683,7 @@ fn send_queued_before_costly_tasks() -> (Duration, Duration) {
 }
 
 /// An entry queued early in a long run of tasks is submitted while the
-/// later tasks run (`HOTLOOP_URING_SUBMIT_AFTER_US`, 50 µs by default),
+/// later tasks run (`HOTLOOP_URING_SUBMIT_AFTER_US`, 200 µs by default),
 /// as epoll's inline write would send it, not after the run.
 #[test]
 fn an_entry_queued_before_costly_tasks_is_submitted_while_they_run() {

@@ -114,7 +114,7 @@ pub(crate) struct DriverConfig {
 /// - `HOTLOOP_URING_DIRECT_SEND=0`: every stream write through the ring
 ///   (an owned write as a `SEND` entry, a poll-form write written
 ///   behind), never first as a non-blocking `send(2)` or `sendmsg(2)`;
-/// - `HOTLOOP_URING_SUBMIT_AFTER_US=N` (default 50): queued ring entries
+/// - `HOTLOOP_URING_SUBMIT_AFTER_US=N` (default 200): queued ring entries
 ///   are submitted between two task polls once the oldest has waited N
 ///   µs, rather than only when the turn's tasks are done; `off` keeps them
 ///   for the end of the turn.
@@ -142,11 +142,13 @@ impl UringSwitches {
     pub(crate) const DGRAM_BUFFERS_DEFAULT: u16 = 64;
 
     /// How long a ring entry may wait while tasks run, unless the
-    /// environment says otherwise: about one `io_uring_enter` per 50 µs of
-    /// task time at most, so a run of cheap tasks still shares one enter,
-    /// while an answer queued before costly ones leaves within a task of
-    /// being written.
-    pub(crate) const SUBMIT_AFTER_DEFAULT_US: u64 = 50;
+    /// environment says otherwise: at most one extra `io_uring_enter` per
+    /// 200 µs of task time, so tens of cheap tasks still share one enter,
+    /// while an answer queued before costly ones leaves within 200 µs and a
+    /// task. Measured with 60 µs requests (BENCHMARKS.md, storm run 6): 50
+    /// µs cost 6% of the closed-loop rate for the same storm tail, 500 µs
+    /// gave back a third of the tail.
+    pub(crate) const SUBMIT_AFTER_DEFAULT_US: u64 = 200;
 
     /// The switches as the environment sets them (a malformed buffer count
     /// is reported and the default used).

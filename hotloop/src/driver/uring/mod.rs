@@ -20,7 +20,7 @@
 //!   `sendmsg(2)` (poll form) first ([`Driver::send_directly`]).
 //! - The turn's enter is not the only one on a busy worker: after each task
 //!   poll, entries whose oldest has waited longer than the submit delay
-//!   (`HOTLOOP_URING_SUBMIT_AFTER_US`, 50 µs) are submitted without waiting
+//!   (`HOTLOOP_URING_SUBMIT_AFTER_US`, 200 µs) are submitted without waiting
 //!   or reaping ([`Driver::after_task_poll`]). Costly requests (60 µs of
 //!   work each) otherwise held every answer queued early in a turn until
 //!   the turn's last task ended: under an accept storm with two workers the
