@@ -138,8 +138,9 @@ impl Ring {
         (self.waiting_since_ns != 0).then_some(self.waiting_since_ns)
     }
 
-    /// After a submission: what is still pending (the kernel said "not
-    /// now") waits from now on.
+    /// Once the pending entries have moved into the submission queue, just
+    /// before the enter that hands them over: what is still pending (the
+    /// kernel said "not now") waits from now on.
     fn submitted(&mut self) {
         self.waiting_since_ns =
             if self.pending.is_empty() { 0 } else { crate::sys::monotonic_ns().max(1) };
