@@ -214,3 +214,25 @@ fn wake_all_reaches_every_task_of_its_worker_and_no_other(driver: DriverKind) {
         t.join().unwrap();
     }
 }
+
+/// A thread blocked in `join` before a task or a blocking job finishes is
+/// woken with its output, and a `join` made after the finish returns it at
+/// once: the finish signals only a thread it sees blocked.
+#[hotloop::test(driver = "all")]
+fn a_join_blocked_before_the_finish_gets_the_output(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let late = rt.handle().spawn_on(0, || async {
+        hotloop::time::sleep(Duration::from_millis(50)).await;
+        11
+    });
+    assert_eq!(late.join().unwrap(), 11);
+    let done = rt.handle().spawn_on(0, || async { 12 });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(done.is_finished());
+    assert_eq!(done.join().unwrap(), 12);
+    let job = rt.handle().spawn_blocking(|| {
+        std::thread::sleep(Duration::from_millis(50));
+        13
+    });
+    assert_eq!(job.join().unwrap(), 13);
+}

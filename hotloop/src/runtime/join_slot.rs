@@ -14,6 +14,11 @@
 //! and once per poll of the handle; tasks spawned without a handle (the
 //! connection handlers) have no slot at all.
 //!
+//! The condition variable is signalled only when a thread is blocked on
+//! it (`blocked`, set under the lock before the wait): the standard
+//! library's `notify_all` makes a `futex` system call whether or not
+//! anyone waits, which would be one system call per finished task.
+//!
 //! Under `--cfg hotloop_loom` the mutex and condition variable are loom's,
 //! and the test below checks that a poll racing the finish never loses the
 //! wake nor the output.
@@ -108,6 +113,9 @@ struct SlotState<T> {
     output: Option<Result<T, JoinError>>,
     finished: bool,
     waiter: Option<Waker>,
+    /// True while a thread is blocked in [`JoinSlot::wait`]: only then
+    /// does the finish signal the condition variable.
+    blocked: bool,
     /// The task's key on its worker once spawned, so that only its own
     /// panic is taken as its result.
     key: Option<TaskKey>,
@@ -126,7 +134,14 @@ impl<T> JoinSlot<T> {
     /// `key` the task's key if it is known already.
     pub(crate) fn new(set: Option<(Arc<SetNotify>, u64)>, key: Option<TaskKey>) -> Arc<Self> {
         Arc::new(JoinSlot {
-            state: Mutex::new(SlotState { output: None, finished: false, waiter: None, key, set }),
+            state: Mutex::new(SlotState {
+                output: None,
+                finished: false,
+                waiter: None,
+                blocked: false,
+                key,
+                set,
+            }),
             ready: Condvar::new(),
         })
     }
@@ -139,16 +154,20 @@ impl<T> JoinSlot<T> {
     /// Stores the task's result (the first one only) and wakes its waiter
     /// and its set.
     pub(crate) fn finish(&self, result: Result<T, JoinError>) {
-        let (waiter, set) = {
+        let (waiter, set, blocked) = {
             let mut st = lock(&self.state);
             if st.finished {
                 return;
             }
             st.finished = true;
             st.output = Some(result);
-            (st.waiter.take(), st.set.take())
+            (st.waiter.take(), st.set.take(), st.blocked)
         };
-        self.ready.notify_all();
+        // A thread that blocks after the lock was released finds the
+        // output before it waits, so no signal can be missed.
+        if blocked {
+            self.ready.notify_all();
+        }
         if let Some(w) = waiter {
             w.wake();
         }
@@ -186,6 +205,7 @@ impl<T> JoinSlot<T> {
             if let Some(out) = st.output.take() {
                 return out;
             }
+            st.blocked = true;
             st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -280,6 +300,22 @@ mod loom_tests {
                 }
             }
             assert_eq!(super::lock(&set.ready).ids.iter().copied().collect::<Vec<_>>(), vec![7]);
+        });
+    }
+
+    /// A thread blocked in `wait` while the task finishes on another is
+    /// always woken with the output, though the finish signals the
+    /// condition variable only when it sees a thread blocked.
+    #[test]
+    fn a_blocking_wait_racing_the_finish_gets_the_output() {
+        loom::model(|| {
+            let slot = JoinSlot::<u32>::new(None, None);
+            let worker = {
+                let slot = slot.clone();
+                loom::thread::spawn(move || slot.finish(Ok(9)))
+            };
+            assert_eq!(slot.wait().ok(), Some(9));
+            worker.join().unwrap();
         });
     }
 }
