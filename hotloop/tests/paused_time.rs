@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use hotloop::net::{TcpListener, TcpStream};
-use hotloop::time::{advance, interval, now, sleep, timeout};
+use hotloop::time::{advance, interval, interval_at, now, sleep, timeout, MissedTickBehavior};
 
 /// The most real time a paused test may take for what it waits for.
 const REAL_LIMIT: Duration = Duration::from_secs(5);
@@ -107,4 +107,75 @@ async fn resume_runs_on_from_the_paused_time() {
     let real = Instant::now();
     sleep(Duration::from_millis(20)).await;
     assert!(real.elapsed() >= Duration::from_millis(20), "a running clock waits in real time");
+}
+
+/// Ticks of a 10 s interval after the clock jumped 35 s past its first
+/// tick, under each [`MissedTickBehavior`]: the late tick comes at once,
+/// then `Burst` delivers the missed ones at once, `Delay` restarts the
+/// schedule from the late tick, and `Skip` goes on with the original
+/// schedule's next tick.
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn missed_ticks_burst_delay_or_skip() {
+    let period = Duration::from_secs(10);
+    for behavior in [MissedTickBehavior::Burst, MissedTickBehavior::Delay, MissedTickBehavior::Skip]
+    {
+        let mut ticks = interval(period);
+        assert_eq!(ticks.missed_tick_behavior(), MissedTickBehavior::Delay, "the default");
+        ticks.set_missed_tick_behavior(behavior);
+        let t0 = ticks.tick().await;
+        advance(Duration::from_secs(35)).await;
+        let late = now();
+        assert_eq!(ticks.tick().await, t0 + period, "{behavior:?}: the late tick");
+        assert_eq!(now(), late, "{behavior:?}: the late tick came at once");
+        match behavior {
+            MissedTickBehavior::Burst => {
+                for k in [2u32, 3] {
+                    assert_eq!(ticks.tick().await, t0 + period * k, "a missed tick");
+                    assert_eq!(now(), late, "a missed tick comes at once");
+                }
+                assert_eq!(ticks.tick().await, t0 + period * 4, "back on schedule");
+                assert!(now() >= t0 + period * 4);
+            }
+            MissedTickBehavior::Delay => {
+                let next = ticks.tick().await;
+                assert_eq!(next, late + period, "a period after the late tick");
+                assert!(now() >= next);
+                assert_eq!(ticks.tick().await, next + period);
+            }
+            MissedTickBehavior::Skip => {
+                assert_eq!(ticks.tick().await, t0 + period * 4, "the schedule's next tick");
+                assert_eq!(ticks.tick().await, t0 + period * 5);
+            }
+        }
+    }
+}
+
+/// `interval_at` starts at its instant; `reset`, `reset_after`,
+/// `reset_at` and `reset_immediately` move the next tick, and the ticks
+/// after it follow the new schedule.
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn an_interval_starts_at_its_instant_and_resets() {
+    let period = Duration::from_secs(10);
+    let start = now() + Duration::from_secs(3);
+    let mut ticks = interval_at(start, period);
+    assert_eq!(ticks.tick().await, start);
+    assert!(now() >= start);
+    assert_eq!(ticks.tick().await, start + period);
+
+    let from = now();
+    ticks.reset();
+    assert_eq!(ticks.tick().await, from + period, "reset: a period from now");
+    let from = now();
+    ticks.reset_after(Duration::from_secs(4));
+    let at = ticks.tick().await;
+    assert_eq!(at, from + Duration::from_secs(4), "reset_after");
+    assert_eq!(ticks.tick().await, at + period, "then every period");
+    let target = now() + Duration::from_secs(25);
+    ticks.reset_at(target);
+    assert_eq!(ticks.tick().await, target, "reset_at");
+    let before = now();
+    ticks.reset_immediately();
+    assert_eq!(ticks.tick().await, before, "reset_immediately");
+    assert_eq!(now(), before, "at once");
+    assert_eq!(ticks.tick().await, before + period);
 }

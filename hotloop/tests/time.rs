@@ -220,3 +220,24 @@ fn a_sleep_dropped_during_thread_local_teardown_does_not_panic() {
     });
     t.join().expect("dropping a sleep during thread-local teardown panicked");
 }
+
+/// An interval whose next tick is filed in a worker's wheel can be reset
+/// off that worker (here, between two `block_on` calls): the worker drops
+/// the old timer and the next tick comes at the new time.
+#[hotloop::test(driver = "all")]
+fn an_interval_reset_off_its_worker_ticks_at_the_new_time(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let mut ticks = rt.block_on(async {
+        let mut ticks = interval(Duration::from_secs(3600));
+        ticks.tick().await;
+        // Polled once: the next tick's timer is filed.
+        assert!(timeout(Duration::from_millis(5), ticks.tick()).await.is_err());
+        ticks
+    });
+    ticks.reset_after(Duration::from_millis(20));
+    let start = Instant::now();
+    rt.block_on(async {
+        timeout(Duration::from_secs(5), ticks.tick()).await.expect("the tick after the reset came")
+    });
+    assert!(start.elapsed() >= Duration::from_millis(15), "early: {:?}", start.elapsed());
+}

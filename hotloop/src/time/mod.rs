@@ -1,4 +1,5 @@
-//! Time: `sleep`, `timeout` and `interval`, on each worker's timer wheel.
+//! Time: `sleep`, `timeout` and `interval` (with tokio's missed-tick
+//! behaviours), on each worker's timer wheel.
 //!
 //! A timer's deadline is rounded up to the wheel's 1 ms tick, so it never
 //! fires early; the worker's poller sleeps at most until the wheel's
@@ -118,18 +119,25 @@ impl Sleep {
         self.deadline
     }
 
-    /// Moves the deadline; cheap, and the timer is re-filed lazily.
+    /// Moves the deadline; cheap, and the timer is re-filed lazily. It may
+    /// be called anywhere: off the worker that holds the timer, that
+    /// worker is asked to drop it, and the next poll files a new one.
     pub fn reset(&mut self, deadline: Instant) {
         self.deadline = deadline;
-        if let Some(filed) = self.entry.take() {
-            current::with_timers(|t| {
-                let tick = t.tick_for_deadline(deadline);
-                if t.worker_uid() == filed.uid && t.wheel().reset(filed.key, tick) {
-                    self.entry = Some(filed);
-                } else {
-                    filed.cancel(Some(t));
-                }
-            });
+        let Some(filed) = self.entry.take() else { return };
+        let mut filed = Some(filed);
+        let entry = &mut self.entry;
+        current::try_with_timers(|t| {
+            let Some(f) = filed.take() else { return };
+            let tick = t.tick_for_deadline(deadline);
+            if t.worker_uid() == f.uid && t.wheel().reset(f.key, tick) {
+                *entry = Some(f);
+            } else {
+                f.cancel(Some(t));
+            }
+        });
+        if let Some(f) = filed {
+            f.cancel(None);
         }
     }
 }
@@ -218,36 +226,141 @@ pub async fn timeout_at<F: Future>(deadline: Instant, future: F) -> Result<F::Ou
     .await
 }
 
-/// A stream of ticks at a fixed period.
+/// A stream of ticks at a fixed period: [`interval`], [`interval_at`].
 pub struct Interval {
     period: Duration,
+    /// Completes at the next tick; its deadline is that tick's instant.
     sleep: Sleep,
+    missed: MissedTickBehavior,
+}
+
+/// What an [`Interval`] does after it missed ticks: a tick counts as
+/// missed when the interval is polled only after the following tick was
+/// due too (a task busy for longer than a period, a worker held up).
+///
+/// The variants are tokio's; the default is not: tokio bursts, hotloop
+/// delays, so a late tick never makes the next ones come early unless
+/// asked to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissedTickBehavior {
+    /// Ticks at once, as often as needed to get back to the original
+    /// schedule: every missed tick is delivered, late.
+    Burst,
+    /// Starts the schedule again from the late tick: the next one is a
+    /// period after it. The default.
+    #[default]
+    Delay,
+    /// Drops the missed ticks: the next one is the first tick of the
+    /// original schedule still ahead.
+    Skip,
+}
+
+impl MissedTickBehavior {
+    /// The instant of the tick after the one `scheduled` for, delivered at `now`.
+    fn next_tick(self, scheduled: Instant, now: Instant, period: Duration) -> Instant {
+        let on_schedule = saturating_add(scheduled, period);
+        if now <= on_schedule {
+            return on_schedule;
+        }
+        match self {
+            MissedTickBehavior::Burst => on_schedule,
+            MissedTickBehavior::Delay => saturating_add(now, period),
+            MissedTickBehavior::Skip => {
+                // The time past the last tick of the original schedule
+                // that is due; `now - scheduled` is bounded by how long
+                // the process has run, so it fits in a u64 of nanoseconds.
+                let late = now.duration_since(scheduled).as_nanos() % period.as_nanos();
+                let past_tick = Duration::from_nanos(u64::try_from(late).unwrap_or(0));
+                saturating_add(now, period - past_tick)
+            }
+        }
+    }
 }
 
 /// Ticks every `period`, the first tick at once. A tick that is late does
-/// not make the next ones come faster: the schedule restarts from the late tick.
+/// not make the next ones come faster: the schedule restarts from the late
+/// tick ([`MissedTickBehavior::Delay`]; see
+/// [`Interval::set_missed_tick_behavior`]).
 ///
 /// # Panics
 /// If `period` is zero.
 pub fn interval(period: Duration) -> Interval {
+    interval_at(deadline_base(), period)
+}
+
+/// Ticks every `period`, the first tick at `start`.
+///
+/// # Panics
+/// If `period` is zero.
+pub fn interval_at(start: Instant, period: Duration) -> Interval {
     assert!(period > Duration::ZERO, "interval period must be non-zero");
-    Interval { period, sleep: sleep_until(deadline_base()) }
+    Interval { period, sleep: sleep_until(start), missed: MissedTickBehavior::default() }
 }
 
 impl Interval {
     /// Waits for the next tick; returns the instant it was scheduled for.
+    ///
+    /// Cancel-safe: dropped before it completes, it takes no tick, and
+    /// the next call waits for the same one.
     pub async fn tick(&mut self) -> Instant {
+        std::future::poll_fn(|cx| self.poll_tick(cx)).await
+    }
+
+    /// The poll form of [`tick`](Self::tick), for a hand-written future or
+    /// stream: ready with the tick's scheduled instant when it is due,
+    /// else the task is woken when it is.
+    pub fn poll_tick(&mut self, cx: &mut TaskContext<'_>) -> Poll<Instant> {
+        std::task::ready!(Pin::new(&mut self.sleep).poll(cx));
         let scheduled = self.sleep.deadline();
-        (&mut self.sleep).await;
-        let now = deadline_base();
-        let on_schedule = saturating_add(scheduled, self.period);
-        let next = if now > on_schedule { saturating_add(now, self.period) } else { on_schedule };
-        self.sleep = sleep_until(next);
-        scheduled
+        let next = self.missed.next_tick(scheduled, deadline_base(), self.period);
+        // The completed sleep holds no timer, so this only moves its
+        // deadline; the timer is filed at the next poll.
+        self.sleep.reset(next);
+        Poll::Ready(scheduled)
+    }
+
+    /// Starts the schedule again: the next tick a period from now.
+    pub fn reset(&mut self) {
+        self.reset_at(deadline_after(self.period));
+    }
+
+    /// Starts the schedule again with a tick now.
+    pub fn reset_immediately(&mut self) {
+        self.reset_at(deadline_base());
+    }
+
+    /// Starts the schedule again: the next tick `after` from now.
+    pub fn reset_after(&mut self, after: Duration) {
+        self.reset_at(deadline_after(after));
+    }
+
+    /// Starts the schedule again: the next tick at `deadline`.
+    pub fn reset_at(&mut self, deadline: Instant) {
+        self.sleep.reset(deadline);
+    }
+
+    /// What the interval does after missed ticks.
+    pub fn missed_tick_behavior(&self) -> MissedTickBehavior {
+        self.missed
+    }
+
+    /// Sets what the interval does after missed ticks.
+    pub fn set_missed_tick_behavior(&mut self, behavior: MissedTickBehavior) {
+        self.missed = behavior;
     }
 
     /// The period.
     pub fn period(&self) -> Duration {
         self.period
+    }
+}
+
+impl std::fmt::Debug for Interval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interval")
+            .field("period", &self.period)
+            .field("next_tick", &self.sleep.deadline())
+            .field("missed_tick_behavior", &self.missed)
+            .finish()
     }
 }
