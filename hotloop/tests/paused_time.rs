@@ -8,7 +8,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use hotloop::net::{TcpListener, TcpStream};
-use hotloop::time::{advance, interval, interval_at, now, sleep, timeout, MissedTickBehavior};
+use hotloop::time::{
+    advance, interval, interval_at, now, sleep, timeout, timeout_at, MissedTickBehavior,
+};
 
 /// The most real time a paused test may take for what it waits for.
 const REAL_LIMIT: Duration = Duration::from_secs(5);
@@ -178,4 +180,23 @@ async fn an_interval_starts_at_its_instant_and_resets() {
     assert_eq!(ticks.tick().await, before, "reset_immediately");
     assert_eq!(now(), before, "at once");
     assert_eq!(ticks.tick().await, before + period);
+}
+
+/// `Timeout` is a nameable future, as tokio's: it hands its future back
+/// (`get_ref`, `get_mut`, `into_inner`), knows its deadline, and prefers
+/// an output that is ready when the deadline has passed too.
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_timeout_is_a_future_that_hands_its_future_back() {
+    let due = now() + Duration::from_secs(30);
+    let mut limited: hotloop::time::Timeout<_> = timeout_at(due, std::future::ready(7));
+    assert_eq!(limited.deadline(), due);
+    let _: &std::future::Ready<i32> = limited.get_ref();
+    let _: &mut std::future::Ready<i32> = limited.get_mut();
+    advance(Duration::from_secs(60)).await;
+    assert_eq!(limited.await, Ok(7), "ready at the deadline: the output wins");
+
+    let held = timeout(Duration::from_secs(5), sleep(Duration::from_secs(3600)));
+    let inner = held.into_inner();
+    assert!(inner.deadline() > now() + Duration::from_secs(3000), "the inner sleep, whole");
+    assert!(timeout(Duration::from_secs(5), inner).await.is_err());
 }

@@ -209,21 +209,67 @@ impl From<Elapsed> for std::io::Error {
 }
 
 /// Runs `future` for at most `duration`.
-pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
-    timeout_at(deadline_after(duration), future).await
+pub fn timeout<F: Future>(duration: Duration, future: F) -> Timeout<F> {
+    timeout_at(deadline_after(duration), future)
 }
 
 /// Runs `future` until `deadline` at the latest.
-pub async fn timeout_at<F: Future>(deadline: Instant, future: F) -> Result<F::Output, Elapsed> {
-    let mut future = std::pin::pin!(future);
-    let mut sleep = std::pin::pin!(sleep_until(deadline));
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = future.as_mut().poll(cx) {
+pub fn timeout_at<F: Future>(deadline: Instant, future: F) -> Timeout<F> {
+    Timeout { future, sleep: sleep_until(deadline) }
+}
+
+pin_project_lite::pin_project! {
+    /// A future with a deadline, made by [`timeout`] and [`timeout_at`]: it
+    /// gives the future's output, or [`Elapsed`] if the deadline passes
+    /// first. The future is polled first, so an output ready at the
+    /// deadline is not lost. Dropping it drops the future and cancels the
+    /// timer.
+    #[must_use = "futures do nothing unless awaited"]
+    pub struct Timeout<F> {
+        #[pin]
+        future: F,
+        sleep: Sleep,
+    }
+}
+
+impl<F> Timeout<F> {
+    /// The future.
+    pub fn get_ref(&self) -> &F {
+        &self.future
+    }
+
+    /// The future, mutably.
+    pub fn get_mut(&mut self) -> &mut F {
+        &mut self.future
+    }
+
+    /// The future, with the deadline dropped.
+    pub fn into_inner(self) -> F {
+        self.future
+    }
+
+    /// The deadline.
+    pub fn deadline(&self) -> Instant {
+        self.sleep.deadline()
+    }
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(v) = this.future.poll(cx) {
             return Poll::Ready(Ok(v));
         }
-        sleep.as_mut().poll(cx).map(|()| Err(Elapsed))
-    })
-    .await
+        Pin::new(this.sleep).poll(cx).map(|()| Err(Elapsed))
+    }
+}
+
+impl<F> std::fmt::Debug for Timeout<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timeout").field("deadline", &self.sleep.deadline()).finish()
+    }
 }
 
 /// A stream of ticks at a fixed period: [`interval`], [`interval_at`].
