@@ -190,8 +190,10 @@ async fn a_timeout_is_a_future_that_hands_its_future_back() {
     let due = now() + Duration::from_secs(30);
     let mut limited: hotloop::time::Timeout<_> = timeout_at(due, std::future::ready(7));
     assert_eq!(limited.deadline(), due);
-    let _: &std::future::Ready<i32> = limited.get_ref();
-    let _: &mut std::future::Ready<i32> = limited.get_mut();
+    let inner: &std::future::Ready<i32> = limited.get_ref();
+    std::hint::black_box(inner);
+    let inner: &mut std::future::Ready<i32> = limited.get_mut();
+    std::hint::black_box(inner);
     advance(Duration::from_secs(60)).await;
     assert_eq!(limited.await, Ok(7), "ready at the deadline: the output wins");
 
