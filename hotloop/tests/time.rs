@@ -241,3 +241,26 @@ fn an_interval_reset_off_its_worker_ticks_at_the_new_time(driver: DriverKind) {
     });
     assert!(start.elapsed() >= Duration::from_millis(15), "early: {:?}", start.elapsed());
 }
+
+/// What is due now is ready at its first poll, without waiting for the
+/// wheel's next millisecond tick: a zero sleep, an interval's first tick,
+/// and the tick after `reset_immediately`. Their deadlines are the real
+/// time when made, a little past the turn's time the loop read.
+#[hotloop::test(driver = "all")]
+async fn what_is_due_now_is_ready_at_the_first_poll() {
+    for _ in 0..3 {
+        sleep(Duration::from_millis(2)).await; // a fresh turn
+        assert!(poll_once(sleep(Duration::ZERO)).await.is_ready(), "a zero sleep");
+        let mut ticks = interval(Duration::from_secs(3600));
+        assert!(poll_once(ticks.tick()).await.is_ready(), "the first tick");
+        assert!(poll_once(ticks.tick()).await.is_pending(), "the second, an hour on");
+        ticks.reset_immediately();
+        assert!(poll_once(ticks.tick()).await.is_ready(), "the tick after reset_immediately");
+    }
+}
+
+/// Polls `future` once, in the calling task.
+async fn poll_once<F: Future>(future: F) -> std::task::Poll<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await
+}

@@ -266,6 +266,13 @@ impl Timers<'_> {
         self.cx.clock.cached()
     }
 
+    /// The time a deadline counts from: the real time, unless paused time
+    /// moved the worker's clock off it (then the worker's clock).
+    #[inline]
+    pub(crate) fn deadline_base(&self) -> Instant {
+        self.cx.clock.deadline_base()
+    }
+
     /// The wheel's tick for `deadline`: the first at or after it, so a
     /// timer never fires early.
     #[inline]

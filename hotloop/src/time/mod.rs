@@ -28,6 +28,10 @@ use crate::runtime::current::{self, Timers};
 use crate::runtime::WorkerShared;
 use wheel::TimerKey;
 
+/// How far past the turn's time a deadline may lie and still be checked
+/// against the real time when polled: one tick of the wheel.
+const JUST_DUE: Duration = Duration::from_millis(1);
+
 /// A future that completes at a deadline. Dropping it cancels the timer.
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
@@ -148,9 +152,15 @@ impl Future for Sleep {
     fn poll(mut self: Pin<&mut Self>, task_cx: &mut TaskContext<'_>) -> Poll<()> {
         current::with_timers(|t| {
             // The loop's time of this turn: no clock read per poll. It is
-            // never ahead of the real time, so a sleep never ends early; one
-            // that is due but not yet seen as such fires at the next turn.
-            if t.now() >= self.deadline {
+            // never ahead of the real time, so a sleep never ends early. A
+            // deadline less than a wheel tick past it (a zero sleep, an
+            // interval's first tick) may already have passed in real time:
+            // one clock read tells, where the wheel would wait for its next
+            // tick, up to a millisecond.
+            let turn = t.now();
+            let due = turn >= self.deadline
+                || (self.deadline - turn <= JUST_DUE && t.deadline_base() >= self.deadline);
+            if due {
                 if let Some(filed) = self.entry.take() {
                     filed.cancel(Some(t));
                 }
