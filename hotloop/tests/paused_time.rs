@@ -197,6 +197,11 @@ async fn a_timeout_is_a_future_that_hands_its_future_back() {
     advance(Duration::from_secs(60)).await;
     assert_eq!(limited.await, Ok(7), "ready at the deadline: the output wins");
 
+    let short = sleep(Duration::from_secs(10));
+    assert!(!short.is_elapsed());
+    advance(Duration::from_secs(10)).await;
+    assert!(short.is_elapsed(), "the paused clock passed the deadline");
+
     let held = timeout(Duration::from_secs(5), sleep(Duration::from_secs(3600)));
     let inner = held.into_inner();
     assert!(inner.deadline() > now() + Duration::from_secs(3000), "the inner sleep, whole");

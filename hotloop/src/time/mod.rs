@@ -123,6 +123,12 @@ impl Sleep {
         self.deadline
     }
 
+    /// True once the deadline has passed (by the worker's clock, or the
+    /// real time outside a worker): the next poll completes.
+    pub fn is_elapsed(&self) -> bool {
+        deadline_base() >= self.deadline
+    }
+
     /// Moves the deadline; cheap, and the timer is re-filed lazily. It may
     /// be called anywhere: off the worker that holds the timer, that
     /// worker is asked to drop it, and the next poll files a new one.
