@@ -202,6 +202,14 @@ async fn a_timeout_is_a_future_that_hands_its_future_back() {
     advance(Duration::from_secs(10)).await;
     assert!(short.is_elapsed(), "the paused clock passed the deadline");
 
+    // The deadline counts from the call, as tokio's does, not from the
+    // first poll.
+    let made_early = timeout(Duration::from_secs(10), std::future::pending::<()>());
+    advance(Duration::from_secs(20)).await;
+    let before = now();
+    assert!(made_early.await.is_err());
+    assert_eq!(now(), before, "the deadline had passed already");
+
     let held = timeout(Duration::from_secs(5), sleep(Duration::from_secs(3600)));
     let inner = held.into_inner();
     assert!(inner.deadline() > now() + Duration::from_secs(3000), "the inner sleep, whole");
