@@ -20,13 +20,18 @@ use std::hint::black_box;
 /// Tasks per scenario run.
 const TASKS: u64 = 10_000;
 
-/// Nanoseconds of CPU time this thread has used.
-fn cpu_ns() -> u64 {
+/// Nanoseconds of CPU time of `clock` (this thread's, or the process's).
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime({clock})");
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Nanoseconds of CPU time this thread has used.
+fn cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// CPU nanoseconds per task of `f`.
@@ -95,16 +100,10 @@ const JOBS: u64 = 2_000;
 /// nanoseconds per job: a blocking job runs on another thread, so the
 /// calling thread's CPU alone would leave half the cost out.
 fn per_job(f: impl FnOnce()) -> (f64, f64) {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    let process_ns = |ts: &mut libc::timespec| {
-        // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-        let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, ts) };
-        assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
-    let (cpu0, wall0) = (process_ns(&mut ts), std::time::Instant::now());
+    let (cpu0, wall0) = (clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID), std::time::Instant::now());
     f();
-    let (cpu, wall) = (process_ns(&mut ts) - cpu0, wall0.elapsed().as_nanos() as u64);
+    let cpu = clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0;
+    let wall = wall0.elapsed().as_nanos() as u64;
     (cpu as f64 / JOBS as f64, wall as f64 / JOBS as f64)
 }
 

@@ -227,8 +227,11 @@ fn a_join_blocked_before_the_finish_gets_the_output(driver: DriverKind) {
     });
     assert_eq!(late.join().unwrap(), 11);
     let done = rt.handle().spawn_on(0, || async { 12 });
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(done.is_finished());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the task never finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(done.join().unwrap(), 12);
     let job = rt.handle().spawn_blocking(|| {
         std::thread::sleep(Duration::from_millis(50));
