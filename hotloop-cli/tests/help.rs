@@ -54,7 +54,7 @@ fn possible_values<'a>(text: &'a str, heading: &str) -> (&'a str, Vec<&'a str>) 
 #[test]
 fn serve_help_names_every_app() {
     let text = help("serve");
-    let (summary, apps) = possible_values(&text, "<APP>");
+    let (summary, apps) = possible_values(&text, "\n  <APP>\n");
     assert!(apps.len() >= 6, "too few apps found: {apps:?}");
     for app in &apps {
         let named = summary.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == *app);
