@@ -81,7 +81,7 @@ Static files (serve static --root DIR): GET and HEAD of the files under DIR,
 
 TLS (echo, http, hyper, static): --tls-cert FILE --tls-key FILE (PEM: the chain, the
 server's certificate first; a PKCS#8, PKCS#1 or SEC1 key). TLS 1.2 and 1.3 on
-rustls; ALPN h2 and http/1.1 (hyper), http/1.1 (http), none (echo).
+rustls; ALPN h2 and http/1.1 (hyper), http/1.1 (http, static), none (echo).
   --handshake-timeout-ms 10000  a handshake not done: close (garbage or an old
                                 protocol version closes at once)
   then the timeouts above apply as on plain TCP; a write counts as progress once

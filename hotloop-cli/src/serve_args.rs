@@ -34,7 +34,7 @@ pub enum App {
 /// `hotloop serve` flags.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// echo, http, hyper, quic or h3.
+    /// echo, http, hyper, static, quic or h3.
     pub app: App,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -54,20 +54,20 @@ pub struct ServeArgs {
     /// and light clients does.
     #[arg(long, default_value_t = 0)]
     pub work_ns_per_byte: u64,
-    /// Idle timeout (echo, http, hyper; quic and h3: QUIC's idle
+    /// Idle timeout (echo, http, hyper, static; quic and h3: QUIC's idle
     /// timeout): close a connection when nothing has moved in either
     /// direction for this long, whether it waits to read or to write
     /// (hyper over HTTP/2: GOAWAY, then close), milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
-    /// Header timeout (http; hyper over HTTP/1.1): a request head must
+    /// Header timeout (http, static; hyper over HTTP/1.1): a request head must
     /// arrive whole within this long of its first byte (of the connection,
     /// for the first request; for hyper, of the end of the previous
     /// answer), however slowly it trickles; then 408 and close (hyper
     /// closes). Milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
-    /// Send timeout (echo, http, hyper; quic resets the stream): close a
+    /// Send timeout (echo, http, hyper, static; quic resets the stream): close a
     /// connection when a write has made no progress for this long, because
     /// the client does not read (nginx's `send_timeout`); a shorter idle
     /// timeout closes it sooner. Milliseconds (0: never).
@@ -79,7 +79,7 @@ pub struct ServeArgs {
               .range(1..=proto::REQUEST_HEADERS_LIMIT_MAX as u64))]
     pub max_headers: usize,
     /// TLS: the certificate chain, PEM (the server's certificate first).
-    /// With --tls-key, echo, http and hyper are served over TLS; quic and
+    /// With --tls-key, echo, http, hyper and static are served over TLS; quic and
     /// h3 use it instead of a generated one.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,

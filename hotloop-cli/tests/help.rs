@@ -34,3 +34,37 @@ fn help_documents_every_timeout_with_its_default() {
     }
     assert!(help("serve").contains("at most 2 s"), "the lingering close is undocumented");
 }
+
+/// The names of the values clap lists under `Possible values:` after
+/// `heading` in a `--help` text, and the summary line above that list.
+fn possible_values<'a>(text: &'a str, heading: &str) -> (&'a str, Vec<&'a str>) {
+    let at = text.find(heading).unwrap_or_else(|| panic!("no {heading} in:\n{text}"));
+    let rest = &text[at + heading.len()..];
+    let list_at = rest.find("Possible values:").expect("clap lists the possible values");
+    let summary = rest[..list_at].trim();
+    let values = rest[list_at..]
+        .lines()
+        .skip(1)
+        .map_while(|l| l.trim().strip_prefix("- "))
+        .map(|l| l.split(':').next().unwrap().trim())
+        .collect();
+    (summary, values)
+}
+
+#[test]
+fn serve_help_names_every_app() {
+    let text = help("serve");
+    let (summary, apps) = possible_values(&text, "\n  <APP>\n");
+    assert!(apps.len() >= 6, "too few apps found: {apps:?}");
+    for app in &apps {
+        let named = summary.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == *app);
+        assert!(named, "`serve --help` summary of <APP> leaves out {app}: {summary:?}");
+    }
+    // The command's own summary names each kind of server too.
+    let top = Command::new(env!("CARGO_BIN_EXE_hotloop")).arg("--help").output().unwrap();
+    let top = String::from_utf8(top.stdout).unwrap();
+    let serve = top.lines().find(|l| l.trim_start().starts_with("serve ")).unwrap();
+    for kind in ["echo", "HTTP", "hyper", "static", "QUIC", "HTTP/3"] {
+        assert!(serve.contains(kind), "`hotloop --help` says of serve: {serve:?}, without {kind}");
+    }
+}

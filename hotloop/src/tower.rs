@@ -5,7 +5,7 @@
 //! `AddExtension`, CORS, compression, tracing, request ids, body limits,
 //! `ConcurrencyLimit`, `Buffer`-free stacks). The ones that sleep call
 //! `tokio::time`, which needs a tokio runtime's timer driver that hotloop
-//! workers do not run: tower's `timeout::TimeoutLayer` and
+//! workers do not run without the feature `tokio-time`: tower's `timeout::TimeoutLayer` and
 //! `limit::RateLimitLayer`, tower-http's `timeout::TimeoutLayer`, and
 //! anything built on `tokio::time::sleep` panic there ("there is no
 //! reactor running"). Use [`TimeoutLayer`] instead of the timeout layers.

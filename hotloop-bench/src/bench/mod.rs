@@ -74,7 +74,8 @@ pub const STATS_TIMEOUT_MS: u64 = 2_000;
 /// `hotloop-bench bench`: the benchmark suite.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Small counts and short runs: the whole suite in under two minutes.
+    /// Small counts and short runs: the whole suite in a few minutes
+    /// (configurations that would start late are skipped).
     #[arg(long)]
     pub quick: bool,
     /// Scenarios to run, comma-separated (default: all).

@@ -4,8 +4,10 @@
 //! The probe asks the kernel rather than trusting a version number where it
 //! can: it reads the `kernel.io_uring_disabled` sysctl, creates a small ring
 //! (which is what seccomp filters and the sysctl actually block), checks the
-//! ring's feature bits and asks `IORING_REGISTER_PROBE` for every opcode the
-//! driver submits. Multishot accept is a flag on `IORING_OP_ACCEPT`, which
+//! ring's feature bits and asks `IORING_REGISTER_PROBE` for the socket
+//! opcodes every connection needs (file opcodes are asked one by one,
+//! [`opcode_supported`], where a file operation would use them).
+//! Multishot accept is a flag on `IORING_OP_ACCEPT`, which
 //! the opcode probe cannot see, so only that one is decided by the kernel
 //! release (5.19 or later).
 //!

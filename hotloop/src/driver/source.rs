@@ -219,6 +219,27 @@ impl StreamSource {
         each!(StreamSource, self, s => s.poll_read_uninit(cx, buf))
     }
 
+    /// Reads into the unfilled part of a tokio `ReadBuf` without zeroing
+    /// it first (the `AsyncRead` impls: zeroing the caller's spare room on
+    /// every read would cost more than the read's copy). Here, beside the
+    /// backends, because its `unsafe` rests on what they promise.
+    #[cfg(feature = "tokio-io")]
+    pub(crate) fn poll_read_buf(
+        &self,
+        cx: &mut TaskContext<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        // SAFETY: both backends write only initialised bytes into `dst`
+        // and never de-initialise any, as `unfilled_mut` requires.
+        let dst = unsafe { buf.unfilled_mut() };
+        let n = std::task::ready!(self.poll_read_uninit(cx, dst))?;
+        // SAFETY: `poll_read_uninit` returned `n`: it wrote the first `n`
+        // bytes of the unfilled part.
+        unsafe { buf.assume_init(n) };
+        buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+
     /// Writes from a borrowed slice, for the poll-based I/O traits.
     pub(crate) fn poll_write_slice(
         &self,

@@ -66,26 +66,6 @@ macro_rules! poll_forms {
 poll_forms!(TcpStream);
 poll_forms!(UnixStream);
 
-/// Reads from `src` into the unfilled part of a tokio `ReadBuf` without
-/// zeroing it first (the `AsyncRead` impls: zeroing the caller's spare room
-/// on every read would cost more than the read's copy).
-#[cfg(feature = "tokio-io")]
-pub(crate) fn poll_read_tokio(
-    src: &crate::driver::StreamSource,
-    cx: &mut std::task::Context<'_>,
-    buf: &mut tokio::io::ReadBuf<'_>,
-) -> std::task::Poll<std::io::Result<()>> {
-    // SAFETY: the driver only writes initialised bytes into `dst` (it never
-    // de-initialises any), as `unfilled_mut` requires.
-    let dst = unsafe { buf.unfilled_mut() };
-    let n = std::task::ready!(src.poll_read_uninit(cx, dst))?;
-    // SAFETY: `poll_read_uninit` returned `n`: it wrote the first `n`
-    // bytes of the unfilled part.
-    unsafe { buf.assume_init(n) };
-    buf.advance(n);
-    std::task::Poll::Ready(Ok(()))
-}
-
 #[cfg(feature = "tokio-io")]
 mod tokio_impls {
     use super::*;
@@ -101,7 +81,7 @@ mod tokio_impls {
                     buf: &mut ReadBuf<'_>,
                 ) -> Poll<io::Result<()>> {
                     // Into the spare room as it is: no zeroing first.
-                    super::poll_read_tokio(self.core().source(), cx, buf)
+                    self.core().source().poll_read_buf(cx, buf)
                 }
             }
 

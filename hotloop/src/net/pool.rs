@@ -4,7 +4,9 @@
 //! from its worker's pool only when data is there to read. It is built on
 //! the driver's readiness primitive: try a non-blocking read into a pooled
 //! buffer, and on `WouldBlock` put the buffer back and wait for readiness
-//! (an epoll edge, or an io_uring `POLL_ADD`), which holds no buffer. Ten
+//! (an epoll edge; on io_uring, bytes in the socket's queue that its
+//! multishot receive fills, or a `POLL_ADD` without a buffer ring), which
+//! holds no buffer. Ten
 //! thousand idle connections then cost ten thousand parked tasks, not ten
 //! thousand buffers, on either driver.
 

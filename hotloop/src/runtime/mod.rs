@@ -160,8 +160,9 @@ impl Builder {
         self
     }
 
-    /// Starts the workers. Worker 0 runs on the calling thread inside
-    /// [`Runtime::block_on`]; the others start now on threads of their own.
+    /// Starts every worker now on a thread of its own, and returns once
+    /// each has its driver. [`Runtime::block_on`] runs on the calling thread
+    /// instead, in a context of its own (its own driver and wheel).
     pub fn build(self) -> io::Result<Runtime> {
         let config = self.config;
         let shared: Vec<Arc<WorkerShared>> =

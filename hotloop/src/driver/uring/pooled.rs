@@ -10,8 +10,9 @@
 //!   names the ring buffer it filled. The driver copies those bytes into the
 //!   queue's own chunk list and gives the buffer straight back, so the ring
 //!   is never held by a slow reader.
-//! - `try_recv` copies from the queue (as much as fits, across chunks) and
-//!   says `WouldBlock` when it is empty; `readable` waits until it is not.
+//! - `stream_recv` (behind the stream's `try_recv`) copies from the queue
+//!   (as much as fits, across chunks) and says `WouldBlock` when it is
+//!   empty; `stream_ready` (behind `poll_readable`) waits until it is not.
 //!   An emptied queue's block goes to a small per-driver list of spares
 //!   that the next arrival on any socket takes, so a request costs no
 //!   allocation and an idle socket holds no block.
