@@ -382,45 +382,69 @@ impl Driver {
         }
     }
 
-    /// Sends `buf[sent..]` on `fd` after its stream is gone: the rest of a
-    /// written-behind write that was waiting for room when the stream was
-    /// dropped.
-    fn linger_send(&self, fd: &SharedFd, buf: Vec<u8>, sent: usize) {
-        if sent >= buf.len() {
+    /// Sends `buf[sent..]` on `fd` after its stream stopped waiting for
+    /// it: the rest of a written-behind write that was waiting for room
+    /// when the stream was dropped (or, with `handover`, shut down in
+    /// both directions).
+    fn linger_send(
+        &self,
+        fd: &SharedFd,
+        buf: Vec<u8>,
+        sent: usize,
+        handover: Option<Rc<linger::Handover>>,
+    ) {
+        let mut write = linger::LingeringWrite::new(
+            buf,
+            sent,
+            fd.clone(),
+            Instant::now() + WRITE_LINGER,
+            handover,
+        );
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            // Inside a destructor the driver runs: the bytes cannot go, so
+            // the peer is told (the kernel never had this buffer).
+            drop(write.finish());
             return;
-        }
-        let write =
-            linger::LingeringWrite::new(buf, sent, fd.clone(), Instant::now() + WRITE_LINGER);
-        let entry = write.send_entry();
-        if let Ok(mut st) = self.state.try_borrow_mut() {
-            st.start_lingering(Box::new(write), entry);
+        };
+        match write.first_entry() {
+            Some(entry) => st.start_lingering(Box::new(write), entry),
+            None => drop(write.finish()),
         }
     }
 
-    /// Outside its runtime nobody will enter the ring again soon: submit
-    /// what is queued and reap until no cancelled operation is left (or
-    /// [`SETTLE_MAX`] has passed), so a dropped socket really closes.
+    /// The runtime leaves this thread (`block_on` returns, a worker stops,
+    /// a runtime is dropped): from now on nobody enters the ring until it
+    /// comes back, so what it still owes is settled here.
+    pub(crate) fn leave(&self) {
+        self.entered.set(false);
+        self.settle();
+    }
+
+    /// Outside its runtime's turn nobody else enters the ring, so the
+    /// calling thread drives it, waiting in the ring for each completion
+    /// (never spinning): until every cancelled operation has ended (at
+    /// most [`SETTLE_MAX`]), so a dropped socket really closes, and until
+    /// every lingering write has ended, its bytes all in the kernel, its
+    /// socket failed, or its deadline ([`WRITE_LINGER`]) passed and cut
+    /// it. A stream reported those bytes written while they were still in
+    /// user space, where no close of the kernel's sends them: this is the
+    /// close that waits, as one with `SO_LINGER` does.
     fn settle(&self) {
         if self.entered.get() {
             return;
         }
-        let deadline = Instant::now() + SETTLE_MAX;
+        let cancels_until = Instant::now() + SETTLE_MAX;
         loop {
             let mut woken = Vec::new();
             let mut freed = Vec::new();
-            let busy = match self.state.try_borrow_mut() {
-                Ok(mut st) => {
-                    let _ = st.poll(Park::Skip, &mut woken, &mut freed);
-                    st.ops.iter().any(|(_, s)| s.held_by_kernel() && !s.is_waiting())
-                        || st.streams.iter().any(|(_, s)| s.is_orphaned())
-                }
+            let more = match self.state.try_borrow_mut() {
+                Ok(mut st) => st.settle_step(cancels_until, &mut woken, &mut freed),
                 Err(_) => false,
             };
             self.release(&mut woken, &mut freed);
-            if !busy || Instant::now() >= deadline {
+            if !more {
                 return;
             }
-            std::thread::sleep(Duration::from_micros(200));
         }
     }
 }
