@@ -201,13 +201,14 @@ impl WriteBehind {
     /// and cuts nothing. Returns false if no send was in flight (the
     /// caller shuts both sides itself).
     pub(super) fn hand_over(&mut self, sock: &SourceCore) -> bool {
+        match self.write {
+            Pending::Idle => return false,
+            Pending::HandedOver(_) => return true,
+            Pending::Send(_) | Pending::Writable(_) => {}
+        }
         let handover = Rc::new(Handover::default());
         match std::mem::replace(&mut self.write, Pending::Idle) {
-            Pending::Idle => return false,
-            Pending::HandedOver(earlier) => {
-                self.write = Pending::HandedOver(earlier);
-                return true;
-            }
+            Pending::Idle | Pending::HandedOver(_) => {}
             Pending::Send(op) => op.linger(self.sent, Some(handover.clone())),
             Pending::Writable(wait) => {
                 drop(wait);
