@@ -243,7 +243,9 @@ impl Drop for EnterGuard {
     fn drop(&mut self) {
         match &self.driver {
             Driver::Epoll(d) => d.entered().set(false),
-            Driver::Uring(d) => d.entered().set(false),
+            // Nobody enters the ring until the runtime comes back: it
+            // settles what it still owes first (`uring::Driver::leave`).
+            Driver::Uring(d) => d.leave(),
         }
     }
 }

@@ -111,7 +111,8 @@ impl Uring {
                 // this slot.
                 Some(entry) => self.ring.push(entry.user_data(user_data)),
                 None => {
-                    if let Some(Lifecycle::Lingering(write)) = self.ops.remove(key) {
+                    if let Some(Lifecycle::Lingering(mut write)) = self.ops.remove(key) {
+                        woken.extend(write.finish());
                         freed.push(write);
                     }
                 }

@@ -18,9 +18,10 @@
 //!   single-shot operation. (A stream's multishot receive goes through
 //!   the same stages, but in its stream's own slot: `pooled.rs`.)
 //! - A **lingering** write is the rest of a written-behind send whose
-//!   stream was dropped (`linger.rs`): each completion submits its next
-//!   part under the same key until all is sent, the socket fails, or its
-//!   deadline passes.
+//!   stream no longer waits for it (dropped, or shut down in both
+//!   directions; `linger.rs`): each completion submits its next part
+//!   under the same key until all is sent (then, after a shutdown, the
+//!   write side's), the socket fails, or its deadline passes.
 //!
 //! ```text
 //! single-shot:  Waiting{submitted: false} --enter--> Waiting{submitted: true} --completion--> Completed
@@ -88,7 +89,7 @@ pub(super) enum Lifecycle {
         #[allow(dead_code)]
         fd: SharedFd,
     },
-    /// The rest of a written-behind send whose stream was dropped.
+    /// The rest of a written-behind send whose stream no longer waits for it.
     Lingering(Box<LingeringWrite>),
 }
 

@@ -1,9 +1,28 @@
-//! The rest of a written-behind send whose stream was dropped: the driver
+//! The rest of a written-behind send that its stream no longer waits for
+//! (the stream was dropped, or shut down in both directions): the driver
 //! keeps it going, part after part, under one operation key, until every
-//! byte is sent, the socket fails or its deadline passes.
+//! byte is in the kernel, the socket fails or its deadline passes.
+//!
+//! # Implementation notes
+//! - The stream reported these bytes written, so they reach the kernel
+//!   or the connection is reset. A write that ends short (the socket
+//!   failed, or its deadline cut it) sets `SO_LINGER` to zero and
+//!   disconnects the socket (`connect(2)` to `AF_UNSPEC`, which resets a
+//!   TCP connection at once, even while a stream still holds the
+//!   descriptor): a plain close would send the end of stream after the
+//!   bytes the kernel has, and the peer would take a cut stream for a
+//!   complete one.
+//! - A write handed over by a shutdown of both directions shuts the write
+//!   side once its last byte is in the kernel, so the end of stream follows
+//!   the data (as the kernel sends the bytes it holds before the FIN), and
+//!   tells the stream how it ended ([`Handover`]), for the stream's flush.
 
+use std::cell::Cell;
+use std::io;
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::rc::Rc;
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types};
 
@@ -16,8 +35,19 @@ pub(super) fn send_entry(fd: std::os::fd::RawFd, bytes: &[u8]) -> squeue::Entry 
         .build()
 }
 
-/// The rest of a written-behind send whose stream was dropped, kept going
-/// by the driver (its slot's state in `op.rs`).
+/// What the entry in flight does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Sends `buf[sent..]`.
+    Send,
+    /// Waits for room (`POLLOUT`) after the kernel answered `EAGAIN`.
+    AwaitRoom,
+    /// Shuts the write side, after the last byte (a handover only).
+    ShutWrite,
+}
+
+/// The rest of a written-behind send whose stream no longer waits for it,
+/// kept going by the driver (its slot's state in `lifecycle.rs`).
 pub(super) struct LingeringWrite {
     /// The bytes and how many of them the kernel has taken.
     buf: Vec<u8>,
@@ -26,19 +56,74 @@ pub(super) struct LingeringWrite {
     fd: SharedFd,
     /// When the rest is given up.
     deadline: Instant,
-    /// True while the entry in flight is a `POLLOUT` wait, not a send.
-    awaiting_room: bool,
+    step: Step,
+    /// Why the write ended short (an `errno`); 0 otherwise.
+    errno: i32,
+    /// The stream's side of a write a shutdown of both directions handed
+    /// over: the write side is shut after the last byte.
+    handover: Option<Rc<Handover>>,
+}
+
+/// How a write that its stream handed over (a shutdown of both
+/// directions) ends, kept for the stream's flush.
+#[derive(Default)]
+pub(super) struct Handover {
+    /// `None` while the write goes on; then 0 if every byte reached the
+    /// kernel and the write side was shut, else the `errno` that ended it.
+    outcome: Cell<Option<i32>>,
+    /// The flush waiting for the outcome.
+    waker: Cell<Option<Waker>>,
+}
+
+impl Handover {
+    /// Ready once the handed-over write has ended: `Ok` if every byte
+    /// reached the kernel before the write side was shut.
+    pub(super) fn poll(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        match self.outcome.get() {
+            Some(0) => Poll::Ready(Ok(())),
+            Some(errno) => Poll::Ready(Err(io::Error::from_raw_os_error(errno))),
+            None => {
+                self.waker.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Records the outcome; returns the waker of the flush waiting for it.
+    fn end(&self, errno: i32) -> Option<Waker> {
+        self.outcome.set(Some(errno));
+        self.waker.take()
+    }
 }
 
 impl LingeringWrite {
-    /// A lingering write of `buf[sent..]` on `fd`, given up at `deadline`.
-    pub(super) fn new(buf: Vec<u8>, sent: usize, fd: SharedFd, deadline: Instant) -> Self {
-        LingeringWrite { buf, sent, fd, deadline, awaiting_room: false }
+    /// A lingering write of `buf[sent..]` on `fd`, given up at `deadline`;
+    /// with `handover`, the write side is shut after the last byte.
+    pub(super) fn new(
+        buf: Vec<u8>,
+        sent: usize,
+        fd: SharedFd,
+        deadline: Instant,
+        handover: Option<Rc<Handover>>,
+    ) -> Self {
+        LingeringWrite { buf, sent, fd, deadline, step: Step::Send, errno: 0, handover }
     }
 
-    /// The entry that sends what is left (the first, or after a part).
-    pub(super) fn send_entry(&self) -> squeue::Entry {
-        send_entry(self.fd.as_raw_fd(), &self.buf[self.sent..])
+    /// The entry that goes on from here: the send of what is left or, once
+    /// all is sent, the shutdown a handover asks for; `None` when nothing
+    /// is left to do (then [`LingeringWrite::finish`] ends it).
+    pub(super) fn first_entry(&mut self) -> Option<squeue::Entry> {
+        if self.sent < self.buf.len() {
+            self.step = Step::Send;
+            return Some(send_entry(self.fd.as_raw_fd(), &self.buf[self.sent..]));
+        }
+        if self.handover.is_some() && self.step != Step::ShutWrite {
+            self.step = Step::ShutWrite;
+            return Some(
+                opcode::Shutdown::new(types::Fd(self.fd.as_raw_fd()), libc::SHUT_WR).build(),
+            );
+        }
+        None
     }
 
     /// When the rest is given up.
@@ -48,34 +133,98 @@ impl LingeringWrite {
 
     /// Takes the result `res` of the entry in flight; returns the next
     /// entry to submit under the same key, or `None` when the write is
-    /// over (all sent, failed, or past its deadline).
+    /// over (all sent, failed, or past its deadline): then
+    /// [`LingeringWrite::finish`] ends it.
     ///
     /// The returned entry points into `self.buf`, which stays in the
     /// driver's slot, at the same heap address, until the next completion.
     pub(super) fn next_entry(&mut self, res: i32) -> Option<squeue::Entry> {
-        if self.awaiting_room {
-            self.awaiting_room = false;
-            if res < 0 {
+        match self.step {
+            Step::ShutWrite => {
+                self.errno = -res.min(0);
                 return None;
             }
-        } else if res > 0 {
-            self.sent += res as usize;
-        } else if res == -libc::EAGAIN || res == -libc::EINTR {
-            if Instant::now() >= self.deadline {
+            Step::AwaitRoom if res < 0 => {
+                self.errno = cut_or(-res);
                 return None;
             }
-            self.awaiting_room = true;
-            return Some(
-                opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLOUT as u32).build(),
-            );
-        } else {
-            // The peer is gone (an error) or took nothing (0): nothing
-            // more can be delivered.
+            Step::AwaitRoom => {}
+            Step::Send if res > 0 => self.sent += res as usize,
+            Step::Send if res == -libc::EAGAIN || res == -libc::EINTR => {
+                if Instant::now() >= self.deadline {
+                    self.errno = libc::ETIMEDOUT;
+                    return None;
+                }
+                self.step = Step::AwaitRoom;
+                return Some(
+                    opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLOUT as u32)
+                        .build(),
+                );
+            }
+            // The peer is gone (an error), took nothing (0), or the
+            // deadline cut the send (`ECANCELED`): nothing more goes.
+            Step::Send => {
+                self.errno = if res < 0 { cut_or(-res) } else { libc::EPIPE };
+                return None;
+            }
+        }
+        if self.sent < self.buf.len() && Instant::now() >= self.deadline {
+            self.errno = libc::ETIMEDOUT;
             return None;
         }
-        if self.sent >= self.buf.len() || Instant::now() >= self.deadline {
-            return None;
-        }
-        Some(self.send_entry())
+        self.first_entry()
     }
+
+    /// Ends the write: one that ended short resets the connection, so the
+    /// peer never takes what it got for the whole stream. Returns the
+    /// waker of a flush waiting for its outcome.
+    pub(super) fn finish(&mut self) -> Option<Waker> {
+        if self.sent < self.buf.len() && self.errno == 0 {
+            self.errno = libc::ETIMEDOUT;
+        }
+        if self.errno != 0 {
+            abort(&self.fd);
+        }
+        self.handover.take().and_then(|h| h.end(self.errno))
+    }
+
+    /// Gives the write up where the driver cannot keep it (its state is
+    /// borrowed, or the slot is gone): the connection is reset, and the
+    /// buffer leaked, since the kernel may still read it.
+    pub(super) fn abandon(mut self) {
+        self.errno = libc::EIO;
+        drop(self.finish());
+        std::mem::forget(self);
+    }
+}
+
+/// The `errno` a lingering write reports for `errno`: a send the deadline
+/// cut (cancelled) timed out.
+fn cut_or(errno: i32) -> i32 {
+    if errno == libc::ECANCELED {
+        libc::ETIMEDOUT
+    } else {
+        errno
+    }
+}
+
+/// Resets the connection on `fd`: its peer reads an error, never a clean
+/// end of stream after a cut.
+fn abort(fd: &SharedFd) {
+    // Whoever closes the descriptor last then resets the connection.
+    let _ = socket2::SockRef::from(&**fd).set_linger(Some(Duration::ZERO));
+    // The reset goes now, while a stream may still hold the descriptor:
+    // `connect(2)` to `AF_UNSPEC` disconnects a TCP socket, with a reset
+    // from an open state. Other sockets refuse it and reset (or end) at
+    // the close.
+    let unspec =
+        libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
+    // SAFETY: passes a live `sockaddr` and its size; connect(2) only reads it.
+    unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
 }

@@ -50,6 +50,16 @@
 //! - Dropping the driver cancels everything in flight and waits (at most
 //!   [`DRAIN_ON_DROP_MAX`]) for the last completions, so no memory the
 //!   kernel may still write is freed and no accepted descriptor leaks.
+//! - A byte a stream reported written is delivered or the connection is
+//!   reset, within [`WRITE_LINGER`]: a written-behind send the stream no
+//!   longer waits for (dropped, or shut down in both directions) lingers
+//!   in the driver (`linger.rs`). The ring is driven until it ends by
+//!   whoever is on the thread: the worker's loop while the runtime runs;
+//!   off its turn, the thread that drops a socket ([`Driver::settle`]);
+//!   the thread the runtime leaves ([`Driver::leave`]: `block_on`
+//!   returning, a worker stopping, a runtime dropped); and the driver's
+//!   own drop. Each waits in the ring, never spins, and ends at the
+//!   deadline at the latest.
 //!
 //! Architecture invariant: nothing but the worker's own thread touches the
 //! ring (`SINGLE_ISSUER` makes the kernel enforce it).
@@ -57,12 +67,13 @@
 //! # Layout
 //! This file defines the state every module here extends (`Driver`, its
 //! `Uring`, `SharedFd`) and the driver's own entry points (`poll`,
-//! `settle`). Beneath it, imports run one way: each module names only
-//! modules before it in this list, bottom to top (`tests/layering.rs`
-//! checks it):
+//! `leave`, `settle`). Beneath it, imports run one way: each module names
+//! only modules before it in this list, bottom to top
+//! (`tests/layering.rs` checks it):
 //!
 //! 1. `bufring`: provided-buffer rings.
-//! 2. `linger`: the rest of a written-behind send after its stream is gone.
+//! 2. `linger`: the rest of a written-behind send its stream no longer
+//!    waits for (dropped, or shut down in both directions).
 //! 3. `unclaimed`: descriptors the kernel hands back that nobody will take.
 //! 4. `lifecycle`: an operation's slot states.
 //! 5. `ring`: setup, the pending list, the one enter per turn.
@@ -70,7 +81,8 @@
 //! 7. `accept`, `pooled`, `dgram`: the multishot queues of listeners,
 //!    streams and datagram sockets.
 //! 8. `dispatch`: delivering each completion; `turn`: one turn of the
-//!    ring; `teardown`: dropping the driver.
+//!    ring, and the waits of a ring driven off its turn; `teardown`:
+//!    dropping the driver.
 //! 9. `source`: the descriptor and driver every socket role holds, and its
 //!    ring entries.
 //! 10. `readiness`, `listener`: the watched descriptor and the listener.
@@ -132,12 +144,15 @@ pub(crate) type SharedFd = Rc<OwnedFd>;
 /// A file shared by its handle and the operations the kernel holds on it.
 pub(crate) type SharedFile = Arc<File>;
 
-/// How long dropping the driver waits for cancelled operations to complete.
+/// How long dropping the driver waits for cancelled operations to complete
+/// (counted from the drop, or from the deadline of the last lingering
+/// write, which it waits for first).
 const DRAIN_ON_DROP_MAX: Duration = Duration::from_secs(1);
 /// Nanoseconds per second, for the deadline timer's `timespec`.
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// How long a socket dropped outside its runtime waits for its cancelled
-/// operations, so that it closes (and its peer sees the end) at once.
+/// operations, so that it closes (and its peer sees the end) at once; and
+/// how long a lingering write cut at its deadline waits for its cancel.
 const SETTLE_MAX: Duration = Duration::from_millis(100);
 /// The most completions a poll may have handled for the stream writes
 /// after it to go out as direct sends; beyond it they are ring entries
@@ -146,9 +161,11 @@ const SETTLE_MAX: Duration = Duration::from_millis(100);
 /// CPU, while at 16 or 256 busy connections batched entries cost 5-8%
 /// less CPU per request than a system call each.
 const DIRECT_SEND_COMPLETIONS_MAX: usize = 2;
-/// How long a write the stream accepted keeps going after the stream is
-/// dropped before it is cancelled (a peer that never reads cannot hold the
-/// socket for longer).
+/// The send deadline: how long a write the stream accepted keeps going
+/// after the stream stopped waiting for it (dropped, or shut down in both
+/// directions) before it is cut and the connection reset (a peer that
+/// never reads cannot hold the socket, or a thread driving the ring off
+/// its turn, for longer).
 pub(crate) const WRITE_LINGER: Duration = Duration::from_secs(5);
 
 /// One worker's io_uring driver.
@@ -382,45 +399,69 @@ impl Driver {
         }
     }
 
-    /// Sends `buf[sent..]` on `fd` after its stream is gone: the rest of a
-    /// written-behind write that was waiting for room when the stream was
-    /// dropped.
-    fn linger_send(&self, fd: &SharedFd, buf: Vec<u8>, sent: usize) {
-        if sent >= buf.len() {
+    /// Sends `buf[sent..]` on `fd` after its stream stopped waiting for
+    /// it: the rest of a written-behind write that was waiting for room
+    /// when the stream was dropped (or, with `handover`, shut down in
+    /// both directions).
+    fn linger_send(
+        &self,
+        fd: &SharedFd,
+        buf: Vec<u8>,
+        sent: usize,
+        handover: Option<Rc<linger::Handover>>,
+    ) {
+        let mut write = linger::LingeringWrite::new(
+            buf,
+            sent,
+            fd.clone(),
+            Instant::now() + WRITE_LINGER,
+            handover,
+        );
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            // Inside a destructor the driver runs: the bytes cannot go, so
+            // the peer is told (the kernel never had this buffer).
+            drop(write.finish());
             return;
-        }
-        let write =
-            linger::LingeringWrite::new(buf, sent, fd.clone(), Instant::now() + WRITE_LINGER);
-        let entry = write.send_entry();
-        if let Ok(mut st) = self.state.try_borrow_mut() {
-            st.start_lingering(Box::new(write), entry);
+        };
+        match write.first_entry() {
+            Some(entry) => st.start_lingering(Box::new(write), entry),
+            None => drop(write.finish()),
         }
     }
 
-    /// Outside its runtime nobody will enter the ring again soon: submit
-    /// what is queued and reap until no cancelled operation is left (or
-    /// [`SETTLE_MAX`] has passed), so a dropped socket really closes.
+    /// The runtime leaves this thread (`block_on` returns, a worker stops,
+    /// a runtime is dropped): from now on nobody enters the ring until it
+    /// comes back, so what it still owes is settled here.
+    pub(crate) fn leave(&self) {
+        self.entered.set(false);
+        self.settle();
+    }
+
+    /// Outside its runtime's turn nobody else enters the ring, so the
+    /// calling thread drives it, waiting in the ring for each completion
+    /// (never spinning): until every cancelled operation has ended (at
+    /// most [`SETTLE_MAX`]), so a dropped socket really closes, and until
+    /// every lingering write has ended, its bytes all in the kernel, its
+    /// socket failed, or its deadline ([`WRITE_LINGER`]) passed and cut
+    /// it. A stream reported those bytes written while they were still in
+    /// user space, where no close of the kernel's sends them: this is the
+    /// close that waits, as one with `SO_LINGER` does.
     fn settle(&self) {
         if self.entered.get() {
             return;
         }
-        let deadline = Instant::now() + SETTLE_MAX;
+        let cancels_until = Instant::now() + SETTLE_MAX;
         loop {
             let mut woken = Vec::new();
             let mut freed = Vec::new();
-            let busy = match self.state.try_borrow_mut() {
-                Ok(mut st) => {
-                    let _ = st.poll(Park::Skip, &mut woken, &mut freed);
-                    st.ops.iter().any(|(_, s)| s.held_by_kernel() && !s.is_waiting())
-                        || st.streams.iter().any(|(_, s)| s.is_orphaned())
-                }
+            let more = match self.state.try_borrow_mut() {
+                Ok(mut st) => st.settle_step(cancels_until, &mut woken, &mut freed),
                 Err(_) => false,
             };
             self.release(&mut woken, &mut freed);
-            if !busy || Instant::now() >= deadline {
+            if !more {
                 return;
             }
-            std::thread::sleep(Duration::from_micros(200));
         }
     }
 }

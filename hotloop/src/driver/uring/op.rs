@@ -23,7 +23,7 @@ use std::time::Instant;
 use io_uring::squeue;
 
 use super::lifecycle::{Cqe, Lifecycle};
-use super::linger::LingeringWrite;
+use super::linger::{Handover, LingeringWrite};
 use super::unclaimed::{self, OpenPath};
 use super::{Driver, SharedFd, Uring, WRITE_LINGER};
 use crate::driver::park::not_running;
@@ -257,15 +257,16 @@ impl Op<()> {
 impl Op<Vec<u8>> {
     /// Hands a written-behind send, of which the kernel has taken `sent`
     /// bytes so far, to the driver, which sends the rest after this future
-    /// is gone (its stream is being dropped): for at most [`WRITE_LINGER`].
-    pub(super) fn linger(mut self, sent: usize) {
+    /// is gone (its stream is being dropped, or, with `handover`, shut
+    /// down in both directions): for at most [`WRITE_LINGER`].
+    pub(super) fn linger(mut self, sent: usize, handover: Option<Rc<Handover>>) {
         let Some((buf, Some(fd))) = self.data.take() else { return };
-        let write = LingeringWrite::new(buf, sent, fd, Instant::now() + WRITE_LINGER);
+        let write = LingeringWrite::new(buf, sent, fd, Instant::now() + WRITE_LINGER, handover);
         match self.driver.state.try_borrow_mut() {
             Ok(mut st) => st.linger(self.key, write),
             // Dropped from a destructor the driver runs: the kernel may
             // still use the buffer, so it is leaked rather than freed.
-            Err(_) => std::mem::forget(write),
+            Err(_) => write.abandon(),
         }
     }
 }
@@ -275,7 +276,7 @@ impl Uring {
     /// after its future is gone.
     fn linger(&mut self, key: Key, mut write: LingeringWrite) {
         let Some(state) = self.ops.get_mut(key) else {
-            std::mem::forget(write);
+            write.abandon();
             return;
         };
         match state {
@@ -288,11 +289,13 @@ impl Uring {
             Lifecycle::Completed(cqe) => {
                 let res = cqe.res;
                 self.ops.remove(key);
-                if let Some(entry) = write.next_entry(res) {
-                    self.start_lingering(Box::new(write), entry);
+                match write.next_entry(res) {
+                    Some(entry) => self.start_lingering(Box::new(write), entry),
+                    // Nobody waits on a handover made just now.
+                    None => drop(write.finish()),
                 }
             }
-            _ => std::mem::forget(write),
+            _ => write.abandon(),
         }
     }
 

@@ -206,17 +206,21 @@ impl StreamSource {
 
     /// Shuts down one or both directions of a connection.
     pub(crate) async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
-        // A write-side shutdown comes after the bytes written behind (the
-        // peer's end of stream follows the data, as on epoll). Shutting
-        // down both sides is how a connection is cut, and waits for
-        // nothing: a peer that never reads must not hold it.
-        if how == std::net::Shutdown::Write {
-            self.flush_written_behind().await?;
-        }
         let how = match how {
-            std::net::Shutdown::Read => libc::SHUT_RD,
-            std::net::Shutdown::Write => libc::SHUT_WR,
+            // The end of stream comes after the bytes written behind, as on
+            // epoll, where the kernel holds them.
+            std::net::Shutdown::Write => {
+                self.flush_written_behind().await?;
+                libc::SHUT_WR
+            }
+            // Shutting down both sides is how a connection is cut: it waits
+            // for no peer, and cuts nothing either. A send still in flight
+            // goes to the driver, which shuts the write side after its last
+            // byte (as the kernel sends its buffered bytes before the FIN),
+            // within the send deadline; only the read side is shut now.
+            std::net::Shutdown::Both if self.hand_over_written_behind() => libc::SHUT_RD,
             std::net::Shutdown::Both => libc::SHUT_RDWR,
+            std::net::Shutdown::Read => libc::SHUT_RD,
         };
         let entry = opcode::Shutdown::new(self.core.raw(), how).build();
         // SAFETY: a shutdown entry points at no memory.
@@ -336,6 +340,13 @@ impl StreamSource {
         if lent.wb.as_ref().is_some_and(|wb| !wb.is_writing()) {
             lent.wb = None;
         }
+    }
+
+    /// Hands a borrowed-slice write still in flight to the driver, which
+    /// shuts the write side after it (see [`WriteBehind::hand_over`]);
+    /// false if none was in flight.
+    fn hand_over_written_behind(&self) -> bool {
+        self.lend_write_behind().wb.as_mut().is_some_and(|wb| wb.hand_over(&self.core))
     }
 
     /// True while a borrowed-slice write is in flight.

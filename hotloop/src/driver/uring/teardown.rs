@@ -1,13 +1,12 @@
-//! Tearing the driver down: everything in flight is cancelled (writes of
-//! dropped streams get half the time to finish) and waited for, so no
-//! memory the kernel may still write is freed.
+//! Tearing the driver down: everything in flight is cancelled and waited
+//! for, so no memory the kernel may still write is freed; lingering writes
+//! go on until their bytes are in the kernel or their deadline cuts them.
 
 use std::time::{Duration, Instant};
 
 use super::lifecycle::Lifecycle;
 use super::ring::WAKE_USER_DATA;
 use super::{accept, pooled, Uring, DRAIN_ON_DROP_MAX};
-use crate::slab::Key;
 
 impl Drop for Uring {
     fn drop(&mut self) {
@@ -24,36 +23,42 @@ impl Drop for Uring {
         for key in self.dgrams.keys() {
             self.release_dgrams(key);
         }
-        // Writes that dropped streams left running get half the drain time
-        // to finish, as the kernel would send a closed socket's buffered
-        // bytes; everything else is cancelled now.
-        let lingering: Vec<Key> = self.lingering.drain(..).map(|(_, k)| k).collect();
+        // Everything but the lingering writes is cancelled now. A lingering
+        // write carries bytes its stream reported written: a closed
+        // socket's kernel buffer would still be sent (which is why tokio's
+        // drop waits for nothing), but these are in user space, so the ring
+        // is driven until they are in the kernel, the socket fails, or the
+        // write's deadline cuts it (and resets its connection).
         for key in self.ops.keys() {
-            if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) && !lingering.contains(&key)
-            {
+            let cancel = self
+                .ops
+                .get(key)
+                .is_some_and(|s| s.held_by_kernel() && !matches!(s, Lifecycle::Lingering(_)));
+            if cancel {
                 self.ring.push_cancel(key);
             }
         }
         self.ring.push_cancel_user_data(WAKE_USER_DATA);
-        let start = Instant::now();
-        let deadline = start + DRAIN_ON_DROP_MAX;
-        let mut lingering = Some(lingering);
+        let mut drain_until = Instant::now() + DRAIN_ON_DROP_MAX;
         let mut woken = Vec::new();
         let mut freed = Vec::new();
-        while self.kernel_holds_any() && Instant::now() < deadline {
-            if Instant::now() >= start + DRAIN_ON_DROP_MAX / 2 {
-                for key in lingering.take().unwrap_or_default() {
-                    if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
-                        self.ring.push_cancel(key);
-                    }
-                }
+        loop {
+            self.cancel_expired_lingerers();
+            let lingering = self.first_lingering();
+            if let Some(deadline) = lingering {
+                // Its cut's cancel gets the drain time after the deadline.
+                drain_until = drain_until.max(deadline + DRAIN_ON_DROP_MAX);
             }
+            let now = Instant::now();
+            if !self.kernel_holds_any() || now >= drain_until {
+                break;
+            }
+            // Wait in the ring until the next completion, or the first
+            // deadline (never a zero wait, which would spin).
+            let until = lingering.filter(|&d| d > now).unwrap_or(drain_until);
+            let wait = until.saturating_duration_since(now).max(Duration::from_micros(100));
             let (ops, streams) = (&mut self.ops, &mut self.streams);
-            if self
-                .ring
-                .enter(Some(Duration::from_millis(10)), |ud| pooled::admit(ops, streams, ud))
-                .is_err()
-            {
+            if self.ring.enter(Some(wait), |ud| pooled::admit(ops, streams, ud)).is_err() {
                 break;
             }
             self.reap(&mut woken, &mut freed);

@@ -1,5 +1,6 @@
 //! One turn of the ring: the worker's wake poll, the deadline timer,
-//! the lingering writes' deadlines, then submit and wait.
+//! the lingering writes' deadlines, then submit and wait; and the waits of
+//! a ring driven off its runtime's turn (`Driver::settle`).
 
 use std::any::Any;
 use std::io;
@@ -10,7 +11,7 @@ use io_uring::{opcode, types};
 
 use super::lifecycle::Lifecycle;
 use super::ring::{TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
-use super::{pooled, Uring, NANOS_PER_SEC};
+use super::{pooled, Uring, NANOS_PER_SEC, SETTLE_MAX};
 use crate::driver::park::Park;
 use crate::stats;
 use crate::sys;
@@ -65,12 +66,12 @@ impl Uring {
             self.arm_wake();
         }
         self.cancel_expired_lingerers();
-        let timeout = match (park, self.lingering.front()) {
+        let timeout = match (park, self.first_lingering()) {
             (Park::Skip, _) => Some(Duration::ZERO),
             // A lingering write must be cut at its deadline even on a
             // worker with nothing else to do: wait no longer than the
             // first one (rare: a timed wait, as for any deadline before).
-            (Park::Until(deadline), Some(&(first, _))) => {
+            (Park::Until(deadline), Some(first)) => {
                 let until_first = first.saturating_duration_since(Instant::now());
                 let until_deadline =
                     deadline.map(|d| Duration::from_nanos(d.saturating_sub(sys::monotonic_ns())));
@@ -87,8 +88,9 @@ impl Uring {
         Ok(self.reap(woken, freed))
     }
 
-    /// Cancels the writes of dropped streams that ran past their linger time.
-    fn cancel_expired_lingerers(&mut self) {
+    /// Cancels the lingering writes that ran past their deadline: each
+    /// ends (and resets its connection) at the cancel's completion.
+    pub(super) fn cancel_expired_lingerers(&mut self) {
         let Some(&(first, _)) = self.lingering.front() else { return };
         let now = Instant::now();
         if first > now {
@@ -103,5 +105,78 @@ impl Uring {
                 self.ring.push_cancel(key);
             }
         }
+    }
+
+    /// The deadline of the first lingering write still going, forgetting
+    /// those ahead of it that ended (their deadlines come first: every
+    /// write gets the same linger time from when it starts).
+    pub(super) fn first_lingering(&mut self) -> Option<Instant> {
+        while let Some(&(deadline, key)) = self.lingering.front() {
+            if matches!(self.ops.get(key), Some(Lifecycle::Lingering(_))) {
+                return Some(deadline);
+            }
+            self.lingering.pop_front();
+        }
+        None
+    }
+
+    /// Until when the operations whose owner is gone are worth waiting
+    /// for, if any is left: a cancelled operation, an orphaned feed or
+    /// stream receive until `bound`; a lingering write cut at its deadline
+    /// until [`SETTLE_MAX`] after the cut.
+    fn cancels_until(&self, bound: Instant) -> Option<Instant> {
+        let mut until = None;
+        for (_, s) in self.ops.iter() {
+            let this = match s {
+                Lifecycle::Lingering(write) => write.deadline() + SETTLE_MAX,
+                s if s.held_by_kernel() && !s.is_waiting() => bound,
+                _ => continue,
+            };
+            until = until.max(Some(this));
+        }
+        if self.streams.iter().any(|(_, s)| s.is_orphaned()) {
+            until = until.max(Some(bound));
+        }
+        until
+    }
+
+    /// One wait of a ring its runtime is not driving (`Driver::settle`):
+    /// submits what is queued, waits in the ring for the next completion
+    /// and handles what came. Returns false once nothing is left to wait
+    /// for: no lingering write goes on (each ends with all its bytes in
+    /// the kernel, a failure, or its cut at its deadline), and no
+    /// cancelled operation is left or `cancels_until` has passed.
+    pub(super) fn settle_step(
+        &mut self,
+        cancels_until: Instant,
+        woken: &mut Vec<Waker>,
+        freed: &mut Vec<Box<dyn Any>>,
+    ) -> bool {
+        if !self.wake_armed {
+            self.arm_wake();
+        }
+        self.cancel_expired_lingerers();
+        let now = Instant::now();
+        // A lingering write still going is waited for until its deadline
+        // (it is cut then, at the top of the next step).
+        let until = match self.first_lingering() {
+            Some(deadline) => Some(deadline),
+            None => self.cancels_until(cancels_until).filter(|&until| until > now),
+        };
+        let admit = |ud| pooled::admit(&mut self.ops, &mut self.streams, ud);
+        let Some(until) = until else {
+            // Nothing to wait for; what is queued (a first cancel, a send)
+            // still goes to the kernel now.
+            let _ = self.ring.enter(Some(Duration::ZERO), admit);
+            self.reap(woken, freed);
+            return false;
+        };
+        // Never a zero wait: `until` is ahead, and a completion ends it early.
+        let wait = until.saturating_duration_since(now).max(Duration::from_micros(100));
+        if self.ring.enter(Some(wait), admit).is_err() {
+            return false;
+        }
+        self.reap(woken, freed);
+        true
     }
 }

@@ -17,13 +17,16 @@
 //!   in flight (sending the rest if the kernel took part), and reports its
 //!   error if it failed. At most [`WRITE_BEHIND_MAX_BYTES`] are taken per
 //!   call.
-//! - A reported byte is never dropped silently: when the stream is
-//!   dropped with a send in flight (or waiting for room), the send becomes
-//!   a lingering write (`linger.rs`) that the driver keeps going, part after part,
-//!   until every byte is sent, the socket fails, or
-//!   [`super::WRITE_LINGER`] has passed since the drop (then it is
-//!   cancelled, as the kernel drops a closed socket's unsent bytes after
-//!   its linger time).
+//! - A reported byte is delivered or the connection fails, within the
+//!   send deadline ([`super::WRITE_LINGER`]): when the stream is dropped
+//!   with a send in flight (or waiting for room), the send becomes a
+//!   lingering write (`linger.rs`) that the driver keeps going, part after
+//!   part, until every byte is in the kernel, the socket fails, or the
+//!   deadline passes (then it is cut and the connection reset, never
+//!   closed as if complete). A shutdown of both directions hands the send
+//!   over the same way ([`WriteBehind::hand_over`]), and the driver shuts
+//!   the write side after its last byte; later writes fail as on a shut
+//!   socket, and a flush reports how the handed-over send ended.
 //! - Reads have no owned buffer here: every read style takes from the
 //!   socket's one receive path (`pooled.rs`), so no bytes wait in a
 //!   place another style would not look.
@@ -31,9 +34,10 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
-use super::linger::send_entry;
+use super::linger::{send_entry, Handover};
 use super::op::{is_retry, Op};
 use super::source::SourceCore;
 
@@ -49,6 +53,9 @@ enum Pending {
     /// Room to send, after the kernel answered `EAGAIN`; the bytes wait in
     /// `spare`.
     Writable(Op<()>),
+    /// The stream was shut down in both directions while a send was in
+    /// flight: the driver sends the rest and shuts the write side.
+    HandedOver(Rc<Handover>),
 }
 
 /// A stream's write-behind buffer for the poll-based I/O traits.
@@ -84,6 +91,10 @@ impl WriteBehind {
         let total: usize = data.iter().map(|b| b.len()).sum();
         if total == 0 {
             return Poll::Ready(Ok(0));
+        }
+        if let Pending::HandedOver(_) = self.write {
+            // The write side is shut, or about to be: as `send(2)` on a shut socket.
+            return Poll::Ready(Err(io::Error::from_raw_os_error(libc::EPIPE)));
         }
         std::task::ready!(self.poll_flush(sock, cx))?;
         // On a quiet worker the bytes go straight out, uncopied, as on
@@ -128,8 +139,9 @@ impl WriteBehind {
         Ok(())
     }
 
-    /// Waits until every byte taken by `poll_write` is sent; returns the
-    /// error of a send that failed.
+    /// Waits until every byte taken by `poll_write` is sent (after a
+    /// handover, until the driver is done with them); returns the error of
+    /// a send that failed.
     pub(super) fn poll_flush(
         &mut self,
         sock: &SourceCore,
@@ -138,6 +150,7 @@ impl WriteBehind {
         loop {
             match &mut self.write {
                 Pending::Idle => return Poll::Ready(Ok(())),
+                Pending::HandedOver(handover) => return handover.poll(cx),
                 Pending::Send(op) => {
                     let (cqe, buf) = std::task::ready!(Pin::new(op).poll(cx));
                     self.write = Pending::Idle;
@@ -182,15 +195,40 @@ impl WriteBehind {
         }
     }
 
+    /// The stream is shut down in both directions: hands a send still in
+    /// flight (or waiting for room) to the driver, which sends the rest
+    /// and then shuts the write side, so the shutdown waits for no peer
+    /// and cuts nothing. Returns false if no send was in flight (the
+    /// caller shuts both sides itself).
+    pub(super) fn hand_over(&mut self, sock: &SourceCore) -> bool {
+        match self.write {
+            Pending::Idle => return false,
+            Pending::HandedOver(_) => return true,
+            Pending::Send(_) | Pending::Writable(_) => {}
+        }
+        let handover = Rc::new(Handover::default());
+        match std::mem::replace(&mut self.write, Pending::Idle) {
+            Pending::Idle | Pending::HandedOver(_) => {}
+            Pending::Send(op) => op.linger(self.sent, Some(handover.clone())),
+            Pending::Writable(wait) => {
+                drop(wait);
+                let buf = std::mem::take(&mut self.spare);
+                sock.driver.linger_send(&sock.fd, buf, self.sent, Some(handover.clone()));
+            }
+        }
+        self.write = Pending::HandedOver(handover);
+        true
+    }
+
     /// The stream is being dropped: hands a send still in flight (or
     /// waiting for room) to the driver, which finishes it.
     pub(super) fn linger(self, sock: &SourceCore) {
         match self.write {
-            Pending::Idle => {}
-            Pending::Send(op) => op.linger(self.sent),
+            Pending::Idle | Pending::HandedOver(_) => {}
+            Pending::Send(op) => op.linger(self.sent, None),
             Pending::Writable(wait) => {
                 drop(wait);
-                sock.driver.linger_send(&sock.fd, self.spare, self.sent);
+                sock.driver.linger_send(&sock.fd, self.spare, self.sent, None);
             }
         }
     }
