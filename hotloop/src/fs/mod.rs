@@ -38,6 +38,7 @@
 
 #[cfg(feature = "tokio-io")]
 mod compat;
+mod cursor;
 mod dir;
 mod error;
 mod file;

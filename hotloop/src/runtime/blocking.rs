@@ -22,7 +22,10 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -98,9 +101,12 @@ impl BlockingPool {
         let completion = Completion(slot.clone());
         let job: Job = Box::new(move |stats: &Stats| {
             let out = catch_unwind(AssertUnwindSafe(f)).map_err(JoinError::Panicked);
-            stats.running.fetch_sub(1, Relaxed);
-            stats.completed.fetch_add(1, Relaxed);
+            // The result (and the wake it sends through the worker's inbox)
+            // first, then the count: a paused worker that sees no job out
+            // then also sees the wake (see `has_jobs`).
             completion.0.finish(out);
+            stats.completed.fetch_add(1, Relaxed);
+            stats.running.fetch_sub(1, Release);
         });
         if let Err(job) = self.push(job) {
             drop(job); // the runtime is shutting down: the handle says Cancelled
@@ -155,9 +161,15 @@ impl BlockingPool {
 
     /// True while a job is queued or running: paused time does not jump
     /// ahead while one may still wake a task.
+    ///
+    /// Never false in a gap between a job's counts: a job is counted
+    /// running before it leaves the queue's count, and leaves the running
+    /// count only after its result was handed over, each with `Release`;
+    /// these loads, `queued` first, `Acquire`. So a worker that reads "no
+    /// job" reads afterwards the inbox the last result woke it through.
     pub(crate) fn has_jobs(&self) -> bool {
         let s = &self.inner.stats;
-        s.queued.load(Relaxed) > 0 || s.running.load(Relaxed) > 0
+        s.queued.load(Acquire) > 0 || s.running.load(Acquire) > 0
     }
 
     /// The pool's counters now.
@@ -180,8 +192,8 @@ impl Inner {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(job) = st.queue.pop_front() {
-                self.stats.queued.fetch_sub(1, Relaxed);
                 self.stats.running.fetch_add(1, Relaxed);
+                self.stats.queued.fetch_sub(1, Release);
                 drop(st);
                 job(&self.stats);
                 st = self.state.lock().unwrap_or_else(|e| e.into_inner());
