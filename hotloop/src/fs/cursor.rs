@@ -19,8 +19,13 @@
 //!   pending leaves its waker, and the one that sees it finish files the
 //!   result and wakes the others.
 
+// Without `tokio-io` nothing starts an operation through the traits: the
+// state stays idle, and what only they use is never called.
+#![cfg_attr(not(feature = "tokio-io"), allow(dead_code))]
+
 use std::future::Future;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -188,9 +193,10 @@ struct Unwritten {
 impl Drop for Unwritten {
     fn drop(&mut self) {
         if self.done < self.bytes.len() {
-            // Nobody is left to hear of an error.
+            // `pwrite` only: on a file that cannot seek a plain write could
+            // wait for a reader for ever. Nobody is left to hear of an error.
             let at = self.offset + self.done as u64;
-            let _ = ops::write_all_at_now(&self.file, &self.bytes[self.done..], at);
+            let _ = self.file.write_all_at(&self.bytes[self.done..], at);
         }
     }
 }

@@ -54,7 +54,9 @@ pub struct File {
     /// The caller's position for the cursor-based reads and writes; bytes
     /// read ahead of it wait in `cursor`.
     pub(super) pos: Cell<u64>,
-    /// Opened with `O_APPEND`: the kernel writes at the end.
+    /// Opened with `O_APPEND`: the kernel writes at the end (read by the
+    /// traits' writes only).
+    #[cfg_attr(not(feature = "tokio-io"), allow(dead_code))]
     pub(super) append: bool,
     /// What the tokio traits left: bytes read ahead, the operation in
     /// flight, a write's error.

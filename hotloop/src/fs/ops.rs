@@ -215,14 +215,6 @@ pub(super) async fn write_at<B: IoBuf>(
     (res, buf)
 }
 
-/// Writes all of `bytes` at `offset` on this thread, now: for a write that
-/// must not be lost when nothing is left to run an operation (the runtime
-/// is stopping). `pwrite` only: on a file that cannot seek a plain write
-/// could wait for a reader for ever.
-pub(super) fn write_all_at_now(file: &StdFile, bytes: &[u8], offset: u64) -> io::Result<()> {
-    file.write_all_at(bytes, offset)
-}
-
 pub(super) async fn metadata_file(file: &SharedFile) -> io::Result<Metadata> {
     if let Some(ring) = ring(FileOp::Statx)? {
         return Ok(Metadata::from_statx(&ring.statx_file(file).await?));

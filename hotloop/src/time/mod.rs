@@ -8,7 +8,8 @@
 //! Time can be paused on a worker ([`pause`], or
 //! `#[hotloop::test(start_paused = true)]`), as with tokio's `test-util`:
 //! deadlines then move only with [`advance`], or when the worker has
-//! nothing to run and no I/O ready, when its clock jumps to the next timer.
+//! nothing to run, no I/O ready and no file or blocking-pool work out, when
+//! its clock jumps to the next timer (`paused.rs` has the rule).
 //! Deadlines made with this module's functions and [`now`] follow the
 //! paused clock; an `Instant` taken from `std::time::Instant::now()` does not.
 
@@ -19,7 +20,7 @@ pub use paused::{advance, pause, resume};
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context as TaskContext, Poll, Waker};
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
@@ -54,7 +55,12 @@ impl Filed {
     /// Cancels the timer: directly on its own worker, else by asking that
     /// worker to do it, so its wheel does not keep a stale entry.
     fn cancel(self, here: Option<&Timers<'_>>) {
-        self.take(here, false);
+        match here {
+            Some(t) if t.worker_uid() == self.uid => {
+                t.wheel().cancel(self.key);
+            }
+            _ => self.ask_owner(false),
+        }
     }
 
     /// Takes the timer out of its wheel for a reset made off its worker,
@@ -70,30 +76,22 @@ impl Filed {
     /// cancels nothing and wakes nothing; the task was woken already, or
     /// holds the new entry at the deadline it read when it polled.
     fn take_and_wake(self) {
-        self.take(None, true);
+        self.ask_owner(true);
     }
 
-    fn take(self, here: Option<&Timers<'_>>, wake: bool) {
-        match here {
-            Some(t) if t.worker_uid() == self.uid => {
-                let waker = t.wheel().cancel(self.key);
-                if wake {
-                    waker.map(Waker::wake);
-                }
+    /// Asks the timer's worker, through its inbox, to cancel the entry and,
+    /// with `wake`, to wake the waker it held.
+    fn ask_owner(self, wake: bool) {
+        let (key, uid) = (self.key, self.uid);
+        self.owner.push_runnable(Box::new(move || {
+            let waker = current::try_with_timers(|t| {
+                (t.worker_uid() == uid).then(|| t.wheel().cancel(key)).flatten()
+            });
+            // Woken outside the wheel's borrow.
+            if let Some(waker) = waker.flatten().filter(|_| wake) {
+                waker.wake();
             }
-            _ => {
-                let (key, uid) = (self.key, self.uid);
-                self.owner.push_runnable(Box::new(move || {
-                    let waker = current::try_with_timers(|t| {
-                        (t.worker_uid() == uid).then(|| t.wheel().cancel(key)).flatten()
-                    });
-                    // Woken outside the wheel's borrow.
-                    if let Some(waker) = waker.flatten().filter(|_| wake) {
-                        waker.wake();
-                    }
-                }));
-            }
-        }
+        }));
     }
 }
 
