@@ -355,3 +355,130 @@ async fn offsets_past_the_largest_are_refused() {
     assert_eq!(res.unwrap_err().kind(), io::ErrorKind::InvalidInput);
     assert_eq!(fs::read(&path).await.unwrap(), b"abc");
 }
+
+/// Two writes through tokio's `AsyncWrite`, then a drop: both are in the
+/// file (the last by its own task, after the drop), as with tokio's file.
+#[hotloop::test(driver = "all")]
+async fn a_dropped_file_carries_out_the_writes_it_reported() {
+    let dir = TempDir::new("dropped-write");
+    let path = dir.join("f");
+    let mut file = File::create(&path).await.unwrap();
+    file.write_all(b"hello ").await.unwrap();
+    file.write_all(b"world").await.unwrap();
+    drop(file);
+    let landed = timeout(LIMIT, async {
+        while std::fs::read(&path).unwrap() != b"hello world" {
+            sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert!(
+        landed.is_ok(),
+        "the file holds {:?}",
+        String::from_utf8_lossy(&std::fs::read(&path).unwrap())
+    );
+}
+
+/// A write reported as written is in the file even when the runtime stops
+/// right after the file is dropped, before the write's task could run: the
+/// rest is written as the task is dropped.
+#[hotloop::test(driver = "all")]
+fn a_write_reported_before_the_runtime_stops_is_in_the_file(driver: hotloop::DriverKind) {
+    let dir = TempDir::new("stopped");
+    let path = dir.join("f");
+    let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let kept = rt.block_on(async {
+        let mut file = File::create(&path).await.unwrap();
+        file.write_all(b"first ").await.unwrap();
+        file.write_all(b"second").await.unwrap();
+        drop(file);
+        let mut kept = File::create(dir.join("kept")).await.unwrap();
+        kept.write_all(b"outlives its runtime").await.unwrap();
+        kept
+    });
+    drop(rt);
+    assert_eq!(std::fs::read(&path).unwrap(), b"first second");
+    assert_eq!(std::fs::read(dir.join("kept")).unwrap(), b"outlives its runtime");
+    drop(kept);
+}
+
+/// After a small read through tokio's `AsyncRead` (which reads ahead), the
+/// owned `read_to_end` goes on from where the caller stopped.
+#[hotloop::test(driver = "all")]
+async fn read_to_end_after_a_small_read_goes_on_where_the_caller_stopped() {
+    let dir = TempDir::new("read-ahead");
+    let path = dir.join("f");
+    fs::write(&path, b"0123456789").await.unwrap();
+    let mut file = File::open(&path).await.unwrap();
+    let mut two = [0u8; 2];
+    file.read_exact(&mut two).await.unwrap();
+    assert_eq!(&two, b"01");
+    let (res, rest) = file.read_to_end(Vec::new()).await;
+    assert_eq!(res.unwrap(), 8);
+    assert_eq!(rest, b"23456789");
+    assert_eq!(file.stream_position().await.unwrap(), 10);
+}
+
+/// A write through the traits that fails is reported by `sync_all` (and
+/// `sync_data`), so `write_all` then `sync_all` never reports success for
+/// bytes that are not in the file. (tokio's `sync_all` reports only the
+/// `fsync`: the write's error waits for the next flush.)
+#[hotloop::test(driver = "all")]
+async fn sync_all_reports_a_failed_write_through_the_traits() {
+    let dir = TempDir::new("sync-error");
+    let path = dir.join("f");
+    fs::write(&path, b"original").await.unwrap();
+    let mut file = File::open(&path).await.unwrap();
+    file.write_all(b"x").await.expect("reported written, as tokio does");
+    let e = file.sync_all().await.unwrap_err();
+    assert!(e.to_string().starts_with(&format!("write {}: ", path.display())), "{e}");
+    file.sync_all().await.expect("reported once");
+    file.write_all(b"y").await.unwrap();
+    assert!(file.sync_data().await.is_err());
+    file.flush().await.expect("reported once");
+    assert_eq!(fs::read(&path).await.unwrap(), b"original");
+}
+
+/// Calls taking `&self` from several tasks at once all wait for the write
+/// in flight through the traits (each wakes, though the write keeps only
+/// one waker), and see it.
+#[hotloop::test(driver = "all")]
+async fn several_tasks_wait_for_the_write_in_flight() {
+    let dir = TempDir::new("waiters");
+    let path = dir.join("f");
+    let mut file =
+        OpenOptions::new().read(true).write(true).create(true).open(&path).await.unwrap();
+    let body: Vec<u8> = (0..60_000u32).map(|i| (i % 241) as u8).collect();
+    file.write_all(&body).await.unwrap();
+    let (file, len) = (std::rc::Rc::new(file), body.len());
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let file = file.clone();
+            hotloop::spawn(async move {
+                let (res, buf) = file.read_at(Vec::with_capacity(len), 0).await;
+                res.map(|_| buf)
+            })
+        })
+        .collect();
+    for reader in readers {
+        let got = timeout(LIMIT, reader).await.expect("a waiter was never woken").unwrap();
+        assert!(got.unwrap() == body);
+    }
+}
+
+/// `into_std` hands back the standard file at the caller's position, even
+/// after a read ahead (tokio's leaves it where its read ahead stopped).
+#[hotloop::test(driver = "all")]
+async fn into_std_hands_back_the_file_at_the_callers_position() {
+    use std::io::Read;
+    let dir = TempDir::new("into-std");
+    let path = dir.join("f");
+    fs::write(&path, b"0123456789").await.unwrap();
+    let mut file = File::open(&path).await.unwrap();
+    let mut two = [0u8; 2];
+    file.read_exact(&mut two).await.unwrap();
+    let mut std = file.into_std().await;
+    let mut rest = String::new();
+    std.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "23456789");
+}

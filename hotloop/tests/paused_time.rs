@@ -215,3 +215,96 @@ async fn a_timeout_is_a_future_that_hands_its_future_back() {
     assert!(inner.deadline() > now() + Duration::from_secs(3000), "the inner sleep, whole");
     assert!(timeout(Duration::from_secs(5), inner).await.is_err());
 }
+
+/// A file operation that waits in real time holds the paused clock, on
+/// both drivers, as a file operation on tokio's blocking pool holds
+/// tokio's: reads of a FIFO that is fed 50 ms later, each under an hour's
+/// timeout, get their bytes instead of timing out, and the clock does not
+/// move. On epoll the reads are blocking-pool jobs; on io_uring they are
+/// ring operations, which hold the clock while they run.
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_file_read_waiting_in_real_time_holds_the_paused_clock() {
+    let path = std::env::temp_dir().join(format!("hotloop-paused-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads one NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    // Opened for reading and writing, the writer's end opens at once and
+    // keeps the FIFO from reading as ended before the bytes come.
+    let mut writer = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let feeder = std::thread::spawn(move || {
+        use std::io::Write;
+        for word in [b"ping", b"pong"] {
+            std::thread::sleep(Duration::from_millis(50));
+            writer.write_all(word).unwrap();
+        }
+        // Kept open until the reads are done, so they never see the end.
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let file = hotloop::fs::File::open(&path).await.unwrap();
+    let (real, start) = (Instant::now(), now());
+    for word in [b"ping", b"pong"] {
+        let read =
+            timeout(Duration::from_secs(3600), file.read_at(Vec::with_capacity(16), 0)).await;
+        let (res, buf) = read.expect("the read timed out: the paused clock jumped past it");
+        assert_eq!(res.unwrap(), 4);
+        assert_eq!(&buf, word);
+    }
+    assert_eq!(now(), start, "the paused clock moved while the reads waited");
+    assert!(real.elapsed() >= Duration::from_millis(90), "the reads waited for the feeder");
+    assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
+    feeder.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A blocking-pool job holds the paused clock until its result has reached
+/// the task: none of many quick jobs, each under an hour's timeout, lets
+/// the clock jump (were a job counted as ended before its result was sent,
+/// a worker that looked in between would find nothing in flight and
+/// nothing in its inbox, and jump).
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_blocking_job_holds_the_paused_clock_until_its_result_is_in() {
+    let start = now();
+    for i in 0..3000u32 {
+        let job = timeout(Duration::from_secs(3600), hotloop::spawn_blocking(move || i)).await;
+        assert_eq!(job.expect("the job's timeout fired").unwrap(), i);
+        assert_eq!(now(), start, "the paused clock jumped while job {i} was out");
+    }
+}
+
+/// A host-name lookup runs on the blocking pool, so it holds the paused
+/// clock as any job there does: a resolver that takes 50 ms of real time
+/// answers inside an hour's timeout.
+#[cfg(feature = "test-util")]
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_host_name_lookup_holds_the_paused_clock() {
+    fn slow_resolver(_host: &str, port: u16) -> std::io::Result<Vec<std::net::SocketAddr>> {
+        std::thread::sleep(Duration::from_millis(50));
+        Ok(vec![std::net::SocketAddr::from(([127, 0, 0, 1], port))])
+    }
+    hotloop::net::set_resolver(Some(slow_resolver));
+    let start = now();
+    let found = timeout(Duration::from_secs(3600), hotloop::net::lookup_host("slow.invalid:80"))
+        .await
+        .expect("the lookup timed out: the paused clock jumped past it");
+    hotloop::net::set_resolver(None);
+    assert_eq!(
+        found.unwrap().collect::<Vec<_>>(),
+        [std::net::SocketAddr::from(([127, 0, 0, 1], 80))]
+    );
+    assert_eq!(now(), start, "the paused clock moved while the lookup ran");
+}
+
+/// A child's exit is I/O (its pidfd, watched by the driver), and I/O does
+/// not hold the paused clock, as in tokio: waiting for a child that runs
+/// for seconds under an hour's timeout times out at once.
+#[hotloop::test(driver = "all", start_paused = true)]
+async fn a_child_wait_does_not_hold_the_paused_clock() {
+    let mut child = hotloop::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let (real, start) = (Instant::now(), now());
+    let waited = timeout(Duration::from_secs(3600), child.wait()).await;
+    assert!(waited.is_err(), "the child cannot have ended: {waited:?}");
+    assert_eq!(now() - start, Duration::from_secs(3600), "the clock jumped to the deadline");
+    assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
+    child.kill().await.unwrap();
+}

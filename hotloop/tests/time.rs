@@ -264,3 +264,162 @@ async fn poll_once<F: Future>(future: F) -> std::task::Poll<F::Output> {
     let mut future = std::pin::pin!(future);
     std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await
 }
+
+/// What a reset from another thread acts on: a timer a task waits on
+/// through a mutex, as when a deadline is shared between tasks.
+type Shared<T> = std::sync::Arc<std::sync::Mutex<T>>;
+
+/// Runs a task on worker 0 of a two-worker runtime that waits on `timer`
+/// (an hour away or more) through `poll`, and, once the task has polled
+/// it, calls `reset` on it from worker 1 or from a plain thread. Returns
+/// how long the task waited, or panics if it waited for its 5 s bound
+/// (the wake-up was lost).
+fn wait_across_a_reset<T: Send + 'static>(
+    driver: DriverKind,
+    timer: T,
+    poll: fn(&mut T, &mut std::task::Context<'_>) -> std::task::Poll<()>,
+    reset: fn(&mut T),
+    from_worker: bool,
+) -> Duration {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    let shared: Shared<T> = std::sync::Arc::new(std::sync::Mutex::new(timer));
+    let polled = std::sync::Arc::new(AtomicBool::new(false));
+    let (s, p) = (shared.clone(), polled.clone());
+    let waiter = rt.handle().spawn_on(0, move || async move {
+        let start = Instant::now();
+        let waited = timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| {
+                let ready = poll(&mut s.lock().unwrap(), cx);
+                p.store(true, SeqCst);
+                ready
+            }),
+        )
+        .await;
+        (waited.is_ok(), start.elapsed())
+    });
+    let resetter = move || {
+        while !polled.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        reset(&mut shared.lock().unwrap());
+    };
+    if from_worker {
+        rt.handle().spawn_on(1, move || async move { resetter() }).join().unwrap();
+    } else {
+        std::thread::spawn(resetter).join().unwrap();
+    }
+    let (in_time, took) = waiter.join().unwrap();
+    assert!(in_time && took < Duration::from_secs(3), "the reset's wake-up was lost: {took:?}");
+    took
+}
+
+/// The deadline a reset below moves a timer to.
+const SOON: Duration = Duration::from_millis(50);
+
+/// A task waiting on a `Sleep` an hour away wakes at the new deadline when
+/// another thread (a plain one, or another worker) resets it, as with
+/// tokio's `Sleep::reset`; so does one waiting on an `Interval` reset by
+/// each of its resets, and one waiting on a `Timeout`.
+#[hotloop::test(driver = "all")]
+fn a_reset_from_another_thread_keeps_the_wake_up(driver: DriverKind) {
+    use hotloop::time::{interval_at, sleep_until, timeout_at, Interval, Sleep, Timeout};
+    use std::pin::Pin;
+    use std::task::Poll;
+    type Waiting = Pin<Box<Timeout<std::future::Pending<()>>>>;
+    let hour = || Instant::now() + Duration::from_secs(3600);
+    let sleep_poll: fn(&mut Sleep, &mut std::task::Context<'_>) -> Poll<()> =
+        |s, cx| Pin::new(s).poll(cx);
+    let tick_poll: fn(&mut Interval, &mut std::task::Context<'_>) -> Poll<()> =
+        |i, cx| i.poll_tick(cx).map(drop);
+    let timeout_poll: fn(&mut Waiting, &mut std::task::Context<'_>) -> Poll<()> =
+        |t, cx| t.as_mut().poll(cx).map(|out| assert!(out.is_err(), "the pending future ended"));
+    for from_worker in [false, true] {
+        let took = wait_across_a_reset(
+            driver,
+            sleep_until(hour()),
+            sleep_poll,
+            |s| s.reset(Instant::now() + SOON),
+            from_worker,
+        );
+        assert!(took >= SOON, "a sleep woke before its new deadline: {took:?}");
+        let took = wait_across_a_reset(
+            driver,
+            interval_at(hour(), Duration::from_secs(3600)),
+            tick_poll,
+            |i| i.reset_at(Instant::now() + SOON),
+            from_worker,
+        );
+        assert!(took >= SOON, "reset_at: {took:?}");
+        let took = wait_across_a_reset(
+            driver,
+            interval_at(hour(), Duration::from_secs(3600)),
+            tick_poll,
+            |i| i.reset_after(SOON),
+            from_worker,
+        );
+        assert!(took >= SOON, "reset_after: {took:?}");
+        let took = wait_across_a_reset(
+            driver,
+            interval_at(hour(), SOON),
+            tick_poll,
+            |i| i.reset(),
+            from_worker,
+        );
+        assert!(took >= SOON, "reset: {took:?}");
+        wait_across_a_reset(
+            driver,
+            interval_at(hour(), Duration::from_secs(3600)),
+            tick_poll,
+            |i| i.reset_immediately(),
+            from_worker,
+        );
+        let took = wait_across_a_reset(
+            driver,
+            Box::pin(timeout_at(hour(), std::future::pending::<()>())),
+            timeout_poll,
+            |t| t.as_mut().reset(Instant::now() + SOON),
+            from_worker,
+        );
+        assert!(took >= SOON, "a timeout fired before its new deadline: {took:?}");
+    }
+}
+
+/// Resets from another thread that race the timer firing, the task's
+/// polls and each other: every wait ends soon after the last deadline
+/// (well before its 5 s bound, which would end a lost wake-up), none before
+/// the deadline it last read.
+#[hotloop::test(driver = "all")]
+fn resets_racing_the_deadline_and_the_polls_lose_no_wake_up(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    for round in 0..100u32 {
+        let shared: Shared<hotloop::time::Sleep> = std::sync::Arc::new(std::sync::Mutex::new(
+            hotloop::time::sleep_until(Instant::now() + Duration::from_millis(2)),
+        ));
+        let s = shared.clone();
+        let waiter = rt.handle().spawn_on(0, move || async move {
+            let start = Instant::now();
+            let waited = timeout(
+                Duration::from_secs(5),
+                std::future::poll_fn(|cx| {
+                    let mut sleep = s.lock().unwrap();
+                    let ready = std::pin::Pin::new(&mut *sleep).poll(cx);
+                    if ready.is_ready() {
+                        assert!(Instant::now() >= sleep.deadline(), "woke before the deadline");
+                    }
+                    ready
+                }),
+            )
+            .await;
+            waited.is_ok() && start.elapsed() < Duration::from_secs(2)
+        });
+        // Around the first deadline: before it, at it, or after it fired.
+        std::thread::sleep(Duration::from_micros(500 * u64::from(round % 7)));
+        for k in 0..3u64 {
+            shared.lock().unwrap().reset(Instant::now() + Duration::from_millis(1 + k));
+            std::thread::yield_now();
+        }
+        assert!(waiter.join().unwrap(), "round {round}: the wake-up was lost");
+    }
+}

@@ -1,78 +1,33 @@
 //! `File` as tokio's `AsyncRead`, `AsyncWrite` and `AsyncSeek`.
 //!
 //! # Implementation notes
-//! As in `tokio::fs::File`, one operation at a time runs on the file's
-//! own buffer: a read asks for at most [`CHUNK_MAX`] bytes into it and
-//! copies out what the caller's `ReadBuf` takes (the rest waits for the
-//! next read); a write copies the caller's bytes into it, starts writing
-//! them and reports them written at once, and the next operation, flush
-//! or shutdown waits for that write and reports its error. The buffer
-//! belongs to the operation while it runs, so the kernel never writes
-//! into memory the caller may free. `pos` is the offset of the next
-//! operation; bytes read ahead and not yet taken sit before it.
+//! As in `tokio::fs::File`, one operation at a time runs through the
+//! traits (the state it leaves is in `cursor.rs`):
+//! - a read asks for at most [`CHUNK_MAX`] bytes at the cursor into the
+//!   file's own buffer and hands out what the caller's `ReadBuf` takes;
+//!   the rest waits there, just after the cursor, for the next read;
+//! - a write copies at most [`CHUNK_MAX`] of the caller's bytes, starts a
+//!   task that writes them at the cursor, and reports them written at
+//!   once; the next operation through the traits waits for that task;
+//! - a seek moves the cursor at once (from the end, after a `statx`), and
+//!   forgets what was read ahead.
+//!
+//! The buffer belongs to the operation while it runs, so the kernel never
+//! writes into memory the caller may free.
 
-use std::future::Future;
 use std::io::{self, SeekFrom};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
-use super::error::with_path;
+use super::cursor::{write_behind, Done};
+use super::error::{not_on_worker, with_path};
 use super::{ops, File};
 
 /// The most bytes one read or write through the traits moves.
 const CHUNK_MAX: usize = 64 * 1024;
-
-/// What the operation in flight ended with.
-enum Done {
-    Read(io::Result<usize>, Vec<u8>),
-    Write(io::Result<()>, Vec<u8>),
-    Seek(io::Result<u64>),
-}
-
-/// The traits' state: the buffer, or the operation that has it.
-#[derive(Default)]
-pub(crate) struct State {
-    buf: Vec<u8>,
-    /// Bytes of `buf` before this were taken by the caller.
-    start: usize,
-    busy: Option<Pin<Box<dyn Future<Output = Done>>>>,
-    /// The result of a seek that needed no operation.
-    seek: Option<io::Result<u64>>,
-}
-
-impl State {
-    fn unread(&self) -> usize {
-        self.buf.len() - self.start
-    }
-}
-
-impl File {
-    /// Waits for the operation in flight, if any; returns an error it
-    /// reported (a read's is handled by the read itself).
-    fn poll_busy(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Done>>> {
-        let Some(busy) = self.io.busy.as_mut() else { return Poll::Ready(Ok(None)) };
-        let done = ready!(busy.as_mut().poll(cx));
-        self.io.busy = None;
-        match done {
-            Done::Write(res, buf) => {
-                self.io.buf = buf;
-                self.io.buf.clear();
-                self.io.start = 0;
-                Poll::Ready(res.map(|()| None).map_err(|e| with_path("write", &self.path, e)))
-            }
-            other => Poll::Ready(Ok(Some(other))),
-        }
-    }
-
-    /// Forgets bytes read ahead: the next operation starts at the caller's position.
-    fn drop_read_ahead(&mut self) {
-        self.pos -= self.io.unread() as u64;
-        self.io.buf.clear();
-        self.io.start = 0;
-    }
-}
 
 impl AsyncRead for File {
     fn poll_read(
@@ -82,35 +37,27 @@ impl AsyncRead for File {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
-            match ready!(this.poll_busy(cx))? {
-                Some(Done::Read(res, buf)) => {
-                    this.io.buf = buf;
-                    this.io.start = 0;
-                    match res {
-                        // The end of the file.
-                        Ok(0) => return Poll::Ready(Ok(())),
-                        Ok(n) => this.pos += n as u64,
-                        Err(e) => return Poll::Ready(Err(with_path("read", &this.path, e))),
-                    }
-                }
-                Some(Done::Seek(res)) => this.io.seek = Some(res),
-                Some(Done::Write(..)) | None => {}
+            ready!(this.poll_settle(cx));
+            let mut st = this.cursor.borrow_mut();
+            if let Some(e) = st.read_err.take() {
+                return Poll::Ready(Err(e));
             }
-            if this.io.unread() > 0 {
-                let n = this.io.unread().min(dst.remaining());
-                dst.put_slice(&this.io.buf[this.io.start..this.io.start + n]);
-                this.io.start += n;
+            if st.unread() > 0 {
+                let n = st.unread().min(dst.remaining());
+                dst.put_slice(&st.buf[st.start..st.start + n]);
+                st.start += n;
+                this.pos.set(this.pos.get() + n as u64);
                 return Poll::Ready(Ok(()));
             }
-            if dst.remaining() == 0 {
+            if std::mem::take(&mut st.eof) || dst.remaining() == 0 {
                 return Poll::Ready(Ok(()));
             }
-            let mut buf = std::mem::take(&mut this.io.buf);
+            let mut buf = std::mem::take(&mut st.buf);
             buf.clear();
             buf.reserve(dst.remaining().min(CHUNK_MAX));
-            this.io.start = 0;
-            let (file, pos) = (this.file.clone(), this.pos);
-            this.io.busy = Some(Box::pin(async move {
+            st.start = 0;
+            let (file, pos) = (this.file.clone(), this.pos.get());
+            st.busy = Some(Box::pin(async move {
                 let (res, buf) = ops::read_at(&file, buf, pos).await;
                 Done::Read(res, buf)
             }));
@@ -125,48 +72,35 @@ impl AsyncWrite for File {
         src: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if let Some(Done::Seek(res)) = ready!(this.poll_busy(cx))? {
-            this.io.seek = Some(res);
+        ready!(this.poll_settle(cx));
+        if let Some(e) = this.take_write_err() {
+            return Poll::Ready(Err(e));
         }
-        this.drop_read_ahead();
-        let mut buf = std::mem::take(&mut this.io.buf);
+        let mut st = this.cursor.borrow_mut();
+        st.forget_read_ahead();
+        if src.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        if !crate::runtime::current::on_worker() {
+            return Poll::Ready(Err(not_on_worker()));
+        }
         let n = src.len().min(CHUNK_MAX);
-        buf.extend_from_slice(&src[..n]);
-        let (file, pos) = (this.file.clone(), this.pos);
-        this.pos += n as u64;
-        this.io.busy = Some(Box::pin(async move {
-            let mut done = 0;
-            while done < buf.len() {
-                let (res, slice) =
-                    ops::write_at(&file, crate::buf::IoBuf::slice(buf, done..), pos + done as u64)
-                        .await;
-                buf = slice.into_inner();
-                match res {
-                    Ok(0) => return Done::Write(Err(io::ErrorKind::WriteZero.into()), buf),
-                    Ok(n) => done += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Done::Write(Err(e), buf),
-                }
-            }
-            Done::Write(Ok(()), buf)
+        let pos = this.pos.get();
+        this.pos.set(pos + n as u64);
+        let task =
+            crate::spawn(write_behind(this.file.clone(), Arc::from(&src[..n]), pos, this.append));
+        st.busy = Some(Box::pin(async move {
+            task.await.unwrap_or_else(|e| {
+                Done::Write(Err(io::Error::other(format!("the write's task ended: {e}"))))
+            })
         }));
         Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match ready!(this.poll_busy(cx))? {
-            Some(Done::Read(res, buf)) => {
-                this.io.buf = buf;
-                this.io.start = 0;
-                if let Ok(n) = res {
-                    this.pos += n as u64;
-                }
-            }
-            Some(Done::Seek(res)) => this.io.seek = Some(res),
-            Some(Done::Write(..)) | None => {}
-        }
-        Poll::Ready(Ok(()))
+        ready!(this.poll_settle(cx));
+        Poll::Ready(this.take_write_err().map_or(Ok(()), Err))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -177,19 +111,21 @@ impl AsyncWrite for File {
 impl AsyncSeek for File {
     fn start_seek(self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
         let this = self.get_mut();
-        if this.io.busy.is_some() {
+        let mut st = this.cursor.borrow_mut();
+        if st.busy.is_some() {
             return Err(io::Error::other(
                 "another operation is pending on this file: call `poll_complete` (or flush) first",
             ));
         }
-        this.drop_read_ahead();
+        let pos = this.pos.get();
         let invalid = || io::Error::new(io::ErrorKind::InvalidInput, "seek to a negative offset");
         let target = match position {
             SeekFrom::Start(n) => Ok(n),
-            SeekFrom::Current(d) => this.pos.checked_add_signed(d).ok_or_else(invalid),
+            SeekFrom::Current(d) => pos.checked_add_signed(d).ok_or_else(invalid),
             SeekFrom::End(d) => {
+                st.forget_read_ahead();
                 let (file, path) = (this.file.clone(), this.path.clone());
-                this.io.busy = Some(Box::pin(async move {
+                st.busy = Some(Box::pin(async move {
                     let res = match ops::metadata_file(&file).await {
                         Ok(m) => m.len().checked_add_signed(d).ok_or_else(invalid),
                         Err(e) => Err(with_path("stat", &path, e)),
@@ -199,38 +135,24 @@ impl AsyncSeek for File {
                 return Ok(());
             }
         };
-        if let Ok(n) = target {
-            this.pos = n;
+        match target {
+            // Where the caller is already (`stream_position`): what was
+            // read ahead is still the file's bytes at the cursor.
+            Ok(n) if n == pos => {}
+            Ok(n) => {
+                st.forget_read_ahead();
+                this.pos.set(n);
+            }
+            Err(_) => {}
         }
-        this.io.seek = Some(target);
+        st.seek = Some(target);
         Ok(())
     }
 
     fn poll_complete(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
         let this = self.get_mut();
-        loop {
-            match ready!(this.poll_busy(cx))? {
-                Some(Done::Seek(res)) => {
-                    if let Ok(n) = res {
-                        this.pos = n;
-                    }
-                    return Poll::Ready(res);
-                }
-                Some(Done::Read(res, buf)) => {
-                    this.io.buf = buf;
-                    this.io.start = 0;
-                    if let Ok(n) = res {
-                        this.pos += n as u64;
-                    }
-                }
-                Some(Done::Write(..)) => {}
-                None => {
-                    return Poll::Ready(match this.io.seek.take() {
-                        Some(res) => res,
-                        None => Ok(this.pos - this.io.unread() as u64),
-                    })
-                }
-            }
-        }
+        ready!(this.poll_settle(cx));
+        let seek = this.cursor.borrow_mut().seek.take();
+        Poll::Ready(seek.unwrap_or(Ok(this.pos.get())))
     }
 }

@@ -73,6 +73,6 @@ impl Dir {
             };
             with_path("open", &full(), e)
         })?;
-        Ok(File::wrap(file, full().into()))
+        Ok(File::wrap(file, full().into(), options.append))
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! [`File`] reads and writes at offsets with owned buffers
 //! ([`File::read_at`], [`File::write_at`]) and, with the default feature
-//! `tokio-io`, is tokio's `AsyncRead`, `AsyncWrite` and `AsyncSeek`. The
+//! `tokio-io`, is tokio's `AsyncRead`, `AsyncWrite` and `AsyncSeek`, with
+//! tokio's semantics (a write is reported written at once and carried out
+//! in the background, even after a drop; see [`File`]). The
 //! free functions ([`read`], [`write()`], [`read_to_string`], [`metadata()`],
 //! [`rename`], [`remove_file`], [`create_dir_all`], ...) do what their
 //! `std::fs` namesakes do. Errors carry the operation and the path in
@@ -27,7 +29,11 @@
 //! - On epoll each call is a job on the runtime's blocking pool
 //!   ([`spawn_blocking`](crate::spawn_blocking)): a `Vec` buffer travels
 //!   to the pool thread and back; another buffer type (not `Send`) is
-//!   filled from a copy.
+//!   filled from a copy. A file that cannot seek (a FIFO) is read and
+//!   written at its own position, the offset ignored, as io_uring does.
+//! - With the clock paused, a file operation holds it on both drivers
+//!   (a ring operation counts itself while it runs, a pool job is counted
+//!   by the pool): see `time/paused.rs`.
 //! - A file is shared (an `Arc`) by its handle and every operation in
 //!   flight on it, so dropping a `File` while an operation runs closes the
 //!   descriptor only after the kernel is done with it. An open whose future
@@ -38,6 +44,7 @@
 
 #[cfg(feature = "tokio-io")]
 mod compat;
+mod cursor;
 mod dir;
 mod error;
 mod file;

@@ -5,7 +5,7 @@
 use std::any::Any;
 use std::ffi::CString;
 use std::fs::File as StdFile;
-use std::io;
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::Path;
@@ -21,15 +21,32 @@ use crate::runtime::current;
 /// A file shared by its handle and the operations in flight on it.
 pub(crate) type SharedFile = Arc<StdFile>;
 
+/// The worker's io_uring driver, for one file operation on its ring: it
+/// holds the worker's paused clock until the operation's future returns or
+/// is dropped (`time/paused.rs`), as a blocking-pool job does on epoll.
+struct Ring {
+    driver: Rc<uring::Driver>,
+    _held: Option<current::PausedClockHold>,
+}
+
+impl std::ops::Deref for Ring {
+    type Target = Rc<uring::Driver>;
+
+    fn deref(&self) -> &Rc<uring::Driver> {
+        &self.driver
+    }
+}
+
 /// The worker's io_uring driver if `op` runs on its ring; `Ok(None)` sends
 /// it to the blocking pool.
-fn ring(op: FileOp) -> io::Result<Option<Rc<uring::Driver>>> {
-    current::try_with_driver(|d| d.ring_for(op).cloned()).ok_or_else(not_on_worker)
+fn ring(op: FileOp) -> io::Result<Option<Ring>> {
+    let driver = current::try_with_driver(|d| d.ring_for(op).cloned()).ok_or_else(not_on_worker)?;
+    Ok(driver.map(|driver| Ring { driver, _held: current::hold_paused_clock() }))
 }
 
 /// True when `op` runs on this worker's ring.
 pub(super) fn on_ring(op: FileOp) -> bool {
-    matches!(ring(op), Ok(Some(_)))
+    current::try_with_driver(|d| d.ring_for(op).is_some()).unwrap_or(false)
 }
 
 /// Runs `f` on the blocking pool.
@@ -98,13 +115,37 @@ fn from_vec<B: 'static>(v: Vec<u8>) -> B {
     }
 }
 
+/// `pread`, or on a file that cannot seek (a pipe, a FIFO, a terminal:
+/// `ESPIPE`) a plain `read`, since io_uring ignores the offset there too:
+/// such a file reads alike on both drivers.
+fn pread(file: &StdFile, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    match file.read_at(buf, offset) {
+        Err(e) if e.raw_os_error() == Some(libc::ESPIPE) => {
+            let mut stream = file;
+            stream.read(buf)
+        }
+        res => res,
+    }
+}
+
+/// `pwrite`, or on a file that cannot seek a plain `write` (see [`pread`]).
+fn pwrite(file: &StdFile, buf: &[u8], offset: u64) -> io::Result<usize> {
+    match file.write_at(buf, offset) {
+        Err(e) if e.raw_os_error() == Some(libc::ESPIPE) => {
+            let mut stream = file;
+            stream.write(buf)
+        }
+        res => res,
+    }
+}
+
 /// `pread` into a fresh zeroed `Vec` of `cap` bytes (or `vec`'s room).
 fn pread_vec(file: &StdFile, mut vec: Vec<u8>, offset: u64) -> (io::Result<usize>, Vec<u8>) {
     let cap = vec.capacity();
     vec.clear();
     vec.resize(cap, 0);
     let res = loop {
-        match file.read_at(&mut vec, offset) {
+        match pread(file, &mut vec, offset) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             r => break r,
         }
@@ -165,7 +206,7 @@ pub(super) async fn write_at<B: IoBuf>(
     let file = file.clone();
     let bytes = buf::init_bytes(&buf).to_vec();
     let res = blocking(move || loop {
-        match file.write_at(&bytes, offset) {
+        match pwrite(&file, &bytes, offset) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             r => break r,
         }
@@ -263,7 +304,7 @@ pub(super) async fn read_to_end(
     let job = blocking(move || {
         let mut chunk = vec![0u8; READ_CHUNK_FIRST];
         let res = loop {
-            match file.read_at(&mut chunk, offset) {
+            match pread(&file, &mut chunk, offset) {
                 Ok(0) => break Ok(vec.len() - start),
                 Ok(n) => {
                     vec.extend_from_slice(&chunk[..n]);

@@ -22,7 +22,10 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -67,6 +70,10 @@ struct State {
 /// `fetch_add`, unlike the per-worker counters).
 #[derive(Default)]
 struct Stats {
+    /// Jobs whose result has not reached its handle yet: queued, running,
+    /// or handing the result over. Paused time waits while any is (see
+    /// [`BlockingPool::has_jobs`]); the other counts are the stats'.
+    undelivered: AtomicU64,
     queued: AtomicU64,
     running: AtomicU64,
     threads: AtomicU64,
@@ -101,6 +108,9 @@ impl BlockingPool {
             stats.running.fetch_sub(1, Relaxed);
             stats.completed.fetch_add(1, Relaxed);
             completion.0.finish(out);
+            // After the result (and the wake it sends through the worker's
+            // inbox): a paused worker that reads no job out then reads the wake.
+            stats.undelivered.fetch_sub(1, Release);
         });
         if let Err(job) = self.push(job) {
             drop(job); // the runtime is shutting down: the handle says Cancelled
@@ -114,6 +124,7 @@ impl BlockingPool {
             return Err(job);
         }
         st.queue.push_back(job);
+        self.inner.stats.undelivered.fetch_add(1, Relaxed);
         self.inner.stats.queued.fetch_add(1, Relaxed);
         if st.idle > 0 {
             st.idle -= 1;
@@ -133,6 +144,7 @@ impl BlockingPool {
             } else if st.threads == 0 {
                 let job = st.queue.pop_back().expect("just pushed");
                 self.inner.stats.queued.fetch_sub(1, Relaxed);
+                self.inner.stats.undelivered.fetch_sub(1, Relaxed);
                 return Err(job);
             }
         }
@@ -146,6 +158,7 @@ impl BlockingPool {
             let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             st.shutdown = true;
             self.inner.stats.queued.fetch_sub(st.queue.len() as u64, Relaxed);
+            self.inner.stats.undelivered.fetch_sub(st.queue.len() as u64, Relaxed);
             std::mem::take(&mut st.queue)
         };
         self.inner.work.notify_all();
@@ -153,11 +166,15 @@ impl BlockingPool {
         drop(dropped);
     }
 
-    /// True while a job is queued or running: paused time does not jump
-    /// ahead while one may still wake a task.
+    /// True while a job is queued or running, or handing its result over:
+    /// paused time does not jump ahead while one may still wake a task.
+    ///
+    /// A job leaves the count only after its result, and the wake that
+    /// goes with it, were handed over (`Release`, read here with
+    /// `Acquire`), so a worker that reads "no job" reads the wake in its
+    /// inbox afterwards: it never finds both empty in between.
     pub(crate) fn has_jobs(&self) -> bool {
-        let s = &self.inner.stats;
-        s.queued.load(Relaxed) > 0 || s.running.load(Relaxed) > 0
+        self.inner.stats.undelivered.load(Acquire) > 0
     }
 
     /// The pool's counters now.

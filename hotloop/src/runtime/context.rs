@@ -212,6 +212,11 @@ impl Wake for TaskWaker {
 /// auto-advance to the next timer). On resume it runs on from where it
 /// stood, `offset_ns` ahead of the system clock (or from the system
 /// clock, if that is ahead), so it never goes back.
+///
+/// Work in flight that only ends in real time holds a paused clock: the
+/// loop waits for it instead of jumping to the next timer. The blocking
+/// pool counts its own jobs; everything else that holds the clock (a file
+/// operation on this worker's ring) counts itself in `holds` while it runs.
 pub(crate) struct Clock {
     base: Instant,
     /// The monotonic clock at `base`, in nanoseconds, read just after it:
@@ -228,6 +233,10 @@ pub(crate) struct Clock {
     /// (time skipped while paused, or by an advance); 0 unless paused time
     /// was used.
     offset_ns: Cell<u64>,
+    /// Operations in flight on this worker that hold a paused clock; each
+    /// holder keeps a clone and takes its count back when it ends, on
+    /// whatever thread-local state is current then.
+    holds: Rc<Cell<usize>>,
 }
 
 impl Clock {
@@ -245,7 +254,19 @@ impl Clock {
             now: Cell::new(Some(base)),
             paused: Cell::new(false),
             offset_ns: Cell::new(0),
+            holds: Rc::new(Cell::new(0)),
         }
+    }
+
+    /// The count of operations that hold this clock while paused: a
+    /// holder adds one when it starts and takes it back when it ends.
+    pub(crate) fn holds(&self) -> &Rc<Cell<usize>> {
+        &self.holds
+    }
+
+    /// True while an operation counted in [`Clock::holds`] is in flight.
+    pub(crate) fn is_held(&self) -> bool {
+        self.holds.get() > 0
     }
 
     /// Reads the system clock and remembers it as this turn's time;

@@ -15,7 +15,8 @@
 //! thread's locals are being torn down); the others panic there, with a
 //! message that says how to get onto one.
 
-use std::cell::RefMut;
+use std::cell::{Cell, RefMut};
+use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::task::Waker;
@@ -182,6 +183,28 @@ pub(crate) fn advance_clock(by: Duration) {
         cx.clock.advance(by);
         super::worker::fire_timers(cx);
     });
+}
+
+/// Work that holds the current worker's paused clock while it runs (see
+/// [`hold_paused_clock`]); dropping it lets the clock go.
+pub(crate) struct PausedClockHold(Rc<Cell<usize>>);
+
+impl Drop for PausedClockHold {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
+/// Marks work that only ends in real time (a file operation on the ring)
+/// as in flight until the returned hold drops: while any is, a paused
+/// clock does not jump to the next timer, and the loop waits for the work
+/// instead, as it does for a blocking-pool job. `None` outside a worker.
+pub(crate) fn hold_paused_clock() -> Option<PausedClockHold> {
+    context::try_with(|cx| {
+        let holds = cx.clock.holds();
+        holds.set(holds.get() + 1);
+        PausedClockHold(holds.clone())
+    })
 }
 
 /// Queues `f` on the blocking pool of the current worker's runtime, or

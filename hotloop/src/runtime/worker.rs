@@ -77,9 +77,11 @@ pub(crate) fn run<F: Future>(
 
         // 2. I/O.
         let wait = match poll_wait(cx, last_event, ran_tasks) {
-            // Paused, with a blocking job out: wait for its result (it
-            // comes through the inbox), not for a deadline of the paused clock.
-            Wait::Sleep(Some(_)) if cx.clock.is_paused() && cx.runtime.blocking.has_jobs() => {
+            // Paused, with work out that ends only in real time (a blocking
+            // job, a file operation on the ring): wait for its result (a
+            // wake through the inbox, or a completion), not for a deadline
+            // of the paused clock.
+            Wait::Sleep(Some(_)) if cx.clock.is_paused() && paused_clock_held(cx) => {
                 Wait::Sleep(None)
             }
             wait => wait,
@@ -293,10 +295,18 @@ fn announce_sleep(cx: &Context) -> bool {
     cx.shared.doorbell.announce_sleep()
 }
 
+/// True while work is in flight that a paused clock waits for rather than
+/// jump past (the rule is in `time/paused.rs`): a job queued or running on
+/// the blocking pool (the runtime's, whichever worker queued it), or a file
+/// operation on this worker's ring.
+fn paused_clock_held(cx: &Context) -> bool {
+    cx.clock.is_held() || cx.runtime.blocking.has_jobs()
+}
+
 /// With the clock paused and nothing to do (no task, no I/O event, no
-/// message from another thread, no blocking job out), moves the clock to
-/// the next timer. A blocking job out makes the loop wait instead (see
-/// `run`), so it never gets here.
+/// message from another thread, no work out that holds the clock), moves
+/// the clock to the next timer. Work that holds the clock makes the loop
+/// wait instead (see `run`), so it never gets here.
 fn auto_advance(cx: &Context, wait: Wait) {
     let Wait::Sleep(Some(_)) = wait else { return };
     if cx.shared.doorbell.is_pending() || !cx.run_queue.borrow().is_empty() {

@@ -8,7 +8,8 @@
 //! Time can be paused on a worker ([`pause`], or
 //! `#[hotloop::test(start_paused = true)]`), as with tokio's `test-util`:
 //! deadlines then move only with [`advance`], or when the worker has
-//! nothing to run and no I/O ready, when its clock jumps to the next timer.
+//! nothing to run, no I/O ready and no file or blocking-pool work out, when
+//! its clock jumps to the next timer (`paused.rs` has the rule).
 //! Deadlines made with this module's functions and [`now`] follow the
 //! paused clock; an `Instant` taken from `std::time::Instant::now()` does not.
 
@@ -58,17 +59,39 @@ impl Filed {
             Some(t) if t.worker_uid() == self.uid => {
                 t.wheel().cancel(self.key);
             }
-            _ => {
-                let (key, uid) = (self.key, self.uid);
-                self.owner.push_runnable(Box::new(move || {
-                    current::try_with_timers(|t| {
-                        if t.worker_uid() == uid {
-                            t.wheel().cancel(key);
-                        }
-                    });
-                }));
-            }
+            _ => self.ask_owner(false),
         }
+    }
+
+    /// Takes the timer out of its wheel for a reset made off its worker,
+    /// and wakes the waker it held, on its worker: the task polls its
+    /// `Sleep` again and files a new timer at the new deadline, with its
+    /// own waker, so the wake-up survives the reset (a reset on the
+    /// timer's own worker moves the entry, waker and all, instead).
+    ///
+    /// Race-free without a handshake of its own: the request carries only
+    /// the key, never a deadline, so requests applied late or out of order
+    /// against later polls and resets on the owner cannot move a timer
+    /// anywhere. A stale key (the timer fired, or the task re-filed it)
+    /// cancels nothing and wakes nothing; the task was woken already, or
+    /// holds the new entry at the deadline it read when it polled.
+    fn take_and_wake(self) {
+        self.ask_owner(true);
+    }
+
+    /// Asks the timer's worker, through its inbox, to cancel the entry and,
+    /// with `wake`, to wake the waker it held.
+    fn ask_owner(self, wake: bool) {
+        let (key, uid) = (self.key, self.uid);
+        self.owner.push_runnable(Box::new(move || {
+            let waker = current::try_with_timers(|t| {
+                (t.worker_uid() == uid).then(|| t.wheel().cancel(key)).flatten()
+            });
+            // Woken outside the wheel's borrow.
+            if let Some(waker) = waker.flatten().filter(|_| wake) {
+                waker.wake();
+            }
+        }));
     }
 }
 
@@ -129,25 +152,30 @@ impl Sleep {
         deadline_base() >= self.deadline
     }
 
-    /// Moves the deadline; cheap, and the timer is re-filed lazily. It may
-    /// be called anywhere: off the worker that holds the timer, that
-    /// worker is asked to drop it, and the next poll files a new one.
+    /// Moves the deadline, earlier or later, as tokio's `Sleep::reset`
+    /// does: a task waiting on this `Sleep` wakes at the new deadline.
+    ///
+    /// It may be called on any thread. On the worker that holds the timer
+    /// the entry moves in place (no allocation, no wake). Anywhere else
+    /// (another worker, a plain thread), that worker is asked to take the
+    /// entry out and wake the task that waits on it, which then files a
+    /// new timer at the new deadline: one extra poll of the waiting task,
+    /// and no lost wake-up.
     pub fn reset(&mut self, deadline: Instant) {
         self.deadline = deadline;
         let Some(filed) = self.entry.take() else { return };
         let mut filed = Some(filed);
         let entry = &mut self.entry;
         current::try_with_timers(|t| {
-            let Some(f) = filed.take() else { return };
+            let Some(f) = filed.take_if(|f| f.uid == t.worker_uid()) else { return };
             let tick = t.tick_for_deadline(deadline);
-            if t.worker_uid() == f.uid && t.wheel().reset(f.key, tick) {
+            if t.wheel().reset(f.key, tick) {
                 *entry = Some(f);
-            } else {
-                f.cancel(Some(t));
             }
+            // A stale key: the timer fired and woke the task already.
         });
         if let Some(f) = filed {
-            f.cancel(None);
+            f.take_and_wake();
         }
     }
 }
@@ -249,6 +277,13 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> Timeout<F> {
+    /// Moves the deadline, earlier or later, from any thread, as
+    /// [`Sleep::reset`] does: the task waiting on the timeout wakes at the
+    /// new deadline.
+    pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
+        self.project().sleep.reset(deadline);
+    }
+
     /// The future.
     pub fn get_ref(&self) -> &F {
         &self.future
@@ -397,6 +432,10 @@ impl Interval {
     }
 
     /// Starts the schedule again: the next tick at `deadline`.
+    ///
+    /// Like every reset of the interval, it may be called on any thread,
+    /// and a task waiting for a tick wakes at the new one (see
+    /// [`Sleep::reset`]).
     pub fn reset_at(&mut self, deadline: Instant) {
         self.sleep.reset(deadline);
     }

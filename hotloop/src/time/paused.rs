@@ -1,5 +1,31 @@
 //! Paused time for tests: [`pause`], [`advance`], [`resume`].
 //!
+//! # What holds a paused clock
+//! A paused clock jumps to the next timer only when nothing on the worker
+//! can happen without it: no task to run, no I/O event found by a poll of
+//! the driver that does not wait, no message from another thread, and no
+//! work in flight that ends only in real time. This is tokio's rule (it
+//! auto-advances only with no work to run and nothing on its blocking pool),
+//! and the work that holds the clock is:
+//! - a job on the runtime's blocking pool ([`spawn_blocking`](crate::spawn_blocking)),
+//!   queued or running, whichever worker queued it, until its result has
+//!   reached the task: the pool counts a job as ended only after it handed
+//!   the result over (`runtime/blocking.rs`). Everything built on the pool
+//!   holds the clock this way: `hotloop::fs` on epoll (or for an opcode the
+//!   ring lacks, or with `HOTLOOP_URING_FS=0`), and a host-name lookup;
+//! - a file operation on the worker's io_uring ring (`hotloop::fs`), from
+//!   its first poll until its future returns or is dropped (`fs/ops.rs`
+//!   counts it in the worker's clock): file work waits in real time on
+//!   both drivers, as it does in tokio, where it runs on the blocking pool.
+//!
+//! While such work is out, the loop waits for it (its wake through the
+//! inbox, or its completion) instead of jumping (`runtime/worker.rs`,
+//! `paused_clock_held`). I/O does not hold the clock, as in tokio: a socket,
+//! a pipe, a child's exit (its pidfd is watched by the driver), a signal,
+//! `send_file` (which waits for the socket), or a task on another worker.
+//! A `timeout` around such a wait fires at once when nothing else is left
+//! to do.
+//!
 //! # Implementation notes
 //! Each worker has its own clock and wheel, so pausing acts on the
 //! calling worker only (a `#[hotloop::test]` body and the tasks it spawns
@@ -7,9 +33,9 @@
 //! returns the paused time) and the loop never sleeps until a deadline:
 //! when it has nothing to run it polls the driver without waiting, and
 //! only if that brought no event, no message from another thread came in,
-//! and no blocking-pool job is out, it moves the clock to the wheel's
-//! next deadline (tokio's auto-advance). With no timer at all it blocks on
-//! I/O as usual.
+//! and no work that holds the clock is out, it moves the clock to the
+//! wheel's next deadline (tokio's auto-advance). With no timer at all it
+//! blocks on I/O as usual.
 
 use std::time::Duration;
 
