@@ -274,7 +274,12 @@ async fn sweep() {
     loop {
         let next = CACHE.with(|cache| {
             let mut cache = cache.borrow_mut();
-            cache.drop_due(hotloop::time::now());
+            // The clock itself too, not only the loop's reading of this
+            // turn: a sleep ends once the clock has passed its deadline,
+            // which may still be ahead of the turn's reading, and an entry
+            // found not yet due would file the same, passed, deadline
+            // again and spin in this poll.
+            cache.drop_due(hotloop::time::now().max(Instant::now()));
             cache.next_due()
         });
         let Some(next) = next else { return };

@@ -32,8 +32,9 @@
 //!   thread (epoll) or an io_uring worker (when the path is not in the
 //!   dentry cache), and a few hundred such requests took every thread of
 //!   the pool. The descriptor is then `fstat`ed, and anything but a
-//!   regular file or a directory (a FIFO, a socket, a device) is 404, as
-//!   nginx answers it, before any read. A regular file gets its blocking
+//!   regular file or a directory (a FIFO, a device) is 404, as nginx
+//!   answers it, before any read; so is a socket, which cannot be opened
+//!   (`ENXIO`). A regular file gets its blocking
 //!   mode back (`O_NONBLOCK` would make an io_uring read of a file whose
 //!   file system cannot read without waiting fail with `EAGAIN`).
 //! - On plain TCP the body goes with [`TcpStream::send_file`]
@@ -341,13 +342,14 @@ fn status_of(e: io::Error) -> u16 {
         // A name too long names nothing servable.
         io::ErrorKind::InvalidFilename => 404,
         // A loop of symbolic links, as nginx answers it.
-        _ if os_error(&e) == Some(ELOOP) => 403,
+        _ if os_error(&e) == Some(libc::ELOOP) => 403,
+        // A socket file cannot be opened (`ENXIO`): like any file that is
+        // not a regular one, it is not there to be served. (nginx answers
+        // it 500, an open error it has no status for.)
+        _ if os_error(&e) == Some(libc::ENXIO) => 404,
         _ => 500,
     }
 }
-
-/// `ELOOP` on Linux: too many symbolic links.
-const ELOOP: i32 = 40;
 
 /// The system error under `hotloop::fs`'s error, which names the path.
 fn os_error(e: &io::Error) -> Option<i32> {
