@@ -294,8 +294,11 @@ fn close_notify_after_a_closing_request(driver: &str, app: &str, extra: &[&str])
                     let promised = split.and_then(|at| {
                         let head = String::from_utf8_lossy(&reply[..at]).into_owned();
                         head.lines()
-                            .find_map(|l| l.strip_prefix("Content-Length: "))
-                            .and_then(|v| v.trim().parse().ok())
+                            .find_map(|l| {
+                                l.split_once(':')
+                                    .filter(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                            })
+                            .and_then(|(_, v)| v.trim().parse().ok())
                     });
                     (reply.len() - split.map_or(0, |at| at + 4), promised)
                 })
