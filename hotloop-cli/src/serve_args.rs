@@ -27,7 +27,8 @@ pub enum App {
     Quic,
     /// HTTP/3 over QUIC (UDP): every request gets the fixed body.
     H3,
-    /// The files under --root over HTTP/1.1 (GET and HEAD, ranges, 304).
+    /// The files under --root over HTTP/1.1 (GET and HEAD, ranges, 304);
+    /// regular files only (a FIFO, socket or device is 404).
     Static,
 }
 
@@ -40,7 +41,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: String,
     /// static: the directory whose files are served (a request for a
-    /// directory gets its index.html).
+    /// directory gets its index.html). Only regular files are served: a
+    /// FIFO, a socket or a device is 404. Each worker keeps files it served
+    /// open for at most 1 s, all workers together at most a quarter of the
+    /// open-file limit; every hit checks the kept file (fstat), so a file
+    /// deleted, replaced or changed is opened again, and an accept or open
+    /// that runs out of descriptors first closes the idle ones.
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
     /// HTTP response body size in bytes (http, hyper, h3).

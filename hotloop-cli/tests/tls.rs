@@ -3,8 +3,9 @@
 //! against echo; clients that send garbage or stall mid-handshake lose
 //! their connection within the handshake limit while others are served;
 //! TLS connections follow the header and idle timeouts and the graceful
-//! stop; a bad certificate or key is a startup error naming the file. Both
-//! drivers. Needs `curl` and `openssl` (the tests that use them skip
+//! stop; a client that ends its side after a `Connection: close` request
+//! reads the whole answer (hyper, http and static); a bad certificate or
+//! key is a startup error naming the file. Both drivers. Needs `curl` and `openssl` (the tests that use them skip
 //! without).
 
 mod common;
@@ -253,6 +254,81 @@ fn sigterm_closes_idle_tls_connections_at_once(driver: DriverKind) {
     // close_notify: a clean end of stream, not an error.
     tls.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty(), "{rest:?}");
+}
+
+/// The body of the answers in [`close_notify_after_a_closing_request`]:
+/// larger than the socket buffers take at once, so a reset at the
+/// server's close would throw part of it away.
+const LARGE_BODY_BYTES: usize = 1 << 20;
+
+/// Twenty TLS clients each ask for a large answer with `Connection:
+/// close`, and while it comes (100 ms later) end their side as a TLS
+/// client does: a close_notify, then the TCP write side. Each must read
+/// the whole answer. The server closes when the answer is written; it
+/// closed on the unread close_notify, which made the kernel send a reset
+/// and drop what the client had not read yet.
+/// Returns a line for each client that read less than the whole answer.
+fn close_notify_after_a_closing_request(driver: &str, app: &str, extra: &[&str]) -> Vec<String> {
+    let (_p, addr, cert) = serve_tls(driver, app, extra);
+    let got: Vec<(usize, Option<usize>)> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..20)
+            .map(|_| {
+                let cert = &cert;
+                scope.spawn(move || {
+                    let sock =
+                        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                            .unwrap();
+                    sock.set_recv_buffer_size(4096).unwrap();
+                    sock.connect(&addr.into()).unwrap();
+                    let tcp: TcpStream = sock.into();
+                    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut s = common::tls_client_over(tcp, cert, &[b"http/1.1"]);
+                    s.write_all(b"GET /large HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                        .unwrap();
+                    s.flush().unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                    s.conn.send_close_notify();
+                    let _ = s.flush();
+                    let _ = s.sock.shutdown(std::net::Shutdown::Write);
+                    let reply = common::read_to_close(&mut s).0;
+                    let split = reply.windows(4).position(|w| w == b"\r\n\r\n");
+                    let promised = split.and_then(|at| {
+                        let head = String::from_utf8_lossy(&reply[..at]).into_owned();
+                        head.lines()
+                            .find_map(|l| {
+                                l.split_once(':')
+                                    .filter(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                            })
+                            .and_then(|(_, v)| v.trim().parse().ok())
+                    });
+                    (reply.len() - split.map_or(0, |at| at + 4), promised)
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    got.iter()
+        .filter(|&&(body, promised)| promised != Some(body) || body != LARGE_BODY_BYTES)
+        .map(|(body, promised)| format!("{app}: {body} bytes of body, {promised:?} promised"))
+        .collect()
+}
+
+#[hotloop::test(driver = "all")]
+fn a_client_that_ends_its_side_after_a_closing_request_reads_the_whole_answer(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let body = LARGE_BODY_BYTES.to_string();
+    let mut short = Vec::new();
+    for app in ["hyper", "http"] {
+        short.extend(close_notify_after_a_closing_request(driver, app, &["--body-size", &body]));
+    }
+    let root =
+        std::env::temp_dir().join(format!("hotloop-tls-root-{}-{driver}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("large"), vec![b'x'; LARGE_BODY_BYTES]).unwrap();
+    let root_arg = ["--root", root.to_str().unwrap()];
+    short.extend(close_notify_after_a_closing_request(driver, "static", &root_arg));
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(short.is_empty(), "{driver}: {} of 60 clients short: {short:#?}", short.len());
 }
 
 /// A file that is not a certificate, a missing key, a key that does not

@@ -14,15 +14,29 @@
 //! send timeouts, keep-alive, the same graceful stop and error replies.
 //!
 //! # Implementation notes
-//! - Open files are kept per worker for one second (`cache.rs`, as
+//! - Open files are kept per worker for one second at most (`cache.rs`, as
 //!   nginx's `open_file_cache`): a file served again within that second
-//!   costs no open and no `statx`.
+//!   costs no open, only an `fstat` of the descriptor held, which tells a
+//!   file deleted, replaced or changed (it is then opened again). All
+//!   workers' caches together hold at most a quarter of the open-file
+//!   limit, and give their idle descriptors back when an accept or an
+//!   open runs out (`EMFILE`, `ENFILE`).
 //! - A request target is percent-decoded and split into segments; a `..`
 //!   segment (literal or encoded) is 403 and an encoded `/` or NUL is 400,
 //!   before any file is touched. The path is then opened beneath the root
 //!   with [`Dir::open_file`] (`openat2` with `RESOLVE_BENEATH`), so a
 //!   symbolic link that points out of the root is refused by the kernel as
 //!   the path resolves (403), with no window between a check and the open.
+//! - The open is non-blocking (`O_NONBLOCK`, and `O_NOCTTY`): opening a
+//!   FIFO for reading waits for a writer otherwise, on a blocking-pool
+//!   thread (epoll) or an io_uring worker (when the path is not in the
+//!   dentry cache), and a few hundred such requests took every thread of
+//!   the pool. The descriptor is then `fstat`ed, and anything but a
+//!   regular file or a directory (a FIFO, a device) is 404, as nginx
+//!   answers it, before any read; so is a socket, which cannot be opened
+//!   (`ENXIO`). A regular file gets its blocking
+//!   mode back (`O_NONBLOCK` would make an io_uring read of a file whose
+//!   file system cannot read without waiting fail with `EAGAIN`).
 //! - On plain TCP the body goes with [`TcpStream::send_file`]
 //!   (`sendfile`), in steps of `SEND_FILE_STEP_BYTES` (`conn/send.rs`),
 //!   each bounded by the send timeout; where
@@ -34,9 +48,6 @@
 //!   fewer bytes than `Content-Length` promised were sent, so the
 //!   connection is closed (the client sees a short body, never another
 //!   file's bytes, and nothing waits for bytes that will not come).
-//! - Named limit: opening a FIFO under the root waits for a writer (on a
-//!   kernel or blocking-pool thread, not the worker); serve a root of
-//!   regular files and directories.
 //!
 //! [`TcpStream::send_file`]: hotloop::net::TcpStream::send_file
 
@@ -49,14 +60,14 @@ mod target;
 use std::io;
 use std::path::Path;
 use std::pin::pin;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hotloop::fs::{Dir, File, Metadata, OpenOptions};
+use hotloop::fs::{Dir, File, OpenOptions};
 
 use crate::conn::{reject, Conn, ConnTimer};
 use crate::drain;
+use cache::{Kind, Stat};
 use range::Ranged;
 use request::Parsed;
 
@@ -83,19 +94,23 @@ pub fn start(
     site: Site,
 ) -> io::Result<hotloop::net::Server> {
     let site = Arc::new(site);
+    // The limit in force (`serve` raised it to the hard limit already).
+    let nofile = hotloop::raise_nofile_limit()?;
+    let open_files = cache::budget(nofile, runtime.workers());
     match tls {
-        None => {
-            hotloop::net::serve(runtime, addr, options, move |stream| handle(stream, site.clone()))
-        }
+        None => hotloop::net::serve(runtime, addr, options, move |stream| {
+            handle(stream, site.clone(), open_files)
+        }),
         Some(tls) => hotloop::tls::serve_tls(runtime, addr, options, tls, move |stream| {
-            handle(stream, site.clone())
+            handle(stream, site.clone(), open_files)
         }),
     }
 }
 
-/// Serves one connection until it closes.
-pub async fn handle<S: Conn>(mut stream: S, site: Arc<Site>) {
-    serve(&mut stream, &site).await;
+/// Serves one connection until it closes; `open_files` is how many open
+/// files the worker's cache may keep (`cache::budget`).
+pub async fn handle<S: Conn>(mut stream: S, site: Arc<Site>, open_files: usize) {
+    serve(&mut stream, &site, open_files).await;
     stream.finish(site.write_limit).await;
 }
 
@@ -105,7 +120,7 @@ enum After {
     Close,
 }
 
-async fn serve<S: Conn>(stream: &mut S, site: &Site) {
+async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) {
     let mut pending: Vec<u8> = Vec::new();
     let mut timer = ConnTimer::new();
     let mut head_deadline = Some(hotloop::time::now() + site.header_timeout);
@@ -114,7 +129,8 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site) {
             match request::parse(&pending, site.max_headers) {
                 Parsed::Complete(head) => {
                     let len = head.len;
-                    let after = Box::pin(respond(stream, site, &head, &mut timer)).await;
+                    let after =
+                        Box::pin(respond(stream, site, open_files, &head, &mut timer)).await;
                     pending.drain(..len);
                     match after {
                         After::KeepAlive => {
@@ -158,6 +174,7 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site) {
 async fn respond<S: Conn>(
     stream: &mut S,
     site: &Site,
+    open_files: usize,
     head: &request::Head<'_>,
     timer: &mut ConnTimer,
 ) -> After {
@@ -179,10 +196,8 @@ async fn respond<S: Conn>(
     let found = match target::relative_path(head.target) {
         Ok(rel) => match cache::get(&rel) {
             Some(entry) => Ok(entry),
-            None => open(&site.root, &rel).await.map(|(file, meta, name)| {
-                let entry = Rc::new(cache::Entry::new(file, meta, name));
-                cache::put(&rel, entry.clone());
-                entry
+            None => open(&site.root, &rel).await.map(|(file, stat, name)| {
+                cache::put(&rel, cache::Entry::new(file, stat, name), open_files)
             }),
         },
         Err(target::Refused::Traversal) => Err(403),
@@ -194,8 +209,8 @@ async fn respond<S: Conn>(
             return finish(stream.send(error(status), site.write_limit, timer).await, close)
         }
     };
-    let (file, meta, name) = (&entry.file, &entry.meta, &entry.name);
-    let modified = meta.modified().unwrap_or(UNIX_EPOCH);
+    let (file, stat, name) = (&entry.file, &entry.stat, &entry.name);
+    let modified = stat.modified();
     let last_modified = httpdate::fmt_http_date(modified);
     let headers = |extra: &str| {
         format!(
@@ -209,7 +224,7 @@ async fn respond<S: Conn>(
         let reply = strip_content_length(reply);
         return finish(stream.send(reply, site.write_limit, timer).await, close);
     }
-    let len = meta.len();
+    let len = stat.len;
     let if_range_matches = head.if_range.is_none_or(|v| v == last_modified.as_bytes());
     let ranged = if if_range_matches { range::parse(head.range, len) } else { Ranged::Full };
     let (status, start, body_len, extra) = match ranged {
@@ -259,29 +274,55 @@ fn finish(sent: io::Result<()>, close: bool) -> After {
     }
 }
 
-/// Opens `rel` beneath the root: the file, its metadata and the name its
-/// content type comes from; a directory's `index.html`. `Err` is the status
-/// to answer with.
-async fn open(root: &Dir, rel: &Path) -> Result<(File, Metadata, String), u16> {
-    let mut read = OpenOptions::new();
-    read.read(true);
-    let file = root.open_file(rel_or_dot(rel), &read).await.map_err(status_of)?;
-    let meta = file.metadata().await.map_err(status_of)?;
-    if meta.is_file() {
-        let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        return Ok((file, meta, name));
-    }
-    if !meta.is_dir() {
-        return Err(404);
+/// Opens `rel` beneath the root: the file, what `fstat` says of it and
+/// the name its content type comes from; a directory's `index.html`.
+/// `Err` is the status to answer with. Only regular files are served: the
+/// open does not wait (see the module notes), and anything else is 404
+/// before a byte is read.
+async fn open(root: &Dir, rel: &Path) -> Result<(File, Stat, String), u16> {
+    let (file, stat) = open_beneath(root, rel_or_dot(rel)).await?;
+    match stat.kind() {
+        Kind::Regular => {
+            let name = rel.file_name().map(|n| n.to_string_lossy().into_owned());
+            return Ok((file, stat, name.unwrap_or_default()));
+        }
+        Kind::Directory => {}
+        Kind::Other => return Err(404),
     }
     drop(file);
-    let index = rel.join("index.html");
-    let file = root.open_file(&index, &read).await.map_err(status_of)?;
-    let meta = file.metadata().await.map_err(status_of)?;
-    if !meta.is_file() {
+    let (file, stat) = open_beneath(root, &rel.join("index.html")).await?;
+    if stat.kind() != Kind::Regular {
         return Err(404);
     }
-    Ok((file, meta, "index.html".to_string()))
+    Ok((file, stat, "index.html".to_string()))
+}
+
+/// Opens `path` beneath the root without waiting (`O_NONBLOCK`) and
+/// `fstat`s it; a regular file is made blocking again. Out of descriptors
+/// (`EMFILE`, `ENFILE`), the worker's cache closes its idle files and the
+/// open is tried once more.
+async fn open_beneath(root: &Dir, path: &Path) -> Result<(File, Stat), u16> {
+    let mut read = OpenOptions::new();
+    read.read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = match root.open_file(path, &read).await {
+        Err(e) if out_of_descriptors(&e) && cache::release_idle() > 0 => {
+            root.open_file(path, &read).await
+        }
+        opened => opened,
+    }
+    .map_err(status_of)?;
+    let stat = Stat::of(&file).map_err(status_of)?;
+    if stat.kind() == Kind::Regular {
+        let flags = rustix::fs::fcntl_getfl(&file).map_err(|e| status_of(e.into()))?;
+        rustix::fs::fcntl_setfl(&file, flags.difference(rustix::fs::OFlags::NONBLOCK))
+            .map_err(|e| status_of(e.into()))?;
+    }
+    Ok((file, stat))
+}
+
+/// The process or the system has no descriptor left.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(os_error(e), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// The root itself is `.`.
@@ -301,13 +342,14 @@ fn status_of(e: io::Error) -> u16 {
         // A name too long names nothing servable.
         io::ErrorKind::InvalidFilename => 404,
         // A loop of symbolic links, as nginx answers it.
-        _ if os_error(&e) == Some(ELOOP) => 403,
+        _ if os_error(&e) == Some(libc::ELOOP) => 403,
+        // A socket file cannot be opened (`ENXIO`): like any file that is
+        // not a regular one, it is not there to be served. (nginx answers
+        // it 500, an open error it has no status for.)
+        _ if os_error(&e) == Some(libc::ENXIO) => 404,
         _ => 500,
     }
 }
-
-/// `ELOOP` on Linux: too many symbolic links.
-const ELOOP: i32 = 40;
 
 /// The system error under `hotloop::fs`'s error, which names the path.
 fn os_error(e: &io::Error) -> Option<i32> {

@@ -40,7 +40,7 @@ use hyper::service::{HttpService, Service};
 use hyper::{Request, Response};
 
 use super::deadline::{
-    Deadlines, Expiry, HeadTimer, Polling, Progress, Socket, Stamp, TimedIo, Watch,
+    Deadlines, Expiry, HeadTimer, Polling, Progress, Socket, Stamp, TimedIo, Watch, LINGER,
 };
 use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
@@ -162,6 +162,11 @@ where
         let _polling = Polling::new(&this.progress);
         if !this.told && Pin::new(&mut this.stopping).poll(cx).is_ready() {
             this.told = true;
+            if this.progress.lingering_since().is_some() {
+                // A stop does not wait for a lingering close.
+                this.phase = Phase::Done;
+                return Poll::Ready(());
+            }
             // Poll once before telling hyper: a connection accepted while
             // the server stops may have its request waiting in the kernel,
             // and hyper drops a connection whose first bytes it has not
@@ -334,10 +339,14 @@ where
         }
     }
 
-    /// The deadline the phase adds to the idle and send timeouts: the
-    /// release of an HTTP/1.1 connection sitting between requests, or,
-    /// for a parked one, the header-read timeout.
+    /// The deadline the phase adds to the idle and send timeouts: the end
+    /// of a lingering close, the release of an HTTP/1.1 connection sitting
+    /// between requests, or, for a parked one, the header-read timeout.
     fn phase_deadline(&self) -> Option<(Stamp, Expiry)> {
+        if let Some(since) = self.progress.lingering_since() {
+            // hyper ended the connection: its close lingers this long.
+            return Some((since.after(LINGER), Expiry::Cut));
+        }
         if self.told {
             return None;
         }

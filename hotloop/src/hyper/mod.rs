@@ -40,6 +40,14 @@
 //!   a request is being answered unless it allows half-closed connections
 //!   (`half_close`), which it does here: the end of the client's side is
 //!   then only an end of requests.
+//! - When hyper ends a connection itself (after `Connection: close` or an
+//!   HTTP/1.0 request, or a GOAWAY), the close lingers, as nginx's
+//!   `lingering_close`: the write side is shut (over TLS after a
+//!   close_notify), and what the client still sends is read and dropped
+//!   until its end, for at most 2 s (or until the server stops). Closing on
+//!   unread bytes, such as the close_notify a TLS client sends after its
+//!   last request, sends a reset that throws away the answer the client
+//!   has not read yet.
 
 mod connection;
 mod deadline;

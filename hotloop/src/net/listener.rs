@@ -28,8 +28,15 @@
 //! Running out (`EMFILE`) counts as scarce too. A run of failures is one
 //! episode, logged when it begins and when accepting has worked for
 //! [`EXHAUSTION_QUIET`] since its last failure.
+//!
+//! Before an accept that ran out of descriptors (`EMFILE`, `ENFILE`)
+//! pauses, the worker's reclaimers run ([`on_descriptor_shortage`]): code
+//! that keeps descriptors it can spare (a cache of open files) closes
+//! them, and if any closed the accept is tried again at once, once. A
+//! cache then never keeps a client out; the pause is for descriptors that
+//! connections hold.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -53,6 +60,34 @@ pub const SCARCE_RESERVE_MAX: u64 = 16;
 /// How long accepting must work without a resource failure before a run
 /// of failures is reported as over; shorter gaps are one episode.
 pub const EXHAUSTION_QUIET: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// What code on this thread can close when descriptors run out (see
+    /// [`on_descriptor_shortage`]).
+    static RECLAIMERS: RefCell<Vec<Box<dyn Fn() -> usize>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Registers `reclaim` on the current thread (a worker): when an accept of
+/// a listener on this worker fails because the process or the system has
+/// no descriptor left (`EMFILE`, `ENFILE`), every function registered here
+/// is called, and if together they closed any descriptor the accept is
+/// tried again at once instead of pausing for
+/// [`ListenerOptions::resource_pause`]. `reclaim` closes what it can spare
+/// (the idle entries of a cache of open files) and returns how many
+/// descriptors it closed. It must not register or reclaim again from
+/// inside the call. Register once per worker: each registration is called.
+pub fn on_descriptor_shortage(reclaim: impl Fn() -> usize + 'static) {
+    RECLAIMERS.with(|r| r.borrow_mut().push(Box::new(reclaim)));
+}
+
+/// Runs this thread's reclaimers; how many descriptors they closed.
+fn reclaim_descriptors() -> usize {
+    RECLAIMERS.with(|r| match r.try_borrow() {
+        Ok(reclaimers) => reclaimers.iter().map(|reclaim| reclaim()).sum(),
+        // A reclaimer that accepts: nothing more to give.
+        Err(_) => 0,
+    })
+}
 
 /// A TCP listening socket bound to one worker.
 pub struct TcpListener {
@@ -254,6 +289,7 @@ impl Acceptor {
     /// Accepts a connection under the policy (see
     /// [`TcpListener::accept_stream`]).
     pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
+        let mut reclaimed = false;
         loop {
             if let Some(until) = self.paused_until.take() {
                 crate::time::sleep_until(until).await;
@@ -288,6 +324,17 @@ impl Acceptor {
                     self.set_scarce(fd.as_raw_fd() >= self.scarce_from);
                     self.end_exhaustion();
                     return Ok(fd);
+                }
+                Err(e)
+                    if !reclaimed
+                        && matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+                        && reclaim_descriptors() > 0 =>
+                {
+                    // Descriptors came back: once, try again without the
+                    // pause (still one accept per turn: few are left).
+                    reclaimed = true;
+                    current::count(|s| &s.accept_errors_resources);
+                    self.set_scarce(true);
                 }
                 Err(e) => self.on_accept_error(e)?,
             }

@@ -17,7 +17,7 @@ mod unix;
 mod unix_datagram;
 
 pub use crate::driver::AcceptMode;
-pub use listener::TcpListener;
+pub use listener::{on_descriptor_shortage, TcpListener};
 pub use options::{AcceptPacing, Balance, ListenerOptions, ServerOptions};
 pub use pool::{ReadPooled, POOLED_BUFFER_BYTES};
 pub use resolve::{lookup_host, Target, ToSocketAddrs};
