@@ -60,7 +60,7 @@ pub use handle::{spawn_blocking, Handle};
 pub(crate) use join::{
     run_now_if_alone, spawn_detached, spawn_detached_with, yield_to_driver, OnDone,
 };
-pub use join::{spawn, wake_all, yield_now, JoinHandle};
+pub use join::{run_local, spawn, wake_all, yield_now, AbortHandle, JoinHandle, RunLocal};
 pub use join_set::JoinSet;
 pub use join_slot::{JoinError, RemoteJoinHandle};
 pub(crate) use key::TaskKey;
