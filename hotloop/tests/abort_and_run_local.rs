@@ -176,3 +176,18 @@ async fn a_join_handles_abort_handle_is_send_for_any_output() {
     assert!(task.await.unwrap_err().is_cancelled());
     assert!(dropped.load(Ordering::SeqCst));
 }
+
+/// A set's handles tell their own task's finish, also once the set has
+/// reused the task's place for a newer task.
+#[hotloop::test(driver = "all")]
+async fn a_join_set_handle_tells_its_own_task_after_its_place_is_reused() {
+    let mut set = JoinSet::new();
+    let first = set.spawn(async { 1 });
+    assert_eq!(set.join_next().await.unwrap().unwrap(), 1);
+    let second = set.spawn(forever(flag()));
+    assert!(first.is_finished());
+    assert!(!second.is_finished(), "the newer task in the same place is running");
+    second.abort();
+    assert!(set.join_next().await.unwrap().unwrap_err().is_cancelled());
+    assert!(second.is_finished());
+}

@@ -45,12 +45,12 @@ impl<T> JoinHandle<T> {
     /// `Send`, `Sync` and `Clone` whatever the output, so it can go to
     /// another task or thread while this handle awaits the output.
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle {
-            key: self.key,
-            owner: self.owner.clone(),
-            owner_uid: self.owner_uid,
-            done: self.slot.done_flag(),
-        }
+        self.abort_handle_with(Done::Flag(self.slot.done_flag()))
+    }
+
+    /// An `AbortHandle` that tells the task's finish by `done`.
+    pub(crate) fn abort_handle_with(&self, done: Done) -> AbortHandle {
+        AbortHandle { key: self.key, owner: self.owner.clone(), owner_uid: self.owner_uid, done }
     }
 
     /// True once the task has finished, was aborted, or panicked.
@@ -107,8 +107,17 @@ pub struct AbortHandle {
     key: TaskKey,
     owner: std::sync::Arc<WorkerShared>,
     owner_uid: u64,
-    /// Set when the task's slot is finished.
-    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: Done,
+}
+
+/// Where an [`AbortHandle`] reads whether its task finished.
+#[derive(Clone)]
+pub(crate) enum Done {
+    /// A flag the task's join slot sets (made for the first handle).
+    Flag(std::sync::Arc<std::sync::atomic::AtomicBool>),
+    /// The task's set, which records its tasks' finishes anyway, and the
+    /// task's id there: a set's task needs no allocation for its handle.
+    InSet(Arc<SetNotify>, u64),
 }
 
 impl AbortHandle {
@@ -122,7 +131,10 @@ impl AbortHandle {
 
     /// True once the task has finished, was aborted, or panicked.
     pub fn is_finished(&self) -> bool {
-        self.done.load(std::sync::atomic::Ordering::Acquire)
+        match &self.done {
+            Done::Flag(flag) => flag.load(std::sync::atomic::Ordering::Acquire),
+            Done::InSet(set, id) => set.has_finished(*id),
+        }
     }
 }
 

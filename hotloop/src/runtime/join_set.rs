@@ -12,7 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::task::{Context as TaskContext, Poll};
 
-use super::join::{spawn_in_set, AbortHandle, JoinHandle};
+use super::join::{spawn_in_set, AbortHandle, Done, JoinHandle};
 use super::join_slot::{lock, JoinError, SetNotify};
 use crate::loom::sync::Arc;
 use crate::slab::{Key, Slab};
@@ -64,11 +64,11 @@ impl<T: 'static> JoinSet<T> {
     where
         F: Future<Output = T> + 'static,
     {
-        let id = self.tasks.vacant_key();
-        let handle = spawn_in_set(future, Some((self.notify.clone(), id.to_u64())));
-        let abort = handle.abort_handle();
+        let id = self.tasks.vacant_key().to_u64();
+        let handle = spawn_in_set(future, Some((self.notify.clone(), id)));
+        let abort = handle.abort_handle_with(Done::InSet(self.notify.clone(), id));
         let inserted = self.tasks.insert(handle);
-        debug_assert_eq!(inserted.to_u64(), id.to_u64());
+        debug_assert_eq!(inserted.to_u64(), id);
         abort
     }
 

@@ -106,6 +106,24 @@ pub(crate) struct SetNotify {
 pub(crate) struct SetReady {
     pub(crate) ids: VecDeque<u64>,
     pub(crate) waiter: Option<Waker>,
+    /// By a task id's slab index, the generation of the last task there
+    /// that finished: what the tasks' `AbortHandle`s read, so a set's
+    /// task needs no flag of its own. A slot of the set's slab takes a new
+    /// generation only once its task is joined (finished) or detached.
+    finished_generations: Vec<u32>,
+}
+
+impl SetReady {
+    /// True once the task `id` of the set has finished.
+    fn has_finished(&self, id: u64) -> bool {
+        let (index, generation) = (id as u32 as usize, (id >> 32) as u32);
+        self.finished_generations.get(index).is_some_and(|&g| g != 0 && !newer(generation, g))
+    }
+}
+
+/// True if slab generation `a` came after `b` (generations wrap).
+fn newer(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
 }
 
 impl SetNotify {
@@ -113,11 +131,26 @@ impl SetNotify {
         Arc::new(SetNotify { ready: Mutex::new(SetReady::default()) })
     }
 
+    /// True once task `id` of the set has finished (for its `AbortHandle`).
+    pub(crate) fn has_finished(&self, id: u64) -> bool {
+        lock(&self.ready).has_finished(id)
+    }
+
     /// Records that task `id` finished and wakes the set's waiter.
     fn finished(&self, id: u64) {
         let waiter = {
             let mut ready = lock(&self.ready);
             ready.ids.push_back(id);
+            let (index, generation) = (id as u32 as usize, (id >> 32) as u32);
+            if ready.finished_generations.len() <= index {
+                ready.finished_generations.resize(index + 1, 0);
+            }
+            // A detached task of an older generation may finish after a
+            // newer one in the same slot: the newer record stays.
+            let last = &mut ready.finished_generations[index];
+            if *last == 0 || newer(generation, *last) {
+                *last = generation;
+            }
             ready.waiter.take()
         };
         if let Some(w) = waiter {
