@@ -36,14 +36,16 @@
 //! Blocking work goes to [`spawn_blocking`]; host names resolve there
 //! ([`net::lookup_host`]). [`signal::ctrl_c`] and [`signal::signal`] wait
 //! for process signals in a task, as `tokio::signal` does. [`task::JoinSet`]
-//! joins groups of tasks; [`process::Command`] runs child processes;
+//! joins groups of tasks; [`task::run_local`] runs hotloop I/O for code
+//! that must be `Send` (an axum handler); [`task_local!`] declares
+//! task-local values; [`process::Command`] runs child processes;
 //! [`time::pause`] (or `#[hotloop::test(start_paused = true)]`) runs
 //! timers on a paused clock. The owned-buffer stream methods
 //! (`read_owned`, `write_all_owned`, ...) sit beside tokio's
 //! `AsyncReadExt`/`AsyncWriteExt`, which work by plain method calls.
 //! Features `hyper`, `tls` and `tower` add hyper serving, TLS with ALPN,
-//! and a tower `TimeoutLayer` on hotloop's timers; `tokio-time` hosts
-//! tokio's timer for libraries that call `tokio::time`.
+//! and a tower `TimeoutLayer` on hotloop's timers; `tokio-time` (a default)
+//! hosts tokio's timer for code that calls `tokio::time` inside a task.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -65,6 +67,7 @@ mod slab;
 pub mod stats;
 mod sys;
 pub mod task;
+mod task_local;
 pub mod time;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -72,8 +75,8 @@ pub mod tls;
 pub mod tower;
 
 pub use runtime::{
-    spawn, spawn_blocking, yield_now, Builder, BusyPoll, DriverKind, Handle, JoinError, JoinHandle,
-    JoinSet, KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
+    spawn, spawn_blocking, yield_now, AbortHandle, Builder, BusyPoll, DriverKind, Handle,
+    JoinError, JoinHandle, JoinSet, KernelBusyPoll, Registration, RemoteJoinHandle, Runtime,
 };
 pub use sys::{open_fd_count, raise_nofile_limit, release_free_memory};
 

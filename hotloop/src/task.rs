@@ -1,12 +1,18 @@
 //! Tasks, where a tokio user looks for them (`tokio::task`): spawning,
-//! joining, groups of tasks, yielding and blocking work.
+//! joining, aborting, groups of tasks, task-local values, yielding and
+//! blocking work.
 //!
 //! Every task runs on the worker that spawned it; [`spawn_local`] is
-//! [`spawn`] under tokio's name for a `!Send` task.
+//! [`spawn`] under tokio's name for a `!Send` task. [`run_local`] runs
+//! hotloop I/O from code that must be `Send` (an axum handler) and gives
+//! its result back as a `Send` future. [`task_local!`](crate::task_local)
+//! declares task-local keys ([`LocalKey`]).
 
 pub use crate::runtime::{
-    spawn, spawn_blocking, wake_all, yield_now, JoinError, JoinHandle, JoinSet, RemoteJoinHandle,
+    run_local, spawn, spawn_blocking, wake_all, yield_now, AbortHandle, JoinError, JoinHandle,
+    JoinSet, RemoteJoinHandle, RunLocal,
 };
+pub use crate::task_local::{AccessError, LocalKey, TaskLocalFuture};
 
 /// [`spawn`] under the name tokio gives it for `!Send` futures: every
 /// hotloop task stays on its worker, so the two are the same.

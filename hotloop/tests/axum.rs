@@ -221,3 +221,80 @@ fn graceful_stop_finishes_http2_streams_in_flight(driver: DriverKind) {
     assert_eq!(body, Bytes::from("finished"));
     assert!(ended, "the HTTP/2 connection ended after GOAWAY");
 }
+
+/// A handler bug: it panics before it answers.
+async fn panics() -> &'static str {
+    panic!("a handler bug")
+}
+
+/// A handler that panics is answered 500, not with an empty reply, and its
+/// connection goes on serving: the next request on an HTTP/1.1 connection,
+/// the other streams of an HTTP/2 one.
+#[hotloop::test(driver = "all")]
+fn a_panicking_handler_is_answered_500_and_its_connection_lives_on(driver: DriverKind) {
+    let router = Router::new().route("/", get(|| async { "fine" })).route("/panic", get(panics));
+    let (_rt, server) = serve_router(driver, 1, router);
+    let addr = server.local_addr();
+    let mut s = connect(addr);
+    let (status, _, body) = request(&mut s, "GET", "/panic", "");
+    assert_eq!((status.as_str(), body.as_str()), ("http/1.1 500 internal server error", ""));
+    let (status, _, body) = request(&mut s, "GET", "/", "");
+    assert_eq!((status.as_str(), body.as_str()), ("http/1.1 200 ok", "fine"));
+
+    let client = std::thread::spawn(move || {
+        let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+        rt.block_on(async move {
+            let stream = hotloop::net::TcpStream::connect(addr).await.unwrap();
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(HotloopExecutor, TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            drop(hotloop::spawn(conn));
+            let get = |path: &'static str| {
+                let mut sender = sender.clone();
+                async move {
+                    let req = Request::get(format!("http://t{path}"))
+                        .body(Empty::<Bytes>::new())
+                        .unwrap();
+                    let resp = sender.send_request(req).await.unwrap();
+                    let status = resp.status().as_u16();
+                    let body = resp.into_body().collect().await.unwrap().to_bytes();
+                    (status, body)
+                }
+            };
+            // Both streams at once on one connection, then one more after.
+            let (bad, good) = futures_util::future::join(get("/panic"), get("/")).await;
+            let after = get("/").await;
+            (bad, good, after)
+        })
+    });
+    let (bad, good, after) = client.join().unwrap();
+    assert_eq!(bad, (500, Bytes::new()));
+    assert_eq!(good, (200, Bytes::from("fine")));
+    assert_eq!(after, (200, Bytes::from("fine")));
+}
+
+/// What a handler reaches of tokio works: `tokio::time` in an axum
+/// handler answers, rather than panicking with "no reactor running".
+#[cfg(feature = "tokio-time")]
+#[hotloop::test(driver = "all")]
+fn a_handler_calling_tokio_time_answers(driver: DriverKind) {
+    let router = Router::new().route(
+        "/deadline",
+        get(|| async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            match tokio::time::timeout(Duration::from_millis(50), std::future::pending::<()>())
+                .await
+            {
+                Ok(()) => "never",
+                Err(_) => "timed out",
+            }
+        }),
+    );
+    let (_rt, server) = serve_router(driver, 2, router);
+    let mut s = connect(server.local_addr());
+    for _ in 0..3 {
+        let (status, _, body) = request(&mut s, "GET", "/deadline", "");
+        assert_eq!((status.as_str(), body.as_str()), ("http/1.1 200 ok", "timed out"));
+    }
+}

@@ -1,6 +1,8 @@
-//! With the `tokio-time` feature, `tokio::time` works inside hotloop
-//! tasks: `sleep`, `timeout` around hotloop I/O, an `interval`, and
-//! tower's own `Timeout` service, on both drivers and on several workers.
+//! With the `tokio-time` feature (on by default), `tokio::time` works
+//! inside hotloop tasks: `sleep`, `timeout` around hotloop I/O, an
+//! `interval`, and tower's own `Timeout` service, on both drivers and on
+//! several workers; so do `tokio::spawn` and `tokio::net` where the
+//! program's tokio compiles them in.
 
 use std::time::{Duration, Instant};
 
@@ -54,4 +56,29 @@ fn towers_timeout_layer_works_on_every_worker(driver: DriverKind) {
         assert_eq!(fast, Ok(1));
         assert!(late.unwrap_err().contains("timed out"));
     }
+}
+
+/// `tokio::spawn` and `tokio::net` from a hotloop task: the future runs on
+/// the hosted tokio runtime's thread, its socket on that runtime's reactor,
+/// and hotloop I/O talks to it.
+#[hotloop::test(driver = "all")]
+async fn tokio_spawn_and_tokio_net_work_inside_a_hotloop_task() {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(b"from tokio").await.unwrap();
+        std::thread::current().name().map(String::from)
+    });
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 10 {
+        let (res, buf) = stream.read_owned(Vec::with_capacity(16)).await;
+        assert!(res.unwrap() > 0, "the tokio side closed early");
+        got.extend_from_slice(&buf);
+    }
+    assert_eq!(got, b"from tokio");
+    let thread = tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
+    assert_eq!(thread.as_deref(), Some("hotloop-tokio"));
 }

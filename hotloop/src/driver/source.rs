@@ -166,6 +166,27 @@ impl StreamSource {
         each!(StreamSource, self, s => s.poll_readable(cx))
     }
 
+    /// Ready once a borrowed-slice write may take bytes without waiting
+    /// (it may still find the socket full): on epoll once the socket is
+    /// writable, on io_uring once the write-behind send in flight is done.
+    pub(crate) fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        match self {
+            StreamSource::Epoll(s) => s.poll_writable(cx),
+            StreamSource::Uring(s) => s.poll_flush(cx),
+        }
+    }
+
+    /// Receives into a borrowed slice without waiting;
+    /// `ErrorKind::WouldBlock` when there is nothing.
+    pub(crate) fn try_recv_slice(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `[u8]` and `[MaybeUninit<u8>]` share a layout, and the
+        // backends write only initialised bytes, so `buf` stays initialised.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<MaybeUninit<u8>>(), buf.len())
+        };
+        self.try_recv(dst)
+    }
+
     /// Drops what the stream keeps between writes (io_uring: the
     /// write-behind buffer) unless a write is in flight.
     #[cfg(feature = "hyper")]

@@ -36,6 +36,9 @@
 //!   stalled write is cut at once (a GOAWAY could not be sent anyway). A
 //!   cut shuts the socket down both ways before the stream is dropped, so
 //!   a write in flight on io_uring ends at once too.
+//! - hyper does not catch a panic of the service: it would end the
+//!   connection's task and leave the client an empty reply. Every service
+//!   is wrapped (`panic.rs`) so that its panic is answered `500`.
 //! - hyper's HTTP/1.1 server drops a connection whose read side ends while
 //!   a request is being answered unless it allows half-closed connections
 //!   (`half_close`), which it does here: the end of the client's side is
@@ -51,6 +54,7 @@
 
 mod connection;
 mod deadline;
+mod panic;
 mod rt;
 mod tracked;
 
@@ -63,6 +67,7 @@ use hyper::{Request, Response};
 use self::connection::serve_connection;
 use self::deadline::Deadlines;
 pub use self::deadline::IDLE_CLOSE_GRACE;
+use self::panic::CatchPanic;
 pub use self::rt::{HotloopExecutor, HotloopTimer, HyperIo, HyperSleep};
 use crate::net::{serve_with_stop, ListenerOptions, Server, ServerOptions, TcpStream};
 use crate::Handle;
@@ -164,6 +169,11 @@ impl From<&HyperOptions> for Deadlines {
 /// [`Server::shutdown_blocking`]), every connection is told to finish
 /// gracefully: HTTP/1.1 connections finish the request in flight and
 /// close; HTTP/2 connections send `GOAWAY` and finish their open streams.
+///
+/// A service that panics before it answers gets its request answered
+/// `500 Internal Server Error` (empty body), and the connection goes on
+/// serving; a panic while the body is sent ends that response only. The
+/// panic is logged.
 pub fn serve_hyper<M, S, B>(
     handle: impl AsRef<Handle>,
     addr: impl std::net::ToSocketAddrs,
@@ -182,7 +192,7 @@ where
     let options = options.into();
     let deadlines = Deadlines::from(&options);
     serve_with_stop(handle, addr, options.server, move |stream: TcpStream, stop| {
-        serve_connection(stream, make_service(), stop, deadlines)
+        serve_connection(stream, CatchPanic::new(make_service()), stop, deadlines)
     })
 }
 
@@ -212,6 +222,6 @@ where
     let options = options.into();
     let deadlines = Deadlines::from(&options);
     crate::tls::serve_tls_with_stop(handle, addr, options.server, acceptor, move |tls, stop| {
-        serve_connection(tls, make_service(), stop, deadlines)
+        serve_connection(tls, CatchPanic::new(make_service()), stop, deadlines)
     })
 }

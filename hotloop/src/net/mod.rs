@@ -10,6 +10,7 @@ pub(crate) mod pool;
 mod resolve;
 mod server;
 mod sockopt;
+mod split;
 mod stream;
 mod stream_core;
 mod udp;
@@ -28,6 +29,7 @@ pub use server::{
     UnixServer,
 };
 pub use sockopt::TcpKeepalive;
+pub use split::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, WriteHalf};
 pub use stream::TcpStream;
 pub use udp::{
     EcnCodepoint, RecvMeta, SendMeta, Transmit, UdpOptions, UdpSocket, BATCH_DATAGRAMS_MAX,

@@ -143,7 +143,12 @@ pub enum Balance {
     /// A worker busy for more than [`Balance::LOAD_BUSY_MIN_PERMILLE`] of
     /// its recent time hands a new connection to the least busy worker,
     /// if that one is at least [`Balance::LOAD_MARGIN_PERMILLE`] less busy.
-    /// Below that load it costs one atomic read per accepted connection.
+    /// When the load decides nothing (idle workers, or busy shares within
+    /// the margin) it places the connection as `Count` does, among the
+    /// workers not the margin busier than this one, so a burst reaching
+    /// idle workers is spread as evenly as by counting. It costs a few
+    /// atomic reads per accepted connection, and a hand-off when counts
+    /// differ.
     #[default]
     Load,
     /// Every connection goes to the worker holding the fewest connections

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};
@@ -47,6 +48,17 @@ impl TcpStream {
         Err(last_err.unwrap_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to")
         }))
+    }
+
+    /// Wraps a connected `std::net::TcpStream` on the current worker's
+    /// driver, as tokio's `TcpStream::from_std` does; the socket is made
+    /// non-blocking here.
+    ///
+    /// # Panics
+    /// Outside a hotloop worker.
+    pub fn from_std(stream: std::net::TcpStream) -> io::Result<TcpStream> {
+        stream.set_nonblocking(true)?;
+        TcpStream::from_fd(stream.into())
     }
 
     /// Connects to `addr`, giving up after `limit` with `ErrorKind::TimedOut`.
@@ -142,6 +154,76 @@ impl TcpStream {
         bufs: Vec<B>,
     ) -> impl Future<Output = BufResult<usize, Vec<B>>> + '_ {
         self.core.write_vectored(bufs)
+    }
+
+    /// Waits until the stream may have bytes to read, or an end or error
+    /// to report, as tokio's `readable`; then [`try_read`](Self::try_read)
+    /// says which. The wake may find nothing (`WouldBlock`): wait again.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it holds no data.
+    pub async fn readable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.core.poll_read_ready(cx)).await
+    }
+
+    /// The poll form of [`readable`](Self::readable).
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.core.poll_read_ready(cx)
+    }
+
+    /// Reads what the stream has into `buf` without waiting: `Ok(0)` at
+    /// the peer's end (or for an empty `buf`), `ErrorKind::WouldBlock`
+    /// when there is nothing yet. It shares the stream's one receive path
+    /// with every other read style, so no byte is lost between them.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.core.try_read(buf)
+    }
+
+    /// Waits until [`try_write`](Self::try_write) may take bytes, as
+    /// tokio's `writable`: on epoll once the socket has room, on io_uring
+    /// once the stream's write in flight is done. The socket may still be
+    /// full when it returns (`WouldBlock`): wait again.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it holds no data.
+    pub async fn writable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.core.poll_write_ready(cx)).await
+    }
+
+    /// The poll form of [`writable`](Self::writable).
+    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.core.poll_write_ready(cx)
+    }
+
+    /// Writes what the stream can take of `buf` without waiting; returns
+    /// how many bytes it took, or `ErrorKind::WouldBlock`.
+    ///
+    /// On epoll it is one non-blocking `send`. On io_uring it is the
+    /// poll-form write: unless the worker sends directly, the bytes are
+    /// copied into the stream's write-behind buffer and sent with the
+    /// worker's next submission, and a `try_write` while that send is in
+    /// flight is `WouldBlock`; a byte taken is never dropped, also if the
+    /// stream is dropped next.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.core.try_write(buf)
+    }
+
+    /// Splits the stream into a read half and a write half that can go to
+    /// two tasks of this worker, as tokio's `into_split`. The write half
+    /// shuts the stream's write side down when it is dropped (after the
+    /// bytes it wrote are out), unless [`OwnedWriteHalf::forget`](super::OwnedWriteHalf::forget)
+    /// drops it; [`OwnedReadHalf::reunite`](super::OwnedReadHalf::reunite)
+    /// gives the stream back. The halves share the stream through an
+    /// `Rc`: like the stream, they stay on its worker.
+    pub fn into_split(self) -> (super::OwnedReadHalf, super::OwnedWriteHalf) {
+        super::split::into_split(self)
+    }
+
+    /// Borrowed halves, as tokio's `split`: each implements only its
+    /// direction of tokio's I/O traits. The stream's methods take `&self`,
+    /// so `&stream` serves as either half too.
+    pub fn split(&self) -> (super::ReadHalf<'_>, super::WriteHalf<'_>) {
+        super::split::split(self)
     }
 
     /// Shuts down the read half, the write half or both.

@@ -152,6 +152,33 @@ impl StreamCore {
         self.src.shutdown(how)
     }
 
+    /// See [`TcpStream::poll_read_ready`](super::TcpStream::poll_read_ready).
+    pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.src.poll_readable(cx)
+    }
+
+    /// See [`TcpStream::poll_write_ready`](super::TcpStream::poll_write_ready).
+    pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.src.poll_writable(cx)
+    }
+
+    /// See [`TcpStream::try_read`](super::TcpStream::try_read).
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.src.try_recv_slice(buf)
+    }
+
+    /// See [`TcpStream::try_write`](super::TcpStream::try_write): the
+    /// poll-form write, which never waits when it returns, with a waker
+    /// that wakes nobody (the caller waits with `writable`, which files
+    /// its own).
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.src.poll_write_slice(&mut cx, buf) {
+            Poll::Ready(res) => res,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
     /// Drops what the stream keeps between poll-form writes, unless a
     /// write is in flight: for a connection about to idle.
     #[cfg(feature = "hyper")]

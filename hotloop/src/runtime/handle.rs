@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::blocking::BlockingPool;
 use super::context;
-use super::join::{spawn_detached_with, OnDone, TaskCompletion};
+use super::join::{abort_local, spawn_detached_with, OnDone, TaskCompletion};
 use super::join_slot::{JoinError, JoinSlot, RemoteJoinHandle};
 use super::shared::{RuntimeShared, WorkerShared};
 use crate::stats::StatsSnapshot;
@@ -56,7 +56,22 @@ impl Handle {
         let slot = JoinSlot::new(None, None);
         let completion = TaskCompletion(slot.clone());
         let shared = &self.inner.workers[worker];
+        // The handle's abort goes to the worker's inbox behind the spawn
+        // below, so it finds the task's key there; an abort before the
+        // spawn ran stops the spawn.
+        let (owner, aborted) = (shared.clone(), slot.clone());
+        slot.set_aborter(Box::new(move || {
+            owner.push_runnable(Box::new(move || {
+                if let (Some(key), Some(cx)) = (aborted.key(), context::current()) {
+                    abort_local(&cx, key);
+                }
+            }))
+        }));
         shared.push_runnable(Box::new(move || {
+            if completion.0.abort_requested() {
+                // Dropped unspawned: the handle says `Cancelled`.
+                return;
+            }
             // A closure that panics reports it through the join handle.
             let future = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make_future)) {
                 Ok(future) => future,

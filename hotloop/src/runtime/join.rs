@@ -38,15 +38,19 @@ impl<T> JoinHandle<T> {
     /// another thread, at its worker's next turn). Awaiting the handle then
     /// gives `JoinError::Cancelled`, unless the task had already finished.
     pub fn abort(&self) {
-        let (key, uid) = (self.key, self.owner_uid);
-        match context::current() {
-            Some(cx) if cx.uid == uid => abort_local(&cx, key),
-            _ => self.owner.push_runnable(Box::new(move || {
-                if let Some(cx) = context::current().filter(|cx| cx.uid == uid) {
-                    abort_local(&cx, key);
-                }
-            })),
-        }
+        abort_task(&self.owner, self.owner_uid, self.key);
+    }
+
+    /// A handle that aborts the task without owning its output: it is
+    /// `Send`, `Sync` and `Clone` whatever the output, so it can go to
+    /// another task or thread while this handle awaits the output.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort_handle_with(Done::Flag(self.slot.done_flag()))
+    }
+
+    /// An `AbortHandle` that tells the task's finish by `done`.
+    pub(crate) fn abort_handle_with(&self, done: Done) -> AbortHandle {
+        AbortHandle { key: self.key, owner: self.owner.clone(), owner_uid: self.owner_uid, done }
     }
 
     /// True once the task has finished, was aborted, or panicked.
@@ -61,8 +65,21 @@ impl<T> JoinHandle<T> {
     }
 }
 
+/// Aborts task `key` of the context `owner_uid` on worker `owner`: at
+/// once if that context runs on this thread, else through its inbox.
+fn abort_task(owner: &WorkerShared, owner_uid: u64, key: TaskKey) {
+    match context::current() {
+        Some(cx) if cx.uid == owner_uid => abort_local(&cx, key),
+        _ => owner.push_runnable(Box::new(move || {
+            if let Some(cx) = context::current().filter(|cx| cx.uid == owner_uid) {
+                abort_local(&cx, key);
+            }
+        })),
+    }
+}
+
 /// Aborts task `key` of `cx`, the context running on this thread.
-fn abort_local(cx: &Context, key: TaskKey) {
+pub(crate) fn abort_local(cx: &Context, key: TaskKey) {
     let removed = {
         let Ok(mut tasks) = cx.tasks.try_borrow_mut() else { return };
         match tasks.get_mut(key) {
@@ -78,6 +95,53 @@ fn abort_local(cx: &Context, key: TaskKey) {
     // Dropped outside the borrow, and guarded: its destructors may touch
     // the runtime, or panic.
     super::worker::drop_guarded(removed);
+}
+
+/// Aborts a task without owning its output, as tokio's `AbortHandle`:
+/// from [`JoinHandle::abort_handle`] or [`JoinSet::spawn`](super::JoinSet::spawn).
+///
+/// It is `Send`, `Sync` and `Clone` whatever the task's output, and
+/// dropping it does nothing to the task.
+#[derive(Clone)]
+pub struct AbortHandle {
+    key: TaskKey,
+    owner: std::sync::Arc<WorkerShared>,
+    owner_uid: u64,
+    done: Done,
+}
+
+/// Where an [`AbortHandle`] reads whether its task finished.
+#[derive(Clone)]
+pub(crate) enum Done {
+    /// A flag the task's join slot sets (made for the first handle).
+    Flag(std::sync::Arc<std::sync::atomic::AtomicBool>),
+    /// The task's set, which records its tasks' finishes anyway, and the
+    /// task's id there: a set's task needs no allocation for its handle.
+    InSet(Arc<SetNotify>, u64),
+}
+
+impl AbortHandle {
+    /// Cancels the task, as [`JoinHandle::abort`] does (from any thread;
+    /// nothing if it has finished).
+    pub fn abort(&self) {
+        if !self.is_finished() {
+            abort_task(&self.owner, self.owner_uid, self.key);
+        }
+    }
+
+    /// True once the task has finished, was aborted, or panicked.
+    pub fn is_finished(&self) -> bool {
+        match &self.done {
+            Done::Flag(flag) => flag.load(std::sync::atomic::Ordering::Acquire),
+            Done::InSet(set, id) => set.has_finished(*id),
+        }
+    }
+}
+
+impl fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AbortHandle").field("finished", &self.is_finished()).finish()
+    }
 }
 
 impl<T> fmt::Debug for JoinHandle<T> {
@@ -107,6 +171,80 @@ where
     F::Output: 'static,
 {
     spawn_in_set(future, None)
+}
+
+/// Runs `future` as a task of this worker and returns a `Send` future of
+/// its result, for code that must be `Send` (an axum handler, a tower
+/// service) and awaits hotloop I/O, files or processes, whose futures are
+/// not.
+///
+/// The future is spawned at once (so it is never held across an
+/// `.await` of the caller), runs on this worker, and its output comes
+/// back through the returned [`RunLocal`], which is `Send` when the
+/// output is. A panic or an abort of the task becomes an error of the
+/// output's own type through `From<JoinError>` (`io::Error` has it), so
+/// one `?` or `map_err` handles both. Dropping the `RunLocal` before it
+/// finishes aborts the task, as dropping the future awaited in place
+/// would cancel it.
+///
+/// ```no_run
+/// use axum::http::StatusCode;
+///
+/// /// An axum handler: its future must be `Send`, `hotloop::fs::read`'s is not.
+/// async fn motd() -> Result<Vec<u8>, StatusCode> {
+///     hotloop::task::run_local(hotloop::fs::read("/etc/motd"))
+///         .await
+///         .map_err(|_| StatusCode::NOT_FOUND)
+/// }
+///
+/// let app: axum::Router = axum::Router::new().route("/motd", axum::routing::get(motd));
+/// ```
+///
+/// For an output that is not a `Result`, [`spawn`] returns a `Send`
+/// [`JoinHandle`] the same way, whose output is `Result<T, JoinError>`.
+///
+/// # Panics
+/// Outside a hotloop worker.
+pub fn run_local<F, T, E>(future: F) -> RunLocal<T, E>
+where
+    F: Future<Output = Result<T, E>> + 'static,
+    T: 'static,
+    E: From<JoinError> + 'static,
+{
+    RunLocal { handle: spawn(future), done: false }
+}
+
+/// The future of [`run_local`]: the task's output, its panic or abort as
+/// an error of the output's type. `Send` when the output is. Dropping it
+/// unfinished aborts the task.
+#[must_use = "dropping it aborts the task; await it"]
+pub struct RunLocal<T, E> {
+    handle: JoinHandle<Result<T, E>>,
+    done: bool,
+}
+
+impl<T, E: From<JoinError>> Future for RunLocal<T, E> {
+    type Output = Result<T, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let out = std::task::ready!(Pin::new(&mut self.handle).poll(cx));
+        self.done = true;
+        Poll::Ready(out.unwrap_or_else(|e| Err(E::from(e))))
+    }
+}
+
+impl<T, E> Drop for RunLocal<T, E> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.handle.abort();
+        }
+    }
+}
+
+impl<T, E> fmt::Debug for RunLocal<T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunLocal").field("finished", &self.handle.is_finished()).finish()
+    }
 }
 
 /// [`spawn`], telling `set` when the task finishes.

@@ -12,7 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::task::{Context as TaskContext, Poll};
 
-use super::join::{spawn_in_set, JoinHandle};
+use super::join::{spawn_in_set, AbortHandle, Done, JoinHandle};
 use super::join_slot::{lock, JoinError, SetNotify};
 use crate::loom::sync::Arc;
 use crate::slab::{Key, Slab};
@@ -54,18 +54,22 @@ impl<T: 'static> JoinSet<T> {
         JoinSet { tasks: Slab::default(), notify: SetNotify::new() }
     }
 
-    /// Spawns `future` on the current worker as a task of this set.
+    /// Spawns `future` on the current worker as a task of this set, and
+    /// returns a handle that aborts it (as tokio's `JoinSet::spawn`); the
+    /// task stays in the set until joined either way.
     ///
     /// # Panics
     /// Outside a hotloop worker.
-    pub fn spawn<F>(&mut self, future: F)
+    pub fn spawn<F>(&mut self, future: F) -> AbortHandle
     where
         F: Future<Output = T> + 'static,
     {
-        let id = self.tasks.vacant_key();
-        let handle = spawn_in_set(future, Some((self.notify.clone(), id.to_u64())));
+        let id = self.tasks.vacant_key().to_u64();
+        let handle = spawn_in_set(future, Some((self.notify.clone(), id)));
+        let abort = handle.abort_handle_with(Done::InSet(self.notify.clone(), id));
         let inserted = self.tasks.insert(handle);
-        debug_assert_eq!(inserted.to_u64(), id.to_u64());
+        debug_assert_eq!(inserted.to_u64(), id);
+        abort
     }
 
     /// Waits for the next task to finish and returns its result; `None`

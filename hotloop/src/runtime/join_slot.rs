@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context as TaskContext, Poll, Waker};
 
 use super::key::TaskKey;
@@ -72,6 +73,28 @@ impl fmt::Display for JoinError {
 
 impl std::error::Error for JoinError {}
 
+/// As tokio's: a join error as an I/O error of kind `Other`, so a task
+/// whose output is an `io::Result` can be awaited with one `?`
+/// ([`run_local`](crate::task::run_local)). A panic's message, when it has
+/// one, is in the error's.
+impl From<JoinError> for std::io::Error {
+    fn from(e: JoinError) -> Self {
+        match e {
+            JoinError::Cancelled => std::io::Error::other("task was cancelled"),
+            JoinError::Panicked(payload) => {
+                let msg = payload
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+                std::io::Error::other(match msg {
+                    Some(msg) => format!("task panicked: {msg}"),
+                    None => "task panicked".to_string(),
+                })
+            }
+        }
+    }
+}
+
 /// Told when a task of a [`JoinSet`](super::JoinSet) finishes: the set's
 /// list of finished task ids and the waker of its `join_next`.
 pub(crate) struct SetNotify {
@@ -83,6 +106,24 @@ pub(crate) struct SetNotify {
 pub(crate) struct SetReady {
     pub(crate) ids: VecDeque<u64>,
     pub(crate) waiter: Option<Waker>,
+    /// By a task id's slab index, the generation of the last task there
+    /// that finished: what the tasks' `AbortHandle`s read, so a set's
+    /// task needs no flag of its own. A slot of the set's slab takes a new
+    /// generation only once its task is joined (finished) or detached.
+    finished_generations: Vec<u32>,
+}
+
+impl SetReady {
+    /// True once the task `id` of the set has finished.
+    fn has_finished(&self, id: u64) -> bool {
+        let (index, generation) = (id as u32 as usize, (id >> 32) as u32);
+        self.finished_generations.get(index).is_some_and(|&g| g != 0 && !newer(generation, g))
+    }
+}
+
+/// True if slab generation `a` came after `b` (generations wrap).
+fn newer(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
 }
 
 impl SetNotify {
@@ -90,11 +131,26 @@ impl SetNotify {
         Arc::new(SetNotify { ready: Mutex::new(SetReady::default()) })
     }
 
+    /// True once task `id` of the set has finished (for its `AbortHandle`).
+    pub(crate) fn has_finished(&self, id: u64) -> bool {
+        lock(&self.ready).has_finished(id)
+    }
+
     /// Records that task `id` finished and wakes the set's waiter.
     fn finished(&self, id: u64) {
         let waiter = {
             let mut ready = lock(&self.ready);
             ready.ids.push_back(id);
+            let (index, generation) = (id as u32 as usize, (id >> 32) as u32);
+            if ready.finished_generations.len() <= index {
+                ready.finished_generations.resize(index + 1, 0);
+            }
+            // A detached task of an older generation may finish after a
+            // newer one in the same slot: the newer record stays.
+            let last = &mut ready.finished_generations[index];
+            if *last == 0 || newer(generation, *last) {
+                *last = generation;
+            }
             ready.waiter.take()
         };
         if let Some(w) = waiter {
@@ -121,7 +177,21 @@ struct SlotState<T> {
     key: Option<TaskKey>,
     /// The set the task belongs to, and its id there.
     set: Option<(Arc<SetNotify>, u64)>,
+    /// An abort that came through a [`RemoteJoinHandle`] before the task
+    /// was spawned on its worker: the task is then never spawned.
+    abort_requested: bool,
+    /// How a [`RemoteJoinHandle`], which holds only this slot, aborts the
+    /// task: set by `Handle::spawn_on`, taken by the first abort or the
+    /// finish. A blocking job has none.
+    aborter: Option<Aborter>,
+    /// Shared with the task's `AbortHandle`s (made for the first one), so
+    /// they tell whether it finished without holding its output's type.
+    done: Option<std::sync::Arc<AtomicBool>>,
 }
+
+/// What a [`RemoteJoinHandle`] calls to abort its task: it sends the abort
+/// to the task's worker.
+pub(crate) type Aborter = Box<dyn FnOnce() + Send>;
 
 /// Locks `m`, ignoring poison: every critical section here leaves the
 /// state whole (no user code runs under these locks).
@@ -141,6 +211,9 @@ impl<T> JoinSlot<T> {
                 blocked: false,
                 key,
                 set,
+                abort_requested: false,
+                aborter: None,
+                done: None,
             }),
             ready: Condvar::new(),
         })
@@ -154,15 +227,20 @@ impl<T> JoinSlot<T> {
     /// Stores the task's result (the first one only) and wakes its waiter
     /// and its set.
     pub(crate) fn finish(&self, result: Result<T, JoinError>) {
-        let (waiter, set, blocked) = {
+        let (waiter, set, blocked, aborter) = {
             let mut st = lock(&self.state);
             if st.finished {
                 return;
             }
             st.finished = true;
             st.output = Some(result);
-            (st.waiter.take(), st.set.take(), st.blocked)
+            if let Some(done) = &st.done {
+                done.store(true, Ordering::Release);
+            }
+            (st.waiter.take(), st.set.take(), st.blocked, st.aborter.take())
         };
+        // Dropped outside the lock: it holds this slot.
+        drop(aborter);
         // A thread that blocks after the lock was released finds the
         // output before it waits, so no signal can be missed.
         if blocked {
@@ -215,6 +293,47 @@ impl<T> JoinSlot<T> {
         lock(&self.state).finished
     }
 
+    /// The task's key on its worker, once it is spawned there.
+    pub(crate) fn key(&self) -> Option<TaskKey> {
+        lock(&self.state).key
+    }
+
+    /// Files how a [`RemoteJoinHandle`] aborts the task.
+    pub(crate) fn set_aborter(&self, aborter: Aborter) {
+        let mut st = lock(&self.state);
+        if !st.finished {
+            st.aborter = Some(aborter);
+        }
+    }
+
+    /// True if the task was aborted before it was spawned.
+    pub(crate) fn abort_requested(&self) -> bool {
+        lock(&self.state).abort_requested
+    }
+
+    /// Aborts the task through its aborter, once; does nothing once the
+    /// task has finished, or for a blocking job.
+    fn abort_remote(&self) {
+        let aborter = {
+            let mut st = lock(&self.state);
+            if st.finished {
+                return;
+            }
+            st.abort_requested = true;
+            st.aborter.take()
+        };
+        if let Some(abort) = aborter {
+            abort();
+        }
+    }
+
+    /// The flag the task's `AbortHandle`s read: true once it finished.
+    pub(crate) fn done_flag(&self) -> std::sync::Arc<AtomicBool> {
+        let mut st = lock(&self.state);
+        let finished = st.finished;
+        st.done.get_or_insert_with(|| std::sync::Arc::new(AtomicBool::new(finished))).clone()
+    }
+
     /// `None` once the slot is finished; else the task's key, if known.
     pub(crate) fn unfinished_key(&self) -> Option<Option<TaskKey>> {
         let st = lock(&self.state);
@@ -251,6 +370,20 @@ impl<T> RemoteJoinHandle<T> {
     /// True once the task has finished.
     pub fn is_finished(&self) -> bool {
         self.slot.is_finished()
+    }
+
+    /// Cancels the task from any thread, as
+    /// [`JoinHandle::abort`](super::JoinHandle::abort) does: the abort
+    /// goes through the worker's inbox, and the task's future is dropped
+    /// at that worker's next turn (if it has not started yet, it never
+    /// runs). Awaiting or joining the handle then gives
+    /// `JoinError::Cancelled`, unless the task had already finished.
+    ///
+    /// A job of the blocking pool ([`spawn_blocking`](crate::spawn_blocking))
+    /// is not a task and cannot be aborted: this does nothing to it, as
+    /// tokio's `abort` does nothing to a blocking job that has started.
+    pub fn abort(&self) {
+        self.slot.abort_remote();
     }
 }
 

@@ -146,6 +146,16 @@ impl StreamSource {
         self.core.poll_ready(cx, Direction::Read)
     }
 
+    /// Ready once the socket may take bytes: at once unless the last write
+    /// found it full and no event came since (a socket no write has found
+    /// full is taken as writable, unregistered).
+    pub(crate) fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        if self.core.is_ready(Direction::Write) {
+            return Poll::Ready(Ok(()));
+        }
+        self.core.poll_ready(cx, Direction::Write)
+    }
+
     /// Keeps nothing between writes: poll-form writes go straight to the
     /// socket.
     #[cfg(feature = "hyper")]

@@ -1,0 +1,180 @@
+//! The `TcpStream` calls a tokio user reaches for: `readable`/`try_read`,
+//! `writable`/`try_write`, `from_std`, and `into_split`/`split` with
+//! tokio's I/O traits on the halves, on both drivers.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use hotloop::net::{TcpListener, TcpStream};
+use hotloop::time::timeout;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A connected pair: (client, server side).
+async fn pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    (client, server)
+}
+
+/// Reads with `readable` and `try_read` until `want` bytes or the end.
+async fn read_by_readiness(s: &TcpStream, want: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 7];
+    while got.len() < want {
+        s.readable().await.unwrap();
+        match s.try_read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    got
+}
+
+#[hotloop::test(driver = "all")]
+async fn readable_and_try_read_take_what_the_peer_sent() {
+    let (client, server) = pair().await;
+    let mut buf = [0u8; 16];
+    let nothing = server.try_read(&mut buf).unwrap_err();
+    assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock);
+    // Nothing sent: `readable` waits.
+    assert!(timeout(Duration::from_millis(50), server.readable()).await.is_err());
+    let (res, _) = client.write_all_owned(b"hello, readiness".to_vec()).await;
+    res.unwrap();
+    // Part by readiness, the rest by another read style: nothing is lost between them.
+    // Two reads of 7 bytes (the helper's buffer), then the last 2 by an owned read.
+    assert_eq!(read_by_readiness(&server, 14).await, b"hello, readine");
+    let (res, rest) = server.read_owned(Vec::with_capacity(16)).await;
+    res.unwrap();
+    assert_eq!(rest, b"ss");
+    drop(client);
+    assert_eq!(read_by_readiness(&server, 1).await, b"", "the peer's end reads as Ok(0)");
+}
+
+#[hotloop::test(driver = "all")]
+async fn writable_and_try_write_fill_a_socket_and_wait_for_room() {
+    let (client, server) = pair().await;
+    client.set_send_buffer_size(4096).unwrap();
+    server.set_recv_buffer_size(4096).unwrap();
+    let chunk = vec![7u8; 16 * 1024];
+    let mut taken = 0usize;
+    let mut full = false;
+    // Until the socket (or the write in flight) takes nothing more: then
+    // `writable` waits. A `writable` that returned at once while
+    // `try_write` found no room would spin here until the bound.
+    for _ in 0..10_000 {
+        match timeout(Duration::from_millis(200), client.writable()).await {
+            Err(_) => {
+                full = true;
+                break;
+            }
+            Ok(r) => r.unwrap(),
+        }
+        match client.try_write(&chunk) {
+            Ok(n) => taken += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(full, "writable never waited: {taken} bytes taken");
+    assert!(taken > 0);
+    // The peer drains it: room again, and every byte taken arrives.
+    let reader = hotloop::spawn(async move {
+        let mut total = 0usize;
+        loop {
+            let (res, _) = server.read_owned(Vec::with_capacity(64 * 1024)).await;
+            match res.unwrap() {
+                0 => return total,
+                n => total += n,
+            }
+        }
+    });
+    timeout(Duration::from_secs(10), client.writable()).await.unwrap().unwrap();
+    let more = client.try_write(b"end");
+    let taken = taken + more.unwrap_or(0);
+    client.shutdown_with(std::net::Shutdown::Write).await.unwrap();
+    assert_eq!(reader.await.unwrap(), taken);
+}
+
+#[hotloop::test(driver = "all")]
+async fn from_std_wraps_a_connected_std_stream() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // A blocking connect on the blocking pool, then the socket on this worker.
+    let std_stream =
+        hotloop::spawn_blocking(move || std::net::TcpStream::connect(addr)).await.unwrap().unwrap();
+    let client = TcpStream::from_std(std_stream).unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let (res, _) = client.write_all_owned(b"std".to_vec()).await;
+    res.unwrap();
+    assert_eq!(read_by_readiness(&server, 3).await, b"std");
+    assert_eq!(client.peer_addr().unwrap(), addr);
+}
+
+#[hotloop::test(driver = "all")]
+async fn owned_halves_read_and_write_in_two_tasks_and_the_write_half_ends_the_side() {
+    // A peer on a plain thread: echoes what it reads, and closes after the
+    // client's write side ends.
+    let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = peer.local_addr().unwrap();
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = peer.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap();
+        s.write_all(&all).unwrap();
+        all.len()
+    });
+    let (read, mut write) = TcpStream::connect(addr).await.unwrap().into_split();
+    let reader = hotloop::spawn(async move {
+        let mut read = read;
+        let mut got = Vec::new();
+        read.read_to_end(&mut got).await.unwrap();
+        got
+    });
+    write.write_all(b"through ").await.unwrap();
+    let (res, _) = write.write_all_owned(b"the halves".to_vec()).await;
+    res.unwrap();
+    // Dropping the write half ends the write side: the peer's read_to_end returns.
+    drop(write);
+    assert_eq!(reader.await.unwrap(), b"through the halves");
+    assert_eq!(echo.join().unwrap(), 18);
+}
+
+#[hotloop::test(driver = "all")]
+async fn halves_reunite_only_with_their_own_stream() {
+    let (a, _a_peer) = pair().await;
+    let (b, _b_peer) = pair().await;
+    let (a_read, a_write) = a.into_split();
+    let (b_read, b_write) = b.into_split();
+    let hotloop::net::ReuniteError(a_read, b_write) = a_read.reunite(b_write).unwrap_err();
+    let a = a_read.reunite(a_write).expect("the halves of one stream");
+    let b = b_write.reunite(b_read).expect("the halves of one stream");
+    // Reunited, the streams work and were not shut down.
+    let (res, _) = a.write_all_owned(b"a".to_vec()).await;
+    res.unwrap();
+    let (res, _) = b.write_all_owned(b"b".to_vec()).await;
+    res.unwrap();
+    assert_eq!(read_by_readiness(&_a_peer, 1).await, b"a");
+    assert_eq!(read_by_readiness(&_b_peer, 1).await, b"b");
+}
+
+#[hotloop::test(driver = "all")]
+async fn borrowed_halves_copy_with_tokio_traits() {
+    let (client, server) = pair().await;
+    let echo = hotloop::spawn(async move {
+        let (mut r, mut w) = server.split();
+        let n = tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.shutdown().await.unwrap();
+        n
+    });
+    let (mut r, mut w) = client.split();
+    w.write_all(b"round trip").await.unwrap();
+    w.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    r.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, b"round trip");
+    assert_eq!(echo.await.unwrap(), 10);
+}
