@@ -21,8 +21,10 @@
 //! While such work is out, the loop waits for it (its wake through the
 //! inbox, or its completion) instead of jumping (`runtime/worker.rs`,
 //! `paused_clock_held`). I/O does not hold the clock, as in tokio: a socket,
-//! a pipe, a child's exit (its pidfd is watched by the driver), a signal,
-//! `send_file` (which waits for the socket), or a task on another worker.
+//! a child's piped stdio, a child's exit (its pidfd is watched by the
+//! driver), a signal, `send_file` (which waits for the socket), or a task
+//! on another worker. (A FIFO read through `hotloop::fs` is a file
+//! operation, and holds it.)
 //! A `timeout` around such a wait fires at once when nothing else is left
 //! to do.
 //!
