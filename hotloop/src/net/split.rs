@@ -237,7 +237,7 @@ mod tokio_impls {
                     cx: &mut Context<'_>,
                     buf: &mut ReadBuf<'_>,
                 ) -> Poll<io::Result<()>> {
-                    super::super::compat::poll_read_tokio(self.stream.core().source(), cx, buf)
+                    self.stream.core().source().poll_read_buf(cx, buf)
                 }
             }
 
