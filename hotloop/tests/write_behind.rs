@@ -430,7 +430,7 @@ fn shut_down_for_writing_then_dropped(driver: DriverKind) {
         let mut written = Vec::new();
         for peer in &peers {
             let (mut s, n) = fill(peer).await;
-            let bound = if peer.case.1 == Reader::Never { FULL_AFTER } else { LATE * 3 };
+            let bound = if peer.case.1 == Reader::Never { FULL_AFTER } else { LATE * 4 };
             let shut = match peer.case.0 {
                 Style::Borrowed => timeout(bound, AsyncWriteExt::shutdown(&mut s)).await,
                 Style::Owned => timeout(bound, s.shutdown_with(Shutdown::Write)).await,

@@ -67,9 +67,9 @@
 //! # Layout
 //! This file defines the state every module here extends (`Driver`, its
 //! `Uring`, `SharedFd`) and the driver's own entry points (`poll`,
-//! `leave`, `settle`). Beneath it, imports run one way: each module names only
-//! modules before it in this list, bottom to top (`tests/layering.rs`
-//! checks it):
+//! `leave`, `settle`). Beneath it, imports run one way: each module names
+//! only modules before it in this list, bottom to top
+//! (`tests/layering.rs` checks it):
 //!
 //! 1. `bufring`: provided-buffer rings.
 //! 2. `linger`: the rest of a written-behind send its stream no longer
