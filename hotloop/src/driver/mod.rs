@@ -8,7 +8,10 @@
 //!   or an absolute deadline passes), then wakes every task whose I/O
 //!   became ready or completed, and returns how many events or
 //!   completions it handled; `enter()` marks it as running on this thread
-//!   until the guard drops.
+//!   until the guard drops (on io_uring the guard's drop first drives the
+//!   ring until the bytes its streams reported written are in the kernel,
+//!   or their send deadline passes: nobody enters it until the runtime
+//!   comes back).
 //! - A source per role, each a descriptor bound to one `Driver` with only
 //!   its role's operations and state (`source.rs` here, and each
 //!   backend's files of the same names):

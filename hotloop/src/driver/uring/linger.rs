@@ -228,3 +228,76 @@ fn abort(fd: &SharedFd) {
         )
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::OwnedFd;
+    use std::task::Waker;
+
+    use super::*;
+
+    /// The opcode of `entry`.
+    fn op(entry: squeue::Entry) -> u8 {
+        entry.get_opcode() as u8
+    }
+
+    /// A connected loopback pair: ours as a shared descriptor, and the peer.
+    fn pair() -> (SharedFd, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        (Rc::new(OwnedFd::from(ours)), peer)
+    }
+
+    /// A handed-over write sends its parts, then shuts the write side, and
+    /// only then tells the stream it ended well.
+    #[test]
+    fn a_handover_shuts_the_write_side_after_the_last_byte() {
+        let (fd, _peer) = pair();
+        let handover = Rc::new(Handover::default());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut write = LingeringWrite::new(vec![1; 100], 20, fd, deadline, Some(handover.clone()));
+        assert_eq!(op(write.first_entry().unwrap()), opcode::Send::CODE);
+        let next = write.next_entry(30).expect("the rest is sent");
+        assert_eq!(op(next), opcode::Send::CODE);
+        assert_eq!(op(write.next_entry(-libc::EAGAIN).unwrap()), opcode::PollAdd::CODE);
+        assert_eq!(op(write.next_entry(libc::POLLOUT as i32).unwrap()), opcode::Send::CODE);
+        let shut = write.next_entry(50).expect("the write side is shut after the last byte");
+        assert_eq!(op(shut), opcode::Shutdown::CODE);
+        let mut cx = TaskContext::from_waker(Waker::noop());
+        assert!(handover.poll(&mut cx).is_pending(), "ended before the shutdown");
+        assert!(write.next_entry(0).is_none());
+        drop(write.finish());
+        assert!(matches!(handover.poll(&mut cx), Poll::Ready(Ok(()))));
+    }
+
+    /// A write cut at its deadline resets the connection at once, even
+    /// while a stream still holds the descriptor: the peer reads an error,
+    /// not an end of stream after what it got.
+    #[test]
+    fn a_write_cut_short_resets_the_connection() {
+        let (fd, mut peer) = pair();
+        let handover = Rc::new(Handover::default());
+        let mut write = LingeringWrite::new(
+            vec![1; 100],
+            0,
+            fd.clone(),
+            Instant::now(),
+            Some(handover.clone()),
+        );
+        assert!(write.next_entry(-libc::ECANCELED).is_none());
+        drop(write.finish());
+        drop(write);
+        assert!(Rc::strong_count(&fd) == 1, "the stream's own reference is the last");
+        let err = peer.read(&mut [0; 16]).expect_err("a clean end after a cut");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+        let mut cx = TaskContext::from_waker(Waker::noop());
+        match handover.poll(&mut cx) {
+            Poll::Ready(Err(e)) => assert_eq!(e.kind(), io::ErrorKind::TimedOut),
+            other => panic!("the flush got {other:?}"),
+        }
+    }
+}
