@@ -6,13 +6,16 @@ loopback), for the figures in RELIABILITY.md. Standard library only.
     scripts/hostile.py h2-idle BIN [SERVER FLAGS...]
     scripts/hostile.py half-close BIN [SERVER FLAGS...]
     scripts/hostile.py stats-silent BIN [SERVER FLAGS...]
+    scripts/hostile.py static-files BIN [SERVER FLAGS...]
+    scripts/hostile.py static-fifo BIN [SERVER FLAGS...]
     scripts/hostile.py ... --addr HOST:PORT   (an already running server: BIN is ignored)
 
 BIN is a `hotloop` binary (e.g. target/debug/hotloop). The server is
 started on 127.0.0.1 with an open-file limit of 256 (`prlimit`), one
 worker, and the flags given; it is stopped by pid at the end. Options
 (before BIN): --tls (generate a certificate with `openssl` and serve over
-TLS), --clients N, --wait SECONDS.
+TLS), --clients N, --wait SECONDS, --app APP (half-close: the app, hyper
+by default), --closing (half-close: the request says `Connection: close`).
 
 never-reading  N clients (260) each send 200 pipelined GETs and never read;
                WAIT seconds (20) later, 20 new clients each try one
@@ -26,6 +29,15 @@ h2-idle        N clients (50) open an HTTP/2 connection (prior knowledge, or
 half-close     N clients (50) at once each send a GET and then end their
                side (shutdown(SHUT_WR); with --tls a close_notify first):
                how many read a whole 200 answer.
+static-files   `serve static` over a root of N files (400) and an
+               index.html: one request for each file, one after another,
+               then 20 new clients ask for /index.html (2 s each): how
+               many of each were answered 200, and the server's
+               descriptors after WAIT seconds (3) of quiet.
+static-fifo    `serve static` over a root with a FIFO: N clients (600) at
+               once ask for it (3 s each), then 10 clients ask for a
+               regular file: how each was answered, and the server's
+               threads.
 stats-silent   N silent connections (70) to the stats endpoint
                (--stats-addr is added), then 75 scrapes one after another
                (2 s each): how many are answered.
@@ -45,6 +57,7 @@ import time
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 H2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 GET = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+HALF_CLOSE_REQUEST = GET
 GET_CLOSE = b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
 
 
@@ -198,7 +211,7 @@ def half_close(args, server):
                 got = tls_half_close(server.addr)
             else:
                 s = connect(server.addr, False, timeout=5)
-                s.sendall(GET)
+                s.sendall(HALF_CLOSE_REQUEST)
                 s.shutdown(socket.SHUT_WR)
                 got = read_to_close(s)
             results.append(got.startswith(b"HTTP/1.1 200") and complete(got))
@@ -210,8 +223,8 @@ def half_close(args, server):
 
 
 def tls_half_close(addr):
-    """A TLS request, then close_notify and the TCP write side, then
-    the answer: over memory buffers, since `SSLSocket.unwrap` would wait
+    """A TLS request, then (in a write of its own) close_notify and the
+    TCP write side, then the answer: over memory buffers, since `SSLSocket.unwrap` would wait
     for (and throw away everything before) the server's close_notify."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
@@ -239,7 +252,11 @@ def tls_half_close(addr):
         except ssl.SSLWantReadError:
             if not pump():
                 return b""
-    tls.write(GET)
+    tls.write(HALF_CLOSE_REQUEST)
+    # The request goes out as it is written; the end of the client's side
+    # follows when it is done sending, as in a client that sends, flushes
+    # and closes.
+    s.sendall(outgoing.read())
     try:
         tls.unwrap()
     except ssl.SSLWantReadError:
@@ -284,6 +301,58 @@ def stats_silent(args, server):
     print(f"{ok}/75 scrapes answered with {len(silent)} silent connections open")
 
 
+def static_root(directory, files):
+    """A root of `files` small files and an index.html; its path."""
+    root = os.path.join(directory, "root")
+    os.mkdir(root)
+    for i in range(files):
+        with open(os.path.join(root, f"f{i}.txt"), "w") as f:
+            f.write(f"file {i}\n")
+    with open(os.path.join(root, "index.html"), "w") as f:
+        f.write("home\n")
+    os.mkfifo(os.path.join(root, "fifo"))
+    return root
+
+
+def status(addr, path, timeout=2.0):
+    """One `Connection: close` GET: its status code, or the error's name."""
+    try:
+        s = connect(addr, False, timeout=timeout)
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+        head = s.recv(12)
+        s.close()
+        return head[9:12].decode() if len(head) == 12 else "closed"
+    except OSError as e:
+        return type(e).__name__
+
+
+def tally(results):
+    counts = {}
+    for r in results:
+        counts[r] = counts.get(r, 0) + 1
+    return ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
+
+
+def static_files(args, server):
+    files = args.clients or 400
+    first = [status(server.addr, f"/f{i}.txt") for i in range(files)]
+    later = [status(server.addr, "/index.html") for _ in range(20)]
+    time.sleep(args.wait or 3)
+    fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+    print(f"{files} distinct files: {tally(first)}; then 20 new clients: {tally(later)}; "
+          f"{fds} descriptors open {args.wait or 3:g} s later")
+
+
+def static_fifo(args, server):
+    results = []
+    run_all(lambda: results.append(status(server.addr, "/fifo", timeout=3)),
+            args.clients or 600)
+    threads = len(os.listdir(f"/proc/{server.proc.pid}/task"))
+    later = [status(server.addr, "/index.html") for _ in range(10)]
+    print(f"{len(results)} requests for a FIFO: {tally(results)}; {threads} server threads; "
+          f"then 10 requests for a file: {tally(later)}")
+
+
 def run_all(client, n):
     threads = [threading.Thread(target=client) for _ in range(n)]
     for t in threads:
@@ -299,17 +368,29 @@ def main():
     p.add_argument("--wait", type=float)
     p.add_argument("--addr", help="an already running server instead of BIN")
     p.add_argument("--stats", help="its stats endpoint, for stats-silent")
-    p.add_argument("attack", choices=["never-reading", "h2-idle", "half-close", "stats-silent"])
+    p.add_argument("--app", help="half-close: the app to serve (hyper by default)")
+    p.add_argument("--closing", action="store_true",
+                   help="half-close: the request says `Connection: close`")
+    p.add_argument("attack", choices=["never-reading", "h2-idle", "half-close", "stats-silent",
+                                      "static-files", "static-fifo"])
     p.add_argument("binary")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     args = p.parse_args()
     app, flags = "http", args.rest
     if args.attack == "never-reading":
         app, flags = args.rest[0], args.rest[1:]
-    elif args.attack in ("h2-idle", "half-close"):
+    elif args.attack == "h2-idle":
         app = "hyper"
+    elif args.attack == "half-close":
+        app = args.app or "hyper"
+    elif args.attack.startswith("static-"):
+        app = "static"
+    if args.closing:
+        global HALF_CLOSE_REQUEST
+        HALF_CLOSE_REQUEST = GET_CLOSE
     attack = {"never-reading": never_reading, "h2-idle": h2_idle, "half-close": half_close,
-              "stats-silent": stats_silent}[args.attack]
+              "stats-silent": stats_silent, "static-files": static_files,
+              "static-fifo": static_fifo}[args.attack]
     if args.addr:
         server = argparse.Namespace(addr=parse(args.addr),
                                     stats=parse(args.stats) if args.stats else None)
@@ -317,6 +398,9 @@ def main():
         return
     with tempfile.TemporaryDirectory() as d:
         tls_files = certificate(d) if args.tls else None
+        if app == "static":
+            flags = ["--root", static_root(d, args.clients or 400 if args.attack == "static-files"
+                                           else 0)] + flags
         server = Server(args.binary, app, flags, tls_files, args.attack == "stats-silent")
         try:
             print(f"{args.attack} on `serve {app}{' over TLS' if args.tls else ''} "

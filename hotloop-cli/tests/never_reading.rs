@@ -175,3 +175,53 @@ fn hyper_tls_clients_that_never_read_are_closed_at_the_send_and_idle_timeouts(dr
     check(driver, "hyper", PIPELINED, true, SEND_TIMEOUT, Duration::from_secs(5));
     check(driver, "hyper", PIPELINED, true, IDLE_TIMEOUT, Duration::from_secs(5));
 }
+
+/// `serve hyper` at an open-file limit of 256 under 260 clients that each
+/// pipeline 200 requests for 64 KiB answers and never read (more clients
+/// than descriptors: the last ones wait in the backlog): the idle timeout
+/// frees their descriptors, so 20 new clients after them are all served.
+#[hotloop::test(driver = "all")]
+fn hyper_at_the_descriptor_limit_serves_new_clients_after_never_reading_ones(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let args = [
+        "serve",
+        "hyper",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--driver",
+        driver,
+        "--idle-timeout-ms",
+        "1000",
+        "--header-timeout-ms",
+        "1000",
+        "--body-size",
+        "65536",
+    ];
+    let mut p = Proc::start_with_nofile(256, &args);
+    let addr = p.addr_after(" on ");
+    let pipelined = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n".repeat(200);
+    let held: Vec<TcpStream> = (0..260)
+        .filter_map(|_| {
+            let mut s = small_buffer_socket(addr);
+            s.write_all(&pipelined).ok().map(|()| s)
+        })
+        .collect();
+    assert!(held.len() > 256, "only {} clients got their requests out", held.len());
+    let start = Instant::now();
+    for n in 0..20 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+        let mut head = [0u8; 15];
+        let got = s.read_exact(&mut head);
+        assert!(
+            got.is_ok() && &head == b"HTTP/1.1 200 OK",
+            "{driver}: new client {n} not served {:?} after the never-reading ones: {got:?} ({} descriptors open)",
+            start.elapsed(),
+            p.fds()
+        );
+    }
+    drop(held);
+}

@@ -82,6 +82,9 @@ pub enum Kind {
 impl Stat {
     /// `fstat` of `file`: a system call on the worker that never waits
     /// (an open descriptor's inode is in memory).
+    // `struct stat`'s field types differ by architecture (`st_nlink` is 64
+    // bits on x86-64, 32 on aarch64): the conversions are the same type on some.
+    #[allow(clippy::useless_conversion)]
     pub fn of(file: &impl AsFd) -> std::io::Result<Stat> {
         let st = rustix::fs::fstat(file)?;
         let kind = match rustix::fs::FileType::from_raw_mode(st.st_mode) {
