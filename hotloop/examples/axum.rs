@@ -8,14 +8,20 @@
 //! curl -d 'ping' http://127.0.0.1:3000/echo
 //! curl -i http://127.0.0.1:3000/slow        # 408 after one second
 //! curl http://127.0.0.1:3000/banner/22       # the first bytes 127.0.0.1:22 sends
+//! curl http://127.0.0.1:3000/uptime          # read with hotloop::fs
 //! ```
 //!
 //! Stop it with Ctrl-C: the server stops accepting, lets each connection
 //! finish the request it is serving, and exits.
 //!
-//! What changes from tokio: handlers and layers run on a hotloop worker,
-//! so sleeping is `hotloop::time::sleep`, and the timeout layer is
-//! `hotloop::tower::TimeoutLayer` (tower's own needs tokio's timer).
+//! What changes from tokio: handlers and layers run on a hotloop worker.
+//! `hotloop::time` works in them as it is, and so does `tokio::time` (the
+//! default feature `tokio-time`); the timeout layer here is
+//! `hotloop::tower::TimeoutLayer`, on the worker's own timers. hotloop's
+//! sockets, files and processes belong to their worker, so their futures
+//! are not `Send`, which axum demands of a handler's: a handler runs them
+//! through `hotloop::task::run_local` (see `banner` and `uptime`). A
+//! handler that panics is answered `500`.
 
 use std::time::Duration;
 
@@ -59,20 +65,28 @@ async fn slow() -> &'static str {
 
 /// hotloop I/O from a handler. axum wants every handler's future to be
 /// `Send`, and a hotloop `TcpStream` is not (it belongs to its worker), so
-/// the I/O runs in a task of its own on this worker and the handler awaits
-/// its `JoinHandle`, which is `Send` because its output is.
+/// `run_local` runs the I/O as a task of this worker and hands back a
+/// `Send` future of its result (a panic in it comes back as an
+/// `io::Error`). When the timeout drops that future, the task is aborted.
 async fn banner(Path(port): Path<u16>) -> Result<Vec<u8>, (StatusCode, String)> {
-    let io = hotloop::spawn(async move {
+    let io = hotloop::task::run_local(async move {
         let stream = hotloop::net::TcpStream::connect(("127.0.0.1", port)).await?;
         let (res, buf) = stream.read_owned(Vec::with_capacity(256)).await;
         res.map(|_| buf)
     });
     match hotloop::time::timeout(Duration::from_millis(500), io).await {
-        Ok(Ok(Ok(bytes))) => Ok(bytes),
-        Ok(Ok(Err(e))) => Err((StatusCode::BAD_GATEWAY, format!("127.0.0.1:{port}: {e}\n"))),
-        Ok(Err(e)) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))),
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err((StatusCode::BAD_GATEWAY, format!("127.0.0.1:{port}: {e}\n"))),
         Err(_) => Err((StatusCode::GATEWAY_TIMEOUT, format!("127.0.0.1:{port} sent nothing\n"))),
     }
+}
+
+/// A file read with `hotloop::fs` (a ring operation on io_uring), through
+/// `run_local` for the same reason.
+async fn uptime() -> Result<String, StatusCode> {
+    hotloop::task::run_local(hotloop::fs::read_to_string("/proc/uptime"))
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// The application: routes, then a one-second limit on every request.
@@ -83,6 +97,7 @@ pub fn app() -> Router {
         .route("/echo", post(echo))
         .route("/slow", get(slow))
         .route("/banner/{port}", get(banner))
+        .route("/uptime", get(uptime))
         .layer(
             ServiceBuilder::new()
                 // Turns the timeout's error into a response.

@@ -3,7 +3,6 @@
 //! `task::run_local`, which gives code that must be `Send` (an axum
 //! handler) a `Send` future of hotloop I/O, its panic as an error.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,11 +29,9 @@ fn flag() -> Arc<AtomicBool> {
 }
 
 /// A future that never ends and sets `dropped` when it is dropped.
-fn forever(dropped: Arc<AtomicBool>) -> impl Future<Output = u32> {
-    async move {
-        let _guard = SetOnDrop(dropped);
-        std::future::pending::<u32>().await
-    }
+async fn forever(dropped: Arc<AtomicBool>) -> u32 {
+    let _guard = SetOnDrop(dropped);
+    std::future::pending::<u32>().await
 }
 
 /// Hotloop I/O (not `Send`) awaited from a future that must be `Send`.

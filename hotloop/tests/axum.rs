@@ -112,9 +112,9 @@ fn the_example_router_answers_on_one_keep_alive_connection(driver: DriverKind) {
     assert!(took >= Duration::from_millis(990) && took < Duration::from_secs(3), "{took:?}");
 }
 
-/// A `Send` handler does hotloop I/O through a spawned task and its handle.
+/// A `Send` handler does hotloop I/O (a socket, a file) through `run_local`.
 #[hotloop::test(driver = "all")]
-fn a_handler_awaits_hotloop_io_through_a_join_handle(driver: DriverKind) {
+fn a_handler_awaits_hotloop_io_through_run_local(driver: DriverKind) {
     let (_rt, server) = serve_router(driver, 1, example::app());
     let banner = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = banner.local_addr().unwrap().port();
@@ -126,6 +126,9 @@ fn a_handler_awaits_hotloop_io_through_a_join_handle(driver: DriverKind) {
     let (status, _, body) = request(&mut s, "GET", &format!("/banner/{port}"), "");
     assert_eq!((status.as_str(), body.as_str()), ("http/1.1 200 ok", "SSH-2.0-test\r\n"));
     greeter.join().unwrap();
+    let (status, _, body) = request(&mut s, "GET", "/uptime", "");
+    assert_eq!(status, "http/1.1 200 ok");
+    assert_eq!(body.split_whitespace().count(), 2, "{body}");
 }
 
 #[hotloop::test(driver = "all")]

@@ -178,3 +178,42 @@ async fn borrowed_halves_copy_with_tokio_traits() {
     assert_eq!(back, b"round trip");
     assert_eq!(echo.await.unwrap(), 10);
 }
+
+/// `TcpSocket`: options set before `listen` and before `connect` (bound to
+/// a chosen local address), on both drivers.
+#[hotloop::test(driver = "all")]
+async fn tcp_socket_sets_options_then_listens_and_connects() {
+    use hotloop::net::TcpSocket;
+    let listening = TcpSocket::new_v4().unwrap();
+    listening.set_reuseaddr(true).unwrap();
+    listening.set_reuseport(true).unwrap();
+    listening.set_nodelay(true).unwrap();
+    assert!(listening.reuseaddr().unwrap() && listening.reuseport().unwrap());
+    listening.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = listening.listen(64).unwrap();
+    let addr = listener.local_addr().unwrap();
+
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 * 1024).unwrap();
+    assert!(socket.recv_buffer_size().unwrap() >= 64 * 1024);
+    socket.set_keepalive(true).unwrap();
+    assert!(socket.keepalive().unwrap());
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let local = socket.local_addr().unwrap();
+    let client = socket.connect(addr).await.unwrap();
+    let (server, peer) = listener.accept().await.unwrap();
+    assert_eq!(client.local_addr().unwrap(), local, "the bound address was used");
+    assert_eq!(peer, local);
+    assert!(server.nodelay().unwrap(), "accepted sockets inherit TCP_NODELAY");
+    let (res, _) = client.write_all_owned(b"socket".to_vec()).await;
+    res.unwrap();
+    assert_eq!(read_by_readiness(&server, 6).await, b"socket");
+
+    // Refused: the error comes back from `connect`.
+    let closed = TcpSocket::new_v4().unwrap();
+    closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let nobody = closed.local_addr().unwrap();
+    drop(closed);
+    let e = TcpSocket::new_v4().unwrap().connect(nobody).await.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+}

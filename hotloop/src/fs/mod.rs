@@ -7,9 +7,11 @@
 //! in the background, even after a drop; see [`File`]). The
 //! free functions ([`read`], [`write()`], [`read_to_string`], [`metadata()`],
 //! [`rename`], [`remove_file`], [`create_dir_all`], ...) do what their
-//! `std::fs` namesakes do. Errors carry the operation and the path in
-//! their message (`open /x/y: No such file or directory (os error 2)`)
-//! and keep the `ErrorKind`.
+//! `std::fs` namesakes do; so do [`read_dir`], [`copy`], [`canonicalize`],
+//! [`remove_dir_all`], the links and [`set_permissions`], which run on the
+//! blocking pool on both drivers, as tokio's do. Errors carry the
+//! operation and the path in their message (`open /x/y: No such file or
+//! directory (os error 2)`) and keep the `ErrorKind`.
 //!
 //! [`Dir`] opens files beneath a directory and refuses paths that leave
 //! it (`..`, symbolic links pointing out), for serving files under a root.
@@ -51,11 +53,16 @@ mod file;
 mod metadata;
 mod ops;
 mod options;
+mod pool_ops;
 
 pub use dir::Dir;
 pub use file::File;
 pub use metadata::Metadata;
 pub use options::OpenOptions;
+pub use pool_ops::{
+    canonicalize, copy, hard_link, read_dir, read_link, remove_dir_all, set_permissions, symlink,
+    try_exists, DirEntry, ReadDir, READ_DIR_BATCH,
+};
 
 use std::io;
 use std::path::Path;

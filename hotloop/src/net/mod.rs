@@ -9,6 +9,7 @@ mod options;
 pub(crate) mod pool;
 mod resolve;
 mod server;
+mod socket;
 mod sockopt;
 mod split;
 mod stream;
@@ -28,6 +29,7 @@ pub use server::{
     serve, serve_unix, serve_unix_with_stop, serve_with_stop, Server, StopSignal, Stopping,
     UnixServer,
 };
+pub use socket::TcpSocket;
 pub use sockopt::TcpKeepalive;
 pub use split::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, WriteHalf};
 pub use stream::TcpStream;

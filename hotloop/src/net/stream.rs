@@ -68,7 +68,12 @@ impl TcpStream {
 
     async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
         let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
-        let stream = TcpStream::from_fd(socket.into())?;
+        Self::connect_socket(socket.into(), addr).await
+    }
+
+    /// Connects the fresh non-blocking socket `fd` to `addr`.
+    pub(crate) async fn connect_socket(fd: OwnedFd, addr: SocketAddr) -> io::Result<TcpStream> {
+        let stream = TcpStream::from_fd(fd)?;
         stream.core.source().connect(addr).await?;
         Ok(stream)
     }
