@@ -44,7 +44,7 @@ use super::deadline::{
 };
 use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
-use crate::net::{StopSignal, Stopping};
+use crate::net::{StopSignal, Stopping, DRAIN_IDLE_QUIET};
 
 /// The HTTP/2 connection preface: a client that starts with it speaks
 /// HTTP/2 by prior knowledge.
@@ -169,7 +169,7 @@ where
             if this.drive(cx).is_ready() {
                 return Poll::Ready(());
             }
-            this.finish();
+            this.finish_on_stop();
         }
         loop {
             if this.drive(cx).is_ready() {
@@ -268,7 +268,11 @@ where
             Some(Protocol::Http2) => {
                 let mut builder = http2::Builder::new(HotloopExecutor);
                 builder.timer(HotloopTimer);
-                Phase::Http2(Box::pin(builder.serve_connection(io, parked.service)))
+                let mut conn = Box::pin(builder.serve_connection(io, parked.service));
+                if self.told {
+                    conn.as_mut().graceful_shutdown();
+                }
+                Phase::Http2(conn)
             }
             _ => {
                 // What is left of the header-read timeout, counted from the
@@ -281,9 +285,10 @@ where
                 // request get its answer, and keeps hyper from reading while
                 // it answers, which `Progress::between_requests` relies on.
                 let mut builder = http1::Builder::new();
+                // A stopping server's answer is the connection's last.
                 builder
                     .timer(HeadTimer)
-                    .keep_alive(true)
+                    .keep_alive(!self.told)
                     .half_close(true)
                     .header_read_timeout(header);
                 Phase::Http1(Box::pin(builder.serve_connection(io, parked.service)))
@@ -328,6 +333,23 @@ where
         }
     }
 
+    /// Tells the connection that the server stops: hyper finishes what is
+    /// in flight (an HTTP/1.1 answer says `Connection: close`; HTTP/2 sends
+    /// GOAWAY). An HTTP/1.1 connection between requests is parked instead,
+    /// and closed once it has been quiet for [`DRAIN_IDLE_QUIET`] on a read
+    /// that finds nothing pending; a request that comes first is answered
+    /// with `Connection: close` (hyper's own graceful shutdown would close
+    /// it at once, racing a client that was just answered and is sending
+    /// its next request).
+    fn finish_on_stop(&mut self) {
+        if matches!(self.phase, Phase::Http1(_)) && self.progress.between_requests() {
+            self.release();
+        }
+        if !matches!(self.phase, Phase::Parked(_)) {
+            self.finish();
+        }
+    }
+
     fn close_parked(&mut self) {
         if let Phase::Parked(parked) = std::mem::replace(&mut self.phase, Phase::Done) {
             self.phase = Phase::Closing(parked.io);
@@ -339,7 +361,13 @@ where
     /// for a parked one, the header-read timeout.
     fn phase_deadline(&self) -> Option<(Stamp, Expiry)> {
         if self.told {
-            return None;
+            // A parked connection of a stopping server closes once quiet.
+            return match &self.phase {
+                Phase::Parked(_) => {
+                    Some((self.progress.last_moved().after(DRAIN_IDLE_QUIET), Expiry::Idle))
+                }
+                _ => None,
+            };
         }
         match &self.phase {
             Phase::Http1(_) if self.progress.between_requests() => {

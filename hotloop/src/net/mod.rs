@@ -1,9 +1,11 @@
 //! Networking: TCP and Unix domain listeners with an accept policy,
 //! streams with owned-buffer I/O and socket options, a thread-per-core
-//! server helper, UDP sockets and Unix datagram sockets.
+//! server helper (with socket hand-over between processes and draining),
+//! UDP sockets and Unix datagram sockets.
 
 mod balance;
 mod compat;
+mod handover;
 mod listener;
 mod options;
 pub(crate) mod pool;
@@ -17,6 +19,7 @@ mod unix;
 mod unix_datagram;
 
 pub use crate::driver::AcceptMode;
+pub use handover::{Handover, Replaced, HANDOVER_WAIT, STOP_ACK_WAIT};
 pub use listener::TcpListener;
 pub use options::{AcceptPacing, Balance, ListenerOptions, ServerOptions};
 pub use pool::{ReadPooled, POOLED_BUFFER_BYTES};
@@ -24,8 +27,8 @@ pub use resolve::{lookup_host, Target, ToSocketAddrs};
 #[cfg(feature = "test-util")]
 pub use resolve::{set_resolver, ResolverFn};
 pub use server::{
-    serve, serve_unix, serve_unix_with_stop, serve_with_stop, Server, StopSignal, Stopping,
-    UnixServer,
+    serve, serve_unix, serve_unix_with_stop, serve_with_stop, Drained, Server, StopSignal,
+    Stopping, UnixServer, DRAIN_CUT_WAIT, DRAIN_IDLE_QUIET,
 };
 pub use sockopt::TcpKeepalive;
 pub use stream::TcpStream;

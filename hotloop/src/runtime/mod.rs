@@ -57,9 +57,7 @@ mod worker;
 pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::{spawn_blocking, Handle};
-pub(crate) use join::{
-    run_now_if_alone, spawn_detached, spawn_detached_with, yield_to_driver, OnDone,
-};
+pub(crate) use join::{run_now_if_alone, spawn_detached, spawn_detached_with, yield_to_driver};
 pub use join::{spawn, wake_all, yield_now, JoinHandle};
 pub use join_set::JoinSet;
 pub use join_slot::{JoinError, RemoteJoinHandle};
