@@ -421,8 +421,16 @@ def run(args, server_kind, app, load, workers, driver):
             break
         upgrades.append((t0, time.monotonic()))
         time.sleep(args.interval)
+    # Resets are counted until 1 s after the last upgrade, or until 1 s
+    # before h2load's end: a load tool that stops closes connections with
+    # requests in flight, and the answers that meet them draw resets that
+    # no upgrade caused.
+    time.sleep(1)
+    if load == "h2":
+        time.sleep(max(0.0, started + duration - 1 - time.monotonic()))
+    tcpdump.send_signal(signal.SIGINT)
+    tcpdump.wait(timeout=10)
     if load != "h2":
-        time.sleep(1)
         loader.send_signal(signal.SIGINT)
     out, _ = loader.communicate(timeout=duration + 60)
     stop.set()
@@ -432,9 +440,6 @@ def run(args, server_kind, app, load, workers, driver):
         server.stop()
     except Exception as e:
         error = error or f"stopping: {e}"
-    time.sleep(0.3)
-    tcpdump.send_signal(signal.SIGINT)
-    tcpdump.wait(timeout=10)
     rsts = subprocess.run(["tcpdump", "-nn", "-r", rst_file], capture_output=True, text=True)
     resets = len([line for line in rsts.stdout.splitlines() if line.strip()])
     result = parse_load(load, out)
