@@ -5,13 +5,17 @@
 
 mod common;
 
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
+use hyper::body::Frame;
 use hyper::service::service_fn;
 use hyper::Response;
 
@@ -135,4 +139,89 @@ fn a_stopping_hyper_server_answers_the_request_that_was_on_its_way(driver: Drive
     let drained = drain.join().unwrap();
     assert_eq!(drained.cut, 0, "{drained:?}");
     assert!(drained.took < Duration::from_secs(5), "{drained:?}");
+}
+
+/// A body sent in two parts, the second `pause` after the first (a
+/// streamed answer whose head went out long before its end); `pause`
+/// zero sends one part.
+struct TwoParts {
+    sent: u8,
+    pause: Option<hotloop::time::Sleep>,
+}
+
+impl hyper::body::Body for TwoParts {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match (self.sent, &mut self.pause) {
+            (0, _) => {
+                self.sent = 1;
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from("part1;")))))
+            }
+            (1, Some(pause)) => {
+                std::task::ready!(Pin::new(pause).poll(cx));
+                self.sent = 2;
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from("part2;")))))
+            }
+            _ => Poll::Ready(None),
+        }
+    }
+}
+
+/// Reads a chunked answer to its last chunk; the lowercased head and body.
+fn read_chunked(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"0\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).to_lowercase()
+}
+
+/// The server stops while an answer is being written (its head, sent
+/// before the stop, said keep-alive): the connection is not closed when
+/// that answer ends, which a client already sending its next request
+/// would meet; that request gets an answer with `Connection: close`.
+#[hotloop::test(driver = "all")]
+fn a_stop_during_a_streamed_answer_lets_the_next_request_be_answered(driver: DriverKind) {
+    let rt = runtime(driver, 1);
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), || {
+        service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+            let pause = (req.uri().path() == "/slow")
+                .then(|| hotloop::time::sleep(Duration::from_millis(400)));
+            Ok::<_, std::convert::Infallible>(Response::new(TwoParts { sent: 0, pause }))
+        })
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut first = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&first).contains("part1;") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the first part");
+        first.extend_from_slice(&buf[..n]);
+    }
+    assert!(!String::from_utf8_lossy(&first).to_lowercase().contains("connection: close"));
+    // Stopping while the second part is due.
+    let drain = thread::spawn(move || server.drain_blocking(Duration::from_secs(10)));
+    thread::sleep(Duration::from_millis(100));
+    let rest = read_chunked(&mut s);
+    assert!(rest.contains("part2;"), "{driver:?}: the streamed answer was cut: {rest:?}");
+    // The client, told keep-alive, sends its next request at once.
+    s.write_all(b"GET /fast HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let next = read_chunked(&mut s);
+    assert!(next.starts_with("http/1.1 200"), "{driver:?}: the next request got {next:?}");
+    assert!(next.contains("connection: close"), "{driver:?}: {next}");
+    assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "closed after its last answer");
+    assert_eq!(drain.join().unwrap().cut, 0);
 }
