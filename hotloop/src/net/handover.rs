@@ -381,17 +381,10 @@ impl Handover {
     /// Withdraws what was filed under `id`: its offered copies close, and
     /// its stop is not called.
     pub(crate) fn withdraw(&self, id: u64) {
-        let (offered, _members) = {
-            let mut st = self.lock();
-            let (gone, kept) = std::mem::take(&mut st.offered).into_iter().partition(|o| o.0 == id);
-            st.offered = kept;
-            let (gone_m, kept_m) =
-                std::mem::take(&mut st.members).into_iter().partition(|m| m.0 == id);
-            st.members = kept_m;
-            (gone, gone_m)
-        };
-        // Closed outside the lock.
-        drop::<Vec<(u64, Local, OwnedFd)>>(offered);
+        let mut st = self.lock();
+        // The copies close here; a close never blocks on a listening socket.
+        st.offered.retain(|o| o.0 != id);
+        st.members.retain(|m| m.0 != id);
     }
 
     /// Takes systemd's sockets if `LISTEN_PID` names this process (once).

@@ -299,9 +299,10 @@ impl WorkerConns {
     }
 }
 
-/// Tells a connection handler that its server is stopping, so it can end
-/// the connection cleanly (finish the request in flight, then close)
-/// before the grace period of [`Server::shutdown_blocking`] runs out.
+/// Tells a connection handler that its server is stopping (a drain, or a
+/// successor took its sockets over), so it can end the connection cleanly
+/// (finish the request in flight, then close) before the drain's deadline
+/// cuts it.
 /// Given to handlers by [`serve_with_stop`]; it belongs to the worker
 /// that runs the handler.
 #[derive(Clone)]
