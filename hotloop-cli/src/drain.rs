@@ -4,7 +4,8 @@
 //! A handler checks [`stopping`] whenever it waits for something it may
 //! give up on a stop (an idle keep-alive connection waiting for its next
 //! request); [`begin`] sets the flag and wakes every task of every worker,
-//! so idle connections close at once while busy ones finish.
+//! so idle connections close (once quiet: `conn/timer.rs`) while busy ones
+//! finish. The same happens when a successor has taken the sockets over.
 //!
 //! # Implementation notes
 //! The flag is one process-wide atomic, set by [`begin`] at once, so a

@@ -47,12 +47,23 @@ mod notes {
     macro_rules! signals {
         () => {
             "\
-Signals: SIGTERM or SIGINT stops gracefully: no new connections, idle keep-alive
-connections closed at once, answers in flight sent with `Connection: close`, exit
-as soon as the last connection ends or --grace-ms (default 5000) has passed. A
-second SIGTERM or SIGINT, or SIGQUIT at any time, stops at once. SIGHUP is logged
-and ignored (options come from the command line only: restart to change them).
-SIGUSR1 logs one status line. SIGUSR2 is logged and ignored."
+Signals: SIGTERM or SIGINT drains: no new connections, idle keep-alive connections
+closed once quiet for 200 ms, answers in flight sent with `Connection: close`
+(HTTP/2: GOAWAY), exit as soon as the last connection ends or --drain-timeout-ms
+(default 5000) has passed, when the rest are cut. A second SIGTERM or SIGINT, or
+SIGQUIT at any time, stops at once. SIGHUP reloads the TLS certificate and key
+from their files for new handshakes (a bad file keeps the old certificate);
+without TLS it is logged and ignored. SIGUSR1 logs one status line. SIGUSR2 is
+logged and ignored.
+
+Upgrades: --upgrade-socket PATH. The first process binds its addresses and waits
+on PATH; a process started later with the same PATH (a new build, new options)
+receives every listening socket over it (TCP and UDP, all workers'), serves them,
+and the old process then stops accepting and drains as on SIGTERM. Nothing waiting
+in a listen queue is refused or lost. A successor that fails before it serves
+leaves the old process serving, which says so. With systemd socket activation
+(LISTEN_FDS and LISTEN_PID naming the process) the given sockets are served
+instead of binding --addr."
         };
     }
     pub const SERVE: &str = concat!(
@@ -66,7 +77,9 @@ Timeouts (echo, http, hyper and static):
                               hyper over HTTP/1.1: hyper's header-read timeout,
                               counted from the end of the previous answer: close
   --send-timeout-ms    60000  a write made no progress (the client does not read): close
-  --grace-ms            5000  on a graceful stop, how long open connections may take
+  --drain-timeout-ms    5000  on a drain (a stop, or a successor took over), how long
+                              open connections may take; then they are cut and
+                              counted (--grace-ms is the same)
   after an error reply (400, 405, 408, 431, 501, 505): writing is shut down, and
   up to 256 KiB the client still sends is read and dropped for at most 2 s before
   closing, so the client reads the reply rather than a reset.
@@ -111,7 +124,9 @@ QUIC (UDP; one endpoint per worker on one port, SO_REUSEPORT):
   On a stop: new connections are refused; a connection with no stream (request)
   open closes at once, others once their streams are done (h3 sends GOAWAY
   first); the close code is 0 (quic) or H3_NO_ERROR (h3), reason \"server
-  stopping\"; what is open at the end of --grace-ms is closed the same way.
+  stopping\"; what is open at the end of --drain-timeout-ms is closed the same
+  way. At an upgrade the old process closes its connections at once (reason
+  \"server upgrading\"): both processes would read the same UDP sockets.
 
 ",
         signals!()
@@ -122,9 +137,10 @@ Timeouts:
   --connect-timeout-ms  1000  one backend's connect; then the next backend is tried
   --idle-timeout-ms    60000  no byte moved in either direction (writes blocked on a
                               peer that does not read included): both sides reset
-  --grace-ms            5000  on a graceful stop, how long open connections may take
-                              (proxied connections have no request boundary: they run
-                              until they end or the grace period does)
+  --drain-timeout-ms    5000  on a drain (a stop, or a successor took over), how long
+                              open connections may take (proxied connections have no
+                              request boundary: they run until they end or the drain
+                              timeout does; --grace-ms is the same)
 
 ",
         signals!()

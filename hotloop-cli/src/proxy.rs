@@ -114,10 +114,12 @@ pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
     });
     let rt = args.runtime.build_runtime()?;
     let cfg = config.clone();
-    let server =
-        serve(rt.handle(), args.listen.as_str(), args.runtime.server_options(), move |client| {
-            forward(client, cfg.clone())
-        })?;
+    // A predecessor's (or systemd's) listening socket, if any.
+    let handover = args.runtime.handover()?;
+    let options = args.runtime.server_options(&handover);
+    let server = serve(rt.handle(), args.listen.as_str(), options, move |client| {
+        forward(client, cfg.clone())
+    })?;
     eprintln!(
         "hotloop proxy on {} -> {:?} | workers {} | driver {}",
         server.local_addr(),
@@ -189,21 +191,24 @@ pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
             config.counters.forwarded.load(Relaxed)
         )
     };
-    // Proxied connections have no request boundary: a stop lets them run
-    // until they end or the grace period does, as haproxy's `hard-stop-after`.
-    let stopped = crate::stop::run_until_stopped(
-        "hotloop proxy",
-        &signals,
-        &rt,
-        server,
-        args.runtime.grace(),
-        &status,
-    )?;
-    eprintln!(
-        "hotloop proxy: stopped ({} connections cut at the grace limit); {} forwarded",
-        stopped.cut,
-        config.counters.forwarded.load(Relaxed)
-    );
+    // Serving: a predecessor stops accepting now, and drains.
+    handover.ready()?;
+    if let Some(pid) = handover.predecessor() {
+        eprintln!("hotloop proxy: took the listening socket over from pid {pid}, which drains");
+    }
+    // Proxied connections have no request boundary: a drain lets them run
+    // until they end or the drain timeout does, as haproxy's `hard-stop-after`.
+    let control = crate::stop::Control {
+        name: "hotloop proxy",
+        signals: &signals,
+        handover: &handover,
+        drain_timeout: args.runtime.drain_timeout(),
+        status: &status,
+        reload: &|| None,
+    };
+    let stopped = crate::stop::run_until_stopped(&control, &rt, server)?;
+    crate::stop::say_stopped("hotloop proxy", &stopped, rt.stats().total.accepted);
+    eprintln!("hotloop proxy: {} forwarded", config.counters.forwarded.load(Relaxed));
     Ok(())
 }
 

@@ -1,9 +1,10 @@
 //! The runtime flags shared by `hotloop serve` and `hotloop proxy`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use hotloop::net::{AcceptMode, AcceptPacing, Balance, ListenerOptions, ServerOptions};
+use hotloop::net::{AcceptMode, AcceptPacing, Balance, Handover, ListenerOptions, ServerOptions};
 use hotloop::{BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
 
 /// How the runtime and its listeners are set up.
@@ -59,11 +60,21 @@ pub struct RuntimeArgs {
     /// Serve the live counters over HTTP on this address (GET /stats for JSON, /metrics for Prometheus).
     #[arg(long)]
     pub stats_addr: Option<String>,
-    /// Grace period: on SIGTERM or SIGINT, how long open connections may
-    /// take to finish before they are cut, milliseconds; the process exits
-    /// as soon as the last one ends.
-    #[arg(long, default_value_t = 5000)]
-    pub grace_ms: u64,
+    /// Drain timeout: once the process drains (SIGTERM or SIGINT, or a
+    /// successor took its sockets over), how long open connections may
+    /// take to finish before they are cut and counted, milliseconds
+    /// (haproxy's `hard-stop-after`); the process exits as soon as the last
+    /// one ends. `--grace-ms` is the same.
+    #[arg(long, visible_alias = "grace-ms", default_value_t = 5000)]
+    pub drain_timeout_ms: u64,
+    /// Upgrades: the first process started with PATH binds its addresses
+    /// and waits on PATH (a Unix socket) for a successor; a later process
+    /// started with the same PATH (a new build, new options) receives
+    /// every listening socket over it, serves them, then tells the old one
+    /// to drain. Nothing waiting in a listen queue is refused or lost. A
+    /// successor that fails to start leaves the old process serving.
+    #[arg(long, value_name = "PATH")]
+    pub upgrade_socket: Option<PathBuf>,
 }
 
 /// The accepts-per-wakeup bound as given on the command line.
@@ -145,19 +156,33 @@ impl RuntimeArgs {
         }
     }
 
-    /// The server options (listener options and connection limits) these flags describe.
-    pub fn server_options(&self) -> ServerOptions {
+    /// Where the listening sockets come from: a predecessor on
+    /// `--upgrade-socket` (this process is the first if none serves
+    /// there), or systemd (`LISTEN_FDS` naming this process); otherwise the
+    /// servers bind.
+    pub fn handover(&self) -> std::io::Result<Handover> {
+        match &self.upgrade_socket {
+            Some(path) => Handover::open(path),
+            None => Handover::inherit(),
+        }
+    }
+
+    /// The server options (listener options, connection limits, drain
+    /// timeout, and where the sockets come from) these flags describe.
+    pub fn server_options(&self, handover: &Handover) -> ServerOptions {
         ServerOptions {
             listener: self.listener_options(),
             maxconn: self.maxconn,
             maxconn_per_worker: self.maxconn_per_worker,
             balance: self.balance,
+            drain_timeout: self.drain_timeout(),
+            handover: Some(handover.clone()),
         }
     }
 
-    /// The grace period for shutdown.
-    pub fn grace(&self) -> Duration {
-        Duration::from_millis(self.grace_ms)
+    /// How long a drain may take before what is open is cut.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
     }
 }
 

@@ -1,22 +1,32 @@
-//! What the process does with each signal, for `serve` and `proxy` alike.
+//! What the process does with each signal, and with a successor that took
+//! its sockets over, for `serve` and `proxy` alike.
 //!
-//! | signal | effect |
+//! | event | effect |
 //! |---|---|
-//! | SIGTERM, SIGINT | graceful stop: stop accepting, serve what the kernel already queued, close idle keep-alive connections at once, answer requests in flight with `Connection: close`, exit as soon as the last connection ends or `--grace-ms` has passed |
+//! | SIGTERM, SIGINT | graceful stop (a drain): stop accepting, serve what the kernel already queued, answer requests in flight with `Connection: close`, close idle keep-alive connections once quiet, exit as soon as the last connection ends or `--drain-timeout-ms` has passed (then the rest are cut and counted) |
+//! | a successor started with the same `--upgrade-socket` is ready | the same drain, except that what waits in the kernel's queues is the successor's |
 //! | a second SIGTERM or SIGINT, or SIGQUIT at any time | stop at once: every open connection is closed |
-//! | SIGHUP | logged and ignored: every option comes from the command line, so there is nothing to re-read; restart to change options |
+//! | SIGHUP | reload the TLS certificate and key from their files for new handshakes (live connections keep theirs); a bad file keeps the old certificate and says why; without TLS, logged and ignored |
 //! | SIGUSR1 | logs one status line (connections open, accepted so far) |
 //! | SIGUSR2 | logged and ignored |
 //!
 //! nginx and haproxy differ: nginx stops gracefully on SIGQUIT and fast on
 //! SIGTERM; haproxy stops hard on SIGTERM and softly on SIGUSR1. hotloop
 //! follows the convention of process supervisors and Kubernetes, which send
-//! SIGTERM and expect a graceful stop before their kill deadline.
+//! SIGTERM and expect a graceful stop before their kill deadline. An
+//! upgrade is not a signal to the old process (nginx's SIGUSR2, haproxy's
+//! `-sf`): the new process asks for the sockets over the upgrade socket,
+//! and the old one drains once the new one serves.
+//!
+//! A TCP server drains through the library's one drain
+//! ([`Server::drain_blocking`]), the same that `Server::stop` then
+//! `Server::stopped` runs; a second signal during it stops at once.
 
 use std::io;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use hotloop::net::Server;
+use hotloop::net::{Handover, Server};
 use hotloop::signal::{ShutdownSignals, SignalKind};
 use hotloop::Runtime;
 
@@ -24,88 +34,198 @@ use hotloop::Runtime;
 /// waits for a second signal.
 const STOP_POLL: Duration = Duration::from_millis(5);
 
+/// With an upgrade socket, how often the main thread looks whether a
+/// successor took over while it waits for a signal.
+const HANDOVER_POLL: Duration = Duration::from_millis(50);
+
 /// How a stop ended.
 pub struct Stopped {
     /// Connections still open when the process stopped waiting.
     pub cut: usize,
     /// The stop was forced by a second signal or SIGQUIT.
     pub forced: bool,
+    /// The pid of the successor that took the sockets over, if one did.
+    pub successor: Option<u32>,
 }
 
-/// Waits for a stop signal, answering the others, then stops `server`
-/// gracefully within `grace` (see the module docs). `status` makes the
-/// SIGUSR1 line; `name` starts every line.
-pub fn run_until_stopped(
-    name: &str,
-    signals: &ShutdownSignals,
-    rt: &Runtime,
-    server: Server,
-    grace: Duration,
-    status: &dyn Fn() -> String,
-) -> io::Result<Stopped> {
+/// What the stop loop answers besides the stop itself.
+pub struct Control<'a> {
+    /// Starts every line.
+    pub name: &'a str,
+    pub signals: &'a ShutdownSignals,
+    /// Says when a successor took the sockets over; closed once the
+    /// process stops on its own.
+    pub handover: &'a Handover,
+    /// How long open connections may take once the drain begins.
+    pub drain_timeout: Duration,
+    /// Makes the SIGUSR1 line.
+    pub status: &'a dyn Fn() -> String,
+    /// SIGHUP: reloads what can be reloaded, and says what happened
+    /// (`None`: nothing to reload).
+    pub reload: &'a dyn Fn() -> Option<String>,
+}
+
+/// Why the process stops.
+enum End {
+    Signal(SignalKind),
+    Replaced(u32),
+}
+
+/// Waits for a stop signal or a successor, answering the other signals,
+/// then drains `server` (see the module docs).
+pub fn run_until_stopped(ctl: &Control<'_>, rt: &Runtime, server: Server) -> io::Result<Stopped> {
     let active = server.active_connections_reader();
-    run_until_stopped_with(name, signals, rt, &active, grace, status, move || {
-        server.stop();
-        // The accept loops serve what the kernel already queued, then end.
-        let _ = rt.block_on(server.stopped());
-    })
+    let successor = match begin(ctl, &active)? {
+        Some(successor) => successor,
+        None => return Ok(Stopped { cut: active(), forced: true, successor: None }),
+    };
+    // First, so that an answer being prepared now already says `Connection: close`.
+    crate::drain::begin(rt.handle());
+    let (done_tx, done) = mpsc::channel();
+    let timeout = ctl.drain_timeout;
+    // The drain blocks; this thread keeps answering signals meanwhile.
+    std::thread::Builder::new().name("hotloop-drain".into()).spawn(move || {
+        let _ = done_tx.send(server.drain_blocking(timeout));
+    })?;
+    loop {
+        if let Ok(drained) = done.try_recv() {
+            return Ok(Stopped { cut: drained.cut + drained.left, forced: false, successor });
+        }
+        if let Some(stopped) = second_signal(ctl, &active)? {
+            return Ok(Stopped { successor, ..stopped });
+        }
+    }
 }
 
-/// [`run_until_stopped`] for any server: `active` counts its open
-/// connections, and `stop_accepting` (called once, after every worker has
-/// been told to stop) makes it take no new ones.
+/// [`run_until_stopped`] for a server that is not a [`Server`] (QUIC):
+/// `active` counts its open connections, and `stop_accepting` (called
+/// once, after every worker has been told to stop) makes it take no new
+/// ones; the drain waits for `active` to reach zero.
 pub fn run_until_stopped_with(
-    name: &str,
-    signals: &ShutdownSignals,
+    ctl: &Control<'_>,
     rt: &Runtime,
     active: &dyn Fn() -> usize,
-    grace: Duration,
-    status: &dyn Fn() -> String,
     stop_accepting: impl FnOnce(),
 ) -> io::Result<Stopped> {
-    let first = loop {
-        let sig = signals.wait()?;
-        if sig.is_stop() {
-            break sig;
-        }
-        other_signal(name, sig, status);
+    let successor = match begin(ctl, active)? {
+        Some(successor) => successor,
+        None => return Ok(Stopped { cut: active(), forced: true, successor: None }),
     };
-    if first == SignalKind::quit() {
-        eprintln!("{name}: {first:?}: stopping at once; {} connections cut", active());
-        return Ok(Stopped { cut: active(), forced: true });
-    }
-    eprintln!(
-        "{name}: {first:?}: no longer accepting; closing idle connections; waiting up to {grace:?} for the others (send it again, or SIGQUIT, to stop at once)"
-    );
-    let deadline = Instant::now() + grace;
-    // First, so that an answer being prepared now already says `Connection: close`.
+    let deadline = Instant::now() + ctl.drain_timeout;
     crate::drain::begin(rt.handle());
     stop_accepting();
     loop {
         let left = active();
-        let now = Instant::now();
-        if left == 0 || now >= deadline {
-            return Ok(Stopped { cut: left, forced: false });
+        if left == 0 || Instant::now() >= deadline {
+            return Ok(Stopped { cut: left, forced: false, successor });
         }
-        match signals.wait_timeout(STOP_POLL.min(deadline - now))? {
-            Some(sig) if sig.is_stop() => {
-                eprintln!("{name}: {sig:?} again: stopping at once; {left} connections cut");
-                return Ok(Stopped { cut: active(), forced: true });
-            }
-            Some(sig) => other_signal(name, sig, status),
+        if let Some(stopped) = second_signal(ctl, active)? {
+            return Ok(Stopped { successor, ..stopped });
+        }
+    }
+}
+
+/// Waits for the end and says what happens next. `None`: stop at once
+/// (SIGQUIT); otherwise the drain begins, for this successor, if any.
+fn begin(ctl: &Control<'_>, active: &dyn Fn() -> usize) -> io::Result<Option<Option<u32>>> {
+    let name = ctl.name;
+    let end = wait_for_end(ctl)?;
+    // No successor is taken once the process stops on its own.
+    ctl.handover.close();
+    let open = active();
+    let timeout = ctl.drain_timeout;
+    Ok(match end {
+        End::Signal(sig) if sig == SignalKind::quit() => {
+            eprintln!("{name}: {sig:?}: stopping at once; {open} connections cut");
+            None
+        }
+        End::Signal(sig) => {
+            eprintln!(
+                "{name}: {sig:?}: draining: no longer accepting; {open} connections open; closing idle ones; waiting up to {timeout:?} for the others (send it again, or SIGQUIT, to stop at once)"
+            );
+            Some(None)
+        }
+        End::Replaced(pid) => {
+            eprintln!(
+                "{name}: handed over to pid {pid}: draining: no longer accepting; {open} connections open; waiting up to {timeout:?} for them"
+            );
+            Some(Some(pid))
+        }
+    })
+}
+
+fn wait_for_end(ctl: &Control<'_>) -> io::Result<End> {
+    // Without an upgrade socket no successor can come: wait for signals alone.
+    let poll = ctl.handover.path().is_some().then_some(HANDOVER_POLL);
+    loop {
+        if let Some(pid) = ctl.handover.successor() {
+            return Ok(End::Replaced(pid));
+        }
+        let sig = match poll {
+            Some(limit) => ctl.signals.wait_timeout(limit)?,
+            None => Some(ctl.signals.wait()?),
+        };
+        match sig {
+            Some(sig) if sig.is_stop() => return Ok(End::Signal(sig)),
+            Some(sig) => other_signal(ctl, sig),
             None => {}
         }
     }
 }
 
-fn other_signal(name: &str, sig: SignalKind, status: &dyn Fn() -> String) {
+/// During a drain: waits up to [`STOP_POLL`] for a signal; a stop signal
+/// ends the drain at once.
+fn second_signal(ctl: &Control<'_>, active: &dyn Fn() -> usize) -> io::Result<Option<Stopped>> {
+    match ctl.signals.wait_timeout(STOP_POLL)? {
+        Some(sig) if sig.is_stop() => {
+            let cut = active();
+            eprintln!("{}: {sig:?} again: stopping at once; {cut} connections cut", ctl.name);
+            Ok(Some(Stopped { cut, forced: true, successor: None }))
+        }
+        Some(sig) => {
+            other_signal(ctl, sig);
+            Ok(None)
+        }
+        None => Ok(None),
+    }
+}
+
+fn other_signal(ctl: &Control<'_>, sig: SignalKind) {
+    let name = ctl.name;
     if sig == SignalKind::hangup() {
-        eprintln!(
-            "{name}: SIGHUP ignored: options come from the command line only, so there is nothing to reload (restart to change them)"
-        );
+        match (ctl.reload)() {
+            Some(what) => eprintln!("{name}: SIGHUP: {what}"),
+            None => eprintln!(
+                "{name}: SIGHUP ignored: no TLS certificate to reload, and options come from the command line only (start a new process with --upgrade-socket to change them)"
+            ),
+        }
     } else if sig == SignalKind::user_defined1() {
-        eprintln!("{name}: {}", status());
+        eprintln!("{name}: {}", (ctl.status)());
     } else {
         eprintln!("{name}: {sig:?} ignored");
     }
+}
+
+/// SIGHUP with TLS: reads the certificate and key again; says what happened.
+pub(crate) fn reload_certificate(certs: &hotloop::tls::CertReloader) -> String {
+    match certs.reload() {
+        Ok(()) => format!(
+            "reloaded the TLS certificate from {} for new handshakes",
+            certs.cert_path().display()
+        ),
+        Err(e) => format!("TLS certificate reload refused, keeping the previous certificate: {e}"),
+    }
+}
+
+/// The last line of a `serve` or `proxy` process.
+pub(crate) fn say_stopped(name: &str, stopped: &Stopped, accepted: u64) {
+    let how = match (stopped.forced, stopped.successor) {
+        (true, _) => "stopped at once".to_string(),
+        (false, Some(pid)) => format!("drained after handing over to pid {pid}"),
+        (false, None) => "stopped".to_string(),
+    };
+    eprintln!(
+        "{name}: {how} ({} connections cut at the drain deadline); {accepted} accepted",
+        stopped.cut
+    );
 }

@@ -35,13 +35,13 @@ use std::net::Shutdown;
 use std::ops::Deref;
 use std::path::Path;
 use std::pin::{pin, Pin};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hotloop::buf::IoBuf;
 use hotloop::net::POOLED_BUFFER_BYTES;
 use hotloop::time::timeout;
-use hotloop::tls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use hotloop::tls::{load_certs, load_private_key, server_config, ServerTlsStream, TlsAcceptor};
+use hotloop::tls::{CertReloader, ServerTlsStream, TlsAcceptor};
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::conn::{Conn, ConnTimer, LINGER_MAX};
@@ -54,15 +54,6 @@ pub const TLS_WRITE_BYTES: usize = 16 * 1024;
 /// The most bytes a lingering close reads and drops (see the module notes).
 pub const LINGER_BYTES_MAX: usize = 256 * 1024;
 
-/// The certificate chain and key of `--tls-cert` and `--tls-key`, if given.
-/// Errors name the file at fault.
-pub fn load_identity(
-    args: &ServeArgs,
-) -> io::Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>> {
-    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else { return Ok(None) };
-    Ok(Some((load_certs(cert)?, load_private_key(key)?)))
-}
-
 /// Says which files a configuration error came from.
 pub fn identity_error(cert: &Path, key: &Path, e: io::Error) -> io::Error {
     io::Error::new(
@@ -72,17 +63,20 @@ pub fn identity_error(cert: &Path, key: &Path, e: io::Error) -> io::Error {
 }
 
 /// The acceptor for `--tls-cert`/`--tls-key` offering ALPN `alpn`, with
-/// `--handshake-timeout-ms`; `None` without TLS flags.
-pub fn acceptor(args: &ServeArgs, alpn: &[&[u8]]) -> io::Result<Option<TlsAcceptor>> {
+/// `--handshake-timeout-ms`, and its certificate, which SIGHUP reloads;
+/// `None` without TLS flags.
+pub fn acceptor(
+    args: &ServeArgs,
+    alpn: &[&[u8]],
+) -> io::Result<Option<(TlsAcceptor, Arc<CertReloader>)>> {
     let (Some(cert_path), Some(key_path)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };
-    let config = server_config(load_certs(cert_path)?, load_private_key(key_path)?, alpn)
+    let certs = CertReloader::from_pem_files(cert_path, key_path)
         .map_err(|e| identity_error(cert_path, key_path, e))?;
-    Ok(Some(
-        TlsAcceptor::new(config)
-            .handshake_timeout(Duration::from_millis(args.handshake_timeout_ms)),
-    ))
+    let acceptor = TlsAcceptor::new(certs.server_config(alpn)?)
+        .handshake_timeout(Duration::from_millis(args.handshake_timeout_ms));
+    Ok(Some((acceptor, certs)))
 }
 
 fn timed_out() -> io::Error {

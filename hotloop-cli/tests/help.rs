@@ -14,9 +14,14 @@ fn help_documents_every_timeout_with_its_default() {
     for (command, flags) in [
         (
             "serve",
-            &["--idle-timeout-ms", "--header-timeout-ms", "--send-timeout-ms", "--grace-ms"][..],
+            &[
+                "--idle-timeout-ms",
+                "--header-timeout-ms",
+                "--send-timeout-ms",
+                "--drain-timeout-ms",
+            ][..],
         ),
-        ("proxy", &["--connect-timeout-ms", "--idle-timeout-ms", "--grace-ms"][..]),
+        ("proxy", &["--connect-timeout-ms", "--idle-timeout-ms", "--drain-timeout-ms"][..]),
     ] {
         let text = help(command);
         for flag in flags {
@@ -27,6 +32,7 @@ fn help_documents_every_timeout_with_its_default() {
             assert!(entry.contains("[default: "), "{command} {flag} has no default: {entry}");
         }
         assert!(text.contains("Timeouts"), "{command}: no timeout summary");
+        assert!(text.contains("--upgrade-socket"), "{command}: upgrades undocumented");
         assert!(
             text.contains("SIGHUP") && text.contains("SIGQUIT"),
             "{command}: signals undocumented"

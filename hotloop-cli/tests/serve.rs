@@ -439,7 +439,7 @@ fn sigterm_under_load_answers_every_accepted_request() {
     // The server's last line says how many connections it accepted.
     let mut accepted = None;
     while let Ok(line) = p.lines.recv_timeout(Duration::from_secs(2)) {
-        if let Some(rest) = line.split("cut at the grace limit); ").nth(1) {
+        if let Some(rest) = line.split("cut at the drain deadline); ").nth(1) {
             accepted = rest.split_whitespace().next().and_then(|n| n.parse::<u64>().ok());
         }
     }

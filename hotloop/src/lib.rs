@@ -40,7 +40,10 @@
 //! that must be `Send` (an axum handler); [`task_local!`] declares
 //! task-local values; [`process::Command`] runs child processes;
 //! [`time::pause`] (or `#[hotloop::test(start_paused = true)]`) runs
-//! timers on a paused clock. The owned-buffer stream methods
+//! timers on a paused clock. A server drains (`Server::drain`, or `stop`
+//! then `stopped`), and [`net::Handover`] hands its listening sockets to
+//! a new process (an upgrade without a refused connection) or takes
+//! systemd's. The owned-buffer stream methods
 //! (`read_owned`, `write_all_owned`, ...) sit beside tokio's
 //! `AsyncReadExt`/`AsyncWriteExt`, which work by plain method calls.
 //! Features `hyper`, `tls` and `tower` add hyper serving, TLS with ALPN,

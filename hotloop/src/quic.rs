@@ -224,6 +224,30 @@ pub fn endpoint_with(
     quinn::Endpoint::new_with_abstract_socket(config, server_config, socket, runtime)
 }
 
+/// Starts a quinn endpoint on `socket`, a UDP socket already bound (one
+/// a [`Handover`](crate::net::Handover) received from a predecessor, or
+/// bound for it), on the calling worker, with the options of
+/// [`UdpOptions::quic`] that apply after binding.
+///
+/// # Panics
+/// Outside a hotloop worker.
+pub fn endpoint_on(
+    socket: std::net::UdpSocket,
+    server_config: Option<ServerConfig>,
+) -> io::Result<quinn::Endpoint> {
+    let runtime = HotloopRuntime::current();
+    let socket = UdpSocket::from_std(socket)?;
+    let v6 = socket.local_addr()?.is_ipv6();
+    socket.configure(v6, &UdpOptions::quic())?;
+    let socket = runtime.wrap(socket)?;
+    quinn::Endpoint::new_with_abstract_socket(
+        EndpointConfig::default(),
+        server_config,
+        socket,
+        runtime,
+    )
+}
+
 /// quinn's [`Runtime`] for one hotloop worker: tasks and sockets it makes
 /// live on that worker.
 pub struct HotloopRuntime {

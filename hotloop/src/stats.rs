@@ -201,6 +201,75 @@ impl BlockingCounters {
     }
 }
 
+/// Declares the process-wide event counters once: the live atomics, the
+/// snapshot and the list of names and descriptions stay in step.
+macro_rules! lifecycle {
+    ($( #[doc = $doc:literal] $name:ident, )*) => {
+        /// The live process-wide event counters (see [`LifecycleCounters`]).
+        #[derive(Debug)]
+        pub(crate) struct LifecycleAtomics {
+            $( pub(crate) $name: AtomicU64, )*
+        }
+
+        /// Process-wide counts of rare events: socket hand-overs between
+        /// processes, server drains, connections cut at a drain's deadline,
+        /// certificate reloads. They belong to the process, not to a worker
+        /// (a hand-over is made by a thread of its own), so every runtime's
+        /// snapshot shows the same values.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct LifecycleCounters {
+            $( #[doc = $doc] pub $name: u64, )*
+        }
+
+        /// The process's event counters.
+        pub(crate) static LIFECYCLE: LifecycleAtomics =
+            LifecycleAtomics { $( $name: AtomicU64::new(0), )* };
+
+        impl LifecycleAtomics {
+            fn load(&self) -> LifecycleCounters {
+                LifecycleCounters { $( $name: self.$name.load(Relaxed), )* }
+            }
+        }
+
+        impl LifecycleCounters {
+            /// Every counter as (name, value).
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![ $( (stringify!($name), self.$name), )* ]
+            }
+
+            /// One sentence per counter of [`LifecycleCounters::fields`],
+            /// in order (the `# HELP` text of the Prometheus output).
+            pub fn descriptions() -> Vec<&'static str> {
+                vec![ $( $doc.trim(), )* ]
+            }
+        }
+    };
+}
+
+lifecycle! {
+    /// Times this process took its listening sockets over from a predecessor (an upgrade).
+    upgrades_in,
+    /// Times this process handed its listening sockets to a successor, which then served them.
+    upgrades_out,
+    /// Successors that connected for the sockets and ended before they were ready; this process kept serving.
+    upgrade_failures,
+    /// Listening sockets received from a predecessor or from systemd (`LISTEN_FDS`).
+    sockets_inherited,
+    /// Server drains begun (a stop, or a hand-over to a successor).
+    drains,
+    /// Connections still open at a drain's deadline, and cut.
+    drain_cut,
+    /// TLS certificate reloads that took effect.
+    tls_reloads,
+    /// TLS certificate reloads refused (a file missing or bad); the previous certificate stayed.
+    tls_reload_failures,
+}
+
+/// Adds one to a process-wide event counter (from any thread).
+pub(crate) fn count_event(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Relaxed);
+}
+
 /// One worker's load at one moment, as the connection balancing reads it
 /// (gauges, not counters).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +326,8 @@ pub struct StatsSnapshot {
     /// Each worker's load, by worker index (the workers only, not the
     /// `block_on` thread).
     pub loads: Vec<LoadGauges>,
+    /// The process's hand-over, drain and reload events.
+    pub lifecycle: LifecycleCounters,
 }
 
 impl StatsSnapshot {
@@ -278,6 +349,7 @@ impl StatsSnapshot {
             info,
             blocking: BlockingCounters::default(),
             loads: Vec::new(),
+            lifecycle: LIFECYCLE.load(),
         }
     }
 
@@ -290,6 +362,9 @@ impl StatsSnapshot {
             let _ = write!(out, "\"{name}\":{value},");
         }
         for (name, value, _) in self.blocking.fields() {
+            let _ = write!(out, "\"{name}\":{value},");
+        }
+        for (name, value) in self.lifecycle.fields() {
             let _ = write!(out, "\"{name}\":{value},");
         }
         let _ = write!(
@@ -361,6 +436,13 @@ impl StatsSnapshot {
             let _ = writeln!(out, "# TYPE hotloop_{name}{suffix} {kind}");
             let _ = writeln!(out, "hotloop_{name}{suffix} {value}");
         }
+        let lifecycle_help = LifecycleCounters::descriptions();
+        for (idx, (name, value)) in self.lifecycle.fields().into_iter().enumerate() {
+            let help = prometheus_escape_help(lifecycle_help[idx]);
+            let _ = writeln!(out, "# HELP hotloop_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE hotloop_{name}_total counter");
+            let _ = writeln!(out, "hotloop_{name}_total {value}");
+        }
         let _ = writeln!(
             out,
             "# HELP hotloop_driver_info The I/O driver and busy-poll mode in force (always 1).\n\
@@ -426,5 +508,7 @@ mod tests {
         assert!(snap.to_prometheus().contains("hotloop_blocking_running 0"));
         assert!(snap.to_json().contains("\"load_busy_permille\":640"));
         assert!(snap.to_prometheus().contains("hotloop_load_busy_permille{worker=\"1\"} 640"));
+        assert!(snap.to_json().contains("\"drain_cut\":"));
+        assert!(snap.to_prometheus().contains("# TYPE hotloop_upgrades_in_total counter"));
     }
 }

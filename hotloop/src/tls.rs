@@ -1,6 +1,7 @@
 //! TLS on rustls (feature `tls`): an acceptor for servers, a connector for
-//! clients, and [`serve_tls`], [`serve`](crate::net::serve) with a TLS
-//! handshake before the handler runs.
+//! clients, [`serve_tls`], [`serve`](crate::net::serve) with a TLS
+//! handshake before the handler runs, and [`CertReloader`], a certificate
+//! that can be read again from its files while the server runs.
 //!
 //! The TLS layer is `tokio-rustls` over [`TcpStream`]'s tokio traits, on
 //! either driver. Every handshake has a time limit
@@ -32,18 +33,21 @@
 
 use std::future::Future;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 pub use rustls;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use crate::net::{Server, ServerOptions, StopSignal, TcpStream, ToSocketAddrs};
+use crate::stats::{count_event, LIFECYCLE};
 use crate::Handle;
 
 /// A server-side TLS connection over a hotloop [`TcpStream`].
@@ -102,6 +106,132 @@ pub fn server_config(
         .map_err(|e| invalid(format!("certificate and key do not make a server identity: {e}")))?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
+}
+
+/// A certificate chain and private key read from two PEM files, which
+/// [`CertReloader::reload`] reads again while the server runs (on SIGHUP,
+/// say): new handshakes get the new certificate, connections already
+/// established keep theirs. A file that is missing, unreadable or does
+/// not match its key is refused, and the previous certificate stays.
+///
+/// It is rustls' certificate resolver for the configurations it makes
+/// ([`CertReloader::server_config`]), so a TLS server over TCP and a
+/// QUIC server can share one.
+///
+/// ```no_run
+/// use hotloop::tls::{CertReloader, TlsAcceptor, ALPN_H2, ALPN_HTTP11};
+/// let certs = CertReloader::from_pem_files("cert.pem", "key.pem")?;
+/// let acceptor = TlsAcceptor::new(certs.server_config(&[ALPN_H2, ALPN_HTTP11])?);
+/// // Later, when the files were replaced:
+/// if let Err(e) = certs.reload() {
+///     eprintln!("kept the previous certificate: {e}");
+/// }
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct CertReloader {
+    cert: PathBuf,
+    key: PathBuf,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl CertReloader {
+    /// Reads the chain (the server's certificate first) and the key
+    /// (PKCS#8, PKCS#1 or SEC1), which must match.
+    pub fn from_pem_files(
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+    ) -> io::Result<Arc<CertReloader>> {
+        let (cert, key) = (cert.as_ref().to_path_buf(), key.as_ref().to_path_buf());
+        let provider = provider();
+        let current = RwLock::new(Arc::new(certified_key(&cert, &key, &provider)?));
+        Ok(Arc::new(CertReloader { cert, key, provider, current }))
+    }
+
+    /// Reads both files again. On success new handshakes use them; on an
+    /// error (logged, and counted in `tls_reload_failures`) the previous
+    /// certificate stays in use.
+    pub fn reload(&self) -> io::Result<()> {
+        match certified_key(&self.cert, &self.key, &self.provider) {
+            Ok(fresh) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
+                count_event(&LIFECYCLE.tls_reloads, 1);
+                crate::log::info(format_args!(
+                    "TLS: reloaded the certificate from {} for new handshakes",
+                    self.cert.display()
+                ));
+                Ok(())
+            }
+            Err(e) => {
+                count_event(&LIFECYCLE.tls_reload_failures, 1);
+                crate::log::warn(format_args!(
+                    "TLS: certificate reload refused, keeping the previous one: {e}"
+                ));
+                Err(e)
+            }
+        }
+    }
+
+    /// The certificate file.
+    pub fn cert_path(&self) -> &Path {
+        &self.cert
+    }
+
+    /// The certificate new handshakes get now.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A server configuration (TLS 1.2 and 1.3, no client certificates,
+    /// ALPN `alpn`) whose certificate is this one, reloads included.
+    pub fn server_config(self: &Arc<Self>, alpn: &[&[u8]]) -> io::Result<ServerConfig> {
+        self.server_config_with_versions(rustls::DEFAULT_VERSIONS, alpn)
+    }
+
+    /// [`CertReloader::server_config`] for the protocol versions given
+    /// (QUIC takes TLS 1.3 only).
+    pub fn server_config_with_versions(
+        self: &Arc<Self>,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        alpn: &[&[u8]],
+    ) -> io::Result<ServerConfig> {
+        let mut config = ServerConfig::builder_with_provider(self.provider.clone())
+            .with_protocol_versions(versions)
+            .map_err(|e| invalid(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(self.clone());
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(config)
+    }
+}
+
+impl std::fmt::Debug for CertReloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertReloader").field("cert", &self.cert).field("key", &self.key).finish()
+    }
+}
+
+impl ResolvesServerCert for CertReloader {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// The chain and key of two PEM files, checked against each other.
+fn certified_key(
+    cert: &Path,
+    key: &Path,
+    provider: &rustls::crypto::CryptoProvider,
+) -> io::Result<CertifiedKey> {
+    let certs = load_certs(cert)?;
+    let key_der = load_private_key(key)?;
+    CertifiedKey::from_der(certs, key_der, provider).map_err(|e| {
+        invalid(format!(
+            "{} with {}: certificate and key do not make a server identity: {e}",
+            cert.display(),
+            key.display()
+        ))
+    })
 }
 
 /// Accepts TLS connections: performs the server side of the handshake on

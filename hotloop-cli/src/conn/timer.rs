@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
+use hotloop::net::DRAIN_IDLE_QUIET;
 use hotloop::time::Sleep;
 
 use crate::drain;
@@ -18,10 +19,10 @@ use crate::drain;
 /// way). A write that has to wait (on io_uring, every write waits for its
 /// completion) uses it too, so no timer is filed per response.
 ///
-/// An idle wait also ends when the server stops: it checks
-/// [`drain::stopping`] whenever it is polled, and the stop wakes every
-/// task, so no wrapper future around each read and no registration is
-/// needed.
+/// An idle wait also ends when the server stops (once the connection has
+/// been quiet for [`DRAIN_IDLE_QUIET`]): it checks [`drain::stopping`]
+/// whenever it is polled, and the stop wakes every task, so no wrapper
+/// future around each read and no registration is needed.
 pub(crate) struct ConnTimer {
     /// Made at the first deadline, so a connection that never waits
     /// reads no clock for it.
@@ -42,8 +43,13 @@ impl ConnTimer {
 
     /// Runs `read` (a connection's read, pinned by the caller) until `due`;
     /// the result is `None` when `due` passed, the peer closed, the read
-    /// failed, or (`idle`) the server began to stop while it waited. What
-    /// is ready at once is still taken after a stop.
+    /// failed, or (`idle`: a keep-alive connection between requests) the
+    /// server is stopping and the connection has been quiet for
+    /// [`DRAIN_IDLE_QUIET`] since this wait began. What is ready is always
+    /// taken first, so a request that arrives is answered (with
+    /// `Connection: close`) rather than met by a close: the connection is
+    /// closed only on a read that found nothing pending, and not while its
+    /// client, just answered, is likely sending the next request.
     pub(crate) fn read<'a, F>(
         &'a mut self,
         read: Pin<&'a mut F>,
@@ -53,7 +59,8 @@ impl ConnTimer {
         if let Some(due) = due {
             self.bring_forward(due);
         }
-        DeadlineRead { read, timer: self, due, idle }
+        let idle_since = idle.then(hotloop::time::now);
+        DeadlineRead { read, timer: self, due, idle_since }
     }
 
     /// Runs `write` (pinned by the caller); once it has to wait, for at
@@ -140,7 +147,8 @@ pub(crate) struct DeadlineRead<'a, F> {
     read: Pin<&'a mut F>,
     timer: &'a mut ConnTimer,
     due: Option<Instant>,
-    idle: bool,
+    /// For an idle wait, when it began (the connection's last progress).
+    idle_since: Option<Instant>,
 }
 
 impl<F, B> Future for DeadlineRead<'_, F>
@@ -156,8 +164,12 @@ where
         if let Poll::Ready(r) = this.read.as_mut().poll(cx) {
             return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
         }
-        if this.idle && drain::stopping() {
-            return Poll::Ready(None);
+        if let Some(since) = this.idle_since.filter(|_| drain::stopping()) {
+            let quiet = since + DRAIN_IDLE_QUIET;
+            this.timer.bring_forward(quiet);
+            if this.timer.poll_expired(cx, quiet) {
+                return Poll::Ready(None);
+            }
         }
         match this.due {
             Some(due) if this.timer.poll_expired(cx, due) => Poll::Ready(None),

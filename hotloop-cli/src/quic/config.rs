@@ -1,5 +1,5 @@
-//! quinn's server configuration: the TLS identity (given, or a
-//! self-signed certificate made at start), TLS 1.3 with the ALPN id, the
+//! quinn's server configuration: the TLS identity (given, and reloaded on
+//! SIGHUP, or a self-signed certificate made at start), TLS 1.3 with the ALPN id, the
 //! transport's windows, stream counts and idle timeout, and the bounds on
 //! the connection attempts quinn queues.
 
@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use hotloop::tls::rustls;
 use hotloop::tls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use hotloop::tls::CertReloader;
 use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{IdleTimeout, TransportConfig, VarInt};
 
@@ -24,15 +25,21 @@ const INCOMING_BUFFER_BYTES: u64 = 16 * 1024;
 /// The same over all queued attempts of one endpoint.
 const INCOMING_BUFFERS_TOTAL_BYTES: u64 = 1024 * 1024;
 
-/// The certificate chain and key to serve, and a line for the operator
-/// saying where they came from.
-pub(super) fn identity(
-    args: &ServeArgs,
-    addr: SocketAddr,
-) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>, String)> {
-    if let Some((certs, key)) = crate::tls::load_identity(args)? {
-        let path = args.tls_cert.as_deref().unwrap_or(std::path::Path::new(""));
-        return Ok((certs, key, format!("certificate from {}", path.display())));
+/// The certificate a server serves.
+pub(super) enum Identity {
+    /// `--tls-cert` and `--tls-key`, which SIGHUP reloads.
+    Files(Arc<CertReloader>),
+    /// Made at start.
+    Generated(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+}
+
+/// The certificate to serve, and a line for the operator saying where it
+/// came from.
+pub(super) fn identity(args: &ServeArgs, addr: SocketAddr) -> io::Result<(Identity, String)> {
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let certs = CertReloader::from_pem_files(cert, key)
+            .map_err(|e| crate::tls::identity_error(cert, key, e))?;
+        return Ok((Identity::Files(certs), format!("certificate from {}", cert.display())));
     }
     let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
     if !addr.ip().is_unspecified() && !names.contains(&addr.ip().to_string()) {
@@ -59,7 +66,7 @@ pub(super) fn identity(
             names.join(", ")
         ),
     };
-    Ok((vec![der], key, note))
+    Ok((Identity::Generated(vec![der], key), note))
 }
 
 /// The SHA-256 of `data` as colon-separated hex, as `openssl x509 -fingerprint` prints it.
@@ -78,22 +85,26 @@ fn sha256_hex(data: &[u8]) -> String {
 /// [`QuicArgs`]: crate::serve_args::QuicArgs
 pub(super) fn server_config(
     args: &ServeArgs,
-    certs: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
+    identity: &Identity,
     alpn: &[u8],
 ) -> io::Result<quinn::ServerConfig> {
     let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| invalid(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| match (&args.tls_cert, &args.tls_key) {
-            (Some(c), Some(k)) => crate::tls::identity_error(c, k, invalid(e.to_string())),
-            _ => invalid(format!("the generated certificate is unusable: {e}")),
-        })?;
-    tls.alpn_protocols = vec![alpn.to_vec()];
+    let tls = match identity {
+        Identity::Files(certs) => {
+            certs.server_config_with_versions(&[&rustls::version::TLS13], &[alpn])?
+        }
+        Identity::Generated(certs, key) => {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .map_err(|e| invalid(e.to_string()))?
+                .with_no_client_auth()
+                .with_single_cert(certs.clone(), key.clone_key())
+                .map_err(|e| invalid(format!("the generated certificate is unusable: {e}")))?;
+            tls.alpn_protocols = vec![alpn.to_vec()];
+            tls
+        }
+    };
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| invalid(e.to_string()))?;
     let q = &args.quic;
     let mut transport = TransportConfig::default();

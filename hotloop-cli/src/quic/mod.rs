@@ -31,8 +31,24 @@
 //! with no stream (request) open closes at once, one with streams once
 //! they are done (`h3` first sends GOAWAY, so the client opens no more),
 //! each with [`CLOSE_STOPPING`] (`h3`: `H3_NO_ERROR`) and reason
-//! "server stopping"; what is still open after `--grace-ms` (or at a second
-//! signal) is closed the same way.
+//! "server stopping"; what is still open after `--drain-timeout-ms` (or at
+//! a second signal) is closed the same way.
+//!
+//! Upgrades (`--upgrade-socket`): the successor receives the UDP sockets
+//! (every member of the `SO_REUSEPORT` group) and says it is ready before
+//! it starts its endpoints; this process then closes every connection at
+//! once, with the same code and the reason "server upgrading", lets the
+//! close packets go out ([`CLOSE_SEND_WAIT`]), moves its endpoints to
+//! sockets of their own, and only then tells the successor to start
+//! reading. Its connections are closed, not finished: both processes would
+//! read the same sockets, the kernel gives each datagram to one of them,
+//! and a datagram of one process's connection read by the other is
+//! answered with a stateless reset (or a new connection's Initial read by
+//! the old process is refused). Steering by connection ID needs an eBPF
+//! program (`CAP_BPF`) or forwarding datagrams between the processes (as
+//! Envoy's hot restart does). A client sees its connection closed with a
+//! reason at once, never a timeout, and reconnects to the successor;
+//! datagrams that arrive in between wait in the sockets' buffers.
 //!
 //! [`QuicArgs`]: crate::serve_args::QuicArgs
 //!
@@ -55,7 +71,7 @@ mod settings;
 mod streams;
 
 use std::io;
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -65,11 +81,12 @@ use hotloop::time::timeout;
 use hotloop::Runtime;
 use quinn::VarInt;
 
-use config::{identity, server_config};
+use config::{identity, server_config, Identity};
 use connection::accept_loop;
+use hotloop::net::UdpOptions;
 use release::MemoryReleaser;
 use settings::{Proto, Settings, ALPN, ALPN_H3, CLOSE_FULL, CLOSE_FULL_H3, CLOSE_REASON};
-use settings::{CLOSE_STOPPING, CLOSE_STOPPING_H3, MAXCONN_DEFAULT};
+use settings::{CLOSE_STOPPING, CLOSE_STOPPING_H3, CLOSE_UPGRADING_REASON, MAXCONN_DEFAULT};
 
 use crate::serve_args::{millis_or_never, App, ServeArgs};
 use crate::stats_server::StatsServer;
@@ -77,6 +94,11 @@ use crate::stop;
 
 /// After closing the endpoints, how long to let their close packets go out.
 const CLOSE_FLUSH_MAX: Duration = Duration::from_millis(250);
+
+/// At a hand-over, how long the closing endpoints keep the shared sockets
+/// to send their close packets before they stop reading them: the
+/// successor reads nothing meanwhile (what arrives waits in the socket).
+const CLOSE_SEND_WAIT: Duration = Duration::from_millis(50);
 
 /// Runs `hotloop serve quic` or `hotloop serve h3` until a stop signal.
 pub fn run(
@@ -88,7 +110,7 @@ pub fn run(
     let addr = args.addr.to_socket_addrs()?.next().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, format!("`{}` names no address", args.addr))
     })?;
-    let (certs, key, note) = identity(args, addr)?;
+    let (identity, note) = identity(args, addr)?;
     let (proto, alpn, close_code, close_full) = match args.app {
         App::H3 => {
             let body = bytes::Bytes::from(vec![b'x'; args.body_size]);
@@ -96,7 +118,7 @@ pub fn run(
         }
         _ => (Proto::Echo, ALPN, CLOSE_STOPPING, CLOSE_FULL),
     };
-    let server_config = server_config(args, certs, key, alpn)?;
+    let server_config = server_config(args, &identity, alpn)?;
     let settings = Arc::new(Settings {
         proto,
         work_us: args.work_us,
@@ -115,16 +137,30 @@ pub fn run(
         refused: AtomicU64::new(0),
     });
 
-    // Worker 0 binds first, so that port 0 becomes one port every worker binds.
+    // The sockets of a predecessor (or systemd), or new ones: one per
+    // worker on one port (SO_REUSEPORT).
     let workers = rt.handle().workers();
-    let mut endpoints = Vec::with_capacity(workers);
-    let mut bound = addr;
-    for worker in 0..workers {
+    let handover = args.runtime.handover()?;
+    let sockets = handover
+        .udp_sockets(addr, workers, &UdpOptions::quic())
+        .map_err(|e| io::Error::new(e.kind(), format!("binding UDP {addr}: {e}")))?;
+    let bound = sockets[0].local_addr()?;
+    // A predecessor stops reading the sockets (closing its connections) before
+    // this process starts its endpoints on them: see the module docs.
+    handover.ready()?;
+    if let Some(pid) = handover.predecessor() {
+        eprintln!("hotloop serve: took the UDP sockets over from pid {pid}");
+    }
+    // Socket `i` goes to worker `i % workers`; a worker may run several
+    // endpoints (a predecessor had more workers) or none (it had fewer).
+    let mut endpoints = Vec::with_capacity(sockets.len());
+    for (i, socket) in sockets.into_iter().enumerate() {
+        let worker = i % workers;
         let (tx, rx) = mpsc::channel();
         let (config, settings) = (server_config.clone(), settings.clone());
         // Detached: the task runs the endpoint until the runtime is dropped.
         drop(rt.handle().spawn_on(worker, move || async move {
-            match hotloop::quic::endpoint(bound, Some(config)) {
+            match hotloop::quic::endpoint_on(socket, Some(config)) {
                 Ok(endpoint) => {
                     let _ = tx.send(Ok(endpoint.clone()));
                     accept_loop(endpoint, settings).await;
@@ -136,10 +172,14 @@ pub fn run(
         }));
         let endpoint = rx
             .recv()
-            .map_err(|_| io::Error::other("a worker stopped before binding its endpoint"))?
-            .map_err(|e| io::Error::new(e.kind(), format!("binding UDP {bound}: {e}")))?;
-        bound = endpoint.local_addr()?;
-        endpoints.push(endpoint);
+            .map_err(|_| io::Error::other("a worker stopped before starting its endpoint"))?
+            .map_err(|e| io::Error::new(e.kind(), format!("QUIC endpoint on {bound}: {e}")))?;
+        endpoints.push((worker, endpoint));
+    }
+    {
+        // A successor reads the sockets once this process no longer does.
+        let (handle, endpoints) = (rt.handle().clone(), endpoints.clone());
+        handover.on_hand_over(move || hand_over(&handle, &endpoints, close_code));
     }
 
     let stats = rt.stats();
@@ -177,20 +217,23 @@ pub fn run(
             settings.refused.load(Ordering::Relaxed),
         )
     };
-    // The accept loops refuse new connections once `drain` says stopping.
-    let stopped = stop::run_until_stopped_with(
-        "hotloop serve",
+    let reload = || match &identity {
+        Identity::Files(certs) => Some(stop::reload_certificate(certs)),
+        Identity::Generated(..) => None,
+    };
+    let control = stop::Control {
+        name: "hotloop serve",
         signals,
-        rt,
-        &active,
-        args.runtime.grace(),
-        &status,
-        || {},
-    )?;
+        handover: &handover,
+        drain_timeout: args.runtime.drain_timeout(),
+        status: &status,
+        reload: &reload,
+    };
+    // The accept loops refuse new connections once `drain` says stopping.
+    let stopped = stop::run_until_stopped_with(&control, rt, &active, || {})?;
     // What is left is closed, and the close packets are given a moment to go out.
     let closes: Vec<_> = endpoints
         .into_iter()
-        .enumerate()
         .map(|(worker, endpoint)| {
             rt.handle().spawn_on(worker, move || async move {
                 endpoint.close(VarInt::from_u32(close_code), CLOSE_REASON);
@@ -202,11 +245,36 @@ pub fn run(
         let _ = close.join();
     }
     drop(releaser);
-    let how = if stopped.forced { "stopped at once" } else { "stopped" };
-    eprintln!(
-        "hotloop serve: {how} ({} connections cut at the grace limit); {} accepted",
-        stopped.cut,
-        accepted()
-    );
+    stop::say_stopped("hotloop serve", &stopped, accepted());
     Ok(())
+}
+
+/// A successor serves the UDP sockets: every endpoint closes its
+/// connections (code `close_code`, reason "server upgrading"), gives the
+/// close packets a moment to go out, and moves to a socket of its own, so
+/// nothing here reads the handed-over sockets again. Returns once done on
+/// every worker.
+fn hand_over(handle: &hotloop::Handle, endpoints: &[(usize, quinn::Endpoint)], close_code: u32) {
+    let closes: Vec<_> = endpoints
+        .iter()
+        .map(|(worker, endpoint)| {
+            let endpoint = endpoint.clone();
+            handle.spawn_on(*worker, move || async move {
+                endpoint.close(VarInt::from_u32(close_code), CLOSE_UPGRADING_REASON);
+                let _ = timeout(CLOSE_SEND_WAIT, endpoint.wait_idle()).await;
+                let here = endpoint.local_addr().map(|a| SocketAddr::new(a.ip(), 0));
+                match here.and_then(std::net::UdpSocket::bind) {
+                    Ok(own) => {
+                        if let Err(e) = endpoint.rebind(own) {
+                            eprintln!("hotloop serve: moving a QUIC endpoint off the handed-over socket: {e}");
+                        }
+                    }
+                    Err(e) => eprintln!("hotloop serve: a socket for a closing QUIC endpoint: {e}"),
+                }
+            })
+        })
+        .collect();
+    for close in closes {
+        let _ = close.join();
+    }
 }

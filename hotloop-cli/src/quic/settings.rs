@@ -20,6 +20,9 @@ pub(super) const CLOSE_STOPPING: u32 = 0;
 pub(super) const CLOSE_STOPPING_H3: u32 = 0x100;
 /// The reason sent with [`CLOSE_STOPPING`].
 pub(super) const CLOSE_REASON: &[u8] = b"server stopping";
+/// The reason sent with [`CLOSE_STOPPING`] when a successor took the
+/// sockets over (see `quic/mod.rs` for why the connections are closed).
+pub(super) const CLOSE_UPGRADING_REASON: &[u8] = b"server upgrading";
 /// The stream reset code when the client reads nothing for --send-timeout-ms.
 pub(super) const RESET_SEND_TIMEOUT: u32 = 1;
 

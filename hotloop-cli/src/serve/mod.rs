@@ -56,9 +56,15 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
         App::Http | App::Static => &[ALPN_HTTP11],
         App::Echo | App::Quic | App::H3 => &[],
     };
-    let tls = tls::acceptor(args, alpn)?;
+    let (tls, certs) = match tls::acceptor(args, alpn)? {
+        Some((acceptor, certs)) => (Some(acceptor), Some(certs)),
+        None => (None, None),
+    };
     let settings = Arc::new(Settings::new(args));
-    let (addr, options) = (args.addr.as_str(), args.runtime.server_options());
+    // The sockets of a predecessor (or systemd), taken once the options
+    // have proved good: a successor that cannot start never takes them.
+    let handover = args.runtime.handover()?;
+    let (addr, options) = (args.addr.as_str(), args.runtime.server_options(&handover));
     let server = match (args.app, tls) {
         (App::Static, tls) => {
             let site = static_files::Site {
@@ -121,21 +127,23 @@ pub fn run(args: &ServeArgs) -> std::io::Result<()> {
             move || active(),
         )?
     };
+    // Serving: a predecessor stops accepting now, and drains.
+    handover.ready()?;
+    if let Some(pid) = handover.predecessor() {
+        eprintln!("hotloop serve: took the listening sockets over from pid {pid}, which drains");
+    }
     let status =
         || format!("{} connections open, {} accepted", active(), rt.stats().total.accepted);
-    let stopped = stop::run_until_stopped(
-        "hotloop serve",
-        &signals,
-        &rt,
-        server,
-        args.runtime.grace(),
-        &status,
-    )?;
-    let how = if stopped.forced { "stopped at once" } else { "stopped" };
-    eprintln!(
-        "hotloop serve: {how} ({} connections cut at the grace limit); {} accepted",
-        stopped.cut,
-        rt.stats().total.accepted
-    );
+    let reload = || certs.as_ref().map(|c| stop::reload_certificate(c));
+    let control = stop::Control {
+        name: "hotloop serve",
+        signals: &signals,
+        handover: &handover,
+        drain_timeout: args.runtime.drain_timeout(),
+        status: &status,
+        reload: &reload,
+    };
+    let stopped = stop::run_until_stopped(&control, &rt, server)?;
+    stop::say_stopped("hotloop serve", &stopped, rt.stats().total.accepted);
     Ok(())
 }

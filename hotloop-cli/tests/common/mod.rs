@@ -50,6 +50,11 @@ impl Proc {
         )
     }
 
+    /// Starts `cmd` (a wrapper around `hotloop`, say) and collects its stderr lines.
+    pub fn start_with(cmd: &mut Command) -> Proc {
+        Self::spawn(cmd)
+    }
+
     fn spawn(cmd: &mut Command) -> Proc {
         let mut child =
             cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("start hotloop");

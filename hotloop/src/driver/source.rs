@@ -79,6 +79,20 @@ impl ListenerSource {
         each!(ListenerSource, self, s => s.accept_now(mode))
     }
 
+    /// Ready once the driver holds no accept in the kernel for this
+    /// listener (io_uring, after `set_accept_room(0)`; at once on epoll),
+    /// so a socket another process also accepts on loses no connection to
+    /// an accept nobody will take.
+    pub(crate) fn poll_accept_settled(&self, cx: &mut TaskContext<'_>) -> Poll<()> {
+        each!(ListenerSource, self, s => s.poll_accept_settled(cx))
+    }
+
+    /// Takes one connection the driver already accepted for this listener
+    /// (io_uring's queue), never one from the socket's backlog.
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+        each!(ListenerSource, self, s => s.take_accepted())
+    }
+
     /// Sets how many connections the owner will take from now on
     /// (`usize::MAX`: all). The driver never accepts more than that ahead
     /// of the owner; the kernel's backlog holds the rest.

@@ -44,7 +44,7 @@ use super::deadline::{
 };
 use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
-use crate::net::{StopSignal, Stopping};
+use crate::net::{StopSignal, Stopping, DRAIN_IDLE_QUIET};
 
 /// The HTTP/2 connection preface: a client that starts with it speaks
 /// HTTP/2 by prior knowledge.
@@ -119,6 +119,7 @@ where
         watch: Watch::new(),
         deadlines,
         told: false,
+        hyper_told: false,
         released: false,
         chatty: false,
     }
@@ -137,6 +138,8 @@ where
     deadlines: Deadlines,
     // The connection was told to finish (the server stops, or the idle deadline passed).
     told: bool,
+    /// hyper's graceful shutdown was asked for.
+    hyper_told: bool,
     /// hyper's state was released and not built again since.
     released: bool,
     /// After a release, the client's next bytes came within the release
@@ -174,11 +177,13 @@ where
             if this.drive(cx).is_ready() {
                 return Poll::Ready(());
             }
-            this.finish();
         }
         loop {
             if this.drive(cx).is_ready() {
                 return Poll::Ready(());
+            }
+            if this.told && this.finish_on_stop() {
+                continue;
             }
             let phase = this.phase_deadline();
             if let Some((at, Expiry::Release)) = phase {
@@ -273,7 +278,12 @@ where
             Some(Protocol::Http2) => {
                 let mut builder = http2::Builder::new(HotloopExecutor);
                 builder.timer(HotloopTimer);
-                Phase::Http2(Box::pin(builder.serve_connection(io, parked.service)))
+                let mut conn = Box::pin(builder.serve_connection(io, parked.service));
+                if self.told {
+                    conn.as_mut().graceful_shutdown();
+                    self.hyper_told = true;
+                }
+                Phase::Http2(conn)
             }
             _ => {
                 // What is left of the header-read timeout, counted from the
@@ -286,9 +296,11 @@ where
                 // request get its answer, and keeps hyper from reading while
                 // it answers, which `Progress::between_requests` relies on.
                 let mut builder = http1::Builder::new();
+                // A stopping server's answer is the connection's last.
+                self.hyper_told = self.told;
                 builder
                     .timer(HeadTimer)
-                    .keep_alive(true)
+                    .keep_alive(!self.told)
                     .half_close(true)
                     .header_read_timeout(header);
                 Phase::Http1(Box::pin(builder.serve_connection(io, parked.service)))
@@ -326,10 +338,51 @@ where
     /// connection closes.
     fn finish(&mut self) {
         match &mut self.phase {
-            Phase::Http1(conn) => conn.as_mut().graceful_shutdown(),
-            Phase::Http2(conn) => conn.as_mut().graceful_shutdown(),
+            Phase::Http1(conn) => {
+                conn.as_mut().graceful_shutdown();
+                self.hyper_told = true;
+            }
+            Phase::Http2(conn) => {
+                conn.as_mut().graceful_shutdown();
+                self.hyper_told = true;
+            }
             Phase::Parked(_) => self.close_parked(),
             Phase::Closing(_) | Phase::Done => {}
+        }
+    }
+
+    /// The server stops: moves the connection one step towards its end;
+    /// true if that changed what the connection should be driven as.
+    ///
+    /// HTTP/2 gets hyper's graceful shutdown (GOAWAY; its streams finish).
+    /// HTTP/1.1 ends on an answer that says `Connection: close`, never by
+    /// a close that a client sending its next request would meet: hyper's
+    /// graceful shutdown is asked for only while a request is taken and
+    /// not yet answered (its answer then says so). A connection between
+    /// requests is parked instead, and closes once it has been quiet for
+    /// [`DRAIN_IDLE_QUIET`] on a read that found nothing (its next request,
+    /// if that comes first, is answered with `Connection: close`). One
+    /// whose answer is being written waits for it to end: its head already
+    /// said keep-alive, and hyper would close as soon as it is flushed,
+    /// while the client may already be sending its next request.
+    fn finish_on_stop(&mut self) -> bool {
+        if self.hyper_told {
+            return false;
+        }
+        match &self.phase {
+            Phase::Http1(_) if self.progress.between_requests() => {
+                self.release();
+                true
+            }
+            Phase::Http1(_) if self.progress.unanswered() => {
+                self.finish();
+                true
+            }
+            Phase::Http2(_) => {
+                self.finish();
+                true
+            }
+            _ => false,
         }
     }
 
@@ -348,7 +401,17 @@ where
             return Some((since.after(LINGER), Expiry::Cut));
         }
         if self.told {
-            return None;
+            // A stopping server's connection that waits for its client, with
+            // hyper not yet told (parked, or after a request with a body),
+            // is finished once quiet.
+            let quiet = (self.progress.last_moved().after(DRAIN_IDLE_QUIET), Expiry::Idle);
+            return match &self.phase {
+                Phase::Parked(_) => Some(quiet),
+                Phase::Http1(_) if !self.hyper_told && self.progress.waiting_for_client() => {
+                    Some(quiet)
+                }
+                _ => None,
+            };
         }
         match &self.phase {
             Phase::Http1(_) if self.progress.between_requests() => {

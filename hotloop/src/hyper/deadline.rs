@@ -188,6 +188,9 @@ pub(super) struct Progress {
     read_waiting: Cell<bool>,
     /// The last request came with a body: hyper may still be reading it.
     bodied: Cell<bool>,
+    /// A request was taken and no byte of its answer has been written
+    /// yet: an answer chosen now can still say `Connection: close`.
+    unanswered: Cell<bool>,
     /// When the next request head must have arrived (HTTP/1.1's
     /// header-read timeout; [`Stamp::NONE`] for none): from the
     /// connection's start, then as hyper sets it when it begins to wait
@@ -211,6 +214,7 @@ impl Progress {
             flush_waited: Cell::new(false),
             read_waiting: Cell::new(false),
             bodied: Cell::new(false),
+            unanswered: Cell::new(false),
             head_by: Cell::new(header.map_or(Stamp::NONE, |t| now.after(t))),
             head_armed: Cell::new(false),
             cut: Cell::new(false),
@@ -239,6 +243,21 @@ impl Progress {
     #[inline]
     pub(super) fn took(&self, bodied: bool) {
         self.bodied.set(bodied);
+        self.unanswered.set(true);
+    }
+
+    /// True from a request's taking until the first byte of its answer is
+    /// written (see [`Progress::unanswered`]'s field).
+    pub(super) fn unanswered(&self) -> bool {
+        self.unanswered.get()
+    }
+
+    /// True while the connection waits for the client and writes nothing:
+    /// its last read waits, and no write or flush does.
+    pub(super) fn waiting_for_client(&self) -> bool {
+        self.read_waiting.get()
+            && self.write_waiting.get() == Stamp::NONE
+            && !self.flush_waited.get()
     }
 
     /// When the next request head must have arrived, if ever.
@@ -277,7 +296,10 @@ impl Progress {
     fn wrote(&self, poll: &Poll<std::io::Result<usize>>) {
         match poll {
             Poll::Pending => self.waiting(),
-            Poll::Ready(Ok(n)) if *n > 0 => self.moved(),
+            Poll::Ready(Ok(n)) if *n > 0 => {
+                self.unanswered.set(false);
+                self.moved();
+            }
             Poll::Ready(_) => {}
         }
     }

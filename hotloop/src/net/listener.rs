@@ -199,6 +199,12 @@ pub(crate) trait Accept: Sized + 'static {
     fn stream_from_fd(fd: OwnedFd) -> io::Result<Self::Stream>;
     fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
     fn set_accept_room(&self, room: Option<usize>);
+    /// Ready once the driver holds no accept in the kernel for this
+    /// listener (see [`Acceptor::poll_accept_settled`]).
+    fn poll_accept_settled(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()>;
+    /// A connection the driver already accepted, never one from the
+    /// socket's backlog.
+    fn take_accepted(&self) -> Option<io::Result<Self::Stream>>;
 }
 
 impl Accept for TcpListener {
@@ -217,6 +223,12 @@ impl Accept for TcpListener {
     }
     fn set_accept_room(&self, room: Option<usize>) {
         TcpListener::set_accept_room(self, room)
+    }
+    fn poll_accept_settled(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.acceptor.poll_accept_settled(cx)
+    }
+    fn take_accepted(&self) -> Option<io::Result<TcpStream>> {
+        Some(self.acceptor.take_accepted()?.and_then(TcpStream::from_fd))
     }
 }
 
@@ -388,6 +400,30 @@ impl Acceptor {
             }
             Err(e) => Some(Err(e)),
         }
+    }
+
+    /// Ready once the driver holds no accept in the kernel for this
+    /// listener: after `set_accept_room(Some(0))`, io_uring's accept is
+    /// cancelled and this waits for its last completion, so no connection
+    /// is taken from the socket on this listener's behalf afterwards (on
+    /// epoll, ready at once). A socket shared with another process (a
+    /// successor during a hand-over) then loses no connection to an accept
+    /// nobody would take.
+    pub(crate) fn poll_accept_settled(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        self.src.poll_accept_settled(cx)
+    }
+
+    /// A connection the driver already accepted (io_uring's queue), never
+    /// one from the socket's backlog; counted as accepted.
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+        let got = self.src.take_accepted()?;
+        if got.is_ok() {
+            self.count_accept();
+        }
+        Some(got)
     }
 
     /// True if this turn's batch is full.
@@ -574,6 +610,21 @@ pub(crate) fn bind_socket(
     }
     Err(last_err
         .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind to")))
+}
+
+/// Applies `options` to a listening socket this process did not bind (a
+/// predecessor's, or systemd's), as far as a bound socket allows: the
+/// backlog (`listen(2)` again), `TCP_NODELAY` and `TCP_DEFER_ACCEPT`.
+/// `SO_REUSEPORT` stays as it was bound.
+pub(crate) fn adopt_listener(fd: &OwnedFd, options: &ListenerOptions) -> io::Result<()> {
+    let socket = socket2::SockRef::from(fd);
+    socket.set_nonblocking(true)?;
+    if options.nodelay {
+        socket.set_tcp_nodelay(true)?;
+    }
+    let defer = options.defer_accept_secs.map_or(0, |secs| secs.min(i32::MAX as u32) as i32);
+    sys::setsockopt_int(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, defer)?;
+    socket.listen(options.backlog.min(i32::MAX as u32) as i32)
 }
 
 fn bind_one(addr: &SocketAddr, options: &ListenerOptions) -> io::Result<OwnedFd> {

@@ -1,9 +1,11 @@
 //! Networking: TCP and Unix domain listeners with an accept policy,
 //! streams with owned-buffer I/O and socket options, a thread-per-core
-//! server helper, UDP sockets and Unix datagram sockets.
+//! server helper (with socket hand-over between processes and draining),
+//! UDP sockets and Unix datagram sockets.
 
 mod balance;
 mod compat;
+mod handover;
 mod listener;
 mod options;
 pub(crate) mod pool;
@@ -19,6 +21,7 @@ mod unix;
 mod unix_datagram;
 
 pub use crate::driver::AcceptMode;
+pub use handover::{Handover, Replaced, HANDOVER_WAIT, STOP_ACK_WAIT};
 pub use listener::{on_descriptor_shortage, TcpListener};
 pub use options::{AcceptPacing, Balance, ListenerOptions, ServerOptions};
 pub use pool::{ReadPooled, POOLED_BUFFER_BYTES};
@@ -26,8 +29,8 @@ pub use resolve::{lookup_host, Target, ToSocketAddrs};
 #[cfg(feature = "test-util")]
 pub use resolve::{set_resolver, ResolverFn};
 pub use server::{
-    serve, serve_unix, serve_unix_with_stop, serve_with_stop, Server, StopSignal, Stopping,
-    UnixServer,
+    serve, serve_unix, serve_unix_with_stop, serve_with_stop, Drained, Server, StopSignal,
+    Stopping, UnixServer, DRAIN_CUT_WAIT, DRAIN_IDLE_QUIET,
 };
 pub use socket::TcpSocket;
 pub use sockopt::TcpKeepalive;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::handover::Handover;
 use crate::driver::AcceptMode;
 
 /// How a [`TcpListener`](super::TcpListener) or a
@@ -112,9 +113,9 @@ impl Default for ListenerOptions {
     }
 }
 
-/// How a [`serve`](super::serve) server is set up: its listeners and its
-/// connection limits.
-#[derive(Debug, Clone, Default)]
+/// How a [`serve`](super::serve) server is set up: its listeners, its
+/// connection limits, how long it drains, and where its sockets come from.
+#[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// The listener options every worker's listener gets.
     pub listener: ListenerOptions,
@@ -126,6 +127,36 @@ pub struct ServerOptions {
     pub maxconn_per_worker: Option<usize>,
     /// Which worker serves a new connection. Default: [`Balance::Load`].
     pub balance: Balance,
+    /// How long [`Server::stopped`](super::Server::stopped) lets open
+    /// connections finish after a stop before it cuts them (haproxy's
+    /// `hard-stop-after`). [`Server::drain`](super::Server::drain) takes
+    /// its own. Default: [`ServerOptions::DRAIN_TIMEOUT_DEFAULT`].
+    pub drain_timeout: Duration,
+    /// Where the listening sockets may come from: a socket this
+    /// [`Handover`] inherited (from a predecessor, or systemd) on the
+    /// server's address is used instead of binding, and the server's
+    /// sockets are offered to a successor, which stops this server's
+    /// accepts when it takes them. Default: none (the server binds).
+    pub handover: Option<Handover>,
+}
+
+impl ServerOptions {
+    /// The default drain timeout: 30 s, the grace period Kubernetes gives
+    /// a pod between SIGTERM and SIGKILL.
+    pub const DRAIN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            listener: ListenerOptions::default(),
+            maxconn: None,
+            maxconn_per_worker: None,
+            balance: Balance::default(),
+            drain_timeout: Self::DRAIN_TIMEOUT_DEFAULT,
+            handover: None,
+        }
+    }
 }
 
 /// Which worker serves a connection a server accepts.

@@ -22,30 +22,70 @@
 //! closed while others are still open keeps receiving the socket's events
 //! until they close too. They carry the closed source's stale key and are
 //! dropped (a wakeup each); all copies close when the server stops.
+//!
+//! A TCP server given sockets by a [`Handover`] may get more or fewer
+//! than it has workers (its predecessor ran another count): worker `i`
+//! accepts on sockets `i`, `i + workers`, ... (one accept loop each, the
+//! first of them also taking the connections other workers hand it), and
+//! a worker left without one accepts on a copy of socket `i % sockets`.
+//!
+//! Draining (a stop, or a hand-over to a successor) is one sequence,
+//! whichever call starts it ([`Server::drain`], [`Server::drain_blocking`],
+//! [`Server::stopped`] after [`Server::stop`], `shutdown_blocking`): the
+//! accept loops stop (on io_uring their accepts are cancelled and the last
+//! completion awaited), serve what the driver already accepted and, unless
+//! a successor took the sockets over, what the kernel queued (closing the
+//! socket would reset it); every handler is told through its
+//! [`StopSignal`]; then the connections get until the deadline to finish,
+//! and those still open are cut (each handler's future is dropped at its
+//! next poll, which the cut forces by waking every task) and counted.
 
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use std::cell::Cell;
 use std::rc::Rc;
 
 use super::balance::{hand_off, LaneGuard, Lanes};
-use super::listener::{bind_socket, Accept, TcpListener};
+use super::handover::{same_address, Handover, Local};
+use super::listener::{adopt_listener, bind_socket, Accept, TcpListener};
 use super::options::{Balance, ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
 use super::unix::{bind_unix_socket, UnixListener, UnixStream};
 use crate::runtime::shared::WorkerShared;
 use crate::runtime::{
-    current, run_now_if_alone, spawn_detached_with, Handle, OnDone, RemoteJoinHandle, TaskKey,
+    current, run_now_if_alone, spawn_detached_with, Handle, RemoteJoinHandle, TaskKey,
 };
+use crate::stats::{count_event, LIFECYCLE};
+
+/// After a drain's deadline, how long the cut may take: a handler is
+/// dropped at its worker's next poll, which a worker busy in a long
+/// synchronous computation reaches only when that ends.
+pub const DRAIN_CUT_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a stopping accept loop waits for io_uring to confirm that its
+/// cancelled accept has ended (it takes one loop turn).
+const ACCEPT_SETTLE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a hand-over waits for a server's accept loops to stop.
+const LOOPS_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// During a drain, how long a keep-alive connection between requests must
+/// have been quiet before it is closed (on a read that finds nothing
+/// pending). A client that just had an answer is likely sending its next
+/// request: closing then would race it (the request meets a closed
+/// socket, and the client sees the connection fail instead of an answer
+/// with `Connection: close`). A connection idle for longer is closed at
+/// once. Used by `serve_hyper` and by `hotloop serve`.
+pub const DRAIN_IDLE_QUIET: Duration = Duration::from_millis(200);
 
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
 ///
@@ -57,6 +97,13 @@ pub struct Server<A = SocketAddr> {
     label: String,
     shared: Arc<ServerShared>,
     accept_loops: Vec<RemoteJoinHandle<io::Result<()>>>,
+    /// The runtime, whose workers a drain's cut wakes.
+    handle: Handle,
+    /// [`ServerOptions::drain_timeout`], for [`Server::stopped`].
+    drain_timeout: Duration,
+    /// The hand-over that offers this server's sockets, and the id they
+    /// are offered under.
+    handover: Option<(Handover, u64)>,
 }
 
 /// A running [`serve_unix`] server: a [`Server`] that listens on a path.
@@ -73,6 +120,26 @@ struct ServerShared {
     slot_waiters: Mutex<Vec<Waker>>,
     /// `slot_waiters.len()`, read without the lock by finishing connections.
     slot_waiting: AtomicUsize,
+    /// Set when a successor took the sockets over: the stopping accept
+    /// loops leave the kernel's queue to it.
+    handed_over: AtomicBool,
+    /// Set at a drain's deadline: every handler still running ends at its
+    /// next poll.
+    cut: AtomicBool,
+    /// Handlers ended by the cut.
+    cut_count: AtomicUsize,
+    /// Who waits for the connections or the accept loops to end.
+    watch: Mutex<Watch>,
+    watch_changed: Condvar,
+}
+
+/// What a drain waits for.
+#[derive(Default)]
+struct Watch {
+    /// Per-worker accept tasks still running.
+    loops: usize,
+    /// Tasks waiting for the last connection to end.
+    idle_wakers: Vec<Waker>,
 }
 
 impl ServerShared {
@@ -112,6 +179,70 @@ impl ServerShared {
         for w in wakers {
             w.wake();
         }
+    }
+
+    fn watch(&self) -> MutexGuard<'_, Watch> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes whoever waits for the connections or the loops to end.
+    fn notify_watchers(&self) {
+        let wakers = std::mem::take(&mut self.watch().idle_wakers);
+        self.watch_changed.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// True once no connection is open; otherwise files `waker`, woken
+    /// when the last one ends.
+    fn poll_idle(&self, waker: &Waker) -> bool {
+        if self.active.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        let mut w = self.watch();
+        if !w.idle_wakers.iter().any(|x| x.will_wake(waker)) {
+            w.idle_wakers.push(waker.clone());
+        }
+        // The last connection may have ended before the waker was filed.
+        self.active.load(Ordering::SeqCst) == 0
+    }
+
+    /// Blocks until no connection is open or `deadline` passes; true if none is.
+    fn wait_idle_until(&self, deadline: Instant) -> bool {
+        let mut w = self.watch();
+        loop {
+            if self.active.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            // Bounded waits: the wakeup of the last connection's end takes
+            // the lock, but a check here between the load and the wait
+            // could still miss it.
+            let step = (deadline - now).min(Duration::from_millis(50));
+            w = self.watch_changed.wait_timeout(w, step).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Blocks until every accept task has ended or `limit` has passed.
+    fn wait_loops_ended(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut w = self.watch();
+        while w.loops > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            w = self
+                .watch_changed
+                .wait_timeout(w, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
     }
 
     /// True once the server was told to stop (no waker filed).
@@ -168,9 +299,10 @@ impl WorkerConns {
     }
 }
 
-/// Tells a connection handler that its server is stopping, so it can end
-/// the connection cleanly (finish the request in flight, then close)
-/// before the grace period of [`Server::shutdown_blocking`] runs out.
+/// Tells a connection handler that its server is stopping (a drain, or a
+/// successor took its sockets over), so it can end the connection cleanly
+/// (finish the request in flight, then close) before the drain's deadline
+/// cuts it.
 /// Given to handlers by [`serve_with_stop`]; it belongs to the worker
 /// that runs the handler.
 #[derive(Clone)]
@@ -223,13 +355,56 @@ struct ActiveGuard {
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.local.server.active.fetch_sub(1, Ordering::SeqCst);
+        let server = &self.local.server;
+        let before = server.active.fetch_sub(1, Ordering::SeqCst);
         self.local.active.set(self.local.active.get() - 1);
         self.local.worker.load.connection_closed();
         if let Some(w) = self.local.waiting.take() {
             w.wake();
         }
-        self.local.server.wake_slot_waiters();
+        server.wake_slot_waiters();
+        // Only a stopped server's drain waits for the count to reach zero.
+        if before == 1 && server.is_stopped() {
+            server.notify_watchers();
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection's task: its handler, counted as active until it ends
+    /// (one allocation with the handler's future, as `OnDone` makes), and
+    /// cut (dropped, closing the connection) at its first poll after the
+    /// server's drain deadline.
+    struct Served<F> {
+        #[pin]
+        handler: F,
+        guard: ActiveGuard,
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Served<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        let server = &this.guard.local.server;
+        if server.cut.load(Ordering::Relaxed) {
+            server.cut_count.fetch_add(1, Ordering::Relaxed);
+            count_event(&LIFECYCLE.drain_cut, 1);
+            // Ending the task drops the handler, and its connection with it.
+            return Poll::Ready(());
+        }
+        this.handler.poll(cx)
+    }
+}
+
+/// Counts a per-worker accept task as running until dropped.
+struct LoopRunning(Arc<ServerShared>);
+
+impl Drop for LoopRunning {
+    fn drop(&mut self) {
+        self.0.watch().loops -= 1;
+        self.0.notify_watchers();
     }
 }
 
@@ -270,18 +445,42 @@ where
     Fut: Future<Output = ()> + 'static,
 {
     let handle = handle.as_ref();
-    let (mut options, limits) = split_options(options.into());
+    let server_options = options.into();
+    let (mut options, limits) = split_options(&server_options);
     if handle.workers() > 1 {
         options.reuse_port = true;
     }
-    let first = bind_socket(addr, &options)?;
-    let local_addr = crate::sys::local_addr(std::os::fd::AsRawFd::as_raw_fd(&first))?;
-    let mut sockets = vec![first];
-    for _ in 1..handle.workers() {
-        sockets.push(bind_socket(local_addr, &options)?);
-    }
+    let wanted: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    let handover = server_options.handover.as_ref();
+    let inherited = handover.and_then(|h| {
+        h.take(|l| matches!(l, Local::Tcp(a) if wanted.iter().any(|w| same_address(*w, *a))))
+    });
+    let (local_addr, sockets) = match inherited {
+        Some((Local::Tcp(local_addr), sockets)) => {
+            for fd in &sockets {
+                adopt_listener(fd, &options)?;
+            }
+            (local_addr, sockets)
+        }
+        _ => {
+            let first = bind_socket(&wanted[..], &options)?;
+            let local_addr = crate::sys::local_addr(std::os::fd::AsRawFd::as_raw_fd(&first))?;
+            let mut sockets = vec![first];
+            for _ in 1..handle.workers() {
+                sockets.push(bind_socket(local_addr, &options)?);
+            }
+            (local_addr, sockets)
+        }
+    };
     let label = local_addr.to_string();
-    Ok(start::<TcpListener, _, _, _>(handle, local_addr, label, sockets, options, limits, handler))
+    start::<TcpListener, _, _, _>(
+        handle,
+        Bound { local_addr, label, local: Local::Tcp(local_addr), sockets },
+        &server_options,
+        options,
+        limits,
+        handler,
+    )
 }
 
 /// [`serve`] over a Unix domain socket at `path`: every worker of
@@ -291,8 +490,9 @@ where
 ///
 /// Binding fails with `AddrInUse` if the path exists, unless
 /// [`ListenerOptions::remove_stale_socket`] is set and the file is a socket
-/// nobody listens on (one left by a previous run). Stopping the server
-/// leaves the socket file in place.
+/// nobody listens on (one left by a previous run), or the server's
+/// [`Handover`] holds the socket inherited from a predecessor. Stopping
+/// the server leaves the socket file in place.
 pub fn serve_unix<H, Fut>(
     handle: impl AsRef<Handle>,
     path: impl AsRef<Path>,
@@ -320,84 +520,172 @@ where
 {
     let handle = handle.as_ref();
     let path = path.as_ref();
-    let (options, limits) = split_options(options.into());
-    let first = bind_unix_socket(path, &options)?;
-    let mut sockets = Vec::with_capacity(handle.workers());
-    for _ in 1..handle.workers() {
-        match first.try_clone() {
-            Ok(fd) => sockets.push(fd),
-            Err(e) => {
+    let server_options = options.into();
+    let (options, limits) = split_options(&server_options);
+    let inherited = server_options
+        .handover
+        .as_ref()
+        .and_then(|h| h.take(|l| matches!(l, Local::Unix(p) if p == path)));
+    let (sockets, bound_here) = match inherited {
+        Some((_, sockets)) => (sockets, false),
+        None => (vec![bind_unix_socket(path, &options)?], true),
+    };
+    let label = path.display().to_string();
+    let local = Local::Unix(path.to_path_buf());
+    let bound = Bound { local_addr: path.to_path_buf(), label, local, sockets };
+    start::<UnixListener, _, _, _>(handle, bound, &server_options, options, limits, handler)
+        .inspect_err(|_| {
+            if bound_here {
                 // The file is ours (the bind just made it) and nobody will accept on it.
                 let _ = std::fs::remove_file(path);
-                return Err(e);
             }
-        }
-    }
-    sockets.insert(0, first);
-    let label = path.display().to_string();
-    Ok(start::<UnixListener, _, _, _>(
-        handle,
-        path.to_path_buf(),
-        label,
-        sockets,
-        options,
-        limits,
-        handler,
-    ))
+        })
 }
 
 /// The listener options and the connection limits of `options`.
-fn split_options(options: ServerOptions) -> (ListenerOptions, Limits) {
+fn split_options(options: &ServerOptions) -> (ListenerOptions, Limits) {
     let limits = Limits {
         global: options.maxconn,
         per_worker: options.maxconn_per_worker,
         balance: options.balance,
     };
-    (options.listener, limits)
+    (options.listener.clone(), limits)
 }
 
-/// Starts one accept loop per socket, socket `i` on worker `i`.
+/// A server's listening sockets, bound or inherited.
+struct Bound<A> {
+    local_addr: A,
+    /// `local_addr` as the log lines show it.
+    label: String,
+    /// `local_addr` as a hand-over names it.
+    local: Local,
+    sockets: Vec<OwnedFd>,
+}
+
+/// Which sockets each worker accepts on (see the module notes): socket
+/// `i` goes to worker `i % workers`, and a worker left without one gets a
+/// copy of socket `worker % sockets`.
+fn spread(sockets: Vec<OwnedFd>, workers: usize) -> io::Result<Vec<Vec<OwnedFd>>> {
+    let count = sockets.len();
+    let mut per_worker: Vec<Vec<OwnedFd>> = (0..workers).map(|_| Vec::new()).collect();
+    for (i, fd) in sockets.into_iter().enumerate() {
+        per_worker[i % workers].push(fd);
+    }
+    for worker in count..workers {
+        let copy = per_worker[worker % count][0].try_clone()?;
+        per_worker[worker].push(copy);
+    }
+    Ok(per_worker)
+}
+
+/// Starts each worker's accept loops (see [`spread`]) and offers the
+/// sockets to the hand-over, if any.
 fn start<L, A, H, Fut>(
     handle: &Handle,
-    local_addr: A,
-    label: String,
-    sockets: Vec<OwnedFd>,
+    bound: Bound<A>,
+    server_options: &ServerOptions,
     options: ListenerOptions,
     limits: Limits,
     handler: H,
-) -> Server<A>
+) -> io::Result<Server<A>>
 where
     L: Accept,
     H: Fn(L::Stream, StopSignal) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let Bound { local_addr, label, local, sockets } = bound;
+    if sockets.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no listening socket"));
+    }
     let shared = Arc::new(ServerShared {
         stopped: Mutex::new((false, Vec::new())),
         stopped_now: AtomicBool::new(false),
         active: AtomicUsize::new(0),
         slot_waiters: Mutex::new(Vec::new()),
         slot_waiting: AtomicUsize::new(0),
+        handed_over: AtomicBool::new(false),
+        cut: AtomicBool::new(false),
+        cut_count: AtomicUsize::new(0),
+        watch: Mutex::new(Watch::default()),
+        watch_changed: Condvar::new(),
     });
+    let handover = match &server_options.handover {
+        Some(h) => {
+            let id = h.new_id();
+            h.offer(id, &local, &sockets)?;
+            let stopping = shared.clone();
+            h.add_member(
+                id,
+                Arc::new(move || {
+                    // A successor serves the sockets now: stop accepting,
+                    // and leave the kernel's queue to it.
+                    stopping.handed_over.store(true, Ordering::SeqCst);
+                    stopping.stop();
+                    stopping.wait_loops_ended(LOOPS_STOP_WAIT);
+                }),
+            );
+            Some((h.clone(), id))
+        }
+        None => None,
+    };
+    let per_worker = spread(sockets, handle.workers())?;
+    shared.watch().loops = per_worker.len();
     let lanes = Arc::new(Lanes::new(limits.balance, handle.inner.workers.clone()));
     let handler = Arc::new(handler);
-    let accept_loops = sockets
+    let accept_loops = per_worker
         .into_iter()
         .enumerate()
-        .map(|(worker, fd)| {
+        .map(|(worker, fds)| {
             let shared = shared.clone();
             let handler = handler.clone();
             let options = options.clone();
             let lanes = lanes.clone();
             handle.spawn_on(worker, move || async move {
+                let _running = LoopRunning(shared.clone());
                 // Whatever ends the loop (a stop, an error, the worker's
                 // loop failing) closes this worker's lane first.
-                let lane = LaneGuard { lanes, me: worker };
-                let listener = L::from_fd(fd, options)?;
-                accept_loop(listener, shared, handler, limits, &lane).await
+                let _lane = LaneGuard { lanes: lanes.clone(), me: worker };
+                let local = Rc::new(WorkerConns::new(shared.clone(), current::worker_shared()));
+                let mut listeners = fds
+                    .into_iter()
+                    .map(|fd| L::from_fd(fd, options.clone()))
+                    .collect::<io::Result<Vec<_>>>()?;
+                let first = listeners.remove(0);
+                // Further sockets on this worker (a predecessor had more
+                // workers): an accept loop each, sharing the worker's counts.
+                let more: Vec<_> = listeners
+                    .into_iter()
+                    .map(|listener| {
+                        let (shared, handler) = (shared.clone(), handler.clone());
+                        let (local, lanes) = (local.clone(), lanes.clone());
+                        let place = Place { lanes, me: worker, primary: false };
+                        crate::runtime::spawn(async move {
+                            accept_loop(listener, shared, handler, limits, local, place).await
+                        })
+                    })
+                    .collect();
+                let place = Place { lanes, me: worker, primary: true };
+                let mut result = accept_loop(first, shared, handler, limits, local, place).await;
+                for other in more {
+                    let ended =
+                        other.await.unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
+                    if result.is_ok() {
+                        result = ended;
+                    }
+                }
+                result
             })
         })
         .collect();
-    Server { local_addr, label, shared, accept_loops }
+    Ok(Server {
+        local_addr,
+        label,
+        shared,
+        accept_loops,
+        handle: handle.clone(),
+        drain_timeout: server_options.drain_timeout,
+        handover,
+    })
 }
 
 /// The connection limits of one server.
@@ -415,21 +703,32 @@ enum Arrival {
     HandedIn(OwnedFd),
 }
 
+/// Where an accept loop runs: its worker's lane among the server's, and
+/// whether it is the worker's first loop (`primary`), which also takes
+/// the connections other workers hand it.
+struct Place {
+    lanes: Arc<Lanes>,
+    me: usize,
+    primary: bool,
+}
+
+/// One listener's accept loop on its worker.
 async fn accept_loop<L, H, Fut>(
     listener: L,
     shared: Arc<ServerShared>,
     handler: Arc<H>,
     limits: Limits,
-    lane: &LaneGuard,
+    local: Rc<WorkerConns>,
+    place: Place,
 ) -> io::Result<()>
 where
     L: Accept,
     H: Fn(L::Stream, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let local = Rc::new(WorkerConns::new(shared.clone(), current::worker_shared()));
-    let (lanes, me) = (&*lane.lanes, lane.me);
-    let balancing = lanes.enabled();
+    let Place { lanes, me, primary } = place;
+    let lanes = &*lanes;
+    let balancing = lanes.enabled() && primary;
     // The loop's waker is filed for the stop once (a task's waker does not
     // change); each poll after that reads an atomic, not the lock every
     // worker's accept loop shares.
@@ -461,7 +760,7 @@ where
                 if stopped {
                     return Poll::Ready(None);
                 }
-                if let Some(fd) = lanes.take(me) {
+                if let Some(fd) = if primary { lanes.take(me) } else { None } {
                     return Poll::Ready(Some(Ok(Arrival::HandedIn(fd))));
                 }
                 accept.as_mut().poll(cx).map(|r| Some(r.map(Arrival::Accepted)))
@@ -471,20 +770,39 @@ where
         match accepted {
             None => {
                 local.set_stopping();
-                // Stopping: serve what the kernel already accepted into our
-                // queue; closing the listener would reset those connections.
-                while !at_limit(&shared, &local, limits) {
-                    let Some(Ok(stream)) = listener.accept_ready() else { break };
+                // No accept is left armed in the kernel for this listener
+                // (io_uring's is cancelled, and its last completion awaited):
+                // one armed while the socket is shared with a successor would
+                // go on taking connections nobody here serves.
+                listener.set_accept_room(Some(0));
+                let settled = poll_fn(|cx| listener.poll_accept_settled(cx));
+                let _ = crate::time::timeout(ACCEPT_SETTLE_WAIT, settled).await;
+                // What the driver already accepted is this process's to
+                // serve, whatever the limit (closing it would reset it).
+                while let Some(got) = listener.take_accepted() {
+                    let Ok(stream) = got else { continue };
                     shared.active.fetch_add(1, Ordering::AcqRel);
                     start_handler(stream, &local, &*handler);
+                }
+                // Without a successor the socket closes with this listener:
+                // serve what the kernel already queued, which closing would
+                // reset. With one, the queue is the successor's.
+                if !shared.handed_over.load(Ordering::SeqCst) {
+                    while !at_limit(&shared, &local, limits) {
+                        let Some(Ok(stream)) = listener.accept_ready() else { break };
+                        shared.active.fetch_add(1, Ordering::AcqRel);
+                        start_handler(stream, &local, &*handler);
+                    }
                 }
                 // Connections other workers handed here were accepted:
                 // served whatever the limit, as a connection held at the
                 // limit is once the server stops.
-                for fd in lanes.close(me) {
-                    let Ok(stream) = L::stream_from_fd(fd) else { continue };
-                    shared.active.fetch_add(1, Ordering::AcqRel);
-                    start_handler(stream, &local, &*handler);
+                if primary {
+                    for fd in lanes.close(me) {
+                        let Ok(stream) = L::stream_from_fd(fd) else { continue };
+                        shared.active.fetch_add(1, Ordering::AcqRel);
+                        start_handler(stream, &local, &*handler);
+                    }
                 }
                 return Ok(());
             }
@@ -599,7 +917,7 @@ where
     local.worker.load.connection_opened();
     let guard = ActiveGuard { local: local.clone() };
     let stop = StopSignal { local: local.clone() };
-    spawn_detached_with(move || OnDone::new(handler(stream, stop), move |()| drop(guard)))
+    spawn_detached_with(move || Served { handler: handler(stream, stop), guard })
 }
 
 impl<A: Clone> Server<A> {
@@ -622,8 +940,10 @@ impl<A> Server<A> {
         move || shared.active.load(Ordering::Acquire)
     }
 
-    /// Stops accepting on every worker and closes the listeners.
-    /// Connections already accepted keep running.
+    /// Stops accepting on every worker and closes the listeners; every
+    /// handler is told through its [`StopSignal`]. Connections already
+    /// accepted keep running: [`Server::stopped`] (or [`Server::drain`])
+    /// waits for them, up to the drain deadline.
     pub fn stop(&self) {
         crate::log::info(format_args!(
             "server on {}: stopping accepts, {} connections in flight",
@@ -633,45 +953,165 @@ impl<A> Server<A> {
         self.shared.stop();
     }
 
-    /// Stops accepting, then waits (blocking the calling thread, which must
-    /// not be a worker) until every connection has finished or `grace` has
-    /// passed. Returns how many connections were still active.
-    pub fn shutdown_blocking(self, grace: Duration) -> usize {
-        self.stop();
-        for l in self.accept_loops {
+    /// True once a successor took this server's sockets over (through its
+    /// [`Handover`]); the server then accepts no more and should be drained.
+    pub fn is_handed_over(&self) -> bool {
+        self.shared.handed_over.load(Ordering::SeqCst)
+    }
+
+    /// Drains the server: stops accepting (as [`Server::stop`]), waits for
+    /// the accept loops to serve what was already accepted, then for every
+    /// connection to finish, up to `timeout` from the call; what is still
+    /// open then is cut (see the module notes). Handlers learn of the drain
+    /// through their [`StopSignal`].
+    pub async fn drain(mut self, timeout: Duration) -> Drained {
+        let (started, open) = self.begin_drain(timeout);
+        let _ = self.end_accept_loops().await;
+        self.finish_drain(started, open, timeout).await
+    }
+
+    /// [`Server::drain`], blocking the calling thread (which must not be
+    /// one of the runtime's workers).
+    pub fn drain_blocking(mut self, timeout: Duration) -> Drained {
+        let (started, open) = self.begin_drain(timeout);
+        for l in std::mem::take(&mut self.accept_loops) {
             let _ = l.join();
         }
-        let deadline = Instant::now() + grace;
-        while self.shared.active.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
+        let deadline = started + timeout;
+        if !self.shared.wait_idle_until(deadline) {
+            self.cut();
+            self.shared.wait_idle_until(Instant::now() + DRAIN_CUT_WAIT);
         }
-        let left = self.shared.active.load(Ordering::Acquire);
-        crate::log::info(format_args!(
-            "server on {}: stopped, {left} connections cut at the grace limit",
-            self.label
-        ));
-        left
+        self.report(started, open)
+    }
+
+    /// Stops accepting, then waits (blocking the calling thread, which must
+    /// not be a worker) until every connection has finished or `grace` has
+    /// passed, cutting the rest: [`Server::drain_blocking`]. Returns how
+    /// many connections were cut.
+    pub fn shutdown_blocking(self, grace: Duration) -> usize {
+        self.drain_blocking(grace).cut
     }
 
     /// Waits until every accept loop has ended (after [`Server::stop`], or
-    /// because one failed); returns the first error.
-    pub async fn stopped(self) -> io::Result<()> {
+    /// because one failed); then, if the server was stopped, drains it:
+    /// waits for its connections to finish, up to
+    /// [`ServerOptions::drain_timeout`] from now, and cuts the rest.
+    /// Returns the first error of an accept loop.
+    pub async fn stopped(mut self) -> io::Result<()> {
+        let first = self.end_accept_loops().await;
+        if self.shared.is_stopped() {
+            let timeout = self.drain_timeout;
+            let (started, open) = self.begin_drain(timeout);
+            self.finish_drain(started, open, timeout).await;
+        }
+        first
+    }
+
+    /// Awaits every accept loop; the first error.
+    async fn end_accept_loops(&mut self) -> io::Result<()> {
         let mut first = Ok(());
-        for l in self.accept_loops {
-            match l.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    if first.is_ok() {
-                        first = Err(e);
-                    }
-                }
-                Err(e) => {
-                    if first.is_ok() {
-                        first = Err(io::Error::other(e.to_string()));
-                    }
-                }
+        for l in std::mem::take(&mut self.accept_loops) {
+            let ended = match l.await {
+                Ok(r) => r,
+                Err(e) => Err(io::Error::other(e.to_string())),
+            };
+            if first.is_ok() {
+                first = ended;
             }
         }
         first
     }
+
+    /// The start of every drain: the sockets are no longer offered to a
+    /// successor (a drain without one closes them), the drain is counted
+    /// and logged, and accepting stops. Returns when it began and how many
+    /// connections were open.
+    fn begin_drain(&mut self, timeout: Duration) -> (Instant, usize) {
+        if let Some((handover, id)) = self.handover.take() {
+            handover.withdraw(id);
+        }
+        let open = self.active_connections();
+        count_event(&LIFECYCLE.drains, 1);
+        let why = if self.is_handed_over() { "handed over to a successor" } else { "stopping" };
+        crate::log::info(format_args!(
+            "server on {}: draining ({why}): {open} connections open, cut after {timeout:?}",
+            self.label
+        ));
+        self.shared.stop();
+        (Instant::now(), open)
+    }
+
+    /// Waits for the connections up to the deadline, cuts the rest.
+    async fn finish_drain(&self, started: Instant, open: usize, timeout: Duration) -> Drained {
+        let idle = poll_fn(|cx| {
+            if self.shared.poll_idle(cx.waker()) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        });
+        if crate::time::timeout_at(started + timeout, idle).await.is_err() {
+            self.cut();
+            let idle = poll_fn(|cx| {
+                if self.shared.poll_idle(cx.waker()) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            });
+            let _ = crate::time::timeout(DRAIN_CUT_WAIT, idle).await;
+        }
+        self.report(started, open)
+    }
+
+    /// Cuts every connection still open: each handler ends at its next
+    /// poll, and every task of every worker is woken for it.
+    fn cut(&self) {
+        self.shared.cut.store(true, Ordering::SeqCst);
+        for worker in 0..self.handle.workers() {
+            // Detached: the task runs once on the worker and ends.
+            drop(self.handle.spawn_on(worker, || async {
+                crate::runtime::wake_all();
+            }));
+        }
+    }
+
+    fn report(&self, started: Instant, open: usize) -> Drained {
+        let cut = self.shared.cut_count.load(Ordering::SeqCst);
+        let drained =
+            Drained { open, cut, left: self.active_connections(), took: started.elapsed() };
+        if cut > 0 || drained.left > 0 {
+            crate::log::warn(format_args!(
+                "server on {}: drained in {:?}; {cut} connections cut at the drain deadline{}",
+                self.label,
+                drained.took,
+                if drained.left > 0 {
+                    format!(", {} not yet ended (their workers are busy)", drained.left)
+                } else {
+                    String::new()
+                }
+            ));
+        } else {
+            crate::log::info(format_args!(
+                "server on {}: drained in {:?}; every connection finished",
+                self.label, drained.took
+            ));
+        }
+        drained
+    }
+}
+
+/// What a drain did ([`Server::drain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Connections open when the drain began.
+    pub open: usize,
+    /// Connections cut at the deadline.
+    pub cut: usize,
+    /// Connections still open when the drain returned: cut, but on a
+    /// worker that had not polled them again within [`DRAIN_CUT_WAIT`].
+    pub left: usize,
+    /// How long the drain took.
+    pub took: Duration,
 }

@@ -376,4 +376,10 @@ impl Accept for UnixListener {
     fn set_accept_room(&self, room: Option<usize>) {
         UnixListener::set_accept_room(self, room)
     }
+    fn poll_accept_settled(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.acceptor.poll_accept_settled(cx)
+    }
+    fn take_accepted(&self) -> Option<io::Result<UnixStream>> {
+        Some(self.acceptor.take_accepted()?.and_then(UnixStream::from_fd))
+    }
 }

@@ -19,7 +19,9 @@ mod unix;
 
 pub(crate) use file::*;
 pub(crate) use poll::*;
-pub(crate) use process::{advise_huge_pages, nofile_soft_limit, pidfd_open, pin_to_cpu};
+pub(crate) use process::{
+    advise_huge_pages, effective_uid, nofile_soft_limit, pidfd_open, pin_to_cpu,
+};
 pub use process::{open_fd_count, raise_nofile_limit, release_free_memory};
 pub(crate) use signal::*;
 pub(crate) use socket::*;

@@ -89,3 +89,9 @@ pub(crate) fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
     // SAFETY: on success the call returned a new descriptor that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
 }
+
+/// The effective user id of this process.
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: geteuid(2) takes nothing and cannot fail.
+    unsafe { libc::geteuid() }
+}

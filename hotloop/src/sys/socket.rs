@@ -403,3 +403,126 @@ pub(crate) fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, lib
     };
     (storage, len as libc::socklen_t)
 }
+
+/// The most descriptors [`send_with_fds`] attaches to one message and
+/// [`recv_with_fds`] takes from one (the kernel's own bound is 253).
+pub(crate) const FDS_PER_MESSAGE_MAX: usize = 64;
+
+/// Control space for `n` descriptors, in `u64`s so that the `cmsghdr` at
+/// its start is aligned.
+fn fd_control_space(n: usize) -> Vec<u64> {
+    // SAFETY: CMSG_SPACE only computes a length.
+    let bytes = unsafe { libc::CMSG_SPACE((n * size_of::<RawFd>()) as u32) } as usize;
+    vec![0u64; bytes.div_ceil(size_of::<u64>())]
+}
+
+/// Sends `bytes` as one message on a connected Unix socket, with `fds`
+/// attached (`SCM_RIGHTS`: the receiver gets its own descriptors for the
+/// same open files); never raises `SIGPIPE`. At most
+/// [`FDS_PER_MESSAGE_MAX`] descriptors.
+pub(crate) fn send_with_fds(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    if fds.len() > FDS_PER_MESSAGE_MAX {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors"));
+    }
+    let mut iov =
+        libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let mut control = fd_control_space(fds.len());
+    // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = control.len() * size_of::<u64>();
+        // SAFETY: `msg` names a control buffer of `msg_controllen` bytes,
+        // aligned for `cmsghdr` and large enough for one header and
+        // `fds.len()` descriptors (CMSG_SPACE above), so the first header
+        // and its data lie inside it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(cmsg),
+                std::mem::size_of_val(fds),
+            );
+        }
+    }
+    // SAFETY: every pointer in `msg` (the iovec over `bytes`, the control
+    // buffer) is live and valid for reads of its length for the call.
+    unsafe { sendmsg_hdr(fd, &msg, 0) }
+}
+
+/// Receives one message into `buf` on a connected Unix socket, with the
+/// descriptors attached to it (up to [`FDS_PER_MESSAGE_MAX`], each
+/// close-on-exec). A message that carried more than that is an error,
+/// and the descriptors that did arrive are closed.
+pub(crate) fn recv_with_fds(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut control = fd_control_space(FDS_PER_MESSAGE_MAX);
+    // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() * size_of::<u64>();
+    // SAFETY: the iovec covers `buf` and the control buffer is live and
+    // writable for the lengths `msg` gives.
+    let n = unsafe { recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) }?;
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `msg_controllen` bytes of the control
+    // buffer with well-formed headers; CMSG_FIRSTHDR/NXTHDR stay inside
+    // them, and an SCM_RIGHTS header's data is `cmsg_len - CMSG_LEN(0)`
+    // bytes of descriptors, new in this process and owned by nobody else.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg);
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / size_of::<RawFd>() {
+                    let raw = std::ptr::read_unaligned(data.add(i * size_of::<RawFd>()).cast());
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // Dropping `fds` closes what did arrive.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a message carried more descriptors than one message may",
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// Waits up to `timeout_ms` milliseconds for `fd` to be readable (or
+/// hung up); true if it is.
+pub(crate) fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one live pollfd, and its count.
+    match cvt(unsafe { libc::poll(&mut pfd, 1, timeout_ms) }) {
+        Ok(n) => Ok(n > 0),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes ownership of descriptor `raw`, which this process inherited
+/// from whoever started it (systemd's `LISTEN_FDS` start at 3), marking
+/// it close-on-exec so a child does not inherit it in turn. Fails with
+/// `EBADF` if nothing is open there.
+pub(crate) fn adopt_inherited_fd(raw: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(2) with F_GETFD takes no pointers; it fails on a
+    // number that is not an open descriptor.
+    let flags = cvt(unsafe { libc::fcntl(raw, libc::F_GETFD) })?;
+    // SAFETY: as above, F_SETFD takes an int.
+    cvt(unsafe { libc::fcntl(raw, libc::F_SETFD, flags | libc::FD_CLOEXEC) })?;
+    // SAFETY: `raw` is open (F_GETFD succeeded) and was handed to this
+    // process to own; the caller takes it once (see `net/handover.rs`).
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}

@@ -52,6 +52,17 @@ impl ListenerSource {
         }
     }
 
+    /// Ready at once: epoll accepts only when asked, so nothing is ever
+    /// accepted on the listener's behalf.
+    pub(crate) fn poll_accept_settled(&self, _cx: &mut TaskContext<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
+
+    /// None: epoll holds no accepted connection for the listener.
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+        None
+    }
+
     /// Nothing to do on epoll: a connection is accepted only when asked
     /// for, so the kernel's backlog holds the rest already.
     pub(crate) fn set_accept_room(&self, _room: usize) {}

@@ -184,6 +184,21 @@ impl Uring {
         None
     }
 
+    /// True once no accept of the listener `key` is in flight: a stopped
+    /// accept's last completion has come, so the kernel accepts nothing
+    /// more for it. Parks `waker` until then otherwise (every completion
+    /// of the accept wakes the listener's waiters).
+    pub(super) fn poll_accept_settled(&mut self, key: Key, waker: &Waker) -> bool {
+        let Some(l) = self.listeners.get_mut(key) else { return true };
+        if l.op.is_none() {
+            return true;
+        }
+        if !l.waiters.iter().any(|w| w.will_wake(waker)) {
+            l.waiters.push(waker.clone());
+        }
+        false
+    }
+
     /// Takes one queued connection of the listener `key` without arming
     /// anything or parking.
     pub(super) fn take_queued(&mut self, key: Key) -> Option<io::Result<OwnedFd>> {

@@ -86,6 +86,30 @@ impl ListenerSource {
         }
     }
 
+    /// Ready once the kernel holds no accept for this listener (after
+    /// `set_accept_room(0)` stopped it): from then on no connection is
+    /// taken from the socket's backlog on this listener's behalf, and
+    /// [`Self::take_accepted`] finds every one that was.
+    pub(crate) fn poll_accept_settled(&self, cx: &mut TaskContext<'_>) -> Poll<()> {
+        let Some(key) = self.queue.get() else { return Poll::Ready(()) };
+        if !self.core.driver.entered.get() {
+            // Nothing can complete while the driver does not run.
+            return Poll::Ready(());
+        }
+        if self.core.driver.state.borrow_mut().poll_accept_settled(key, cx.waker()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Takes one connection the driver has already accepted, never the
+    /// socket's backlog.
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+        let key = self.queue.get()?;
+        self.core.driver.state.borrow_mut().take_queued(key)
+    }
+
     /// Sets how many connections the owner will take from now on: no more
     /// are accepted ahead into the queue, and at zero the armed accept stops.
     pub(crate) fn set_accept_room(&self, room: usize) {

@@ -1,0 +1,400 @@
+//! Upgrades of `hotloop serve` without a failed request: a new process
+//! started with the same `--upgrade-socket` takes the listening sockets,
+//! and the old one drains and exits; under load (keep-alive clients and
+//! one connection per request, plain and TLS) nothing fails. A successor
+//! that cannot start leaves the old process serving. QUIC connections of
+//! the old process are closed with a reason. systemd's `LISTEN_FDS`.
+//! SIGHUP reloads the TLS certificate, and keeps the old one when the new
+//! files are bad. Both drivers.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::Proc;
+use hotloop::tls::rustls;
+use hotloop::DriverKind;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A fresh upgrade socket path.
+fn socket_path() -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    std::env::temp_dir().join(format!(
+        "hotloop-cli-upgrade-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+fn serve_args<'a>(
+    app: &'a str,
+    driver: &'a str,
+    workers: &'a str,
+    path: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", workers];
+    args.extend_from_slice(&["--driver", driver, "--upgrade-socket", path.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    args
+}
+
+/// Starts a successor with `args` and waits until it serves and `old` has
+/// drained and exited.
+fn upgrade(old: &mut Proc, args: &[&str]) -> Proc {
+    let mut new = Proc::start(args);
+    assert!(
+        new.wait_for_line("took the", LIMIT),
+        "the successor did not take over: {:?}",
+        new.seen
+    );
+    let status = old.wait_exit(LIMIT).expect("the old process did not exit after the hand-over");
+    assert!(status.success(), "{status}");
+    old.collect_lines(Duration::from_millis(100));
+    assert!(old.seen.iter().any(|l| l.contains("drained after handing over")), "{:?}", old.seen);
+    assert!(old.seen.iter().any(|l| l.contains("(0 connections cut")), "{:?}", old.seen);
+    new
+}
+
+/// One HTTP/1.1 exchange on `s`: the response head and body, or what went
+/// wrong.
+fn exchange(s: &mut (impl Read + Write), keep_alive: bool) -> Result<String, String> {
+    let req: &[u8] = if keep_alive {
+        b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+    } else {
+        b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    };
+    s.write_all(req).map_err(|e| format!("write: {e}"))?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => {
+                return Err(format!("head: {other:?} after {:?}", String::from_utf8_lossy(&head)))
+            }
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(str::to_string))
+        .map_or(0, |v| v.trim().parse().unwrap_or(0));
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head);
+    }
+    Ok(head)
+}
+
+/// Clients until `stop`: keep-alive ones (reconnecting when an answer says
+/// `Connection: close`) and one connection per request, over TLS when
+/// `cert` is given. Returns the requests answered and the failures.
+fn load(
+    addr: SocketAddr,
+    cert: Option<PathBuf>,
+    stop: Arc<AtomicBool>,
+) -> Vec<thread::JoinHandle<(usize, Vec<String>)>> {
+    (0..4)
+        .map(|i| {
+            let (stop, cert) = (stop.clone(), cert.clone());
+            thread::spawn(move || {
+                let keep_alive = i % 2 == 0;
+                let (mut answered, mut failed) = (0, Vec::new());
+                let connect = || -> Box<dyn ReadWrite> {
+                    let tcp = TcpStream::connect(addr).unwrap();
+                    tcp.set_read_timeout(Some(LIMIT)).unwrap();
+                    match &cert {
+                        Some(cert) => Box::new(common::tls_client_over(tcp, cert, &[])),
+                        None => Box::new(tcp),
+                    }
+                };
+                let mut conn: Option<Box<dyn ReadWrite>> = None;
+                while !stop.load(Ordering::Relaxed) {
+                    let s = conn.get_or_insert_with(connect);
+                    match exchange(s, keep_alive) {
+                        Ok(head) => {
+                            answered += 1;
+                            if !keep_alive
+                                || head.to_ascii_lowercase().contains("connection: close")
+                            {
+                                conn = None;
+                            }
+                        }
+                        Err(e) => {
+                            failed.push(e);
+                            conn = None;
+                        }
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect()
+}
+
+trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
+
+fn upgrades_under_load(driver: DriverKind, app: &str, tls: bool) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let tls_args: Vec<&str> = if tls { vec!["--tls-cert", c, "--tls-key", k] } else { vec![] };
+    let mut p = Proc::start(&serve_args(app, driver, "2", &path, &tls_args));
+    let addr = p.addr_after(" on ");
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = load(addr, tls.then(|| cert.clone()), stop.clone());
+    thread::sleep(Duration::from_millis(200));
+    // Two upgrades, the worker count changing each time.
+    for workers in ["1", "2"] {
+        p = upgrade(&mut p, &serve_args(app, driver, workers, &path, &tls_args));
+        thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for c in clients {
+        let (n, failed) = c.join().unwrap();
+        assert!(
+            failed.is_empty(),
+            "{driver} {app} tls {tls}: {} requests failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(5)]
+        );
+        answered += n;
+    }
+    assert!(answered > 50, "{answered}");
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+#[hotloop::test(driver = "all")]
+fn http_upgrades_under_load_fail_no_request(driver: DriverKind) {
+    upgrades_under_load(driver, "http", false);
+}
+
+#[hotloop::test(driver = "all")]
+fn hyper_upgrades_under_load_fail_no_request(driver: DriverKind) {
+    upgrades_under_load(driver, "hyper", false);
+}
+
+#[hotloop::test(driver = "all")]
+fn tls_upgrades_under_load_fail_no_request(driver: DriverKind) {
+    upgrades_under_load(driver, "http", true);
+}
+
+/// A successor that takes the sockets and then fails to start (its stats
+/// address cannot be bound) leaves the old process serving, which says
+/// so and counts it; a later successor takes over.
+#[hotloop::test(driver = "all")]
+fn a_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let mut p =
+        Proc::start(&serve_args("http", driver, "2", &path, &["--stats-addr", "127.0.0.1:0"]));
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    // 192.0.2.1 (TEST-NET-1) is not an address of this host: its bind fails.
+    let mut failing =
+        Proc::start(&serve_args("http", driver, "1", &path, &["--stats-addr", "192.0.2.1:9"]));
+    let status = failing.wait_exit(LIMIT).expect("the failing successor did not exit");
+    assert!(!status.success());
+    assert!(p.wait_for_line("keeps serving", LIMIT), "{:?}", p.seen);
+    assert_eq!(common::stat(stats, "upgrade_failures"), 1);
+    assert_eq!(common::stat(stats, "upgrades_out"), 0);
+    for _ in 0..10 {
+        assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    }
+    assert!(p.child.try_wait().unwrap().is_none(), "the old process stopped");
+    let mut next = upgrade(&mut p, &serve_args("http", driver, "2", &path, &[]));
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// systemd's socket activation: `hotloop serve` started with a listening
+/// socket at descriptor 3 and `LISTEN_FDS`/`LISTEN_PID` naming it serves
+/// that socket, a connection made before it started included.
+#[hotloop::test(driver = "all")]
+fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut early = TcpStream::connect(addr).unwrap();
+    early.set_read_timeout(Some(LIMIT)).unwrap();
+    early.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let sh = "exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\"";
+    let addr_arg = addr.to_string();
+    let mut p = Proc::start_with(
+        Command::new("sh")
+            .args(["-c", sh, env!("CARGO_BIN_EXE_hotloop")])
+            .args(["serve", "http", "--addr", &addr_arg, "--workers", "2", "--driver", driver])
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener))),
+    );
+    assert_eq!(p.addr_after(" on "), addr);
+    let mut reply = String::new();
+    early.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// A client that trusts every certificate in `certs` and reports which one
+/// the server showed.
+fn served_certificate(addr: SocketAddr, certs: &[&Path]) -> CertificateDer<'static> {
+    let mut roots = rustls::RootCertStore::empty();
+    for path in certs {
+        for c in hotloop::tls::load_certs(path).unwrap() {
+            roots.add(c).unwrap();
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(LIMIT)).unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).unwrap();
+    }
+    conn.peer_certificates().unwrap()[0].clone().into_owned()
+}
+
+/// SIGHUP reloads the certificate for new handshakes while a connection
+/// made before it goes on; a bad file is refused and the certificate in use
+/// stays. Counted in the stats.
+#[hotloop::test(driver = "all")]
+fn sighup_reloads_the_certificate_and_keeps_it_when_the_new_one_is_bad(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (cert, key) = common::certificate();
+    let (second_cert, second_key) = common::certificate();
+    let first = hotloop::tls::load_certs(&cert).unwrap().remove(0);
+    let second = hotloop::tls::load_certs(&second_cert).unwrap().remove(0);
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let mut p = Proc::start(&[
+        "serve",
+        "http",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--driver",
+        driver,
+        "--tls-cert",
+        c,
+        "--tls-key",
+        k,
+        "--stats-addr",
+        "127.0.0.1:0",
+    ]);
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    // The files the server reads change below: the client trusts copies.
+    let first_copy = cert.with_extension("first.pem");
+    std::fs::copy(&cert, &first_copy).unwrap();
+    let trusted = [first_copy.as_path(), second_cert.as_path()];
+    assert_eq!(served_certificate(addr, &trusted), first);
+    let mut before = common::tls_client(addr, &first_copy);
+    assert!(exchange(&mut before, true).unwrap().starts_with("HTTP/1.1 200"));
+
+    std::fs::copy(&second_cert, &cert).unwrap();
+    std::fs::copy(&second_key, &key).unwrap();
+    p.signal("HUP");
+    assert!(p.wait_for_line("reloaded the TLS certificate", LIMIT), "{:?}", p.seen);
+    assert_eq!(served_certificate(addr, &trusted), second, "{driver}: new handshakes");
+    assert!(exchange(&mut before, true).is_ok(), "the connection made before the reload");
+
+    std::fs::write(&cert, "not a certificate").unwrap();
+    p.signal("HUP");
+    assert!(p.wait_for_line("reload refused", LIMIT), "{:?}", p.seen);
+    assert_eq!(served_certificate(addr, &trusted), second, "{driver}: after a bad file");
+    assert_eq!(common::stat(stats, "tls_reloads"), 1);
+    assert_eq!(common::stat(stats, "tls_reload_failures"), 1);
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// `serve quic` upgraded: the old process closes its connections at once
+/// with the reason "server upgrading" (never left to time out), and a new
+/// connection reaches the successor.
+#[hotloop::test(driver = "all")]
+fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
+    use quinn::crypto::rustls::QuicClientConfig;
+    use quinn::{ClientConfig, ConnectionError};
+
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let args = |workers| {
+        serve_args(
+            "quic",
+            driver,
+            workers,
+            &path,
+            &["--tls-cert", c, "--tls-key", k, "--idle-timeout-ms", "30000"],
+        )
+    };
+    let mut p = Proc::start(&args("2"));
+    let addr = p.addr_after(" on ");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(hotloop::tls::load_certs(&cert).unwrap().remove(0)).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"hotloop-echo".to_vec()];
+    let config = ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    let echo = |conn: quinn::Connection| async move {
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(b"hi").await.unwrap();
+        send.finish().unwrap();
+        recv.read_to_end(64).await.unwrap()
+    };
+    let (client, old) = rt.block_on(async {
+        let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        let old = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+        assert_eq!(echo(old.clone()).await, b"hi");
+        (client, old)
+    });
+    let start = Instant::now();
+    let mut next = upgrade(&mut p, &args("1"));
+    rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            match old.closed().await {
+                ConnectionError::ApplicationClosed(close) => {
+                    assert_eq!(&close.reason[..], b"server upgrading");
+                }
+                other => panic!("{driver}: the old connection ended with {other:?}"),
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+            let fresh = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+            assert_eq!(echo(fresh.clone()).await, b"hi");
+            fresh.close(0u32.into(), b"done");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}

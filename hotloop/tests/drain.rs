@@ -1,0 +1,227 @@
+//! Draining a server: `stop` then `stopped`, `drain` and `drain_blocking`
+//! all let the connections in flight finish, cut what is left at the
+//! deadline, and close an idle keep-alive connection only once it has
+//! been quiet. Both drivers.
+
+mod common;
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Frame;
+use hyper::service::service_fn;
+use hyper::Response;
+
+use hotloop::hyper::serve_hyper;
+use hotloop::net::{serve, ListenerOptions, ServerOptions, DRAIN_IDLE_QUIET};
+use hotloop::{DriverKind, Runtime};
+
+fn runtime(driver: DriverKind, workers: usize) -> Runtime {
+    Runtime::builder().workers(workers).driver(driver).build().unwrap()
+}
+
+/// Waits until `cond` holds, for at most 10 s.
+fn wait_until(mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A request that takes a second to answer (an await, not a busy worker)
+/// is answered when `stop` is followed by `stopped().await`, which waits
+/// for the connections, not only for the accept loops.
+#[hotloop::test(driver = "all")]
+fn stop_then_stopped_lets_a_request_in_flight_finish(driver: DriverKind) {
+    let rt = runtime(driver, 2);
+    let server = serve(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), |s| async move {
+        let (n, _) = s.read_owned(vec![0u8; 16]).await;
+        if matches!(n, Ok(n) if n > 0) {
+            hotloop::time::sleep(Duration::from_secs(1)).await;
+            let _ = s.write_all_owned(b"done".to_vec()).await;
+        }
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let client = thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"go").unwrap();
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        reply
+    });
+    wait_until(|| server.active_connections() == 1);
+    let started = Instant::now();
+    server.stop();
+    rt.block_on(server.stopped()).unwrap();
+    let took = started.elapsed();
+    // What a program does after `stopped()`: its runtime goes.
+    drop(rt);
+    assert_eq!(client.join().unwrap(), b"done", "{driver:?}: the request in flight was cut");
+    assert!(took < Duration::from_secs(5), "{driver:?}: took {took:?}");
+}
+
+/// What is still open at the drain's deadline is cut (the client sees its
+/// connection end), counted, and the drain returns.
+#[hotloop::test(driver = "all")]
+fn a_drain_cuts_what_is_open_at_its_deadline_and_counts_it(driver: DriverKind) {
+    let rt = runtime(driver, 2);
+    let server = serve(rt.handle(), "127.0.0.1:0", ServerOptions::default(), common::echo).unwrap();
+    let addr = server.local_addr();
+    let mut held = TcpStream::connect(addr).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    held.write_all(b"hi").unwrap();
+    held.read_exact(&mut [0u8; 2]).unwrap();
+    let cut_before = rt.stats().lifecycle.drain_cut;
+    let drained = server.drain_blocking(Duration::from_millis(300));
+    assert_eq!((drained.open, drained.cut, drained.left), (1, 1, 0), "{driver:?}: {drained:?}");
+    assert!(drained.took >= Duration::from_millis(300), "{drained:?}");
+    assert!(drained.took < Duration::from_secs(5), "{drained:?}");
+    // The runtime still runs: the connection was closed by the cut, not by
+    // the runtime going away.
+    let ended = held.read(&mut [0u8; 8]);
+    assert!(matches!(ended, Ok(0) | Err(_)), "{driver:?}: the held connection got {ended:?}");
+    assert!(rt.stats().lifecycle.drain_cut > cut_before);
+}
+
+fn keep_alive_get(s: &mut TcpStream) -> String {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    // The answer is small: its head and "ok" end it.
+    while !got.ends_with(b"ok") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).to_lowercase()
+}
+
+/// A keep-alive connection that was just answered is not closed the moment
+/// the server stops: its client is likely sending the next request, which
+/// would meet a closed socket. The request that comes is answered with
+/// `Connection: close`; a connection quiet for longer is closed at once.
+#[hotloop::test(driver = "all")]
+fn a_stopping_hyper_server_answers_the_request_that_was_on_its_way(driver: DriverKind) {
+    let rt = runtime(driver, 1);
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), || {
+        service_fn(|_| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+        })
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let mut quiet = TcpStream::connect(addr).unwrap();
+    quiet.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(keep_alive_get(&mut quiet).starts_with("http/1.1 200"));
+    let mut busy = TcpStream::connect(addr).unwrap();
+    busy.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    thread::sleep(DRAIN_IDLE_QUIET + Duration::from_millis(100));
+    assert!(keep_alive_get(&mut busy).starts_with("http/1.1 200"));
+    // `busy` was answered just now; `quiet` has been idle for longer than the quiet time.
+    let drain = thread::spawn(move || server.drain_blocking(Duration::from_secs(10)));
+    thread::sleep(DRAIN_IDLE_QUIET / 4);
+    let last = keep_alive_get(&mut busy);
+    assert!(last.starts_with("http/1.1 200"), "{driver:?}: the request on its way got {last:?}");
+    assert!(last.contains("connection: close"), "{driver:?}: {last}");
+    assert_eq!(busy.read(&mut [0u8; 8]).unwrap_or(0), 0, "closed after its last answer");
+    assert_eq!(quiet.read(&mut [0u8; 8]).unwrap_or(0), 0, "the quiet connection is closed");
+    let drained = drain.join().unwrap();
+    assert_eq!(drained.cut, 0, "{drained:?}");
+    assert!(drained.took < Duration::from_secs(5), "{drained:?}");
+}
+
+/// A body sent in two parts, the second `pause` after the first (a
+/// streamed answer whose head went out long before its end); `pause`
+/// zero sends one part.
+struct TwoParts {
+    sent: u8,
+    pause: Option<hotloop::time::Sleep>,
+}
+
+impl hyper::body::Body for TwoParts {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match (self.sent, &mut self.pause) {
+            (0, _) => {
+                self.sent = 1;
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from("part1;")))))
+            }
+            (1, Some(pause)) => {
+                std::task::ready!(Pin::new(pause).poll(cx));
+                self.sent = 2;
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from("part2;")))))
+            }
+            _ => Poll::Ready(None),
+        }
+    }
+}
+
+/// Reads a chunked answer to its last chunk; the lowercased head and body.
+fn read_chunked(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"0\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).to_lowercase()
+}
+
+/// The server stops while an answer is being written (its head, sent
+/// before the stop, said keep-alive): the connection is not closed when
+/// that answer ends, which a client already sending its next request
+/// would meet; that request gets an answer with `Connection: close`.
+#[hotloop::test(driver = "all")]
+fn a_stop_during_a_streamed_answer_lets_the_next_request_be_answered(driver: DriverKind) {
+    let rt = runtime(driver, 1);
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", ListenerOptions::default(), || {
+        service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+            let pause = (req.uri().path() == "/slow")
+                .then(|| hotloop::time::sleep(Duration::from_millis(400)));
+            Ok::<_, std::convert::Infallible>(Response::new(TwoParts { sent: 0, pause }))
+        })
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut first = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&first).contains("part1;") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the first part");
+        first.extend_from_slice(&buf[..n]);
+    }
+    assert!(!String::from_utf8_lossy(&first).to_lowercase().contains("connection: close"));
+    // Stopping while the second part is due.
+    let drain = thread::spawn(move || server.drain_blocking(Duration::from_secs(10)));
+    thread::sleep(Duration::from_millis(100));
+    let rest = read_chunked(&mut s);
+    assert!(rest.contains("part2;"), "{driver:?}: the streamed answer was cut: {rest:?}");
+    // The client, told keep-alive, sends its next request at once.
+    s.write_all(b"GET /fast HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let next = read_chunked(&mut s);
+    assert!(next.starts_with("http/1.1 200"), "{driver:?}: the next request got {next:?}");
+    assert!(next.contains("connection: close"), "{driver:?}: {next}");
+    assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "closed after its last answer");
+    assert_eq!(drain.join().unwrap().cut, 0);
+}

@@ -1,0 +1,417 @@
+//! Socket hand-over between processes (`net::Handover`): a successor
+//! takes every listening socket, serves the connections waiting in their
+//! queues, and the predecessor stops accepting and drains; a successor
+//! that fails leaves the predecessor serving; systemd's `LISTEN_FDS`.
+//! Both drivers.
+//!
+//! A predecessor and its successor are two runtimes of this process (the
+//! exchange goes over the upgrade socket all the same), or a child process
+//! where the test needs one: a successor that panics, and socket
+//! activation.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use hotloop::hyper::serve_hyper;
+use hotloop::net::{serve, Handover, Server, ServerOptions, TcpStream as HotloopStream};
+use hotloop::{DriverKind, Runtime};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// The environment variable that makes [`successor_child`] act.
+const CHILD: &str = "HOTLOOP_HANDOVER_TEST_CHILD";
+
+fn runtime(driver: DriverKind, workers: usize) -> Runtime {
+    Runtime::builder().workers(workers).driver(driver).build().unwrap()
+}
+
+/// A fresh upgrade socket path.
+fn socket_path() -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    std::env::temp_dir().join(format!(
+        "hotloop-handover-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// A handler that answers its first bytes with `name` and closes, or,
+/// when they start with `h`, holds the connection until the client ends it.
+fn named(
+    name: &'static str,
+) -> impl Fn(HotloopStream) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>
+       + Send
+       + Sync
+       + 'static {
+    move |s| {
+        Box::pin(async move {
+            let (n, buf) = s.read_owned(vec![0u8; 64]).await;
+            if !matches!(n, Ok(1..)) {
+                return;
+            }
+            if buf[0] == b'h' {
+                while matches!(s.read_owned(vec![0u8; 64]).await.0, Ok(1..)) {}
+                return;
+            }
+            let _ = s.write_all_owned(name.as_bytes().to_vec()).await;
+        })
+    }
+}
+
+/// Sends one byte and reads the answer to its end.
+fn ask(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    s.write_all(b"q").unwrap();
+    let mut got = String::new();
+    s.read_to_string(&mut got).unwrap_or_else(|e| panic!("the answer failed: {e}"));
+    got
+}
+
+fn options(handover: &Handover, maxconn: Option<usize>) -> ServerOptions {
+    ServerOptions { maxconn, handover: Some(handover.clone()), ..Default::default() }
+}
+
+fn wait_until(mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A predecessor `A` at its connection limit leaves new connections in the
+/// kernel's queues; the successor `B` gets every socket (with another
+/// worker count too) and serves what waits there; `A` stops accepting,
+/// drains what it held, and new connections go to `B`. None is refused or
+/// reset.
+fn queued_connections_go_to_the_successor(driver: DriverKind, workers_a: usize, workers_b: usize) {
+    let path = socket_path();
+    let rt_a = runtime(driver, workers_a);
+    let handover_a = Handover::open(&path).unwrap();
+    assert_eq!(handover_a.predecessor(), None);
+    let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, Some(1)), named("A")).unwrap();
+    handover_a.ready().unwrap();
+    let addr = a.local_addr();
+    let mut holder = TcpStream::connect(addr).unwrap();
+    holder.write_all(b"h").unwrap();
+    wait_until(|| a.active_connections() == 1);
+    // A holds its one connection: these wait in its sockets' accept queues.
+    let queued: Vec<TcpStream> = (0..24).map(|_| TcpStream::connect(addr).unwrap()).collect();
+
+    let rt_b = runtime(driver, workers_b);
+    let handover_b = Handover::open(&path).unwrap();
+    assert_eq!(handover_b.predecessor(), Some(std::process::id()));
+    assert_eq!(handover_b.inherited(), workers_a, "every member of the SO_REUSEPORT group");
+    let upgrades_before = rt_b.stats().lifecycle.upgrades_in;
+    // Port 0 takes the inherited socket on that address.
+    let b = serve(rt_b.handle(), "127.0.0.1:0", options(&handover_b, None), named("B")).unwrap();
+    assert_eq!(b.local_addr(), addr);
+    handover_b.ready().unwrap();
+    assert!(handover_a.wait_replaced(Some(LIMIT)), "A was not told a successor serves");
+    assert!(a.is_handed_over());
+    // Every one is answered. At its limit a worker of A still takes one
+    // connection ahead (it is then held, not closed, and served once A
+    // stops): with two workers, the one not holding `holder` may have
+    // taken one. The rest waited in the queues and are B's.
+    let mut by_a = 0;
+    for (i, mut s) in queued.into_iter().enumerate() {
+        match ask(&mut s).as_str() {
+            "B" => {}
+            "A" => by_a += 1,
+            other => {
+                panic!("{driver:?} {workers_a}->{workers_b}: queued connection {i}: {other:?}")
+            }
+        }
+    }
+    assert!(by_a < workers_a, "{driver:?} {workers_a}->{workers_b}: A served {by_a} of the queue");
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "B");
+    drop(holder);
+    let drained = a.drain_blocking(LIMIT);
+    assert_eq!(drained.cut, 0, "{drained:?}");
+    assert!(rt_b.stats().lifecycle.upgrades_in > upgrades_before);
+    // A's sockets are closed; B's still serve.
+    drop(rt_a);
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "B");
+    assert_eq!(b.drain_blocking(LIMIT).cut, 0);
+}
+
+#[hotloop::test(driver = "all")]
+fn one_worker_hands_over_the_connections_in_its_backlog(driver: DriverKind) {
+    queued_connections_go_to_the_successor(driver, 1, 1);
+}
+
+#[hotloop::test(driver = "all")]
+fn two_workers_hand_over_every_member_of_the_group(driver: DriverKind) {
+    queued_connections_go_to_the_successor(driver, 2, 2);
+}
+
+#[hotloop::test(driver = "all")]
+fn a_successor_with_another_worker_count_serves_every_socket(driver: DriverKind) {
+    queued_connections_go_to_the_successor(driver, 2, 1);
+    queued_connections_go_to_the_successor(driver, 1, 2);
+}
+
+/// Clients that keep connecting while the sockets change hands: none is
+/// refused or reset, whichever process answers.
+#[hotloop::test(driver = "all")]
+fn clients_connecting_through_a_hand_over_all_get_answers(driver: DriverKind) {
+    let path = socket_path();
+    let rt_a = runtime(driver, 2);
+    let handover_a = Handover::open(&path).unwrap();
+    let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, None), named("A")).unwrap();
+    handover_a.ready().unwrap();
+    let addr = a.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let (mut answered, mut failed) = (0, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let got =
+                        TcpStream::connect(addr).map_err(|e| e.to_string()).and_then(|mut s| {
+                            s.set_read_timeout(Some(LIMIT)).unwrap();
+                            s.write_all(b"q").map_err(|e| e.to_string())?;
+                            let mut got = String::new();
+                            s.read_to_string(&mut got).map_err(|e| e.to_string())?;
+                            Ok(got)
+                        });
+                    match got {
+                        Ok(name) if name == "A" || name == "B" => answered += 1,
+                        other => failed.push(format!("{other:?}")),
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let rt_b = runtime(driver, 2);
+    let handover_b = Handover::open(&path).unwrap();
+    let b = serve(rt_b.handle(), "127.0.0.1:0", options(&handover_b, None), named("B")).unwrap();
+    handover_b.ready().unwrap();
+    assert!(handover_a.wait_replaced(Some(LIMIT)));
+    assert_eq!(a.drain_blocking(LIMIT).cut, 0);
+    drop(rt_a);
+    thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for c in clients {
+        let (n, failed) = c.join().unwrap();
+        assert!(
+            failed.is_empty(),
+            "{driver:?}: {} failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(5)]
+        );
+        answered += n;
+    }
+    assert!(answered > 0);
+    assert_eq!(b.drain_blocking(LIMIT).cut, 0);
+}
+
+/// A successor that takes the sockets and ends before it is ready (dropped
+/// here; a panicking child process below) leaves the predecessor serving,
+/// counted, and a later successor still takes over.
+#[hotloop::test(driver = "all")]
+fn a_successor_that_fails_leaves_the_old_process_serving(driver: DriverKind) {
+    let path = socket_path();
+    let rt_a = runtime(driver, 2);
+    let handover_a = Handover::open(&path).unwrap();
+    let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, None), named("A")).unwrap();
+    handover_a.ready().unwrap();
+    let addr = a.local_addr();
+    let failures = rt_a.stats().lifecycle.upgrade_failures;
+
+    // One that gives up after receiving the sockets.
+    let quitter = Handover::open(&path).unwrap();
+    assert_eq!(quitter.inherited(), 2);
+    drop(quitter);
+    wait_until(|| rt_a.stats().lifecycle.upgrade_failures > failures);
+    assert!(!handover_a.is_replaced());
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+
+    // One that panics while it starts, in a process of its own.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["successor_child", "--exact", "--nocapture", "--test-threads=1", "--ignored"])
+        .env(CHILD, &path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the child was to panic");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("panics while it starts"));
+    wait_until(|| rt_a.stats().lifecycle.upgrade_failures > failures + 1);
+    assert!(!handover_a.is_replaced());
+    for _ in 0..20 {
+        assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+    }
+
+    // And a good one still takes over.
+    let rt_b = runtime(driver, 1);
+    let handover_b = Handover::open(&path).unwrap();
+    let b = serve(rt_b.handle(), "127.0.0.1:0", options(&handover_b, None), named("B")).unwrap();
+    handover_b.ready().unwrap();
+    assert!(handover_a.wait_replaced(Some(LIMIT)));
+    assert_eq!(a.drain_blocking(LIMIT).cut, 0);
+    drop(rt_a);
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "B");
+    assert_eq!(b.drain_blocking(LIMIT).cut, 0);
+}
+
+/// Run by [`a_successor_that_fails_leaves_the_old_process_serving`] in a
+/// child process: takes the sockets, then panics.
+#[test]
+#[ignore = "run as a child process by a_successor_that_fails_leaves_the_old_process_serving"]
+fn successor_child() {
+    let Ok(path) = std::env::var(CHILD) else { return };
+    let handover = Handover::open(path).unwrap();
+    assert!(handover.inherited() > 0);
+    panic!("the successor panics while it starts");
+}
+
+/// systemd's socket activation: a socket at descriptor 3, `LISTEN_FDS=1`
+/// and `LISTEN_PID` naming the process; a connection made before the
+/// process started is served by it.
+#[hotloop::test(driver = "all")]
+fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Waits in the socket's queue until the child accepts it.
+    let mut early = TcpStream::connect(addr).unwrap();
+    let sh = "exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\"";
+    let mut child = Command::new("sh")
+        .args(["-c", sh])
+        .arg(std::env::current_exe().unwrap())
+        .args(["activated_child", "--exact", "--nocapture", "--test-threads=1", "--ignored"])
+        .env(CHILD, format!("{addr} {driver:?}"))
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener)))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert_eq!(ask(&mut early), "activated", "{driver:?}");
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "activated");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// Run by [`socket_activation_serves_the_listen_fds_socket`]: serves the
+/// `LISTEN_FDS` socket for two connections.
+#[test]
+#[ignore = "run as a child process by socket_activation_serves_the_listen_fds_socket"]
+fn activated_child() {
+    let Ok(spec) = std::env::var(CHILD) else { return };
+    let (addr, driver) = spec.split_once(' ').unwrap();
+    let addr: SocketAddr = addr.parse().unwrap();
+    let driver = if driver == "Uring" { DriverKind::Uring } else { DriverKind::Epoll };
+    let handover = Handover::inherit().unwrap();
+    assert_eq!(handover.inherited(), 1, "LISTEN_FDS gave one socket");
+    let rt = runtime(driver, 2);
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    let server = serve(rt.handle(), addr, options(&handover, None), move |s| {
+        let count = count.clone();
+        async move {
+            named("activated")(s).await;
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+    .unwrap();
+    assert_eq!(server.local_addr(), addr, "the inherited socket, not a new one");
+    handover.ready().unwrap();
+    wait_until(|| served.load(Ordering::SeqCst) >= 2);
+    server.drain_blocking(LIMIT);
+}
+
+/// An HTTP/2 connection to the predecessor at the hand-over: the request
+/// in flight is answered, the connection gets a GOAWAY and ends, and a new
+/// connection reaches the successor.
+#[hotloop::test(driver = "all")]
+fn http2_connections_get_a_goaway_and_finish_their_streams(driver: DriverKind) {
+    let path = socket_path();
+    let started = Arc::new(AtomicBool::new(false));
+    let hyper_server = |rt: &Runtime, handover: &Handover, name: &'static str| -> Server {
+        let started = started.clone();
+        serve_hyper(rt.handle(), "127.0.0.1:0", options(handover, None), move || {
+            let started = started.clone();
+            service_fn(move |req: Request<hyper::body::Incoming>| {
+                let started = started.clone();
+                async move {
+                    if req.uri().path() == "/slow" {
+                        started.store(true, Ordering::SeqCst);
+                        hotloop::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(name))))
+                }
+            })
+        })
+        .unwrap()
+    };
+    let rt_a = runtime(driver, 2);
+    let handover_a = Handover::open(&path).unwrap();
+    let a = hyper_server(&rt_a, &handover_a, "A");
+    handover_a.ready().unwrap();
+    let addr = a.local_addr();
+
+    let client =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (mut sender, conn) = client.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap()
+    });
+    let conn_ended = client.spawn(conn);
+    let slow = {
+        let req = Request::get("/slow").body(Full::new(Bytes::new())).unwrap();
+        let response = sender.send_request(req);
+        client.spawn(async move {
+            let resp = response.await.map_err(|e| e.to_string())?;
+            let body = resp.into_body().collect().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(body.to_bytes())
+        })
+    };
+    wait_until(|| started.load(Ordering::SeqCst));
+
+    let rt_b = runtime(driver, 2);
+    let handover_b = Handover::open(&path).unwrap();
+    let b = hyper_server(&rt_b, &handover_b, "B");
+    handover_b.ready().unwrap();
+    assert!(handover_a.wait_replaced(Some(LIMIT)));
+    let drained = a.drain_blocking(LIMIT);
+    assert_eq!(drained.cut, 0, "{driver:?}: {drained:?}");
+    assert_eq!(client.block_on(slow).unwrap().unwrap(), Bytes::from("A"), "the stream in flight");
+    // The GOAWAY ended the connection once its stream was done.
+    let ended = client.block_on(async { tokio::time::timeout(LIMIT, conn_ended).await });
+    assert!(ended.is_ok(), "{driver:?}: the HTTP/2 connection did not end after its GOAWAY");
+    let again = client.block_on(async {
+        let req = Request::get("/").body(Full::new(Bytes::new())).unwrap();
+        sender.send_request(req).await
+    });
+    assert!(again.is_err(), "a request after the GOAWAY went through");
+    let fresh = client.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = Request::get("/").body(Full::new(Bytes::new())).unwrap();
+        sender.send_request(req).await.unwrap().into_body().collect().await.unwrap().to_bytes()
+    });
+    assert_eq!(fresh, Bytes::from("B"));
+    drop(rt_a);
+    assert_eq!(b.drain_blocking(LIMIT).cut, 0);
+}

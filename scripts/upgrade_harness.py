@@ -1,0 +1,564 @@
+#!/usr/bin/env python3
+"""Upgrades under load, side by side: hotloop (`--upgrade-socket`),
+haproxy (`-x` + `-sf`) and nginx (`SIGUSR2`, then `SIGQUIT` to the old
+master).
+
+Each run starts one server on loopback, puts load on it (wrk for HTTP/1.1
+keep-alive, wrk with `Connection: close` for one new connection per
+request, h2load for HTTP/2), lets it run steady for a while, then upgrades
+the server `--upgrades` times in a row and reports:
+
+- requests done and failed as the load tool counts them (wrk: socket
+  errors and non-2xx answers; h2load: failed, errored and timed-out
+  requests);
+- TCP resets on the server's port, counted by tcpdump (`tcp[13] & 4`),
+  so other traffic on the host does not count;
+- a probe's view of latency: two probe clients (one keep-alive
+  connection, and one new connection per request), 100 requests a second
+  each, time every request. An upgrade's window runs from its start to
+  100 ms after the old process exited; the steady windows are the times
+  between upgrades (and the steady phase before the first), so both are
+  measured interleaved, under the same load on the host. The table shows
+  the probe's p99 and maximum in the steady windows beside the same in
+  the upgrade windows.
+
+    python3 scripts/upgrade_harness.py --server hotloop --app hyper --load h2 \\
+        --workers 2 --driver uring --upgrades 100
+    python3 scripts/upgrade_harness.py --matrix --upgrades 100 --out upgrade.md
+
+`--matrix` runs serve http (wrk, wrk-close), serve hyper (wrk, h2,
+wrk-close), haproxy and nginx (the same three), with 1 and 2 workers,
+hotloop on both drivers, and writes a Markdown table and a JSON file.
+Every process it starts is stopped by its pid; nothing else is touched.
+Needs wrk, h2load, tcpdump (and haproxy, nginx for their rows).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BODY = b"x" * 64
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, limit, what):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.005)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (an exited child not yet reaped) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def answers(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+            return got.startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- servers
+
+
+class Hotloop:
+    """`hotloop serve APP --upgrade-socket`: an upgrade is a new process."""
+
+    name = "hotloop"
+
+    def __init__(self, binary, app, workers, driver, port, h2_port, tmp):
+        self.args = [binary, "serve", app, "--addr", f"127.0.0.1:{port}",
+                     "--workers", str(workers), "--driver", driver,
+                     "--upgrade-socket", os.path.join(tmp, "upgrade.sock"),
+                     "--drain-timeout-ms", "10000"]
+        self.tmp, self.n, self.proc = tmp, 0, None
+        self.port, self.h2_port = port, port
+
+    def _start(self):
+        self.n += 1
+        log = open(os.path.join(self.tmp, f"hotloop-{self.n}.log"), "w+")
+        proc = subprocess.Popen(self.args, stderr=log, stdout=subprocess.DEVNULL)
+        return proc, log
+
+    def start(self):
+        self.proc, self.log = self._start()
+        wait_for(lambda: answers(self.port), 10, "hotloop to serve")
+
+    def upgrade(self):
+        old, old_log = self.proc, self.log
+        new, log = self._start()
+
+        def took():
+            log.seek(0)
+            return "took the" in log.read()
+
+        wait_for(took, 10, "the successor to take the sockets")
+        old.wait(timeout=30)
+        if old.returncode != 0:
+            raise RuntimeError(f"the old hotloop exited with {old.returncode}")
+        old_log.close()
+        self.proc, self.log = new, log
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+class Haproxy:
+    """haproxy answering itself; an upgrade is `haproxy -x SOCK -sf OLD`."""
+
+    name = "haproxy"
+
+    def __init__(self, workers, port, h2_port, tmp):
+        self.tmp, self.port, self.h2_port = tmp, port, h2_port
+        self.pidfile = os.path.join(tmp, "haproxy.pid")
+        self.sock = os.path.join(tmp, "admin.sock")
+        self.cfg = os.path.join(tmp, "haproxy.cfg")
+        body = BODY.decode()
+        with open(self.cfg, "w") as f:
+            f.write(f"""global
+    nbthread {workers}
+    maxconn 8000
+    stats socket {self.sock} mode 600 level admin expose-fd listeners
+defaults
+    mode http
+    timeout client 30s
+    timeout server 30s
+    timeout connect 5s
+frontend h1
+    bind 127.0.0.1:{port}
+    http-request return status 200 content-type text/plain string "{body}"
+frontend h2
+    bind 127.0.0.1:{h2_port} proto h2
+    http-request return status 200 content-type text/plain string "{body}"
+""")
+
+    def pid(self):
+        with open(self.pidfile) as f:
+            return int(f.read().split()[0])
+
+    def start(self):
+        subprocess.run(["haproxy", "-D", "-f", self.cfg, "-p", self.pidfile], check=True)
+        wait_for(lambda: answers(self.port), 10, "haproxy to serve")
+
+    def upgrade(self):
+        old = self.pid()
+        subprocess.run(["haproxy", "-D", "-f", self.cfg, "-p", self.pidfile,
+                        "-x", self.sock, "-sf", str(old)], check=True)
+        wait_for(lambda: self.pid() != old, 10, "the new haproxy")
+        wait_for(lambda: not alive(old), 30, "the old haproxy to exit")
+
+    def stop(self):
+        pid = self.pid()
+        os.kill(pid, signal.SIGUSR1)
+        wait_for(lambda: not alive(pid), 30, "haproxy to exit")
+
+
+class Nginx:
+    """nginx answering itself; an upgrade is SIGUSR2 (a new master on the
+    inherited sockets), then SIGQUIT to the old master."""
+
+    name = "nginx"
+
+    def __init__(self, workers, port, h2_port, tmp):
+        self.tmp, self.port, self.h2_port = tmp, port, h2_port
+        self.pidfile = os.path.join(tmp, "nginx.pid")
+        self.cfg = os.path.join(tmp, "nginx.conf")
+        body = BODY.decode()
+        with open(self.cfg, "w") as f:
+            f.write(f"""daemon on;
+master_process on;
+worker_processes {workers};
+pid {self.pidfile};
+error_log {tmp}/error.log warn;
+events {{ worker_connections 20000; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path {tmp};
+    proxy_temp_path {tmp};
+    fastcgi_temp_path {tmp};
+    uwsgi_temp_path {tmp};
+    scgi_temp_path {tmp};
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 200 "{body}"; }}
+    }}
+    server {{
+        listen 127.0.0.1:{h2_port} http2;
+        location / {{ return 200 "{body}"; }}
+    }}
+}}
+""")
+
+    def pid(self):
+        try:
+            with open(self.pidfile) as f:
+                return int(f.read().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+
+    def start(self):
+        # An absolute path: SIGUSR2 makes nginx exec its argv[0] again.
+        subprocess.run([shutil.which("nginx"), "-p", self.tmp, "-c", self.cfg], check=True)
+        wait_for(lambda: answers(self.port), 10, "nginx to serve")
+
+    def upgrade(self):
+        old = self.pid()
+        os.kill(old, signal.SIGUSR2)
+        wait_for(lambda: self.pid() not in (None, old), 10, "the new nginx master")
+        os.kill(old, signal.SIGQUIT)
+        wait_for(lambda: not alive(old), 30, "the old nginx master to exit")
+        # Its workers end with it (they finish their connections first).
+        wait_for(lambda: not os.path.exists(self.pidfile + ".oldbin"), 30, "nginx.pid.oldbin")
+
+    def stop(self):
+        pid = self.pid()
+        os.kill(pid, signal.SIGQUIT)
+        wait_for(lambda: not alive(pid), 30, "nginx to exit")
+
+
+# ---------------------------------------------------------------- probes
+
+
+def read_response(sock):
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} bytes of the head")
+        buf += chunk
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    lower = head.lower()
+    m = re.search(rb"content-length:\s*(\d+)", lower)
+    length = int(m.group(1)) if m else 0
+    while len(rest) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed in the body")
+        rest += chunk
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise ConnectionError(head[:40].decode(errors="replace"))
+    return b"connection: close" in lower
+
+
+def probe(port, keep_alive, stop, samples, period=0.01):
+    """Sequential requests every `period` s; appends (start, latency, error)."""
+    sock = None
+    req = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n" if keep_alive else \
+        b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    tick = time.monotonic()
+    while not stop.is_set():
+        t0 = time.monotonic()
+        err = None
+        try:
+            if sock is None:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(req)
+            closes = read_response(sock)
+            if closes or not keep_alive:
+                sock.close()
+                sock = None
+        except OSError as e:
+            err = f"{type(e).__name__}: {e}"
+            if sock is not None:
+                sock.close()
+            sock = None
+        samples.append((t0, time.monotonic() - t0, err))
+        tick += period
+        time.sleep(max(0.0, tick - time.monotonic()))
+    if sock is not None:
+        sock.close()
+
+
+def percentile(values, p):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p / 100))]
+
+
+# ---------------------------------------------------------------- load
+
+
+def load_command(load, port, h2_port, connections, duration):
+    if load == "h2":
+        return ["h2load", "-c", str(connections), "-m", "1", "-t", "1", "-D", str(duration),
+                f"http://127.0.0.1:{h2_port}/"]
+    cmd = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "--latency"]
+    if load == "wrk-close":
+        cmd += ["-H", "Connection: close"]
+    return cmd + [f"http://127.0.0.1:{port}/"]
+
+
+def ms(text):
+    m = re.match(r"([\d.]+)(us|ms|s)", text)
+    if not m:
+        return float("nan")
+    v, unit = float(m.group(1)), m.group(2)
+    return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
+
+
+def parse_load(load, out):
+    r = {"requests": 0, "failed": 0, "connect_errors": 0, "p99_ms": float("nan"),
+         "max_ms": float("nan")}
+    if load == "h2":
+        m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, "
+                      r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
+        if m:
+            total, done, ok, failed, errored, timeout = map(int, m.groups())
+            r["requests"], r["failed"] = done, failed + errored + timeout + (done - ok)
+        m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+        if m:
+            r["failed"] += sum(map(int, m.groups()[1:]))
+        m = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
+        if m:
+            r["max_ms"] = ms(m.group(2))
+        m = re.search(r"clients: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                      r"(\d+) failed", out)
+        if m:
+            r["connect_errors"] = int(m.group(5))
+        return r
+    m = re.search(r"(\d+) requests in", out)
+    if m:
+        r["requests"] = int(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if m:
+        c, rd, wr, to = map(int, m.groups())
+        r["connect_errors"] = c
+        r["failed"] += rd + wr + to
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m:
+        r["failed"] += int(m.group(1))
+    m = re.search(r"\n\s+99%\s+(\S+)", out)
+    if m:
+        r["p99_ms"] = ms(m.group(1))
+    m = re.search(r"Latency\s+\S+\s+\S+\s+(\S+)", out)
+    if m:
+        r["max_ms"] = ms(m.group(1))
+    return r
+
+
+# ---------------------------------------------------------------- one run
+
+
+def run(args, server_kind, app, load, workers, driver):
+    tmp = tempfile.mkdtemp(prefix="upgrade-harness-")
+    port, h2_port = free_port(), free_port()
+    if server_kind == "hotloop":
+        server = Hotloop(args.hotloop, app, workers, driver, port, h2_port, tmp)
+    elif server_kind == "haproxy":
+        server = Haproxy(workers, port, h2_port, tmp)
+    else:
+        server = Nginx(workers, port, h2_port, tmp)
+    ports = sorted({server.port, server.h2_port})
+    rst_file = os.path.join(tmp, "rst.pcap")
+    port_filter = " or ".join(f"tcp port {p}" for p in ports)
+    # Started once the server answers: the readiness checks' refused
+    # connects are not the run's resets.
+    server.start()
+    tcpdump = subprocess.Popen(
+        ["tcpdump", "-i", "lo", "-nn", "-U", "-w", rst_file, f"({port_filter}) and tcp[13] & 4 != 0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    stop = threading.Event()
+    ka, fresh = [], []
+    probes = [threading.Thread(target=probe, args=(server.port, True, stop, ka)),
+              threading.Thread(target=probe, args=(server.port, False, stop, fresh))]
+    # h2load cannot be stopped early with its results: its duration must
+    # hold every upgrade. wrk is stopped with SIGINT (it then reports) once
+    # the upgrades are done.
+    estimate = args.upgrade_estimate or {"hotloop": 0.5}.get(server_kind, 1.0)
+    duration = int(args.steady + args.upgrades * (args.interval + estimate) + 3)
+    loader = subprocess.Popen(load_command(load, server.port, server.h2_port, args.connections,
+                                           duration),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for p in probes:
+        p.start()
+    started = time.monotonic()
+    time.sleep(args.steady)
+    upgrades, error = [], None
+    for _ in range(args.upgrades):
+        if time.monotonic() - started > duration - 3:
+            break
+        t0 = time.monotonic()
+        try:
+            server.upgrade()
+        except Exception as e:  # reported, and the run ends
+            error = f"{type(e).__name__}: {e}"
+            break
+        upgrades.append((t0, time.monotonic()))
+        time.sleep(args.interval)
+    # Resets are counted until 1 s after the last upgrade, or until 1 s
+    # before h2load's end: a load tool that stops closes connections with
+    # requests in flight, and the answers that meet them draw resets that
+    # no upgrade caused.
+    time.sleep(1)
+    if load == "h2":
+        time.sleep(max(0.0, started + duration - 1 - time.monotonic()))
+    tcpdump.send_signal(signal.SIGINT)
+    tcpdump.wait(timeout=10)
+    if load != "h2":
+        loader.send_signal(signal.SIGINT)
+    out, _ = loader.communicate(timeout=duration + 60)
+    stop.set()
+    for p in probes:
+        p.join()
+    try:
+        server.stop()
+    except Exception as e:
+        error = error or f"stopping: {e}"
+    rsts = subprocess.run(["tcpdump", "-nn", "-r", rst_file], capture_output=True, text=True)
+    resets = len([line for line in rsts.stdout.splitlines() if line.strip()])
+    result = parse_load(load, out)
+    samples = [(t, lat, err, "keep-alive") for t, lat, err in ka] + \
+        [(t, lat, err, "new connection") for t, lat, err in fresh]
+    # Each upgrade's window runs from its start to 100 ms after the old
+    # process exited; the steady windows are the times between them (from
+    # 100 ms after one upgrade's window to the next one's start, and the
+    # steady phase before the first), so both are measured under the same
+    # load on the host, interleaved.
+    steady, during, spikes, control_max = [], [], [], 0.0
+    prev_end = started
+    for t0, t1 in upgrades:
+        window = [(lat, kind, t - t0) for t, lat, err, kind in samples
+                  if t0 <= t <= t1 + 0.1 and err is None]
+        control = [lat for t, lat, err, _ in samples if prev_end <= t < t0 and err is None]
+        steady += control
+        control_max = max([control_max] + control)
+        during += [lat for lat, _, _ in window]
+        spikes.append(max(window) if window else (0.0, "-", 0.0))
+        prev_end = t1 + 0.2
+    if not upgrades:
+        steady = [lat for _, lat, err, _ in samples if err is None]
+        control_max = max(steady, default=0.0)
+    probe_failures = [err for _, _, err, _ in samples if err is not None]
+    result.update({
+        "server": server_kind if server_kind != "hotloop" else f"hotloop serve {app}",
+        "load": load, "workers": workers,
+        "driver": driver if server_kind == "hotloop" else "-",
+        "upgrades": len(upgrades), "resets": resets,
+        "probe_requests": len(samples), "probe_failures": len(probe_failures),
+        "probe_failure_examples": probe_failures[:3],
+        "steady_p99_ms": percentile(steady, 99) * 1000,
+        "upgrade_p99_ms": percentile(during, 99) * 1000,
+        "steady_max_ms": control_max * 1000,
+        "worst_spike_ms": max(spikes)[0] * 1000 if spikes else float("nan"),
+        "spikes": [(round(lat * 1000, 2), kind, round(at, 3)) for lat, kind, at in spikes],
+        "upgrade_s_median": percentile([t1 - t0 for t0, t1 in upgrades], 50),
+        "error": error, "load_output_tail": out[-600:],
+    })
+    result["reset_lines"] = rsts.stdout.splitlines()[:6]
+    shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def row(r):
+    ratio = r["upgrade_p99_ms"] / r["steady_p99_ms"] if r["steady_p99_ms"] else float("nan")
+    return (f"| {r['server']} | {r['load']} | {r['workers']} | {r['driver']} | {r['upgrades']} "
+            f"| {r['requests']} | {r['failed']} | {r['connect_errors']} | {r['resets']} "
+            f"| {r['probe_failures']}/{r['probe_requests']} "
+            f"| {r['steady_p99_ms']:.1f} / {r['upgrade_p99_ms']:.1f} ({ratio:.1f}x) "
+            f"| {r['steady_max_ms']:.1f} / {r['worst_spike_ms']:.1f} "
+            f"| {r['p99_ms']:.1f} | {r['max_ms']:.1f} |")
+
+
+HEADER = ("| server | load | workers | driver | upgrades | requests | failed | connect errors "
+          "| RSTs | probe failures | probe p99 ms: steady / at upgrades "
+          "| probe max ms: steady / at upgrades | load p99 ms | load max ms |\n|" + "---|" * 14)
+
+
+def matrix(args):
+    runs = []
+    for workers in (1, 2):
+        for driver in ("epoll", "uring"):
+            runs += [("hotloop", "http", "wrk", workers, driver),
+                     ("hotloop", "http", "wrk-close", workers, driver),
+                     ("hotloop", "hyper", "wrk", workers, driver),
+                     ("hotloop", "hyper", "h2", workers, driver),
+                     ("hotloop", "hyper", "wrk-close", workers, driver)]
+        for anchor in ("haproxy", "nginx"):
+            if shutil.which(anchor):
+                runs += [(anchor, "-", load, workers, "-") for load in ("wrk", "h2", "wrk-close")]
+    return runs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server", choices=["hotloop", "haproxy", "nginx"], default="hotloop")
+    ap.add_argument("--app", choices=["http", "hyper"], default="http")
+    ap.add_argument("--load", choices=["wrk", "wrk-close", "h2"], default="wrk")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--driver", choices=["epoll", "uring"], default="epoll")
+    ap.add_argument("--upgrades", type=int, default=100)
+    ap.add_argument("--interval", type=float, default=0.2,
+                    help="seconds between one upgrade's end and the next one's start")
+    ap.add_argument("--upgrade-estimate", type=float,
+                    help="seconds an upgrade is assumed to take, to size h2load's duration "
+                         "(default 0.5 for hotloop, 1 for haproxy and nginx)")
+    ap.add_argument("--steady", type=float, default=5.0,
+                    help="seconds of load before the first upgrade")
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--hotloop", default=os.path.join(REPO, "target/release/hotloop"))
+    ap.add_argument("--matrix", action="store_true")
+    ap.add_argument("--out", help="Markdown table (and .json beside it)")
+    args = ap.parse_args()
+    for tool in ("wrk", "h2load", "tcpdump"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is required (apt-get install wrk nghttp2-client tcpdump)")
+    if args.matrix:
+        runs = matrix(args)
+    else:
+        if args.server == "hotloop" and args.app == "http" and args.load == "h2":
+            sys.exit("serve http speaks HTTP/1.1 only; use --app hyper for h2")
+        runs = [(args.server, args.app, args.load, args.workers, args.driver)]
+    results = []
+    print(HEADER, flush=True)
+    for spec in runs:
+        r = run(args, *spec)
+        results.append(r)
+        print(row(r), flush=True)
+        if r["error"] or r["probe_failures"] or r["resets"]:
+            print(f"  note: {r['error']} {r['probe_failure_examples']} {r['reset_lines']}",
+                  flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(HEADER + "\n" + "\n".join(row(r) for r in results) + "\n")
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
