@@ -440,8 +440,14 @@ def run(args, server_kind, app, load, workers, driver):
         server.stop()
     except Exception as e:
         error = error or f"stopping: {e}"
-    rsts = subprocess.run(["tcpdump", "-nn", "-r", rst_file], capture_output=True, text=True)
-    resets = len([line for line in rsts.stdout.splitlines() if line.strip()])
+    rsts = subprocess.run(["tcpdump", "-tt", "-nn", "-r", rst_file], capture_output=True,
+                          text=True)
+    reset_times = [float(line.split()[0]) for line in rsts.stdout.splitlines() if line.strip()]
+    resets = len(reset_times)
+    # tcpdump stamps with the wall clock; the windows are on the monotonic one.
+    offset = time.time() - time.monotonic()
+    resets_at_upgrades = sum(
+        1 for t in reset_times if any(t0 + offset <= t <= t1 + offset + 0.1 for t0, t1 in upgrades))
     result = parse_load(load, out)
     samples = [(t, lat, err, "keep-alive") for t, lat, err in ka] + \
         [(t, lat, err, "new connection") for t, lat, err in fresh]
@@ -469,7 +475,7 @@ def run(args, server_kind, app, load, workers, driver):
         "server": server_kind if server_kind != "hotloop" else f"hotloop serve {app}",
         "load": load, "workers": workers,
         "driver": driver if server_kind == "hotloop" else "-",
-        "upgrades": len(upgrades), "resets": resets,
+        "upgrades": len(upgrades), "resets": resets, "resets_at_upgrades": resets_at_upgrades,
         "probe_requests": len(samples), "probe_failures": len(probe_failures),
         "probe_failure_examples": probe_failures[:3],
         "steady_p99_ms": percentile(steady, 99) * 1000,
@@ -501,16 +507,16 @@ HEADER = ("| server | load | workers | driver | upgrades | requests | failed | c
 
 
 def matrix(args):
+    servers = args.matrix_servers.split(",")
     runs = []
-    for workers in (1, 2):
+    for workers in map(int, args.matrix_workers.split(",")):
         for driver in ("epoll", "uring"):
-            runs += [("hotloop", "http", "wrk", workers, driver),
-                     ("hotloop", "http", "wrk-close", workers, driver),
-                     ("hotloop", "hyper", "wrk", workers, driver),
-                     ("hotloop", "hyper", "h2", workers, driver),
-                     ("hotloop", "hyper", "wrk-close", workers, driver)]
+            hotloop = [("http", "wrk"), ("http", "wrk-close"), ("hyper", "wrk"), ("hyper", "h2"),
+                       ("hyper", "wrk-close")]
+            runs += [("hotloop", app, load, workers, driver) for app, load in hotloop
+                     if "hotloop" in servers or f"hotloop-{app}" in servers]
         for anchor in ("haproxy", "nginx"):
-            if shutil.which(anchor):
+            if anchor in servers and shutil.which(anchor):
                 runs += [(anchor, "-", load, workers, "-") for load in ("wrk", "h2", "wrk-close")]
     return runs
 
@@ -533,6 +539,10 @@ def main():
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--hotloop", default=os.path.join(REPO, "target/release/hotloop"))
     ap.add_argument("--matrix", action="store_true")
+    ap.add_argument("--matrix-servers", default="hotloop,haproxy,nginx",
+                    help="the matrix's servers: hotloop (or hotloop-http, hotloop-hyper), "
+                         "haproxy, nginx")
+    ap.add_argument("--matrix-workers", default="1,2")
     ap.add_argument("--out", help="Markdown table (and .json beside it)")
     args = ap.parse_args()
     for tool in ("wrk", "h2load", "tcpdump"):
