@@ -1,10 +1,11 @@
 //! `hotloop-bench bench` writes its results and charts without needing servers:
-//! the timers scenario only reads criterion's output.
+//! the timers scenario times its queues in process, and shows criterion's
+//! results beside them when it finds them.
 
 use std::process::Command;
 
 #[test]
-fn timers_scenario_summarises_criterion_results() {
+fn timers_scenario_measures_itself_and_shows_criterion_results() {
     let dir = std::env::temp_dir().join(format!("hotloop-bench-test-{}", std::process::id()));
     let target = dir.join("target");
     for (group, function, ns) in
@@ -26,14 +27,31 @@ fn timers_scenario_summarises_criterion_results() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.contains("== timers") && stdout.contains("btreemap"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    // Its own figures: each case, hotloop's wheel beside the other queues.
+    assert!(stdout.contains("== timers") && stdout.contains("neqo flat wheel"), "{stdout}");
+    assert!(stdout.contains("take the next timer, none pending"), "{stdout}");
+    // Criterion's, as a group of their own.
+    assert!(
+        stdout.contains("criterion take_next empty") && stdout.contains("btreemap"),
+        "{stdout}"
+    );
     assert!(stdout.contains("x0.40"), "hotloop / best other should be 12/30: {stdout}");
     let results = std::fs::read_to_string(out.join("results.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&results).unwrap();
     assert_eq!(json["scenarios"][0]["name"], "timers");
-    assert_eq!(json["scenarios"][0]["rows"].as_array().unwrap().len(), 2);
+    let rows = json["scenarios"][0]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4 * 3 + 2);
+    assert!(rows.iter().all(|r| r["metrics"]["median_ns"]["median"].as_f64().unwrap() > 0.0));
     let svg = std::fs::read_to_string(out.join("timers-median_ns.svg")).unwrap();
-    assert!(svg.starts_with("<svg") && svg.contains("take_next empty"));
+    assert!(svg.starts_with("<svg") && svg.contains("criterion take_next empty"));
+    // What it prints fits 120 columns, and its last line says where the
+    // charts are.
+    for line in stdout.lines().chain(stderr.lines()) {
+        assert!(line.chars().count() <= 120, "{} chars: {line}", line.chars().count());
+    }
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("charts (") && last.contains(&out.display().to_string()), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,6 +2,8 @@
 //! reads the echo and closes; the figure is the total time. hotloop's
 //! io_uring multishot accept against single-shot accept, and the peers.
 
+use std::time::Duration;
+
 use super::report::{Better, Column};
 use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K};
 
@@ -11,10 +13,32 @@ const CLIENTS_FULL: u64 = 10_000;
 const CLIENTS_QUICK: u64 = 2_000;
 /// Echo message bytes.
 const MESSAGE_BYTES: usize = 128;
-/// Upper bound on one burst, seconds.
-const BURST_DURATION_MAX_S: u64 = 60;
-/// Upper bound on one burst with `--quick`, seconds.
-const BURST_DURATION_MAX_QUICK_S: u64 = 10;
+/// Upper bound on one burst.
+const BURST_DURATION_MAX: Duration = Duration::from_secs(60);
+/// Upper bound on one burst with `--quick`.
+const BURST_DURATION_MAX_QUICK: Duration = Duration::from_secs(10);
+
+/// The table's columns; the first is the headline.
+pub fn columns() -> Vec<Column> {
+    vec![
+        Column { key: "elapsed_ms", header: "total ms", decimals: 1, better: Better::Lower },
+        Column { key: "rate_per_s", header: "conn/s", decimals: 0, better: Better::Higher },
+        Column { key: "p99_us", header: "p99 µs", decimals: 0, better: Better::Lower },
+        Column { key: "errors", header: "errors", decimals: 0, better: Better::Lower },
+        Column {
+            key: METRIC_CPU_PER_1K,
+            header: "CPU s/1k conn",
+            decimals: 4,
+            better: Better::Lower,
+        },
+        Column {
+            key: "accepted_per_wakeup",
+            header: "accepts/wakeup",
+            decimals: 1,
+            better: Better::Higher,
+        },
+    ]
+}
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
@@ -23,14 +47,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         "accept-burst",
         &format!("{clients} clients at once, {MESSAGE_BYTES}-byte echo, connect/write/read/close"),
         "io_uring multishot accept: 1,927,634 -> 1,894,750 clock() cycles, 1.65% less time than single-shot (10,000 clients)",
-        vec![
-            Column { key: "elapsed_ms", header: "total ms", decimals: 1, better: Better::Lower },
-            Column { key: "rate_per_s", header: "conn/s", decimals: 0, better: Better::Higher },
-            Column { key: "p99_us", header: "p99 µs", decimals: 0, better: Better::Lower },
-            Column { key: "errors", header: "errors", decimals: 0, better: Better::Lower },
-            Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k conn", decimals: 4, better: Better::Lower },
-            Column { key: "accepted_per_wakeup", header: "accepts/wakeup", decimals: 1, better: Better::Higher },
-        ],
+        columns(),
     );
     result.setup.push(format!(
         "{clients} clients, {MESSAGE_BYTES}-byte messages; each hotloop row names its driver and accept mode"
@@ -40,11 +57,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "burst",
         connections: clients,
         requests: Some(clients),
-        duration_secs: if ctx.quick { BURST_DURATION_MAX_QUICK_S } else { BURST_DURATION_MAX_S },
+        duration: if ctx.quick { BURST_DURATION_MAX_QUICK } else { BURST_DURATION_MAX },
         size: MESSAGE_BYTES,
         rate: None,
         sources: 4,
-        warmup_secs: 0,
+        warmup: Duration::ZERO,
         spin: false,
     };
     let mut specs = vec![

@@ -7,7 +7,7 @@
 //!   first two CPUs, costing [`WORK_NS_PER_BYTE`] per byte received, so a
 //!   heavy connection's [`HEAVY_BYTES`] message costs about 200 µs and a
 //!   light one's [`LIGHT_BYTES`] about 2 µs.
-//! - One trial opens, [`STAGGER_MS`] apart, a group of light keep-alive
+//! - One trial opens, [`Timing::stagger`] apart, a group of light keep-alive
 //!   connections, then one heavy connection, four times over (light, heavy,
 //!   light, heavy, ...), each a load generator of its own sending at a
 //!   fixed rate (open loop). The kernel's hash places each connection at
@@ -48,24 +48,46 @@ pub const LIGHT_BYTES: usize = 16;
 pub const LIGHT_RATE: u64 = 500;
 /// Server CPU per byte received, nanoseconds.
 pub const WORK_NS_PER_BYTE: u64 = 100;
-/// Between one connection group's start and the next.
-pub const STAGGER_MS: u64 = 100;
-/// Trials per placement, full run and `--quick`.
+/// Trials per placement, full run.
 pub const TRIALS_FULL: usize = 20;
 /// Trials per placement with `--quick`.
-pub const TRIALS_QUICK: usize = 5;
-/// Measured seconds per light group, full run and `--quick`.
-pub const DURATION_FULL_S: u64 = 2;
-/// Measured seconds per light group with `--quick`.
-pub const DURATION_QUICK_S: u64 = 1;
-/// A light group's warm-up: longer than every group's start, so each
-/// measures only while all heavy connections send.
-const LIGHT_WARMUP_S: u64 = 1;
+pub const TRIALS_QUICK: usize = 3;
+
+/// How one trial is laid out in time.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Between one connection group's start and the next.
+    pub stagger: Duration,
+    /// A light group's warm-up: longer than every group's start, so each
+    /// measures only while all heavy connections send.
+    pub light_warmup: Duration,
+    /// Measured time per light group.
+    pub duration: Duration,
+    /// How long a heavy connection outlasts the last light group's end.
+    pub heavy_margin: Duration,
+}
+
+/// The full run's trial.
+pub const TIMING_FULL: Timing = Timing {
+    stagger: Duration::from_millis(100),
+    light_warmup: Duration::from_secs(1),
+    duration: Duration::from_secs(2),
+    heavy_margin: Duration::from_secs(1),
+};
+
+/// A `--quick` trial: the groups start 50 ms apart, all within 0.4 s, so
+/// half a second of warm-up still covers them.
+pub const TIMING_QUICK: Timing = Timing {
+    stagger: Duration::from_millis(50),
+    light_warmup: Duration::from_millis(500),
+    duration: Duration::from_millis(500),
+    heavy_margin: Duration::from_millis(200),
+};
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let trials = if ctx.quick { TRIALS_QUICK } else { TRIALS_FULL };
-    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let timing = if ctx.quick { TIMING_QUICK } else { TIMING_FULL };
     let mut result = ScenarioResult::new(
         "balance",
         &format!(
@@ -79,9 +101,10 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         columns(),
     );
     result.setup.push(format!(
-        "arrival order per trial: light group, heavy, light group, heavy, ... ({STAGGER_MS} ms apart); \
+        "arrival order per trial: light group, heavy, light group, heavy, ... ({} ms apart); \
          server CPU {WORK_NS_PER_BYTE} ns per byte received; workers pinned to CPUs 0 and 1, load \
-         generators unpinned on the same two CPUs"
+         generators unpinned on the same two CPUs",
+        timing.stagger.as_millis()
     ));
     result.setup.push(
         "CPU max/min %: the busier and the idler worker's CPU over the trial; imbalance: their \
@@ -111,7 +134,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
                 )
             })
             .collect();
-        result.rows.extend(measure_interleaved(ctx, &specs, trials, duration));
+        result.rows.extend(measure_interleaved(ctx, &specs, trials, timing));
     }
     for row in &mut result.rows {
         row.workers = Some(WORKERS);
@@ -122,7 +145,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     result
 }
 
-fn columns() -> Vec<Column> {
+/// The table's columns; the first is the headline.
+pub fn columns() -> Vec<Column> {
     let col = |key, header, decimals, better| Column { key, header, decimals, better };
     vec![
         col("light_p99_ms", "light p99 ms", 2, Better::Lower),
@@ -145,7 +169,7 @@ fn measure_interleaved(
     ctx: &mut Ctx,
     specs: &[ServerSpec],
     trials: usize,
-    duration: u64,
+    timing: Timing,
 ) -> Vec<Row> {
     let mut rows: Vec<Row> = specs.iter().map(|s| Row::new("", &s.server, &s.config)).collect();
     if let Some(why) = &ctx.load_missing {
@@ -166,7 +190,7 @@ fn measure_interleaved(
             }
         }
     }
-    let (light, heavy) = loads(duration);
+    let (light, heavy) = loads(timing);
     ctx.note_load(&light, "echo");
     ctx.note_load(&heavy, "echo");
     let mut samples: Vec<Vec<BTreeMap<String, f64>>> = vec![Vec::new(); specs.len()];
@@ -174,7 +198,7 @@ fn measure_interleaved(
         for (i, spec) in specs.iter().enumerate() {
             let Some(server) = &running[i] else { continue };
             let title = format!("{} {}", spec.server, spec.config);
-            match run_trial(ctx, server, &light, &heavy, &title) {
+            match run_trial(ctx, server, &light, &heavy, timing.stagger, &title) {
                 Ok(f) => {
                     ctx.progress(&format!(
                         "{title}: trial {trial}/{trials}: light p99 {:.2} ms, CPU {:.0}% / {:.0}%, hand-offs {}",
@@ -199,30 +223,29 @@ fn measure_interleaved(
 }
 
 /// The light group's and a heavy connection's load runs.
-fn loads(duration: u64) -> (LoadSpec, LoadSpec) {
+fn loads(timing: Timing) -> (LoadSpec, LoadSpec) {
     let light = LoadSpec {
         mode: "keepalive",
         connections: LIGHT_CONNECTIONS,
         requests: None,
-        duration_secs: duration,
+        duration: timing.duration,
         size: LIGHT_BYTES,
         rate: Some(LIGHT_RATE),
         sources: 1,
-        warmup_secs: LIGHT_WARMUP_S,
+        warmup: timing.light_warmup,
         spin: false,
     };
     // Long enough to outlast the last light group.
-    let heavy_secs =
-        duration + LIGHT_WARMUP_S + 1 + (2 * HEAVY_CONNECTIONS as u64 * STAGGER_MS) / 1000;
+    let span = timing.stagger * (2 * HEAVY_CONNECTIONS as u32);
     let heavy = LoadSpec {
         mode: "keepalive",
         connections: 1,
         requests: None,
-        duration_secs: heavy_secs,
+        duration: timing.duration + timing.light_warmup + timing.heavy_margin + span,
         size: HEAVY_BYTES,
         rate: Some(HEAVY_RATE),
         sources: 1,
-        warmup_secs: 0,
+        warmup: Duration::ZERO,
         spin: false,
     };
     (light, heavy)
@@ -233,6 +256,7 @@ fn run_trial(
     running: &server::Running,
     light: &LoadSpec,
     heavy: &LoadSpec,
+    stagger: Duration,
     title: &str,
 ) -> Result<BTreeMap<String, f64>, String> {
     let pid = running.pid().ok_or("the server has no process")?;
@@ -243,9 +267,9 @@ fn run_trial(
     let mut heavies = Vec::new();
     for _ in 0..HEAVY_CONNECTIONS {
         lights.push(spawn_load(ctx, running, light, &format!("light-{title}")));
-        std::thread::sleep(Duration::from_millis(STAGGER_MS));
+        std::thread::sleep(stagger);
         heavies.push(spawn_load(ctx, running, heavy, &format!("heavy-{title}")));
-        std::thread::sleep(Duration::from_millis(STAGGER_MS));
+        std::thread::sleep(stagger);
     }
     // Every connection is open and sending: where did they land?
     std::thread::sleep(Duration::from_millis(300));
@@ -255,13 +279,28 @@ fn run_trial(
     let wall = started.elapsed().as_secs_f64();
     let cpu_after = worker_cpu_seconds(pid);
     let stats_after = running.stats().unwrap_or_default();
+    let cpu: Vec<f64> =
+        cpu_after.iter().zip(&cpu_before).map(|(a, b)| 100.0 * (a - b) / wall).collect();
+    let handoffs = stats_after.get("handoffs_out").copied().unwrap_or(0.0)
+        - stats_before.get("handoffs_out").copied().unwrap_or(0.0);
+    Ok(trial_figures(&lights, &heavies, &cpu, &conns, handoffs))
+}
+
+/// One trial's figures: from the light groups' and the heavy connections'
+/// reports, each worker's CPU in percent and its connections, and the
+/// hand-offs the server counted.
+pub fn trial_figures(
+    lights: &[LoadReport],
+    heavies: &[LoadReport],
+    cpu: &[f64],
+    conns: &[f64],
+    handoffs: f64,
+) -> BTreeMap<String, f64> {
     let mut f = BTreeMap::new();
     let p50s: Vec<f64> = lights.iter().map(|r| r.latency_us.p50 / 1000.0).collect();
     f.insert("light_p50_ms".into(), super::report::median(&p50s));
     let p99 = lights.iter().map(|r| r.latency_us.p99 / 1000.0).fold(0.0, f64::max);
     f.insert("light_p99_ms".into(), p99);
-    let cpu: Vec<f64> =
-        cpu_after.iter().zip(&cpu_before).map(|(a, b)| 100.0 * (a - b) / wall).collect();
     if cpu.len() == WORKERS {
         let (max, min) = (
             cpu.iter().copied().fold(0.0, f64::max),
@@ -275,16 +314,13 @@ fn run_trial(
         f.insert("conns_max".into(), conns.iter().copied().fold(0.0, f64::max));
         f.insert("conns_min".into(), conns.iter().copied().fold(f64::INFINITY, f64::min));
     }
-    let delta = |k: &str| {
-        stats_after.get(k).copied().unwrap_or(0.0) - stats_before.get(k).copied().unwrap_or(0.0)
-    };
-    f.insert("handoffs".into(), delta("handoffs_out"));
+    f.insert("handoffs".into(), handoffs);
     let offered = (HEAVY_RATE * HEAVY_CONNECTIONS as u64) as f64;
     let heavy_rate: f64 = heavies.iter().map(|r| r.rate_per_s).sum();
     f.insert("heavy_rate_pct".into(), 100.0 * heavy_rate / offered);
-    let errors: u64 = lights.iter().chain(&heavies).map(LoadReport::errors_total).sum();
+    let errors: u64 = lights.iter().chain(heavies).map(LoadReport::errors_total).sum();
     f.insert("errors".into(), errors as f64);
-    Ok(f)
+    f
 }
 
 type LoadThread = std::thread::JoinHandle<Result<LoadReport, String>>;

@@ -9,6 +9,8 @@
 //! between the kernel's accept queue and its run queue; the `storm`
 //! scenario is the one where an accept bound can matter.
 
+use std::time::Duration;
+
 use super::report::{Better, Column};
 use super::{
     Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K, METRIC_CPU_UTIL,
@@ -32,10 +34,25 @@ const RATE_QUICK: u64 = 2_000;
 const WORK_US: u64 = 60;
 /// Body sizes, as in the original test.
 const BODIES: [(&str, usize); 3] = [("1K", 1024), ("8K", 8192), ("16K", 16_384)];
-/// Seconds per run.
-const DURATION_FULL_S: u64 = 5;
-/// Seconds per run with `--quick`.
-const DURATION_QUICK_S: u64 = 2;
+/// Each run.
+const DURATION_FULL: Duration = Duration::from_secs(5);
+/// Each run with `--quick`.
+const DURATION_QUICK: Duration = Duration::from_secs(1);
+
+/// The table's columns; the first is the headline.
+pub fn columns() -> Vec<Column> {
+    let col = |key, header, decimals, better| Column { key, header, decimals, better };
+    vec![
+        col("rate_per_s", "tps", 0, Better::Higher),
+        col("req_mean_ms", "lat-avg ms", 2, Better::Lower),
+        col("req_stdev_ms", "lat-stdev ms", 2, Better::Lower),
+        col("req_p99_ms", "lat-99% ms", 2, Better::Lower),
+        col("p99_ms", "from connect p99 ms", 2, Better::Lower),
+        col(METRIC_CPU_UTIL, "server CPU %/worker", 0, Better::Lower),
+        col(METRIC_CPU_PER_1K, "CPU s/1k req", 4, Better::Lower),
+        col("errors", "errors", 0, Better::Lower),
+    ]
+}
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
@@ -46,16 +63,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         &format!("{rate} new connections/s (at most {connections} in flight), 1 request each, {WORK_US} µs of work per request"),
         "DragonFly at most 32 accepts per kevent, 30,000 connections: 1K p99 69.02 -> 35.59 ms, \
          210,280 -> 217,599 tps; 8K 80.61 -> 48.69 ms; 16K 135.47 -> 92.07 ms",
-        vec![
-            Column { key: "rate_per_s", header: "tps", decimals: 0, better: Better::Higher },
-            Column { key: "req_mean_ms", header: "lat-avg ms", decimals: 2, better: Better::Lower },
-            Column { key: "req_stdev_ms", header: "lat-stdev ms", decimals: 2, better: Better::Lower },
-            Column { key: "req_p99_ms", header: "lat-99% ms", decimals: 2, better: Better::Lower },
-            Column { key: "p99_ms", header: "from connect p99 ms", decimals: 2, better: Better::Lower },
-            Column { key: METRIC_CPU_UTIL, header: "server CPU %/worker", decimals: 0, better: Better::Lower },
-            Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k req", decimals: 4, better: Better::Lower },
-            Column { key: "errors", header: "errors", decimals: 0, better: Better::Lower },
-        ],
+        columns(),
     );
     result.setup.push(format!(
         "open loop at {rate} connections/s, below what the server serves, so the table compares servers that keep up; \
@@ -71,7 +79,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         "per body size, every server is started and warmed up, then each repeat runs against all of them in turn"
             .into(),
     );
-    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let duration = if ctx.quick { DURATION_QUICK } else { DURATION_FULL };
     let mut peers = ctx.peer_specs("http", &mut result.setup);
     let mut specs = vec![
         ServerSpec::hotloop(
@@ -93,11 +101,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             mode: "churn",
             connections,
             requests: None,
-            duration_secs: duration,
+            duration,
             size: body,
             rate: Some(rate),
             sources: 8,
-            warmup_secs: 0,
+            warmup: Duration::ZERO,
             spin: false,
         };
         // Repeats interleaved across the servers, so the ratios to the

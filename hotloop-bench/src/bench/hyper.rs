@@ -2,13 +2,15 @@
 //! (a current-thread runtime per worker): keep-alive requests per second,
 //! and server CPU per 1,000 requests at a fixed rate both can sustain.
 
+use std::time::Duration;
+
 use super::report::{Better, Column};
 use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K};
 
-/// Seconds per measured run.
-const DURATION_FULL_S: u64 = 5;
-/// Seconds per measured run with `--quick`.
-const DURATION_QUICK_S: u64 = 1;
+/// Each measured run.
+const DURATION_FULL: Duration = Duration::from_secs(5);
+/// Each measured run with `--quick`.
+const DURATION_QUICK: Duration = Duration::from_millis(500);
 /// Keep-alive connections.
 const CONNECTIONS: u64 = 64;
 /// The fixed rate of the CPU comparison, requests per second.
@@ -16,19 +18,25 @@ const FIXED_RATE: u64 = 10_000;
 /// Response body bytes (1 KiB: a small API answer, not an empty one).
 const BODY_BYTES: usize = 1024;
 
+/// The table's columns; the first is the headline.
+pub fn columns() -> Vec<Column> {
+    let col = |key, header, decimals, better| Column { key, header, decimals, better };
+    vec![
+        col("rate_per_s", "req/s", 0, Better::Higher),
+        col("p50_us", "p50 µs", 1, Better::Lower),
+        col("p99_us", "p99 µs", 1, Better::Lower),
+        col(METRIC_CPU_PER_1K, "CPU s/1k req", 4, Better::Lower),
+    ]
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
-    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let duration = if ctx.quick { DURATION_QUICK } else { DURATION_FULL };
     let mut result = ScenarioResult::new(
         "hyper",
         "one hyper service (HTTP/1.1 keep-alive) on hotloop and on tokio",
         "no seed: hotloop must run hyper unchanged and beat tokio underneath it (at least as fast, 5% less CPU per request)",
-        vec![
-            Column { key: "rate_per_s", header: "req/s", decimals: 0, better: Better::Higher },
-            Column { key: "p50_us", header: "p50 µs", decimals: 1, better: Better::Lower },
-            Column { key: "p99_us", header: "p99 µs", decimals: 1, better: Better::Lower },
-            Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k req", decimals: 4, better: Better::Lower },
-        ],
+        columns(),
     );
     result.setup.push(format!(
         "{BODY_BYTES}-byte bodies, closed loop and open loop at {FIXED_RATE}/s; \
@@ -46,11 +54,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             mode: "keepalive",
             connections: CONNECTIONS,
             requests: None,
-            duration_secs: duration,
+            duration,
             size: BODY_BYTES,
             rate,
             sources: 1,
-            warmup_secs: 0,
+            warmup: Duration::ZERO,
             spin: false,
         };
         // Repeats interleaved across the servers (none busy-polls).

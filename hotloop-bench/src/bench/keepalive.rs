@@ -2,13 +2,15 @@
 //! at concurrency 1 with busy polling: hotloop's `always` and `adaptive`
 //! against the floors that busy-poll.
 
+use std::time::Duration;
+
 use super::report::{Better, Column};
 use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K};
 
-/// Seconds per measured run.
-const DURATION_FULL_S: u64 = 5;
-/// Seconds per measured run with `--quick`.
-const DURATION_QUICK_S: u64 = 1;
+/// Each measured run.
+const DURATION_FULL: Duration = Duration::from_secs(5);
+/// Each measured run with `--quick`.
+const DURATION_QUICK: Duration = Duration::from_millis(500);
 /// The concurrencies compared.
 const CONCURRENCY: [u64; 2] = [1, 256];
 /// Response body bytes.
@@ -22,24 +24,25 @@ const BUSY_POLL: [&str; 2] = ["always", "adaptive"];
 /// adds when it is not busy.
 const OPEN_LOOP_RATE: u64 = 50_000;
 
+/// The table's columns; the first is the headline.
+pub fn columns() -> Vec<Column> {
+    let col = |key, header, decimals, better| Column { key, header, decimals, better };
+    vec![
+        col("rate_per_s", "req/s", 0, Better::Higher),
+        col("p50_us", "p50 µs", 1, Better::Lower),
+        col("p99_us", "p99 µs", 1, Better::Lower),
+        col(METRIC_CPU_PER_1K, "CPU s/1k req", 4, Better::Lower),
+    ]
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
-    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let duration = if ctx.quick { DURATION_QUICK } else { DURATION_FULL };
     let mut result = ScenarioResult::new(
         "keepalive",
         "persistent HTTP/1.1 connections, one request in flight per connection",
         "no external reference: hotloop's steady-state request path against its peers",
-        vec![
-            Column { key: "rate_per_s", header: "req/s", decimals: 0, better: Better::Higher },
-            Column { key: "p50_us", header: "p50 µs", decimals: 1, better: Better::Lower },
-            Column { key: "p99_us", header: "p99 µs", decimals: 1, better: Better::Lower },
-            Column {
-                key: METRIC_CPU_PER_1K,
-                header: "CPU s/1k req",
-                decimals: 4,
-                better: Better::Lower,
-            },
-        ],
+        columns(),
     );
     result.setup.push(format!(
         "{BODY_BYTES}-byte bodies; every server is started and warmed up, then each repeat runs against all of \
@@ -57,11 +60,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
             mode: "keepalive",
             connections: c,
             requests: None,
-            duration_secs: duration,
+            duration,
             size: BODY_BYTES,
             rate: None,
             sources: 1,
-            warmup_secs: 0,
+            warmup: Duration::ZERO,
             spin: false,
         };
         // Repeats interleaved across the servers (none busy-polls).
@@ -85,11 +88,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "keepalive",
         connections: OPEN_LOOP_CONNECTIONS,
         requests: None,
-        duration_secs: duration,
+        duration,
         size: BODY_BYTES,
         rate: Some(OPEN_LOOP_RATE),
         sources: 1,
-        warmup_secs: 0,
+        warmup: Duration::ZERO,
         spin: true,
     };
     result.setup.push(format!(

@@ -17,17 +17,16 @@ pub struct LoadSpec {
     pub connections: u64,
     /// Stop after this many requests, if set.
     pub requests: Option<u64>,
-    /// Stop after this many seconds. Whole seconds, so the load generator
-    /// may take them as an integer.
-    pub duration_secs: u64,
+    /// Stop after this long (`--duration`, in seconds to the millisecond).
+    pub duration: Duration,
     /// Bytes per echo message or HTTP body.
     pub size: usize,
     /// Requests or connections per second, if paced.
     pub rate: Option<u64>,
     /// Source addresses to spread connections over.
     pub sources: u32,
-    /// Seconds run before measuring (`--warmup`), not counted.
-    pub warmup_secs: u64,
+    /// Run this long before measuring (`--warmup`), not counted.
+    pub warmup: Duration,
     /// Open loop: the generator busy-waits for each start (`--spin`); only
     /// passed when the generator is pinned to a CPU of its own.
     pub spin: bool,
@@ -57,11 +56,11 @@ impl LoadSpec {
             "--connections".into(),
             self.connections.to_string(),
             "--duration".into(),
-            self.duration_secs.to_string(),
+            secs_arg(self.duration),
             "--size".into(),
             self.size.to_string(),
             "--warmup".into(),
-            self.warmup_secs.to_string(),
+            secs_arg(self.warmup),
             "--sources".into(),
             self.sources.to_string(),
             "--json".into(),
@@ -82,11 +81,11 @@ impl LoadSpec {
     }
 
     /// A shorter run of the same shape, to warm the server up: at most
-    /// `requests` requests (a quarter of a count-bound run) and `seconds`.
-    pub fn warmup(&self, requests: u64, seconds: u64) -> LoadSpec {
+    /// `requests` requests (a quarter of a count-bound run) and `longest`.
+    pub fn warmup_run(&self, requests: u64, longest: Duration) -> LoadSpec {
         let mut w = self.clone();
-        w.duration_secs = seconds;
-        w.warmup_secs = 0;
+        w.duration = longest;
+        w.warmup = Duration::ZERO;
         let n = self.requests.map_or(requests, |n| (n / 4).min(requests)).max(1);
         w.requests = Some(n);
         w.connections = w.connections.min(n);
@@ -95,8 +94,17 @@ impl LoadSpec {
 
     /// How long the run may take before it is killed.
     pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.warmup_secs + self.duration_secs + LOAD_SLACK_S)
+        self.warmup + self.duration + Duration::from_secs(LOAD_SLACK_S)
     }
+}
+
+/// A duration as the load generator's `--duration` and `--warmup` take it:
+/// seconds, with as many decimals as the milliseconds need ("2", "0.5",
+/// "0.25").
+pub fn secs_arg(d: Duration) -> String {
+    let ms = d.as_millis();
+    let text = format!("{}.{:03}", ms / 1000, ms % 1000);
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// The figures of one load report, keyed for [`Row::metrics`](super::report::Row::metrics).
@@ -147,11 +155,11 @@ mod tests {
             mode: "burst",
             connections: 10_000,
             requests: Some(10_000),
-            duration_secs: 30,
+            duration: Duration::from_secs(30),
             size: 128,
             rate: None,
             sources: 4,
-            warmup_secs: 0,
+            warmup: Duration::ZERO,
             spin: false,
         };
         let a = spec.args("127.0.0.1:9000".parse().unwrap(), "echo", Some(1)).join(" ");
@@ -166,11 +174,23 @@ mod tests {
             shown,
             format!("hotloop-bench load {}", a.replace("127.0.0.1:9000", "127.0.0.1:PORT"))
         );
-        let w = spec.warmup(5_000, 1);
-        assert_eq!((w.duration_secs, w.requests, w.connections), (1, Some(2_500), 2_500));
+        let w = spec.warmup_run(5_000, Duration::from_secs(1));
+        assert_eq!(
+            (w.duration, w.requests, w.connections),
+            (Duration::from_secs(1), Some(2_500), 2_500)
+        );
         let keepalive = LoadSpec { mode: "keepalive", requests: None, connections: 256, ..spec };
-        let w = keepalive.warmup(300, 1);
+        let w = keepalive.warmup_run(300, Duration::from_millis(300));
         assert_eq!((w.requests, w.connections), (Some(300), 256));
+    }
+
+    #[test]
+    fn durations_reach_the_generator_to_the_millisecond() {
+        assert_eq!(secs_arg(Duration::from_secs(2)), "2");
+        assert_eq!(secs_arg(Duration::from_millis(500)), "0.5");
+        assert_eq!(secs_arg(Duration::from_millis(1250)), "1.25");
+        assert_eq!(secs_arg(Duration::from_millis(10)), "0.01");
+        assert_eq!(secs_arg(Duration::ZERO), "0");
     }
 
     #[test]

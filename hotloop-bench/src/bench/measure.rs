@@ -11,8 +11,8 @@ use super::report::{self, LoadReport, Row, Summary};
 use super::server::{self, Running, ServerKind, ServerSpec, Workload};
 use super::{
     figures_of, find_on_path, last_line, proc, Ctx, Figures, Histogram, LoadSpec, PeerName,
-    METRIC_CPU_PER_1K, METRIC_CPU_UTIL, METRIC_IDLE_CPU, METRIC_RATE, QUICK_BUDGET_S, WARMUP_MAX_S,
-    WARMUP_REQUESTS_FULL, WARMUP_REQUESTS_QUICK,
+    METRIC_CPU_PER_1K, METRIC_CPU_UTIL, METRIC_IDLE_CPU, METRIC_RATE, WARMUP_MAX_FULL,
+    WARMUP_MAX_QUICK, WARMUP_REQUESTS_FULL, WARMUP_REQUESTS_QUICK,
 };
 
 impl Ctx {
@@ -176,13 +176,6 @@ impl Ctx {
                 slot.row = Row::unavailable(group, &spec.server, &spec.config, why.clone());
                 continue;
             }
-            if self.quick && self.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
-                let why =
-                    format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
-                self.progress(&format!("{}: {why}", slot.title));
-                slot.row = Row::unavailable(group, &spec.server, &spec.config, why);
-                continue;
-            }
             self.progress(&format!("{}: starting", slot.title));
             let running = match server::start(self, spec, work) {
                 Ok(r) => r,
@@ -194,9 +187,12 @@ impl Ctx {
             };
             slot.row.notes.extend(running.notes.iter().cloned());
             self.note_load(load, work.load_proto());
-            let warmup_requests =
-                if self.quick { WARMUP_REQUESTS_QUICK } else { WARMUP_REQUESTS_FULL };
-            let warmup = load.warmup(warmup_requests, WARMUP_MAX_S);
+            let (warmup_requests, warmup_max) = if self.quick {
+                (WARMUP_REQUESTS_QUICK, WARMUP_MAX_QUICK)
+            } else {
+                (WARMUP_REQUESTS_FULL, WARMUP_MAX_FULL)
+            };
+            let warmup = load.warmup_run(warmup_requests, warmup_max);
             if let Err(e) = self.run_load(&running, work.load_proto(), &warmup, &slot.title) {
                 slot.row.notes.push(format!("warm-up failed: {e}"));
             }
@@ -267,49 +263,12 @@ impl Ctx {
         load: &LoadSpec,
         title: &str,
     ) -> Result<(Figures, Histogram), String> {
-        let stats_before = running.stats();
-        let cpu_before = running.cpu_seconds();
+        let before = Reading { cpu_s: running.cpu_seconds(), stats: running.stats() };
         let started = Instant::now();
         let report = self.run_load(running, work.load_proto(), load, title)?;
         let wall_s = started.elapsed().as_secs_f64();
-        let cpu_after = running.cpu_seconds();
-        let stats_after = running.stats();
-        let mut f = figures_of(&report);
-        if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
-            let cpu = after - before;
-            f.insert("server_cpu_s".into(), cpu);
-            if report.completed > 0 {
-                f.insert(METRIC_CPU_PER_1K.into(), cpu / report.completed as f64 * 1000.0);
-            }
-            f.insert(METRIC_CPU_UTIL.into(), cpu / wall_s / self.workers as f64 * 100.0);
-        }
-        f.insert("wall_s".into(), wall_s);
-        if let (Some(before), Some(after)) = (stats_before, stats_after) {
-            for (key, value) in &after {
-                let delta = value - before.get(key).copied().unwrap_or(0.0);
-                // Maxima are levels, not counters: report them as they are.
-                let figure = if key.starts_with("max_") { *value } else { delta };
-                f.insert(format!("stats_{key}"), figure);
-            }
-            let accepted = after.get("accepted").copied().unwrap_or(0.0)
-                - before.get("accepted").copied().unwrap_or(0.0);
-            let per_conn = |key: &str| {
-                let d = after.get(key).copied().unwrap_or(0.0)
-                    - before.get(key).copied().unwrap_or(0.0);
-                if accepted > 0.0 {
-                    Some(d / accepted)
-                } else {
-                    None
-                }
-            };
-            if let Some(v) = per_conn("registrations") {
-                f.insert("registrations_per_conn".into(), v);
-            }
-            let wakeups = per_conn("accept_wakeups");
-            if let Some(w) = wakeups.filter(|w| *w > 0.0) {
-                f.insert("accepted_per_wakeup".into(), 1.0 / w);
-            }
-        }
+        let after = Reading { cpu_s: running.cpu_seconds(), stats: running.stats() };
+        let f = run_figures(&report, wall_s, self.workers, &before, &after);
         Ok((f, report.histogram_us))
     }
 
@@ -345,6 +304,56 @@ impl Ctx {
         }
         Ok(report)
     }
+}
+
+/// What is read of a server before and after a measured run.
+#[derive(Debug, Clone, Default)]
+pub struct Reading {
+    /// Its CPU seconds so far.
+    pub cpu_s: Option<f64>,
+    /// Its stats endpoint's counters.
+    pub stats: Option<BTreeMap<String, f64>>,
+}
+
+/// The figures of one measured run: the load's report, lasting `wall_s`,
+/// and what was read of the server (with `workers` workers) around it.
+pub fn run_figures(
+    report: &LoadReport,
+    wall_s: f64,
+    workers: usize,
+    before: &Reading,
+    after: &Reading,
+) -> Figures {
+    let mut f = figures_of(report);
+    if let (Some(before), Some(after)) = (before.cpu_s, after.cpu_s) {
+        let cpu = after - before;
+        f.insert("server_cpu_s".into(), cpu);
+        if report.completed > 0 {
+            f.insert(METRIC_CPU_PER_1K.into(), cpu / report.completed as f64 * 1000.0);
+        }
+        f.insert(METRIC_CPU_UTIL.into(), cpu / wall_s / workers.max(1) as f64 * 100.0);
+    }
+    f.insert("wall_s".into(), wall_s);
+    if let (Some(before), Some(after)) = (&before.stats, &after.stats) {
+        for (key, value) in after {
+            let delta = value - before.get(key).copied().unwrap_or(0.0);
+            // Maxima are levels, not counters: report them as they are.
+            let figure = if key.starts_with("max_") { *value } else { delta };
+            f.insert(format!("stats_{key}"), figure);
+        }
+        let delta = |key: &str| {
+            after.get(key).copied().unwrap_or(0.0) - before.get(key).copied().unwrap_or(0.0)
+        };
+        let accepted = delta("accepted");
+        if accepted > 0.0 {
+            f.insert("registrations_per_conn".into(), delta("registrations") / accepted);
+            let wakeups = delta("accept_wakeups");
+            if wakeups > 0.0 {
+                f.insert("accepted_per_wakeup".into(), accepted / wakeups);
+            }
+        }
+    }
+    f
 }
 
 /// One server of [`Ctx::measure_side_by_side`] while it is measured.

@@ -55,15 +55,14 @@ pub const REPEATS_DEFAULT: u32 = 3;
 /// Repeats per configuration with `--quick`.
 pub const REPEATS_QUICK: u32 = 1;
 /// Requests (or connections) of warm-up before a configuration's measured
-/// runs; the warm-up also stops after [`WARMUP_MAX_S`].
+/// runs; the warm-up also stops after [`WARMUP_MAX_FULL`].
 pub const WARMUP_REQUESTS_FULL: u64 = 5_000;
 /// Warm-up requests with `--quick`.
-pub const WARMUP_REQUESTS_QUICK: u64 = 300;
-/// The longest a warm-up runs, seconds.
-pub const WARMUP_MAX_S: u64 = 1;
-/// With `--quick`, configurations not started within this many seconds of
-/// the suite's start are reported as skipped, so the suite ends in time.
-pub const QUICK_BUDGET_S: u64 = 105;
+pub const WARMUP_REQUESTS_QUICK: u64 = 100;
+/// The longest a warm-up runs.
+pub const WARMUP_MAX_FULL: Duration = Duration::from_secs(1);
+/// The longest a warm-up runs with `--quick`.
+pub const WARMUP_MAX_QUICK: Duration = Duration::from_millis(300);
 /// How long a server may take to accept its first connection.
 pub const SERVER_START_TIMEOUT_MS: u64 = 5_000;
 /// Slack given to a load run beyond its own duration before it is killed.
@@ -74,8 +73,8 @@ pub const STATS_TIMEOUT_MS: u64 = 2_000;
 /// `hotloop-bench bench`: the benchmark suite.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Small counts and short runs: the whole suite in a few minutes
-    /// (configurations that would start late are skipped).
+    /// Small counts and short runs: every scenario, each shortened, in about
+    /// two minutes after the build.
     #[arg(long)]
     pub quick: bool,
     /// Scenarios to run, comma-separated (default: all).
@@ -102,6 +101,11 @@ pub struct BenchArgs {
     /// share CPUs. The balance scenario always runs two.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=WORKERS_MAX as i64))]
     pub workers: Option<u16>,
+    /// Clients in the storm scenario's storm (default: the seed's 30,000, or
+    /// as many as the open-file limit lets the generator and the server
+    /// each hold, 19,000 at a limit of 20,000; 500 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub storm_clients: Option<u64>,
 }
 
 /// The most workers `--workers` takes (the peers' own limit).
@@ -123,7 +127,8 @@ pub enum ScenarioName {
     Storm,
     /// Short connections at a fixed rate: CPU and epoll registrations per connection.
     ShortStreams,
-    /// The timer wheel's criterion results.
+    /// Timer queues timed in process: hotloop's wheel, an ordered map and
+    /// neqo's flat wheel.
     Timers,
     /// Persistent connections at concurrency 1 and 256, and at 1 with busy
     /// polling against the busy-polling floors.
@@ -196,6 +201,8 @@ pub struct ScenarioResult {
     pub title: String,
     /// The figure the originating experiment reported.
     pub reference: String,
+    /// The load commands it ran, each once, in order.
+    pub loads: Vec<String>,
     /// What was used: counts, sizes, placement, substitutions.
     pub setup: Vec<String>,
     /// The table's columns; the first is the headline figure.
@@ -213,6 +220,7 @@ impl ScenarioResult {
             name,
             title: title.to_string(),
             reference: reference.to_string(),
+            loads: Vec::new(),
             setup: Vec::new(),
             columns,
             rows: Vec::new(),
@@ -279,6 +287,11 @@ pub struct Ctx {
     /// The load commands the current scenario ran, each once, in order:
     /// the report's "load:" lines are printed from these.
     pub load_lines: Vec<String>,
+    /// The open-file limit every process the suite starts inherits (the
+    /// suite raises its own to the hard limit first).
+    pub fd_limit: u64,
+    /// `--storm-clients`.
+    pub storm_clients: Option<u64>,
     started: Instant,
     runs: u64,
 }
@@ -293,9 +306,14 @@ impl Ctx {
         }
     }
 
-    /// Prints a progress line on stderr with the time since the suite began.
+    /// Prints a progress line on stderr with the time since the suite
+    /// began, broken into lines no wider than the tables.
     pub fn progress(&self, text: &str) {
-        eprintln!("[{:6.1}s] {text}", self.started.elapsed().as_secs_f64());
+        let stamp = format!("[{:6.1}s] ", self.started.elapsed().as_secs_f64());
+        let rest = " ".repeat(stamp.len() + 2);
+        for line in report::wrap(text, report::LINE_WIDTH_MAX, &stamp, &rest) {
+            eprintln!("{line}");
+        }
     }
 
     /// A fresh log file path for `name`.
@@ -346,6 +364,10 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         None if needs_server => locate_server(&exe)?,
         None => PathBuf::new(),
     };
+    // Raised before any child starts, so each inherits it: the peers that
+    // do not raise their own (tokio, monoio, nginx) hold as many
+    // connections as the servers that do.
+    let fd_limit = hotloop::raise_nofile_limit()?;
     std::fs::create_dir_all(args.out.join("logs"))?;
     // Absolute, because servers (nginx) resolve paths from their own directory.
     let out = std::fs::canonicalize(&args.out)?;
@@ -366,6 +388,8 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         placement_note,
         load_missing: None,
         load_lines: Vec::new(),
+        fd_limit,
+        storm_clients: args.storm_clients,
         started: Instant::now(),
         runs: 0,
     };
@@ -386,6 +410,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         ctx.progress(&format!("every load figure is unavailable: {why}"));
     }
     let mut results = Vec::new();
+    let mut charts = 0;
     for scenario in chosen {
         ctx.progress(&format!("scenario {}", scenario.as_str()));
         ctx.load_lines.clear();
@@ -400,8 +425,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::Hyper => hyper::run(&mut ctx),
             ScenarioName::Balance => balance::run(&mut ctx),
         };
-        let loads = ctx.load_lines.iter().map(|l| format!("load: `{l}`"));
-        result.setup.splice(0..0, loads);
+        result.loads = ctx.load_lines.clone();
         // The timers scenario runs no server; balance sets its own workers
         // and placement, and says so.
         if !matches!(scenario, ScenarioName::Timers | ScenarioName::Balance) {
@@ -412,12 +436,19 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         }
         result.compare();
         output::print_result(&result);
-        output::write_charts(&ctx.out, &result)?;
+        charts += output::write_charts(&ctx.out, &result)?.len();
         results.push(result);
         // Written after each scenario so an interrupted suite keeps its figures.
         output::write_results(&ctx, &results)?;
     }
-    ctx.progress(&format!("done; results in {}", ctx.out.join("results.json").display()));
+    ctx.progress(&format!(
+        "done in {:.0} s; figures in {}, server and load logs in {}",
+        ctx.started.elapsed().as_secs_f64(),
+        ctx.out.join("results.json").display(),
+        ctx.out.join("logs").display(),
+    ));
+    // The last line says where to look.
+    ctx.progress(&format!("charts ({charts} SVG files): {}", ctx.out.display()));
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 //! pid when dropped, so an error or a panic in the orchestrator never leaves
 //! a server running. Every wait is bounded.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -234,6 +235,29 @@ pub fn run_queue_wait_seconds(pid: u32) -> io::Result<f64> {
     Ok(total_ns as f64 / 1e9)
 }
 
+/// The kernel's TCP extension counters (`TcpExt` in `/proc/net/netstat`),
+/// such as `ListenOverflows` (a connection that found its listener's accept
+/// queue full, whose handshake the kernel dropped) and `ListenDrops`. They
+/// count for the whole network namespace, not one process.
+pub fn tcp_ext_counters() -> io::Result<BTreeMap<String, u64>> {
+    Ok(parse_tcp_ext(&std::fs::read_to_string("/proc/net/netstat")?))
+}
+
+/// The `TcpExt` pair of lines of a `/proc/net/netstat` text: a line of
+/// names, then a line of values.
+pub fn parse_tcp_ext(text: &str) -> BTreeMap<String, u64> {
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return BTreeMap::new();
+    };
+    names
+        .split_ascii_whitespace()
+        .zip(values.split_ascii_whitespace())
+        .skip(1)
+        .filter_map(|(n, v)| Some((n.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
 /// utime + stime from a `/proc/PID/stat` line, in clock ticks.
 ///
 /// The command name (field 2) may hold spaces and parentheses, so fields are
@@ -294,6 +318,20 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_ext_counters_pair_names_with_values() {
+        let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\n\
+                    TcpExt: 3 120 121\n\
+                    IpExt: InNoRoutes\nIpExt: 0\n";
+        let c = parse_tcp_ext(text);
+        assert_eq!(c["ListenOverflows"], 120);
+        assert_eq!(c["ListenDrops"], 121);
+        assert_eq!(c.len(), 3);
+        assert!(parse_tcp_ext("").is_empty());
+        // This machine's own file has the counter the storm reads.
+        assert!(tcp_ext_counters().unwrap().contains_key("ListenOverflows"));
+    }
 
     #[test]
     fn stat_fields_are_counted_from_the_last_parenthesis() {

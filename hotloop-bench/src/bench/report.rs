@@ -31,6 +31,10 @@ pub struct LoadReport {
     pub request_latency_us: Option<Latency>,
     /// CPU seconds the load generator used.
     pub cpu_s: f64,
+    /// Open loop: the generator's own lag per request, in microseconds.
+    pub generator_lag_us: Option<Latency>,
+    /// Open loop: latency less the generator's lag, in microseconds.
+    pub server_latency_us: Option<Latency>,
     /// `[value_us, count]` pairs.
     pub histogram_us: Vec<(f64, u64)>,
 }
@@ -311,9 +315,82 @@ pub fn format_figure(value: f64, decimals: usize) -> String {
     }
 }
 
+/// The widest line the suite prints, in characters.
+pub const LINE_WIDTH_MAX: usize = 120;
+
+/// Breaks `text` at spaces into lines of at most `width` characters, the
+/// first starting with `first`, the others with `rest`; a word longer than
+/// a whole line is cut.
+pub fn wrap(text: &str, width: usize, first: &str, rest: &str) -> Vec<String> {
+    let words = text.split(' ').filter(|w| !w.is_empty()).map(str::to_string);
+    wrap_words(words, width, first, rest, "")
+}
+
+/// [`wrap`] for a shell command: every line but the last ends with ` \`,
+/// so the lines paste back into a shell as one command, and an option
+/// stays on the line of its value.
+pub fn wrap_command(text: &str, width: usize, first: &str, rest: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        match words.last_mut() {
+            Some(option)
+                if option.starts_with("--") && !option.contains(' ') && !word.starts_with('-') =>
+            {
+                option.push(' ');
+                option.push_str(word);
+            }
+            _ => words.push(word.to_string()),
+        }
+    }
+    wrap_words(words.into_iter(), width, first, rest, " \\")
+}
+
+fn wrap_words(
+    words: impl Iterator<Item = String>,
+    width: usize,
+    first: &str,
+    rest: &str,
+    cont: &str,
+) -> Vec<String> {
+    let len = |s: &str| s.chars().count();
+    let room = |indent: &str| width.saturating_sub(len(indent) + len(cont)).max(8);
+    let mut lines = Vec::new();
+    let mut line = first.to_string();
+    let mut empty = true;
+    for word in words {
+        let indent = if lines.is_empty() { first } else { rest };
+        let used = len(&line) - len(indent);
+        let extra = if empty { 0 } else { 1 };
+        if !empty && used + extra + len(&word) > room(indent) {
+            lines.push(format!("{line}{cont}"));
+            line = rest.to_string();
+            empty = true;
+        }
+        let mut word: Vec<char> = word.chars().collect();
+        // A word longer than a line is cut into whole lines.
+        loop {
+            let room = room(if lines.is_empty() { first } else { rest });
+            if !empty || word.len() <= room {
+                break;
+            }
+            let cut: String = word.drain(..room).collect();
+            lines.push(format!("{line}{cut}{cont}"));
+            line = rest.to_string();
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.extend(word);
+        empty = false;
+    }
+    lines.push(line);
+    lines
+}
+
 /// Renders rows as a text table per group: the workers each server ran
 /// with (when known), then a column per metric, the first one with its
-/// spread over repeats.
+/// spread over repeats. A table wider than [`LINE_WIDTH_MAX`] is cut into
+/// several, each repeating the server column.
 pub fn render_table(rows: &[Row], columns: &[Column]) -> String {
     let mut groups: Vec<&str> = Vec::new();
     for row in rows {
@@ -324,76 +401,119 @@ pub fn render_table(rows: &[Row], columns: &[Column]) -> String {
     let mut out = String::new();
     for group in groups {
         if !group.is_empty() {
-            let _ = writeln!(out, "\n {group}");
+            for line in wrap(group, LINE_WIDTH_MAX, "\n ", "   ") {
+                let _ = writeln!(out, "{line}");
+            }
         }
-        let show_workers = rows.iter().any(|r| r.group == group && r.workers.is_some());
-        let mut header = vec!["server".to_string()];
+        render_group(&mut out, rows.iter().filter(|r| r.group == group), columns);
+    }
+    out
+}
+
+/// One group's table (or tables, when it is too wide for one).
+fn render_group<'a>(out: &mut String, rows: impl Iterator<Item = &'a Row>, columns: &[Column]) {
+    let rows: Vec<&Row> = rows.collect();
+    let show_workers = rows.iter().any(|r| r.workers.is_some());
+    // The leading columns, repeated in every part, then the figures.
+    let mut lead = vec![vec!["server".to_string()]];
+    if show_workers {
+        lead.push(vec!["workers".to_string()]);
+    }
+    let mut figures: Vec<Vec<String>> = Vec::new();
+    for (i, column) in columns.iter().enumerate() {
+        figures.push(vec![column.header.to_string()]);
+        if i == 0 {
+            figures.push(vec![format!("{} spread", column.header)]);
+        }
+    }
+    let measured: Vec<&Row> = rows.iter().copied().filter(|r| r.unavailable.is_none()).collect();
+    for row in &measured {
+        lead[0].push(row.label());
         if show_workers {
-            header.push("workers".to_string());
+            lead[1].push(row.workers.map_or("-".into(), |w| w.to_string()));
         }
-        let first_at = header.len();
-        header.extend(columns.iter().map(|c| c.header.to_string()));
-        if let Some(first) = columns.first() {
-            header.insert(first_at + 1, format!("{} spread", first.header));
+        let mut at = 0;
+        for (i, column) in columns.iter().enumerate() {
+            let summary = row.metrics.get(column.key);
+            figures[at]
+                .push(summary.map_or("-".into(), |s| format_figure(s.median, column.decimals)));
+            at += 1;
+            if i == 0 {
+                figures[at].push(summary.map_or("-".into(), |s| {
+                    if s.values.len() > 1 {
+                        format!("±{:.1}%", s.spread_pct / 2.0)
+                    } else {
+                        "n=1".into()
+                    }
+                }));
+                at += 1;
+            }
         }
-        let mut lines = vec![header];
-        for row in rows.iter().filter(|r| r.group == group) {
-            let mut cells = vec![row.label()];
-            if let Some(why) = &row.unavailable {
-                cells.push(format!("unavailable: {why}"));
-                lines.push(cells);
-                continue;
-            }
-            if show_workers {
-                cells.push(row.workers.map_or("-".into(), |w| w.to_string()));
-            }
-            for (i, column) in columns.iter().enumerate() {
-                let summary = row.metrics.get(column.key);
-                cells
-                    .push(summary.map_or("-".into(), |s| format_figure(s.median, column.decimals)));
-                if i == 0 {
-                    cells.push(summary.map_or("-".into(), |s| {
-                        if s.values.len() > 1 {
-                            format!("±{:.1}%", s.spread_pct / 2.0)
-                        } else {
-                            "n=1".into()
-                        }
-                    }));
-                }
-            }
-            lines.push(cells);
+    }
+    let width = |cells: &[String]| cells.iter().map(|c| c.chars().count()).max().unwrap_or(0);
+    // An unavailable row's label sets the server column's width too.
+    let label_width = rows.iter().map(|r| r.label().chars().count()).max().unwrap_or(0);
+    let lead_widths: Vec<usize> = lead
+        .iter()
+        .enumerate()
+        .map(|(i, c)| if i == 0 { width(c).max(label_width) } else { width(c) })
+        .collect();
+    let figure_widths: Vec<usize> = figures.iter().map(|c| width(c)).collect();
+    // Each cell takes its width and 3 more (" " before, " |" after); the
+    // rule under the header is one longer than the widest line.
+    let lead_room: usize = lead_widths.iter().map(|w| w + 3).sum();
+    let mut parts: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut start = 0;
+    while start < figures.len() {
+        let mut end = start + 1;
+        let mut used = lead_room + figure_widths[start] + 3;
+        while end < figures.len() && used + figure_widths[end] + 3 <= LINE_WIDTH_MAX + 1 {
+            used += figure_widths[end] + 3;
+            end += 1;
         }
-        let count = lines.iter().map(Vec::len).max().unwrap_or(0);
-        let widths: Vec<usize> = (0..count)
-            .map(|i| {
-                // An "unavailable" note spans the row: it does not set a width.
-                lines
-                    .iter()
-                    .filter(|l| i == 0 || l.len() == count)
-                    .filter_map(|l| l.get(i))
-                    .map(|c| c.chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        for (n, line) in lines.iter().enumerate() {
+        parts.push(start..end);
+        start = end;
+    }
+    if parts.is_empty() {
+        parts.push(0..0);
+    }
+    for (p, part) in parts.iter().enumerate() {
+        if p > 0 {
+            out.push('\n');
+        }
+        // Line 0 is the header, then one line per measured row.
+        let render = |out: &mut String, line: usize| {
+            let lead_cells = lead.iter().zip(&lead_widths).map(|(c, w)| (&c[line], *w));
+            let figure_cells = part.clone().map(|i| (&figures[i][line], figure_widths[i]));
             let mut text = String::new();
-            for (i, cell) in line.iter().enumerate() {
-                let width = widths.get(i).copied().unwrap_or(0);
-                if i == 0 || line.len() < count {
+            for (i, (cell, width)) in lead_cells.chain(figure_cells).enumerate() {
+                // The server's name goes left, everything else right.
+                if i == 0 {
                     let _ = write!(text, " {cell:<width$} |");
                 } else {
                     let _ = write!(text, " {cell:>width$} |");
                 }
             }
             let _ = writeln!(out, "{}", text.trim_end_matches('|').trim_end());
-            if n == 0 {
-                let rule: usize = widths.iter().map(|w| w + 3).sum();
-                let _ = writeln!(out, " {}", "-".repeat(rule.saturating_sub(2)));
+        };
+        render(out, 0);
+        let rule: usize = lead_room + part.clone().map(|i| figure_widths[i] + 3).sum::<usize>();
+        let _ = writeln!(out, " {}", "-".repeat(rule.saturating_sub(2)));
+        for line in 1..=measured.len() {
+            render(out, line);
+        }
+        // Rows without figures say why, once, under the first part.
+        if p == 0 {
+            for row in rows.iter().filter(|r| r.unavailable.is_some()) {
+                let why = row.unavailable.as_deref().unwrap_or_default();
+                let first = format!(" {:<label_width$} | ", row.label());
+                let rest = " ".repeat(first.chars().count());
+                for line in wrap(&format!("unavailable: {why}"), LINE_WIDTH_MAX, &first, &rest) {
+                    let _ = writeln!(out, "{line}");
+                }
             }
         }
     }
-    out
 }
 
 /// Renders comparisons as one line each.
@@ -504,6 +624,58 @@ mod tests {
         assert!(text.contains("±10.0%"), "{text}");
         assert!(text.contains("unavailable: exited at start"), "{text}");
         assert!(!text.contains("workers"), "{text}");
+    }
+
+    #[test]
+    fn long_lines_wrap_at_spaces_within_the_width() {
+        let text = "alpha beta gamma delta epsilon";
+        assert_eq!(wrap(text, 16, "> ", "  "), ["> alpha beta", "  gamma delta", "  epsilon"]);
+        assert_eq!(wrap("short", 120, "   ", "     "), ["   short"]);
+        // A word longer than a line is cut, so no line is wider.
+        let cut = wrap(&"x".repeat(30), 12, "", "  ");
+        assert!(cut.iter().all(|l| l.chars().count() <= 12), "{cut:?}");
+        assert_eq!(cut.concat().replace(' ', ""), "x".repeat(30));
+        // Characters, not bytes: a µ counts once.
+        assert_eq!(wrap("µµµµ µµµµ", 9, "", ""), ["µµµµ µµµµ"]);
+    }
+
+    #[test]
+    fn commands_wrap_into_lines_a_shell_joins() {
+        let cmd = "hotloop-bench load --addr 127.0.0.1:PORT --mode churn --connections 19000 --json --pin 1";
+        let lines = wrap_command(cmd, 44, "   load: ", "     ");
+        assert!(lines.iter().all(|l| l.chars().count() <= 44), "{lines:?}");
+        assert!(lines[..lines.len() - 1].iter().all(|l| l.ends_with(" \\")));
+        // An option and its value stay together.
+        assert!(lines.iter().any(|l| l.contains("--connections 19000")), "{lines:?}");
+        let joined: Vec<&str> = lines.iter().map(|l| l.trim_end_matches(" \\").trim()).collect();
+        assert_eq!(joined.join(" "), format!("load: {cmd}"));
+    }
+
+    #[test]
+    fn a_wide_table_is_cut_into_parts_that_fit() {
+        let columns: Vec<Column> = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"]
+            .into_iter()
+            .map(|key| Column { key, header: key, decimals: 0, better: Better::Lower })
+            .collect();
+        let mut r = Row::new("", "hotloop", &"a long configuration name ".repeat(2));
+        for c in &columns {
+            r.metrics.insert(c.key.into(), Summary::of(&[123_456_789_012.0, 2.0]).unwrap());
+        }
+        let text =
+            render_table(&[r, Row::unavailable("", "floor", "", "x ".repeat(100))], &columns);
+        assert!(text.lines().all(|l| l.chars().count() <= LINE_WIDTH_MAX), "{text}");
+        // Every column is shown once, and every part names the servers.
+        let headers: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(" server "))
+            .flat_map(|l| l.split('|').skip(1).map(str::trim))
+            .collect();
+        let mut expected: Vec<String> = columns.iter().map(|c| c.header.to_string()).collect();
+        expected.insert(1, "alpha spread".into());
+        assert_eq!(headers, expected, "{text}");
+        let parts = text.matches(" server ").count();
+        assert!(parts > 1 && text.matches(" hotloop a long").count() == parts, "{text}");
+        assert_eq!(text.matches("unavailable").count(), 1, "{text}");
     }
 
     #[test]

@@ -15,36 +15,42 @@ use super::{
 };
 use std::time::Duration;
 
-/// Seconds per measured run.
-const DURATION_FULL_S: u64 = 5;
-/// Seconds per measured run with `--quick`.
-const DURATION_QUICK_S: u64 = 1;
+/// Each measured run.
+const DURATION_FULL: Duration = Duration::from_secs(5);
+/// Each measured run with `--quick`.
+const DURATION_QUICK: Duration = Duration::from_millis(500);
 /// Response body bytes: small, like the redirects in haproxy's test.
 const BODY_BYTES: usize = 64;
 /// The busy polling settings compared.
 const BUSY_POLL: [&str; 3] = ["off", "always", "adaptive"];
-/// Seconds without load after each local run over which idle CPU is read.
-const IDLE_WINDOW_FULL_S: u64 = 3;
+/// The time without load after each local run over which idle CPU is read.
+const IDLE_WINDOW_FULL: Duration = Duration::from_secs(3);
 /// The idle window with `--quick`.
-const IDLE_WINDOW_QUICK_S: u64 = 1;
+const IDLE_WINDOW_QUICK: Duration = Duration::from_millis(500);
+
+/// The table's columns; the first is the headline.
+pub fn columns() -> Vec<Column> {
+    let col = |key, header, decimals, better| Column { key, header, decimals, better };
+    vec![
+        col("rate_per_s", "conn/s", 0, Better::Higher),
+        col("mean_us", "mean µs", 1, Better::Lower),
+        col("p50_us", "p50 µs", 1, Better::Lower),
+        col("p99_us", "p99 µs", 1, Better::Lower),
+        col("server_cpu_pct", "server CPU %", 0, Better::Lower),
+        col(METRIC_CPU_PER_1K, "CPU s/1k conn", 4, Better::Lower),
+        col("stats_poller_spins", "poller spins", 0, Better::Lower),
+        col(METRIC_IDLE_CPU, "idle CPU %", 1, Better::Lower),
+    ]
+}
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
-    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let duration = if ctx.quick { DURATION_QUICK } else { DURATION_FULL };
     let mut result = ScenarioResult::new(
         "serial",
         "one connection at a time: connect, one HTTP request, close",
         "haproxy busy-polling: 4,640 -> 8,540 conn/s forwarded, 12,500 -> 21,250 conn/s terminated locally",
-        vec![
-            Column { key: "rate_per_s", header: "conn/s", decimals: 0, better: Better::Higher },
-            Column { key: "mean_us", header: "mean µs", decimals: 1, better: Better::Lower },
-            Column { key: "p50_us", header: "p50 µs", decimals: 1, better: Better::Lower },
-            Column { key: "p99_us", header: "p99 µs", decimals: 1, better: Better::Lower },
-            Column { key: "server_cpu_pct", header: "server CPU %", decimals: 0, better: Better::Lower },
-            Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k conn", decimals: 4, better: Better::Lower },
-            Column { key: "stats_poller_spins", header: "poller spins", decimals: 0, better: Better::Lower },
-            Column { key: METRIC_IDLE_CPU, header: "idle CPU %", decimals: 1, better: Better::Lower },
-        ],
+        columns(),
     );
     result.setup.push(format!(
         "{BODY_BYTES}-byte bodies; \
@@ -61,11 +67,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "serial",
         connections: 1,
         requests: None,
-        duration_secs: duration,
+        duration,
         size: BODY_BYTES,
         rate: None,
         sources: 4,
-        warmup_secs: 0,
+        warmup: Duration::ZERO,
         spin: false,
     };
     let mut local: Vec<ServerSpec> = BUSY_POLL
@@ -85,19 +91,14 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     }
     local.extend(ctx.floor_uring_spec());
     local.extend(busy_floors);
-    let idle_s = if ctx.quick { IDLE_WINDOW_QUICK_S } else { IDLE_WINDOW_FULL_S };
+    let idle = if ctx.quick { IDLE_WINDOW_QUICK } else { IDLE_WINDOW_FULL };
     result.setup.push(format!(
         "local: every server is started and warmed up, then each repeat runs against all of them in turn; a \
          busy-polling server is held stopped (SIGSTOP) while another runs; idle CPU % is the server's CPU time \
-         (/proc/PID/stat) over the {idle_s} s right after each run, with no load"
+         (/proc/PID/stat) over the {} s right after each run, with no load",
+        super::load::secs_arg(idle)
     ));
-    let rows = ctx.measure_side_by_side_then_idle(
-        "local",
-        &local,
-        &work,
-        &load,
-        Duration::from_secs(idle_s),
-    );
+    let rows = ctx.measure_side_by_side_then_idle("local", &local, &work, &load, idle);
     result.rows.extend(rows);
     let mut forwarded = Vec::new();
     for b in BUSY_POLL {

@@ -3,6 +3,8 @@
 //! connection, for eager against lazy registration, with and without
 //! `TCP_DEFER_ACCEPT`.
 
+use std::time::Duration;
+
 use super::report::{Better, Column};
 use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_1K};
 
@@ -10,30 +12,36 @@ use super::{Ctx, LoadSpec, ScenarioResult, ServerSpec, Workload, METRIC_CPU_PER_
 const RATE_FULL: u64 = 5_000;
 /// Connections per second offered with `--quick`.
 const RATE_QUICK: u64 = 2_000;
-/// Seconds per measured run.
-const DURATION_FULL_S: u64 = 5;
-/// Seconds per measured run with `--quick`.
-const DURATION_QUICK_S: u64 = 1;
+/// Each measured run.
+const DURATION_FULL: Duration = Duration::from_secs(5);
+/// Each measured run with `--quick`.
+const DURATION_QUICK: Duration = Duration::from_millis(500);
 /// Clients sharing the rate.
 const CLIENTS: u64 = 8;
 /// Response body bytes.
 const BODY_BYTES: usize = 256;
 
+/// The table's columns; the first is the headline.
+pub fn columns() -> Vec<Column> {
+    let col = |key, header, decimals, better| Column { key, header, decimals, better };
+    vec![
+        col(METRIC_CPU_PER_1K, "CPU s/1k conn", 4, Better::Lower),
+        col("registrations_per_conn", "registrations/conn", 2, Better::Lower),
+        col("stats_registrations_avoided", "registrations avoided", 0, Better::Higher),
+        col("rate_per_s", "conn/s", 0, Better::Higher),
+        col("p99_us", "p99 µs", 0, Better::Lower),
+    ]
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let (rate, duration) =
-        if ctx.quick { (RATE_QUICK, DURATION_QUICK_S) } else { (RATE_FULL, DURATION_FULL_S) };
+        if ctx.quick { (RATE_QUICK, DURATION_QUICK) } else { (RATE_FULL, DURATION_FULL) };
     let mut result = ScenarioResult::new(
         "short-streams",
         &format!("short HTTP connections at {rate}/s: server CPU and epoll registrations per connection"),
         "s2n-quic-dc TCP_DEFER_ACCEPT + lazy epoll registration: 8.8% less CPU overall, acceptor 23% -> 18% of the workload",
-        vec![
-            Column { key: METRIC_CPU_PER_1K, header: "CPU s/1k conn", decimals: 4, better: Better::Lower },
-            Column { key: "registrations_per_conn", header: "registrations/conn", decimals: 2, better: Better::Lower },
-            Column { key: "stats_registrations_avoided", header: "registrations avoided", decimals: 0, better: Better::Higher },
-            Column { key: "rate_per_s", header: "conn/s", decimals: 0, better: Better::Higher },
-            Column { key: "p99_us", header: "p99 µs", decimals: 0, better: Better::Lower },
-        ],
+        columns(),
     );
     result.setup.push(format!(
         "{BODY_BYTES}-byte bodies; CPU from /proc/PID/stat (utime+stime) around each run"
@@ -43,11 +51,11 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         mode: "churn",
         connections: CLIENTS,
         requests: None,
-        duration_secs: duration,
+        duration,
         size: BODY_BYTES,
         rate: Some(rate),
         sources: 8,
-        warmup_secs: 0,
+        warmup: Duration::ZERO,
         spin: false,
     };
     let mut specs = Vec::new();

@@ -7,16 +7,27 @@
 //!
 //! # Implementation notes
 //! - Two load generators run at once on the load CPU: `established`
-//!   (keepalive, `--rate`, one second of `--warmup` so its connections are
-//!   up before the storm) and `storm` (churn, closed loop). The storm
-//!   starts half a second after the established load and runs one second
-//!   longer, so it covers the whole measured window.
+//!   (keepalive, `--rate`, a warm-up so its connections are up before the
+//!   storm) and `storm` (churn, closed loop). The storm starts a moment
+//!   after the established load and outlasts it, so it covers the whole
+//!   measured window.
+//! - The storm has as many clients as the seed's 30,000 where the
+//!   open-file limit allows (`--storm-clients` sets another count): the
+//!   generator holds one descriptor per client and the server one per
+//!   connection it has accepted, and each process must fit under the limit,
+//!   less [`STORM_FDS_RESERVED`] for everything else. At 20,000 (this
+//!   project's development machine) that is 19,000 clients, far more than
+//!   the listen backlog (4,096): the kernel drops the handshakes that find
+//!   the accept queue full, counted as "listen overflows", and their
+//!   clients retry after 1 s and 3 s or fail their connect.
 //! - Every request costs the server [`WORK_US`] of CPU, established or not,
 //!   so the server, not the load generators, is the bottleneck; the table
 //!   shows both CPUs.
-//! - The storm's concurrency stays under the listen backlog (4,096), so
-//!   connections wait in the kernel's accept queue rather than being
-//!   dropped as SYNs.
+//! - The established generator separates its own lag from the server's
+//!   time (kernel receive timestamps, see `load`'s engine): "server p99"
+//!   is each request's latency less the generator's lag, "gen. lag p99" the
+//!   lag itself. Both generators share one CPU, so a storm generator that
+//!   holds it shows there, not as the server's tail.
 //! - With more than one worker (`--workers`), hotloop's rows also show how
 //!   its workers split the connections (each worker's accepted, less those
 //!   it handed off, plus those handed to it), read from the stats
@@ -30,49 +41,131 @@ use super::report::{self, Better, Column, LoadReport, Row};
 use super::server::{self, ServerKind, ServerSpec, Workload};
 use super::{
     find_on_path, last_line, proc, Ctx, LoadSpec, PeerName, ScenarioResult, METRIC_CPU_UTIL,
-    QUICK_BUDGET_S,
 };
 
 /// Established keep-alive connections.
 pub const ESTABLISHED_CONNECTIONS: u64 = 64;
 /// Requests per second the established connections send together.
-pub const ESTABLISHED_RATE: u64 = 2_000;
-/// Storm connections in flight, full run.
-pub const STORM_CONNECTIONS_FULL: u64 = 3_000;
-/// Storm connections in flight with `--quick`.
-pub const STORM_CONNECTIONS_QUICK: u64 = 500;
+pub const ESTABLISHED_RATE: u64 = 4_000;
+/// Storm clients in the seed experiment (30,000 concurrent connections).
+pub const STORM_CLIENTS_SEED: u64 = 30_000;
+/// Storm clients with `--quick`.
+pub const STORM_CLIENTS_QUICK: u64 = 500;
+/// Descriptors of the open-file limit left out of the storm's clients: the
+/// established connections, and what the server (listener, stats endpoint,
+/// poller, rings, log) and the generator (poller, alarm, standard streams)
+/// hold besides.
+pub const STORM_FDS_RESERVED: u64 = 1_000;
 /// CPU microseconds the server spends per request.
-pub const WORK_US: u64 = 60;
+pub const WORK_US: u64 = 30;
 /// Response body bytes (the seed's 1K object).
 pub const BODY_BYTES: usize = 1024;
-/// Measured seconds, full run.
-pub const DURATION_FULL_S: u64 = 10;
-/// Measured seconds with `--quick`.
-pub const DURATION_QUICK_S: u64 = 2;
-/// The established load's warm-up, during which its connections open.
-const ESTABLISHED_WARMUP_S: u64 = 1;
-/// How long after the established load the storm starts.
-const STORM_DELAY_MS: u64 = 500;
+
+/// How one repeat is laid out in time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// The established load's warm-up, during which its connections open.
+    pub warmup: Duration,
+    /// The established load's measured time.
+    pub duration: Duration,
+    /// How long after the established load the storm starts.
+    pub storm_delay: Duration,
+    /// How long the storm outlasts the established load.
+    pub storm_margin: Duration,
+}
+
+/// The full run's repeat.
+pub const TIMING_FULL: Timing = Timing {
+    warmup: Duration::from_secs(1),
+    duration: Duration::from_secs(10),
+    storm_delay: Duration::from_millis(500),
+    storm_margin: Duration::from_millis(500),
+};
+
+/// A `--quick` repeat.
+pub const TIMING_QUICK: Timing = Timing {
+    warmup: Duration::from_millis(500),
+    duration: Duration::from_secs(1),
+    storm_delay: Duration::from_millis(250),
+    storm_margin: Duration::from_millis(250),
+};
+
+/// How many storm clients to run, and why if that is not what was asked
+/// for: `asked` (`--storm-clients`), else the seed's count (500 with
+/// `--quick`), at most what `fd_limit` (the open-file limit of each
+/// process) holds beside [`STORM_FDS_RESERVED`], in whole thousands.
+pub fn storm_clients(asked: Option<u64>, quick: bool, fd_limit: u64) -> (u64, Option<String>) {
+    let reserved = STORM_FDS_RESERVED.min(fd_limit / 2);
+    let room = fd_limit - reserved;
+    let fits = if room >= 1_000 { room / 1_000 * 1_000 } else { room.max(1) };
+    let limit = format!(
+        "the open-file limit is {fd_limit} per process, and the storm's generator and the server \
+         must each fit under it with {reserved} to spare"
+    );
+    match asked {
+        Some(n) if n > fits => {
+            (fits, Some(format!("--storm-clients {n} lowered to {fits}: {limit}")))
+        }
+        Some(n) => (n.max(1), None),
+        None if quick => (STORM_CLIENTS_QUICK.min(fits), None),
+        None if fits < STORM_CLIENTS_SEED => (
+            fits,
+            Some(format!("{fits} storm clients, not the seed's {STORM_CLIENTS_SEED}: {limit}")),
+        ),
+        None => (STORM_CLIENTS_SEED, None),
+    }
+}
+
+/// The established and the storm load of one repeat.
+pub fn loads(clients: u64, timing: Timing) -> (LoadSpec, LoadSpec) {
+    let established = LoadSpec {
+        mode: "keepalive",
+        connections: ESTABLISHED_CONNECTIONS,
+        requests: None,
+        duration: timing.duration,
+        size: BODY_BYTES,
+        rate: Some(ESTABLISHED_RATE),
+        sources: 1,
+        warmup: timing.warmup,
+        // The storm's generator shares its CPU: a spinning one would starve it.
+        spin: false,
+    };
+    let storm = LoadSpec {
+        mode: "churn",
+        connections: clients,
+        requests: None,
+        duration: (timing.warmup + timing.duration + timing.storm_margin)
+            .saturating_sub(timing.storm_delay),
+        size: BODY_BYTES,
+        rate: None,
+        sources: 4,
+        warmup: Duration::ZERO,
+        spin: false,
+    };
+    (established, storm)
+}
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
-    let storm_connections =
-        if ctx.quick { STORM_CONNECTIONS_QUICK } else { STORM_CONNECTIONS_FULL };
-    let duration = if ctx.quick { DURATION_QUICK_S } else { DURATION_FULL_S };
+    let (clients, clients_note) = storm_clients(ctx.storm_clients, ctx.quick, ctx.fd_limit);
+    let timing = if ctx.quick { TIMING_QUICK } else { TIMING_FULL };
     let mut result = ScenarioResult::new(
         "storm",
         &format!(
             "{ESTABLISHED_CONNECTIONS} established connections at {ESTABLISHED_RATE} req/s open loop \
-             beside a storm of {storm_connections} one-request connections in flight, \
-             {WORK_US} µs of work per request"
+             beside a storm of {} one-request clients, {WORK_US} µs of work per request",
+            report::format_figure(clients as f64, 0)
         ),
-        "DragonFly at most 32 accepts per kevent: an unbounded accept batch delays the I/O of \
-         connections the server already has; 1K p99 69.02 -> 35.59 ms",
+        "DragonFly at most 32 accepts per kevent, 30,000 concurrent connections: an unbounded accept \
+         batch delays the I/O of connections the server already has; 1K p99 69.02 -> 35.59 ms",
         columns(ctx.workers),
     );
+    result.setup.extend(clients_note);
     result.setup.push(
         "established latency runs from each request's intended send (open loop, no coordinated omission); \
-         the storm's from the start of connect(2) to the last byte of its reply"
+         \"server p99\" is that latency less the established generator's own lag, \"gen. lag p99\" the lag \
+         (late sends, and replies read late after the kernel's receive timestamp); the storm's latency runs \
+         from the start of connect(2) to the last byte of its reply"
             .into(),
     );
     result.setup.push(format!(
@@ -80,35 +173,14 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
          on a shared machine \"server CPU+wait %\" adds the time it was ready to run but another process had \
          its CPU (/proc/PID/task/*/schedstat); \"load CPU %\" is both load generators together on their one CPU; \
          \"req/server CPU-s\" (established and storm requests per second of server CPU) compares throughput \
-         when other processes take different shares of the server's CPU from run to run"
+         when other processes take different shares of the server's CPU from run to run; \"listen overflows\" \
+         counts handshakes the kernel dropped because the accept queue was full (TcpExt ListenOverflows)"
     ));
     let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: WORK_US };
-    let established = LoadSpec {
-        mode: "keepalive",
-        connections: ESTABLISHED_CONNECTIONS,
-        requests: None,
-        duration_secs: duration,
-        size: BODY_BYTES,
-        rate: Some(ESTABLISHED_RATE),
-        sources: 1,
-        warmup_secs: ESTABLISHED_WARMUP_S,
-        // The storm's generator shares its CPU: a spinning one would starve it.
-        spin: false,
-    };
-    let storm = LoadSpec {
-        mode: "churn",
-        connections: storm_connections,
-        requests: None,
-        duration_secs: duration + 1,
-        size: BODY_BYTES,
-        rate: None,
-        sources: 4,
-        warmup_secs: 0,
-        spin: false,
-    };
+    let (established, storm) = loads(clients, timing);
     let specs = server_specs(ctx, &mut result.setup);
     for spec in &specs {
-        let row = measure(ctx, spec, &work, &established, &storm);
+        let row = measure(ctx, spec, &work, &established, &storm, timing.storm_delay);
         result.rows.push(row);
     }
     result
@@ -117,22 +189,26 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
 /// The table's columns; the first, the established connections' p99, is
 /// the headline. With more than one worker, the split of connections
 /// between them too.
-fn columns(workers: usize) -> Vec<Column> {
+pub fn columns(workers: usize) -> Vec<Column> {
     let col = |key, header, decimals, better| Column { key, header, decimals, better };
     let mut columns = vec![
         col("est_p99_ms", "est. p99 ms", 2, Better::Lower),
         col("est_p50_ms", "est. p50 ms", 2, Better::Lower),
         col("est_p999_ms", "est. p99.9 ms", 2, Better::Lower),
         col("est_max_ms", "est. max ms", 2, Better::Lower),
+        col("est_server_p99_ms", "server p99 ms", 2, Better::Lower),
+        col("est_gen_lag_p99_ms", "gen. lag p99 ms", 2, Better::Lower),
         col("est_rate_pct", "est. % of offered", 1, Better::Higher),
         col("storm_rate", "storm conn/s", 0, Better::Higher),
         col("storm_p99_ms", "storm p99 ms", 1, Better::Lower),
+        col("storm_errors", "storm errors", 0, Better::Lower),
+        col("listen_overflows", "listen overflows", 0, Better::Lower),
         col("req_per_cpu_s", "req/server CPU-s", 0, Better::Higher),
         col(METRIC_CPU_UTIL, "server CPU %", 0, Better::Lower),
         col("server_busy_pct", "server CPU+wait %", 0, Better::Lower),
         col("load_cpu_pct", "load CPU %", 0, Better::Lower),
         col("accepted_per_wakeup", "accepts/wakeup", 1, Better::Lower),
-        col("errors", "errors", 0, Better::Lower),
+        col("est_errors", "est. errors", 0, Better::Lower),
     ];
     if workers > 1 {
         columns.extend([
@@ -168,7 +244,7 @@ fn worker_split(
     Some((100.0 * busiest / accepted, 100.0 * handed / accepted))
 }
 
-/// hotloop's three accept settings on both drivers, the floor's two, and
+/// hotloop's accept settings on both drivers, tokio, the floor's two, and
 /// nginx and haproxy each with and without a bound, when present.
 fn server_specs(ctx: &Ctx, setup: &mut Vec<String>) -> Vec<ServerSpec> {
     let mut specs = Vec::new();
@@ -186,6 +262,10 @@ fn server_specs(ctx: &Ctx, setup: &mut Vec<String>) -> Vec<ServerSpec> {
             all.extend_from_slice(args);
             specs.push(ServerSpec::hotloop(&format!("{driver} {name}"), &all));
         }
+    }
+    if ctx.peers.contains(&PeerName::Tokio) {
+        // tokio has no accept bound: its loop accepts whatever is ready.
+        specs.push(ServerSpec::peer("tokio"));
     }
     if ctx.peers.contains(&PeerName::Floor) {
         for (name, value) in [("unlimited", "unlimited"), ("max-accepts 32", "32")] {
@@ -255,15 +335,12 @@ fn measure(
     work: &Workload,
     established: &LoadSpec,
     storm: &LoadSpec,
+    storm_delay: Duration,
 ) -> Row {
     let config = spec.config.as_str();
     let title = format!("{} {config}", spec.server);
     if let Some(why) = &ctx.load_missing {
         return Row::unavailable("", &spec.server, config, why.clone());
-    }
-    if ctx.quick && ctx.started.elapsed() > Duration::from_secs(QUICK_BUDGET_S) {
-        let why = format!("skipped: the --quick time budget ({QUICK_BUDGET_S} s) was spent");
-        return Row::unavailable("", &spec.server, config, why);
     }
     ctx.progress(&format!("{title}: starting"));
     let mut running = match server::start(ctx, spec, work) {
@@ -281,13 +358,15 @@ fn measure(
     for repeat in 1..=ctx.repeats {
         let stats_before = running.stats();
         let split_before = if ctx.workers > 1 { running.worker_stats() } else { None };
+        let tcp_before = proc::tcp_ext_counters().ok();
         let cpu_before = running.cpu_seconds();
         let wait_before = running.run_queue_wait_seconds();
         let started = Instant::now();
-        let outcome = run_both(ctx, &running, work, established, storm, &title);
+        let outcome = run_both(ctx, &running, work, established, storm, storm_delay, &title);
         let wall_s = started.elapsed().as_secs_f64();
         let cpu_after = running.cpu_seconds();
         let wait_after = running.run_queue_wait_seconds();
+        let tcp_after = proc::tcp_ext_counters().ok();
         let stats_after = running.stats();
         let split_after = if ctx.workers > 1 { running.worker_stats() } else { None };
         match outcome {
@@ -295,7 +374,7 @@ fn measure(
                 if est.completed == 0 {
                     let note = format!(
                         "repeat {repeat}: starved: not one established request completed in the {} s run",
-                        established.duration_secs
+                        super::load::secs_arg(established.duration)
                     );
                     row.notes.push(note);
                 }
@@ -311,6 +390,15 @@ fn measure(
                         let busy = (a - b) + (wa - wb);
                         f.insert("server_busy_pct".into(), 100.0 * busy / wall_s / workers);
                     }
+                }
+                if let (Some(b), Some(a)) = (&tcp_before, &tcp_after) {
+                    let delta = |k: &str| {
+                        a.get(k)
+                            .copied()
+                            .unwrap_or(0)
+                            .saturating_sub(b.get(k).copied().unwrap_or(0))
+                    };
+                    f.insert("listen_overflows".into(), delta("ListenOverflows") as f64);
                 }
                 if let (Some(b), Some(a)) = (&stats_before, &stats_after) {
                     let delta = |k: &str| {
@@ -329,13 +417,18 @@ fn measure(
                         f.insert("handed_off_pct".into(), handed);
                     }
                 }
+                let figure =
+                    |k: &str, d| report::format_figure(f.get(k).copied().unwrap_or(f64::NAN), d);
                 ctx.progress(&format!(
-                    "{title}: repeat {repeat}/{}: established p99 {} ms ({}% of offered), storm {} conn/s, server CPU {}%",
+                    "{title}: repeat {repeat}/{}: established p99 {} ms (server {}, generator lag {}), \
+                     {}% of offered; storm {} conn/s; server CPU {}%",
                     ctx.repeats,
-                    report::format_figure(f.get("est_p99_ms").copied().unwrap_or(f64::NAN), 2),
-                    report::format_figure(f.get("est_rate_pct").copied().unwrap_or(f64::NAN), 1),
-                    report::format_figure(f["storm_rate"], 0),
-                    report::format_figure(f.get(METRIC_CPU_UTIL).copied().unwrap_or(f64::NAN), 0),
+                    figure("est_p99_ms", 2),
+                    figure("est_server_p99_ms", 2),
+                    figure("est_gen_lag_p99_ms", 2),
+                    figure("est_rate_pct", 1),
+                    figure("storm_rate", 0),
+                    figure(METRIC_CPU_UTIL, 0),
                 ));
                 samples.push(f);
             }
@@ -351,14 +444,12 @@ fn measure(
     }
     row.server_info = running.stats_text();
     drop(running);
-    if !super::measure::summarise(&mut row, &samples) {
-        return row;
-    }
+    super::measure::summarise(&mut row, &samples);
     row
 }
 
 /// The row's figures from one repeat.
-fn figures(
+pub fn figures(
     est: &LoadReport,
     st: &LoadReport,
     established: &LoadSpec,
@@ -372,6 +463,16 @@ fn figures(
         f.insert("est_p99_ms".into(), est.latency_us.p99 / 1000.0);
         f.insert("est_p999_ms".into(), est.latency_us.p999 / 1000.0);
         f.insert("est_max_ms".into(), est.latency_us.max / 1000.0);
+        if let Some(server) = &est.server_latency_us {
+            f.insert("est_server_p50_ms".into(), server.p50 / 1000.0);
+            f.insert("est_server_p99_ms".into(), server.p99 / 1000.0);
+            f.insert("est_server_p999_ms".into(), server.p999 / 1000.0);
+        }
+        if let Some(lag) = &est.generator_lag_us {
+            f.insert("est_gen_lag_p50_ms".into(), lag.p50 / 1000.0);
+            f.insert("est_gen_lag_p99_ms".into(), lag.p99 / 1000.0);
+            f.insert("est_gen_lag_max_ms".into(), lag.max / 1000.0);
+        }
     }
     if offered > 0.0 {
         f.insert("est_rate_pct".into(), 100.0 * est.rate_per_s / offered);
@@ -385,10 +486,11 @@ fn figures(
     f.insert("load_cpu_pct".into(), 100.0 * (est.cpu_s + st.cpu_s) / wall_s);
     f.insert("errors".into(), (est.errors_total() + st.errors_total()) as f64);
     f.insert("est_errors".into(), est.errors_total() as f64);
+    f.insert("storm_errors".into(), st.errors_total() as f64);
     f
 }
 
-/// Runs the established load and, half a second later, the storm, both
+/// Runs the established load and, `storm_delay` later, the storm, both
 /// bounded in time; returns their reports.
 fn run_both(
     ctx: &mut Ctx,
@@ -396,6 +498,7 @@ fn run_both(
     work: &Workload,
     established: &LoadSpec,
     storm: &LoadSpec,
+    storm_delay: Duration,
     title: &str,
 ) -> Result<(LoadReport, LoadReport), String> {
     let pin = ctx.load_cpu;
@@ -416,7 +519,7 @@ fn run_both(
         })
     };
     let est = start(ctx, established, "established");
-    std::thread::sleep(Duration::from_millis(STORM_DELAY_MS));
+    std::thread::sleep(storm_delay);
     let st = start(ctx, storm, "storm");
     let est = est.join().map_err(|_| "the established load's thread panicked".to_string())?;
     let st = st.join().map_err(|_| "the storm load's thread panicked".to_string())?;
@@ -449,5 +552,67 @@ mod tests {
     fn split_columns_only_with_more_than_one_worker() {
         let has = |w| columns(w).iter().any(|c| c.key == "busiest_worker_conn_pct");
         assert!(!has(1) && has(2));
+    }
+
+    #[test]
+    fn the_storm_is_as_large_as_the_open_file_limit_allows() {
+        // Here: 20,000 per process, so 19,000 clients, and a note saying why
+        // not the seed's 30,000.
+        let (n, note) = storm_clients(None, false, 20_000);
+        assert_eq!(n, 19_000);
+        assert!(note.unwrap().contains("not the seed's 30000"));
+        assert_eq!(storm_clients(None, false, 1_048_576), (STORM_CLIENTS_SEED, None));
+        assert_eq!(storm_clients(None, true, 20_000), (STORM_CLIENTS_QUICK, None));
+        // Asked for: taken as is when it fits, lowered with a note when not.
+        assert_eq!(storm_clients(Some(5_000), false, 20_000), (5_000, None));
+        let (n, note) = storm_clients(Some(25_000), true, 20_000);
+        assert_eq!(n, 19_000);
+        assert!(note.unwrap().starts_with("--storm-clients 25000 lowered to 19000"));
+        // A small limit keeps half for everything else.
+        assert_eq!(storm_clients(None, true, 1_024).0, 500);
+        assert_eq!(storm_clients(Some(900), false, 1_024).0, 512);
+    }
+
+    #[test]
+    fn the_storm_outlasts_the_established_load() {
+        for timing in [TIMING_FULL, TIMING_QUICK] {
+            let (est, storm) = loads(19_000, timing);
+            let est_end = est.warmup + est.duration;
+            let storm_end = timing.storm_delay + storm.warmup + storm.duration;
+            assert!(storm_end > est_end && timing.storm_delay < est.warmup, "{timing:?}");
+            assert_eq!(storm.connections, 19_000);
+            assert_eq!(est.rate, Some(ESTABLISHED_RATE));
+        }
+    }
+
+    #[test]
+    fn figures_split_the_generators_lag_from_the_servers_time() {
+        let mut est = LoadReport { completed: 4_000, rate_per_s: 3_960.0, ..Default::default() };
+        est.latency_us.p99 = 12_000.0;
+        let mut server = est.latency_us;
+        server.p99 = 7_000.0;
+        est.server_latency_us = Some(server);
+        let mut lag = est.latency_us;
+        lag.p99 = 5_000.0;
+        est.generator_lag_us = Some(lag);
+        let st = LoadReport { completed: 9_000, rate_per_s: 900.0, ..Default::default() };
+        let (spec, _) = loads(500, TIMING_QUICK);
+        let f = figures(&est, &st, &spec, 2.0);
+        assert_eq!(
+            (f["est_p99_ms"], f["est_server_p99_ms"], f["est_gen_lag_p99_ms"]),
+            (12.0, 7.0, 5.0)
+        );
+        assert_eq!(f["est_rate_pct"], 99.0);
+        // Every column but those read from the server has its figure.
+        for c in columns(1) {
+            let from_server = [
+                METRIC_CPU_UTIL,
+                "server_busy_pct",
+                "req_per_cpu_s",
+                "accepted_per_wakeup",
+                "listen_overflows",
+            ];
+            assert!(from_server.contains(&c.key) || f.contains_key(c.key), "{}", c.key);
+        }
     }
 }

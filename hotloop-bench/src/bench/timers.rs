@@ -1,47 +1,421 @@
-//! `timers`: summarises the timer wheel's criterion results. Running
-//! `cargo bench --bench wheel` takes too long for this suite, so it reads
-//! what a previous run left in `target/criterion/**/new/estimates.json`.
+//! `timers`: the neqo experiment. hotloop's timer wheel against an ordered
+//! map and against neqo's flat wheel (16,384 slots, every slot scanned for
+//! the next timer), timed in this process: taking the next timer from an
+//! empty queue and from a queue holding one, draining a batch of due
+//! timers, and re-arming one timer among many. When `cargo bench -p
+//! hotloop --bench wheel` has left criterion results, they are shown too.
+//!
+//! # Implementation notes
+//! - Each case runs on each queue in short samples until its time is
+//!   spent; the figure is the median nanoseconds per operation over the
+//!   samples, with their range as the spread. The three queues take turns
+//!   sample by sample, so a slow spell of a shared machine falls on all.
+//! - Ticks are milliseconds, as in the runtime; the flat wheel's slot width
+//!   is its span over its 16,384 slots, as neqo sizes it.
 
+use std::collections::{BTreeMap, VecDeque};
+use std::hint::black_box;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hotloop::time::wheel::{TimerKey, TimerWheel};
 
 use super::report::{Better, Column, Row, Summary};
 use super::{Ctx, ScenarioResult};
 
 /// How deep below `target/criterion` result files are looked for.
 const SEARCH_DEPTH_MAX: usize = 6;
+/// Samples per case and queue.
+const SAMPLES: usize = 7;
+/// Time per case and queue, full run.
+const CASE_TIME_FULL: Duration = Duration::from_millis(700);
+/// Time per case and queue with `--quick`.
+const CASE_TIME_QUICK: Duration = Duration::from_millis(70);
+/// Timers pending in the "many" case.
+const MANY_TIMERS: u64 = 100_000;
+/// Timers drained at once in the "drain" case (neqo's "drain a timer
+/// quickly" holds 100).
+const DRAIN_TIMERS: u64 = 100;
+/// How far out the one pending timer of [`Case::TakeNextOne`] is, in ticks.
+const ONE_TIMER_TICKS: u64 = 30_000;
+/// The farthest deadline any case sets, in ticks (one hour).
+const SPAN_TICKS: u64 = 3_600_000;
+
+/// The table's columns.
+pub fn columns() -> Vec<Column> {
+    vec![Column { key: "median_ns", header: "ns/op", decimals: 1, better: Better::Lower }]
+}
 
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> ScenarioResult {
+    let case_time = if ctx.quick { CASE_TIME_QUICK } else { CASE_TIME_FULL };
     let mut result = ScenarioResult::new(
         "timers",
-        "timer wheel micro-benchmarks (criterion medians, ns per iteration)",
+        "timer queues: hotloop's wheel, an ordered map and neqo's flat wheel (ns per operation)",
         "neqo: a 16,384-slot wheel scanned every slot for one timer, up to 33% of CPU; \
          \"drain an empty timer\" 40.6 -> 25.8 µs",
-        vec![Column { key: "median_ns", header: "median ns", decimals: 1, better: Better::Lower }],
+        columns(),
     );
+    result.setup.push(format!(
+        "measured in this process: {SAMPLES} samples per case and queue, {} ms in all, the queues taking turns; \
+         ns/op is the median sample, the spread their range; ticks are milliseconds",
+        case_time.as_millis()
+    ));
+    for case in Case::ALL {
+        ctx.progress(&format!("timers: {}", case.title()));
+        result.rows.extend(measure_case(case, case_time));
+    }
+    add_criterion_rows(ctx, &mut result);
+    result
+}
+
+/// What is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Case {
+    /// Take the next due timer from an empty queue, the clock stepping one
+    /// tick each time (neqo's "drain an empty timer").
+    TakeNextEmpty,
+    /// The same with one timer pending 30 s out: a server with one
+    /// connection, whose loop asks for due timers whenever it is idle.
+    TakeNextOne,
+    /// Insert 100 timers, then take them all once due.
+    Drain,
+    /// With 100,000 timers pending over an hour, cancel one and set it again.
+    RearmAmongMany,
+}
+
+impl Case {
+    /// Every case, in the order the table shows them.
+    pub const ALL: [Case; 4] =
+        [Case::TakeNextEmpty, Case::TakeNextOne, Case::Drain, Case::RearmAmongMany];
+
+    /// The table group's title.
+    pub fn title(self) -> String {
+        match self {
+            Case::TakeNextEmpty => "take the next timer, none pending".into(),
+            Case::TakeNextOne => "take the next timer, one pending".into(),
+            Case::Drain => format!("insert and drain {DRAIN_TIMERS} timers (per timer)"),
+            Case::RearmAmongMany => format!("re-arm one of {MANY_TIMERS} timers"),
+        }
+    }
+}
+
+/// The operations every case needs, over `u64` values.
+trait Queue {
+    type Key: Copy;
+    fn new() -> Self;
+    fn insert(&mut self, deadline: u64, value: u64) -> Self::Key;
+    fn cancel(&mut self, key: Self::Key) -> Option<u64>;
+    /// Takes up to `max` timers due at `now`; returns how many.
+    fn poll(&mut self, now: u64, max: usize) -> usize;
+}
+
+impl Queue for TimerWheel<u64> {
+    type Key = TimerKey;
+    fn new() -> Self {
+        TimerWheel::new()
+    }
+    fn insert(&mut self, deadline: u64, value: u64) -> TimerKey {
+        TimerWheel::insert(self, deadline, value)
+    }
+    fn cancel(&mut self, key: TimerKey) -> Option<u64> {
+        TimerWheel::cancel(self, key)
+    }
+    fn poll(&mut self, now: u64, max: usize) -> usize {
+        TimerWheel::poll(self, now, max, |_, v| {
+            black_box(v);
+        })
+    }
+}
+
+/// An ordered map keyed by `(deadline, insertion sequence)`.
+struct OrderedMap {
+    map: BTreeMap<(u64, u64), u64>,
+    seq: u64,
+}
+
+impl Queue for OrderedMap {
+    type Key = (u64, u64);
+    fn new() -> Self {
+        OrderedMap { map: BTreeMap::new(), seq: 0 }
+    }
+    fn insert(&mut self, deadline: u64, value: u64) -> (u64, u64) {
+        self.seq += 1;
+        self.map.insert((deadline, self.seq), value);
+        (deadline, self.seq)
+    }
+    fn cancel(&mut self, key: (u64, u64)) -> Option<u64> {
+        self.map.remove(&key)
+    }
+    fn poll(&mut self, now: u64, max: usize) -> usize {
+        let mut fired = 0;
+        while fired < max {
+            match self.map.first_entry() {
+                Some(entry) if entry.key().0 <= now => {
+                    black_box(entry.remove());
+                }
+                _ => break,
+            }
+            fired += 1;
+        }
+        fired
+    }
+}
+
+/// Slots of neqo's flat wheel.
+const NEQO_SLOTS: usize = 16_384;
+
+/// neqo's timer before its fix (neqo-common `timer.rs`): a flat wheel of
+/// sorted slots, where taking the next timer scans every slot from the
+/// cursor on.
+struct FlatWheel {
+    slots: Vec<VecDeque<(u64, u64)>>,
+    now: u64,
+    granularity: u64,
+    cursor: usize,
+}
+
+impl FlatWheel {
+    fn delta(&self, time: u64) -> usize {
+        // neqo asserts the deadline is inside the span; clamp instead.
+        ((time.saturating_sub(self.now) / self.granularity) as usize).min(NEQO_SLOTS - 1)
+    }
+
+    fn slot(&self, delta: usize) -> usize {
+        (self.cursor + delta) % NEQO_SLOTS
+    }
+
+    /// neqo's `take_next`: the first slot, in cursor order, whose earliest
+    /// timer is due.
+    fn take_next(&mut self, until: u64) -> Option<u64> {
+        for i in (self.cursor..NEQO_SLOTS).chain(0..self.cursor) {
+            let slot = &mut self.slots[i];
+            if slot.front().is_some_and(|&(time, _)| time <= until) {
+                return slot.pop_front().map(|(_, value)| value);
+            }
+        }
+        None
+    }
+}
+
+impl Queue for FlatWheel {
+    type Key = (u64, u64);
+    fn new() -> Self {
+        FlatWheel {
+            slots: (0..NEQO_SLOTS).map(|_| VecDeque::new()).collect(),
+            now: 0,
+            granularity: SPAN_TICKS.div_ceil(NEQO_SLOTS as u64 - 1).max(1),
+            cursor: 0,
+        }
+    }
+    fn insert(&mut self, deadline: u64, value: u64) -> (u64, u64) {
+        let slot = self.slot(self.delta(deadline));
+        let items = &mut self.slots[slot];
+        let at = items.partition_point(|&(time, _)| time <= deadline);
+        items.insert(at, (deadline, value));
+        (deadline, value)
+    }
+    fn cancel(&mut self, (deadline, value): (u64, u64)) -> Option<u64> {
+        let slot = self.slot(self.delta(deadline));
+        let items = &mut self.slots[slot];
+        let from = items.partition_point(|&(time, _)| time < deadline);
+        let at = (from..items.len()).find(|&i| items[i] == (deadline, value))?;
+        items.remove(at).map(|(_, value)| value)
+    }
+    fn poll(&mut self, now: u64, max: usize) -> usize {
+        let mut fired = 0;
+        while fired < max {
+            match self.take_next(now) {
+                Some(value) => {
+                    black_box(value);
+                }
+                None => break,
+            }
+            fired += 1;
+        }
+        if fired < max && now > self.now {
+            // Every slot before `now`'s is empty: move the cursor.
+            let delta = self.delta(now);
+            self.cursor = self.slot(delta);
+            self.now += delta as u64 * self.granularity;
+        }
+        fired
+    }
+}
+
+/// splitmix64: the same deadlines for every queue.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+/// One queue set up for one case, timed a batch at a time.
+struct Bench<Q: Queue> {
+    case: Case,
+    queue: Q,
+    now: u64,
+    keys: Vec<Q::Key>,
+    /// The deadline of the one timer of [`Case::TakeNextOne`].
+    deadline: u64,
+    rng: Rng,
+    ops: u64,
+    elapsed: Duration,
+}
+
+impl<Q: Queue> Bench<Q> {
+    fn new(case: Case) -> Self {
+        let mut queue = Q::new();
+        let mut rng = Rng(7);
+        let mut keys = Vec::new();
+        match case {
+            Case::TakeNextEmpty | Case::Drain => {}
+            Case::TakeNextOne => keys.push(queue.insert(ONE_TIMER_TICKS, 1)),
+            Case::RearmAmongMany => {
+                for i in 0..MANY_TIMERS {
+                    keys.push(queue.insert(1_000 + rng.below(SPAN_TICKS - 2_000), i));
+                }
+            }
+        }
+        Bench {
+            case,
+            queue,
+            now: 0,
+            keys,
+            deadline: ONE_TIMER_TICKS,
+            rng,
+            ops: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Runs `n` operations, timing them; returns how many were done.
+    fn batch(&mut self, n: u64) -> u64 {
+        let start = Instant::now();
+        let done = match self.case {
+            Case::TakeNextEmpty => {
+                for _ in 0..n {
+                    self.now += 1;
+                    black_box(self.queue.poll(black_box(self.now), usize::MAX));
+                }
+                n
+            }
+            Case::TakeNextOne => {
+                for _ in 0..n {
+                    self.now += 1;
+                    if self.deadline - self.now < 2 {
+                        // Push the timer out before it fires, as a live
+                        // connection's idle timer is (once per 30,000 steps).
+                        self.queue.cancel(self.keys[0]);
+                        self.deadline = self.now + ONE_TIMER_TICKS;
+                        self.keys[0] = self.queue.insert(self.deadline, 1);
+                    }
+                    black_box(self.queue.poll(black_box(self.now), usize::MAX));
+                }
+                n
+            }
+            Case::Drain => {
+                let rounds = n.div_ceil(DRAIN_TIMERS);
+                for _ in 0..rounds {
+                    self.now += 10;
+                    for i in 0..DRAIN_TIMERS {
+                        self.queue.insert(self.now + 1 + i % 7, i);
+                    }
+                    self.now += 8;
+                    let fired = self.queue.poll(self.now, usize::MAX);
+                    debug_assert_eq!(fired as u64, DRAIN_TIMERS);
+                }
+                rounds * DRAIN_TIMERS
+            }
+            Case::RearmAmongMany => {
+                for _ in 0..n {
+                    let i = self.rng.below(MANY_TIMERS) as usize;
+                    let deadline = 1_000 + self.rng.below(SPAN_TICKS - 2_000);
+                    let value = self.queue.cancel(self.keys[i]).expect("every timer stays pending");
+                    self.keys[i] = self.queue.insert(deadline, value);
+                }
+                n
+            }
+        };
+        self.elapsed += start.elapsed();
+        self.ops += done;
+        done
+    }
+}
+
+/// Nanoseconds per operation of one sample lasting about `time`.
+fn sample<Q: Queue>(bench: &mut Bench<Q>, time: Duration) -> f64 {
+    let (ops_before, elapsed_before) = (bench.ops, bench.elapsed);
+    let mut n = 16;
+    while bench.elapsed - elapsed_before < time {
+        bench.batch(n);
+        n = (n * 2).min(1 << 16);
+    }
+    let ops = bench.ops - ops_before;
+    (bench.elapsed - elapsed_before).as_nanos() as f64 / ops.max(1) as f64
+}
+
+/// One row per queue for `case`, their samples taken in turn.
+fn measure_case(case: Case, case_time: Duration) -> Vec<Row> {
+    let per_sample = case_time / SAMPLES as u32;
+    let mut wheel = Bench::<TimerWheel<u64>>::new(case);
+    let mut map = Bench::<OrderedMap>::new(case);
+    let mut flat = Bench::<FlatWheel>::new(case);
+    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..SAMPLES {
+        samples[0].push(sample(&mut wheel, per_sample));
+        samples[1].push(sample(&mut map, per_sample));
+        samples[2].push(sample(&mut flat, per_sample));
+    }
+    let group = case.title();
+    [("hotloop", "timer wheel"), ("BTreeMap", ""), ("neqo", "flat wheel, 16,384 slots")]
+        .into_iter()
+        .zip(samples)
+        .map(|((server, config), values)| {
+            let mut row = Row::new(&group, server, config);
+            if let Some(summary) = Summary::of(&values) {
+                row.metrics.insert("median_ns".into(), summary);
+            }
+            row
+        })
+        .collect()
+}
+
+/// Adds the criterion results `cargo bench -p hotloop --bench wheel` left,
+/// if any, as groups of their own.
+fn add_criterion_rows(ctx: &Ctx, result: &mut ScenarioResult) {
     let dirs = criterion_dirs(&ctx.exe);
     let Some(dir) = dirs.iter().find(|d| d.is_dir()) else {
-        result.setup.push(format!(
-            "no criterion results found (looked in {}); produce them with \
-             `cargo bench -p hotloop --bench wheel`, then run `hotloop-bench bench --scenario timers`",
-            dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
-        ));
-        return result;
+        result.setup.push(
+            "criterion's fuller set (dense queues, cascades, memory): `cargo bench -p hotloop --bench wheel`, \
+             whose results a later run shows here"
+                .into(),
+        );
+        return;
     };
     let mut files = Vec::new();
     find_estimates(dir, 0, &mut files);
     files.sort();
-    result.setup.push(format!("{} criterion results read from {}", files.len(), dir.display()));
-    if files.is_empty() {
-        result.setup.push("run `cargo bench -p hotloop --bench wheel` to produce them".into());
-    }
+    result.setup.push(format!(
+        "also {} criterion results read from {} (groups named \"criterion ...\")",
+        files.len(),
+        dir.display()
+    ));
     for file in files {
         match read_result(dir, &file) {
-            Some(row) => result.rows.push(row),
+            Some(mut row) => {
+                row.group = format!("criterion {}", row.group);
+                result.rows.push(row);
+            }
             None => result.setup.push(format!("unreadable: {}", file.display())),
         }
     }
-    result
 }
 
 /// Where criterion may have written: `$CARGO_TARGET_DIR`, `./target`, and
@@ -148,6 +522,13 @@ pub fn parse_benchmark_id(text: &str) -> Option<(String, String)> {
     Some((group.clone(), function.unwrap_or(group)))
 }
 
+/// The rows of every case, measured for `case_time` each: what the
+/// scenario shows, for tests.
+#[cfg(test)]
+pub fn measure_all(case_time: Duration) -> Vec<Row> {
+    Case::ALL.into_iter().flat_map(|case| measure_case(case, case_time)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +562,33 @@ mod tests {
         assert_eq!((rows[1].server.as_str(), rows[1].label().as_str()), ("hotloop", "hotloop"));
         assert_eq!(rows[1].get("median_ns"), Some(5.0));
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Every queue does what the case says, the same way.
+    #[test]
+    fn the_queues_agree() {
+        fn fire_order<Q: Queue>() -> Vec<usize> {
+            let mut q = Q::new();
+            let a = q.insert(50, 1);
+            q.insert(20, 2);
+            q.insert(20_000, 3);
+            assert_eq!(q.cancel(a), Some(1));
+            assert_eq!(q.cancel(a), None);
+            (0..=20_000).step_by(10).map(|now| q.poll(now, usize::MAX)).collect()
+        }
+        let wheel = fire_order::<TimerWheel<u64>>();
+        assert_eq!(wheel.iter().sum::<usize>(), 2);
+        assert_eq!(wheel, fire_order::<OrderedMap>());
+        assert_eq!(wheel, fire_order::<FlatWheel>());
+    }
+
+    #[test]
+    fn every_case_gives_every_queue_a_figure() {
+        let rows = measure_all(Duration::from_millis(7));
+        assert_eq!(rows.len(), Case::ALL.len() * 3);
+        for row in &rows {
+            let ns = row.get("median_ns").unwrap_or(f64::NAN);
+            assert!(ns > 0.0 && ns.is_finite(), "{}: {ns}", row.label());
+        }
     }
 }

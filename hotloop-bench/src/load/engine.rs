@@ -15,6 +15,15 @@
 //! milliseconds rather than by a timer structure: a scan of 30,000
 //! connections costs well under a millisecond, and timeouts are seconds.
 //!
+//! Under `--rate` every socket has the kernel's receive timestamps on, so
+//! each reply's last segment says when it reached the socket. A unit's
+//! latency then splits in two: the generator's own lag (from the moment
+//! the unit could go out, its intended start or, later, the moment a
+//! connection was free for it, to the moment the loop sent it; plus, from
+//! the reply's arrival, to the moment the loop read it) and the rest, the
+//! server's. A generator that falls behind its schedule, or shares its CPU
+//! with a busy process, shows in the first and not in the second.
+//!
 //! Invariant: a unit (see the module docs of `load`) that was started with
 //! `measured` set is finished exactly once, as a completion or as one
 //! error, unless the run's time bound abandons it; `measured_in_flight`
@@ -70,6 +79,12 @@ struct Unit {
     measured: bool,
     /// When the first byte of its request went out.
     sent_at: Option<Instant>,
+    /// The earliest the generator could have acted on it: its origin, or
+    /// later, when it had to wait for a keep-alive connection to come free.
+    ready_at: Instant,
+    /// When the generator acted on it: opened its connection, or sent its
+    /// request on a keep-alive connection.
+    dispatched_at: Instant,
 }
 
 enum Reader {
@@ -109,6 +124,8 @@ struct Conn {
     /// Bytes of the request written so far.
     sent: usize,
     reader: Reader,
+    /// When the newest bytes read reached the socket (receive timestamps).
+    arrived: Option<Instant>,
 }
 
 /// Open-loop start times: `start + k / rate`, computed from `k` so that no
@@ -169,6 +186,43 @@ struct Engine<'p> {
     /// when the open-file limit is hit.
     conn_cap: usize,
     max_in_flight: usize,
+    /// Receive timestamps are on (open loop): the generator's lag is measured.
+    timestamps: bool,
+    /// The same moment on both clocks, to place receive timestamps
+    /// (`CLOCK_REALTIME`) on the monotonic clock.
+    clock_base: ClockBase,
+    /// Since when at least one keep-alive connection has been free.
+    idle_since: Option<Instant>,
+    /// Per completed unit: the generator's own lag (see the module notes).
+    generator_lag: Latencies,
+    /// Per completed unit: its latency less the generator's lag.
+    server_lat: Latencies,
+}
+
+/// One instant read on the monotonic clock and on the real-time clock.
+#[derive(Clone, Copy)]
+struct ClockBase {
+    instant: Instant,
+    since_epoch: Duration,
+}
+
+impl ClockBase {
+    fn now() -> ClockBase {
+        let instant = Instant::now();
+        let since_epoch =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        ClockBase { instant, since_epoch }
+    }
+
+    /// The monotonic instant of a real-time receive timestamp.
+    fn instant_of(self, since_epoch: Duration) -> Instant {
+        match since_epoch.checked_sub(self.since_epoch) {
+            Some(after) => self.instant + after,
+            None => {
+                self.instant.checked_sub(self.since_epoch - since_epoch).unwrap_or(self.instant)
+            }
+        }
+    }
 }
 
 /// Runs `plan` to one of its bounds.
@@ -210,6 +264,11 @@ pub(super) fn run(plan: &Plan) -> io::Result<LoadReport> {
         alarm,
         conn_cap: plan.concurrency,
         max_in_flight: 0,
+        timestamps: plan.rate.is_some(),
+        clock_base: ClockBase::now(),
+        idle_since: None,
+        generator_lag: Latencies::new(),
+        server_lat: Latencies::new(),
     };
     engine.run()
 }
@@ -289,6 +348,8 @@ impl Engine<'_> {
             request_latency_us: (plan.mode != super::Mode::Keepalive)
                 .then(|| self.request_lat.summary()),
             histogram_us: self.lat.buckets(),
+            generator_lag_us: self.timestamps.then(|| self.generator_lag.summary()),
+            server_latency_us: self.timestamps.then(|| self.server_lat.summary()),
             target_rate_per_s: plan.rate,
             max_in_flight: self.max_in_flight as u64,
             sources: plan.sources.len().max(1) as u64,
@@ -347,7 +408,7 @@ impl Engine<'_> {
         let mut now = turn_start;
         if self.plan.one_per_connection {
             while self.conns.len() < self.conn_cap && now < slice_end {
-                let Some(unit) = self.next_unit(now) else {
+                let Some(unit) = self.next_unit(now, None) else {
                     break;
                 };
                 match self.open(now) {
@@ -374,15 +435,19 @@ impl Engine<'_> {
                 self.idle.pop();
                 continue;
             }
-            let Some(unit) = self.next_unit(now) else {
+            let Some(unit) = self.next_unit(now, self.idle_since) else {
                 break;
             };
             self.idle.pop();
+            if self.idle.is_empty() {
+                self.idle_since = None;
+            }
             let c = &mut self.conns[slot];
             c.unit = Some(unit);
             c.phase = Phase::Sending;
             c.sent = 0;
             c.deadline = Some(now + self.plan.timeout);
+            c.arrived = None;
             c.reader.reset();
             self.on_writable(slot, now);
             now = Instant::now();
@@ -390,8 +455,9 @@ impl Engine<'_> {
     }
 
     /// Takes the next unit's start if the budget and the schedule allow one
-    /// now.
-    fn next_unit(&mut self, now: Instant) -> Option<Unit> {
+    /// now. `free_since` is when the connection it will use came free, for
+    /// a keep-alive unit.
+    fn next_unit(&mut self, now: Instant, free_since: Option<Instant>) -> Option<Unit> {
         if self.budget == Some(0) {
             return None;
         }
@@ -413,12 +479,14 @@ impl Engine<'_> {
             }
             self.measured_in_flight += 1;
         }
-        Some(Unit { origin, measured, sent_at: None })
+        let ready_at = free_since.map_or(origin, |f| f.max(origin)).min(now);
+        Some(Unit { origin, measured, sent_at: None, ready_at, dispatched_at: now })
     }
 
     /// Opens a non-blocking connection and registers it; returns its slot.
     fn open(&mut self, now: Instant) -> Result<usize, (ErrorKind, io::Error)> {
         let plan = self.plan;
+        let timestamps = self.timestamps;
         let sock = Socket::new(
             Domain::for_address(plan.addr),
             Type::STREAM.nonblocking(),
@@ -432,6 +500,9 @@ impl Engine<'_> {
             (kind, e)
         })?;
         let connect_err = |e: io::Error| (ErrorKind::of(&e, true), e);
+        if timestamps {
+            sys::enable_rx_timestamps(&sock).map_err(|e| (ErrorKind::Other, e))?;
+        }
         if !plan.sources.is_empty() {
             let src = plan.sources[self.next_source % plan.sources.len()];
             self.next_source = self.next_source.wrapping_add(1);
@@ -467,6 +538,7 @@ impl Engine<'_> {
             deadline: Some(now + plan.connect_timeout),
             sent: 0,
             reader,
+            arrived: None,
         });
         self.max_in_flight = self.max_in_flight.max(self.conns.len());
         Ok(slot)
@@ -515,7 +587,8 @@ impl Engine<'_> {
             Ok(None) if writable => {
                 c.phase = Phase::Idle;
                 c.deadline = None;
-                self.idle.push((slot, c.gen));
+                let gen = c.gen;
+                self.push_idle(slot, gen, now);
             }
             Ok(None) => {}
             Ok(Some(e)) | Err(e) => {
@@ -559,9 +632,20 @@ impl Engine<'_> {
     /// `closing` says the event carried a hang-up, so reading must go on to
     /// end of file: no later edge will report it.
     fn on_readable(&mut self, slot: usize, closing: bool, now: Instant) {
+        let base = self.clock_base;
         loop {
             let c = &mut self.conns[slot];
-            let progress = match (&c.sock).read(&mut self.buf) {
+            let read = if self.timestamps {
+                sys::recv_timestamped(&c.sock, &mut self.buf).map(|(n, stamp)| {
+                    if let Some(stamp) = stamp {
+                        c.arrived = Some(base.instant_of(stamp));
+                    }
+                    n
+                })
+            } else {
+                (&c.sock).read(&mut self.buf)
+            };
+            let progress = match read {
                 Ok(0) => match c.reader.eof() {
                     Some(p) => p,
                     None => {
@@ -613,8 +697,11 @@ impl Engine<'_> {
     }
 
     fn complete(&mut self, slot: usize, close: bool, now: Instant) {
+        // The reply reached the socket at its arrival, however late the
+        // loop read it; never after the read, whatever the clocks say.
+        let arrived = self.conns[slot].arrived.map(|a| a.min(now));
         if let Some(unit) = self.conns[slot].unit.take() {
-            self.finish_unit(unit, None, now);
+            self.finish_unit_at(unit, None, now, arrived);
         }
         if self.plan.one_per_connection || close {
             self.conns.remove(slot);
@@ -622,8 +709,17 @@ impl Engine<'_> {
             let c = &mut self.conns[slot];
             c.phase = Phase::Idle;
             c.deadline = None;
-            self.idle.push((slot, c.gen));
+            let gen = c.gen;
+            // From the server's side the connection was free once its reply
+            // had arrived.
+            self.push_idle(slot, gen, arrived.unwrap_or(now));
         }
+    }
+
+    /// Files a keep-alive connection, free since `free_at`, as idle.
+    fn push_idle(&mut self, slot: usize, gen: u32, free_at: Instant) {
+        self.idle_since = Some(self.idle_since.map_or(free_at, |s| s.min(free_at)));
+        self.idle.push((slot, gen));
     }
 
     /// Closes a connection that failed, charging the failure to its unit.
@@ -650,6 +746,18 @@ impl Engine<'_> {
     }
 
     fn finish_unit(&mut self, unit: Unit, error: Option<(ErrorKind, &io::Error)>, now: Instant) {
+        self.finish_unit_at(unit, error, now, None);
+    }
+
+    /// Finishes `unit` at `now`; `arrived` is when its reply's last bytes
+    /// reached the socket, if known.
+    fn finish_unit_at(
+        &mut self,
+        unit: Unit,
+        error: Option<(ErrorKind, &io::Error)>,
+        now: Instant,
+        arrived: Option<Instant>,
+    ) {
         if !unit.measured {
             return;
         }
@@ -658,9 +766,15 @@ impl Engine<'_> {
         match error {
             None => {
                 self.completed += 1;
-                self.lat.record(now.saturating_duration_since(unit.origin));
+                let latency = now.saturating_duration_since(unit.origin);
+                self.lat.record(latency);
                 if let Some(sent) = unit.sent_at {
                     self.request_lat.record(now.saturating_duration_since(sent));
+                }
+                if self.timestamps {
+                    let lag = generator_lag(&unit, arrived, now);
+                    self.generator_lag.record(lag);
+                    self.server_lat.record(latency.saturating_sub(lag));
                 }
             }
             Some((kind, e)) => self.record_error(kind, e),
@@ -699,9 +813,45 @@ impl Engine<'_> {
     }
 }
 
+/// The generator's own share of a unit finished at `done`: from when it
+/// could go out to when the loop acted on it, and from its reply's arrival
+/// (when known) to the read that completed it.
+fn generator_lag(unit: &Unit, arrived: Option<Instant>, done: Instant) -> Duration {
+    let send = unit.dispatched_at.saturating_duration_since(unit.ready_at);
+    let read = arrived.map_or(Duration::ZERO, |a| done.saturating_duration_since(a));
+    send + read
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_generators_lag_is_its_late_send_and_its_late_read() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let unit = Unit {
+            origin: t0,
+            measured: true,
+            sent_at: Some(t0 + ms(3)),
+            // A connection came free 1 ms after the intended start, and the
+            // loop sent 2 ms after that.
+            ready_at: t0 + ms(1),
+            dispatched_at: t0 + ms(3),
+        };
+        // The reply arrived at 10 ms and was read at 14 ms.
+        assert_eq!(generator_lag(&unit, Some(t0 + ms(10)), t0 + ms(14)), ms(6));
+        assert_eq!(generator_lag(&unit, None, t0 + ms(14)), ms(2));
+    }
+
+    #[test]
+    fn receive_timestamps_land_on_the_monotonic_clock() {
+        let base = ClockBase::now();
+        let later = base.instant_of(base.since_epoch + Duration::from_millis(5));
+        assert_eq!(later - base.instant, Duration::from_millis(5));
+        let earlier = base.instant_of(base.since_epoch - Duration::from_millis(5));
+        assert_eq!(base.instant - earlier, Duration::from_millis(5));
+    }
 
     #[test]
     fn tokens_round_trip() {

@@ -125,6 +125,18 @@ pub struct LoadReport {
     pub request_latency_us: Option<LatencySummary>,
     /// Latency distribution as (upper bound in us, count) pairs.
     pub histogram_us: Vec<(u64, u64)>,
+    /// Under `--rate`: per completed unit, the generator's own lag, in
+    /// microseconds: from when the unit could go out (its intended start,
+    /// or when a connection came free for it) to when the generator sent
+    /// it, plus from the reply's arrival at the socket (the kernel's receive
+    /// timestamp) to the generator's read. A generator that falls behind
+    /// shows here.
+    #[serde(default)]
+    pub generator_lag_us: Option<LatencySummary>,
+    /// Under `--rate`: per completed unit, its latency less the generator's
+    /// lag: what the server (and the kernel between them) took.
+    #[serde(default)]
+    pub server_latency_us: Option<LatencySummary>,
     /// The `--rate` asked for, or null for a closed loop.
     pub target_rate_per_s: Option<f64>,
     /// The most connections open at once.
@@ -180,6 +192,18 @@ impl LoadReport {
             "  latency us   mean {:.1}  stdev {:.1}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
             l.mean, l.stdev, l.p50, l.p90, l.p99, l.p999, l.max
         );
+        if let (Some(g), Some(v)) = (&self.generator_lag_us, &self.server_latency_us) {
+            let _ = writeln!(
+                s,
+                "  server us    p50 {}  p99 {}  p99.9 {}  max {}  (latency less the generator's lag)",
+                v.p50, v.p99, v.p999, v.max
+            );
+            let _ = writeln!(
+                s,
+                "  own lag us   p50 {}  p99 {}  p99.9 {}  max {}  (late sends and late reads)",
+                g.p50, g.p99, g.p999, g.max
+            );
+        }
         let _ = writeln!(
             s,
             "  connections  max in flight {}, {} source address{}",
@@ -226,6 +250,8 @@ mod tests {
             latency_us: lat.summary(),
             request_latency_us: Some(lat.summary()),
             histogram_us: lat.buckets(),
+            generator_lag_us: Some(lat.summary()),
+            server_latency_us: Some(lat.summary()),
             target_rate_per_s: None,
             max_in_flight: 1,
             sources: 1,
@@ -286,5 +312,6 @@ mod tests {
         assert!(t.contains("conn/s"));
         assert!(t.contains("connect 1"));
         assert!(t.contains("first error  connect: refused"));
+        assert!(t.contains("own lag us") && t.contains("server us"), "{t}");
     }
 }

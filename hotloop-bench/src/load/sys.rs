@@ -68,6 +68,79 @@ pub fn set_bind_address_no_port(sock: &impl AsRawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Turns on the kernel's software receive timestamps (`SO_TIMESTAMPNS`,
+/// socket(7)): each read through [`recv_timestamped`] then says when the
+/// last segment it returned reached the socket, so the generator can tell
+/// the server's time from its own lateness in reading.
+pub fn enable_rx_timestamps(sock: &impl AsRawFd) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: the fd is an open socket owned by `sock`; `one` is a c_int
+    // that lives across the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads into `buf` with recvmsg(2). Returns the bytes read and, when the
+/// socket has receive timestamps on ([`enable_rx_timestamps`]), the time
+/// (`CLOCK_REALTIME`, since the epoch) at which the last segment read
+/// reached the socket; TCP reports the newest segment of those a read
+/// consumed.
+pub fn recv_timestamped(
+    sock: &impl AsRawFd,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<std::time::Duration>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // Room for one `SCM_TIMESTAMPNS` message (a header and a timespec, 32
+    // bytes on 64-bit Linux) and then some; u64s, so it is aligned for
+    // `cmsghdr`.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data for which all zeroes is a valid value
+    // (no name, no iovecs, no control buffer).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: the fd is an open socket owned by `sock`; `msg` points at one
+    // iovec covering `buf` and at `control`, all of which outlive the call,
+    // with their lengths.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut stamp = None;
+    // SAFETY: `msg` was filled by recvmsg(2) above, so its control fields
+    // describe a valid (possibly empty) list inside `control`.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: CMSG_FIRSTHDR and CMSG_NXTHDR return either null or a
+        // header wholly inside `control`, which is still borrowed by `msg`.
+        let header = unsafe { &*cmsg };
+        if header.cmsg_level == libc::SOL_SOCKET && header.cmsg_type == libc::SCM_TIMESTAMPNS {
+            // SAFETY: an SCM_TIMESTAMPNS message carries one timespec right
+            // after its header, inside `control`; read unaligned, since the
+            // data's alignment is the kernel's.
+            let ts: libc::timespec =
+                unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
+            stamp = Some(std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
+        }
+        // SAFETY: `cmsg` is a header of `msg`'s list (see above).
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    Ok((n as usize, stamp))
+}
+
 /// CPU seconds (user and system) this process has used.
 pub fn cpu_seconds_self() -> f64 {
     // SAFETY: rusage is plain data and all zeroes is a valid value.
@@ -154,8 +227,42 @@ impl AsRawFd for Alarm {
 
 #[cfg(test)]
 mod tests {
-    use super::Alarm;
+    use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_timestamped_read_says_when_the_bytes_arrived() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 16];
+        // Without the option a read carries no time.
+        client.write_all(b"one").unwrap();
+        let (n, stamp) = recv_timestamped(&server, &mut buf).unwrap();
+        assert_eq!((n, stamp), (3, None));
+        enable_rx_timestamps(&server).unwrap();
+        // The kernel turns its timestamps on from a work queue when the
+        // first socket asks (net_enable_timestamp): until then segments
+        // arrive unstamped, so try a few times.
+        let since_epoch =
+            || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        let mut stamped = None;
+        for _ in 0..100 {
+            let before = since_epoch();
+            client.write_all(b"two").unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+            let (n, stamp) = recv_timestamped(&server, &mut buf).unwrap();
+            assert_eq!(&buf[..n], b"two");
+            if let Some(stamp) = stamp {
+                stamped = Some((before, stamp, since_epoch()));
+                break;
+            }
+        }
+        let (before, stamp, after) = stamped.expect("a timestamp once SO_TIMESTAMPNS is on");
+        // The bytes arrived at the write, well before the read 30 ms later.
+        assert!(stamp >= before && stamp + Duration::from_millis(20) <= after, "{stamp:?}");
+    }
 
     #[test]
     fn an_alarm_expires_once_and_a_cleared_one_reads_zero() {

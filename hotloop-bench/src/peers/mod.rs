@@ -103,6 +103,10 @@ pub fn run(args: PeerArgs) -> io::Result<()> {
             "--busy-poll is for the floors only (floor, floor-uring)",
         ));
     }
+    // Every peer may hold as many connections as the hard limit allows, as
+    // `hotloop serve` does; tokio and monoio would otherwise fail at the
+    // soft limit (often 1,024) the shell handed down.
+    crate::load::sys::raise_nofile_limit()?;
     match args.kind {
         PeerKind::Tokio => serve_with(&args, tokio::worker),
         PeerKind::Monoio => serve_with(&args, monoio::worker),
