@@ -1,8 +1,8 @@
-//! While accept pacing finds its worker behind, the driver accepts no
-//! further ahead of the accept loop than the loop's budget: on io_uring
-//! the multishot accept, which would take a whole backlog in one enter,
-//! stops, and the waiting connections stay in the kernel's backlog as they
-//! do on epoll.
+//! Under accept pacing the driver accepts no further ahead of the accept
+//! loop than the loop's budget, whether the worker is behind or has
+//! caught up: on io_uring the multishot accept, which would take a whole
+//! backlog in one enter, is never armed, and the waiting connections stay
+//! in the kernel's backlog as they do on epoll.
 
 mod common;
 
@@ -81,5 +81,66 @@ fn a_worker_behind_accepts_nothing_ahead_of_its_loop(driver: DriverKind) {
     assert!(
         ahead_max <= 4,
         "{ahead_max} connections were accepted ahead of a loop that was behind"
+    );
+}
+
+/// Connections of the warm-up that lets pacing's budget grow to its cap.
+const WARM_UP: usize = 12;
+
+/// A worker that is not behind (its budget grown to the cap, nothing else
+/// to run) and then finds a backlog of connections at once, as it does
+/// after a quiet spell when a storm's retransmitted handshakes arrive
+/// together: it still accepts no more than its budget ahead of its loop.
+#[hotloop::test(driver = "all")]
+fn a_worker_that_caught_up_accepts_no_further_ahead_than_its_budget(driver: DriverKind) {
+    let _serial = serial();
+    hotloop::raise_nofile_limit().unwrap();
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
+    let (accepted_tx, accepted_rx) = mpsc::channel::<()>();
+    let (burst_tx, burst_rx) = mpsc::channel::<()>();
+    let worker = rt.handle().spawn_on(0, move || async move {
+        let options = ListenerOptions {
+            accept_pacing: Some(AcceptPacing::default()),
+            ..ListenerOptions::default()
+        };
+        let cap = options.accepts_per_wakeup_max.unwrap();
+        let listener = TcpListener::bind_with("127.0.0.1:0", options).unwrap();
+        addr_tx.send(listener.local_addr().unwrap()).unwrap();
+        // One connection per loop turn, with nothing else to run: the
+        // worker keeps up, and the budget grows by 4 a turn to its cap.
+        let mut held = Vec::new();
+        for _ in 0..WARM_UP {
+            held.push(listener.accept_stream().await.unwrap());
+            accepted_tx.send(()).unwrap();
+        }
+        let baseline = open_fd_count().unwrap();
+        // Blocks the worker while the burst connects: whatever the driver
+        // accepts meanwhile is ahead of the loop.
+        burst_rx.recv().unwrap();
+        let mut ahead_max = 0;
+        for taken in 1..=BURST {
+            held.push(listener.accept_stream().await.unwrap());
+            let open = open_fd_count().unwrap();
+            ahead_max = ahead_max.max(open.saturating_sub(baseline + BURST + taken));
+        }
+        (ahead_max, cap)
+    });
+    let addr = addr_rx.recv().unwrap();
+    let mut warm = Vec::new();
+    for _ in 0..WARM_UP {
+        warm.push(TcpStream::connect(addr).unwrap());
+        accepted_rx.recv().unwrap();
+    }
+    let burst: Vec<TcpStream> = (0..BURST).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    burst_tx.send(()).unwrap();
+    let (ahead_max, cap) = worker.join().unwrap();
+    drop((warm, burst));
+    // A direct accept per connection, and at most one single accept armed
+    // beside it; never a multishot accept's whole backlog.
+    assert!(
+        ahead_max <= 4 && ahead_max < cap,
+        "{ahead_max} connections were accepted ahead of a paced loop (its cap is {cap})"
     );
 }

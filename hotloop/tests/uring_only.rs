@@ -70,7 +70,10 @@ fn accept_bound_holds_on_uring() {
     let rt = uring_runtime(1);
     let bound = ListenerOptions::ACCEPTS_PER_WAKEUP_DEFAULT;
     rt.block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        // The fixed bound, not pacing: a paced listener never arms the
+        // multishot accept this test holds the bound over.
+        let options = ListenerOptions { accept_pacing: None, ..ListenerOptions::default() };
+        let listener = TcpListener::bind_with("127.0.0.1:0", options).unwrap();
         let addr = listener.local_addr().unwrap();
         // The whole burst waits in the backlog before the first accept.
         let clients: Vec<StdStream> =
@@ -113,7 +116,9 @@ fn dropped_reads_free_everything() {
     let rt = uring_runtime(1);
     let baseline = hotloop::open_fd_count().unwrap();
     rt.block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        // Unpaced, so the multishot accept below takes connections ahead.
+        let options = ListenerOptions { accept_pacing: None, ..ListenerOptions::default() };
+        let listener = TcpListener::bind_with("127.0.0.1:0", options).unwrap();
         let addr = listener.local_addr().unwrap();
         for _ in 0..CONNECTIONS {
             let mut client = StdStream::connect(addr).unwrap();
@@ -194,7 +199,9 @@ fn multishot_rearms_after_emfile() {
     const ROOM: u64 = 4;
     let rt = uring_runtime(1);
     rt.block_on(async {
-        let listener = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        // Without pacing: a paced listener never arms the multishot accept.
+        let options = ListenerOptions { accept_pacing: None, ..ListenerOptions::default() };
+        let listener = Rc::new(TcpListener::bind_with("127.0.0.1:0", options).unwrap());
         let addr = listener.local_addr().unwrap();
         let clients: Vec<StdStream> =
             (0..CLIENTS).map(|_| StdStream::connect(addr).unwrap()).collect();

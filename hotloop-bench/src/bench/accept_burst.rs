@@ -50,7 +50,9 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         columns(),
     );
     result.setup.push(format!(
-        "{clients} clients, {MESSAGE_BYTES}-byte messages; each hotloop row names its driver and accept mode"
+        "{clients} clients, {MESSAGE_BYTES}-byte messages; each hotloop row names its driver and accept mode; \
+         accept pacing off, so the rows compare the accept calls themselves (a paced listener takes one \
+         `accept4` per connection on io_uring too)"
     ));
     let work = Workload { proto: "echo".into(), body_size: 0, work_us: 0 };
     let load = LoadSpec {
@@ -64,10 +66,12 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         warmup: Duration::ZERO,
         spin: false,
     };
+    let unpaced =
+        |driver, accept| vec!["--driver", driver, "--accept", accept, "--accept-pacing", "off"];
     let mut specs = vec![
-        ServerSpec::hotloop("uring multishot", &["--driver", "uring", "--accept", "multishot"]),
-        ServerSpec::hotloop("uring single", &["--driver", "uring", "--accept", "single"]),
-        ServerSpec::hotloop("epoll", &["--driver", "epoll"]),
+        ServerSpec::hotloop("uring multishot", &unpaced("uring", "multishot")),
+        ServerSpec::hotloop("uring single", &unpaced("uring", "single")),
+        ServerSpec::hotloop("epoll", &unpaced("epoll", "multishot")),
     ];
     specs.extend(ctx.peer_specs("echo", &mut result.setup));
     for spec in &specs {

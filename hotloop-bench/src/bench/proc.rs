@@ -258,6 +258,23 @@ pub fn parse_tcp_ext(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Packets the kernel dropped because a CPU's backlog of received packets
+/// was full, summed over the CPUs (the second column of
+/// `/proc/net/softnet_stat`, in hex; `net.core.netdev_max_backlog` is the
+/// backlog's size). Over loopback every packet a process sends passes
+/// through its own CPU's backlog.
+pub fn softnet_dropped() -> io::Result<u64> {
+    Ok(parse_softnet_dropped(&std::fs::read_to_string("/proc/net/softnet_stat")?))
+}
+
+/// The dropped column of a `/proc/net/softnet_stat` text, summed.
+pub fn parse_softnet_dropped(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|l| l.split_ascii_whitespace().nth(1))
+        .filter_map(|v| u64::from_str_radix(v, 16).ok())
+        .sum()
+}
+
 /// utime + stime from a `/proc/PID/stat` line, in clock ticks.
 ///
 /// The command name (field 2) may hold spaces and parentheses, so fields are
@@ -331,6 +348,13 @@ mod tests {
         assert!(parse_tcp_ext("").is_empty());
         // This machine's own file has the counter the storm reads.
         assert!(tcp_ext_counters().unwrap().contains_key("ListenOverflows"));
+    }
+
+    #[test]
+    fn softnet_drops_are_summed_over_the_cpus() {
+        let text = "00b2284f 00000000 00000000 00000000\n00b6e99c 00002592 00000001 00000000\n";
+        assert_eq!(parse_softnet_dropped(text), 0x2592);
+        assert!(softnet_dropped().is_ok());
     }
 
     #[test]

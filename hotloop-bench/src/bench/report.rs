@@ -33,8 +33,13 @@ pub struct LoadReport {
     pub cpu_s: f64,
     /// Open loop: the generator's own lag per request, in microseconds.
     pub generator_lag_us: Option<Latency>,
-    /// Open loop: latency less the generator's lag, in microseconds.
+    /// Open loop: latency less the generator's lag, in microseconds, over
+    /// the requests none of whose segments the kernel retransmitted.
     pub server_latency_us: Option<Latency>,
+    /// Open loop: requests during which their socket retransmitted.
+    pub retransmitted: Option<u64>,
+    /// The most connections the load held open at once.
+    pub max_in_flight: u64,
     /// `[value_us, count]` pairs.
     pub histogram_us: Vec<(f64, u64)>,
 }

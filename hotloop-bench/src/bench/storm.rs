@@ -198,11 +198,14 @@ pub fn columns(workers: usize) -> Vec<Column> {
         col("est_max_ms", "est. max ms", 2, Better::Lower),
         col("est_server_p99_ms", "server p99 ms", 2, Better::Lower),
         col("est_gen_lag_p99_ms", "gen. lag p99 ms", 2, Better::Lower),
+        col("est_retransmitted", "est. retransmitted", 0, Better::Lower),
         col("est_rate_pct", "est. % of offered", 1, Better::Higher),
         col("storm_rate", "storm conn/s", 0, Better::Higher),
+        col("storm_in_flight", "storm in flight", 0, Better::Higher),
         col("storm_p99_ms", "storm p99 ms", 1, Better::Lower),
         col("storm_errors", "storm errors", 0, Better::Lower),
         col("listen_overflows", "listen overflows", 0, Better::Lower),
+        col("softnet_drops", "backlog drops", 0, Better::Lower),
         col("req_per_cpu_s", "req/server CPU-s", 0, Better::Higher),
         col(METRIC_CPU_UTIL, "server CPU %", 0, Better::Lower),
         col("server_busy_pct", "server CPU+wait %", 0, Better::Lower),
@@ -359,6 +362,7 @@ fn measure(
         let stats_before = running.stats();
         let split_before = if ctx.workers > 1 { running.worker_stats() } else { None };
         let tcp_before = proc::tcp_ext_counters().ok();
+        let drops_before = proc::softnet_dropped().ok();
         let cpu_before = running.cpu_seconds();
         let wait_before = running.run_queue_wait_seconds();
         let started = Instant::now();
@@ -367,6 +371,7 @@ fn measure(
         let cpu_after = running.cpu_seconds();
         let wait_after = running.run_queue_wait_seconds();
         let tcp_after = proc::tcp_ext_counters().ok();
+        let drops_after = proc::softnet_dropped().ok();
         let stats_after = running.stats();
         let split_after = if ctx.workers > 1 { running.worker_stats() } else { None };
         match outcome {
@@ -399,6 +404,9 @@ fn measure(
                             .saturating_sub(b.get(k).copied().unwrap_or(0))
                     };
                     f.insert("listen_overflows".into(), delta("ListenOverflows") as f64);
+                }
+                if let (Some(b), Some(a)) = (drops_before, drops_after) {
+                    f.insert("softnet_drops".into(), a.saturating_sub(b) as f64);
                 }
                 if let (Some(b), Some(a)) = (&stats_before, &stats_after) {
                     let delta = |k: &str| {
@@ -474,6 +482,10 @@ pub fn figures(
             f.insert("est_gen_lag_max_ms".into(), lag.max / 1000.0);
         }
     }
+    if let Some(n) = est.retransmitted {
+        f.insert("est_retransmitted".into(), n as f64);
+    }
+    f.insert("storm_in_flight".into(), st.max_in_flight as f64);
     if offered > 0.0 {
         f.insert("est_rate_pct".into(), 100.0 * est.rate_per_s / offered);
     }
@@ -595,6 +607,7 @@ mod tests {
         let mut lag = est.latency_us;
         lag.p99 = 5_000.0;
         est.generator_lag_us = Some(lag);
+        est.retransmitted = Some(3);
         let st = LoadReport { completed: 9_000, rate_per_s: 900.0, ..Default::default() };
         let (spec, _) = loads(500, TIMING_QUICK);
         let f = figures(&est, &st, &spec, 2.0);
@@ -611,6 +624,7 @@ mod tests {
                 "req_per_cpu_s",
                 "accepted_per_wakeup",
                 "listen_overflows",
+                "softnet_drops",
             ];
             assert!(from_server.contains(&c.key) || f.contains_key(c.key), "{}", c.key);
         }

@@ -22,7 +22,11 @@
 //! connection was free for it, to the moment the loop sent it; plus, from
 //! the reply's arrival, to the moment the loop read it) and the rest, the
 //! server's. A generator that falls behind its schedule, or shares its CPU
-//! with a busy process, shows in the first and not in the second.
+//! with a busy process, shows in the first and not in the second. A unit
+//! during which its socket retransmitted a segment (`TCP_INFO`: over
+//! loopback, the kernel dropped it, as a CPU's full backlog of received
+//! packets does) is counted apart and left out of the server's share: it
+//! waited out a retransmission timer of 200 ms or more.
 //!
 //! Invariant: a unit (see the module docs of `load`) that was started with
 //! `measured` set is finished exactly once, as a completion or as one
@@ -126,6 +130,8 @@ struct Conn {
     reader: Reader,
     /// When the newest bytes read reached the socket (receive timestamps).
     arrived: Option<Instant>,
+    /// The socket's retransmitted segments when its unit started.
+    retrans_before: u32,
 }
 
 /// Open-loop start times: `start + k / rate`, computed from `k` so that no
@@ -195,8 +201,11 @@ struct Engine<'p> {
     idle_since: Option<Instant>,
     /// Per completed unit: the generator's own lag (see the module notes).
     generator_lag: Latencies,
-    /// Per completed unit: its latency less the generator's lag.
+    /// Per completed unit none of whose segments was retransmitted: its
+    /// latency less the generator's lag.
     server_lat: Latencies,
+    /// Completed units during which their socket retransmitted a segment.
+    retransmitted: u64,
 }
 
 /// One instant read on the monotonic clock and on the real-time clock.
@@ -269,6 +278,7 @@ pub(super) fn run(plan: &Plan) -> io::Result<LoadReport> {
         idle_since: None,
         generator_lag: Latencies::new(),
         server_lat: Latencies::new(),
+        retransmitted: 0,
     };
     engine.run()
 }
@@ -350,6 +360,7 @@ impl Engine<'_> {
             histogram_us: self.lat.buckets(),
             generator_lag_us: self.timestamps.then(|| self.generator_lag.summary()),
             server_latency_us: self.timestamps.then(|| self.server_lat.summary()),
+            retransmitted: self.timestamps.then_some(self.retransmitted),
             target_rate_per_s: plan.rate,
             max_in_flight: self.max_in_flight as u64,
             sources: plan.sources.len().max(1) as u64,
@@ -448,6 +459,9 @@ impl Engine<'_> {
             c.sent = 0;
             c.deadline = Some(now + self.plan.timeout);
             c.arrived = None;
+            if self.timestamps {
+                c.retrans_before = sys::tcp_total_retrans(&c.sock).unwrap_or(0);
+            }
             c.reader.reset();
             self.on_writable(slot, now);
             now = Instant::now();
@@ -539,6 +553,7 @@ impl Engine<'_> {
             sent: 0,
             reader,
             arrived: None,
+            retrans_before: 0,
         });
         self.max_in_flight = self.max_in_flight.max(self.conns.len());
         Ok(slot)
@@ -699,9 +714,12 @@ impl Engine<'_> {
     fn complete(&mut self, slot: usize, close: bool, now: Instant) {
         // The reply reached the socket at its arrival, however late the
         // loop read it; never after the read, whatever the clocks say.
-        let arrived = self.conns[slot].arrived.map(|a| a.min(now));
+        let c = &self.conns[slot];
+        let arrived = c.arrived.map(|a| a.min(now));
+        let retransmitted =
+            self.timestamps && sys::tcp_total_retrans(&c.sock).is_ok_and(|n| n > c.retrans_before);
         if let Some(unit) = self.conns[slot].unit.take() {
-            self.finish_unit_at(unit, None, now, arrived);
+            self.finish_unit_at(unit, None, now, Some(Reply { arrived, retransmitted }));
         }
         if self.plan.one_per_connection || close {
             self.conns.remove(slot);
@@ -749,14 +767,13 @@ impl Engine<'_> {
         self.finish_unit_at(unit, error, now, None);
     }
 
-    /// Finishes `unit` at `now`; `arrived` is when its reply's last bytes
-    /// reached the socket, if known.
+    /// Finishes `unit` at `now`, with what is known of its reply.
     fn finish_unit_at(
         &mut self,
         unit: Unit,
         error: Option<(ErrorKind, &io::Error)>,
         now: Instant,
-        arrived: Option<Instant>,
+        reply: Option<Reply>,
     ) {
         if !unit.measured {
             return;
@@ -772,9 +789,17 @@ impl Engine<'_> {
                     self.request_lat.record(now.saturating_duration_since(sent));
                 }
                 if self.timestamps {
-                    let lag = generator_lag(&unit, arrived, now);
+                    let reply = reply.unwrap_or_default();
+                    let lag = generator_lag(&unit, reply.arrived, now);
                     self.generator_lag.record(lag);
-                    self.server_lat.record(latency.saturating_sub(lag));
+                    // A dropped segment waits out the kernel's retransmission
+                    // timer (200 ms at least): that is the host's, counted
+                    // apart, not the server's.
+                    if reply.retransmitted {
+                        self.retransmitted += 1;
+                    } else {
+                        self.server_lat.record(latency.saturating_sub(lag));
+                    }
                 }
             }
             Some((kind, e)) => self.record_error(kind, e),
@@ -811,6 +836,15 @@ impl Engine<'_> {
             self.fail(slot, kind, &e, now);
         }
     }
+}
+
+/// What the generator knows of a reply once it is whole.
+#[derive(Debug, Clone, Copy, Default)]
+struct Reply {
+    /// When its last bytes reached the socket (receive timestamps).
+    arrived: Option<Instant>,
+    /// Whether the socket retransmitted a segment while the unit ran.
+    retransmitted: bool,
 }
 
 /// The generator's own share of a unit finished at `done`: from when it

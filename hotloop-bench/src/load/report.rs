@@ -133,10 +133,17 @@ pub struct LoadReport {
     /// shows here.
     #[serde(default)]
     pub generator_lag_us: Option<LatencySummary>,
-    /// Under `--rate`: per completed unit, its latency less the generator's
-    /// lag: what the server (and the kernel between them) took.
+    /// Under `--rate`: per completed unit none of whose segments the kernel
+    /// retransmitted, its latency less the generator's lag: what the server
+    /// (and the kernel between them) took.
     #[serde(default)]
     pub server_latency_us: Option<LatencySummary>,
+    /// Under `--rate`: completed units during which their socket
+    /// retransmitted a segment (`TCP_INFO`), left out of
+    /// `server_latency_us`. Over loopback a retransmission means the kernel
+    /// dropped a segment on its way.
+    #[serde(default)]
+    pub retransmitted: Option<u64>,
     /// The `--rate` asked for, or null for a closed loop.
     pub target_rate_per_s: Option<f64>,
     /// The most connections open at once.
@@ -203,6 +210,11 @@ impl LoadReport {
                 "  own lag us   p50 {}  p99 {}  p99.9 {}  max {}  (late sends and late reads)",
                 g.p50, g.p99, g.p999, g.max
             );
+            let _ = writeln!(
+                s,
+                "  retransmitted {:>11}  (units whose socket resent a segment; not in \"server\")",
+                self.retransmitted.unwrap_or(0)
+            );
         }
         let _ = writeln!(
             s,
@@ -252,6 +264,7 @@ mod tests {
             histogram_us: lat.buckets(),
             generator_lag_us: Some(lat.summary()),
             server_latency_us: Some(lat.summary()),
+            retransmitted: Some(1),
             target_rate_per_s: None,
             max_in_flight: 1,
             sources: 1,

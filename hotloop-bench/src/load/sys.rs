@@ -141,6 +141,32 @@ pub fn recv_timestamped(
     Ok((n as usize, stamp))
 }
 
+/// How many segments the kernel has retransmitted on this TCP socket so
+/// far (`tcpi_total_retrans` of `TCP_INFO`, tcp(7)). Over loopback nothing
+/// is lost on a wire: a retransmission means the kernel dropped a segment
+/// on its way, such as when a CPU's backlog of received packets was full.
+pub fn tcp_total_retrans(sock: &impl AsRawFd) -> io::Result<u32> {
+    // SAFETY: tcp_info is plain data for which all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the fd is an open socket owned by `sock`; `info` is writable
+    // for `len` bytes, and getsockopt(2) writes at most that many and
+    // stores how many in `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(info.tcpi_total_retrans)
+}
+
 /// CPU seconds (user and system) this process has used.
 pub fn cpu_seconds_self() -> f64 {
     // SAFETY: rusage is plain data and all zeroes is a valid value.
@@ -229,6 +255,25 @@ impl AsRawFd for Alarm {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_connection_over_loopback_retransmits_nothing() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        client.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).unwrap();
+        assert_eq!(tcp_total_retrans(&client).unwrap(), 0);
+        let file = tempfile_like();
+        assert!(tcp_total_retrans(&file).is_err(), "not a TCP socket");
+    }
+
+    /// Some descriptor that is not a socket.
+    fn tempfile_like() -> std::fs::File {
+        std::fs::File::open("/proc/self/stat").unwrap()
+    }
 
     #[test]
     fn a_timestamped_read_says_when_the_bytes_arrived() {

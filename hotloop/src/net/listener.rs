@@ -16,7 +16,10 @@
 //! is longer than its target) and grows by a step otherwise. A turn is only
 //! timed when the previous one ended on the budget: the accept loop then
 //! waits for the next driver poll, which does not block (a waker is queued
-//! for after it), so the time measured is work, not idle waiting.
+//! for after it), so the time measured is work, not idle waiting. The
+//! budget also bounds how many connections the driver may accept ahead of
+//! the loop, so on io_uring a paced listener never arms the multishot
+//! accept (see `Acceptor::update_driver_room`).
 //!
 //! Near the open-file limit the listener takes one connection per turn, on
 //! both drivers (on io_uring a multishot accept is stopped, so the kernel
@@ -261,16 +264,12 @@ pub(crate) struct Acceptor {
     /// With accept pacing: this turn's budget and when the turn's first accept came.
     pace_budget: Cell<usize>,
     pace_turn_started: Cell<Option<u64>>,
-    /// Set when pacing finds the worker behind, cleared once the budget
-    /// is back at its cap: meanwhile the driver accepts no further ahead
-    /// than the budget.
-    pace_behind: Cell<bool>,
 }
 
 impl Acceptor {
     /// Wraps an already listening, non-blocking socket on the current worker's driver.
     pub(crate) fn new(fd: OwnedFd, options: ListenerOptions) -> io::Result<Acceptor> {
-        Ok(Acceptor {
+        let acceptor = Acceptor {
             src: current::with_driver(|d| ListenerSource::new(d, fd))?,
             batch_turn: Cell::new(u64::MAX),
             batch_count: Cell::new(0),
@@ -281,9 +280,11 @@ impl Acceptor {
             owner_room: Cell::new(usize::MAX),
             pace_budget: Cell::new(options.accept_pacing.map_or(1, |p| p.accepts_increase.max(1))),
             pace_turn_started: Cell::new(None),
-            pace_behind: Cell::new(false),
             options,
-        })
+        };
+        // A paced listener bounds the driver from its first accept on.
+        acceptor.update_driver_room();
+        Ok(acceptor)
     }
 
     pub(crate) fn fd(&self) -> RawFd {
@@ -361,14 +362,18 @@ impl Acceptor {
 
     /// Tells the driver how far ahead of the accept loop it may accept:
     /// the owner's room; at most one while descriptors are scarce; and,
-    /// from the turn pacing finds the worker behind until the budget is
-    /// back at its cap, the budget. Bounded, io_uring's driver stops its
-    /// multishot accept, which takes a whole backlog in one enter, and
-    /// takes connections one `accept4` at a time when asked, as epoll's
-    /// loop does; the rest wait in the kernel's backlog.
+    /// with pacing, the budget, whether the worker is behind or has caught
+    /// up. Bounded, io_uring's driver does not arm its multishot accept,
+    /// which takes a whole backlog in one enter, and takes connections one
+    /// `accept4` at a time when asked, as epoll's loop does; the rest wait
+    /// in the kernel's backlog. A worker that caught up during a quiet spell
+    /// is the one a burst finds with the most waiting (a storm's handshakes
+    /// retransmitted together fill the backlog at once): a multishot accept
+    /// armed then took the whole backlog into one enter and ahead of the
+    /// budget.
     fn update_driver_room(&self) {
         let mut room = self.owner_room.get();
-        if self.pace_behind.get() {
+        if self.options.accept_pacing.is_some() {
             room = room.min(self.pace_budget.get());
         }
         if self.scarce.get() {
@@ -486,9 +491,7 @@ impl Acceptor {
         let next = next.clamp(1, max);
         self.pace_budget.set(next);
         self.pace_turn_started.set(Some(now_ns));
-        let was_behind = self.pace_behind.get();
-        self.pace_behind.set(behind || (was_behind && next < max));
-        if next != budget || was_behind != self.pace_behind.get() {
+        if next != budget {
             self.update_driver_room();
         }
     }

@@ -27,7 +27,11 @@ pub struct ListenerOptions {
     /// `TCP_NODELAY` on accepted sockets (set once on the listener; Linux
     /// copies it to every accepted socket). Default: on.
     pub nodelay: bool,
-    /// Multishot or single-shot accept (io_uring). Default: multishot.
+    /// Multishot or single-shot accept (io_uring). Default: multishot. With
+    /// [`accept_pacing`](Self::accept_pacing) on, the listener takes one
+    /// connection per `accept4` instead, so no more than its budget is
+    /// accepted ahead of its loop (a multishot accept takes the whole
+    /// backlog in one enter).
     pub accept_mode: AcceptMode,
     /// How long accepting pauses after `EMFILE`/`ENFILE`, so a full
     /// descriptor table does not make the loop spin. Default: 10 ms.
