@@ -129,7 +129,13 @@ impl ConnTimer {
         let mut timer = Pin::new(timer);
         while timer.as_mut().poll(cx).is_ready() {
             self.timer_filed = false;
-            if hotloop::time::now() >= due {
+            // The clock itself as well as the turn's reading: a sleep is
+            // ready once the clock has passed its deadline, which may still
+            // lie ahead of the turn's reading (by up to a wheel tick); by
+            // the turn's reading alone the same deadline would be filed
+            // again, be ready again, and this loop spin inside one poll,
+            // taking the worker with it.
+            if hotloop::time::now().max(Instant::now()) >= due {
                 return true;
             }
             timer.as_mut().reset(due);

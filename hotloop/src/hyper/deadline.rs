@@ -526,7 +526,8 @@ fn with_polling<R>(f: impl FnOnce(&Progress) -> R) -> Option<R> {
 pub(super) struct HeadTimer;
 
 /// The sleep of [`HeadTimer`]: ready once the record's head deadline has
-/// passed.
+/// passed by the turn's clock, or once the connection's [`Watch`] saw it
+/// pass (which disarms it).
 struct HeadSleep;
 
 impl Future for HeadSleep {
@@ -536,7 +537,9 @@ impl Future for HeadSleep {
         // Pending with no record: never seen, as hyper polls it only from
         // inside the connection's poll; the idle timeout would still end
         // the connection.
-        let passed = with_polling(|p| p.head_by().is_none_or(|by| Stamp::now() >= by));
+        let passed = with_polling(|p| {
+            !p.head_armed.get() || p.head_by().is_none_or(|by| Stamp::now() >= by)
+        });
         if passed.unwrap_or(false) {
             Poll::Ready(())
         } else {
@@ -670,11 +673,19 @@ impl Watch {
             self.filed = None;
             // Bytes may have moved since the timer was set: look again.
             let (due, expiry) = self.due(progress, d, phase)?;
-            let now = Stamp::now();
+            // The clock itself as well as the turn's reading: a sleep is
+            // ready once the clock has passed its deadline, which may still
+            // lie ahead of the turn's reading (by up to a wheel tick). By
+            // the turn's reading alone the deadline would be filed again,
+            // the sleep be ready again, and this loop spin for good inside
+            // one poll, taking the worker with it.
+            let now = Stamp::now().max(Stamp::from_instant(Instant::now()));
             if now >= due {
                 match expiry {
                     Expiry::Idle => self.cut_at = now.after(IDLE_CLOSE_GRACE),
-                    // Seen once: hyper's sleep is ready from now on.
+                    // Seen once: hyper's sleep is ready from now on (it
+                    // looks at `head_armed`, not only at the turn's clock,
+                    // which may not have reached the deadline yet).
                     Expiry::Head => progress.head_armed.set(false),
                     Expiry::Cut | Expiry::Release => {}
                 }
