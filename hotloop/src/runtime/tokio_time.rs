@@ -14,7 +14,9 @@
 //! through its hotloop waker (the worker's inbox); a future given to
 //! `tokio::spawn` runs on that thread. Workers that never call tokio pay
 //! one thread-local write when they start, nothing per turn, and the
-//! process one sleeping thread. A worker started inside another tokio
+//! process one sleeping thread (and, where tokio's reactor is compiled
+//! in, its three descriptors), for the life of the process: the runtime
+//! is made once and never shut down. A worker started inside another tokio
 //! context keeps that one. tokio's timers do not follow hotloop's paused
 //! time.
 
