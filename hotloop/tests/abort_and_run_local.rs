@@ -188,3 +188,21 @@ async fn a_join_set_handle_tells_its_own_task_after_its_place_is_reused() {
     assert!(set.join_next().await.unwrap().unwrap_err().is_cancelled());
     assert!(second.is_finished());
 }
+
+/// A task detached from its set keeps a handle that tells its own state,
+/// though a newer task takes its place in the set and finishes first.
+#[hotloop::test(driver = "all")]
+async fn a_detached_tasks_handle_is_not_fooled_by_the_task_in_its_place() {
+    let mut set = JoinSet::new();
+    let dropped = flag();
+    let detached = set.spawn(forever(dropped.clone()));
+    set.detach_all();
+    let newer = set.spawn(async { 2 });
+    assert_eq!(set.join_next().await.unwrap().unwrap(), 2);
+    assert!(newer.is_finished());
+    assert!(!detached.is_finished(), "the detached task still runs");
+    detached.abort();
+    hotloop::task::yield_now().await;
+    assert!(dropped.load(Ordering::SeqCst), "the abort reached the detached task");
+    assert!(detached.is_finished());
+}

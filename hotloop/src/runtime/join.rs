@@ -124,9 +124,7 @@ impl AbortHandle {
     /// Cancels the task, as [`JoinHandle::abort`] does (from any thread;
     /// nothing if it has finished).
     pub fn abort(&self) {
-        if !self.is_finished() {
-            abort_task(&self.owner, self.owner_uid, self.key);
-        }
+        abort_task(&self.owner, self.owner_uid, self.key);
     }
 
     /// True once the task has finished, was aborted, or panicked.

@@ -174,8 +174,18 @@ impl<T> JoinSet<T> {
 
     /// Removes every task from the set without aborting them: they keep running.
     pub fn detach_all(&mut self) {
+        {
+            // Under the lock a finish takes: a task not finished here
+            // finishes after, and clears its mark then.
+            let mut ready = lock(&self.notify.ready);
+            for (id, handle) in self.tasks.iter() {
+                if !handle.is_finished() {
+                    ready.detached(id.to_u64());
+                }
+            }
+            ready.ids.clear();
+        }
         drop(self.tasks.drain());
-        lock(&self.notify.ready).ids.clear();
     }
 }
 

@@ -111,13 +111,24 @@ pub(crate) struct SetReady {
     /// task needs no flag of its own. A slot of the set's slab takes a new
     /// generation only once its task is joined (finished) or detached.
     finished_generations: Vec<u32>,
+    /// Tasks detached from the set while running: a newer task in the
+    /// same place may finish first, so their handles look here instead.
+    detached: std::collections::HashSet<u64>,
 }
 
 impl SetReady {
     /// True once the task `id` of the set has finished.
     fn has_finished(&self, id: u64) -> bool {
+        if !self.detached.is_empty() && self.detached.contains(&id) {
+            return false;
+        }
         let (index, generation) = (id as u32 as usize, (id >> 32) as u32);
         self.finished_generations.get(index).is_some_and(|&g| g != 0 && !newer(generation, g))
+    }
+
+    /// Records that the running task `id` left the set.
+    pub(crate) fn detached(&mut self, id: u64) {
+        self.detached.insert(id);
     }
 }
 
@@ -141,6 +152,9 @@ impl SetNotify {
         let waiter = {
             let mut ready = lock(&self.ready);
             ready.ids.push_back(id);
+            if !ready.detached.is_empty() {
+                ready.detached.remove(&id);
+            }
             let (index, generation) = (id as u32 as usize, (id >> 32) as u32);
             if ready.finished_generations.len() <= index {
                 ready.finished_generations.resize(index + 1, 0);
