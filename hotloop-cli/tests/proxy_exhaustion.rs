@@ -89,14 +89,21 @@ fn at_the_descriptor_limit_clients_wait_for_the_connect_timeout(driver: DriverKi
     // The descriptors come back.
     assert!(
         wait_until(Duration::from_secs(10), || p.fds() <= baseline + 2),
-        "{driver}: {} descriptors open after the run, {baseline} before",
-        p.fds()
+        "{driver}: {} descriptors open after the run, {baseline} before: {:#?}",
+        p.fds(),
+        p.fd_targets()
     );
     p.collect_lines(Duration::from_millis(1500));
     let failed = p.seen.iter().filter(|l| l.contains("accept failed")).count();
     let again = p.seen.iter().filter(|l| l.contains("accepting again")).count();
-    // One episode per worker at most: the limit is hit again each time a
-    // wave of clients ends and the next wave is accepted, but that is one
-    // run of failures, not a new one each time.
-    assert!(failed <= 2 && again == failed, "{driver}: {failed} episodes logged: {:#?}", p.seen);
+    // Logged once per run of failures, not once per retry: a run ends after
+    // a quiet second, and the limit is met again by each wave of clients
+    // (about NOFILE / 2 clients are let in per connect timeout), so a worker
+    // logs at most one run per wave, each run counting many retries.
+    let waves = CLIENTS.div_ceil(NOFILE as usize / 2) + 1;
+    assert!(
+        failed >= 1 && failed <= 2 * waves && again == failed,
+        "{driver}: {failed} runs of failures logged, {again} ends: {:#?}",
+        p.seen
+    );
 }

@@ -150,6 +150,21 @@ impl Proc {
     pub fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |d| d.count())
     }
+
+    /// What each descriptor the process holds points at (for a failure's message).
+    pub fn fd_targets(&self) -> Vec<String> {
+        let dir = format!("/proc/{}/fd", self.child.id());
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+        let mut out: Vec<String> = entries
+            .flatten()
+            .map(|e| {
+                let target = std::fs::read_link(e.path()).unwrap_or_default();
+                format!("{} -> {}", e.file_name().to_string_lossy(), target.display())
+            })
+            .collect();
+        out.sort();
+        out
+    }
 }
 
 impl Drop for Proc {
