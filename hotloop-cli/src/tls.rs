@@ -133,6 +133,10 @@ impl Conn for ServerTlsStream {
             cut(self).await;
         }
     }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self.get_ref().0)
+    }
 }
 
 /// Reads what has arrived (empty at the end of the stream), taking a

@@ -87,6 +87,19 @@ const LOOPS_STOP_WAIT: Duration = Duration::from_secs(5);
 /// once. Used by `serve_hyper` and by `hotloop serve`.
 pub const DRAIN_IDLE_QUIET: Duration = Duration::from_millis(200);
 
+/// True if the peer of a connected socket has sent bytes (or its end of
+/// stream) that nobody has read yet, in the kernel: a peek that takes
+/// nothing. An idle connection is closed only when this says no. A read
+/// through the driver may not have seen such bytes yet (on io_uring they
+/// reach the stream's queue with the completion of its receive, a loop
+/// turn later), and closing then would meet the request that just came.
+///
+/// `socket` is the connection's descriptor (`as_raw_fd()`), taken while
+/// the stream is open.
+pub fn input_pending(socket: std::os::fd::RawFd) -> io::Result<bool> {
+    crate::sys::input_pending(socket)
+}
+
 /// A running server. Dropping it does not stop it; call [`Server::stop`].
 ///
 /// `A` is what it listens on: a `SocketAddr` for [`serve`], a path for
