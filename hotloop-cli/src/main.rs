@@ -48,7 +48,7 @@ mod notes {
         () => {
             "\
 Signals: SIGTERM or SIGINT drains: no new connections, idle keep-alive connections
-closed once quiet for 200 ms, answers in flight sent with `Connection: close`
+closed once quiet for 1 s, answers in flight sent with `Connection: close`
 (HTTP/2: GOAWAY), exit as soon as the last connection ends or --drain-timeout-ms
 (default 5000) has passed, when the rest are cut. A second SIGTERM or SIGINT, or
 SIGQUIT at any time, stops at once. SIGHUP reloads the TLS certificate and key

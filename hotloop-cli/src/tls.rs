@@ -167,6 +167,10 @@ async fn linger(tls: &mut ServerTlsStream) {
             None => return,
         }
     }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self.get_ref().0)
+    }
 }
 
 /// Reads what has arrived (empty at the end of the stream), taking a

@@ -398,3 +398,56 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     next.signal("TERM");
     assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
+
+/// `hotloop proxy` and `hotloop serve static` take `--upgrade-socket` too:
+/// a successor takes the listening socket over and serves, and the old
+/// process drains and exits.
+#[hotloop::test(driver = "all")]
+fn proxy_and_static_files_are_upgraded_too(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut backend, backend_addr) = {
+        let mut p = Proc::start(&["serve", "http", "--addr", "127.0.0.1:0", "--driver", driver]);
+        let addr = p.addr_after(" on ");
+        (p, addr)
+    };
+    let path = socket_path();
+    let backend_arg = backend_addr.to_string();
+    let proxy_args = |workers| {
+        vec![
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            &backend_arg,
+            "--workers",
+            workers,
+            "--driver",
+            driver,
+            "--upgrade-socket",
+            path.to_str().unwrap(),
+        ]
+    };
+    let mut p = Proc::start(&proxy_args("2"));
+    let addr = p.addr_after("proxy on ");
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    let mut next = upgrade(&mut p, &proxy_args("1"));
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+    backend.signal("TERM");
+    assert!(backend.wait_exit(LIMIT).expect("exit").success());
+
+    let root = std::env::temp_dir().join(format!("hotloop-upgrade-static-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("index.html"), "hello").unwrap();
+    let path = socket_path();
+    let root_arg = root.to_str().unwrap();
+    let mut p = Proc::start(&serve_args("static", driver, "2", &path, &["--root", root_arg]));
+    let addr = p.addr_after(" on ");
+    assert!(common::http_get(addr, "/").ends_with("hello"));
+    let mut next =
+        upgrade(&mut p, &serve_args("static", driver, "1", &path, &["--root", root_arg]));
+    assert!(common::http_get(addr, "/").ends_with("hello"));
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::io;
 use std::net::Shutdown;
 use std::ops::Deref;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use hotloop::buf::{IoBuf, PooledBuf};
@@ -68,6 +69,10 @@ pub(crate) trait Conn {
     /// Called once the handler is done with the connection, before it is
     /// closed; `limit` bounds any last write.
     fn finish(&mut self, limit: Option<Duration>) -> impl Future<Output = ()>;
+
+    /// The socket's descriptor, for a peek at what waits in it (see
+    /// [`ConnTimer::read`]).
+    fn raw_fd(&self) -> RawFd;
 }
 
 impl Conn for TcpStream {
@@ -104,5 +109,9 @@ impl Conn for TcpStream {
     /// Nothing to do: closing the descriptor is the end.
     fn finish(&mut self, _limit: Option<Duration>) -> impl Future<Output = ()> {
         std::future::ready(())
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        self.as_raw_fd()
     }
 }

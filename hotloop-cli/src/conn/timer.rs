@@ -8,7 +8,9 @@ use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use hotloop::net::DRAIN_IDLE_QUIET;
+use std::os::fd::RawFd;
+
+use hotloop::net::{input_pending, DRAIN_IDLE_QUIET};
 use hotloop::time::Sleep;
 
 use crate::drain;
@@ -60,7 +62,7 @@ impl ConnTimer {
             self.bring_forward(due);
         }
         let idle_since = idle.then(hotloop::time::now);
-        DeadlineRead { read, timer: self, due, idle_since }
+        DeadlineRead { read, timer: self, due, idle_since, socket: None }
     }
 
     /// Runs `write` (pinned by the caller); once it has to wait, for at
@@ -155,6 +157,20 @@ pub(crate) struct DeadlineRead<'a, F> {
     due: Option<Instant>,
     /// For an idle wait, when it began (the connection's last progress).
     idle_since: Option<Instant>,
+    /// The connection's socket, peeked before an idle wait ends for a
+    /// stop (see [`DeadlineRead::peeking`]).
+    socket: Option<RawFd>,
+}
+
+impl<F> DeadlineRead<'_, F> {
+    /// Before an idle wait ends for a stop, looks into the socket itself
+    /// (`hotloop::net::input_pending`): bytes there that the read has not
+    /// seen yet (on io_uring they come with a completion a loop turn
+    /// later) mean the next request is arriving, and the wait goes on.
+    pub(crate) fn peeking(mut self, socket: RawFd) -> Self {
+        self.socket = Some(socket);
+        self
+    }
 }
 
 impl<F, B> Future for DeadlineRead<'_, F>
@@ -174,7 +190,13 @@ where
             let quiet = since + DRAIN_IDLE_QUIET;
             this.timer.bring_forward(quiet);
             if this.timer.poll_expired(cx, quiet) {
-                return Poll::Ready(None);
+                let arriving = this.socket.is_some_and(|fd| input_pending(fd).unwrap_or(false));
+                if !arriving {
+                    return Poll::Ready(None);
+                }
+                // Not quiet after all: the read wakes this task when the
+                // bytes reach it, and the quiet time starts again.
+                this.idle_since = Some(hotloop::time::now());
             }
         }
         match this.due {

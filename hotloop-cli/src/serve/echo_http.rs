@@ -187,8 +187,9 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
                 // bounds it; one partway through a request gets its answer, with
                 // `Connection: close`.
                 let idle = head_deadline.is_none();
+                let socket = stream.raw_fd();
                 let read = pin!(stream.read_some());
-                match timer.read(read, deadline, idle).await {
+                match timer.read(read, deadline, idle).peeking(socket).await {
                     Some(b) => {
                         buf = b;
                         consumed = 0;

@@ -106,6 +106,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let progress = Rc::new(Progress::new(deadlines.header()));
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&io.socket());
     let parked = Parked {
         io: TimedIo { io, progress: progress.clone() },
         service: Tracked::new(service, progress.clone()),
@@ -115,6 +116,7 @@ where
     ServeConnection {
         phase: Phase::Parked(parked),
         stopping: stop.stopping(),
+        fd,
         progress,
         watch: Watch::new(),
         deadlines,
@@ -136,6 +138,9 @@ where
     progress: Rc<Progress>,
     watch: Watch,
     deadlines: Deadlines,
+    /// The socket's number, for a peek at what waits in it: valid while the
+    /// connection lives, since the connection owns its stream.
+    fd: std::os::fd::RawFd,
     // The connection was told to finish (the server stops, or the idle deadline passed).
     told: bool,
     /// hyper's graceful shutdown was asked for.
@@ -198,6 +203,17 @@ where
                 // hyper sees its header-read deadline passed when polled.
                 Some(Expiry::Head) => {}
                 Some(Expiry::Idle) => {
+                    // Closed only on a read that finds nothing pending, in
+                    // the kernel too: the next request may be in the socket
+                    // before the driver has delivered it (see
+                    // `net::input_pending`). Then it is not idle.
+                    if this.waits_for_client()
+                        && crate::sys::input_pending(this.fd).unwrap_or(false)
+                    {
+                        this.progress.stir();
+                        this.watch.resume();
+                        continue;
+                    }
                     // An idle HTTP/1.1 connection ends at once; for the
                     // others the watch files the grace's deadline.
                     this.told = true;
@@ -382,6 +398,16 @@ where
                 self.finish();
                 true
             }
+            _ => false,
+        }
+    }
+
+    /// True while the connection has no request open and waits for its
+    /// client's next bytes: parked, or HTTP/1.1 between requests.
+    fn waits_for_client(&self) -> bool {
+        match &self.phase {
+            Phase::Parked(_) => true,
+            Phase::Http1(_) => self.progress.between_requests(),
             _ => false,
         }
     }

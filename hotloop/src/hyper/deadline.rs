@@ -271,6 +271,12 @@ impl Progress {
         self.moved.get()
     }
 
+    /// Bytes are on their way (seen in the socket, not yet read): the
+    /// connection is not quiet.
+    pub(super) fn stir(&self) {
+        self.moved.set(Stamp::now());
+    }
+
     /// Since when a write (or a flush) has been waiting, while one is.
     fn write_waiting(&self) -> Option<Stamp> {
         let since = self.write_waiting.get();
@@ -696,6 +702,12 @@ impl Watch {
         // Pending: the timer is in the wheel with this task's waker.
         self.filed = Some(cx.waker().clone());
         None
+    }
+
+    /// Forgets an [`Expiry::Idle`] that turned out not to be one (the
+    /// client's next bytes were waiting in the socket): no grace runs.
+    pub(super) fn resume(&mut self) {
+        self.cut_at = Stamp::NONE;
     }
 
     /// Moves the timer to `at`.

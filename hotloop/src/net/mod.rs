@@ -29,8 +29,8 @@ pub use resolve::{lookup_host, Target, ToSocketAddrs};
 #[cfg(feature = "test-util")]
 pub use resolve::{set_resolver, ResolverFn};
 pub use server::{
-    serve, serve_unix, serve_unix_with_stop, serve_with_stop, Drained, Server, StopSignal,
-    Stopping, UnixServer, DRAIN_CUT_WAIT, DRAIN_IDLE_QUIET,
+    input_pending, serve, serve_unix, serve_unix_with_stop, serve_with_stop, Drained, Server,
+    StopSignal, Stopping, UnixServer, DRAIN_CUT_WAIT, DRAIN_IDLE_QUIET,
 };
 pub use socket::TcpSocket;
 pub use sockopt::TcpKeepalive;

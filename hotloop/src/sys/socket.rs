@@ -526,3 +526,16 @@ pub(crate) fn adopt_inherited_fd(raw: RawFd) -> io::Result<OwnedFd> {
     // process to own; the caller takes it once (see `net/handover.rs`).
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
+
+/// True if a connected socket has bytes nobody has read, or the peer's
+/// end of stream, waiting in the kernel (a one-byte `MSG_PEEK`, which
+/// takes nothing); false if a read would block.
+pub(crate) fn input_pending(fd: RawFd) -> io::Result<bool> {
+    let mut byte = 0u8;
+    // SAFETY: the buffer is one live byte; the address arguments are null.
+    match cvt(unsafe { raw_recvfrom(fd, &mut byte, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) }) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) => Err(e),
+    }
+}
