@@ -8,6 +8,12 @@
 //! [`Watch`], moved only earlier as it goes, and looks at the record when
 //! it fires, filing it again for the later deadline if bytes moved
 //! meanwhile (nginx keeps its timers the same way).
+//!
+//! A fired timer is judged by the clock itself as well as by the turn's
+//! reading of it: a sleep is ready once the clock has passed its deadline,
+//! which may lie ahead of the turn's reading, and a deadline the turn's
+//! reading says is still ahead would be filed again and be ready again,
+//! for ever, inside one poll.
 
 use std::cell::Cell;
 use std::future::Future;
