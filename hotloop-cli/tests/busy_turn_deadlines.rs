@@ -8,7 +8,7 @@
 //! filed the same deadline again, and spun in that poll for good: the
 //! server answered nothing more.) Both drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,7 +1,7 @@
 //! HTTP details an ordinary client meets: a 431 it can read, `HEAD`, and
 //! browser-sized header counts. Both drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

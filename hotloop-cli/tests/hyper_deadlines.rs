@@ -5,7 +5,7 @@
 //! (a TCP half-close, or a TLS close_notify) still gets the answer; plain
 //! and TLS, on both drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};

@@ -5,7 +5,7 @@
 //! left unfinished after answered requests still gets a 408 at the header
 //! timeout.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};

@@ -3,7 +3,7 @@
 //! slot frees, and running out of descriptors is logged once per episode.
 //! Both drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

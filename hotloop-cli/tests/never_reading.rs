@@ -3,7 +3,7 @@
 //! timeout, since nothing moves on them either way; echo, http and hyper,
 //! plain and TLS, on both drivers.
 
-mod common;
+use crate::common;
 
 use std::any::Any;
 use std::io::{Read, Write};

@@ -4,7 +4,7 @@
 //! descriptors come back, and running out is logged once per episode, not
 //! per retry. Both drivers, two workers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! `timeout tunnel`): one-way streams outlive it, and a cut reaches both
 //! peers as a reset, never as a clean end of stream. Both drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

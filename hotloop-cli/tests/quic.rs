@@ -7,7 +7,7 @@
 //! h3-quinn) has requests answered, and SIGTERM closes its connection with
 //! H3_NO_ERROR. The server runs on both drivers.
 
-mod common;
+use crate::common;
 
 use hotloop::DriverKind;
 use std::net::SocketAddr;

@@ -7,7 +7,7 @@
 //! than three times what it sent, and one connection's flow-control windows
 //! bound what it makes the server hold. Every test runs on both drivers.
 
-mod common;
+use crate::common;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};

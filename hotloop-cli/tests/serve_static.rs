@@ -10,7 +10,7 @@
 //! or changed; FIFOs and sockets under the root answered 404 at once
 //! without a blocking-pool thread each.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

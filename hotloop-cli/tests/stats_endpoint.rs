@@ -4,7 +4,7 @@
 //! scrapes do not count as the served application's connections. Both
 //! drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,7 +1,7 @@
 //! Stopping: what each signal does to `hotloop serve`, and how long a
 //! graceful stop takes. Both drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -8,7 +8,7 @@
 //! key is a startup error naming the file. Both drivers. Needs `curl` and `openssl` (the tests that use them skip
 //! without).
 
-mod common;
+use crate::common;
 
 use hotloop::DriverKind;
 use std::io::{BufRead, BufReader, Read, Write};

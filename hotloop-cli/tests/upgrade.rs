@@ -7,7 +7,7 @@
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
 //! files are bad. Both drivers.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

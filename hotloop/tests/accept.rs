@@ -2,7 +2,7 @@
 //! accepted sockets, and fairness (a task that only yields does not stop
 //! accepts).
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -4,8 +4,6 @@
 //! server lets hyper finish requests in flight (HTTP/1.1 and HTTP/2)
 //! instead of cutting them at the grace limit.
 
-mod common;
-
 #[allow(dead_code)]
 #[path = "../examples/axum.rs"]
 mod example;

@@ -2,7 +2,7 @@
 //! connections to an idle one; a worker that is stuck or dead gets none,
 //! and the connections handed to a worker that dies are served elsewhere.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::io::{Read, Write};

@@ -1,7 +1,7 @@
 //! Busy polling: off never spins, always never sleeps, adaptive spins for
 //! its budget after the last event and then sleeps.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

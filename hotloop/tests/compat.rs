@@ -1,8 +1,6 @@
 //! `TcpStream` through tokio's and futures' I/O traits: partial reads and
 //! writes, vectored writes, shutdown, peer reset and cancellation.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream as StdStream;
 use std::time::Duration;

@@ -5,8 +5,6 @@
 // The tests hand futures from one runtime to another on purpose.
 #![allow(clippy::async_yields_async)]
 
-mod common;
-
 use std::future::{poll_fn, Future};
 use std::io::Write;
 use std::net::{TcpListener as StdListener, TcpStream as StdStream};

@@ -3,7 +3,7 @@
 //! deadline, and close an idle keep-alive connection only once it has
 //! been quiet. Both drivers.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::io::{Read, Write};

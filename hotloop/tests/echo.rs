@@ -1,6 +1,6 @@
 //! Echo across many concurrent connections, on every worker.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,8 +2,6 @@
 //! peer, refused and stalled connects, futures dropped mid-operation.
 //! Each gives a clear `io::Error` or a clean end, never a panic.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::mpsc;

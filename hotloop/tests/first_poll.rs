@@ -3,7 +3,7 @@
 //! wait, spawn or stop the server, the accept loop and the worker carry on
 //! as if the handler had run on its own.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -153,8 +153,11 @@ fn a_first_poll_that_spawns_and_stops_the_server_ends_cleanly(driver: DriverKind
 /// a child process, which an abort would kill.
 #[hotloop::test(driver = "all")]
 fn a_first_poll_that_drops_a_runtime_it_owns_leaves_the_server_serving(driver: DriverKind) {
-    let out =
-        common::run_child("owned_runtime_in_first_poll_child", "HOTLOOP_FIRST_POLL_CHILD", driver);
+    let out = common::run_child(
+        &harness_name("owned_runtime_in_first_poll_child"),
+        "HOTLOOP_FIRST_POLL_CHILD",
+        driver,
+    );
     assert!(out.contains("first poll runtimes: ok"));
 }
 
@@ -185,4 +188,14 @@ fn owned_runtime_in_first_poll_child() {
     assert_eq!(exchange(addr, b"hello"), b"ok", "still serving");
     assert!(wait_for(|| server.active_connections() == 0));
     println!("first poll runtimes: ok");
+}
+
+/// The name the test harness knows `name` by: prefixed with this file's
+/// module path below the test crate (`file::name` in `tests/suite.rs`, just
+/// `name` in a binary of its own), for running one test in a child.
+fn harness_name(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
 }

@@ -9,8 +9,6 @@
 //! where the test needs one: a successor that panics, and socket
 //! activation.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -247,7 +245,13 @@ fn a_successor_that_fails_leaves_the_old_process_serving(driver: DriverKind) {
 
     // One that panics while it starts, in a process of its own.
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["successor_child", "--exact", "--nocapture", "--test-threads=1", "--ignored"])
+        .args([
+            &harness_name("successor_child") as &str,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "--ignored",
+        ])
         .env(CHILD, &path)
         .output()
         .unwrap();
@@ -295,7 +299,13 @@ fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
     let mut child = Command::new("sh")
         .args(["-c", sh])
         .arg(std::env::current_exe().unwrap())
-        .args(["activated_child", "--exact", "--nocapture", "--test-threads=1", "--ignored"])
+        .args([
+            &harness_name("activated_child") as &str,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "--ignored",
+        ])
         .env(CHILD, format!("{addr} {driver:?}"))
         .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener)))
         .stdout(Stdio::null())
@@ -414,4 +424,14 @@ fn http2_connections_get_a_goaway_and_finish_their_streams(driver: DriverKind) {
     assert_eq!(fresh, Bytes::from("B"));
     drop(rt_a);
     assert_eq!(b.drain_blocking(LIMIT).cut, 0);
+}
+
+/// The name the test harness knows `name` by: prefixed with this file's
+/// module path below the test crate (`file::name` in `tests/suite.rs`, just
+/// `name` in a binary of its own), for running one test in a child.
+fn harness_name(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
 }

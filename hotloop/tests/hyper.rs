@@ -2,8 +2,6 @@
 //! knowledge, a hyper client on hotloop against a tokio server, and a hyper
 //! client on tokio against hotloop.
 
-mod common;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::Command;

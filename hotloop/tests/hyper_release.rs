@@ -7,8 +7,6 @@
 //! connection is busy (the live heap per idle connection, counted by the
 //! allocator of this test binary).
 
-mod common;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
 use std::io::{Read, Write};

@@ -123,12 +123,22 @@ fn require_uring_fails_instead_of_skipping() {
         "a_plain_fn_runs_once_per_driver_on_runtimes_it_builds::uring",
     ] {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--test-threads", "1"])
+            .args(["--exact", &harness_name(test), "--test-threads", "1"])
             .env("HOTLOOP_REQUIRE_URING", "1")
             .output()
             .unwrap();
         assert!(!out.status.success(), "{test} must fail when io_uring is required");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("HOTLOOP_REQUIRE_URING=1"), "{text}");
+    }
+}
+
+/// The name the test harness knows `name` by: prefixed with this file's
+/// module path below the test crate (`file::name` in `tests/suite.rs`, just
+/// `name` in a binary of its own), for running one test in a child.
+fn harness_name(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
     }
 }

@@ -4,8 +4,6 @@
 //! reaches the kernel, and a socket dropped outside its runtime still
 //! closes at once.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
 use std::sync::mpsc;

@@ -4,8 +4,6 @@
 //! backlog in one enter, is never armed, and the waiting connections stay
 //! in the kernel's backlog as they do on epoll.
 
-mod common;
-
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};

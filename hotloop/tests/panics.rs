@@ -2,7 +2,7 @@
 //! executor or the driver runs, or in a `spawn_on` closure, a panic reaches
 //! the waiter that concerns it as an error and the worker carries on.
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::future::{pending, poll_fn, Future};
@@ -233,7 +233,11 @@ fn a_nested_block_on_panics_in_its_task_and_the_worker_keeps_its_context(driver:
 /// Runs in a child process, which an abort would kill.
 #[hotloop::test(driver = "all")]
 fn a_task_that_owns_a_runtime_and_panics_reports_the_panic(driver: DriverKind) {
-    let out = common::run_child("owned_runtime_child", "HOTLOOP_OWNED_RUNTIME_CHILD", driver);
+    let out = common::run_child(
+        &harness_name("owned_runtime_child"),
+        "HOTLOOP_OWNED_RUNTIME_CHILD",
+        driver,
+    );
     assert!(out.contains("owned runtimes: ok"));
 }
 
@@ -267,4 +271,14 @@ fn owned_runtime_child() {
     });
     worker_alive(&rt);
     println!("owned runtimes: ok");
+}
+
+/// The name the test harness knows `name` by: prefixed with this file's
+/// module path below the test crate (`file::name` in `tests/suite.rs`, just
+/// `name` in a binary of its own), for running one test in a child.
+fn harness_name(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
 }

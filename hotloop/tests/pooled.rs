@@ -2,8 +2,6 @@
 //! read is dropped, bytes in order when pooled and plain reads mix, and a
 //! fast sender held back rather than buffered without bound.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream as StdStream;
 use std::time::Duration;

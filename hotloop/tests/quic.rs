@@ -3,8 +3,6 @@
 //! large transfer, close, idle timeout), and a hotloop client talks to a
 //! tokio server.
 
-mod common;
-
 #[allow(dead_code)]
 #[path = "../examples/quic_echo.rs"]
 mod example;

@@ -1,8 +1,6 @@
 //! The executor: block_on, spawn, JoinHandle, abort, yield, cross-thread
 //! spawn and wake, panics, and shutdown closing every descriptor.
 
-mod common;
-
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! One test in its own binary: it counts the process's open descriptors,
 //! which tests running in parallel would disturb.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

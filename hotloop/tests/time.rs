@@ -4,8 +4,6 @@
 // Some tests hand a polled sleep from one worker or runtime to another on purpose.
 #![allow(clippy::async_yields_async)]
 
-mod common;
-
 use std::future::Future;
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,6 @@
 //! within the handshake limit, while other connections keep working.
 //! Needs `curl` and `openssl` (the tests that use them skip without).
 
-mod common;
-
 use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::SocketAddr;

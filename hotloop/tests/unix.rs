@@ -4,7 +4,7 @@
 //! missing or taken path, what binding removes (only a stale socket, and
 //! only when asked), and no descriptor left open afterwards.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
@@ -412,7 +412,12 @@ fn no_descriptor_is_left_open() {
     // Counted in a process of its own: the tests running beside this one
     // open and close descriptors of their own.
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "count_descriptors_alone", "--ignored", "--test-threads=1"])
+        .args([
+            "--exact",
+            &harness_name("count_descriptors_alone"),
+            "--ignored",
+            "--test-threads=1",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -452,4 +457,14 @@ async fn futures_traits_over_a_pair() {
     let mut got = Vec::new();
     timeout(LIMIT, AsyncReadExt::read_to_end(&mut b, &mut got)).await.unwrap().unwrap();
     assert_eq!(got, b"through futures-io");
+}
+
+/// The name the test harness knows `name` by: prefixed with this file's
+/// module path below the test crate (`file::name` in `tests/suite.rs`, just
+/// `name` in a binary of its own), for running one test in a child.
+fn harness_name(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
 }

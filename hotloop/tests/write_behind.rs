@@ -19,8 +19,6 @@
 //! Never a clean end after fewer bytes (a silent cut), and never nothing
 //! at all (a descriptor held open).
 
-mod common;
-
 use std::cell::RefCell;
 use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, SocketAddr};

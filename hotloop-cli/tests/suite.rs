@@ -1,0 +1,25 @@
+//! The command's integration tests, built as one binary: one build and
+//! one link for all of them instead of one per file. Each starts the
+//! `hotloop` binary as a child process; a test file is a module here and
+//! `tests/common` holds the helpers they share.
+mod common;
+
+mod busy_turn_deadlines;
+mod deps;
+mod help;
+mod http_edges;
+mod hyper_deadlines;
+mod keepalive_deadlines;
+mod layering;
+mod limits;
+mod never_reading;
+mod proxy_exhaustion;
+mod proxy_idle;
+mod quic;
+mod quic_abuse;
+mod serve;
+mod serve_static;
+mod stats_endpoint;
+mod stop;
+mod tls;
+mod upgrade;
