@@ -225,3 +225,33 @@ fn every_environment_variable_the_documents_name_is_read() {
     }
     assert!(missing.is_empty(), "variables the documents name that nothing reads: {missing:?}");
 }
+
+/// With `autotests = false`, a test file that is neither a module of its
+/// package's `tests/suite.rs` nor a `[[test]]` of its own would never run:
+/// nothing would say so.
+#[test]
+fn every_test_file_is_built() {
+    for package in ["hotloop", "hotloop-cli"] {
+        let dir = root().join(package);
+        let suite = read(&dir.join("tests/suite.rs"));
+        let manifest = read(&dir.join("Cargo.toml"));
+        for file in files(&dir.join("tests"), "rs") {
+            if file.parent() != Some(dir.join("tests").as_path()) {
+                continue; // helpers under tests/common
+            }
+            let name = file.file_stem().unwrap().to_str().unwrap();
+            if name == "suite" {
+                continue;
+            }
+            let in_suite = suite.lines().any(|l| l.trim() == format!("mod {name};"));
+            let own_binary = manifest.split("[[test]]").skip(1).any(|section| {
+                let section = section.split("\n[").next().unwrap_or("");
+                section.contains(&format!("name = \"{name}\""))
+            });
+            assert!(
+                in_suite != own_binary,
+                "{package}/tests/{name}.rs must be either a module of tests/suite.rs or a [[test]] of its own (in the suite: {in_suite}, own binary: {own_binary})"
+            );
+        }
+    }
+}

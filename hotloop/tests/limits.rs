@@ -1,7 +1,7 @@
 //! Connection limits: at `maxconn` the listener stops accepting (the
 //! kernel's backlog holds the rest) and resumes as connections finish.
 
-use crate::common;
+mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! One test in its own binary: it counts the process's open descriptors,
 //! which tests running in parallel would disturb.
 
-use crate::common;
+mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! one link for all of them instead of one per file. A test file is a
 //! module here; `tests/common` holds the helpers they share. Files that
 //! change what the whole process shares (the open-file limit, signal
-//! dispositions, child reaping, the resolver) or count the process's
+//! dispositions, child reaping, the resolver) or count the process's open
 //! descriptors stay binaries of their own (`Cargo.toml`), so no test here
 //! sees another's change. `tests/docs.rs` checks every file is one or the
 //! other.
@@ -40,11 +40,9 @@ mod hyper_release;
 mod join_handle_send;
 mod join_set;
 mod layering;
-mod limits;
 #[cfg(all(feature = "macros"))]
 mod macros;
 mod ownership;
-mod paced_accept;
 mod panics;
 mod paused_time;
 mod pooled;
@@ -55,7 +53,6 @@ mod read_styles;
 mod registration;
 mod runtime;
 mod send_file;
-mod shutdown;
 mod sockopt;
 #[cfg(all(feature = "tokio-io"))]
 mod stream_api;

@@ -195,8 +195,9 @@ where
                     return Poll::Ready(None);
                 }
                 // Not quiet after all: the read wakes this task when the
-                // bytes reach it, and the quiet time starts again.
-                this.idle_since = Some(hotloop::time::now());
+                // bytes reach it, and the quiet time starts again, from the
+                // clock itself (the turn's reading may lie behind it).
+                this.idle_since = Some(Instant::now());
             }
         }
         match this.due {

@@ -31,7 +31,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::body::{Body, Incoming};
@@ -183,6 +183,7 @@ where
                 return Poll::Ready(());
             }
         }
+        let mut peeked = false;
         loop {
             if this.drive(cx).is_ready() {
                 return Poll::Ready(());
@@ -207,10 +208,18 @@ where
                     // the kernel too: the next request may be in the socket
                     // before the driver has delivered it (see
                     // `net::input_pending`). Then it is not idle.
-                    if this.waits_for_client()
+                    // Once per poll: the bytes stay in the socket until the
+                    // driver hands them to hyper, which takes a return to
+                    // the loop, and the quiet time starts again from the
+                    // clock itself (the turn's reading may already lie a
+                    // whole idle timeout behind it, and a deadline filed
+                    // from it would be due at once, again and again).
+                    if !peeked
+                        && this.waits_for_client()
                         && crate::sys::input_pending(this.fd).unwrap_or(false)
                     {
-                        this.progress.stir();
+                        peeked = true;
+                        this.progress.stir_at(Stamp::from_instant(Instant::now()));
                         this.watch.resume();
                         continue;
                     }

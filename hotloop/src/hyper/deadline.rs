@@ -277,10 +277,10 @@ impl Progress {
         self.moved.get()
     }
 
-    /// Bytes are on their way (seen in the socket, not yet read): the
-    /// connection is not quiet.
-    pub(super) fn stir(&self) {
-        self.moved.set(Stamp::now());
+    /// Bytes are on their way (seen in the socket at `at`, not yet read):
+    /// the connection is not quiet.
+    pub(super) fn stir_at(&self, at: Stamp) {
+        self.moved.set(at);
     }
 
     /// Since when a write (or a flush) has been waiting, while one is.
