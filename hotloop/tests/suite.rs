@@ -15,38 +15,38 @@ mod axum;
 mod balance;
 mod blocking;
 mod busy_poll;
-#[cfg(all(feature = "tls"))]
+#[cfg(feature = "tls")]
 mod cert_reload;
 #[cfg(all(feature = "tokio-io", feature = "futures-io"))]
 mod compat;
 mod cross_runtime;
 mod defaults;
 mod docs;
-#[cfg(all(feature = "hyper"))]
+#[cfg(feature = "hyper")]
 mod drain;
 mod driver_choice;
 mod echo;
 mod faults;
 mod first_poll;
-#[cfg(all(feature = "tokio-io"))]
+#[cfg(feature = "tokio-io")]
 mod fs_tokio;
 mod fs_tree;
-#[cfg(all(feature = "hyper"))]
+#[cfg(feature = "hyper")]
 mod handover;
-#[cfg(all(feature = "hyper"))]
+#[cfg(feature = "hyper")]
 mod hyper;
-#[cfg(all(feature = "hyper"))]
+#[cfg(feature = "hyper")]
 mod hyper_release;
 mod join_handle_send;
 mod join_set;
 mod layering;
-#[cfg(all(feature = "macros"))]
+#[cfg(feature = "macros")]
 mod macros;
 mod ownership;
 mod panics;
 mod paused_time;
 mod pooled;
-#[cfg(all(feature = "quic"))]
+#[cfg(feature = "quic")]
 mod quic;
 #[cfg(all(feature = "tokio-io", feature = "futures-io"))]
 mod read_styles;
@@ -54,18 +54,18 @@ mod registration;
 mod runtime;
 mod send_file;
 mod sockopt;
-#[cfg(all(feature = "tokio-io"))]
+#[cfg(feature = "tokio-io")]
 mod stream_api;
 mod task_local;
 mod time;
 #[cfg(all(feature = "tls", feature = "hyper"))]
 mod tls;
-#[cfg(all(feature = "tokio-io"))]
+#[cfg(feature = "tokio-io")]
 mod tokio_ext_traits;
 #[cfg(all(feature = "tokio-time", feature = "tower"))]
 mod tokio_time;
 mod udp;
-#[cfg(all(feature = "tokio-io"))]
+#[cfg(feature = "tokio-io")]
 mod unix;
 mod unix_datagram;
 mod wheel_model;
