@@ -90,6 +90,18 @@ def answers(port):
         return False
 
 
+def kill_pidfile(path):
+    """After a failure: ends the daemon whose pid `path` holds, if alive."""
+    try:
+        with open(path) as f:
+            pid = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    if alive(pid):
+        # SIGTERM: haproxy and nginx both stop at once, workers included.
+        os.kill(pid, signal.SIGTERM)
+
+
 # ---------------------------------------------------------------- servers
 
 
@@ -105,12 +117,32 @@ class Hotloop:
                      "--drain-timeout-ms", "10000"]
         self.tmp, self.n, self.proc = tmp, 0, None
         self.port, self.h2_port = port, port
+        self.started = []
 
     def _start(self):
         self.n += 1
         log = open(os.path.join(self.tmp, f"hotloop-{self.n}.log"), "w+")
         proc = subprocess.Popen(self.args, stderr=log, stdout=subprocess.DEVNULL)
+        self.started.append(proc)
         return proc, log
+
+    def kill(self):
+        """After a failure: ends every process this run started."""
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def log_tail(self):
+        """The last lines of the current and previous processes' logs."""
+        tails = []
+        for n in (self.n - 1, self.n):
+            try:
+                with open(os.path.join(self.tmp, f"hotloop-{n}.log")) as f:
+                    tails.append(f"[{n}] " + " | ".join(f.read().splitlines()[-4:]))
+            except OSError:
+                pass
+        return tails
 
     def start(self):
         self.proc, self.log = self._start()
@@ -127,7 +159,8 @@ class Hotloop:
         wait_for(took, 10, "the successor to take the sockets")
         old.wait(timeout=30)
         if old.returncode != 0:
-            raise RuntimeError(f"the old hotloop exited with {old.returncode}")
+            raise RuntimeError(f"the old hotloop exited with {old.returncode}: "
+                               f"{self.log_tail()}")
         old_log.close()
         self.proc, self.log = new, log
 
@@ -184,6 +217,9 @@ frontend h2
         pid = self.pid()
         os.kill(pid, signal.SIGUSR1)
         wait_for(lambda: not alive(pid), 30, "haproxy to exit")
+
+    def kill(self):
+        kill_pidfile(self.pidfile)
 
 
 class Nginx:
@@ -248,6 +284,10 @@ http {{
         pid = self.pid()
         os.kill(pid, signal.SIGQUIT)
         wait_for(lambda: not alive(pid), 30, "nginx to exit")
+
+    def kill(self):
+        kill_pidfile(self.pidfile + ".oldbin")
+        kill_pidfile(self.pidfile)
 
 
 # ---------------------------------------------------------------- probes
@@ -338,11 +378,13 @@ def parse_load(load, out):
         m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, "
                       r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
         if m:
+            # h2load's "failed" already holds the other two: a stream that
+            # ended in error counts as failed and errored, a timed-out or
+            # abandoned one as failed, errored (and timeout), and an answer
+            # that is not 2xx or 3xx as failed. Summing them counted one
+            # failure up to three times.
             total, done, ok, failed, errored, timeout = map(int, m.groups())
-            r["requests"], r["failed"] = done, failed + errored + timeout + (done - ok)
-        m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
-        if m:
-            r["failed"] += sum(map(int, m.groups()[1:]))
+            r["requests"], r["failed"] = done, failed
         m = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
         if m:
             r["max_ms"] = ms(m.group(2))
@@ -383,17 +425,39 @@ def run(args, server_kind, app, load, workers, driver):
         server = Haproxy(workers, port, h2_port, tmp)
     else:
         server = Nginx(workers, port, h2_port, tmp)
-    ports = sorted({server.port, server.h2_port})
-    rst_file = os.path.join(tmp, "rst.pcap")
-    port_filter = " or ".join(f"tcp port {p}" for p in ports)
     # Started once the server answers: the readiness checks' refused
     # connects are not the run's resets.
     server.start()
+    try:
+        return measure(args, server, server_kind, app, load, workers, driver, tmp)
+    finally:
+        # Whatever happened, no process of this run outlives it.
+        server.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args, server, server_kind, app, load, workers, driver, tmp):
+    helpers, stop = [], threading.Event()
+    try:
+        return measure_with(args, server, server_kind, app, load, workers, driver, tmp,
+                            helpers, stop)
+    finally:
+        stop.set()
+        for proc in helpers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def measure_with(args, server, server_kind, app, load, workers, driver, tmp, helpers, stop):
+    ports = sorted({server.port, server.h2_port})
+    rst_file = os.path.join(tmp, "rst.pcap")
+    port_filter = " or ".join(f"tcp port {p}" for p in ports)
     tcpdump = subprocess.Popen(
         ["tcpdump", "-i", "lo", "-nn", "-U", "-w", rst_file, f"({port_filter}) and tcp[13] & 4 != 0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    helpers.append(tcpdump)
     time.sleep(0.5)
-    stop = threading.Event()
     ka, fresh = [], []
     probes = [threading.Thread(target=probe, args=(server.port, True, stop, ka)),
               threading.Thread(target=probe, args=(server.port, False, stop, fresh))]
@@ -405,6 +469,7 @@ def run(args, server_kind, app, load, workers, driver):
     loader = subprocess.Popen(load_command(load, server.port, server.h2_port, args.connections,
                                            duration),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    helpers.append(loader)
     for p in probes:
         p.start()
     started = time.monotonic()
@@ -457,6 +522,12 @@ def run(args, server_kind, app, load, workers, driver):
     # steady phase before the first), so both are measured under the same
     # load on the host, interleaved.
     steady, during, spikes, control_max = [], [], [], 0.0
+    # Each steady gap also gives one control window as long as the upgrade
+    # windows (the last part of the gap): the share of control windows
+    # whose maximum passes 2x the steady p99 is what the host's noise does
+    # to a window of that length, beside the share of upgrade windows.
+    span = percentile([t1 + 0.1 - t0 for t0, t1 in upgrades], 50) if upgrades else 0.0
+    control_windows = []
     prev_end = started
     for t0, t1 in upgrades:
         window = [(lat, kind, t - t0) for t, lat, err, kind in samples
@@ -464,12 +535,18 @@ def run(args, server_kind, app, load, workers, driver):
         control = [lat for t, lat, err, _ in samples if prev_end <= t < t0 and err is None]
         steady += control
         control_max = max([control_max] + control)
+        if t0 - prev_end >= span:
+            control_windows.append(
+                [lat for t, lat, err, _ in samples if t0 - span <= t < t0 and err is None])
         during += [lat for lat, _, _ in window]
         spikes.append(max(window) if window else (0.0, "-", 0.0))
         prev_end = t1 + 0.2
     if not upgrades:
         steady = [lat for _, lat, err, _ in samples if err is None]
         control_max = max(steady, default=0.0)
+    limit = 2 * percentile(steady, 99)
+    spiky_upgrades = sum(1 for lat, _, _ in spikes if lat > limit)
+    spiky_controls = sum(1 for w in control_windows if w and max(w) > limit)
     probe_failures = [err for _, _, err, _ in samples if err is not None]
     result.update({
         "server": server_kind if server_kind != "hotloop" else f"hotloop serve {app}",
@@ -483,11 +560,12 @@ def run(args, server_kind, app, load, workers, driver):
         "steady_max_ms": control_max * 1000,
         "worst_spike_ms": max(spikes)[0] * 1000 if spikes else float("nan"),
         "spikes": [(round(lat * 1000, 2), kind, round(at, 3)) for lat, kind, at in spikes],
+        "spiky_upgrades": spiky_upgrades, "spiky_controls": spiky_controls,
+        "control_windows": len(control_windows),
         "upgrade_s_median": percentile([t1 - t0 for t0, t1 in upgrades], 50),
         "error": error, "load_output_tail": out[-600:],
     })
     result["reset_lines"] = rsts.stdout.splitlines()[:6]
-    shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 
@@ -498,12 +576,15 @@ def row(r):
             f"| {r['probe_failures']}/{r['probe_requests']} "
             f"| {r['steady_p99_ms']:.1f} / {r['upgrade_p99_ms']:.1f} ({ratio:.1f}x) "
             f"| {r['steady_max_ms']:.1f} / {r['worst_spike_ms']:.1f} "
+            f"| {r['spiky_upgrades']}/{r['upgrades']} vs {r['spiky_controls']}/{r['control_windows']} "
             f"| {r['p99_ms']:.1f} | {r['max_ms']:.1f} |")
 
 
 HEADER = ("| server | load | workers | driver | upgrades | requests | failed | connect errors "
           "| RSTs | probe failures | probe p99 ms: steady / at upgrades "
-          "| probe max ms: steady / at upgrades | load p99 ms | load max ms |\n|" + "---|" * 14)
+          "| probe max ms: steady / at upgrades "
+          "| windows over 2x steady p99: upgrades vs steady "
+          "| load p99 ms | load max ms |\n|" + "---|" * 15)
 
 
 def matrix(args):
