@@ -5,12 +5,13 @@ master).
 
 Each run starts one server on loopback, puts load on it (wrk for HTTP/1.1
 keep-alive, wrk with `Connection: close` for one new connection per
-request, h2load for HTTP/2), lets it run steady for a while, then upgrades
+request, `hotloop-bench h2-load` for HTTP/2), lets it run steady for a while, then upgrades
 the server `--upgrades` times in a row and reports:
 
 - requests done and failed as the load tool counts them (wrk: socket
-  errors and non-2xx answers; h2load: failed, errored and timed-out
-  requests);
+  errors and non-2xx answers; h2-load: requests reset or cut, and
+  non-2xx answers; a request the server refused unprocessed after its
+  GOAWAY is sent again on a new connection and is no failure);
 - TCP resets on the server's port, counted by tcpdump (`tcp[13] & 4`),
   so other traffic on the host does not count;
 - a probe's view of latency: two probe clients (one keep-alive
@@ -30,7 +31,9 @@ the server `--upgrades` times in a row and reports:
 wrk-close), haproxy and nginx (the same three), with 1 and 2 workers,
 hotloop on both drivers, and writes a Markdown table and a JSON file.
 Every process it starts is stopped by its pid; nothing else is touched.
-Needs wrk, h2load, tcpdump (and haproxy, nginx for their rows).
+Needs wrk, tcpdump, the release build of hotloop-bench (and haproxy,
+nginx for their rows). Connection errors are wrk's connect errors, and
+h2-load's refused connects.
 """
 
 import argparse
@@ -353,10 +356,14 @@ def percentile(values, p):
 # ---------------------------------------------------------------- load
 
 
-def load_command(load, port, h2_port, connections, duration):
+def load_command(args, load, port, h2_port, connections, duration):
     if load == "h2":
-        return ["h2load", "-c", str(connections), "-m", "1", "-t", "1", "-D", str(duration),
-                f"http://127.0.0.1:{h2_port}/"]
+        # Not h2load: after a server's GOAWAY its client starts no new
+        # request and opens no new connection (it counts the request it
+        # could not start as failed, then idles), so every upgrade but the
+        # first went unmeasured. `hotloop-bench h2-load` reconnects.
+        return [args.h2_load, "h2-load", "--addr", f"127.0.0.1:{h2_port}",
+                "--connections", str(connections), "--duration", str(duration)]
     cmd = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "--latency"]
     if load == "wrk-close":
         cmd += ["-H", "Connection: close"]
@@ -375,23 +382,16 @@ def parse_load(load, out):
     r = {"requests": 0, "failed": 0, "connect_errors": 0, "p99_ms": float("nan"),
          "max_ms": float("nan")}
     if load == "h2":
-        m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, "
-                      r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
-        if m:
-            # h2load's "failed" already holds the other two: a stream that
-            # ended in error counts as failed and errored, a timed-out or
-            # abandoned one as failed, errored (and timeout), and an answer
-            # that is not 2xx or 3xx as failed. Summing them counted one
-            # failure up to three times.
-            total, done, ok, failed, errored, timeout = map(int, m.groups())
-            r["requests"], r["failed"] = done, failed
-        m = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
-        if m:
-            r["max_ms"] = ms(m.group(2))
-        m = re.search(r"clients: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
-                      r"(\d+) failed", out)
-        if m:
-            r["connect_errors"] = int(m.group(5))
+        # One JSON line; a request the server refused unprocessed (GOAWAY
+        # below its stream, REFUSED_STREAM) was sent again and is not a
+        # failure (RFC 9113, 8.7), but it is kept in the JSON.
+        line = next((l for l in out.splitlines() if l.startswith("{")), None)
+        if line:
+            got = json.loads(line)
+            r.update({k: got[k] for k in ("requests", "failed", "connect_errors", "p99_ms",
+                                          "max_ms")})
+            r["h2_refused"], r["h2_connections"] = got["refused"], got["connections"]
+            r["h2_failure_examples"] = got["failure_examples"]
         return r
     m = re.search(r"(\d+) requests in", out)
     if m:
@@ -461,12 +461,11 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
     ka, fresh = [], []
     probes = [threading.Thread(target=probe, args=(server.port, True, stop, ka)),
               threading.Thread(target=probe, args=(server.port, False, stop, fresh))]
-    # h2load cannot be stopped early with its results: its duration must
-    # hold every upgrade. wrk is stopped with SIGINT (it then reports) once
-    # the upgrades are done.
+    # The load tools are stopped with SIGINT (they then report) once the
+    # upgrades are done; their duration only bounds a run that hangs.
     estimate = args.upgrade_estimate or {"hotloop": 0.5}.get(server_kind, 1.0)
-    duration = int(args.steady + args.upgrades * (args.interval + estimate) + 3)
-    loader = subprocess.Popen(load_command(load, server.port, server.h2_port, args.connections,
+    duration = int(args.steady + args.upgrades * (args.interval + estimate) + 3) * 2
+    loader = subprocess.Popen(load_command(args, load, server.port, server.h2_port, args.connections,
                                            duration),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     helpers.append(loader)
@@ -486,17 +485,13 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
             break
         upgrades.append((t0, time.monotonic()))
         time.sleep(args.interval)
-    # Resets are counted until 1 s after the last upgrade, or until 1 s
-    # before h2load's end: a load tool that stops closes connections with
-    # requests in flight, and the answers that meet them draw resets that
-    # no upgrade caused.
+    # Resets are counted until 1 s after the last upgrade: a load tool
+    # that stops closes connections with requests in flight, and the
+    # answers that meet them draw resets that no upgrade caused.
     time.sleep(1)
-    if load == "h2":
-        time.sleep(max(0.0, started + duration - 1 - time.monotonic()))
     tcpdump.send_signal(signal.SIGINT)
     tcpdump.wait(timeout=10)
-    if load != "h2":
-        loader.send_signal(signal.SIGINT)
+    loader.send_signal(signal.SIGINT)
     out, _ = loader.communicate(timeout=duration + 60)
     stop.set()
     for p in probes:
@@ -507,8 +502,14 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
         error = error or f"stopping: {e}"
     rsts = subprocess.run(["tcpdump", "-tt", "-nn", "-r", rst_file], capture_output=True,
                           text=True)
-    reset_times = [float(line.split()[0]) for line in rsts.stdout.splitlines() if line.strip()]
+    lines = [line.split() for line in rsts.stdout.splitlines() if line.strip()]
+    reset_times = [float(f[0]) for f in lines]
     resets = len(reset_times)
+    # Which side sent each: a server resets a connection it cuts (or one
+    # that sent it something after it closed); a client's kernel resets one
+    # that the server wrote to after the client had closed it.
+    server_ports = {f"127.0.0.1.{p}" for p in ports}
+    resets_by_server = sum(1 for f in lines if len(f) > 2 and f[2] in server_ports)
     # tcpdump stamps with the wall clock; the windows are on the monotonic one.
     offset = time.time() - time.monotonic()
     resets_at_upgrades = sum(
@@ -553,6 +554,7 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
         "load": load, "workers": workers,
         "driver": driver if server_kind == "hotloop" else "-",
         "upgrades": len(upgrades), "resets": resets, "resets_at_upgrades": resets_at_upgrades,
+        "resets_by_server": resets_by_server, "resets_by_client": resets - resets_by_server,
         "probe_requests": len(samples), "probe_failures": len(probe_failures),
         "probe_failure_examples": probe_failures[:3],
         "steady_p99_ms": percentile(steady, 99) * 1000,
@@ -572,7 +574,8 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
 def row(r):
     ratio = r["upgrade_p99_ms"] / r["steady_p99_ms"] if r["steady_p99_ms"] else float("nan")
     return (f"| {r['server']} | {r['load']} | {r['workers']} | {r['driver']} | {r['upgrades']} "
-            f"| {r['requests']} | {r['failed']} | {r['connect_errors']} | {r['resets']} "
+            f"| {r['requests']} | {r['failed']} | {r['connect_errors']} "
+            f"| {r['resets_by_server']} / {r['resets_by_client']} "
             f"| {r['probe_failures']}/{r['probe_requests']} "
             f"| {r['steady_p99_ms']:.1f} / {r['upgrade_p99_ms']:.1f} ({ratio:.1f}x) "
             f"| {r['steady_max_ms']:.1f} / {r['worst_spike_ms']:.1f} "
@@ -581,7 +584,7 @@ def row(r):
 
 
 HEADER = ("| server | load | workers | driver | upgrades | requests | failed | connect errors "
-          "| RSTs | probe failures | probe p99 ms: steady / at upgrades "
+          "| RSTs: by server / by client | probe failures | probe p99 ms: steady / at upgrades "
           "| probe max ms: steady / at upgrades "
           "| windows over 2x steady p99: upgrades vs steady "
           "| load p99 ms | load max ms |\n|" + "---|" * 15)
@@ -610,15 +613,21 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--driver", choices=["epoll", "uring"], default="epoll")
     ap.add_argument("--upgrades", type=int, default=100)
-    ap.add_argument("--interval", type=float, default=0.2,
+    # 0.5 s: the 0.3 s left after an upgrade's window (and 0.1 s more) are
+    # the steady samples between upgrades; at 0.2 s nothing was left, and
+    # the steady p99 came from the phase before the first upgrade alone.
+    ap.add_argument("--interval", type=float, default=0.5,
                     help="seconds between one upgrade's end and the next one's start")
     ap.add_argument("--upgrade-estimate", type=float,
-                    help="seconds an upgrade is assumed to take, to size h2load's duration "
-                         "(default 0.5 for hotloop, 1 for haproxy and nginx)")
+                    help="seconds an upgrade is assumed to take, to size the load tools' "
+                         "duration, a bound for a run that hangs (default 0.5 for hotloop, "
+                         "1 for haproxy and nginx)")
     ap.add_argument("--steady", type=float, default=5.0,
                     help="seconds of load before the first upgrade")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--hotloop", default=os.path.join(REPO, "target/release/hotloop"))
+    ap.add_argument("--h2-load", default=os.path.join(REPO, "target/release/hotloop-bench"),
+                    help="hotloop-bench, for its h2-load (cargo build --release -p hotloop-bench)")
     ap.add_argument("--matrix", action="store_true")
     ap.add_argument("--matrix-servers", default="hotloop,haproxy,nginx",
                     help="the matrix's servers: hotloop (or hotloop-http, hotloop-hyper), "
@@ -626,9 +635,12 @@ def main():
     ap.add_argument("--matrix-workers", default="1,2")
     ap.add_argument("--out", help="Markdown table (and .json beside it)")
     args = ap.parse_args()
-    for tool in ("wrk", "h2load", "tcpdump"):
+    for tool in ("wrk", "tcpdump"):
         if not shutil.which(tool):
-            sys.exit(f"{tool} is required (apt-get install wrk nghttp2-client tcpdump)")
+            sys.exit(f"{tool} is required (apt-get install wrk tcpdump)")
+    if not os.access(args.h2_load, os.X_OK):
+        sys.exit(f"{args.h2_load} is required for HTTP/2 load "
+                 "(cargo build --release -p hotloop-bench)")
     if args.matrix:
         runs = matrix(args)
     else:

@@ -4,6 +4,7 @@
 //! Not published: the production command is `hotloop-cli`, which links
 //! none of this.
 
+pub mod h2_load;
 pub mod load;
 pub mod peers;
 
