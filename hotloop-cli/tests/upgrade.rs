@@ -460,8 +460,10 @@ fn a_quic_drain_is_counted_and_its_cut_logged(driver: DriverKind) {
     assert!(p.wait_exit(LIMIT).expect("exit").success());
     p.collect_lines(Duration::from_millis(100));
     assert!(
-        p.seen.iter().any(|l| l.contains("1 connections cut at the drain deadline")
-            && l.starts_with("hotloop: ")),
+        p.seen
+            .iter()
+            .any(|l| l.contains("1 connections cut at the drain deadline")
+                && l.starts_with("hotloop: ")),
         "{driver}: no drain_cut event: {:?}",
         p.seen
     );

@@ -267,9 +267,7 @@ impl Progress {
         if !self.http2.get() {
             return false;
         }
-        if !self.ended.get()
-            && self.going_away.get()
-            && crate::sys::peer_ended(fd).unwrap_or(false)
+        if !self.ended.get() && self.going_away.get() && crate::sys::peer_ended(fd).unwrap_or(false)
         {
             self.ended.set(true);
         }
