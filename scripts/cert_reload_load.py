@@ -109,7 +109,7 @@ def main():
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(tcpdump)
         time.sleep(0.5)
-        wrk = subprocess.Popen(["wrk", "-t", "1", "-c", str(args.connections), "-d", "3600s",
+        wrk = subprocess.Popen(["wrk", "-t", "1", "-c", str(args.connections), "-d", "3600s", "--latency",
                                 "-H", "Connection: close", f"https://127.0.0.1:{port}/"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         procs.append(wrk)
