@@ -72,9 +72,11 @@ pub struct H2Report {
     pub connect_errors: u64,
     /// Connections opened (the first ones, and one after each `GOAWAY`).
     pub connections: u64,
-    /// Latency of the requests answered, in milliseconds.
+    /// Median latency of the requests answered, in milliseconds.
     pub p50_ms: f64,
+    /// Their 99th percentile, in milliseconds.
     pub p99_ms: f64,
+    /// The slowest of them, in milliseconds.
     pub max_ms: f64,
     /// The first failures' errors, for a look.
     pub failure_examples: Vec<String>,
