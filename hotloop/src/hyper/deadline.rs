@@ -181,6 +181,13 @@ impl Stamp {
     }
 }
 
+/// [`Progress::ends`]: the connection speaks HTTP/2.
+const HTTP2: u8 = 1;
+/// [`Progress::ends`]: hyper was asked to end the connection gracefully (GOAWAY).
+const GOING_AWAY: u8 = 2;
+/// [`Progress::ends`]: a read returned the client's end of stream, or the kernel said it came.
+const ENDED: u8 = 4;
+
 /// What a connection's I/O and its service record (see the module notes),
 /// in the loop's clock.
 pub(super) struct Progress {
@@ -209,12 +216,9 @@ pub(super) struct Progress {
     /// 0 until the write side is shut at hyper's end; then one more than
     /// the reads the lingering close has dropped (see [`TimedIo`]).
     linger: Cell<u8>,
-    /// The connection speaks HTTP/2 (see [`Progress::mute_after_end`]).
-    http2: Cell<bool>,
-    /// hyper was asked to end the HTTP/2 connection gracefully (GOAWAY).
-    going_away: Cell<bool>,
-    /// A read returned the client's end of stream, or the kernel said it came.
-    ended: Cell<bool>,
+    /// [`HTTP2`], [`GOING_AWAY`] and [`ENDED`] (see
+    /// [`Progress::mute_after_end`]): one byte, so the record stays 32.
+    ends: Cell<u8>,
 }
 
 impl Progress {
@@ -231,20 +235,18 @@ impl Progress {
             head_armed: Cell::new(false),
             cut: Cell::new(false),
             linger: Cell::new(0),
-            http2: Cell::new(false),
-            going_away: Cell::new(false),
-            ended: Cell::new(false),
+            ends: Cell::new(0),
         }
     }
 
     /// The connection turned out to speak HTTP/2.
     pub(super) fn set_http2(&self) {
-        self.http2.set(true);
+        self.ends.set(self.ends.get() | HTTP2);
     }
 
     /// hyper was asked to end the connection gracefully.
     pub(super) fn set_going_away(&self) {
-        self.going_away.set(true);
+        self.ends.set(self.ends.get() | GOING_AWAY);
     }
 
     /// True once an HTTP/2 connection's client has ended its side: what is
@@ -264,14 +266,17 @@ impl Progress {
     /// left alone: a client that ends its side after a request still
     /// reads the answer (`half_close`).
     fn mute_after_end(&self, fd: std::os::fd::RawFd) -> bool {
-        if !self.http2.get() {
+        let ends = self.ends.get();
+        if ends & HTTP2 == 0 {
             return false;
         }
-        if !self.ended.get() && self.going_away.get() && crate::sys::peer_ended(fd).unwrap_or(false)
+        if ends & ENDED == 0
+            && ends & GOING_AWAY != 0
+            && crate::sys::peer_ended(fd).unwrap_or(false)
         {
-            self.ended.set(true);
+            self.ends.set(ends | ENDED);
         }
-        self.ended.get()
+        self.ends.get() & ENDED != 0
     }
 
     /// Since when the connection waits, its write side shut, for the
@@ -289,7 +294,7 @@ impl Progress {
         if got {
             self.moved.set(Stamp::now());
         } else if matches!(poll, Poll::Ready(Ok(()))) {
-            self.ended.set(true);
+            self.ends.set(self.ends.get() | ENDED);
         }
     }
 
