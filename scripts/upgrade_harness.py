@@ -5,12 +5,13 @@ master).
 
 Each run starts one server on loopback, puts load on it (wrk for HTTP/1.1
 keep-alive, wrk with `Connection: close` for one new connection per
-request, h2load for HTTP/2), lets it run steady for a while, then upgrades
+request, `hotloop-bench h2-load` for HTTP/2), lets it run steady for a while, then upgrades
 the server `--upgrades` times in a row and reports:
 
 - requests done and failed as the load tool counts them (wrk: socket
-  errors and non-2xx answers; h2load: failed, errored and timed-out
-  requests);
+  errors and non-2xx answers; h2-load: requests reset or cut, and
+  non-2xx answers; a request the server refused unprocessed after its
+  GOAWAY is sent again on a new connection and is no failure);
 - TCP resets on the server's port, counted by tcpdump (`tcp[13] & 4`),
   so other traffic on the host does not count;
 - a probe's view of latency: two probe clients (one keep-alive
@@ -30,7 +31,9 @@ the server `--upgrades` times in a row and reports:
 wrk-close), haproxy and nginx (the same three), with 1 and 2 workers,
 hotloop on both drivers, and writes a Markdown table and a JSON file.
 Every process it starts is stopped by its pid; nothing else is touched.
-Needs wrk, h2load, tcpdump (and haproxy, nginx for their rows).
+Needs wrk, tcpdump, the release build of hotloop-bench (and haproxy,
+nginx for their rows). Connection errors are wrk's connect errors, and
+h2-load's refused connects.
 """
 
 import argparse
@@ -90,6 +93,18 @@ def answers(port):
         return False
 
 
+def kill_pidfile(path):
+    """After a failure: ends the daemon whose pid `path` holds, if alive."""
+    try:
+        with open(path) as f:
+            pid = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    if alive(pid):
+        # SIGTERM: haproxy and nginx both stop at once, workers included.
+        os.kill(pid, signal.SIGTERM)
+
+
 # ---------------------------------------------------------------- servers
 
 
@@ -105,12 +120,32 @@ class Hotloop:
                      "--drain-timeout-ms", "10000"]
         self.tmp, self.n, self.proc = tmp, 0, None
         self.port, self.h2_port = port, port
+        self.started = []
 
     def _start(self):
         self.n += 1
         log = open(os.path.join(self.tmp, f"hotloop-{self.n}.log"), "w+")
         proc = subprocess.Popen(self.args, stderr=log, stdout=subprocess.DEVNULL)
+        self.started.append(proc)
         return proc, log
+
+    def kill(self):
+        """After a failure: ends every process this run started."""
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def log_tail(self):
+        """The last lines of the current and previous processes' logs."""
+        tails = []
+        for n in (self.n - 1, self.n):
+            try:
+                with open(os.path.join(self.tmp, f"hotloop-{n}.log")) as f:
+                    tails.append(f"[{n}] " + " | ".join(f.read().splitlines()[-4:]))
+            except OSError:
+                pass
+        return tails
 
     def start(self):
         self.proc, self.log = self._start()
@@ -127,7 +162,8 @@ class Hotloop:
         wait_for(took, 10, "the successor to take the sockets")
         old.wait(timeout=30)
         if old.returncode != 0:
-            raise RuntimeError(f"the old hotloop exited with {old.returncode}")
+            raise RuntimeError(f"the old hotloop exited with {old.returncode}: "
+                               f"{self.log_tail()}")
         old_log.close()
         self.proc, self.log = new, log
 
@@ -184,6 +220,9 @@ frontend h2
         pid = self.pid()
         os.kill(pid, signal.SIGUSR1)
         wait_for(lambda: not alive(pid), 30, "haproxy to exit")
+
+    def kill(self):
+        kill_pidfile(self.pidfile)
 
 
 class Nginx:
@@ -249,6 +288,10 @@ http {{
         os.kill(pid, signal.SIGQUIT)
         wait_for(lambda: not alive(pid), 30, "nginx to exit")
 
+    def kill(self):
+        kill_pidfile(self.pidfile + ".oldbin")
+        kill_pidfile(self.pidfile)
+
 
 # ---------------------------------------------------------------- probes
 
@@ -313,10 +356,14 @@ def percentile(values, p):
 # ---------------------------------------------------------------- load
 
 
-def load_command(load, port, h2_port, connections, duration):
+def load_command(args, load, port, h2_port, connections, duration):
     if load == "h2":
-        return ["h2load", "-c", str(connections), "-m", "1", "-t", "1", "-D", str(duration),
-                f"http://127.0.0.1:{h2_port}/"]
+        # Not h2load: after a server's GOAWAY its client starts no new
+        # request and opens no new connection (it counts the request it
+        # could not start as failed, then idles), so every upgrade but the
+        # first went unmeasured. `hotloop-bench h2-load` reconnects.
+        return [args.h2_load, "h2-load", "--addr", f"127.0.0.1:{h2_port}",
+                "--connections", str(connections), "--duration", str(duration)]
     cmd = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "--latency"]
     if load == "wrk-close":
         cmd += ["-H", "Connection: close"]
@@ -335,21 +382,16 @@ def parse_load(load, out):
     r = {"requests": 0, "failed": 0, "connect_errors": 0, "p99_ms": float("nan"),
          "max_ms": float("nan")}
     if load == "h2":
-        m = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, "
-                      r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
-        if m:
-            total, done, ok, failed, errored, timeout = map(int, m.groups())
-            r["requests"], r["failed"] = done, failed + errored + timeout + (done - ok)
-        m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
-        if m:
-            r["failed"] += sum(map(int, m.groups()[1:]))
-        m = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
-        if m:
-            r["max_ms"] = ms(m.group(2))
-        m = re.search(r"clients: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
-                      r"(\d+) failed", out)
-        if m:
-            r["connect_errors"] = int(m.group(5))
+        # One JSON line; a request the server refused unprocessed (GOAWAY
+        # below its stream, REFUSED_STREAM) was sent again and is not a
+        # failure (RFC 9113, 8.7), but it is kept in the JSON.
+        line = next((l for l in out.splitlines() if l.startswith("{")), None)
+        if line:
+            got = json.loads(line)
+            r.update({k: got[k] for k in ("requests", "failed", "connect_errors", "p99_ms",
+                                          "max_ms")})
+            r["h2_refused"], r["h2_connections"] = got["refused"], got["connections"]
+            r["h2_failure_examples"] = got["failure_examples"]
         return r
     m = re.search(r"(\d+) requests in", out)
     if m:
@@ -383,28 +425,50 @@ def run(args, server_kind, app, load, workers, driver):
         server = Haproxy(workers, port, h2_port, tmp)
     else:
         server = Nginx(workers, port, h2_port, tmp)
-    ports = sorted({server.port, server.h2_port})
-    rst_file = os.path.join(tmp, "rst.pcap")
-    port_filter = " or ".join(f"tcp port {p}" for p in ports)
     # Started once the server answers: the readiness checks' refused
     # connects are not the run's resets.
     server.start()
+    try:
+        return measure(args, server, server_kind, app, load, workers, driver, tmp)
+    finally:
+        # Whatever happened, no process of this run outlives it.
+        server.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args, server, server_kind, app, load, workers, driver, tmp):
+    helpers, stop = [], threading.Event()
+    try:
+        return measure_with(args, server, server_kind, app, load, workers, driver, tmp,
+                            helpers, stop)
+    finally:
+        stop.set()
+        for proc in helpers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def measure_with(args, server, server_kind, app, load, workers, driver, tmp, helpers, stop):
+    ports = sorted({server.port, server.h2_port})
+    rst_file = os.path.join(tmp, "rst.pcap")
+    port_filter = " or ".join(f"tcp port {p}" for p in ports)
     tcpdump = subprocess.Popen(
         ["tcpdump", "-i", "lo", "-nn", "-U", "-w", rst_file, f"({port_filter}) and tcp[13] & 4 != 0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    helpers.append(tcpdump)
     time.sleep(0.5)
-    stop = threading.Event()
     ka, fresh = [], []
     probes = [threading.Thread(target=probe, args=(server.port, True, stop, ka)),
               threading.Thread(target=probe, args=(server.port, False, stop, fresh))]
-    # h2load cannot be stopped early with its results: its duration must
-    # hold every upgrade. wrk is stopped with SIGINT (it then reports) once
-    # the upgrades are done.
+    # The load tools are stopped with SIGINT (they then report) once the
+    # upgrades are done; their duration only bounds a run that hangs.
     estimate = args.upgrade_estimate or {"hotloop": 0.5}.get(server_kind, 1.0)
-    duration = int(args.steady + args.upgrades * (args.interval + estimate) + 3)
-    loader = subprocess.Popen(load_command(load, server.port, server.h2_port, args.connections,
+    duration = int(args.steady + args.upgrades * (args.interval + estimate) + 3) * 2
+    loader = subprocess.Popen(load_command(args, load, server.port, server.h2_port, args.connections,
                                            duration),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    helpers.append(loader)
     for p in probes:
         p.start()
     started = time.monotonic()
@@ -421,17 +485,13 @@ def run(args, server_kind, app, load, workers, driver):
             break
         upgrades.append((t0, time.monotonic()))
         time.sleep(args.interval)
-    # Resets are counted until 1 s after the last upgrade, or until 1 s
-    # before h2load's end: a load tool that stops closes connections with
-    # requests in flight, and the answers that meet them draw resets that
-    # no upgrade caused.
+    # Resets are counted until 1 s after the last upgrade: a load tool
+    # that stops closes connections with requests in flight, and the
+    # answers that meet them draw resets that no upgrade caused.
     time.sleep(1)
-    if load == "h2":
-        time.sleep(max(0.0, started + duration - 1 - time.monotonic()))
     tcpdump.send_signal(signal.SIGINT)
     tcpdump.wait(timeout=10)
-    if load != "h2":
-        loader.send_signal(signal.SIGINT)
+    loader.send_signal(signal.SIGINT)
     out, _ = loader.communicate(timeout=duration + 60)
     stop.set()
     for p in probes:
@@ -442,8 +502,14 @@ def run(args, server_kind, app, load, workers, driver):
         error = error or f"stopping: {e}"
     rsts = subprocess.run(["tcpdump", "-tt", "-nn", "-r", rst_file], capture_output=True,
                           text=True)
-    reset_times = [float(line.split()[0]) for line in rsts.stdout.splitlines() if line.strip()]
+    lines = [line.split() for line in rsts.stdout.splitlines() if line.strip()]
+    reset_times = [float(f[0]) for f in lines]
     resets = len(reset_times)
+    # Which side sent each: a server resets a connection it cuts (or one
+    # that sent it something after it closed); a client's kernel resets one
+    # that the server wrote to after the client had closed it.
+    server_ports = {f"127.0.0.1.{p}" for p in ports}
+    resets_by_server = sum(1 for f in lines if len(f) > 2 and f[2] in server_ports)
     # tcpdump stamps with the wall clock; the windows are on the monotonic one.
     offset = time.time() - time.monotonic()
     resets_at_upgrades = sum(
@@ -457,6 +523,12 @@ def run(args, server_kind, app, load, workers, driver):
     # steady phase before the first), so both are measured under the same
     # load on the host, interleaved.
     steady, during, spikes, control_max = [], [], [], 0.0
+    # Each steady gap also gives one control window as long as the upgrade
+    # windows (the last part of the gap): the share of control windows
+    # whose maximum passes 2x the steady p99 is what the host's noise does
+    # to a window of that length, beside the share of upgrade windows.
+    span = percentile([t1 + 0.1 - t0 for t0, t1 in upgrades], 50) if upgrades else 0.0
+    control_windows = []
     prev_end = started
     for t0, t1 in upgrades:
         window = [(lat, kind, t - t0) for t, lat, err, kind in samples
@@ -464,18 +536,25 @@ def run(args, server_kind, app, load, workers, driver):
         control = [lat for t, lat, err, _ in samples if prev_end <= t < t0 and err is None]
         steady += control
         control_max = max([control_max] + control)
+        if t0 - prev_end >= span:
+            control_windows.append(
+                [lat for t, lat, err, _ in samples if t0 - span <= t < t0 and err is None])
         during += [lat for lat, _, _ in window]
         spikes.append(max(window) if window else (0.0, "-", 0.0))
         prev_end = t1 + 0.2
     if not upgrades:
         steady = [lat for _, lat, err, _ in samples if err is None]
         control_max = max(steady, default=0.0)
+    limit = 2 * percentile(steady, 99)
+    spiky_upgrades = sum(1 for lat, _, _ in spikes if lat > limit)
+    spiky_controls = sum(1 for w in control_windows if w and max(w) > limit)
     probe_failures = [err for _, _, err, _ in samples if err is not None]
     result.update({
         "server": server_kind if server_kind != "hotloop" else f"hotloop serve {app}",
         "load": load, "workers": workers,
         "driver": driver if server_kind == "hotloop" else "-",
         "upgrades": len(upgrades), "resets": resets, "resets_at_upgrades": resets_at_upgrades,
+        "resets_by_server": resets_by_server, "resets_by_client": resets - resets_by_server,
         "probe_requests": len(samples), "probe_failures": len(probe_failures),
         "probe_failure_examples": probe_failures[:3],
         "steady_p99_ms": percentile(steady, 99) * 1000,
@@ -483,27 +562,32 @@ def run(args, server_kind, app, load, workers, driver):
         "steady_max_ms": control_max * 1000,
         "worst_spike_ms": max(spikes)[0] * 1000 if spikes else float("nan"),
         "spikes": [(round(lat * 1000, 2), kind, round(at, 3)) for lat, kind, at in spikes],
+        "spiky_upgrades": spiky_upgrades, "spiky_controls": spiky_controls,
+        "control_windows": len(control_windows),
         "upgrade_s_median": percentile([t1 - t0 for t0, t1 in upgrades], 50),
         "error": error, "load_output_tail": out[-600:],
     })
     result["reset_lines"] = rsts.stdout.splitlines()[:6]
-    shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 
 def row(r):
     ratio = r["upgrade_p99_ms"] / r["steady_p99_ms"] if r["steady_p99_ms"] else float("nan")
     return (f"| {r['server']} | {r['load']} | {r['workers']} | {r['driver']} | {r['upgrades']} "
-            f"| {r['requests']} | {r['failed']} | {r['connect_errors']} | {r['resets']} "
+            f"| {r['requests']} | {r['failed']} | {r['connect_errors']} "
+            f"| {r['resets_by_server']} / {r['resets_by_client']} "
             f"| {r['probe_failures']}/{r['probe_requests']} "
             f"| {r['steady_p99_ms']:.1f} / {r['upgrade_p99_ms']:.1f} ({ratio:.1f}x) "
             f"| {r['steady_max_ms']:.1f} / {r['worst_spike_ms']:.1f} "
+            f"| {r['spiky_upgrades']}/{r['upgrades']} vs {r['spiky_controls']}/{r['control_windows']} "
             f"| {r['p99_ms']:.1f} | {r['max_ms']:.1f} |")
 
 
 HEADER = ("| server | load | workers | driver | upgrades | requests | failed | connect errors "
-          "| RSTs | probe failures | probe p99 ms: steady / at upgrades "
-          "| probe max ms: steady / at upgrades | load p99 ms | load max ms |\n|" + "---|" * 14)
+          "| RSTs: by server / by client | probe failures | probe p99 ms: steady / at upgrades "
+          "| probe max ms: steady / at upgrades "
+          "| windows over 2x steady p99: upgrades vs steady "
+          "| load p99 ms | load max ms |\n|" + "---|" * 15)
 
 
 def matrix(args):
@@ -529,15 +613,21 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--driver", choices=["epoll", "uring"], default="epoll")
     ap.add_argument("--upgrades", type=int, default=100)
-    ap.add_argument("--interval", type=float, default=0.2,
+    # 0.5 s: the 0.3 s left after an upgrade's window (and 0.1 s more) are
+    # the steady samples between upgrades; at 0.2 s nothing was left, and
+    # the steady p99 came from the phase before the first upgrade alone.
+    ap.add_argument("--interval", type=float, default=0.5,
                     help="seconds between one upgrade's end and the next one's start")
     ap.add_argument("--upgrade-estimate", type=float,
-                    help="seconds an upgrade is assumed to take, to size h2load's duration "
-                         "(default 0.5 for hotloop, 1 for haproxy and nginx)")
+                    help="seconds an upgrade is assumed to take, to size the load tools' "
+                         "duration, a bound for a run that hangs (default 0.5 for hotloop, "
+                         "1 for haproxy and nginx)")
     ap.add_argument("--steady", type=float, default=5.0,
                     help="seconds of load before the first upgrade")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--hotloop", default=os.path.join(REPO, "target/release/hotloop"))
+    ap.add_argument("--h2-load", default=os.path.join(REPO, "target/release/hotloop-bench"),
+                    help="hotloop-bench, for its h2-load (cargo build --release -p hotloop-bench)")
     ap.add_argument("--matrix", action="store_true")
     ap.add_argument("--matrix-servers", default="hotloop,haproxy,nginx",
                     help="the matrix's servers: hotloop (or hotloop-http, hotloop-hyper), "
@@ -545,9 +635,12 @@ def main():
     ap.add_argument("--matrix-workers", default="1,2")
     ap.add_argument("--out", help="Markdown table (and .json beside it)")
     args = ap.parse_args()
-    for tool in ("wrk", "h2load", "tcpdump"):
+    for tool in ("wrk", "tcpdump"):
         if not shutil.which(tool):
-            sys.exit(f"{tool} is required (apt-get install wrk nghttp2-client tcpdump)")
+            sys.exit(f"{tool} is required (apt-get install wrk tcpdump)")
+    if not os.access(args.h2_load, os.X_OK):
+        sys.exit(f"{args.h2_load} is required for HTTP/2 load "
+                 "(cargo build --release -p hotloop-bench)")
     if args.matrix:
         runs = matrix(args)
     else:

@@ -6,7 +6,7 @@ mod bench;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hotloop_bench::{load, peers};
+use hotloop_bench::{h2_load, load, peers};
 
 /// hotloop's measuring tools: the benchmark suite, a load generator and peer servers.
 #[derive(Parser, Debug)]
@@ -23,6 +23,9 @@ enum Command {
     /// Generate load against a loopback server and report throughput and
     /// latency.
     Load(load::LoadArgs),
+    /// HTTP/2 load that opens a new connection after a server's GOAWAY
+    /// (for measuring servers while they drain).
+    H2Load(h2_load::H2LoadArgs),
     /// Run a peer server written on another runtime (tokio, monoio), on raw
     /// system calls (floor) or on raw io_uring (floor-uring), until SIGINT
     /// or SIGTERM.
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Bench(args) => bench::run(args),
         Command::Load(args) => load::run_and_print(&args),
+        Command::H2Load(args) => h2_load::run_and_print(&args),
         Command::Peer(args) => peers::run(args),
     };
     match result {

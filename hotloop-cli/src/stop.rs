@@ -112,11 +112,14 @@ pub fn run_until_stopped_with(
         None => return Ok(Stopped { cut: active(), forced: true, successor: None }),
     };
     let deadline = Instant::now() + ctl.drain_timeout;
+    // Counted and logged as a `Server`'s drain is, in the library.
+    hotloop::stats::record_drain(ctl.name, active(), ctl.drain_timeout);
     crate::drain::begin(rt.handle());
     stop_accepting();
     loop {
         let left = active();
         if left == 0 || Instant::now() >= deadline {
+            hotloop::stats::record_drain_cut(ctl.name, left);
             return Ok(Stopped { cut: left, forced: false, successor });
         }
         if let Some(stopped) = second_signal(ctl, active)? {

@@ -399,6 +399,76 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
 
+/// A `serve quic` drain shows as every other server's does: the stats
+/// endpoint counts it (`drains`) while it runs, and the connection still
+/// open at its deadline is cut and logged (the `drain_cut` event).
+#[hotloop::test(driver = "all")]
+fn a_quic_drain_is_counted_and_its_cut_logged(driver: DriverKind) {
+    use quinn::crypto::rustls::QuicClientConfig;
+    use quinn::ClientConfig;
+
+    let driver = common::driver_arg(driver);
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let mut p = Proc::start(&[
+        "serve",
+        "quic",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--driver",
+        driver,
+        "--tls-cert",
+        c,
+        "--tls-key",
+        k,
+        "--stats-addr",
+        "127.0.0.1:0",
+        "--drain-timeout-ms",
+        "1000",
+    ]);
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(hotloop::tls::load_certs(&cert).unwrap().remove(0)).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"hotloop-echo".to_vec()];
+    let config = ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    // A stream left open: the connection is busy until the deadline.
+    let (_conn, _send) = rt.block_on(async {
+        let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(b"hi").await.unwrap();
+        let mut echoed = [0u8; 2];
+        recv.read_exact(&mut echoed).await.unwrap();
+        (conn, send)
+    });
+    let before = common::stat(stats, "drains");
+    p.signal("TERM");
+    assert!(p.wait_for_line("draining", LIMIT), "{:?}", p.seen);
+    // Counted just after that line is written.
+    let counted = common::wait_until(LIMIT, || common::stat(stats, "drains") == before + 1);
+    assert!(counted, "{driver}: the drain is not in the stats: {:?}", p.seen);
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+    p.collect_lines(Duration::from_millis(100));
+    assert!(
+        p.seen
+            .iter()
+            .any(|l| l.contains("1 connections cut at the drain deadline")
+                && l.starts_with("hotloop: ")),
+        "{driver}: no drain_cut event: {:?}",
+        p.seen
+    );
+}
+
 /// `hotloop proxy` and `hotloop serve static` take `--upgrade-socket` too:
 /// a successor takes the listening socket over and serves, and the old
 /// process drains and exits.

@@ -270,6 +270,29 @@ pub(crate) fn count_event(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Relaxed);
 }
 
+/// Records the start of a drain by a server that is not a
+/// [`Server`](crate::net::Server) (one that serves QUIC endpoints, say):
+/// it is counted in `drains` and logged as the event a `Server`'s drain
+/// logs, so every drain of the process shows in the stats and in the
+/// `tracing` events alike. `what` names the server in the event.
+pub fn record_drain(what: &str, open: usize, timeout: std::time::Duration) {
+    count_event(&LIFECYCLE.drains, 1);
+    crate::log::info(format_args!(
+        "{what}: draining: {open} connections open, cut after {timeout:?}"
+    ));
+}
+
+/// Records the connections such a server cut at its drain's deadline
+/// (`drain_cut`), with the warning a `Server`'s drain logs then; nothing
+/// when `cut` is 0.
+pub fn record_drain_cut(what: &str, cut: usize) {
+    if cut == 0 {
+        return;
+    }
+    count_event(&LIFECYCLE.drain_cut, cut as u64);
+    crate::log::warn(format_args!("{what}: {cut} connections cut at the drain deadline"));
+}
+
 /// One worker's load at one moment, as the connection balancing reads it
 /// (gauges, not counters).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

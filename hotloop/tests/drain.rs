@@ -225,3 +225,88 @@ fn a_stop_during_a_streamed_answer_lets_the_next_request_be_answered(driver: Dri
     assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "closed after its last answer");
     assert_eq!(drain.join().unwrap().cut, 0);
 }
+
+/// One HTTP/2 frame: its type, flags, stream and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one HTTP/2 frame: (type, flags, stream, payload).
+fn read_h2_frame(s: &mut TcpStream) -> (u8, u8, u32, Vec<u8>) {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).unwrap();
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).unwrap();
+    (head[3], head[4], stream, payload)
+}
+
+const H2_DATA: u8 = 0;
+const H2_HEADERS: u8 = 1;
+const H2_SETTINGS: u8 = 4;
+const H2_PING: u8 = 6;
+const H2_GOAWAY: u8 = 7;
+const H2_END_STREAM: u8 = 1;
+const H2_ACK: u8 = 1;
+
+/// A drain's GOAWAY meets an HTTP/2 client with no stream open, which
+/// answers the server's PING, sends its own GOAWAY and ends its side in
+/// one segment (as h2's client does, but in one piece: TCP_CORK holds the
+/// bytes until the FIN). The server writes nothing after that end: a
+/// client that closed its socket would answer any byte with a reset
+/// (hyper's final GOAWAY drew one per connection at every upgrade).
+#[hotloop::test(driver = "all")]
+fn an_http2_client_that_ends_after_the_drains_goaway_is_sent_nothing_more(driver: DriverKind) {
+    let rt = runtime(driver, 1);
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", ServerOptions::default(), || {
+        service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+        })
+    })
+    .unwrap();
+    let mut s = TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // GET / on stream 1: :method GET, :scheme http, :path /, :authority t.
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(H2_SETTINGS, 0, 0, &[]));
+    hello.extend(h2_frame(H2_HEADERS, H2_END_STREAM | 4, 1, &[0x82, 0x86, 0x84, 0x41, 1, b't']));
+    s.write_all(&hello).unwrap();
+    loop {
+        let (kind, flags, stream, _) = read_h2_frame(&mut s);
+        if kind == H2_SETTINGS && flags & H2_ACK == 0 {
+            s.write_all(&h2_frame(H2_SETTINGS, H2_ACK, 0, &[])).unwrap();
+        }
+        if stream == 1 && matches!(kind, H2_DATA | H2_HEADERS) && flags & H2_END_STREAM != 0 {
+            break;
+        }
+    }
+    let drain = thread::spawn(move || server.drain_blocking(Duration::from_secs(10)));
+    let mut goaway = false;
+    let ping = loop {
+        let (kind, flags, _, payload) = read_h2_frame(&mut s);
+        goaway |= kind == H2_GOAWAY;
+        if kind == H2_PING && flags & H2_ACK == 0 {
+            break payload;
+        }
+    };
+    assert!(goaway, "{driver:?}: no GOAWAY came before the drain's PING");
+    socket2::SockRef::from(&s).set_tcp_cork(true).unwrap();
+    let mut bye = h2_frame(H2_PING, H2_ACK, 0, &ping);
+    bye.extend(h2_frame(H2_GOAWAY, 0, 0, &[0; 8]));
+    s.write_all(&bye).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut after = Vec::new();
+    s.read_to_end(&mut after).unwrap();
+    assert!(
+        after.is_empty(),
+        "{driver:?}: the server wrote {} bytes after the client's end (frame type {:?})",
+        after.len(),
+        after.get(3)
+    );
+    assert_eq!(drain.join().unwrap().cut, 0, "{driver:?}");
+}

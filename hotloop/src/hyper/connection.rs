@@ -301,11 +301,13 @@ where
         let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
         self.phase = match parked.protocol {
             Some(Protocol::Http2) => {
+                self.progress.set_http2();
                 let mut builder = http2::Builder::new(HotloopExecutor);
                 builder.timer(HotloopTimer);
                 let mut conn = Box::pin(builder.serve_connection(io, parked.service));
                 if self.told {
                     conn.as_mut().graceful_shutdown();
+                    self.progress.set_going_away();
                     self.hyper_told = true;
                 }
                 Phase::Http2(conn)
@@ -369,6 +371,7 @@ where
             }
             Phase::Http2(conn) => {
                 conn.as_mut().graceful_shutdown();
+                self.progress.set_going_away();
                 self.hyper_told = true;
             }
             Phase::Parked(_) => self.close_parked(),

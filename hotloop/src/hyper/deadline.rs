@@ -18,7 +18,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::net::Shutdown;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -181,6 +181,13 @@ impl Stamp {
     }
 }
 
+/// [`Progress::ends`]: the connection speaks HTTP/2.
+const HTTP2: u8 = 1;
+/// [`Progress::ends`]: hyper was asked to end the connection gracefully (GOAWAY).
+const GOING_AWAY: u8 = 2;
+/// [`Progress::ends`]: a read returned the client's end of stream, or the kernel said it came.
+const ENDED: u8 = 4;
+
 /// What a connection's I/O and its service record (see the module notes),
 /// in the loop's clock.
 pub(super) struct Progress {
@@ -209,6 +216,9 @@ pub(super) struct Progress {
     /// 0 until the write side is shut at hyper's end; then one more than
     /// the reads the lingering close has dropped (see [`TimedIo`]).
     linger: Cell<u8>,
+    /// [`HTTP2`], [`GOING_AWAY`] and [`ENDED`] (see
+    /// [`Progress::mute_after_end`]): one byte, so the record stays 32.
+    ends: Cell<u8>,
 }
 
 impl Progress {
@@ -225,7 +235,48 @@ impl Progress {
             head_armed: Cell::new(false),
             cut: Cell::new(false),
             linger: Cell::new(0),
+            ends: Cell::new(0),
         }
+    }
+
+    /// The connection turned out to speak HTTP/2.
+    pub(super) fn set_http2(&self) {
+        self.ends.set(self.ends.get() | HTTP2);
+    }
+
+    /// hyper was asked to end the connection gracefully.
+    pub(super) fn set_going_away(&self) {
+        self.ends.set(self.ends.get() | GOING_AWAY);
+    }
+
+    /// True once an HTTP/2 connection's client has ended its side: what is
+    /// written from then on is dropped instead of sent. Once the connection
+    /// goes away (a drain), the kernel is asked too before each write
+    /// (`fd`): the client's end may have come with bytes hyper has not read
+    /// yet (the PING's answer, the client's own `GOAWAY`).
+    ///
+    /// Why: h2 takes the client's end as the end of the connection (its
+    /// open streams fail), so nothing written afterwards is read, and a
+    /// client that closed its socket answers it with a reset. That is what
+    /// a drain's GOAWAY met: hyper's graceful shutdown sends `GOAWAY` with
+    /// the highest stream id and a PING, and the final `GOAWAY` once the
+    /// PING comes back; a client with no stream open answers the PING,
+    /// sends its own `GOAWAY` and closes at once, and the final `GOAWAY`
+    /// then drew one reset per connection on every upgrade. HTTP/1.1 is
+    /// left alone: a client that ends its side after a request still
+    /// reads the answer (`half_close`).
+    fn mute_after_end(&self, fd: std::os::fd::RawFd) -> bool {
+        let ends = self.ends.get();
+        if ends & HTTP2 == 0 {
+            return false;
+        }
+        if ends & ENDED == 0
+            && ends & GOING_AWAY != 0
+            && crate::sys::peer_ended(fd).unwrap_or(false)
+        {
+            self.ends.set(ends | ENDED);
+        }
+        self.ends.get() & ENDED != 0
     }
 
     /// Since when the connection waits, its write side shut, for the
@@ -242,6 +293,8 @@ impl Progress {
         self.read_waiting.set(poll.is_pending());
         if got {
             self.moved.set(Stamp::now());
+        } else if matches!(poll, Poll::Ready(Ok(()))) {
+            self.ends.set(self.ends.get() | ENDED);
         }
     }
 
@@ -419,6 +472,9 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.progress.mute_after_end(self.io.socket().as_raw_fd()) {
+            return Poll::Ready(Ok(buf.len()));
+        }
         let poll = Pin::new(&mut self.io).poll_write(cx, buf);
         self.progress.wrote(&poll);
         poll
@@ -430,6 +486,9 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if self.progress.mute_after_end(self.io.socket().as_raw_fd()) {
+            return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
+        }
         let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
         self.progress.wrote(&poll);
         poll

@@ -527,6 +527,26 @@ pub(crate) fn adopt_inherited_fd(raw: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
+/// True if the peer of a connected TCP socket has ended its side (its FIN
+/// came: `TCP_INFO`'s state is past `ESTABLISHED` on the receiving side),
+/// whether or not bytes before it are still unread.
+pub(crate) fn peer_ended(fd: RawFd) -> io::Result<bool> {
+    // `tcpi_state` is the first byte of `struct tcp_info`; the kernel
+    // copies no more than the length it is given.
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: `info` is `len` live bytes, and `len` a live socklen_t.
+    cvt(unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
+    })?;
+    const TIME_WAIT: u8 = 6;
+    const CLOSE: u8 = 7;
+    const CLOSE_WAIT: u8 = 8;
+    const LAST_ACK: u8 = 9;
+    const CLOSING: u8 = 11;
+    Ok(len >= 1 && matches!(info[0], TIME_WAIT | CLOSE | CLOSE_WAIT | LAST_ACK | CLOSING))
+}
+
 /// True if a connected socket has bytes nobody has read, or the peer's
 /// end of stream, waiting in the kernel (a one-byte `MSG_PEEK`, which
 /// takes nothing); false if a read would block.
