@@ -148,6 +148,10 @@ impl Conn for ServerTlsStream {
         }
         linger(self).await;
     }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self.get_ref().0)
+    }
 }
 
 /// Reads and drops what the client sends after the server's end, until
@@ -166,10 +170,6 @@ async fn linger(tls: &mut ServerTlsStream) {
             Some(b) => drained += b.len(),
             None => return,
         }
-    }
-
-    fn raw_fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(self.get_ref().0)
     }
 }
 
