@@ -106,6 +106,37 @@ pub struct BenchArgs {
     /// each hold, 19,000 at a limit of 20,000; 500 with --quick).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub storm_clients: Option<u64>,
+    /// io_uring features to measure switched off beside on, comma-separated:
+    /// each adds, beside every `hotloop uring` row of the keepalive and
+    /// hyper scenarios, the same server with that feature off (its
+    /// `HOTLOOP_URING_*` variable), measured in the same interleaved rounds.
+    #[arg(long, value_delimiter = ',')]
+    pub uring_off: Vec<UringFeature>,
+}
+
+/// An io_uring feature of the driver that can be switched off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UringFeature {
+    /// Entering the ring through a registered ring descriptor
+    /// (`HOTLOOP_URING_REGISTERED_RING=0` switches it off).
+    RegisteredRing,
+}
+
+impl UringFeature {
+    /// The name used on the command line and in row labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UringFeature::RegisteredRing => "registered-ring",
+        }
+    }
+
+    /// The environment variable and value that switch it off.
+    pub fn off_env(self) -> (&'static str, &'static str) {
+        match self {
+            UringFeature::RegisteredRing => ("HOTLOOP_URING_REGISTERED_RING", "0"),
+        }
+    }
 }
 
 /// The most workers `--workers` takes (the peers' own limit).
@@ -292,11 +323,28 @@ pub struct Ctx {
     pub fd_limit: u64,
     /// `--storm-clients`.
     pub storm_clients: Option<u64>,
+    /// `--uring-off`.
+    pub uring_off: Vec<UringFeature>,
     started: Instant,
     runs: u64,
 }
 
 impl Ctx {
+    /// `hotloop serve` on io_uring with `args`, then the same with each
+    /// feature of `--uring-off` switched off.
+    pub fn hotloop_uring(&self, config: &str, args: &[&str]) -> Vec<ServerSpec> {
+        let mut specs = vec![ServerSpec::hotloop(config, args)];
+        for feature in &self.uring_off {
+            let (name, value) = feature.off_env();
+            let mut spec = ServerSpec::hotloop(&format!("{config}, {} off", feature.as_str()), args);
+            if let ServerKind::Serve(_, env) = &mut spec.kind {
+                env.push((name.to_string(), value.to_string()));
+            }
+            specs.push(spec);
+        }
+        specs
+    }
+
     /// Records that `load` ran (or is about to) against `proto` servers, for
     /// the scenario's "load:" lines.
     pub fn note_load(&mut self, load: &LoadSpec, proto: &str) {
@@ -390,6 +438,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         load_lines: Vec::new(),
         fd_limit,
         storm_clients: args.storm_clients,
+        uring_off: args.uring_off.clone(),
         started: Instant::now(),
         runs: 0,
     };

@@ -44,8 +44,9 @@ pub struct ServerSpec {
 /// How a server is started.
 #[derive(Debug, Clone)]
 pub enum ServerKind {
-    /// `hotloop serve PROTO` with these extra arguments.
-    Serve(Vec<String>),
+    /// `hotloop serve PROTO` with these extra arguments, and these
+    /// variables added to its environment.
+    Serve(Vec<String>, Vec<(String, String)>),
     /// `hotloop proxy` in front of `hotloop serve http`, with the busy
     /// polling setting for the proxy (or the backend, if the proxy has no
     /// such option).
@@ -87,7 +88,7 @@ impl ServerSpec {
         ServerSpec {
             server: "hotloop".into(),
             config: config.into(),
-            kind: ServerKind::Serve(args.iter().map(|s| s.to_string()).collect()),
+            kind: ServerKind::Serve(args.iter().map(|s| s.to_string()).collect(), Vec::new()),
         }
     }
 
@@ -112,7 +113,7 @@ impl ServerSpec {
             })
         };
         match &self.kind {
-            ServerKind::Serve(args) | ServerKind::Peer(_, args) => asks(args),
+            ServerKind::Serve(args, _) | ServerKind::Peer(_, args) => asks(args),
             ServerKind::Proxy { busy_poll } => busy_poll != "off",
             ServerKind::HaproxyForward { busy_polling, .. } => *busy_polling,
             ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } => false,
@@ -223,7 +224,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
         ]);
     };
     match &spec.kind {
-        ServerKind::Serve(extra) => {
+        ServerKind::Serve(extra, env) => {
             let stats_addr: SocketAddr =
                 ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
             let mut args =
@@ -234,7 +235,8 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 args.push("--pin".into());
             }
             args.extend(extra.iter().cloned());
-            let mut child = launch(ctx, "hotloop serve", &ctx.server_exe.clone(), &args, addr)?;
+            let mut child =
+                launch_env(ctx, "hotloop serve", &ctx.server_exe.clone(), &args, env, addr)?;
             wait_for_stats(&mut child, stats_addr);
             Ok(Running {
                 addr,
@@ -413,8 +415,20 @@ fn launch(
     args: &[String],
     addr: SocketAddr,
 ) -> Result<Child, String> {
+    launch_env(ctx, name, program, args, &[], addr)
+}
+
+/// Like [`launch`], with `env` added to the server's environment.
+fn launch_env(
+    ctx: &mut Ctx,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    addr: SocketAddr,
+) -> Result<Child, String> {
     let cpus = ctx.server_cpus.clone();
-    launch_on(ctx, name, program, args, addr, &cpus)
+    launch_with(ctx, name, program, args, env, addr, &cpus)
 }
 
 /// Like [`launch`], pinned to `cpus`.
@@ -426,9 +440,24 @@ fn launch_on(
     addr: SocketAddr,
     cpus: &[usize],
 ) -> Result<Child, String> {
+    launch_with(ctx, name, program, args, &[], addr, cpus)
+}
+
+/// Starts `program` with `args` and `env` added to its environment,
+/// pinned to `cpus`, and waits until it accepts on `addr`.
+fn launch_with(
+    ctx: &mut Ctx,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    addr: SocketAddr,
+    cpus: &[usize],
+) -> Result<Child, String> {
     let log = ctx.log_path(name);
     let mut cmd = Command::new(program);
     cmd.args(args);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let mut child = Child::spawn(name, cmd, cpus, &log).map_err(|e| e.to_string())?;
     match proc::wait_accepting(&mut child, addr, Duration::from_millis(SERVER_START_TIMEOUT_MS)) {
         Ok(()) => Ok(child),
