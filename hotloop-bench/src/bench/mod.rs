@@ -336,7 +336,8 @@ impl Ctx {
         let mut specs = vec![ServerSpec::hotloop(config, args)];
         for feature in &self.uring_off {
             let (name, value) = feature.off_env();
-            let mut spec = ServerSpec::hotloop(&format!("{config}, {} off", feature.as_str()), args);
+            let mut spec =
+                ServerSpec::hotloop(&format!("{config}, {} off", feature.as_str()), args);
             if let ServerKind::Serve(_, env) = &mut spec.kind {
                 env.push((name.to_string(), value.to_string()));
             }

@@ -464,8 +464,7 @@ impl Drop for Ring {
 
 /// Registers `ring`'s descriptor in the calling thread's table of rings.
 fn register_ring_fd(ring: &IoUring) -> io::Result<EnterTarget> {
-    let mut update =
-        RsrcUpdate { offset: RING_SLOT_ANY, resv: 0, data: ring.as_raw_fd() as u64 };
+    let mut update = RsrcUpdate { offset: RING_SLOT_ANY, resv: 0, data: ring.as_raw_fd() as u64 };
     // SAFETY: `update` is one `io_uring_rsrc_update` the kernel writes the
     // slot into, valid for the call.
     let res = unsafe {
