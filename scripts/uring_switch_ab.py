@@ -6,7 +6,9 @@
 Keep-alive HTTP/1.1 (`hotloop-bench load --mode keepalive`) against, in
 turn: `hotloop serve http --driver uring` as it is, the same with the
 switch off (OFF_ENV, default `HOTLOOP_URING_REGISTERED_RING=0`), hotloop
-on epoll, and the two floors (`hotloop-bench peer floor|floor-uring`).
+on epoll, the two floors (`hotloop-bench peer floor|floor-uring`), and
+h2o when it is on PATH (one thread, no access log: hotloop-bench's
+`h2o_config`).
 Each server runs on CPU 0 with one worker and is started for its turn;
 the load runs on CPU 1 with C connections (default 256), after a 0.5 s
 warm-up. The order reverses every round. Per run it reads the server's
@@ -22,10 +24,12 @@ import json
 import os
 import random
 import re
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -33,6 +37,8 @@ BIN = os.environ.get("BIN", "target/release")
 C = os.environ.get("C", "256")
 OFF_ENV = os.environ.get("OFF_ENV", "HOTLOOP_URING_REGISTERED_RING=0")
 STARTUP_MAX_S = 10.0
+# `hotloop serve http`'s body.
+BODY_BYTES = 64
 
 
 def cpu_seconds(pid):
@@ -68,6 +74,22 @@ def wait_listening(ports, server):
     return True
 
 
+def h2o_command(port, tmp):
+    """h2o serving BODY_BYTES as `/`, with hotloop-bench's settings."""
+    body = os.path.join(tmp, "body")
+    with open(body, "w") as f:
+        f.write("x" * BODY_BYTES)
+    conf = os.path.join(tmp, "h2o.conf")
+    with open(conf, "w") as f:
+        if os.geteuid() == 0:
+            f.write("user: root\n")
+        f.write(f"num-threads: 1\nmax-connections: 19900\npid-file: {tmp}/h2o.pid\n"
+                f"error-log: {tmp}/error.log\nfile.send-compressed: OFF\nlisten:\n"
+                f"  host: 127.0.0.1\n  port: {port}\nhosts:\n  default:\n    paths:\n"
+                f"      /:\n        file.file: {body}\n")
+    return ["taskset", "-c", "0", "h2o", "-c", conf]
+
+
 def load(port, seconds):
     out = subprocess.run(
         ["taskset", "-c", "1", f"{BIN}/hotloop-bench", "load", "--addr", f"127.0.0.1:{port}",
@@ -89,6 +111,9 @@ def main():
         "floor": (["peer", "floor", "http"], {}, False),
         "floor-uring": (["peer", "floor-uring", "http"], {}, False),
     }
+    if shutil.which("h2o"):
+        servers["h2o"] = (None, {}, False)
+    tmp = tempfile.mkdtemp(prefix="uring-switch-ab.")
     runs = {name: [] for name in servers}
     for r in range(rounds):
         order = list(servers) if r % 2 == 0 else list(reversed(servers))
@@ -96,7 +121,10 @@ def main():
             args, env, is_hotloop = servers[name]
             port = random.randrange(20000, 40000, 2)
             exe = f"{BIN}/hotloop" if is_hotloop else f"{BIN}/hotloop-bench"
-            cmd = ["taskset", "-c", "0", exe, *args, "--workers", "1", "--addr", f"127.0.0.1:{port}"]
+            if args is None:
+                cmd = h2o_command(port, tmp)
+            else:
+                cmd = ["taskset", "-c", "0", exe, *args, "--workers", "1", "--addr", f"127.0.0.1:{port}"]
             stats_port = port + 1 if is_hotloop else None
             if stats_port:
                 cmd += ["--stats-addr", f"127.0.0.1:{stats_port}"]

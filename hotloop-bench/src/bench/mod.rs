@@ -2,7 +2,7 @@
 //! the experiments hotloop grew from, and reports every figure.
 //!
 //! Each scenario starts servers (`hotloop serve` and `hotloop proxy` from
-//! the production binary, `hotloop-bench peer`, and nginx or haproxy when
+//! the production binary, `hotloop-bench peer`, and nginx, haproxy or h2o when
 //! found on PATH) and drives them with `hotloop-bench load`, all as
 //! subprocesses. The `hotloop` binary is `--hotloop PATH`, or the one cargo
 //! builds into this executable's target directory (see [`locate_server`]).
@@ -81,7 +81,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub scenario: Vec<ScenarioName>,
     /// Peers to run beside hotloop, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "tokio,monoio,floor,nginx,haproxy")]
+    #[arg(long, value_delimiter = ',', default_value = "tokio,monoio,floor,nginx,haproxy,h2o")]
     pub peers: Vec<PeerName>,
     /// Directory for results.json, the SVG charts and the servers' logs.
     #[arg(long, default_value = "bench-out")]
@@ -95,10 +95,11 @@ pub struct BenchArgs {
     pub hotloop: Option<PathBuf>,
     /// Workers per server (default: one per server CPU, half the CPUs):
     /// hotloop's `--workers`, the peers' `--workers`, nginx's
-    /// `worker_processes`, haproxy's `nbthread`. The servers run on the
-    /// first N CPUs and the load on the next; with fewer than N + 1 CPUs
-    /// the servers run on all of them and the load is not pinned, so they
-    /// share CPUs. The balance scenario always runs two.
+    /// `worker_processes`, haproxy's `nbthread`, h2o's `num-threads`. The
+    /// servers run on the first N CPUs and the load on the next; with
+    /// fewer than N + 1 CPUs the servers run on all of them and the load
+    /// is not pinned, so they share CPUs. The balance scenario always runs
+    /// two.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=WORKERS_MAX as i64))]
     pub workers: Option<u16>,
     /// Clients in the storm scenario's storm (default: the seed's 30,000, or
@@ -221,6 +222,8 @@ pub enum PeerName {
     Nginx,
     /// haproxy from PATH, HTTP only.
     Haproxy,
+    /// h2o from PATH, HTTP only: one thread, no access log.
+    H2o,
 }
 
 /// What a scenario produced.

@@ -33,7 +33,7 @@ impl Workload {
 /// One server configuration.
 #[derive(Debug, Clone)]
 pub struct ServerSpec {
-    /// hotloop, tokio, monoio, floor, nginx or haproxy.
+    /// hotloop, tokio, monoio, floor, nginx, haproxy or h2o.
     pub server: String,
     /// The configuration shown beside the server name.
     pub config: String,
@@ -71,6 +71,11 @@ pub enum ServerKind {
         /// `tune.maxaccept` (connections accepted per wakeup; -1 is
         /// unlimited); `None` leaves haproxy's default.
         maxaccept: Option<i32>,
+    },
+    /// h2o with a generated configuration.
+    H2o {
+        /// The executable.
+        program: PathBuf,
     },
     /// haproxy forwarding to `hotloop serve http` (busy polling off), with
     /// or without haproxy's own `busy-polling`: the original experiment.
@@ -116,7 +121,7 @@ impl ServerSpec {
             ServerKind::Serve(args, _) | ServerKind::Peer(_, args) => asks(args),
             ServerKind::Proxy { busy_poll } => busy_poll != "off",
             ServerKind::HaproxyForward { busy_polling, .. } => *busy_polling,
-            ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } => false,
+            ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } | ServerKind::H2o { .. } => false,
         }
     }
 }
@@ -289,6 +294,16 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 dir.join("nginx.conf").display().to_string(),
             ];
             let child = launch(ctx, "nginx", program, &args, addr)?;
+            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+        }
+        ServerKind::H2o { program } => {
+            let dir = config_dir(ctx, "h2o", port)?;
+            std::fs::write(dir.join("body"), "x".repeat(work.body_size))
+                .map_err(|e| e.to_string())?;
+            let conf = h2o_config(&dir, addr, ctx.workers, running_as_root());
+            std::fs::write(dir.join("h2o.conf"), conf).map_err(|e| e.to_string())?;
+            let args = vec!["-c".to_string(), dir.join("h2o.conf").display().to_string()];
+            let child = launch(ctx, "h2o", program, &args, addr)?;
             Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
         }
         ServerKind::Haproxy { program, maxaccept } => {
@@ -496,6 +511,36 @@ pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, multi_accept: 
     )
 }
 
+/// An h2o configuration with the settings its documentation gives for
+/// speed: loopback only, `workers` threads (`num-threads`), no access log
+/// (none is configured), no compressed variants looked for, connections
+/// limited only by the open-file limit; a fixed `200` whose body is the
+/// file `body` in `dir`. As root, h2o would switch to `nobody` unless told
+/// to stay (`user`).
+pub fn h2o_config(dir: &Path, addr: SocketAddr, workers: usize, as_root: bool) -> String {
+    let user = if as_root { "user: root\n" } else { "" };
+    format!(
+        "{user}num-threads: {workers}\nmax-connections: 19900\npid-file: {pid}\n\
+         error-log: {err}\nfile.send-compressed: OFF\nlisten:\n  host: {host}\n  port: {port}\n\
+         hosts:\n  default:\n    paths:\n      /:\n        file.file: {body}\n",
+        pid = dir.join("h2o.pid").display(),
+        err = dir.join("logs/error.log").display(),
+        host = addr.ip(),
+        port = addr.port(),
+        body = dir.join("body").display(),
+    )
+}
+
+/// True if this process runs as root.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .is_some_and(|euid| euid == "0")
+    })
+}
+
 /// haproxy's connection limit: it budgets two files per connection (it is
 /// a proxy), and a process may hold 20,000 here.
 pub const HAPROXY_MAXCONN: u32 = 9_900;
@@ -601,6 +646,10 @@ mod tests {
         assert!(n.contains("master_process off;\nworker_processes 1;"), "{n}");
         let n2 = nginx_config(Path::new("/tmp/n"), addr, 2, false);
         assert!(n2.contains("master_process on;\nworker_processes 2;"), "{n2}");
+        let o = h2o_config(Path::new("/tmp/o"), addr, 1, false);
+        assert!(o.starts_with("num-threads: 1\n") && o.contains("host: 127.0.0.1\n"), "{o}");
+        assert!(o.contains("port: 9999\n") && o.contains("file.file: /tmp/o/body\n"), "{o}");
+        assert!(h2o_config(Path::new("/tmp/o"), addr, 2, true).starts_with("user: root\n"));
         let h2 = haproxy_config(Path::new("/tmp/h"), addr, 2, 64, HaproxyRole::Respond);
         assert!(h2.contains("nbthread 2\n"), "{h2}");
         let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000, HaproxyRole::Respond);
