@@ -336,17 +336,7 @@ impl Ctx {
     /// `hotloop serve` on io_uring with `args`, then the same with each
     /// feature of `--uring-off` switched off.
     pub fn hotloop_uring(&self, config: &str, args: &[&str]) -> Vec<ServerSpec> {
-        let mut specs = vec![ServerSpec::hotloop(config, args)];
-        for feature in &self.uring_off {
-            let (name, value) = feature.off_env();
-            let mut spec =
-                ServerSpec::hotloop(&format!("{config}, {} off", feature.as_str()), args);
-            if let ServerKind::Serve(_, env) = &mut spec.kind {
-                env.push((name.to_string(), value.to_string()));
-            }
-            specs.push(spec);
-        }
-        specs
+        uring_specs(config, args, &self.uring_off)
     }
 
     /// Records that `load` ran (or is about to) against `proto` servers, for
@@ -375,6 +365,21 @@ impl Ctx {
             name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
         self.out.join("logs").join(format!("{:04}-{clean}.log", self.runs))
     }
+}
+
+/// `hotloop serve` with `args`, then the same with each of `off`
+/// switched off through its variable, labelled `CONFIG, FEATURE off`.
+fn uring_specs(config: &str, args: &[&str], off: &[UringFeature]) -> Vec<ServerSpec> {
+    let mut specs = vec![ServerSpec::hotloop(config, args)];
+    for feature in off {
+        let (name, value) = feature.off_env();
+        let mut spec = ServerSpec::hotloop(&format!("{config}, {} off", feature.as_str()), args);
+        if let ServerKind::Serve(_, env) = &mut spec.kind {
+            env.push((name.to_string(), value.to_string()));
+        }
+        specs.push(spec);
+    }
+    specs
 }
 
 /// The last non-empty line of a log file, for error messages.
@@ -643,8 +648,25 @@ mod tests {
     fn defaults_run_everything() {
         let a = Cli::parse_from(["bench"]).bench;
         assert!(!a.quick && a.scenario.is_empty() && a.repeats.is_none());
-        assert_eq!(a.peers.len(), 5);
+        assert_eq!(a.peers.len(), 6);
+        assert!(a.peers.contains(&PeerName::H2o) && a.uring_off.is_empty());
         assert_eq!(a.out, PathBuf::from("bench-out"));
+    }
+
+    #[test]
+    fn uring_off_adds_a_row_per_feature_with_its_variable() {
+        let a = Cli::parse_from(["bench", "--uring-off", "registered-ring"]).bench;
+        assert_eq!(a.uring_off, vec![UringFeature::RegisteredRing]);
+        let specs = uring_specs("uring", &["--driver", "uring"], &a.uring_off);
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[1].config, "uring, registered-ring off");
+        match &specs[1].kind {
+            ServerKind::Serve(args, env) => {
+                assert_eq!(args, &["--driver", "uring"]);
+                assert_eq!(env, &[("HOTLOOP_URING_REGISTERED_RING".to_string(), "0".to_string())]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
