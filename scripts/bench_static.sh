@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `hotloop serve static` (epoll, io_uring) against nginx serving the same
-# files, one worker each, keep-alive, nginx with `sendfile on`. Each round
+# files, one worker each, keep-alive, nginx with `sendfile on`, and h2o
+# (when found on PATH) with one thread and no access log. Each round
 # runs every server once per file size, in turn; the figures are medians
 # over the rounds. Servers pinned to CPU 0, wrk to CPU 1.
 #
@@ -37,6 +38,10 @@ declare -A BYTES=([1k]=1024 [64k]=65536 [8m]=8388608)
 # hotloop-uring-splice sends files with SPLICE operations instead of
 # sendfile (HOTLOOP_URING_SEND_FILE=splice).
 PEERS=(nginx nginx-cache hotloop-epoll hotloop-uring hotloop-uring-splice)
+# ONLY_PEERS="nginx h2o hotloop-uring" picks some (nginx, the reference, first).
+[ -n "${ONLY_PEERS:-}" ] && read -r -a PEERS <<<"$ONLY_PEERS"
+if command -v h2o >/dev/null && [ -z "${ONLY_PEERS:-}" ]; then PEERS+=(h2o); fi
+mkdir -p "$T/h2o"
 PORT=18600
 
 nginx_conf() { # port [cache]
@@ -69,6 +74,28 @@ http {
 CONF
 }
 
+# h2o's settings for speed (hotloop-bench's `h2o_config` is the same for
+# its fixed body): one thread, no access log (none configured), no
+# compressed variants looked for; as root it stays root (`user`).
+h2o_conf() { # port
+    [ "$(id -u)" = 0 ] && echo "user: root"
+    cat <<CONF
+num-threads: 1
+max-connections: 19900
+pid-file: $T/h2o/h2o.pid
+error-log: $T/h2o/error.log
+file.send-compressed: OFF
+listen:
+  host: 127.0.0.1
+  port: $1
+hosts:
+  default:
+    paths:
+      /:
+        file.dir: $T/root
+CONF
+}
+
 start() { # peer: starts the server on a fresh port (no TIME_WAIT left from the last one)
     local peer=$1
     PORT=$((PORT + 1))
@@ -76,6 +103,10 @@ start() { # peer: starts the server on a fresh port (no TIME_WAIT left from the 
         nginx|nginx-cache)
             nginx_conf "$PORT" "${peer#nginx}" >"$T/nginx/nginx.conf"
             taskset -c 0 nginx -p "$T/nginx" -c "$T/nginx/nginx.conf" -e "$T/nginx/error.log" >/dev/null 2>&1 &
+            ;;
+        h2o)
+            h2o_conf "$PORT" >"$T/h2o/h2o.conf"
+            taskset -c 0 h2o -c "$T/h2o/h2o.conf" >/dev/null 2>&1 &
             ;;
         hotloop-uring-splice)
             HOTLOOP_URING_SEND_FILE=splice taskset -c 0 "$BIN" serve static --root "$T/root" \
@@ -91,7 +122,7 @@ start() { # peer: starts the server on a fresh port (no TIME_WAIT left from the 
         (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && return 0
         sleep 0.05
     done
-    echo "server $peer did not start" >&2; cat "$T/nginx/error.log" "$T/hotloop.log" >&2 || true; return 1
+    echo "server $peer did not start" >&2; cat "$T/nginx/error.log" "$T/h2o/error.log" "$T/hotloop.log" >&2 || true; return 1
 }
 stop() { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; SERVER=; }
 

@@ -2,7 +2,8 @@
 //! `EMFILE` or a full queue, the accept bound over a multishot accept,
 //! operations dropped while the kernel holds them, small rings under
 //! bursts, the lingering of a dropped stream's write, a quiet worker's
-//! direct sends, kernel busy polling and the fallback to epoll. Behaviour both drivers share lives in the
+//! direct sends, the registered ring descriptor, kernel busy polling and the
+//! fallback to epoll. Behaviour both drivers share lives in the
 //! file named after the behaviour.
 //!
 //! The tests in this file count descriptors and change the process's
@@ -642,6 +643,49 @@ fn direct_sends_can_be_switched_off() {
         return;
     }
     run_child(NAME, &[("HOTLOOP_URING_DIRECT_SEND", "0")]);
+}
+
+/// Serves one echo on a fresh io_uring runtime and returns its
+/// description line.
+fn echo_once_and_describe() -> String {
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    client.write_all(b"ping").unwrap();
+    rt.block_on(async move {
+        let stream = listener.accept_stream().await.unwrap();
+        let (res, buf) = stream.read_owned(Vec::with_capacity(16)).await;
+        assert_eq!(res.unwrap(), 4);
+        let (res, _) = stream.write_owned(buf).await;
+        assert_eq!(res.unwrap(), 4);
+    });
+    let mut got = [0u8; 4];
+    std::io::Read::read_exact(&mut client, &mut got).unwrap();
+    assert_eq!(&got, b"ping");
+    rt.stats().info.reason
+}
+
+/// The ring is entered through a registered descriptor unless
+/// `HOTLOOP_URING_REGISTERED_RING=0`; the description line says which, and
+/// connections are served either way.
+#[test]
+fn registered_ring_is_described_and_can_be_switched_off() {
+    const NAME: &str = "registered_ring_is_described_and_can_be_switched_off";
+    if is_child(NAME) {
+        println!("reason: {}", echo_once_and_describe());
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let reason = echo_once_and_describe();
+    assert!(reason.ends_with("; ring descriptor registered"), "{reason}");
+    let out = run_child(NAME, &[("HOTLOOP_URING_REGISTERED_RING", "0")]);
+    assert!(
+        out.contains("ring descriptor not registered (HOTLOOP_URING_REGISTERED_RING=0)"),
+        "{out}"
+    );
 }
 
 /// The child of the two tests below: a `SEND` entry queued by one task,

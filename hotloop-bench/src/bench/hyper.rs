@@ -44,11 +44,9 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
          server in turn"
     ));
     let work = Workload { proto: "hyper".into(), body_size: BODY_BYTES, work_us: 0 };
-    let specs = vec![
-        ServerSpec::hotloop("epoll", &["--driver", "epoll"]),
-        ServerSpec::hotloop("uring", &["--driver", "uring"]),
-        ServerSpec::peer("tokio"),
-    ];
+    let mut specs = vec![ServerSpec::hotloop("epoll", &["--driver", "epoll"])];
+    specs.extend(ctx.hotloop_uring("uring", &["--driver", "uring"]));
+    specs.push(ServerSpec::peer("tokio"));
     for (group, rate) in [("as fast as it goes", None), ("fixed rate", Some(FIXED_RATE))] {
         let load = LoadSpec {
             mode: "keepalive",

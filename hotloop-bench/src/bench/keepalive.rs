@@ -49,10 +49,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
          them in turn, so a slow spell of a shared machine falls on all alike"
     ));
     let work = Workload { proto: "http".into(), body_size: BODY_BYTES, work_us: 0 };
-    let mut specs = vec![
-        ServerSpec::hotloop("epoll", &["--driver", "epoll"]),
-        ServerSpec::hotloop("uring", &["--driver", "uring"]),
-    ];
+    let mut specs = vec![ServerSpec::hotloop("epoll", &["--driver", "epoll"])];
+    specs.extend(ctx.hotloop_uring("uring", &["--driver", "uring"]));
     specs.extend(ctx.peer_specs("http", &mut result.setup));
     specs.extend(ctx.floor_uring_spec());
     for c in CONCURRENCY {

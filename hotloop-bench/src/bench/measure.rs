@@ -16,8 +16,8 @@ use super::{
 };
 
 impl Ctx {
-    /// The peers enabled for `proto`, as server specs; nginx and haproxy
-    /// only speak HTTP here and appear only when found on PATH.
+    /// The peers enabled for `proto`, as server specs; nginx, haproxy and
+    /// h2o only speak HTTP here and appear only when found on PATH.
     pub fn peer_specs(&self, proto: &str, setup: &mut Vec<String>) -> Vec<ServerSpec> {
         let mut specs = Vec::new();
         for &peer in &self.peers {
@@ -27,8 +27,12 @@ impl Ctx {
                 PeerName::Floor => specs.push(ServerSpec::peer("floor")),
                 // Only where a scenario asks for it: see `floor_uring_spec`.
                 PeerName::FloorUring => {}
-                PeerName::Nginx | PeerName::Haproxy => {
-                    let name = if peer == PeerName::Nginx { "nginx" } else { "haproxy" };
+                PeerName::Nginx | PeerName::Haproxy | PeerName::H2o => {
+                    let name = match peer {
+                        PeerName::Nginx => "nginx",
+                        PeerName::Haproxy => "haproxy",
+                        _ => "h2o",
+                    };
                     if proto != "http" {
                         continue;
                     }
@@ -46,10 +50,14 @@ impl Ctx {
                             specs.push(ServerSpec {
                                 server: name.to_string(),
                                 config: String::new(),
-                                kind: if peer == PeerName::Nginx {
-                                    ServerKind::Nginx { program, multi_accept: true }
-                                } else {
-                                    ServerKind::Haproxy { program, maxaccept: None }
+                                kind: match peer {
+                                    PeerName::Nginx => {
+                                        ServerKind::Nginx { program, multi_accept: true }
+                                    }
+                                    PeerName::Haproxy => {
+                                        ServerKind::Haproxy { program, maxaccept: None }
+                                    }
+                                    _ => ServerKind::H2o { program },
                                 },
                             })
                         }

@@ -2,7 +2,7 @@
 //! the experiments hotloop grew from, and reports every figure.
 //!
 //! Each scenario starts servers (`hotloop serve` and `hotloop proxy` from
-//! the production binary, `hotloop-bench peer`, and nginx or haproxy when
+//! the production binary, `hotloop-bench peer`, and nginx, haproxy or h2o when
 //! found on PATH) and drives them with `hotloop-bench load`, all as
 //! subprocesses. The `hotloop` binary is `--hotloop PATH`, or the one cargo
 //! builds into this executable's target directory (see [`locate_server`]).
@@ -81,7 +81,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub scenario: Vec<ScenarioName>,
     /// Peers to run beside hotloop, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "tokio,monoio,floor,nginx,haproxy")]
+    #[arg(long, value_delimiter = ',', default_value = "tokio,monoio,floor,nginx,haproxy,h2o")]
     pub peers: Vec<PeerName>,
     /// Directory for results.json, the SVG charts and the servers' logs.
     #[arg(long, default_value = "bench-out")]
@@ -95,10 +95,11 @@ pub struct BenchArgs {
     pub hotloop: Option<PathBuf>,
     /// Workers per server (default: one per server CPU, half the CPUs):
     /// hotloop's `--workers`, the peers' `--workers`, nginx's
-    /// `worker_processes`, haproxy's `nbthread`. The servers run on the
-    /// first N CPUs and the load on the next; with fewer than N + 1 CPUs
-    /// the servers run on all of them and the load is not pinned, so they
-    /// share CPUs. The balance scenario always runs two.
+    /// `worker_processes`, haproxy's `nbthread`, h2o's `num-threads`. The
+    /// servers run on the first N CPUs and the load on the next; with
+    /// fewer than N + 1 CPUs the servers run on all of them and the load
+    /// is not pinned, so they share CPUs. The balance scenario always runs
+    /// two.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=WORKERS_MAX as i64))]
     pub workers: Option<u16>,
     /// Clients in the storm scenario's storm (default: the seed's 30,000, or
@@ -106,6 +107,37 @@ pub struct BenchArgs {
     /// each hold, 19,000 at a limit of 20,000; 500 with --quick).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub storm_clients: Option<u64>,
+    /// io_uring features to measure switched off beside on, comma-separated:
+    /// each adds, beside every `hotloop uring` row of the keepalive and
+    /// hyper scenarios, the same server with that feature off (its
+    /// `HOTLOOP_URING_*` variable), measured in the same interleaved rounds.
+    #[arg(long, value_delimiter = ',')]
+    pub uring_off: Vec<UringFeature>,
+}
+
+/// An io_uring feature of the driver that can be switched off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UringFeature {
+    /// Entering the ring through a registered ring descriptor
+    /// (`HOTLOOP_URING_REGISTERED_RING=0` switches it off).
+    RegisteredRing,
+}
+
+impl UringFeature {
+    /// The name used on the command line and in row labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UringFeature::RegisteredRing => "registered-ring",
+        }
+    }
+
+    /// The environment variable and value that switch it off.
+    pub fn off_env(self) -> (&'static str, &'static str) {
+        match self {
+            UringFeature::RegisteredRing => ("HOTLOOP_URING_REGISTERED_RING", "0"),
+        }
+    }
 }
 
 /// The most workers `--workers` takes (the peers' own limit).
@@ -190,6 +222,8 @@ pub enum PeerName {
     Nginx,
     /// haproxy from PATH, HTTP only.
     Haproxy,
+    /// h2o from PATH, HTTP only: one thread, no access log.
+    H2o,
 }
 
 /// What a scenario produced.
@@ -292,11 +326,19 @@ pub struct Ctx {
     pub fd_limit: u64,
     /// `--storm-clients`.
     pub storm_clients: Option<u64>,
+    /// `--uring-off`.
+    pub uring_off: Vec<UringFeature>,
     started: Instant,
     runs: u64,
 }
 
 impl Ctx {
+    /// `hotloop serve` on io_uring with `args`, then the same with each
+    /// feature of `--uring-off` switched off.
+    pub fn hotloop_uring(&self, config: &str, args: &[&str]) -> Vec<ServerSpec> {
+        uring_specs(config, args, &self.uring_off)
+    }
+
     /// Records that `load` ran (or is about to) against `proto` servers, for
     /// the scenario's "load:" lines.
     pub fn note_load(&mut self, load: &LoadSpec, proto: &str) {
@@ -323,6 +365,21 @@ impl Ctx {
             name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
         self.out.join("logs").join(format!("{:04}-{clean}.log", self.runs))
     }
+}
+
+/// `hotloop serve` with `args`, then the same with each of `off`
+/// switched off through its variable, labelled `CONFIG, FEATURE off`.
+fn uring_specs(config: &str, args: &[&str], off: &[UringFeature]) -> Vec<ServerSpec> {
+    let mut specs = vec![ServerSpec::hotloop(config, args)];
+    for feature in off {
+        let (name, value) = feature.off_env();
+        let mut spec = ServerSpec::hotloop(&format!("{config}, {} off", feature.as_str()), args);
+        if let ServerKind::Serve(_, env) = &mut spec.kind {
+            env.push((name.to_string(), value.to_string()));
+        }
+        specs.push(spec);
+    }
+    specs
 }
 
 /// The last non-empty line of a log file, for error messages.
@@ -390,6 +447,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         load_lines: Vec::new(),
         fd_limit,
         storm_clients: args.storm_clients,
+        uring_off: args.uring_off.clone(),
         started: Instant::now(),
         runs: 0,
     };
@@ -590,8 +648,25 @@ mod tests {
     fn defaults_run_everything() {
         let a = Cli::parse_from(["bench"]).bench;
         assert!(!a.quick && a.scenario.is_empty() && a.repeats.is_none());
-        assert_eq!(a.peers.len(), 5);
+        assert_eq!(a.peers.len(), 6);
+        assert!(a.peers.contains(&PeerName::H2o) && a.uring_off.is_empty());
         assert_eq!(a.out, PathBuf::from("bench-out"));
+    }
+
+    #[test]
+    fn uring_off_adds_a_row_per_feature_with_its_variable() {
+        let a = Cli::parse_from(["bench", "--uring-off", "registered-ring"]).bench;
+        assert_eq!(a.uring_off, vec![UringFeature::RegisteredRing]);
+        let specs = uring_specs("uring", &["--driver", "uring"], &a.uring_off);
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[1].config, "uring, registered-ring off");
+        match &specs[1].kind {
+            ServerKind::Serve(args, env) => {
+                assert_eq!(args, &["--driver", "uring"]);
+                assert_eq!(env, &[("HOTLOOP_URING_REGISTERED_RING".to_string(), "0".to_string())]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

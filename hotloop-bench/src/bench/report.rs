@@ -176,7 +176,7 @@ pub struct Column {
 pub struct Row {
     /// The part of the scenario (a body size, a concurrency, a path).
     pub group: String,
-    /// hotloop, tokio, monoio, floor, nginx or haproxy.
+    /// hotloop, tokio, monoio, floor, nginx, haproxy or h2o.
     pub server: String,
     /// The configuration, such as `uring multishot`.
     pub config: String,

@@ -33,7 +33,7 @@ impl Workload {
 /// One server configuration.
 #[derive(Debug, Clone)]
 pub struct ServerSpec {
-    /// hotloop, tokio, monoio, floor, nginx or haproxy.
+    /// hotloop, tokio, monoio, floor, nginx, haproxy or h2o.
     pub server: String,
     /// The configuration shown beside the server name.
     pub config: String,
@@ -44,8 +44,9 @@ pub struct ServerSpec {
 /// How a server is started.
 #[derive(Debug, Clone)]
 pub enum ServerKind {
-    /// `hotloop serve PROTO` with these extra arguments.
-    Serve(Vec<String>),
+    /// `hotloop serve PROTO` with these extra arguments, and these
+    /// variables added to its environment.
+    Serve(Vec<String>, Vec<(String, String)>),
     /// `hotloop proxy` in front of `hotloop serve http`, with the busy
     /// polling setting for the proxy (or the backend, if the proxy has no
     /// such option).
@@ -71,6 +72,11 @@ pub enum ServerKind {
         /// unlimited); `None` leaves haproxy's default.
         maxaccept: Option<i32>,
     },
+    /// h2o with a generated configuration.
+    H2o {
+        /// The executable.
+        program: PathBuf,
+    },
     /// haproxy forwarding to `hotloop serve http` (busy polling off), with
     /// or without haproxy's own `busy-polling`: the original experiment.
     HaproxyForward {
@@ -87,7 +93,7 @@ impl ServerSpec {
         ServerSpec {
             server: "hotloop".into(),
             config: config.into(),
-            kind: ServerKind::Serve(args.iter().map(|s| s.to_string()).collect()),
+            kind: ServerKind::Serve(args.iter().map(|s| s.to_string()).collect(), Vec::new()),
         }
     }
 
@@ -112,10 +118,10 @@ impl ServerSpec {
             })
         };
         match &self.kind {
-            ServerKind::Serve(args) | ServerKind::Peer(_, args) => asks(args),
+            ServerKind::Serve(args, _) | ServerKind::Peer(_, args) => asks(args),
             ServerKind::Proxy { busy_poll } => busy_poll != "off",
             ServerKind::HaproxyForward { busy_polling, .. } => *busy_polling,
-            ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } => false,
+            ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } | ServerKind::H2o { .. } => false,
         }
     }
 }
@@ -223,7 +229,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
         ]);
     };
     match &spec.kind {
-        ServerKind::Serve(extra) => {
+        ServerKind::Serve(extra, env) => {
             let stats_addr: SocketAddr =
                 ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
             let mut args =
@@ -234,7 +240,8 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 args.push("--pin".into());
             }
             args.extend(extra.iter().cloned());
-            let mut child = launch(ctx, "hotloop serve", &ctx.server_exe.clone(), &args, addr)?;
+            let mut child =
+                launch_env(ctx, "hotloop serve", &ctx.server_exe.clone(), &args, env, addr)?;
             wait_for_stats(&mut child, stats_addr);
             Ok(Running {
                 addr,
@@ -287,6 +294,16 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 dir.join("nginx.conf").display().to_string(),
             ];
             let child = launch(ctx, "nginx", program, &args, addr)?;
+            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+        }
+        ServerKind::H2o { program } => {
+            let dir = config_dir(ctx, "h2o", port)?;
+            std::fs::write(dir.join("body"), "x".repeat(work.body_size))
+                .map_err(|e| e.to_string())?;
+            let conf = h2o_config(&dir, addr, ctx.workers, running_as_root());
+            std::fs::write(dir.join("h2o.conf"), conf).map_err(|e| e.to_string())?;
+            let args = vec!["-c".to_string(), dir.join("h2o.conf").display().to_string()];
+            let child = launch(ctx, "h2o", program, &args, addr)?;
             Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
         }
         ServerKind::Haproxy { program, maxaccept } => {
@@ -413,8 +430,20 @@ fn launch(
     args: &[String],
     addr: SocketAddr,
 ) -> Result<Child, String> {
+    launch_env(ctx, name, program, args, &[], addr)
+}
+
+/// Like [`launch`], with `env` added to the server's environment.
+fn launch_env(
+    ctx: &mut Ctx,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    addr: SocketAddr,
+) -> Result<Child, String> {
     let cpus = ctx.server_cpus.clone();
-    launch_on(ctx, name, program, args, addr, &cpus)
+    launch_with(ctx, name, program, args, env, addr, &cpus)
 }
 
 /// Like [`launch`], pinned to `cpus`.
@@ -426,9 +455,24 @@ fn launch_on(
     addr: SocketAddr,
     cpus: &[usize],
 ) -> Result<Child, String> {
+    launch_with(ctx, name, program, args, &[], addr, cpus)
+}
+
+/// Starts `program` with `args` and `env` added to its environment,
+/// pinned to `cpus`, and waits until it accepts on `addr`.
+fn launch_with(
+    ctx: &mut Ctx,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    addr: SocketAddr,
+    cpus: &[usize],
+) -> Result<Child, String> {
     let log = ctx.log_path(name);
     let mut cmd = Command::new(program);
     cmd.args(args);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let mut child = Child::spawn(name, cmd, cpus, &log).map_err(|e| e.to_string())?;
     match proc::wait_accepting(&mut child, addr, Duration::from_millis(SERVER_START_TIMEOUT_MS)) {
         Ok(()) => Ok(child),
@@ -465,6 +509,36 @@ pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, multi_accept: 
         tmp = dir.join("tmp").display(),
         root = dir.display(),
     )
+}
+
+/// An h2o configuration with the settings its documentation gives for
+/// speed: loopback only, `workers` threads (`num-threads`), no access log
+/// (none is configured), no compressed variants looked for, connections
+/// limited only by the open-file limit; a fixed `200` whose body is the
+/// file `body` in `dir`. As root, h2o would switch to `nobody` unless told
+/// to stay (`user`).
+pub fn h2o_config(dir: &Path, addr: SocketAddr, workers: usize, as_root: bool) -> String {
+    let user = if as_root { "user: root\n" } else { "" };
+    format!(
+        "{user}num-threads: {workers}\nmax-connections: 19900\npid-file: {pid}\n\
+         error-log: {err}\nfile.send-compressed: OFF\nlisten:\n  host: {host}\n  port: {port}\n\
+         hosts:\n  default:\n    paths:\n      /:\n        file.file: {body}\n",
+        pid = dir.join("h2o.pid").display(),
+        err = dir.join("logs/error.log").display(),
+        host = addr.ip(),
+        port = addr.port(),
+        body = dir.join("body").display(),
+    )
+}
+
+/// True if this process runs as root.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .is_some_and(|euid| euid == "0")
+    })
 }
 
 /// haproxy's connection limit: it budgets two files per connection (it is
@@ -572,6 +646,10 @@ mod tests {
         assert!(n.contains("master_process off;\nworker_processes 1;"), "{n}");
         let n2 = nginx_config(Path::new("/tmp/n"), addr, 2, false);
         assert!(n2.contains("master_process on;\nworker_processes 2;"), "{n2}");
+        let o = h2o_config(Path::new("/tmp/o"), addr, 1, false);
+        assert!(o.starts_with("num-threads: 1\n") && o.contains("host: 127.0.0.1\n"), "{o}");
+        assert!(o.contains("port: 9999\n") && o.contains("file.file: /tmp/o/body\n"), "{o}");
+        assert!(h2o_config(Path::new("/tmp/o"), addr, 2, true).starts_with("user: root\n"));
         let h2 = haproxy_config(Path::new("/tmp/h"), addr, 2, 64, HaproxyRole::Respond);
         assert!(h2.contains("nbthread 2\n"), "{h2}");
         let h = haproxy_config(Path::new("/tmp/h"), addr, 1, 20_000, HaproxyRole::Respond);

@@ -117,7 +117,11 @@ pub(crate) struct DriverConfig {
 /// - `HOTLOOP_URING_SUBMIT_AFTER_US=N` (default 200): queued ring entries
 ///   are submitted between two task polls once the oldest has waited N
 ///   µs, rather than only when the turn's tasks are done; `off` keeps them
-///   for the end of the turn.
+///   for the end of the turn;
+/// - `HOTLOOP_URING_REGISTERED_RING=0`: every `io_uring_enter` names the
+///   ring by its descriptor, which the kernel looks up each time, instead
+///   of by its slot among the thread's registered rings
+///   (`IORING_REGISTER_RING_FDS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -135,6 +139,9 @@ pub(crate) struct UringSwitches {
     /// The longest a ring entry waits, while tasks run, before it is
     /// submitted on its own (`None`: only at the end of the turn).
     pub(crate) submit_after_ns: Option<u64>,
+    /// Enter the ring through a registered ring descriptor where the
+    /// kernel allows it (Linux 5.18).
+    pub(crate) registered_ring: bool,
 }
 
 impl UringSwitches {
@@ -177,6 +184,7 @@ impl UringSwitches {
             send_file_splice: std::env::var("HOTLOOP_URING_SEND_FILE").is_ok_and(|v| v == "splice"),
             direct_send: !off("HOTLOOP_URING_DIRECT_SEND"),
             submit_after_ns: submit_after_from_env(),
+            registered_ring: !off("HOTLOOP_URING_REGISTERED_RING"),
         }
     }
 }

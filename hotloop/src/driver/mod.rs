@@ -121,10 +121,10 @@ impl Driver {
         };
         if use_uring {
             match uring::Driver::new(config, unpark.clone(), stats.clone()) {
-                Ok((driver, kernel_busy_poll)) => {
+                Ok((driver, kernel_busy_poll, ring_fd)) => {
                     let info = DriverInfo {
                         driver: "uring",
-                        reason,
+                        reason: format!("{reason}; {ring_fd}"),
                         busy_poll: String::new(),
                         kernel_busy_poll,
                         fallback: false,

@@ -248,14 +248,15 @@ struct Uring {
 }
 
 impl Driver {
-    /// Sets up the ring and arms the eventfd's poll. Returns the driver and
-    /// a sentence on kernel busy polling (NAPI).
+    /// Sets up the ring and arms the eventfd's poll. Returns the driver, a
+    /// sentence on kernel busy polling (NAPI) and one on how the ring is
+    /// entered (a registered descriptor or not).
     pub(crate) fn new(
         config: &DriverConfig,
         unpark: Arc<Unpark>,
         stats: Arc<WorkerStats>,
-    ) -> io::Result<(Rc<Driver>, String)> {
-        let (ring, kernel_busy_poll) =
+    ) -> io::Result<(Rc<Driver>, String, String)> {
+        let (ring, kernel_busy_poll, ring_fd) =
             Ring::new(config, stats.clone()).map_err(|e| match probe::uring_support() {
                 Err(why) => io::Error::new(e.kind(), why),
                 Ok(()) => e,
@@ -303,7 +304,7 @@ impl Driver {
             stats,
             reads_from_ring,
         };
-        Ok((Rc::new(driver), kernel_busy_poll))
+        Ok((Rc::new(driver), kernel_busy_poll, ring_fd))
     }
 
     /// True while the runtime that owns the driver runs on this thread.

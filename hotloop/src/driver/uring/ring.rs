@@ -12,12 +12,23 @@
 //!   completion work is waiting, so a zero-timeout enter with nothing to
 //!   submit and no mark only reads the completion queue, without a system
 //!   call.
+//! - The ring is entered through a registered ring descriptor
+//!   (`IORING_REGISTER_RING_FDS`, Linux 5.18) where the kernel allows it:
+//!   each enter names the ring by its slot in the thread's own table
+//!   (`IORING_ENTER_REGISTERED_RING`), so the kernel skips looking the
+//!   descriptor up and taking a reference on its file. The slot belongs to
+//!   the thread that set the ring up (the worker's, and only it enters the
+//!   ring); it is given back when the ring is dropped, since a thread has
+//!   16 of them. Where the kernel refuses (older kernels, or 16 rings
+//!   already registered on the thread) the ring is entered by its
+//!   descriptor, and the driver's description line says so.
 //! - Completion queue overflow: with `NODROP` the kernel holds completions
 //!   that did not fit and hands them over at the next enter; every turn
 //!   that found the queue overflowed counts (`cq_overflows`).
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +54,52 @@ const DRIVER_USER_DATA_MIN: u64 = TIMER_UPDATE_USER_DATA;
 const CQ_ENTRIES_PER_SQ: u32 = 4;
 /// `IORING_ENTER_GETEVENTS`: run deferred completion work and reap.
 const IORING_ENTER_GETEVENTS: u32 = 1;
+/// `IORING_ENTER_EXT_ARG`: the argument is an `io_uring_getevents_arg`.
+const IORING_ENTER_EXT_ARG: u32 = 1 << 3;
+/// `IORING_ENTER_REGISTERED_RING`: the descriptor argument is a slot in
+/// the thread's registered rings.
+const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
+/// `IORING_REGISTER_RING_FDS` (Linux 5.18).
+const IORING_REGISTER_RING_FDS: libc::c_uint = 20;
+/// `IORING_UNREGISTER_RING_FDS`.
+const IORING_UNREGISTER_RING_FDS: libc::c_uint = 21;
+/// `offset` asking the kernel to pick a free slot.
+const RING_SLOT_ANY: u32 = u32::MAX;
+
+/// `struct io_uring_rsrc_update` (`linux/io_uring.h`).
+#[repr(C)]
+struct RsrcUpdate {
+    offset: u32,
+    resv: u32,
+    data: u64,
+}
+
+/// `struct io_uring_getevents_arg` (`linux/io_uring.h`).
+#[repr(C)]
+struct GeteventsArg {
+    sigmask: u64,
+    sigmask_sz: u32,
+    min_wait_usec: u32,
+    ts: u64,
+}
+
+/// `struct __kernel_timespec`.
+#[repr(C)]
+struct KernelTimespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+/// How `io_uring_enter` names the ring.
+#[derive(Debug, Clone, Copy)]
+struct EnterTarget {
+    /// The descriptor, or the slot among the thread's registered rings.
+    fd: i32,
+    /// `IORING_ENTER_REGISTERED_RING` when `fd` is a slot, else 0.
+    flag: u32,
+    /// The thread whose table holds the slot.
+    thread: Option<std::thread::ThreadId>,
+}
 
 /// How the ring was set up, from the most to the least capable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,18 +122,21 @@ pub(super) struct Ring {
     /// (`sys::monotonic_ns`), or 0 if none waits.
     waiting_since_ns: u64,
     pub(super) stats: Arc<WorkerStats>,
+    /// How each enter names the ring.
+    target: EnterTarget,
     /// Test hook: this many submits fail with `EBUSY` before the kernel is asked.
     #[cfg(test)]
     pub(super) failing_submits: u32,
 }
 
 impl Ring {
-    /// Creates the ring, trying the most capable setup first, and registers
-    /// NAPI busy polling if asked. Returns the ring and a sentence on it.
+    /// Creates the ring, trying the most capable setup first, registers its
+    /// descriptor and NAPI busy polling if asked. Returns the ring, a
+    /// sentence on kernel busy polling and one on the ring descriptor.
     pub(super) fn new(
         config: &DriverConfig,
         stats: Arc<WorkerStats>,
-    ) -> io::Result<(Ring, String)> {
+    ) -> io::Result<(Ring, String, String)> {
         let ring = build_ring(config.uring_entries)?;
         let params = ring.params();
         if !params.is_feature_nodrop() || !params.is_feature_ext_arg() {
@@ -104,15 +164,86 @@ impl Ring {
                 }
             }
         };
+        let (target, registered) = if config.uring_switches.registered_ring {
+            match register_ring_fd(&ring) {
+                Ok(target) => (target, "ring descriptor registered".to_string()),
+                Err(e) => (
+                    unregistered(&ring),
+                    format!(
+                        "ring descriptor not registered ({e}; needs Linux 5.18 and a free slot of \
+                         the thread's 16): each enter looks it up"
+                    ),
+                ),
+            }
+        } else {
+            (
+                unregistered(&ring),
+                "ring descriptor not registered (HOTLOOP_URING_REGISTERED_RING=0)".to_string(),
+            )
+        };
         let ring = Ring {
             ring: Box::new(ring),
             pending: VecDeque::new(),
             waiting_since_ns: 0,
             stats,
+            target,
             #[cfg(test)]
             failing_submits: 0,
         };
-        Ok((ring, kernel_busy_poll))
+        Ok((ring, kernel_busy_poll, registered))
+    }
+
+    /// True if the ring is entered through a registered descriptor.
+    #[cfg(test)]
+    pub(super) fn is_registered(&self) -> bool {
+        self.target.flag != 0
+    }
+
+    /// `io_uring_enter(2)` on this ring, naming it as [`Ring::target`] says.
+    ///
+    /// # Safety
+    /// `arg` is null or points to what `flags` says it is (an
+    /// `io_uring_getevents_arg` with `IORING_ENTER_EXT_ARG`), valid for the
+    /// call, with `arg_size` its size.
+    unsafe fn enter_raw(
+        &self,
+        to_submit: u32,
+        min_complete: u32,
+        flags: u32,
+        arg: *const libc::c_void,
+        arg_size: usize,
+    ) -> io::Result<()> {
+        // SAFETY: the caller vouches for `arg`; the ring (or the slot
+        // naming it in this thread's table) outlives the call.
+        let res = unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_enter,
+                self.target.fd,
+                to_submit,
+                min_complete,
+                flags | self.target.flag,
+                arg,
+                arg_size,
+            )
+        };
+        if res < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Flags every enter needs from the ring's state: deferred completion
+    /// work, or completions held back by a full completion queue, are only
+    /// handed over by an enter with `GETEVENTS` (as the `io-uring` crate's
+    /// `submit` does).
+    fn getevents_if_needed(&mut self) -> u32 {
+        let sq = self.ring.submission();
+        if sq.taskrun() || sq.cq_overflow() {
+            IORING_ENTER_GETEVENTS
+        } else {
+            0
+        }
     }
 
     /// The ring itself, for registrations.
@@ -206,8 +337,11 @@ impl Ring {
             self.failing_submits -= 1;
             return Ok(false);
         }
-        match self.ring.submit() {
-            Ok(_) => Ok(true),
+        let queued = self.ring.submission().len() as u32;
+        let flags = self.getevents_if_needed();
+        // SAFETY: no argument.
+        match unsafe { self.enter_raw(queued, 0, flags, std::ptr::null(), 0) } {
+            Ok(()) => Ok(true),
             Err(e) if is_transient(&e) => Ok(false),
             Err(e) => Err(e),
         }
@@ -243,23 +377,42 @@ impl Ring {
             self.failing_submits -= 1;
             return Ok(());
         }
-        let submitter = self.ring.submitter();
         let res = match timeout {
-            None => submitter.submit_and_wait(1),
-            Some(d) if d.is_zero() => {
-                // SAFETY: no argument pointer is passed; GETEVENTS with min_complete 0 only runs
-                // deferred work and never waits.
-                unsafe {
-                    submitter.enter::<libc::sigset_t>(queued, 0, IORING_ENTER_GETEVENTS, None)
-                }
-            }
+            // SAFETY: no argument; waits for one completion.
+            None => unsafe {
+                self.enter_raw(queued, 1, IORING_ENTER_GETEVENTS, std::ptr::null(), 0)
+            },
+            // SAFETY: no argument; GETEVENTS with min_complete 0 only runs
+            // deferred work and never waits.
+            Some(d) if d.is_zero() => unsafe {
+                self.enter_raw(queued, 0, IORING_ENTER_GETEVENTS, std::ptr::null(), 0)
+            },
             Some(d) => {
-                let ts = types::Timespec::from(d);
-                submitter.submit_with_args(1, &types::SubmitArgs::new().timespec(&ts))
+                let ts = KernelTimespec {
+                    tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+                    tv_nsec: i64::from(d.subsec_nanos()),
+                };
+                let arg = GeteventsArg {
+                    sigmask: 0,
+                    sigmask_sz: 0,
+                    min_wait_usec: 0,
+                    ts: &ts as *const KernelTimespec as u64,
+                };
+                // SAFETY: `arg` is an `io_uring_getevents_arg` (EXT_ARG)
+                // whose `ts` points to `ts`; both live until the call returns.
+                unsafe {
+                    self.enter_raw(
+                        queued,
+                        1,
+                        IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG,
+                        (&arg as *const GeteventsArg).cast(),
+                        std::mem::size_of::<GeteventsArg>(),
+                    )
+                }
             }
         };
         match res {
-            Ok(_) => Ok(()),
+            Ok(()) => Ok(()),
             Err(e) if is_transient(&e) => Ok(()),
             Err(e) => Err(e),
         }
@@ -283,6 +436,61 @@ impl Ring {
         out.extend((&mut cq).take(max).map(|e| (e.user_data(), e.result(), e.flags())));
         (overflowed, lost)
     }
+}
+
+impl Drop for Ring {
+    /// Gives the registered slot back: the thread's table holds a
+    /// reference to the ring, which would otherwise stay open (and the
+    /// slot taken) until the thread exits.
+    fn drop(&mut self) {
+        let Some(thread) = self.target.thread else { return };
+        // A slot names a ring only in the thread that registered it.
+        if thread != std::thread::current().id() {
+            return;
+        }
+        let update = RsrcUpdate { offset: self.target.fd as u32, resv: 0, data: 0 };
+        // SAFETY: `update` is one `io_uring_rsrc_update`, valid for the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_register,
+                self.ring.as_raw_fd(),
+                IORING_UNREGISTER_RING_FDS,
+                &update as *const RsrcUpdate,
+                1u32,
+            );
+        }
+    }
+}
+
+/// Registers `ring`'s descriptor in the calling thread's table of rings.
+fn register_ring_fd(ring: &IoUring) -> io::Result<EnterTarget> {
+    let mut update = RsrcUpdate { offset: RING_SLOT_ANY, resv: 0, data: ring.as_raw_fd() as u64 };
+    // SAFETY: `update` is one `io_uring_rsrc_update` the kernel writes the
+    // slot into, valid for the call.
+    let res = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            ring.as_raw_fd(),
+            IORING_REGISTER_RING_FDS,
+            &mut update as *mut RsrcUpdate,
+            1u32,
+        )
+    };
+    match res {
+        1 => Ok(EnterTarget {
+            fd: update.offset as i32,
+            flag: IORING_ENTER_REGISTERED_RING,
+            thread: Some(std::thread::current().id()),
+        }),
+        n if n < 0 => Err(io::Error::last_os_error()),
+        // 0: the kernel registered nothing (every slot taken).
+        _ => Err(io::Error::from_raw_os_error(libc::EBUSY)),
+    }
+}
+
+/// Entering `ring` by its descriptor.
+fn unregistered(ring: &IoUring) -> EnterTarget {
+    EnterTarget { fd: ring.as_raw_fd(), flag: 0, thread: None }
 }
 
 /// Results of `io_uring_enter` that are not failures: the timeout passed
@@ -314,4 +522,109 @@ fn build_ring(entries: u32) -> io::Result<IoUring> {
         }
     }
     Err(last_err.unwrap_or_else(|| io::Error::other("io_uring setup failed")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use io_uring::opcode;
+
+    use super::Ring;
+    use crate::driver::config::{DriverConfig, DriverKind, Registration, UringSwitches};
+    use crate::stats::WorkerStats;
+
+    /// The most rings one thread may register (`IO_RINGFD_REG_MAX`).
+    const THREAD_SLOTS: usize = 16;
+
+    fn config(registered_ring: bool) -> DriverConfig {
+        DriverConfig {
+            kind: DriverKind::Uring,
+            registration: Registration::Lazy,
+            events_per_poll_max: 64,
+            uring_entries: 8,
+            kernel_busy_poll: None,
+            uring_switches: UringSwitches { registered_ring, ..UringSwitches::from_env() },
+        }
+    }
+
+    fn ring(registered_ring: bool) -> (Ring, String) {
+        let (ring, _, said) = Ring::new(&config(registered_ring), Arc::default()).unwrap();
+        (ring, said)
+    }
+
+    /// A `NOP` goes in and its completion comes back through `enter`, both
+    /// through the waiting enter and through the one that submits alone.
+    fn assert_enters(ring: &mut Ring) {
+        let mut out = Vec::new();
+        let mut dropped = 0;
+        ring.push(opcode::Nop::new().build().user_data(7));
+        ring.enter(Some(Duration::from_secs(5)), |_| true).unwrap();
+        ring.take_completions(&mut out, 8, &mut dropped);
+        assert_eq!(out.len(), 1, "the NOP's completion did not come back");
+        assert_eq!((out[0].0, out[0].1), (7, 0));
+        ring.push(opcode::Nop::new().build().user_data(8));
+        ring.submit_pending(|_| true).unwrap();
+        ring.enter(None, |_| true).unwrap();
+        ring.take_completions(&mut out, 8, &mut dropped);
+        assert_eq!(out.iter().map(|c| c.0).collect::<Vec<_>>(), [8]);
+        let stats: &WorkerStats = &ring.stats;
+        assert!(stats.uring_enters.load(std::sync::atomic::Ordering::Relaxed) >= 3);
+    }
+
+    /// Each ring registers its descriptor and gives the slot back when
+    /// dropped: a thread that sets up more rings, one after another, than
+    /// it has slots still registers every one.
+    #[test]
+    fn registered_ring_slots_are_given_back() {
+        if crate::__private::skip_uring_test() {
+            return;
+        }
+        for i in 0..THREAD_SLOTS + 4 {
+            let (mut ring, said) = ring(true);
+            assert!(ring.is_registered(), "ring {i} was not registered: {said}");
+            assert_eq!(said, "ring descriptor registered");
+            assert_enters(&mut ring);
+        }
+    }
+
+    /// With every slot of the thread taken the kernel refuses (`EBUSY`):
+    /// the ring is entered by its descriptor and says why; a slot given
+    /// back is taken by the next ring.
+    #[test]
+    fn refused_registration_enters_by_descriptor() {
+        if crate::__private::skip_uring_test() {
+            return;
+        }
+        let mut held = Vec::new();
+        let refused = loop {
+            assert!(held.len() <= THREAD_SLOTS, "the kernel never refused a slot");
+            let (ring, said) = ring(true);
+            if !ring.is_registered() {
+                break (ring, said);
+            }
+            held.push(ring);
+        };
+        let (mut refused, said) = refused;
+        assert_eq!(held.len(), THREAD_SLOTS);
+        assert!(said.starts_with("ring descriptor not registered ("), "{said}");
+        assert_enters(&mut refused);
+        held.pop();
+        let (mut again, said) = ring(true);
+        assert!(again.is_registered(), "{said}");
+        assert_enters(&mut again);
+    }
+
+    /// The switch off: the ring is entered by its descriptor.
+    #[test]
+    fn registered_ring_switched_off() {
+        if crate::__private::skip_uring_test() {
+            return;
+        }
+        let (mut ring, said) = ring(false);
+        assert!(!ring.is_registered());
+        assert!(said.contains("HOTLOOP_URING_REGISTERED_RING=0"), "{said}");
+        assert_enters(&mut ring);
+    }
 }

@@ -543,7 +543,8 @@ mod tests {
             uring_switches: UringSwitches { multishot_recv: false, ..UringSwitches::from_env() },
         };
         let unpark = Arc::new(Unpark::new().unwrap());
-        let (driver, _) = Driver::new(&config, unpark, Arc::new(WorkerStats::default())).unwrap();
+        let (driver, _, _) =
+            Driver::new(&config, unpark, Arc::new(WorkerStats::default())).unwrap();
         assert!(!driver.reads_from_ring);
         driver.entered.set(true);
         Some(driver)
