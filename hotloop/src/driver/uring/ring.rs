@@ -17,10 +17,11 @@
 //!   each enter names the ring by its slot in the thread's own table
 //!   (`IORING_ENTER_REGISTERED_RING`), so the kernel skips looking the
 //!   descriptor up and taking a reference on its file. The slot belongs to
-//!   the thread that set the ring up (the worker's, and only it enters the
-//!   ring); it is given back when the ring is dropped, since a thread has
-//!   16 of them. Where the kernel refuses (older kernels, or 16 rings
-//!   already registered on the thread) the ring is entered by its
+//!   the thread that set the ring up (the worker's; another thread, where
+//!   the set-up lets one enter, names it by its descriptor); it is given back
+//!   when the ring is dropped, since a thread has 16 of them. Where the
+//!   kernel refuses (older kernels, or 16 rings already registered on the
+//!   thread) the ring is entered by its
 //!   descriptor, and the driver's description line says so.
 //! - Completion queue overflow: with `NODROP` the kernel holds completions
 //!   that did not fit and hands them over at the next enter; every turn
@@ -213,15 +214,23 @@ impl Ring {
         arg: *const libc::c_void,
         arg_size: usize,
     ) -> io::Result<()> {
+        // A slot names the ring only in the thread that registered it;
+        // another thread names it by its descriptor (with SINGLE_ISSUER
+        // the kernel then refuses it, EEXIST; a ring set up without it,
+        // the COOP_TASKRUN fallback, lets another thread enter).
+        let (fd, slot_flag) = match self.target.thread {
+            Some(owner) if owner != std::thread::current().id() => (self.ring.as_raw_fd(), 0),
+            _ => (self.target.fd, self.target.flag),
+        };
         // SAFETY: the caller vouches for `arg`; the ring (or the slot
         // naming it in this thread's table) outlives the call.
         let res = unsafe {
             libc::syscall(
                 libc::SYS_io_uring_enter,
-                self.target.fd,
+                fd,
                 to_submit,
                 min_complete,
-                flags | self.target.flag,
+                flags | slot_flag,
                 arg,
                 arg_size,
             )
