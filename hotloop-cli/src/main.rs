@@ -7,6 +7,7 @@
 
 mod conn;
 mod drain;
+mod http_proxy;
 mod proxy;
 mod quic;
 mod runtime_args;

@@ -69,13 +69,24 @@ pub fn acceptor(
     args: &ServeArgs,
     alpn: &[&[u8]],
 ) -> io::Result<Option<(TlsAcceptor, Arc<CertReloader>)>> {
-    let (Some(cert_path), Some(key_path)) = (&args.tls_cert, &args.tls_key) else {
+    acceptor_from(args.tls_cert.as_deref(), args.tls_key.as_deref(), args.handshake_timeout_ms, alpn)
+}
+
+/// [`acceptor`] from the flags' values, for a command whose flags are not
+/// `serve`'s (`proxy --mode http`).
+pub fn acceptor_from(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+    handshake_timeout_ms: u64,
+    alpn: &[&[u8]],
+) -> io::Result<Option<(TlsAcceptor, Arc<CertReloader>)>> {
+    let (Some(cert_path), Some(key_path)) = (cert, key) else {
         return Ok(None);
     };
     let certs = CertReloader::from_pem_files(cert_path, key_path)
         .map_err(|e| identity_error(cert_path, key_path, e))?;
     let acceptor = TlsAcceptor::new(certs.server_config(alpn)?)
-        .handshake_timeout(Duration::from_millis(args.handshake_timeout_ms));
+        .handshake_timeout(Duration::from_millis(handshake_timeout_ms));
     Ok(Some((acceptor, certs)))
 }
 
@@ -148,6 +159,10 @@ impl Conn for ServerTlsStream {
         }
         linger(self).await;
     }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self.get_ref().0)
+    }
 }
 
 /// Reads and drops what the client sends after the server's end, until
@@ -166,10 +181,6 @@ async fn linger(tls: &mut ServerTlsStream) {
             Some(b) => drained += b.len(),
             None => return,
         }
-    }
-
-    fn raw_fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(self.get_ref().0)
     }
 }
 
