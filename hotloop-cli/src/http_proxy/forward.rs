@@ -34,6 +34,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hotloop::hyper::{OnUpgrade, Upgraded};
 use hotloop::time::Sleep;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
@@ -119,6 +120,11 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
         return fixed(StatusCode::NOT_FOUND, "no route for this host and path\n".into());
     };
     let g = &shared.groups[group];
+    if let Some(&on) = req.extensions().get::<OnUpgrade>() {
+        if wants_upgrade(req.headers()) {
+            return tunnel(shared, peer, group, host, req, on).await;
+        }
+    }
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, true, false);
     // hyper answers `Expect: 100-continue` itself when the body is first read.
@@ -251,6 +257,119 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
         }
     };
     failure_answer(shared, g, failure)
+}
+
+/// Whether a request asks to switch protocols (`Connection: upgrade` and
+/// an `Upgrade` field).
+fn wants_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && h.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+        })
+}
+
+/// A request that asks for an upgrade (WebSocket): sent on a connection of
+/// its own, retried on another backend only if the connect failed; if the
+/// backend answers `101`, the client's and the backend's connections are
+/// joined byte for byte until both ends close (or the client connection's
+/// idle or send timeout, or a drain's end, cuts them).
+async fn tunnel(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    group: usize,
+    host: Option<String>,
+    req: Request<Incoming>,
+    on: OnUpgrade,
+) -> Response<DownBody> {
+    let g = &shared.groups[group];
+    if g.protocol != UpstreamProtocol::Http1 {
+        return fixed(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("group {}: an upgrade needs HTTP/1.1 backends\n", g.name),
+        );
+    }
+    let version = req.version();
+    let (mut parts, body) = req.into_parts();
+    headers::remove_hop_by_hop(&mut parts.headers, false, true);
+    headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
+    parts.uri = Uri::from(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
+    let mut req = Some(Request::from_parts(parts, UpBody::Client(body)));
+    let mut order = candidates(shared, group).into_iter();
+    let Some(mut id) = order.next() else {
+        shared.stats.unavailable.fetch_add(1, Relaxed);
+        return fixed(StatusCode::SERVICE_UNAVAILABLE, format!("no backend of group {} is up\n", g.name));
+    };
+    let mut moves = 0;
+    let failure = loop {
+        let (mut sender, upgraded) = match pool::open_upgradable(&shared.backends, id, g.connect_timeout).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                note_failure(shared, id);
+                let f = match e {
+                    ConnectError::TimedOut => Failure::ConnectTimeout,
+                    ConnectError::Failed(e) => Failure::Connect(e.to_string()),
+                };
+                match next_backend(shared, g, &mut order, &mut moves) {
+                    Some(next) => {
+                        id = next;
+                        continue;
+                    }
+                    None => break f,
+                }
+            }
+        };
+        shared.backends[id].stats.requests.fetch_add(1, Relaxed);
+        let started = Instant::now();
+        let sent = hotloop::time::timeout(g.header_timeout, sender.send_request(req.take().expect("sent once"))).await;
+        let response = match sent {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                note_failure(shared, id);
+                break Failure::Lost(e.to_string());
+            }
+            Err(_) => {
+                note_failure(shared, id);
+                break Failure::HeaderTimeout;
+            }
+        };
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            // Refused: an ordinary answer, on a connection not kept.
+            return answer(shared, g, id, response, None, started);
+        }
+        shared.health.success(id);
+        drop(sender);
+        let Some((backend_io, backend_buf)) = upgraded.await.ok().flatten() else {
+            note_failure(shared, id);
+            break Failure::Lost("the backend's connection ended at its 101".into());
+        };
+        let (mut parts, _) = response.into_parts();
+        headers::remove_hop_by_hop(&mut parts.headers, false, true);
+        headers::add_via(&mut parts.headers, parts.version);
+        parts.version = Version::HTTP_11;
+        let stats = shared.clone();
+        let joined = on.run(move |client| async move {
+            stats.stats.upgrades.fetch_add(1, Relaxed);
+            join(client, backend_io, backend_buf).await;
+            stats.backends[id].stats.record_latency(started.elapsed());
+        });
+        if joined.is_err() {
+            break Failure::Lost("the upgrade could not be taken over".into());
+        }
+        return Response::from_parts(parts, DownBody(Down::Fixed(None)));
+    };
+    failure_answer(shared, g, failure)
+}
+
+/// Copies both ways between an upgraded client connection and its backend
+/// (after the bytes the backend sent with its `101`) until both directions
+/// have ended; an error on either side ends both.
+async fn join(mut client: Upgraded, mut backend: hotloop::net::TcpStream, first: Bytes) {
+    use tokio::io::AsyncWriteExt;
+    if !first.is_empty() && client.write_all(&first).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
 }
 
 /// The next backend to try, if the group's retries allow one more.

@@ -288,6 +288,39 @@ pub async fn open(
     Ok(sender)
 }
 
+/// The backend's side of an upgrade: its socket and the bytes it sent
+/// after its `101`, once hyper has stopped (`None`: it did not upgrade).
+pub type UpgradedBackend = hotloop::JoinHandle<Option<(TcpStream, Bytes)>>;
+
+/// Opens a connection to `backend` for one request that asks for an
+/// upgrade: never pooled; if the answer is `101`, the connection comes
+/// back from hyper through the returned handle.
+pub async fn open_upgradable(
+    backends: &Arc<[Backend]>,
+    backend: usize,
+    limit: Duration,
+) -> Result<(http1::SendRequest<UpBody>, UpgradedBackend), ConnectError> {
+    let b = &backends[backend];
+    let stream = match TcpStream::connect_timeout(b.addr, limit).await {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(ConnectError::TimedOut),
+        Err(e) => return Err(ConnectError::Failed(e)),
+    };
+    b.stats.connects.fetch_add(1, Relaxed);
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = http1::Builder::new()
+        .handshake(HyperIo::new(stream))
+        .await
+        .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
+    let open_gauge = guard(backends.clone(), backend);
+    let upgraded = hotloop::spawn(async move {
+        let _open = open_gauge;
+        let parts = conn.without_shutdown().await.ok()?;
+        Some((parts.io.0, parts.read_buf))
+    });
+    Ok((sender, upgraded))
+}
+
 /// Counts a connection in its backend's `open` gauge while it lives.
 struct Guard(Arc<[Backend]>, usize);
 

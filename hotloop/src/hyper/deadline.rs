@@ -209,6 +209,8 @@ pub(super) struct Progress {
     /// 0 until the write side is shut at hyper's end; then one more than
     /// the reads the lingering close has dropped (see [`TimedIo`]).
     linger: Cell<u8>,
+    /// A request was handed an `OnUpgrade`: hyper's end may be an upgrade.
+    pub(super) upgrade: Cell<bool>,
 }
 
 impl Progress {
@@ -225,6 +227,7 @@ impl Progress {
             head_armed: Cell::new(false),
             cut: Cell::new(false),
             linger: Cell::new(0),
+            upgrade: Cell::new(false),
         }
     }
 
@@ -391,6 +394,48 @@ impl<T: tokio::io::AsyncRead + Socket + Unpin> TimedIo<T> {
         std::task::ready!(poll)?;
         into.extend_from_slice(rb.filled());
         Poll::Ready(Ok(rb.filled().len()))
+    }
+}
+
+/// The I/O of an upgraded connection (`upgrade.rs`): tokio's traits, the
+/// progress still recorded, so the idle and send timeouts still apply; a
+/// shutdown only shuts the write side (a tunnel's other direction goes
+/// on), with no lingering close.
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> TimedIo<T> {
+    pub(super) fn poll_tunnel_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        rb: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = rb.filled().len();
+        let poll = Pin::new(&mut self.io).poll_read(cx, rb);
+        self.progress.read(&poll, rb.filled().len() > before);
+        poll
+    }
+
+    pub(super) fn poll_tunnel_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progress.wrote(&poll);
+        poll
+    }
+
+    pub(super) fn poll_tunnel_flush(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.progress.flushed(&poll);
+        poll
+    }
+
+    pub(super) fn poll_tunnel_shutdown(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.progress.flushed(&poll);
+        poll
     }
 }
 

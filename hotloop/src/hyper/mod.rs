@@ -57,6 +57,7 @@ mod deadline;
 mod panic;
 mod rt;
 mod tracked;
+mod upgrade;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -70,6 +71,7 @@ use self::deadline::Deadlines;
 pub use self::deadline::IDLE_CLOSE_GRACE;
 use self::panic::CatchPanic;
 pub use self::rt::{HotloopExecutor, HotloopTimer, HyperIo, HyperSleep};
+pub use self::upgrade::{OnUpgrade, Upgraded};
 use crate::net::{serve_with_stop, ListenerOptions, Server, ServerOptions, TcpStream};
 use crate::Handle;
 
