@@ -112,6 +112,10 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
     if host.is_none() && version == Version::HTTP_11 {
         return fixed(StatusCode::BAD_REQUEST, "an HTTP/1.1 request needs a Host header\n".into());
     }
+    if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
+        // RFC 9112 section 3.2: which host was meant is ambiguous.
+        return fixed(StatusCode::BAD_REQUEST, "more than one Host header\n".into());
+    }
     if req.method() == Method::CONNECT {
         return fixed(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not proxied\n".into());
     }
@@ -230,6 +234,11 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
                     Some(next) => id = next,
                     None => break Failure::Lost("the connection closed before the request was sent".into()),
                 }
+            }
+            Err(SendError::Lost(e)) if e.is_user() => {
+                // The client's body failed (a bad chunk size, a reset): the
+                // backend is not to blame, and the request cannot be sent again.
+                break Failure::ClientBody(e.to_string());
             }
             Err(SendError::Lost(e)) => {
                 note_failure(shared, id);
@@ -406,6 +415,7 @@ enum Failure {
     ConnectTimeout,
     Lost(String),
     HeaderTimeout,
+    ClientBody(String),
 }
 
 fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<DownBody> {
@@ -420,6 +430,9 @@ fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<Down
             StatusCode::GATEWAY_TIMEOUT,
             format!("no answer within {} ms", g.header_timeout.as_millis()),
         ),
+        Failure::ClientBody(e) => {
+            return fixed(StatusCode::BAD_REQUEST, format!("the request's body is malformed: {e}\n"))
+        }
     };
     match status {
         StatusCode::BAD_GATEWAY => shared.stats.bad_gateway.fetch_add(1, Relaxed),
