@@ -72,7 +72,12 @@ pub struct ProxyArgs {
     pub listen: String,
     /// Backend addresses, comma-separated (http: one group serving every
     /// host and path; --config instead for routes).
-    #[arg(long, value_delimiter = ',', required_unless_present = "config", conflicts_with = "config")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "config",
+        conflicts_with = "config"
+    )]
     pub backend: Vec<String>,
     /// http: the groups and routes file (TOML; see README.md for every key).
     #[arg(long, value_name = "FILE")]

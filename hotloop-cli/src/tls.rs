@@ -69,7 +69,12 @@ pub fn acceptor(
     args: &ServeArgs,
     alpn: &[&[u8]],
 ) -> io::Result<Option<(TlsAcceptor, Arc<CertReloader>)>> {
-    acceptor_from(args.tls_cert.as_deref(), args.tls_key.as_deref(), args.handshake_timeout_ms, alpn)
+    acceptor_from(
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+        args.handshake_timeout_ms,
+        alpn,
+    )
 }
 
 /// [`acceptor`] from the flags' values, for a command whose flags are not

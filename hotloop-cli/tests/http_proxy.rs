@@ -201,7 +201,10 @@ fn read_fields(r: &mut impl BufRead) -> Option<Vec<(String, String)>> {
 }
 
 /// A chunked body and its trailers; `None` if the stream ends first.
-fn read_chunked(r: &mut impl BufRead) -> Option<(Vec<u8>, Vec<(String, String)>)> {
+/// Header or trailer fields, names lowercased.
+type Fields = Vec<(String, String)>;
+
+fn read_chunked(r: &mut impl BufRead) -> Option<(Vec<u8>, Fields)> {
     let mut body = Vec::new();
     loop {
         let size = usize::from_str_radix(read_line(r)?.split(';').next()?.trim(), 16).ok()?;
@@ -401,7 +404,8 @@ fn backends_without_a_file_take_turns_for_every_host(driver: DriverKind) {
     let list = format!("{},{}", a.addr(), b.addr());
     let (_p, addr, _) = start(driver, &["--backend", &list, "--workers", "1"]);
     let mut cl = Client::connect(addr);
-    let got: Vec<String> = (0..4).map(|i| cl.send(&get(&format!("h{i}.org"), "/any")).unwrap().text()).collect();
+    let got: Vec<String> =
+        (0..4).map(|i| cl.send(&get(&format!("h{i}.org"), "/any")).unwrap().text()).collect();
     assert_eq!(got, ["a", "b", "a", "b"]);
 }
 
@@ -421,7 +425,10 @@ fn upstream_connections_are_pooled_reused_and_expire(driver: DriverKind) {
         assert_eq!(r.status, 200);
     }
     let accepts = a.accepts.load(SeqCst);
-    assert!(accepts <= 2, "40 requests from 40 client connections took {accepts} backend connections");
+    assert!(
+        accepts <= 2,
+        "40 requests from 40 client connections took {accepts} backend connections"
+    );
     assert_eq!(stat(st, "backend_g_0_requests"), 40);
     assert_eq!(stat(st, "backend_g_0_reused"), 40 - accepts as u64);
     // Idle past 400 ms: the proxy closes them.
@@ -435,7 +442,8 @@ fn upstream_connections_are_pooled_reused_and_expire(driver: DriverKind) {
     let slow = Backend::start(|_| Reply { delay: Duration::from_millis(300), ..Reply::ok("s") });
     let config = format!("[groups.g]\nbackends = [\"{}\"]\npool_idle_max = 2\n", slow.addr());
     let (_q, addr, st) = with_config(driver, &config, &["--workers", "1"]);
-    let threads: Vec<_> = (0..5).map(|_| std::thread::spawn(move || once(addr, &get("t", "/")).status)).collect();
+    let threads: Vec<_> =
+        (0..5).map(|_| std::thread::spawn(move || once(addr, &get("t", "/")).status)).collect();
     for t in threads {
         assert_eq!(t.join().unwrap(), 200);
     }
@@ -490,14 +498,31 @@ fn smuggling_attempts_are_refused_or_framed_again(driver: DriverKind) {
     let (_p, addr, st) = start(driver, &["--backend", &a.addr(), "--workers", "1"]);
     let smuggled = "GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n";
     let refused: [(&str, String); 9] = [
-        ("double CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde".into()),
+        (
+            "double CL",
+            "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde"
+                .into(),
+        ),
         ("obs-fold", "GET / HTTP/1.1\r\nHost: t\r\nX-A: a\r\n b\r\n\r\n".into()),
         ("bare CR", "GET / HTTP/1.1\rHost: t\r\n\r\n".into()),
-        ("TE not chunked", format!("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n{smuggled}")),
-        ("chunked not last", "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n".into()),
-        ("space before colon", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length : 5\r\n\r\nhello".into()),
+        (
+            "TE not chunked",
+            format!("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n{smuggled}"),
+        ),
+        (
+            "chunked not last",
+            "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n"
+                .into(),
+        ),
+        (
+            "space before colon",
+            "POST / HTTP/1.1\r\nHost: t\r\nContent-Length : 5\r\n\r\nhello".into(),
+        ),
         ("signed CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: +5\r\n\r\nhello".into()),
-        ("TE in HTTP/1.0", "POST / HTTP/1.0\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".into()),
+        (
+            "TE in HTTP/1.0",
+            "POST / HTTP/1.0\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".into(),
+        ),
         ("two Hosts", "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".into()),
     ];
     for (what, raw) in &refused {
@@ -507,8 +532,14 @@ fn smuggling_attempts_are_refused_or_framed_again(driver: DriverKind) {
     }
     assert!(a.seen().is_empty(), "refused requests reached the backend: {:?}", a.seen());
     // Invalid chunk sizes: 400 (never 502: the backend is not to blame).
-    for (what, chunks) in [("non-hex size", "zz\r\nhello\r\n0\r\n\r\n"), ("size overflow", "fffffffffffffffffff\r\nhello\r\n0\r\n\r\n"), ("bare LF after size", "5\nhello\r\n0\r\n\r\n")] {
-        let raw = format!("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}{smuggled}");
+    for (what, chunks) in [
+        ("non-hex size", "zz\r\nhello\r\n0\r\n\r\n"),
+        ("size overflow", "fffffffffffffffffff\r\nhello\r\n0\r\n\r\n"),
+        ("bare LF after size", "5\nhello\r\n0\r\n\r\n"),
+    ] {
+        let raw = format!(
+            "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}{smuggled}"
+        );
         let mut cl = Client::connect(addr);
         let r = cl.send(raw.as_bytes()).unwrap_or_else(|| panic!("{what}: no answer"));
         assert_eq!(r.status, 400, "{what}: {r:?}");
@@ -516,7 +547,10 @@ fn smuggling_attempts_are_refused_or_framed_again(driver: DriverKind) {
     }
     // CL and TE: read as chunked, answered, and the connection closed, so
     // the bytes after the chunked body are never read as a request.
-    for order in ["Content-Length: 4\r\nTransfer-Encoding: chunked", "Transfer-Encoding: chunked\r\nContent-Length: 4"] {
+    for order in [
+        "Content-Length: 4\r\nTransfer-Encoding: chunked",
+        "Transfer-Encoding: chunked\r\nContent-Length: 4",
+    ] {
         let raw = format!("POST /clte HTTP/1.1\r\nHost: t\r\n{order}\r\n\r\n0\r\n\r\n{smuggled}");
         let mut cl = Client::connect(addr);
         assert_eq!(cl.send(raw.as_bytes()).unwrap().status, 200);
@@ -526,7 +560,9 @@ fn smuggling_attempts_are_refused_or_framed_again(driver: DriverKind) {
     let mut cl = Client::connect(addr);
     assert_eq!(cl.send(b"GET /lf HTTP/1.1\nHost: t\n\n").unwrap().status, 200);
     // Identical Content-Lengths are one (RFC 9110 section 8.6).
-    let r = cl.send(b"POST /samecl HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd");
+    let r = cl.send(
+        b"POST /samecl HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
+    );
     assert_eq!(r.unwrap().status, 200);
     let seen = a.seen();
     let paths: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
@@ -538,7 +574,11 @@ fn smuggling_attempts_are_refused_or_framed_again(driver: DriverKind) {
     }
     let same = seen.iter().find(|s| s.path == "/samecl").unwrap();
     assert_eq!(same.body, b"abcd");
-    assert_eq!(stat(st, "backend_default_0_errors"), 0, "client errors were held against the backend");
+    assert_eq!(
+        stat(st, "backend_default_0_errors"),
+        0,
+        "client errors were held against the backend"
+    );
 }
 
 /// A refused connect moves any request to the next backend (nothing was
@@ -596,8 +636,18 @@ group = "mixed"
 /// their backend.
 #[hotloop::test(driver = "all")]
 fn lost_requests_retry_only_when_idempotent_and_slow_ones_get_504(driver: DriverKind) {
-    let crashing = Backend::start(|s| Reply { hang_up: s.path != "/slow", delay: Duration::from_millis(if s.path == "/slow" { 1500 } else { 0 }), ..Reply::ok("crashing") });
-    let steady = Backend::start(|s| if s.path == "/500" { Reply::ok("oops").status(500) } else { Reply::ok("steady") });
+    let crashing = Backend::start(|s| Reply {
+        hang_up: s.path != "/slow",
+        delay: Duration::from_millis(if s.path == "/slow" { 1500 } else { 0 }),
+        ..Reply::ok("crashing")
+    });
+    let steady = Backend::start(|s| {
+        if s.path == "/500" {
+            Reply::ok("oops").status(500)
+        } else {
+            Reply::ok("steady")
+        }
+    });
     let config = format!(
         "[groups.g]\nbackends = [\"{}\", \"{}\"]\nmax_fails = 0\nheader_timeout_ms = 300\n",
         crashing.addr(),
@@ -640,7 +690,8 @@ fn active_health_checks_take_a_backend_out_and_back(driver: DriverKind) {
         steady.addr()
     );
     let (mut p, addr, _) = with_config(driver, &config, &["--workers", "2"]);
-    let answers = |n| -> Vec<String> { (0..n).map(|_| once(addr, &get("t", "/")).text()).collect() };
+    let answers =
+        |n| -> Vec<String> { (0..n).map(|_| once(addr, &get("t", "/")).text()).collect() };
     assert!(answers(6).contains(&"flaky".to_string()));
     sick.store(true, SeqCst);
     assert!(p.wait_for_line("is down", Duration::from_secs(5)), "{:?}", p.seen);
@@ -666,7 +717,8 @@ fn slow_clients_hold_the_backend_back_and_trailers_pass(driver: DriverKind) {
         let mut r = BufReader::new(s.try_clone().unwrap());
         let _ = read_request(&mut r);
         let mut s = s;
-        s.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n\r\n").as_bytes()).unwrap();
+        s.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n\r\n").as_bytes())
+            .unwrap();
         let piece = vec![b'x'; 64 << 10];
         for _ in 0..BIG / piece.len() {
             if s.write_all(&piece).is_err() {
@@ -689,7 +741,10 @@ fn slow_clients_hold_the_backend_back_and_trailers_pass(driver: DriverKind) {
     s.write_all(b"GET / HTTP/1.1\r\nHost: big\r\n\r\n").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let held = written.load(SeqCst);
-    assert!(held < BIG * 3 / 4, "the backend wrote {held} of {BIG} bytes to a client that read nothing");
+    assert!(
+        held < BIG * 3 / 4,
+        "the backend wrote {held} of {BIG} bytes to a client that read nothing"
+    );
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut r = BufReader::new(s);
     let resp = read_resp(&mut r).unwrap();
@@ -712,10 +767,15 @@ fn slow_clients_hold_the_backend_back_and_trailers_pass(driver: DriverKind) {
 /// passed on, then bytes flow both ways until the client ends.
 #[hotloop::test(driver = "all")]
 fn upgrades_are_tunnelled(driver: DriverKind) {
-    let a = Backend::start(|s| Reply { echo_upgrade: s.header("upgrade").is_some(), ..Reply::ok("plain") });
+    let a = Backend::start(|s| Reply {
+        echo_upgrade: s.header("upgrade").is_some(),
+        ..Reply::ok("plain")
+    });
     let (_p, addr, st) = start(driver, &["--backend", &a.addr(), "--workers", "1"]);
     let mut cl = Client::connect(addr);
-    let r = cl.send(b"GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n").unwrap();
+    let r = cl
+        .send(b"GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .unwrap();
     assert_eq!(r.status, 101, "{r:?}");
     assert_eq!(r.header("upgrade"), Some("echo"));
     let seen = &a.seen()[0];
@@ -742,8 +802,18 @@ fn upgrades_are_tunnelled(driver: DriverKind) {
 #[hotloop::test(driver = "all")]
 fn http2_clients_and_http2_backends(driver: DriverKind) {
     let drv = common::driver_arg(driver);
-    let mut h2_backend =
-        Proc::start(&["serve", "hyper", "--addr", "127.0.0.1:0", "--workers", "1", "--driver", drv, "--body-size", "5"]);
+    let mut h2_backend = Proc::start(&[
+        "serve",
+        "hyper",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--driver",
+        drv,
+        "--body-size",
+        "5",
+    ]);
     let h2_addr = h2_backend.addr_after(" on ");
     let h1 = Backend::named("h1");
     let config = format!(
@@ -760,32 +830,34 @@ fn http2_clients_and_http2_backends(driver: DriverKind) {
     assert!(stat(st, "backend_h2_0_reused") >= 4);
     // HTTP/2 clients, several streams on one connection, to both groups.
     let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
-    let answers = rt
-        .block_on(async move {
-            use hyper::body::Body as _;
-            let tcp = hotloop::net::TcpStream::connect(addr).await.unwrap();
-            let (send, conn) = hyper::client::conn::http2::Builder::new(hotloop::hyper::HotloopExecutor)
+    let answers = rt.block_on(async move {
+        use hyper::body::Body as _;
+        let tcp = hotloop::net::TcpStream::connect(addr).await.unwrap();
+        let (send, conn) =
+            hyper::client::conn::http2::Builder::new(hotloop::hyper::HotloopExecutor)
                 .timer(hotloop::hyper::HotloopTimer)
                 .handshake::<_, String>(hotloop::hyper::HyperIo::new(tcp))
                 .await
                 .unwrap();
-            drop(hotloop::spawn(conn));
-            let mut out = Vec::new();
-            for host in ["h2.test", "h1.test", "h2.test", "h1.test"] {
-                let req = hyper::Request::get(format!("http://{host}/x")).body(String::new()).unwrap();
-                let resp = send.clone().send_request(req).await.unwrap();
-                let status = resp.status().as_u16();
-                let mut body = resp.into_body();
-                let mut bytes = Vec::new();
-                while let Some(frame) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
-                    if let Ok(data) = frame.unwrap().into_data() {
-                        bytes.extend_from_slice(&data);
-                    }
+        drop(hotloop::spawn(conn));
+        let mut out = Vec::new();
+        for host in ["h2.test", "h1.test", "h2.test", "h1.test"] {
+            let req = hyper::Request::get(format!("http://{host}/x")).body(String::new()).unwrap();
+            let resp = send.clone().send_request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let mut body = resp.into_body();
+            let mut bytes = Vec::new();
+            while let Some(frame) =
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+            {
+                if let Ok(data) = frame.unwrap().into_data() {
+                    bytes.extend_from_slice(&data);
                 }
-                out.push((status, bytes));
             }
-            out
-        });
+            out.push((status, bytes));
+        }
+        out
+    });
     assert_eq!(answers[1], (200, b"h1".to_vec()));
     assert_eq!((answers[0].0, answers[0].1.len()), (200, 5));
     let seen = &h1.seen()[0];
@@ -801,7 +873,8 @@ fn tls_clients_negotiate_alpn(driver: DriverKind) {
     let a = Backend::named("a");
     let (cert, key) = common::certificate();
     let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
-    let (_p, addr, _) = start(driver, &["--backend", &a.addr(), "--workers", "1", "--tls-cert", c, "--tls-key", k]);
+    let (_p, addr, _) =
+        start(driver, &["--backend", &a.addr(), "--workers", "1", "--tls-cert", c, "--tls-key", k]);
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let h2 = common::tls_client_over(tcp, &cert, &[b"h2", b"http/1.1"]);
@@ -812,7 +885,10 @@ fn tls_clients_negotiate_alpn(driver: DriverKind) {
     tls.write_all(b"GET / HTTP/1.1\r\nHost: secure.test\r\nConnection: close\r\n\r\n").unwrap();
     let resp = read_resp(&mut BufReader::new(tls)).unwrap();
     assert_eq!(resp.text(), "a");
-    assert_eq!(a.seen()[0].header("forwarded"), Some("for=127.0.0.1;host=\"secure.test\";proto=https"));
+    assert_eq!(
+        a.seen()[0].header("forwarded"),
+        Some("for=127.0.0.1;host=\"secure.test\";proto=https")
+    );
 }
 
 /// The server-mode deadlines hold for the proxy's clients (an unfinished
@@ -835,7 +911,11 @@ fn client_deadlines_and_the_drain_apply(driver: DriverKind) {
     p.signal("TERM");
     let r = in_flight.join().unwrap();
     assert_eq!(r.text(), "late");
-    assert!(p.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()), "{:?}", p.collect_lines(Duration::ZERO));
+    assert!(
+        p.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()),
+        "{:?}",
+        p.collect_lines(Duration::ZERO)
+    );
 }
 
 /// A bad file is refused at start with its line and the reason.
@@ -843,7 +923,15 @@ fn client_deadlines_and_the_drain_apply(driver: DriverKind) {
 fn a_bad_config_file_is_refused_with_its_line() {
     let path = config_file("[groups.g]\nbackends = [\"127.0.0.1:1\"]\nretries = \"two\"\n");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hotloop"))
-        .args(["proxy", "--mode", "http", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap()])
+        .args([
+            "proxy",
+            "--mode",
+            "http",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            path.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

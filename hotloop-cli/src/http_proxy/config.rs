@@ -127,7 +127,10 @@ pub fn from_backends(
     if group.backends.is_empty() {
         return Err("--backend names no address".into());
     }
-    Ok(Config { groups: vec![group], routes: vec![RouteConfig { host: None, path: None, group: 0 }] })
+    Ok(Config {
+        groups: vec![group],
+        routes: vec![RouteConfig { host: None, path: None, group: 0 }],
+    })
 }
 
 /// Reads and checks `path`.
@@ -154,7 +157,8 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     };
     let doc = Document::parse(text)
         .map_err(|e| ConfigError { line: line_of(e.span()), reason: e.message().to_string() })?;
-    let err = |span: Option<Range<usize>>, reason: String| ConfigError { line: line_of(span), reason };
+    let err =
+        |span: Option<Range<usize>>, reason: String| ConfigError { line: line_of(span), reason };
     let root = doc.as_table();
     let mut groups = Vec::new();
     let mut routes_item = None;
@@ -237,9 +241,13 @@ fn group(name: &str, t: &Table, err: &Err<'_>) -> Result<GroupConfig, ConfigErro
                 })?;
                 for v in array.iter() {
                     let s = v.as_str().ok_or_else(|| {
-                        err(v.span().or_else(at), format!("{full}: must hold \"host:port\" strings"))
+                        err(
+                            v.span().or_else(at),
+                            format!("{full}: must hold \"host:port\" strings"),
+                        )
                     })?;
-                    let addr = resolve(s).map_err(|e| err(v.span().or_else(at), format!("{full}: {e}")))?;
+                    let addr = resolve(s)
+                        .map_err(|e| err(v.span().or_else(at), format!("{full}: {e}")))?;
                     g.backends.push((s.to_string(), addr));
                 }
             }
@@ -333,7 +341,10 @@ fn route(
             "path" => match item.as_str() {
                 Some(p) if p.starts_with('/') => r.path = Some(p.to_string()),
                 _ => {
-                    return Err(err(at(), format!("routes[{i}].path: must be a prefix starting with `/`")))
+                    return Err(err(
+                        at(),
+                        format!("routes[{i}].path: must be a prefix starting with `/`"),
+                    ))
                 }
             },
             "group" => {

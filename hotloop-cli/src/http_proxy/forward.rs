@@ -43,8 +43,8 @@ use hyper::http::uri::{Authority, PathAndQuery, Scheme};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 
 use super::config::{GroupConfig, UpstreamProtocol};
-use super::health::Health;
 use super::headers;
+use super::health::Health;
 use super::pool::{self, Backend, ConnectError, Lease, Sender, UpBody};
 use super::routes::Routes;
 use super::stats::ProxyStats;
@@ -86,10 +86,7 @@ fn candidates(shared: &Shared, group: usize) -> Vec<usize> {
         next[group] = s.wrapping_add(1);
         s
     });
-    (0..n)
-        .map(|i| range.start + (start + i) % n)
-        .filter(|&id| shared.health.usable(id))
-        .collect()
+    (0..n).map(|i| range.start + (start + i) % n).filter(|&id| shared.health.usable(id)).collect()
 }
 
 /// The service: one request in, one answer out (never an error: the
@@ -103,7 +100,11 @@ pub async fn handle(
     Ok(forward(&shared, peer, req).await)
 }
 
-async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -> Response<DownBody> {
+async fn forward(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<DownBody> {
     let version = req.version();
     let host: Option<String> = match req.uri().authority() {
         Some(a) => Some(a.as_str().to_string()),
@@ -134,7 +135,8 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
     // hyper answers `Expect: 100-continue` itself when the body is first read.
     parts.headers.remove(header::EXPECT);
     headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
-    let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let path =
+        parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     match g.protocol {
         UpstreamProtocol::Http1 => {
             parts.uri = Uri::from(path);
@@ -222,7 +224,7 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
             }
             Err(SendError::NotSent(back)) => {
                 // The connection closed before the request was written.
-                req = back;
+                req = *back;
                 if reused && !stale_tried {
                     stale_tried = true;
                     fresh_only = true;
@@ -232,7 +234,11 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
                 note_failure(shared, id);
                 match next_backend(shared, g, &mut order, &mut moves) {
                     Some(next) => id = next,
-                    None => break Failure::Lost("the connection closed before the request was sent".into()),
+                    None => {
+                        break Failure::Lost(
+                            "the connection closed before the request was sent".into(),
+                        )
+                    }
                 }
             }
             Err(SendError::Lost(e)) if e.is_user() => {
@@ -242,13 +248,17 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
             }
             Err(SendError::Lost(e)) => {
                 note_failure(shared, id);
-                let again = replay.as_ref().and_then(|(m, u, h)| {
+                let again = replay.as_ref().map(|(m, u, h)| {
                     let mut r = Request::new(UpBody::Empty);
                     *r.method_mut() = m.clone();
                     *r.uri_mut() = u.clone();
                     *r.headers_mut() = h.clone();
-                    *r.version_mut() = if g.protocol == UpstreamProtocol::H2 { Version::HTTP_2 } else { Version::HTTP_11 };
-                    Some(r)
+                    *r.version_mut() = if g.protocol == UpstreamProtocol::H2 {
+                        Version::HTTP_2
+                    } else {
+                        Version::HTTP_11
+                    };
+                    r
                 });
                 let Some(again) = again else { break Failure::Lost(e.to_string()) };
                 match next_backend(shared, g, &mut order, &mut moves) {
@@ -273,8 +283,7 @@ async fn forward(shared: &Arc<Shared>, peer: SocketAddr, req: Request<Incoming>)
 fn wants_upgrade(h: &HeaderMap) -> bool {
     h.contains_key(header::UPGRADE)
         && h.get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+            v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
         })
 }
 
@@ -302,35 +311,45 @@ async fn tunnel(
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, false, true);
     headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
-    parts.uri = Uri::from(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
+    parts.uri = Uri::from(
+        parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
     let mut req = Some(Request::from_parts(parts, UpBody::Client(body)));
     let mut order = candidates(shared, group).into_iter();
     let Some(mut id) = order.next() else {
         shared.stats.unavailable.fetch_add(1, Relaxed);
-        return fixed(StatusCode::SERVICE_UNAVAILABLE, format!("no backend of group {} is up\n", g.name));
+        return fixed(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no backend of group {} is up\n", g.name),
+        );
     };
     let mut moves = 0;
     let failure = loop {
-        let (mut sender, upgraded) = match pool::open_upgradable(&shared.backends, id, g.connect_timeout).await {
-            Ok(pair) => pair,
-            Err(e) => {
-                note_failure(shared, id);
-                let f = match e {
-                    ConnectError::TimedOut => Failure::ConnectTimeout,
-                    ConnectError::Failed(e) => Failure::Connect(e.to_string()),
-                };
-                match next_backend(shared, g, &mut order, &mut moves) {
-                    Some(next) => {
-                        id = next;
-                        continue;
+        let (mut sender, upgraded) =
+            match pool::open_upgradable(&shared.backends, id, g.connect_timeout).await {
+                Ok(pair) => pair,
+                Err(e) => {
+                    note_failure(shared, id);
+                    let f = match e {
+                        ConnectError::TimedOut => Failure::ConnectTimeout,
+                        ConnectError::Failed(e) => Failure::Connect(e.to_string()),
+                    };
+                    match next_backend(shared, g, &mut order, &mut moves) {
+                        Some(next) => {
+                            id = next;
+                            continue;
+                        }
+                        None => break f,
                     }
-                    None => break f,
                 }
-            }
-        };
+            };
         shared.backends[id].stats.requests.fetch_add(1, Relaxed);
         let started = Instant::now();
-        let sent = hotloop::time::timeout(g.header_timeout, sender.send_request(req.take().expect("sent once"))).await;
+        let sent = hotloop::time::timeout(
+            g.header_timeout,
+            sender.send_request(req.take().expect("sent once")),
+        )
+        .await;
         let response = match sent {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
@@ -406,7 +425,10 @@ fn note_failure(shared: &Shared, id: usize) {
 
 /// Methods whose repetition has the effect of one request (RFC 9110 section 9.2.2).
 fn idempotent(m: &Method) -> bool {
-    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
 }
 
 /// Why no backend answered.
@@ -431,7 +453,10 @@ fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<Down
             format!("no answer within {} ms", g.header_timeout.as_millis()),
         ),
         Failure::ClientBody(e) => {
-            return fixed(StatusCode::BAD_REQUEST, format!("the request's body is malformed: {e}\n"))
+            return fixed(
+                StatusCode::BAD_REQUEST,
+                format!("the request's body is malformed: {e}\n"),
+            )
         }
     };
     match status {
@@ -443,7 +468,7 @@ fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<Down
 
 enum SendError {
     /// hyper gave the request back: nothing of it was written.
-    NotSent(Request<UpBody>),
+    NotSent(Box<Request<UpBody>>),
     /// Sent, at least in part, and no answer came.
     Lost(hyper::Error),
     /// No answer's head within the header timeout.
@@ -464,7 +489,7 @@ async fn send(
             match sent {
                 Ok(Ok(r)) => Ok((r, Some((s, backend)))),
                 Ok(Err(mut e)) => match e.take_message() {
-                    Some(back) => Err(SendError::NotSent(back)),
+                    Some(back) => Err(SendError::NotSent(Box::new(back))),
                     None => Err(SendError::Lost(e.into_error())),
                 },
                 Err(_) => Err(SendError::TimedOut),
@@ -475,7 +500,7 @@ async fn send(
             match sent {
                 Ok(Ok(r)) => Ok((r, None)),
                 Ok(Err(mut e)) => match e.take_message() {
-                    Some(back) => Err(SendError::NotSent(back)),
+                    Some(back) => Err(SendError::NotSent(Box::new(back))),
                     None => Err(SendError::Lost(e.into_error())),
                 },
                 Err(_) => Err(SendError::TimedOut),
@@ -622,7 +647,9 @@ impl Body for DownBody {
                     }
                     Poll::Pending => {
                         let due = s.last + s.timeout;
-                        let sleep = s.sleep.get_or_insert_with(|| Box::pin(hotloop::time::sleep_until(due)));
+                        let sleep = s
+                            .sleep
+                            .get_or_insert_with(|| Box::pin(hotloop::time::sleep_until(due)));
                         while sleep.as_mut().poll(cx).is_ready() {
                             if hotloop::time::now() >= s.last + s.timeout {
                                 s.fail();

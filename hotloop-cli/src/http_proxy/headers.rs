@@ -135,7 +135,8 @@ fn valid_token_host(h: &str) -> bool {
 /// Appends `item` to the comma list in `name` (one field, as proxies write it).
 fn append_list(headers: &mut HeaderMap, name: HeaderName, item: &str) {
     let joined = {
-        let prior: Vec<&str> = headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
+        let prior: Vec<&str> =
+            headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
         if prior.is_empty() {
             item.to_string()
         } else {
@@ -162,7 +163,13 @@ mod tests {
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         h.insert("x-kept", HeaderValue::from_static("yes"));
         remove_hop_by_hop(&mut h, true, false);
-        add_forwarding(&mut h, Version::HTTP_11, "[::ffff:127.0.0.2]:5".parse().unwrap(), Some("a.test"), false);
+        add_forwarding(
+            &mut h,
+            Version::HTTP_11,
+            "[::ffff:127.0.0.2]:5".parse().unwrap(),
+            Some("a.test"),
+            false,
+        );
         assert!(h.get("x-secret").is_none() && h.get("keep-alive").is_none());
         assert!(h.get("upgrade").is_none() && h.get("connection").is_none());
         assert_eq!(h["te"], "trailers");

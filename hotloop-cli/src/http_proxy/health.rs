@@ -101,7 +101,11 @@ impl Health {
     /// Seconds until one of `ids` may take requests again, at least 1: the
     /// earliest end of a passive ejection, or the check interval for a
     /// backend the checks hold down.
-    pub fn retry_after_secs(&self, ids: impl Iterator<Item = usize>, check: Option<Duration>) -> u64 {
+    pub fn retry_after_secs(
+        &self,
+        ids: impl Iterator<Item = usize>,
+        check: Option<Duration>,
+    ) -> u64 {
         let now = self.now_ms();
         let mut best = u64::MAX;
         for id in ids {
@@ -160,7 +164,10 @@ pub async fn check_loop(
         } else if up && fails >= cfg.fall {
             health.set_up(id, false);
             backends[id].stats.ejections.fetch_add(1, Relaxed);
-            eprintln!("hotloop proxy: backend {name} ({}) is down: its health check failed {fails} times", backends[id].addr);
+            eprintln!(
+                "hotloop proxy: backend {name} ({}) is down: its health check failed {fails} times",
+                backends[id].addr
+            );
         }
     }
 }
@@ -171,10 +178,14 @@ async fn check_once(b: &Backend, cfg: &HealthConfig) -> bool {
     let attempt = async {
         let sender = pool::open(b.addr, b.protocol, cfg.timeout, None, 0).await.ok()?;
         let authority = b.addr.to_string();
-        let mut req = Request::builder().method(Method::GET).header("user-agent", "hotloop-health-check");
+        let mut req =
+            Request::builder().method(Method::GET).header("user-agent", "hotloop-health-check");
         let response = match sender {
             Sender::H1(mut s) => {
-                req = req.uri(cfg.path.as_str()).header("host", authority).header("connection", "close");
+                req = req
+                    .uri(cfg.path.as_str())
+                    .header("host", authority)
+                    .header("connection", "close");
                 s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
             }
             Sender::H2(mut s) => {
@@ -195,7 +206,8 @@ mod tests {
 
     #[test]
     fn max_fails_in_a_row_eject_and_a_success_clears_the_count() {
-        let h = Health::new([(2, Duration::from_secs(30)), (0, Duration::from_secs(30))].into_iter());
+        let h =
+            Health::new([(2, Duration::from_secs(30)), (0, Duration::from_secs(30))].into_iter());
         assert!(!h.failure(0));
         h.success(0);
         assert!(!h.failure(0));

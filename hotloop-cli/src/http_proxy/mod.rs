@@ -16,12 +16,12 @@
 //! `routes`, `pool`, `health`, `forward`, then this one.
 
 mod config;
-mod stats;
-mod headers;
-mod routes;
-mod pool;
-mod health;
 mod forward;
+mod headers;
+mod health;
+mod pool;
+mod routes;
+mod stats;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -227,7 +227,9 @@ fn start_background(rt: &hotloop::Runtime, shared: &Arc<Shared>) {
         for id in shared.members[gi].clone() {
             let (health, backends, h) = (shared.health.clone(), shared.backends.clone(), h.clone());
             let name = format!("{}[{}]", g.name, id - shared.members[gi].start);
-            drop(rt.handle().spawn_on(0, move || health::check_loop(health, backends, id, h, name)));
+            drop(
+                rt.handle().spawn_on(0, move || health::check_loop(health, backends, id, h, name)),
+            );
         }
     }
     let sweep = shared

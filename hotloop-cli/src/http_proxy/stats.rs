@@ -89,11 +89,23 @@ pub struct ProxyStats {
 /// The endpoint's fields for the proxy and each backend. A backend's
 /// names carry its group and its place in the group
 /// (`backend_api_0_requests`); its help text names its address.
-pub fn fields(proxy: &ProxyStats, backends: &[(&'static str, &'static str, &BackendStats)]) -> Vec<Extra> {
-    let counter = |name, help, value: &AtomicU64| Extra { name, help, kind: Kind::Counter, value: value.load(Relaxed) };
+pub fn fields(
+    proxy: &ProxyStats,
+    backends: &[(&'static str, &'static str, &BackendStats)],
+) -> Vec<Extra> {
+    let counter = |name, help, value: &AtomicU64| Extra {
+        name,
+        help,
+        kind: Kind::Counter,
+        value: value.load(Relaxed),
+    };
     let mut out = vec![
         counter("http_requests", "Requests taken from clients.", &proxy.requests),
-        counter("http_retries", "Requests retried on another backend or connection.", &proxy.retries),
+        counter(
+            "http_retries",
+            "Requests retried on another backend or connection.",
+            &proxy.retries,
+        ),
         counter("http_502", "Answers 502: no backend answered.", &proxy.bad_gateway),
         counter("http_503", "Answers 503: no backend of the group up.", &proxy.unavailable),
         counter("http_504", "Answers 504: a backend too slow.", &proxy.gateway_timeout),

@@ -70,7 +70,7 @@ enum Phase<I: Socket, T: HttpService<Incoming>> {
     /// stream sends its close_notify).
     Closing(TimedIo<I>),
     /// Upgraded (`101`): the service's protocol runs on the connection.
-    Tunnel(Pin<Box<dyn Future<Output = ()>>>),
+    Tunnel(super::upgrade::Tunnel),
     /// Between two phases, or over.
     Done,
 }

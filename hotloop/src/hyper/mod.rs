@@ -223,7 +223,8 @@ where
 }
 
 /// The address a service is given when its client's can no longer be read.
-const UNKNOWN_PEER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+const UNKNOWN_PEER: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
 
 /// [`serve_hyper`] over TLS (feature `tls`): each connection is handshaken
 /// by `acceptor` within its time limit, then served as HTTP/2 or HTTP/1.1.

@@ -56,7 +56,9 @@ where
     #[inline]
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         self.progress.took(!req.body().is_end_stream());
-        if req.version() == hyper::Version::HTTP_11 && req.headers().contains_key(hyper::header::UPGRADE) {
+        if req.version() == hyper::Version::HTTP_11
+            && req.headers().contains_key(hyper::header::UPGRADE)
+        {
             self.offer_upgrade(&mut req);
         }
         self.service.call(req)

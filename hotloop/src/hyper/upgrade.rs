@@ -33,9 +33,9 @@ use super::deadline::{Socket, TimedIo};
 use super::tracked::Rewind;
 
 /// The future that runs an upgraded connection.
-type Tunnel = Pin<Box<dyn Future<Output = ()>>>;
+pub(super) type Tunnel = Pin<Box<dyn Future<Output = ()>>>;
 /// What a service registers: given the connection, its new protocol.
-type Start = Box<dyn FnOnce(Upgraded) -> Tunnel>;
+pub(super) type Start = Box<dyn FnOnce(Upgraded) -> Tunnel>;
 
 thread_local! {
     /// This worker's registered upgrades, by connection key (a few at most:
@@ -86,7 +86,7 @@ impl OnUpgrade {
 }
 
 /// Takes the function registered for connection `key`, and forgets the key.
-pub(super) fn take(key: usize) -> Option<Box<dyn FnOnce(Upgraded) -> Pin<Box<dyn Future<Output = ()>>>>> {
+pub(super) fn take(key: usize) -> Option<Start> {
     STARTS.with(|s| {
         let mut s = s.borrow_mut();
         let at = s.iter().position(|(k, _)| *k == key)?;
@@ -121,7 +121,11 @@ impl Upgraded {
 
 /// A served connection's I/O, whatever its stream.
 trait TunnelIo {
-    fn read(&mut self, cx: &mut Context<'_>, rb: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>>;
+    fn read(
+        &mut self,
+        cx: &mut Context<'_>,
+        rb: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>>;
     fn write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>>;
     fn flush(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>;
     fn shutdown(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>;
@@ -131,7 +135,11 @@ impl<I> TunnelIo for TimedIo<I>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin,
 {
-    fn read(&mut self, cx: &mut Context<'_>, rb: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn read(
+        &mut self,
+        cx: &mut Context<'_>,
+        rb: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         self.poll_tunnel_read(cx, rb)
     }
     fn write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
@@ -162,7 +170,11 @@ impl tokio::io::AsyncRead for Upgraded {
 }
 
 impl tokio::io::AsyncWrite for Upgraded {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         self.io.write(cx, buf)
     }
 
