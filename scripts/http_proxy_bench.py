@@ -8,7 +8,7 @@ in front of the same two backends (`hotloop serve http --workers 1
 Per round and proxy, each proxy started fresh:
 
   reuse  10,000 short client connections, one request each
-         (`hotloop-bench load --mode churn --connections 16 --requests 10000`):
+         (`hotloop-bench load --mode churn --connections 8 --requests 10000`):
          upstream reuse = 1 - backend connections accepted / requests
   ka     keep-alive HTTP/1.1, 256 connections, SECONDS seconds
          (`hotloop-bench load --mode keepalive --connections 256`): rate and
@@ -131,8 +131,9 @@ def load(bench, port, mode, connections, seconds, requests=None):
 
 
 def h2load(port, seconds):
-    out = subprocess.run(["h2load", "-c16", "-m16", "-D", str(seconds), f"http://127.0.0.1:{port}/"],
-                         capture_output=True, text=True).stdout
+    run = subprocess.run(["h2load", "-c16", "-m16", "-D", str(int(seconds)), f"http://127.0.0.1:{port}/"],
+                         capture_output=True, text=True)
+    out = run.stdout + run.stderr
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded", out)
     rate = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
     if not done or not rate:
@@ -177,7 +178,7 @@ def kill_run(args, work, fill_with):
         elif name == "haproxy":
             proxy = Proxy(name, ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)], port, h2port)
         else:
-            proxy = Proxy(name, ["nginx", "-p", work, "-c", fill("nginx.conf", port, h2port)], port, h2port)
+            proxy = Proxy(name, ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)], port, h2port)
         proxy.start()
         try:
             killer = threading.Timer(1.5, lambda: backends[1].kill())
@@ -198,7 +199,7 @@ def main():
     ap.add_argument("--hotloop", default="target/release/hotloop")
     ap.add_argument("--bench", default="target/release/hotloop-bench")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--driver", default="auto")
     ap.add_argument("--kill", action="store_true", help="the backend-killed-under-load run instead")
     args = ap.parse_args()
@@ -247,7 +248,7 @@ def main():
     port, h2port = free_port(), free_port()
     for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(os.path.join(work, d), exist_ok=True)
-    proxies.append(Proxy("nginx", ["nginx", "-p", work, "-c", fill("nginx.conf", port, h2port)], port, h2port))
+    proxies.append(Proxy("nginx", ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)], port, h2port))
 
     results = {p.name: {k: [] for k in ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu")} for p in proxies}
     try:
@@ -256,7 +257,7 @@ def main():
                 p.start()
                 r = results[p.name]
                 before = backend_accepts(stats_ports)
-                rep = load(args.bench, p.port, "churn", 16, 60, requests=10000)
+                rep = load(args.bench, p.port, "churn", 8, 60, requests=10000)
                 accepts = backend_accepts(stats_ports) - before
                 r["accepts"].append(accepts)
                 r["reuse"].append(100.0 * (1 - accepts / max(rep["completed"], 1)))

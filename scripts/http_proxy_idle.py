@@ -150,7 +150,7 @@ def main():
         with open(cfg, "w") as f:
             f.write(f"""global
     nbthread 1
-    maxconn 40000
+    maxconn 9000
 defaults
     mode http
     http-reuse always
