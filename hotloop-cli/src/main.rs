@@ -1,12 +1,13 @@
 //! The `hotloop` command: the runtime as a production server (`serve`, over
-//! TCP, TLS or QUIC), a TCP forwarder (`proxy`), each with a live stats
-//! endpoint.
+//! TCP, TLS or QUIC), a TCP forwarder or an HTTP reverse proxy (`proxy`),
+//! each with a live stats endpoint.
 //!
 //! It links hotloop and no other runtime; the measuring tools (load
 //! generator, peers, benchmark suite) live in `hotloop-bench`.
 
 mod conn;
 mod drain;
+mod http_proxy;
 mod proxy;
 mod quic;
 mod runtime_args;
@@ -34,7 +35,8 @@ enum Command {
     /// Run an echo, HTTP, hyper or static-file server (plain or TLS), or a QUIC echo or HTTP/3 server.
     #[command(after_help = SERVE_NOTES)]
     Serve(serve_args::ServeArgs),
-    /// Forward TCP connections to backends, round-robin.
+    /// Forward TCP connections to backends, round-robin (the default), or
+    /// HTTP requests by host and path to groups of backends (--mode http).
     #[command(after_help = PROXY_NOTES)]
     Proxy(proxy::ProxyArgs),
 }
@@ -133,7 +135,7 @@ QUIC (UDP; one endpoint per worker on one port, SO_REUSEPORT):
     );
     pub const PROXY: &str = concat!(
         "\
-Timeouts:
+Timeouts (--mode tcp, the default):
   --connect-timeout-ms  1000  one backend's connect; then the next backend is tried
   --idle-timeout-ms    60000  no byte moved in either direction (writes blocked on a
                               peer that does not read included): both sides reset
@@ -141,6 +143,19 @@ Timeouts:
                               open connections may take (proxied connections have no
                               request boundary: they run until they end or the drain
                               timeout does; --grace-ms is the same)
+
+HTTP (--mode http): HTTP/1.1 and HTTP/2 clients (h2c, or ALPN over TLS with
+--tls-cert/--tls-key), routed by host and path to groups of backends from
+--config FILE (TOML; README.md lists every key), or one group of --backend
+addresses (--backend-protocol http1|h2). Client timeouts as `serve hyper`:
+  --idle-timeout-ms    60000  nothing moved either way: close (HTTP/2: GOAWAY)
+  --header-timeout-ms  10000  a request head not complete: close
+  --send-timeout-ms    60000  a write made no progress (the client does not read): close
+  --drain-timeout-ms    5000  as above; an upgraded (WebSocket) tunnel runs until it
+                              ends or this cuts it
+Backend timeouts are per group in the file (connect, response head, body); a
+request no backend answered gets 502, one every backend is down for 503 with
+Retry-After, a backend too slow 504.
 
 ",
         signals!()

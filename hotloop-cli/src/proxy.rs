@@ -1,4 +1,6 @@
-//! `hotloop proxy`: a TCP forwarder (haproxy's `mode tcp`) on the runtime.
+//! `hotloop proxy`: a TCP forwarder (haproxy's `mode tcp`) on the runtime,
+//! the default `--mode tcp`; `--mode http` is the HTTP reverse proxy of
+//! `http_proxy/`, which takes its flags from here too.
 //!
 //! Each client connection goes to the next backend round-robin; if the
 //! connect fails or times out, the next backend is tried, until every
@@ -25,6 +27,7 @@
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -39,25 +42,78 @@ use hotloop::time::sleep_until;
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::{Extra, Kind, StatsServer};
 
+/// What `hotloop proxy` forwards.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// TCP connections, byte for byte, round-robin (the default).
+    Tcp,
+    /// HTTP requests (HTTP/1.1 and HTTP/2), routed by host and path to
+    /// backend groups, over pooled keep-alive connections.
+    Http,
+}
+
+/// How `--mode http` speaks to `--backend`s (a `--config` file says it per group).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendProtocol {
+    /// HTTP/1.1 with keep-alive.
+    Http1,
+    /// HTTP/2 by prior knowledge.
+    H2,
+}
+
 /// `hotloop proxy` flags.
 #[derive(Args, Debug, Clone)]
 pub struct ProxyArgs {
+    /// tcp: forward connections; http: forward requests (see the notes below).
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub mode: Mode,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub listen: String,
-    /// Backend addresses, comma-separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// Backend addresses, comma-separated (http: one group serving every
+    /// host and path; --config instead for routes).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "config",
+        conflicts_with = "config"
+    )]
     pub backend: Vec<String>,
+    /// http: the groups and routes file (TOML; see README.md for every key).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// http with --backend: HTTP/1.1 or HTTP/2 (prior knowledge) to the backends.
+    #[arg(long, value_enum, default_value = "http1")]
+    pub backend_protocol: BackendProtocol,
     /// Connect timeout: give up on one backend after this long and try the
-    /// next, milliseconds.
+    /// next, milliseconds (http with --config: each group's `connect_timeout_ms`).
     #[arg(long, default_value_t = 1000)]
     pub connect_timeout_ms: u64,
     /// Idle timeout: cut a proxied connection (a reset to both sides) when
     /// no byte has moved in either direction for this long, writes blocked
     /// on a peer that does not read included (haproxy's `timeout tunnel`),
-    /// milliseconds (0: never).
+    /// milliseconds (0: never). http: a client connection with nothing
+    /// moving for this long is closed.
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
+    /// http: a client's request head must arrive whole within this long,
+    /// milliseconds (0: never).
+    #[arg(long, default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
+    /// http: cut a client connection whose write has made no progress for
+    /// this long (the client does not read), milliseconds (0: never).
+    #[arg(long, default_value_t = 60_000)]
+    pub send_timeout_ms: u64,
+    /// http: serve clients over TLS with this certificate chain (PEM), ALPN h2 and http/1.1.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// http: the private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// http over TLS: a client's handshake must finish within this long, milliseconds.
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    pub handshake_timeout_ms: u64,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -93,6 +149,15 @@ pub struct ProxyConfig {
 
 /// Runs the proxy until a stop signal (see `stop.rs` for each signal).
 pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
+    if args.mode == Mode::Http {
+        return crate::http_proxy::run(args);
+    }
+    if args.config.is_some() || args.tls_cert.is_some() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "--config and --tls-cert need --mode http",
+        ));
+    }
     let signals = ShutdownSignals::block()?;
     hotloop::raise_nofile_limit()?;
     let mut backends = Vec::new();

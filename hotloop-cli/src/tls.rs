@@ -69,13 +69,29 @@ pub fn acceptor(
     args: &ServeArgs,
     alpn: &[&[u8]],
 ) -> io::Result<Option<(TlsAcceptor, Arc<CertReloader>)>> {
-    let (Some(cert_path), Some(key_path)) = (&args.tls_cert, &args.tls_key) else {
+    acceptor_from(
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+        args.handshake_timeout_ms,
+        alpn,
+    )
+}
+
+/// [`acceptor`] from the flags' values, for a command whose flags are not
+/// `serve`'s (`proxy --mode http`).
+pub fn acceptor_from(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+    handshake_timeout_ms: u64,
+    alpn: &[&[u8]],
+) -> io::Result<Option<(TlsAcceptor, Arc<CertReloader>)>> {
+    let (Some(cert_path), Some(key_path)) = (cert, key) else {
         return Ok(None);
     };
     let certs = CertReloader::from_pem_files(cert_path, key_path)
         .map_err(|e| identity_error(cert_path, key_path, e))?;
     let acceptor = TlsAcceptor::new(certs.server_config(alpn)?)
-        .handshake_timeout(Duration::from_millis(args.handshake_timeout_ms));
+        .handshake_timeout(Duration::from_millis(handshake_timeout_ms));
     Ok(Some((acceptor, certs)))
 }
 

@@ -92,12 +92,13 @@ fn imports(src: &Path, module: &str) -> Vec<(String, String)> {
 fn the_server_modules_import_only_downward() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     // Each module, and the command's modules it may name.
-    let allowed: [(&str, &[&str]); 5] = [
+    let allowed: [(&str, &[&str]); 6] = [
         ("serve_args", &["runtime_args"]),
         ("conn", &["drain"]),
         ("tls", &["conn", "serve_args"]),
         ("static_files", &["conn", "drain"]),
         ("quic", &["serve_args", "tls", "stats_server", "drain", "stop"]),
+        ("http_proxy", &["proxy", "tls", "stats_server", "drain", "stop"]),
     ];
     let mut wrong = Vec::new();
     for (module, may) in allowed {
@@ -167,6 +168,50 @@ fn the_quic_modules_import_one_way() {
         }
     }
     assert!(wrong.is_empty(), "a quic module names one at or above it:\n{}", wrong.join("\n"));
+}
+
+/// The modules of `http_proxy/`, bottom to top as its `mod.rs` lists them,
+/// and the command's modules each may name.
+const HTTP_PROXY_ORDER: [(&str, &[&str]); 7] = [
+    ("config", &[]),
+    ("stats", &["stats_server"]),
+    ("headers", &[]),
+    ("routes", &[]),
+    ("pool", &[]),
+    ("health", &["drain"]),
+    ("forward", &[]),
+];
+
+#[test]
+fn the_http_proxy_modules_import_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let order: Vec<&str> = HTTP_PROXY_ORDER.iter().map(|(m, _)| *m).collect();
+    let mut wrong = Vec::new();
+    for file in sources(&src, "http_proxy") {
+        let stem = file.file_stem().unwrap().to_str().unwrap();
+        if stem == "mod" {
+            continue;
+        }
+        let Some(rank) = order.iter().position(|m| *m == stem) else {
+            wrong.push(format!("{}: not in HTTP_PROXY_ORDER (place it there)", file.display()));
+            continue;
+        };
+        for (name, at) in siblings(&file) {
+            if !order[..rank].contains(&name.as_str()) {
+                wrong.push(format!("http_proxy/{stem} names super::{name}: {at}"));
+            }
+        }
+        for (name, at) in imports(&src, &format!("http_proxy/{stem}")) {
+            if !HTTP_PROXY_ORDER[rank].1.contains(&name.as_str()) {
+                wrong.push(format!("http_proxy/{stem} names crate::{name}: {at}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "an http_proxy module names one at or above it:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]

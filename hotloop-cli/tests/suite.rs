@@ -8,6 +8,7 @@ mod busy_turn_deadlines;
 mod deps;
 mod help;
 mod http_edges;
+mod http_proxy;
 mod hyper_deadlines;
 mod keepalive_deadlines;
 mod layering;

@@ -145,3 +145,79 @@ async fn hypers_header_timeout_cuts_off_a_client_that_never_finishes_its_head() 
     // hyper answers a header timeout with 408 where it can, or just closes.
     assert!(reply.is_empty() || reply.starts_with("HTTP/1.1 408"), "{reply}");
 }
+
+/// A service answers an `Upgrade` request `101` and registers its protocol
+/// with the request's `OnUpgrade`: after the answer the connection runs it
+/// (here an echo that first says hello), with the bytes the client sent
+/// right after its request first; the server's peer-aware variant tells
+/// the service its client's address.
+#[hotloop::test(driver = "all")]
+fn an_upgrade_runs_the_services_protocol_on_the_connection(driver: DriverKind) {
+    use std::io::{Read, Write};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let make = |peer: SocketAddr| {
+        service_fn(move |req: Request<Incoming>| async move {
+            let Some(on) = req.extensions().get::<hotloop::hyper::OnUpgrade>().copied() else {
+                return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
+                    "plain {}",
+                    peer.ip()
+                )))));
+            };
+            let echo = |mut io: hotloop::hyper::Upgraded| async move {
+                let _ = io.write_all(b"hi;").await;
+                let mut buf = [0u8; 64];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = io.shutdown().await;
+            };
+            assert!(on.run(echo).is_ok());
+            let mut r = Response::new(Full::new(Bytes::new()));
+            *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut().insert("upgrade", "echo".parse().unwrap());
+            r.headers_mut().insert("connection", "upgrade".parse().unwrap());
+            Ok(r)
+        })
+    };
+    let server = hotloop::hyper::serve_hyper_with_peer(
+        rt.handle(),
+        "127.0.0.1:0",
+        ListenerOptions::default(),
+        make,
+    )
+    .unwrap();
+    let mut s = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let mut plain = String::new();
+    s.read_to_string(&mut plain).unwrap();
+    assert!(plain.ends_with("plain 127.0.0.1"), "{plain}");
+
+    let mut s = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\nearly")
+        .unwrap();
+    let mut got = Vec::new();
+    let want = b"hi;early";
+    let mut buf = [0u8; 256];
+    while !got.ends_with(want) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "ended after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    assert!(text.starts_with("HTTP/1.1 101"), "{text}");
+    s.write_all(b"more").unwrap();
+    let mut back = [0u8; 4];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"more");
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    drop(server);
+}

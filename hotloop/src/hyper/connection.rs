@@ -44,6 +44,7 @@ use super::deadline::{
 };
 use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
+use super::upgrade::Upgraded;
 use crate::net::{StopSignal, Stopping, DRAIN_IDLE_QUIET};
 
 /// The HTTP/2 connection preface: a client that starts with it speaks
@@ -68,6 +69,8 @@ enum Phase<I: Socket, T: HttpService<Incoming>> {
     /// Ended without hyper state: shutting the write side down (a TLS
     /// stream sends its close_notify).
     Closing(TimedIo<I>),
+    /// Upgraded (`101`): the service's protocol runs on the connection.
+    Tunnel(super::upgrade::Tunnel),
     /// Between two phases, or over.
     Done,
 }
@@ -151,6 +154,19 @@ where
     /// time of its last ones: from then on its state is released only
     /// after that time between requests.
     chatty: bool,
+}
+
+impl<I, S> Drop for ServeConnection<I, S>
+where
+    I: Socket,
+    Tracked<S>: HttpService<Incoming>,
+{
+    fn drop(&mut self) {
+        if self.progress.upgrade() {
+            // An upgrade offered and never run: its entry goes.
+            drop(super::upgrade::take(Rc::as_ptr(&self.progress) as usize));
+        }
+    }
 }
 
 impl<I, S, B> Future for ServeConnection<I, S>
@@ -251,8 +267,14 @@ where
     fn drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             match &mut self.phase {
-                Phase::Http1(conn) => return conn.as_mut().poll(cx).map(drop),
+                Phase::Http1(conn) => {
+                    let _ = std::task::ready!(conn.as_mut().poll(cx));
+                    if !self.progress.upgrade() || !self.upgrade() {
+                        return Poll::Ready(());
+                    }
+                }
                 Phase::Http2(conn) => return conn.as_mut().poll(cx).map(drop),
+                Phase::Tunnel(tunnel) => return tunnel.as_mut().poll(cx),
                 Phase::Closing(io) => {
                     let _ = std::task::ready!(Pin::new(&mut io.io).poll_shutdown(cx));
                     self.phase = Phase::Done;
@@ -290,6 +312,22 @@ where
                 }
             }
         }
+    }
+
+    /// hyper's HTTP/1.1 connection ended: if the service answered an
+    /// upgrade and registered its protocol, the connection's I/O goes to
+    /// that protocol's future (true); otherwise the connection is over.
+    #[cold]
+    fn upgrade(&mut self) -> bool {
+        let key = Rc::as_ptr(&self.progress) as usize;
+        self.progress.set_upgrade(false);
+        let Some(start) = super::upgrade::take(key) else { return false };
+        let Phase::Http1(conn) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return false;
+        };
+        let parts = Pin::into_inner(conn).into_parts();
+        self.phase = Phase::Tunnel(start(Upgraded::new(parts.io, parts.read_buf)));
+        true
     }
 
     /// Builds hyper's state for a parked connection, handing it the bytes
@@ -375,6 +413,11 @@ where
                 self.hyper_told = true;
             }
             Phase::Parked(_) => self.close_parked(),
+            // A tunnel has no graceful end of its own: it is cut.
+            Phase::Tunnel(_) => {
+                self.progress.cut.set(true);
+                self.phase = Phase::Done;
+            }
             Phase::Closing(_) | Phase::Done => {}
         }
     }

@@ -187,6 +187,9 @@ const HTTP2: u8 = 1;
 const GOING_AWAY: u8 = 2;
 /// [`Progress::ends`]: a read returned the client's end of stream, or the kernel said it came.
 const ENDED: u8 = 4;
+/// [`Progress::ends`]: a request was handed an `OnUpgrade`, so hyper's end
+/// may be an upgrade.
+const UPGRADE: u8 = 8;
 
 /// What a connection's I/O and its service record (see the module notes),
 /// in the loop's clock.
@@ -216,8 +219,9 @@ pub(super) struct Progress {
     /// 0 until the write side is shut at hyper's end; then one more than
     /// the reads the lingering close has dropped (see [`TimedIo`]).
     linger: Cell<u8>,
-    /// [`HTTP2`], [`GOING_AWAY`] and [`ENDED`] (see
-    /// [`Progress::mute_after_end`]): one byte, so the record stays 32.
+    /// [`HTTP2`], [`GOING_AWAY`], [`ENDED`] (see
+    /// [`Progress::mute_after_end`]) and [`UPGRADE`]: one byte, so the
+    /// record stays 32.
     ends: Cell<u8>,
 }
 
@@ -237,6 +241,18 @@ impl Progress {
             linger: Cell::new(0),
             ends: Cell::new(0),
         }
+    }
+
+    /// Whether a request was handed an `OnUpgrade` (hyper's end may then
+    /// be an upgrade).
+    pub(super) fn upgrade(&self) -> bool {
+        self.ends.get() & UPGRADE != 0
+    }
+
+    /// Sets or clears [`Progress::upgrade`].
+    pub(super) fn set_upgrade(&self, on: bool) {
+        let ends = self.ends.get();
+        self.ends.set(if on { ends | UPGRADE } else { ends & !UPGRADE });
     }
 
     /// The connection turned out to speak HTTP/2.
@@ -444,6 +460,48 @@ impl<T: tokio::io::AsyncRead + Socket + Unpin> TimedIo<T> {
         std::task::ready!(poll)?;
         into.extend_from_slice(rb.filled());
         Poll::Ready(Ok(rb.filled().len()))
+    }
+}
+
+/// The I/O of an upgraded connection (`upgrade.rs`): tokio's traits, the
+/// progress still recorded, so the idle and send timeouts still apply; a
+/// shutdown only shuts the write side (a tunnel's other direction goes
+/// on), with no lingering close.
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> TimedIo<T> {
+    pub(super) fn poll_tunnel_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        rb: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = rb.filled().len();
+        let poll = Pin::new(&mut self.io).poll_read(cx, rb);
+        self.progress.read(&poll, rb.filled().len() > before);
+        poll
+    }
+
+    pub(super) fn poll_tunnel_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progress.wrote(&poll);
+        poll
+    }
+
+    pub(super) fn poll_tunnel_flush(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.progress.flushed(&poll);
+        poll
+    }
+
+    pub(super) fn poll_tunnel_shutdown(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.progress.flushed(&poll);
+        poll
     }
 }
 

@@ -57,7 +57,9 @@ mod deadline;
 mod panic;
 mod rt;
 mod tracked;
+mod upgrade;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
@@ -69,6 +71,7 @@ use self::deadline::Deadlines;
 pub use self::deadline::IDLE_CLOSE_GRACE;
 use self::panic::CatchPanic;
 pub use self::rt::{HotloopExecutor, HotloopTimer, HyperIo, HyperSleep};
+pub use self::upgrade::{OnUpgrade, Upgraded};
 use crate::net::{serve_with_stop, ListenerOptions, Server, ServerOptions, TcpStream};
 use crate::Handle;
 
@@ -188,13 +191,40 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_hyper_with_peer(handle, addr, options, move |_| make_service())
+}
+
+/// [`serve_hyper`] with the client's address: each worker calls
+/// `make_service(peer)` once per connection, so a service can say whom it
+/// serves (a proxy's `X-Forwarded-For`, a log line). A connection whose
+/// address can no longer be read (the client already reset it) is given
+/// the unspecified address `0.0.0.0:0`.
+pub fn serve_hyper_with_peer<M, S, B>(
+    handle: impl AsRef<Handle>,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<HyperOptions>,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn(SocketAddr) -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let handle = handle.as_ref();
     let options = options.into();
     let deadlines = Deadlines::from(&options);
     serve_with_stop(handle, addr, options.server, move |stream: TcpStream, stop| {
-        serve_connection(stream, CatchPanic::new(make_service()), stop, deadlines)
+        let peer = stream.peer_addr().unwrap_or(UNKNOWN_PEER);
+        serve_connection(stream, CatchPanic::new(make_service(peer)), stop, deadlines)
     })
 }
+
+/// The address a service is given when its client's can no longer be read.
+const UNKNOWN_PEER: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
 
 /// [`serve_hyper`] over TLS (feature `tls`): each connection is handshaken
 /// by `acceptor` within its time limit, then served as HTTP/2 or HTTP/1.1.
@@ -216,12 +246,33 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_hyper_tls_with_peer(handle, addr, options, acceptor, move |_| make_service())
+}
+
+/// [`serve_hyper_tls`] with the client's address, as [`serve_hyper_with_peer`].
+#[cfg(feature = "tls")]
+pub fn serve_hyper_tls_with_peer<M, S, B>(
+    handle: impl AsRef<Handle>,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<HyperOptions>,
+    acceptor: crate::tls::TlsAcceptor,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn(SocketAddr) -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let handle = handle.as_ref();
     use crate::tls::{ALPN_H2, ALPN_HTTP11};
     let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
     let options = options.into();
     let deadlines = Deadlines::from(&options);
     crate::tls::serve_tls_with_stop(handle, addr, options.server, acceptor, move |tls, stop| {
-        serve_connection(tls, CatchPanic::new(make_service()), stop, deadlines)
+        let peer = tls.get_ref().0.peer_addr().unwrap_or(UNKNOWN_PEER);
+        serve_connection(tls, CatchPanic::new(make_service(peer)), stop, deadlines)
     })
 }

@@ -13,6 +13,7 @@ use hyper::service::Service;
 use hyper::{Request, Response};
 
 use super::deadline::Progress;
+use super::upgrade::OnUpgrade;
 
 /// A service that records in the connection's [`Progress`] each request
 /// it takes, and whether a body follows its head. It hands the service's
@@ -29,6 +30,17 @@ impl<S> Tracked<S> {
     }
 }
 
+impl<S> Tracked<S> {
+    /// Hands the request the [`OnUpgrade`] of this connection (keyed by
+    /// its record's address, unique while it lives).
+    #[cold]
+    fn offer_upgrade(&self, req: &mut Request<Incoming>) {
+        self.progress.set_upgrade(true);
+        let key = Rc::as_ptr(&self.progress) as usize;
+        req.extensions_mut().insert(OnUpgrade::new(key));
+    }
+}
+
 // The service is never pinned (hyper calls it through `&self`), so moving
 // the wrapper moves nothing that was pinned.
 impl<S> Unpin for Tracked<S> {}
@@ -42,8 +54,13 @@ where
     type Future = S::Future;
 
     #[inline]
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         self.progress.took(!req.body().is_end_stream());
+        if req.version() == hyper::Version::HTTP_11
+            && req.headers().contains_key(hyper::header::UPGRADE)
+        {
+            self.offer_upgrade(&mut req);
+        }
         self.service.call(req)
     }
 }

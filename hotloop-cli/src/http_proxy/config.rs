@@ -1,0 +1,439 @@
+//! What `proxy --mode http` is told: the backend groups and the routes to
+//! them, from a TOML file (`--config`) or from `--backend` alone.
+//!
+//! A file is read whole before anything starts, and a bad one is refused
+//! with its line and the reason (`proxy.toml:7: groups.api.retries: must
+//! be a whole number from 0 to 16`); an unknown key is an error too, so a
+//! misspelt setting never silently keeps its default.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use toml_edit::{Document, Table};
+
+/// How the proxy speaks to a group's backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1, one request at a time per connection, kept alive.
+    Http1,
+    /// HTTP/2 by prior knowledge: one connection per backend and worker,
+    /// requests multiplexed on it.
+    H2,
+}
+
+/// One named group of backends and how they are used.
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    /// The group's name (`[groups.NAME]`).
+    pub name: String,
+    /// The backends' addresses, as written, and resolved.
+    pub backends: Vec<(String, SocketAddr)>,
+    /// HTTP/1.1 or HTTP/2 to the backends.
+    pub protocol: UpstreamProtocol,
+    /// One connect's limit; then the next backend is tried.
+    pub connect_timeout: Duration,
+    /// From the request sent to the backend's response head: 504 past it.
+    pub header_timeout: Duration,
+    /// The longest wait for the next piece of a backend's response body;
+    /// past it the response is cut.
+    pub body_timeout: Duration,
+    /// How many other backends a request may move to when nothing of it
+    /// reached a backend (any method), or when an idempotent request
+    /// without a body got no answer.
+    pub retries: usize,
+    /// Idle keep-alive connections kept per backend on each worker.
+    pub pool_idle_max: usize,
+    /// An idle pooled connection older than this is closed.
+    pub pool_idle_timeout: Duration,
+    /// Consecutive failures (connect errors, timeouts, 5xx answers) that
+    /// take a backend out of rotation.
+    pub max_fails: u32,
+    /// How long a backend so taken out stays out.
+    pub fail_timeout: Duration,
+    /// Active checks, if the group has a `health_path`.
+    pub health: Option<HealthConfig>,
+}
+
+/// A group's active health checks.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// The path every check asks for (`GET`); 2xx and 3xx pass.
+    pub path: String,
+    /// Between two checks of one backend.
+    pub interval: Duration,
+    /// One check's limit (connect and answer).
+    pub timeout: Duration,
+    /// Consecutive passes that bring a down backend back.
+    pub rise: u32,
+    /// Consecutive failures that take an up backend down.
+    pub fall: u32,
+}
+
+/// One route: a request whose host and path match goes to `group`.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// The host, lowercase, without port: exact, or `*.example.com` for
+    /// any subdomain; `None` matches every host.
+    pub host: Option<String>,
+    /// A path prefix; `None` matches every path.
+    pub path: Option<String>,
+    /// The index of the group in [`Config::groups`].
+    pub group: usize,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The groups, in the file's order.
+    pub groups: Vec<GroupConfig>,
+    /// The routes, tried in the file's order; the first match wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl GroupConfig {
+    /// A group with every setting at its default.
+    fn with_defaults(name: &str) -> GroupConfig {
+        GroupConfig {
+            name: name.to_string(),
+            backends: Vec::new(),
+            protocol: UpstreamProtocol::Http1,
+            connect_timeout: Duration::from_millis(1000),
+            header_timeout: Duration::from_millis(30_000),
+            body_timeout: Duration::from_millis(60_000),
+            retries: 1,
+            pool_idle_max: 64,
+            pool_idle_timeout: Duration::from_millis(60_000),
+            max_fails: 3,
+            fail_timeout: Duration::from_millis(10_000),
+            health: None,
+        }
+    }
+}
+
+/// The group `--backend a,b` makes: every host and path goes to it.
+pub fn from_backends(
+    backends: &[String],
+    protocol: UpstreamProtocol,
+    connect_timeout: Duration,
+) -> Result<Config, String> {
+    let mut group = GroupConfig::with_defaults("default");
+    group.protocol = protocol;
+    group.connect_timeout = connect_timeout;
+    for b in backends {
+        group.backends.push((b.clone(), resolve(b)?));
+    }
+    if group.backends.is_empty() {
+        return Err("--backend names no address".into());
+    }
+    Ok(Config {
+        groups: vec![group],
+        routes: vec![RouteConfig { host: None, path: None, group: 0 }],
+    })
+}
+
+/// Reads and checks `path`.
+pub fn load(path: &Path) -> Result<Config, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
+    parse(&text).map_err(|e| format!("{}:{}: {}", path.display(), e.line, e.reason))
+}
+
+/// A configuration error: where and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// 1-based line of the file.
+    pub line: usize,
+    /// What is wrong, naming the key.
+    pub reason: String,
+}
+
+/// Parses a configuration file's text.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let line_of = |span: Option<Range<usize>>| match span {
+        Some(r) => text[..r.start.min(text.len())].matches('\n').count() + 1,
+        None => 1,
+    };
+    let doc = Document::parse(text)
+        .map_err(|e| ConfigError { line: line_of(e.span()), reason: e.message().to_string() })?;
+    let err =
+        |span: Option<Range<usize>>, reason: String| ConfigError { line: line_of(span), reason };
+    let root = doc.as_table();
+    let mut groups = Vec::new();
+    let mut routes_item = None;
+    for (key, item) in root.iter() {
+        match key {
+            "groups" => {
+                let table = item.as_table().ok_or_else(|| {
+                    err(item.span(), "groups: must be tables, `[groups.NAME]`".into())
+                })?;
+                for (name, g) in table.iter() {
+                    let gt = g.as_table().ok_or_else(|| {
+                        err(g.span(), format!("groups.{name}: must be a table, `[groups.{name}]`"))
+                    })?;
+                    groups.push(group(name, gt, &err)?);
+                }
+            }
+            "routes" => routes_item = Some(item),
+            other => {
+                let span = root.get_key_value(other).and_then(|(k, _)| k.span());
+                return Err(err(
+                    span,
+                    format!("unknown key `{other}` (expected `groups` or `routes`)"),
+                ));
+            }
+        }
+    }
+    if groups.is_empty() {
+        return Err(err(None, "no backend group: add a `[groups.NAME]` table".into()));
+    }
+    let mut routes = Vec::new();
+    match routes_item {
+        None if groups.len() == 1 => routes.push(RouteConfig { host: None, path: None, group: 0 }),
+        None => {
+            return Err(err(
+                None,
+                "several groups and no `[[routes]]`: say which requests go to which group".into(),
+            ))
+        }
+        Some(item) => {
+            let array = item.as_array_of_tables().ok_or_else(|| {
+                err(item.span(), "routes: must be an array of tables, `[[routes]]`".into())
+            })?;
+            for (i, rt) in array.iter().enumerate() {
+                routes.push(route(i, rt, &groups, &err)?);
+            }
+        }
+    }
+    Ok(Config { groups, routes })
+}
+
+type Err<'a> = dyn Fn(Option<Range<usize>>, String) -> ConfigError + 'a;
+
+/// The span of `key`'s value in `table`, or of the key.
+fn span_of(table: &Table, key: &str) -> Option<Range<usize>> {
+    table.get_key_value(key).and_then(|(k, v)| v.span().or_else(|| k.span()))
+}
+
+fn group(name: &str, t: &Table, err: &Err<'_>) -> Result<GroupConfig, ConfigError> {
+    let mut g = GroupConfig::with_defaults(name);
+    let mut health_path = None;
+    let (mut interval, mut timeout) = (Duration::from_millis(2000), Duration::from_millis(1000));
+    let (mut rise, mut fall) = (2, 3);
+    let mut health_keys = Vec::new();
+    for (key, item) in t.iter() {
+        let at = || span_of(t, key);
+        let full = format!("groups.{name}.{key}");
+        let int = |lo: i64, hi: i64| -> Result<i64, ConfigError> {
+            match item.as_integer() {
+                Some(v) if (lo..=hi).contains(&v) => Ok(v),
+                _ => Err(err(at(), format!("{full}: must be a whole number from {lo} to {hi}"))),
+            }
+        };
+        let ms = |lo: i64| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(int(lo, 86_400_000)? as u64))
+        };
+        match key {
+            "backends" => {
+                let array = item.as_array().ok_or_else(|| {
+                    err(at(), format!("{full}: must be a list of \"host:port\" strings"))
+                })?;
+                for v in array.iter() {
+                    let s = v.as_str().ok_or_else(|| {
+                        err(
+                            v.span().or_else(at),
+                            format!("{full}: must hold \"host:port\" strings"),
+                        )
+                    })?;
+                    let addr = resolve(s)
+                        .map_err(|e| err(v.span().or_else(at), format!("{full}: {e}")))?;
+                    g.backends.push((s.to_string(), addr));
+                }
+            }
+            "protocol" => {
+                g.protocol = match item.as_str() {
+                    Some("http1") => UpstreamProtocol::Http1,
+                    Some("h2") => UpstreamProtocol::H2,
+                    _ => return Err(err(at(), format!("{full}: must be \"http1\" or \"h2\""))),
+                }
+            }
+            "connect_timeout_ms" => g.connect_timeout = ms(1)?,
+            "header_timeout_ms" => g.header_timeout = ms(1)?,
+            "body_timeout_ms" => g.body_timeout = ms(1)?,
+            "retries" => g.retries = int(0, 16)? as usize,
+            "pool_idle_max" => g.pool_idle_max = int(0, 100_000)? as usize,
+            "pool_idle_timeout_ms" => g.pool_idle_timeout = ms(1)?,
+            "max_fails" => g.max_fails = int(0, 1000)? as u32,
+            "fail_timeout_ms" => g.fail_timeout = ms(1)?,
+            "health_path" => match item.as_str() {
+                Some(p) if p.starts_with('/') && !p.contains(char::is_whitespace) => {
+                    health_path = Some(p.to_string())
+                }
+                _ => return Err(err(at(), format!("{full}: must be a path starting with `/`"))),
+            },
+            "health_interval_ms" => {
+                interval = ms(10)?;
+                health_keys.push(key);
+            }
+            "health_timeout_ms" => {
+                timeout = ms(1)?;
+                health_keys.push(key);
+            }
+            "health_rise" => {
+                rise = int(1, 100)? as u32;
+                health_keys.push(key);
+            }
+            "health_fall" => {
+                fall = int(1, 100)? as u32;
+                health_keys.push(key);
+            }
+            other => {
+                return Err(err(
+                    t.get_key_value(other).and_then(|(k, _)| k.span()),
+                    format!("groups.{name}: unknown key `{other}`"),
+                ))
+            }
+        }
+    }
+    if g.backends.is_empty() {
+        return Err(err(
+            t.span().or_else(|| span_of(t, "backends")),
+            format!("groups.{name}: no backend: set `backends = [\"host:port\", ...]`"),
+        ));
+    }
+    match health_path {
+        Some(path) => g.health = Some(HealthConfig { path, interval, timeout, rise, fall }),
+        None => {
+            if let Some(key) = health_keys.first() {
+                return Err(err(
+                    span_of(t, key),
+                    format!("groups.{name}.{key}: set without `health_path`"),
+                ));
+            }
+        }
+    }
+    Ok(g)
+}
+
+fn route(
+    i: usize,
+    t: &Table,
+    groups: &[GroupConfig],
+    err: &Err<'_>,
+) -> Result<RouteConfig, ConfigError> {
+    let mut r = RouteConfig { host: None, path: None, group: usize::MAX };
+    for (key, item) in t.iter() {
+        let at = || span_of(t, key);
+        match key {
+            "host" => match item.as_str() {
+                Some(h) if valid_host_pattern(h) => r.host = Some(h.to_ascii_lowercase()),
+                _ => {
+                    return Err(err(
+                        at(),
+                        format!(
+                            "routes[{i}].host: must be a host name (`example.com`) or \
+                             `*.example.com`, without port"
+                        ),
+                    ))
+                }
+            },
+            "path" => match item.as_str() {
+                Some(p) if p.starts_with('/') => r.path = Some(p.to_string()),
+                _ => {
+                    return Err(err(
+                        at(),
+                        format!("routes[{i}].path: must be a prefix starting with `/`"),
+                    ))
+                }
+            },
+            "group" => {
+                let name = item.as_str().unwrap_or("");
+                r.group = groups.iter().position(|g| g.name == name).ok_or_else(|| {
+                    err(at(), format!("routes[{i}].group: no group named `{name}`"))
+                })?;
+            }
+            other => {
+                return Err(err(
+                    t.get_key_value(other).and_then(|(k, _)| k.span()),
+                    format!("routes[{i}]: unknown key `{other}`"),
+                ))
+            }
+        }
+    }
+    if r.group == usize::MAX {
+        return Err(err(t.span(), format!("routes[{i}]: no `group`")));
+    }
+    Ok(r)
+}
+
+fn valid_host_pattern(h: &str) -> bool {
+    let name = h.strip_prefix("*.").unwrap_or(h);
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && !name.starts_with('.')
+}
+
+/// One address, resolved now (a name that does not resolve is an error at start).
+fn resolve(s: &str) -> Result<SocketAddr, String> {
+    s.to_socket_addrs()
+        .map_err(|e| format!("`{s}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file_parses() {
+        let c = parse(
+            r#"
+[groups.api]
+backends = ["127.0.0.1:9001", "127.0.0.1:9002"]
+protocol = "h2"
+retries = 2
+health_path = "/health"
+health_rise = 1
+
+[groups.web]
+backends = ["127.0.0.1:9003"]
+
+[[routes]]
+host = "API.example.com"
+path = "/v1/"
+group = "api"
+
+[[routes]]
+group = "web"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.groups.len(), 2);
+        assert_eq!(c.groups[0].protocol, UpstreamProtocol::H2);
+        assert_eq!(c.groups[0].retries, 2);
+        assert_eq!(c.groups[0].health.as_ref().unwrap().rise, 1);
+        assert_eq!(c.routes[0].host.as_deref(), Some("api.example.com"));
+        assert_eq!(c.routes[1].group, 1);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_key() {
+        let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"]\nretries = -1\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e:?}");
+        assert!(e.reason.contains("groups.a.retries"), "{e:?}");
+        let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"]\n\nretrys = 1\n").unwrap_err();
+        assert_eq!(e.line, 4, "{e:?}");
+        assert!(e.reason.contains("unknown key `retrys`"), "{e:?}");
+        let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"]\n[[routes]]\ngroup = \"b\"\n")
+            .unwrap_err();
+        assert_eq!(e.line, 4, "{e:?}");
+        let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"\n").unwrap_err();
+        assert!(e.line >= 2, "{e:?}");
+        let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"]\nhealth_rise = 2\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e:?}");
+        let e = parse("[groups.a]\nbackends = [\"nohost\"]\n").unwrap_err();
+        assert_eq!(e.line, 2, "{e:?}");
+    }
+}

@@ -1,0 +1,681 @@
+//! One request's trip: route it, pick a backend, send it on a pooled or new
+//! connection, retry where that is safe, and stream the answer back.
+//!
+//! # Implementation notes
+//!
+//! - Bodies stream both ways frame by frame: hyper polls a body only when
+//!   the other side can take more, so a client that reads slowly stops
+//!   the proxy reading from the backend (and the reverse for uploads); the
+//!   proxy never holds more than a frame of either.
+//! - A request is retried on another backend (up to the group's
+//!   `retries`) when nothing of it reached a backend: the connect failed
+//!   or timed out, or hyper handed the request back unsent (any method).
+//!   An idempotent request without a body is also retried when its
+//!   connection was lost before the answer's head: it can be sent again
+//!   as it was. A pooled connection the backend had just closed costs one
+//!   extra try on a new connection to the same backend, not a retry.
+//! - The connection goes back to the worker's pool when the answer's body
+//!   has been read to its end (or had none); an answer cut short closes it.
+//! - The proxy's own answers: 404 (no route), 400 (an HTTP/1.1 request
+//!   without `Host`), 502 (no backend answered), 503 with `Retry-After`
+//!   (every backend of the group is down or ejected), 504 (a connect or a
+//!   response head not within its timeout), each with a one-line
+//!   plain-text body that says which group and why.
+
+use std::cell::RefCell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hotloop::hyper::{OnUpgrade, Upgraded};
+use hotloop::time::Sleep;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1;
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::http::uri::{Authority, PathAndQuery, Scheme};
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
+
+use super::config::{GroupConfig, UpstreamProtocol};
+use super::headers;
+use super::health::Health;
+use super::pool::{self, Backend, ConnectError, Lease, Sender, UpBody};
+use super::routes::Routes;
+use super::stats::ProxyStats;
+
+/// What every request of one proxy shares.
+pub struct Shared {
+    /// The groups, as configured.
+    pub groups: Vec<GroupConfig>,
+    /// The backend ids of each group.
+    pub members: Vec<Range<usize>>,
+    /// The routes.
+    pub routes: Routes,
+    /// Every backend, by id.
+    pub backends: Arc<[Backend]>,
+    /// Their health.
+    pub health: Arc<Health>,
+    /// The proxy's counters.
+    pub stats: ProxyStats,
+    /// Whether clients come over TLS (`Forwarded: proto=https`).
+    pub tls: bool,
+}
+
+thread_local! {
+    /// Each worker's round-robin position in each group.
+    static NEXT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The group's backends that take requests now, starting with the next in
+/// this worker's turn.
+fn candidates(shared: &Shared, group: usize) -> Vec<usize> {
+    let range = shared.members[group].clone();
+    let n = range.len();
+    let start = NEXT.with(|next| {
+        let mut next = next.borrow_mut();
+        if next.len() <= group {
+            next.resize(group + 1, 0);
+        }
+        let s = next[group];
+        next[group] = s.wrapping_add(1);
+        s
+    });
+    (0..n).map(|i| range.start + (start + i) % n).filter(|&id| shared.health.usable(id)).collect()
+}
+
+/// The service: one request in, one answer out (never an error: the
+/// proxy's failures are answers).
+pub async fn handle(
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<DownBody>, Infallible> {
+    shared.stats.requests.fetch_add(1, Relaxed);
+    Ok(forward(&shared, peer, req).await)
+}
+
+async fn forward(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<DownBody> {
+    let version = req.version();
+    let host: Option<String> = match req.uri().authority() {
+        Some(a) => Some(a.as_str().to_string()),
+        None => req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string),
+    };
+    if host.is_none() && version == Version::HTTP_11 {
+        return fixed(StatusCode::BAD_REQUEST, "an HTTP/1.1 request needs a Host header\n".into());
+    }
+    if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
+        // RFC 9112 section 3.2: which host was meant is ambiguous.
+        return fixed(StatusCode::BAD_REQUEST, "more than one Host header\n".into());
+    }
+    if req.method() == Method::CONNECT {
+        return fixed(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not proxied\n".into());
+    }
+    let Some(group) = shared.routes.pick(host.as_deref(), req.uri().path()) else {
+        shared.stats.no_route.fetch_add(1, Relaxed);
+        return fixed(StatusCode::NOT_FOUND, "no route for this host and path\n".into());
+    };
+    let g = &shared.groups[group];
+    if let Some(&on) = req.extensions().get::<OnUpgrade>() {
+        if wants_upgrade(req.headers()) {
+            return tunnel(shared, peer, group, host, req, on).await;
+        }
+    }
+    let (mut parts, body) = req.into_parts();
+    headers::remove_hop_by_hop(&mut parts.headers, true, false);
+    // hyper answers `Expect: 100-continue` itself when the body is first read.
+    parts.headers.remove(header::EXPECT);
+    headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
+    let path =
+        parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    match g.protocol {
+        UpstreamProtocol::Http1 => {
+            parts.uri = Uri::from(path);
+            parts.version = Version::HTTP_11;
+            if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), &host) {
+                if let Ok(v) = HeaderValue::from_str(h) {
+                    parts.headers.insert(header::HOST, v);
+                }
+            }
+            headers::join_cookies(&mut parts.headers);
+        }
+        UpstreamProtocol::H2 => {
+            let authority = host.as_deref().and_then(|h| h.parse::<Authority>().ok());
+            let mut uri = Uri::builder().scheme(Scheme::HTTP).path_and_query(path);
+            if let Some(a) = authority {
+                uri = uri.authority(a);
+            } else {
+                uri = uri.authority(shared.backends[shared.members[group].start].addr.to_string());
+            }
+            if let Ok(u) = uri.build() {
+                parts.uri = u;
+            }
+            parts.version = Version::HTTP_2;
+            parts.headers.remove(header::HOST);
+        }
+    }
+    // A request that can be sent again as it was, if it is lost after sending.
+    let replay = (g.retries > 0 && idempotent(&parts.method) && body.is_end_stream())
+        .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
+    let mut req = Request::from_parts(parts, UpBody::Client(body));
+
+    let order = candidates(shared, group);
+    if order.is_empty() {
+        shared.stats.unavailable.fetch_add(1, Relaxed);
+        let ids = shared.members[group].clone();
+        let check = g.health.as_ref().map(|h| h.interval);
+        let after = shared.health.retry_after_secs(ids, check);
+        let mut r = fixed(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no backend of group {} is up; retry after {after} s\n", g.name),
+        );
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(after));
+        return r;
+    }
+    let mut order = order.into_iter();
+    let mut id = order.next().expect("not empty");
+    let mut moves = 0;
+    let mut fresh_only = false;
+    let mut stale_tried = false;
+    let failure: Failure = loop {
+        let b = &shared.backends[id];
+        // A connection: this worker's idle one, else a new one.
+        let pooled = if fresh_only { None } else { pool::checkout(&shared.backends, id).await };
+        fresh_only = false;
+        let lease = match pooled {
+            Some(lease) => lease,
+            None => match pool::connect(&shared.backends, id, g.connect_timeout).await {
+                Ok(lease) => lease,
+                Err(e) => {
+                    note_failure(shared, id);
+                    let f = match e {
+                        ConnectError::TimedOut => Failure::ConnectTimeout,
+                        ConnectError::Failed(e) => Failure::Connect(e.to_string()),
+                    };
+                    // Nothing was sent: any request may move on.
+                    match next_backend(shared, g, &mut order, &mut moves) {
+                        Some(next) => {
+                            id = next;
+                            continue;
+                        }
+                        None => break f,
+                    }
+                }
+            },
+        };
+        b.stats.requests.fetch_add(1, Relaxed);
+        if lease.reused {
+            b.stats.reused.fetch_add(1, Relaxed);
+        }
+        let started = Instant::now();
+        let reused = lease.reused;
+        match send(lease, req, g.header_timeout).await {
+            Ok((response, h1)) => {
+                return answer(shared, g, id, response, h1, started);
+            }
+            Err(SendError::NotSent(back)) => {
+                // The connection closed before the request was written.
+                req = *back;
+                if reused && !stale_tried {
+                    stale_tried = true;
+                    fresh_only = true;
+                    shared.stats.retries.fetch_add(1, Relaxed);
+                    continue;
+                }
+                note_failure(shared, id);
+                match next_backend(shared, g, &mut order, &mut moves) {
+                    Some(next) => id = next,
+                    None => {
+                        break Failure::Lost(
+                            "the connection closed before the request was sent".into(),
+                        )
+                    }
+                }
+            }
+            Err(SendError::Lost(e)) if e.is_user() => {
+                // The client's body failed (a bad chunk size, a reset): the
+                // backend is not to blame, and the request cannot be sent again.
+                break Failure::ClientBody(e.to_string());
+            }
+            Err(SendError::Lost(e)) => {
+                note_failure(shared, id);
+                let again = replay.as_ref().map(|(m, u, h)| {
+                    let mut r = Request::new(UpBody::Empty);
+                    *r.method_mut() = m.clone();
+                    *r.uri_mut() = u.clone();
+                    *r.headers_mut() = h.clone();
+                    *r.version_mut() = if g.protocol == UpstreamProtocol::H2 {
+                        Version::HTTP_2
+                    } else {
+                        Version::HTTP_11
+                    };
+                    r
+                });
+                let Some(again) = again else { break Failure::Lost(e.to_string()) };
+                match next_backend(shared, g, &mut order, &mut moves) {
+                    Some(next) => {
+                        req = again;
+                        id = next;
+                    }
+                    None => break Failure::Lost(e.to_string()),
+                }
+            }
+            Err(SendError::TimedOut) => {
+                note_failure(shared, id);
+                break Failure::HeaderTimeout;
+            }
+        }
+    };
+    failure_answer(shared, g, failure)
+}
+
+/// Whether a request asks to switch protocols (`Connection: upgrade` and
+/// an `Upgrade` field).
+fn wants_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && h.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+        })
+}
+
+/// A request that asks for an upgrade (WebSocket): sent on a connection of
+/// its own, retried on another backend only if the connect failed; if the
+/// backend answers `101`, the client's and the backend's connections are
+/// joined byte for byte until both ends close (or the client connection's
+/// idle or send timeout, or a drain's end, cuts them).
+async fn tunnel(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    group: usize,
+    host: Option<String>,
+    req: Request<Incoming>,
+    on: OnUpgrade,
+) -> Response<DownBody> {
+    let g = &shared.groups[group];
+    if g.protocol != UpstreamProtocol::Http1 {
+        return fixed(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("group {}: an upgrade needs HTTP/1.1 backends\n", g.name),
+        );
+    }
+    let version = req.version();
+    let (mut parts, body) = req.into_parts();
+    headers::remove_hop_by_hop(&mut parts.headers, false, true);
+    headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
+    parts.uri = Uri::from(
+        parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
+    let mut req = Some(Request::from_parts(parts, UpBody::Client(body)));
+    let mut order = candidates(shared, group).into_iter();
+    let Some(mut id) = order.next() else {
+        shared.stats.unavailable.fetch_add(1, Relaxed);
+        return fixed(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no backend of group {} is up\n", g.name),
+        );
+    };
+    let mut moves = 0;
+    let failure = loop {
+        let (mut sender, upgraded) =
+            match pool::open_upgradable(&shared.backends, id, g.connect_timeout).await {
+                Ok(pair) => pair,
+                Err(e) => {
+                    note_failure(shared, id);
+                    let f = match e {
+                        ConnectError::TimedOut => Failure::ConnectTimeout,
+                        ConnectError::Failed(e) => Failure::Connect(e.to_string()),
+                    };
+                    match next_backend(shared, g, &mut order, &mut moves) {
+                        Some(next) => {
+                            id = next;
+                            continue;
+                        }
+                        None => break f,
+                    }
+                }
+            };
+        shared.backends[id].stats.requests.fetch_add(1, Relaxed);
+        let started = Instant::now();
+        let sent = hotloop::time::timeout(
+            g.header_timeout,
+            sender.send_request(req.take().expect("sent once")),
+        )
+        .await;
+        let response = match sent {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                note_failure(shared, id);
+                break Failure::Lost(e.to_string());
+            }
+            Err(_) => {
+                note_failure(shared, id);
+                break Failure::HeaderTimeout;
+            }
+        };
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            // Refused: an ordinary answer, on a connection not kept.
+            return answer(shared, g, id, response, None, started);
+        }
+        shared.health.success(id);
+        drop(sender);
+        let Some((backend_io, backend_buf)) = upgraded.await.ok().flatten() else {
+            note_failure(shared, id);
+            break Failure::Lost("the backend's connection ended at its 101".into());
+        };
+        let (mut parts, _) = response.into_parts();
+        headers::remove_hop_by_hop(&mut parts.headers, false, true);
+        headers::add_via(&mut parts.headers, parts.version);
+        parts.version = Version::HTTP_11;
+        let stats = shared.clone();
+        let joined = on.run(move |client| async move {
+            stats.stats.upgrades.fetch_add(1, Relaxed);
+            join(client, backend_io, backend_buf).await;
+            stats.backends[id].stats.record_latency(started.elapsed());
+        });
+        if joined.is_err() {
+            break Failure::Lost("the upgrade could not be taken over".into());
+        }
+        return Response::from_parts(parts, DownBody(Down::Fixed(None)));
+    };
+    failure_answer(shared, g, failure)
+}
+
+/// Copies both ways between an upgraded client connection and its backend
+/// (after the bytes the backend sent with its `101`) until both directions
+/// have ended; an error on either side ends both.
+async fn join(mut client: Upgraded, mut backend: hotloop::net::TcpStream, first: Bytes) {
+    use tokio::io::AsyncWriteExt;
+    if !first.is_empty() && client.write_all(&first).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+}
+
+/// The next backend to try, if the group's retries allow one more.
+fn next_backend(
+    shared: &Shared,
+    g: &GroupConfig,
+    order: &mut std::vec::IntoIter<usize>,
+    moves: &mut usize,
+) -> Option<usize> {
+    if *moves >= g.retries {
+        return None;
+    }
+    let next = order.next()?;
+    *moves += 1;
+    shared.stats.retries.fetch_add(1, Relaxed);
+    Some(next)
+}
+
+fn note_failure(shared: &Shared, id: usize) {
+    shared.backends[id].stats.errors.fetch_add(1, Relaxed);
+    if shared.health.failure(id) {
+        shared.backends[id].stats.ejections.fetch_add(1, Relaxed);
+    }
+}
+
+/// Methods whose repetition has the effect of one request (RFC 9110 section 9.2.2).
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// Why no backend answered.
+enum Failure {
+    Connect(String),
+    ConnectTimeout,
+    Lost(String),
+    HeaderTimeout,
+    ClientBody(String),
+}
+
+fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<DownBody> {
+    let (status, why) = match f {
+        Failure::Connect(e) => (StatusCode::BAD_GATEWAY, format!("could not connect: {e}")),
+        Failure::Lost(e) => (StatusCode::BAD_GATEWAY, format!("no answer: {e}")),
+        Failure::ConnectTimeout => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("no connection within {} ms", g.connect_timeout.as_millis()),
+        ),
+        Failure::HeaderTimeout => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("no answer within {} ms", g.header_timeout.as_millis()),
+        ),
+        Failure::ClientBody(e) => {
+            return fixed(
+                StatusCode::BAD_REQUEST,
+                format!("the request's body is malformed: {e}\n"),
+            )
+        }
+    };
+    match status {
+        StatusCode::BAD_GATEWAY => shared.stats.bad_gateway.fetch_add(1, Relaxed),
+        _ => shared.stats.gateway_timeout.fetch_add(1, Relaxed),
+    };
+    fixed(status, format!("group {}: {why}\n", g.name))
+}
+
+enum SendError {
+    /// hyper gave the request back: nothing of it was written.
+    NotSent(Box<Request<UpBody>>),
+    /// Sent, at least in part, and no answer came.
+    Lost(hyper::Error),
+    /// No answer's head within the header timeout.
+    TimedOut,
+}
+
+/// Sends `req` on `lease`; the HTTP/1.1 sender comes back with the answer,
+/// to go back to the pool once the answer's body is read.
+async fn send(
+    lease: Lease,
+    req: Request<UpBody>,
+    limit: Duration,
+) -> Result<(Response<Incoming>, Option<(http1::SendRequest<UpBody>, usize)>), SendError> {
+    let backend = lease.backend;
+    match lease.sender {
+        Sender::H1(mut s) => {
+            let sent = hotloop::time::timeout(limit, s.try_send_request(req)).await;
+            match sent {
+                Ok(Ok(r)) => Ok((r, Some((s, backend)))),
+                Ok(Err(mut e)) => match e.take_message() {
+                    Some(back) => Err(SendError::NotSent(Box::new(back))),
+                    None => Err(SendError::Lost(e.into_error())),
+                },
+                Err(_) => Err(SendError::TimedOut),
+            }
+        }
+        Sender::H2(mut s) => {
+            let sent = hotloop::time::timeout(limit, s.try_send_request(req)).await;
+            match sent {
+                Ok(Ok(r)) => Ok((r, None)),
+                Ok(Err(mut e)) => match e.take_message() {
+                    Some(back) => Err(SendError::NotSent(Box::new(back))),
+                    None => Err(SendError::Lost(e.into_error())),
+                },
+                Err(_) => Err(SendError::TimedOut),
+            }
+        }
+    }
+}
+
+fn answer(
+    shared: &Arc<Shared>,
+    g: &GroupConfig,
+    id: usize,
+    response: Response<Incoming>,
+    h1: Option<(http1::SendRequest<UpBody>, usize)>,
+    started: Instant,
+) -> Response<DownBody> {
+    let (mut parts, body) = response.into_parts();
+    if parts.status.is_server_error() {
+        note_failure(shared, id);
+    } else {
+        shared.health.success(id);
+    }
+    headers::remove_hop_by_hop(&mut parts.headers, false, false);
+    headers::add_via(&mut parts.headers, parts.version);
+    parts.version = Version::HTTP_11;
+    let streaming = Streaming {
+        body,
+        sender: h1.map(|(s, _)| s),
+        backend: id,
+        shared: shared.clone(),
+        started,
+        timeout: g.body_timeout,
+        last: hotloop::time::now(),
+        sleep: None,
+        done: false,
+    };
+    Response::from_parts(parts, DownBody(Down::Upstream(Box::new(streaming))))
+}
+
+/// An answer made by the proxy itself.
+fn fixed(status: StatusCode, text: String) -> Response<DownBody> {
+    let mut r = Response::new(DownBody(Down::Fixed(Some(Bytes::from(text)))));
+    *r.status_mut() = status;
+    let h: &mut HeaderMap = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// An answer's body on its way to the client.
+pub struct DownBody(Down);
+
+enum Down {
+    Fixed(Option<Bytes>),
+    Upstream(Box<Streaming>),
+}
+
+/// A backend's answer body, streamed, with the body timeout; at its end the
+/// connection goes back to the pool and the latency is recorded.
+struct Streaming {
+    body: Incoming,
+    sender: Option<http1::SendRequest<UpBody>>,
+    backend: usize,
+    shared: Arc<Shared>,
+    started: Instant,
+    timeout: Duration,
+    /// When the last frame came.
+    last: Instant,
+    /// Armed only while a frame is awaited.
+    sleep: Option<Pin<Box<Sleep>>>,
+    done: bool,
+}
+
+impl Streaming {
+    fn finish(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let b = &self.shared.backends[self.backend];
+        b.stats.record_latency(self.started.elapsed());
+        if let Some(sender) = self.sender.take() {
+            pool::checkin(&self.shared.backends, self.backend, sender);
+        }
+    }
+
+    fn fail(&mut self) {
+        self.done = true;
+        self.sender = None;
+        note_failure(&self.shared, self.backend);
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        // A body hyper knew to be empty (a 204, a HEAD's answer, a length
+        // of 0) is never polled: its connection is still good.
+        if !self.done && self.body.is_end_stream() {
+            self.finish();
+        }
+    }
+}
+
+/// A backend that stopped sending in the middle of a body.
+#[derive(Debug)]
+struct BodyTimeout(Duration);
+
+impl std::fmt::Display for BodyTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the backend sent nothing of its body for {} ms", self.0.as_millis())
+    }
+}
+
+impl std::error::Error for BodyTimeout {}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Body for DownBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.get_mut().0 {
+            Down::Fixed(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Down::Upstream(s) => {
+                if s.done {
+                    return Poll::Ready(None);
+                }
+                match Pin::new(&mut s.body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        s.last = hotloop::time::now();
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        s.fail();
+                        Poll::Ready(Some(Err(e.into())))
+                    }
+                    Poll::Ready(None) => {
+                        s.finish();
+                        Poll::Ready(None)
+                    }
+                    Poll::Pending => {
+                        let due = s.last + s.timeout;
+                        let sleep = s
+                            .sleep
+                            .get_or_insert_with(|| Box::pin(hotloop::time::sleep_until(due)));
+                        while sleep.as_mut().poll(cx).is_ready() {
+                            if hotloop::time::now() >= s.last + s.timeout {
+                                s.fail();
+                                return Poll::Ready(Some(Err(Box::new(BodyTimeout(s.timeout)))));
+                            }
+                            sleep.as_mut().reset(s.last + s.timeout);
+                        }
+                        Poll::Pending
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.0 {
+            Down::Fixed(b) => b.is_none(),
+            Down::Upstream(s) => s.done || s.body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.0 {
+            Down::Fixed(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Down::Fixed(None) => SizeHint::with_exact(0),
+            Down::Upstream(s) => s.body.size_hint(),
+        }
+    }
+}

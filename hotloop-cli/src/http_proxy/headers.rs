@@ -1,0 +1,191 @@
+//! The header changes a proxy owes each side (RFC 9110 section 7.6).
+//!
+//! Hop-by-hop fields are removed both ways: the fixed set (`Connection`,
+//! `Keep-Alive`, `Proxy-Connection`, `TE` except `trailers`,
+//! `Transfer-Encoding`, `Upgrade`, `Proxy-Authorization`,
+//! `Proxy-Authenticate`) and every field the message's `Connection` names.
+//! hyper frames each message again itself, so a length or chunking the
+//! client wrote never reaches the backend as written. Towards the backend
+//! `Via`, `X-Forwarded-For` and `Forwarded` are appended to what the
+//! client sent, and the answer gets `Via` too.
+
+use std::net::{IpAddr, SocketAddr};
+
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::Version;
+
+/// The pseudonym in `Via` (RFC 9110 section 7.6.3).
+const VIA_NAME: &str = "hotloop";
+
+/// The fixed hop-by-hop fields.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// Removes the hop-by-hop fields of a message. `TE: trailers` is kept on
+/// a request (the backend may then send trailers, which are passed on);
+/// with `upgrade`, the `Upgrade` field and a `Connection: upgrade` are
+/// kept, for a tunnel the backend must agree to.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    let te_trailers = keep_te_trailers
+        && headers.get_all(header::TE).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")))
+        });
+    for name in named {
+        if !(upgrade && name == header::UPGRADE) {
+            headers.remove(&name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        if upgrade && (name == "upgrade" || name == "connection") {
+            continue;
+        }
+        headers.remove(name);
+    }
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// The `Via` token for a message received as `version`.
+fn via(version: Version) -> HeaderValue {
+    HeaderValue::from_static(match version {
+        Version::HTTP_09 => "0.9 hotloop",
+        Version::HTTP_10 => "1.0 hotloop",
+        Version::HTTP_2 => "2 hotloop",
+        Version::HTTP_3 => "3 hotloop",
+        _ => "1.1 hotloop",
+    })
+}
+
+/// Appends `Via`, `X-Forwarded-For` and `Forwarded` (`for`, `host`,
+/// `proto`) for a request from `peer`, received as `version`, for `host`.
+pub fn add_forwarding(
+    headers: &mut HeaderMap,
+    version: Version,
+    peer: SocketAddr,
+    host: Option<&str>,
+    tls: bool,
+) {
+    debug_assert!(via(version).to_str().unwrap().ends_with(VIA_NAME));
+    headers.append(header::VIA, via(version));
+    let ip = peer.ip();
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    append_list(headers, HeaderName::from_static("x-forwarded-for"), &ip.to_string());
+    let node = match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    };
+    let proto = if tls { "https" } else { "http" };
+    let forwarded = match host.filter(|h| valid_token_host(h)) {
+        Some(h) => format!("for={node};host=\"{h}\";proto={proto}"),
+        None => format!("for={node};proto={proto}"),
+    };
+    append_list(headers, header::FORWARDED, &forwarded);
+}
+
+/// Adds `Via` to an answer received from a backend as `version`.
+pub fn add_via(headers: &mut HeaderMap, version: Version) {
+    headers.append(header::VIA, via(version));
+}
+
+/// HTTP/2 lets a client split `Cookie` into several fields; HTTP/1.1 wants
+/// one (RFC 9113 section 8.2.3), joined with `; `.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    if headers.get_all(header::COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    let joined: Vec<u8> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect::<Vec<_>>()
+        .join(&b"; "[..]);
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
+/// Whether a host may go into `Forwarded`'s quoted string as it is.
+fn valid_token_host(h: &str) -> bool {
+    h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+}
+
+/// Appends `item` to the comma list in `name` (one field, as proxies write it).
+fn append_list(headers: &mut HeaderMap, name: HeaderName, item: &str) {
+    let joined = {
+        let prior: Vec<&str> =
+            headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
+        if prior.is_empty() {
+            item.to_string()
+        } else {
+            format!("{}, {item}", prior.join(", "))
+        }
+    };
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_fields_go_and_forwarding_fields_come() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("keep-alive, X-Secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("te", HeaderValue::from_static("trailers, deflate"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.insert("x-kept", HeaderValue::from_static("yes"));
+        remove_hop_by_hop(&mut h, true, false);
+        add_forwarding(
+            &mut h,
+            Version::HTTP_11,
+            "[::ffff:127.0.0.2]:5".parse().unwrap(),
+            Some("a.test"),
+            false,
+        );
+        assert!(h.get("x-secret").is_none() && h.get("keep-alive").is_none());
+        assert!(h.get("upgrade").is_none() && h.get("connection").is_none());
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
+        assert_eq!(h["forwarded"], "for=127.0.0.2;host=\"a.test\";proto=http");
+        assert_eq!(h["via"], "1.1 hotloop");
+        assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
+    fn cookies_are_joined_for_http1() {
+        let mut h = HeaderMap::new();
+        h.append("cookie", HeaderValue::from_static("a=1"));
+        h.append("cookie", HeaderValue::from_static("b=2"));
+        join_cookies(&mut h);
+        assert_eq!(h.get_all("cookie").iter().count(), 1);
+        assert_eq!(h["cookie"], "a=1; b=2");
+    }
+}

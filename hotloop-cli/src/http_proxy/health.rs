@@ -1,0 +1,224 @@
+//! Which backends take requests: active checks and passive ejection.
+//!
+//! - **Active**: for a group with `health_path`, worker 0 asks each of its
+//!   backends `GET health_path` every `health_interval_ms` on a new
+//!   connection (in the group's protocol); 2xx and 3xx pass. `health_fall`
+//!   failures in a row take an up backend down, `health_rise` passes in a
+//!   row bring a down one back (haproxy's `rise`/`fall`). Backends start up.
+//! - **Passive**: `max_fails` failures in a row seen by any worker on real
+//!   requests (a connect error or timeout, a connection lost before the
+//!   answer, a header timeout, a 5xx answer) take a backend out for
+//!   `fail_timeout_ms` (nginx's `max_fails`/`fail_timeout`); any success
+//!   clears the count. After that time it takes requests again, and one
+//!   more failure takes it out again.
+//!
+//! The state is a few atomics per backend shared by all workers: a
+//! worker's observation reaches the others at once, and the request path
+//! reads it with relaxed loads.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::{Method, Request};
+
+use super::config::HealthConfig;
+use super::pool::{self, Backend, Sender, UpBody};
+
+/// One backend's health.
+#[derive(Debug)]
+pub struct BackendHealth {
+    /// The active checks' verdict (true without checks).
+    up: AtomicBool,
+    /// Failures in a row on requests.
+    fails: AtomicU32,
+    /// Out of rotation until this many milliseconds after the epoch.
+    ejected_until_ms: AtomicU64,
+    /// Passive ejection: failures in a row that take it out (0: never).
+    max_fails: u32,
+    /// How long a passive ejection lasts.
+    fail_timeout: Duration,
+}
+
+/// Every backend's health.
+#[derive(Debug)]
+pub struct Health {
+    epoch: Instant,
+    backends: Vec<BackendHealth>,
+}
+
+impl Health {
+    /// All up; `settings[i]` is backend `i`'s `(max_fails, fail_timeout)`.
+    pub fn new(settings: impl Iterator<Item = (u32, Duration)>) -> Health {
+        let backends = settings
+            .map(|(max_fails, fail_timeout)| BackendHealth {
+                up: AtomicBool::new(true),
+                fails: AtomicU32::new(0),
+                ejected_until_ms: AtomicU64::new(0),
+                max_fails,
+                fail_timeout,
+            })
+            .collect();
+        Health { epoch: Instant::now(), backends }
+    }
+
+    fn now_ms(&self) -> u64 {
+        hotloop::time::now().saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// Whether backend `id` takes requests now.
+    pub fn usable(&self, id: usize) -> bool {
+        let b = &self.backends[id];
+        b.up.load(Relaxed) && b.ejected_until_ms.load(Relaxed) <= self.now_ms()
+    }
+
+    /// Whether the active checks hold backend `id` up.
+    pub fn is_up(&self, id: usize) -> bool {
+        self.backends[id].up.load(Relaxed)
+    }
+
+    /// A request to backend `id` went well.
+    pub fn success(&self, id: usize) {
+        let b = &self.backends[id];
+        if b.fails.load(Relaxed) != 0 {
+            b.fails.store(0, Relaxed);
+        }
+    }
+
+    /// A request to backend `id` failed; returns whether this took it out.
+    pub fn failure(&self, id: usize) -> bool {
+        let b = &self.backends[id];
+        let fails = b.fails.fetch_add(1, Relaxed) + 1;
+        if b.max_fails == 0 || fails < b.max_fails {
+            return false;
+        }
+        b.fails.store(0, Relaxed);
+        let until = self.now_ms() + b.fail_timeout.as_millis() as u64;
+        b.ejected_until_ms.fetch_max(until, Relaxed);
+        true
+    }
+
+    /// Seconds until one of `ids` may take requests again, at least 1: the
+    /// earliest end of a passive ejection, or the check interval for a
+    /// backend the checks hold down.
+    pub fn retry_after_secs(
+        &self,
+        ids: impl Iterator<Item = usize>,
+        check: Option<Duration>,
+    ) -> u64 {
+        let now = self.now_ms();
+        let mut best = u64::MAX;
+        for id in ids {
+            let b = &self.backends[id];
+            let wait_ms = if !b.up.load(Relaxed) {
+                check.map_or(u64::MAX, |d| d.as_millis() as u64)
+            } else {
+                b.ejected_until_ms.load(Relaxed).saturating_sub(now)
+            };
+            best = best.min(wait_ms);
+        }
+        if best == u64::MAX {
+            return 1;
+        }
+        best.div_ceil(1000).max(1)
+    }
+
+    fn set_up(&self, id: usize, up: bool) {
+        let b = &self.backends[id];
+        b.up.store(up, Relaxed);
+        if up {
+            // A backend the checks bring back starts with a clean slate.
+            b.fails.store(0, Relaxed);
+            b.ejected_until_ms.store(0, Relaxed);
+        }
+    }
+}
+
+/// Checks backend `id` forever, every `cfg.interval` (a task on worker 0).
+pub async fn check_loop(
+    health: Arc<Health>,
+    backends: Arc<[Backend]>,
+    id: usize,
+    cfg: HealthConfig,
+    name: String,
+) {
+    let (mut passes, mut fails) = (0u32, 0u32);
+    let mut tick = hotloop::time::interval(cfg.interval);
+    loop {
+        tick.tick().await;
+        if crate::drain::stopping() {
+            return;
+        }
+        let ok = check_once(&backends[id], &cfg).await;
+        if ok {
+            passes += 1;
+            fails = 0;
+        } else {
+            fails += 1;
+            passes = 0;
+        }
+        let up = health.is_up(id);
+        if !up && passes >= cfg.rise {
+            health.set_up(id, true);
+            eprintln!("hotloop proxy: backend {name} ({}) is up", backends[id].addr);
+        } else if up && fails >= cfg.fall {
+            health.set_up(id, false);
+            backends[id].stats.ejections.fetch_add(1, Relaxed);
+            eprintln!(
+                "hotloop proxy: backend {name} ({}) is down: its health check failed {fails} times",
+                backends[id].addr
+            );
+        }
+    }
+}
+
+/// One check: `GET path` on a new connection, a 2xx or 3xx within the timeout.
+async fn check_once(b: &Backend, cfg: &HealthConfig) -> bool {
+    let deadline = hotloop::time::now() + cfg.timeout;
+    let attempt = async {
+        let sender = pool::open(b.addr, b.protocol, cfg.timeout, None, 0).await.ok()?;
+        let authority = b.addr.to_string();
+        let mut req =
+            Request::builder().method(Method::GET).header("user-agent", "hotloop-health-check");
+        let response = match sender {
+            Sender::H1(mut s) => {
+                req = req
+                    .uri(cfg.path.as_str())
+                    .header("host", authority)
+                    .header("connection", "close");
+                s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
+            }
+            Sender::H2(mut s) => {
+                let uri = format!("http://{authority}{}", cfg.path);
+                req = req.uri(uri).version(hyper::Version::HTTP_2);
+                s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
+            }
+        };
+        let status = response.status();
+        Some(status.is_success() || status.is_redirection())
+    };
+    matches!(hotloop::time::timeout_at(deadline, attempt).await, Ok(Some(true)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_fails_in_a_row_eject_and_a_success_clears_the_count() {
+        let h =
+            Health::new([(2, Duration::from_secs(30)), (0, Duration::from_secs(30))].into_iter());
+        assert!(!h.failure(0));
+        h.success(0);
+        assert!(!h.failure(0));
+        assert!(h.usable(0));
+        assert!(h.failure(0));
+        assert!(!h.usable(0));
+        assert!(h.retry_after_secs([0].into_iter(), None) >= 29);
+        for _ in 0..10 {
+            assert!(!h.failure(1), "max_fails 0 never ejects");
+        }
+        h.set_up(0, true);
+        assert!(h.usable(0));
+    }
+}

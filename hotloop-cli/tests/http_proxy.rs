@@ -1,0 +1,940 @@
+//! `hotloop proxy --mode http` against small backends on loopback: routing,
+//! upstream pools, health, retries, the proxy's own answers, headers,
+//! request smuggling, streaming with back-pressure, trailers, upgrades,
+//! HTTP/2 on both sides, TLS, deadlines and the drain. Both drivers.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{stats, wait_until, Proc};
+use hotloop::DriverKind;
+
+// ---------------------------------------------------------------- backends
+
+/// A request as a backend saw it.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    trailers: Vec<(String, String)>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// What a backend answers.
+#[derive(Debug, Clone)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// Chunked, with these trailers.
+    trailers: Option<Vec<(String, String)>>,
+    /// Wait this long before answering.
+    delay: Duration,
+    /// Close the connection without answering.
+    hang_up: bool,
+    /// Answer 101 and echo every byte after it.
+    echo_upgrade: bool,
+}
+
+impl Reply {
+    fn ok(body: &str) -> Reply {
+        Reply {
+            status: 200,
+            headers: Vec::new(),
+            body: body.as_bytes().to_vec(),
+            trailers: None,
+            delay: Duration::ZERO,
+            hang_up: false,
+            echo_upgrade: false,
+        }
+    }
+    fn status(mut self, s: u16) -> Reply {
+        self.status = s;
+        self
+    }
+}
+
+type Handler = Arc<dyn Fn(&Seen) -> Reply + Send + Sync>;
+
+/// An HTTP/1.1 backend on its own threads, keep-alive, counting.
+struct Backend {
+    addr: SocketAddr,
+    accepts: Arc<AtomicUsize>,
+    /// Connections whose peer (the proxy) closed them.
+    closed: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Backend {
+    fn start(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Backend {
+        Self::on(TcpListener::bind("127.0.0.1:0").unwrap(), Arc::new(handler))
+    }
+
+    fn named(name: &'static str) -> Backend {
+        Self::start(move |_| Reply::ok(name))
+    }
+
+    fn on(l: TcpListener, handler: Handler) -> Backend {
+        let addr = l.local_addr().unwrap();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (a, c, s) = (accepts.clone(), closed.clone(), seen.clone());
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(conn) = conn else { return };
+                a.fetch_add(1, SeqCst);
+                let (c, s, h) = (c.clone(), s.clone(), handler.clone());
+                std::thread::spawn(move || serve(conn, h, s, c));
+            }
+        });
+        Backend { addr, accepts, closed, seen }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+fn serve(conn: TcpStream, handler: Handler, seen: Arc<Mutex<Vec<Seen>>>, closed: Arc<AtomicUsize>) {
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut w = conn.try_clone().unwrap();
+    let mut r = BufReader::new(conn);
+    loop {
+        let Some(req) = read_request(&mut r) else {
+            closed.fetch_add(1, SeqCst);
+            return;
+        };
+        seen.lock().unwrap().push(req.clone());
+        let reply = handler(&req);
+        std::thread::sleep(reply.delay);
+        if reply.hang_up {
+            let _ = w.shutdown(Shutdown::Both);
+            return;
+        }
+        if reply.echo_upgrade {
+            let _ = w.write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello from the backend;",
+            );
+            let mut buf = [0u8; 4096];
+            loop {
+                match r.read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        let _ = w.shutdown(Shutdown::Write);
+                        return;
+                    }
+                    Ok(n) => {
+                        if w.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        let _ = write_reply(&mut w, &reply, req.method == "HEAD");
+    }
+}
+
+fn write_reply(w: &mut TcpStream, reply: &Reply, head_only: bool) -> std::io::Result<()> {
+    let mut out = format!("HTTP/1.1 {} X\r\n", reply.status);
+    for (n, v) in &reply.headers {
+        out += &format!("{n}: {v}\r\n");
+    }
+    match &reply.trailers {
+        None => out += &format!("Content-Length: {}\r\n\r\n", reply.body.len()),
+        Some(_) => out += "Transfer-Encoding: chunked\r\n\r\n",
+    }
+    w.write_all(out.as_bytes())?;
+    if head_only {
+        return Ok(());
+    }
+    match &reply.trailers {
+        None => w.write_all(&reply.body),
+        Some(t) => {
+            let mut out = format!("{:x}\r\n", reply.body.len()).into_bytes();
+            out.extend_from_slice(&reply.body);
+            out.extend_from_slice(b"\r\n0\r\n");
+            for (n, v) in t {
+                out.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
+            w.write_all(&out)
+        }
+    }
+}
+
+fn read_line(r: &mut impl BufRead) -> Option<String> {
+    let mut line = String::new();
+    match r.read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line.trim_end_matches(['\r', '\n']).to_string()),
+    }
+}
+
+fn read_fields(r: &mut impl BufRead) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    loop {
+        let line = read_line(r)?;
+        if line.is_empty() {
+            return Some(out);
+        }
+        let (n, v) = line.split_once(':')?;
+        out.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
+    }
+}
+
+/// A chunked body and its trailers; `None` if the stream ends first.
+/// Header or trailer fields, names lowercased.
+type Fields = Vec<(String, String)>;
+
+fn read_chunked(r: &mut impl BufRead) -> Option<(Vec<u8>, Fields)> {
+    let mut body = Vec::new();
+    loop {
+        let size = usize::from_str_radix(read_line(r)?.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some((body, read_fields(r)?));
+        }
+        let mut chunk = vec![0u8; size + 2];
+        r.read_exact(&mut chunk).ok()?;
+        body.extend_from_slice(&chunk[..size]);
+    }
+}
+
+/// One whole request; `None` at the end of the stream or on a request cut short.
+fn read_request(r: &mut impl BufRead) -> Option<Seen> {
+    let line = read_line(r)?;
+    let mut parts = line.split(' ');
+    let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
+    let headers = read_fields(r)?;
+    let mut seen = Seen { method, path, headers, ..Default::default() };
+    if seen.header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        let (body, trailers) = read_chunked(r)?;
+        seen.body = body;
+        seen.trailers = trailers;
+    } else if let Some(len) = seen.header("content-length") {
+        let mut body = vec![0u8; len.parse().ok()?];
+        r.read_exact(&mut body).ok()?;
+        seen.body = body;
+    }
+    Some(seen)
+}
+
+// ---------------------------------------------------------------- clients
+
+/// An answer as the client read it.
+#[derive(Debug, Default)]
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    trailers: Vec<(String, String)>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one answer (to a request that was not HEAD); `None` if the
+/// connection ends first.
+fn read_resp(r: &mut impl BufRead) -> Option<Resp> {
+    let line = read_line(r)?;
+    let status = line.split(' ').nth(1)?.parse().ok()?;
+    let headers = read_fields(r)?;
+    let mut resp = Resp { status, headers, ..Default::default() };
+    if status == 101 || status == 204 || status == 304 {
+        return Some(resp);
+    }
+    if resp.header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        let (body, trailers) = read_chunked(r)?;
+        resp.body = body;
+        resp.trailers = trailers;
+    } else if let Some(len) = resp.header("content-length") {
+        let mut body = vec![0u8; len.parse().ok()?];
+        r.read_exact(&mut body).ok()?;
+        resp.body = body;
+    } else {
+        r.read_to_end(&mut resp.body).ok()?;
+    }
+    Some(resp)
+}
+
+/// A kept-alive client connection.
+struct Client {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Client { w: s.try_clone().unwrap(), r: BufReader::new(s) }
+    }
+
+    fn send(&mut self, raw: &[u8]) -> Option<Resp> {
+        self.w.write_all(raw).ok()?;
+        read_resp(&mut self.r)
+    }
+
+    /// Whether the proxy closed the connection (nothing more comes).
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.r.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+fn get(host: &str, path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes()
+}
+
+/// One request on a new connection.
+fn once(addr: SocketAddr, raw: &[u8]) -> Resp {
+    Client::connect(addr).send(raw).expect("an answer")
+}
+
+// ---------------------------------------------------------------- the proxy
+
+fn start(driver: DriverKind, args: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
+    let driver = common::driver_arg(driver);
+    let mut all = vec!["proxy", "--mode", "http", "--listen", "127.0.0.1:0", "--driver", driver];
+    all.extend_from_slice(&["--stats-addr", "127.0.0.1:0"]);
+    all.extend_from_slice(args);
+    let mut p = Proc::start(&all);
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    (p, addr, stats)
+}
+
+fn config_file(text: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "hotloop-http-proxy-{}-{}.toml",
+        std::process::id(),
+        N.fetch_add(1, SeqCst)
+    ));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn with_config(driver: DriverKind, text: &str, extra: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
+    let path = config_file(text);
+    let mut args = vec!["--config", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    start(driver, &args)
+}
+
+fn stat(stats_addr: SocketAddr, name: &str) -> u64 {
+    let v = stats(stats_addr);
+    v[name].as_u64().unwrap_or_else(|| panic!("no {name} in the stats"))
+}
+
+// ---------------------------------------------------------------- tests
+
+/// The first route whose host and path prefix match picks the group; a
+/// request no route takes gets 404.
+#[hotloop::test(driver = "all")]
+fn routes_send_each_host_and_path_to_its_group(driver: DriverKind) {
+    let (a, b, c) = (Backend::named("a"), Backend::named("b"), Backend::named("c"));
+    let config = format!(
+        r#"
+[groups.api]
+backends = ["{}"]
+[groups.wild]
+backends = ["{}"]
+[groups.static]
+backends = ["{}"]
+
+[[routes]]
+host = "api.test"
+path = "/v1/"
+group = "api"
+[[routes]]
+host = "*.test"
+group = "wild"
+[[routes]]
+path = "/static/"
+group = "static"
+"#,
+        a.addr(),
+        b.addr(),
+        c.addr()
+    );
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "2"]);
+    let mut cl = Client::connect(addr);
+    assert_eq!(cl.send(&get("API.test:80", "/v1/users")).unwrap().text(), "a");
+    assert_eq!(cl.send(&get("api.test", "/v2/")).unwrap().text(), "b");
+    assert_eq!(cl.send(&get("www.test", "/")).unwrap().text(), "b");
+    assert_eq!(cl.send(&get("example.org", "/static/x.css")).unwrap().text(), "c");
+    let miss = cl.send(&get("example.org", "/")).unwrap();
+    assert_eq!(miss.status, 404, "{miss:?}");
+    // An absolute-form target names the host, whatever `Host` says.
+    let abs = cl.send(b"GET http://api.test/v1/x HTTP/1.1\r\nHost: other.org\r\n\r\n").unwrap();
+    assert_eq!(abs.text(), "a");
+    assert_eq!(a.seen()[1].path, "/v1/x", "the backend gets the origin form");
+    assert_eq!(stat(st, "http_no_route"), 1);
+}
+
+/// `--backend` without a file is one group for every host and path, and
+/// the backends take turns.
+#[hotloop::test(driver = "all")]
+fn backends_without_a_file_take_turns_for_every_host(driver: DriverKind) {
+    let (a, b) = (Backend::named("a"), Backend::named("b"));
+    let list = format!("{},{}", a.addr(), b.addr());
+    let (_p, addr, _) = start(driver, &["--backend", &list, "--workers", "1"]);
+    let mut cl = Client::connect(addr);
+    let got: Vec<String> =
+        (0..4).map(|i| cl.send(&get(&format!("h{i}.org"), "/any")).unwrap().text()).collect();
+    assert_eq!(got, ["a", "b", "a", "b"]);
+}
+
+/// Short client connections reuse the workers' pooled backend connections
+/// (counted in the stats); pooled connections idle past their timeout are
+/// closed; the pool keeps at most `pool_idle_max` per backend and worker.
+#[hotloop::test(driver = "all")]
+fn upstream_connections_are_pooled_reused_and_expire(driver: DriverKind) {
+    let a = Backend::named("a");
+    let config = format!(
+        "[groups.g]\nbackends = [\"{}\"]\npool_idle_timeout_ms = 400\npool_idle_max = 2\n",
+        a.addr()
+    );
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "2"]);
+    for _ in 0..40 {
+        let r = once(addr, b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        assert_eq!(r.status, 200);
+    }
+    let accepts = a.accepts.load(SeqCst);
+    assert!(
+        accepts <= 2,
+        "40 requests from 40 client connections took {accepts} backend connections"
+    );
+    assert_eq!(stat(st, "backend_g_0_requests"), 40);
+    assert_eq!(stat(st, "backend_g_0_reused"), 40 - accepts as u64);
+    // Idle past 400 ms: the proxy closes them.
+    assert!(
+        wait_until(Duration::from_secs(5), || a.closed.load(SeqCst) == accepts),
+        "{} of {accepts} pooled connections closed",
+        a.closed.load(SeqCst)
+    );
+    assert!(wait_until(Duration::from_secs(2), || stat(st, "backend_g_0_pool_idle") == 0));
+    // Five answers at once on one worker's five connections; two stay idle.
+    let slow = Backend::start(|_| Reply { delay: Duration::from_millis(300), ..Reply::ok("s") });
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\npool_idle_max = 2\n", slow.addr());
+    let (_q, addr, st) = with_config(driver, &config, &["--workers", "1"]);
+    let threads: Vec<_> =
+        (0..5).map(|_| std::thread::spawn(move || once(addr, &get("t", "/")).status)).collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 200);
+    }
+    assert_eq!(slow.accepts.load(SeqCst), 5);
+    assert!(wait_until(Duration::from_secs(2), || slow.closed.load(SeqCst) == 3));
+    assert_eq!(stat(st, "backend_g_0_pool_idle"), 2);
+}
+
+/// Hop-by-hop fields (the fixed ones and those `Connection` names) are
+/// removed both ways; `Via`, `X-Forwarded-For` and `Forwarded` are added.
+#[hotloop::test(driver = "all")]
+fn hop_by_hop_headers_go_and_forwarding_headers_come(driver: DriverKind) {
+    let a = Backend::start(|_| {
+        let mut r = Reply::ok("a");
+        r.headers = vec![
+            ("Connection".into(), "X-Backend-Hop".into()),
+            ("X-Backend-Hop".into(), "1".into()),
+            ("Keep-Alive".into(), "timeout=5".into()),
+            ("X-End".into(), "kept".into()),
+        ];
+        r
+    });
+    let (_p, addr, _) = start(driver, &["--backend", &a.addr(), "--workers", "1"]);
+    let r = once(
+        addr,
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: keep-alive, X-Client-Hop\r\nX-Client-Hop: 1\r\n\
+          Keep-Alive: timeout=9\r\nProxy-Authorization: Basic eDp5\r\nProxy-Connection: keep-alive\r\n\
+          TE: trailers, deflate\r\nX-Forwarded-For: 10.1.2.3\r\nX-End: kept\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    let seen = &a.seen()[0];
+    for gone in ["x-client-hop", "keep-alive", "proxy-authorization", "proxy-connection"] {
+        assert!(seen.header(gone).is_none(), "{gone} reached the backend: {seen:?}");
+    }
+    assert_eq!(seen.header("te"), Some("trailers"));
+    assert_eq!(seen.header("x-end"), Some("kept"));
+    assert_eq!(seen.header("via"), Some("1.1 hotloop"));
+    assert_eq!(seen.header("x-forwarded-for"), Some("10.1.2.3, 127.0.0.1"));
+    assert_eq!(seen.header("forwarded"), Some("for=127.0.0.1;host=\"a.test\";proto=http"));
+    assert_eq!(seen.header("host"), Some("a.test"));
+    assert!(r.header("x-backend-hop").is_none() && r.header("keep-alive").is_none(), "{r:?}");
+    assert_eq!(r.header("x-end"), Some("kept"));
+    assert_eq!(r.header("via"), Some("1.1 hotloop"));
+}
+
+/// The request-smuggling forms: those hyper refuses get 400 and reach no
+/// backend; the rest are read one way only and sent on framed again, so the
+/// backend sees exactly the request the proxy read and never a second one.
+#[hotloop::test(driver = "all")]
+fn smuggling_attempts_are_refused_or_framed_again(driver: DriverKind) {
+    let a = Backend::named("a");
+    let (_p, addr, st) = start(driver, &["--backend", &a.addr(), "--workers", "1"]);
+    let smuggled = "GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n";
+    let refused: [(&str, String); 9] = [
+        (
+            "double CL",
+            "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde"
+                .into(),
+        ),
+        ("obs-fold", "GET / HTTP/1.1\r\nHost: t\r\nX-A: a\r\n b\r\n\r\n".into()),
+        ("bare CR", "GET / HTTP/1.1\rHost: t\r\n\r\n".into()),
+        (
+            "TE not chunked",
+            format!("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n{smuggled}"),
+        ),
+        (
+            "chunked not last",
+            "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n"
+                .into(),
+        ),
+        (
+            "space before colon",
+            "POST / HTTP/1.1\r\nHost: t\r\nContent-Length : 5\r\n\r\nhello".into(),
+        ),
+        ("signed CL", "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: +5\r\n\r\nhello".into()),
+        (
+            "TE in HTTP/1.0",
+            "POST / HTTP/1.0\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".into(),
+        ),
+        ("two Hosts", "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".into()),
+    ];
+    for (what, raw) in &refused {
+        let mut cl = Client::connect(addr);
+        let r = cl.send(raw.as_bytes()).unwrap_or_else(|| panic!("{what}: no answer"));
+        assert_eq!(r.status, 400, "{what}: {r:?}");
+    }
+    assert!(a.seen().is_empty(), "refused requests reached the backend: {:?}", a.seen());
+    // Invalid chunk sizes: 400 (never 502: the backend is not to blame).
+    for (what, chunks) in [
+        ("non-hex size", "zz\r\nhello\r\n0\r\n\r\n"),
+        ("size overflow", "fffffffffffffffffff\r\nhello\r\n0\r\n\r\n"),
+        ("bare LF after size", "5\nhello\r\n0\r\n\r\n"),
+    ] {
+        let raw = format!(
+            "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}{smuggled}"
+        );
+        let mut cl = Client::connect(addr);
+        let r = cl.send(raw.as_bytes()).unwrap_or_else(|| panic!("{what}: no answer"));
+        assert_eq!(r.status, 400, "{what}: {r:?}");
+        assert!(cl.closed(), "{what}: the connection stayed open");
+    }
+    // CL and TE: read as chunked, answered, and the connection closed, so
+    // the bytes after the chunked body are never read as a request.
+    for order in [
+        "Content-Length: 4\r\nTransfer-Encoding: chunked",
+        "Transfer-Encoding: chunked\r\nContent-Length: 4",
+    ] {
+        let raw = format!("POST /clte HTTP/1.1\r\nHost: t\r\n{order}\r\n\r\n0\r\n\r\n{smuggled}");
+        let mut cl = Client::connect(addr);
+        assert_eq!(cl.send(raw.as_bytes()).unwrap().status, 200);
+        assert!(cl.closed(), "the connection after CL+TE stayed open");
+    }
+    // A bare LF ends head lines (RFC 9112 section 2.2); the backend gets CRLF.
+    let mut cl = Client::connect(addr);
+    assert_eq!(cl.send(b"GET /lf HTTP/1.1\nHost: t\n\n").unwrap().status, 200);
+    // Identical Content-Lengths are one (RFC 9110 section 8.6).
+    let r = cl.send(
+        b"POST /samecl HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
+    );
+    assert_eq!(r.unwrap().status, 200);
+    let seen = a.seen();
+    let paths: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert!(!paths.contains(&"/smuggled"), "a smuggled request reached the backend: {paths:?}");
+    let clte: Vec<&Seen> = seen.iter().filter(|s| s.path == "/clte").collect();
+    assert_eq!(clte.len(), 2);
+    for s in clte {
+        assert!(s.body.is_empty() && s.header("content-length").is_none_or(|v| v == "0"), "{s:?}");
+    }
+    let same = seen.iter().find(|s| s.path == "/samecl").unwrap();
+    assert_eq!(same.body, b"abcd");
+    assert_eq!(
+        stat(st, "backend_default_0_errors"),
+        0,
+        "client errors were held against the backend"
+    );
+}
+
+/// A refused connect moves any request to the next backend (nothing was
+/// sent); `max_fails` failures eject a backend for `fail_timeout_ms`; with
+/// every backend out the answer is 503 with `Retry-After`; before that,
+/// 502 with a body that says why.
+#[hotloop::test(driver = "all")]
+fn connect_failures_retry_eject_and_answer_502_then_503(driver: DriverKind) {
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed at once
+    let live = Backend::named("live");
+    let config = format!(
+        r#"
+[groups.mixed]
+backends = ["{dead}", "{}"]
+max_fails = 2
+fail_timeout_ms = 30000
+[groups.gone]
+backends = ["{dead}"]
+max_fails = 2
+fail_timeout_ms = 30000
+[[routes]]
+host = "gone.test"
+group = "gone"
+[[routes]]
+group = "mixed"
+"#,
+        live.addr()
+    );
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "1"]);
+    let mut cl = Client::connect(addr);
+    for i in 0..6 {
+        assert_eq!(cl.send(&get("t", "/")).unwrap().text(), "live", "GET {i}");
+        let post = cl.send(b"POST /p HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc").unwrap();
+        assert_eq!(post.text(), "live", "POST {i}");
+    }
+    assert_eq!(live.seen().iter().filter(|s| s.body == b"abc").count(), 6);
+    assert_eq!(stat(st, "backend_mixed_0_ejections"), 1);
+    assert_eq!(stat(st, "backend_mixed_0_errors"), 2, "an ejected backend is not tried");
+    let first = cl.send(&get("gone.test", "/")).unwrap();
+    assert_eq!(first.status, 502, "{first:?}");
+    assert!(first.text().contains("group gone: could not connect"), "{}", first.text());
+    assert_eq!(cl.send(&get("gone.test", "/")).unwrap().status, 502);
+    let out = cl.send(&get("gone.test", "/")).unwrap();
+    assert_eq!(out.status, 503, "{out:?}");
+    let after: u64 = out.header("retry-after").expect("Retry-After").parse().unwrap();
+    assert!((25..=30).contains(&after), "Retry-After: {after}");
+    assert!(out.text().contains("no backend of group gone is up"));
+    assert_eq!(stat(st, "http_503"), 1);
+    assert_eq!(stat(st, "http_502"), 2);
+}
+
+/// A connection lost after the request was sent: an idempotent request
+/// without a body goes to the next backend, a POST gets 502. A backend
+/// slower than `header_timeout_ms` gets 504. 5xx answers count against
+/// their backend.
+#[hotloop::test(driver = "all")]
+fn lost_requests_retry_only_when_idempotent_and_slow_ones_get_504(driver: DriverKind) {
+    let crashing = Backend::start(|s| Reply {
+        hang_up: s.path != "/slow",
+        delay: Duration::from_millis(if s.path == "/slow" { 1500 } else { 0 }),
+        ..Reply::ok("crashing")
+    });
+    let steady = Backend::start(|s| {
+        if s.path == "/500" {
+            Reply::ok("oops").status(500)
+        } else {
+            Reply::ok("steady")
+        }
+    });
+    let config = format!(
+        "[groups.g]\nbackends = [\"{}\", \"{}\"]\nmax_fails = 0\nheader_timeout_ms = 300\n",
+        crashing.addr(),
+        steady.addr()
+    );
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "1"]);
+    let mut cl = Client::connect(addr);
+    // Round-robin starts at the crashing backend for requests 0, 2, 4.
+    let get0 = cl.send(&get("t", "/")).unwrap();
+    assert_eq!(get0.text(), "steady", "{get0:?}");
+    assert_eq!(cl.send(&get("t", "/")).unwrap().text(), "steady");
+    let post = cl.send(b"POST /once HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc").unwrap();
+    assert_eq!(post.status, 502, "a POST was sent again: {post:?}");
+    assert!(steady.seen().iter().all(|s| s.method != "POST"));
+    assert_eq!(cl.send(&get("t", "/500")).unwrap().status, 500);
+    let slow = cl.send(&get("t", "/slow")).unwrap();
+    assert_eq!(slow.status, 504, "{slow:?}");
+    assert!(slow.text().contains("no answer within 300 ms"));
+    assert!(stat(st, "http_retries") >= 1);
+    assert!(stat(st, "backend_g_1_errors") >= 1, "the 500 counted against its backend");
+}
+
+/// Active checks: `health_fall` failed checks take a backend out,
+/// `health_rise` passing ones bring it back.
+#[hotloop::test(driver = "all")]
+fn active_health_checks_take_a_backend_out_and_back(driver: DriverKind) {
+    let sick = Arc::new(AtomicBool::new(false));
+    let s = sick.clone();
+    let flaky = Backend::start(move |r| {
+        if r.path == "/health" && s.load(SeqCst) {
+            Reply::ok("sick").status(503)
+        } else {
+            Reply::ok("flaky")
+        }
+    });
+    let steady = Backend::named("steady");
+    let config = format!(
+        "[groups.g]\nbackends = [\"{}\", \"{}\"]\nhealth_path = \"/health\"\nhealth_interval_ms = 50\nhealth_rise = 2\nhealth_fall = 2\n",
+        flaky.addr(),
+        steady.addr()
+    );
+    let (mut p, addr, _) = with_config(driver, &config, &["--workers", "2"]);
+    let answers =
+        |n| -> Vec<String> { (0..n).map(|_| once(addr, &get("t", "/")).text()).collect() };
+    assert!(answers(6).contains(&"flaky".to_string()));
+    sick.store(true, SeqCst);
+    assert!(p.wait_for_line("is down", Duration::from_secs(5)), "{:?}", p.seen);
+    assert!(answers(8).iter().all(|a| a == "steady"));
+    sick.store(false, SeqCst);
+    assert!(p.wait_for_line("is up", Duration::from_secs(5)), "{:?}", p.seen);
+    assert!(wait_until(Duration::from_secs(2), || answers(4).contains(&"flaky".to_string())));
+    assert!(flaky.seen().iter().any(|s| s.header("user-agent") == Some("hotloop-health-check")));
+}
+
+/// A client that does not read holds the backend's upload back (nothing
+/// near the whole body is buffered), then gets all of it; trailers pass
+/// both ways.
+#[hotloop::test(driver = "all")]
+fn slow_clients_hold_the_backend_back_and_trailers_pass(driver: DriverKind) {
+    const BIG: usize = 64 << 20;
+    let written = Arc::new(AtomicUsize::new(0));
+    let w2 = written.clone();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let big_addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let _ = read_request(&mut r);
+        let mut s = s;
+        s.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n\r\n").as_bytes())
+            .unwrap();
+        let piece = vec![b'x'; 64 << 10];
+        for _ in 0..BIG / piece.len() {
+            if s.write_all(&piece).is_err() {
+                return;
+            }
+            w2.fetch_add(piece.len(), SeqCst);
+        }
+    });
+    let trailing = Backend::start(|s| Reply {
+        headers: vec![("Trailer".into(), "x-sum".into())],
+        trailers: Some(vec![("x-sum".into(), format!("{}", s.body.len()))]),
+        ..Reply::ok("with trailers")
+    });
+    let config = format!(
+        "[groups.big]\nbackends = [\"{big_addr}\"]\n[groups.t]\nbackends = [\"{}\"]\n[[routes]]\nhost = \"big\"\ngroup = \"big\"\n[[routes]]\ngroup = \"t\"\n",
+        trailing.addr()
+    );
+    let (_p, addr, _) = with_config(driver, &config, &["--workers", "1"]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: big\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let held = written.load(SeqCst);
+    assert!(
+        held < BIG * 3 / 4,
+        "the backend wrote {held} of {BIG} bytes to a client that read nothing"
+    );
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = BufReader::new(s);
+    let resp = read_resp(&mut r).unwrap();
+    assert_eq!(resp.body.len(), BIG);
+    // Trailers (declared in `Trailer`, as HTTP/1.1 senders do): the
+    // client's reach the backend, the backend's reach a client that said
+    // `TE: trailers`.
+    let mut cl = Client::connect(addr);
+    let r = cl
+        .send(b"POST / HTTP/1.1\r\nHost: t\r\nTE: trailers\r\nTrailer: x-client\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nx-client: yes\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.text(), "with trailers");
+    assert_eq!(r.trailers, vec![("x-sum".to_string(), "3".to_string())]);
+    let seen = &trailing.seen()[0];
+    assert_eq!(seen.body, b"abc");
+    assert_eq!(seen.trailers, vec![("x-client".to_string(), "yes".to_string())]);
+}
+
+/// `Upgrade` (here a made-up protocol, as WebSocket would be): the 101 is
+/// passed on, then bytes flow both ways until the client ends.
+#[hotloop::test(driver = "all")]
+fn upgrades_are_tunnelled(driver: DriverKind) {
+    let a = Backend::start(|s| Reply {
+        echo_upgrade: s.header("upgrade").is_some(),
+        ..Reply::ok("plain")
+    });
+    let (_p, addr, st) = start(driver, &["--backend", &a.addr(), "--workers", "1"]);
+    let mut cl = Client::connect(addr);
+    let r = cl
+        .send(b"GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 101, "{r:?}");
+    assert_eq!(r.header("upgrade"), Some("echo"));
+    let seen = &a.seen()[0];
+    assert_eq!(seen.header("upgrade"), Some("echo"));
+    assert!(seen.header("connection").is_some_and(|c| c.eq_ignore_ascii_case("upgrade")));
+    let mut first = vec![0u8; "hello from the backend;".len()];
+    cl.r.read_exact(&mut first).unwrap();
+    assert_eq!(first, b"hello from the backend;");
+    for msg in [&b"one"[..], b"two three"] {
+        cl.w.write_all(msg).unwrap();
+        let mut back = vec![0u8; msg.len()];
+        cl.r.read_exact(&mut back).unwrap();
+        assert_eq!(back, msg);
+    }
+    cl.w.shutdown(Shutdown::Write).unwrap();
+    assert!(cl.closed(), "the tunnel did not end with the client's end");
+    assert_eq!(stat(st, "http_upgrades"), 1);
+    // The proxy serves on: plain requests on a new connection.
+    assert_eq!(once(addr, &get("t", "/")).text(), "plain");
+}
+
+/// HTTP/2 clients (prior knowledge) through the proxy, to HTTP/1.1 and to
+/// HTTP/2 backends; an HTTP/2 backend gets one connection per worker.
+#[hotloop::test(driver = "all")]
+fn http2_clients_and_http2_backends(driver: DriverKind) {
+    let drv = common::driver_arg(driver);
+    let mut h2_backend = Proc::start(&[
+        "serve",
+        "hyper",
+        "--addr",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--driver",
+        drv,
+        "--body-size",
+        "5",
+    ]);
+    let h2_addr = h2_backend.addr_after(" on ");
+    let h1 = Backend::named("h1");
+    let config = format!(
+        "[groups.h2]\nbackends = [\"{h2_addr}\"]\nprotocol = \"h2\"\n[groups.h1]\nbackends = [\"{}\"]\n[[routes]]\nhost = \"h2.test\"\ngroup = \"h2\"\n[[routes]]\ngroup = \"h1\"\n",
+        h1.addr()
+    );
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "2"]);
+    // HTTP/1.1 clients to the HTTP/2 backend.
+    for _ in 0..6 {
+        let r = once(addr, &get("h2.test", "/"));
+        assert_eq!((r.status, r.body.len()), (200, 5), "{r:?}");
+    }
+    assert!(stat(st, "backend_h2_0_connects") <= 2);
+    assert!(stat(st, "backend_h2_0_reused") >= 4);
+    // HTTP/2 clients, several streams on one connection, to both groups.
+    let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let answers = rt.block_on(async move {
+        use hyper::body::Body as _;
+        let tcp = hotloop::net::TcpStream::connect(addr).await.unwrap();
+        let (send, conn) =
+            hyper::client::conn::http2::Builder::new(hotloop::hyper::HotloopExecutor)
+                .timer(hotloop::hyper::HotloopTimer)
+                .handshake::<_, String>(hotloop::hyper::HyperIo::new(tcp))
+                .await
+                .unwrap();
+        drop(hotloop::spawn(conn));
+        let mut out = Vec::new();
+        for host in ["h2.test", "h1.test", "h2.test", "h1.test"] {
+            let req = hyper::Request::get(format!("http://{host}/x")).body(String::new()).unwrap();
+            let resp = send.clone().send_request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let mut body = resp.into_body();
+            let mut bytes = Vec::new();
+            while let Some(frame) =
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+            {
+                if let Ok(data) = frame.unwrap().into_data() {
+                    bytes.extend_from_slice(&data);
+                }
+            }
+            out.push((status, bytes));
+        }
+        out
+    });
+    assert_eq!(answers[1], (200, b"h1".to_vec()));
+    assert_eq!((answers[0].0, answers[0].1.len()), (200, 5));
+    let seen = &h1.seen()[0];
+    assert_eq!(seen.header("host"), Some("h1.test"), "an HTTP/2 request gets a Host for HTTP/1.1");
+    assert_eq!(seen.header("via"), Some("2 hotloop"));
+    h2_backend.signal("QUIT");
+}
+
+/// Over TLS, ALPN offers h2 and http/1.1; HTTP/1.1 is served and
+/// `Forwarded` says `proto=https`.
+#[hotloop::test(driver = "all")]
+fn tls_clients_negotiate_alpn(driver: DriverKind) {
+    let a = Backend::named("a");
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (_p, addr, _) =
+        start(driver, &["--backend", &a.addr(), "--workers", "1", "--tls-cert", c, "--tls-key", k]);
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let h2 = common::tls_client_over(tcp, &cert, &[b"h2", b"http/1.1"]);
+    assert_eq!(h2.conn.alpn_protocol(), Some(&b"h2"[..]));
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut tls = common::tls_client_over(tcp, &cert, &[b"http/1.1"]);
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: secure.test\r\nConnection: close\r\n\r\n").unwrap();
+    let resp = read_resp(&mut BufReader::new(tls)).unwrap();
+    assert_eq!(resp.text(), "a");
+    assert_eq!(
+        a.seen()[0].header("forwarded"),
+        Some("for=127.0.0.1;host=\"secure.test\";proto=https")
+    );
+}
+
+/// The server-mode deadlines hold for the proxy's clients (an unfinished
+/// head is closed after the header timeout), and a stop drains: a request
+/// in flight is answered, then the process exits.
+#[hotloop::test(driver = "all")]
+fn client_deadlines_and_the_drain_apply(driver: DriverKind) {
+    let slow = Backend::start(|_| Reply { delay: Duration::from_millis(700), ..Reply::ok("late") });
+    let (mut p, addr, _) =
+        start(driver, &["--backend", &slow.addr(), "--workers", "1", "--header-timeout-ms", "300"]);
+    let mut half = TcpStream::connect(addr).unwrap();
+    half.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n").unwrap();
+    half.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    let mut sink = Vec::new();
+    let _ = half.read_to_end(&mut sink);
+    assert!(t.elapsed() < Duration::from_secs(3), "an unfinished head held for {:?}", t.elapsed());
+    let in_flight = std::thread::spawn(move || once(addr, &get("t", "/")));
+    assert!(wait_until(Duration::from_secs(5), || !slow.seen().is_empty()));
+    p.signal("TERM");
+    let r = in_flight.join().unwrap();
+    assert_eq!(r.text(), "late");
+    assert!(
+        p.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()),
+        "{:?}",
+        p.collect_lines(Duration::ZERO)
+    );
+}
+
+/// A bad file is refused at start with its line and the reason.
+#[test]
+fn a_bad_config_file_is_refused_with_its_line() {
+    let path = config_file("[groups.g]\nbackends = [\"127.0.0.1:1\"]\nretries = \"two\"\n");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hotloop"))
+        .args([
+            "proxy",
+            "--mode",
+            "http",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:3: groups.g.retries", path.display())), "{err}");
+}

@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""`hotloop proxy --mode http` beside haproxy (`http-reuse always`) and nginx
+(`keepalive` upstreams), side by side in one run, rounds interleaved.
+
+Each proxy gets two workers (haproxy `nbthread 2`, nginx `worker_processes 2`)
+in front of the same two backends (`hotloop serve http --workers 1
+--body-size 64`, whose `accepted` counter gives the backend connections).
+Per round and proxy, each proxy started fresh:
+
+  reuse  10,000 short client connections, one request each
+         (`hotloop-bench load --mode churn --connections 8 --requests 10000`):
+         upstream reuse = 1 - backend connections accepted / requests
+  ka     keep-alive HTTP/1.1, 256 connections, SECONDS seconds
+         (`hotloop-bench load --mode keepalive --connections 256`): rate and
+         the proxy's CPU (utime + stime of all its processes) per request
+  h2     `h2load -c16 -m16` HTTP/2 by prior knowledge to the HTTP/1.1
+         backends, SECONDS seconds: rate and CPU per request
+
+With `--kill`, instead: each proxy in front of two fresh backends, 64
+keep-alive connections for 4 s, and one backend killed (SIGKILL) after 1.5 s;
+it prints the requests that failed (errors and non-200 answers) and how many
+requests were answered in all.
+
+It prints one table of medians (and ranges) over the rounds. The configs are
+`scripts/http_proxy_bench/haproxy.cfg` and `scripts/http_proxy_bench/nginx.conf`.
+
+    cargo build --release -p hotloop-cli -p hotloop-bench
+    python3 scripts/http_proxy_bench.py --rounds 5 --seconds 3
+
+Needs haproxy, nginx and h2load (`apt-get install haproxy nginx nghttp2-client`).
+Nothing is pinned: on a 2-CPU machine the proxies, the backends and the load
+share both CPUs, so rates are comparable within one run only.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, limit=10.0):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on port {port}")
+
+
+def cpu_seconds(pids):
+    """utime + stime of `pids` and of their children processes, in seconds."""
+    all_pids = set(pids)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) in pids:
+                    all_pids.add(int(entry))
+            except OSError:
+                pass
+    total = 0
+    for pid in all_pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / TICKS
+
+
+def backend_accepts(stats_ports):
+    total = 0
+    for port in stats_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as r:
+            total += json.load(r)["accepted"]
+    return total
+
+
+class Proxy:
+    def __init__(self, name, argv, port, h2port, cwd=None):
+        self.name, self.argv, self.port, self.h2port, self.cwd = name, argv, port, h2port, cwd
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port)
+        wait_port(self.h2port)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT if self.name != "haproxy" else signal.SIGUSR1)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def load(bench, port, mode, connections, seconds, requests=None):
+    argv = [bench, "load", "--addr", f"127.0.0.1:{port}", "--proto", "http", "--mode", mode,
+            "--connections", str(connections), "--duration", str(seconds), "--size", "64",
+            "--warmup", "0", "--json", "--quiet"]
+    if requests:
+        argv += ["--requests", str(requests)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    report = json.loads(out[out.index("{"):])
+    return report
+
+
+def h2load(port, seconds):
+    run = subprocess.run(["h2load", "-c16", "-m16", "-D", str(int(seconds)), f"http://127.0.0.1:{port}/"],
+                         capture_output=True, text=True)
+    out = run.stdout + run.stderr
+    done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded", out)
+    rate = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
+    if not done or not rate:
+        raise SystemExit(f"h2load said:\n{out}")
+    return int(done.group(2)), float(rate.group(1))
+
+
+def fill_for(work, ports):
+    """A `fill` for backends `ports`."""
+    def fill(template, port, h2port):
+        with open(os.path.join(HERE, "http_proxy_bench", template)) as f:
+            text = f.read()
+        subs = {"{port}": port, "{h2port}": h2port, "{b1}": ports[0], "{b2}": ports[1], "{dir}": work}
+        for k, v in subs.items():
+            text = text.replace(k, str(v))
+        path = os.path.join(work, template)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+    return fill
+
+
+def kill_run(args, work, fill_with):
+    """Each proxy, two fresh backends, one killed under load."""
+    for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(work, d), exist_ok=True)
+    print("| proxy | answered | failed |")
+    print("|---|---|---|")
+    for name in ("hotloop", "haproxy", "nginx"):
+        ports = [free_port(), free_port()]
+        backends = [subprocess.Popen([args.hotloop, "serve", "http", "--addr", f"127.0.0.1:{p}", "--workers", "1",
+                                      "--body-size", "64"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    for p in ports]
+        for p in ports:
+            wait_port(p)
+        fill = fill_with(ports)
+        port, h2port = free_port(), free_port()
+        if name == "hotloop":
+            argv = [args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}", "--backend",
+                    f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", "--workers", "2", "--driver", args.driver]
+            proxy = Proxy(name, argv, port, port)
+        elif name == "haproxy":
+            proxy = Proxy(name, ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)], port, h2port)
+        else:
+            proxy = Proxy(name, ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)], port, h2port)
+        proxy.start()
+        try:
+            killer = threading.Timer(1.5, lambda: backends[1].kill())
+            killer.start()
+            rep = load(args.bench, port, "keepalive", 64, 4)
+            killer.join()
+            print(f"| {name} | {rep['completed']:,} | {rep['errors']['total']} |")
+        finally:
+            proxy.stop()
+            for b in backends:
+                if b.poll() is None:
+                    b.send_signal(signal.SIGQUIT)
+                b.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hotloop", default="target/release/hotloop")
+    ap.add_argument("--bench", default="target/release/hotloop-bench")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument("--driver", default="auto")
+    ap.add_argument("--kill", action="store_true", help="the backend-killed-under-load run instead")
+    args = ap.parse_args()
+    for tool in ("haproxy", "nginx", "h2load"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is not installed")
+    work = tempfile.mkdtemp(prefix="hotloop-http-proxy-bench-")
+    backends, stats_ports, procs = [], [], []
+    for _ in range(2):
+        port, sport = free_port(), free_port()
+        procs.append(subprocess.Popen(
+            [args.hotloop, "serve", "http", "--addr", f"127.0.0.1:{port}", "--workers", "1",
+             "--body-size", "64", "--stats-addr", f"127.0.0.1:{sport}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        backends.append(port)
+        stats_ports.append(sport)
+    for port in backends + stats_ports:
+        wait_port(port)
+    b1, b2 = backends
+
+    def fill(template, port, h2port):
+        with open(os.path.join(HERE, "http_proxy_bench", template)) as f:
+            text = f.read()
+        for k, v in {"{port}": port, "{h2port}": h2port, "{b1}": b1, "{b2}": b2, "{dir}": work}.items():
+            text = text.replace(k, str(v))
+        path = os.path.join(work, template)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    if args.kill:
+        for proc in procs:
+            proc.send_signal(signal.SIGQUIT)
+            proc.wait()
+        kill_run(args, work, fill_with=lambda b: fill_for(work, b))
+        shutil.rmtree(work, ignore_errors=True)
+        return
+
+    proxies = []
+    port = free_port()
+    proxies.append(Proxy("hotloop", [args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}",
+                                     "--backend", f"127.0.0.1:{b1},127.0.0.1:{b2}", "--workers", "2",
+                                     "--driver", args.driver], port, port))
+    port, h2port = free_port(), free_port()
+    proxies.append(Proxy("haproxy", ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)], port, h2port))
+    port, h2port = free_port(), free_port()
+    for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(work, d), exist_ok=True)
+    proxies.append(Proxy("nginx", ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)], port, h2port))
+
+    results = {p.name: {k: [] for k in ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu")} for p in proxies}
+    try:
+        for rnd in range(args.rounds):
+            for p in proxies:
+                p.start()
+                r = results[p.name]
+                before = backend_accepts(stats_ports)
+                rep = load(args.bench, p.port, "churn", 8, 60, requests=10000)
+                accepts = backend_accepts(stats_ports) - before
+                r["accepts"].append(accepts)
+                r["reuse"].append(100.0 * (1 - accepts / max(rep["completed"], 1)))
+                cpu = cpu_seconds({p.proc.pid})
+                rep = load(args.bench, p.port, "keepalive", 256, args.seconds)
+                used = cpu_seconds({p.proc.pid}) - cpu
+                r["ka_rate"].append(rep["rate_per_s"])
+                r["ka_cpu"].append(1e6 * used / max(rep["completed"], 1))
+                cpu = cpu_seconds({p.proc.pid})
+                done, rate = h2load(p.h2port, args.seconds)
+                used = cpu_seconds({p.proc.pid}) - cpu
+                r["h2_rate"].append(rate)
+                r["h2_cpu"].append(1e6 * used / max(done, 1))
+                p.stop()
+                print(f"round {rnd + 1} {p.name}: reuse {r['reuse'][-1]:.2f}% ({accepts} accepts), "
+                      f"ka {r['ka_rate'][-1]:.0f}/s {r['ka_cpu'][-1]:.1f} us, h2 {rate:.0f}/s {r['h2_cpu'][-1]:.1f} us",
+                      file=sys.stderr)
+    finally:
+        for p in proxies:
+            p.stop()
+        for proc in procs:
+            proc.send_signal(signal.SIGQUIT)
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def cell(values, fmt):
+        med = statistics.median(values)
+        return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+    print(f"| proxy | upstream reuse, 10,000 short connections (backend accepts) | keep-alive c=256 req/s | CPU us/req | h2load c16 m16 req/s | CPU us/req |")
+    print("|---|---|---|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {cell(r['reuse'], '{:.2f}')}% ({statistics.median(r['accepts']):.0f}) | {cell(r['ka_rate'], '{:,.0f}')} | "
+              f"{cell(r['ka_cpu'], '{:.1f}')} | {cell(r['h2_rate'], '{:,.0f}')} | {cell(r['h2_cpu'], '{:.1f}')} |")
+
+
+if __name__ == "__main__":
+    main()
