@@ -427,8 +427,11 @@ fn the_open_file_cache_stays_within_a_share_of_the_descriptor_limit(driver: Driv
         }
     }
     assert!(failed.is_empty(), "{} of 400 not served: {failed:?}", failed.len());
-    let held = p.fds();
-    assert!(held <= baseline + 256 / 4, "{held} descriptors open ({baseline} at the start)");
+    // The files the cache keeps (connection sockets still closing are not
+    // the cache's: a lingering close holds a few for a moment).
+    let root_path = format!("{}/", root.path().display());
+    let cached = open_files(&p).iter().filter(|t| t.starts_with(&root_path)).count();
+    assert!(cached <= 256 / 4, "{cached} files of the root held open: {:?}", open_files(&p));
     for _ in 0..20 {
         assert_eq!(get(addr, "/index.html").status, 200, "a new client after them");
     }
