@@ -191,7 +191,10 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    serve_hyper_with_peer(handle, addr, options, move |_| make_service())
+    // Not through `serve_hyper_with_peer`: asking each connection for its
+    // peer is a system call that a service without a use for it should
+    // not pay for.
+    serve_hyper_on(handle, addr, options, move |_: &TcpStream| make_service())
 }
 
 /// [`serve_hyper`] with the client's address: each worker calls
@@ -213,12 +216,33 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_hyper_on(handle, addr, options, move |stream: &TcpStream| {
+        make_service(stream.peer_addr().unwrap_or(UNKNOWN_PEER))
+    })
+}
+
+/// [`serve_hyper`] and [`serve_hyper_with_peer`]: `make_service` sees each
+/// accepted stream before its service is made.
+fn serve_hyper_on<M, S, B>(
+    handle: impl AsRef<Handle>,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<HyperOptions>,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn(&TcpStream) -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let handle = handle.as_ref();
     let options = options.into();
     let deadlines = Deadlines::from(&options);
     serve_with_stop(handle, addr, options.server, move |stream: TcpStream, stop| {
-        let peer = stream.peer_addr().unwrap_or(UNKNOWN_PEER);
-        serve_connection(stream, CatchPanic::new(make_service(peer)), stop, deadlines)
+        let service = make_service(&stream);
+        serve_connection(stream, CatchPanic::new(service), stop, deadlines)
     })
 }
 
@@ -246,7 +270,7 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    serve_hyper_tls_with_peer(handle, addr, options, acceptor, move |_| make_service())
+    serve_hyper_tls_on(handle, addr, options, acceptor, move |_: &TcpStream| make_service())
 }
 
 /// [`serve_hyper_tls`] with the client's address, as [`serve_hyper_with_peer`].
@@ -266,13 +290,36 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_hyper_tls_on(handle, addr, options, acceptor, move |stream: &TcpStream| {
+        make_service(stream.peer_addr().unwrap_or(UNKNOWN_PEER))
+    })
+}
+
+/// [`serve_hyper_tls`] and [`serve_hyper_tls_with_peer`]: `make_service`
+/// sees each accepted stream before its service is made.
+#[cfg(feature = "tls")]
+fn serve_hyper_tls_on<M, S, B>(
+    handle: impl AsRef<Handle>,
+    addr: impl std::net::ToSocketAddrs,
+    options: impl Into<HyperOptions>,
+    acceptor: crate::tls::TlsAcceptor,
+    make_service: M,
+) -> std::io::Result<Server>
+where
+    M: Fn(&TcpStream) -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let handle = handle.as_ref();
     use crate::tls::{ALPN_H2, ALPN_HTTP11};
     let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
     let options = options.into();
     let deadlines = Deadlines::from(&options);
     crate::tls::serve_tls_with_stop(handle, addr, options.server, acceptor, move |tls, stop| {
-        let peer = tls.get_ref().0.peer_addr().unwrap_or(UNKNOWN_PEER);
-        serve_connection(tls, CatchPanic::new(make_service(peer)), stop, deadlines)
+        let service = make_service(tls.get_ref().0);
+        serve_connection(tls, CatchPanic::new(service), stop, deadlines)
     })
 }
