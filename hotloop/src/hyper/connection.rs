@@ -201,6 +201,7 @@ where
         }
         let mut peeked = false;
         loop {
+            this.progress.set_stop_pending(this.told && !this.hyper_told);
             if this.drive(cx).is_ready() {
                 return Poll::Ready(());
             }

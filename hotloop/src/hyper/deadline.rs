@@ -190,6 +190,9 @@ const ENDED: u8 = 4;
 /// [`Progress::ends`]: a request was handed an `OnUpgrade`, so hyper's end
 /// may be an upgrade.
 const UPGRADE: u8 = 8;
+/// [`Progress::ends`]: the server stops and hyper has not been told yet
+/// (an answer is in flight, its head said keep-alive).
+const STOP_PENDING: u8 = 16;
 
 /// What a connection's I/O and its service record (see the module notes),
 /// in the loop's clock.
@@ -220,7 +223,7 @@ pub(super) struct Progress {
     /// the reads the lingering close has dropped (see [`TimedIo`]).
     linger: Cell<u8>,
     /// [`HTTP2`], [`GOING_AWAY`], [`ENDED`] (see
-    /// [`Progress::mute_after_end`]) and [`UPGRADE`]: one byte, so the
+    /// [`Progress::mute_after_end`]), [`UPGRADE`] and [`STOP_PENDING`]: one byte, so the
     /// record stays 32.
     ends: Cell<u8>,
 }
@@ -253,6 +256,26 @@ impl Progress {
     pub(super) fn set_upgrade(&self, on: bool) {
         let ends = self.ends.get();
         self.ends.set(if on { ends | UPGRADE } else { ends & !UPGRADE });
+    }
+
+    /// Sets or clears [`STOP_PENDING`].
+    pub(super) fn set_stop_pending(&self, on: bool) {
+        let ends = self.ends.get();
+        self.ends.set(if on { ends | STOP_PENDING } else { ends & !STOP_PENDING });
+    }
+
+    /// With a stop pending, hyper's read for the next request's head is
+    /// held back once its answer is out: the connection's loop then finds
+    /// it between requests and rebuilds it without keep-alive, so that
+    /// request is answered with `Connection: close`. (Let through, hyper
+    /// could read and answer it keep-alive within the same poll.) Only
+    /// when nothing else is owed: no request body, no write or flush
+    /// waiting, so the loop's release is sure to follow and nothing spins.
+    fn holds_next_head(&self) -> bool {
+        self.ends.get() & STOP_PENDING != 0
+            && !self.bodied.get()
+            && self.write_waiting.get() == Stamp::NONE
+            && !self.flush_waited.get()
     }
 
     /// The connection turned out to speak HTTP/2.
@@ -513,6 +536,11 @@ impl<T: tokio::io::AsyncRead + Socket + Unpin> hyper::rt::Read for TimedIo<T> {
         buf: ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        if this.progress.holds_next_head() {
+            this.progress.read(&Poll::Pending, false);
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         crate::buf::poll_read_hyper(buf, |rb| {
             let poll = Pin::new(&mut this.io).poll_read(cx, rb);
             this.progress.read(&poll, !rb.filled().is_empty());
