@@ -197,10 +197,7 @@ async fn forward(
                 Ok(lease) => lease,
                 Err(e) => {
                     note_failure(shared, id);
-                    let f = match e {
-                        ConnectError::TimedOut => Failure::ConnectTimeout,
-                        ConnectError::Failed(e) => Failure::Connect(e.to_string()),
-                    };
+                    let f = Failure::from(e);
                     // Nothing was sent: any request may move on.
                     match next_backend(shared, g, &mut order, &mut moves) {
                         Some(next) => {
@@ -330,10 +327,7 @@ async fn tunnel(
                 Ok(pair) => pair,
                 Err(e) => {
                     note_failure(shared, id);
-                    let f = match e {
-                        ConnectError::TimedOut => Failure::ConnectTimeout,
-                        ConnectError::Failed(e) => Failure::Connect(e.to_string()),
-                    };
+                    let f = Failure::from(e);
                     match next_backend(shared, g, &mut order, &mut moves) {
                         Some(next) => {
                             id = next;
@@ -438,6 +432,15 @@ enum Failure {
     Lost(String),
     HeaderTimeout,
     ClientBody(String),
+}
+
+impl From<ConnectError> for Failure {
+    fn from(e: ConnectError) -> Failure {
+        match e {
+            ConnectError::TimedOut => Failure::ConnectTimeout,
+            ConnectError::Failed(e) => Failure::Connect(e.to_string()),
+        }
+    }
 }
 
 fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<DownBody> {
