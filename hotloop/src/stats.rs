@@ -93,6 +93,10 @@ counters! {
     handoffs_out: sum,
     /// Connections another worker accepted and handed to this one.
     handoffs_in: sum,
+    /// Connections found waiting by a look at the backlog after a
+    /// predecessor stopped accepting: each one's wake-up went to the
+    /// predecessor's last accept (see `Handover::on_predecessor_stopped`).
+    backlog_recheck_accepts: sum,
     /// Sockets registered with epoll (`epoll_ctl` ADD calls).
     registrations: sum,
     /// Sockets closed without ever being registered with epoll.

@@ -39,7 +39,11 @@
 //! 3. On `ready` the running process stops accepting (each server's
 //!    accept loops end; on io_uring their accepts are cancelled and the
 //!    last completion awaited, so no connection is taken on its behalf
-//!    afterwards), answers `draining`, and drains what it holds.
+//!    afterwards), answers `draining`, and drains what it holds. The new
+//!    process's accept loops then try their backlogs once: the kernel
+//!    wakes a single io_uring accept per connection, and if that was the
+//!    old process's, cancelled before it ran, the connection would wait
+//!    in the queue for the next one to arrive.
 //!
 //! # Implementation notes
 //! The new process receives the very same sockets, not new members of a
@@ -144,6 +148,9 @@ struct State {
     offered: Vec<(u64, Local, OwnedFd)>,
     /// What stops accepting when a successor takes over, by id.
     members: Vec<(u64, Arc<dyn Fn() + Send + Sync>)>,
+    /// What looks at the sockets' backlogs once the predecessor stopped
+    /// accepting, by id.
+    rechecks: Vec<(u64, Arc<dyn Fn() + Send + Sync>)>,
     next_id: u64,
     /// The process that handed its sockets over, until it is told to stop.
     predecessor: Option<(u32, Socket)>,
@@ -233,8 +240,10 @@ impl Handover {
     /// closed (and logged: an address the new configuration dropped), the
     /// predecessor is told to stop accepting and drain (this waits up to
     /// [`STOP_ACK_WAIT`] for it to say it stopped), and with an upgrade
-    /// socket a thread starts waiting for a successor. Later calls do
-    /// nothing.
+    /// socket a thread starts waiting for a successor. Once the
+    /// predecessor stopped, the servers of this process (and whatever
+    /// [`Self::on_predecessor_stopped`] filed) look at their backlogs once.
+    /// Later calls do nothing.
     pub fn ready(&self) -> io::Result<()> {
         let (predecessor, unclaimed, upgrade) = {
             let mut st = self.lock();
@@ -251,6 +260,13 @@ impl Handover {
         drop(unclaimed);
         if let Some((pid, conn)) = predecessor {
             tell_predecessor(pid, &conn)?;
+            // Whatever it answered, it takes no more connections: what it
+            // left queued is this process's, and its last accepts may have
+            // taken the wake-ups that would have told this process so.
+            let rechecks: Vec<_> = self.lock().rechecks.iter().map(|(_, r)| r.clone()).collect();
+            for recheck in rechecks {
+                recheck();
+            }
         }
         if let Some(listener) = upgrade {
             let inner = self.inner.clone();
@@ -347,6 +363,18 @@ impl Handover {
         self.lock().members.push((id, Arc::new(stop)));
     }
 
+    /// Runs `recheck` in [`Self::ready`] once the predecessor has stopped
+    /// accepting (or is gone): an accept loop of this process's own should
+    /// then try its sockets' backlogs once without waiting to be woken.
+    /// The kernel wakes one io_uring accept per arriving connection, and
+    /// the predecessor's last accept may have been that one and been
+    /// cancelled before it took the connection, which then waits for the
+    /// next arrival. Servers built with this hand-over register their own.
+    pub fn on_predecessor_stopped(&self, recheck: impl Fn() + Send + Sync + 'static) {
+        let id = self.new_id();
+        self.lock().rechecks.push((id, Arc::new(recheck)));
+    }
+
     /// A new id for what [`Self::offer`] and [`Self::add_member`] file.
     pub(crate) fn new_id(&self) -> u64 {
         let mut st = self.lock();
@@ -378,6 +406,11 @@ impl Handover {
         self.lock().members.push((id, stop));
     }
 
+    /// Files `recheck` under `id` (see [`Self::on_predecessor_stopped`]).
+    pub(crate) fn add_recheck(&self, id: u64, recheck: Arc<dyn Fn() + Send + Sync>) {
+        self.lock().rechecks.push((id, recheck));
+    }
+
     /// Withdraws what was filed under `id`: its offered copies close, and
     /// its stop is not called.
     pub(crate) fn withdraw(&self, id: u64) {
@@ -385,6 +418,7 @@ impl Handover {
         // The copies close here; a close never blocks on a listening socket.
         st.offered.retain(|o| o.0 != id);
         st.members.retain(|m| m.0 != id);
+        st.rechecks.retain(|m| m.0 != id);
     }
 
     /// Takes systemd's sockets if `LISTEN_PID` names this process (once).

@@ -201,6 +201,9 @@ pub(crate) trait Accept: Sized + 'static {
     /// A stream on the current worker over an accepted connection.
     fn stream_from_fd(fd: OwnedFd) -> io::Result<Self::Stream>;
     fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
+    /// A connection from the driver's queue or the socket's backlog if one
+    /// is there now, ignoring the accept bound, as a descriptor.
+    fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>>;
     fn set_accept_room(&self, room: Option<usize>);
     /// Ready once the driver holds no accept in the kernel for this
     /// listener (see [`Acceptor::poll_accept_settled`]).
@@ -223,6 +226,9 @@ impl Accept for TcpListener {
     }
     fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
         TcpListener::accept_ready(self)
+    }
+    fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>> {
+        self.acceptor.accept_fd_ready()
     }
     fn set_accept_room(&self, room: Option<usize>) {
         TcpListener::set_accept_room(self, room)

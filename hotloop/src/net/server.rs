@@ -46,7 +46,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -77,6 +77,12 @@ const ACCEPT_SETTLE_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a hand-over waits for a server's accept loops to stop.
 const LOOPS_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// The most connections an accept loop takes straight from its socket's
+/// backlog when told to look there (past the bound of a turn: the
+/// connections a lost wake-up left queued are few, and the loop's own
+/// accepts take the rest).
+const RECHECK_MAX: usize = 64;
 
 /// During a drain, how long a keep-alive connection between requests must
 /// have been quiet before it is closed (on a read that finds nothing
@@ -147,6 +153,9 @@ struct ServerShared {
     /// Who waits for the connections or the accept loops to end.
     watch: Mutex<Watch>,
     watch_changed: Condvar,
+    /// Raised each time the accept loops must look at their sockets'
+    /// backlogs themselves (see [`ServerShared::recheck_backlogs`]).
+    rechecks: AtomicU64,
 }
 
 /// What a drain waits for.
@@ -159,6 +168,22 @@ struct Watch {
 }
 
 impl ServerShared {
+    /// Makes every accept loop try its socket's backlog once, whatever its
+    /// driver is waiting on: a predecessor that shared the sockets may have
+    /// taken a connection's wake-up with it. On io_uring an armed accept
+    /// waits as an exclusive waiter (the kernel wakes one of them per
+    /// connection); a predecessor's accept that got the wake-up and was
+    /// cancelled before it ran leaves the connection queued and this
+    /// process's accepts asleep until the next one arrives.
+    fn recheck_backlogs(&self) {
+        self.rechecks.fetch_add(1, Ordering::AcqRel);
+        // The loops' wakers stay filed for the stop: wake copies.
+        let wakers = self.stopped.lock().unwrap_or_else(|e| e.into_inner()).1.clone();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
     fn stop(&self) {
         let wakers = {
             let mut st = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
@@ -624,6 +649,7 @@ where
         cut_count: AtomicUsize::new(0),
         watch: Mutex::new(Watch::default()),
         watch_changed: Condvar::new(),
+        rechecks: AtomicU64::new(0),
     });
     let handover = match &server_options.handover {
         Some(h) => {
@@ -640,6 +666,8 @@ where
                     stopping.wait_loops_ended(LOOPS_STOP_WAIT);
                 }),
             );
+            let rechecking = shared.clone();
+            h.add_recheck(id, Arc::new(move || rechecking.recheck_backlogs()));
             Some((h.clone(), id))
         }
         None => None,
@@ -749,6 +777,9 @@ where
     // change); each poll after that reads an atomic, not the lock every
     // worker's accept loop shares.
     let mut stop_filed = false;
+    // The last recheck of the backlog asked for, and how many more
+    // connections this loop may take straight from it.
+    let (mut recheck_seen, mut recheck_left) = (0, 0);
     loop {
         if at_limit(&shared, &local, limits) {
             current::count(|s| &s.maxconn_reached);
@@ -778,6 +809,23 @@ where
                 }
                 if let Some(fd) = if primary { lanes.take(me) } else { None } {
                     return Poll::Ready(Some(Ok(Arrival::HandedIn(fd))));
+                }
+                let rechecks = shared.rechecks.load(Ordering::Acquire);
+                if rechecks != recheck_seen {
+                    recheck_seen = rechecks;
+                    recheck_left = RECHECK_MAX;
+                }
+                if recheck_left > 0 {
+                    match listener.accept_fd_ready() {
+                        Some(Ok(fd)) => {
+                            recheck_left -= 1;
+                            current::count(|s| &s.backlog_recheck_accepts);
+                            return Poll::Ready(Some(Ok(Arrival::Accepted(fd))));
+                        }
+                        // An error (descriptors short, say) is the
+                        // accept's to meet, with its pause.
+                        Some(Err(_)) | None => recheck_left = 0,
+                    }
                 }
                 accept.as_mut().poll(cx).map(|r| Some(r.map(Arrival::Accepted)))
             })

@@ -373,6 +373,9 @@ impl Accept for UnixListener {
     fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
         UnixListener::accept_ready(self)
     }
+    fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>> {
+        self.acceptor.accept_fd_ready()
+    }
     fn set_accept_room(&self, room: Option<usize>) {
         UnixListener::set_accept_room(self, room)
     }
