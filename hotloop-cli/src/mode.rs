@@ -163,22 +163,7 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
         }
         Serving::Udp(endpoints) => (endpoints.local_addr(), endpoints.active()),
     };
-    let stats = match &args.stats_addr {
-        Some(addr) => Some(StatsServer::start(addr, rt.handle().clone(), {
-            let (active, more) = (active.clone(), mode.stats());
-            Arc::new(move || {
-                let mut fields = vec![Extra {
-                    name: "active_connections",
-                    help: M::ACTIVE_HELP,
-                    kind: Kind::Gauge,
-                    value: active() as u64,
-                }];
-                fields.extend(more.as_ref().map(|f| f()).unwrap_or_default());
-                fields
-            })
-        })?),
-        None => None,
-    };
+    let stats = stats_endpoint::<M>(&args, &rt, active.clone(), mode.stats())?;
     eprintln!("{}", mode.banner(&at, on));
     for note in mode.notes() {
         eprintln!("{}: {note}", M::NAME);
@@ -193,31 +178,69 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
             eprintln!("{}: took the listening sockets over from pid {pid}, which drains", M::NAME);
         }
     }
-    let status = || mode.status(&rt, active());
-    let reload = || mode.reload();
-    let control = stop::Control {
-        name: M::NAME,
-        signals: &signals,
-        handover: &handover,
-        drain_timeout: args.drain_timeout(),
-        status: &status,
-        reload: &reload,
-    };
-    let (stopped, accepted) = match serving {
-        Serving::Tcp(server) => {
-            let stopped = stop::run_until_stopped(&control, &rt, server)?;
-            (stopped, rt.stats().total.accepted)
-        }
-        Serving::Udp(mut endpoints) => {
-            // The endpoints refuse new connections once `drain` says stopping.
-            let stopped = stop::run_until_stopped_with(&control, &rt, &*active)?;
-            endpoints.close(&rt);
-            (stopped, endpoints.accepted())
-        }
-    };
+    let (stopped, accepted) =
+        until_stopped(&mode, &signals, &args, &rt, &handover, serving, &*active)?;
     stop::say_stopped(M::NAME, &stopped, accepted);
     if let Some(line) = mode.farewell() {
         eprintln!("{}: {line}", M::NAME);
     }
     Ok(())
+}
+
+/// With `--stats-addr`, the stats endpoint: the runtime's counters, the
+/// mode's `active_connections` from `active`, then the mode's own fields.
+fn stats_endpoint<M: Mode>(
+    args: &RuntimeArgs,
+    rt: &Runtime,
+    active: Arc<dyn Fn() -> usize + Send + Sync>,
+    more: Option<ExtraFields>,
+) -> io::Result<Option<StatsServer>> {
+    let Some(addr) = &args.stats_addr else { return Ok(None) };
+    let fields: ExtraFields = Arc::new(move || {
+        let mut fields = vec![Extra {
+            name: "active_connections",
+            help: M::ACTIVE_HELP,
+            kind: Kind::Gauge,
+            value: active() as u64,
+        }];
+        fields.extend(more.as_ref().map(|f| f()).unwrap_or_default());
+        fields
+    });
+    StatsServer::start(addr, rt.handle().clone(), fields).map(Some)
+}
+
+/// Answers signals until a stop or a successor, then drains what
+/// `serving` holds (`active` counts its connections; see `stop.rs`);
+/// returns how it stopped and how many connections were accepted.
+fn until_stopped<M: Mode>(
+    mode: &M,
+    signals: &ShutdownSignals,
+    args: &RuntimeArgs,
+    rt: &Runtime,
+    handover: &Handover,
+    serving: Serving,
+    active: &dyn Fn() -> usize,
+) -> io::Result<(stop::Stopped, u64)> {
+    let status = || mode.status(rt, active());
+    let reload = || mode.reload();
+    let control = stop::Control {
+        name: M::NAME,
+        signals,
+        handover,
+        drain_timeout: args.drain_timeout(),
+        status: &status,
+        reload: &reload,
+    };
+    Ok(match serving {
+        Serving::Tcp(server) => {
+            let stopped = stop::run_until_stopped(&control, rt, server)?;
+            (stopped, rt.stats().total.accepted)
+        }
+        Serving::Udp(mut endpoints) => {
+            // The endpoints refuse new connections once `drain` says stopping.
+            let stopped = stop::run_until_stopped_with(&control, rt, active)?;
+            endpoints.close(rt);
+            (stopped, endpoints.accepted())
+        }
+    })
 }
