@@ -8,6 +8,7 @@
 mod conn;
 mod drain;
 mod http_proxy;
+mod mode;
 mod proxy;
 mod quic;
 mod runtime_args;
@@ -165,7 +166,11 @@ Retry-After, a backend too slow 504.
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Serve(args) => serve::run(&args),
-        Command::Proxy(args) => proxy::run(&args),
+        // Runs until a stop signal (see `stop.rs` for each signal).
+        Command::Proxy(args) => match args.mode {
+            proxy::Mode::Tcp => mode::run(|| proxy::TcpProxy::new(&args)),
+            proxy::Mode::Http => mode::run(|| http_proxy::HttpProxy::new(&args)),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -26,6 +26,7 @@
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
+use std::io;
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::pin::pin;
@@ -36,11 +37,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use hotloop::net::{serve, TcpStream};
-use hotloop::signal::ShutdownSignals;
 use hotloop::time::sleep_until;
+use hotloop::Runtime;
 
+use crate::mode::{self, Serving, Start};
 use crate::runtime_args::RuntimeArgs;
-use crate::stats_server::{Extra, Kind, StatsServer};
+use crate::stats_server::{Extra, ExtraFields, Kind};
 
 /// What `hotloop proxy` forwards.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,134 +149,105 @@ pub struct ProxyConfig {
     pub counters: ProxyCounters,
 }
 
-/// Runs the proxy until a stop signal (see `stop.rs` for each signal).
-pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
-    if args.mode == Mode::Http {
-        return crate::http_proxy::run(args);
-    }
-    if args.config.is_some() || args.tls_cert.is_some() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "--config and --tls-cert need --mode http",
-        ));
-    }
-    let signals = ShutdownSignals::block()?;
-    hotloop::raise_nofile_limit()?;
-    let mut backends = Vec::new();
-    for b in &args.backend {
-        backends.extend(b.to_socket_addrs()?);
-    }
-    if backends.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "no backend address resolved",
-        ));
-    }
-    let config = Arc::new(ProxyConfig {
-        backends,
-        connect_timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
-        idle_timeout: (args.idle_timeout_ms > 0)
-            .then(|| Duration::from_millis(args.idle_timeout_ms)),
-        counters: ProxyCounters::default(),
-    });
-    let rt = args.runtime.build_runtime()?;
-    let cfg = config.clone();
-    // A predecessor's (or systemd's) listening socket, if any.
-    let handover = args.runtime.handover()?;
-    let options = args.runtime.server_options(&handover);
-    let server = serve(rt.handle(), args.listen.as_str(), options, move |client| {
-        forward(client, cfg.clone())
-    })?;
-    eprintln!(
-        "hotloop proxy on {} -> {:?} | workers {} | driver {}",
-        server.local_addr(),
-        config.backends,
-        rt.handle().workers(),
-        rt.stats().info.driver
-    );
-    let _stats = match &args.runtime.stats_addr {
-        Some(addr) => {
-            let (c, active) = (config.clone(), server.active_connections_reader());
-            Some(StatsServer::start(
-                addr,
-                rt.handle().clone(),
-                Arc::new(move || {
-                    let k = &c.counters;
-                    let counter = |name, help, value: &AtomicU64| Extra {
-                        name,
-                        help,
-                        kind: Kind::Counter,
-                        value: value.load(Relaxed),
-                    };
-                    vec![
-                        Extra {
-                            name: "active_connections",
-                            help: "Client connections open now, over all workers.",
-                            kind: Kind::Gauge,
-                            value: active() as u64,
-                        },
-                        counter(
-                            "forwarded",
-                            "Client connections forwarded to a backend.",
-                            &k.forwarded,
-                        ),
-                        counter(
-                            "backend_connect_failures",
-                            "Backend connects that failed or timed out.",
-                            &k.backend_connect_failures,
-                        ),
-                        counter("retries", "Connections retried on another backend.", &k.retries),
-                        counter(
-                            "no_backend",
-                            "Client connections closed because no backend could be reached.",
-                            &k.no_backend,
-                        ),
-                        counter(
-                            "bytes_up",
-                            "Bytes forwarded from clients to backends.",
-                            &k.bytes_up,
-                        ),
-                        counter(
-                            "bytes_down",
-                            "Bytes forwarded from backends to clients.",
-                            &k.bytes_down,
-                        ),
-                    ]
-                }),
-            )?)
+/// `hotloop proxy --mode tcp`: a [`mode::Mode`] forwarding each connection.
+pub struct TcpProxy {
+    args: ProxyArgs,
+    config: Arc<ProxyConfig>,
+}
+
+impl TcpProxy {
+    /// The forwarder `args` describe, its backends resolved.
+    pub fn new(args: &ProxyArgs) -> io::Result<TcpProxy> {
+        if args.config.is_some() || args.tls_cert.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--config and --tls-cert need --mode http",
+            ));
         }
-        None => None,
-    };
-    if let Some(st) = &_stats {
-        eprintln!("hotloop proxy: stats on http://{}/stats", st.local_addr());
+        let mut backends = Vec::new();
+        for b in &args.backend {
+            backends.extend(b.to_socket_addrs()?);
+        }
+        if backends.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no backend address resolved"));
+        }
+        let config = Arc::new(ProxyConfig {
+            backends,
+            connect_timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
+            idle_timeout: (args.idle_timeout_ms > 0)
+                .then(|| Duration::from_millis(args.idle_timeout_ms)),
+            counters: ProxyCounters::default(),
+        });
+        Ok(TcpProxy { args: args.clone(), config })
     }
-    let active = server.active_connections_reader();
-    let status = || {
+}
+
+impl mode::Mode for TcpProxy {
+    const NAME: &'static str = "hotloop proxy";
+    const ACTIVE_HELP: &'static str = "Client connections open now, over all workers.";
+
+    fn runtime_args(&self) -> &RuntimeArgs {
+        &self.args.runtime
+    }
+
+    /// Proxied connections have no request boundary: a drain lets them run
+    /// until they end or the drain timeout does, as haproxy's `hard-stop-after`.
+    fn start(&mut self, at: &Start<'_>) -> io::Result<Serving> {
+        let config = self.config.clone();
+        let server = serve(at.rt.handle(), self.args.listen.as_str(), at.server_options(), {
+            move |client| forward(client, config.clone())
+        })?;
+        Ok(Serving::Tcp(server))
+    }
+
+    fn banner(&self, at: &Start<'_>, on: SocketAddr) -> String {
         format!(
-            "{} connections open, {} forwarded",
-            active(),
-            config.counters.forwarded.load(Relaxed)
+            "hotloop proxy on {on} -> {:?} | workers {} | driver {}",
+            self.config.backends,
+            at.rt.handle().workers(),
+            at.rt.stats().info.driver
         )
-    };
-    // Serving: a predecessor stops accepting now, and drains.
-    handover.ready()?;
-    if let Some(pid) = handover.predecessor() {
-        eprintln!("hotloop proxy: took the listening socket over from pid {pid}, which drains");
     }
-    // Proxied connections have no request boundary: a drain lets them run
-    // until they end or the drain timeout does, as haproxy's `hard-stop-after`.
-    let control = crate::stop::Control {
-        name: "hotloop proxy",
-        signals: &signals,
-        handover: &handover,
-        drain_timeout: args.runtime.drain_timeout(),
-        status: &status,
-        reload: &|| None,
-    };
-    let stopped = crate::stop::run_until_stopped(&control, &rt, server)?;
-    crate::stop::say_stopped("hotloop proxy", &stopped, rt.stats().total.accepted);
-    eprintln!("hotloop proxy: {} forwarded", config.counters.forwarded.load(Relaxed));
-    Ok(())
+
+    fn stats(&self) -> Option<ExtraFields> {
+        let c = self.config.clone();
+        Some(Arc::new(move || {
+            let k = &c.counters;
+            let counter = |name, help, value: &AtomicU64| Extra {
+                name,
+                help,
+                kind: Kind::Counter,
+                value: value.load(Relaxed),
+            };
+            vec![
+                counter("forwarded", "Client connections forwarded to a backend.", &k.forwarded),
+                counter(
+                    "backend_connect_failures",
+                    "Backend connects that failed or timed out.",
+                    &k.backend_connect_failures,
+                ),
+                counter("retries", "Connections retried on another backend.", &k.retries),
+                counter(
+                    "no_backend",
+                    "Client connections closed because no backend could be reached.",
+                    &k.no_backend,
+                ),
+                counter("bytes_up", "Bytes forwarded from clients to backends.", &k.bytes_up),
+                counter("bytes_down", "Bytes forwarded from backends to clients.", &k.bytes_down),
+            ]
+        }))
+    }
+
+    fn status(&self, _: &Runtime, open: usize) -> String {
+        format!(
+            "{open} connections open, {} forwarded",
+            self.config.counters.forwarded.load(Relaxed)
+        )
+    }
+
+    fn farewell(&self) -> Option<String> {
+        Some(format!("{} forwarded", self.config.counters.forwarded.load(Relaxed)))
+    }
 }
 
 thread_local! {

@@ -94,30 +94,6 @@ pub struct StatsServer {
 }
 
 impl StatsServer {
-    /// With `addr`, starts serving `handle`'s counters plus an
-    /// `active_connections` gauge read from `active` (described by `help`),
-    /// and says where on stderr as `name: stats on URL`; without, nothing.
-    pub fn start_with_active(
-        name: &str,
-        addr: Option<&str>,
-        handle: Handle,
-        help: &'static str,
-        active: impl Fn() -> usize + Send + Sync + 'static,
-    ) -> std::io::Result<Option<StatsServer>> {
-        let Some(addr) = addr else { return Ok(None) };
-        let extra: ExtraFields = Arc::new(move || {
-            vec![Extra {
-                name: "active_connections",
-                help,
-                kind: Kind::Gauge,
-                value: active() as u64,
-            }]
-        });
-        let server = StatsServer::start(addr, handle, extra)?;
-        eprintln!("{name}: stats on http://{}/stats", server.local_addr());
-        Ok(Some(server))
-    }
-
     /// Starts serving `handle`'s counters on `addr`, on worker 0 of its runtime.
     pub fn start(addr: &str, handle: Handle, extra: ExtraFields) -> std::io::Result<StatsServer> {
         let stop = Arc::new(AtomicBool::new(false));

@@ -98,14 +98,13 @@ pub fn run_until_stopped(ctl: &Control<'_>, rt: &Runtime, server: Server) -> io:
 }
 
 /// [`run_until_stopped`] for a server that is not a [`Server`] (QUIC):
-/// `active` counts its open connections, and `stop_accepting` (called
-/// once, after every worker has been told to stop) makes it take no new
-/// ones; the drain waits for `active` to reach zero.
+/// `active` counts its open connections, which take no new ones once
+/// [`crate::drain::stopping`] says so; the drain waits for `active` to
+/// reach zero.
 pub fn run_until_stopped_with(
     ctl: &Control<'_>,
     rt: &Runtime,
     active: &dyn Fn() -> usize,
-    stop_accepting: impl FnOnce(),
 ) -> io::Result<Stopped> {
     let successor = match begin(ctl, active)? {
         Some(successor) => successor,
@@ -115,7 +114,6 @@ pub fn run_until_stopped_with(
     // Counted and logged as a `Server`'s drain is, in the library.
     hotloop::stats::record_drain(ctl.name, active(), ctl.drain_timeout);
     crate::drain::begin(rt.handle());
-    stop_accepting();
     loop {
         let left = active();
         if left == 0 || Instant::now() >= deadline {

@@ -126,3 +126,46 @@ fn sighup_and_the_user_signals_are_answered_not_fatal(driver: DriverKind) {
     assert!(p.child.try_wait().unwrap().is_none(), "a signal stopped the server");
     assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200 OK"));
 }
+
+/// Every mode runs the same skeleton (`mode.rs`): the banner with its
+/// address, the stats endpoint with the mode's gauge, SIGUSR1's status
+/// line, SIGHUP answered without TLS, a SIGTERM drain and the farewell,
+/// for `serve` over TCP and QUIC and for both proxies.
+#[hotloop::test(driver = "all")]
+fn every_mode_starts_answers_signals_and_stops_the_same_way(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let common = ["--driver", driver, "--workers", "2", "--stats-addr", "127.0.0.1:0"];
+    // No client connects: the proxies' backend is never dialled.
+    let modes: [(&[&str], Option<&str>); 4] = [
+        (&["serve", "echo", "--addr", "127.0.0.1:0"], None),
+        (&["serve", "quic", "--addr", "127.0.0.1:0"], None),
+        (&["proxy", "--listen", "127.0.0.1:0", "--backend", "127.0.0.1:9"], Some("0 forwarded")),
+        (
+            &["proxy", "--mode", "http", "--listen", "127.0.0.1:0", "--backend", "127.0.0.1:9"],
+            Some("0 requests"),
+        ),
+    ];
+    for (args, farewell) in modes {
+        let mut p = Proc::start(&[args, &common[..]].concat());
+        let name = format!("hotloop {}", args[0]);
+        let addr = p.addr_after(" on ");
+        assert_eq!(addr.ip(), std::net::Ipv4Addr::LOCALHOST, "{args:?}: {:?}", p.seen);
+        let stats = p.addr_after("stats on ");
+        assert_eq!(common::stat(stats, "active_connections"), 0, "{args:?}");
+        p.signal("USR1");
+        p.signal("HUP");
+        let status = format!("{name}: 0 connections open");
+        assert!(p.wait_for_line(&status, Duration::from_secs(10)), "{args:?}: {:?}", p.seen);
+        let hup = format!("{name}: SIGHUP ignored");
+        assert!(p.wait_for_line(&hup, Duration::from_secs(10)), "{args:?}: {:?}", p.seen);
+        p.signal("TERM");
+        let exit = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+        assert!(exit.success(), "{args:?}: {exit}");
+        let stopped = format!("{name}: stopped (0 connections cut at the drain deadline)");
+        assert!(p.wait_for_line(&stopped, Duration::from_secs(5)), "{args:?}: {:?}", p.seen);
+        if let Some(last) = farewell {
+            let last = format!("{name}: {last}");
+            assert!(p.wait_for_line(&last, Duration::from_secs(5)), "{args:?}: {:?}", p.seen);
+        }
+    }
+}

@@ -68,5 +68,6 @@ mod udp;
 #[cfg(feature = "tokio-io")]
 mod unix;
 mod unix_datagram;
+#[cfg(feature = "bench")]
 mod wheel_model;
 mod write_behind;

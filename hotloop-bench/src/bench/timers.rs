@@ -3,7 +3,8 @@
 //! the next timer), timed in this process: taking the next timer from an
 //! empty queue and from a queue holding one, draining a batch of due
 //! timers, and re-arming one timer among many. When `cargo bench -p
-//! hotloop --bench wheel` has left criterion results, they are shown too.
+//! hotloop --features bench --bench wheel` has left criterion results,
+//! they are shown too.
 //!
 //! # Implementation notes
 //! - Each case runs on each queue in short samples until its time is
@@ -387,13 +388,13 @@ fn measure_case(case: Case, case_time: Duration) -> Vec<Row> {
         .collect()
 }
 
-/// Adds the criterion results `cargo bench -p hotloop --bench wheel` left,
+/// Adds the criterion results `cargo bench -p hotloop --features bench --bench wheel` left,
 /// if any, as groups of their own.
 fn add_criterion_rows(ctx: &Ctx, result: &mut ScenarioResult) {
     let dirs = criterion_dirs(&ctx.exe);
     let Some(dir) = dirs.iter().find(|d| d.is_dir()) else {
         result.setup.push(
-            "criterion's fuller set (dense queues, cascades, memory): `cargo bench -p hotloop --bench wheel`, \
+            "criterion's fuller set (dense queues, cascades, memory): `cargo bench -p hotloop --features bench --bench wheel`, \
              whose results a later run shows here"
                 .into(),
         );

@@ -23,20 +23,23 @@ mod pool;
 mod routes;
 mod stats;
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hotloop::hyper::{serve_hyper_tls_with_peer, serve_hyper_with_peer, HyperOptions};
-use hotloop::signal::ShutdownSignals;
-use hotloop::tls::{ALPN_H2, ALPN_HTTP11};
+use hotloop::tls::{CertReloader, TlsAcceptor, ALPN_H2, ALPN_HTTP11};
+use hotloop::Runtime;
 use hyper::service::service_fn;
 
 use self::config::{Config, UpstreamProtocol};
 use self::forward::Shared;
 use self::pool::Backend;
+use crate::mode::{Mode, Serving, Start};
 use crate::proxy::{BackendProtocol, ProxyArgs};
-use crate::stats_server::{Extra, Kind, StatsServer};
+use crate::runtime_args::RuntimeArgs;
+use crate::stats_server::ExtraFields;
 
 /// How often each worker closes its pooled connections idle past their timeout.
 const POOL_SWEEP_MAX: Duration = Duration::from_secs(1);
@@ -49,122 +52,121 @@ fn invalid(e: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
 }
 
-/// Runs the HTTP proxy until a stop signal (see `stop.rs` for each signal).
-pub fn run(args: &ProxyArgs) -> std::io::Result<()> {
-    let signals = ShutdownSignals::block()?;
-    hotloop::raise_nofile_limit()?;
-    let config: Config = match &args.config {
-        Some(path) => config::load(path).map_err(invalid)?,
-        None => {
-            let protocol = match args.backend_protocol {
-                BackendProtocol::Http1 => UpstreamProtocol::Http1,
-                BackendProtocol::H2 => UpstreamProtocol::H2,
-            };
-            let connect = Duration::from_millis(args.connect_timeout_ms.max(1));
-            config::from_backends(&args.backend, protocol, connect).map_err(invalid)?
-        }
-    };
-    let tls = crate::tls::acceptor_from(
-        args.tls_cert.as_deref(),
-        args.tls_key.as_deref(),
-        args.handshake_timeout_ms,
-        &[ALPN_H2, ALPN_HTTP11],
-    )?;
-    let shared = Arc::new(shared(config, tls.is_some()));
+/// `hotloop proxy --mode http`: a [`Mode`] serving hyper with a
+/// forwarding service.
+pub struct HttpProxy {
+    args: ProxyArgs,
+    shared: Arc<Shared>,
+    /// Taken when it starts.
+    tls: Option<TlsAcceptor>,
+    /// The certificate SIGHUP reloads.
+    certs: Option<Arc<CertReloader>>,
+}
 
-    let rt = args.runtime.build_runtime()?;
-    let handover = args.runtime.handover()?;
-    let options = HyperOptions {
-        server: args.runtime.server_options(&handover),
-        idle_timeout: millis_or_never(args.idle_timeout_ms),
-        send_timeout: millis_or_never(args.send_timeout_ms),
-        header_timeout: millis_or_never(args.header_timeout_ms),
-        idle_release: Some(HyperOptions::IDLE_RELEASE_DEFAULT),
-    };
-    let service_shared = shared.clone();
-    let make_service = move |peer| {
-        let shared = service_shared.clone();
-        service_fn(move |req| forward::handle(shared.clone(), peer, req))
-    };
-    let listen = args.listen.as_str();
-    let (server, certs) = match tls {
-        None => (serve_hyper_with_peer(rt.handle(), listen, options, make_service)?, None),
-        Some((acceptor, certs)) => (
-            serve_hyper_tls_with_peer(rt.handle(), listen, options, acceptor, make_service)?,
-            Some(certs),
-        ),
-    };
-    start_background(&rt, &shared);
-    let groups: Vec<String> = shared
-        .groups
-        .iter()
-        .map(|g| {
-            let addrs: Vec<&str> = g.backends.iter().map(|(s, _)| s.as_str()).collect();
-            format!("{} [{}]", g.name, addrs.join(", "))
-        })
-        .collect();
-    eprintln!(
-        "hotloop proxy (http{}) on {} -> {} | workers {} | driver {}",
-        if certs.is_some() { " over TLS" } else { "" },
-        server.local_addr(),
-        groups.join("; "),
-        rt.handle().workers(),
-        rt.stats().info.driver
-    );
-    let _stats = match &args.runtime.stats_addr {
-        Some(addr) => {
-            let (s, active) = (shared.clone(), server.active_connections_reader());
-            let names = backend_names(&shared);
-            let st = StatsServer::start(
-                addr,
-                rt.handle().clone(),
-                Arc::new(move || {
-                    let mut out = vec![Extra {
-                        name: "active_connections",
-                        help: "Client connections open now, over all workers.",
-                        kind: Kind::Gauge,
-                        value: active() as u64,
-                    }];
-                    let backends: Vec<_> = names
-                        .iter()
-                        .zip(s.backends.iter())
-                        .map(|(&(prefix, help), b)| (prefix, help, &b.stats))
-                        .collect();
-                    out.extend(stats::fields(&s.stats, &backends));
-                    out
-                }),
-            )?;
-            eprintln!("hotloop proxy: stats on http://{}/stats", st.local_addr());
-            Some(st)
-        }
-        None => None,
-    };
-    let active = server.active_connections_reader();
-    let status = || {
-        format!(
-            "{} connections open, {} requests, {} retried",
-            active(),
-            shared.stats.requests.load(Relaxed),
-            shared.stats.retries.load(Relaxed)
-        )
-    };
-    handover.ready()?;
-    if let Some(pid) = handover.predecessor() {
-        eprintln!("hotloop proxy: took the listening socket over from pid {pid}, which drains");
+impl HttpProxy {
+    /// The proxy `args` describe: its groups and routes, and TLS.
+    pub fn new(args: &ProxyArgs) -> std::io::Result<HttpProxy> {
+        let config: Config = match &args.config {
+            Some(path) => config::load(path).map_err(invalid)?,
+            None => {
+                let protocol = match args.backend_protocol {
+                    BackendProtocol::Http1 => UpstreamProtocol::Http1,
+                    BackendProtocol::H2 => UpstreamProtocol::H2,
+                };
+                let connect = Duration::from_millis(args.connect_timeout_ms.max(1));
+                config::from_backends(&args.backend, protocol, connect).map_err(invalid)?
+            }
+        };
+        let tls = crate::tls::acceptor_from(
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+            args.handshake_timeout_ms,
+            &[ALPN_H2, ALPN_HTTP11],
+        )?;
+        let shared = Arc::new(shared(config, tls.is_some()));
+        let (tls, certs) = tls.map_or((None, None), |(a, c)| (Some(a), Some(c)));
+        Ok(HttpProxy { args: args.clone(), shared, tls, certs })
     }
-    let reload = || certs.as_ref().map(|c| crate::stop::reload_certificate(c));
-    let control = crate::stop::Control {
-        name: "hotloop proxy",
-        signals: &signals,
-        handover: &handover,
-        drain_timeout: args.runtime.drain_timeout(),
-        status: &status,
-        reload: &reload,
-    };
-    let stopped = crate::stop::run_until_stopped(&control, &rt, server)?;
-    crate::stop::say_stopped("hotloop proxy", &stopped, rt.stats().total.accepted);
-    eprintln!("hotloop proxy: {} requests", shared.stats.requests.load(Relaxed));
-    Ok(())
+}
+
+impl Mode for HttpProxy {
+    const NAME: &'static str = "hotloop proxy";
+    const ACTIVE_HELP: &'static str = "Client connections open now, over all workers.";
+
+    fn runtime_args(&self) -> &RuntimeArgs {
+        &self.args.runtime
+    }
+
+    fn start(&mut self, at: &Start<'_>) -> std::io::Result<Serving> {
+        let args = &self.args;
+        let options = HyperOptions {
+            server: at.server_options(),
+            idle_timeout: millis_or_never(args.idle_timeout_ms),
+            send_timeout: millis_or_never(args.send_timeout_ms),
+            header_timeout: millis_or_never(args.header_timeout_ms),
+            idle_release: Some(HyperOptions::IDLE_RELEASE_DEFAULT),
+        };
+        let service_shared = self.shared.clone();
+        let make_service = move |peer| {
+            let shared = service_shared.clone();
+            service_fn(move |req| forward::handle(shared.clone(), peer, req))
+        };
+        let (rt, listen) = (at.rt.handle(), args.listen.as_str());
+        let server = match self.tls.take() {
+            None => serve_hyper_with_peer(rt, listen, options, make_service)?,
+            Some(tls) => serve_hyper_tls_with_peer(rt, listen, options, tls, make_service)?,
+        };
+        start_background(at.rt, &self.shared);
+        Ok(Serving::Tcp(server))
+    }
+
+    fn banner(&self, at: &Start<'_>, on: SocketAddr) -> String {
+        let groups: Vec<String> = self
+            .shared
+            .groups
+            .iter()
+            .map(|g| {
+                let addrs: Vec<&str> = g.backends.iter().map(|(s, _)| s.as_str()).collect();
+                format!("{} [{}]", g.name, addrs.join(", "))
+            })
+            .collect();
+        format!(
+            "hotloop proxy (http{}) on {on} -> {} | workers {} | driver {}",
+            if self.certs.is_some() { " over TLS" } else { "" },
+            groups.join("; "),
+            at.rt.handle().workers(),
+            at.rt.stats().info.driver
+        )
+    }
+
+    fn stats(&self) -> Option<ExtraFields> {
+        let (s, names) = (self.shared.clone(), backend_names(&self.shared));
+        Some(Arc::new(move || {
+            let backends: Vec<_> = names
+                .iter()
+                .zip(s.backends.iter())
+                .map(|(&(prefix, help), b)| (prefix, help, &b.stats))
+                .collect();
+            stats::fields(&s.stats, &backends)
+        }))
+    }
+
+    fn status(&self, _: &Runtime, open: usize) -> String {
+        let stats = &self.shared.stats;
+        format!(
+            "{open} connections open, {} requests, {} retried",
+            stats.requests.load(Relaxed),
+            stats.retries.load(Relaxed)
+        )
+    }
+
+    fn reload(&self) -> Option<String> {
+        self.certs.as_ref().map(|c| crate::stop::reload_certificate(c))
+    }
+
+    fn farewell(&self) -> Option<String> {
+        Some(format!("{} requests", self.shared.stats.requests.load(Relaxed)))
+    }
 }
 
 /// The shared state for `config`.

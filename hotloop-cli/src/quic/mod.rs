@@ -59,7 +59,7 @@
 //! `release` (the memory releaser), `admission` (Retry, refusal and the
 //! slot guards), `streams` (a connection's open streams), `echo` and
 //! `http3` (the two protocols), `connection` (the accept loop and one
-//! connection), then this file (binding an endpoint per worker, stopping).
+//! connection), then this file (the mode: binding an endpoint per worker, stopping).
 
 mod admission;
 mod config;
@@ -76,20 +76,20 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use hotloop::signal::ShutdownSignals;
+use hotloop::net::UdpOptions;
 use hotloop::time::timeout;
-use hotloop::Runtime;
-use quinn::VarInt;
+use hotloop::{Handle, Runtime};
+use quinn::{Endpoint, ServerConfig, VarInt};
 
 use config::{identity, server_config, Identity};
 use connection::accept_loop;
-use hotloop::net::UdpOptions;
 use release::MemoryReleaser;
 use settings::{Proto, Settings, ALPN, ALPN_H3, CLOSE_FULL, CLOSE_FULL_H3, CLOSE_REASON};
 use settings::{CLOSE_STOPPING, CLOSE_STOPPING_H3, CLOSE_UPGRADING_REASON, MAXCONN_DEFAULT};
 
+use crate::mode::{Endpoints, Mode, Serving, Start};
+use crate::runtime_args::RuntimeArgs;
 use crate::serve_args::{millis_or_never, App, ServeArgs};
-use crate::stats_server::StatsServer;
 use crate::stop;
 
 /// After closing the endpoints, how long to let their close packets go out.
@@ -100,59 +100,140 @@ const CLOSE_FLUSH_MAX: Duration = Duration::from_millis(250);
 /// successor reads nothing meanwhile (what arrives waits in the socket).
 const CLOSE_SEND_WAIT: Duration = Duration::from_millis(50);
 
-/// Runs `hotloop serve quic` or `hotloop serve h3` until a stop signal.
-pub fn run(
-    args: &ServeArgs,
-    signals: &ShutdownSignals,
-    rt: &Runtime,
-    nofile: u64,
-) -> io::Result<()> {
-    let addr = args.addr.to_socket_addrs()?.next().ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("`{}` names no address", args.addr))
-    })?;
-    let (identity, note) = identity(args, addr)?;
-    let (proto, alpn, close_code, close_full) = match args.app {
-        App::H3 => {
-            let body = bytes::Bytes::from(vec![b'x'; args.body_size]);
-            (Proto::H3 { body }, ALPN_H3, CLOSE_STOPPING_H3, CLOSE_FULL_H3)
-        }
-        _ => (Proto::Echo, ALPN, CLOSE_STOPPING, CLOSE_FULL),
-    };
-    let server_config = server_config(args, &identity, alpn)?;
-    let settings = Arc::new(Settings {
-        proto,
-        work_us: args.work_us,
-        send_timeout: millis_or_never(args.send_timeout_ms),
-        handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
-        retry: args.quic.quic_retry,
-        unvalidated_max: args.quic.quic_unvalidated_max,
-        maxconn: args.runtime.maxconn.unwrap_or(MAXCONN_DEFAULT),
-        close_full,
-        active: AtomicUsize::new(0),
-        slots: AtomicUsize::new(0),
-        unvalidated: AtomicUsize::new(0),
-        peak: AtomicUsize::new(0),
-        accepted: AtomicU64::new(0),
-        retries: AtomicU64::new(0),
-        refused: AtomicU64::new(0),
-    });
+/// `hotloop serve quic` or `hotloop serve h3`: a [`Mode`] on UDP.
+pub struct Quic {
+    args: ServeArgs,
+    addr: SocketAddr,
+    identity: Identity,
+    /// Where the certificate came from, said after the banner.
+    note: String,
+    alpn: &'static [u8],
+    /// The application close code at a stop or an upgrade.
+    close_code: u32,
+    server_config: ServerConfig,
+    settings: Arc<Settings>,
+}
 
-    // The sockets of a predecessor (or systemd), or new ones: one per
-    // worker on one port (SO_REUSEPORT).
-    let workers = rt.handle().workers();
-    let handover = args.runtime.handover()?;
-    let sockets = handover
-        .udp_sockets(addr, workers, &UdpOptions::quic())
-        .map_err(|e| io::Error::new(e.kind(), format!("binding UDP {addr}: {e}")))?;
-    let bound = sockets[0].local_addr()?;
-    // A predecessor stops reading the sockets (closing its connections) before
-    // this process starts its endpoints on them: see the module docs.
-    handover.ready()?;
-    if let Some(pid) = handover.predecessor() {
-        eprintln!("hotloop serve: took the UDP sockets over from pid {pid}");
+impl Quic {
+    /// The server `args` describe: its certificate (made, or read) and
+    /// quinn's configuration.
+    pub fn new(args: &ServeArgs) -> io::Result<Quic> {
+        let addr = args.addr.to_socket_addrs()?.next().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("`{}` names no address", args.addr))
+        })?;
+        let (identity, note) = identity(args, addr)?;
+        let (proto, alpn, close_code, close_full) = match args.app {
+            App::H3 => {
+                let body = bytes::Bytes::from(vec![b'x'; args.body_size]);
+                (Proto::H3 { body }, ALPN_H3, CLOSE_STOPPING_H3, CLOSE_FULL_H3)
+            }
+            _ => (Proto::Echo, ALPN, CLOSE_STOPPING, CLOSE_FULL),
+        };
+        let server_config = server_config(args, &identity, alpn)?;
+        let settings = Arc::new(Settings {
+            proto,
+            work_us: args.work_us,
+            send_timeout: millis_or_never(args.send_timeout_ms),
+            handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
+            retry: args.quic.quic_retry,
+            unvalidated_max: args.quic.quic_unvalidated_max,
+            maxconn: args.runtime.maxconn.unwrap_or(MAXCONN_DEFAULT),
+            close_full,
+            active: AtomicUsize::new(0),
+            slots: AtomicUsize::new(0),
+            unvalidated: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        });
+        let args = args.clone();
+        Ok(Quic { args, addr, identity, note, alpn, close_code, server_config, settings })
     }
-    // Socket `i` goes to worker `i % workers`; a worker may run several
-    // endpoints (a predecessor had more workers) or none (it had fewer).
+}
+
+impl Mode for Quic {
+    const NAME: &'static str = "hotloop serve";
+    const ACTIVE_HELP: &'static str = "QUIC connections open now, over all workers.";
+
+    fn runtime_args(&self) -> &RuntimeArgs {
+        &self.args.runtime
+    }
+
+    /// One endpoint per socket: a predecessor has stopped reading them
+    /// (closing its connections: see the module docs) when they come.
+    fn start(&mut self, at: &Start<'_>) -> io::Result<Serving> {
+        let sockets = at.udp_sockets(self.addr, &UdpOptions::quic())?;
+        let bound = sockets[0].local_addr()?;
+        let endpoints = start_endpoints(at.rt, sockets, &self.server_config, &self.settings)
+            .map_err(|e| io::Error::new(e.kind(), format!("QUIC endpoint on {bound}: {e}")))?;
+        {
+            // A successor reads the sockets once this process no longer does.
+            let (handle, endpoints, code) =
+                (at.rt.handle().clone(), endpoints.clone(), self.close_code);
+            at.handover.on_hand_over(move || hand_over(&handle, &endpoints, code));
+        }
+        let releaser = Some(MemoryReleaser::start(self.settings.clone())?);
+        let settings = self.settings.clone();
+        let close_code = self.close_code;
+        Ok(Serving::Udp(Box::new(QuicEndpoints {
+            bound,
+            endpoints,
+            settings,
+            close_code,
+            releaser,
+        })))
+    }
+
+    fn banner(&self, at: &Start<'_>, on: SocketAddr) -> String {
+        let stats = at.rt.stats();
+        format!(
+            "hotloop serve {:?} on {on} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {} | ALPN {} | maxconn {} | retry {:?}",
+            self.args.app,
+            at.rt.handle().workers(),
+            stats.info.driver,
+            stats.info.reason,
+            stats.info.busy_poll,
+            at.nofile,
+            String::from_utf8_lossy(self.alpn),
+            self.settings.maxconn,
+            self.settings.retry,
+        )
+    }
+
+    fn notes(&self) -> Vec<String> {
+        vec![self.note.clone()]
+    }
+
+    fn status(&self, _: &Runtime, open: usize) -> String {
+        let s = &self.settings;
+        format!(
+            "{open} connections open ({} handshaking from unvalidated addresses), {} accepted, {} Retry sent, {} refused",
+            s.unvalidated.load(Ordering::Relaxed),
+            s.accepted.load(Ordering::Relaxed),
+            s.retries.load(Ordering::Relaxed),
+            s.refused.load(Ordering::Relaxed),
+        )
+    }
+
+    fn reload(&self) -> Option<String> {
+        match &self.identity {
+            Identity::Files(certs) => Some(stop::reload_certificate(certs)),
+            Identity::Generated(..) => None,
+        }
+    }
+}
+
+/// Starts an endpoint on each socket: socket `i` on worker `i % workers`,
+/// so a worker may run several endpoints (a predecessor had more workers)
+/// or none (it had fewer). Each runs until the runtime is dropped.
+fn start_endpoints(
+    rt: &Runtime,
+    sockets: Vec<std::net::UdpSocket>,
+    server_config: &ServerConfig,
+    settings: &Arc<Settings>,
+) -> io::Result<Vec<(usize, Endpoint)>> {
+    let workers = rt.handle().workers();
     let mut endpoints = Vec::with_capacity(sockets.len());
     for (i, socket) in sockets.into_iter().enumerate() {
         let worker = i % workers;
@@ -172,81 +253,55 @@ pub fn run(
         }));
         let endpoint = rx
             .recv()
-            .map_err(|_| io::Error::other("a worker stopped before starting its endpoint"))?
-            .map_err(|e| io::Error::new(e.kind(), format!("QUIC endpoint on {bound}: {e}")))?;
+            .map_err(|_| io::Error::other("a worker stopped before starting its endpoint"))??;
         endpoints.push((worker, endpoint));
     }
-    {
-        // A successor reads the sockets once this process no longer does.
-        let (handle, endpoints) = (rt.handle().clone(), endpoints.clone());
-        handover.on_hand_over(move || hand_over(&handle, &endpoints, close_code));
+    Ok(endpoints)
+}
+
+/// The running endpoints, and the memory releaser beside them.
+struct QuicEndpoints {
+    bound: SocketAddr,
+    endpoints: Vec<(usize, Endpoint)>,
+    settings: Arc<Settings>,
+    close_code: u32,
+    /// Stopped once the endpoints are closed.
+    releaser: Option<MemoryReleaser>,
+}
+
+impl Endpoints for QuicEndpoints {
+    fn local_addr(&self) -> SocketAddr {
+        self.bound
     }
 
-    let stats = rt.stats();
-    eprintln!(
-        "hotloop serve {:?} on {bound} | workers {workers} | driver {} ({}) | busy-poll {} | open-file limit {nofile} | ALPN {} | maxconn {} | retry {:?}",
-        args.app,
-        stats.info.driver,
-        stats.info.reason,
-        stats.info.busy_poll,
-        String::from_utf8_lossy(alpn),
-        settings.maxconn,
-        settings.retry,
-    );
-    eprintln!("hotloop serve: {note}");
-    let active = {
-        let settings = settings.clone();
-        move || settings.active.load(Ordering::SeqCst)
-    };
-    let _stats_server = StatsServer::start_with_active(
-        "hotloop serve",
-        args.runtime.stats_addr.as_deref(),
-        rt.handle().clone(),
-        "QUIC connections open now, over all workers.",
-        active.clone(),
-    )?;
-    let releaser = MemoryReleaser::start(settings.clone())?;
-    let accepted = || settings.accepted.load(Ordering::Relaxed);
-    let status = || {
-        format!(
-            "{} connections open ({} handshaking from unvalidated addresses), {} accepted, {} Retry sent, {} refused",
-            active(),
-            settings.unvalidated.load(Ordering::Relaxed),
-            accepted(),
-            settings.retries.load(Ordering::Relaxed),
-            settings.refused.load(Ordering::Relaxed),
-        )
-    };
-    let reload = || match &identity {
-        Identity::Files(certs) => Some(stop::reload_certificate(certs)),
-        Identity::Generated(..) => None,
-    };
-    let control = stop::Control {
-        name: "hotloop serve",
-        signals,
-        handover: &handover,
-        drain_timeout: args.runtime.drain_timeout(),
-        status: &status,
-        reload: &reload,
-    };
-    // The accept loops refuse new connections once `drain` says stopping.
-    let stopped = stop::run_until_stopped_with(&control, rt, &active, || {})?;
-    // What is left is closed, and the close packets are given a moment to go out.
-    let closes: Vec<_> = endpoints
-        .into_iter()
-        .map(|(worker, endpoint)| {
-            rt.handle().spawn_on(worker, move || async move {
-                endpoint.close(VarInt::from_u32(close_code), CLOSE_REASON);
-                let _ = timeout(CLOSE_FLUSH_MAX, endpoint.wait_idle()).await;
-            })
-        })
-        .collect();
-    for close in closes {
-        let _ = close.join();
+    fn active(&self) -> Arc<dyn Fn() -> usize + Send + Sync> {
+        let settings = self.settings.clone();
+        Arc::new(move || settings.active.load(Ordering::SeqCst))
     }
-    drop(releaser);
-    stop::say_stopped("hotloop serve", &stopped, accepted());
-    Ok(())
+
+    fn accepted(&self) -> u64 {
+        self.settings.accepted.load(Ordering::Relaxed)
+    }
+
+    /// What is left is closed, and the close packets are given a moment to
+    /// go out. The accept loops refuse new connections already: `drain`
+    /// says stopping.
+    fn close(&mut self, rt: &Runtime) {
+        let code = self.close_code;
+        let closes: Vec<_> = std::mem::take(&mut self.endpoints)
+            .into_iter()
+            .map(|(worker, endpoint)| {
+                rt.handle().spawn_on(worker, move || async move {
+                    endpoint.close(VarInt::from_u32(code), CLOSE_REASON);
+                    let _ = timeout(CLOSE_FLUSH_MAX, endpoint.wait_idle()).await;
+                })
+            })
+            .collect();
+        for close in closes {
+            let _ = close.join();
+        }
+        self.releaser.take();
+    }
 }
 
 /// A successor serves the UDP sockets: every endpoint closes its
@@ -254,7 +309,7 @@ pub fn run(
 /// close packets a moment to go out, and moves to a socket of its own, so
 /// nothing here reads the handed-over sockets again. Returns once done on
 /// every worker.
-fn hand_over(handle: &hotloop::Handle, endpoints: &[(usize, quinn::Endpoint)], close_code: u32) {
+fn hand_over(handle: &Handle, endpoints: &[(usize, Endpoint)], close_code: u32) {
     let closes: Vec<_> = endpoints
         .iter()
         .map(|(worker, endpoint)| {

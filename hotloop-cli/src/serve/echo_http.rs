@@ -3,15 +3,58 @@
 //! such server shares.
 
 use std::future::Future;
+use std::io;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hotloop::net::{serve, Server, ServerOptions};
+use hotloop::tls::{serve_tls, TlsAcceptor, ALPN_HTTP11};
+use hotloop::Handle;
 use hotloop_proto::{self as proto, Method, ParseOptions, Request};
 
+use super::TcpApp;
 use crate::conn::{reject, Conn, ConnTimer};
 use crate::drain;
 use crate::serve_args::{millis_or_never, shorter, App, ServeArgs};
+
+/// `serve echo` or `serve http`.
+pub(super) struct EchoHttp(Arc<Settings>);
+
+impl EchoHttp {
+    pub(super) fn new(args: &ServeArgs) -> EchoHttp {
+        EchoHttp(Arc::new(Settings::new(args)))
+    }
+}
+
+impl TcpApp for EchoHttp {
+    fn alpn(&self) -> &'static [&'static [u8]] {
+        if self.0.echo {
+            &[]
+        } else {
+            &[ALPN_HTTP11]
+        }
+    }
+
+    fn serve(
+        self,
+        rt: &Handle,
+        addr: &str,
+        options: ServerOptions,
+        tls: Option<TlsAcceptor>,
+    ) -> io::Result<Server> {
+        let settings = self.0;
+        // Two instances of the handlers: the plain one on `TcpStream` as it was.
+        match tls {
+            None => {
+                serve(rt, addr, options, move |stream| handle_connection(stream, settings.clone()))
+            }
+            Some(tls) => serve_tls(rt, addr, options, tls, move |stream| {
+                handle_connection(stream, settings.clone())
+            }),
+        }
+    }
+}
 
 /// What every connection handler of one server shares. `serve hyper` and
 /// `serve static` take their timeouts from it too.

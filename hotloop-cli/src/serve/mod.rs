@@ -1,149 +1,139 @@
 //! `hotloop serve echo|http|hyper|quic|h3|static`: the runtime as a real server.
 //!
 //! `echo` and `http` are hand-written handlers on the owned-buffer API
-//! (`echo_http.rs`); `hyper` runs the hyper service in
+//! (`echo_http.rs`); `hyper` (`hyper.rs`) runs the hyper service in
 //! `hotloop_proto::hyper_app` through [`hotloop::hyper::serve_hyper`]
 //! (HTTP/1.1, and HTTP/2 by prior knowledge), so hyper on hotloop can be
 //! compared with the same service on tokio; the command's idle, send and
-//! header timeouts go to it as [`HyperOptions`]. With `--tls-cert` and
+//! header timeouts go to it as `HyperOptions`. With `--tls-cert` and
 //! `--tls-key` all three run over TLS (`tls.rs`); `quic` (in `quic/`)
-//! echoes QUIC streams, and `h3` answers HTTP/3 there; `static` (in
-//! `static_files/`) serves the files under `--root` with the same
-//! connection handling as `http` (`conn/`).
+//! echoes QUIC streams, and `h3` answers HTTP/3 there; `static`
+//! (`files.rs`, serving `static_files/`) serves the files under `--root`
+//! with the same connection handling as `http` (`conn/`).
+//!
+//! The TCP apps share [`Tcp`], the [`Mode`] that sets up TLS, says the
+//! banner and answers SIGUSR1 and SIGHUP for all of them; each says only
+//! what it serves on a connection ([`TcpApp`]). A new TCP app is a file
+//! here with a [`TcpApp`], a word in [`App`] and a line in [`run`].
 //!
 //! This module only picks the app and starts it: the top of the command's
 //! server modules, it imports the others and none imports it.
 
 mod echo_http;
+mod files;
+mod hyper;
+
+use echo_http::EchoHttp;
+use files::Files;
+use hyper::Hyper;
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hotloop::hyper::{serve_hyper, serve_hyper_tls, HyperOptions};
-use hotloop::net::serve;
-use hotloop::signal::ShutdownSignals;
-use hotloop::tls::{serve_tls, ALPN_H2, ALPN_HTTP11};
-use hotloop_proto::hyper_app;
-use hyper::service::service_fn;
+use hotloop::net::{Server, ServerOptions};
+use hotloop::tls::{CertReloader, TlsAcceptor};
+use hotloop::{Handle, Runtime};
 
-use crate::serve_args::{millis_or_never, App, ServeArgs};
-use crate::stats_server::StatsServer;
-use crate::{quic, static_files, stop, tls};
-use echo_http::{handle_connection, Settings};
+use crate::mode::{self, Mode, Serving, Start};
+use crate::runtime_args::RuntimeArgs;
+use crate::serve_args::{App, ServeArgs};
+use crate::{quic, stop, tls};
 
 /// Runs the server until a stop signal (see `stop.rs` for each signal).
-pub fn run(args: &ServeArgs) -> std::io::Result<()> {
-    let signals = ShutdownSignals::block()?;
-    let nofile = hotloop::raise_nofile_limit()?;
-    let rt = args.runtime.build_runtime()?;
-    if matches!(args.app, App::Quic | App::H3) {
-        return quic::run(args, &signals, &rt, nofile);
+pub fn run(args: &ServeArgs) -> io::Result<()> {
+    match args.app {
+        App::Echo | App::Http => mode::run(|| Tcp::new(args, || Ok(EchoHttp::new(args)))),
+        App::Hyper => mode::run(|| Tcp::new(args, || Ok(Hyper::new(args)))),
+        App::Static => mode::run(|| Tcp::new(args, || Files::new(args))),
+        App::Quic | App::H3 => mode::run(|| quic::Quic::new(args)),
     }
-    if args.root.is_some() != (args.app == App::Static) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "--root DIR is what `serve static` serves, and only `serve static` takes it",
-        ));
-    }
-    if args.write_cert.is_some() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "--write-cert is for `serve quic` and `serve h3` (the other apps make no certificate)",
-        ));
-    }
-    let alpn: &[&[u8]] = match args.app {
-        App::Hyper => &[ALPN_H2, ALPN_HTTP11],
-        App::Http | App::Static => &[ALPN_HTTP11],
-        App::Echo | App::Quic | App::H3 => &[],
-    };
-    let (tls, certs) = match tls::acceptor(args, alpn)? {
-        Some((acceptor, certs)) => (Some(acceptor), Some(certs)),
-        None => (None, None),
-    };
-    let settings = Arc::new(Settings::new(args));
-    // The sockets of a predecessor (or systemd), taken once the options
-    // have proved good: a successor that cannot start never takes them.
-    let handover = args.runtime.handover()?;
-    let (addr, options) = (args.addr.as_str(), args.runtime.server_options(&handover));
-    let server = match (args.app, tls) {
-        (App::Static, tls) => {
-            let site = static_files::Site {
-                root: hotloop::fs::Dir::open_blocking(
-                    args.root.as_deref().unwrap_or(".".as_ref()),
-                )?,
-                idle_timeout: settings.idle_timeout,
-                header_timeout: settings.header_timeout,
-                write_limit: settings.write_limit,
-                max_headers: args.max_headers,
-            };
-            static_files::start(rt.handle(), addr, options, tls, site)?
+}
+
+/// What a TCP app of `serve` serves; [`Tcp`] does the rest.
+pub(crate) trait TcpApp {
+    /// The protocols offered over TLS (ALPN), most preferred first.
+    fn alpn(&self) -> &'static [&'static [u8]];
+
+    /// Starts serving `addr` on `rt`'s workers with `options`, over TLS
+    /// with `tls`: an accept loop per worker and a task per connection.
+    fn serve(
+        self,
+        rt: &Handle,
+        addr: &str,
+        options: ServerOptions,
+        tls: Option<TlsAcceptor>,
+    ) -> io::Result<Server>;
+}
+
+/// A `serve` app over TCP (plain or TLS): a [`Mode`] for any [`TcpApp`].
+pub(crate) struct Tcp<A> {
+    args: ServeArgs,
+    /// Taken when it starts.
+    app: Option<A>,
+    tls: Option<TlsAcceptor>,
+    /// The certificate SIGHUP reloads.
+    certs: Option<Arc<CertReloader>>,
+}
+
+impl<A: TcpApp> Tcp<A> {
+    /// Checks the flags no TCP app takes, then makes the app with `app`.
+    fn new(args: &ServeArgs, app: impl FnOnce() -> io::Result<A>) -> io::Result<Tcp<A>> {
+        if args.root.is_some() != (args.app == App::Static) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--root DIR is what `serve static` serves, and only `serve static` takes it",
+            ));
         }
-        (App::Hyper, tls) => {
-            let body = hyper_app::body(args.body_size);
-            let work_us = args.work_us;
-            let make_service = move || {
-                let body = body.clone();
-                service_fn(move |req| hyper_app::respond(body.clone(), work_us, req))
-            };
-            let options = HyperOptions {
-                server: options,
-                idle_timeout: settings.idle_timeout,
-                send_timeout: millis_or_never(args.send_timeout_ms),
-                header_timeout: Some(settings.header_timeout),
-                idle_release: Some(HyperOptions::IDLE_RELEASE_DEFAULT),
-            };
-            match tls {
-                None => serve_hyper(rt.handle(), addr, options, make_service)?,
-                Some(tls) => serve_hyper_tls(rt.handle(), addr, options, tls, make_service)?,
-            }
+        if args.write_cert.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--write-cert is for `serve quic` and `serve h3` (the other apps make no certificate)",
+            ));
         }
-        // Two instances of the handlers: the plain one on `TcpStream` as it was.
-        (_, None) => serve(rt.handle(), addr, options, move |stream| {
-            handle_connection(stream, settings.clone())
-        })?,
-        (_, Some(tls)) => serve_tls(rt.handle(), addr, options, tls, move |stream| {
-            handle_connection(stream, settings.clone())
-        })?,
-    };
-    let stats = rt.stats();
-    eprintln!(
-        "hotloop serve {:?}{} on {} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {nofile}",
-        args.app,
-        if args.tls_cert.is_some() { " over TLS" } else { "" },
-        server.local_addr(),
-        rt.handle().workers(),
-        stats.info.driver,
-        stats.info.reason,
-        stats.info.busy_poll,
-    );
-    let active = Arc::new(server.active_connections_reader());
-    let _stats_server = {
-        let active = active.clone();
-        StatsServer::start_with_active(
-            "hotloop serve",
-            args.runtime.stats_addr.as_deref(),
-            rt.handle().clone(),
-            "Connections open now, over all workers.",
-            move || active(),
-        )?
-    };
-    // Serving: a predecessor stops accepting now, and drains.
-    handover.ready()?;
-    if let Some(pid) = handover.predecessor() {
-        eprintln!("hotloop serve: took the listening sockets over from pid {pid}, which drains");
+        let app = app()?;
+        let (tls, certs) = match tls::acceptor(args, app.alpn())? {
+            Some((acceptor, certs)) => (Some(acceptor), Some(certs)),
+            None => (None, None),
+        };
+        Ok(Tcp { args: args.clone(), app: Some(app), tls, certs })
     }
-    let status =
-        || format!("{} connections open, {} accepted", active(), rt.stats().total.accepted);
-    let reload = || certs.as_ref().map(|c| stop::reload_certificate(c));
-    let control = stop::Control {
-        name: "hotloop serve",
-        signals: &signals,
-        handover: &handover,
-        drain_timeout: args.runtime.drain_timeout(),
-        status: &status,
-        reload: &reload,
-    };
-    let stopped = stop::run_until_stopped(&control, &rt, server)?;
-    stop::say_stopped("hotloop serve", &stopped, rt.stats().total.accepted);
-    Ok(())
+}
+
+impl<A: TcpApp> Mode for Tcp<A> {
+    const NAME: &'static str = "hotloop serve";
+    const ACTIVE_HELP: &'static str = "Connections open now, over all workers.";
+
+    fn runtime_args(&self) -> &RuntimeArgs {
+        &self.args.runtime
+    }
+
+    fn start(&mut self, at: &Start<'_>) -> io::Result<Serving> {
+        let app = self.app.take().expect("a mode starts once");
+        let server =
+            app.serve(at.rt.handle(), &self.args.addr, at.server_options(), self.tls.take())?;
+        Ok(Serving::Tcp(server))
+    }
+
+    fn banner(&self, at: &Start<'_>, on: SocketAddr) -> String {
+        let (rt, stats) = (at.rt, at.rt.stats());
+        format!(
+            "hotloop serve {:?}{} on {on} | workers {} | driver {} ({}) | busy-poll {} | open-file limit {}",
+            self.args.app,
+            if self.certs.is_some() { " over TLS" } else { "" },
+            rt.handle().workers(),
+            stats.info.driver,
+            stats.info.reason,
+            stats.info.busy_poll,
+            at.nofile,
+        )
+    }
+
+    fn status(&self, rt: &Runtime, open: usize) -> String {
+        format!("{open} connections open, {} accepted", rt.stats().total.accepted)
+    }
+
+    fn reload(&self) -> Option<String> {
+        self.certs.as_ref().map(|c| stop::reload_certificate(c))
+    }
 }

@@ -14,7 +14,14 @@
 //! paused clock; an `Instant` taken from `std::time::Instant::now()` does not.
 
 mod paused;
+// The wheel is the runtime's own; the benchmarks and the reference-model
+// test reach it as a data structure through the `bench` feature.
+#[cfg(feature = "bench")]
+#[doc(hidden)]
 pub mod wheel;
+#[cfg(not(feature = "bench"))]
+#[allow(dead_code)] // what only the benchmarks and the model test use
+pub(crate) mod wheel;
 
 pub use paused::{advance, pause, resume};
 
