@@ -530,6 +530,7 @@ pub(crate) fn adopt_inherited_fd(raw: RawFd) -> io::Result<OwnedFd> {
 /// True if the peer of a connected TCP socket has ended its side (its FIN
 /// came: `TCP_INFO`'s state is past `ESTABLISHED` on the receiving side),
 /// whether or not bytes before it are still unread.
+#[cfg(feature = "hyper")]
 pub(crate) fn peer_ended(fd: RawFd) -> io::Result<bool> {
     // `tcpi_state` is the first byte of `struct tcp_info`; the kernel
     // copies no more than the length it is given.
