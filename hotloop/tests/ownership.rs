@@ -234,3 +234,76 @@ fn a_write_dropped_in_the_kernel_frees_its_buffer_when_the_kernel_is_done(driver
         assert_eq!(std::sync::Arc::strong_count(&buf), 1, "the dropped write's buffer was kept");
     });
 }
+
+/// The byte at `offset` of the stream [`a_write_dropped_mid_flight_sends_only_its_own_bytes`]
+/// writes: never zero, the value a scribbled buffer takes.
+fn pattern(offset: usize) -> u8 {
+    1 + (offset % 251) as u8
+}
+
+/// An owned write buffer that zeroes its bytes when dropped, as memory
+/// handed to the allocator and reused would change under a kernel still
+/// reading it.
+struct Scribbled(Vec<u8>);
+
+impl Drop for Scribbled {
+    fn drop(&mut self) {
+        self.0.fill(0);
+    }
+}
+
+// SAFETY: delegates to the Vec, whose heap block stays put while the struct moves.
+unsafe impl hotloop::buf::IoBuf for Scribbled {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0.stable_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.0.bytes_init()
+    }
+}
+
+/// Large owned writes to a peer that reads nothing until the last one is
+/// cut by its deadline, each buffer zeroed when dropped: the peer, reading
+/// at last, gets exactly the bytes the writes held and no zero. A zero
+/// would be a buffer given back (or freed) while the kernel still read it:
+/// a zero-copy send's buffer is the kernel's until its notification, not
+/// its result.
+#[hotloop::test(driver = "all")]
+fn a_write_dropped_mid_flight_sends_only_its_own_bytes(driver: DriverKind) {
+    const WRITE: usize = 4 << 20;
+    let rt = runtime(driver);
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (go, wait) = mpsc::channel::<()>();
+    let peer = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let _ = wait.recv_timeout(Duration::from_secs(10));
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).map(|_| got)
+    });
+    let written = rt.block_on(async {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let mut written = 0;
+        let mut cut = false;
+        for _ in 0..64 {
+            let buf = Scribbled((written..written + WRITE).map(pattern).collect());
+            match timeout(Duration::from_millis(100), s.write_owned(buf)).await {
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+                Ok((result, _)) => written += result.unwrap(),
+            }
+        }
+        assert!(cut, "256 MiB went to a peer that reads nothing");
+        go.send(()).unwrap();
+        drop(s);
+        written
+    });
+    drop(rt);
+    let got = peer.join().unwrap().expect("the peer's read failed");
+    assert!(got.len() >= written, "{} bytes reported written, {} received", written, got.len());
+    let wrong = got.iter().enumerate().position(|(i, &b)| b != pattern(i));
+    assert_eq!(wrong, None, "a byte out of place (0: a dropped buffer was still being sent)");
+}

@@ -6,7 +6,7 @@ use std::task::Waker;
 
 use io_uring::cqueue;
 
-use super::lifecycle::{Cqe, FeedKind, FeedStage, Lifecycle};
+use super::lifecycle::{Cqe, FeedKind, FeedStage, Lifecycle, NOTIF_USAGE_ZC_COPIED};
 use super::op;
 use super::ring::{CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
 use super::{accept, dgram, pooled, unclaimed, Uring};
@@ -77,10 +77,28 @@ impl Uring {
             stats::add(&self.ring.stats.stale_events, 1);
             return;
         };
+        if cqueue::notif(flags) {
+            // Whoever waits, the report says which kind of send it was.
+            let copied = res as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+            let counter =
+                if copied { &self.ring.stats.send_zc_copied } else { &self.ring.stats.send_zc };
+            stats::add(counter, 1);
+        }
         match state {
+            // The result of a zero-copy send: the buffer is the kernel's
+            // until the notification, so the future waits on.
+            Lifecycle::Waiting { waker, .. } if !last => {
+                *state = Lifecycle::Notifying { waker: waker.take(), res };
+            }
             Lifecycle::Waiting { waker, .. } => {
                 let waker = waker.take();
-                *state = Lifecycle::Completed(Cqe { res });
+                *state = Lifecycle::Completed(Cqe::of(res));
+                woken.extend(waker);
+            }
+            Lifecycle::Notifying { waker, res: sent } => {
+                let waker = waker.take();
+                let copied = res as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+                *state = Lifecycle::Completed(Cqe { res: *sent, zc_copied: copied });
                 woken.extend(waker);
             }
             Lifecycle::Cancelled(_) => {
@@ -88,6 +106,14 @@ impl Uring {
                     // The kernel is done with the storage (and the socket).
                     if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
                         op::close_unclaimed(&*storage, res);
+                        freed.push(storage);
+                    }
+                }
+            }
+            Lifecycle::Unnotified { .. } => {
+                if last {
+                    // The notification: the kernel no longer reads the buffer.
+                    if let Some(Lifecycle::Unnotified { storage, .. }) = self.ops.remove(key) {
                         freed.push(storage);
                     }
                 }

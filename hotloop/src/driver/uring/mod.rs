@@ -194,6 +194,9 @@ pub(crate) struct Driver {
     /// a stream's reads then take from a multishot receive's queue, else
     /// they wait on a `POLL_ADD` (see `stream.rs`).
     reads_from_ring: bool,
+    /// Owned stream writes of at least this many bytes go out as
+    /// `SEND_ZC` (`None`: switched off, or the kernel lacks it).
+    send_zc_min_bytes: Option<usize>,
 }
 
 /// The ring and everything the kernel may still refer to.
@@ -293,6 +296,14 @@ impl Driver {
         };
         uring.arm_wake();
         let reads_from_ring = uring.buf_ring.is_some();
+        let (send_zc_min_bytes, send_zc_said) =
+            match (switches.send_zc_min_bytes, probe::send_zc_support()) {
+                (None, _) => (None, "zero-copy sends off (HOTLOOP_URING_SEND_ZC=0)".to_string()),
+                (Some(_), Err(why)) => (None, format!("zero-copy sends off: {why}")),
+                (Some(n), Ok(())) => {
+                    (Some(n), format!("owned writes of {n} bytes or more sent zero-copy"))
+                }
+            };
         let driver = Driver {
             state: RefCell::new(uring),
             entered: Cell::new(false),
@@ -303,8 +314,9 @@ impl Driver {
             last_completions: Cell::new(0),
             stats,
             reads_from_ring,
+            send_zc_min_bytes,
         };
-        Ok((Rc::new(driver), kernel_busy_poll, ring_fd))
+        Ok((Rc::new(driver), kernel_busy_poll, format!("{ring_fd}; {send_zc_said}")))
     }
 
     /// True while the runtime that owns the driver runs on this thread.

@@ -50,6 +50,10 @@ pub(crate) struct StreamSource {
     drained: Cell<bool>,
     /// The write-behind buffer of the borrowed-slice writes, made on first use.
     write_behind: Cell<Option<Box<WriteBehind>>>,
+    /// True once the kernel copied a zero-copy send on this socket after
+    /// all (its peer is local, or its device cannot gather) or refused one
+    /// (a Unix socket): its owned writes are plain sends from then on.
+    sends_copied: Cell<bool>,
 }
 
 /// The write-behind buffer, lent out of its stream's cell; put back on drop.
@@ -72,6 +76,7 @@ impl StreamSource {
             reads: Cell::new(None),
             drained: Cell::new(false),
             write_behind: Cell::new(None),
+            sends_copied: Cell::new(false),
         }
     }
 
@@ -141,6 +146,37 @@ impl StreamSource {
         // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
         // fixed address while `buf` moves; the op owns `buf` until its last completion.
         unsafe { self.core.submit(entry, buf) }
+    }
+
+    /// True if an owned write of `len` bytes goes out zero-copy: the
+    /// driver sends that size zero-copy, and this socket's last zero-copy
+    /// send was not copied or refused.
+    fn sends_zero_copy(&self, len: usize) -> bool {
+        self.core.driver.send_zc_min_bytes.is_some_and(|min| len >= min) && !self.sends_copied.get()
+    }
+
+    /// Submits a `SEND_ZC` of the initialised bytes of `buf`, asking the
+    /// kernel to report whether it copied them after all.
+    fn submit_send_zc<B: IoBuf>(&self, buf: B) -> Result<Op<B>, (io::Error, B)> {
+        let len = buf.bytes_init().min(u32::MAX as usize) as u32;
+        let entry = opcode::SendZc::new(self.core.raw(), buf.stable_ptr(), len)
+            .flags(libc::MSG_NOSIGNAL)
+            .zc_flags(SEND_ZC_REPORT_USAGE)
+            .build();
+        // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
+        // fixed address while `buf` moves; the op owns `buf` until its last completion, which
+        // for a zero-copy send is the notification that the kernel no longer reads it.
+        unsafe { self.core.submit(entry, buf) }
+    }
+
+    /// Submits the send of an owned write: zero-copy where
+    /// [`StreamSource::sends_zero_copy`] says so (the `bool`), else `SEND`.
+    fn submit_owned<B: IoBuf>(&self, buf: B) -> Result<(Op<B>, bool), (io::Error, B)> {
+        if self.sends_zero_copy(buf.bytes_init()) {
+            self.submit_send_zc(buf).map(|op| (op, true))
+        } else {
+            self.submit_send(buf).map(|op| (op, false))
+        }
     }
 
     /// Sends the buffers in order in one `sendmsg`; may send fewer bytes than all.
@@ -392,6 +428,10 @@ impl Drop for StreamSource {
     }
 }
 
+/// `IORING_SEND_ZC_REPORT_USAGE` (`<linux/io_uring.h>`): the notification
+/// says whether the kernel copied the bytes after all.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+
 /// The future of [`StreamSource::send`]: one state at a time (the buffer,
 /// then the `SEND` that owns it, or the wait for room beside it), not a
 /// chain of nested state machines that each keep their own copy.
@@ -405,8 +445,9 @@ pub(crate) struct SendOwned<'a, B: 'static> {
 enum SendState<B: 'static> {
     /// Not submitted: bytes written behind go first.
     Start(B),
-    /// The `SEND` is queued or in the kernel; it owns the buffer.
-    Sending(ParkedOp<B>),
+    /// The `SEND` (or `SEND_ZC`, `zero_copy`) is queued or in the kernel;
+    /// it owns the buffer.
+    Sending { op: ParkedOp<B>, zero_copy: bool },
     /// The kernel said `EAGAIN`: a `POLL_ADD` waits for room, then the
     /// buffer is sent again. The poll is kept as its key (`Op::into_key`):
     /// it points at no memory, and `src` holds the socket it names.
@@ -423,7 +464,7 @@ impl<B: 'static> Drop for SendOwned<'_, B> {
         // Dropped while an operation waits: as its future, it withdraws or
         // cancels it, the slot keeping the buffer until the kernel is done.
         match std::mem::replace(&mut self.state, SendState::Done) {
-            SendState::Sending(op) => drop(op.resume(&self.src.core.driver)),
+            SendState::Sending { op, .. } => drop(op.resume(&self.src.core.driver)),
             SendState::Room(wait, _buf) => {
                 drop(Op::resume(&self.src.core.driver, &self.src.core.fd, wait));
             }
@@ -453,22 +494,37 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                             Poll::Ready(Ok(())) => {}
                         }
                     }
-                    if let Some(res) = src.core.driver.send_directly(|| src.try_send(&buf)) {
-                        return Poll::Ready((res, buf));
+                    // A direct send copies: a write large enough to go
+                    // zero-copy goes through the ring even on a quiet worker.
+                    if !src.sends_zero_copy(buf.bytes_init()) {
+                        if let Some(res) = src.core.driver.send_directly(|| src.try_send(&buf)) {
+                            return Poll::Ready((res, buf));
+                        }
                     }
-                    match src.submit_send(buf) {
-                        Ok(op) => this.state = SendState::Sending(op.park()),
+                    match src.submit_owned(buf) {
+                        Ok((op, zero_copy)) => {
+                            this.state = SendState::Sending { op: op.park(), zero_copy };
+                        }
                         Err((e, buf)) => return Poll::Ready((Err(e), buf)),
                     }
                 }
-                SendState::Sending(op) => {
+                SendState::Sending { op, zero_copy } => {
                     let mut op = op.resume(&src.core.driver);
                     let Poll::Ready((cqe, buf)) = Pin::new(&mut op).poll(cx) else {
-                        this.state = SendState::Sending(op.park());
+                        this.state = SendState::Sending { op: op.park(), zero_copy };
                         return Poll::Pending;
                     };
+                    if cqe.zc_copied && !src.core.driver.switches.send_zc_when_copied {
+                        src.sends_copied.set(true);
+                    }
                     match cqe.result() {
                         Ok(n) => return Poll::Ready((Ok(n as usize), buf)),
+                        // A socket that cannot send zero-copy (`EOPNOTSUPP`:
+                        // a Unix socket) sent nothing: plain sends from now on.
+                        Err(e) if zero_copy && e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                            src.sends_copied.set(true);
+                            this.state = SendState::Start(buf);
+                        }
                         Err(e) if is_retry(&e) => match src.core.submit_poll(libc::POLLOUT) {
                             Ok(wait) => this.state = SendState::Room(wait.into_key(), buf),
                             Err(e) => return Poll::Ready((Err(e), buf)),
@@ -485,8 +541,10 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                     if let Err(e) = cqe.result() {
                         return Poll::Ready((Err(e), buf));
                     }
-                    match src.submit_send(buf) {
-                        Ok(op) => this.state = SendState::Sending(op.park()),
+                    match src.submit_owned(buf) {
+                        Ok((op, zero_copy)) => {
+                            this.state = SendState::Sending { op: op.park(), zero_copy };
+                        }
                         Err((e, buf)) => return Poll::Ready((Err(e), buf)),
                     }
                 }
