@@ -14,13 +14,13 @@
 //! - A **zero-copy send** (`SEND_ZC`) is a single-shot operation with two
 //!   completions: its result, flagged `IORING_CQE_F_MORE`, then a
 //!   notification (`IORING_CQE_F_NOTIF`) once the kernel no longer reads
-//!   the buffer. Between the two it is `Notifying`, the result kept: its
-//!   future still waits. Dropped then, it is `Unnotified`: no cancel is
-//!   sent (the send is over, only the notification is owed), the slot
-//!   keeps the buffer and socket until the notification, and the send
-//!   deadline bounds the wait: past it the driver resets the connection,
-//!   which drops the bytes the kernel still holds and so brings the
-//!   notification (the peer never acknowledged them).
+//!   the buffer. The future takes the result as it would a `SEND`'s (so
+//!   dropping it means what dropping a `SEND` means); what keeps the bytes
+//!   alive after that is another handle on them (`IoBuf::share`), which
+//!   waits in the driver until the notification (`zc_keeps`). A
+//!   notification that comes before the future took the result is folded
+//!   into it; a future dropped with the result untaken leaves the slot
+//!   `Cancelled` until the notification.
 //! - A **feed** is a multishot accept or `RECVMSG` the driver keeps armed
 //!   for a socket's queue (`accept.rs`, `dgram.rs`): one state, `Feed`,
 //!   with what it carries ([`FeedKind`]) and how far it has got
@@ -35,13 +35,9 @@
 //!
 //! ```text
 //! single-shot:  Waiting{submitted: false} --enter--> Waiting{submitted: true} --completion--> Completed
-//!                  | future dropped                     | future dropped  | result    ^           | future takes it
-//!                  v                                    v                 | with MORE | notif     v
-//!               Withdrawn --enter: freed            Cancelled         Notifying ----+         freed
-//!                                                     | last completion   | future dropped
-//!                                                     v                   v
-//!                                                   freed             Unnotified --notification: freed
-//!                                                                         (send deadline: connection reset)
+//!                  | future dropped                     | future dropped                         | future takes it
+//!                  v                                    v                                        v
+//!               Withdrawn --enter: freed            Cancelled --last completion: freed         freed
 //!
 //! feed:         Queued --enter--> Feeding --completions--> the queue's owner
 //!                  | socket closed   | socket closed
@@ -56,7 +52,6 @@
 
 use std::any::Any;
 use std::io;
-use std::os::fd::RawFd;
 use std::task::Waker;
 
 use super::linger::LingeringWrite;
@@ -73,15 +68,18 @@ pub(super) const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Cqe {
     pub(super) res: i32,
-    /// A zero-copy send's notification said the kernel copied the bytes
-    /// after all (`IORING_NOTIF_USAGE_ZC_COPIED`).
+    /// A zero-copy send's notification is still to come: the kernel may
+    /// still read the buffer.
+    pub(super) more: bool,
+    /// A zero-copy send's notification came and said the kernel copied
+    /// the bytes after all.
     pub(super) zc_copied: bool,
 }
 
 impl Cqe {
-    /// The completion of an operation that reports nothing more than `res`.
+    /// A completion that is the operation's last.
     pub(super) fn of(res: i32) -> Cqe {
-        Cqe { res, zc_copied: false }
+        Cqe { res, more: false, zc_copied: false }
     }
 
     /// The result as `io::Result`: a negative value is `-errno`.
@@ -100,19 +98,11 @@ pub(super) enum Lifecycle {
     /// polled). `submitted` is false while the entry is still in the
     /// driver's list, where it can be withdrawn.
     Waiting { waker: Option<Waker>, submitted: bool },
-    /// A zero-copy send's result arrived (kept in `res`); its
-    /// notification, after which the kernel no longer reads the buffer,
-    /// has not. The future still waits.
-    Notifying { waker: Option<Waker>, res: i32 },
     /// The completion arrived and the future has not taken it yet.
     Completed(Cqe),
     /// The future was dropped after submission: the slot keeps the
     /// operation's memory and socket until the last completion arrives.
     Cancelled(Box<dyn Any>),
-    /// A zero-copy send whose future was dropped after its result: the
-    /// slot keeps its storage (buffer and socket, `fd`) until the
-    /// notification, or resets the connection at the send deadline.
-    Unnotified { storage: Box<dyn Any>, fd: RawFd },
     /// Dropped before submission: the entry is skipped at the next enter,
     /// which frees the slot.
     Withdrawn,
@@ -168,8 +158,6 @@ impl Lifecycle {
         match self {
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
             Lifecycle::Waiting { .. }
-            | Lifecycle::Notifying { .. }
-            | Lifecycle::Unnotified { .. }
             | Lifecycle::Cancelled(_)
             | Lifecycle::Feed { .. }
             | Lifecycle::Lingering(_) => true,
@@ -179,7 +167,7 @@ impl Lifecycle {
     /// True for an operation whose future or queue still waits for it.
     pub(super) fn is_waiting(&self) -> bool {
         match self {
-            Lifecycle::Waiting { .. } | Lifecycle::Notifying { .. } => true,
+            Lifecycle::Waiting { .. } => true,
             Lifecycle::Feed { stage, .. } => *stage != FeedStage::Orphaned,
             _ => false,
         }

@@ -19,7 +19,7 @@
 
 use std::cell::Cell;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -183,7 +183,7 @@ impl LingeringWrite {
             self.errno = libc::ETIMEDOUT;
         }
         if self.errno != 0 {
-            abort(self.fd.as_fd());
+            abort(&self.fd);
         }
         self.handover.take().and_then(|h| h.end(self.errno))
     }
@@ -209,11 +209,10 @@ fn cut_or(errno: i32) -> i32 {
 }
 
 /// Resets the connection on `fd`: its peer reads an error, never a clean
-/// end of stream after a cut. The kernel drops the bytes it still holds,
-/// which also ends a zero-copy send waiting for their acknowledgement.
-pub(super) fn abort(fd: BorrowedFd<'_>) {
+/// end of stream after a cut.
+fn abort(fd: &SharedFd) {
     // Whoever closes the descriptor last then resets the connection.
-    let _ = socket2::SockRef::from(&fd).set_linger(Some(Duration::ZERO));
+    let _ = socket2::SockRef::from(&**fd).set_linger(Some(Duration::ZERO));
     // The reset goes now, while a stream may still hold the descriptor:
     // `connect(2)` to `AF_UNSPEC` disconnects a TCP socket, with a reset
     // from an open state. Other sockets refuse it and reset (or end) at

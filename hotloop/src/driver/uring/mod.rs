@@ -117,11 +117,11 @@ pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::rc::Rc;
+use std::os::fd::{OwnedFd, RawFd};
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -199,6 +199,16 @@ pub(crate) struct Driver {
     send_zc_min_bytes: Option<usize>,
 }
 
+/// What keeps a zero-copy send's bytes alive after its future returned,
+/// until the notification.
+struct ZcKeep {
+    /// Another handle on the bytes (`IoBuf::share`), never read.
+    _keep: Box<dyn Any>,
+    /// The socket, to tell its stream if the kernel copied (only while it
+    /// is open: the number cannot have been reused).
+    fd: Weak<OwnedFd>,
+}
+
 /// The ring and everything the kernel may still refer to.
 struct Uring {
     ring: Ring,
@@ -239,6 +249,14 @@ struct Uring {
     cqes: Vec<(u64, i32, u32)>,
     /// The kernel's dropped-completion counter at the last look.
     dropped_seen: u32,
+    /// What keeps each zero-copy send's bytes alive after its future
+    /// returned, by the send's `user_data`, until its notification
+    /// (`lifecycle.rs`).
+    zc_keeps: HashMap<u64, ZcKeep>,
+    /// Sockets whose zero-copy sends a notification said were copied after
+    /// their stream took the result (a stream takes its mark at its next
+    /// write, or forgets it when dropped; `Driver::take_copied_mark`).
+    zc_copied_fds: Vec<RawFd>,
     /// Writes left running by dropped streams, with their deadlines, oldest first.
     lingering: VecDeque<(Instant, Key)>,
     /// When the deadline timer expires (`CLOCK_MONOTONIC` nanoseconds);
@@ -290,6 +308,8 @@ impl Driver {
             completions_per_poll_max: config.events_per_poll_max,
             cqes: Vec::with_capacity(config.events_per_poll_max),
             dropped_seen: 0,
+            zc_keeps: HashMap::new(),
+            zc_copied_fds: Vec::new(),
             lingering: VecDeque::new(),
             timer_armed: None,
             timer_spec: Box::new(types::Timespec::new()),
@@ -400,6 +420,36 @@ impl Driver {
                      the worker carries on"
                 ));
             }
+        }
+    }
+
+    /// Keeps `keep`, another handle on the bytes of a zero-copy send on
+    /// `fd`, until the send's notification (`user_data`) says the kernel no
+    /// longer reads them.
+    fn keep_until_notified(&self, user_data: u64, keep: Box<dyn Any>, fd: &SharedFd) {
+        match self.state.try_borrow_mut() {
+            Ok(mut st) => {
+                let keep = ZcKeep { _keep: keep, fd: Rc::downgrade(fd) };
+                st.zc_keeps.insert(user_data, keep);
+            }
+            // Never from a destructor the driver runs; were it so, leaking
+            // beats freeing bytes the kernel may read.
+            Err(_) => std::mem::forget(keep),
+        }
+    }
+
+    /// True (once) if a notification said the kernel copied a zero-copy
+    /// send on `fd` after its stream had taken the result: the stream's
+    /// later writes are plain sends. Also forgets the mark of a stream
+    /// being dropped.
+    fn take_copied_mark(&self, fd: RawFd) -> bool {
+        match self.state.try_borrow_mut() {
+            Ok(mut st) if !st.zc_copied_fds.is_empty() => {
+                let before = st.zc_copied_fds.len();
+                st.zc_copied_fds.retain(|&f| f != fd);
+                st.zc_copied_fds.len() != before
+            }
+            _ => false,
         }
     }
 

@@ -15,7 +15,6 @@ use std::any::Any;
 use std::future::Future;
 use std::io;
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll, Waker};
@@ -44,14 +43,7 @@ impl Uring {
     /// now (the kernel never saw the entry, or already completed it);
     /// otherwise keeps it in the slot until the last completion and asks
     /// the kernel to cancel.
-    ///
-    /// `fd` is the socket the storage holds, if any.
-    fn forget_op(
-        &mut self,
-        key: Key,
-        storage: Box<dyn Any>,
-        fd: Option<RawFd>,
-    ) -> Option<Box<dyn Any>> {
+    fn forget_op(&mut self, key: Key, storage: Box<dyn Any>) -> Option<Box<dyn Any>> {
         let Some(state) = self.ops.get_mut(key) else {
             // A slot the future waited on is never freed under it; if it
             // somehow were, leak rather than risk freeing memory in use.
@@ -68,17 +60,10 @@ impl Uring {
                 self.ring.push_cancel(key);
                 None
             }
-            // A zero-copy send whose result came: nothing left to cancel,
-            // but the kernel may read the buffer until the notification,
-            // which the send deadline bounds (`turn.rs`).
-            Lifecycle::Notifying { .. } => {
-                match fd {
-                    Some(fd) => {
-                        *state = Lifecycle::Unnotified { storage, fd };
-                        self.lingering.push_back((Instant::now() + WRITE_LINGER, key));
-                    }
-                    None => *state = Lifecycle::Cancelled(storage),
-                }
+            // A zero-copy send's result nobody took: the kernel may read
+            // the buffer until the notification.
+            Lifecycle::Completed(cqe) if cqe.more => {
+                *state = Lifecycle::Cancelled(storage);
                 None
             }
             Lifecycle::Completed(cqe) => {
@@ -88,7 +73,6 @@ impl Uring {
                 Some(storage)
             }
             Lifecycle::Cancelled(_)
-            | Lifecycle::Unnotified { .. }
             | Lifecycle::Feed { .. }
             | Lifecycle::Lingering(_)
             | Lifecycle::Withdrawn => {
@@ -106,10 +90,7 @@ impl Uring {
                 self.ops.remove(key);
                 Poll::Ready(cqe)
             }
-            Some(
-                Lifecycle::Waiting { waker: parked, .. }
-                | Lifecycle::Notifying { waker: parked, .. },
-            ) => {
+            Some(Lifecycle::Waiting { waker: parked, .. }) => {
                 match parked {
                     Some(w) if w.will_wake(waker) => {}
                     _ => *parked = Some(waker.clone()),
@@ -194,6 +175,13 @@ impl<T: 'static> Op<T> {
     }
 }
 
+impl<T: 'static> Op<T> {
+    /// The `user_data` of the operation's completions.
+    pub(super) fn user_data(&self) -> u64 {
+        self.key.to_u64()
+    }
+}
+
 impl<T: 'static> Future for Op<T> {
     type Output = (Cqe, T);
 
@@ -210,10 +198,9 @@ impl<T: 'static> Drop for Op<T> {
         let Some(data) = self.data.take() else {
             return;
         };
-        let fd = data.1.as_ref().map(|fd| fd.as_raw_fd());
         let storage: Box<dyn Any> = Box::new(data);
         let free_now = match self.driver.state.try_borrow_mut() {
-            Ok(mut st) => st.forget_op(self.key, storage, fd),
+            Ok(mut st) => st.forget_op(self.key, storage),
             Err(_) => {
                 // Dropped while the driver's state is borrowed (from a
                 // destructor the driver runs): the kernel may still use the

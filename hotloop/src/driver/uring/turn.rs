@@ -4,7 +4,6 @@
 
 use std::any::Any;
 use std::io;
-use std::os::fd::BorrowedFd;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use io_uring::{opcode, types};
 
 use super::lifecycle::Lifecycle;
 use super::ring::{TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
-use super::{linger, pooled, Uring, NANOS_PER_SEC, SETTLE_MAX};
+use super::{pooled, Uring, NANOS_PER_SEC, SETTLE_MAX};
 use crate::driver::park::Park;
 use crate::stats;
 use crate::sys;
@@ -90,10 +89,7 @@ impl Uring {
     }
 
     /// Cancels the lingering writes that ran past their deadline: each
-    /// ends (and resets its connection) at the cancel's completion. A
-    /// dropped zero-copy send still waiting for its notification at its
-    /// deadline resets its connection: the kernel drops the bytes the peer
-    /// never acknowledged, and the notification follows.
+    /// ends (and resets its connection) at the cancel's completion.
     pub(super) fn cancel_expired_lingerers(&mut self) {
         let Some(&(first, _)) = self.lingering.front() else { return };
         let now = Instant::now();
@@ -105,28 +101,18 @@ impl Uring {
                 break;
             }
             self.lingering.pop_front();
-            match self.ops.get(key) {
-                Some(&Lifecycle::Unnotified { fd, .. }) => {
-                    // SAFETY: the slot's storage holds the socket open
-                    // until the notification, which has not come.
-                    linger::abort(unsafe { BorrowedFd::borrow_raw(fd) });
-                }
-                Some(s) if s.held_by_kernel() => self.ring.push_cancel(key),
-                _ => {}
+            if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
+                self.ring.push_cancel(key);
             }
         }
     }
 
-    /// The deadline of the first lingering write (or unnotified zero-copy
-    /// send) still going, forgetting those ahead of it that ended (their
-    /// deadlines come first: every write gets the same linger time from
-    /// when it starts).
+    /// The deadline of the first lingering write still going, forgetting
+    /// those ahead of it that ended (their deadlines come first: every
+    /// write gets the same linger time from when it starts).
     pub(super) fn first_lingering(&mut self) -> Option<Instant> {
         while let Some(&(deadline, key)) = self.lingering.front() {
-            if matches!(
-                self.ops.get(key),
-                Some(Lifecycle::Lingering(_) | Lifecycle::Unnotified { .. })
-            ) {
+            if matches!(self.ops.get(key), Some(Lifecycle::Lingering(_))) {
                 return Some(deadline);
             }
             self.lingering.pop_front();
