@@ -36,7 +36,8 @@ use hotloop::{DriverKind, Runtime};
 /// The sizes of the writes.
 const SIZES: [usize; 4] = [16 << 10, 64 << 10, 256 << 10, 1 << 20];
 /// The modes, as `HOTLOOP_URING_SEND_ZC` values (`None`: unset).
-const MODES: [(&str, Option<&str>); 3] = [("off", Some("0")), ("on", None), ("always", Some("always"))];
+const MODES: [(&str, Option<&str>); 3] =
+    [("off", Some("0")), ("on", None), ("always", Some("always"))];
 
 /// Nanoseconds of this thread's CPU time.
 fn thread_cpu_ns() -> u64 {

@@ -122,10 +122,11 @@ pub(crate) struct DriverConfig {
 ///   ring by its descriptor, which the kernel looks up each time, instead
 ///   of by its slot among the thread's registered rings
 ///   (`IORING_REGISTER_RING_FDS`);
-/// - `HOTLOOP_URING_SEND_ZC=0`: no zero-copy sends (`SEND_ZC`); `always`:
-///   keep sending zero-copy on a socket whose sends the kernel copied
-///   anyway (loopback, a local peer), which by default turns it off for
-///   that socket (for measuring what the copy costs);
+/// - `HOTLOOP_URING_SEND_ZC=0`: no zero-copy sends (`SEND_ZC`) of owned
+///   writes of shared buffers; `always`: keep sending zero-copy on a
+///   socket whose sends the kernel reported copied (a local peer), which
+///   by default makes that socket's later writes copying ones (for
+///   measuring what the copy costs);
 /// - `HOTLOOP_URING_SEND_ZC_MIN_BYTES=N` (default 65536): the smallest
 ///   owned write sent zero-copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,11 +171,11 @@ impl UringSwitches {
     pub(crate) const SUBMIT_AFTER_DEFAULT_US: u64 = 200;
 
     /// The smallest owned write sent zero-copy unless the environment says
-    /// otherwise. A zero-copy write returns only when the kernel lets go
-    /// of its buffer (on a network device, when the peer has acknowledged
-    /// the bytes), and pinning the pages and the second completion cost
-    /// what copying a few KiB does; 64 KiB is where both are small beside
-    /// the copy saved (ARCHITECTURE.md, "Zero-copy send").
+    /// otherwise. A zero-copy send costs a second completion and pinning
+    /// the pages, and where the kernel copies after all (a local peer) the
+    /// copy too: forced on every write over a veth pair it cost 1.26x a
+    /// copying send's CPU at 64 KiB and 1.02x at 1 MiB, 1.31x at 16 KiB
+    /// (BENCHMARKS.md, "Zero-copy send").
     pub(crate) const SEND_ZC_MIN_DEFAULT_BYTES: usize = 64 * 1024;
 
     /// The switches as the environment sets them (a malformed buffer count

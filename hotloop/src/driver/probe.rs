@@ -58,7 +58,7 @@ pub(crate) fn send_zc_support() -> Result<(), String> {
     if !opcode_supported(opcode::SendZc::CODE) {
         return Err("the kernel's io_uring lacks IORING_OP_SEND_ZC (Linux 6.0)".into());
     }
-    if !kernel_release().is_some_and(|r| r >= SEND_ZC_REPORT_USAGE_SINCE) {
+    if kernel_release().is_none_or(|r| r < SEND_ZC_REPORT_USAGE_SINCE) {
         return Err("the kernel's SEND_ZC cannot report whether it copied \
                     (IORING_SEND_ZC_REPORT_USAGE, Linux 6.2)"
             .into());

@@ -26,6 +26,11 @@
 //!   the turn's last task ended: under an accept storm with two workers the
 //!   established connections' p50 was twice epoll's and their p99 2-3 ms
 //!   over it, a gap the bound closes.
+//! - An owned write of a shared buffer (`IoBuf::share`) from 64 KiB is a
+//!   `SEND_ZC`: it returns at its result, and another handle on its bytes
+//!   waits in `zc_keeps` until the notification that the kernel no longer
+//!   reads them (`lifecycle.rs`). A socket whose zero-copy sends the
+//!   kernel reports copied (a local peer) goes back to copying sends.
 //! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.

@@ -156,7 +156,7 @@ impl StreamSource {
     /// zero-copy send on this socket.
     fn sends_zero_copy<B: IoBuf>(&self, buf: &B) -> bool {
         let driver = &self.core.driver;
-        if !driver.send_zc_min_bytes.is_some_and(|min| buf.bytes_init() >= min) {
+        if driver.send_zc_min_bytes.is_none_or(|min| buf.bytes_init() < min) {
             return false;
         }
         if driver.take_copied_mark(self.fd()) && !driver.switches.send_zc_when_copied {
