@@ -125,6 +125,13 @@ counters! {
     /// Stream writes a quiet worker sent with a non-blocking `send(2)`
     /// instead of a ring entry (io_uring).
     direct_sends: sum,
+    /// Stream writes sent zero-copy (`SEND_ZC`): the network device read
+    /// the bytes from the writer's buffer (io_uring).
+    send_zc: sum,
+    /// Zero-copy stream writes the kernel copied after all, as it does for
+    /// a local peer (loopback, a veth pair) or a device without
+    /// scatter-gather; the socket's later writes are copied ones (io_uring).
+    send_zc_copied: sum,
     /// `io_uring_enter` calls (io_uring).
     uring_enters: sum,
     /// Of those, the ones made between two task polls because the oldest

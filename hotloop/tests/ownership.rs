@@ -203,10 +203,13 @@ fn a_stream_dropped_outside_its_runtime_closes(driver: DriverKind) {
 /// A write dropped while the kernel holds it (its peer reads nothing, so
 /// 8 MiB cannot all go) keeps its buffer until the kernel is done with it,
 /// then frees it; the stream stays usable for another write meanwhile.
+/// (The writes before it went out zero-copy on io_uring: their bytes are
+/// the kernel's until the peer acknowledges them or the connection ends,
+/// so the peer goes away at the end.)
 #[hotloop::test(driver = "all")]
 fn a_write_dropped_in_the_kernel_frees_its_buffer_when_the_kernel_is_done(driver: DriverKind) {
     let rt = runtime(driver);
-    let (addr, _hold) = silent_peer();
+    let (addr, hold) = silent_peer();
     rt.block_on(async {
         let s = TcpStream::connect(addr).await.unwrap();
         let buf: std::sync::Arc<[u8]> = vec![7u8; 8 << 20].into();
@@ -227,10 +230,97 @@ fn a_write_dropped_in_the_kernel_frees_its_buffer_when_the_kernel_is_done(driver
         let again = timeout(Duration::from_millis(50), s.write_owned(b"x".to_vec())).await;
         drop(again);
         drop(s);
+        drop(hold);
         let deadline = Instant::now() + Duration::from_secs(5);
         while std::sync::Arc::strong_count(&buf) > 1 && Instant::now() < deadline {
             sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(std::sync::Arc::strong_count(&buf), 1, "the dropped write's buffer was kept");
     });
+}
+
+/// The byte at `offset` of the stream [`a_write_dropped_mid_flight_sends_only_its_own_bytes`]
+/// writes: never zero, the value a scribbled buffer takes.
+fn pattern(offset: usize) -> u8 {
+    1 + (offset % 251) as u8
+}
+
+/// Bytes that are zeroed when their last handle is dropped, as memory
+/// handed back to the allocator and reused would change under a kernel
+/// still reading it.
+struct Zeroed(Vec<u8>);
+
+impl Drop for Zeroed {
+    fn drop(&mut self) {
+        self.0.fill(0);
+    }
+}
+
+/// An owned write buffer over shared [`Zeroed`] bytes: it can give the
+/// driver another handle on them ([`IoBuf::share`]), so on io_uring a
+/// large write of it goes out zero-copy.
+///
+/// [`IoBuf::share`]: hotloop::buf::IoBuf::share
+struct Scribbled(std::rc::Rc<Zeroed>);
+
+// SAFETY: the bytes are a Vec's heap block, never changed while an Rc on
+// them lives (only the last one's drop zeroes them); a shared handle is an
+// Rc clone.
+unsafe impl hotloop::buf::IoBuf for Scribbled {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0 .0.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.0 .0.len()
+    }
+    fn share(&self) -> Option<Box<dyn std::any::Any>> {
+        Some(Box::new(self.0.clone()))
+    }
+}
+
+/// Large owned writes to a peer that reads nothing until the last one is
+/// cut by its deadline, each buffer's bytes zeroed when their last handle
+/// is dropped: the peer, reading at last, gets exactly the bytes the
+/// writes held and no zero. A zero would be bytes freed while the kernel
+/// still read them: a zero-copy send's bytes are the kernel's until its
+/// notification, which comes after its result, when the peer has
+/// acknowledged them.
+#[hotloop::test(driver = "all")]
+fn a_write_dropped_mid_flight_sends_only_its_own_bytes(driver: DriverKind) {
+    const WRITE: usize = 4 << 20;
+    let rt = runtime(driver);
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (go, wait) = mpsc::channel::<()>();
+    let peer = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let _ = wait.recv_timeout(Duration::from_secs(10));
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).map(|_| got)
+    });
+    let written = rt.block_on(async {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let mut written = 0;
+        let mut cut = false;
+        for _ in 0..64 {
+            let buf = Scribbled(Zeroed((written..written + WRITE).map(pattern).collect()).into());
+            match timeout(Duration::from_millis(100), s.write_owned(buf)).await {
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+                Ok((result, _)) => written += result.unwrap(),
+            }
+        }
+        assert!(cut, "256 MiB went to a peer that reads nothing");
+        go.send(()).unwrap();
+        drop(s);
+        written
+    });
+    drop(rt);
+    let got = peer.join().unwrap().expect("the peer's read failed");
+    assert!(got.len() >= written, "{} bytes reported written, {} received", written, got.len());
+    let wrong = got.iter().enumerate().position(|(i, &b)| b != pattern(i));
+    assert_eq!(wrong, None, "a byte out of place (0: a dropped buffer was still being sent)");
 }

@@ -2,7 +2,8 @@
 //! `EMFILE` or a full queue, the accept bound over a multishot accept,
 //! operations dropped while the kernel holds them, small rings under
 //! bursts, the lingering of a dropped stream's write, a quiet worker's
-//! direct sends, the registered ring descriptor, kernel busy polling and the
+//! direct sends, zero-copy sends and their counters, the registered ring
+//! descriptor, kernel busy polling and the
 //! fallback to epoll. Behaviour both drivers share lives in the
 //! file named after the behaviour.
 //!
@@ -645,6 +646,84 @@ fn direct_sends_can_be_switched_off() {
     run_child(NAME, &[("HOTLOOP_URING_DIRECT_SEND", "0")]);
 }
 
+/// Writes four 256 KiB shared buffers (`Arc<[u8]>`, which a zero-copy
+/// send can keep alive) to a loopback client that checks every byte, then
+/// prints the description line and the zero-copy counters (`zc=N copied=N`).
+fn write_large_and_count() {
+    const WRITE: usize = 256 << 10;
+    const WRITES: usize = 4;
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let reader = thread::spawn(move || {
+        let mut got = vec![0u8; WRITE * WRITES];
+        std::io::Read::read_exact(&mut client, &mut got).unwrap();
+        got.iter().enumerate().position(|(i, &b)| b != (i % 251) as u8)
+    });
+    rt.block_on(async move {
+        let stream = listener.accept_stream().await.unwrap();
+        for n in 0..WRITES {
+            let buf: std::sync::Arc<[u8]> =
+                (n * WRITE..(n + 1) * WRITE).map(|i| (i % 251) as u8).collect();
+            stream.write_all_owned(buf).await.0.unwrap();
+        }
+        // The notifications of the last sends may come after their
+        // results: let the ring reap them before counting.
+        sleep(Duration::from_millis(100)).await;
+    });
+    assert_eq!(reader.join().unwrap(), None, "a byte out of place");
+    let stats = rt.stats();
+    println!("reason: {}", stats.info.reason);
+    println!("zc={} copied={}", stats.total.send_zc, stats.total.send_zc_copied);
+}
+
+/// The zero-copy counters a child printed.
+fn zero_copy_counts(out: &str) -> (u64, u64) {
+    let line = out.lines().find(|l| l.starts_with("zc=")).expect("no counters printed");
+    let mut nums = line.split(' ').map(|f| f.split('=').nth(1).unwrap().parse::<u64>().unwrap());
+    (nums.next().unwrap(), nums.next().unwrap())
+}
+
+/// Owned writes of shared buffers from 64 KiB go out zero-copy
+/// (`SEND_ZC`). On loopback the kernel copies them anyway and says so:
+/// they are counted as copied, and once the socket learns it (a
+/// notification that came with its result) its later writes are plain
+/// sends. `HOTLOOP_URING_SEND_ZC=always` keeps sending zero-copy (every
+/// write counted as copied), `=0` never does; the description line says
+/// which, and the bytes arrive whole either way.
+#[test]
+fn zero_copy_sends_are_counted_and_can_be_switched_off() {
+    const NAME: &str = "zero_copy_sends_are_counted_and_can_be_switched_off";
+    if is_child(NAME) {
+        write_large_and_count();
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let out = run_child(NAME, &[]);
+    if let Some(why) = out.lines().find_map(|l| l.split("zero-copy sends off: ").nth(1)) {
+        assert!(
+            std::env::var(common::REQUIRE_URING).as_deref() != Ok("1"),
+            "zero-copy sends are required with io_uring ({}=1): {why}",
+            common::REQUIRE_URING
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    assert!(out.contains("65536 bytes or more sent zero-copy"), "{out}");
+    let (zc, first) = zero_copy_counts(&out);
+    assert!(zc == 0 && first >= 1, "loopback: copied zero-copy sends\n{out}");
+    let out = run_child(NAME, &[("HOTLOOP_URING_SEND_ZC", "always")]);
+    let (zc, copied) = zero_copy_counts(&out);
+    assert!(zc == 0 && copied >= 4, "every write zero-copy, each copied: {zc} {copied}\n{out}");
+    println!("copied zero-copy sends: {first} of 4 writes by default, {copied} always");
+    let out = run_child(NAME, &[("HOTLOOP_URING_SEND_ZC", "0")]);
+    assert!(out.contains("zero-copy sends off (HOTLOOP_URING_SEND_ZC=0)"), "{out}");
+    assert_eq!(zero_copy_counts(&out), (0, 0), "{out}");
+}
+
 /// Serves one echo on a fresh io_uring runtime and returns its
 /// description line.
 fn echo_once_and_describe() -> String {
@@ -680,7 +759,7 @@ fn registered_ring_is_described_and_can_be_switched_off() {
         return;
     }
     let reason = echo_once_and_describe();
-    assert!(reason.ends_with("; ring descriptor registered"), "{reason}");
+    assert!(reason.contains("; ring descriptor registered;"), "{reason}");
     let out = run_child(NAME, &[("HOTLOOP_URING_REGISTERED_RING", "0")]);
     assert!(
         out.contains("ring descriptor not registered (HOTLOOP_URING_REGISTERED_RING=0)"),

@@ -122,6 +122,9 @@ pub enum UringFeature {
     /// Entering the ring through a registered ring descriptor
     /// (`HOTLOOP_URING_REGISTERED_RING=0` switches it off).
     RegisteredRing,
+    /// Zero-copy owned writes (`SEND_ZC`) from 64 KiB
+    /// (`HOTLOOP_URING_SEND_ZC=0` switches them off).
+    SendZc,
 }
 
 impl UringFeature {
@@ -129,6 +132,7 @@ impl UringFeature {
     pub fn as_str(self) -> &'static str {
         match self {
             UringFeature::RegisteredRing => "registered-ring",
+            UringFeature::SendZc => "send-zc",
         }
     }
 
@@ -136,6 +140,7 @@ impl UringFeature {
     pub fn off_env(self) -> (&'static str, &'static str) {
         match self {
             UringFeature::RegisteredRing => ("HOTLOOP_URING_REGISTERED_RING", "0"),
+            UringFeature::SendZc => ("HOTLOOP_URING_SEND_ZC", "0"),
         }
     }
 }

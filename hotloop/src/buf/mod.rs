@@ -47,12 +47,29 @@ pub(crate) fn poll_read_hyper(
 /// # Safety
 /// `stable_ptr` must point to `bytes_init` initialised bytes that stay at the
 /// same address, untouched, for as long as the value is not mutated or
-/// dropped, including while it is moved.
+/// dropped, including while it is moved. A handle [`IoBuf::share`]
+/// returns must keep those bytes at that address, untouched, until the
+/// handle is dropped, whatever happens to the buffer meanwhile; and a
+/// buffer that gave one once gives one every time it is asked.
 pub unsafe trait IoBuf: 'static {
     /// Pointer to the first byte.
     fn stable_ptr(&self) -> *const u8;
     /// Number of initialised bytes, the ones a write sends.
     fn bytes_init(&self) -> usize;
+
+    /// Another handle on the same bytes that keeps them alive and
+    /// unchanged after this buffer is handed back and dropped (a second
+    /// reference to shared, immutable memory), or `None`, the default.
+    ///
+    /// A zero-copy send needs one: the kernel reads the bytes until the
+    /// network is done with them, after the write has returned. On
+    /// io_uring an owned write of a buffer that has one (`Arc<[u8]>`,
+    /// `Rc<[u8]>`, static data and their slices) goes out zero-copy from
+    /// 64 KiB; a `Vec` is copied, since its owner may change or free it
+    /// as soon as it is back.
+    fn share(&self) -> Option<Box<dyn std::any::Any>> {
+        None
+    }
 
     /// A view of `range` of this buffer, which a write sends instead of the whole.
     fn slice(self, range: impl RangeBounds<usize>) -> Slice<Self>
@@ -127,7 +144,8 @@ unsafe impl IoBuf for Box<[u8]> {
     }
 }
 
-// SAFETY: static data never moves and is always initialised.
+// SAFETY: static data never moves, is always initialised and never
+// changes: it needs no handle to stay alive.
 unsafe impl IoBuf for &'static [u8] {
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()
@@ -135,9 +153,13 @@ unsafe impl IoBuf for &'static [u8] {
     fn bytes_init(&self) -> usize {
         self.len()
     }
+    fn share(&self) -> Option<Box<dyn std::any::Any>> {
+        Some(Box::new(()))
+    }
 }
 
-// SAFETY: static data never moves and is always initialised.
+// SAFETY: static data never moves, is always initialised and never
+// changes: it needs no handle to stay alive.
 unsafe impl IoBuf for &'static str {
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()
@@ -145,9 +167,13 @@ unsafe impl IoBuf for &'static str {
     fn bytes_init(&self) -> usize {
         self.len()
     }
+    fn share(&self) -> Option<Box<dyn std::any::Any>> {
+        Some(Box::new(()))
+    }
 }
 
-// SAFETY: an Rc's allocation never moves and is immutable while shared.
+// SAFETY: an Rc's allocation never moves and is immutable while shared;
+// the handle is a clone, which shares it.
 unsafe impl IoBuf for std::rc::Rc<[u8]> {
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()
@@ -155,15 +181,22 @@ unsafe impl IoBuf for std::rc::Rc<[u8]> {
     fn bytes_init(&self) -> usize {
         self.len()
     }
+    fn share(&self) -> Option<Box<dyn std::any::Any>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
-// SAFETY: an Arc's allocation never moves and is immutable while shared.
+// SAFETY: an Arc's allocation never moves and is immutable while shared;
+// the handle is a clone, which shares it.
 unsafe impl IoBuf for std::sync::Arc<[u8]> {
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()
     }
     fn bytes_init(&self) -> usize {
         self.len()
+    }
+    fn share(&self) -> Option<Box<dyn std::any::Any>> {
+        Some(Box::new(self.clone()))
     }
 }
 
@@ -253,6 +286,9 @@ unsafe impl<B: IoBuf> IoBuf for Slice<B> {
     }
     fn bytes_init(&self) -> usize {
         self.end - self.begin
+    }
+    fn share(&self) -> Option<Box<dyn std::any::Any>> {
+        self.buf.share()
     }
 }
 

@@ -121,7 +121,14 @@ pub(crate) struct DriverConfig {
 /// - `HOTLOOP_URING_REGISTERED_RING=0`: every `io_uring_enter` names the
 ///   ring by its descriptor, which the kernel looks up each time, instead
 ///   of by its slot among the thread's registered rings
-///   (`IORING_REGISTER_RING_FDS`).
+///   (`IORING_REGISTER_RING_FDS`);
+/// - `HOTLOOP_URING_SEND_ZC=0`: no zero-copy sends (`SEND_ZC`) of owned
+///   writes of shared buffers; `always`: keep sending zero-copy on a
+///   socket whose sends the kernel reported copied (a local peer), which
+///   by default makes that socket's later writes copying ones (for
+///   measuring what the copy costs);
+/// - `HOTLOOP_URING_SEND_ZC_MIN_BYTES=N` (default 65536): the smallest
+///   owned write sent zero-copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -142,6 +149,12 @@ pub(crate) struct UringSwitches {
     /// Enter the ring through a registered ring descriptor where the
     /// kernel allows it (Linux 5.18).
     pub(crate) registered_ring: bool,
+    /// Owned stream writes of at least this many bytes go out as
+    /// `SEND_ZC` where the kernel has it (`None`: never).
+    pub(crate) send_zc_min_bytes: Option<usize>,
+    /// Keep sending zero-copy on a socket after the kernel reported that
+    /// it copied one such send.
+    pub(crate) send_zc_when_copied: bool,
 }
 
 impl UringSwitches {
@@ -156,6 +169,14 @@ impl UringSwitches {
     /// µs cost 6% of the closed-loop rate for the same storm tail, 500 µs
     /// gave back a third of the tail.
     pub(crate) const SUBMIT_AFTER_DEFAULT_US: u64 = 200;
+
+    /// The smallest owned write sent zero-copy unless the environment says
+    /// otherwise. A zero-copy send costs a second completion and pinning
+    /// the pages, and where the kernel copies after all (a local peer) the
+    /// copy too: forced on every write over a veth pair it cost 1.26x a
+    /// copying send's CPU at 64 KiB and 1.02x at 1 MiB, 1.31x at 16 KiB
+    /// (BENCHMARKS.md, "Zero-copy send").
+    pub(crate) const SEND_ZC_MIN_DEFAULT_BYTES: usize = 64 * 1024;
 
     /// The switches as the environment sets them (a malformed buffer count
     /// is reported and the default used).
@@ -185,6 +206,9 @@ impl UringSwitches {
             direct_send: !off("HOTLOOP_URING_DIRECT_SEND"),
             submit_after_ns: submit_after_from_env(),
             registered_ring: !off("HOTLOOP_URING_REGISTERED_RING"),
+            send_zc_min_bytes: (!off("HOTLOOP_URING_SEND_ZC")).then(send_zc_min_from_env),
+            send_zc_when_copied: std::env::var("HOTLOOP_URING_SEND_ZC")
+                .is_ok_and(|v| v == "always"),
         }
     }
 }
@@ -203,6 +227,26 @@ fn submit_after_from_env() -> Option<u64> {
                     "HOTLOOP_URING_SUBMIT_AFTER_US={v:?} is neither `off` nor a number of \
                      microseconds up to 1000000; using {}",
                     UringSwitches::SUBMIT_AFTER_DEFAULT_US
+                ));
+                default
+            }
+        },
+    }
+}
+
+/// `HOTLOOP_URING_SEND_ZC_MIN_BYTES`: a malformed value (or one under 1
+/// KiB, where the second completion alone costs more than the copy) is
+/// reported and the default used.
+fn send_zc_min_from_env() -> usize {
+    let default = UringSwitches::SEND_ZC_MIN_DEFAULT_BYTES;
+    match std::env::var("HOTLOOP_URING_SEND_ZC_MIN_BYTES") {
+        Err(_) => default,
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1024 => n,
+            _ => {
+                crate::log::warn(format_args!(
+                    "HOTLOOP_URING_SEND_ZC_MIN_BYTES={v:?} is not a number of bytes from 1024; \
+                     using {default}"
                 ));
                 default
             }

@@ -47,6 +47,25 @@ pub(crate) fn multishot_accept_supported() -> bool {
     kernel_release().is_some_and(|r| r >= MULTISHOT_ACCEPT_SINCE)
 }
 
+/// The first kernel release whose `SEND_ZC` reports whether it copied
+/// (`IORING_SEND_ZC_REPORT_USAGE`).
+pub(crate) const SEND_ZC_REPORT_USAGE_SINCE: (u32, u32) = (6, 2);
+
+/// Ok if stream writes can go out as `SEND_ZC` with a report of whether
+/// the kernel copied them, else a sentence saying why not. The flag is
+/// not an opcode the probe can see, so it is decided by the release.
+pub(crate) fn send_zc_support() -> Result<(), String> {
+    if !opcode_supported(opcode::SendZc::CODE) {
+        return Err("the kernel's io_uring lacks IORING_OP_SEND_ZC (Linux 6.0)".into());
+    }
+    if kernel_release().is_none_or(|r| r < SEND_ZC_REPORT_USAGE_SINCE) {
+        return Err("the kernel's SEND_ZC cannot report whether it copied \
+                    (IORING_SEND_ZC_REPORT_USAGE, Linux 6.2)"
+            .into());
+    }
+    Ok(())
+}
+
 /// True if the kernel's io_uring has the opcode `code` (`IORING_REGISTER_PROBE`
 /// on a small ring, asked once per process). False where io_uring cannot
 /// run at all.

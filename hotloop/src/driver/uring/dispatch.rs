@@ -2,11 +2,12 @@
 //! completion to the operation, queue or driver state it belongs to.
 
 use std::any::Any;
+use std::os::fd::AsRawFd;
 use std::task::Waker;
 
 use io_uring::cqueue;
 
-use super::lifecycle::{Cqe, FeedKind, FeedStage, Lifecycle};
+use super::lifecycle::{Cqe, FeedKind, FeedStage, Lifecycle, NOTIF_USAGE_ZC_COPIED};
 use super::op;
 use super::ring::{CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
 use super::{accept, dgram, pooled, unclaimed, Uring};
@@ -67,6 +68,10 @@ impl Uring {
             }
             _ => {}
         }
+        if cqueue::notif(flags) {
+            self.on_notification(user_data, res, freed);
+            return;
+        }
         if let Some(stream) = pooled::receive_stream(user_data) {
             pooled::on_completion(self, stream, res, flags, woken);
             return;
@@ -80,7 +85,7 @@ impl Uring {
         match state {
             Lifecycle::Waiting { waker, .. } => {
                 let waker = waker.take();
-                *state = Lifecycle::Completed(Cqe { res });
+                *state = Lifecycle::Completed(Cqe { res, more: !last, zc_copied: false });
                 woken.extend(waker);
             }
             Lifecycle::Cancelled(_) => {
@@ -120,6 +125,44 @@ impl Uring {
             // A single-shot operation completes once, and a withdrawn one
             // never reached the kernel: nothing more can come.
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => {}
+        }
+    }
+
+    /// A zero-copy send's notification: the kernel no longer reads its
+    /// buffer. Frees what kept the bytes alive: the handle the send's
+    /// future left (`zc_keeps`), or the slot of a future dropped before it
+    /// took the result; or, if the result is still untaken, folds the
+    /// notification into it.
+    fn on_notification(&mut self, user_data: u64, res: i32, freed: &mut Vec<Box<dyn Any>>) {
+        let copied = res as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+        let counter =
+            if copied { &self.ring.stats.send_zc_copied } else { &self.ring.stats.send_zc };
+        stats::add(counter, 1);
+        if let Some(keep) = self.zc_keeps.remove(&user_data) {
+            if let Some(fd) = keep.fd.upgrade().filter(|_| copied) {
+                let fd = fd.as_raw_fd();
+                if !self.zc_copied_fds.contains(&fd) {
+                    self.zc_copied_fds.push(fd);
+                }
+            }
+            freed.push(Box::new(keep));
+            return;
+        }
+        let Some(key) = Key::from_u64(user_data) else { return };
+        match self.ops.get_mut(key) {
+            Some(Lifecycle::Completed(cqe)) => {
+                cqe.more = false;
+                cqe.zc_copied = copied;
+            }
+            Some(Lifecycle::Cancelled(_)) => {
+                if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
+                    freed.push(storage);
+                }
+            }
+            // The kernel posts the notification after the result, so the
+            // slot is in one of the two states above, or gone with its
+            // handle in `zc_keeps`.
+            _ => stats::add(&self.ring.stats.stale_events, 1),
         }
     }
 

@@ -11,6 +11,16 @@
 //!   `Completed`, `Cancelled` (dropped after submission: the slot keeps
 //!   its memory and socket), or `Withdrawn` (dropped before: the next
 //!   enter skips the entry and frees the slot).
+//! - A **zero-copy send** (`SEND_ZC`) is a single-shot operation with two
+//!   completions: its result, flagged `IORING_CQE_F_MORE`, then a
+//!   notification (`IORING_CQE_F_NOTIF`) once the kernel no longer reads
+//!   the buffer. The future takes the result as it would a `SEND`'s (so
+//!   dropping it means what dropping a `SEND` means); what keeps the bytes
+//!   alive after that is another handle on them (`IoBuf::share`), which
+//!   waits in the driver until the notification (`zc_keeps`). A
+//!   notification that comes before the future took the result is folded
+//!   into it; a future dropped with the result untaken leaves the slot
+//!   `Cancelled` until the notification.
 //! - A **feed** is a multishot accept or `RECVMSG` the driver keeps armed
 //!   for a socket's queue (`accept.rs`, `dgram.rs`): one state, `Feed`,
 //!   with what it carries ([`FeedKind`]) and how far it has got
@@ -48,13 +58,30 @@ use super::linger::LingeringWrite;
 use super::SharedFd;
 use crate::slab::{Key, Slab};
 
+/// In a zero-copy send's notification asked for with
+/// `IORING_SEND_ZC_REPORT_USAGE`: the kernel copied the bytes after all
+/// (`IORING_NOTIF_USAGE_ZC_COPIED` in `<linux/io_uring.h>`; the io-uring
+/// crate keeps its constants private).
+pub(super) const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+
 /// What the kernel reported for one completion.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Cqe {
     pub(super) res: i32,
+    /// A zero-copy send's notification is still to come: the kernel may
+    /// still read the buffer.
+    pub(super) more: bool,
+    /// A zero-copy send's notification came and said the kernel copied
+    /// the bytes after all.
+    pub(super) zc_copied: bool,
 }
 
 impl Cqe {
+    /// A completion that is the operation's last.
+    pub(super) fn of(res: i32) -> Cqe {
+        Cqe { res, more: false, zc_copied: false }
+    }
+
     /// The result as `io::Result`: a negative value is `-errno`.
     pub(super) fn result(&self) -> io::Result<u32> {
         if self.res < 0 {

@@ -26,6 +26,11 @@
 //!   the turn's last task ended: under an accept storm with two workers the
 //!   established connections' p50 was twice epoll's and their p99 2-3 ms
 //!   over it, a gap the bound closes.
+//! - An owned write of a shared buffer (`IoBuf::share`) from 64 KiB is a
+//!   `SEND_ZC`: it returns at its result, and another handle on its bytes
+//!   waits in `zc_keeps` until the notification that the kernel no longer
+//!   reads them (`lifecycle.rs`). A socket whose zero-copy sends the
+//!   kernel reports copied (a local peer) goes back to copying sends.
 //! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
 //!   re-armed after each wake, on kernels without multishot poll), so a
 //!   write from another thread ends a sleeping poll.
@@ -117,11 +122,11 @@ pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::rc::Rc;
+use std::os::fd::{OwnedFd, RawFd};
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -194,6 +199,19 @@ pub(crate) struct Driver {
     /// a stream's reads then take from a multishot receive's queue, else
     /// they wait on a `POLL_ADD` (see `stream.rs`).
     reads_from_ring: bool,
+    /// Owned stream writes of at least this many bytes go out as
+    /// `SEND_ZC` (`None`: switched off, or the kernel lacks it).
+    send_zc_min_bytes: Option<usize>,
+}
+
+/// What keeps a zero-copy send's bytes alive after its future returned,
+/// until the notification.
+struct ZcKeep {
+    /// Another handle on the bytes (`IoBuf::share`), never read.
+    _keep: Box<dyn Any>,
+    /// The socket, to tell its stream if the kernel copied (only while it
+    /// is open: the number cannot have been reused).
+    fd: Weak<OwnedFd>,
 }
 
 /// The ring and everything the kernel may still refer to.
@@ -236,6 +254,14 @@ struct Uring {
     cqes: Vec<(u64, i32, u32)>,
     /// The kernel's dropped-completion counter at the last look.
     dropped_seen: u32,
+    /// What keeps each zero-copy send's bytes alive after its future
+    /// returned, by the send's `user_data`, until its notification
+    /// (`lifecycle.rs`).
+    zc_keeps: HashMap<u64, ZcKeep>,
+    /// Sockets whose zero-copy sends a notification said were copied after
+    /// their stream took the result (a stream takes its mark at its next
+    /// write, or forgets it when dropped; `Driver::take_copied_mark`).
+    zc_copied_fds: Vec<RawFd>,
     /// Writes left running by dropped streams, with their deadlines, oldest first.
     lingering: VecDeque<(Instant, Key)>,
     /// When the deadline timer expires (`CLOCK_MONOTONIC` nanoseconds);
@@ -287,12 +313,22 @@ impl Driver {
             completions_per_poll_max: config.events_per_poll_max,
             cqes: Vec::with_capacity(config.events_per_poll_max),
             dropped_seen: 0,
+            zc_keeps: HashMap::new(),
+            zc_copied_fds: Vec::new(),
             lingering: VecDeque::new(),
             timer_armed: None,
             timer_spec: Box::new(types::Timespec::new()),
         };
         uring.arm_wake();
         let reads_from_ring = uring.buf_ring.is_some();
+        let (send_zc_min_bytes, send_zc_said) =
+            match (switches.send_zc_min_bytes, probe::send_zc_support()) {
+                (None, _) => (None, "zero-copy sends off (HOTLOOP_URING_SEND_ZC=0)".to_string()),
+                (Some(_), Err(why)) => (None, format!("zero-copy sends off: {why}")),
+                (Some(n), Ok(())) => {
+                    (Some(n), format!("owned writes of {n} bytes or more sent zero-copy"))
+                }
+            };
         let driver = Driver {
             state: RefCell::new(uring),
             entered: Cell::new(false),
@@ -303,8 +339,9 @@ impl Driver {
             last_completions: Cell::new(0),
             stats,
             reads_from_ring,
+            send_zc_min_bytes,
         };
-        Ok((Rc::new(driver), kernel_busy_poll, ring_fd))
+        Ok((Rc::new(driver), kernel_busy_poll, format!("{ring_fd}; {send_zc_said}")))
     }
 
     /// True while the runtime that owns the driver runs on this thread.
@@ -388,6 +425,36 @@ impl Driver {
                      the worker carries on"
                 ));
             }
+        }
+    }
+
+    /// Keeps `keep`, another handle on the bytes of a zero-copy send on
+    /// `fd`, until the send's notification (`user_data`) says the kernel no
+    /// longer reads them.
+    fn keep_until_notified(&self, user_data: u64, keep: Box<dyn Any>, fd: &SharedFd) {
+        match self.state.try_borrow_mut() {
+            Ok(mut st) => {
+                let keep = ZcKeep { _keep: keep, fd: Rc::downgrade(fd) };
+                st.zc_keeps.insert(user_data, keep);
+            }
+            // Never from a destructor the driver runs; were it so, leaking
+            // beats freeing bytes the kernel may read.
+            Err(_) => std::mem::forget(keep),
+        }
+    }
+
+    /// True (once) if a notification said the kernel copied a zero-copy
+    /// send on `fd` after its stream had taken the result: the stream's
+    /// later writes are plain sends. Also forgets the mark of a stream
+    /// being dropped.
+    fn take_copied_mark(&self, fd: RawFd) -> bool {
+        match self.state.try_borrow_mut() {
+            Ok(mut st) if !st.zc_copied_fds.is_empty() => {
+                let before = st.zc_copied_fds.len();
+                st.zc_copied_fds.retain(|&f| f != fd);
+                st.zc_copied_fds.len() != before
+            }
+            _ => false,
         }
     }
 

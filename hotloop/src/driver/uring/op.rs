@@ -60,6 +60,12 @@ impl Uring {
                 self.ring.push_cancel(key);
                 None
             }
+            // A zero-copy send's result nobody took: the kernel may read
+            // the buffer until the notification.
+            Lifecycle::Completed(cqe) if cqe.more => {
+                *state = Lifecycle::Cancelled(storage);
+                None
+            }
             Lifecycle::Completed(cqe) => {
                 // A result nobody will take: an opened file is closed.
                 close_unclaimed(&*storage, cqe.res);
@@ -93,7 +99,7 @@ impl Uring {
             }
             // Only the future frees its own slot, so it is never missing or
             // in a driver-only state while the future waits.
-            _ => Poll::Ready(Cqe { res: -libc::ECANCELED }),
+            _ => Poll::Ready(Cqe::of(-libc::ECANCELED)),
         }
     }
 }
@@ -166,6 +172,13 @@ impl<T: 'static> Op<T> {
         st.ring.push(entry.user_data(key.to_u64()));
         drop(st);
         Ok(Op { driver: driver.clone(), key, data: Some((data, fd.cloned())) })
+    }
+}
+
+impl<T: 'static> Op<T> {
+    /// The `user_data` of the operation's completions.
+    pub(super) fn user_data(&self) -> u64 {
+        self.key.to_u64()
     }
 }
 

@@ -50,6 +50,11 @@ pub(crate) struct StreamSource {
     drained: Cell<bool>,
     /// The write-behind buffer of the borrowed-slice writes, made on first use.
     write_behind: Cell<Option<Box<WriteBehind>>>,
+    /// True once the kernel copied a zero-copy send on this socket after
+    /// all, as it does for a local peer (the notification came with the
+    /// result), or refused one (a Unix socket): its owned writes are plain
+    /// sends from then on.
+    sends_copied: Cell<bool>,
 }
 
 /// The write-behind buffer, lent out of its stream's cell; put back on drop.
@@ -72,6 +77,7 @@ impl StreamSource {
             reads: Cell::new(None),
             drained: Cell::new(false),
             write_behind: Cell::new(None),
+            sends_copied: Cell::new(false),
         }
     }
 
@@ -141,6 +147,46 @@ impl StreamSource {
         // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
         // fixed address while `buf` moves; the op owns `buf` until its last completion.
         unsafe { self.core.submit(entry, buf) }
+    }
+
+    /// True if an owned write of `buf` goes out zero-copy: the driver
+    /// sends writes that large zero-copy, the buffer can give another
+    /// handle on its bytes ([`IoBuf::share`]) to keep them alive after the
+    /// write returns, and the kernel has neither copied nor refused a
+    /// zero-copy send on this socket.
+    fn sends_zero_copy<B: IoBuf>(&self, buf: &B) -> bool {
+        let driver = &self.core.driver;
+        if driver.send_zc_min_bytes.is_none_or(|min| buf.bytes_init() < min) {
+            return false;
+        }
+        if driver.take_copied_mark(self.fd()) && !driver.switches.send_zc_when_copied {
+            self.sends_copied.set(true);
+        }
+        !self.sends_copied.get() && buf.share().is_some()
+    }
+
+    /// Submits a `SEND_ZC` of the initialised bytes of `buf`, asking the
+    /// kernel to report whether it copied them after all.
+    fn submit_send_zc<B: IoBuf>(&self, buf: B) -> Result<Op<B>, (io::Error, B)> {
+        let len = buf.bytes_init().min(u32::MAX as usize) as u32;
+        let entry = opcode::SendZc::new(self.core.raw(), buf.stable_ptr(), len)
+            .flags(libc::MSG_NOSIGNAL)
+            .zc_flags(SEND_ZC_REPORT_USAGE)
+            .build();
+        // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
+        // fixed address while `buf` moves; the op owns `buf` until its last completion, which
+        // for a zero-copy send is the notification that the kernel no longer reads it.
+        unsafe { self.core.submit(entry, buf) }
+    }
+
+    /// Submits the send of an owned write: `SEND_ZC` if `zero_copy`
+    /// (see [`StreamSource::sends_zero_copy`]), else `SEND`.
+    fn submit_owned<B: IoBuf>(&self, buf: B, zero_copy: bool) -> Result<Op<B>, (io::Error, B)> {
+        if zero_copy {
+            self.submit_send_zc(buf)
+        } else {
+            self.submit_send(buf)
+        }
     }
 
     /// Sends the buffers in order in one `sendmsg`; may send fewer bytes than all.
@@ -388,9 +434,14 @@ impl Drop for StreamSource {
                 }
             }
         }
+        driver.take_copied_mark(self.fd());
         // The core settles last: outside the runtime the socket closes now.
     }
 }
+
+/// `IORING_SEND_ZC_REPORT_USAGE` (`<linux/io_uring.h>`): the notification
+/// says whether the kernel copied the bytes after all.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 
 /// The future of [`StreamSource::send`]: one state at a time (the buffer,
 /// then the `SEND` that owns it, or the wait for room beside it), not a
@@ -405,8 +456,9 @@ pub(crate) struct SendOwned<'a, B: 'static> {
 enum SendState<B: 'static> {
     /// Not submitted: bytes written behind go first.
     Start(B),
-    /// The `SEND` is queued or in the kernel; it owns the buffer.
-    Sending(ParkedOp<B>),
+    /// The `SEND` (a `SEND_ZC` if `zero_copy`) is queued or in the
+    /// kernel; it owns the buffer.
+    Sending { op: ParkedOp<B>, zero_copy: bool },
     /// The kernel said `EAGAIN`: a `POLL_ADD` waits for room, then the
     /// buffer is sent again. The poll is kept as its key (`Op::into_key`):
     /// it points at no memory, and `src` holds the socket it names.
@@ -423,7 +475,7 @@ impl<B: 'static> Drop for SendOwned<'_, B> {
         // Dropped while an operation waits: as its future, it withdraws or
         // cancels it, the slot keeping the buffer until the kernel is done.
         match std::mem::replace(&mut self.state, SendState::Done) {
-            SendState::Sending(op) => drop(op.resume(&self.src.core.driver)),
+            SendState::Sending { op, .. } => drop(op.resume(&self.src.core.driver)),
             SendState::Room(wait, _buf) => {
                 drop(Op::resume(&self.src.core.driver, &self.src.core.fd, wait));
             }
@@ -453,20 +505,51 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                             Poll::Ready(Ok(())) => {}
                         }
                     }
-                    if let Some(res) = src.core.driver.send_directly(|| src.try_send(&buf)) {
-                        return Poll::Ready((res, buf));
+                    // A direct send copies: a write that can go zero-copy
+                    // goes through the ring even on a quiet worker.
+                    let zero_copy = src.sends_zero_copy(&buf);
+                    if !zero_copy {
+                        if let Some(res) = src.core.driver.send_directly(|| src.try_send(&buf)) {
+                            return Poll::Ready((res, buf));
+                        }
                     }
-                    match src.submit_send(buf) {
-                        Ok(op) => this.state = SendState::Sending(op.park()),
+                    match src.submit_owned(buf, zero_copy) {
+                        Ok(op) => this.state = SendState::Sending { op: op.park(), zero_copy },
                         Err((e, buf)) => return Poll::Ready((Err(e), buf)),
                     }
                 }
-                SendState::Sending(op) => {
-                    let mut op = op.resume(&src.core.driver);
+                SendState::Sending { op, zero_copy } => {
+                    let driver = &src.core.driver;
+                    let mut op = op.resume(driver);
+                    let user_data = op.user_data();
                     let Poll::Ready((cqe, buf)) = Pin::new(&mut op).poll(cx) else {
-                        this.state = SendState::Sending(op.park());
+                        this.state = SendState::Sending { op: op.park(), zero_copy };
                         return Poll::Pending;
                     };
+                    if zero_copy {
+                        // The buffer goes back now; its bytes stay alive
+                        // in the driver while the kernel may read them.
+                        if cqe.more {
+                            let Some(keep) = buf.share() else {
+                                // The buffer broke `IoBuf`'s contract: it
+                                // cannot be handed back (the kernel may
+                                // read it), so it is leaked.
+                                std::mem::forget(buf);
+                                panic!("IoBuf::share gave no handle at a zero-copy send's result");
+                            };
+                            driver.keep_until_notified(user_data, keep, &src.core.fd);
+                        }
+                        if cqe.zc_copied && !driver.switches.send_zc_when_copied {
+                            src.sends_copied.set(true);
+                        }
+                        // A socket that cannot send zero-copy (`EOPNOTSUPP`:
+                        // a Unix socket) sent nothing: plain sends from now on.
+                        if cqe.res == -libc::EOPNOTSUPP {
+                            src.sends_copied.set(true);
+                            this.state = SendState::Start(buf);
+                            continue;
+                        }
+                    }
                     match cqe.result() {
                         Ok(n) => return Poll::Ready((Ok(n as usize), buf)),
                         Err(e) if is_retry(&e) => match src.core.submit_poll(libc::POLLOUT) {
@@ -485,8 +568,9 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                     if let Err(e) = cqe.result() {
                         return Poll::Ready((Err(e), buf));
                     }
-                    match src.submit_send(buf) {
-                        Ok(op) => this.state = SendState::Sending(op.park()),
+                    let zero_copy = src.sends_zero_copy(&buf);
+                    match src.submit_owned(buf, zero_copy) {
+                        Ok(op) => this.state = SendState::Sending { op: op.park(), zero_copy },
                         Err((e, buf)) => return Poll::Ready((Err(e), buf)),
                     }
                 }
@@ -528,8 +612,8 @@ mod tests {
     use crate::driver::wake::Unpark;
     use crate::stats::WorkerStats;
 
-    /// A driver without a buffer ring (as before Linux 6.0), entered.
-    fn driver_without_buf_ring() -> Option<Rc<Driver>> {
+    /// A driver with `switches`, entered.
+    fn driver_with(switches: UringSwitches) -> Option<Rc<Driver>> {
         if crate::runtime::uring_available().is_err() {
             eprintln!("skipped: io_uring is not available");
             return None;
@@ -540,13 +624,20 @@ mod tests {
             events_per_poll_max: 64,
             uring_entries: 64,
             kernel_busy_poll: None,
-            uring_switches: UringSwitches { multishot_recv: false, ..UringSwitches::from_env() },
+            uring_switches: switches,
         };
         let unpark = Arc::new(Unpark::new().unwrap());
         let (driver, _, _) =
             Driver::new(&config, unpark, Arc::new(WorkerStats::default())).unwrap();
-        assert!(!driver.reads_from_ring);
         driver.entered.set(true);
+        Some(driver)
+    }
+
+    /// A driver without a buffer ring (as before Linux 6.0), entered.
+    fn driver_without_buf_ring() -> Option<Rc<Driver>> {
+        let driver =
+            driver_with(UringSwitches { multishot_recv: false, ..UringSwitches::from_env() })?;
+        assert!(!driver.reads_from_ring);
         Some(driver)
     }
 

@@ -74,6 +74,7 @@ impl Drop for Uring {
             std::mem::forget(std::mem::take(&mut self.streams));
             std::mem::forget(self.buf_ring.take());
             std::mem::forget(std::mem::take(&mut self.dgrams));
+            std::mem::forget(std::mem::take(&mut self.zc_keeps));
         } else if let Some(buf_ring) = &self.buf_ring {
             buf_ring.unregister(self.ring.io_uring());
         }
@@ -81,9 +82,11 @@ impl Drop for Uring {
 }
 
 impl Uring {
-    /// True while the kernel holds any operation or stream receive.
+    /// True while the kernel holds any operation or stream receive, or
+    /// may still read a zero-copy send's bytes.
     fn kernel_holds_any(&self) -> bool {
-        self.ops.iter().any(|(_, s)| s.held_by_kernel())
+        !self.zc_keeps.is_empty()
+            || self.ops.iter().any(|(_, s)| s.held_by_kernel())
             || self.streams.iter().any(|(_, s)| s.held_by_kernel())
     }
 }
