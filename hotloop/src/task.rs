@@ -5,7 +5,7 @@
 //! Every task runs on the worker that spawned it; [`spawn_local`] is
 //! [`spawn`] under tokio's name for a `!Send` task. [`run_local`] runs
 //! hotloop I/O from code that must be `Send` (an axum handler) and gives
-//! its result back as a `Send` future. [`task_local!`](crate::task_local)
+//! its result back as a `Send` future. [`task_local!`](macro@crate::task_local)
 //! declares task-local keys ([`LocalKey`]).
 
 pub use crate::runtime::{

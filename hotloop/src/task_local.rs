@@ -1,4 +1,4 @@
-//! Task-local values: [`task_local!`](crate::task_local) declares a key,
+//! Task-local values: [`task_local!`](macro@crate::task_local) declares a key,
 //! [`LocalKey::scope`] sets a value for one future, and code that future
 //! runs reads it with [`LocalKey::with`] or [`LocalKey::get`], as with
 //! tokio's `task_local!`.
@@ -68,7 +68,7 @@ macro_rules! __task_local_inner {
     };
 }
 
-/// A key declared by [`task_local!`](crate::task_local): a value each
+/// A key declared by [`task_local!`](macro@crate::task_local): a value each
 /// [`scope`](LocalKey::scope) sets for the future it runs.
 pub struct LocalKey<T: 'static> {
     /// The thread-local slot; built by the macro, not a public API.

@@ -3,7 +3,7 @@
 //!
 //! A [`Handover`] is the set of listening sockets a process got from
 //! elsewhere (its predecessor, or systemd) and the set it offers to a
-//! successor. Servers built with one ([`ServerOptions::handover`]) take an
+//! successor. Servers built with one ([`ServerOptions::handover`](super::ServerOptions::handover)) take an
 //! inherited socket for their address instead of binding, and offer
 //! theirs; once the process serves, [`Handover::ready`] tells the
 //! predecessor to stop accepting and waits for a successor.

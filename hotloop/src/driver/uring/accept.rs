@@ -37,8 +37,9 @@ use std::task::Waker;
 use io_uring::{opcode, types};
 
 use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
+use super::shared::SharedFd;
 use super::unclaimed;
-use super::{SharedFd, Uring};
+use super::Uring;
 use crate::driver::config::AcceptMode;
 use crate::slab::Key;
 use crate::stats;

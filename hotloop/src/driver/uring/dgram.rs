@@ -43,7 +43,8 @@ use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, RecvRing};
 use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
-use super::{SharedFd, Uring};
+use super::shared::SharedFd;
+use super::Uring;
 use crate::driver::udp::{self, RecvMeta};
 use crate::slab::Key;
 

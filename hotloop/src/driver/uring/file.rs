@@ -44,9 +44,10 @@ use std::rc::Rc;
 use io_uring::{opcode, types};
 
 use super::op::{is_retry, Op};
+use super::shared::{SharedFd, SharedFile};
 use super::stream::StreamSource;
 use super::unclaimed::OpenPath;
-use super::{Driver, SharedFd, SharedFile};
+use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::driver::probe;
 use crate::sys;

@@ -55,7 +55,7 @@ use std::io;
 use std::task::Waker;
 
 use super::linger::LingeringWrite;
-use super::SharedFd;
+use super::shared::SharedFd;
 use crate::slab::{Key, Slab};
 
 /// In a zero-copy send's notification asked for with

@@ -26,7 +26,14 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types};
 
-use super::SharedFd;
+use super::shared::SharedFd;
+
+/// The send deadline: how long a write the stream accepted keeps going
+/// after the stream stopped waiting for it (dropped, or shut down in both
+/// directions) before it is cut and the connection reset (a peer that
+/// never reads cannot hold the socket, or a thread driving the ring off
+/// its turn, for longer).
+pub(crate) const WRITE_LINGER: Duration = Duration::from_secs(5);
 
 /// A `send` entry for `bytes` (no `SIGPIPE` on a closed peer).
 pub(super) fn send_entry(fd: std::os::fd::RawFd, bytes: &[u8]) -> squeue::Entry {

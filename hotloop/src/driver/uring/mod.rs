@@ -53,7 +53,7 @@
 //!   dropped, only after the driver's state is released: a buffer whose
 //!   destructor does I/O, or panics, finds the driver usable.
 //! - Dropping the driver cancels everything in flight and waits (at most
-//!   [`DRAIN_ON_DROP_MAX`]) for the last completions, so no memory the
+//!   [`DRAIN_ON_DROP_MAX`](teardown::DRAIN_ON_DROP_MAX)) for the last completions, so no memory the
 //!   kernel may still write is freed and no accepted descriptor leaks.
 //! - A byte a stream reported written is delivered or the connection is
 //!   reset, within [`WRITE_LINGER`]: a written-behind send the stream no
@@ -71,12 +71,13 @@
 //!
 //! # Layout
 //! This file defines the state every module here extends (`Driver`, its
-//! `Uring`, `SharedFd`) and the driver's own entry points (`poll`,
+//! `Uring`) and the driver's own entry points (`poll`,
 //! `leave`, `settle`). Beneath it, imports run one way: each module names
 //! only modules before it in this list, bottom to top
 //! (`tests/layering.rs` checks it):
 //!
-//! 1. `bufring`: provided-buffer rings.
+//! 1. `bufring`: provided-buffer rings; `shared`: the descriptor and file
+//!    types an operation holds.
 //! 2. `linger`: the rest of a written-behind send its stream no longer
 //!    waits for (dropped, or shut down in both directions).
 //! 3. `unclaimed`: descriptors the kernel hands back that nobody will take.
@@ -107,6 +108,7 @@ mod op;
 mod pooled;
 mod readiness;
 mod ring;
+mod shared;
 mod source;
 mod stream;
 mod teardown;
@@ -115,26 +117,28 @@ mod udp;
 mod unclaimed;
 mod write_behind;
 
+pub(crate) use linger::WRITE_LINGER;
 pub(crate) use listener::ListenerSource;
 pub(crate) use readiness::ReadinessSource;
+pub(crate) use shared::{SharedFd, SharedFile};
 pub(crate) use stream::{SendOwned, StreamSource};
 pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::task::Waker;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use io_uring::types;
 
 use self::lifecycle::Lifecycle;
 use self::ring::Ring;
+use self::turn::SETTLE_MAX;
 use super::config::{DriverConfig, UringSwitches};
 use super::park::Park;
 use super::probe;
@@ -142,23 +146,6 @@ use super::wake::Unpark;
 use crate::slab::{Key, Slab};
 use crate::stats::WorkerStats;
 
-/// A descriptor shared by a socket and the operations the kernel holds on
-/// it; closed when the last holder drops it.
-pub(crate) type SharedFd = Rc<OwnedFd>;
-
-/// A file shared by its handle and the operations the kernel holds on it.
-pub(crate) type SharedFile = Arc<File>;
-
-/// How long dropping the driver waits for cancelled operations to complete
-/// (counted from the drop, or from the deadline of the last lingering
-/// write, which it waits for first).
-const DRAIN_ON_DROP_MAX: Duration = Duration::from_secs(1);
-/// Nanoseconds per second, for the deadline timer's `timespec`.
-const NANOS_PER_SEC: u64 = 1_000_000_000;
-/// How long a socket dropped outside its runtime waits for its cancelled
-/// operations, so that it closes (and its peer sees the end) at once; and
-/// how long a lingering write cut at its deadline waits for its cancel.
-const SETTLE_MAX: Duration = Duration::from_millis(100);
 /// The most completions a poll may have handled for the stream writes
 /// after it to go out as direct sends; beyond it they are ring entries
 /// submitted together. Measured on loopback: with one
@@ -166,12 +153,6 @@ const SETTLE_MAX: Duration = Duration::from_millis(100);
 /// CPU, while at 16 or 256 busy connections batched entries cost 5-8%
 /// less CPU per request than a system call each.
 const DIRECT_SEND_COMPLETIONS_MAX: usize = 2;
-/// The send deadline: how long a write the stream accepted keeps going
-/// after the stream stopped waiting for it (dropped, or shut down in both
-/// directions) before it is cut and the connection reset (a peer that
-/// never reads cannot hold the socket, or a thread driving the ring off
-/// its turn, for longer).
-pub(crate) const WRITE_LINGER: Duration = Duration::from_secs(5);
 
 /// One worker's io_uring driver.
 pub(crate) struct Driver {

@@ -23,9 +23,11 @@ use std::time::Instant;
 use io_uring::squeue;
 
 use super::lifecycle::{Cqe, Lifecycle};
+use super::linger::WRITE_LINGER;
 use super::linger::{Handover, LingeringWrite};
+use super::shared::SharedFd;
 use super::unclaimed::{self, OpenPath};
-use super::{Driver, SharedFd, Uring, WRITE_LINGER};
+use super::{Driver, Uring};
 use crate::driver::park::not_running;
 use crate::slab::Key;
 

@@ -38,7 +38,8 @@ use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, GROUP};
 use super::lifecycle::Lifecycle;
-use super::{SharedFd, Uring};
+use super::shared::SharedFd;
+use super::Uring;
 use crate::slab::{Key, Slab};
 use crate::sys;
 

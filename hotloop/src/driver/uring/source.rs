@@ -14,7 +14,8 @@ use io_uring::{opcode, types};
 
 use super::lifecycle::Cqe;
 use super::op::Op;
-use super::{Driver, SharedFd};
+use super::shared::SharedFd;
+use super::Driver;
 use crate::slab::Key;
 
 /// A descriptor owned by one io_uring driver. It closes when its source

@@ -6,7 +6,12 @@ use std::time::{Duration, Instant};
 
 use super::lifecycle::Lifecycle;
 use super::ring::WAKE_USER_DATA;
-use super::{accept, pooled, Uring, DRAIN_ON_DROP_MAX};
+use super::{accept, pooled, Uring};
+
+/// How long dropping the driver waits for cancelled operations to complete
+/// (counted from the drop, or from the deadline of the last lingering
+/// write, which it waits for first).
+pub(super) const DRAIN_ON_DROP_MAX: Duration = Duration::from_secs(1);
 
 impl Drop for Uring {
     fn drop(&mut self) {

@@ -11,10 +11,17 @@ use io_uring::{opcode, types};
 
 use super::lifecycle::Lifecycle;
 use super::ring::{TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
-use super::{pooled, Uring, NANOS_PER_SEC, SETTLE_MAX};
+use super::{pooled, Uring};
 use crate::driver::park::Park;
 use crate::stats;
 use crate::sys;
+
+/// Nanoseconds per second, for the deadline timer's `timespec`.
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+/// How long a socket dropped outside its runtime waits for its cancelled
+/// operations, so that it closes (and its peer sees the end) at once; and
+/// how long a lingering write cut at its deadline waits for its cancel.
+pub(super) const SETTLE_MAX: Duration = Duration::from_millis(100);
 
 impl Uring {
     /// Arms the multishot (or one-shot) poll on the unpark eventfd.

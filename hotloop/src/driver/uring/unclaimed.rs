@@ -17,7 +17,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 use io_uring::types;
 
-use super::SharedFile;
+use super::shared::SharedFile;
 
 /// What an `OPENAT` or `OPENAT2` keeps alive: the path, and for `OPENAT2`
 /// the `open_how` and the directory it resolves beneath. An operation

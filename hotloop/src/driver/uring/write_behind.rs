@@ -18,7 +18,7 @@
 //!   error if it failed. At most [`WRITE_BEHIND_MAX_BYTES`] are taken per
 //!   call.
 //! - A reported byte is delivered or the connection fails, within the
-//!   send deadline ([`super::WRITE_LINGER`]): when the stream is dropped
+//!   send deadline ([`super::linger::WRITE_LINGER`]): when the stream is dropped
 //!   with a send in flight (or waiting for room), the send becomes a
 //!   lingering write (`linger.rs`) that the driver keeps going, part after
 //!   part, until every byte is in the kernel, the socket fails, or the
