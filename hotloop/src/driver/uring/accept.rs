@@ -39,6 +39,7 @@ use io_uring::{opcode, types};
 use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
 use super::shared::SharedFd;
 use super::unclaimed;
+use super::user_data::UserData;
 use super::Uring;
 use crate::driver::config::AcceptMode;
 use crate::slab::Key;
@@ -174,7 +175,7 @@ impl Uring {
             l.op = Some(op);
             l.op_multishot = multishot;
             // An accept entry points at no memory (null address pointers).
-            self.ring.push(entry.user_data(op.to_u64()));
+            self.ring.push(entry.user_data(UserData::Op(op).to_u64()));
         }
         if let Some(waker) = waker {
             let l = self.listeners.get_mut(lkey).expect("just looked up");

@@ -44,6 +44,7 @@ use io_uring::{cqueue, opcode, types};
 use super::bufring::{BufRing, RecvRing};
 use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
 use super::shared::SharedFd;
+use super::user_data::UserData;
 use super::Uring;
 use crate::driver::udp::{self, RecvMeta};
 use crate::slab::Key;
@@ -190,7 +191,7 @@ impl Uring {
         d.op = Some(op);
         // The entry points at the boxed header, which the queue keeps (and,
         // once the socket is closed, the operation) until the last completion.
-        self.ring.push(entry.user_data(op.to_u64()));
+        self.ring.push(entry.user_data(UserData::Op(op).to_u64()));
     }
 
     /// Hands up to `max` queued datagrams to `deliver` (index, payload,

@@ -9,7 +9,7 @@ use io_uring::cqueue;
 
 use super::lifecycle::{Cqe, FeedKind, FeedStage, Lifecycle, NOTIF_USAGE_ZC_COPIED};
 use super::op;
-use super::ring::{CANCEL_USER_DATA, TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
+use super::user_data::UserData;
 use super::{accept, dgram, pooled, unclaimed, Uring};
 use crate::slab::Key;
 use crate::stats;
@@ -46,8 +46,8 @@ impl Uring {
         freed: &mut Vec<Box<dyn Any>>,
     ) {
         let last = !cqueue::more(flags);
-        match user_data {
-            WAKE_USER_DATA => {
+        let key = match UserData::from_u64(user_data) {
+            Some(UserData::Wake) => {
                 self.unpark.drain();
                 if res == -libc::EINVAL && self.wake_multishot {
                     // No multishot poll on this kernel (before 5.13): one-shot from now on.
@@ -58,27 +58,29 @@ impl Uring {
                 }
                 return;
             }
-            CANCEL_USER_DATA | TIMER_UPDATE_USER_DATA => return,
-            TIMER_USER_DATA => {
+            Some(UserData::Cancel | UserData::TimerUpdate) => return,
+            Some(UserData::Timer) => {
                 // Expired (`ETIME`) or cancelled with the ring: either way
                 // no longer armed. (A move that came too late fails with
                 // `ENOENT`, after this completion.)
                 self.timer_armed = None;
                 return;
             }
-            _ => {}
-        }
+            Some(UserData::StreamReceive(stream)) => {
+                pooled::on_completion(self, stream, res, flags, woken);
+                return;
+            }
+            Some(UserData::Op(key)) => key,
+            None => {
+                stats::add(&self.ring.stats.stale_events, 1);
+                return;
+            }
+        };
         if cqueue::notif(flags) {
             self.on_notification(user_data, res, freed);
             return;
         }
-        if let Some(stream) = pooled::receive_stream(user_data) {
-            pooled::on_completion(self, stream, res, flags, woken);
-            return;
-        }
-        let Some((key, state)) =
-            Key::from_u64(user_data).and_then(|k| Some((k, self.ops.get_mut(k)?)))
-        else {
+        let Some(state) = self.ops.get_mut(key) else {
             stats::add(&self.ring.stats.stale_events, 1);
             return;
         };

@@ -77,7 +77,8 @@
 //! (`tests/layering.rs` checks it):
 //!
 //! 1. `bufring`: provided-buffer rings; `shared`: the descriptor and file
-//!    types an operation holds.
+//!    types an operation holds; `user_data`: what an entry's `user_data`
+//!    names, encoded and decoded in one place.
 //! 2. `linger`: the rest of a written-behind send its stream no longer
 //!    waits for (dropped, or shut down in both directions).
 //! 3. `unclaimed`: descriptors the kernel hands back that nobody will take.
@@ -115,6 +116,7 @@ mod teardown;
 mod turn;
 mod udp;
 mod unclaimed;
+mod user_data;
 mod write_behind;
 
 pub(crate) use linger::WRITE_LINGER;

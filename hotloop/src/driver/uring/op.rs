@@ -27,6 +27,7 @@ use super::linger::WRITE_LINGER;
 use super::linger::{Handover, LingeringWrite};
 use super::shared::SharedFd;
 use super::unclaimed::{self, OpenPath};
+use super::user_data::UserData;
 use super::{Driver, Uring};
 use crate::driver::park::not_running;
 use crate::slab::Key;
@@ -171,7 +172,7 @@ impl<T: 'static> Op<T> {
             return Err((io::Error::other("io_uring driver busy: an operation was started from inside a waker or destructor"), data));
         };
         let key = st.ops.insert(Lifecycle::QUEUED_OP);
-        st.ring.push(entry.user_data(key.to_u64()));
+        st.ring.push(entry.user_data(UserData::Op(key).to_u64()));
         drop(st);
         Ok(Op { driver: driver.clone(), key, data: Some((data, fd.cloned())) })
     }
@@ -180,7 +181,7 @@ impl<T: 'static> Op<T> {
 impl<T: 'static> Op<T> {
     /// The `user_data` of the operation's completions.
     pub(super) fn user_data(&self) -> u64 {
-        self.key.to_u64()
+        UserData::Op(self.key).to_u64()
     }
 }
 
@@ -319,7 +320,7 @@ impl Uring {
         let deadline = write.deadline();
         let key = self.ops.insert(Lifecycle::Lingering(write));
         self.lingering.push_back((deadline, key));
-        self.ring.push(entry.user_data(key.to_u64()));
+        self.ring.push(entry.user_data(UserData::Op(key).to_u64()));
     }
 }
 

@@ -39,6 +39,7 @@ use io_uring::{cqueue, opcode, types};
 use super::bufring::{BufRing, GROUP};
 use super::lifecycle::Lifecycle;
 use super::shared::SharedFd;
+use super::user_data::UserData;
 use super::Uring;
 use crate::slab::{Key, Slab};
 use crate::sys;
@@ -94,31 +95,14 @@ enum Receive {
     Orphaned,
 }
 
-/// The bit that marks a stream receive's `user_data`: bit 31, the top of a
-/// key's slot index (the operation slab never holds 2^31 operations), so
-/// the key's generation still tells a stale completion.
-const STREAM_RECEIVE: u64 = 1 << 31;
-
-/// The `user_data` of the multishot receive of `stream`.
-fn receive_user_data(stream: Key) -> u64 {
-    stream.to_u64() | STREAM_RECEIVE
-}
-
-/// The stream whose receive `user_data` belongs to, if it is one (a
-/// driver's own `user_data` is told apart before this).
-pub(super) fn receive_stream(user_data: u64) -> Option<Key> {
-    if user_data & STREAM_RECEIVE == 0 {
-        return None;
-    }
-    Key::from_u64(user_data & !STREAM_RECEIVE)
-}
-
 /// Whether the entry carrying `user_data`, leaving the driver's list,
 /// goes to the kernel (marking it submitted), or is dropped because its
 /// operation was withdrawn (freeing its slot).
 pub(super) fn admit(ops: &mut Slab<Lifecycle>, streams: &mut Slab<Stream>, user_data: u64) -> bool {
-    let Some(stream) = receive_stream(user_data) else {
-        return Key::from_u64(user_data).is_some_and(|key| Lifecycle::admit(ops, key));
+    let stream = match UserData::from_u64(user_data) {
+        Some(UserData::StreamReceive(stream)) => stream,
+        Some(UserData::Op(key)) => return Lifecycle::admit(ops, key),
+        _ => return false,
     };
     let Some(s) = streams.get_mut(stream) else { return false };
     match s.receive {
@@ -230,7 +214,7 @@ pub(super) fn on_completion(
         s.receive = Receive::Unarmed;
     } else if s.queued_bytes() >= QUEUED_BYTES_MAX && s.receive == Receive::Armed {
         s.receive = Receive::Cancelling;
-        ur.ring.push_cancel_user_data(receive_user_data(stream));
+        ur.ring.push_cancel_of(UserData::StreamReceive(stream));
     }
     // A reader waits for bytes, or, when the receive just ended (a cancel,
     // `ENOBUFS`), to arm it again.
@@ -261,7 +245,7 @@ impl Uring {
         let entry = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), GROUP).build();
         s.receive = Receive::Queued;
         // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
-        self.ring.push(entry.user_data(receive_user_data(stream)));
+        self.ring.push(entry.user_data(UserData::StreamReceive(stream).to_u64()));
     }
 
     /// Copies queued bytes into `dst`; `WouldBlock` if there are none
@@ -370,7 +354,7 @@ impl Uring {
             Receive::Armed => {
                 s.receive = Receive::Orphaned;
                 s.fd = fd.cloned();
-                self.ring.push_cancel_user_data(receive_user_data(key));
+                self.ring.push_cancel_of(UserData::StreamReceive(key));
             }
             // Its cancel is queued already.
             Receive::Cancelling => {
@@ -393,15 +377,5 @@ mod tests {
     #[test]
     fn a_stream_queue_stays_small() {
         assert!(size_of::<super::Stream>() <= 40, "{}", size_of::<super::Stream>());
-    }
-
-    /// A receive's tag never collides with the driver's own `user_data`
-    /// values being told apart first, nor with an operation's key.
-    #[test]
-    fn a_receive_user_data_names_its_stream() {
-        let mut streams = crate::slab::Slab::default();
-        let key = streams.insert(());
-        assert_eq!(super::receive_stream(super::receive_user_data(key)), Some(key));
-        assert_eq!(super::receive_stream(key.to_u64()), None, "an operation's key");
     }
 }

@@ -35,22 +35,11 @@ use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use super::user_data::UserData;
 use crate::driver::config::DriverConfig;
 use crate::slab::Key;
 use crate::stats::{self, WorkerStats};
 
-/// `user_data` of the eventfd's poll.
-pub(super) const WAKE_USER_DATA: u64 = u64::MAX;
-/// `user_data` of cancel requests.
-pub(super) const CANCEL_USER_DATA: u64 = u64::MAX - 1;
-/// `user_data` of the driver's deadline timer (`IORING_OP_TIMEOUT`).
-pub(super) const TIMER_USER_DATA: u64 = u64::MAX - 2;
-/// `user_data` of a request that moves the deadline timer.
-pub(super) const TIMER_UPDATE_USER_DATA: u64 = u64::MAX - 3;
-/// `user_data` at or above this is one of the driver's own entries above,
-/// not an operation's slab key (no key reaches it: its index would be
-/// past four billion slots).
-const DRIVER_USER_DATA_MIN: u64 = TIMER_UPDATE_USER_DATA;
 /// Completion queue entries per submission queue entry (the kernel's default is 2).
 const CQ_ENTRIES_PER_SQ: u32 = 4;
 /// `IORING_ENTER_GETEVENTS`: run deferred completion work and reap.
@@ -288,12 +277,13 @@ impl Ring {
 
     /// Queues a cancel of the operation `key`.
     pub(super) fn push_cancel(&mut self, key: Key) {
-        self.push_cancel_user_data(key.to_u64());
+        self.push_cancel_of(UserData::Op(key));
     }
 
-    /// Queues a cancel of whatever carries `user_data`.
-    pub(super) fn push_cancel_user_data(&mut self, user_data: u64) {
-        let entry = opcode::AsyncCancel::new(user_data).build().user_data(CANCEL_USER_DATA);
+    /// Queues a cancel of the entry of `owner`.
+    pub(super) fn push_cancel_of(&mut self, owner: UserData) {
+        let entry =
+            opcode::AsyncCancel::new(owner.to_u64()).build().user_data(UserData::Cancel.to_u64());
         self.push(entry);
         crate::stats::add(&self.stats.cancellations, 1);
     }
@@ -306,7 +296,7 @@ impl Ring {
     fn flush(&mut self, admit: &mut impl FnMut(u64) -> bool) -> io::Result<()> {
         while let Some(entry) = self.pending.front() {
             let user_data = entry.get_user_data();
-            if user_data < DRIVER_USER_DATA_MIN && !admit(user_data) {
+            if UserData::has_slot(user_data) && !admit(user_data) {
                 self.pending.pop_front();
                 continue;
             }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::lifecycle::Lifecycle;
-use super::ring::WAKE_USER_DATA;
+use super::user_data::UserData;
 use super::{accept, pooled, Uring};
 
 /// How long dropping the driver waits for cancelled operations to complete
@@ -43,7 +43,7 @@ impl Drop for Uring {
                 self.ring.push_cancel(key);
             }
         }
-        self.ring.push_cancel_user_data(WAKE_USER_DATA);
+        self.ring.push_cancel_of(UserData::Wake);
         let mut drain_until = Instant::now() + DRAIN_ON_DROP_MAX;
         let mut woken = Vec::new();
         let mut freed = Vec::new();

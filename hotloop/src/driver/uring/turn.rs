@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, types};
 
 use super::lifecycle::Lifecycle;
-use super::ring::{TIMER_UPDATE_USER_DATA, TIMER_USER_DATA, WAKE_USER_DATA};
+use super::user_data::UserData;
 use super::{pooled, Uring};
 use crate::driver::park::Park;
 use crate::stats;
@@ -29,7 +29,7 @@ impl Uring {
         let entry = opcode::PollAdd::new(types::Fd(self.unpark.fd()), libc::POLLIN as u32)
             .multi(self.wake_multishot)
             .build()
-            .user_data(WAKE_USER_DATA);
+            .user_data(UserData::Wake.to_u64());
         self.ring.push(entry);
         self.wake_armed = true;
     }
@@ -49,11 +49,11 @@ impl Uring {
             None => opcode::Timeout::new(spec)
                 .flags(types::TimeoutFlags::ABS)
                 .build()
-                .user_data(TIMER_USER_DATA),
-            Some(_) => opcode::TimeoutUpdate::new(TIMER_USER_DATA, spec)
+                .user_data(UserData::Timer.to_u64()),
+            Some(_) => opcode::TimeoutUpdate::new(UserData::Timer.to_u64(), spec)
                 .flags(types::TimeoutFlags::ABS)
                 .build()
-                .user_data(TIMER_UPDATE_USER_DATA),
+                .user_data(UserData::TimerUpdate.to_u64()),
         };
         // The kernel reads `timer_spec` when it takes the entry; the box
         // lives as long as the ring's entries do.
