@@ -452,6 +452,36 @@ fn upstream_connections_are_pooled_reused_and_expire(driver: DriverKind) {
     assert_eq!(stat(st, "backend_g_0_pool_idle"), 2);
 }
 
+/// A worker whose turn falls on a backend with its pooled connection busy
+/// sends the request to another backend it holds an idle connection to,
+/// rather than open a new one.
+#[hotloop::test(driver = "all")]
+fn a_worker_prefers_a_backend_it_holds_an_idle_connection_to(driver: DriverKind) {
+    let slow_or = |name: &'static str| {
+        move |s: &Seen| {
+            let delay = if s.path == "/slow" { Duration::from_millis(600) } else { Duration::ZERO };
+            Reply { delay, ..Reply::ok(name) }
+        }
+    };
+    let (a, b) = (Backend::start(slow_or("a")), Backend::start(slow_or("b")));
+    let list = format!("{},{}", a.addr(), b.addr());
+    let (_p, addr, st) = start(driver, &["--backend", &list, "--workers", "1"]);
+    // One pooled connection to each backend.
+    assert_eq!(once(addr, &get("t", "/")).text(), "a");
+    assert_eq!(once(addr, &get("t", "/")).text(), "b");
+    // a's connection busy for a while; b's turn, then a's again.
+    let slow = std::thread::spawn(move || once(addr, &get("t", "/slow")).text());
+    assert!(wait_until(Duration::from_secs(5), || a.seen().len() == 2));
+    assert_eq!(once(addr, &get("t", "/")).text(), "b");
+    assert_eq!(once(addr, &get("t", "/")).text(), "b", "b's idle connection, not a new one to a");
+    assert_eq!(slow.join().unwrap(), "a");
+    assert_eq!((a.accepts.load(SeqCst), b.accepts.load(SeqCst)), (1, 1));
+    assert_eq!(stat(st, "backend_default_1_reused"), 2);
+    // With a's connection back, the turns go on.
+    let got: Vec<String> = (0..2).map(|_| once(addr, &get("t", "/")).text()).collect();
+    assert_eq!(got, ["b", "a"]);
+}
+
 /// Hop-by-hop fields (the fixed ones and those `Connection` names) are
 /// removed both ways; `Via`, `X-Forwarded-For` and `Forwarded` are added.
 #[hotloop::test(driver = "all")]

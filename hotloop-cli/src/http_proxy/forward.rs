@@ -7,6 +7,13 @@
 //!   the other side can take more, so a client that reads slowly stops
 //!   the proxy reading from the backend (and the reverse for uploads); the
 //!   proxy never holds more than a frame of either.
+//! - Backends take turns per worker (round robin over those up), with
+//!   one exception: when the turn falls on a backend whose connections
+//!   from this worker are all busy, and the worker holds an idle one to
+//!   another backend of the group, the request goes there rather than
+//!   open a connection. A backend whose connections are all busy is the
+//!   slower one for now, so the exception leans towards the less loaded
+//!   backend.
 //! - A request is retried on another backend (up to the group's
 //!   `retries`) when nothing of it reached a backend: the connect failed
 //!   or timed out, or hyper handed the request back unsent (any method).
@@ -89,6 +96,25 @@ fn candidates(shared: &Shared, group: usize) -> Vec<usize> {
     (0..n).map(|i| range.start + (start + i) % n).filter(|&id| shared.health.usable(id)).collect()
 }
 
+/// Moves to the front of `order` the first backend this worker holds an
+/// idle connection to, when the first (the one whose turn it is) has
+/// connections from this worker and every one of them is busy. Without
+/// it a worker opened a new connection to a busy backend while it held
+/// idle ones to another backend of the group, and each connection opened
+/// for a moment's peak stayed pooled: the pools grew to the sum of each
+/// backend's peak instead of the worker's. A backend this worker has no
+/// connection to keeps its turn, so every backend gets requests however
+/// light the load.
+fn prefer_pooled(order: &mut [usize]) {
+    match order.first().map(|&id| pool::held(id)) {
+        Some((open, false)) if open > 0 => {}
+        _ => return,
+    }
+    if let Some(i) = order.iter().position(|&id| pool::held(id).1) {
+        order[..=i].rotate_right(1);
+    }
+}
+
 /// The service: one request in, one answer out (never an error: the
 /// proxy's failures are answers).
 pub async fn handle(
@@ -168,7 +194,8 @@ async fn forward(
         .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
     let mut req = Request::from_parts(parts, UpBody::Client(body));
 
-    let order = candidates(shared, group);
+    let mut order = candidates(shared, group);
+    prefer_pooled(&mut order);
     if order.is_empty() {
         shared.stats.unavailable.fetch_add(1, Relaxed);
         let ids = shared.members[group].clone();

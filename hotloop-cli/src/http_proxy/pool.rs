@@ -116,6 +116,8 @@ struct BackendPool {
     idle: Vec<(http1::SendRequest<UpBody>, Instant)>,
     /// The worker's HTTP/2 connection and whether it served a request.
     h2: Option<(http2::SendRequest<UpBody>, bool)>,
+    /// Connections open from this worker, idle or busy.
+    open: usize,
 }
 
 thread_local! {
@@ -149,6 +151,18 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Failed(e) => write!(f, "connect failed: {e}"),
         }
     }
+}
+
+/// This worker's connections to `backend`: how many are open (idle or
+/// serving a request; an upgraded one is not counted) and whether one
+/// is idle (it may yet turn out to have been closed by the backend when
+/// taken).
+pub fn held(backend: usize) -> (usize, bool) {
+    POOLS.with(|p| {
+        p.borrow()
+            .get(backend)
+            .map_or((0, false), |p| (p.open, !p.idle.is_empty() || p.h2.is_some()))
+    })
 }
 
 /// An idle connection to `backend` from this worker's pool, if one is
@@ -258,7 +272,7 @@ pub async fn open(
     // Requests are small writes whose answers are waited for: no Nagle.
     let _ = stream.set_nodelay(true);
     let io = HyperIo::new(stream);
-    let open_gauge = backends.map(|bs| guard(bs, backend));
+    let open_gauge = backends.map(|bs| guard(bs, backend, true));
     let sender = match protocol {
         UpstreamProtocol::Http1 => {
             let (sender, conn) = http1::Builder::new()
@@ -312,7 +326,7 @@ pub async fn open_upgradable(
         .handshake(HyperIo::new(stream))
         .await
         .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
-    let open_gauge = guard(backends.clone(), backend);
+    let open_gauge = guard(backends.clone(), backend, false);
     let upgraded = hotloop::spawn(async move {
         let _open = open_gauge;
         let parts = conn.without_shutdown().await.ok()?;
@@ -321,8 +335,10 @@ pub async fn open_upgradable(
     Ok((sender, upgraded))
 }
 
-/// Counts a connection in its backend's `open` gauge while it lives.
-struct Guard(Arc<[Backend]>, usize);
+/// Counts a connection in its backend's `open` gauge while it lives, and
+/// a poolable one in its worker's count too (the connection's task, which
+/// holds the guard, runs on the worker that opened it).
+struct Guard(Arc<[Backend]>, usize, bool);
 
 impl Guard {
     fn stats(&self) -> &BackendStats {
@@ -333,12 +349,19 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.stats().open.fetch_sub(1, Relaxed);
+        if self.2 {
+            with_pool(self.1, |p| p.open -= 1);
+        }
     }
 }
 
-/// Makes a guard, counting the connection in.
-fn guard(backends: Arc<[Backend]>, backend: usize) -> Guard {
-    let g = Guard(backends, backend);
+/// Makes a guard, counting the connection in (in this worker's count too
+/// if it may be pooled).
+fn guard(backends: Arc<[Backend]>, backend: usize, poolable: bool) -> Guard {
+    let g = Guard(backends, backend, poolable);
     g.stats().open.fetch_add(1, Relaxed);
+    if poolable {
+        with_pool(backend, |p| p.open += 1);
+    }
     g
 }
