@@ -482,6 +482,89 @@ fn a_worker_prefers_a_backend_it_holds_an_idle_connection_to(driver: DriverKind)
     assert_eq!(got, ["b", "a"]);
 }
 
+/// Backends over TLS (`https://` in `backends`, or `tls = true`): the
+/// certificate is checked against the roots of `tls_ca_file` (the
+/// system's without it) for `tls_server_name`, unless `tls_verify =
+/// false`; one that does not check out is a 502 that says why. ALPN
+/// offers the group's protocol, so `protocol = "h2"` gets HTTP/2.
+#[hotloop::test(driver = "all")]
+fn backends_over_tls_are_verified_and_negotiate_alpn(driver: DriverKind) {
+    let a = Backend::named("a");
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    // The TLS backend: a proxy with a certificate for `localhost`, before `a`.
+    let args = ["--backend", &a.addr(), "--workers", "1", "--tls-cert", c, "--tls-key", k];
+    let (_backend, tls_addr, _) = start(driver, &args);
+    let port = tls_addr.port();
+    let config = format!(
+        r#"
+[groups.good]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "localhost"
+tls_ca_file = "{c}"
+[groups.h2]
+backends = ["127.0.0.1:{port}"]
+protocol = "h2"
+tls = true
+tls_server_name = "localhost"
+tls_ca_file = "{c}"
+[groups.system]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "localhost"
+[groups.wrong]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "other.test"
+tls_ca_file = "{c}"
+[groups.unverified]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "other.test"
+tls_verify = false
+
+[[routes]]
+path = "/good"
+group = "good"
+[[routes]]
+path = "/h2"
+group = "h2"
+[[routes]]
+path = "/system"
+group = "system"
+[[routes]]
+path = "/wrong"
+group = "wrong"
+[[routes]]
+path = "/unverified"
+group = "unverified"
+"#
+    );
+    let (_p, addr, _) = with_config(driver, &config, &["--workers", "1"]);
+    let mut cl = Client::connect(addr);
+    let r = cl.send(&get("t", "/good")).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
+    let via = |s: &Seen| -> Vec<String> {
+        s.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("via"))
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    let seen = a.seen().pop().unwrap();
+    assert_eq!(via(&seen), ["1.1 hotloop", "1.1 hotloop"]);
+    assert!(seen.header("forwarded").unwrap().ends_with("proto=https"), "{seen:?}");
+    let r = cl.send(&get("t", "/h2")).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
+    let seen = a.seen().pop().unwrap();
+    assert_eq!(via(&seen), ["1.1 hotloop", "2 hotloop"], "HTTP/2 over ALPN");
+    for (path, why) in [("/system", "UnknownIssuer"), ("/wrong", "not valid for name")] {
+        let r = cl.send(&get("t", path)).unwrap();
+        assert_eq!(r.status, 502, "{path}: {r:?}");
+        assert!(r.text().contains("TLS") && r.text().contains(why), "{path}: {}", r.text());
+    }
+    let r = cl.send(&get("t", "/unverified")).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
+    assert_eq!(a.seen().len(), 3, "no request reached `a` through a refused certificate");
+}
+
 /// Hop-by-hop fields (the fixed ones and those `Connection` names) are
 /// removed both ways; `Via`, `X-Forwarded-For` and `Forwarded` are added.
 #[hotloop::test(driver = "all")]

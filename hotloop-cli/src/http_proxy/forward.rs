@@ -176,11 +176,15 @@ async fn forward(
         }
         UpstreamProtocol::H2 => {
             let authority = host.as_deref().and_then(|h| h.parse::<Authority>().ok());
-            let mut uri = Uri::builder().scheme(Scheme::HTTP).path_and_query(path);
+            // `:scheme` says how the proxy reached the backend (RFC 9113
+            // section 8.3.1); a group's backends are alike in practice.
+            let first = &shared.backends[shared.members[group].start];
+            let scheme = if first.tls.is_some() { Scheme::HTTPS } else { Scheme::HTTP };
+            let mut uri = Uri::builder().scheme(scheme).path_and_query(path);
             if let Some(a) = authority {
                 uri = uri.authority(a);
             } else {
-                uri = uri.authority(shared.backends[shared.members[group].start].addr.to_string());
+                uri = uri.authority(first.addr.to_string());
             }
             if let Ok(u) = uri.build() {
                 parts.uri = u;
@@ -413,7 +417,7 @@ async fn tunnel(
 /// Copies both ways between an upgraded client connection and its backend
 /// (after the bytes the backend sent with its `101`) until both directions
 /// have ended; an error on either side ends both.
-async fn join(mut client: Upgraded, mut backend: hotloop::net::TcpStream, first: Bytes) {
+async fn join(mut client: Upgraded, mut backend: pool::BackendIo, first: Bytes) {
     use tokio::io::AsyncWriteExt;
     if !first.is_empty() && client.write_all(&first).await.is_err() {
         return;
