@@ -115,6 +115,32 @@ fn prefer_pooled(order: &mut [usize]) {
     }
 }
 
+/// The host a request names: its URI's authority (HTTP/2, or an absolute
+/// target), else its `Host` field. Both hold shared bytes, so keeping it
+/// past the request's parts copies nothing.
+enum Host {
+    Authority(Authority),
+    Field(HeaderValue),
+}
+
+impl Host {
+    fn of(req: &Request<Incoming>) -> Option<Host> {
+        if let Some(a) = req.uri().authority() {
+            return Some(Host::Authority(a.clone()));
+        }
+        let v = req.headers().get(header::HOST)?;
+        v.to_str().is_ok().then(|| Host::Field(v.clone()))
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            Host::Authority(a) => a.as_str(),
+            // Checked to be text when made.
+            Host::Field(v) => v.to_str().unwrap_or_default(),
+        }
+    }
+}
+
 /// The service: one request in, one answer out (never an error: the
 /// proxy's failures are answers).
 pub async fn handle(
@@ -132,10 +158,7 @@ async fn forward(
     req: Request<Incoming>,
 ) -> Response<DownBody> {
     let version = req.version();
-    let host: Option<String> = match req.uri().authority() {
-        Some(a) => Some(a.as_str().to_string()),
-        None => req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string),
-    };
+    let host = Host::of(&req);
     if host.is_none() && version == Version::HTTP_11 {
         return fixed(StatusCode::BAD_REQUEST, "an HTTP/1.1 request needs a Host header\n".into());
     }
@@ -146,7 +169,8 @@ async fn forward(
     if req.method() == Method::CONNECT {
         return fixed(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not proxied\n".into());
     }
-    let Some(group) = shared.routes.pick(host.as_deref(), req.uri().path()) else {
+    let host = host.as_ref().map(Host::as_str);
+    let Some(group) = shared.routes.pick(host, req.uri().path()) else {
         shared.stats.no_route.fetch_add(1, Relaxed);
         return fixed(StatusCode::NOT_FOUND, "no route for this host and path\n".into());
     };
@@ -160,14 +184,14 @@ async fn forward(
     headers::remove_hop_by_hop(&mut parts.headers, true, false);
     // hyper answers `Expect: 100-continue` itself when the body is first read.
     parts.headers.remove(header::EXPECT);
-    headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
     let path =
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     match g.protocol {
         UpstreamProtocol::Http1 => {
             parts.uri = Uri::from(path);
             parts.version = Version::HTTP_11;
-            if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), &host) {
+            if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), host) {
                 if let Ok(v) = HeaderValue::from_str(h) {
                     parts.headers.insert(header::HOST, v);
                 }
@@ -175,7 +199,7 @@ async fn forward(
             headers::join_cookies(&mut parts.headers);
         }
         UpstreamProtocol::H2 => {
-            let authority = host.as_deref().and_then(|h| h.parse::<Authority>().ok());
+            let authority = host.and_then(|h| h.parse::<Authority>().ok());
             // `:scheme` says how the proxy reached the backend (RFC 9113
             // section 8.3.1); a group's backends are alike in practice.
             let first = &shared.backends[shared.members[group].start];
@@ -324,7 +348,7 @@ async fn tunnel(
     shared: &Arc<Shared>,
     peer: SocketAddr,
     group: usize,
-    host: Option<String>,
+    host: Option<&str>,
     req: Request<Incoming>,
     on: OnUpgrade,
 ) -> Response<DownBody> {
@@ -338,7 +362,7 @@ async fn tunnel(
     let version = req.version();
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, false, true);
-    headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
     parts.uri = Uri::from(
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")),
     );
