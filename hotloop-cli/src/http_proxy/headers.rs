@@ -21,7 +21,7 @@ const VIA_NAME: &str = "hotloop";
 /// The fixed hop-by-hop fields, as names made once: a field looked up by
 /// a string is parsed again at every lookup, and these are looked up on
 /// every request and every answer.
-const HOP_BY_HOP: [HeaderName; 8] = [
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -31,6 +31,10 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
     header::PROXY_AUTHENTICATE,
 ];
+/// `Connection`'s place in [`HOP_BY_HOP`].
+const CONNECTION_AT: usize = 0;
+/// `TE`'s place in [`HOP_BY_HOP`].
+const TE_AT: usize = 3;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -39,11 +43,21 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// with `upgrade`, the `Upgrade` field and a `Connection: upgrade` are
 /// kept, for a tunnel the backend must agree to.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrade: bool) {
-    // Most messages carry none of them: one pass over the names decides.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    // One pass over the message's names finds those present (most
+    // messages carry none, or only `Connection`); only they are removed.
+    debug_assert!(
+        HOP_BY_HOP[CONNECTION_AT] == header::CONNECTION && HOP_BY_HOP[TE_AT] == header::TE
+    );
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
-    if headers.contains_key(header::CONNECTION) {
+    if present[CONNECTION_AT] {
         // Every field the message's `Connection` names goes too.
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -51,6 +65,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .filter(|n| !HOP_BY_HOP.contains(n))
             .collect();
         for name in named {
             if !(upgrade && name == header::UPGRADE) {
@@ -59,11 +74,12 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
         }
     }
     let te_trailers = keep_te_trailers
+        && present[TE_AT]
         && headers.get_all(header::TE).iter().any(|v| {
             v.to_str()
                 .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")))
         });
-    for name in &HOP_BY_HOP {
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, here)| *here) {
         if upgrade && (name == header::UPGRADE || name == header::CONNECTION) {
             continue;
         }
