@@ -62,7 +62,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_port(port, limit=10.0):
+def wait_port(port, limit=30.0):
     deadline = time.time() + limit
     while time.time() < deadline:
         try:
@@ -105,14 +105,27 @@ def backend_accepts(stats_ports):
 
 
 class Proxy:
-    def __init__(self, name, argv, port, h2port, cwd=None):
-        self.name, self.argv, self.port, self.h2port, self.cwd = name, argv, port, h2port, cwd
+    """A proxy started fresh, on fresh ports, at each `start`: `make(port,
+    h2port)` gives its command line (a port left in TIME_WAIT or taken
+    meanwhile by another process never stalls a round)."""
+
+    def __init__(self, name, make, cwd=None):
+        self.name, self.make, self.cwd = name, make, cwd
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(self.port)
-        wait_port(self.h2port)
+        self.port = free_port()
+        self.h2port = self.port if self.name == "hotloop" else free_port()
+        self.log = tempfile.TemporaryFile()
+        argv = self.make(self.port, self.h2port)
+        self.proc = subprocess.Popen(argv, cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            wait_port(self.port)
+            wait_port(self.h2port)
+        except SystemExit:
+            self.log.seek(0)
+            said = self.log.read().decode(errors="replace")[-2000:]
+            raise SystemExit(f"{self.name} did not start (exit status {self.proc.poll()}): {said}")
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -171,21 +184,11 @@ def kill_one(args, name, work):
     try:
         for p in ports:
             wait_port(p)
-        fill = fill_for(work, ports)
-        port, h2port = free_port(), free_port()
-        if name == "hotloop":
-            argv = [args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}", "--backend",
-                    f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", "--workers", "2", "--driver", args.driver]
-            proxy = Proxy(name, argv, port, port)
-        elif name == "haproxy":
-            proxy = Proxy(name, ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)], port, h2port)
-        else:
-            proxy = Proxy(name, ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c",
-                                 fill("nginx.conf", port, h2port)], port, h2port)
+        proxy = make_proxy(args, name, work, fill_for(work, ports), ports)
         proxy.start()
         killer = threading.Timer(1.5, lambda: backends[1].kill())
         killer.start()
-        rep = load(args.bench, port, "keepalive", 64, 4)
+        rep = load(args.bench, proxy.port, "keepalive", 64, 4)
         killer.join()
         return rep["errors"]["total"], rep["completed"]
     finally:
@@ -195,6 +198,18 @@ def kill_one(args, name, work):
             if b.poll() is None:
                 b.send_signal(signal.SIGQUIT)
             b.wait()
+
+
+def make_proxy(args, name, work, fill, ports):
+    """`name` in front of the backends on `ports`."""
+    if name == "hotloop":
+        return Proxy(name, lambda port, _: [
+            args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}", "--backend",
+            f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", "--workers", "2", "--driver", args.driver])
+    if name == "haproxy":
+        return Proxy(name, lambda port, h2port: ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)])
+    return Proxy(name, lambda port, h2port: [
+        "nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)])
 
 
 def main():
@@ -232,17 +247,9 @@ def main():
             f.write(text)
         return path
 
-    proxies = []
-    port = free_port()
-    proxies.append(Proxy("hotloop", [args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}",
-                                     "--backend", f"127.0.0.1:{b1},127.0.0.1:{b2}", "--workers", "2",
-                                     "--driver", args.driver], port, port))
-    port, h2port = free_port(), free_port()
-    proxies.append(Proxy("haproxy", ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)], port, h2port))
-    port, h2port = free_port(), free_port()
     for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(os.path.join(work, d), exist_ok=True)
-    proxies.append(Proxy("nginx", ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)], port, h2port))
+    proxies = [make_proxy(args, name, work, fill, [b1, b2]) for name in ("hotloop", "haproxy", "nginx")]
 
     keys = ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu", "killed_failed", "killed_answered")
     results = {p.name: {k: [] for k in keys} for p in proxies}
