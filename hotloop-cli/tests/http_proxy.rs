@@ -486,7 +486,8 @@ fn a_worker_prefers_a_backend_it_holds_an_idle_connection_to(driver: DriverKind)
 /// certificate is checked against the roots of `tls_ca_file` (the
 /// system's without it) for `tls_server_name`, unless `tls_verify =
 /// false`; one that does not check out is a 502 that says why. ALPN
-/// offers the group's protocol, so `protocol = "h2"` gets HTTP/2.
+/// offers the group's protocol, so `protocol = "h2"` gets HTTP/2. The
+/// health checks connect the same way.
 #[hotloop::test(driver = "all")]
 fn backends_over_tls_are_verified_and_negotiate_alpn(driver: DriverKind) {
     let a = Backend::named("a");
@@ -502,6 +503,8 @@ fn backends_over_tls_are_verified_and_negotiate_alpn(driver: DriverKind) {
 backends = ["https://127.0.0.1:{port}"]
 tls_server_name = "localhost"
 tls_ca_file = "{c}"
+health_path = "/health"
+health_interval_ms = 50
 [groups.h2]
 backends = ["127.0.0.1:{port}"]
 protocol = "h2"
@@ -538,6 +541,10 @@ group = "unverified"
 "#
     );
     let (_p, addr, _) = with_config(driver, &config, &["--workers", "1"]);
+    // The health checks go over TLS too.
+    assert!(wait_until(Duration::from_secs(5), || a.seen().iter().any(|s| s.path == "/health")));
+    let requests =
+        || -> Vec<Seen> { a.seen().into_iter().filter(|s| s.path != "/health").collect() };
     let mut cl = Client::connect(addr);
     let r = cl.send(&get("t", "/good")).unwrap();
     assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
@@ -548,12 +555,12 @@ group = "unverified"
             .map(|(_, v)| v.clone())
             .collect()
     };
-    let seen = a.seen().pop().unwrap();
+    let seen = requests().pop().unwrap();
     assert_eq!(via(&seen), ["1.1 hotloop", "1.1 hotloop"]);
     assert!(seen.header("forwarded").unwrap().ends_with("proto=https"), "{seen:?}");
     let r = cl.send(&get("t", "/h2")).unwrap();
     assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
-    let seen = a.seen().pop().unwrap();
+    let seen = requests().pop().unwrap();
     assert_eq!(via(&seen), ["1.1 hotloop", "2 hotloop"], "HTTP/2 over ALPN");
     for (path, why) in [("/system", "UnknownIssuer"), ("/wrong", "not valid for name")] {
         let r = cl.send(&get("t", path)).unwrap();
@@ -562,7 +569,7 @@ group = "unverified"
     }
     let r = cl.send(&get("t", "/unverified")).unwrap();
     assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
-    assert_eq!(a.seen().len(), 3, "no request reached `a` through a refused certificate");
+    assert_eq!(requests().len(), 3, "no request reached `a` through a refused certificate");
 }
 
 /// Hop-by-hop fields (the fixed ones and those `Connection` names) are
