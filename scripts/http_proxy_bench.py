@@ -15,27 +15,32 @@ Per round and proxy, each proxy started fresh:
          the proxy's CPU (utime + stime of all its processes) per request
   h2     `h2load -c16 -m16` HTTP/2 by prior knowledge to the HTTP/1.1
          backends, SECONDS seconds: rate and CPU per request
+  kill   the proxy, started again in front of two fresh backends, 64
+         keep-alive connections for 4 s, one backend killed (SIGKILL)
+         after 1.5 s: requests failed (errors and non-200 answers) and
+         requests answered
 
-With `--kill`, instead: each proxy in front of two fresh backends, 64
-keep-alive connections for 4 s, and one backend killed (SIGKILL) after 1.5 s;
-it prints the requests that failed (errors and non-200 answers) and how many
-requests were answered in all.
-
-It prints one table of medians (and ranges) over the rounds. The configs are
-`scripts/http_proxy_bench/haproxy.cfg` and `scripts/http_proxy_bench/nginx.conf`.
+It prints one table of medians (and ranges) over the rounds, every column
+from this one command. The configs are `scripts/http_proxy_bench/haproxy.cfg`
+and `scripts/http_proxy_bench/nginx.conf`.
 
     cargo build --release -p hotloop-cli -p hotloop-bench
     python3 scripts/http_proxy_bench.py --rounds 5 --seconds 3
 
 Needs haproxy, nginx and h2load (`apt-get install haproxy nginx nghttp2-client`).
 Nothing is pinned: on a 2-CPU machine the proxies, the backends and the load
-share both CPUs, so rates are comparable within one run only.
+share both CPUs, so rates are comparable within one run only. Per round it
+also prints (to stderr) the CPU the backends and the load generator spent
+per keep-alive request, and the share of the machine all of them used:
+near 100%, the machine is the bottleneck, and a proxy's rate follows from
+what it and its peers cost per request.
 """
 
 import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -57,7 +62,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_port(port, limit=10.0):
+def wait_port(port, limit=30.0):
     deadline = time.time() + limit
     while time.time() < deadline:
         try:
@@ -100,14 +105,27 @@ def backend_accepts(stats_ports):
 
 
 class Proxy:
-    def __init__(self, name, argv, port, h2port, cwd=None):
-        self.name, self.argv, self.port, self.h2port, self.cwd = name, argv, port, h2port, cwd
+    """A proxy started fresh, on fresh ports, at each `start`: `make(port,
+    h2port)` gives its command line (a port left in TIME_WAIT or taken
+    meanwhile by another process never stalls a round)."""
+
+    def __init__(self, name, make, cwd=None):
+        self.name, self.make, self.cwd = name, make, cwd
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(self.port)
-        wait_port(self.h2port)
+        self.port = free_port()
+        self.h2port = self.port if self.name == "hotloop" else free_port()
+        self.log = tempfile.TemporaryFile()
+        argv = self.make(self.port, self.h2port)
+        self.proc = subprocess.Popen(argv, cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            wait_port(self.port)
+            wait_port(self.h2port)
+        except SystemExit:
+            self.log.seek(0)
+            said = self.log.read().decode(errors="replace")[-2000:]
+            raise SystemExit(f"{self.name} did not start (exit status {self.proc.poll()}): {said}")
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -156,42 +174,42 @@ def fill_for(work, ports):
     return fill
 
 
-def kill_run(args, work, fill_with):
-    """Each proxy, two fresh backends, one killed under load."""
-    for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        os.makedirs(os.path.join(work, d), exist_ok=True)
-    print("| proxy | answered | failed |")
-    print("|---|---|---|")
-    for name in ("hotloop", "haproxy", "nginx"):
-        ports = [free_port(), free_port()]
-        backends = [subprocess.Popen([args.hotloop, "serve", "http", "--addr", f"127.0.0.1:{p}", "--workers", "1",
-                                      "--body-size", "64"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    for p in ports]
+def kill_one(args, name, work):
+    """`name` in front of two fresh backends, one killed under load: (failed, answered)."""
+    ports = [free_port(), free_port()]
+    backends = [subprocess.Popen([args.hotloop, "serve", "http", "--addr", f"127.0.0.1:{p}", "--workers", "1",
+                                  "--body-size", "64"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for p in ports]
+    proxy = None
+    try:
         for p in ports:
             wait_port(p)
-        fill = fill_with(ports)
-        port, h2port = free_port(), free_port()
-        if name == "hotloop":
-            argv = [args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}", "--backend",
-                    f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", "--workers", "2", "--driver", args.driver]
-            proxy = Proxy(name, argv, port, port)
-        elif name == "haproxy":
-            proxy = Proxy(name, ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)], port, h2port)
-        else:
-            proxy = Proxy(name, ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)], port, h2port)
+        proxy = make_proxy(args, name, work, fill_for(work, ports), ports)
         proxy.start()
-        try:
-            killer = threading.Timer(1.5, lambda: backends[1].kill())
-            killer.start()
-            rep = load(args.bench, port, "keepalive", 64, 4)
-            killer.join()
-            print(f"| {name} | {rep['completed']:,} | {rep['errors']['total']} |")
-        finally:
+        killer = threading.Timer(1.5, lambda: backends[1].kill())
+        killer.start()
+        rep = load(args.bench, proxy.port, "keepalive", 64, 4)
+        killer.join()
+        return rep["errors"]["total"], rep["completed"]
+    finally:
+        if proxy:
             proxy.stop()
-            for b in backends:
-                if b.poll() is None:
-                    b.send_signal(signal.SIGQUIT)
-                b.wait()
+        for b in backends:
+            if b.poll() is None:
+                b.send_signal(signal.SIGQUIT)
+            b.wait()
+
+
+def make_proxy(args, name, work, fill, ports):
+    """`name` in front of the backends on `ports`."""
+    if name == "hotloop":
+        return Proxy(name, lambda port, _: [
+            args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}", "--backend",
+            f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", "--workers", "2", "--driver", args.driver])
+    if name == "haproxy":
+        return Proxy(name, lambda port, h2port: ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)])
+    return Proxy(name, lambda port, h2port: [
+        "nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)])
 
 
 def main():
@@ -201,7 +219,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--driver", default="auto")
-    ap.add_argument("--kill", action="store_true", help="the backend-killed-under-load run instead")
     args = ap.parse_args()
     for tool in ("haproxy", "nginx", "h2load"):
         if not shutil.which(tool):
@@ -230,27 +247,12 @@ def main():
             f.write(text)
         return path
 
-    if args.kill:
-        for proc in procs:
-            proc.send_signal(signal.SIGQUIT)
-            proc.wait()
-        kill_run(args, work, fill_with=lambda b: fill_for(work, b))
-        shutil.rmtree(work, ignore_errors=True)
-        return
-
-    proxies = []
-    port = free_port()
-    proxies.append(Proxy("hotloop", [args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}",
-                                     "--backend", f"127.0.0.1:{b1},127.0.0.1:{b2}", "--workers", "2",
-                                     "--driver", args.driver], port, port))
-    port, h2port = free_port(), free_port()
-    proxies.append(Proxy("haproxy", ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)], port, h2port))
-    port, h2port = free_port(), free_port()
     for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(os.path.join(work, d), exist_ok=True)
-    proxies.append(Proxy("nginx", ["nginx", "-p", work, "-e", os.path.join(work, "error.log"), "-c", fill("nginx.conf", port, h2port)], port, h2port))
+    proxies = [make_proxy(args, name, work, fill, [b1, b2]) for name in ("hotloop", "haproxy", "nginx")]
 
-    results = {p.name: {k: [] for k in ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu")} for p in proxies}
+    keys = ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu", "killed_failed", "killed_answered")
+    results = {p.name: {k: [] for k in keys} for p in proxies}
     try:
         for rnd in range(args.rounds):
             for p in proxies:
@@ -262,19 +264,33 @@ def main():
                 r["accepts"].append(accepts)
                 r["reuse"].append(100.0 * (1 - accepts / max(rep["completed"], 1)))
                 cpu = cpu_seconds({p.proc.pid})
+                peers = cpu_seconds({proc.pid for proc in procs})
+                child = resource.getrusage(resource.RUSAGE_CHILDREN)
+                started = time.time()
                 rep = load(args.bench, p.port, "keepalive", 256, args.seconds)
+                wall = time.time() - started
                 used = cpu_seconds({p.proc.pid}) - cpu
+                peers = cpu_seconds({proc.pid for proc in procs}) - peers
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                gen = after.ru_utime + after.ru_stime - child.ru_utime - child.ru_stime
+                done = max(rep["completed"], 1)
                 r["ka_rate"].append(rep["rate_per_s"])
-                r["ka_cpu"].append(1e6 * used / max(rep["completed"], 1))
+                r["ka_cpu"].append(1e6 * used / done)
+                print(f"round {rnd + 1} {p.name} keep-alive: backends {1e6 * peers / done:.1f} us/req, "
+                      f"load generator {1e6 * gen / done:.1f} us/req, machine busy "
+                      f"{100 * (used + peers + gen) / (wall * os.cpu_count()):.0f}%", file=sys.stderr)
                 cpu = cpu_seconds({p.proc.pid})
                 done, rate = h2load(p.h2port, args.seconds)
                 used = cpu_seconds({p.proc.pid}) - cpu
                 r["h2_rate"].append(rate)
                 r["h2_cpu"].append(1e6 * used / max(done, 1))
                 p.stop()
+                failed, answered = kill_one(args, p.name, work)
+                r["killed_failed"].append(failed)
+                r["killed_answered"].append(answered)
                 print(f"round {rnd + 1} {p.name}: reuse {r['reuse'][-1]:.2f}% ({accepts} accepts), "
-                      f"ka {r['ka_rate'][-1]:.0f}/s {r['ka_cpu'][-1]:.1f} us, h2 {rate:.0f}/s {r['h2_cpu'][-1]:.1f} us",
-                      file=sys.stderr)
+                      f"ka {r['ka_rate'][-1]:.0f}/s {r['ka_cpu'][-1]:.1f} us, h2 {rate:.0f}/s {r['h2_cpu'][-1]:.1f} us, "
+                      f"killed {failed} failed / {answered}", file=sys.stderr)
     finally:
         for p in proxies:
             p.stop()
@@ -287,11 +303,14 @@ def main():
         med = statistics.median(values)
         return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
-    print(f"| proxy | upstream reuse, 10,000 short connections (backend accepts) | keep-alive c=256 req/s | CPU us/req | h2load c16 m16 req/s | CPU us/req |")
-    print("|---|---|---|---|---|---|")
+    print("| proxy | upstream reuse, 10,000 one-request client connections, 8 at a time (backend accepts) "
+          "| keep-alive c=256: req/s | CPU µs/req | h2load c16 m16 to HTTP/1.1 backends: req/s | CPU µs/req "
+          "| a backend killed after 1.5 s of 4 s, c=64: failed / answered |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {cell(r['reuse'], '{:.2f}')}% ({statistics.median(r['accepts']):.0f}) | {cell(r['ka_rate'], '{:,.0f}')} | "
-              f"{cell(r['ka_cpu'], '{:.1f}')} | {cell(r['h2_rate'], '{:,.0f}')} | {cell(r['h2_cpu'], '{:.1f}')} |")
+              f"{cell(r['ka_cpu'], '{:.1f}')} | {cell(r['h2_rate'], '{:,.0f}')} | {cell(r['h2_cpu'], '{:.1f}')} | "
+              f"{cell(r['killed_failed'], '{:.0f}')} / {statistics.median(r['killed_answered']):,.0f} |")
 
 
 if __name__ == "__main__":

@@ -452,6 +452,126 @@ fn upstream_connections_are_pooled_reused_and_expire(driver: DriverKind) {
     assert_eq!(stat(st, "backend_g_0_pool_idle"), 2);
 }
 
+/// A worker whose turn falls on a backend with its pooled connection busy
+/// sends the request to another backend it holds an idle connection to,
+/// rather than open a new one.
+#[hotloop::test(driver = "all")]
+fn a_worker_prefers_a_backend_it_holds_an_idle_connection_to(driver: DriverKind) {
+    let slow_or = |name: &'static str| {
+        move |s: &Seen| {
+            let delay = if s.path == "/slow" { Duration::from_millis(600) } else { Duration::ZERO };
+            Reply { delay, ..Reply::ok(name) }
+        }
+    };
+    let (a, b) = (Backend::start(slow_or("a")), Backend::start(slow_or("b")));
+    let list = format!("{},{}", a.addr(), b.addr());
+    let (_p, addr, st) = start(driver, &["--backend", &list, "--workers", "1"]);
+    // One pooled connection to each backend.
+    assert_eq!(once(addr, &get("t", "/")).text(), "a");
+    assert_eq!(once(addr, &get("t", "/")).text(), "b");
+    // a's connection busy for a while; b's turn, then a's again.
+    let slow = std::thread::spawn(move || once(addr, &get("t", "/slow")).text());
+    assert!(wait_until(Duration::from_secs(5), || a.seen().len() == 2));
+    assert_eq!(once(addr, &get("t", "/")).text(), "b");
+    assert_eq!(once(addr, &get("t", "/")).text(), "b", "b's idle connection, not a new one to a");
+    assert_eq!(slow.join().unwrap(), "a");
+    assert_eq!((a.accepts.load(SeqCst), b.accepts.load(SeqCst)), (1, 1));
+    assert_eq!(stat(st, "backend_default_1_reused"), 2);
+    // With a's connection back, the turns go on.
+    let got: Vec<String> = (0..2).map(|_| once(addr, &get("t", "/")).text()).collect();
+    assert_eq!(got, ["b", "a"]);
+}
+
+/// Backends over TLS (`https://` in `backends`, or `tls = true`): the
+/// certificate is checked against the roots of `tls_ca_file` (the
+/// system's without it) for `tls_server_name`, unless `tls_verify =
+/// false`; one that does not check out is a 502 that says why. ALPN
+/// offers the group's protocol, so `protocol = "h2"` gets HTTP/2. The
+/// health checks connect the same way.
+#[hotloop::test(driver = "all")]
+fn backends_over_tls_are_verified_and_negotiate_alpn(driver: DriverKind) {
+    let a = Backend::named("a");
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    // The TLS backend: a proxy with a certificate for `localhost`, before `a`.
+    let args = ["--backend", &a.addr(), "--workers", "1", "--tls-cert", c, "--tls-key", k];
+    let (_backend, tls_addr, _) = start(driver, &args);
+    let port = tls_addr.port();
+    let config = format!(
+        r#"
+[groups.good]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "localhost"
+tls_ca_file = "{c}"
+health_path = "/health"
+health_interval_ms = 50
+[groups.h2]
+backends = ["127.0.0.1:{port}"]
+protocol = "h2"
+tls = true
+tls_server_name = "localhost"
+tls_ca_file = "{c}"
+[groups.system]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "localhost"
+[groups.wrong]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "other.test"
+tls_ca_file = "{c}"
+[groups.unverified]
+backends = ["https://127.0.0.1:{port}"]
+tls_server_name = "other.test"
+tls_verify = false
+
+[[routes]]
+path = "/good"
+group = "good"
+[[routes]]
+path = "/h2"
+group = "h2"
+[[routes]]
+path = "/system"
+group = "system"
+[[routes]]
+path = "/wrong"
+group = "wrong"
+[[routes]]
+path = "/unverified"
+group = "unverified"
+"#
+    );
+    let (_p, addr, _) = with_config(driver, &config, &["--workers", "1"]);
+    // The health checks go over TLS too.
+    assert!(wait_until(Duration::from_secs(5), || a.seen().iter().any(|s| s.path == "/health")));
+    let requests =
+        || -> Vec<Seen> { a.seen().into_iter().filter(|s| s.path != "/health").collect() };
+    let mut cl = Client::connect(addr);
+    let r = cl.send(&get("t", "/good")).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
+    let via = |s: &Seen| -> Vec<String> {
+        s.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("via"))
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    let seen = requests().pop().unwrap();
+    assert_eq!(via(&seen), ["1.1 hotloop", "1.1 hotloop"]);
+    assert!(seen.header("forwarded").unwrap().ends_with("proto=https"), "{seen:?}");
+    let r = cl.send(&get("t", "/h2")).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
+    let seen = requests().pop().unwrap();
+    assert_eq!(via(&seen), ["1.1 hotloop", "2 hotloop"], "HTTP/2 over ALPN");
+    for (path, why) in [("/system", "UnknownIssuer"), ("/wrong", "not valid for name")] {
+        let r = cl.send(&get("t", path)).unwrap();
+        assert_eq!(r.status, 502, "{path}: {r:?}");
+        assert!(r.text().contains("TLS") && r.text().contains(why), "{path}: {}", r.text());
+    }
+    let r = cl.send(&get("t", "/unverified")).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "a"), "{r:?}");
+    assert_eq!(requests().len(), 3, "no request reached `a` through a refused certificate");
+}
+
 /// Hop-by-hop fields (the fixed ones and those `Connection` names) are
 /// removed both ways; `Via`, `X-Forwarded-For` and `Forwarded` are added.
 #[hotloop::test(driver = "all")]

@@ -8,9 +8,12 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use hotloop::tls::rustls;
+use hotloop::tls::{TlsConnector, ALPN_H2, ALPN_HTTP11};
 use toml_edit::{Document, Table};
 
 /// How the proxy speaks to a group's backends.
@@ -54,6 +57,19 @@ pub struct GroupConfig {
     pub fail_timeout: Duration,
     /// Active checks, if the group has a `health_path`.
     pub health: Option<HealthConfig>,
+    /// TLS to each backend, in the order of `backends` (`None`: plain TCP).
+    pub tls: Vec<Option<BackendTls>>,
+}
+
+/// How the proxy speaks TLS to one backend.
+#[derive(Debug, Clone)]
+pub struct BackendTls {
+    /// The client side of the handshake: the roots the backend's
+    /// certificate is checked against (or no check), and ALPN offering
+    /// the group's protocol.
+    pub connector: TlsConnector,
+    /// Sent as SNI, and the name the backend's certificate must hold.
+    pub server_name: String,
 }
 
 /// A group's active health checks.
@@ -108,6 +124,7 @@ impl GroupConfig {
             max_fails: 3,
             fail_timeout: Duration::from_millis(10_000),
             health: None,
+            tls: Vec::new(),
         }
     }
 }
@@ -127,6 +144,8 @@ pub fn from_backends(
     if group.backends.is_empty() {
         return Err("--backend names no address".into());
     }
+    group.tls = backend_tls(&group.backends, protocol, &TlsSettings::default())
+        .map_err(|(_, e)| format!("--backend: {e}"))?;
     Ok(Config {
         groups: vec![group],
         routes: vec![RouteConfig { host: None, path: None, group: 0 }],
@@ -222,6 +241,7 @@ fn group(name: &str, t: &Table, err: &Err<'_>) -> Result<GroupConfig, ConfigErro
     let (mut interval, mut timeout) = (Duration::from_millis(2000), Duration::from_millis(1000));
     let (mut rise, mut fall) = (2, 3);
     let mut health_keys = Vec::new();
+    let mut tls = TlsSettings::default();
     for (key, item) in t.iter() {
         let at = || span_of(t, key);
         let full = format!("groups.{name}.{key}");
@@ -266,6 +286,36 @@ fn group(name: &str, t: &Table, err: &Err<'_>) -> Result<GroupConfig, ConfigErro
             "pool_idle_timeout_ms" => g.pool_idle_timeout = ms(1)?,
             "max_fails" => g.max_fails = int(0, 1000)? as u32,
             "fail_timeout_ms" => g.fail_timeout = ms(1)?,
+            "tls" => {
+                tls.all = item
+                    .as_bool()
+                    .ok_or_else(|| err(at(), format!("{full}: must be true or false")))?;
+                tls.keys.push(key.to_string());
+            }
+            "tls_verify" => {
+                tls.verify = item
+                    .as_bool()
+                    .ok_or_else(|| err(at(), format!("{full}: must be true or false")))?;
+                tls.keys.push(key.to_string());
+            }
+            "tls_ca_file" => {
+                let path = item
+                    .as_str()
+                    .filter(|p| !p.is_empty())
+                    .ok_or_else(|| err(at(), format!("{full}: must be a file's path")))?;
+                tls.ca_file = Some(PathBuf::from(path));
+                tls.keys.push(key.to_string());
+            }
+            "tls_server_name" => {
+                let name = item
+                    .as_str()
+                    .filter(|n| rustls::pki_types::ServerName::try_from(*n).is_ok())
+                    .ok_or_else(|| {
+                        err(at(), format!("{full}: must be a DNS name or an IP address"))
+                    })?;
+                tls.server_name = Some(name.to_string());
+                tls.keys.push(key.to_string());
+            }
             "health_path" => match item.as_str() {
                 Some(p) if p.starts_with('/') && !p.contains(char::is_whitespace) => {
                     health_path = Some(p.to_string())
@@ -302,6 +352,8 @@ fn group(name: &str, t: &Table, err: &Err<'_>) -> Result<GroupConfig, ConfigErro
             format!("groups.{name}: no backend: set `backends = [\"host:port\", ...]`"),
         ));
     }
+    g.tls = backend_tls(&g.backends, g.protocol, &tls)
+        .map_err(|(key, e)| err(span_of(t, &key), format!("groups.{name}.{key}: {e}")))?;
     match health_path {
         Some(path) => g.health = Some(HealthConfig { path, interval, timeout, rise, fall }),
         None => {
@@ -374,12 +426,195 @@ fn valid_host_pattern(h: &str) -> bool {
         && !name.starts_with('.')
 }
 
-/// One address, resolved now (a name that does not resolve is an error at start).
+/// One address, resolved now (a name that does not resolve is an error at
+/// start). `https://` and `http://` in front are allowed; with one, a
+/// missing port is 443 or 80.
 fn resolve(s: &str) -> Result<SocketAddr, String> {
-    s.to_socket_addrs()
+    let (hostport, default_port) = match split_scheme(s) {
+        (Some(tls), rest) => (rest, Some(if tls { 443 } else { 80 })),
+        (None, rest) => (rest, None),
+    };
+    let with_port;
+    let target = match default_port {
+        Some(port) if !has_port(hostport) => {
+            with_port = format!("{hostport}:{port}");
+            with_port.as_str()
+        }
+        _ => hostport,
+    };
+    target
+        .to_socket_addrs()
         .map_err(|e| format!("`{s}`: {e}"))?
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+/// `https://a:1` as `(Some(true), "a:1")`, `http://a:1` as
+/// `(Some(false), "a:1")`, `a:1` as `(None, "a:1")`.
+fn split_scheme(s: &str) -> (Option<bool>, &str) {
+    if let Some(rest) = s.strip_prefix("https://") {
+        (Some(true), rest)
+    } else if let Some(rest) = s.strip_prefix("http://") {
+        (Some(false), rest)
+    } else {
+        (None, s)
+    }
+}
+
+fn has_port(hostport: &str) -> bool {
+    match hostport.rsplit_once(':') {
+        Some((host, _)) => !host.starts_with('[') || host.ends_with(']'),
+        None => false,
+    }
+}
+
+/// The host of a backend's address as written: `https://api.test:8443`
+/// as `api.test`, `[::1]:443` as `::1`.
+fn host_of(written: &str) -> &str {
+    let hostport = split_scheme(written).1;
+    let host = if has_port(hostport) {
+        hostport.rsplit_once(':').map_or(hostport, |h| h.0)
+    } else {
+        hostport
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// A group's TLS keys.
+struct TlsSettings {
+    /// `tls = true`: every backend of the group over TLS.
+    all: bool,
+    /// `tls_verify`: check the backend's certificate (the default).
+    verify: bool,
+    /// `tls_ca_file`: the roots to trust instead of the system's.
+    ca_file: Option<PathBuf>,
+    /// `tls_server_name`: SNI and the name checked, instead of the host
+    /// each backend's address names.
+    server_name: Option<String>,
+    /// The TLS keys set, in the file's order.
+    keys: Vec<String>,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        TlsSettings { all: false, verify: true, ca_file: None, server_name: None, keys: Vec::new() }
+    }
+}
+
+/// Where distributions keep the system's trusted roots (the files Go's
+/// `crypto/x509` tries on Linux), tried in this order.
+const SYSTEM_CA_FILES: [&str; 4] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+];
+
+/// Each backend's TLS (a backend written `https://...`, or every one with
+/// `tls = true`): one connector per group, shared by its backends. An
+/// error names the key it is about.
+fn backend_tls(
+    backends: &[(String, SocketAddr)],
+    protocol: UpstreamProtocol,
+    s: &TlsSettings,
+) -> Result<Vec<Option<BackendTls>>, (String, String)> {
+    let wants: Vec<bool> = backends
+        .iter()
+        .map(|(written, _)| s.all || split_scheme(written).0 == Some(true))
+        .collect();
+    if !wants.contains(&true) {
+        if let Some(key) = s.keys.iter().find(|k| *k != "tls") {
+            return Err((key.clone(), "set without `tls = true` or an `https://` backend".into()));
+        }
+        return Ok(vec![None; backends.len()]);
+    }
+    let alpn: &[&[u8]] = match protocol {
+        UpstreamProtocol::Http1 => &[ALPN_HTTP11],
+        UpstreamProtocol::H2 => &[ALPN_H2],
+    };
+    let connector = if s.verify {
+        let path =
+            match &s.ca_file {
+                Some(p) => p.clone(),
+                None => SYSTEM_CA_FILES.iter().map(PathBuf::from).find(|p| p.exists()).ok_or_else(
+                    || ("tls".to_string(), "no system CA bundle found: set `tls_ca_file`".into()),
+                )?,
+            };
+        TlsConnector::from_root_pem_file(&path, alpn)
+            .map_err(|e| ("tls_ca_file".to_string(), e.to_string()))?
+    } else {
+        TlsConnector::new(unverified(alpn).map_err(|e| ("tls_verify".to_string(), e))?)
+    };
+    let mut out = Vec::with_capacity(backends.len());
+    for ((written, _), tls) in backends.iter().zip(wants) {
+        if !tls {
+            out.push(None);
+            continue;
+        }
+        let server_name = s.server_name.clone().unwrap_or_else(|| host_of(written).to_string());
+        if rustls::pki_types::ServerName::try_from(server_name.as_str()).is_err() {
+            let e = format!("`{written}`: `{server_name}` is not a TLS server name");
+            return Err(("backends".to_string(), e));
+        }
+        out.push(Some(BackendTls { connector: connector.clone(), server_name }));
+    }
+    Ok(out)
+}
+
+/// A client configuration that takes any certificate (`tls_verify =
+/// false`): the handshake's signatures are still checked, the chain and
+/// the name are not.
+fn unverified(alpn: &[&[u8]]) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
+/// The verifier of `tls_verify = false`.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        let algs = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        let algs = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 #[cfg(test)]
@@ -435,5 +670,29 @@ group = "web"
         assert_eq!(e.line, 3, "{e:?}");
         let e = parse("[groups.a]\nbackends = [\"nohost\"]\n").unwrap_err();
         assert_eq!(e.line, 2, "{e:?}");
+        let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"]\ntls_ca_file = \"/x.pem\"\n")
+            .unwrap_err();
+        assert_eq!(e.line, 3, "{e:?}");
+        assert!(e.reason.contains("without `tls = true`"), "{e:?}");
+        let e = parse("[groups.a]\ntls = true\nbackends = [\"127.0.0.1:1\"]\ntls_ca_file = \"/no/such.pem\"\n")
+            .unwrap_err();
+        assert_eq!(e.line, 4, "{e:?}");
+        assert!(e.reason.contains("groups.a.tls_ca_file"), "{e:?}");
+    }
+
+    #[test]
+    fn https_backends_speak_tls_to_their_host() {
+        let c = parse(
+            "[groups.a]\nbackends = [\"https://localhost\", \"127.0.0.1:8080\", \"https://[::1]:8443\"]\ntls_verify = false\n",
+        )
+        .unwrap();
+        let g = &c.groups[0];
+        assert_eq!(g.backends[0].1.port(), 443);
+        let names: Vec<Option<&str>> =
+            g.tls.iter().map(|t| t.as_ref().map(|t| t.server_name.as_str())).collect();
+        assert_eq!(names, [Some("localhost"), None, Some("::1")]);
+        let c = parse("[groups.a]\nbackends = [\"localhost:1\"]\ntls = true\ntls_server_name = \"api.test\"\n")
+            .unwrap();
+        assert_eq!(c.groups[0].tls[0].as_ref().unwrap().server_name, "api.test");
     }
 }

@@ -7,6 +7,13 @@
 //!   the other side can take more, so a client that reads slowly stops
 //!   the proxy reading from the backend (and the reverse for uploads); the
 //!   proxy never holds more than a frame of either.
+//! - Backends take turns per worker (round robin over those up), with
+//!   one exception: when the turn falls on a backend whose connections
+//!   from this worker are all busy, and the worker holds an idle one to
+//!   another backend of the group, the request goes there rather than
+//!   open a connection. A backend whose connections are all busy is the
+//!   slower one for now, so the exception leans towards the less loaded
+//!   backend.
 //! - A request is retried on another backend (up to the group's
 //!   `retries`) when nothing of it reached a backend: the connect failed
 //!   or timed out, or hyper handed the request back unsent (any method).
@@ -89,6 +96,51 @@ fn candidates(shared: &Shared, group: usize) -> Vec<usize> {
     (0..n).map(|i| range.start + (start + i) % n).filter(|&id| shared.health.usable(id)).collect()
 }
 
+/// Moves to the front of `order` the first backend this worker holds an
+/// idle connection to, when the first (the one whose turn it is) has
+/// connections from this worker and every one of them is busy. Without
+/// it a worker opened a new connection to a busy backend while it held
+/// idle ones to another backend of the group, and each connection opened
+/// for a moment's peak stayed pooled: the pools grew to the sum of each
+/// backend's peak instead of the worker's. A backend this worker has no
+/// connection to keeps its turn, so every backend gets requests however
+/// light the load.
+fn prefer_pooled(order: &mut [usize]) {
+    match order.first().map(|&id| pool::held(id)) {
+        Some((open, false)) if open > 0 => {}
+        _ => return,
+    }
+    if let Some(i) = order.iter().position(|&id| pool::held(id).1) {
+        order[..=i].rotate_right(1);
+    }
+}
+
+/// The host a request names: its URI's authority (HTTP/2, or an absolute
+/// target), else its `Host` field. Both hold shared bytes, so keeping it
+/// past the request's parts copies nothing.
+enum Host {
+    Authority(Authority),
+    Field(HeaderValue),
+}
+
+impl Host {
+    fn of(req: &Request<Incoming>) -> Option<Host> {
+        if let Some(a) = req.uri().authority() {
+            return Some(Host::Authority(a.clone()));
+        }
+        let v = req.headers().get(header::HOST)?;
+        v.to_str().is_ok().then(|| Host::Field(v.clone()))
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            Host::Authority(a) => a.as_str(),
+            // Checked to be text when made.
+            Host::Field(v) => v.to_str().unwrap_or_default(),
+        }
+    }
+}
+
 /// The service: one request in, one answer out (never an error: the
 /// proxy's failures are answers).
 pub async fn handle(
@@ -106,10 +158,7 @@ async fn forward(
     req: Request<Incoming>,
 ) -> Response<DownBody> {
     let version = req.version();
-    let host: Option<String> = match req.uri().authority() {
-        Some(a) => Some(a.as_str().to_string()),
-        None => req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string),
-    };
+    let host = Host::of(&req);
     if host.is_none() && version == Version::HTTP_11 {
         return fixed(StatusCode::BAD_REQUEST, "an HTTP/1.1 request needs a Host header\n".into());
     }
@@ -120,7 +169,8 @@ async fn forward(
     if req.method() == Method::CONNECT {
         return fixed(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not proxied\n".into());
     }
-    let Some(group) = shared.routes.pick(host.as_deref(), req.uri().path()) else {
+    let host = host.as_ref().map(Host::as_str);
+    let Some(group) = shared.routes.pick(host, req.uri().path()) else {
         shared.stats.no_route.fetch_add(1, Relaxed);
         return fixed(StatusCode::NOT_FOUND, "no route for this host and path\n".into());
     };
@@ -134,14 +184,14 @@ async fn forward(
     headers::remove_hop_by_hop(&mut parts.headers, true, false);
     // hyper answers `Expect: 100-continue` itself when the body is first read.
     parts.headers.remove(header::EXPECT);
-    headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
     let path =
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     match g.protocol {
         UpstreamProtocol::Http1 => {
             parts.uri = Uri::from(path);
             parts.version = Version::HTTP_11;
-            if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), &host) {
+            if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), host) {
                 if let Ok(v) = HeaderValue::from_str(h) {
                     parts.headers.insert(header::HOST, v);
                 }
@@ -149,12 +199,16 @@ async fn forward(
             headers::join_cookies(&mut parts.headers);
         }
         UpstreamProtocol::H2 => {
-            let authority = host.as_deref().and_then(|h| h.parse::<Authority>().ok());
-            let mut uri = Uri::builder().scheme(Scheme::HTTP).path_and_query(path);
+            let authority = host.and_then(|h| h.parse::<Authority>().ok());
+            // `:scheme` says how the proxy reached the backend (RFC 9113
+            // section 8.3.1); a group's backends are alike in practice.
+            let first = &shared.backends[shared.members[group].start];
+            let scheme = if first.tls.is_some() { Scheme::HTTPS } else { Scheme::HTTP };
+            let mut uri = Uri::builder().scheme(scheme).path_and_query(path);
             if let Some(a) = authority {
                 uri = uri.authority(a);
             } else {
-                uri = uri.authority(shared.backends[shared.members[group].start].addr.to_string());
+                uri = uri.authority(first.addr.to_string());
             }
             if let Ok(u) = uri.build() {
                 parts.uri = u;
@@ -168,7 +222,8 @@ async fn forward(
         .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
     let mut req = Request::from_parts(parts, UpBody::Client(body));
 
-    let order = candidates(shared, group);
+    let mut order = candidates(shared, group);
+    prefer_pooled(&mut order);
     if order.is_empty() {
         shared.stats.unavailable.fetch_add(1, Relaxed);
         let ids = shared.members[group].clone();
@@ -293,7 +348,7 @@ async fn tunnel(
     shared: &Arc<Shared>,
     peer: SocketAddr,
     group: usize,
-    host: Option<String>,
+    host: Option<&str>,
     req: Request<Incoming>,
     on: OnUpgrade,
 ) -> Response<DownBody> {
@@ -307,7 +362,7 @@ async fn tunnel(
     let version = req.version();
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, false, true);
-    headers::add_forwarding(&mut parts.headers, version, peer, host.as_deref(), shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
     parts.uri = Uri::from(
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")),
     );
@@ -386,7 +441,7 @@ async fn tunnel(
 /// Copies both ways between an upgraded client connection and its backend
 /// (after the bytes the backend sent with its `101`) until both directions
 /// have ended; an error on either side ends both.
-async fn join(mut client: Upgraded, mut backend: hotloop::net::TcpStream, first: Bytes) {
+async fn join(mut client: Upgraded, mut backend: pool::BackendIo, first: Bytes) {
     use tokio::io::AsyncWriteExt;
     if !first.is_empty() && client.write_all(&first).await.is_err() {
         return;

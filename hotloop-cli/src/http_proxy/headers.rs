@@ -11,48 +11,76 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use bytes::{BufMut, Bytes, BytesMut};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::Version;
 
 /// The pseudonym in `Via` (RFC 9110 section 7.6.3).
 const VIA_NAME: &str = "hotloop";
 
-/// The fixed hop-by-hop fields.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-    "proxy-authenticate",
+/// The fixed hop-by-hop fields, as names made once: a field looked up by
+/// a string is parsed again at every lookup, and these are looked up on
+/// every request and every answer.
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
 ];
+/// `Connection`'s place in [`HOP_BY_HOP`].
+const CONNECTION_AT: usize = 0;
+/// `TE`'s place in [`HOP_BY_HOP`].
+const TE_AT: usize = 3;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Removes the hop-by-hop fields of a message. `TE: trailers` is kept on
 /// a request (the backend may then send trailers, which are passed on);
 /// with `upgrade`, the `Upgrade` field and a `Connection: upgrade` are
 /// kept, for a tunnel the backend must agree to.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrade: bool) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
+    // One pass over the message's names finds those present (most
+    // messages carry none, or only `Connection`); only they are removed.
+    debug_assert!(
+        HOP_BY_HOP[CONNECTION_AT] == header::CONNECTION && HOP_BY_HOP[TE_AT] == header::TE
+    );
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
+        return;
+    }
+    if present[CONNECTION_AT] {
+        // Every field the message's `Connection` names goes too.
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .filter(|n| !HOP_BY_HOP.contains(n))
+            .collect();
+        for name in named {
+            if !(upgrade && name == header::UPGRADE) {
+                headers.remove(&name);
+            }
+        }
+    }
     let te_trailers = keep_te_trailers
+        && present[TE_AT]
         && headers.get_all(header::TE).iter().any(|v| {
             v.to_str()
                 .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")))
         });
-    for name in named {
-        if !(upgrade && name == header::UPGRADE) {
-            headers.remove(&name);
-        }
-    }
-    for name in HOP_BY_HOP {
-        if upgrade && (name == "upgrade" || name == "connection") {
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, here)| *here) {
+        if upgrade && (name == header::UPGRADE || name == header::CONNECTION) {
             continue;
         }
         headers.remove(name);
@@ -78,6 +106,8 @@ fn via(version: Version) -> HeaderValue {
 
 /// Appends `Via`, `X-Forwarded-For` and `Forwarded` (`for`, `host`,
 /// `proto`) for a request from `peer`, received as `version`, for `host`.
+/// Each value is written once into its own buffer, which the field then
+/// holds: no string is formatted and copied again.
 pub fn add_forwarding(
     headers: &mut HeaderMap,
     version: Version,
@@ -92,17 +122,47 @@ pub fn add_forwarding(
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
         v4 => v4,
     };
-    append_list(headers, HeaderName::from_static("x-forwarded-for"), &ip.to_string());
-    let node = match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("\"[{v6}]\""),
-    };
-    let proto = if tls { "https" } else { "http" };
-    let forwarded = match host.filter(|h| valid_token_host(h)) {
-        Some(h) => format!("for={node};host=\"{h}\";proto={proto}"),
-        None => format!("for={node};proto={proto}"),
-    };
-    append_list(headers, header::FORWARDED, &forwarded);
+    let mut item = BytesMut::with_capacity(48);
+    put_ip(&mut item, ip, false);
+    append_list(headers, X_FORWARDED_FOR, item.freeze());
+    let host = host.filter(|h| valid_token_host(h));
+    let mut f = BytesMut::with_capacity(64 + host.map_or(0, str::len));
+    f.put_slice(b"for=");
+    put_ip(&mut f, ip, true);
+    if let Some(h) = host {
+        f.put_slice(b";host=\"");
+        f.put_slice(h.as_bytes());
+        f.put_u8(b'"');
+    }
+    f.put_slice(if tls { b";proto=https" } else { b";proto=http" });
+    append_list(headers, header::FORWARDED, f.freeze());
+}
+
+/// Writes `ip` as text; an IPv6 address as `Forwarded` wants a node
+/// (`"[v6]"`, RFC 7239 section 6) when `node`.
+fn put_ip(out: &mut BytesMut, ip: IpAddr, node: bool) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.put_u8(b'.');
+                }
+                if octet >= 100 {
+                    out.put_u8(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.put_u8(b'0' + octet / 10 % 10);
+                }
+                out.put_u8(b'0' + octet % 10);
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::fmt::Write;
+            let mut text = String::with_capacity(48);
+            let _ = if node { write!(text, "\"[{v6}]\"") } else { write!(text, "{v6}") };
+            out.put_slice(text.as_bytes());
+        }
+    }
 }
 
 /// Adds `Via` to an answer received from a backend as `version`.
@@ -133,17 +193,21 @@ fn valid_token_host(h: &str) -> bool {
 }
 
 /// Appends `item` to the comma list in `name` (one field, as proxies write it).
-fn append_list(headers: &mut HeaderMap, name: HeaderName, item: &str) {
-    let joined = {
-        let prior: Vec<&str> =
-            headers.get_all(&name).iter().filter_map(|v| v.to_str().ok()).collect();
-        if prior.is_empty() {
-            item.to_string()
-        } else {
-            format!("{}, {item}", prior.join(", "))
+fn append_list(headers: &mut HeaderMap, name: HeaderName, item: Bytes) {
+    let mut prior = headers.get_all(&name).iter().peekable();
+    if prior.peek().is_none() {
+        if let Ok(v) = HeaderValue::from_maybe_shared(item) {
+            headers.insert(name, v);
         }
-    };
-    if let Ok(v) = HeaderValue::from_str(&joined) {
+        return;
+    }
+    let mut joined = BytesMut::new();
+    for v in prior {
+        joined.put_slice(v.as_bytes());
+        joined.put_slice(b", ");
+    }
+    joined.put_slice(&item);
+    if let Ok(v) = HeaderValue::from_maybe_shared(joined.freeze()) {
         headers.insert(name, v);
     }
 }
@@ -177,6 +241,22 @@ mod tests {
         assert_eq!(h["forwarded"], "for=127.0.0.2;host=\"a.test\";proto=http");
         assert_eq!(h["via"], "1.1 hotloop");
         assert_eq!(h["x-kept"], "yes");
+        let mut h = HeaderMap::new();
+        h.insert("forwarded", HeaderValue::from_static("for=10.0.0.1"));
+        add_forwarding(&mut h, Version::HTTP_2, "[2001:db8::7]:5".parse().unwrap(), None, true);
+        assert_eq!(h["x-forwarded-for"], "2001:db8::7");
+        assert_eq!(h["forwarded"], "for=10.0.0.1, for=\"[2001:db8::7]\";proto=https");
+        assert_eq!(h["via"], "2 hotloop");
+        let mut h = HeaderMap::new();
+        add_forwarding(
+            &mut h,
+            Version::HTTP_11,
+            "[::ffff:10.20.3.255]:5".parse().unwrap(),
+            None,
+            false,
+        );
+        assert_eq!(h["x-forwarded-for"], "10.20.3.255");
+        assert_eq!(h["forwarded"], "for=10.20.3.255;proto=http");
     }
 
     #[test]

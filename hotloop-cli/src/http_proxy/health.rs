@@ -176,7 +176,7 @@ pub async fn check_loop(
 async fn check_once(b: &Backend, cfg: &HealthConfig) -> bool {
     let deadline = hotloop::time::now() + cfg.timeout;
     let attempt = async {
-        let sender = pool::open(b.addr, b.protocol, cfg.timeout, None, 0).await.ok()?;
+        let sender = pool::open(b, cfg.timeout, None, 0).await.ok()?;
         let authority = b.addr.to_string();
         let mut req =
             Request::builder().method(Method::GET).header("user-agent", "hotloop-health-check");
@@ -189,7 +189,8 @@ async fn check_once(b: &Backend, cfg: &HealthConfig) -> bool {
                 s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
             }
             Sender::H2(mut s) => {
-                let uri = format!("http://{authority}{}", cfg.path);
+                let scheme = if b.tls.is_some() { "https" } else { "http" };
+                let uri = format!("{scheme}://{authority}{}", cfg.path);
                 req = req.uri(uri).version(hyper::Version::HTTP_2);
                 s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
             }

@@ -176,11 +176,12 @@ fn shared(config: Config, tls: bool) -> Shared {
     let mut fails = Vec::new();
     for (gi, g) in config.groups.iter().enumerate() {
         let start = backends.len();
-        for &(_, addr) in &g.backends {
+        for (&(_, addr), tls) in g.backends.iter().zip(&g.tls) {
             backends.push(Backend {
                 addr,
                 group: gi,
                 protocol: g.protocol,
+                tls: tls.clone(),
                 pool_idle_max: g.pool_idle_max,
                 pool_idle_timeout: g.pool_idle_timeout,
                 stats: Default::default(),

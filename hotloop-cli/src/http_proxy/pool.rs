@@ -12,11 +12,16 @@
 //! A worker does not borrow another worker's idle connection when its own
 //! pool is empty: the connection's socket is registered with the other
 //! worker's driver and its hyper state is driven by a task there, so a
-//! borrowed connection would have to be moved (its descriptor and its
-//! buffered state) or used through the other worker, a cross-thread
-//! round trip per request. With the pools per worker, reuse stays above
-//! 99.9% once every worker has warmed its pool (`BENCHMARKS.md`), so
-//! there is no measured loss for sharing to win back.
+//! borrowed connection would have to be moved (its descriptor, after the
+//! other driver's receive on it has been cancelled and has completed, and
+//! its buffered state) or used through the other worker, a cross-thread
+//! round trip per request. The backends therefore see about the sum of
+//! each worker's peak of concurrent requests as connections
+//! (`BENCHMARKS.md` counts them).
+//!
+//! A connection to a TLS backend is a rustls client stream over the TCP
+//! one ([`BackendIo`]); the handshake (SNI, the certificate checked for
+//! the backend's server name) is part of the connect and its timeout.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -29,10 +34,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hotloop::hyper::{HotloopExecutor, HotloopTimer, HyperIo};
 use hotloop::net::TcpStream;
+use hotloop::tls::ClientTlsStream;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::{http1, http2};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::config::UpstreamProtocol;
+use super::config::{BackendTls, UpstreamProtocol};
 use super::stats::BackendStats;
 
 /// One backend, as every worker sees it.
@@ -44,6 +51,8 @@ pub struct Backend {
     pub group: usize,
     /// How the proxy speaks to it.
     pub protocol: UpstreamProtocol,
+    /// TLS to it, if its connections are encrypted.
+    pub tls: Option<BackendTls>,
     /// Idle connections kept per worker.
     pub pool_idle_max: usize,
     /// An idle connection older than this is closed.
@@ -116,6 +125,8 @@ struct BackendPool {
     idle: Vec<(http1::SendRequest<UpBody>, Instant)>,
     /// The worker's HTTP/2 connection and whether it served a request.
     h2: Option<(http2::SendRequest<UpBody>, bool)>,
+    /// Connections open from this worker, idle or busy.
+    open: usize,
 }
 
 thread_local! {
@@ -149,6 +160,18 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Failed(e) => write!(f, "connect failed: {e}"),
         }
     }
+}
+
+/// This worker's connections to `backend`: how many are open (idle or
+/// serving a request; an upgraded one is not counted) and whether one
+/// is idle (it may yet turn out to have been closed by the backend when
+/// taken).
+pub fn held(backend: usize) -> (usize, bool) {
+    POOLS.with(|p| {
+        p.borrow()
+            .get(backend)
+            .map_or((0, false), |p| (p.open, !p.idle.is_empty() || p.h2.is_some()))
+    })
 }
 
 /// An idle connection to `backend` from this worker's pool, if one is
@@ -231,7 +254,7 @@ pub async fn connect(
     limit: Duration,
 ) -> Result<Lease, ConnectError> {
     let b = &backends[backend];
-    let sender = open(b.addr, b.protocol, limit, Some(backends.clone()), backend).await?;
+    let sender = open(b, limit, Some(backends.clone()), backend).await?;
     b.stats.connects.fetch_add(1, Relaxed);
     if let Sender::H2(s) = &sender {
         with_pool(backend, |p| p.h2 = Some((s.clone(), true)));
@@ -239,27 +262,108 @@ pub async fn connect(
     Ok(Lease { sender, backend, reused: false })
 }
 
-/// Connects to `addr` and starts hyper's client state for `protocol`; its
-/// connection task runs on this worker until the connection ends. With
-/// `backends`, the backend's `open` gauge follows the connection.
-pub async fn open(
-    addr: SocketAddr,
-    protocol: UpstreamProtocol,
-    limit: Duration,
-    backends: Option<Arc<[Backend]>>,
-    backend: usize,
-) -> Result<Sender, ConnectError> {
-    let deadline = Instant::now() + limit;
-    let stream = match TcpStream::connect_timeout(addr, limit).await {
+/// A connection to a backend: plain TCP, or TLS over it.
+pub enum BackendIo {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS (boxed: the TLS state is large, and most backends are plain).
+    Tls(Box<ClientTlsStream>),
+}
+
+impl AsyncRead for BackendIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            BackendIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            BackendIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for BackendIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            BackendIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            BackendIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            BackendIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            BackendIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            BackendIo::Plain(s) => s.is_write_vectored(),
+            BackendIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            BackendIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            BackendIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            BackendIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            BackendIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Connects to `b` and, if it speaks TLS, makes the handshake (SNI and
+/// the certificate checked for its server name), all by `deadline`.
+async fn dial(b: &Backend, limit: Duration, deadline: Instant) -> Result<BackendIo, ConnectError> {
+    let stream = match TcpStream::connect_timeout(b.addr, limit).await {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(ConnectError::TimedOut),
         Err(e) => return Err(ConnectError::Failed(e)),
     };
     // Requests are small writes whose answers are waited for: no Nagle.
     let _ = stream.set_nodelay(true);
-    let io = HyperIo::new(stream);
-    let open_gauge = backends.map(|bs| guard(bs, backend));
-    let sender = match protocol {
+    let Some(tls) = &b.tls else { return Ok(BackendIo::Plain(stream)) };
+    let handshake = tls.connector.connect(&tls.server_name, stream);
+    match hotloop::time::timeout_at(deadline, handshake).await {
+        Ok(Ok(s)) => Ok(BackendIo::Tls(Box::new(s))),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => Err(ConnectError::TimedOut),
+        Ok(Err(e)) => Err(ConnectError::Failed(std::io::Error::new(
+            e.kind(),
+            format!("TLS with {} ({}): {e}", b.addr, tls.server_name),
+        ))),
+        Err(_) => Err(ConnectError::TimedOut),
+    }
+}
+
+/// Connects to `b` and starts hyper's client state for its protocol; its
+/// connection task runs on this worker until the connection ends. With
+/// `backends`, the backend's `open` gauge follows the connection.
+pub async fn open(
+    b: &Backend,
+    limit: Duration,
+    backends: Option<Arc<[Backend]>>,
+    backend: usize,
+) -> Result<Sender, ConnectError> {
+    let deadline = hotloop::time::now() + limit;
+    let io = HyperIo::new(dial(b, limit, deadline).await?);
+    let open_gauge = backends.map(|bs| guard(bs, backend, true));
+    let sender = match b.protocol {
         UpstreamProtocol::Http1 => {
             let (sender, conn) = http1::Builder::new()
                 .handshake(io)
@@ -288,9 +392,9 @@ pub async fn open(
     Ok(sender)
 }
 
-/// The backend's side of an upgrade: its socket and the bytes it sent
+/// The backend's side of an upgrade: its connection and the bytes it sent
 /// after its `101`, once hyper has stopped (`None`: it did not upgrade).
-pub type UpgradedBackend = hotloop::JoinHandle<Option<(TcpStream, Bytes)>>;
+pub type UpgradedBackend = hotloop::JoinHandle<Option<(BackendIo, Bytes)>>;
 
 /// Opens a connection to `backend` for one request that asks for an
 /// upgrade: never pooled; if the answer is `101`, the connection comes
@@ -301,18 +405,13 @@ pub async fn open_upgradable(
     limit: Duration,
 ) -> Result<(http1::SendRequest<UpBody>, UpgradedBackend), ConnectError> {
     let b = &backends[backend];
-    let stream = match TcpStream::connect_timeout(b.addr, limit).await {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(ConnectError::TimedOut),
-        Err(e) => return Err(ConnectError::Failed(e)),
-    };
+    let io = dial(b, limit, hotloop::time::now() + limit).await?;
     b.stats.connects.fetch_add(1, Relaxed);
-    let _ = stream.set_nodelay(true);
     let (sender, conn) = http1::Builder::new()
-        .handshake(HyperIo::new(stream))
+        .handshake(HyperIo::new(io))
         .await
         .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
-    let open_gauge = guard(backends.clone(), backend);
+    let open_gauge = guard(backends.clone(), backend, false);
     let upgraded = hotloop::spawn(async move {
         let _open = open_gauge;
         let parts = conn.without_shutdown().await.ok()?;
@@ -321,8 +420,10 @@ pub async fn open_upgradable(
     Ok((sender, upgraded))
 }
 
-/// Counts a connection in its backend's `open` gauge while it lives.
-struct Guard(Arc<[Backend]>, usize);
+/// Counts a connection in its backend's `open` gauge while it lives, and
+/// a poolable one in its worker's count too (the connection's task, which
+/// holds the guard, runs on the worker that opened it).
+struct Guard(Arc<[Backend]>, usize, bool);
 
 impl Guard {
     fn stats(&self) -> &BackendStats {
@@ -333,12 +434,19 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.stats().open.fetch_sub(1, Relaxed);
+        if self.2 {
+            with_pool(self.1, |p| p.open -= 1);
+        }
     }
 }
 
-/// Makes a guard, counting the connection in.
-fn guard(backends: Arc<[Backend]>, backend: usize) -> Guard {
-    let g = Guard(backends, backend);
+/// Makes a guard, counting the connection in (in this worker's count too
+/// if it may be pooled).
+fn guard(backends: Arc<[Backend]>, backend: usize, poolable: bool) -> Guard {
+    let g = Guard(backends, backend, poolable);
     g.stats().open.fetch_add(1, Relaxed);
+    if poolable {
+        with_pool(backend, |p| p.open += 1);
+    }
     g
 }

@@ -23,30 +23,37 @@ impl Routes {
     /// The group `host` and `path` go to, if a route matches.
     pub fn pick(&self, host: Option<&str>, path: &str) -> Option<usize> {
         let host = host.map(host_name);
-        self.routes.iter().find(|r| matches(r, host.as_deref(), path)).map(|r| r.group)
+        self.routes.iter().find(|r| matches(r, host, path)).map(|r| r.group)
     }
 }
 
+/// Whether `r` takes `host` (without port or trailing dot, any case: the
+/// patterns are lowercase) and `path`.
 fn matches(r: &RouteConfig, host: Option<&str>, path: &str) -> bool {
     let host_ok = match (&r.host, host) {
         (None, _) => true,
         (Some(_), None) => false,
         (Some(pattern), Some(host)) => match pattern.strip_prefix('*') {
-            Some(suffix) => host.len() > suffix.len() && host.ends_with(suffix),
-            None => pattern == host,
+            Some(suffix) => {
+                host.len() > suffix.len()
+                    && host.is_char_boundary(host.len() - suffix.len())
+                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+            }
+            None => pattern.eq_ignore_ascii_case(host),
         },
     };
     host_ok && r.path.as_deref().is_none_or(|prefix| path.starts_with(prefix))
 }
 
-/// `Host: Example.COM:8080` as `example.com`; `[::1]:80` as `[::1]`.
-fn host_name(host: &str) -> String {
+/// `Host: Example.COM:8080` as `Example.COM`; `[::1]:80` as `[::1]`
+/// (compared without regard to case: no copy per request).
+fn host_name(host: &str) -> &str {
     let name = if host.starts_with('[') {
         host.find(']').map_or(host, |end| &host[..=end])
     } else {
         host.rsplit_once(':').map_or(host, |(name, _)| name)
     };
-    name.trim_end_matches('.').to_ascii_lowercase()
+    name.trim_end_matches('.')
 }
 
 #[cfg(test)]
@@ -74,5 +81,6 @@ mod tests {
         assert_eq!(strict.pick(Some("b.test"), "/"), None);
         assert_eq!(strict.pick(None, "/"), None);
         assert_eq!(host_name("[::1]:80"), "[::1]");
+        assert_eq!(r.pick(Some("WWW.Example.Com"), "/"), Some(1));
     }
 }
