@@ -5,7 +5,8 @@
 
 Keep-alive HTTP/1.1 (`hotloop-bench load --mode keepalive`) against, in
 turn: `hotloop serve http --driver uring` as it is, the same with the
-switch off (OFF_ENV, default `HOTLOOP_URING_REGISTERED_RING=0`), hotloop
+switch off (OFF_ENV, default `HOTLOOP_URING_REGISTERED_RING=0`; empty for none;
+OFF_ARGS adds command-line arguments, e.g. `--event-interval 256`), hotloop
 on epoll, the two floors (`hotloop-bench peer floor|floor-uring`), and
 h2o when it is on PATH (one thread, no access log: hotloop-bench's
 `h2o_config`).
@@ -36,6 +37,8 @@ import urllib.request
 BIN = os.environ.get("BIN", "target/release")
 C = os.environ.get("C", "256")
 OFF_ENV = os.environ.get("OFF_ENV", "HOTLOOP_URING_REGISTERED_RING=0")
+# Further command-line arguments of the switched variant (e.g. `--event-interval 256`).
+OFF_ARGS = os.environ.get("OFF_ARGS", "").split()
 STARTUP_MAX_S = 10.0
 # `hotloop serve http`'s body.
 BODY_BYTES = 64
@@ -103,10 +106,10 @@ def load(port, seconds):
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     seconds = sys.argv[2] if len(sys.argv) > 2 else "3"
-    off_name, off_value = OFF_ENV.split("=", 1)
+    off_env = dict([OFF_ENV.split("=", 1)]) if OFF_ENV else {}
     servers = {
         "uring": (["serve", "http", "--driver", "uring"], {}, True),
-        "uring-switch-off": (["serve", "http", "--driver", "uring"], {off_name: off_value}, True),
+        "uring-switch-off": (["serve", "http", "--driver", "uring", *OFF_ARGS], off_env, True),
         "epoll": (["serve", "http", "--driver", "epoll"], {}, True),
         "floor": (["peer", "floor", "http"], {}, False),
         "floor-uring": (["peer", "floor-uring", "http"], {}, False),
@@ -150,7 +153,7 @@ def main():
                        waits=d["poller_waits"] / done, p99_us=p99)
             runs[name].append(row)
             print(r, name, {k: round(v, 4) for k, v in row.items()}, flush=True)
-    print(f"\nmedians over {rounds} rounds, keep-alive c={C}, {OFF_ENV} in uring-switch-off")
+    print(f"\nmedians over {rounds} rounds, keep-alive c={C}, {OFF_ENV} {' '.join(OFF_ARGS)} in uring-switch-off")
     first = None
     for name, rows in runs.items():
         if not rows:

@@ -42,6 +42,10 @@ pub struct RuntimeArgs {
     /// Pin worker i to CPU i.
     #[arg(long)]
     pub pin: bool,
+    /// Task polls per loop turn before the worker looks at I/O again (on
+    /// io_uring, at most one `io_uring_enter` per turn reaps completions).
+    #[arg(long, default_value_t = 61, value_parser = clap::value_parser!(u32).range(1..))]
+    pub event_interval: u32,
     /// Listen backlog.
     #[arg(long, default_value_t = 4096)]
     pub backlog: u32,
@@ -131,7 +135,8 @@ impl RuntimeArgs {
             .driver(self.driver)
             .busy_poll(self.busy_poll)
             .registration(self.register)
-            .pin_cpus(self.pin);
+            .pin_cpus(self.pin)
+            .event_interval(self.event_interval);
         if let Some(n) = self.workers {
             b = b.workers(n);
         }
@@ -198,6 +203,20 @@ mod tests {
         assert_eq!(p.turn_target, Duration::from_micros(500));
         assert!(parse_accept_pacing("0").is_err());
         assert!(parse_accept_pacing("fast").is_err());
+    }
+
+    #[test]
+    fn event_interval_defaults_to_61_and_refuses_0() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            runtime: RuntimeArgs,
+        }
+        assert_eq!(Cli::try_parse_from(["hotloop"]).unwrap().runtime.event_interval, 61);
+        let set = Cli::try_parse_from(["hotloop", "--event-interval", "256"]).unwrap();
+        assert_eq!(set.runtime.event_interval, 256);
+        assert!(Cli::try_parse_from(["hotloop", "--event-interval", "0"]).is_err());
     }
 
     #[test]
