@@ -132,26 +132,58 @@ pub(super) fn on_completion(
     }
 }
 
+/// The buffer groups of datagram sockets' rings: one group id each,
+/// handed out and given back here.
+pub(super) struct DgramRings {
+    /// Whether datagram sockets receive with multishot `RECVMSG` (Linux 6.0).
+    multishot: bool,
+    /// Buffers in each datagram socket's ring.
+    buffers: u16,
+    /// Buffer group ids of datagram rings freed for reuse.
+    free_groups: Vec<u16>,
+    /// The last buffer group id handed out (0 is the stream ring's).
+    next_group: u16,
+    /// True once a datagram ring failed to register (said once).
+    ring_failed: bool,
+}
+
+impl DgramRings {
+    pub(super) fn new(multishot: bool, buffers: u16) -> DgramRings {
+        DgramRings {
+            multishot,
+            buffers,
+            free_groups: Vec::new(),
+            next_group: super::bufring::GROUP,
+            ring_failed: false,
+        }
+    }
+
+    /// A buffer group id for a new ring, if any is left.
+    fn take_group(&mut self) -> Option<u16> {
+        match self.free_groups.pop() {
+            Some(g) => Some(g),
+            None if self.next_group < u16::MAX => {
+                self.next_group += 1;
+                Some(self.next_group)
+            }
+            None => None,
+        }
+    }
+}
+
 impl Uring {
     /// Gives a datagram socket a ring and a queue, if the kernel has
     /// multishot `RECVMSG` and a ring can be registered; `None` means the
     /// socket receives without them.
     pub(super) fn open_dgrams(&mut self) -> Option<Key> {
-        if !self.dgram_multishot {
+        if !self.dgram_rings.multishot {
             return None;
         }
-        let group = match self.dgram_groups.pop() {
-            Some(g) => g,
-            None if self.dgram_next_group < u16::MAX => {
-                self.dgram_next_group += 1;
-                self.dgram_next_group
-            }
-            None => return None,
-        };
+        let group = self.dgram_rings.take_group()?;
         match BufRing::with_group(
             self.ring.io_uring(),
             group,
-            self.dgram_buffers,
+            self.dgram_rings.buffers,
             DGRAM_BUFFER_BYTES,
         ) {
             Ok(buf_ring) => {
@@ -164,8 +196,8 @@ impl Uring {
                 }))
             }
             Err(e) => {
-                self.dgram_groups.push(group);
-                if !std::mem::replace(&mut self.dgram_ring_failed, true) {
+                self.dgram_rings.free_groups.push(group);
+                if !std::mem::replace(&mut self.dgram_rings.ring_failed, true) {
                     crate::log::warn(format_args!(
                         "io_uring: a datagram socket's buffer ring could not be registered ({e}); \
                          such sockets receive without multishot RECVMSG"
@@ -281,6 +313,6 @@ impl Uring {
     /// its group id.
     pub(super) fn free_recv_ring(&mut self, ring: RecvRing) {
         ring.buf_ring.unregister(self.ring.io_uring());
-        self.dgram_groups.push(ring.buf_ring.group());
+        self.dgram_rings.free_groups.push(ring.buf_ring.group());
     }
 }

@@ -48,22 +48,12 @@ impl Uring {
         let last = !cqueue::more(flags);
         let key = match UserData::from_u64(user_data) {
             Some(UserData::Wake) => {
-                self.unpark.drain();
-                if res == -libc::EINVAL && self.wake_multishot {
-                    // No multishot poll on this kernel (before 5.13): one-shot from now on.
-                    self.wake_multishot = false;
-                }
-                if last {
-                    self.wake_armed = false;
-                }
+                self.wake.on_completion(res, last);
                 return;
             }
             Some(UserData::Cancel | UserData::TimerUpdate) => return,
             Some(UserData::Timer) => {
-                // Expired (`ETIME`) or cancelled with the ring: either way
-                // no longer armed. (A move that came too late fails with
-                // `ENOENT`, after this completion.)
-                self.timer_armed = None;
+                self.timer.on_completion();
                 return;
             }
             Some(UserData::StreamReceive(stream)) => {

@@ -136,8 +136,6 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
-use io_uring::types;
-
 use self::lifecycle::Lifecycle;
 use self::ring::Ring;
 use self::turn::SETTLE_MAX;
@@ -214,21 +212,10 @@ struct Uring {
     /// The receive queues of datagram sockets, each with its own ring
     /// (`dgram.rs`).
     dgrams: Slab<dgram::Datagrams>,
-    /// Whether datagram sockets receive with multishot `RECVMSG` (Linux 6.0).
-    dgram_multishot: bool,
-    /// Buffers in each datagram socket's ring.
-    dgram_buffers: u16,
-    /// Buffer group ids of datagram rings freed for reuse.
-    dgram_groups: Vec<u16>,
-    /// The last buffer group id handed out (0 is the stream ring's).
-    dgram_next_group: u16,
-    /// True once a datagram ring failed to register (said once).
-    dgram_ring_failed: bool,
-    unpark: Arc<Unpark>,
-    /// True while the eventfd's poll is armed.
-    wake_armed: bool,
-    /// False on kernels without multishot poll: re-arm after every wake.
-    wake_multishot: bool,
+    /// The buffer groups of datagram sockets' rings (`dgram.rs`).
+    dgram_rings: dgram::DgramRings,
+    /// The poll on the worker's unpark eventfd (`turn.rs`).
+    wake: turn::Wake,
     /// Whether `AcceptMode::Multishot` really is multishot here.
     multishot_accept: bool,
     /// The most completions handled per poll.
@@ -247,13 +234,8 @@ struct Uring {
     zc_copied_fds: Vec<RawFd>,
     /// Writes left running by dropped streams, with their deadlines, oldest first.
     lingering: VecDeque<(Instant, Key)>,
-    /// When the deadline timer expires (`CLOCK_MONOTONIC` nanoseconds);
-    /// `None` once it has, or before it was first armed.
-    timer_armed: Option<u64>,
-    /// The deadline the timer's entries point at. The kernel copies it
-    /// when it takes an entry, so one place serves them all (entries
-    /// still pending read its latest value, the latest deadline).
-    timer_spec: Box<types::Timespec>,
+    /// The driver's one deadline timer (`turn.rs`).
+    timer: turn::DeadlineTimer,
 }
 
 impl Driver {
@@ -284,14 +266,11 @@ impl Driver {
             spare_queues: Vec::with_capacity(pooled::SPARE_QUEUES_MAX),
             buf_ring,
             dgrams: Slab::default(),
-            dgram_multishot: switches.multishot_recvmsg && probe::multishot_recv_supported(),
-            dgram_buffers: switches.dgram_buffers,
-            dgram_groups: Vec::new(),
-            dgram_next_group: bufring::GROUP,
-            dgram_ring_failed: false,
-            unpark,
-            wake_armed: false,
-            wake_multishot: true,
+            dgram_rings: dgram::DgramRings::new(
+                switches.multishot_recvmsg && probe::multishot_recv_supported(),
+                switches.dgram_buffers,
+            ),
+            wake: turn::Wake::new(unpark),
             multishot_accept: probe::multishot_accept_supported(),
             completions_per_poll_max: config.events_per_poll_max,
             cqes: Vec::with_capacity(config.events_per_poll_max),
@@ -299,8 +278,7 @@ impl Driver {
             zc_keeps: HashMap::new(),
             zc_copied_fds: Vec::new(),
             lingering: VecDeque::new(),
-            timer_armed: None,
-            timer_spec: Box::new(types::Timespec::new()),
+            timer: turn::DeadlineTimer::default(),
         };
         uring.arm_wake();
         let reads_from_ring = uring.buf_ring.is_some();

@@ -4,6 +4,7 @@
 
 use std::any::Any;
 use std::io;
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use super::lifecycle::Lifecycle;
 use super::user_data::UserData;
 use super::{pooled, Uring};
 use crate::driver::park::Park;
+use crate::driver::wake::Unpark;
 use crate::stats;
 use crate::sys;
 
@@ -23,29 +25,80 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// how long a lingering write cut at its deadline waits for its cancel.
 pub(super) const SETTLE_MAX: Duration = Duration::from_millis(100);
 
+/// The poll on the worker's unpark eventfd, through which other threads
+/// wake a worker that waits in the ring.
+pub(super) struct Wake {
+    unpark: Arc<Unpark>,
+    /// True while the eventfd's poll is armed.
+    armed: bool,
+    /// False on kernels without multishot poll: re-arm after every wake.
+    multishot: bool,
+}
+
+impl Wake {
+    pub(super) fn new(unpark: Arc<Unpark>) -> Wake {
+        Wake { unpark, armed: false, multishot: true }
+    }
+
+    /// A completion of the poll: the wakes are taken, and the poll is
+    /// re-armed at the next turn if it ended.
+    pub(super) fn on_completion(&mut self, res: i32, last: bool) {
+        self.unpark.drain();
+        if res == -libc::EINVAL && self.multishot {
+            // No multishot poll on this kernel (before 5.13): one-shot from now on.
+            self.multishot = false;
+        }
+        if last {
+            self.armed = false;
+        }
+    }
+}
+
+/// The driver's one deadline timer (`IORING_OP_TIMEOUT`), moved rather
+/// than added to when a nearer deadline comes.
+#[derive(Default)]
+pub(super) struct DeadlineTimer {
+    /// When it expires (`CLOCK_MONOTONIC` nanoseconds); `None` once it
+    /// has, or before it was first armed.
+    armed: Option<u64>,
+    /// The deadline the timer's entries point at. The kernel copies it
+    /// when it takes an entry, so one place serves them all (entries
+    /// still pending read its latest value, the latest deadline).
+    spec: Box<types::Timespec>,
+}
+
+impl DeadlineTimer {
+    /// Its completion: expired (`ETIME`) or cancelled with the ring,
+    /// either way no longer armed. (A move that came too late fails with
+    /// `ENOENT`, after this completion.)
+    pub(super) fn on_completion(&mut self) {
+        self.armed = None;
+    }
+}
+
 impl Uring {
     /// Arms the multishot (or one-shot) poll on the unpark eventfd.
     pub(super) fn arm_wake(&mut self) {
-        let entry = opcode::PollAdd::new(types::Fd(self.unpark.fd()), libc::POLLIN as u32)
-            .multi(self.wake_multishot)
+        let entry = opcode::PollAdd::new(types::Fd(self.wake.unpark.fd()), libc::POLLIN as u32)
+            .multi(self.wake.multishot)
             .build()
             .user_data(UserData::Wake.to_u64());
         self.ring.push(entry);
-        self.wake_armed = true;
+        self.wake.armed = true;
     }
 
     /// Makes the deadline timer expire no later than `deadline`: a new
     /// timer when none is armed, moved when it is armed for later, left
     /// alone otherwise (an expiry that comes early costs a spare turn).
     fn arm_timer(&mut self, deadline: u64) {
-        if self.timer_armed.is_some_and(|armed| armed <= deadline) {
+        if self.timer.armed.is_some_and(|armed| armed <= deadline) {
             return;
         }
-        *self.timer_spec = types::Timespec::new()
+        *self.timer.spec = types::Timespec::new()
             .sec(deadline / NANOS_PER_SEC)
             .nsec((deadline % NANOS_PER_SEC) as u32);
-        let spec: *const types::Timespec = &*self.timer_spec;
-        let entry = match self.timer_armed {
+        let spec: *const types::Timespec = &*self.timer.spec;
+        let entry = match self.timer.armed {
             None => opcode::Timeout::new(spec)
                 .flags(types::TimeoutFlags::ABS)
                 .build()
@@ -55,10 +108,10 @@ impl Uring {
                 .build()
                 .user_data(UserData::TimerUpdate.to_u64()),
         };
-        // The kernel reads `timer_spec` when it takes the entry; the box
+        // The kernel reads `timer.spec` when it takes the entry; the box
         // lives as long as the ring's entries do.
         self.ring.push(entry);
-        self.timer_armed = Some(deadline);
+        self.timer.armed = Some(deadline);
         stats::add(&self.ring.stats.timer_arms, 1);
     }
 
@@ -69,7 +122,7 @@ impl Uring {
         woken: &mut Vec<Waker>,
         freed: &mut Vec<Box<dyn Any>>,
     ) -> io::Result<usize> {
-        if !self.wake_armed {
+        if !self.wake.armed {
             self.arm_wake();
         }
         self.cancel_expired_lingerers();
@@ -159,7 +212,7 @@ impl Uring {
         woken: &mut Vec<Waker>,
         freed: &mut Vec<Box<dyn Any>>,
     ) -> bool {
-        if !self.wake_armed {
+        if !self.wake.armed {
             self.arm_wake();
         }
         self.cancel_expired_lingerers();
