@@ -74,6 +74,11 @@ pub(crate) use park::Park;
 pub(crate) use source::{DatagramSource, ListenerSource, ReadinessSource, StreamSource};
 pub(crate) use wake::Unpark;
 
+/// The file operations a worker's ring runs (`uring/file.rs`), as `fs`
+/// reaches them: through this name, given by [`Driver::ring_for`], and
+/// never through the io_uring backend's own types.
+pub(crate) type FileRing = uring::Driver;
+
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -227,7 +232,7 @@ impl Driver {
     /// The io_uring driver if this is one and its kernel has `op`;
     /// `None` means the caller runs the operation another way (the
     /// blocking pool for files, `sendfile` for sockets).
-    pub(crate) fn ring_for(&self, op: FileOp) -> Option<&Rc<uring::Driver>> {
+    pub(crate) fn ring_for(&self, op: FileOp) -> Option<&Rc<FileRing>> {
         match self {
             Driver::Uring(d) if d.switches.files_on_ring && probe::opcode_supported(op.code()) => {
                 Some(d)

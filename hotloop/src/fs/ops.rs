@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::error::{not_on_worker, nul_in_path};
 use super::{Metadata, OpenOptions};
 use crate::buf::{self, BufResult, IoBuf, IoBufMut};
-use crate::driver::{uring, FileOp};
+use crate::driver::{FileOp, FileRing};
 use crate::runtime::current;
 
 /// A file shared by its handle and the operations in flight on it.
@@ -25,14 +25,14 @@ pub(crate) type SharedFile = Arc<StdFile>;
 /// holds the worker's paused clock until the operation's future returns or
 /// is dropped (`time/paused.rs`), as a blocking-pool job does on epoll.
 struct Ring {
-    driver: Rc<uring::Driver>,
+    driver: Rc<FileRing>,
     _held: Option<current::PausedClockHold>,
 }
 
 impl std::ops::Deref for Ring {
-    type Target = Rc<uring::Driver>;
+    type Target = Rc<FileRing>;
 
-    fn deref(&self) -> &Rc<uring::Driver> {
+    fn deref(&self) -> &Rc<FileRing> {
         &self.driver
     }
 }
