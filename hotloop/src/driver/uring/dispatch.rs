@@ -2,7 +2,6 @@
 //! completion to the operation, queue or driver state it belongs to.
 
 use std::any::Any;
-use std::os::fd::AsRawFd;
 use std::task::Waker;
 
 use io_uring::cqueue;
@@ -122,7 +121,7 @@ impl Uring {
 
     /// A zero-copy send's notification: the kernel no longer reads its
     /// buffer. Frees what kept the bytes alive: the handle the send's
-    /// future left (`zc_keeps`), or the slot of a future dropped before it
+    /// future left (`zero_copy.rs`), or the slot of a future dropped before it
     /// took the result; or, if the result is still untaken, folds the
     /// notification into it.
     fn on_notification(&mut self, user_data: u64, res: i32, freed: &mut Vec<Box<dyn Any>>) {
@@ -130,17 +129,10 @@ impl Uring {
         let counter =
             if copied { &self.ring.stats.send_zc_copied } else { &self.ring.stats.send_zc };
         stats::add(counter, 1);
-        if let Some(keep) = self.zc_keeps.remove(&user_data) {
-            if let Some(fd) = keep.fd.upgrade().filter(|_| copied) {
-                let fd = fd.as_raw_fd();
-                if !self.zc_copied_fds.contains(&fd) {
-                    self.zc_copied_fds.push(fd);
-                }
-            }
-            freed.push(Box::new(keep));
+        if self.zero_copy.on_notification(user_data, copied, freed) {
             return;
         }
-        let Some(key) = Key::from_u64(user_data) else { return };
+        let Some(UserData::Op(key)) = UserData::from_u64(user_data) else { return };
         match self.ops.get_mut(key) {
             Some(Lifecycle::Completed(cqe)) => {
                 cqe.more = false;
@@ -153,7 +145,7 @@ impl Uring {
             }
             // The kernel posts the notification after the result, so the
             // slot is in one of the two states above, or gone with its
-            // handle in `zc_keeps`.
+            // handle in `zero_copy`.
             _ => stats::add(&self.ring.stats.stale_events, 1),
         }
     }

@@ -17,7 +17,7 @@
 //!   the buffer. The future takes the result as it would a `SEND`'s (so
 //!   dropping it means what dropping a `SEND` means); what keeps the bytes
 //!   alive after that is another handle on them (`IoBuf::share`), which
-//!   waits in the driver until the notification (`zc_keeps`). A
+//!   waits in the driver until the notification (`zero_copy.rs`). A
 //!   notification that comes before the future took the result is folded
 //!   into it; a future dropped with the result untaken leaves the slot
 //!   `Cancelled` until the notification.

@@ -28,7 +28,7 @@
 //!   over it, a gap the bound closes.
 //! - An owned write of a shared buffer (`IoBuf::share`) from 64 KiB is a
 //!   `SEND_ZC`: it returns at its result, and another handle on its bytes
-//!   waits in `zc_keeps` until the notification that the kernel no longer
+//!   waits in `zero_copy.rs` until the notification that the kernel no longer
 //!   reads them (`lifecycle.rs`). A socket whose zero-copy sends the
 //!   kernel reports copied (a local peer) goes back to copying sends.
 //! - The worker's unpark eventfd has a multishot `POLL_ADD` on it (one-shot,
@@ -81,7 +81,9 @@
 //!    names, encoded and decoded in one place.
 //! 2. `linger`: the rest of a written-behind send its stream no longer
 //!    waits for (dropped, or shut down in both directions).
-//! 3. `unclaimed`: descriptors the kernel hands back that nobody will take.
+//! 3. `unclaimed`: descriptors the kernel hands back that nobody will take;
+//!    `zero_copy`: what keeps a zero-copy send's bytes alive until its
+//!    notification.
 //! 4. `lifecycle`: an operation's slot states.
 //! 5. `ring`: setup, the pending list, the one enter per turn.
 //! 6. `op`: the future of an operation, and what its drop does.
@@ -118,6 +120,7 @@ mod udp;
 mod unclaimed;
 mod user_data;
 mod write_behind;
+mod zero_copy;
 
 pub(crate) use linger::WRITE_LINGER;
 pub(crate) use listener::ListenerSource;
@@ -128,10 +131,10 @@ pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{OwnedFd, RawFd};
-use std::rc::{Rc, Weak};
+use std::os::fd::RawFd;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
@@ -185,16 +188,6 @@ pub(crate) struct Driver {
     send_zc_min_bytes: Option<usize>,
 }
 
-/// What keeps a zero-copy send's bytes alive after its future returned,
-/// until the notification.
-struct ZcKeep {
-    /// Another handle on the bytes (`IoBuf::share`), never read.
-    _keep: Box<dyn Any>,
-    /// The socket, to tell its stream if the kernel copied (only while it
-    /// is open: the number cannot have been reused).
-    fd: Weak<OwnedFd>,
-}
-
 /// The ring and everything the kernel may still refer to.
 struct Uring {
     ring: Ring,
@@ -224,14 +217,9 @@ struct Uring {
     cqes: Vec<(u64, i32, u32)>,
     /// The kernel's dropped-completion counter at the last look.
     dropped_seen: u32,
-    /// What keeps each zero-copy send's bytes alive after its future
-    /// returned, by the send's `user_data`, until its notification
-    /// (`lifecycle.rs`).
-    zc_keeps: HashMap<u64, ZcKeep>,
-    /// Sockets whose zero-copy sends a notification said were copied after
-    /// their stream took the result (a stream takes its mark at its next
-    /// write, or forgets it when dropped; `Driver::take_copied_mark`).
-    zc_copied_fds: Vec<RawFd>,
+    /// What keeps each zero-copy send's bytes alive until its
+    /// notification, and the sockets the kernel copied for (`zero_copy.rs`).
+    zero_copy: zero_copy::ZeroCopyKeeps,
     /// Writes left running by dropped streams, with their deadlines, oldest first.
     lingering: VecDeque<(Instant, Key)>,
     /// The driver's one deadline timer (`turn.rs`).
@@ -275,8 +263,7 @@ impl Driver {
             completions_per_poll_max: config.events_per_poll_max,
             cqes: Vec::with_capacity(config.events_per_poll_max),
             dropped_seen: 0,
-            zc_keeps: HashMap::new(),
-            zc_copied_fds: Vec::new(),
+            zero_copy: zero_copy::ZeroCopyKeeps::default(),
             lingering: VecDeque::new(),
             timer: turn::DeadlineTimer::default(),
         };
@@ -394,10 +381,7 @@ impl Driver {
     /// longer reads them.
     fn keep_until_notified(&self, user_data: u64, keep: Box<dyn Any>, fd: &SharedFd) {
         match self.state.try_borrow_mut() {
-            Ok(mut st) => {
-                let keep = ZcKeep { _keep: keep, fd: Rc::downgrade(fd) };
-                st.zc_keeps.insert(user_data, keep);
-            }
+            Ok(mut st) => st.zero_copy.keep(user_data, keep, fd),
             // Never from a destructor the driver runs; were it so, leaking
             // beats freeing bytes the kernel may read.
             Err(_) => std::mem::forget(keep),
@@ -410,12 +394,8 @@ impl Driver {
     /// being dropped.
     fn take_copied_mark(&self, fd: RawFd) -> bool {
         match self.state.try_borrow_mut() {
-            Ok(mut st) if !st.zc_copied_fds.is_empty() => {
-                let before = st.zc_copied_fds.len();
-                st.zc_copied_fds.retain(|&f| f != fd);
-                st.zc_copied_fds.len() != before
-            }
-            _ => false,
+            Ok(mut st) => st.zero_copy.take_copied_mark(fd),
+            Err(_) => false,
         }
     }
 

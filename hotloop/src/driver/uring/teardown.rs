@@ -79,7 +79,7 @@ impl Drop for Uring {
             std::mem::forget(std::mem::take(&mut self.streams));
             std::mem::forget(self.buf_ring.take());
             std::mem::forget(std::mem::take(&mut self.dgrams));
-            std::mem::forget(std::mem::take(&mut self.zc_keeps));
+            self.zero_copy.leak();
         } else if let Some(buf_ring) = &self.buf_ring {
             buf_ring.unregister(self.ring.io_uring());
         }
@@ -90,7 +90,7 @@ impl Uring {
     /// True while the kernel holds any operation or stream receive, or
     /// may still read a zero-copy send's bytes.
     fn kernel_holds_any(&self) -> bool {
-        !self.zc_keeps.is_empty()
+        !self.zero_copy.is_empty()
             || self.ops.iter().any(|(_, s)| s.held_by_kernel())
             || self.streams.iter().any(|(_, s)| s.held_by_kernel())
     }
