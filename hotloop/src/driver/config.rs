@@ -165,9 +165,9 @@ impl UringSwitches {
     /// environment says otherwise: at most one extra `io_uring_enter` per
     /// 200 µs of task time, so tens of cheap tasks still share one enter,
     /// while an answer queued before costly ones leaves within 200 µs and a
-    /// task. Measured with 60 µs requests (BENCHMARKS.md, storm run 6): 50
-    /// µs cost 6% of the closed-loop rate for the same storm tail, 500 µs
-    /// gave back a third of the tail.
+    /// task. With 60 µs requests under the accept storm, 50 µs cost 6% of
+    /// the closed-loop rate for the same tail, and 500 µs gave back a third
+    /// of the tail.
     pub(crate) const SUBMIT_AFTER_DEFAULT_US: u64 = 200;
 
     /// The smallest owned write sent zero-copy unless the environment says
