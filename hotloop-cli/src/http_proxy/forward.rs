@@ -250,18 +250,14 @@ async fn forward(
             Some(lease) => lease,
             None => match pool::connect(&shared.backends, id, g.connect_timeout).await {
                 Ok(lease) => lease,
-                Err(e) => {
-                    note_failure(shared, id);
-                    let f = Failure::from(e);
-                    // Nothing was sent: any request may move on.
-                    match next_backend(shared, g, &mut order, &mut moves) {
-                        Some(next) => {
-                            id = next;
-                            continue;
-                        }
-                        None => break f,
+                // Nothing was sent: any request may move on.
+                Err(e) => match after_connect_failure(shared, g, id, e, &mut order, &mut moves) {
+                    Ok(next) => {
+                        id = next;
+                        continue;
                     }
-                }
+                    Err(f) => break f,
+                },
             },
         };
         b.stats.requests.fetch_add(1, Relaxed);
@@ -380,17 +376,13 @@ async fn tunnel(
         let (mut sender, upgraded) =
             match pool::open_upgradable(&shared.backends, id, g.connect_timeout).await {
                 Ok(pair) => pair,
-                Err(e) => {
-                    note_failure(shared, id);
-                    let f = Failure::from(e);
-                    match next_backend(shared, g, &mut order, &mut moves) {
-                        Some(next) => {
-                            id = next;
-                            continue;
-                        }
-                        None => break f,
+                Err(e) => match after_connect_failure(shared, g, id, e, &mut order, &mut moves) {
+                    Ok(next) => {
+                        id = next;
+                        continue;
                     }
-                }
+                    Err(f) => break f,
+                },
             };
         shared.backends[id].stats.requests.fetch_add(1, Relaxed);
         let started = Instant::now();
@@ -463,6 +455,25 @@ fn next_backend(
     *moves += 1;
     shared.stats.retries.fetch_add(1, Relaxed);
     Some(next)
+}
+
+/// A connect to backend `id` failed (nothing was sent): the failure is
+/// counted against it, and the next backend to try is given, or the
+/// failure to answer with when none is left.
+fn after_connect_failure<E>(
+    shared: &Shared,
+    g: &GroupConfig,
+    id: usize,
+    e: E,
+    order: &mut std::vec::IntoIter<usize>,
+    moves: &mut usize,
+) -> Result<usize, Failure>
+where
+    Failure: From<E>,
+{
+    note_failure(shared, id);
+    let failure = Failure::from(e);
+    next_backend(shared, g, order, moves).ok_or(failure)
 }
 
 fn note_failure(shared: &Shared, id: usize) {
