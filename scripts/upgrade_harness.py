@@ -317,6 +317,24 @@ def read_response(sock):
     return b"connection: close" in lower
 
 
+def probe_process(port, kind, path):
+    """`--probe PORT ka|fresh PATH`: one probe until SIGTERM, then its samples
+    as JSON lines in PATH (the monotonic clock is the host's, so the
+    harness compares them with its upgrade windows)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    samples = []
+    probe(port, kind == "ka", stop, samples)
+    with open(path, "w") as f:
+        for sample in samples:
+            f.write(json.dumps(sample) + "\n")
+
+
+def read_samples(path):
+    with open(path) as f:
+        return [tuple(json.loads(line)) for line in f]
+
+
 def probe(port, keep_alive, stop, samples, period=0.01):
     """Sequential requests every `period` s; appends (start, latency, error)."""
     sock = None
@@ -458,9 +476,15 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     helpers.append(tcpdump)
     time.sleep(0.5)
-    ka, fresh = [], []
-    probes = [threading.Thread(target=probe, args=(server.port, True, stop, ka)),
-              threading.Thread(target=probe, args=(server.port, False, stop, fresh))]
+    # Each probe is a process of its own: as threads of this one they
+    # waited for the interpreter's lock while it started and watched a
+    # successor, which put latency into the upgrade windows that no
+    # server caused.
+    probe_files = {kind: os.path.join(tmp, f"probe-{kind}.jsonl") for kind in ("ka", "fresh")}
+    probes = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--probe",
+                                str(server.port), kind, path])
+              for kind, path in probe_files.items()]
+    helpers.extend(probes)
     # The load tools are stopped with SIGINT (they then report) once the
     # upgrades are done; their duration only bounds a run that hangs.
     estimate = args.upgrade_estimate or {"hotloop": 0.5}.get(server_kind, 1.0)
@@ -469,8 +493,6 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
                                            duration),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     helpers.append(loader)
-    for p in probes:
-        p.start()
     started = time.monotonic()
     time.sleep(args.steady)
     upgrades, error = [], None
@@ -495,7 +517,9 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
     out, _ = loader.communicate(timeout=duration + 60)
     stop.set()
     for p in probes:
-        p.join()
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    ka, fresh = (read_samples(probe_files[kind]) for kind in ("ka", "fresh"))
     try:
         server.stop()
     except Exception as e:
@@ -606,6 +630,9 @@ def matrix(args):
 
 
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--probe":
+        probe_process(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server", choices=["hotloop", "haproxy", "nginx"], default="hotloop")
     ap.add_argument("--app", choices=["http", "hyper"], default="http")
