@@ -159,7 +159,11 @@ class Hotloop:
             log.seek(0)
             return "took the" in log.read()
 
-        wait_for(took, 10, "the successor to take the sockets")
+        try:
+            wait_for(took, 10, "the successor to take the sockets")
+        except RuntimeError as e:
+            state = "running" if new.poll() is None else f"exited with {new.returncode}"
+            raise RuntimeError(f"{e} (the successor is {state}): {self.log_tail()}") from None
         old.wait(timeout=30)
         if old.returncode != 0:
             raise RuntimeError(f"the old hotloop exited with {old.returncode}: "

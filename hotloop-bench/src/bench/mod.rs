@@ -125,6 +125,9 @@ pub enum UringFeature {
     /// Zero-copy owned writes (`SEND_ZC`) from 64 KiB
     /// (`HOTLOOP_URING_SEND_ZC=0` switches them off).
     SendZc,
+    /// Stream receives into 64 KiB buffers consumed a part at a time
+    /// (`IOU_PBUF_RING_INC`; `HOTLOOP_URING_RECV_INC=0` switches it off).
+    RecvInc,
 }
 
 impl UringFeature {
@@ -133,6 +136,7 @@ impl UringFeature {
         match self {
             UringFeature::RegisteredRing => "registered-ring",
             UringFeature::SendZc => "send-zc",
+            UringFeature::RecvInc => "recv-inc",
         }
     }
 
@@ -141,6 +145,7 @@ impl UringFeature {
         match self {
             UringFeature::RegisteredRing => ("HOTLOOP_URING_REGISTERED_RING", "0"),
             UringFeature::SendZc => ("HOTLOOP_URING_SEND_ZC", "0"),
+            UringFeature::RecvInc => ("HOTLOOP_URING_RECV_INC", "0"),
         }
     }
 }

@@ -128,7 +128,10 @@ pub(crate) struct DriverConfig {
 ///   by default makes that socket's later writes copying ones (for
 ///   measuring what the copy costs);
 /// - `HOTLOOP_URING_SEND_ZC_MIN_BYTES=N` (default 65536): the smallest
-///   owned write sent zero-copy.
+///   owned write sent zero-copy;
+/// - `HOTLOOP_URING_RECV_INC=0`: the stream receive ring's buffers are
+///   used whole, one per completion (4 KiB), instead of 64 KiB buffers
+///   consumed a completion at a time (`IOU_PBUF_RING_INC`, Linux 6.12).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -155,6 +158,9 @@ pub(crate) struct UringSwitches {
     /// Keep sending zero-copy on a socket after the kernel reported that
     /// it copied one such send.
     pub(crate) send_zc_when_copied: bool,
+    /// The stream receive ring consumed incrementally where the kernel
+    /// has it (`IOU_PBUF_RING_INC`).
+    pub(crate) recv_incremental: bool,
 }
 
 impl UringSwitches {
@@ -209,6 +215,7 @@ impl UringSwitches {
             send_zc_min_bytes: (!off("HOTLOOP_URING_SEND_ZC")).then(send_zc_min_from_env),
             send_zc_when_copied: std::env::var("HOTLOOP_URING_SEND_ZC")
                 .is_ok_and(|v| v == "always"),
+            recv_incremental: !off("HOTLOOP_URING_RECV_INC"),
         }
     }
 }

@@ -242,7 +242,7 @@ impl Driver {
             })?;
         let switches = config.uring_switches;
         let buf_ring = if switches.multishot_recv && probe::multishot_recv_supported() {
-            bufring::BufRing::new(ring.io_uring()).ok()
+            bufring::BufRing::new(ring.io_uring(), switches.recv_incremental).ok()
         } else {
             None
         };
@@ -269,6 +269,18 @@ impl Driver {
         };
         uring.arm_wake();
         let reads_from_ring = uring.buf_ring.is_some();
+        let recv_said = match &uring.buf_ring {
+            None => "streams read without a buffer ring",
+            Some(ring) if ring.incremental() => {
+                "stream receives fill 64 KiB buffers a part at a time (IOU_PBUF_RING_INC)"
+            }
+            Some(_) if !switches.recv_incremental => {
+                "stream receives take 4 KiB buffers whole (HOTLOOP_URING_RECV_INC=0)"
+            }
+            Some(_) => {
+                "stream receives take 4 KiB buffers whole: IOU_PBUF_RING_INC needs Linux 6.12"
+            }
+        };
         let (send_zc_min_bytes, send_zc_said) =
             match (switches.send_zc_min_bytes, probe::send_zc_support()) {
                 (None, _) => (None, "zero-copy sends off (HOTLOOP_URING_SEND_ZC=0)".to_string()),
@@ -289,7 +301,7 @@ impl Driver {
             reads_from_ring,
             send_zc_min_bytes,
         };
-        Ok((Rc::new(driver), kernel_busy_poll, format!("{ring_fd}; {send_zc_said}")))
+        Ok((Rc::new(driver), kernel_busy_poll, format!("{ring_fd}; {send_zc_said}; {recv_said}")))
     }
 
     /// True while the runtime that owns the driver runs on this thread.

@@ -185,11 +185,11 @@ pub(super) fn on_completion(
     let last = !cqueue::more(flags);
     let bid = cqueue::buffer_select(flags);
     let Some(s) = ur.streams.get_mut(stream) else {
-        give_back(ur.buf_ring.as_mut(), bid);
+        give_back(ur.buf_ring.as_mut(), bid, res, flags);
         return;
     };
     if s.receive == Receive::Orphaned {
-        give_back(ur.buf_ring.as_mut(), bid);
+        give_back(ur.buf_ring.as_mut(), bid, res, flags);
         if last {
             // The kernel is done: the slot and the socket go.
             ur.streams.remove(stream);
@@ -201,9 +201,7 @@ pub(super) fn on_completion(
             if let (Some(bid), Some(ring)) = (bid, ur.buf_ring.as_mut()) {
                 let spares = &mut ur.spare_queues;
                 let q = s.queue.get_or_insert_with(|| spares.pop().unwrap_or_default());
-                q.bytes.extend_from_slice(ring.bytes(bid, n as usize));
-                ring.push(bid);
-                ring.publish();
+                ring.take(bid, n as usize, flags, Some(&mut q.bytes));
             }
         }
         0 => s.end = Some(End::CLEAN),
@@ -223,11 +221,11 @@ pub(super) fn on_completion(
     }
 }
 
-/// Gives a buffer a completion named back to the ring.
-pub(super) fn give_back(ring: Option<&mut BufRing>, bid: Option<u16>) {
+/// Gives the buffer a completion named back to the ring, its bytes unread
+/// (a part of it, while the kernel goes on filling it).
+pub(super) fn give_back(ring: Option<&mut BufRing>, bid: Option<u16>, res: i32, flags: u32) {
     if let (Some(ring), Some(bid)) = (ring, bid) {
-        ring.push(bid);
-        ring.publish();
+        ring.take(bid, res.max(0) as usize, flags, None);
     }
 }
 
