@@ -124,7 +124,10 @@ class Hotloop:
 
     def _start(self):
         self.n += 1
-        log = open(os.path.join(self.tmp, f"hotloop-{self.n}.log"), "w+")
+        # Appending: the process writes through the same open file, and
+        # without O_APPEND a line it wrote while this side had seeked back to
+        # read could land over the file's start.
+        log = open(os.path.join(self.tmp, f"hotloop-{self.n}.log"), "a+")
         proc = subprocess.Popen(self.args, stderr=log, stdout=subprocess.DEVNULL)
         self.started.append(proc)
         return proc, log
@@ -450,12 +453,17 @@ def run(args, server_kind, app, load, workers, driver):
     # Started once the server answers: the readiness checks' refused
     # connects are not the run's resets.
     server.start()
+    result = None
     try:
-        return measure(args, server, server_kind, app, load, workers, driver, tmp)
+        result = measure(args, server, server_kind, app, load, workers, driver, tmp)
+        return result
     finally:
         # Whatever happened, no process of this run outlives it.
         server.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if result is not None and result["error"]:
+            print(f"  the run's logs are kept in {tmp}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(args, server, server_kind, app, load, workers, driver, tmp):
