@@ -6,7 +6,8 @@
 Keep-alive HTTP/1.1 (`hotloop-bench load --mode keepalive`) against, in
 turn: `hotloop serve http --driver uring` as it is, the same with the
 switch off (OFF_ENV, default `HOTLOOP_URING_REGISTERED_RING=0`; empty for none;
-OFF_ARGS adds command-line arguments, e.g. `--event-interval 256`), hotloop
+OFF_ARGS adds command-line arguments, e.g. `--event-interval 256`; ONLY keeps
+the named servers, e.g. `ONLY=uring,uring-switch-off`), hotloop
 on epoll, the two floors (`hotloop-bench peer floor|floor-uring`), and
 h2o when it is on PATH (one thread, no access log: hotloop-bench's
 `h2o_config`).
@@ -39,6 +40,8 @@ C = os.environ.get("C", "256")
 OFF_ENV = os.environ.get("OFF_ENV", "HOTLOOP_URING_REGISTERED_RING=0")
 # Further command-line arguments of the switched variant (e.g. `--event-interval 256`).
 OFF_ARGS = os.environ.get("OFF_ARGS", "").split()
+# The servers to run (comma-separated names as the table prints them; all by default).
+ONLY = [n for n in os.environ.get("ONLY", "").split(",") if n]
 STARTUP_MAX_S = 10.0
 # `hotloop serve http`'s body.
 BODY_BYTES = 64
@@ -116,6 +119,8 @@ def main():
     }
     if shutil.which("h2o"):
         servers["h2o"] = (None, {}, False)
+    if ONLY:
+        servers = {name: spec for name, spec in servers.items() if name in ONLY}
     tmp = tempfile.mkdtemp(prefix="uring-switch-ab.")
     runs = {name: [] for name in servers}
     for r in range(rounds):
