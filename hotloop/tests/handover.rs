@@ -592,3 +592,102 @@ fn harness_name(name: &str) -> String {
         None => name.to_string(),
     }
 }
+
+/// The handler of the signal [`a_signal_while_the_sockets_are_awaited_does_not_fail_the_successor`]
+/// sends: it only interrupts.
+extern "C" fn interrupted(_: libc::c_int) {}
+
+/// Sends `bytes` with the descriptors `fds` attached, as a hand-over does.
+fn send_with_fds(sock: &socket2::Socket, bytes: &[u8], fds: &[RawFd]) {
+    use std::os::fd::AsRawFd;
+    let mut iov =
+        libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: the control buffer (64 bytes, aligned for `cmsghdr`) holds
+        // one header and a few descriptors, so the first header and its
+        // data lie inside it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(cmsg),
+                std::mem::size_of_val(fds),
+            );
+            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) as usize;
+        }
+    }
+    // SAFETY: every pointer in `msg` is live for the call.
+    let sent = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    assert_eq!(sent, bytes.len() as isize, "{}", std::io::Error::last_os_error());
+}
+
+/// A successor whose thread is interrupted by signals while it waits for
+/// its predecessor's sockets (a socket with a receive timeout then sees
+/// `EINTR`, whatever `SA_RESTART` says) goes on waiting and takes them. A
+/// stand-in predecessor on the upgrade socket sends its header at once and
+/// its listening socket 300 ms later; the successor's thread gets a
+/// signal every 20 ms meanwhile. (Seen with `serve` under upgrades on a
+/// starved machine: the successor exited with "Interrupted system call"
+/// and the old process served on.)
+#[test]
+fn a_signal_while_the_sockets_are_awaited_does_not_fail_the_successor() {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    use std::os::fd::AsRawFd;
+    let path = socket_path();
+    let upgrade = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
+    upgrade.bind(&SockAddr::unix(&path).unwrap()).unwrap();
+    upgrade.listen(4).unwrap();
+    let served = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = served.local_addr().unwrap();
+    // SAFETY: a handler that does nothing, for a signal nothing else here
+    // uses; no SA_RESTART, as a handler that interrupts would be installed.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = interrupted as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGWINCH, &action, std::ptr::null_mut()), 0);
+    }
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let receiving = Arc::new(AtomicBool::new(true));
+    let successor = {
+        let path = path.clone();
+        let receiving = receiving.clone();
+        thread::spawn(move || {
+            // SAFETY: no arguments.
+            tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let got = Handover::open(&path);
+            receiving.store(false, Ordering::SeqCst);
+            got
+        })
+    };
+    let thread_id = tid_rx.recv().unwrap();
+    let (conn, _) = upgrade.accept().unwrap();
+    let header = format!("hotloop-handover 1 pid={} sockets=1\n", std::process::id());
+    send_with_fds(&conn, header.as_bytes(), &[]);
+    let mut signals = 0;
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline && receiving.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(20));
+        // SAFETY: the successor's thread is alive until it stops receiving,
+        // and a signal to a thread that just returned is harmless.
+        unsafe { libc::pthread_kill(thread_id, libc::SIGWINCH) };
+        signals += 1;
+    }
+    send_with_fds(&conn, addr.to_string().as_bytes(), &[served.as_raw_fd()]);
+    let handover = successor.join().unwrap().expect("the successor took the sockets");
+    assert!(signals >= 5, "the successor stopped waiting after {signals} signals");
+    assert_eq!(handover.inherited(), 1);
+    assert_eq!(handover.predecessor(), Some(std::process::id()));
+    drop(handover);
+    let _ = std::fs::remove_file(&path);
+}

@@ -187,7 +187,7 @@ impl Handover {
         handover.take_listen_fds()?;
         let sock = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
         let addr = SockAddr::unix(path).map_err(|e| with_path(e, "upgrade socket", path))?;
-        match sock.connect(&addr) {
+        match connect_unix(&sock, &addr) {
             Ok(()) => handover.receive(sock, path)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => handover.bind_upgrade(path, &addr)?,
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
@@ -661,6 +661,18 @@ fn parse_header(bytes: &[u8]) -> Option<(u32, usize)> {
         }
     }
     Some((pid?, count?))
+}
+
+/// Connects `sock` to the Unix socket `addr`, again if a signal
+/// interrupted the wait for room in its backlog (nothing was connected
+/// then, unlike a TCP connect).
+fn connect_unix(sock: &Socket, addr: &SockAddr) -> io::Result<()> {
+    loop {
+        match sock.connect(addr) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
 }
 
 fn with_path(e: io::Error, doing: &str, path: &Path) -> io::Error {

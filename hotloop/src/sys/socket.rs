@@ -450,16 +450,36 @@ pub(crate) fn send_with_fds(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Resul
             );
         }
     }
-    // SAFETY: every pointer in `msg` (the iovec over `bytes`, the control
-    // buffer) is live and valid for reads of its length for the call.
-    unsafe { sendmsg_hdr(fd, &msg, 0) }
+    loop {
+        // SAFETY: every pointer in `msg` (the iovec over `bytes`, the control
+        // buffer) is live and valid for reads of its length for the call.
+        match unsafe { sendmsg_hdr(fd, &msg, 0) } {
+            // Interrupted before it sent anything (a message goes whole or
+            // not at all): again. A socket with a send timeout reports an
+            // interruption as `EINTR` even where the call would restart.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
 }
 
 /// Receives one message into `buf` on a connected Unix socket, with the
 /// descriptors attached to it (up to [`FDS_PER_MESSAGE_MAX`], each
 /// close-on-exec). A message that carried more than that is an error,
-/// and the descriptors that did arrive are closed.
+/// and the descriptors that did arrive are closed. A wait interrupted by a
+/// signal (or by task work the kernel runs on the thread, as io_uring's)
+/// waits again: a socket with a receive timeout, as the hand-over's, sees
+/// `EINTR` there even where the call would otherwise restart.
 pub(crate) fn recv_with_fds(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    loop {
+        match recv_with_fds_once(fd, buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+fn recv_with_fds_once(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut control = fd_control_space(FDS_PER_MESSAGE_MAX);
     // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths).
