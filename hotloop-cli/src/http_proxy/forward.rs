@@ -32,9 +32,9 @@
 use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -50,7 +50,7 @@ use hyper::http::uri::{Authority, PathAndQuery, Scheme};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 
 use super::config::{GroupConfig, UpstreamProtocol};
-use super::headers;
+use super::headers::{self, Forwarding};
 use super::health::Health;
 use super::pool::{self, Backend, ConnectError, Lease, Sender, UpBody};
 use super::routes::Routes;
@@ -145,16 +145,16 @@ impl Host {
 /// proxy's failures are answers).
 pub async fn handle(
     shared: Arc<Shared>,
-    peer: SocketAddr,
+    client: Rc<Forwarding>,
     req: Request<Incoming>,
 ) -> Result<Response<DownBody>, Infallible> {
     shared.stats.requests.fetch_add(1, Relaxed);
-    Ok(forward(&shared, peer, req).await)
+    Ok(forward(&shared, &client, req).await)
 }
 
 async fn forward(
     shared: &Arc<Shared>,
-    peer: SocketAddr,
+    client: &Forwarding,
     req: Request<Incoming>,
 ) -> Response<DownBody> {
     let version = req.version();
@@ -177,14 +177,14 @@ async fn forward(
     let g = &shared.groups[group];
     if let Some(&on) = req.extensions().get::<OnUpgrade>() {
         if wants_upgrade(req.headers()) {
-            return tunnel(shared, peer, group, host, req, on).await;
+            return tunnel(shared, client, group, host, req, on).await;
         }
     }
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, true, false);
     // hyper answers `Expect: 100-continue` itself when the body is first read.
     parts.headers.remove(header::EXPECT);
-    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, client, host);
     let path =
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     match g.protocol {
@@ -342,7 +342,7 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
 /// idle or send timeout, or a drain's end, cuts them).
 async fn tunnel(
     shared: &Arc<Shared>,
-    peer: SocketAddr,
+    client: &Forwarding,
     group: usize,
     host: Option<&str>,
     req: Request<Incoming>,
@@ -358,7 +358,7 @@ async fn tunnel(
     let version = req.version();
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, false, true);
-    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, client, host);
     parts.uri = Uri::from(
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")),
     );

@@ -9,10 +9,11 @@
 //! `Via`, `X-Forwarded-For` and `Forwarded` are appended to what the
 //! client sent, and the answer gets `Via` too.
 
+use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 
-use bytes::{BufMut, Bytes, BytesMut};
-use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use bytes::{BufMut, BytesMut};
+use hyper::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use hyper::Version;
 
 /// The pseudonym in `Via` (RFC 9110 section 7.6.3).
@@ -58,18 +59,26 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
         return;
     }
     if present[CONNECTION_AT] {
-        // Every field the message's `Connection` names goes too.
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .filter(|n| !HOP_BY_HOP.contains(n))
-            .collect();
-        for name in named {
-            if !(upgrade && name == header::UPGRADE) {
-                headers.remove(&name);
+        // Every field the message's `Connection` names goes too. The usual
+        // tokens (`keep-alive`, `close`, `upgrade`) name no other field:
+        // a token is looked up by its bytes, with no name made for it.
+        let count = headers.get_all(header::CONNECTION).iter().count();
+        for i in 0..count {
+            // A value parsed from the wire shares its message's buffer, so
+            // this clone copies nothing; removing other fields leaves
+            // `Connection`'s values where they are.
+            let Some(v) = headers.get_all(header::CONNECTION).iter().nth(i).cloned() else {
+                break;
+            };
+            for token in v.as_bytes().split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.is_empty() || is_hop_by_hop(token) {
+                    continue;
+                }
+                // Not a valid name: nothing to remove.
+                if let Ok(name) = std::str::from_utf8(token) {
+                    headers.remove(name);
+                }
             }
         }
     }
@@ -93,6 +102,11 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
     }
 }
 
+/// Whether `token` names one of the fixed hop-by-hop fields (any case).
+fn is_hop_by_hop(token: &[u8]) -> bool {
+    HOP_BY_HOP.iter().any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(token))
+}
+
 /// The `Via` token for a message received as `version`.
 fn via(version: Version) -> HeaderValue {
     HeaderValue::from_static(match version {
@@ -104,38 +118,74 @@ fn via(version: Version) -> HeaderValue {
     })
 }
 
+/// The forwarding fields' elements for one client connection, each
+/// written once: the client's address is the same for every request of
+/// the connection, and nearly every request of it names the same host.
+/// A field then holds a shared copy of the element; nothing is formatted
+/// per request.
+pub struct Forwarding {
+    ip: IpAddr,
+    tls: bool,
+    /// `X-Forwarded-For`'s element: the address.
+    xff: HeaderValue,
+    /// `Forwarded`'s element for the host last asked for, and that host.
+    forwarded: RefCell<Option<(Option<Box<str>>, HeaderValue)>>,
+}
+
+impl Forwarding {
+    /// The elements for a client at `peer`, over TLS or not.
+    pub fn new(peer: SocketAddr, tls: bool) -> Forwarding {
+        let ip = match peer.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        let mut item = BytesMut::with_capacity(48);
+        put_ip(&mut item, ip, false);
+        // An address's text is always a valid field value.
+        let xff = HeaderValue::from_maybe_shared(item.freeze())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Forwarding { ip, tls, xff, forwarded: RefCell::new(None) }
+    }
+
+    /// `Forwarded`'s element (`for`, `host`, `proto`) for `host`.
+    fn forwarded(&self, host: Option<&str>) -> HeaderValue {
+        let host = host.filter(|h| valid_token_host(h));
+        let mut last = self.forwarded.borrow_mut();
+        if let Some((h, v)) = &*last {
+            if h.as_deref() == host {
+                return v.clone();
+            }
+        }
+        let mut f = BytesMut::with_capacity(64 + host.map_or(0, str::len));
+        f.put_slice(b"for=");
+        put_ip(&mut f, self.ip, true);
+        if let Some(h) = host {
+            f.put_slice(b";host=\"");
+            f.put_slice(h.as_bytes());
+            f.put_u8(b'"');
+        }
+        f.put_slice(if self.tls { b";proto=https" } else { b";proto=http" });
+        // Made of an address, a checked host and fixed text: a valid value.
+        let v = HeaderValue::from_maybe_shared(f.freeze())
+            .unwrap_or_else(|_| HeaderValue::from_static("for=unknown"));
+        *last = Some((host.map(Box::from), v.clone()));
+        v
+    }
+}
+
 /// Appends `Via`, `X-Forwarded-For` and `Forwarded` (`for`, `host`,
-/// `proto`) for a request from `peer`, received as `version`, for `host`.
-/// Each value is written once into its own buffer, which the field then
-/// holds: no string is formatted and copied again.
+/// `proto`) for a request of the client connection `client`, received
+/// as `version`, for `host`.
 pub fn add_forwarding(
     headers: &mut HeaderMap,
     version: Version,
-    peer: SocketAddr,
+    client: &Forwarding,
     host: Option<&str>,
-    tls: bool,
 ) {
     debug_assert!(via(version).to_str().unwrap().ends_with(VIA_NAME));
     headers.append(header::VIA, via(version));
-    let ip = peer.ip();
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    };
-    let mut item = BytesMut::with_capacity(48);
-    put_ip(&mut item, ip, false);
-    append_list(headers, X_FORWARDED_FOR, item.freeze());
-    let host = host.filter(|h| valid_token_host(h));
-    let mut f = BytesMut::with_capacity(64 + host.map_or(0, str::len));
-    f.put_slice(b"for=");
-    put_ip(&mut f, ip, true);
-    if let Some(h) = host {
-        f.put_slice(b";host=\"");
-        f.put_slice(h.as_bytes());
-        f.put_u8(b'"');
-    }
-    f.put_slice(if tls { b";proto=https" } else { b";proto=http" });
-    append_list(headers, header::FORWARDED, f.freeze());
+    append_list(headers, X_FORWARDED_FOR, client.xff.clone());
+    append_list(headers, header::FORWARDED, client.forwarded(host));
 }
 
 /// Writes `ip` as text; an IPv6 address as `Forwarded` wants a node
@@ -193,22 +243,22 @@ fn valid_token_host(h: &str) -> bool {
 }
 
 /// Appends `item` to the comma list in `name` (one field, as proxies write it).
-fn append_list(headers: &mut HeaderMap, name: HeaderName, item: Bytes) {
-    let mut prior = headers.get_all(&name).iter().peekable();
-    if prior.peek().is_none() {
-        if let Ok(v) = HeaderValue::from_maybe_shared(item) {
-            headers.insert(name, v);
+fn append_list(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
+    match headers.entry(name) {
+        Entry::Vacant(e) => {
+            e.insert(item);
         }
-        return;
-    }
-    let mut joined = BytesMut::new();
-    for v in prior {
-        joined.put_slice(v.as_bytes());
-        joined.put_slice(b", ");
-    }
-    joined.put_slice(&item);
-    if let Ok(v) = HeaderValue::from_maybe_shared(joined.freeze()) {
-        headers.insert(name, v);
+        Entry::Occupied(mut e) => {
+            let mut joined = BytesMut::new();
+            for v in e.iter() {
+                joined.put_slice(v.as_bytes());
+                joined.put_slice(b", ");
+            }
+            joined.put_slice(item.as_bytes());
+            if let Ok(v) = HeaderValue::from_maybe_shared(joined.freeze()) {
+                e.insert(v);
+            }
+        }
     }
 }
 
@@ -220,21 +270,19 @@ mod tests {
     fn hop_by_hop_fields_go_and_forwarding_fields_come() {
         let mut h = HeaderMap::new();
         h.insert("connection", HeaderValue::from_static("keep-alive, X-Secret"));
+        h.append("connection", HeaderValue::from_static("Close,x-other , Keep-Alive"));
         h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-other", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("te", HeaderValue::from_static("trailers, deflate"));
         h.insert("upgrade", HeaderValue::from_static("websocket"));
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         h.insert("x-kept", HeaderValue::from_static("yes"));
         remove_hop_by_hop(&mut h, true, false);
-        add_forwarding(
-            &mut h,
-            Version::HTTP_11,
-            "[::ffff:127.0.0.2]:5".parse().unwrap(),
-            Some("a.test"),
-            false,
-        );
+        let client = Forwarding::new("[::ffff:127.0.0.2]:5".parse().unwrap(), false);
+        add_forwarding(&mut h, Version::HTTP_11, &client, Some("a.test"));
         assert!(h.get("x-secret").is_none() && h.get("keep-alive").is_none());
+        assert!(h.get("x-other").is_none());
         assert!(h.get("upgrade").is_none() && h.get("connection").is_none());
         assert_eq!(h["te"], "trailers");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
@@ -243,19 +291,23 @@ mod tests {
         assert_eq!(h["x-kept"], "yes");
         let mut h = HeaderMap::new();
         h.insert("forwarded", HeaderValue::from_static("for=10.0.0.1"));
-        add_forwarding(&mut h, Version::HTTP_2, "[2001:db8::7]:5".parse().unwrap(), None, true);
+        let v6 = Forwarding::new("[2001:db8::7]:5".parse().unwrap(), true);
+        add_forwarding(&mut h, Version::HTTP_2, &v6, None);
         assert_eq!(h["x-forwarded-for"], "2001:db8::7");
         assert_eq!(h["forwarded"], "for=10.0.0.1, for=\"[2001:db8::7]\";proto=https");
         assert_eq!(h["via"], "2 hotloop");
         let mut h = HeaderMap::new();
-        add_forwarding(
-            &mut h,
-            Version::HTTP_11,
-            "[::ffff:10.20.3.255]:5".parse().unwrap(),
-            None,
-            false,
-        );
+        let client = Forwarding::new("[::ffff:10.20.3.255]:5".parse().unwrap(), false);
+        add_forwarding(&mut h, Version::HTTP_11, &client, None);
         assert_eq!(h["x-forwarded-for"], "10.20.3.255");
+        assert_eq!(h["forwarded"], "for=10.20.3.255;proto=http");
+        // The next request of the connection, for a host again: the
+        // element follows the host it names.
+        let mut h = HeaderMap::new();
+        add_forwarding(&mut h, Version::HTTP_11, &client, Some("b.test"));
+        assert_eq!(h["forwarded"], "for=10.20.3.255;host=\"b.test\";proto=http");
+        let mut h = HeaderMap::new();
+        add_forwarding(&mut h, Version::HTTP_11, &client, None);
         assert_eq!(h["forwarded"], "for=10.20.3.255;proto=http");
     }
 
