@@ -177,7 +177,10 @@ async fn forward(
     let g = &shared.groups[group];
     if let Some(&on) = req.extensions().get::<OnUpgrade>() {
         if wants_upgrade(req.headers()) {
-            return tunnel(shared, client, group, host, req, on).await;
+            // Boxed, as the connect below: the service's future is moved
+            // into place for every request, so the rare paths' state lives
+            // apart from it (a TLS connect's alone is kilobytes).
+            return Box::pin(tunnel(shared, client, group, host, req, on)).await;
         }
     }
     let (mut parts, body) = req.into_parts();
@@ -248,7 +251,7 @@ async fn forward(
         fresh_only = false;
         let lease = match pooled {
             Some(lease) => lease,
-            None => match pool::connect(&shared.backends, id, g.connect_timeout).await {
+            None => match Box::pin(pool::connect(&shared.backends, id, g.connect_timeout)).await {
                 Ok(lease) => lease,
                 // Nothing was sent: any request may move on.
                 Err(e) => match after_connect_failure(shared, g, id, e, &mut order, &mut moves) {

@@ -32,6 +32,8 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
     header::PROXY_AUTHENTICATE,
 ];
+/// The lengths of the names in [`HOP_BY_HOP`].
+const HOP_BY_HOP_LENGTHS: [usize; 7] = [2, 7, 10, 16, 17, 18, 19];
 /// `Connection`'s place in [`HOP_BY_HOP`].
 const CONNECTION_AT: usize = 0;
 /// `TE`'s place in [`HOP_BY_HOP`].
@@ -49,9 +51,16 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
     debug_assert!(
         HOP_BY_HOP[CONNECTION_AT] == header::CONNECTION && HOP_BY_HOP[TE_AT] == header::TE
     );
+    debug_assert!(HOP_BY_HOP.iter().all(|h| HOP_BY_HOP_LENGTHS.contains(&h.as_str().len())));
     let mut present = [false; HOP_BY_HOP.len()];
     for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+        // A name's text is at hand (a table entry for the standard ones);
+        // its length rules out nearly every field before any comparison.
+        let text = name.as_str();
+        if !HOP_BY_HOP_LENGTHS.contains(&text.len()) {
+            continue;
+        }
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h.as_str() == text) {
             present[i] = true;
         }
     }
@@ -62,22 +71,20 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
         // Every field the message's `Connection` names goes too. The usual
         // tokens (`keep-alive`, `close`, `upgrade`) name no other field:
         // a token is looked up by its bytes, with no name made for it.
-        let count = headers.get_all(header::CONNECTION).iter().count();
-        for i in 0..count {
-            // A value parsed from the wire shares its message's buffer, so
-            // this clone copies nothing; removing other fields leaves
-            // `Connection`'s values where they are.
-            let Some(v) = headers.get_all(header::CONNECTION).iter().nth(i).cloned() else {
-                break;
-            };
-            for token in v.as_bytes().split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.is_empty() || is_hop_by_hop(token) {
-                    continue;
-                }
-                // Not a valid name: nothing to remove.
-                if let Ok(name) = std::str::from_utf8(token) {
-                    headers.remove(name);
+        // Removing other fields leaves `Connection`'s values in place, and
+        // a value parsed from the wire shares its message's buffer, so a
+        // clone of it copies nothing.
+        let mut values = headers.get_all(header::CONNECTION).iter();
+        let first = values.next().cloned();
+        let more = values.next().is_some();
+        if let Some(v) = first {
+            remove_named(headers, &v);
+        }
+        if more {
+            let count = headers.get_all(header::CONNECTION).iter().count();
+            for i in 1..count {
+                if let Some(v) = headers.get_all(header::CONNECTION).iter().nth(i).cloned() {
+                    remove_named(headers, &v);
                 }
             }
         }
@@ -99,6 +106,21 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
     }
     if te_trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Removes the fields a `Connection` value names, except the fixed
+/// hop-by-hop ones (removed by the caller, or kept for an upgrade).
+fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
+    for token in connection.as_bytes().split(|&b| b == b',') {
+        let token = token.trim_ascii();
+        if token.is_empty() || is_hop_by_hop(token) {
+            continue;
+        }
+        // Not a valid name: nothing to remove.
+        if let Ok(name) = std::str::from_utf8(token) {
+            headers.remove(name);
+        }
     }
 }
 
