@@ -48,6 +48,7 @@ use hyper::client::conn::http1;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::http::uri::{Authority, PathAndQuery, Scheme};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
+use smallvec::SmallVec;
 
 use super::config::{GroupConfig, UpstreamProtocol};
 use super::headers::{self, Forwarding};
@@ -79,9 +80,13 @@ thread_local! {
     static NEXT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A request's backends in the order to try them: inline for a group of up
+/// to 8, so a request allocates nothing for it.
+type Order = SmallVec<[usize; 8]>;
+
 /// The group's backends that take requests now, starting with the next in
 /// this worker's turn.
-fn candidates(shared: &Shared, group: usize) -> Vec<usize> {
+fn candidates(shared: &Shared, group: usize) -> Order {
     let range = shared.members[group].clone();
     let n = range.len();
     let start = NEXT.with(|next| {
@@ -195,7 +200,7 @@ async fn forward(
             parts.uri = Uri::from(path);
             parts.version = Version::HTTP_11;
             if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), host) {
-                if let Ok(v) = HeaderValue::from_str(h) {
+                if let Some(v) = client.host_field(h) {
                     parts.headers.insert(header::HOST, v);
                 }
             }
@@ -448,7 +453,7 @@ async fn join(mut client: Upgraded, mut backend: pool::BackendIo, first: Bytes) 
 fn next_backend(
     shared: &Shared,
     g: &GroupConfig,
-    order: &mut std::vec::IntoIter<usize>,
+    order: &mut smallvec::IntoIter<[usize; 8]>,
     moves: &mut usize,
 ) -> Option<usize> {
     if *moves >= g.retries {
@@ -468,7 +473,7 @@ fn after_connect_failure<E>(
     g: &GroupConfig,
     id: usize,
     e: E,
-    order: &mut std::vec::IntoIter<usize>,
+    order: &mut smallvec::IntoIter<[usize; 8]>,
     moves: &mut usize,
 ) -> Result<usize, Failure>
 where

@@ -152,6 +152,9 @@ pub struct Forwarding {
     xff: HeaderValue,
     /// `Forwarded`'s element for the host last asked for, and that host.
     forwarded: RefCell<Option<(Option<Box<str>>, HeaderValue)>>,
+    /// The `Host` field last made from a request's authority (HTTP/2
+    /// clients send none), and that authority.
+    host: RefCell<Option<(Box<str>, HeaderValue)>>,
 }
 
 impl Forwarding {
@@ -166,7 +169,21 @@ impl Forwarding {
         // An address's text is always a valid field value.
         let xff = HeaderValue::from_maybe_shared(item.freeze())
             .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Forwarding { ip, tls, xff, forwarded: RefCell::new(None) }
+        Forwarding { ip, tls, xff, forwarded: RefCell::new(None), host: RefCell::new(None) }
+    }
+
+    /// A `Host` field for `host` (a request's authority), or `None` if it
+    /// is no valid field value.
+    pub fn host_field(&self, host: &str) -> Option<HeaderValue> {
+        let mut last = self.host.borrow_mut();
+        if let Some((h, v)) = &*last {
+            if **h == *host {
+                return Some(v.clone());
+            }
+        }
+        let v = HeaderValue::from_str(host).ok()?;
+        *last = Some((host.into(), v.clone()));
+        Some(v)
     }
 
     /// `Forwarded`'s element (`for`, `host`, `proto`) for `host`.
@@ -331,6 +348,10 @@ mod tests {
         let mut h = HeaderMap::new();
         add_forwarding(&mut h, Version::HTTP_11, &client, None);
         assert_eq!(h["forwarded"], "for=10.20.3.255;proto=http");
+        assert_eq!(client.host_field("a.test").unwrap(), "a.test");
+        assert_eq!(client.host_field("b.test:8080").unwrap(), "b.test:8080");
+        assert!(client.host_field("bad\nhost").is_none());
+        assert_eq!(client.host_field("b.test:8080").unwrap(), "b.test:8080");
     }
 
     #[test]
