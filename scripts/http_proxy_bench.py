@@ -21,7 +21,11 @@ Per round and proxy, each proxy started fresh:
          requests answered
 
 It prints one table of medians (and ranges) over the rounds, every column
-from this one command. The configs are `scripts/http_proxy_bench/haproxy.cfg`
+from this one command, then hotloop's rates and CPU per request over each
+other proxy's of the same round (median and range of those ratios: other
+work on the machine moves all figures between rounds, less so between
+runs seconds apart), and the share of the CPUs the bench's own processes
+used in the keep-alive runs. The configs are `scripts/http_proxy_bench/haproxy.cfg`
 and `scripts/http_proxy_bench/nginx.conf`.
 
     cargo build --release -p hotloop-cli -p hotloop-bench
@@ -251,7 +255,8 @@ def main():
         os.makedirs(os.path.join(work, d), exist_ok=True)
     proxies = [make_proxy(args, name, work, fill, [b1, b2]) for name in ("hotloop", "haproxy", "nginx")]
 
-    keys = ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu", "killed_failed", "killed_answered")
+    keys = ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu", "killed_failed", "killed_answered",
+            "busy")
     results = {p.name: {k: [] for k in keys} for p in proxies}
     try:
         for rnd in range(args.rounds):
@@ -276,9 +281,10 @@ def main():
                 done = max(rep["completed"], 1)
                 r["ka_rate"].append(rep["rate_per_s"])
                 r["ka_cpu"].append(1e6 * used / done)
+                r["busy"].append(100 * (used + peers + gen) / (wall * os.cpu_count()))
                 print(f"round {rnd + 1} {p.name} keep-alive: backends {1e6 * peers / done:.1f} us/req, "
                       f"load generator {1e6 * gen / done:.1f} us/req, machine busy "
-                      f"{100 * (used + peers + gen) / (wall * os.cpu_count()):.0f}%", file=sys.stderr)
+                      f"{r['busy'][-1]:.0f}%", file=sys.stderr)
                 cpu = cpu_seconds({p.proc.pid})
                 done, rate = h2load(p.h2port, args.seconds)
                 used = cpu_seconds({p.proc.pid}) - cpu
@@ -311,6 +317,22 @@ def main():
         print(f"| {name} | {cell(r['reuse'], '{:.2f}')}% ({statistics.median(r['accepts']):.0f}) | {cell(r['ka_rate'], '{:,.0f}')} | "
               f"{cell(r['ka_cpu'], '{:.1f}')} | {cell(r['h2_rate'], '{:,.0f}')} | {cell(r['h2_cpu'], '{:.1f}')} | "
               f"{cell(r['killed_failed'], '{:.0f}')} / {statistics.median(r['killed_answered']):,.0f} |")
+    # Other work on the machine moves every proxy's figures between rounds
+    # (and the share of the CPUs the bench's own processes got, "busy",
+    # says how much): hotloop's figures over each other proxy's of the
+    # same round, whose runs are seconds apart, drift less than the medians.
+    h = results["hotloop"]
+    print()
+    print("machine share of the bench's processes in keep-alive, median per proxy: " + ", ".join(
+        f"{name} {statistics.median(r['busy']):.0f}%" for name, r in results.items()))
+    for name, r in results.items():
+        if name == "hotloop":
+            continue
+        ratios = {k: [a / b for a, b in zip(h[k], r[k]) if b] for k in ("ka_rate", "ka_cpu", "h2_rate", "h2_cpu")}
+        print(f"hotloop / {name}, same round, median (range): " + "; ".join(
+            f"{label} {cell(ratios[k], '{:.2f}')}x" for k, label in (
+                ("ka_rate", "keep-alive rate"), ("ka_cpu", "keep-alive CPU/req"),
+                ("h2_rate", "h2 rate"), ("h2_cpu", "h2 CPU/req"))))
 
 
 if __name__ == "__main__":

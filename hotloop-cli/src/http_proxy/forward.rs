@@ -32,9 +32,9 @@
 use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -48,9 +48,10 @@ use hyper::client::conn::http1;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::http::uri::{Authority, PathAndQuery, Scheme};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
+use smallvec::SmallVec;
 
 use super::config::{GroupConfig, UpstreamProtocol};
-use super::headers;
+use super::headers::{self, Forwarding};
 use super::health::Health;
 use super::pool::{self, Backend, ConnectError, Lease, Sender, UpBody};
 use super::routes::Routes;
@@ -79,9 +80,13 @@ thread_local! {
     static NEXT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A request's backends in the order to try them: inline for a group of up
+/// to 8, so a request allocates nothing for it.
+type Order = SmallVec<[usize; 8]>;
+
 /// The group's backends that take requests now, starting with the next in
 /// this worker's turn.
-fn candidates(shared: &Shared, group: usize) -> Vec<usize> {
+fn candidates(shared: &Shared, group: usize) -> Order {
     let range = shared.members[group].clone();
     let n = range.len();
     let start = NEXT.with(|next| {
@@ -145,16 +150,16 @@ impl Host {
 /// proxy's failures are answers).
 pub async fn handle(
     shared: Arc<Shared>,
-    peer: SocketAddr,
+    client: Rc<Forwarding>,
     req: Request<Incoming>,
 ) -> Result<Response<DownBody>, Infallible> {
     shared.stats.requests.fetch_add(1, Relaxed);
-    Ok(forward(&shared, peer, req).await)
+    Ok(forward(&shared, &client, req).await)
 }
 
 async fn forward(
     shared: &Arc<Shared>,
-    peer: SocketAddr,
+    client: &Forwarding,
     req: Request<Incoming>,
 ) -> Response<DownBody> {
     let version = req.version();
@@ -177,14 +182,17 @@ async fn forward(
     let g = &shared.groups[group];
     if let Some(&on) = req.extensions().get::<OnUpgrade>() {
         if wants_upgrade(req.headers()) {
-            return tunnel(shared, peer, group, host, req, on).await;
+            // Boxed, as the connect below: the service's future is moved
+            // into place for every request, so the rare paths' state lives
+            // apart from it (a TLS connect's alone is kilobytes).
+            return Box::pin(tunnel(shared, client, group, host, req, on)).await;
         }
     }
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, true, false);
     // hyper answers `Expect: 100-continue` itself when the body is first read.
     parts.headers.remove(header::EXPECT);
-    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, client, host);
     let path =
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     match g.protocol {
@@ -192,7 +200,7 @@ async fn forward(
             parts.uri = Uri::from(path);
             parts.version = Version::HTTP_11;
             if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), host) {
-                if let Ok(v) = HeaderValue::from_str(h) {
+                if let Some(v) = client.host_field(h) {
                     parts.headers.insert(header::HOST, v);
                 }
             }
@@ -248,7 +256,7 @@ async fn forward(
         fresh_only = false;
         let lease = match pooled {
             Some(lease) => lease,
-            None => match pool::connect(&shared.backends, id, g.connect_timeout).await {
+            None => match Box::pin(pool::connect(&shared.backends, id, g.connect_timeout)).await {
                 Ok(lease) => lease,
                 // Nothing was sent: any request may move on.
                 Err(e) => match after_connect_failure(shared, g, id, e, &mut order, &mut moves) {
@@ -342,7 +350,7 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
 /// idle or send timeout, or a drain's end, cuts them).
 async fn tunnel(
     shared: &Arc<Shared>,
-    peer: SocketAddr,
+    client: &Forwarding,
     group: usize,
     host: Option<&str>,
     req: Request<Incoming>,
@@ -358,7 +366,7 @@ async fn tunnel(
     let version = req.version();
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, false, true);
-    headers::add_forwarding(&mut parts.headers, version, peer, host, shared.tls);
+    headers::add_forwarding(&mut parts.headers, version, client, host);
     parts.uri = Uri::from(
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")),
     );
@@ -445,7 +453,7 @@ async fn join(mut client: Upgraded, mut backend: pool::BackendIo, first: Bytes) 
 fn next_backend(
     shared: &Shared,
     g: &GroupConfig,
-    order: &mut std::vec::IntoIter<usize>,
+    order: &mut smallvec::IntoIter<[usize; 8]>,
     moves: &mut usize,
 ) -> Option<usize> {
     if *moves >= g.retries {
@@ -465,7 +473,7 @@ fn after_connect_failure<E>(
     g: &GroupConfig,
     id: usize,
     e: E,
-    order: &mut std::vec::IntoIter<usize>,
+    order: &mut smallvec::IntoIter<[usize; 8]>,
     moves: &mut usize,
 ) -> Result<usize, Failure>
 where

@@ -9,10 +9,11 @@
 //! `Via`, `X-Forwarded-For` and `Forwarded` are appended to what the
 //! client sent, and the answer gets `Via` too.
 
+use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 
-use bytes::{BufMut, Bytes, BytesMut};
-use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use bytes::{BufMut, BytesMut};
+use hyper::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use hyper::Version;
 
 /// The pseudonym in `Via` (RFC 9110 section 7.6.3).
@@ -31,6 +32,8 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
     header::PROXY_AUTHENTICATE,
 ];
+/// The lengths of the names in [`HOP_BY_HOP`].
+const HOP_BY_HOP_LENGTHS: [usize; 7] = [2, 7, 10, 16, 17, 18, 19];
 /// `Connection`'s place in [`HOP_BY_HOP`].
 const CONNECTION_AT: usize = 0;
 /// `TE`'s place in [`HOP_BY_HOP`].
@@ -48,9 +51,16 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
     debug_assert!(
         HOP_BY_HOP[CONNECTION_AT] == header::CONNECTION && HOP_BY_HOP[TE_AT] == header::TE
     );
+    debug_assert!(HOP_BY_HOP.iter().all(|h| HOP_BY_HOP_LENGTHS.contains(&h.as_str().len())));
     let mut present = [false; HOP_BY_HOP.len()];
     for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+        // A name's text is at hand (a table entry for the standard ones);
+        // its length rules out nearly every field before any comparison.
+        let text = name.as_str();
+        if !HOP_BY_HOP_LENGTHS.contains(&text.len()) {
+            continue;
+        }
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h.as_str() == text) {
             present[i] = true;
         }
     }
@@ -58,18 +68,24 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
         return;
     }
     if present[CONNECTION_AT] {
-        // Every field the message's `Connection` names goes too.
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .filter(|n| !HOP_BY_HOP.contains(n))
-            .collect();
-        for name in named {
-            if !(upgrade && name == header::UPGRADE) {
-                headers.remove(&name);
+        // Every field the message's `Connection` names goes too. The usual
+        // tokens (`keep-alive`, `close`, `upgrade`) name no other field:
+        // a token is looked up by its bytes, with no name made for it.
+        // Removing other fields leaves `Connection`'s values in place, and
+        // a value parsed from the wire shares its message's buffer, so a
+        // clone of it copies nothing.
+        let mut values = headers.get_all(header::CONNECTION).iter();
+        let first = values.next().cloned();
+        let more = values.next().is_some();
+        if let Some(v) = first {
+            remove_named(headers, &v);
+        }
+        if more {
+            let count = headers.get_all(header::CONNECTION).iter().count();
+            for i in 1..count {
+                if let Some(v) = headers.get_all(header::CONNECTION).iter().nth(i).cloned() {
+                    remove_named(headers, &v);
+                }
             }
         }
     }
@@ -93,6 +109,26 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool, upgrad
     }
 }
 
+/// Removes the fields a `Connection` value names, except the fixed
+/// hop-by-hop ones (removed by the caller, or kept for an upgrade).
+fn remove_named(headers: &mut HeaderMap, connection: &HeaderValue) {
+    for token in connection.as_bytes().split(|&b| b == b',') {
+        let token = token.trim_ascii();
+        if token.is_empty() || is_hop_by_hop(token) {
+            continue;
+        }
+        // Not a valid name: nothing to remove.
+        if let Ok(name) = std::str::from_utf8(token) {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Whether `token` names one of the fixed hop-by-hop fields (any case).
+fn is_hop_by_hop(token: &[u8]) -> bool {
+    HOP_BY_HOP.iter().any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(token))
+}
+
 /// The `Via` token for a message received as `version`.
 fn via(version: Version) -> HeaderValue {
     HeaderValue::from_static(match version {
@@ -104,38 +140,91 @@ fn via(version: Version) -> HeaderValue {
     })
 }
 
+/// The forwarding fields' elements for one client connection, each
+/// written once: the client's address is the same for every request of
+/// the connection, and nearly every request of it names the same host.
+/// A field then holds a shared copy of the element; nothing is formatted
+/// per request.
+pub struct Forwarding {
+    ip: IpAddr,
+    tls: bool,
+    /// `X-Forwarded-For`'s element: the address.
+    xff: HeaderValue,
+    /// `Forwarded`'s element for the host last asked for, and that host.
+    forwarded: RefCell<Option<(Option<Box<str>>, HeaderValue)>>,
+    /// The `Host` field last made from a request's authority (HTTP/2
+    /// clients send none), and that authority.
+    host: RefCell<Option<(Box<str>, HeaderValue)>>,
+}
+
+impl Forwarding {
+    /// The elements for a client at `peer`, over TLS or not.
+    pub fn new(peer: SocketAddr, tls: bool) -> Forwarding {
+        let ip = match peer.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        let mut item = BytesMut::with_capacity(48);
+        put_ip(&mut item, ip, false);
+        // An address's text is always a valid field value.
+        let xff = HeaderValue::from_maybe_shared(item.freeze())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Forwarding { ip, tls, xff, forwarded: RefCell::new(None), host: RefCell::new(None) }
+    }
+
+    /// A `Host` field for `host` (a request's authority), or `None` if it
+    /// is no valid field value.
+    pub fn host_field(&self, host: &str) -> Option<HeaderValue> {
+        let mut last = self.host.borrow_mut();
+        if let Some((h, v)) = &*last {
+            if **h == *host {
+                return Some(v.clone());
+            }
+        }
+        let v = HeaderValue::from_str(host).ok()?;
+        *last = Some((host.into(), v.clone()));
+        Some(v)
+    }
+
+    /// `Forwarded`'s element (`for`, `host`, `proto`) for `host`.
+    fn forwarded(&self, host: Option<&str>) -> HeaderValue {
+        let host = host.filter(|h| valid_token_host(h));
+        let mut last = self.forwarded.borrow_mut();
+        if let Some((h, v)) = &*last {
+            if h.as_deref() == host {
+                return v.clone();
+            }
+        }
+        let mut f = BytesMut::with_capacity(64 + host.map_or(0, str::len));
+        f.put_slice(b"for=");
+        put_ip(&mut f, self.ip, true);
+        if let Some(h) = host {
+            f.put_slice(b";host=\"");
+            f.put_slice(h.as_bytes());
+            f.put_u8(b'"');
+        }
+        f.put_slice(if self.tls { b";proto=https" } else { b";proto=http" });
+        // Made of an address, a checked host and fixed text: a valid value.
+        let v = HeaderValue::from_maybe_shared(f.freeze())
+            .unwrap_or_else(|_| HeaderValue::from_static("for=unknown"));
+        *last = Some((host.map(Box::from), v.clone()));
+        v
+    }
+}
+
 /// Appends `Via`, `X-Forwarded-For` and `Forwarded` (`for`, `host`,
-/// `proto`) for a request from `peer`, received as `version`, for `host`.
-/// Each value is written once into its own buffer, which the field then
-/// holds: no string is formatted and copied again.
+/// `proto`) for a request of the client connection `client`, received
+/// as `version`, for `host`.
 pub fn add_forwarding(
     headers: &mut HeaderMap,
     version: Version,
-    peer: SocketAddr,
+    client: &Forwarding,
     host: Option<&str>,
-    tls: bool,
 ) {
     debug_assert!(via(version).to_str().unwrap().ends_with(VIA_NAME));
     headers.append(header::VIA, via(version));
-    let ip = peer.ip();
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    };
-    let mut item = BytesMut::with_capacity(48);
-    put_ip(&mut item, ip, false);
-    append_list(headers, X_FORWARDED_FOR, item.freeze());
-    let host = host.filter(|h| valid_token_host(h));
-    let mut f = BytesMut::with_capacity(64 + host.map_or(0, str::len));
-    f.put_slice(b"for=");
-    put_ip(&mut f, ip, true);
-    if let Some(h) = host {
-        f.put_slice(b";host=\"");
-        f.put_slice(h.as_bytes());
-        f.put_u8(b'"');
-    }
-    f.put_slice(if tls { b";proto=https" } else { b";proto=http" });
-    append_list(headers, header::FORWARDED, f.freeze());
+    append_list(headers, X_FORWARDED_FOR, client.xff.clone());
+    append_list(headers, header::FORWARDED, client.forwarded(host));
 }
 
 /// Writes `ip` as text; an IPv6 address as `Forwarded` wants a node
@@ -193,22 +282,22 @@ fn valid_token_host(h: &str) -> bool {
 }
 
 /// Appends `item` to the comma list in `name` (one field, as proxies write it).
-fn append_list(headers: &mut HeaderMap, name: HeaderName, item: Bytes) {
-    let mut prior = headers.get_all(&name).iter().peekable();
-    if prior.peek().is_none() {
-        if let Ok(v) = HeaderValue::from_maybe_shared(item) {
-            headers.insert(name, v);
+fn append_list(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
+    match headers.entry(name) {
+        Entry::Vacant(e) => {
+            e.insert(item);
         }
-        return;
-    }
-    let mut joined = BytesMut::new();
-    for v in prior {
-        joined.put_slice(v.as_bytes());
-        joined.put_slice(b", ");
-    }
-    joined.put_slice(&item);
-    if let Ok(v) = HeaderValue::from_maybe_shared(joined.freeze()) {
-        headers.insert(name, v);
+        Entry::Occupied(mut e) => {
+            let mut joined = BytesMut::new();
+            for v in e.iter() {
+                joined.put_slice(v.as_bytes());
+                joined.put_slice(b", ");
+            }
+            joined.put_slice(item.as_bytes());
+            if let Ok(v) = HeaderValue::from_maybe_shared(joined.freeze()) {
+                e.insert(v);
+            }
+        }
     }
 }
 
@@ -220,21 +309,19 @@ mod tests {
     fn hop_by_hop_fields_go_and_forwarding_fields_come() {
         let mut h = HeaderMap::new();
         h.insert("connection", HeaderValue::from_static("keep-alive, X-Secret"));
+        h.append("connection", HeaderValue::from_static("Close,x-other , Keep-Alive"));
         h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-other", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("te", HeaderValue::from_static("trailers, deflate"));
         h.insert("upgrade", HeaderValue::from_static("websocket"));
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         h.insert("x-kept", HeaderValue::from_static("yes"));
         remove_hop_by_hop(&mut h, true, false);
-        add_forwarding(
-            &mut h,
-            Version::HTTP_11,
-            "[::ffff:127.0.0.2]:5".parse().unwrap(),
-            Some("a.test"),
-            false,
-        );
+        let client = Forwarding::new("[::ffff:127.0.0.2]:5".parse().unwrap(), false);
+        add_forwarding(&mut h, Version::HTTP_11, &client, Some("a.test"));
         assert!(h.get("x-secret").is_none() && h.get("keep-alive").is_none());
+        assert!(h.get("x-other").is_none());
         assert!(h.get("upgrade").is_none() && h.get("connection").is_none());
         assert_eq!(h["te"], "trailers");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
@@ -243,20 +330,28 @@ mod tests {
         assert_eq!(h["x-kept"], "yes");
         let mut h = HeaderMap::new();
         h.insert("forwarded", HeaderValue::from_static("for=10.0.0.1"));
-        add_forwarding(&mut h, Version::HTTP_2, "[2001:db8::7]:5".parse().unwrap(), None, true);
+        let v6 = Forwarding::new("[2001:db8::7]:5".parse().unwrap(), true);
+        add_forwarding(&mut h, Version::HTTP_2, &v6, None);
         assert_eq!(h["x-forwarded-for"], "2001:db8::7");
         assert_eq!(h["forwarded"], "for=10.0.0.1, for=\"[2001:db8::7]\";proto=https");
         assert_eq!(h["via"], "2 hotloop");
         let mut h = HeaderMap::new();
-        add_forwarding(
-            &mut h,
-            Version::HTTP_11,
-            "[::ffff:10.20.3.255]:5".parse().unwrap(),
-            None,
-            false,
-        );
+        let client = Forwarding::new("[::ffff:10.20.3.255]:5".parse().unwrap(), false);
+        add_forwarding(&mut h, Version::HTTP_11, &client, None);
         assert_eq!(h["x-forwarded-for"], "10.20.3.255");
         assert_eq!(h["forwarded"], "for=10.20.3.255;proto=http");
+        // The next request of the connection, for a host again: the
+        // element follows the host it names.
+        let mut h = HeaderMap::new();
+        add_forwarding(&mut h, Version::HTTP_11, &client, Some("b.test"));
+        assert_eq!(h["forwarded"], "for=10.20.3.255;host=\"b.test\";proto=http");
+        let mut h = HeaderMap::new();
+        add_forwarding(&mut h, Version::HTTP_11, &client, None);
+        assert_eq!(h["forwarded"], "for=10.20.3.255;proto=http");
+        assert_eq!(client.host_field("a.test").unwrap(), "a.test");
+        assert_eq!(client.host_field("b.test:8080").unwrap(), "b.test:8080");
+        assert!(client.host_field("bad\nhost").is_none());
+        assert_eq!(client.host_field("b.test:8080").unwrap(), "b.test:8080");
     }
 
     #[test]

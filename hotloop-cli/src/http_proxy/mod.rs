@@ -24,6 +24,7 @@ mod routes;
 mod stats;
 
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,7 @@ use hyper::service::service_fn;
 
 use self::config::{Config, UpstreamProtocol};
 use self::forward::Shared;
+use self::headers::Forwarding;
 use self::pool::Backend;
 use crate::mode::{Mode, Serving, Start};
 use crate::proxy::{BackendProtocol, ProxyArgs};
@@ -109,7 +111,8 @@ impl Mode for HttpProxy {
         let service_shared = self.shared.clone();
         let make_service = move |peer| {
             let shared = service_shared.clone();
-            service_fn(move |req| forward::handle(shared.clone(), peer, req))
+            let client = Rc::new(Forwarding::new(peer, shared.tls));
+            service_fn(move |req| forward::handle(shared.clone(), client.clone(), req))
         };
         let (rt, listen) = (at.rt.handle(), args.listen.as_str());
         let server = match self.tls.take() {
