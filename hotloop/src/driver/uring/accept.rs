@@ -36,7 +36,8 @@ use std::task::Waker;
 
 use io_uring::{opcode, types};
 
-use super::lifecycle::{FeedKind, Ops, Stopped};
+use super::lifecycle::{FeedKind, Ops};
+use super::multishot::{Stage, Then};
 use super::ring::Ring;
 use super::shared::SharedFd;
 use super::unclaimed;
@@ -52,10 +53,8 @@ pub(crate) const ACCEPT_QUEUE_MAX: usize = 1024;
 pub(super) struct Listener {
     /// Accepted connections and errors, oldest first.
     queue: VecDeque<io::Result<OwnedFd>>,
-    /// The accept in flight, if any.
+    /// The accept in flight, if any (its stage is in its slot).
     pub(super) op: Option<Key>,
-    /// True once a cancel was queued for `op` because the queue was full.
-    cancelling: bool,
     /// The tasks waiting in `poll_accept` (several tasks may accept on one listener).
     waiters: Vec<Waker>,
     /// True once a multishot accept has been armed (later arms are re-arms).
@@ -72,7 +71,6 @@ impl Default for Listener {
         Listener {
             queue: VecDeque::new(),
             op: None,
-            cancelling: false,
             waiters: Vec::new(),
             armed_before: false,
             op_multishot: false,
@@ -95,10 +93,13 @@ impl Listeners {
         Listeners { queues: Slab::default(), multishot }
     }
 
-    /// Handles a completion of the accept `key` of `listener`.
+    /// Handles a completion of the accept `key` of `listener`, whose
+    /// stage (`stage`) has taken it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_completion(
         &mut self,
         ring: &mut Ring,
+        stage: &mut Stage,
         listener: Key,
         key: Key,
         res: i32,
@@ -122,9 +123,7 @@ impl Listeners {
             if l.op == Some(key) {
                 l.op = None;
             }
-            l.cancelling = false;
-        } else if l.queue.len() >= l.room.min(ACCEPT_QUEUE_MAX) && !l.cancelling {
-            l.cancelling = true;
+        } else if l.queue.len() >= l.room.min(ACCEPT_QUEUE_MAX) && stage.cancel() == Then::Cancel {
             ring.push_cancel(key);
         }
         woken.append(&mut l.waiters);
@@ -229,14 +228,13 @@ impl Listeners {
         // A bounded owner stops a multishot accept whatever is queued: one
         // enter could accept a whole backlog ahead of it.
         let bounded_multishot = l.op_multishot && room < ACCEPT_QUEUE_MAX;
-        if (l.queue.len() < room && !bounded_multishot) || l.cancelling {
+        if l.queue.len() < room && !bounded_multishot {
             return;
         }
         let Some(op) = l.op else { return };
-        match ops.stop_feed(ring, op) {
-            Stopped::Withdrawn => l.op = None,
-            Stopped::Cancelling => l.cancelling = true,
-            Stopped::Nothing => {}
+        // Once: an accept being cancelled is left to its last completion.
+        if ops.stop_feed(ring, op) == Then::Free {
+            l.op = None;
         }
     }
 

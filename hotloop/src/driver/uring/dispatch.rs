@@ -6,7 +6,8 @@ use std::task::Waker;
 
 use io_uring::cqueue;
 
-use super::lifecycle::{self, Cqe, FeedKind, FeedStage, Lifecycle, NOTIF_USAGE_ZC_COPIED};
+use super::lifecycle::{self, Cqe, FeedKind, Lifecycle, NOTIF_USAGE_ZC_COPIED};
+use super::multishot::Then;
 use super::user_data::UserData;
 use super::{unclaimed, Uring};
 use crate::slab::Key;
@@ -77,19 +78,30 @@ impl Uring {
                     }
                 }
             }
-            &mut Lifecycle::Feed { kind, queue, stage, .. } => {
-                if last {
-                    self.ops.remove(key);
-                }
-                if stage == FeedStage::Orphaned {
+            Lifecycle::Feed { kind, queue, stage, .. } => {
+                let (kind, queue) = (*kind, *queue);
+                if stage.is_orphaned() {
+                    if stage.complete(last) == Then::Free {
+                        self.ops.remove(key);
+                    }
                     self.on_orphan_completion(kind, queue, res, last);
                     return;
                 }
+                stage.complete(last);
                 match kind {
-                    FeedKind::Accept => {
-                        self.listeners.on_completion(&mut self.ring, queue, key, res, last, woken)
-                    }
+                    FeedKind::Accept => self.listeners.on_completion(
+                        &mut self.ring,
+                        stage,
+                        queue,
+                        key,
+                        res,
+                        last,
+                        woken,
+                    ),
                     FeedKind::RecvMsg => self.dgrams.on_completion(queue, key, res, flags, woken),
+                }
+                if last {
+                    self.ops.remove(key);
                 }
             }
             Lifecycle::Lingering(write) => match write.next_entry(res) {

@@ -23,10 +23,10 @@
 //!   `Cancelled` until the notification.
 //! - A **feed** is a multishot accept or `RECVMSG` the driver keeps armed
 //!   for a socket's queue (`accept.rs`, `dgram.rs`): one state, `Feed`,
-//!   with what it carries ([`FeedKind`]) and how far it has got
-//!   ([`FeedStage`]). A feed not yet submitted is withdrawn like a
-//!   single-shot operation. (A stream's multishot receive goes through
-//!   the same stages, but in its stream's own slot: `pooled.rs`.)
+//!   with what it carries ([`FeedKind`]) and how far it has got: the
+//!   multishot stage machine every multishot operation embeds
+//!   (`multishot.rs`; a stream's multishot receive goes through the same
+//!   stages in its stream's own slot, `pooled.rs`).
 //! - A **lingering** write is the rest of a written-behind send whose
 //!   stream no longer waits for it (dropped, or shut down in both
 //!   directions; `linger.rs`): each completion submits its next part
@@ -39,11 +39,9 @@
 //!                  v                                    v                                        v
 //!               Withdrawn --enter: freed            Cancelled --last completion: freed         freed
 //!
-//! feed:         Queued --enter--> Feeding --completions--> the queue's owner
-//!                  | socket closed   | socket closed
-//!                  v                 v
-//!               Withdrawn         Orphaned --last completion: freed
-//!                                 (what it still delivers is closed or given back)
+//! feed:         the stages of `multishot.rs`, from Queued; its last
+//!               completion frees the slot (an orphan's, whatever it
+//!               delivered, is closed or given back)
 //! ```
 //!
 //! The slots live in [`Ops`], which makes the moves between the states; the
@@ -59,6 +57,7 @@ use std::time::Instant;
 use io_uring::squeue;
 
 use super::linger::{Lingering, LingeringWrite};
+use super::multishot::{Closed, Stage, Then};
 use super::ring::Ring;
 use super::shared::SharedFd;
 use super::unclaimed::{self, OpenPath};
@@ -118,7 +117,7 @@ pub(super) enum Lifecycle {
     /// socket stays open until the last completion.
     Feed {
         kind: FeedKind,
-        stage: FeedStage,
+        stage: Stage,
         queue: Key,
         #[allow(dead_code)]
         fd: SharedFd,
@@ -136,27 +135,13 @@ pub(super) enum FeedKind {
     RecvMsg,
 }
 
-/// How far a feed has got.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FeedStage {
-    /// In the driver's list; can still be withdrawn.
-    Queued,
-    /// Submitted: its completions go to its queue.
-    Feeding,
-    /// Its socket closed after submission and a cancel was sent. What it
-    /// still delivers is closed or given back; a `RecvMsg` feed's queue
-    /// stays until the last completion, because it owns the ring the
-    /// kernel picks buffers from.
-    Orphaned,
-}
-
 impl Lifecycle {
     /// A single-shot operation, not yet submitted.
     pub(super) const QUEUED_OP: Lifecycle = Lifecycle::Waiting { waker: None, submitted: false };
 
     /// A feed of `queue`, not yet submitted.
     pub(super) fn queued_feed(kind: FeedKind, queue: Key, fd: &SharedFd) -> Lifecycle {
-        Lifecycle::Feed { kind, stage: FeedStage::Queued, queue, fd: fd.clone() }
+        Lifecycle::Feed { kind, stage: Stage::Queued, queue, fd: fd.clone() }
     }
 
     /// True while the kernel has (or will get) the operation and may
@@ -164,10 +149,8 @@ impl Lifecycle {
     pub(super) fn held_by_kernel(&self) -> bool {
         match self {
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
-            Lifecycle::Waiting { .. }
-            | Lifecycle::Cancelled(_)
-            | Lifecycle::Feed { .. }
-            | Lifecycle::Lingering(_) => true,
+            Lifecycle::Feed { stage, .. } => stage.held_by_kernel(),
+            Lifecycle::Waiting { .. } | Lifecycle::Cancelled(_) | Lifecycle::Lingering(_) => true,
         }
     }
 
@@ -175,33 +158,7 @@ impl Lifecycle {
     pub(super) fn is_waiting(&self) -> bool {
         match self {
             Lifecycle::Waiting { .. } => true,
-            Lifecycle::Feed { stage, .. } => *stage != FeedStage::Orphaned,
-            _ => false,
-        }
-    }
-
-    /// Records that the entry went into the submission queue.
-    pub(super) fn mark_submitted(&mut self) {
-        match self {
-            Lifecycle::Waiting { submitted, .. } => *submitted = true,
-            Lifecycle::Feed { stage: stage @ FeedStage::Queued, .. } => *stage = FeedStage::Feeding,
-            _ => {}
-        }
-    }
-
-    /// Detaches a feed from its queue, whose socket is closing: withdrawn
-    /// if the kernel has not seen it, else orphaned. Returns true if the
-    /// caller has to send the cancel (it was just orphaned).
-    pub(super) fn orphan_feed(&mut self) -> bool {
-        match self {
-            Lifecycle::Feed { stage: FeedStage::Queued, .. } => {
-                *self = Lifecycle::Withdrawn;
-                false
-            }
-            Lifecycle::Feed { stage: stage @ FeedStage::Feeding, .. } => {
-                *stage = FeedStage::Orphaned;
-                true
-            }
+            Lifecycle::Feed { stage, .. } => stage.feeds_its_queue(),
             _ => false,
         }
     }
@@ -214,18 +171,6 @@ pub(super) fn close_unclaimed(storage: &dyn Any, res: i32) {
     if storage.is::<(OpenPath, Option<SharedFd>)>() {
         unclaimed::close(res);
     }
-}
-
-/// What stopping a feed did ([`Ops::stop_feed`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stopped {
-    /// It was not submitted yet: withdrawn, its slot freed at the next enter.
-    Withdrawn,
-    /// The kernel has it: a cancel was queued, and its last completion
-    /// ends it.
-    Cancelling,
-    /// It was not a feed in flight: nothing done.
-    Nothing,
 }
 
 /// The operation slab: every in-flight operation's slot, keyed by the
@@ -289,14 +234,22 @@ impl Ops {
     /// was withdrawn (freeing the slot).
     pub(super) fn admit(&mut self, key: Key) -> bool {
         match self.slots.get_mut(key) {
+            Some(Lifecycle::Waiting { submitted, .. }) => {
+                *submitted = true;
+                true
+            }
+            Some(Lifecycle::Feed { stage, .. }) => {
+                let goes = stage.admit();
+                if !goes {
+                    self.slots.remove(key);
+                }
+                goes
+            }
             Some(Lifecycle::Withdrawn) => {
                 self.slots.remove(key);
                 false
             }
-            Some(state) => {
-                state.mark_submitted();
-                true
-            }
+            Some(_) => true,
             // Unreachable: a slot is freed only after its entry left the list.
             None => false,
         }
@@ -372,36 +325,52 @@ impl Ops {
     }
 
     /// Detaches the feed `key` from its queue, whose socket is closing:
-    /// withdrawn if the kernel has not seen it, else orphaned and
-    /// cancelled. Returns true if it was orphaned (the kernel has it).
+    /// withdrawn if the kernel has not seen it, else orphaned (and
+    /// cancelled, unless it is being cancelled already). Returns true if
+    /// the kernel has it: it keeps what it names until its last
+    /// completion.
     pub(super) fn orphan_feed(&mut self, ring: &mut Ring, key: Key) -> bool {
-        let orphaned = self.slots.get_mut(key).is_some_and(Lifecycle::orphan_feed);
-        if orphaned {
-            ring.push_cancel(key);
+        let Some(state @ Lifecycle::Feed { .. }) = self.slots.get_mut(key) else { return false };
+        let Lifecycle::Feed { stage, .. } = state else { return false };
+        match stage.close() {
+            Closed::Orphaned { cancel } => {
+                if cancel {
+                    ring.push_cancel(key);
+                }
+                true
+            }
+            // The socket goes now; the ring frees the slot when it skips
+            // the entry.
+            Closed::Withdrawn => {
+                *state = Lifecycle::Withdrawn;
+                false
+            }
+            Closed::Free | Closed::Before => false,
         }
-        orphaned
     }
 
     /// True if the feed `key` was orphaned before (its socket closed).
     pub(super) fn is_orphaned_feed(&self, key: Key) -> bool {
-        matches!(self.slots.get(key), Some(Lifecycle::Feed { stage: FeedStage::Orphaned, .. }))
+        matches!(self.slots.get(key), Some(Lifecycle::Feed { stage, .. }) if stage.is_orphaned())
     }
 
     /// Stops the feed `key` while its queue stays: withdrawn if the kernel
-    /// has not seen it, else cancelled.
-    pub(super) fn stop_feed(&mut self, ring: &mut Ring, key: Key) -> Stopped {
-        let Some(state) = self.slots.get_mut(key) else { return Stopped::Nothing };
-        match state {
-            Lifecycle::Feed { stage: FeedStage::Queued, .. } => {
-                *state = Lifecycle::Withdrawn;
-                Stopped::Withdrawn
-            }
-            Lifecycle::Feed { stage: FeedStage::Feeding, .. } => {
-                ring.push_cancel(key);
-                Stopped::Cancelling
-            }
-            _ => Stopped::Nothing,
+    /// has not seen it (`Free`: its owner forgets it), else cancelled
+    /// once (`Cancel`).
+    pub(super) fn stop_feed(&mut self, ring: &mut Ring, key: Key) -> Then {
+        let Some(state @ Lifecycle::Feed { .. }) = self.slots.get_mut(key) else {
+            return Then::Nothing;
+        };
+        let Lifecycle::Feed { stage, .. } = state else { return Then::Nothing };
+        let then = stage.cancel();
+        match then {
+            Then::Cancel => ring.push_cancel(key),
+            // Withdrawn: the socket goes now, the slot when the ring skips
+            // the entry.
+            Then::Free => *state = Lifecycle::Withdrawn,
+            Then::Nothing => {}
         }
+        then
     }
 
     /// Keeps `write`, whose current send is the operation `key`, going

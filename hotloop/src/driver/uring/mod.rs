@@ -79,7 +79,8 @@
 //!
 //! 1. `bufring`: provided-buffer rings; `shared`: the descriptor and file
 //!    types an operation holds; `user_data`: what an entry's `user_data`
-//!    names, encoded and decoded in one place.
+//!    names, encoded and decoded in one place; `multishot`: the stages of
+//!    a multishot operation the driver keeps armed for a queue.
 //! 2. `linger`: the rest of a written-behind send its stream no longer
 //!    waits for (dropped, or shut down in both directions).
 //! 3. `unclaimed`: descriptors the kernel hands back that nobody will take;
@@ -109,6 +110,7 @@ mod file;
 mod lifecycle;
 mod linger;
 mod listener;
+mod multishot;
 mod op;
 mod pooled;
 mod readiness;

@@ -38,6 +38,7 @@ use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, GROUP};
 use super::lifecycle::Ops;
+use super::multishot::{Closed, Stage, Then};
 use super::ring::Ring;
 use super::shared::SharedFd;
 use super::user_data::UserData;
@@ -63,36 +64,15 @@ pub(super) struct Stream {
     /// The task waiting in `readable`.
     waiter: Option<Waker>,
     /// The socket, held from its owner's close to the receive's last
-    /// completion (`Receive::Orphaned`).
+    /// completion (`Stage::Orphaned`).
     fd: Option<SharedFd>,
     /// The end of the stream, or an error, after the queued bytes.
     end: Option<End>,
-    /// Where the multishot receive is.
-    receive: Receive,
-}
-
-/// Where a stream's multishot receive is. It has no slot in the operation
-/// slab: its `user_data` is the stream's own key, tagged with
-/// [`STREAM_RECEIVE`], and its state lives here, so an idle connection
-/// pays for one slot, not two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum Receive {
-    /// None in flight.
-    #[default]
-    Unarmed,
-    /// In the driver's list, where it can still be withdrawn.
-    Queued,
-    /// Submitted: its completions fill the queue.
-    Armed,
-    /// Submitted, and a cancel queued because the queue is full.
-    Cancelling,
-    /// The socket closed before submission: the next enter skips the
-    /// entry and frees the slot.
-    Withdrawn,
-    /// The socket closed after submission: a cancel was sent, buffers it
-    /// still fills go back to the ring, and its last completion frees the
-    /// slot (and the socket it holds).
-    Orphaned,
+    /// Where the multishot receive is (`multishot.rs`). It has no slot in
+    /// the operation slab: its `user_data` is the stream's own key,
+    /// tagged as a stream receive, and its stage lives here, so an idle
+    /// connection pays for one slot, not two.
+    receive: Stage,
 }
 
 /// Whether the entry carrying `user_data`, leaving the driver's list,
@@ -163,13 +143,13 @@ impl Stream {
 
     /// True while the kernel holds (or will get) its receive.
     pub(super) fn held_by_kernel(&self) -> bool {
-        !matches!(self.receive, Receive::Unarmed | Receive::Withdrawn)
+        self.receive.held_by_kernel()
     }
 
     /// True while its socket is closed and the kernel still holds its
     /// receive.
     pub(super) fn is_orphaned(&self) -> bool {
-        self.receive == Receive::Orphaned
+        self.receive.is_orphaned()
     }
 }
 
@@ -201,20 +181,13 @@ impl Streams {
     /// slot).
     fn admit(&mut self, stream: Key) -> bool {
         let Some(s) = self.queues.get_mut(stream) else { return false };
-        match s.receive {
-            Receive::Queued => {
-                s.receive = Receive::Armed;
-                true
-            }
-            Receive::Withdrawn => {
-                self.queues.remove(stream);
-                false
-            }
-            // Admitted before, and held back by a full submission queue.
-            Receive::Armed | Receive::Cancelling | Receive::Orphaned => true,
-            // Unreachable: an unarmed receive has no entry in the list.
-            Receive::Unarmed => false,
+        if s.receive.admit() {
+            return true;
         }
+        if s.receive == Stage::Withdrawn {
+            self.queues.remove(stream);
+        }
+        false
     }
 
     /// Handles a completion of the multishot receive of `stream`.
@@ -232,9 +205,9 @@ impl Streams {
             give_back(self.buf_ring.as_mut(), bid);
             return;
         };
-        if s.receive == Receive::Orphaned {
+        if s.receive.is_orphaned() {
             give_back(self.buf_ring.as_mut(), bid);
-            if last {
+            if s.receive.complete(last) == Then::Free {
                 // The kernel is done: the slot and the socket go.
                 self.queues.remove(stream);
             }
@@ -254,10 +227,8 @@ impl Streams {
             e if e == -libc::ENOBUFS || e == -libc::ECANCELED => {}
             e => s.end = Some(End::error(-e)),
         }
-        if last {
-            s.receive = Receive::Unarmed;
-        } else if s.queued_bytes() >= QUEUED_BYTES_MAX && s.receive == Receive::Armed {
-            s.receive = Receive::Cancelling;
+        s.receive.complete(last);
+        if !last && s.queued_bytes() >= QUEUED_BYTES_MAX && s.receive.cancel() == Then::Cancel {
             ring.push_cancel_of(UserData::StreamReceive(stream));
         }
         // A reader waits for bytes, or, when the receive just ended (a cancel,
@@ -271,14 +242,10 @@ impl Streams {
     /// queue has room.
     fn arm(&mut self, ring: &mut Ring, stream: Key, fd: &SharedFd) {
         let Some(s) = self.queues.get_mut(stream) else { return };
-        if s.receive != Receive::Unarmed
-            || s.end.is_some()
-            || s.queued_bytes() >= QUEUED_BYTES_MAX / 2
-        {
+        if s.end.is_some() || s.queued_bytes() >= QUEUED_BYTES_MAX / 2 || !s.receive.arm() {
             return;
         }
         let entry = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), GROUP).build();
-        s.receive = Receive::Queued;
         // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
         ring.push(entry.user_data(UserData::StreamReceive(stream).to_u64()));
     }
@@ -334,7 +301,7 @@ impl Streams {
                 // in the socket. A short connection (its request there at
                 // accept, with `TCP_DEFER_ACCEPT`) is read without arming a
                 // receive it would only have to cancel.
-                None if s.receive == Receive::Unarmed => {
+                None if s.receive == Stage::Unarmed => {
                     // SAFETY: `dst` is a live slice of `len` writable bytes for the duration of
                     // the call.
                     let res = unsafe {
@@ -383,23 +350,19 @@ impl Streams {
         // Bytes nobody will read, and a waiter nobody will poll.
         s.queue = None;
         s.waiter = None;
-        match s.receive {
-            Receive::Unarmed => {
+        match s.receive.close() {
+            Closed::Free => {
                 self.queues.remove(key);
             }
-            Receive::Queued => s.receive = Receive::Withdrawn,
-            Receive::Armed => {
-                s.receive = Receive::Orphaned;
+            // The socket stays open until the last completion.
+            Closed::Orphaned { cancel } => {
                 s.fd = fd.cloned();
-                ring.push_cancel_of(UserData::StreamReceive(key));
+                if cancel {
+                    ring.push_cancel_of(UserData::StreamReceive(key));
+                }
             }
-            // Its cancel is queued already.
-            Receive::Cancelling => {
-                s.receive = Receive::Orphaned;
-                s.fd = fd.cloned();
-            }
-            // Released before.
-            Receive::Withdrawn | Receive::Orphaned => {}
+            // Withdrawn (the ring frees the slot), or released before.
+            Closed::Withdrawn | Closed::Before => {}
         }
     }
 
