@@ -4,45 +4,50 @@
     scripts/instructions_per_request.py [BIN] [--drivers epoll,uring] [--counts 500,1500]
 
 BIN is a release `hotloop` binary (target/release/hotloop by default: build
-it with `cargo build --release -p hotloop-cli`). For each driver and each
-kind of request, the server runs under `valgrind --tool=callgrind` with one
-worker, a client in this process (outside valgrind) sends a fixed count of
-requests, and the server is stopped by pid (SIGINT: it drains and exits, and
-callgrind writes its totals). Two counts are run, and the figure is the
-difference of their totals over the difference of their counts, so start-up,
-the banner and shutdown cancel out:
+it with `cargo build --release -p hotloop-cli -p hotloop-bench`). For each
+driver and each kind of request, the server runs under
+`valgrind --tool=callgrind` with one worker on a port the script picks, a
+client in this process (outside valgrind) sends a fixed count of requests,
+and the server is stopped by pid with SIGALRM, which it leaves at the
+default action (the process ends and callgrind writes its totals). Two
+counts are run, and the figure is the difference of their totals over the
+difference of their counts, so start-up and shutdown cancel out:
 
 - keep-alive: all the requests on one connection, one at a time;
 - serial: one request per connection, one connection at a time.
 
-Valgrind (3.19 here) runs the io_uring system calls; what the kernel writes
-into the rings is invisible to it, which callgrind, counting instructions
-only, does not need. Two things need working around here:
+Each run prints the driver, the kind, both totals, the per-request figure
+and the pokes (connections opened and closed at once, to see that the
+server is up, and after the signal until it has exited: each costs one
+accepted and closed connection, against the 1,000 requests between the
+counts); `--rounds R` repeats each pair and prints the median. Keep-alive
+figures repeat within about 3%; serial ones move by 20% and more (how a
+loop turn meets each connection's accept, request and close varies from
+run to run).
 
-- Valgrind's default pipe-based thread lock hangs the first blocking
-  system call on this machine's kernel (even `valgrind ls` never ends), so
-  it runs with `--fair-sched=yes`.
-- Valgrind 3.19 keeps its one thread lock through `io_uring_enter`: while
-  the io_uring worker waits in the ring, no other thread of the server
-  runs (the banner, the signal thread). So the script does not wait for
-  the banner (the port is its own choice), stops the server with SIGALRM
-  (left at its default action: the process ends, and callgrind writes its
-  totals) rather than SIGINT (which needs the signal thread), and pokes it
-  (a connection opened and closed at once, which completes the worker's
-  accept and so ends its wait) every 0.3 s until it is up, and again
-  after the signal until it has exited. The pokes are counted and
-  printed; each costs the server one accepted and closed connection,
-  a few thousand instructions, against the 1,000 requests between the
-  two counts. Each run prints the driver, the kind, both totals and
-the per-request figure; `--rounds R` repeats each pair (callgrind's counts
-move by a few instructions per request between runs, from how many
-completions each loop turn happens to find).
+Valgrind (3.19 here) needs `--fair-sched=yes` on this machine: its default
+pipe-based thread lock hangs the first blocking system call (even
+`valgrind ls` never ends). It cannot run the io_uring driver: it keeps its
+thread lock through `io_uring_enter`, so the worker, which waits in its
+ring before the main thread has bound the listener, stops every other
+thread of the server for good (the server never starts listening).
+
+Where callgrind cannot run the server (the io_uring driver, above), and
+there is no hardware instruction counter (perf's `instructions:u` is not
+supported in this virtual machine), `--cpu-ab BIN,BIN` compares binaries by
+server CPU time instead: perf's task-clock over the last of `--counts`
+requests (hotloop-bench's load, one connection, after 2,000 to warm up),
+server on CPU 0 and load on CPU 1, the binaries interleaved round after
+round; it prints each one's median and its ratio to the first's. CPU time
+moves with the machine's other load, so it needs many rounds and resolves
+a few per cent, not one.
 """
 import argparse
 import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -141,9 +146,8 @@ def measure(p, log, addr, out, kind, n):
         time.sleep(0.3)
     pokes += 1
     KINDS[kind](addr, n)
-    # SIGALRM, which the server leaves at its default (terminate): its own
-    # stop (SIGINT) needs its signal thread, which the waiting worker
-    # starves. Valgrind still ends the run and callgrind writes its totals.
+    # SIGALRM, which the server leaves at its default (terminate): no drain
+    # to wait for, and valgrind still ends the run and writes the totals.
     p.send_signal(signal.SIGALRM)
     deadline = time.monotonic() + 120
     while p.poll() is None:
@@ -159,6 +163,57 @@ def measure(p, log, addr, out, kind, n):
     sys.exit(f"no totals in {out}")
 
 
+def cpu_run(binp, load, driver, kind, n):
+    """Microseconds of server CPU (perf's task-clock: user and system) per
+    request over `n` requests of `kind`, server on CPU 0, load on CPU 1."""
+    addr = ("127.0.0.1", free_port())
+    p = subprocess.Popen(["taskset", "-c", "0", binp, "serve", "http", "--addr",
+                          f"{addr[0]}:{addr[1]}", "--workers", "1", "--driver", driver],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if poke(addr):
+                break
+            time.sleep(0.05)
+        mode = {"keep-alive": "keepalive", "serial": "serial"}[kind]
+        base = ["taskset", "-c", "1", load, "load", "--addr", f"{addr[0]}:{addr[1]}",
+                "--mode", mode, "--connections", "1"]
+        subprocess.run(base + ["-n", "2000", "-d", "20"], check=True, capture_output=True)
+        perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "task-clock", "-p", str(p.pid)],
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        subprocess.run(base + ["-n", str(n), "-d", "120"], check=True, capture_output=True)
+        perf.send_signal(signal.SIGINT)
+        _, err = perf.communicate(timeout=30)
+        ms = next(float(l.split(",")[0]) for l in err.splitlines() if "task-clock" in l)
+        return ms * 1000 / n
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def cpu_ab(a):
+    """Server CPU per request of each binary, interleaved round by round."""
+    bins = a.cpu_ab.split(",")
+    n = int(a.counts.split(",")[-1])
+    for driver in a.drivers.split(","):
+        for kind in a.kinds.split(","):
+            per = {b: [] for b in bins}
+            for _ in range(a.rounds):
+                for b in bins:
+                    per[b].append(cpu_run(b, a.load, driver, kind, n))
+            first = statistics.median(per[bins[0]])
+            for b in bins:
+                m = statistics.median(per[b])
+                print(f"{driver:5} {kind:10} {b}: median {m:.2f} us/request "
+                      f"({', '.join(f'{x:.2f}' for x in per[b])}); {m / first:.3f}x the first",
+                      flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bin", nargs="?", default="target/release/hotloop")
@@ -166,7 +221,13 @@ def main():
     ap.add_argument("--kinds", default="keep-alive,serial")
     ap.add_argument("--counts", default="500,1500")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--cpu-ab", metavar="BIN,BIN", help="instead of callgrind: server CPU "
+                    "(perf task-clock) per request of these binaries, interleaved by round")
+    ap.add_argument("--load", default="target/release/hotloop-bench")
     a = ap.parse_args()
+    if a.cpu_ab:
+        cpu_ab(a)
+        return
     lo, hi = (int(c) for c in a.counts.split(","))
     with tempfile.TemporaryDirectory() as outdir:
         for driver in a.drivers.split(","):
