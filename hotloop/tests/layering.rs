@@ -187,8 +187,8 @@ fn one_way(mod_rs: &Path, from: &str, prefixes: &[&str]) -> (Vec<String>, Vec<(S
 const URING_MOD_RS_ALLOWED: [(&str, &str); 2] = [
     (
         "Uring",
-        "the ring's state is one struct defined in mod.rs that every module extends with its own \
-         `impl Uring`; it goes once the state is parts each owned by its file",
+        "the ring's state, defined in mod.rs as parts each owned by its file, is run as a whole \
+         only by `dispatch`, `turn` and `teardown`: they coordinate the parts",
     ),
     (
         "Driver",

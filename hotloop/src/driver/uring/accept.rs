@@ -36,13 +36,13 @@ use std::task::Waker;
 
 use io_uring::{opcode, types};
 
-use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
+use super::lifecycle::{FeedKind, Ops};
+use super::multishot::{Stage, Then};
+use super::ring::Ring;
 use super::shared::SharedFd;
 use super::unclaimed;
-use super::user_data::UserData;
-use super::Uring;
 use crate::driver::config::AcceptMode;
-use crate::slab::Key;
+use crate::slab::{Key, Slab};
 use crate::stats;
 
 /// The most accepted connections (or errors) queued per listener before
@@ -53,10 +53,8 @@ pub(crate) const ACCEPT_QUEUE_MAX: usize = 1024;
 pub(super) struct Listener {
     /// Accepted connections and errors, oldest first.
     queue: VecDeque<io::Result<OwnedFd>>,
-    /// The accept in flight, if any.
+    /// The accept in flight, if any (its stage is in its slot).
     pub(super) op: Option<Key>,
-    /// True once a cancel was queued for `op` because the queue was full.
-    cancelling: bool,
     /// The tasks waiting in `poll_accept` (several tasks may accept on one listener).
     waiters: Vec<Waker>,
     /// True once a multishot accept has been armed (later arms are re-arms).
@@ -73,7 +71,6 @@ impl Default for Listener {
         Listener {
             queue: VecDeque::new(),
             op: None,
-            cancelling: false,
             waiters: Vec::new(),
             armed_before: false,
             op_multishot: false,
@@ -82,66 +79,75 @@ impl Default for Listener {
     }
 }
 
-/// Handles a completion of the accept of `listener`.
-pub(super) fn on_completion(
-    ur: &mut Uring,
-    listener: Key,
-    key: Key,
-    res: i32,
-    last: bool,
-    woken: &mut Vec<Waker>,
-) {
-    let Some(l) = ur.listeners.get_mut(listener) else {
-        // Unreachable by construction (closing a listener orphans its accept
-        // first); still, never leak a descriptor.
-        unclaimed::close(res);
-        return;
-    };
-    if res >= 0 {
-        // SAFETY: an accept completion's non-negative result is a descriptor the kernel
-        // just installed for this process; nothing else owns it.
-        l.queue.push_back(Ok(unsafe { OwnedFd::from_raw_fd(res) }));
-    } else if res != -libc::ECANCELED {
-        l.queue.push_back(Err(io::Error::from_raw_os_error(-res)));
+/// The listeners' accept queues, each in a slot named by a generational
+/// key (never the descriptor's number).
+pub(super) struct Listeners {
+    queues: Slab<Listener>,
+    /// Whether `AcceptMode::Multishot` really is multishot here.
+    multishot: bool,
+}
+
+impl Listeners {
+    /// No listener yet; `multishot`: whether the kernel has multishot accept.
+    pub(super) fn new(multishot: bool) -> Listeners {
+        Listeners { queues: Slab::default(), multishot }
     }
-    if last {
-        if l.op == Some(key) {
-            l.op = None;
+
+    /// Handles a completion of the accept `key` of `listener`, whose
+    /// stage (`stage`) has taken it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_completion(
+        &mut self,
+        ring: &mut Ring,
+        stage: &mut Stage,
+        listener: Key,
+        key: Key,
+        res: i32,
+        last: bool,
+        woken: &mut Vec<Waker>,
+    ) {
+        let Some(l) = self.queues.get_mut(listener) else {
+            // Unreachable by construction (closing a listener orphans its accept
+            // first); still, never leak a descriptor.
+            unclaimed::close(res);
+            return;
+        };
+        if res >= 0 {
+            // SAFETY: an accept completion's non-negative result is a descriptor the kernel
+            // just installed for this process; nothing else owns it.
+            l.queue.push_back(Ok(unsafe { OwnedFd::from_raw_fd(res) }));
+        } else if res != -libc::ECANCELED {
+            l.queue.push_back(Err(io::Error::from_raw_os_error(-res)));
         }
-        l.cancelling = false;
-    } else if l.queue.len() >= l.room.min(ACCEPT_QUEUE_MAX) && !l.cancelling {
-        l.cancelling = true;
-        ur.ring.push_cancel(key);
+        if last {
+            if l.op == Some(key) {
+                l.op = None;
+            }
+        } else if l.queue.len() >= l.room.min(ACCEPT_QUEUE_MAX) && stage.cancel() == Then::Cancel {
+            ring.push_cancel(key);
+        }
+        woken.append(&mut l.waiters);
     }
-    woken.append(&mut l.waiters);
-}
 
-/// Detaches the accept `op` from its (closed) listener: withdrawn if the
-/// kernel has not seen it, else cancelled, closing what it still delivers.
-pub(super) fn orphan(ur: &mut Uring, op: Key) {
-    if ur.ops.get_mut(op).is_some_and(Lifecycle::orphan_feed) {
-        ur.ring.push_cancel(op);
-    }
-}
-
-impl Uring {
     /// Takes one queued connection of the listener `key` (made on first
     /// use), arming an accept if none is in flight. With a waker, parks it
     /// when the queue is empty.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn poll_accept(
         &mut self,
+        ops: &mut Ops,
+        ring: &mut Ring,
         key: &mut Option<Key>,
         fd: &SharedFd,
         mode: AcceptMode,
         room: usize,
         waker: Option<&Waker>,
     ) -> Option<io::Result<OwnedFd>> {
-        let lkey = *key.get_or_insert_with(|| self.listeners.insert(Listener::default()));
+        let lkey = *key.get_or_insert_with(|| self.queues.insert(Listener::default()));
         // Multishot only when the owner takes whatever comes: one multishot
         // enter can accept a whole backlog, which a bound could not hold.
-        let multishot =
-            mode == AcceptMode::Multishot && self.multishot_accept && room >= ACCEPT_QUEUE_MAX;
-        let l = self.listeners.get_mut(lkey).expect("a live listener's accept queue was freed");
+        let multishot = mode == AcceptMode::Multishot && self.multishot && room >= ACCEPT_QUEUE_MAX;
+        let l = self.queues.get_mut(lkey).expect("a live listener's accept queue was freed");
         l.room = room;
         if let Some(r) = l.queue.pop_front() {
             return Some(r);
@@ -167,18 +173,17 @@ impl Uring {
             };
             if multishot {
                 if l.armed_before {
-                    stats::add(&self.ring.stats.multishot_rearms, 1);
+                    stats::add(&ring.stats.multishot_rearms, 1);
                 }
                 l.armed_before = true;
             }
-            let op = self.ops.insert(Lifecycle::queued_feed(FeedKind::Accept, lkey, fd));
+            // An accept entry points at no memory (null address pointers).
+            let op = ops.submit_feed(ring, entry, FeedKind::Accept, lkey, fd);
             l.op = Some(op);
             l.op_multishot = multishot;
-            // An accept entry points at no memory (null address pointers).
-            self.ring.push(entry.user_data(UserData::Op(op).to_u64()));
         }
         if let Some(waker) = waker {
-            let l = self.listeners.get_mut(lkey).expect("just looked up");
+            let l = self.queues.get_mut(lkey).expect("just looked up");
             if !l.waiters.iter().any(|w| w.will_wake(waker)) {
                 l.waiters.push(waker.clone());
             }
@@ -191,7 +196,7 @@ impl Uring {
     /// more for it. Parks `waker` until then otherwise (every completion
     /// of the accept wakes the listener's waiters).
     pub(super) fn poll_accept_settled(&mut self, key: Key, waker: &Waker) -> bool {
-        let Some(l) = self.listeners.get_mut(key) else { return true };
+        let Some(l) = self.queues.get_mut(key) else { return true };
         if l.op.is_none() {
             return true;
         }
@@ -204,45 +209,52 @@ impl Uring {
     /// Takes one queued connection of the listener `key` without arming
     /// anything or parking.
     pub(super) fn take_queued(&mut self, key: Key) -> Option<io::Result<OwnedFd>> {
-        self.listeners.get_mut(key)?.queue.pop_front()
+        self.queues.get_mut(key)?.queue.pop_front()
     }
 
     /// Sets how many connections the listener's owner will take from now
     /// on. At or below what is queued, an accept in flight is stopped
     /// (withdrawn, or cancelled), so further connections wait in the
     /// kernel's backlog.
-    pub(super) fn set_accept_room(&mut self, key: Option<Key>, room: usize) {
-        let Some(l) = key.and_then(|k| self.listeners.get_mut(k)) else { return };
+    pub(super) fn set_accept_room(
+        &mut self,
+        ops: &mut Ops,
+        ring: &mut Ring,
+        key: Option<Key>,
+        room: usize,
+    ) {
+        let Some(l) = key.and_then(|k| self.queues.get_mut(k)) else { return };
         l.room = room;
         // A bounded owner stops a multishot accept whatever is queued: one
         // enter could accept a whole backlog ahead of it.
         let bounded_multishot = l.op_multishot && room < ACCEPT_QUEUE_MAX;
-        if (l.queue.len() < room && !bounded_multishot) || l.cancelling {
+        if l.queue.len() < room && !bounded_multishot {
             return;
         }
         let Some(op) = l.op else { return };
-        let Some(state) = self.ops.get_mut(op) else { return };
-        match state {
-            Lifecycle::Feed { stage: FeedStage::Queued, .. } => {
-                *state = Lifecycle::Withdrawn;
-                l.op = None;
-            }
-            Lifecycle::Feed { stage: FeedStage::Feeding, .. } => {
-                l.cancelling = true;
-                self.ring.push_cancel(op);
-            }
-            _ => {}
+        // Once: an accept being cancelled is left to its last completion.
+        if ops.stop_feed(ring, op) == Then::Free {
+            l.op = None;
         }
     }
 
     /// Forgets the listener `key`: closes the connections nobody took and
     /// detaches its accept.
-    pub(super) fn release_listener(&mut self, key: Key) {
-        if let Some(l) = self.listeners.remove(key) {
+    pub(super) fn release_listener(&mut self, ops: &mut Ops, ring: &mut Ring, key: Key) {
+        if let Some(l) = self.queues.remove(key) {
             if let Some(op) = l.op {
-                orphan(self, op);
+                // An accept the kernel has is cancelled, and closes whatever
+                // it still delivers.
+                ops.orphan_feed(ring, op);
             }
             // Dropping `l` closes its queue's connections.
+        }
+    }
+
+    /// Forgets every listener (the driver is dropped).
+    pub(super) fn release_all(&mut self, ops: &mut Ops, ring: &mut Ring) {
+        for key in self.queues.keys() {
+            self.release_listener(ops, ring, key);
         }
     }
 }

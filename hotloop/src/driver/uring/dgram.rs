@@ -42,12 +42,11 @@ use std::task::{Poll, Waker};
 use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, RecvRing};
-use super::lifecycle::{FeedKind, FeedStage, Lifecycle};
+use super::lifecycle::{FeedKind, Ops};
+use super::ring::Ring;
 use super::shared::SharedFd;
-use super::user_data::UserData;
-use super::Uring;
 use crate::driver::udp::{self, RecvMeta};
-use crate::slab::Key;
+use crate::slab::{Key, Slab};
 
 /// Bytes per buffer: the kernel's header, name and control space, and room
 /// for the largest datagram or GRO train (64 KiB).
@@ -71,65 +70,6 @@ pub(super) struct Datagrams {
     op: Option<Key>,
     /// Tasks waiting for a datagram.
     waiters: Vec<Waker>,
-}
-
-/// Handles a completion of the multishot receive of `dgrams`.
-pub(super) fn on_completion(
-    ur: &mut Uring,
-    dgrams: Key,
-    key: Key,
-    res: i32,
-    flags: u32,
-    woken: &mut Vec<Waker>,
-) {
-    let last = !cqueue::more(flags);
-    let Some(d) = ur.dgrams.get_mut(dgrams) else { return };
-    match (res, cqueue::buffer_select(flags)) {
-        (n, Some(bid)) if n >= 0 => {
-            let bytes = d.ring.buf_ring.bytes(bid, n as usize);
-            match types::RecvMsgOut::parse(bytes, &d.ring.msg) {
-                Ok(out) => {
-                    let start = out.payload_data().as_ptr() as usize - bytes.as_ptr() as usize;
-                    let mut meta = udp::decode_multishot(
-                        out.name_data(),
-                        out.control_data(),
-                        out.flags(),
-                        out.payload_data().len(),
-                    );
-                    meta.truncated |= out.is_payload_truncated();
-                    d.queue.push_back(Ok(Received { bid, start, meta }));
-                }
-                // Shorter than the layout it was given: cannot happen, but
-                // the buffer must not be lost.
-                Err(()) => {
-                    d.ring.buf_ring.push(bid);
-                    d.ring.buf_ring.publish();
-                }
-            }
-        }
-        (n, None) if n >= 0 => {}
-        (e, bid) if e == -libc::ENOBUFS || e == -libc::ECANCELED => {
-            if let Some(bid) = bid {
-                d.ring.buf_ring.push(bid);
-                d.ring.buf_ring.publish();
-            }
-        }
-        (e, bid) => {
-            if let Some(bid) = bid {
-                d.ring.buf_ring.push(bid);
-                d.ring.buf_ring.publish();
-            }
-            d.queue.push_back(Err(io::Error::from_raw_os_error(-e)));
-        }
-    }
-    if last && d.op == Some(key) {
-        d.op = None;
-    }
-    // A receiver waits for a datagram, or, when the multishot just ended,
-    // to arm it again.
-    if !d.queue.is_empty() || last {
-        woken.append(&mut d.waiters);
-    }
 }
 
 /// The buffer groups of datagram sockets' rings: one group id each,
@@ -171,24 +111,91 @@ impl DgramRings {
     }
 }
 
-impl Uring {
+/// The datagram sockets' queues, each with its own ring, and the buffer
+/// groups those rings take.
+pub(super) struct Dgrams {
+    queues: Slab<Datagrams>,
+    rings: DgramRings,
+}
+
+impl Dgrams {
+    /// No socket yet; `multishot`: whether datagram sockets receive with
+    /// multishot `RECVMSG`, into rings of `buffers` buffers.
+    pub(super) fn new(multishot: bool, buffers: u16) -> Dgrams {
+        Dgrams { queues: Slab::default(), rings: DgramRings::new(multishot, buffers) }
+    }
+
+    /// Handles a completion of the multishot receive of `dgrams`.
+    pub(super) fn on_completion(
+        &mut self,
+        dgrams: Key,
+        key: Key,
+        res: i32,
+        flags: u32,
+        woken: &mut Vec<Waker>,
+    ) {
+        let last = !cqueue::more(flags);
+        let Some(d) = self.queues.get_mut(dgrams) else { return };
+        match (res, cqueue::buffer_select(flags)) {
+            (n, Some(bid)) if n >= 0 => {
+                let bytes = d.ring.buf_ring.bytes(bid, n as usize);
+                match types::RecvMsgOut::parse(bytes, &d.ring.msg) {
+                    Ok(out) => {
+                        let start = out.payload_data().as_ptr() as usize - bytes.as_ptr() as usize;
+                        let mut meta = udp::decode_multishot(
+                            out.name_data(),
+                            out.control_data(),
+                            out.flags(),
+                            out.payload_data().len(),
+                        );
+                        meta.truncated |= out.is_payload_truncated();
+                        d.queue.push_back(Ok(Received { bid, start, meta }));
+                    }
+                    // Shorter than the layout it was given: cannot happen, but
+                    // the buffer must not be lost.
+                    Err(()) => {
+                        d.ring.buf_ring.push(bid);
+                        d.ring.buf_ring.publish();
+                    }
+                }
+            }
+            (n, None) if n >= 0 => {}
+            (e, bid) if e == -libc::ENOBUFS || e == -libc::ECANCELED => {
+                if let Some(bid) = bid {
+                    d.ring.buf_ring.push(bid);
+                    d.ring.buf_ring.publish();
+                }
+            }
+            (e, bid) => {
+                if let Some(bid) = bid {
+                    d.ring.buf_ring.push(bid);
+                    d.ring.buf_ring.publish();
+                }
+                d.queue.push_back(Err(io::Error::from_raw_os_error(-e)));
+            }
+        }
+        if last && d.op == Some(key) {
+            d.op = None;
+        }
+        // A receiver waits for a datagram, or, when the multishot just ended,
+        // to arm it again.
+        if !d.queue.is_empty() || last {
+            woken.append(&mut d.waiters);
+        }
+    }
+
     /// Gives a datagram socket a ring and a queue, if the kernel has
     /// multishot `RECVMSG` and a ring can be registered; `None` means the
     /// socket receives without them.
-    pub(super) fn open_dgrams(&mut self) -> Option<Key> {
-        if !self.dgram_rings.multishot {
+    pub(super) fn open(&mut self, ring: &Ring) -> Option<Key> {
+        if !self.rings.multishot {
             return None;
         }
-        let group = self.dgram_rings.take_group()?;
-        match BufRing::with_group(
-            self.ring.io_uring(),
-            group,
-            self.dgram_rings.buffers,
-            DGRAM_BUFFER_BYTES,
-        ) {
+        let group = self.rings.take_group()?;
+        match BufRing::with_group(ring.io_uring(), group, self.rings.buffers, DGRAM_BUFFER_BYTES) {
             Ok(buf_ring) => {
                 let msg = Box::new(udp::multishot_recv_template());
-                Some(self.dgrams.insert(Datagrams {
+                Some(self.queues.insert(Datagrams {
                     ring: RecvRing { buf_ring, msg },
                     queue: VecDeque::new(),
                     op: None,
@@ -196,8 +203,8 @@ impl Uring {
                 }))
             }
             Err(e) => {
-                self.dgram_rings.free_groups.push(group);
-                if !std::mem::replace(&mut self.dgram_rings.ring_failed, true) {
+                self.rings.free_groups.push(group);
+                if !std::mem::replace(&mut self.rings.ring_failed, true) {
                     crate::log::warn(format_args!(
                         "io_uring: a datagram socket's buffer ring could not be registered ({e}); \
                          such sockets receive without multishot RECVMSG"
@@ -210,8 +217,8 @@ impl Uring {
 
     /// Arms the multishot receive of `dgrams` unless it is armed or most
     /// of the ring is waiting to be taken.
-    fn arm_dgrams(&mut self, dgrams: Key, fd: &SharedFd) {
-        let Some(d) = self.dgrams.get_mut(dgrams) else { return };
+    fn arm(&mut self, ops: &mut Ops, ring: &mut Ring, dgrams: Key, fd: &SharedFd) {
+        let Some(d) = self.queues.get_mut(dgrams) else { return };
         if d.op.is_some() || d.queue.len() > usize::from(d.ring.buf_ring.count()) / 2 {
             return;
         }
@@ -219,11 +226,9 @@ impl Uring {
         let entry =
             opcode::RecvMsgMulti::new(types::Fd(fd.as_raw_fd()), hdr, d.ring.buf_ring.group())
                 .build();
-        let op = self.ops.insert(Lifecycle::queued_feed(FeedKind::RecvMsg, dgrams, fd));
-        d.op = Some(op);
         // The entry points at the boxed header, which the queue keeps (and,
         // once the socket is closed, the operation) until the last completion.
-        self.ring.push(entry.user_data(UserData::Op(op).to_u64()));
+        d.op = Some(ops.submit_feed(ring, entry, FeedKind::RecvMsg, dgrams, fd));
     }
 
     /// Hands up to `max` queued datagrams to `deliver` (index, payload,
@@ -231,15 +236,18 @@ impl Uring {
     /// buffers back. Returns how many; an error queued behind datagrams
     /// comes at the next call. With nothing queued, parks `waker` and arms
     /// the receive.
-    pub(super) fn poll_dgrams(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn poll(
         &mut self,
+        ops: &mut Ops,
+        ring: &mut Ring,
         dgrams: Key,
         fd: &SharedFd,
         waker: &Waker,
         max: usize,
         mut deliver: impl FnMut(usize, &[u8], RecvMeta),
     ) -> Poll<io::Result<usize>> {
-        let Some(d) = self.dgrams.get_mut(dgrams) else {
+        let Some(d) = self.queues.get_mut(dgrams) else {
             return Poll::Ready(Err(io::Error::other("a live socket's datagram queue was freed")));
         };
         let mut n = 0;
@@ -267,7 +275,7 @@ impl Uring {
         if n == 0 && error.is_none() && !d.waiters.iter().any(|w| w.will_wake(waker)) {
             d.waiters.push(waker.clone());
         }
-        self.arm_dgrams(dgrams, fd);
+        self.arm(ops, ring, dgrams, fd);
         match (n, error) {
             (_, Some(e)) => Poll::Ready(Err(e)),
             (0, None) => Poll::Pending,
@@ -278,41 +286,52 @@ impl Uring {
     /// Forgets the queue of a datagram socket being closed. An armed
     /// multishot is cancelled and keeps the queue's slot, and with it the
     /// ring and header it names, until its last completion
-    /// ([`Uring::free_dgrams`]).
-    pub(super) fn release_dgrams(&mut self, key: Key) {
-        let Some(d) = self.dgrams.get_mut(key) else { return };
-        match d.op.and_then(|op| Some((op, self.ops.get_mut(op)?))) {
+    /// ([`Dgrams::free`]).
+    pub(super) fn release(&mut self, ops: &mut Ops, ring: &mut Ring, key: Key) {
+        let Some(d) = self.queues.get_mut(key) else { return };
+        match d.op {
             // Closed before: its feed frees the slot at its last completion.
-            Some((_, Lifecycle::Feed { stage: FeedStage::Orphaned, .. })) => {}
+            Some(op) if ops.is_orphaned_feed(op) => {}
             // In the kernel: cancelled, and orphaned until its last
             // completion; else withdrawn before the kernel saw it (the next
             // enter skips its entry), and the ring can go now.
-            Some((op, state)) => {
-                if state.orphan_feed() {
+            Some(op) if ops.get(op).is_some() => {
+                if ops.orphan_feed(ring, op) {
                     // Datagrams nobody will take: their buffers die with the ring.
                     d.queue.clear();
                     d.waiters.clear();
-                    self.ring.push_cancel(op);
                 } else {
-                    self.free_dgrams(key);
+                    self.free(ring, key);
                 }
             }
             // Nothing armed.
-            None => self.free_dgrams(key),
+            _ => self.free(ring, key),
         }
     }
 
+    /// Forgets every socket's queue (the driver is dropped).
+    pub(super) fn release_all(&mut self, ops: &mut Ops, ring: &mut Ring) {
+        for key in self.queues.keys() {
+            self.release(ops, ring, key);
+        }
+    }
+
+    /// Leaks every queue and its ring: the kernel may still fill them.
+    pub(super) fn leak(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.queues));
+    }
+
     /// Frees the queue `key` of a closed datagram socket and its ring.
-    pub(super) fn free_dgrams(&mut self, key: Key) {
-        if let Some(d) = self.dgrams.remove(key) {
-            self.free_recv_ring(d.ring);
+    pub(super) fn free(&mut self, ring: &Ring, key: Key) {
+        if let Some(d) = self.queues.remove(key) {
+            self.free_recv_ring(ring, d.ring);
         }
     }
 
     /// Unregisters a ring no operation can pick from any more, frees it and
     /// its group id.
-    pub(super) fn free_recv_ring(&mut self, ring: RecvRing) {
-        ring.buf_ring.unregister(self.ring.io_uring());
-        self.dgram_rings.free_groups.push(ring.buf_ring.group());
+    fn free_recv_ring(&mut self, ring: &Ring, recv_ring: RecvRing) {
+        recv_ring.buf_ring.unregister(ring.io_uring());
+        self.rings.free_groups.push(recv_ring.buf_ring.group());
     }
 }

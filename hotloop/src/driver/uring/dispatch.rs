@@ -6,32 +6,22 @@ use std::task::Waker;
 
 use io_uring::cqueue;
 
-use super::lifecycle::{Cqe, FeedKind, FeedStage, Lifecycle, NOTIF_USAGE_ZC_COPIED};
-use super::op;
+use super::lifecycle::{self, Cqe, FeedKind, Lifecycle, NOTIF_USAGE_ZC_COPIED};
+use super::multishot::Then;
 use super::user_data::UserData;
-use super::{accept, dgram, pooled, unclaimed, Uring};
+use super::{unclaimed, Uring};
 use crate::slab::Key;
 use crate::stats;
 
 impl Uring {
     /// Handles the completions waiting in the completion queue.
     pub(super) fn reap(&mut self, woken: &mut Vec<Waker>, freed: &mut Vec<Box<dyn Any>>) -> usize {
-        let (overflowed, lost) = self.ring.take_completions(
-            &mut self.cqes,
-            self.completions_per_poll_max,
-            &mut self.dropped_seen,
-        );
-        if overflowed || lost > 0 {
-            stats::add(&self.ring.stats.cq_overflows, u64::from(overflowed) + u64::from(lost));
-        }
-        let cqes = std::mem::take(&mut self.cqes);
+        let cqes = self.completions.take(&mut self.ring);
         for &(user_data, res, flags) in &cqes {
             self.dispatch(user_data, res, flags, woken, freed);
         }
         let n = cqes.len();
-        self.cqes = cqes;
-        stats::add(&self.ring.stats.completions, n as u64);
-        stats::add(&self.ring.stats.poller_events, n as u64);
+        self.completions.give_back(cqes, &self.ring);
         n
     }
 
@@ -56,7 +46,7 @@ impl Uring {
                 return;
             }
             Some(UserData::StreamReceive(stream)) => {
-                pooled::on_completion(self, stream, res, flags, woken);
+                self.streams.on_completion(&mut self.ring, stream, res, flags, woken);
                 return;
             }
             Some(UserData::Op(key)) => key,
@@ -83,22 +73,35 @@ impl Uring {
                 if last {
                     // The kernel is done with the storage (and the socket).
                     if let Some(Lifecycle::Cancelled(storage)) = self.ops.remove(key) {
-                        op::close_unclaimed(&*storage, res);
+                        lifecycle::close_unclaimed(&*storage, res);
                         freed.push(storage);
                     }
                 }
             }
-            &mut Lifecycle::Feed { kind, queue, stage, .. } => {
-                if last {
-                    self.ops.remove(key);
-                }
-                if stage == FeedStage::Orphaned {
+            Lifecycle::Feed { kind, queue, stage, .. } => {
+                let (kind, queue) = (*kind, *queue);
+                if stage.is_orphaned() {
+                    if stage.complete(last) == Then::Free {
+                        self.ops.remove(key);
+                    }
                     self.on_orphan_completion(kind, queue, res, last);
                     return;
                 }
+                stage.complete(last);
                 match kind {
-                    FeedKind::Accept => accept::on_completion(self, queue, key, res, last, woken),
-                    FeedKind::RecvMsg => dgram::on_completion(self, queue, key, res, flags, woken),
+                    FeedKind::Accept => self.listeners.on_completion(
+                        &mut self.ring,
+                        stage,
+                        queue,
+                        key,
+                        res,
+                        last,
+                        woken,
+                    ),
+                    FeedKind::RecvMsg => self.dgrams.on_completion(queue, key, res, flags, woken),
+                }
+                if last {
+                    self.ops.remove(key);
                 }
             }
             Lifecycle::Lingering(write) => match write.next_entry(res) {
@@ -156,7 +159,7 @@ impl Uring {
     fn on_orphan_completion(&mut self, kind: FeedKind, queue: Key, res: i32, last: bool) {
         match kind {
             FeedKind::Accept => unclaimed::close(res),
-            FeedKind::RecvMsg if last => self.free_dgrams(queue),
+            FeedKind::RecvMsg if last => self.dgrams.free(&self.ring, queue),
             // Buffers it still fills die with its ring, at the last completion.
             FeedKind::RecvMsg => {}
         }

@@ -23,10 +23,10 @@
 //!   `Cancelled` until the notification.
 //! - A **feed** is a multishot accept or `RECVMSG` the driver keeps armed
 //!   for a socket's queue (`accept.rs`, `dgram.rs`): one state, `Feed`,
-//!   with what it carries ([`FeedKind`]) and how far it has got
-//!   ([`FeedStage`]). A feed not yet submitted is withdrawn like a
-//!   single-shot operation. (A stream's multishot receive goes through
-//!   the same stages, but in its stream's own slot: `pooled.rs`.)
+//!   with what it carries ([`FeedKind`]) and how far it has got: the
+//!   multishot stage machine every multishot operation embeds
+//!   (`multishot.rs`; a stream's multishot receive goes through the same
+//!   stages in its stream's own slot, `pooled.rs`).
 //! - A **lingering** write is the rest of a written-behind send whose
 //!   stream no longer waits for it (dropped, or shut down in both
 //!   directions; `linger.rs`): each completion submits its next part
@@ -39,23 +39,29 @@
 //!                  v                                    v                                        v
 //!               Withdrawn --enter: freed            Cancelled --last completion: freed         freed
 //!
-//! feed:         Queued --enter--> Feeding --completions--> the queue's owner
-//!                  | socket closed   | socket closed
-//!                  v                 v
-//!               Withdrawn         Orphaned --last completion: freed
-//!                                 (what it still delivers is closed or given back)
+//! feed:         the stages of `multishot.rs`, from Queued; its last
+//!               completion frees the slot (an orphan's, whatever it
+//!               delivered, is closed or given back)
 //! ```
 //!
-//! The future that waits on a single-shot operation, and the moves between
-//! its states, are in `op.rs`; the ring (`ring.rs`) reads the states to
-//! skip withdrawn entries and mark the rest submitted.
+//! The slots live in [`Ops`], which makes the moves between the states; the
+//! future that waits on a single-shot operation is in `op.rs`, and the
+//! ring (`ring.rs`) asks [`Ops::admit`] to skip withdrawn entries and mark
+//! the rest submitted.
 
 use std::any::Any;
 use std::io;
-use std::task::Waker;
+use std::task::{Poll, Waker};
+use std::time::Instant;
 
-use super::linger::LingeringWrite;
+use io_uring::squeue;
+
+use super::linger::{Lingering, LingeringWrite};
+use super::multishot::{Closed, Stage, Then};
+use super::ring::Ring;
 use super::shared::SharedFd;
+use super::unclaimed::{self, OpenPath};
+use super::user_data::UserData;
 use crate::slab::{Key, Slab};
 
 /// In a zero-copy send's notification asked for with
@@ -111,7 +117,7 @@ pub(super) enum Lifecycle {
     /// socket stays open until the last completion.
     Feed {
         kind: FeedKind,
-        stage: FeedStage,
+        stage: Stage,
         queue: Key,
         #[allow(dead_code)]
         fd: SharedFd,
@@ -129,27 +135,13 @@ pub(super) enum FeedKind {
     RecvMsg,
 }
 
-/// How far a feed has got.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FeedStage {
-    /// In the driver's list; can still be withdrawn.
-    Queued,
-    /// Submitted: its completions go to its queue.
-    Feeding,
-    /// Its socket closed after submission and a cancel was sent. What it
-    /// still delivers is closed or given back; a `RecvMsg` feed's queue
-    /// stays until the last completion, because it owns the ring the
-    /// kernel picks buffers from.
-    Orphaned,
-}
-
 impl Lifecycle {
     /// A single-shot operation, not yet submitted.
     pub(super) const QUEUED_OP: Lifecycle = Lifecycle::Waiting { waker: None, submitted: false };
 
     /// A feed of `queue`, not yet submitted.
     pub(super) fn queued_feed(kind: FeedKind, queue: Key, fd: &SharedFd) -> Lifecycle {
-        Lifecycle::Feed { kind, stage: FeedStage::Queued, queue, fd: fd.clone() }
+        Lifecycle::Feed { kind, stage: Stage::Queued, queue, fd: fd.clone() }
     }
 
     /// True while the kernel has (or will get) the operation and may
@@ -157,10 +149,8 @@ impl Lifecycle {
     pub(super) fn held_by_kernel(&self) -> bool {
         match self {
             Lifecycle::Completed(_) | Lifecycle::Withdrawn => false,
-            Lifecycle::Waiting { .. }
-            | Lifecycle::Cancelled(_)
-            | Lifecycle::Feed { .. }
-            | Lifecycle::Lingering(_) => true,
+            Lifecycle::Feed { stage, .. } => stage.held_by_kernel(),
+            Lifecycle::Waiting { .. } | Lifecycle::Cancelled(_) | Lifecycle::Lingering(_) => true,
         }
     }
 
@@ -168,53 +158,316 @@ impl Lifecycle {
     pub(super) fn is_waiting(&self) -> bool {
         match self {
             Lifecycle::Waiting { .. } => true,
-            Lifecycle::Feed { stage, .. } => *stage != FeedStage::Orphaned,
+            Lifecycle::Feed { stage, .. } => stage.feeds_its_queue(),
             _ => false,
         }
     }
+}
 
-    /// Records that the entry went into the submission queue.
-    pub(super) fn mark_submitted(&mut self) {
-        match self {
-            Lifecycle::Waiting { submitted, .. } => *submitted = true,
-            Lifecycle::Feed { stage: stage @ FeedStage::Queued, .. } => *stage = FeedStage::Feeding,
-            _ => {}
-        }
+/// Closes the descriptor a finished operation returned when nobody will
+/// take it: `storage` is the operation's (as `Op` keeps it, with its
+/// socket), `res` its result. Only an open returns a descriptor.
+pub(super) fn close_unclaimed(storage: &dyn Any, res: i32) {
+    if storage.is::<(OpenPath, Option<SharedFd>)>() {
+        unclaimed::close(res);
+    }
+}
+
+/// The operation slab: every in-flight operation's slot, keyed by the
+/// generational key its entries carry as `user_data`, and the moves
+/// between the slot states above.
+#[derive(Default)]
+pub(super) struct Ops {
+    slots: Slab<Lifecycle>,
+}
+
+impl Ops {
+    /// Queues `entry` for a future's single-shot operation in a new slot.
+    pub(super) fn submit(&mut self, ring: &mut Ring, entry: squeue::Entry) -> Key {
+        let key = self.slots.insert(Lifecycle::QUEUED_OP);
+        ring.push(entry.user_data(UserData::Op(key).to_u64()));
+        key
+    }
+
+    /// Queues `entry`, a multishot operation of `kind` feeding `queue` on
+    /// `fd`, in a new slot.
+    pub(super) fn submit_feed(
+        &mut self,
+        ring: &mut Ring,
+        entry: squeue::Entry,
+        kind: FeedKind,
+        queue: Key,
+        fd: &SharedFd,
+    ) -> Key {
+        let key = self.slots.insert(Lifecycle::queued_feed(kind, queue, fd));
+        ring.push(entry.user_data(UserData::Op(key).to_u64()));
+        key
+    }
+
+    pub(super) fn get(&self, key: Key) -> Option<&Lifecycle> {
+        self.slots.get(key)
+    }
+
+    pub(super) fn get_mut(&mut self, key: Key) -> Option<&mut Lifecycle> {
+        self.slots.get_mut(key)
+    }
+
+    /// Frees the slot of `key`, returning its state.
+    pub(super) fn remove(&mut self, key: Key) -> Option<Lifecycle> {
+        self.slots.remove(key)
+    }
+
+    /// Every slot in use, with its key.
+    #[cfg(test)]
+    pub(super) fn iter(&self) -> impl Iterator<Item = (Key, &Lifecycle)> {
+        self.slots.iter()
+    }
+
+    /// Slots in use.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
     }
 
     /// Whether the entry of `key`, leaving the driver's list, goes to the
     /// kernel (marking it submitted), or is dropped because its operation
     /// was withdrawn (freeing the slot).
-    pub(super) fn admit(ops: &mut Slab<Lifecycle>, key: Key) -> bool {
-        match ops.get_mut(key) {
-            Some(Lifecycle::Withdrawn) => {
-                ops.remove(key);
-                false
-            }
-            Some(state) => {
-                state.mark_submitted();
+    pub(super) fn admit(&mut self, key: Key) -> bool {
+        match self.slots.get_mut(key) {
+            Some(Lifecycle::Waiting { submitted, .. }) => {
+                *submitted = true;
                 true
             }
+            Some(Lifecycle::Feed { stage, .. }) => {
+                let goes = stage.admit();
+                if !goes {
+                    self.slots.remove(key);
+                }
+                goes
+            }
+            Some(Lifecycle::Withdrawn) => {
+                self.slots.remove(key);
+                false
+            }
+            Some(_) => true,
             // Unreachable: a slot is freed only after its entry left the list.
             None => false,
         }
     }
 
-    /// Detaches a feed from its queue, whose socket is closing: withdrawn
-    /// if the kernel has not seen it, else orphaned. Returns true if the
-    /// caller has to send the cancel (it was just orphaned).
-    pub(super) fn orphan_feed(&mut self) -> bool {
-        match self {
-            Lifecycle::Feed { stage: FeedStage::Queued, .. } => {
-                *self = Lifecycle::Withdrawn;
-                false
+    /// Takes the completion of `key` if it arrived, else parks `waker`.
+    pub(super) fn poll(&mut self, key: Key, waker: &Waker) -> Poll<Cqe> {
+        match self.slots.get_mut(key) {
+            Some(Lifecycle::Completed(cqe)) => {
+                let cqe = *cqe;
+                self.slots.remove(key);
+                Poll::Ready(cqe)
             }
-            Lifecycle::Feed { stage: stage @ FeedStage::Feeding, .. } => {
-                *stage = FeedStage::Orphaned;
+            Some(Lifecycle::Waiting { waker: parked, .. }) => {
+                match parked {
+                    Some(w) if w.will_wake(waker) => {}
+                    _ => *parked = Some(waker.clone()),
+                }
+                Poll::Pending
+            }
+            // Only the future frees its own slot, so it is never missing or
+            // in a driver-only state while the future waits.
+            _ => Poll::Ready(Cqe::of(-libc::ECANCELED)),
+        }
+    }
+
+    /// Forgets the future of `key`. Returns the storage if it can be freed
+    /// now (the kernel never saw the entry, or already completed it);
+    /// otherwise keeps it in the slot until the last completion and asks
+    /// the kernel to cancel.
+    pub(super) fn forget(
+        &mut self,
+        ring: &mut Ring,
+        key: Key,
+        storage: Box<dyn Any>,
+    ) -> Option<Box<dyn Any>> {
+        let Some(state) = self.slots.get_mut(key) else {
+            // A slot the future waited on is never freed under it; if it
+            // somehow were, leak rather than risk freeing memory in use.
+            std::mem::forget(storage);
+            return None;
+        };
+        match state {
+            Lifecycle::Waiting { submitted: false, .. } => {
+                *state = Lifecycle::Withdrawn;
+                Some(storage)
+            }
+            Lifecycle::Waiting { .. } => {
+                *state = Lifecycle::Cancelled(storage);
+                ring.push_cancel(key);
+                None
+            }
+            // A zero-copy send's result nobody took: the kernel may read
+            // the buffer until the notification.
+            Lifecycle::Completed(cqe) if cqe.more => {
+                *state = Lifecycle::Cancelled(storage);
+                None
+            }
+            Lifecycle::Completed(cqe) => {
+                // A result nobody will take: an opened file is closed.
+                close_unclaimed(&*storage, cqe.res);
+                self.slots.remove(key);
+                Some(storage)
+            }
+            Lifecycle::Cancelled(_)
+            | Lifecycle::Feed { .. }
+            | Lifecycle::Lingering(_)
+            | Lifecycle::Withdrawn => {
+                std::mem::forget(storage);
+                None
+            }
+        }
+    }
+
+    /// Detaches the feed `key` from its queue, whose socket is closing:
+    /// withdrawn if the kernel has not seen it, else orphaned (and
+    /// cancelled, unless it is being cancelled already). Returns true if
+    /// the kernel has it: it keeps what it names until its last
+    /// completion.
+    pub(super) fn orphan_feed(&mut self, ring: &mut Ring, key: Key) -> bool {
+        let Some(state @ Lifecycle::Feed { .. }) = self.slots.get_mut(key) else { return false };
+        let Lifecycle::Feed { stage, .. } = state else { return false };
+        match stage.close() {
+            Closed::Orphaned { cancel } => {
+                if cancel {
+                    ring.push_cancel(key);
+                }
                 true
             }
-            _ => false,
+            // The socket goes now; the ring frees the slot when it skips
+            // the entry.
+            Closed::Withdrawn => {
+                *state = Lifecycle::Withdrawn;
+                false
+            }
+            Closed::Free | Closed::Before => false,
         }
+    }
+
+    /// True if the feed `key` was orphaned before (its socket closed).
+    pub(super) fn is_orphaned_feed(&self, key: Key) -> bool {
+        matches!(self.slots.get(key), Some(Lifecycle::Feed { stage, .. }) if stage.is_orphaned())
+    }
+
+    /// Stops the feed `key` while its queue stays: withdrawn if the kernel
+    /// has not seen it (`Free`: its owner forgets it), else cancelled
+    /// once (`Cancel`).
+    pub(super) fn stop_feed(&mut self, ring: &mut Ring, key: Key) -> Then {
+        let Some(state @ Lifecycle::Feed { .. }) = self.slots.get_mut(key) else {
+            return Then::Nothing;
+        };
+        let Lifecycle::Feed { stage, .. } = state else { return Then::Nothing };
+        let then = stage.cancel();
+        match then {
+            Then::Cancel => ring.push_cancel(key),
+            // Withdrawn: the socket goes now, the slot when the ring skips
+            // the entry.
+            Then::Free => *state = Lifecycle::Withdrawn,
+            Then::Nothing => {}
+        }
+        then
+    }
+
+    /// Keeps `write`, whose current send is the operation `key`, going
+    /// after its future is gone.
+    pub(super) fn linger(
+        &mut self,
+        ring: &mut Ring,
+        lingering: &mut Lingering,
+        key: Key,
+        mut write: LingeringWrite,
+    ) {
+        let Some(state) = self.slots.get_mut(key) else {
+            write.abandon();
+            return;
+        };
+        match state {
+            // The send is queued or in the kernel: its completion continues it.
+            Lifecycle::Waiting { .. } => {
+                lingering.push(write.deadline(), key);
+                *state = Lifecycle::Lingering(Box::new(write));
+            }
+            // The send completed and nobody took the result yet: continue now.
+            Lifecycle::Completed(cqe) => {
+                let res = cqe.res;
+                self.slots.remove(key);
+                match write.next_entry(res) {
+                    Some(entry) => self.start_lingering(ring, lingering, Box::new(write), entry),
+                    // Nobody waits on a handover made just now.
+                    None => drop(write.finish()),
+                }
+            }
+            _ => write.abandon(),
+        }
+    }
+
+    /// Submits `entry`, the next step of `write`, in a slot of its own.
+    pub(super) fn start_lingering(
+        &mut self,
+        ring: &mut Ring,
+        lingering: &mut Lingering,
+        write: Box<LingeringWrite>,
+        entry: squeue::Entry,
+    ) {
+        let deadline = write.deadline();
+        let key = self.slots.insert(Lifecycle::Lingering(write));
+        lingering.push(deadline, key);
+        ring.push(entry.user_data(UserData::Op(key).to_u64()));
+    }
+
+    /// True if `key` is a lingering write still going.
+    pub(super) fn is_lingering(&self, key: Key) -> bool {
+        matches!(self.slots.get(key), Some(Lifecycle::Lingering(_)))
+    }
+
+    /// True while the kernel holds (or will get) the operation `key`.
+    pub(super) fn held_by_kernel(&self, key: Key) -> bool {
+        self.slots.get(key).is_some_and(Lifecycle::held_by_kernel)
+    }
+
+    /// True while the kernel holds (or will get) any operation.
+    pub(super) fn any_held_by_kernel(&self) -> bool {
+        self.slots.iter().any(|(_, s)| s.held_by_kernel())
+    }
+
+    /// Until when the operations whose owner is gone are worth waiting
+    /// for: a cancelled operation or an orphaned feed until `bound`; a
+    /// lingering write cut at its deadline until `after_cut` past it.
+    pub(super) fn cancels_until(
+        &self,
+        bound: Instant,
+        after_cut: std::time::Duration,
+    ) -> Option<Instant> {
+        let mut until = None;
+        for (_, s) in self.slots.iter() {
+            let this = match s {
+                Lifecycle::Lingering(write) => write.deadline() + after_cut,
+                s if s.held_by_kernel() && !s.is_waiting() => bound,
+                _ => continue,
+            };
+            until = until.max(Some(this));
+        }
+        until
+    }
+
+    /// Queues a cancel of every operation the kernel holds but lingering
+    /// writes (which the driver's drop lets finish).
+    pub(super) fn cancel_all_but_lingering(&self, ring: &mut Ring) {
+        for (key, s) in self.slots.iter() {
+            if s.held_by_kernel() && !matches!(s, Lifecycle::Lingering(_)) {
+                ring.push_cancel(key);
+            }
+        }
+    }
+
+    /// Leaks every slot: the kernel may still use their memory.
+    pub(super) fn leak(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.slots));
     }
 }
 

@@ -18,6 +18,7 @@
 //!   tells the stream how it ended ([`Handover`]), for the stream's flush.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types};
 
 use super::shared::SharedFd;
+use crate::slab::Key;
 
 /// The send deadline: how long a write the stream accepted keeps going
 /// after the stream stopped waiting for it (dropped, or shut down in both
@@ -40,6 +42,52 @@ pub(super) fn send_entry(fd: std::os::fd::RawFd, bytes: &[u8]) -> squeue::Entry 
     opcode::Send::new(types::Fd(fd), bytes.as_ptr(), bytes.len().min(u32::MAX as usize) as u32)
         .flags(libc::MSG_NOSIGNAL)
         .build()
+}
+
+/// The deadlines of the lingering writes, oldest first, each with the
+/// key of its operation slot (whose state, `Lingering`, holds the write).
+/// Every write gets the same linger time from when it starts, so the
+/// first deadline is the nearest.
+#[derive(Default)]
+pub(super) struct Lingering {
+    deadlines: VecDeque<(Instant, Key)>,
+}
+
+impl Lingering {
+    /// Records the write in slot `key`, which is cut at `deadline`.
+    pub(super) fn push(&mut self, deadline: Instant, key: Key) {
+        self.deadlines.push_back((deadline, key));
+    }
+
+    /// Forgets the writes whose deadline has passed, handing each one's
+    /// key to `cut` (which cancels it if it still goes). Reads the clock
+    /// only when a write lingers.
+    pub(super) fn take_expired(&mut self, mut cut: impl FnMut(Key)) {
+        let Some(&(first, _)) = self.deadlines.front() else { return };
+        let now = Instant::now();
+        if first > now {
+            return;
+        }
+        while let Some(&(deadline, key)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            cut(key);
+        }
+    }
+
+    /// The deadline of the first write `going` says still goes, forgetting
+    /// those ahead of it that ended.
+    pub(super) fn first(&mut self, going: impl Fn(Key) -> bool) -> Option<Instant> {
+        while let Some(&(deadline, key)) = self.deadlines.front() {
+            if going(key) {
+                return Some(deadline);
+            }
+            self.deadlines.pop_front();
+        }
+        None
+    }
 }
 
 /// What the entry in flight does.

@@ -70,25 +70,28 @@
 //! ring (`SINGLE_ISSUER` makes the kernel enforce it).
 //!
 //! # Layout
-//! This file defines the state every module here extends (`Driver`, its
-//! `Uring`) and the driver's own entry points (`poll`,
-//! `leave`, `settle`). Beneath it, imports run one way: each module names
+//! This file defines the driver (`Driver`) and its state (`Uring`), which
+//! is made of parts each defined and handled in its own file, with the
+//! entry points that hand a part the others it needs, and the driver's own
+//! entry points (`poll`, `leave`, `settle`). Beneath it, imports run one way: each module names
 //! only modules before it in this list, bottom to top
 //! (`tests/layering.rs` checks it):
 //!
 //! 1. `bufring`: provided-buffer rings; `shared`: the descriptor and file
 //!    types an operation holds; `user_data`: what an entry's `user_data`
-//!    names, encoded and decoded in one place.
+//!    names, encoded and decoded in one place; `multishot`: the stages of
+//!    a multishot operation the driver keeps armed for a queue.
 //! 2. `linger`: the rest of a written-behind send its stream no longer
 //!    waits for (dropped, or shut down in both directions).
 //! 3. `unclaimed`: descriptors the kernel hands back that nobody will take;
 //!    `zero_copy`: what keeps a zero-copy send's bytes alive until its
 //!    notification.
-//! 4. `lifecycle`: an operation's slot states.
-//! 5. `ring`: setup, the pending list, the one enter per turn.
+//! 4. `ring`: setup, the pending list, the one enter per turn, the
+//!    completions a poll copies out.
+//! 5. `lifecycle`: an operation's slot states, and the slab of them.
 //! 6. `op`: the future of an operation, and what its drop does.
 //! 7. `accept`, `pooled`, `dgram`: the multishot queues of listeners,
-//!    streams and datagram sockets.
+//!    streams and datagram sockets, each a part of the driver's state.
 //! 8. `dispatch`: delivering each completion; `turn`: one turn of the
 //!    ring, and the waits of a ring driven off its turn; `teardown`:
 //!    dropping the driver.
@@ -107,6 +110,7 @@ mod file;
 mod lifecycle;
 mod linger;
 mod listener;
+mod multishot;
 mod op;
 mod pooled;
 mod readiness;
@@ -131,7 +135,6 @@ pub(crate) use udp::DatagramSource;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::rc::Rc;
@@ -139,14 +142,13 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
-use self::lifecycle::Lifecycle;
 use self::ring::Ring;
 use self::turn::SETTLE_MAX;
 use super::config::{DriverConfig, UringSwitches};
 use super::park::Park;
 use super::probe;
 use super::wake::Unpark;
-use crate::slab::{Key, Slab};
+use crate::slab::Key;
 use crate::stats::WorkerStats;
 
 /// The most completions a poll may have handled for the stream writes
@@ -188,42 +190,144 @@ pub(crate) struct Driver {
     send_zc_min_bytes: Option<usize>,
 }
 
-/// The ring and everything the kernel may still refer to.
+/// The ring and everything the kernel may still refer to: one part per
+/// job, each owned by its file with the methods that touch only its own
+/// state. `impl Uring` keeps what coordinates parts: the entry points
+/// below hand each part the others it needs, and a turn (`turn.rs`), the
+/// completions' delivery (`dispatch.rs`) and the drop (`teardown.rs`) run
+/// them all.
 struct Uring {
     ring: Ring,
-    ops: Slab<Lifecycle>,
-    listeners: Slab<accept::Listener>,
-    /// The receive queues of sockets read with pooled reads.
-    streams: Slab<pooled::Stream>,
-    /// Emptied receive-queue blocks, reused by the next arrival. Boxed:
-    /// a socket's queue is a box, handed over without an allocation.
-    #[allow(clippy::vec_box)]
-    spare_queues: Vec<Box<pooled::Queue>>,
-    /// The provided buffers multishot receives pick from, where the kernel
-    /// has them (Linux 6.0); without them pooled reads wait with `POLL_ADD`.
-    buf_ring: Option<bufring::BufRing>,
+    /// The completions one poll copies out of the ring (`ring.rs`).
+    completions: ring::Completions,
+    /// In-flight operations' slots and their lifecycle (`lifecycle.rs`).
+    ops: lifecycle::Ops,
+    /// The listeners' accept queues (`accept.rs`).
+    listeners: accept::Listeners,
+    /// The receive queues of sockets read with pooled reads, their spare
+    /// blocks and the provided-buffer ring (`pooled.rs`).
+    streams: pooled::Streams,
     /// The receive queues of datagram sockets, each with its own ring
     /// (`dgram.rs`).
-    dgrams: Slab<dgram::Datagrams>,
-    /// The buffer groups of datagram sockets' rings (`dgram.rs`).
-    dgram_rings: dgram::DgramRings,
+    dgrams: dgram::Dgrams,
     /// The poll on the worker's unpark eventfd (`turn.rs`).
     wake: turn::Wake,
-    /// Whether `AcceptMode::Multishot` really is multishot here.
-    multishot_accept: bool,
-    /// The most completions handled per poll.
-    completions_per_poll_max: usize,
-    /// Completions copied out of the ring, reused every poll.
-    cqes: Vec<(u64, i32, u32)>,
-    /// The kernel's dropped-completion counter at the last look.
-    dropped_seen: u32,
     /// What keeps each zero-copy send's bytes alive until its
     /// notification, and the sockets the kernel copied for (`zero_copy.rs`).
     zero_copy: zero_copy::ZeroCopyKeeps,
-    /// Writes left running by dropped streams, with their deadlines, oldest first.
-    lingering: VecDeque<(Instant, Key)>,
+    /// The deadlines of writes left running by dropped streams (`linger.rs`).
+    lingering: linger::Lingering,
     /// The driver's one deadline timer (`turn.rs`).
     timer: turn::DeadlineTimer,
+}
+
+impl Uring {
+    /// Queues `entry` for a future's operation (`op.rs`); returns its key.
+    fn submit_op(&mut self, entry: io_uring::squeue::Entry) -> Key {
+        self.ops.submit(&mut self.ring, entry)
+    }
+
+    /// Takes the completion of the operation `key` if it arrived, else
+    /// parks `waker`.
+    fn poll_op(&mut self, key: Key, waker: &Waker) -> std::task::Poll<lifecycle::Cqe> {
+        self.ops.poll(key, waker)
+    }
+
+    /// Forgets the future of the operation `key`: the storage back if it
+    /// can be freed now, else kept until the last completion.
+    fn forget_op(&mut self, key: Key, storage: Box<dyn Any>) -> Option<Box<dyn Any>> {
+        self.ops.forget(&mut self.ring, key, storage)
+    }
+
+    /// Keeps `write`, whose current send is the operation `key`, going
+    /// after its future is gone.
+    fn linger(&mut self, key: Key, write: linger::LingeringWrite) {
+        self.ops.linger(&mut self.ring, &mut self.lingering, key, write);
+    }
+
+    /// Submits `entry`, the next step of `write`, in a slot of its own.
+    fn start_lingering(
+        &mut self,
+        write: Box<linger::LingeringWrite>,
+        entry: io_uring::squeue::Entry,
+    ) {
+        self.ops.start_lingering(&mut self.ring, &mut self.lingering, write, entry);
+    }
+
+    /// Takes one queued connection of the listener `key` (made on first
+    /// use), arming an accept if none is in flight (`accept.rs`).
+    fn poll_accept(
+        &mut self,
+        key: &mut Option<Key>,
+        fd: &SharedFd,
+        mode: super::config::AcceptMode,
+        room: usize,
+        waker: Option<&Waker>,
+    ) -> Option<io::Result<std::os::fd::OwnedFd>> {
+        self.listeners.poll_accept(&mut self.ops, &mut self.ring, key, fd, mode, room, waker)
+    }
+
+    /// True once no accept of the listener `key` is in flight.
+    fn poll_accept_settled(&mut self, key: Key, waker: &Waker) -> bool {
+        self.listeners.poll_accept_settled(key, waker)
+    }
+
+    /// Takes one queued connection of the listener `key`.
+    fn take_queued(&mut self, key: Key) -> Option<io::Result<std::os::fd::OwnedFd>> {
+        self.listeners.take_queued(key)
+    }
+
+    /// Sets how many connections the listener's owner will take.
+    fn set_accept_room(&mut self, key: Option<Key>, room: usize) {
+        self.listeners.set_accept_room(&mut self.ops, &mut self.ring, key, room);
+    }
+
+    /// Forgets the listener `key`.
+    fn release_listener(&mut self, key: Key) {
+        self.listeners.release_listener(&mut self.ops, &mut self.ring, key);
+    }
+
+    /// Copies the bytes the receive of a socket queued (`pooled.rs`).
+    fn stream_recv(
+        &mut self,
+        key: &mut Option<Key>,
+        fd: &SharedFd,
+        dst: &mut [std::mem::MaybeUninit<u8>],
+    ) -> io::Result<usize> {
+        self.streams.recv(&mut self.ring, key, fd, dst)
+    }
+
+    /// True if a socket's queue has something to hand out, else parks `waker`.
+    fn stream_ready(&mut self, key: &mut Option<Key>, fd: &SharedFd, waker: &Waker) -> bool {
+        self.streams.ready(&mut self.ring, key, fd, waker)
+    }
+
+    /// Forgets the receive queue `key` of a socket being closed.
+    fn release_stream(&mut self, key: Key, fd: Option<&SharedFd>) {
+        self.streams.release(&mut self.ring, key, fd);
+    }
+
+    /// Gives a datagram socket a ring and a queue, if it can (`dgram.rs`).
+    fn open_dgrams(&mut self) -> Option<Key> {
+        self.dgrams.open(&self.ring)
+    }
+
+    /// Hands up to `max` queued datagrams of `dgrams` to `deliver`.
+    fn poll_dgrams(
+        &mut self,
+        dgrams: Key,
+        fd: &SharedFd,
+        waker: &Waker,
+        max: usize,
+        deliver: impl FnMut(usize, &[u8], super::udp::RecvMeta),
+    ) -> std::task::Poll<io::Result<usize>> {
+        self.dgrams.poll(&mut self.ops, &mut self.ring, dgrams, fd, waker, max, deliver)
+    }
+
+    /// Forgets the queue of a datagram socket being closed.
+    fn release_dgrams(&mut self, key: Key) {
+        self.dgrams.release(&mut self.ops, &mut self.ring, key);
+    }
 }
 
 impl Driver {
@@ -248,38 +352,29 @@ impl Driver {
         };
         let mut uring = Uring {
             ring,
-            ops: Slab::default(),
-            listeners: Slab::default(),
-            streams: Slab::default(),
-            spare_queues: Vec::with_capacity(pooled::SPARE_QUEUES_MAX),
-            buf_ring,
-            dgrams: Slab::default(),
-            dgram_rings: dgram::DgramRings::new(
+            completions: ring::Completions::new(config.events_per_poll_max),
+            ops: lifecycle::Ops::default(),
+            listeners: accept::Listeners::new(probe::multishot_accept_supported()),
+            streams: pooled::Streams::new(buf_ring),
+            dgrams: dgram::Dgrams::new(
                 switches.multishot_recvmsg && probe::multishot_recv_supported(),
                 switches.dgram_buffers,
             ),
             wake: turn::Wake::new(unpark),
-            multishot_accept: probe::multishot_accept_supported(),
-            completions_per_poll_max: config.events_per_poll_max,
-            cqes: Vec::with_capacity(config.events_per_poll_max),
-            dropped_seen: 0,
             zero_copy: zero_copy::ZeroCopyKeeps::default(),
-            lingering: VecDeque::new(),
+            lingering: linger::Lingering::default(),
             timer: turn::DeadlineTimer::default(),
         };
-        uring.arm_wake();
-        let reads_from_ring = uring.buf_ring.is_some();
-        let recv_said = match &uring.buf_ring {
-            None => "streams read without a buffer ring",
-            Some(ring) if ring.incremental() => {
-                "stream receives fill 64 KiB buffers a part at a time (IOU_PBUF_RING_INC)"
-            }
-            Some(_) if !switches.recv_incremental => {
-                "stream receives take 4 KiB buffers whole (HOTLOOP_URING_RECV_INC=0)"
-            }
-            Some(_) => {
-                "stream receives take 4 KiB buffers whole: IOU_PBUF_RING_INC needs Linux 6.12"
-            }
+        uring.wake.arm(&mut uring.ring);
+        let reads_from_ring = uring.streams.reads_from_ring();
+        let recv_said = if !reads_from_ring {
+            "streams read without a buffer ring"
+        } else if uring.streams.reads_incrementally() {
+            "stream receives fill 64 KiB buffers a part at a time (IOU_PBUF_RING_INC)"
+        } else if !switches.recv_incremental {
+            "stream receives take 4 KiB buffers whole (HOTLOOP_URING_RECV_INC=0)"
+        } else {
+            "stream receives take 4 KiB buffers whole: IOU_PBUF_RING_INC needs Linux 6.12"
         };
         let (send_zc_min_bytes, send_zc_said) =
             match (switches.send_zc_min_bytes, probe::send_zc_support()) {
@@ -414,7 +509,6 @@ impl Driver {
     /// Hands what is queued to the kernel now, without waiting or reaping.
     fn submit_now(&self) {
         if let Ok(mut st) = self.state.try_borrow_mut() {
-            let st = &mut *st;
             let st = &mut *st;
             let _ = st.ring.submit_pending(|ud| pooled::admit(&mut st.ops, &mut st.streams, ud));
         }

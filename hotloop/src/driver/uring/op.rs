@@ -1,6 +1,6 @@
-//! The future that waits for an in-flight operation, and what happens to
-//! an operation when its future is dropped (its slot's states are in
-//! `lifecycle.rs`).
+//! The future that waits for an in-flight operation, and what its drop
+//! hands the driver (its slot's states, and what a dropped future does to
+//! its slot, are in `lifecycle.rs`).
 //!
 //! # Ownership invariant
 //! Everything an entry points to (buffer, iovec array, `msghdr`, socket
@@ -17,95 +17,19 @@ use std::io;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context as TaskContext, Poll, Waker};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
 use io_uring::squeue;
 
-use super::lifecycle::{Cqe, Lifecycle};
+use super::lifecycle::Cqe;
 use super::linger::WRITE_LINGER;
 use super::linger::{Handover, LingeringWrite};
 use super::shared::SharedFd;
-use super::unclaimed::{self, OpenPath};
 use super::user_data::UserData;
-use super::{Driver, Uring};
+use super::Driver;
 use crate::driver::park::not_running;
 use crate::slab::Key;
-
-/// Closes the descriptor a finished operation returned when nobody will
-/// take it: `storage` is the operation's (as [`Op`] keeps it, with its
-/// socket), `res` its result. Only an open returns a descriptor.
-pub(super) fn close_unclaimed(storage: &dyn Any, res: i32) {
-    if storage.is::<(OpenPath, Option<SharedFd>)>() {
-        unclaimed::close(res);
-    }
-}
-
-impl Uring {
-    /// Forgets the future of `key`. Returns the storage if it can be freed
-    /// now (the kernel never saw the entry, or already completed it);
-    /// otherwise keeps it in the slot until the last completion and asks
-    /// the kernel to cancel.
-    fn forget_op(&mut self, key: Key, storage: Box<dyn Any>) -> Option<Box<dyn Any>> {
-        let Some(state) = self.ops.get_mut(key) else {
-            // A slot the future waited on is never freed under it; if it
-            // somehow were, leak rather than risk freeing memory in use.
-            std::mem::forget(storage);
-            return None;
-        };
-        match state {
-            Lifecycle::Waiting { submitted: false, .. } => {
-                *state = Lifecycle::Withdrawn;
-                Some(storage)
-            }
-            Lifecycle::Waiting { .. } => {
-                *state = Lifecycle::Cancelled(storage);
-                self.ring.push_cancel(key);
-                None
-            }
-            // A zero-copy send's result nobody took: the kernel may read
-            // the buffer until the notification.
-            Lifecycle::Completed(cqe) if cqe.more => {
-                *state = Lifecycle::Cancelled(storage);
-                None
-            }
-            Lifecycle::Completed(cqe) => {
-                // A result nobody will take: an opened file is closed.
-                close_unclaimed(&*storage, cqe.res);
-                self.ops.remove(key);
-                Some(storage)
-            }
-            Lifecycle::Cancelled(_)
-            | Lifecycle::Feed { .. }
-            | Lifecycle::Lingering(_)
-            | Lifecycle::Withdrawn => {
-                std::mem::forget(storage);
-                None
-            }
-        }
-    }
-
-    /// Takes the completion of `key` if it arrived, else parks `waker`.
-    fn poll_op(&mut self, key: Key, waker: &Waker) -> Poll<Cqe> {
-        match self.ops.get_mut(key) {
-            Some(Lifecycle::Completed(cqe)) => {
-                let cqe = *cqe;
-                self.ops.remove(key);
-                Poll::Ready(cqe)
-            }
-            Some(Lifecycle::Waiting { waker: parked, .. }) => {
-                match parked {
-                    Some(w) if w.will_wake(waker) => {}
-                    _ => *parked = Some(waker.clone()),
-                }
-                Poll::Pending
-            }
-            // Only the future frees its own slot, so it is never missing or
-            // in a driver-only state while the future waits.
-            _ => Poll::Ready(Cqe::of(-libc::ECANCELED)),
-        }
-    }
-}
 
 /// A submitted operation; resolves to its completion and its storage.
 ///
@@ -171,8 +95,7 @@ impl<T: 'static> Op<T> {
         let Ok(mut st) = driver.state.try_borrow_mut() else {
             return Err((io::Error::other("io_uring driver busy: an operation was started from inside a waker or destructor"), data));
         };
-        let key = st.ops.insert(Lifecycle::QUEUED_OP);
-        st.ring.push(entry.user_data(UserData::Op(key).to_u64()));
+        let key = st.submit_op(entry);
         drop(st);
         Ok(Op { driver: driver.clone(), key, data: Some((data, fd.cloned())) })
     }
@@ -284,43 +207,6 @@ impl Op<Vec<u8>> {
             // still use the buffer, so it is leaked rather than freed.
             Err(_) => write.abandon(),
         }
-    }
-}
-
-impl Uring {
-    /// Keeps `write`, whose current send is the operation `key`, going
-    /// after its future is gone.
-    fn linger(&mut self, key: Key, mut write: LingeringWrite) {
-        let Some(state) = self.ops.get_mut(key) else {
-            write.abandon();
-            return;
-        };
-        match state {
-            // The send is queued or in the kernel: its completion continues it.
-            Lifecycle::Waiting { .. } => {
-                self.lingering.push_back((write.deadline(), key));
-                *state = Lifecycle::Lingering(Box::new(write));
-            }
-            // The send completed and nobody took the result yet: continue now.
-            Lifecycle::Completed(cqe) => {
-                let res = cqe.res;
-                self.ops.remove(key);
-                match write.next_entry(res) {
-                    Some(entry) => self.start_lingering(Box::new(write), entry),
-                    // Nobody waits on a handover made just now.
-                    None => drop(write.finish()),
-                }
-            }
-            _ => write.abandon(),
-        }
-    }
-
-    /// Submits `entry`, the next step of `write`, in a slot of its own.
-    pub(super) fn start_lingering(&mut self, write: Box<LingeringWrite>, entry: squeue::Entry) {
-        let deadline = write.deadline();
-        let key = self.ops.insert(Lifecycle::Lingering(write));
-        self.lingering.push_back((deadline, key));
-        self.ring.push(entry.user_data(UserData::Op(key).to_u64()));
     }
 }
 

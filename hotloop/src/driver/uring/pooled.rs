@@ -37,10 +37,11 @@ use std::task::Waker;
 use io_uring::{cqueue, opcode, types};
 
 use super::bufring::{BufRing, GROUP};
-use super::lifecycle::Lifecycle;
+use super::lifecycle::Ops;
+use super::multishot::{Closed, Stage, Then};
+use super::ring::Ring;
 use super::shared::SharedFd;
 use super::user_data::UserData;
-use super::Uring;
 use crate::slab::{Key, Slab};
 use crate::sys;
 
@@ -63,62 +64,40 @@ pub(super) struct Stream {
     /// The task waiting in `readable`.
     waiter: Option<Waker>,
     /// The socket, held from its owner's close to the receive's last
-    /// completion (`Receive::Orphaned`).
+    /// completion (`Stage::Orphaned`).
     fd: Option<SharedFd>,
     /// The end of the stream, or an error, after the queued bytes.
     end: Option<End>,
-    /// Where the multishot receive is.
-    receive: Receive,
-}
-
-/// Where a stream's multishot receive is. It has no slot in the operation
-/// slab: its `user_data` is the stream's own key, tagged with
-/// [`STREAM_RECEIVE`], and its state lives here, so an idle connection
-/// pays for one slot, not two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum Receive {
-    /// None in flight.
-    #[default]
-    Unarmed,
-    /// In the driver's list, where it can still be withdrawn.
-    Queued,
-    /// Submitted: its completions fill the queue.
-    Armed,
-    /// Submitted, and a cancel queued because the queue is full.
-    Cancelling,
-    /// The socket closed before submission: the next enter skips the
-    /// entry and frees the slot.
-    Withdrawn,
-    /// The socket closed after submission: a cancel was sent, buffers it
-    /// still fills go back to the ring, and its last completion frees the
-    /// slot (and the socket it holds).
-    Orphaned,
+    /// Where the multishot receive is (`multishot.rs`). It has no slot in
+    /// the operation slab: its `user_data` is the stream's own key,
+    /// tagged as a stream receive, and its stage lives here, so an idle
+    /// connection pays for one slot, not two.
+    receive: Stage,
 }
 
 /// Whether the entry carrying `user_data`, leaving the driver's list,
 /// goes to the kernel (marking it submitted), or is dropped because its
 /// operation was withdrawn (freeing its slot).
-pub(super) fn admit(ops: &mut Slab<Lifecycle>, streams: &mut Slab<Stream>, user_data: u64) -> bool {
-    let stream = match UserData::from_u64(user_data) {
-        Some(UserData::StreamReceive(stream)) => stream,
-        Some(UserData::Op(key)) => return Lifecycle::admit(ops, key),
-        _ => return false,
-    };
-    let Some(s) = streams.get_mut(stream) else { return false };
-    match s.receive {
-        Receive::Queued => {
-            s.receive = Receive::Armed;
-            true
-        }
-        Receive::Withdrawn => {
-            streams.remove(stream);
-            false
-        }
-        // Admitted before, and held back by a full submission queue.
-        Receive::Armed | Receive::Cancelling | Receive::Orphaned => true,
-        // Unreachable: an unarmed receive has no entry in the list.
-        Receive::Unarmed => false,
+pub(super) fn admit(ops: &mut Ops, streams: &mut Streams, user_data: u64) -> bool {
+    match UserData::from_u64(user_data) {
+        Some(UserData::StreamReceive(stream)) => streams.admit(stream),
+        Some(UserData::Op(key)) => ops.admit(key),
+        _ => false,
     }
+}
+
+/// The receive queues of the sockets read with pooled reads, the spare
+/// blocks they take bytes into, and the provided-buffer ring their
+/// multishot receives pick from.
+pub(super) struct Streams {
+    queues: Slab<Stream>,
+    /// Emptied receive-queue blocks, reused by the next arrival. Boxed:
+    /// a socket's queue is a box, handed over without an allocation.
+    #[allow(clippy::vec_box)]
+    spare_queues: Vec<Box<Queue>>,
+    /// The provided buffers multishot receives pick from, where the kernel
+    /// has them (Linux 6.0); without them pooled reads wait with `POLL_ADD`.
+    buf_ring: Option<BufRing>,
 }
 
 /// How a stream ended: cleanly, or with an errno, in 4 bytes.
@@ -164,60 +143,13 @@ impl Stream {
 
     /// True while the kernel holds (or will get) its receive.
     pub(super) fn held_by_kernel(&self) -> bool {
-        !matches!(self.receive, Receive::Unarmed | Receive::Withdrawn)
+        self.receive.held_by_kernel()
     }
 
     /// True while its socket is closed and the kernel still holds its
     /// receive.
     pub(super) fn is_orphaned(&self) -> bool {
-        self.receive == Receive::Orphaned
-    }
-}
-
-/// Handles a completion of the multishot receive of `stream`.
-pub(super) fn on_completion(
-    ur: &mut Uring,
-    stream: Key,
-    res: i32,
-    flags: u32,
-    woken: &mut Vec<Waker>,
-) {
-    let last = !cqueue::more(flags);
-    let bid = cqueue::buffer_select(flags);
-    let Some(s) = ur.streams.get_mut(stream) else {
-        give_back(ur.buf_ring.as_mut(), bid, res, flags);
-        return;
-    };
-    if s.receive == Receive::Orphaned {
-        give_back(ur.buf_ring.as_mut(), bid, res, flags);
-        if last {
-            // The kernel is done: the slot and the socket go.
-            ur.streams.remove(stream);
-        }
-        return;
-    }
-    match res {
-        n if n > 0 => {
-            if let (Some(bid), Some(ring)) = (bid, ur.buf_ring.as_mut()) {
-                let spares = &mut ur.spare_queues;
-                let q = s.queue.get_or_insert_with(|| spares.pop().unwrap_or_default());
-                ring.take(bid, n as usize, flags, Some(&mut q.bytes));
-            }
-        }
-        0 => s.end = Some(End::CLEAN),
-        e if e == -libc::ENOBUFS || e == -libc::ECANCELED => {}
-        e => s.end = Some(End::error(-e)),
-    }
-    if last {
-        s.receive = Receive::Unarmed;
-    } else if s.queued_bytes() >= QUEUED_BYTES_MAX && s.receive == Receive::Armed {
-        s.receive = Receive::Cancelling;
-        ur.ring.push_cancel_of(UserData::StreamReceive(stream));
-    }
-    // A reader waits for bytes, or, when the receive just ended (a cancel,
-    // `ENOBUFS`), to arm it again.
-    if !s.is_empty() || last {
-        woken.extend(s.waiter.take());
+        self.receive.is_orphaned()
     }
 }
 
@@ -229,33 +161,110 @@ pub(super) fn give_back(ring: Option<&mut BufRing>, bid: Option<u16>, res: i32, 
     }
 }
 
-impl Uring {
+impl Streams {
+    /// No socket yet; `buf_ring`: the ring the receives pick from, if any.
+    pub(super) fn new(buf_ring: Option<BufRing>) -> Streams {
+        Streams {
+            queues: Slab::default(),
+            spare_queues: Vec::with_capacity(SPARE_QUEUES_MAX),
+            buf_ring,
+        }
+    }
+
+    /// True if the receives have a provided-buffer ring to pick from.
+    pub(super) fn reads_from_ring(&self) -> bool {
+        self.buf_ring.is_some()
+    }
+
+    /// True if that ring's buffers are filled a completion at a time
+    /// (`IOU_PBUF_RING_INC`).
+    pub(super) fn reads_incrementally(&self) -> bool {
+        self.buf_ring.as_ref().is_some_and(BufRing::incremental)
+    }
+
+    /// Whether the receive of `stream`, leaving the driver's list, goes
+    /// to the kernel (marking it armed), or was withdrawn (freeing its
+    /// slot).
+    fn admit(&mut self, stream: Key) -> bool {
+        let Some(s) = self.queues.get_mut(stream) else { return false };
+        if s.receive.admit() {
+            return true;
+        }
+        if s.receive == Stage::Withdrawn {
+            self.queues.remove(stream);
+        }
+        false
+    }
+
+    /// Handles a completion of the multishot receive of `stream`.
+    pub(super) fn on_completion(
+        &mut self,
+        ring: &mut Ring,
+        stream: Key,
+        res: i32,
+        flags: u32,
+        woken: &mut Vec<Waker>,
+    ) {
+        let last = !cqueue::more(flags);
+        let bid = cqueue::buffer_select(flags);
+        let Some(s) = self.queues.get_mut(stream) else {
+            give_back(self.buf_ring.as_mut(), bid, res, flags);
+            return;
+        };
+        if s.receive.is_orphaned() {
+            give_back(self.buf_ring.as_mut(), bid, res, flags);
+            if s.receive.complete(last) == Then::Free {
+                // The kernel is done: the slot and the socket go.
+                self.queues.remove(stream);
+            }
+            return;
+        }
+        match res {
+            n if n > 0 => {
+                if let (Some(bid), Some(buf_ring)) = (bid, self.buf_ring.as_mut()) {
+                    let spares = &mut self.spare_queues;
+                    let q = s.queue.get_or_insert_with(|| spares.pop().unwrap_or_default());
+                    buf_ring.take(bid, n as usize, flags, Some(&mut q.bytes));
+                }
+            }
+            0 => s.end = Some(End::CLEAN),
+            e if e == -libc::ENOBUFS || e == -libc::ECANCELED => {}
+            e => s.end = Some(End::error(-e)),
+        }
+        s.receive.complete(last);
+        if !last && s.queued_bytes() >= QUEUED_BYTES_MAX && s.receive.cancel() == Then::Cancel {
+            ring.push_cancel_of(UserData::StreamReceive(stream));
+        }
+        // A reader waits for bytes, or, when the receive just ended (a cancel,
+        // `ENOBUFS`), to arm it again.
+        if !s.is_empty() || last {
+            woken.extend(s.waiter.take());
+        }
+    }
+
     /// Arms the multishot receive of `stream` if it is not armed and the
     /// queue has room.
-    fn arm_stream(&mut self, stream: Key, fd: &SharedFd) {
-        let Some(s) = self.streams.get_mut(stream) else { return };
-        if s.receive != Receive::Unarmed
-            || s.end.is_some()
-            || s.queued_bytes() >= QUEUED_BYTES_MAX / 2
-        {
+    fn arm(&mut self, ring: &mut Ring, stream: Key, fd: &SharedFd) {
+        let Some(s) = self.queues.get_mut(stream) else { return };
+        if s.end.is_some() || s.queued_bytes() >= QUEUED_BYTES_MAX / 2 || !s.receive.arm() {
             return;
         }
         let entry = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), GROUP).build();
-        s.receive = Receive::Queued;
         // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
-        self.ring.push(entry.user_data(UserData::StreamReceive(stream).to_u64()));
+        ring.push(entry.user_data(UserData::StreamReceive(stream).to_u64()));
     }
 
     /// Copies queued bytes into `dst`; `WouldBlock` if there are none
     /// (arming the receive for them).
-    pub(super) fn stream_recv(
+    pub(super) fn recv(
         &mut self,
+        ring: &mut Ring,
         key: &mut Option<Key>,
         fd: &SharedFd,
         dst: &mut [MaybeUninit<u8>],
     ) -> io::Result<usize> {
-        let stream = *key.get_or_insert_with(|| self.streams.insert(Stream::default()));
-        let s = self.streams.get_mut(stream).expect("a live socket's receive queue was freed");
+        let stream = *key.get_or_insert_with(|| self.queues.insert(Stream::default()));
+        let s = self.queues.get_mut(stream).expect("a live socket's receive queue was freed");
         let n = s.queued_bytes().min(dst.len());
         if n > 0 {
             let q = s.queue.as_deref_mut().expect("queued bytes are in the queue");
@@ -296,7 +305,7 @@ impl Uring {
                 // in the socket. A short connection (its request there at
                 // accept, with `TCP_DEFER_ACCEPT`) is read without arming a
                 // receive it would only have to cancel.
-                None if s.receive == Receive::Unarmed => {
+                None if s.receive == Stage::Unarmed => {
                     // SAFETY: `dst` is a live slice of `len` writable bytes for the duration of
                     // the call.
                     let res = unsafe {
@@ -310,20 +319,21 @@ impl Uring {
                 None => Err(io::ErrorKind::WouldBlock.into()),
             }
         };
-        self.arm_stream(stream, fd);
+        self.arm(ring, stream, fd);
         result
     }
 
     /// True (and nothing parked) if `stream` has bytes, an end or an
     /// error to hand out; otherwise parks `waker` and arms the receive.
-    pub(super) fn stream_ready(
+    pub(super) fn ready(
         &mut self,
+        ring: &mut Ring,
         key: &mut Option<Key>,
         fd: &SharedFd,
         waker: &Waker,
     ) -> bool {
-        let stream = *key.get_or_insert_with(|| self.streams.insert(Stream::default()));
-        let s = self.streams.get_mut(stream).expect("a live socket's receive queue was freed");
+        let stream = *key.get_or_insert_with(|| self.queues.insert(Stream::default()));
+        let s = self.queues.get_mut(stream).expect("a live socket's receive queue was freed");
         if !s.is_empty() {
             return true;
         }
@@ -331,7 +341,7 @@ impl Uring {
             Some(w) if w.will_wake(waker) => {}
             _ => s.waiter = Some(waker.clone()),
         }
-        self.arm_stream(stream, fd);
+        self.arm(ring, stream, fd);
         false
     }
 
@@ -339,28 +349,55 @@ impl Uring {
     /// receive the kernel holds is cancelled, and keeps the slot, with
     /// `fd` (if given), until its last completion; one not yet submitted
     /// is withdrawn.
-    pub(super) fn release_stream(&mut self, key: Key, fd: Option<&SharedFd>) {
-        let Some(s) = self.streams.get_mut(key) else { return };
+    pub(super) fn release(&mut self, ring: &mut Ring, key: Key, fd: Option<&SharedFd>) {
+        let Some(s) = self.queues.get_mut(key) else { return };
         // Bytes nobody will read, and a waiter nobody will poll.
         s.queue = None;
         s.waiter = None;
-        match s.receive {
-            Receive::Unarmed => {
-                self.streams.remove(key);
+        match s.receive.close() {
+            Closed::Free => {
+                self.queues.remove(key);
             }
-            Receive::Queued => s.receive = Receive::Withdrawn,
-            Receive::Armed => {
-                s.receive = Receive::Orphaned;
+            // The socket stays open until the last completion.
+            Closed::Orphaned { cancel } => {
                 s.fd = fd.cloned();
-                self.ring.push_cancel_of(UserData::StreamReceive(key));
+                if cancel {
+                    ring.push_cancel_of(UserData::StreamReceive(key));
+                }
             }
-            // Its cancel is queued already.
-            Receive::Cancelling => {
-                s.receive = Receive::Orphaned;
-                s.fd = fd.cloned();
-            }
-            // Released before.
-            Receive::Withdrawn | Receive::Orphaned => {}
+            // Withdrawn (the ring frees the slot), or released before.
+            Closed::Withdrawn | Closed::Before => {}
+        }
+    }
+
+    /// Forgets every socket's queue (the driver is dropped).
+    pub(super) fn release_all(&mut self, ring: &mut Ring) {
+        for key in self.queues.keys() {
+            self.release(ring, key, None);
+        }
+    }
+
+    /// True while the kernel holds (or will get) any socket's receive.
+    pub(super) fn any_held_by_kernel(&self) -> bool {
+        self.queues.iter().any(|(_, s)| s.held_by_kernel())
+    }
+
+    /// True while a closed socket's receive is still in the kernel.
+    pub(super) fn any_orphaned(&self) -> bool {
+        self.queues.iter().any(|(_, s)| s.is_orphaned())
+    }
+
+    /// Leaks every queue and the buffer ring: the kernel may still fill
+    /// its buffers, and the sockets the queues hold must stay open.
+    pub(super) fn leak(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.queues));
+        std::mem::forget(self.buf_ring.take());
+    }
+
+    /// Unregisters the buffer ring, which no receive picks from any more.
+    pub(super) fn unregister(&self, ring: &Ring) {
+        if let Some(buf_ring) = &self.buf_ring {
+            buf_ring.unregister(ring.io_uring());
         }
     }
 }

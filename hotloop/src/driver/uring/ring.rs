@@ -437,6 +437,43 @@ impl Ring {
     }
 }
 
+/// The completions one poll copies out of the ring: the buffer they go
+/// to, reused every poll, how many one poll handles at most, and the
+/// kernel's dropped-completion counter at the last look.
+pub(super) struct Completions {
+    cqes: Vec<(u64, i32, u32)>,
+    max: usize,
+    dropped_seen: u32,
+}
+
+impl Completions {
+    /// At most `max` completions per poll.
+    pub(super) fn new(max: usize) -> Completions {
+        Completions { cqes: Vec::with_capacity(max), max, dropped_seen: 0 }
+    }
+
+    /// Copies what is waiting in `ring`'s completion queue (at most the
+    /// bound) and lends it out, counting a full or lossy queue
+    /// (`cq_overflows`); [`Completions::give_back`] returns the buffer.
+    pub(super) fn take(&mut self, ring: &mut Ring) -> Vec<(u64, i32, u32)> {
+        let (overflowed, lost) =
+            ring.take_completions(&mut self.cqes, self.max, &mut self.dropped_seen);
+        if overflowed || lost > 0 {
+            stats::add(&ring.stats.cq_overflows, u64::from(overflowed) + u64::from(lost));
+        }
+        std::mem::take(&mut self.cqes)
+    }
+
+    /// Takes back the buffer [`Completions::take`] lent, once its
+    /// completions are handled, and counts them.
+    pub(super) fn give_back(&mut self, cqes: Vec<(u64, i32, u32)>, ring: &Ring) {
+        let n = cqes.len() as u64;
+        stats::add(&ring.stats.completions, n);
+        stats::add(&ring.stats.poller_events, n);
+        self.cqes = cqes;
+    }
+}
+
 impl Drop for Ring {
     /// Gives the registered slot back: the thread's table holds a
     /// reference to the ring, which would otherwise stay open (and the

@@ -4,9 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::lifecycle::Lifecycle;
 use super::user_data::UserData;
-use super::{accept, pooled, Uring};
+use super::{pooled, Uring};
 
 /// How long dropping the driver waits for cancelled operations to complete
 /// (counted from the drop, or from the deadline of the last lingering
@@ -15,34 +14,16 @@ pub(super) const DRAIN_ON_DROP_MAX: Duration = Duration::from_secs(1);
 
 impl Drop for Uring {
     fn drop(&mut self) {
-        for key in self.listeners.keys() {
-            if let Some(l) = self.listeners.remove(key) {
-                if let Some(op) = l.op {
-                    accept::orphan(self, op);
-                }
-            }
-        }
-        for key in self.streams.keys() {
-            self.release_stream(key, None);
-        }
-        for key in self.dgrams.keys() {
-            self.release_dgrams(key);
-        }
+        self.listeners.release_all(&mut self.ops, &mut self.ring);
+        self.streams.release_all(&mut self.ring);
+        self.dgrams.release_all(&mut self.ops, &mut self.ring);
         // Everything but the lingering writes is cancelled now. A lingering
         // write carries bytes its stream reported written: a closed
         // socket's kernel buffer would still be sent (which is why tokio's
         // drop waits for nothing), but these are in user space, so the ring
         // is driven until they are in the kernel, the socket fails, or the
         // write's deadline cuts it (and resets its connection).
-        for key in self.ops.keys() {
-            let cancel = self
-                .ops
-                .get(key)
-                .is_some_and(|s| s.held_by_kernel() && !matches!(s, Lifecycle::Lingering(_)));
-            if cancel {
-                self.ring.push_cancel(key);
-            }
-        }
+        self.ops.cancel_all_but_lingering(&mut self.ring);
         self.ring.push_cancel_of(UserData::Wake);
         let mut drain_until = Instant::now() + DRAIN_ON_DROP_MAX;
         let mut woken = Vec::new();
@@ -75,13 +56,12 @@ impl Drop for Uring {
             // buffers they may pick (the stream ring, and the rings of
             // closed datagram sockets), must not be freed, nor the sockets
             // they name closed.
-            std::mem::forget(std::mem::take(&mut self.ops));
-            std::mem::forget(std::mem::take(&mut self.streams));
-            std::mem::forget(self.buf_ring.take());
-            std::mem::forget(std::mem::take(&mut self.dgrams));
+            self.ops.leak();
+            self.streams.leak();
+            self.dgrams.leak();
             self.zero_copy.leak();
-        } else if let Some(buf_ring) = &self.buf_ring {
-            buf_ring.unregister(self.ring.io_uring());
+        } else {
+            self.streams.unregister(&self.ring);
         }
     }
 }
@@ -91,7 +71,7 @@ impl Uring {
     /// may still read a zero-copy send's bytes.
     fn kernel_holds_any(&self) -> bool {
         !self.zero_copy.is_empty()
-            || self.ops.iter().any(|(_, s)| s.held_by_kernel())
-            || self.streams.iter().any(|(_, s)| s.held_by_kernel())
+            || self.ops.any_held_by_kernel()
+            || self.streams.any_held_by_kernel()
     }
 }

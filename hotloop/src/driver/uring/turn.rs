@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types};
 
-use super::lifecycle::Lifecycle;
+use super::ring::Ring;
 use super::user_data::UserData;
 use super::{pooled, Uring};
 use crate::driver::park::Park;
@@ -38,6 +38,16 @@ pub(super) struct Wake {
 impl Wake {
     pub(super) fn new(unpark: Arc<Unpark>) -> Wake {
         Wake { unpark, armed: false, multishot: true }
+    }
+
+    /// Arms the multishot (or one-shot) poll on the unpark eventfd.
+    pub(super) fn arm(&mut self, ring: &mut Ring) {
+        let entry = opcode::PollAdd::new(types::Fd(self.unpark.fd()), libc::POLLIN as u32)
+            .multi(self.multishot)
+            .build()
+            .user_data(UserData::Wake.to_u64());
+        ring.push(entry);
+        self.armed = true;
     }
 
     /// A completion of the poll: the wakes are taken, and the poll is
@@ -68,37 +78,18 @@ pub(super) struct DeadlineTimer {
 }
 
 impl DeadlineTimer {
-    /// Its completion: expired (`ETIME`) or cancelled with the ring,
-    /// either way no longer armed. (A move that came too late fails with
-    /// `ENOENT`, after this completion.)
-    pub(super) fn on_completion(&mut self) {
-        self.armed = None;
-    }
-}
-
-impl Uring {
-    /// Arms the multishot (or one-shot) poll on the unpark eventfd.
-    pub(super) fn arm_wake(&mut self) {
-        let entry = opcode::PollAdd::new(types::Fd(self.wake.unpark.fd()), libc::POLLIN as u32)
-            .multi(self.wake.multishot)
-            .build()
-            .user_data(UserData::Wake.to_u64());
-        self.ring.push(entry);
-        self.wake.armed = true;
-    }
-
     /// Makes the deadline timer expire no later than `deadline`: a new
     /// timer when none is armed, moved when it is armed for later, left
     /// alone otherwise (an expiry that comes early costs a spare turn).
-    fn arm_timer(&mut self, deadline: u64) {
-        if self.timer.armed.is_some_and(|armed| armed <= deadline) {
+    fn arm(&mut self, ring: &mut Ring, deadline: u64) {
+        if self.armed.is_some_and(|armed| armed <= deadline) {
             return;
         }
-        *self.timer.spec = types::Timespec::new()
+        *self.spec = types::Timespec::new()
             .sec(deadline / NANOS_PER_SEC)
             .nsec((deadline % NANOS_PER_SEC) as u32);
-        let spec: *const types::Timespec = &*self.timer.spec;
-        let entry = match self.timer.armed {
+        let spec: *const types::Timespec = &*self.spec;
+        let entry = match self.armed {
             None => opcode::Timeout::new(spec)
                 .flags(types::TimeoutFlags::ABS)
                 .build()
@@ -108,13 +99,22 @@ impl Uring {
                 .build()
                 .user_data(UserData::TimerUpdate.to_u64()),
         };
-        // The kernel reads `timer.spec` when it takes the entry; the box
-        // lives as long as the ring's entries do.
-        self.ring.push(entry);
-        self.timer.armed = Some(deadline);
-        stats::add(&self.ring.stats.timer_arms, 1);
+        // The kernel reads `spec` when it takes the entry; the box lives as
+        // long as the ring's entries do.
+        ring.push(entry);
+        self.armed = Some(deadline);
+        stats::add(&ring.stats.timer_arms, 1);
     }
 
+    /// Its completion: expired (`ETIME`) or cancelled with the ring,
+    /// either way no longer armed. (A move that came too late fails with
+    /// `ENOENT`, after this completion.)
+    pub(super) fn on_completion(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Uring {
     /// One turn: submit, wait, reap.
     pub(super) fn poll(
         &mut self,
@@ -123,7 +123,7 @@ impl Uring {
         freed: &mut Vec<Box<dyn Any>>,
     ) -> io::Result<usize> {
         if !self.wake.armed {
-            self.arm_wake();
+            self.wake.arm(&mut self.ring);
         }
         self.cancel_expired_lingerers();
         let timeout = match (park, self.first_lingering()) {
@@ -139,7 +139,7 @@ impl Uring {
             }
             (Park::Until(deadline), None) => {
                 if let Some(deadline) = deadline {
-                    self.arm_timer(deadline);
+                    self.timer.arm(&mut self.ring, deadline);
                 }
                 None
             }
@@ -151,33 +151,20 @@ impl Uring {
     /// Cancels the lingering writes that ran past their deadline: each
     /// ends (and resets its connection) at the cancel's completion.
     pub(super) fn cancel_expired_lingerers(&mut self) {
-        let Some(&(first, _)) = self.lingering.front() else { return };
-        let now = Instant::now();
-        if first > now {
-            return;
-        }
-        while let Some(&(deadline, key)) = self.lingering.front() {
-            if deadline > now {
-                break;
+        let (ops, ring) = (&self.ops, &mut self.ring);
+        self.lingering.take_expired(|key| {
+            if ops.held_by_kernel(key) {
+                ring.push_cancel(key);
             }
-            self.lingering.pop_front();
-            if self.ops.get(key).is_some_and(Lifecycle::held_by_kernel) {
-                self.ring.push_cancel(key);
-            }
-        }
+        });
     }
 
     /// The deadline of the first lingering write still going, forgetting
     /// those ahead of it that ended (their deadlines come first: every
     /// write gets the same linger time from when it starts).
     pub(super) fn first_lingering(&mut self) -> Option<Instant> {
-        while let Some(&(deadline, key)) = self.lingering.front() {
-            if matches!(self.ops.get(key), Some(Lifecycle::Lingering(_))) {
-                return Some(deadline);
-            }
-            self.lingering.pop_front();
-        }
-        None
+        let ops = &self.ops;
+        self.lingering.first(|key| ops.is_lingering(key))
     }
 
     /// Until when the operations whose owner is gone are worth waiting
@@ -185,16 +172,8 @@ impl Uring {
     /// stream receive until `bound`; a lingering write cut at its deadline
     /// until [`SETTLE_MAX`] after the cut.
     fn cancels_until(&self, bound: Instant) -> Option<Instant> {
-        let mut until = None;
-        for (_, s) in self.ops.iter() {
-            let this = match s {
-                Lifecycle::Lingering(write) => write.deadline() + SETTLE_MAX,
-                s if s.held_by_kernel() && !s.is_waiting() => bound,
-                _ => continue,
-            };
-            until = until.max(Some(this));
-        }
-        if self.streams.iter().any(|(_, s)| s.is_orphaned()) {
+        let mut until = self.ops.cancels_until(bound, SETTLE_MAX);
+        if self.streams.any_orphaned() {
             until = until.max(Some(bound));
         }
         until
@@ -213,7 +192,7 @@ impl Uring {
         freed: &mut Vec<Box<dyn Any>>,
     ) -> bool {
         if !self.wake.armed {
-            self.arm_wake();
+            self.wake.arm(&mut self.ring);
         }
         self.cancel_expired_lingerers();
         let now = Instant::now();
