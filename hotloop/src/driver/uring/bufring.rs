@@ -25,7 +25,7 @@
 //!   [`INC_BUFFER_BYTES`] (the same memory), each filled by as many
 //!   completions, of any socket, as fit, one after the other. A receive
 //!   then takes up to 64 KiB of a busy stream per completion instead of
-//!   4 KiB, which cut the receiving thread's CPU per MiB to 0.72x
+//!   4 KiB, which cut the receiving thread's CPU per MiB to 0.73x
 //!   (`cargo bench -p hotloop-bench --bench recv_bundle`), and a small
 //!   request still takes only its own bytes. A completion's bytes start
 //!   where the previous one in that buffer stopped (kept in `used`); while
