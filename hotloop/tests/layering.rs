@@ -90,7 +90,7 @@ fn only_the_runtime_reads_the_workers_context() {
 
 /// The modules of `driver/` that both backends use, bottom to top; each
 /// names only those before it.
-const DRIVER_SHARED: [&str; 5] = ["park", "config", "wake", "probe", "udp"];
+const DRIVER_SHARED: [&str; 6] = ["park", "config", "wake", "probe", "udp", "contract"];
 
 #[test]
 fn the_modules_the_backends_share_name_only_those_below_them() {

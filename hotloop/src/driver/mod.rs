@@ -14,7 +14,11 @@
 //!   comes back).
 //! - A source per role, each a descriptor bound to one `Driver` with only
 //!   its role's operations and state (`source.rs` here, and each
-//!   backend's files of the same names):
+//!   backend's files of the same names). Each role's calls are listed once,
+//!   in `contract.rs`: that list is the trait each backend's source
+//!   implements (`ListenerOps`, `StreamOps`, `DatagramOps`,
+//!   `ReadinessOps`) and the face's forwarding of each call, so a new
+//!   operation is one line there and one method per backend:
 //!   - [`ListenerSource`]: `poll_accept`/`accept_now`, `set_accept_room`.
 //!   - [`StreamSource`]: owned-buffer `recv`/`send`/`send_vectored`,
 //!     `connect`, `shutdown`, a readiness wait (`poll_readable`) with a
@@ -33,7 +37,7 @@
 //! Two backends exist on Linux and both always compile: [`epoll`]
 //! (readiness) and [`uring`] (completion). [`Driver`] and the sources are
 //! enums over them, chosen once at start-up; every operation matches once
-//! and calls its backend. File operations exist only on io_uring
+//! and calls its backend (a static call through the role's trait). File operations exist only on io_uring
 //! (`uring/file.rs`): [`Driver::ring_for`] says whether the ring runs one,
 //! and the file layer (`fs/`) uses the blocking pool otherwise. The
 //! network layer (`net/`) sees only this module and `source.rs`.
@@ -43,9 +47,9 @@
 //!   enters the driver, never the reverse. Its inputs are a
 //!   [`DriverConfig`], an [`Unpark`] and the worker's counters.
 //! - Imports inside `driver/` run one way, bottom to top: `park.rs`,
-//!   `config.rs`, `wake.rs`, `probe.rs`, `udp.rs` (each naming only those
-//!   before it), then the backends `epoll/` and `uring/` (which name only
-//!   those five, never each other nor the face), then the face:
+//!   `config.rs`, `wake.rs`, `probe.rs`, `udp.rs`, `contract.rs` (each
+//!   naming only those before it), then the backends `epoll/` and `uring/`
+//!   (which name only those six, never each other nor the face), then the face:
 //!   `source.rs` and this file. Inside `uring/` the order is written in
 //!   its module doc. `hotloop/tests/layering.rs` checks both.
 //! - A source holds its driver (an `Rc`), so an operation never looks up
@@ -60,6 +64,7 @@
 //!   is not running here) is an error, not a hang.
 
 mod config;
+pub(crate) mod contract;
 pub(crate) mod epoll;
 mod park;
 pub(crate) mod probe;

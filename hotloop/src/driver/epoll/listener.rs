@@ -9,6 +9,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::source::SourceCore;
 use super::{Direction, Driver};
 use crate::driver::config::AcceptMode;
+use crate::driver::contract::ListenerOps;
 use crate::sys;
 
 /// A listening socket owned by one epoll driver, closed when dropped.
@@ -21,20 +22,22 @@ impl ListenerSource {
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<ListenerSource> {
         Ok(ListenerSource { core: SourceCore::registered(driver, fd)? })
     }
+}
 
+impl ListenerOps for ListenerSource {
     /// The raw descriptor.
-    pub(crate) fn fd(&self) -> RawFd {
+    fn fd(&self) -> RawFd {
         self.core.fd()
     }
 
     /// The descriptor, borrowed.
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
         self.core.as_fd()
     }
 
     /// Takes one connection, or parks the task until one comes. Every
     /// accept mode is one `accept4` per connection on epoll.
-    pub(crate) fn poll_accept(
+    fn poll_accept(
         &self,
         cx: &mut TaskContext<'_>,
         _mode: AcceptMode,
@@ -43,7 +46,7 @@ impl ListenerSource {
     }
 
     /// Takes one connection only if one is ready now.
-    pub(crate) fn accept_now(&self, _mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
+    fn accept_now(&self, _mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
         // Straight to the syscall: an edge for a connection that just came
         // in may not have been polled yet.
         match sys::accept(self.fd()) {
@@ -54,16 +57,16 @@ impl ListenerSource {
 
     /// Ready at once: epoll accepts only when asked, so nothing is ever
     /// accepted on the listener's behalf.
-    pub(crate) fn poll_accept_settled(&self, _cx: &mut TaskContext<'_>) -> Poll<()> {
+    fn poll_accept_settled(&self, _cx: &mut TaskContext<'_>) -> Poll<()> {
         Poll::Ready(())
     }
 
     /// None: epoll holds no accepted connection for the listener.
-    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+    fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
         None
     }
 
     /// Nothing to do on epoll: a connection is accepted only when asked
     /// for, so the kernel's backlog holds the rest already.
-    pub(crate) fn set_accept_room(&self, _room: usize) {}
+    fn set_accept_room(&self, _room: usize) {}
 }

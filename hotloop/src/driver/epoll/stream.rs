@@ -13,6 +13,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::source::SourceCore;
 use super::{Direction, Driver};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::contract::StreamOps;
 use crate::sys;
 
 /// A connected (or connecting) stream socket owned by one epoll driver,
@@ -27,13 +28,20 @@ impl StreamSource {
         Ok(StreamSource { core: SourceCore::new(driver, fd)? })
     }
 
+    /// Sends the initialised bytes of `buf`; may send fewer.
+    pub(crate) fn send<B: IoBuf>(&self, buf: B) -> SendOwned<'_, B> {
+        SendOwned { src: self, buf: Some(buf) }
+    }
+}
+
+impl StreamOps for StreamSource {
     /// The raw descriptor.
-    pub(crate) fn fd(&self) -> RawFd {
+    fn fd(&self) -> RawFd {
         self.core.fd()
     }
 
     /// The descriptor, borrowed.
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
         self.core.as_fd()
     }
 
@@ -41,9 +49,9 @@ impl StreamSource {
     /// waiting for room when the socket has none; stops early at the
     /// file's end (a `sendfile` that returns 0). Returns the bytes sent,
     /// and the error that stopped it before `len`, if one did.
-    pub(crate) async fn send_file(
+    async fn send_file(
         &self,
-        file: &std::fs::File,
+        file: &std::sync::Arc<std::fs::File>,
         offset: u64,
         len: u64,
     ) -> (u64, io::Result<()>) {
@@ -72,7 +80,7 @@ impl StreamSource {
     }
 
     /// Receives into `buf` (from its start up to its capacity).
-    pub(crate) async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
+    async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
         let fd = self.fd();
         let res = poll_fn(|cx| {
             let asked = buf.bytes_total();
@@ -89,13 +97,8 @@ impl StreamSource {
         (res, buf)
     }
 
-    /// Sends the initialised bytes of `buf`; may send fewer.
-    pub(crate) fn send<B: IoBuf>(&self, buf: B) -> SendOwned<'_, B> {
-        SendOwned { src: self, buf: Some(buf) }
-    }
-
     /// Sends the buffers in order in one call; may send fewer bytes than all.
-    pub(crate) async fn send_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
+    async fn send_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
         let fd = self.fd();
         let iov = crate::buf::iovecs(&bufs);
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
@@ -110,7 +113,7 @@ impl StreamSource {
     }
 
     /// Connects a fresh non-blocking socket to `addr`.
-    pub(crate) async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
+    async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
         match socket2::SockRef::from(&self.as_fd()).connect(&socket2::SockAddr::from(addr)) {
             Ok(()) => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -136,20 +139,20 @@ impl StreamSource {
     }
 
     /// Shuts down one or both directions (`shutdown(2)` never blocks).
-    pub(crate) async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
+    async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
         sys::shutdown(self.fd(), how)
     }
 
     /// Ready once the socket may have bytes to read: at once unless the
     /// last read drained it and no event came since.
-    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+    fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         self.core.poll_ready(cx, Direction::Read)
     }
 
     /// Ready once the socket may take bytes: at once unless the last write
     /// found it full and no event came since (a socket no write has found
     /// full is taken as writable, unregistered).
-    pub(crate) fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+    fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         if self.core.is_ready(Direction::Write) {
             return Poll::Ready(Ok(()));
         }
@@ -159,16 +162,16 @@ impl StreamSource {
     /// Keeps nothing between writes: poll-form writes go straight to the
     /// socket.
     #[cfg(feature = "hyper")]
-    pub(crate) fn release_idle_buffers(&self) {}
+    fn release_idle_buffers(&self) {}
 
     /// False when the last read drained the socket and no event came since.
-    pub(crate) fn may_read_now(&self) -> bool {
+    fn may_read_now(&self) -> bool {
         self.core.is_ready(Direction::Read)
     }
 
     /// Receives without waiting; a short read or `WouldBlock` records that
     /// the socket is drained.
-    pub(crate) fn try_recv(&self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
+    fn try_recv(&self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
         // SAFETY: `buf` is a live slice of `len` writable bytes for the duration of the call.
         let res = unsafe { sys::recv_nowait(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
         match &res {
@@ -183,7 +186,7 @@ impl StreamSource {
 
     /// Reads into a borrowed slice that may be uninitialised; `Ok(n)`
     /// means its first `n` bytes were written.
-    pub(crate) fn poll_read_uninit(
+    fn poll_read_uninit(
         &self,
         cx: &mut TaskContext<'_>,
         buf: &mut [MaybeUninit<u8>],
@@ -198,7 +201,7 @@ impl StreamSource {
     }
 
     /// Writes several borrowed slices with one `sendmsg`.
-    pub(crate) fn poll_write_slices(
+    fn poll_write_slices(
         &self,
         cx: &mut TaskContext<'_>,
         bufs: &[io::IoSlice<'_>],
@@ -220,7 +223,7 @@ impl StreamSource {
     }
 
     /// Nothing is buffered in user space on epoll: a write that returned is in the kernel.
-    pub(crate) fn poll_flush(&self, _cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+    fn poll_flush(&self, _cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
 }

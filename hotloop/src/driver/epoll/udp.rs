@@ -15,6 +15,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::source::SourceCore;
 use super::{Direction, Driver};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::contract::DatagramOps;
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
 use crate::sys;
 
@@ -28,19 +29,26 @@ impl DatagramSource {
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<DatagramSource> {
         Ok(DatagramSource { core: SourceCore::new(driver, fd)? })
     }
+}
 
+impl DatagramOps for DatagramSource {
     /// The raw descriptor.
-    pub(crate) fn fd(&self) -> RawFd {
+    fn fd(&self) -> RawFd {
         self.core.fd()
     }
 
+    /// Never: epoll has no ring to receive from.
+    fn receives_from_ring(&self) -> bool {
+        false
+    }
+
     /// The descriptor, borrowed.
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
         self.core.as_fd()
     }
 
     /// Receives one datagram into `buf` (from its start up to its capacity).
-    pub(crate) async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
+    async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
         let fd = self.fd();
         let res = poll_fn(|cx| {
             self.core.poll_io(cx, Direction::Read, || {
@@ -61,7 +69,7 @@ impl DatagramSource {
     }
 
     /// Sends the initialised bytes of `buf` as one datagram (or a GSO train).
-    pub(crate) async fn send_msg<B: IoBuf>(&self, buf: B, meta: SendMeta) -> BufResult<usize, B> {
+    async fn send_msg<B: IoBuf>(&self, buf: B, meta: SendMeta) -> BufResult<usize, B> {
         let fd = self.fd();
         let res = poll_fn(|cx| {
             self.core.poll_io(cx, Direction::Write, || {
@@ -77,7 +85,7 @@ impl DatagramSource {
     }
 
     /// Receives a batch of datagrams into borrowed buffers (`recvmmsg`).
-    pub(crate) fn poll_recv_batch(
+    fn poll_recv_batch(
         &self,
         cx: &mut TaskContext<'_>,
         bufs: &mut [IoSliceMut<'_>],
@@ -95,7 +103,7 @@ impl DatagramSource {
     }
 
     /// Sends a batch of transmits from borrowed buffers (`sendmmsg`).
-    pub(crate) fn poll_send_batch(
+    fn poll_send_batch(
         &self,
         cx: &mut TaskContext<'_>,
         transmits: &[Transmit<'_>],
@@ -113,7 +121,7 @@ impl DatagramSource {
 
     /// Sends one transmit now or says `WouldBlock` (and remembers that the
     /// send buffer is full, so [`DatagramSource::writable`] waits for room).
-    pub(crate) fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
+    fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
         if !self.core.is_ready(Direction::Write) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
@@ -130,7 +138,7 @@ impl DatagramSource {
     }
 
     /// Waits until the socket may have room to send.
-    pub(crate) async fn writable(&self) -> io::Result<()> {
+    async fn writable(&self) -> io::Result<()> {
         poll_fn(|cx| self.core.poll_ready(cx, Direction::Write)).await
     }
 }

@@ -49,6 +49,7 @@ use super::stream::StreamSource;
 use super::unclaimed::OpenPath;
 use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::contract::StreamOps;
 use crate::driver::probe;
 use crate::sys;
 use crate::sys::SENDFILE_CHUNK_MAX;
@@ -321,7 +322,7 @@ impl StreamSource {
     /// Sends up to `len` bytes of `file` from `offset` on this socket,
     /// stopping early at the file's end. Returns the bytes sent, and the
     /// error that stopped it before `len`, if one did.
-    pub(crate) async fn send_file(
+    pub(super) async fn send_file_from_worker(
         &self,
         file: &SharedFile,
         offset: u64,

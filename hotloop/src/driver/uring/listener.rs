@@ -10,6 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::source::SourceCore;
 use super::Driver;
 use crate::driver::config::AcceptMode;
+use crate::driver::contract::ListenerOps;
 use crate::driver::park::not_running;
 use crate::slab::Key;
 use crate::sys;
@@ -32,23 +33,21 @@ impl ListenerSource {
             room: Cell::new(usize::MAX),
         }
     }
+}
 
+impl ListenerOps for ListenerSource {
     /// The raw descriptor.
-    pub(crate) fn fd(&self) -> RawFd {
+    fn fd(&self) -> RawFd {
         self.core.fd()
     }
 
     /// The descriptor, borrowed.
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
         self.core.as_fd()
     }
 
     /// Takes one queued connection, or arms an accept and parks the task.
-    pub(crate) fn poll_accept(
-        &self,
-        cx: &mut TaskContext<'_>,
-        mode: AcceptMode,
-    ) -> Poll<io::Result<OwnedFd>> {
+    fn poll_accept(&self, cx: &mut TaskContext<'_>, mode: AcceptMode) -> Poll<io::Result<OwnedFd>> {
         let driver = &self.core.driver;
         if !driver.entered.get() {
             return Poll::Ready(Err(not_running()));
@@ -73,7 +72,7 @@ impl ListenerSource {
     /// queue, else straight from the kernel's backlog with a non-blocking
     /// `accept4` (the multishot may not have run since the connection came
     /// in). For draining a listener when a server stops.
-    pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
+    fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
         let _ = mode; // every mode drains the same queue and backlog
         if let Some(key) = self.queue.get() {
             if let Some(r) = self.core.driver.state.borrow_mut().take_queued(key) {
@@ -90,7 +89,7 @@ impl ListenerSource {
     /// `set_accept_room(0)` stopped it): from then on no connection is
     /// taken from the socket's backlog on this listener's behalf, and
     /// [`Self::take_accepted`] finds every one that was.
-    pub(crate) fn poll_accept_settled(&self, cx: &mut TaskContext<'_>) -> Poll<()> {
+    fn poll_accept_settled(&self, cx: &mut TaskContext<'_>) -> Poll<()> {
         let Some(key) = self.queue.get() else { return Poll::Ready(()) };
         if !self.core.driver.entered.get() {
             // Nothing can complete while the driver does not run.
@@ -105,14 +104,14 @@ impl ListenerSource {
 
     /// Takes one connection the driver has already accepted, never the
     /// socket's backlog.
-    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+    fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
         let key = self.queue.get()?;
         self.core.driver.state.borrow_mut().take_queued(key)
     }
 
     /// Sets how many connections the owner will take from now on: no more
     /// are accepted ahead into the queue, and at zero the armed accept stops.
-    pub(crate) fn set_accept_room(&self, room: usize) {
+    fn set_accept_room(&self, room: usize) {
         if self.room.replace(room) != room {
             self.core.driver.state.borrow_mut().set_accept_room(self.queue.get(), room);
         }

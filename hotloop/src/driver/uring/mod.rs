@@ -129,7 +129,7 @@ mod zero_copy;
 pub(crate) use linger::WRITE_LINGER;
 pub(crate) use listener::ListenerSource;
 pub(crate) use readiness::ReadinessSource;
-pub(crate) use shared::{SharedFd, SharedFile};
+pub(crate) use shared::SharedFd;
 pub(crate) use stream::{SendOwned, StreamSource};
 pub(crate) use udp::DatagramSource;
 

@@ -10,6 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::source::SourceCore;
 use super::Driver;
+use crate::driver::contract::ReadinessOps;
 use crate::slab::Key;
 
 /// A watched descriptor owned by one io_uring driver.
@@ -25,22 +26,24 @@ impl ReadinessSource {
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> ReadinessSource {
         ReadinessSource { core: SourceCore::new(driver, fd), read_wait: Cell::new(None) }
     }
+}
 
+impl ReadinessOps for ReadinessSource {
     /// The descriptor, borrowed.
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
         self.core.as_fd()
     }
 
     /// Ready once a one-shot `POLL_ADD` for `POLLIN` completes (see
     /// [`crate::driver::ReadinessSource::poll_next_readable`]); the entry is
     /// kept across polls, and a new one is made after each completion.
-    pub(crate) fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+    fn poll_next_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         let cqe = std::task::ready!(self.core.poll_kept(&self.read_wait, libc::POLLIN, cx))?;
         Poll::Ready(cqe.result().map(drop))
     }
 
     /// Ready once the descriptor polls writable (a one-shot `POLL_ADD`).
-    pub(crate) async fn next_writable(&self) -> io::Result<()> {
+    async fn next_writable(&self) -> io::Result<()> {
         self.core.poll_events(libc::POLLOUT).await
     }
 }

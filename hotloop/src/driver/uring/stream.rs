@@ -27,10 +27,12 @@ use std::task::{Context as TaskContext, Poll};
 use io_uring::opcode;
 
 use super::op::{is_retry, Op, ParkedOp};
+use super::shared::SharedFile;
 use super::source::SourceCore;
 use super::write_behind::WriteBehind;
 use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::contract::StreamOps;
 use crate::driver::park::not_running;
 use crate::slab::Key;
 use crate::sys;
@@ -81,45 +83,9 @@ impl StreamSource {
         }
     }
 
-    /// The raw descriptor.
-    pub(crate) fn fd(&self) -> RawFd {
-        self.core.fd()
-    }
-
-    /// The descriptor, borrowed (the source's own reference keeps it open).
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
-        self.core.as_fd()
-    }
-
     /// The write-behind buffer, lent until the guard drops.
     fn lend_write_behind(&self) -> Lent<'_> {
         Lent { cell: &self.write_behind, wb: self.write_behind.take() }
-    }
-
-    /// Receives into `buf` (from its start up to its capacity).
-    ///
-    /// Through the socket's one receive path, as every read style is
-    /// ([`StreamSource::poll_read_uninit`]): a read dropped while it waits has
-    /// taken no bytes, and bytes another style queued come first.
-    pub(crate) async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
-        let total = buf.bytes_total();
-        let res = std::future::poll_fn(|cx| {
-            // SAFETY: the buffer has `bytes_total` writable bytes at a fixed address, and it is
-            // only written through this slice, within this poll.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(
-                    buf.stable_mut_ptr().cast::<MaybeUninit<u8>>(),
-                    total,
-                )
-            };
-            self.poll_read_uninit(cx, dst)
-        })
-        .await;
-        if let Ok(n) = res {
-            // SAFETY: `poll_read_uninit` initialised the first `n` bytes.
-            unsafe { buf.set_init(n) };
-        }
-        (res, buf)
     }
 
     /// Sends the initialised bytes of `buf`; may send fewer.
@@ -189,8 +155,83 @@ impl StreamSource {
         }
     }
 
+    /// Ready once the multishot receive queued bytes, an end or an error.
+    fn poll_stream_ready(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        let driver = &self.core.driver;
+        if !driver.entered.get() {
+            return Poll::Ready(Err(not_running()));
+        }
+        let mut key = self.reads.get();
+        let ready = driver.state.borrow_mut().stream_ready(&mut key, &self.core.fd, cx.waker());
+        self.reads.set(key);
+        if ready {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Hands a borrowed-slice write still in flight to the driver, which
+    /// shuts the write side after it (see [`WriteBehind::hand_over`]);
+    /// false if none was in flight.
+    fn hand_over_written_behind(&self) -> bool {
+        self.lend_write_behind().wb.as_mut().is_some_and(|wb| wb.hand_over(&self.core))
+    }
+
+    /// True while a borrowed-slice write is in flight.
+    fn is_writing_behind(&self) -> bool {
+        self.lend_write_behind().wb.as_ref().is_some_and(|wb| wb.is_writing())
+    }
+
+    /// Waits for the borrowed-slice writes still in flight, so an
+    /// owned-buffer write or a shutdown comes after them.
+    pub(super) async fn flush_written_behind(&self) -> io::Result<()> {
+        if self.is_writing_behind() {
+            std::future::poll_fn(|cx| self.poll_flush(cx)).await?;
+        }
+        Ok(())
+    }
+}
+
+impl StreamOps for StreamSource {
+    /// The raw descriptor.
+    fn fd(&self) -> RawFd {
+        self.core.fd()
+    }
+
+    /// The descriptor, borrowed (the source's own reference keeps it open).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.core.as_fd()
+    }
+
+    /// Receives into `buf` (from its start up to its capacity).
+    ///
+    /// Through the socket's one receive path, as every read style is
+    /// ([`StreamSource::poll_read_uninit`]): a read dropped while it waits has
+    /// taken no bytes, and bytes another style queued come first.
+    async fn recv<B: IoBufMut>(&self, mut buf: B) -> BufResult<usize, B> {
+        let total = buf.bytes_total();
+        let res = std::future::poll_fn(|cx| {
+            // SAFETY: the buffer has `bytes_total` writable bytes at a fixed address, and it is
+            // only written through this slice, within this poll.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(
+                    buf.stable_mut_ptr().cast::<MaybeUninit<u8>>(),
+                    total,
+                )
+            };
+            self.poll_read_uninit(cx, dst)
+        })
+        .await;
+        if let Ok(n) = res {
+            // SAFETY: `poll_read_uninit` initialised the first `n` bytes.
+            unsafe { buf.set_init(n) };
+        }
+        (res, buf)
+    }
+
     /// Sends the buffers in order in one `sendmsg`; may send fewer bytes than all.
-    pub(crate) async fn send_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
+    async fn send_vectored<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
         if let Err(e) = self.flush_written_behind().await {
             return (Err(e), bufs);
         }
@@ -221,7 +262,7 @@ impl StreamSource {
     }
 
     /// Connects a fresh socket to `addr`.
-    pub(crate) async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
+    async fn connect(&self, addr: SocketAddr) -> io::Result<()> {
         let (storage, len) = sys::std_to_sockaddr(&addr);
         let storage = Box::new(storage);
         let ptr: *const libc::sockaddr = (&*storage as *const libc::sockaddr_storage).cast();
@@ -251,7 +292,7 @@ impl StreamSource {
     }
 
     /// Shuts down one or both directions of a connection.
-    pub(crate) async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
+    async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
         let how = match how {
             // The end of stream comes after the bytes written behind, as on
             // epoll, where the kernel holds them.
@@ -279,7 +320,7 @@ impl StreamSource {
     /// once the multishot receive queued something; without one, a
     /// `POLL_ADD` kept in the source across polls (dropping it takes no
     /// bytes).
-    pub(crate) fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+    fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         if self.core.driver.reads_from_ring {
             return self.poll_stream_ready(cx);
         }
@@ -288,25 +329,9 @@ impl StreamSource {
         Poll::Ready(cqe.result().map(drop))
     }
 
-    /// Ready once the multishot receive queued bytes, an end or an error.
-    fn poll_stream_ready(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        let driver = &self.core.driver;
-        if !driver.entered.get() {
-            return Poll::Ready(Err(not_running()));
-        }
-        let mut key = self.reads.get();
-        let ready = driver.state.borrow_mut().stream_ready(&mut key, &self.core.fd, cx.waker());
-        self.reads.set(key);
-        if ready {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
-    }
-
     /// False when the last non-blocking read drained the socket and no
     /// readiness wait has completed since.
-    pub(crate) fn may_read_now(&self) -> bool {
+    fn may_read_now(&self) -> bool {
         !self.drained.get()
     }
 
@@ -315,7 +340,7 @@ impl StreamSource {
     /// otherwise a `recv` with `MSG_DONTWAIT` (accepted sockets are
     /// blocking), where a short read or `WouldBlock` records that the
     /// socket is drained.
-    pub(crate) fn try_recv(&self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
+    fn try_recv(&self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
         if self.core.driver.reads_from_ring {
             let mut key = self.reads.get();
             let res = self.core.driver.state.borrow_mut().stream_recv(&mut key, &self.core.fd, buf);
@@ -341,7 +366,7 @@ impl StreamSource {
     /// where there is a buffer ring, the kernel's socket buffer otherwise.
     /// The kernel never holds a read into memory of a future that may be
     /// dropped, so cancelling a read loses nothing.
-    pub(crate) fn poll_read_uninit(
+    fn poll_read_uninit(
         &self,
         cx: &mut TaskContext<'_>,
         dst: &mut [MaybeUninit<u8>],
@@ -361,7 +386,7 @@ impl StreamSource {
     }
 
     /// Writes borrowed slices through the stream's write-behind buffer.
-    pub(crate) fn poll_write_slices(
+    fn poll_write_slices(
         &self,
         cx: &mut TaskContext<'_>,
         bufs: &[io::IoSlice<'_>],
@@ -371,42 +396,32 @@ impl StreamSource {
     }
 
     /// Waits until every byte the borrowed-slice writes took is sent.
-    pub(crate) fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+    fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         match self.lend_write_behind().wb.as_mut() {
             Some(wb) => wb.poll_flush(&self.core, cx),
             None => Poll::Ready(Ok(())),
         }
     }
 
+    /// A borrowed-slice write waits only for the write-behind send in
+    /// flight: then the buffer takes bytes again.
+    fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush(cx)
+    }
+
+    /// `sendfile(2)` from the worker (`file.rs`).
+    async fn send_file(&self, file: &SharedFile, offset: u64, len: u64) -> (u64, io::Result<()>) {
+        self.send_file_from_worker(file, offset, len).await
+    }
+
     /// Drops the write-behind buffer, kept between writes for the next
     /// one, unless a write is in flight: for a connection about to idle.
     #[cfg(feature = "hyper")]
-    pub(crate) fn release_idle_buffers(&self) {
+    fn release_idle_buffers(&self) {
         let mut lent = self.lend_write_behind();
         if lent.wb.as_ref().is_some_and(|wb| !wb.is_writing()) {
             lent.wb = None;
         }
-    }
-
-    /// Hands a borrowed-slice write still in flight to the driver, which
-    /// shuts the write side after it (see [`WriteBehind::hand_over`]);
-    /// false if none was in flight.
-    fn hand_over_written_behind(&self) -> bool {
-        self.lend_write_behind().wb.as_mut().is_some_and(|wb| wb.hand_over(&self.core))
-    }
-
-    /// True while a borrowed-slice write is in flight.
-    fn is_writing_behind(&self) -> bool {
-        self.lend_write_behind().wb.as_ref().is_some_and(|wb| wb.is_writing())
-    }
-
-    /// Waits for the borrowed-slice writes still in flight, so an
-    /// owned-buffer write or a shutdown comes after them.
-    pub(super) async fn flush_written_behind(&self) -> io::Result<()> {
-        if self.is_writing_behind() {
-            std::future::poll_fn(|cx| self.poll_flush(cx)).await?;
-        }
-        Ok(())
     }
 }
 

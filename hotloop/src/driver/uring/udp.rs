@@ -33,6 +33,7 @@ use super::op::{is_retry, Op};
 use super::source::SourceCore;
 use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::driver::contract::DatagramOps;
 use crate::driver::park::not_running;
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
 use crate::slab::Key;
@@ -105,16 +106,6 @@ impl DatagramSource {
         DatagramSource { core: SourceCore::new(driver, fd), waits: RefCell::new(None) }
     }
 
-    /// The raw descriptor.
-    pub(crate) fn fd(&self) -> RawFd {
-        self.core.fd()
-    }
-
-    /// The descriptor, borrowed.
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
-        self.core.as_fd()
-    }
-
     /// The socket's datagram queue if it receives through a multishot
     /// `RECVMSG`; decided (and the ring registered) at the first call.
     fn recv_ring(&self) -> Option<Key> {
@@ -132,11 +123,6 @@ impl DatagramSource {
                 key
             }
         }
-    }
-
-    /// True once receives on this socket take from a multishot `RECVMSG`.
-    pub(crate) fn receives_from_ring(&self) -> bool {
-        self.waits.borrow().as_ref().is_some_and(|w| w.ring_key().is_some())
     }
 
     /// Takes up to `max` datagrams from the queue `key`, or parks the task.
@@ -157,95 +143,6 @@ impl DatagramSource {
             max,
             deliver,
         )
-    }
-
-    /// Receives one datagram into `buf` (from its start up to its capacity).
-    pub(crate) async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
-        if let Some(key) = self.recv_ring() {
-            let (dst, cap) = (buf.stable_mut_ptr(), buf.bytes_total());
-            let mut got = RecvMeta::default();
-            let res = poll_fn(|cx| {
-                self.poll_ring(cx, key, 1, |_, payload, meta| {
-                    // SAFETY: `buf` has `cap` writable bytes at `dst`, a fixed address while it
-                    // moves, and the driver's ring buffer is not part of it.
-                    got = unsafe { copy_datagram(payload, meta, dst, cap) };
-                })
-            })
-            .await;
-            return match res {
-                Ok(_) => {
-                    // SAFETY: `copy_datagram` wrote `got.len` bytes at the start of the buffer.
-                    unsafe { buf.set_init(got.len) };
-                    (Ok(got), buf)
-                }
-                Err(e) => (Err(e), buf),
-            };
-        }
-        let mut msg = Box::new(MsgBuf::new());
-        loop {
-            msg.prepare_recv(buf.stable_mut_ptr(), buf.bytes_total());
-            let hdr: *mut libc::msghdr = &mut msg.hdr;
-            let entry = opcode::RecvMsg::new(types::Fd(self.fd()), hdr).build();
-            let storage = MsgStorage { buf, msg };
-            // SAFETY: the entry points at the boxed header, which points at the box's own address
-            // and control space and at the buffer's `bytes_total` stable writable bytes; the op
-            // owns all of it until its last completion.
-            let op = match unsafe { self.core.submit(entry, storage) } {
-                Ok(op) => op,
-                Err((e, s)) => return (Err(e), s.buf),
-            };
-            let (cqe, s) = op.await;
-            (buf, msg) = (s.buf, s.msg);
-            match cqe.result() {
-                Ok(n) => {
-                    let meta = msg.decode_recv(n as usize);
-                    // SAFETY: the kernel wrote `n` bytes at the start of the buffer.
-                    unsafe { buf.set_init(meta.len) };
-                    return (Ok(meta), buf);
-                }
-                Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.core.poll_events(libc::POLLIN).await {
-                        return (Err(e), buf);
-                    }
-                }
-                Err(e) => return (Err(e), buf),
-            }
-        }
-    }
-
-    /// Sends the initialised bytes of `buf` as one datagram (or a GSO train).
-    pub(crate) async fn send_msg<B: IoBuf>(
-        &self,
-        mut buf: B,
-        meta: SendMeta,
-    ) -> BufResult<usize, B> {
-        let mut msg = Box::new(MsgBuf::new());
-        loop {
-            msg.prepare_send(buf.stable_ptr(), buf.bytes_init(), &meta);
-            let hdr: *const libc::msghdr = &msg.hdr;
-            let entry = opcode::SendMsg::new(types::Fd(self.fd()), hdr)
-                .flags(libc::MSG_NOSIGNAL as u32)
-                .build();
-            let storage = MsgStorage { buf, msg };
-            // SAFETY: the entry points at the boxed header, which points at the box's own address
-            // and control data and at the buffer's `bytes_init` stable bytes; the op owns all of
-            // it until its last completion.
-            let op = match unsafe { self.core.submit(entry, storage) } {
-                Ok(op) => op,
-                Err((e, s)) => return (Err(e), s.buf),
-            };
-            let (cqe, s) = op.await;
-            (buf, msg) = (s.buf, s.msg);
-            match cqe.result() {
-                Ok(n) => return (Ok(n as usize), buf),
-                Err(e) if is_retry(&e) => {
-                    if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
-                        return (Err(e), buf);
-                    }
-                }
-                Err(e) => return (Err(e), buf),
-            }
-        }
     }
 
     /// Runs the non-blocking `call` until it stops saying `WouldBlock`,
@@ -299,9 +196,111 @@ impl DatagramSource {
             }
         }
     }
+}
+
+impl DatagramOps for DatagramSource {
+    /// The raw descriptor.
+    fn fd(&self) -> RawFd {
+        self.core.fd()
+    }
+
+    /// The descriptor, borrowed.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.core.as_fd()
+    }
+
+    /// True once receives on this socket take from a multishot `RECVMSG`.
+    fn receives_from_ring(&self) -> bool {
+        self.waits.borrow().as_ref().is_some_and(|w| w.ring_key().is_some())
+    }
+
+    /// Receives one datagram into `buf` (from its start up to its capacity).
+    async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
+        if let Some(key) = self.recv_ring() {
+            let (dst, cap) = (buf.stable_mut_ptr(), buf.bytes_total());
+            let mut got = RecvMeta::default();
+            let res = poll_fn(|cx| {
+                self.poll_ring(cx, key, 1, |_, payload, meta| {
+                    // SAFETY: `buf` has `cap` writable bytes at `dst`, a fixed address while it
+                    // moves, and the driver's ring buffer is not part of it.
+                    got = unsafe { copy_datagram(payload, meta, dst, cap) };
+                })
+            })
+            .await;
+            return match res {
+                Ok(_) => {
+                    // SAFETY: `copy_datagram` wrote `got.len` bytes at the start of the buffer.
+                    unsafe { buf.set_init(got.len) };
+                    (Ok(got), buf)
+                }
+                Err(e) => (Err(e), buf),
+            };
+        }
+        let mut msg = Box::new(MsgBuf::new());
+        loop {
+            msg.prepare_recv(buf.stable_mut_ptr(), buf.bytes_total());
+            let hdr: *mut libc::msghdr = &mut msg.hdr;
+            let entry = opcode::RecvMsg::new(types::Fd(self.fd()), hdr).build();
+            let storage = MsgStorage { buf, msg };
+            // SAFETY: the entry points at the boxed header, which points at the box's own address
+            // and control space and at the buffer's `bytes_total` stable writable bytes; the op
+            // owns all of it until its last completion.
+            let op = match unsafe { self.core.submit(entry, storage) } {
+                Ok(op) => op,
+                Err((e, s)) => return (Err(e), s.buf),
+            };
+            let (cqe, s) = op.await;
+            (buf, msg) = (s.buf, s.msg);
+            match cqe.result() {
+                Ok(n) => {
+                    let meta = msg.decode_recv(n as usize);
+                    // SAFETY: the kernel wrote `n` bytes at the start of the buffer.
+                    unsafe { buf.set_init(meta.len) };
+                    return (Ok(meta), buf);
+                }
+                Err(e) if is_retry(&e) => {
+                    if let Err(e) = self.core.poll_events(libc::POLLIN).await {
+                        return (Err(e), buf);
+                    }
+                }
+                Err(e) => return (Err(e), buf),
+            }
+        }
+    }
+
+    /// Sends the initialised bytes of `buf` as one datagram (or a GSO train).
+    async fn send_msg<B: IoBuf>(&self, mut buf: B, meta: SendMeta) -> BufResult<usize, B> {
+        let mut msg = Box::new(MsgBuf::new());
+        loop {
+            msg.prepare_send(buf.stable_ptr(), buf.bytes_init(), &meta);
+            let hdr: *const libc::msghdr = &msg.hdr;
+            let entry = opcode::SendMsg::new(types::Fd(self.fd()), hdr)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build();
+            let storage = MsgStorage { buf, msg };
+            // SAFETY: the entry points at the boxed header, which points at the box's own address
+            // and control data and at the buffer's `bytes_init` stable bytes; the op owns all of
+            // it until its last completion.
+            let op = match unsafe { self.core.submit(entry, storage) } {
+                Ok(op) => op,
+                Err((e, s)) => return (Err(e), s.buf),
+            };
+            let (cqe, s) = op.await;
+            (buf, msg) = (s.buf, s.msg);
+            match cqe.result() {
+                Ok(n) => return (Ok(n as usize), buf),
+                Err(e) if is_retry(&e) => {
+                    if let Err(e) = self.core.poll_events(libc::POLLOUT).await {
+                        return (Err(e), buf);
+                    }
+                }
+                Err(e) => return (Err(e), buf),
+            }
+        }
+    }
 
     /// Receives a batch of datagrams into borrowed buffers (`recvmmsg`).
-    pub(crate) fn poll_recv_batch(
+    fn poll_recv_batch(
         &self,
         cx: &mut TaskContext<'_>,
         bufs: &mut [IoSliceMut<'_>],
@@ -331,7 +330,7 @@ impl DatagramSource {
     }
 
     /// Sends a batch of transmits from borrowed buffers (`sendmmsg`).
-    pub(crate) fn poll_send_batch(
+    fn poll_send_batch(
         &self,
         cx: &mut TaskContext<'_>,
         transmits: &[Transmit<'_>],
@@ -341,7 +340,7 @@ impl DatagramSource {
     }
 
     /// Sends one transmit now or says `WouldBlock`.
-    pub(crate) fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
+    fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
         loop {
             match udp::send_one(self.fd(), transmit) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -351,7 +350,7 @@ impl DatagramSource {
     }
 
     /// Waits until the socket has room to send (a one-shot `POLL_ADD`).
-    pub(crate) async fn writable(&self) -> io::Result<()> {
+    async fn writable(&self) -> io::Result<()> {
         self.core.poll_events(libc::POLLOUT).await
     }
 }
