@@ -8,8 +8,9 @@ use io_uring::cqueue;
 
 use super::lifecycle::{self, Cqe, FeedKind, Lifecycle, NOTIF_USAGE_ZC_COPIED};
 use super::multishot::Then;
+use super::state::Uring;
+use super::unclaimed;
 use super::user_data::UserData;
-use super::{unclaimed, Uring};
 use crate::slab::Key;
 use crate::stats;
 

@@ -70,10 +70,11 @@
 //! ring (`SINGLE_ISSUER` makes the kernel enforce it).
 //!
 //! # Layout
-//! This file defines the driver (`Driver`) and its state (`Uring`), which
-//! is made of parts each defined and handled in its own file, with the
-//! entry points that hand a part the others it needs, and the driver's own
-//! entry points (`poll`, `leave`, `settle`). Beneath it, imports run one way: each module names
+//! This file defines the driver (`Driver`), the face every socket role
+//! reaches the ring through, with its own entry points (`poll`, `leave`,
+//! `settle`); its state (`Uring`, in `state.rs`) is made of parts each
+//! defined and handled in its own file. Beneath it, imports run one way,
+//! and none runs back up to this file except to the face: each module names
 //! only modules before it in this list, bottom to top
 //! (`tests/layering.rs` checks it):
 //!
@@ -91,16 +92,20 @@
 //! 5. `lifecycle`: an operation's slot states, and the slab of them.
 //! 6. `op`: the future of an operation, and what its drop does.
 //! 7. `accept`, `pooled`, `dgram`: the multishot queues of listeners,
-//!    streams and datagram sockets, each a part of the driver's state.
-//! 8. `dispatch`: delivering each completion; `turn`: one turn of the
+//!    streams and datagram sockets, each a part of the driver's state;
+//!    `wakeups`: the eventfd's poll and the deadline timer, the parts that
+//!    end a wait besides completions.
+//! 8. `state`: `Uring`, the driver's state made of those parts, and the
+//!    entry points that hand a part the others it needs.
+//! 9. `dispatch`: delivering each completion; `turn`: one turn of the
 //!    ring, and the waits of a ring driven off its turn; `teardown`:
 //!    dropping the driver.
-//! 9. `source`: the descriptor and driver every socket role holds, and its
-//!    ring entries.
-//! 10. `readiness`, `listener`: the watched descriptor and the listener.
-//! 11. `write_behind`: the poll-form writes' buffer; `stream`: the stream
+//! 10. `source`: the descriptor and driver every socket role holds, and its
+//!     ring entries.
+//! 11. `readiness`, `listener`: the watched descriptor and the listener.
+//! 12. `write_behind`: the poll-form writes' buffer; `stream`: the stream
 //!     source; `udp`: the datagram source.
-//! 12. `file`: file operations, and `send_file` on a stream.
+//! 13. `file`: file operations, and `send_file` on a stream.
 
 mod accept;
 mod bufring;
@@ -117,12 +122,14 @@ mod readiness;
 mod ring;
 mod shared;
 mod source;
+mod state;
 mod stream;
 mod teardown;
 mod turn;
 mod udp;
 mod unclaimed;
 mod user_data;
+mod wakeups;
 mod write_behind;
 mod zero_copy;
 
@@ -143,12 +150,13 @@ use std::task::Waker;
 use std::time::Instant;
 
 use self::ring::Ring;
+use self::state::Uring;
 use self::turn::SETTLE_MAX;
+use self::wakeups::{DeadlineTimer, Wake};
 use super::config::{DriverConfig, UringSwitches};
 use super::park::Park;
 use super::probe;
 use super::wake::Unpark;
-use crate::slab::Key;
 use crate::stats::WorkerStats;
 
 /// The most completions a poll may have handled for the stream writes
@@ -190,146 +198,6 @@ pub(crate) struct Driver {
     send_zc_min_bytes: Option<usize>,
 }
 
-/// The ring and everything the kernel may still refer to: one part per
-/// job, each owned by its file with the methods that touch only its own
-/// state. `impl Uring` keeps what coordinates parts: the entry points
-/// below hand each part the others it needs, and a turn (`turn.rs`), the
-/// completions' delivery (`dispatch.rs`) and the drop (`teardown.rs`) run
-/// them all.
-struct Uring {
-    ring: Ring,
-    /// The completions one poll copies out of the ring (`ring.rs`).
-    completions: ring::Completions,
-    /// In-flight operations' slots and their lifecycle (`lifecycle.rs`).
-    ops: lifecycle::Ops,
-    /// The listeners' accept queues (`accept.rs`).
-    listeners: accept::Listeners,
-    /// The receive queues of sockets read with pooled reads, their spare
-    /// blocks and the provided-buffer ring (`pooled.rs`).
-    streams: pooled::Streams,
-    /// The receive queues of datagram sockets, each with its own ring
-    /// (`dgram.rs`).
-    dgrams: dgram::Dgrams,
-    /// The poll on the worker's unpark eventfd (`turn.rs`).
-    wake: turn::Wake,
-    /// What keeps each zero-copy send's bytes alive until its
-    /// notification, and the sockets the kernel copied for (`zero_copy.rs`).
-    zero_copy: zero_copy::ZeroCopyKeeps,
-    /// The deadlines of writes left running by dropped streams (`linger.rs`).
-    lingering: linger::Lingering,
-    /// The driver's one deadline timer (`turn.rs`).
-    timer: turn::DeadlineTimer,
-}
-
-impl Uring {
-    /// Queues `entry` for a future's operation (`op.rs`); returns its key.
-    fn submit_op(&mut self, entry: io_uring::squeue::Entry) -> Key {
-        self.ops.submit(&mut self.ring, entry)
-    }
-
-    /// Takes the completion of the operation `key` if it arrived, else
-    /// parks `waker`.
-    fn poll_op(&mut self, key: Key, waker: &Waker) -> std::task::Poll<lifecycle::Cqe> {
-        self.ops.poll(key, waker)
-    }
-
-    /// Forgets the future of the operation `key`: the storage back if it
-    /// can be freed now, else kept until the last completion.
-    fn forget_op(&mut self, key: Key, storage: Box<dyn Any>) -> Option<Box<dyn Any>> {
-        self.ops.forget(&mut self.ring, key, storage)
-    }
-
-    /// Keeps `write`, whose current send is the operation `key`, going
-    /// after its future is gone.
-    fn linger(&mut self, key: Key, write: linger::LingeringWrite) {
-        self.ops.linger(&mut self.ring, &mut self.lingering, key, write);
-    }
-
-    /// Submits `entry`, the next step of `write`, in a slot of its own.
-    fn start_lingering(
-        &mut self,
-        write: Box<linger::LingeringWrite>,
-        entry: io_uring::squeue::Entry,
-    ) {
-        self.ops.start_lingering(&mut self.ring, &mut self.lingering, write, entry);
-    }
-
-    /// Takes one queued connection of the listener `key` (made on first
-    /// use), arming an accept if none is in flight (`accept.rs`).
-    fn poll_accept(
-        &mut self,
-        key: &mut Option<Key>,
-        fd: &SharedFd,
-        mode: super::config::AcceptMode,
-        room: usize,
-        waker: Option<&Waker>,
-    ) -> Option<io::Result<std::os::fd::OwnedFd>> {
-        self.listeners.poll_accept(&mut self.ops, &mut self.ring, key, fd, mode, room, waker)
-    }
-
-    /// True once no accept of the listener `key` is in flight.
-    fn poll_accept_settled(&mut self, key: Key, waker: &Waker) -> bool {
-        self.listeners.poll_accept_settled(key, waker)
-    }
-
-    /// Takes one queued connection of the listener `key`.
-    fn take_queued(&mut self, key: Key) -> Option<io::Result<std::os::fd::OwnedFd>> {
-        self.listeners.take_queued(key)
-    }
-
-    /// Sets how many connections the listener's owner will take.
-    fn set_accept_room(&mut self, key: Option<Key>, room: usize) {
-        self.listeners.set_accept_room(&mut self.ops, &mut self.ring, key, room);
-    }
-
-    /// Forgets the listener `key`.
-    fn release_listener(&mut self, key: Key) {
-        self.listeners.release_listener(&mut self.ops, &mut self.ring, key);
-    }
-
-    /// Copies the bytes the receive of a socket queued (`pooled.rs`).
-    fn stream_recv(
-        &mut self,
-        key: &mut Option<Key>,
-        fd: &SharedFd,
-        dst: &mut [std::mem::MaybeUninit<u8>],
-    ) -> io::Result<usize> {
-        self.streams.recv(&mut self.ring, key, fd, dst)
-    }
-
-    /// True if a socket's queue has something to hand out, else parks `waker`.
-    fn stream_ready(&mut self, key: &mut Option<Key>, fd: &SharedFd, waker: &Waker) -> bool {
-        self.streams.ready(&mut self.ring, key, fd, waker)
-    }
-
-    /// Forgets the receive queue `key` of a socket being closed.
-    fn release_stream(&mut self, key: Key, fd: Option<&SharedFd>) {
-        self.streams.release(&mut self.ring, key, fd);
-    }
-
-    /// Gives a datagram socket a ring and a queue, if it can (`dgram.rs`).
-    fn open_dgrams(&mut self) -> Option<Key> {
-        self.dgrams.open(&self.ring)
-    }
-
-    /// Hands up to `max` queued datagrams of `dgrams` to `deliver`.
-    fn poll_dgrams(
-        &mut self,
-        dgrams: Key,
-        fd: &SharedFd,
-        waker: &Waker,
-        max: usize,
-        deliver: impl FnMut(usize, &[u8], super::udp::RecvMeta),
-    ) -> std::task::Poll<io::Result<usize>> {
-        self.dgrams.poll(&mut self.ops, &mut self.ring, dgrams, fd, waker, max, deliver)
-    }
-
-    /// Forgets the queue of a datagram socket being closed.
-    fn release_dgrams(&mut self, key: Key) {
-        self.dgrams.release(&mut self.ops, &mut self.ring, key);
-    }
-}
-
 impl Driver {
     /// Sets up the ring and arms the eventfd's poll. Returns the driver, a
     /// sentence on kernel busy polling (NAPI) and one on how the ring is
@@ -360,10 +228,10 @@ impl Driver {
                 switches.multishot_recvmsg && probe::multishot_recv_supported(),
                 switches.dgram_buffers,
             ),
-            wake: turn::Wake::new(unpark),
+            wake: Wake::new(unpark),
             zero_copy: zero_copy::ZeroCopyKeeps::default(),
             lingering: linger::Lingering::default(),
-            timer: turn::DeadlineTimer::default(),
+            timer: DeadlineTimer::default(),
         };
         uring.wake.arm(&mut uring.ring);
         let reads_from_ring = uring.streams.reads_from_ring();

@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::pooled;
+use super::state::Uring;
 use super::user_data::UserData;
-use super::{pooled, Uring};
 
 /// How long dropping the driver waits for cancelled operations to complete
 /// (counted from the drop, or from the deadline of the last lingering
