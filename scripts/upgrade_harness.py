@@ -23,6 +23,13 @@ the server `--upgrades` times in a row and reports:
   the probe's p99 and maximum in the steady windows beside the same in
   the upgrade windows.
 
+`--server hotloop-null` is the control for what an upgrade costs the
+host rather than the served process: each "upgrade" starts a second
+hotloop process of the same kind on a port of its own, waits until it
+serves, and stops it, with the served process untouched; its windows are
+measured as an upgrade's are. `--matrix-servers hotloop,hotloop-null`
+runs each hotloop cell's control right after it.
+
     python3 scripts/upgrade_harness.py --server hotloop --app hyper --load h2 \\
         --workers 2 --driver uring --upgrades 100
     python3 scripts/upgrade_harness.py --matrix --upgrades 100 --out upgrade.md
@@ -177,6 +184,43 @@ class Hotloop:
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=30)
+
+
+class NullUpgrade(Hotloop):
+    """The control for an upgrade's cost to the host: each "upgrade" starts a
+    second `hotloop serve` of the same kind on a port of its own (no
+    upgrade socket), waits until it says it serves, then stops it with
+    SIGTERM and waits for its exit. The served process is never touched, so
+    what its windows show beyond the steady ones is what a process starting
+    and exiting beside it costs on this host, with no hand-over at all."""
+
+    def __init__(self, binary, app, workers, driver, port, h2_port, tmp):
+        super().__init__(binary, app, workers, driver, port, h2_port, tmp)
+        self.args = [a for a in self.args]
+        at = self.args.index("--upgrade-socket")
+        del self.args[at:at + 2]
+        self.other_port = free_port()
+
+    def upgrade(self):
+        served_args = self.args
+        self.args = [a.replace(f":{self.port}", f":{self.other_port}") for a in served_args]
+        try:
+            other, log = self._start()
+        finally:
+            self.args = served_args
+
+        def serving():
+            log.seek(0)
+            return " on " in log.read()
+
+        try:
+            wait_for(serving, 10, "the second process to serve")
+        finally:
+            other.send_signal(signal.SIGTERM)
+            other.wait(timeout=30)
+            log.close()
+        if other.returncode != 0:
+            raise RuntimeError(f"the second process exited with {other.returncode}")
 
 
 class Haproxy:
@@ -446,6 +490,8 @@ def run(args, server_kind, app, load, workers, driver):
     port, h2_port = free_port(), free_port()
     if server_kind == "hotloop":
         server = Hotloop(args.hotloop, app, workers, driver, port, h2_port, tmp)
+    elif server_kind == "hotloop-null":
+        server = NullUpgrade(args.hotloop, app, workers, driver, port, h2_port, tmp)
     elif server_kind == "haproxy":
         server = Haproxy(workers, port, h2_port, tmp)
     else:
@@ -499,7 +545,7 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
     helpers.extend(probes)
     # The load tools are stopped with SIGINT (they then report) once the
     # upgrades are done; their duration only bounds a run that hangs.
-    estimate = args.upgrade_estimate or {"hotloop": 0.5}.get(server_kind, 1.0)
+    estimate = args.upgrade_estimate or {"hotloop": 0.5, "hotloop-null": 0.5}.get(server_kind, 1.0)
     duration = int(args.steady + args.upgrades * (args.interval + estimate) + 3) * 2
     loader = subprocess.Popen(load_command(args, load, server.port, server.h2_port, args.connections,
                                            duration),
@@ -524,7 +570,13 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
     # answers that meet them draw resets that no upgrade caused.
     time.sleep(1)
     tcpdump.send_signal(signal.SIGINT)
-    tcpdump.wait(timeout=10)
+    try:
+        tcpdump.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        # On a starved host tcpdump can take longer to stop; with -U every
+        # packet it caught is already in the file.
+        tcpdump.kill()
+        tcpdump.wait()
     loader.send_signal(signal.SIGINT)
     out, _ = loader.communicate(timeout=duration + 60)
     stop.set()
@@ -586,9 +638,11 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
     spiky_controls = sum(1 for w in control_windows if w and max(w) > limit)
     probe_failures = [err for _, _, err, _ in samples if err is not None]
     result.update({
-        "server": server_kind if server_kind != "hotloop" else f"hotloop serve {app}",
+        "server": {"hotloop": f"hotloop serve {app}",
+                   "hotloop-null": f"hotloop serve {app} (control: no upgrade)"}.get(server_kind,
+                                                                                      server_kind),
         "load": load, "workers": workers,
-        "driver": driver if server_kind == "hotloop" else "-",
+        "driver": driver if server_kind.startswith("hotloop") else "-",
         "upgrades": len(upgrades), "resets": resets, "resets_at_upgrades": resets_at_upgrades,
         "resets_by_server": resets_by_server, "resets_by_client": resets - resets_by_server,
         "probe_requests": len(samples), "probe_failures": len(probe_failures),
@@ -633,8 +687,12 @@ def matrix(args):
         for driver in ("epoll", "uring"):
             hotloop = [("http", "wrk"), ("http", "wrk-close"), ("hyper", "wrk"), ("hyper", "h2"),
                        ("hyper", "wrk-close")]
-            runs += [("hotloop", app, load, workers, driver) for app, load in hotloop
-                     if "hotloop" in servers or f"hotloop-{app}" in servers]
+            for app, load in hotloop:
+                if "hotloop" in servers or f"hotloop-{app}" in servers:
+                    runs.append(("hotloop", app, load, workers, driver))
+                # The control right after the run it controls, under the same load.
+                if "hotloop-null" in servers:
+                    runs.append(("hotloop-null", app, load, workers, driver))
         for anchor in ("haproxy", "nginx"):
             if anchor in servers and shutil.which(anchor):
                 runs += [(anchor, "-", load, workers, "-") for load in ("wrk", "h2", "wrk-close")]
@@ -646,7 +704,10 @@ def main():
         probe_process(int(sys.argv[2]), sys.argv[3], sys.argv[4])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--server", choices=["hotloop", "haproxy", "nginx"], default="hotloop")
+    ap.add_argument("--server", choices=["hotloop", "hotloop-null", "haproxy", "nginx"],
+                    default="hotloop",
+                    help="hotloop-null: the control, a second hotloop process started and "
+                         "stopped on another port at each \"upgrade\", the served one untouched")
     ap.add_argument("--app", choices=["http", "hyper"], default="http")
     ap.add_argument("--load", choices=["wrk", "wrk-close", "h2"], default="wrk")
     ap.add_argument("--workers", type=int, default=2)
@@ -670,6 +731,7 @@ def main():
     ap.add_argument("--matrix", action="store_true")
     ap.add_argument("--matrix-servers", default="hotloop,haproxy,nginx",
                     help="the matrix's servers: hotloop (or hotloop-http, hotloop-hyper), "
+                         "hotloop-null (each hotloop cell's control, see --server), "
                          "haproxy, nginx")
     ap.add_argument("--matrix-workers", default="1,2")
     ap.add_argument("--out", help="Markdown table (and .json beside it)")
@@ -683,7 +745,7 @@ def main():
     if args.matrix:
         runs = matrix(args)
     else:
-        if args.server == "hotloop" and args.app == "http" and args.load == "h2":
+        if args.server.startswith("hotloop") and args.app == "http" and args.load == "h2":
             sys.exit("serve http speaks HTTP/1.1 only; use --app hyper for h2")
         runs = [(args.server, args.app, args.load, args.workers, args.driver)]
     results = []
@@ -695,11 +757,12 @@ def main():
         if r["error"] or r["probe_failures"] or r["resets"]:
             print(f"  note: {r['error']} {r['probe_failure_examples']} {r['reset_lines']}",
                   flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(HEADER + "\n" + "\n".join(row(r) for r in results) + "\n")
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump(results, f, indent=1)
+        # Written after every run, so a run that fails keeps the ones before it.
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(HEADER + "\n" + "\n".join(row(r) for r in results) + "\n")
+            with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+                json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
