@@ -658,6 +658,18 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
         "error": error, "load_output_tail": out[-600:],
     })
     result["reset_lines"] = rsts.stdout.splitlines()[:6]
+    # Where each reset the server sent falls: the upgrade it came in (its
+    # window, wall clock) and how far into it, or "steady".
+    def where(t):
+        for i, (t0, t1) in enumerate(upgrades):
+            if t0 + offset <= t <= t1 + offset + 0.1:
+                return f"upgrade {i}, {(t - t0 - offset) * 1000:.0f} ms in (old exited at "\
+                       f"{(t1 - t0) * 1000:.0f} ms)"
+        return "steady"
+    result["server_resets"] = [(line, where(float(line.split()[0])))
+                               for line, f in zip([x for x in rsts.stdout.splitlines()
+                                                   if x.strip()], lines)
+                               if len(f) > 2 and f[2] in server_ports]
     return result
 
 
