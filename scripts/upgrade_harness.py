@@ -506,7 +506,7 @@ def run(args, server_kind, app, load, workers, driver):
     finally:
         # Whatever happened, no process of this run outlives it.
         server.kill()
-        if result is not None and result["error"]:
+        if (result is not None and result["error"]) or args.keep_logs:
             print(f"  the run's logs are kept in {tmp}", file=sys.stderr, flush=True)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -666,6 +666,8 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
                 return f"upgrade {i}, {(t - t0 - offset) * 1000:.0f} ms in (old exited at "\
                        f"{(t1 - t0) * 1000:.0f} ms)"
         return "steady"
+    result["probe_failures_at"] = [(kind, err, where(t + offset)) for t, _, err, kind in samples
+                                   if err is not None]
     result["server_resets"] = [(line, where(float(line.split()[0])))
                                for line, f in zip([x for x in rsts.stdout.splitlines()
                                                    if x.strip()], lines)
@@ -741,6 +743,8 @@ def main():
     ap.add_argument("--h2-load", default=os.path.join(REPO, "target/release/hotloop-bench"),
                     help="hotloop-bench, for its h2-load (cargo build --release -p hotloop-bench)")
     ap.add_argument("--matrix", action="store_true")
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep every run's logs (servers', probes', the reset capture)")
     ap.add_argument("--matrix-servers", default="hotloop,haproxy,nginx",
                     help="the matrix's servers: hotloop (or hotloop-http, hotloop-hyper), "
                          "hotloop-null (each hotloop cell's control, see --server), "
