@@ -125,6 +125,19 @@ impl StreamSource {
         each!(StreamSource, self, s => s.fd())
     }
 
+    /// Gives the descriptor up, open, out of this driver, once nothing the
+    /// driver holds on it can take a byte the next owner should read; on a
+    /// refusal the source comes back as it was (see the backends'
+    /// `into_fd`).
+    pub(crate) async fn into_fd(self) -> Result<OwnedFd, (StreamSource, io::Error)> {
+        match self {
+            StreamSource::Epoll(s) => s.into_fd().map_err(|(s, e)| (StreamSource::Epoll(s), e)),
+            StreamSource::Uring(s) => {
+                s.into_fd().await.map_err(|(s, e)| (StreamSource::Uring(s), e))
+            }
+        }
+    }
+
     /// The descriptor, borrowed for as long as the source lives (for
     /// socket options through safe wrappers such as `socket2::SockRef`).
     pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {

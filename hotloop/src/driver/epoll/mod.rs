@@ -261,6 +261,14 @@ impl Poller {
         Ok(key)
     }
 
+    /// Takes a registered socket that stays open out of the interest list
+    /// and forgets its slot (with any parked wakers).
+    fn deregister(&mut self, fd: RawFd, key: Key) -> io::Result<()> {
+        sys::epoll_del(self.epfd.as_raw_fd(), fd)?;
+        drop(self.slots.remove(key));
+        Ok(())
+    }
+
     /// Forgets a socket that is about to be closed.
     fn release(&mut self, key: Option<Key>) {
         match key {

@@ -27,6 +27,12 @@ impl StreamSource {
         Ok(StreamSource { core: SourceCore::new(driver, fd)? })
     }
 
+    /// Gives the descriptor up, open and out of the interest list: the
+    /// kernel holds every byte not yet read, so nothing else is owed.
+    pub(crate) fn into_fd(self) -> Result<OwnedFd, (StreamSource, io::Error)> {
+        self.core.into_fd().map_err(|(core, e)| (StreamSource { core }, e))
+    }
+
     /// The raw descriptor.
     pub(crate) fn fd(&self) -> RawFd {
         self.core.fd()
