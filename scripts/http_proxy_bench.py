@@ -123,7 +123,7 @@ class Proxy:
 
     def start(self):
         self.port = free_port()
-        self.h2port = self.port if self.name == "hotloop" else free_port()
+        self.h2port = self.port if self.name.startswith("hotloop") else free_port()
         self.log = tempfile.TemporaryFile()
         argv = self.make(self.port, self.h2port)
         self.proc = subprocess.Popen(argv, cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT)

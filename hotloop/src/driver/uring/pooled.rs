@@ -27,6 +27,12 @@
 //!   after which the next read re-arms it.
 //! - Closing the socket drops its queue; a multishot still armed is
 //!   cancelled, and buffers it still fills are given back as they come.
+//! - A socket that leaves the driver open (`TcpStream::into_std`) first
+//!   has its receive cancelled and its last completion awaited
+//!   (`Streams::detach`): until then the kernel could still take bytes the
+//!   next owner should read. Bytes the queue holds, or an error the
+//!   receive took from the socket, refuse the move: they cannot be put
+//!   back.
 
 use std::io;
 use std::mem::MaybeUninit;
