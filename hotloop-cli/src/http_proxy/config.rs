@@ -512,7 +512,7 @@ impl Default for TlsSettings {
 /// `pool_borrow_ms` when left out: about what a connect to a backend
 /// nearby costs, so a borrow that does not come in time costs a request
 /// about one connect more.
-pub const POOL_BORROW_MS_DEFAULT: u64 = 1;
+const POOL_BORROW_MS_DEFAULT: u64 = 1;
 
 const SYSTEM_CA_FILES: [&str; 4] = [
     "/etc/ssl/certs/ca-certificates.crt",

@@ -34,7 +34,6 @@ use hotloop::tls::{CertReloader, TlsAcceptor, ALPN_H2, ALPN_HTTP11};
 use hotloop::Runtime;
 use hyper::service::service_fn;
 
-pub use self::config::POOL_BORROW_MS_DEFAULT;
 use self::config::{Config, UpstreamProtocol};
 use self::forward::Shared;
 use self::headers::Forwarding;
@@ -79,8 +78,10 @@ impl HttpProxy {
                 let connect = Duration::from_millis(args.connect_timeout_ms.max(1));
                 let mut config =
                     config::from_backends(&args.backend, protocol, connect).map_err(invalid)?;
-                for g in &mut config.groups {
-                    g.pool_borrow = Duration::from_millis(args.pool_borrow_ms);
+                if let Some(ms) = args.pool_borrow_ms {
+                    for g in &mut config.groups {
+                        g.pool_borrow = Duration::from_millis(ms);
+                    }
                 }
                 config
             }
