@@ -25,7 +25,11 @@ from this one command, then hotloop's rates and CPU per request over each
 other proxy's of the same round (median and range of those ratios: other
 work on the machine moves all figures between rounds, less so between
 runs seconds apart), and the share of the CPUs the bench's own processes
-used in the keep-alive runs. The configs are `scripts/http_proxy_bench/haproxy.cfg`
+used in the keep-alive runs. With `--borrow both` (the default) hotloop
+runs twice per round, with borrowing from other workers' pools
+(`--pool-borrow-ms MS`) and without (`hotloop (no borrow)`,
+`--pool-borrow-ms 0`), and the two are compared round by round too;
+`--borrow on` or `--borrow off` runs only one. The configs are `scripts/http_proxy_bench/haproxy.cfg`
 and `scripts/http_proxy_bench/nginx.conf`.
 
     cargo build --release -p hotloop-cli -p hotloop-bench
@@ -119,7 +123,7 @@ class Proxy:
 
     def start(self):
         self.port = free_port()
-        self.h2port = self.port if self.name == "hotloop" else free_port()
+        self.h2port = self.port if self.name.startswith("hotloop") else free_port()
         self.log = tempfile.TemporaryFile()
         argv = self.make(self.port, self.h2port)
         self.proc = subprocess.Popen(argv, cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -204,12 +208,17 @@ def kill_one(args, name, work):
             b.wait()
 
 
+NO_BORROW = "hotloop (no borrow)"
+
+
 def make_proxy(args, name, work, fill, ports):
     """`name` in front of the backends on `ports`."""
-    if name == "hotloop":
+    if name in ("hotloop", NO_BORROW):
+        borrow_ms = "0" if name == NO_BORROW else str(args.pool_borrow_ms)
         return Proxy(name, lambda port, _: [
             args.hotloop, "proxy", "--mode", "http", "--listen", f"127.0.0.1:{port}", "--backend",
-            f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", "--workers", "2", "--driver", args.driver])
+            f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", "--workers", "2", "--driver", args.driver,
+            "--pool-borrow-ms", borrow_ms])
     if name == "haproxy":
         return Proxy(name, lambda port, h2port: ["haproxy", "-db", "-f", fill("haproxy.cfg", port, h2port)])
     return Proxy(name, lambda port, h2port: [
@@ -223,6 +232,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--driver", default="auto")
+    ap.add_argument("--borrow", choices=("both", "on", "off"), default="both",
+                    help="hotloop with borrowing from other workers' pools, without, or both side by side")
+    ap.add_argument("--pool-borrow-ms", type=int, default=1,
+                    help="hotloop's --pool-borrow-ms when borrowing is on")
     args = ap.parse_args()
     for tool in ("haproxy", "nginx", "h2load"):
         if not shutil.which(tool):
@@ -253,7 +266,8 @@ def main():
 
     for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(os.path.join(work, d), exist_ok=True)
-    proxies = [make_proxy(args, name, work, fill, [b1, b2]) for name in ("hotloop", "haproxy", "nginx")]
+    ours = {"both": ["hotloop", NO_BORROW], "on": ["hotloop"], "off": [NO_BORROW]}[args.borrow]
+    proxies = [make_proxy(args, name, work, fill, [b1, b2]) for name in ours + ["haproxy", "nginx"]]
 
     keys = ("reuse", "accepts", "ka_rate", "ka_cpu", "h2_rate", "h2_cpu", "killed_failed", "killed_answered",
             "busy")
@@ -321,15 +335,16 @@ def main():
     # (and the share of the CPUs the bench's own processes got, "busy",
     # says how much): hotloop's figures over each other proxy's of the
     # same round, whose runs are seconds apart, drift less than the medians.
-    h = results["hotloop"]
+    first = ours[0]
+    h = results[first]
     print()
     print("machine share of the bench's processes in keep-alive, median per proxy: " + ", ".join(
         f"{name} {statistics.median(r['busy']):.0f}%" for name, r in results.items()))
     for name, r in results.items():
-        if name == "hotloop":
+        if name == first:
             continue
         ratios = {k: [a / b for a, b in zip(h[k], r[k]) if b] for k in ("ka_rate", "ka_cpu", "h2_rate", "h2_cpu")}
-        print(f"hotloop / {name}, same round, median (range): " + "; ".join(
+        print(f"{first} / {name}, same round, median (range): " + "; ".join(
             f"{label} {cell(ratios[k], '{:.2f}')}x" for k, label in (
                 ("ka_rate", "keep-alive rate"), ("ka_cpu", "keep-alive CPU/req"),
                 ("h2_rate", "h2 rate"), ("h2_cpu", "h2 CPU/req"))))

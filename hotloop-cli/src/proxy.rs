@@ -91,6 +91,12 @@ pub struct ProxyArgs {
     /// next, milliseconds (http with --config: each group's `connect_timeout_ms`).
     #[arg(long, default_value_t = 1000)]
     pub connect_timeout_ms: u64,
+    /// http with --backend: the longest a request waits for an idle
+    /// connection borrowed from another worker's pool when its worker has
+    /// none, milliseconds (0: never borrow; default: as a group's
+    /// `pool_borrow_ms`, 1; with --config: each group's `pool_borrow_ms`).
+    #[arg(long)]
+    pub pool_borrow_ms: Option<u64>,
     /// Idle timeout: cut a proxied connection (a reset to both sides) when
     /// no byte has moved in either direction for this long, writes blocked
     /// on a peer that does not read included (haproxy's `timeout tunnel`),

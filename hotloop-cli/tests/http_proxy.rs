@@ -467,6 +467,85 @@ fn upstream_connections_are_pooled_reused_and_expire(driver: DriverKind) {
     assert_eq!(stat(st, "backend_g_0_pool_idle"), 2);
 }
 
+/// A worker with no idle connection to a backend borrows the one another
+/// worker holds: requests on short client connections, spread over two
+/// workers, all go over the one backend connection (moved between the
+/// workers' drivers, not opened again), and the move is counted.
+#[hotloop::test(driver = "all")]
+fn a_worker_borrows_an_idle_connection_from_another_workers_pool(driver: DriverKind) {
+    let a = Backend::named("a");
+    // A generous wait: the lender's worker may be slow to answer on a
+    // loaded machine, and a borrow that comes too late would open a
+    // second connection.
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\npool_borrow_ms = 5000\n", a.addr());
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "2"]);
+    let mut sent = 0;
+    // The listener spreads the connections over both workers; after the
+    // first, each one on the worker without the connection borrows it.
+    while sent < 60 && (sent < 10 || stat(st, "backend_g_0_borrowed") == 0) {
+        let r = once(addr, b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        assert_eq!(r.text(), "a");
+        sent += 1;
+    }
+    let borrowed = stat(st, "backend_g_0_borrowed");
+    assert!(borrowed >= 1, "{sent} client connections, none on the worker without the connection");
+    assert_eq!(a.accepts.load(SeqCst), 1, "the backend accepted a second connection");
+    assert_eq!(a.closed.load(SeqCst), 0, "a connection closed in the move");
+    assert_eq!(stat(st, "backend_g_0_lent"), borrowed);
+    assert_eq!(stat(st, "backend_g_0_reused"), sent - 1);
+    assert_eq!(stat(st, "backend_g_0_connects"), 1);
+}
+
+/// A connection the backend closed while it was idle is not lent: the
+/// borrower connects instead and every request is answered. With
+/// `pool_borrow_ms = 0` nothing is borrowed at all.
+#[hotloop::test(driver = "all")]
+fn a_connection_the_backend_closed_is_not_lent(driver: DriverKind) {
+    // Answers keep-alive, then closes: every pooled connection is dead by
+    // the time another request could borrow it.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend = l.local_addr().unwrap();
+    let (accepts, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, c) = (accepts.clone(), closed.clone());
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut conn) = conn else { return };
+            a.fetch_add(1, SeqCst);
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                if read_request(&mut r).is_some() {
+                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk");
+                }
+                let _ = conn.shutdown(Shutdown::Both);
+                c.fetch_add(1, SeqCst);
+            });
+        }
+    });
+    let config = format!("[groups.g]\nbackends = [\"{backend}\"]\npool_borrow_ms = 5000\n");
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "2"]);
+    for i in 0..20 {
+        let r = once(addr, b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        assert_eq!((i, r.status, r.text()), (i, 200, "k".to_string()));
+        // The backend's end is sent before the next request (a request
+        // written before it would be lost on any reused connection).
+        assert!(wait_until(Duration::from_secs(5), || {
+            closed.load(SeqCst) == accepts.load(SeqCst)
+        }));
+    }
+    assert_eq!(stat(st, "backend_g_0_lent"), 0, "a closed connection was lent");
+    assert_eq!(stat(st, "backend_g_0_borrowed"), 0);
+    assert_eq!(stat(st, "http_502"), 0);
+
+    let a = Backend::named("a");
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\npool_borrow_ms = 0\n", a.addr());
+    let (_q, addr, st) = with_config(driver, &config, &["--workers", "2"]);
+    for _ in 0..20 {
+        assert_eq!(once(addr, &get("t", "/")).text(), "a");
+    }
+    assert_eq!(stat(st, "backend_g_0_borrowed"), 0, "borrowed with borrowing off");
+}
+
 /// A worker whose turn falls on a backend with its pooled connection busy
 /// sends the request to another backend it holds an idle connection to,
 /// rather than open a new one.

@@ -37,6 +37,7 @@ mod handover;
 mod hyper;
 #[cfg(feature = "hyper")]
 mod hyper_release;
+mod into_std;
 mod join_handle_send;
 mod join_set;
 mod layering;

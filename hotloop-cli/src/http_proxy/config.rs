@@ -50,6 +50,10 @@ pub struct GroupConfig {
     pub pool_idle_max: usize,
     /// An idle pooled connection older than this is closed.
     pub pool_idle_timeout: Duration,
+    /// The longest a request waits for an idle HTTP/1.1 connection
+    /// borrowed from another worker's pool when its worker has none;
+    /// zero: never borrowed.
+    pub pool_borrow: Duration,
     /// Consecutive failures (connect errors, timeouts, 5xx answers) that
     /// take a backend out of rotation.
     pub max_fails: u32,
@@ -121,6 +125,7 @@ impl GroupConfig {
             retries: 1,
             pool_idle_max: 64,
             pool_idle_timeout: Duration::from_millis(60_000),
+            pool_borrow: Duration::from_millis(POOL_BORROW_MS_DEFAULT),
             max_fails: 3,
             fail_timeout: Duration::from_millis(10_000),
             health: None,
@@ -284,6 +289,7 @@ fn group(name: &str, t: &Table, err: &Err<'_>) -> Result<GroupConfig, ConfigErro
             "retries" => g.retries = int(0, 16)? as usize,
             "pool_idle_max" => g.pool_idle_max = int(0, 100_000)? as usize,
             "pool_idle_timeout_ms" => g.pool_idle_timeout = ms(1)?,
+            "pool_borrow_ms" => g.pool_borrow = ms(0)?,
             "max_fails" => g.max_fails = int(0, 1000)? as u32,
             "fail_timeout_ms" => g.fail_timeout = ms(1)?,
             "tls" => {
@@ -503,6 +509,11 @@ impl Default for TlsSettings {
 
 /// Where distributions keep the system's trusted roots (the files Go's
 /// `crypto/x509` tries on Linux), tried in this order.
+/// `pool_borrow_ms` when left out: about what a connect to a backend
+/// nearby costs, so a borrow that does not come in time costs a request
+/// about one connect more.
+const POOL_BORROW_MS_DEFAULT: u64 = 1;
+
 const SYSTEM_CA_FILES: [&str; 4] = [
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",

@@ -44,7 +44,6 @@ use bytes::Bytes;
 use hotloop::hyper::{OnUpgrade, Upgraded};
 use hotloop::time::Sleep;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::http::uri::{Authority, PathAndQuery, Scheme};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
@@ -251,8 +250,16 @@ async fn forward(
     let mut stale_tried = false;
     let failure: Failure = loop {
         let b = &shared.backends[id];
-        // A connection: this worker's idle one, else a new one.
-        let pooled = if fresh_only { None } else { pool::checkout(&shared.backends, id).await };
+        // A connection: this worker's idle one, else one borrowed from
+        // another worker's pool, else a new one.
+        let pooled = if fresh_only {
+            None
+        } else {
+            match pool::checkout(&shared.backends, id).await {
+                Some(lease) => Some(lease),
+                None => pool::borrow(&shared.backends, id).await,
+            }
+        };
         fresh_only = false;
         let lease = match pooled {
             Some(lease) => lease,
@@ -558,7 +565,7 @@ async fn send(
     lease: Lease,
     req: Request<UpBody>,
     limit: Duration,
-) -> Result<(Response<Incoming>, Option<(http1::SendRequest<UpBody>, usize)>), SendError> {
+) -> Result<(Response<Incoming>, Option<(pool::H1, usize)>), SendError> {
     let backend = lease.backend;
     match lease.sender {
         Sender::H1(mut s) => {
@@ -591,7 +598,7 @@ fn answer(
     g: &GroupConfig,
     id: usize,
     response: Response<Incoming>,
-    h1: Option<(http1::SendRequest<UpBody>, usize)>,
+    h1: Option<(pool::H1, usize)>,
     started: Instant,
 ) -> Response<DownBody> {
     let (mut parts, body) = response.into_parts();
@@ -639,7 +646,7 @@ enum Down {
 /// connection goes back to the pool and the latency is recorded.
 struct Streaming {
     body: Incoming,
-    sender: Option<http1::SendRequest<UpBody>>,
+    sender: Option<pool::H1>,
     backend: usize,
     shared: Arc<Shared>,
     started: Instant,

@@ -76,7 +76,14 @@ impl HttpProxy {
                     BackendProtocol::H2 => UpstreamProtocol::H2,
                 };
                 let connect = Duration::from_millis(args.connect_timeout_ms.max(1));
-                config::from_backends(&args.backend, protocol, connect).map_err(invalid)?
+                let mut config =
+                    config::from_backends(&args.backend, protocol, connect).map_err(invalid)?;
+                if let Some(ms) = args.pool_borrow_ms {
+                    for g in &mut config.groups {
+                        g.pool_borrow = Duration::from_millis(ms);
+                    }
+                }
+                config
             }
         };
         let tls = crate::tls::acceptor_from(
@@ -187,6 +194,8 @@ fn shared(config: Config, tls: bool) -> Shared {
                 tls: tls.clone(),
                 pool_idle_max: g.pool_idle_max,
                 pool_idle_timeout: g.pool_idle_timeout,
+                pool_borrow: g.pool_borrow,
+                idle_on: Default::default(),
                 stats: Default::default(),
             });
             fails.push((g.max_fails, g.fail_timeout));
@@ -245,9 +254,11 @@ fn start_background(rt: &hotloop::Runtime, shared: &Arc<Shared>) {
         .min()
         .unwrap_or(POOL_SWEEP_MAX)
         .clamp(Duration::from_millis(10), POOL_SWEEP_MAX);
+    pool::start_lending(&shared.backends, rt.handle().workers());
     for worker in 0..rt.handle().workers() {
         let backends = shared.backends.clone();
         drop(rt.handle().spawn_on(worker, move || async move {
+            pool::note_worker(worker);
             let mut tick = hotloop::time::interval(sweep);
             while crate::drain::until_stop(tick.tick()).await.is_some() {
                 pool::expire_idle(&backends);

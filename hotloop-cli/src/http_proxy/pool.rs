@@ -9,26 +9,35 @@
 //! pool's extra connections age out when load falls. An HTTP/2 backend
 //! gets one connection per worker, shared by every request.
 //!
-//! A worker does not borrow another worker's idle connection when its own
-//! pool is empty: the connection's socket is registered with the other
-//! worker's driver and its hyper state is driven by a task there, so a
-//! borrowed connection would have to be moved (its descriptor, after the
-//! other driver's receive on it has been cancelled and has completed, and
-//! its buffered state) or used through the other worker, a cross-thread
-//! round trip per request. The backends therefore see about the sum of
-//! each worker's peak of concurrent requests as connections
-//! (`BENCHMARKS.md` counts them).
+//! A worker whose pool holds no idle HTTP/1.1 connection to a backend may
+//! borrow one from another worker's (`pool_borrow_ms` above 0): each
+//! backend keeps an index of how many idle connections each worker holds
+//! (one relaxed counter per worker), and the borrower asks the worker
+//! with the most. That worker takes one out of its pool and has the
+//! connection's task stop: hyper gives the socket back
+//! (`without_shutdown`) once its sender is dropped with nothing in flight,
+//! with no bytes read ahead, and `TcpStream::into_std` takes it off the
+//! worker's driver (on io_uring after its armed receive has completed), so
+//! no byte the backend sends later goes anywhere but to the borrower. A
+//! socket the backend has closed meanwhile (or that holds bytes nobody
+//! asked for) is closed, not lent. The borrower waits at most
+//! `pool_borrow_ms`, then connects as without borrowing; a connection that
+//! arrives later joins its pool. TLS and HTTP/2 connections never move.
+//! Without borrowing, the backends see about the sum of each worker's
+//! peak of concurrent requests as connections (`BENCHMARKS.md` counts
+//! them).
 //!
 //! A connection to a TLS backend is a rustls client stream over the TCP
 //! one ([`BackendIo`]); the handshake (SNI, the certificate checked for
 //! the backend's server name) is part of the connect and its timeout.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -57,8 +66,24 @@ pub struct Backend {
     pub pool_idle_max: usize,
     /// An idle connection older than this is closed.
     pub pool_idle_timeout: Duration,
+    /// The longest a request waits for an idle connection borrowed from
+    /// another worker's pool; zero: never borrowed.
+    pub pool_borrow: Duration,
+    /// How many idle HTTP/1.1 connections each worker's pool holds, once
+    /// borrowing started ([`start_lending`]).
+    pub idle_on: OnceLock<Box<[AtomicU32]>>,
     /// Its counters.
     pub stats: BackendStats,
+}
+
+impl Backend {
+    /// True if its connections may move between workers: plain
+    /// HTTP/1.1, with borrowing on.
+    fn lendable(&self) -> bool {
+        self.protocol == UpstreamProtocol::Http1
+            && self.tls.is_none()
+            && !self.pool_borrow.is_zero()
+    }
 }
 
 /// A request body on its way to a backend: the client's, or none (a
@@ -100,10 +125,67 @@ impl Body for UpBody {
     }
 }
 
+/// The sending half of an HTTP/1.1 connection, and how its connection's
+/// task is asked to give the socket up for another worker.
+pub struct H1 {
+    send: http1::SendRequest<UpBody>,
+    handover: Rc<Handover>,
+}
+
+impl std::ops::Deref for H1 {
+    type Target = http1::SendRequest<UpBody>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.send
+    }
+}
+
+impl std::ops::DerefMut for H1 {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.send
+    }
+}
+
+/// Between an idle connection's pool entry and its connection's task: set
+/// `wanted` and drop the sender, and the task leaves the socket here
+/// when hyper lets it go.
+#[derive(Default)]
+struct Handover {
+    wanted: Cell<bool>,
+    /// The socket, if the connection ended idle with nothing read ahead.
+    io: Cell<Option<TcpStream>>,
+    /// True once the connection's task ended.
+    done: Cell<bool>,
+    waiter: Cell<Option<Waker>>,
+}
+
+impl Handover {
+    /// The connection's task ended, leaving `io` if it was wanted.
+    fn finish(&self, io: Option<TcpStream>) {
+        self.io.set(io);
+        self.done.set(true);
+        if let Some(w) = self.waiter.take() {
+            w.wake();
+        }
+    }
+
+    /// The socket, once the connection's task ended (`None`: it closed).
+    async fn taken(&self) -> Option<TcpStream> {
+        std::future::poll_fn(|cx| {
+            if self.done.get() {
+                return Poll::Ready(self.io.take());
+            }
+            self.waiter.set(Some(cx.waker().clone()));
+            Poll::Pending
+        })
+        .await
+    }
+}
+
 /// The sending half of a connection to a backend.
 pub enum Sender {
     /// HTTP/1.1: one request at a time.
-    H1(http1::SendRequest<UpBody>),
+    H1(H1),
     /// HTTP/2: shared by every request of the worker.
     H2(http2::SendRequest<UpBody>),
 }
@@ -118,11 +200,19 @@ pub struct Lease {
     pub reused: bool,
 }
 
+/// An idle HTTP/1.1 connection in a worker's pool.
+struct Idle {
+    conn: H1,
+    since: Instant,
+    /// The worker it is counted on in its backend's `idle_on`, if any.
+    counted_on: Option<usize>,
+}
+
 /// One backend's idle connections on this worker.
 #[derive(Default)]
 struct BackendPool {
-    /// Idle HTTP/1.1 connections and since when, oldest first.
-    idle: Vec<(http1::SendRequest<UpBody>, Instant)>,
+    /// Idle HTTP/1.1 connections, oldest first.
+    idle: Vec<Idle>,
     /// The worker's HTTP/2 connection and whether it served a request.
     h2: Option<(http2::SendRequest<UpBody>, bool)>,
     /// Connections open from this worker, idle or busy.
@@ -132,6 +222,40 @@ struct BackendPool {
 thread_local! {
     /// This worker's pools, by backend id.
     static POOLS: RefCell<Vec<BackendPool>> = const { RefCell::new(Vec::new()) };
+    /// This worker's index in the runtime, once [`start_lending`] told it:
+    /// until then it neither lends nor borrows.
+    static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Starts borrowing between the runtime's `workers` workers: each backend
+/// gets its index of idle connections per worker.
+pub fn start_lending(backends: &[Backend], workers: usize) {
+    for b in backends {
+        let _ = b.idle_on.set((0..workers).map(|_| AtomicU32::new(0)).collect());
+    }
+}
+
+/// Tells this thread it is worker `worker` (called on it, from the task
+/// that sweeps its pools).
+pub fn note_worker(worker: usize) {
+    WORKER.with(|w| w.set(Some(worker)));
+}
+
+/// An HTTP/1.1 connection goes into this worker's pool: counted in the
+/// backend's gauge and, where borrowing is on, in its index.
+fn count_in(b: &Backend) -> Option<usize> {
+    b.stats.pool_idle.fetch_add(1, Relaxed);
+    let on = WORKER.with(Cell::get)?;
+    b.idle_on.get()?.get(on)?.fetch_add(1, Relaxed);
+    Some(on)
+}
+
+/// An idle connection leaves this worker's pool.
+fn count_out(b: &Backend, idle: &Idle) {
+    b.stats.pool_idle.fetch_sub(1, Relaxed);
+    if let (Some(on), Some(index)) = (idle.counted_on, b.idle_on.get()) {
+        index[on].fetch_sub(1, Relaxed);
+    }
 }
 
 fn with_pool<R>(backend: usize, f: impl FnOnce(&mut BackendPool) -> R) -> R {
@@ -195,38 +319,150 @@ pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease
     }
     let now = hotloop::time::now();
     loop {
-        let (mut sender, since) = with_pool(backend, |p| p.idle.pop())?;
-        b.stats.pool_idle.fetch_sub(1, Relaxed);
-        if sender.is_closed() || now.saturating_duration_since(since) >= b.pool_idle_timeout {
+        let idle = with_pool(backend, |p| p.idle.pop())?;
+        count_out(b, &idle);
+        let mut conn = idle.conn;
+        if conn.is_closed() || now.saturating_duration_since(idle.since) >= b.pool_idle_timeout {
             continue;
         }
         // An answer's end reaches the body before hyper's connection task
         // has marked the connection idle; it is ready within that task's
         // next poll, or closed.
-        if sender.ready().await.is_ok() {
-            return Some(Lease { sender: Sender::H1(sender), backend, reused: true });
+        if conn.ready().await.is_ok() {
+            return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
         }
     }
 }
 
+/// An idle connection to `backend` borrowed from another worker's pool,
+/// when this worker has none (see the module notes): `None` when borrowing
+/// is off for it, no other worker holds one, or none came within
+/// `pool_borrow`.
+pub async fn borrow(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> {
+    let b = &backends[backend];
+    if !b.lendable() {
+        return None;
+    }
+    let me = WORKER.with(Cell::get)?;
+    let lender = b
+        .idle_on
+        .get()?
+        .iter()
+        .enumerate()
+        .filter(|&(w, _)| w != me)
+        .map(|(w, n)| (w, n.load(Relaxed)))
+        .max_by_key(|&(_, n)| n)
+        .filter(|&(_, n)| n > 0)?
+        .0;
+    let from = backends.clone();
+    let mut lent = hotloop::Handle::current().spawn_on(lender, move || lend(from, backend));
+    match hotloop::time::timeout(b.pool_borrow, &mut lent).await {
+        Ok(Ok(Some(stream))) => {
+            let conn = adopt(backends, backend, stream).await?;
+            return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
+        }
+        Ok(_) => return None,
+        Err(_) => {}
+    }
+    // Too late for this request: a connection that still comes joins
+    // this worker's pool rather than being closed.
+    let backends = backends.clone();
+    drop(hotloop::spawn(async move {
+        if let Ok(Some(stream)) = lent.await {
+            if let Some(conn) = adopt(&backends, backend, stream).await {
+                checkin(&backends, backend, conn);
+            }
+        }
+    }));
+    None
+}
+
+/// On the lending worker: one of its idle connections to `backend`, taken
+/// off its driver, or `None` if it has none open (or the one it took
+/// turned out closed, or holds bytes nobody asked for).
+async fn lend(backends: Arc<[Backend]>, backend: usize) -> Option<std::net::TcpStream> {
+    let b = &backends[backend];
+    let now = hotloop::time::now();
+    let idle = loop {
+        let idle = with_pool(backend, |p| p.idle.pop())?;
+        count_out(b, &idle);
+        if !idle.conn.is_closed() && now.saturating_duration_since(idle.since) < b.pool_idle_timeout
+        {
+            break idle;
+        }
+    };
+    let H1 { send, handover } = idle.conn;
+    handover.wanted.set(true);
+    // With its sender gone and nothing in flight, hyper's connection ends
+    // and its task leaves the socket in `handover`.
+    drop(send);
+    let stream = handover.taken().await?;
+    let stream = stream.into_std().await.ok()?;
+    // The backend may have closed it, or sent what nobody asked for, while
+    // it was idle (not yet seen by hyper): such a connection is not lent.
+    match stream.peek(&mut [0; 1]) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        _ => return None,
+    }
+    b.stats.lent.fetch_add(1, Relaxed);
+    Some(stream)
+}
+
+/// On the borrowing worker: hyper's client state over a socket another
+/// worker lent, its task on this worker.
+async fn adopt(
+    backends: &Arc<[Backend]>,
+    backend: usize,
+    stream: std::net::TcpStream,
+) -> Option<H1> {
+    let stream = TcpStream::from_std(stream).ok()?;
+    let gauge = Some(guard(backends.clone(), backend, true));
+    let (send, conn) =
+        http1::Builder::new().handshake(HyperIo::new(BackendIo::Plain(stream))).await.ok()?;
+    backends[backend].stats.borrowed.fetch_add(1, Relaxed);
+    Some(H1 { send, handover: run_h1(conn, gauge) })
+}
+
+/// Runs an HTTP/1.1 connection's task on this worker until the connection
+/// ends; a plain one asked to ([`Handover::wanted`]) leaves its socket in
+/// the returned handover.
+fn run_h1(
+    conn: http1::Connection<HyperIo<BackendIo>, UpBody>,
+    gauge: Option<Guard>,
+) -> Rc<Handover> {
+    let handover = Rc::new(Handover::default());
+    let h = handover.clone();
+    drop(hotloop::spawn(async move {
+        let _open = gauge;
+        let parts = conn.without_shutdown().await;
+        let io = match parts {
+            Ok(p) if h.wanted.get() && p.read_buf.is_empty() => match p.io.0 {
+                BackendIo::Plain(s) => Some(s),
+                BackendIo::Tls(_) => None,
+            },
+            _ => None,
+        };
+        h.finish(io);
+    }));
+    handover
+}
+
 /// Puts an HTTP/1.1 connection whose answer was read to its end back in
 /// this worker's pool, if it is open and the pool has room.
-pub fn checkin(backends: &Arc<[Backend]>, backend: usize, sender: http1::SendRequest<UpBody>) {
+pub fn checkin(backends: &Arc<[Backend]>, backend: usize, conn: H1) {
     let b = &backends[backend];
-    if sender.is_closed() || b.pool_idle_max == 0 {
+    if conn.is_closed() || b.pool_idle_max == 0 {
         return;
     }
-    let kept = with_pool(backend, |p| {
-        if p.idle.len() >= b.pool_idle_max {
-            // Full: the oldest goes, the warm one stays.
-            p.idle.remove(0);
-            b.stats.pool_idle.fetch_sub(1, Relaxed);
-        }
-        p.idle.push((sender, hotloop::time::now()));
-        true
+    let counted_on = count_in(b);
+    let gone = with_pool(backend, |p| {
+        // Full: the oldest goes, the warm one stays.
+        let gone = (p.idle.len() >= b.pool_idle_max).then(|| p.idle.remove(0));
+        p.idle.push(Idle { conn, since: hotloop::time::now(), counted_on });
+        gone
     });
-    if kept {
-        b.stats.pool_idle.fetch_add(1, Relaxed);
+    if let Some(gone) = gone {
+        count_out(b, &gone);
     }
 }
 
@@ -237,12 +473,14 @@ pub fn expire_idle(backends: &Arc<[Backend]>) {
     POOLS.with(|p| {
         for (id, pool) in p.borrow_mut().iter_mut().enumerate() {
             let limit = backends[id].pool_idle_timeout;
-            let before = pool.idle.len();
-            pool.idle.retain(|(s, since)| {
-                !s.is_closed() && now.saturating_duration_since(*since) < limit
-            });
-            let gone = before - pool.idle.len();
-            backends[id].stats.pool_idle.fetch_sub(gone as i64, Relaxed);
+            let (keep, gone): (Vec<Idle>, Vec<Idle>) =
+                std::mem::take(&mut pool.idle).into_iter().partition(|i| {
+                    !i.conn.is_closed() && now.saturating_duration_since(i.since) < limit
+                });
+            pool.idle = keep;
+            for i in &gone {
+                count_out(&backends[id], i);
+            }
         }
     });
 }
@@ -365,15 +603,11 @@ pub async fn open(
     let open_gauge = backends.map(|bs| guard(bs, backend, true));
     let sender = match b.protocol {
         UpstreamProtocol::Http1 => {
-            let (sender, conn) = http1::Builder::new()
+            let (send, conn) = http1::Builder::new()
                 .handshake(io)
                 .await
                 .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
-            drop(hotloop::spawn(async move {
-                let _open = open_gauge;
-                let _ = conn.await;
-            }));
-            Sender::H1(sender)
+            Sender::H1(H1 { send, handover: run_h1(conn, open_gauge) })
         }
         UpstreamProtocol::H2 => {
             let handshake = http2::Builder::new(HotloopExecutor).timer(HotloopTimer).handshake(io);

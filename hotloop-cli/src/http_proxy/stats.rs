@@ -28,6 +28,11 @@ pub struct BackendStats {
     pub connects: AtomicU64,
     /// Requests sent on a connection that had served one before.
     pub reused: AtomicU64,
+    /// Idle connections moved here from another worker's pool.
+    pub borrowed: AtomicU64,
+    /// Idle connections this proxy's workers gave up for another to borrow
+    /// (`borrowed` counts those that arrived).
+    pub lent: AtomicU64,
     /// Idle connections in the pools now, over all workers.
     pub pool_idle: AtomicI64,
     /// Connections open to it now, idle or busy, over all workers.
@@ -119,6 +124,8 @@ pub fn fields(
         out.push(counter(name("errors"), help, &b.errors));
         out.push(counter(name("connects"), help, &b.connects));
         out.push(counter(name("reused"), help, &b.reused));
+        out.push(counter(name("borrowed"), help, &b.borrowed));
+        out.push(counter(name("lent"), help, &b.lent));
         out.push(counter(name("ejections"), help, &b.ejections));
         out.push(gauge(name("pool_idle"), b.pool_idle.load(Relaxed).max(0) as u64));
         out.push(gauge(name("open"), b.open.load(Relaxed).max(0) as u64));

@@ -13,11 +13,13 @@
 //! - The face calls a backend through the trait on the concrete type, a
 //!   static call as before (no `dyn`, no boxing): the trait adds no
 //!   instruction to a request.
-//! - Two kinds of call stay outside the lists, each written by hand in the
-//!   face: a constructor (it matches on the driver, not on a source), and
-//!   a call whose result is a backend's own named type (a stream's owned
-//!   `send` returns each backend's future, so a connection holds one
-//!   state while it writes, not nested `async fn`s').
+//! - Three kinds of call stay outside the lists, each written by hand in
+//!   the face: a constructor (it matches on the driver, not on a source),
+//!   a call that consumes the source and may hand it back (a stream's
+//!   `into_fd`, whose refusal returns the backend's source inside the
+//!   face's), and a call whose result is a backend's own named type (a
+//!   stream's owned `send` returns each backend's future, so a connection
+//!   holds one state while it writes, not nested `async fn`s').
 //! - `async` calls come after the plain ones in each list: `macro_rules`
 //!   matches one shape per group.
 

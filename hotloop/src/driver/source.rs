@@ -6,8 +6,9 @@
 //! The calls each role forwards to its backend are generated from the
 //! role's list in `contract.rs` (the same list makes the trait each
 //! backend implements); written here by hand are only the constructors,
-//! the owned `send` with its named future, and the calls made of other
-//! calls, the same on every backend (the borrowed-slice forms).
+//! a stream's `into_fd` (it consumes the source, and a refusal hands it
+//! back), the owned `send` with its named future, and the calls made of
+//! other calls, the same on every backend (the borrowed-slice forms).
 //!
 //! # Implementation notes
 //! - Each role carries only its own state. On io_uring a stream has no
@@ -75,6 +76,19 @@ impl StreamSource {
             Driver::Epoll(d) => StreamSource::Epoll(epoll::StreamSource::new(d, fd)?),
             Driver::Uring(d) => StreamSource::Uring(uring::StreamSource::new(d, fd)),
         })
+    }
+
+    /// Gives the descriptor up, open, out of this driver, once nothing the
+    /// driver holds on it can take a byte the next owner should read; on a
+    /// refusal the source comes back as it was (see the backends'
+    /// `into_fd`).
+    pub(crate) async fn into_fd(self) -> Result<OwnedFd, (StreamSource, io::Error)> {
+        match self {
+            StreamSource::Epoll(s) => s.into_fd().map_err(|(s, e)| (StreamSource::Epoll(s), e)),
+            StreamSource::Uring(s) => {
+                s.into_fd().await.map_err(|(s, e)| (StreamSource::Uring(s), e))
+            }
+        }
     }
 
     /// Sends the initialised bytes of `buf`; may send fewer.

@@ -61,6 +61,40 @@ impl TcpStream {
         TcpStream::from_fd(stream.into())
     }
 
+    /// Takes the connection off this worker's driver and hands back the
+    /// `std::net::TcpStream` (non-blocking), to move it to another worker
+    /// ([`from_std`](Self::from_std) there) or another thread, as tokio's
+    /// `into_std`. Nothing is lost on the way: bytes accepted by the
+    /// poll-form writes are sent first, and on io_uring the stream's armed
+    /// multishot receive is cancelled and its last completion awaited, so
+    /// no receive left in the kernel takes a byte the new owner should
+    /// read. A peer's end the driver already saw stays in the socket: the
+    /// new owner's reads return 0.
+    ///
+    /// # Errors
+    /// The stream comes back in the error ([`IntoStdError::into_parts`]),
+    /// unchanged and usable, when it cannot move yet:
+    /// - `ErrorKind::InvalidData` while received bytes wait in the driver
+    ///   (io_uring's receive queue): read them, then move it. An idle
+    ///   connection (everything sent was read) has none.
+    /// - The connection's error (`ConnectionReset`, ...) when the driver
+    ///   already received it: the socket would not report it again.
+    /// - An error of the flush, or of `epoll_ctl`.
+    ///
+    /// A write whose future was dropped while in flight (see
+    /// [`write_owned`](Self::write_owned)) may still be sent after the
+    /// move; the driver then keeps its own descriptor until it is done and
+    /// the returned stream holds a duplicate.
+    ///
+    /// # Panics
+    /// Outside the worker that owns the stream.
+    pub async fn into_std(self) -> Result<std::net::TcpStream, IntoStdError> {
+        match self.core.into_fd().await {
+            Ok(fd) => Ok(std::net::TcpStream::from(fd)),
+            Err((core, error)) => Err(IntoStdError { stream: TcpStream { core }, error }),
+        }
+    }
+
     /// Connects to `addr`, giving up after `limit` with `ErrorKind::TimedOut`.
     pub async fn connect_timeout(addr: SocketAddr, limit: Duration) -> io::Result<TcpStream> {
         crate::time::timeout(limit, Self::connect_addr(addr)).await?
@@ -244,6 +278,53 @@ impl TcpStream {
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         sys::peer_addr(self.core.fd())
+    }
+}
+
+/// Why [`TcpStream::into_std`] could not move a stream, with the stream
+/// itself, unchanged.
+pub struct IntoStdError {
+    stream: TcpStream,
+    error: io::Error,
+}
+
+impl IntoStdError {
+    /// The stream back, and why it did not move.
+    pub fn into_parts(self) -> (TcpStream, io::Error) {
+        (self.stream, self.error)
+    }
+
+    /// Why the stream did not move.
+    pub fn error(&self) -> &io::Error {
+        &self.error
+    }
+}
+
+impl std::fmt::Debug for IntoStdError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntoStdError")
+            .field("stream", &self.stream)
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl std::fmt::Display for IntoStdError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the stream could not leave its worker: {}", self.error)
+    }
+}
+
+impl std::error::Error for IntoStdError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// The error alone; the stream is closed.
+impl From<IntoStdError> for io::Error {
+    fn from(e: IntoStdError) -> io::Error {
+        e.error
     }
 }
 

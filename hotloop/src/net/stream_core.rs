@@ -40,6 +40,13 @@ impl StreamCore {
         Ok(StreamCore { src })
     }
 
+    /// Gives the descriptor up, open, out of this worker's driver (see
+    /// [`TcpStream::into_std`](super::TcpStream::into_std)); on a refusal
+    /// the core comes back as it was.
+    pub(crate) async fn into_fd(self) -> Result<OwnedFd, (StreamCore, io::Error)> {
+        self.src.into_fd().await.map_err(|(src, e)| (StreamCore { src }, e))
+    }
+
     pub(crate) fn source(&self) -> &StreamSource {
         &self.src
     }

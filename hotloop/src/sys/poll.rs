@@ -22,6 +22,14 @@ pub(crate) fn epoll_add(epfd: RawFd, fd: RawFd, events: u32, data: u64) -> io::R
     Ok(())
 }
 
+/// Removes `fd` from the interest list of `epfd`: for a descriptor that
+/// stays open (handed to another owner), which closing would not remove.
+pub(crate) fn epoll_del(epfd: RawFd, fd: RawFd) -> io::Result<()> {
+    // SAFETY: EPOLL_CTL_DEL ignores the event argument (null is allowed since Linux 2.6.9).
+    cvt(unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) })?;
+    Ok(())
+}
+
 /// Waits for events on `epfd`, filling `events`; returns how many arrived.
 pub(crate) fn epoll_wait(
     epfd: RawFd,

@@ -6,7 +6,10 @@
 //!   once and edge-triggered, and stays there until it is closed: no
 //!   `EPOLL_CTL_MOD`/`DEL` per operation, and no syscall at all for a
 //!   socket that never had to wait (with `TCP_DEFER_ACCEPT`, most short
-//!   connections). Closing the descriptor removes it from the interest list.
+//!   connections). Closing the descriptor removes it from the interest list;
+//!   a socket handed to another owner open (`TcpStream::into_std`) is
+//!   removed with `EPOLL_CTL_DEL`, since a descriptor that stays open would
+//!   stay listed.
 //! - An unregistered socket's operations always try the syscall first. Once
 //!   registered, a socket's slot keeps one readiness bit per direction: set
 //!   by an event, cleared by `WouldBlock` or by a read or write that moved
@@ -259,6 +262,14 @@ impl Poller {
         }
         stats::add(&self.stats.registrations, 1);
         Ok(key)
+    }
+
+    /// Takes a registered socket that stays open out of the interest list
+    /// and forgets its slot (with any parked wakers).
+    fn deregister(&mut self, fd: RawFd, key: Key) -> io::Result<()> {
+        sys::epoll_del(self.epfd.as_raw_fd(), fd)?;
+        drop(self.slots.remove(key));
+        Ok(())
     }
 
     /// Forgets a socket that is about to be closed.

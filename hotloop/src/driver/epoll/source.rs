@@ -53,6 +53,29 @@ impl SourceCore {
         Ok(key)
     }
 
+    /// Gives the descriptor up, open, out of this driver: removed from
+    /// the interest list if it was registered (closing it would have done
+    /// that; a descriptor that stays open stays listed otherwise, and its
+    /// events would wake this worker for another's socket). On failure the
+    /// source comes back unchanged.
+    pub(super) fn into_fd(self) -> Result<OwnedFd, (SourceCore, io::Error)> {
+        if let Some(key) = self.token.get() {
+            let res = self.driver.poller.borrow_mut().deregister(self.fd(), key);
+            if let Err(e) = res {
+                return Err((self, e));
+            }
+            self.token.set(None);
+        }
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped, so `Drop` does not take `fd` again;
+        // it is taken once, here.
+        let fd = unsafe { ManuallyDrop::take(&mut this.fd) };
+        // SAFETY: the driver handle is read out once and `this` is never used
+        // or dropped again, so it is dropped exactly once (here).
+        drop(unsafe { std::ptr::read(&this.driver) });
+        Ok(fd)
+    }
+
     /// The raw descriptor.
     pub(super) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()

@@ -28,6 +28,12 @@ impl StreamSource {
         Ok(StreamSource { core: SourceCore::new(driver, fd)? })
     }
 
+    /// Gives the descriptor up, open and out of the interest list: the
+    /// kernel holds every byte not yet read, so nothing else is owed.
+    pub(crate) fn into_fd(self) -> Result<OwnedFd, (StreamSource, io::Error)> {
+        self.core.into_fd().map_err(|(core, e)| (StreamSource { core }, e))
+    }
+
     /// Sends the initialised bytes of `buf`; may send fewer.
     pub(crate) fn send<B: IoBuf>(&self, buf: B) -> SendOwned<'_, B> {
         SendOwned { src: self, buf: Some(buf) }

@@ -27,6 +27,12 @@
 //!   after which the next read re-arms it.
 //! - Closing the socket drops its queue; a multishot still armed is
 //!   cancelled, and buffers it still fills are given back as they come.
+//! - A socket that leaves the driver open (`TcpStream::into_std`) first
+//!   has its receive cancelled and its last completion awaited
+//!   (`Streams::detach`): until then the kernel could still take bytes the
+//!   next owner should read. Bytes the queue holds, or an error the
+//!   receive took from the socket, refuse the move: they cannot be put
+//!   back.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -343,6 +349,62 @@ impl Streams {
         }
         self.arm(ring, stream, fd);
         false
+    }
+
+    /// Ends the receive of `stream` for a socket that leaves the driver
+    /// open (`TcpStream::into_std`): its last completion must have come,
+    /// since a receive still in the kernel would take bytes meant for the
+    /// socket's next owner. Cancels an armed receive and parks `waker`
+    /// until its last completion (`Pending`), withdraws one the kernel has
+    /// not seen, then frees the slot (`Ready(Ok)`: the caller forgets
+    /// the key). Refused, the slot and its receive left to the owner, while
+    /// received bytes wait in the queue (`InvalidData`: the owner reads
+    /// them first) or after an error the receive reported (that error, which
+    /// the socket will not report again).
+    pub(super) fn detach(
+        &mut self,
+        ring: &mut Ring,
+        stream: Key,
+        waker: &Waker,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        let Some(s) = self.queues.get_mut(stream) else { return Poll::Ready(Ok(())) };
+        let queued = s.queued_bytes();
+        if queued > 0 {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{queued} received bytes are not read yet: read them before moving the stream"
+                ),
+            )));
+        }
+        if let Some(end) = s.end.filter(|e| *e != End::CLEAN) {
+            return Poll::Ready(end.result().map(drop));
+        }
+        match s.receive {
+            // Nothing in the kernel: a clean end stays in the socket
+            // (every later `recv` returns 0 again), so the slot can go.
+            Stage::Unarmed => {
+                self.queues.remove(stream);
+                Poll::Ready(Ok(()))
+            }
+            // Not submitted: withdrawn, and the ring frees the slot when it
+            // skips the entry.
+            Stage::Queued => {
+                s.receive.cancel();
+                s.waiter = None;
+                Poll::Ready(Ok(()))
+            }
+            Stage::Armed | Stage::Cancelling => {
+                if s.receive.cancel() == Then::Cancel {
+                    ring.push_cancel_of(UserData::StreamReceive(stream));
+                }
+                s.waiter = Some(waker.clone());
+                Poll::Pending
+            }
+            // Only a closed socket's slot is in these stages.
+            Stage::Withdrawn | Stage::Orphaned => Poll::Ready(Ok(())),
+        }
     }
 
     /// Forgets the receive queue `key` of a socket being closed. A

@@ -132,6 +132,15 @@ impl Uring {
         self.streams.ready(&mut self.ring, key, fd, waker)
     }
 
+    /// Ends the receive of a socket leaving the driver open (`pooled.rs`).
+    pub(super) fn detach_stream(
+        &mut self,
+        key: Key,
+        waker: &Waker,
+    ) -> std::task::Poll<io::Result<()>> {
+        self.streams.detach(&mut self.ring, key, waker)
+    }
+
     /// Forgets the receive queue `key` of a socket being closed.
     pub(super) fn release_stream(&mut self, key: Key, fd: Option<&SharedFd>) {
         self.streams.release(&mut self.ring, key, fd);

@@ -83,6 +83,59 @@ impl StreamSource {
         }
     }
 
+    /// Gives the descriptor up, open, once nothing the driver holds on it
+    /// can take a byte the next owner should read: the bytes written behind
+    /// are sent first, and the multishot receive (or the `POLL_ADD` a read
+    /// waits on) is ended, its last completion awaited. Refused, with the
+    /// source back unchanged, while received bytes wait in the driver
+    /// (`InvalidData`: read them first) or after an error the receive
+    /// already reported (that error). A clean end the driver saw stays in
+    /// the socket: the next owner's reads return 0.
+    ///
+    /// Another operation still in flight (a write whose future was dropped,
+    /// a zero-copy send's notification) keeps the old descriptor open until
+    /// it completes; the next owner then gets a duplicate.
+    pub(crate) async fn into_fd(self) -> Result<OwnedFd, (StreamSource, io::Error)> {
+        if let Err(e) = std::future::poll_fn(|cx| self.poll_flush(cx)).await {
+            return Err((self, e));
+        }
+        let driver = self.core.driver.clone();
+        if driver.reads_from_ring {
+            if let Some(key) = self.reads.get() {
+                let ended = std::future::poll_fn(|cx| {
+                    if !driver.entered.get() {
+                        return Poll::Ready(Err(not_running()));
+                    }
+                    driver.state.borrow_mut().detach_stream(key, cx.waker())
+                })
+                .await;
+                if let Err(e) = ended {
+                    return Err((self, e));
+                }
+                self.reads.set(None);
+            }
+        } else {
+            // A poll takes no bytes: cancelled, it only holds the old
+            // descriptor until its completion.
+            self.core.cancel_kept(&self.reads);
+        }
+        // Flushed: nothing for the drop below to hand the driver.
+        drop(self.write_behind.take());
+        if Rc::strong_count(&self.core.fd) > 1 {
+            // An operation still holds the descriptor: it closes at that
+            // operation's end, and the next owner gets its own.
+            let dup = match self.core.fd.try_clone() {
+                Ok(dup) => dup,
+                Err(e) => return Err((self, e)),
+            };
+            drop(self);
+            return Ok(dup);
+        }
+        let fd = self.core.fd.clone();
+        drop(self);
+        Ok(Rc::try_unwrap(fd).expect("a stream's descriptor gained a holder while it was given up"))
+    }
+
     /// The write-behind buffer, lent until the guard drops.
     fn lend_write_behind(&self) -> Lent<'_> {
         Lent { cell: &self.write_behind, wb: self.write_behind.take() }
