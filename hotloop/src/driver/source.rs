@@ -23,7 +23,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::config::AcceptMode;
 use super::udp::{RecvMeta, SendMeta, Transmit};
-use super::{epoll, uring, Driver};
+use super::{epoll, uring, Accepted, Driver};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::sys;
 
@@ -69,14 +69,20 @@ impl ListenerSource {
         &self,
         cx: &mut TaskContext<'_>,
         mode: AcceptMode,
-    ) -> Poll<io::Result<OwnedFd>> {
-        each!(ListenerSource, self, s => s.poll_accept(cx, mode))
+    ) -> Poll<io::Result<Accepted>> {
+        match self {
+            ListenerSource::Epoll(s) => s.poll_accept(cx, mode).map_ok(Accepted::Fd),
+            ListenerSource::Uring(s) => s.poll_accept(cx, mode),
+        }
     }
 
     /// Takes one connection only if one is ready now, never parking: for
     /// draining a listener's queue when a server stops.
-    pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
-        each!(ListenerSource, self, s => s.accept_now(mode))
+    pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<Accepted>> {
+        match self {
+            ListenerSource::Epoll(s) => s.accept_now(mode).map(|r| r.map(Accepted::Fd)),
+            ListenerSource::Uring(s) => s.accept_now(mode),
+        }
     }
 
     /// Ready once the driver holds no accept in the kernel for this
@@ -89,8 +95,11 @@ impl ListenerSource {
 
     /// Takes one connection the driver already accepted for this listener
     /// (io_uring's queue), never one from the socket's backlog.
-    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
-        each!(ListenerSource, self, s => s.take_accepted())
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<Accepted>> {
+        match self {
+            ListenerSource::Epoll(s) => s.take_accepted().map(|r| r.map(Accepted::Fd)),
+            ListenerSource::Uring(s) => s.take_accepted(),
+        }
     }
 
     /// Sets how many connections the owner will take from now on
@@ -120,7 +129,21 @@ impl StreamSource {
         })
     }
 
-    /// The raw descriptor (for syscalls that never wait).
+    /// A stream over a connection a listener of `driver` accepted. A
+    /// direct socket of another driver (or of none: the driver is epoll)
+    /// gets a plain descriptor first.
+    pub(crate) fn from_accepted(driver: &Driver, accepted: Accepted) -> io::Result<StreamSource> {
+        match (driver, accepted) {
+            (_, Accepted::Fd(fd)) => StreamSource::new(driver, fd),
+            (Driver::Uring(d), Accepted::Direct(s)) if std::rc::Rc::ptr_eq(d, s.driver()) => {
+                Ok(StreamSource::Uring(uring::StreamSource::from_direct(s)))
+            }
+            (_, direct) => StreamSource::new(driver, direct.into_fd().map_err(|(e, _)| e)?),
+        }
+    }
+
+    /// The raw descriptor (for syscalls that never wait). A direct
+    /// io_uring socket gets a plain descriptor installed on first use.
     pub(crate) fn fd(&self) -> RawFd {
         each!(StreamSource, self, s => s.fd())
     }

@@ -44,6 +44,7 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::OwnedFd;
+use crate::driver::Accepted;
 use std::path::{Path, PathBuf};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -743,7 +744,7 @@ struct Limits {
 /// A connection for the accept loop: one it accepted, or one another
 /// worker handed to it.
 enum Arrival {
-    Accepted(OwnedFd),
+    Accepted(Accepted),
     HandedIn(OwnedFd),
 }
 
@@ -863,7 +864,7 @@ where
                 // limit is once the server stops.
                 if primary {
                     for fd in lanes.close(me) {
-                        let Ok(stream) = L::stream_from_fd(fd) else { continue };
+                        let Ok(stream) = L::stream_from_accepted(Accepted::Fd(fd)) else { continue };
                         shared.active.fetch_add(1, Ordering::AcqRel);
                         start_handler(stream, &local, &*handler);
                     }
@@ -871,19 +872,19 @@ where
                 return Ok(());
             }
             Some(Ok(arrival)) => {
-                let fd = match arrival {
-                    Arrival::Accepted(fd) => match hand_off(lanes, me, fd) {
+                let accepted = match arrival {
+                    Arrival::Accepted(accepted) => match hand_off(lanes, me, accepted) {
                         None => continue,
-                        Some(fd) => fd,
+                        Some(accepted) => accepted,
                     },
                     Arrival::HandedIn(fd) => {
                         current::count(|s| &s.handoffs_in);
-                        fd
+                        Accepted::Fd(fd)
                     }
                 };
                 // A connection whose stream cannot be made (its descriptor
                 // is closed with the error) is one the peer sees reset.
-                let Ok(stream) = L::stream_from_fd(fd) else { continue };
+                let Ok(stream) = L::stream_from_accepted(accepted) else { continue };
                 // Another worker may have taken the last slot since the check
                 // above: hold the connection (it is not closed) until one frees.
                 while !try_reserve(&shared, &local, limits) {
