@@ -1177,11 +1177,16 @@ fn lingering_write_beside_a_new_connection() {
     let rt = uring_runtime(1);
     let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
     let addr = listener.local_addr().unwrap();
-    let client_a = StdStream::connect(addr).unwrap();
+    // A's client takes little at a time, so the rest leaves in many parts.
+    let client_a = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    client_a.set_recv_buffer_size(4096).unwrap();
+    client_a.connect(&addr.into()).unwrap();
+    let client_a: StdStream = client_a.into();
     // One `block_on`: a runtime leaving the thread waits for the lingering
     // write (up to its deadline), which A's client only reads later.
     let mut client_b = rt.block_on(async {
         let a = listener.accept_stream().await.unwrap();
+        a.set_send_buffer_size(4096).unwrap();
         let chunk = vec![b'a'; 64 * 1024];
         let mut taken = 0usize;
         // Until a send has waited 100 ms for room.
@@ -1206,8 +1211,14 @@ fn lingering_write_beside_a_new_connection() {
             let mut client_a = client_a;
             client_a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let mut all = Vec::new();
-            std::io::Read::read_to_end(&mut client_a, &mut all).unwrap();
-            all
+            let mut part = [0u8; 1024];
+            loop {
+                match std::io::Read::read(&mut client_a, &mut part).unwrap() {
+                    0 => break all,
+                    n => all.extend_from_slice(&part[..n]),
+                }
+                thread::sleep(Duration::from_micros(200));
+            }
         });
         while !reader.is_finished() {
             sleep(Duration::from_millis(5)).await;
@@ -1350,5 +1361,8 @@ fn a_direct_socket_handed_to_another_worker_is_served_there() {
     let handed = counter(&out, "handoffs_out");
     assert!(handed > 0, "nothing was handed over: {out}");
     assert!(counter(&out, "direct_accepts") > 0, "{out}");
-    assert_eq!(counter(&out, "installs"), handed, "{out}");
+    // One each (and one for a connection the chosen worker refused, then
+    // served here as a plain descriptor).
+    let installs = counter(&out, "installs");
+    assert!(installs >= handed && installs <= counter(&out, "direct_accepts"), "{out}");
 }
