@@ -3,8 +3,8 @@
 //! operations dropped while the kernel holds them, small rings under
 //! bursts, the lingering of a dropped stream's write, a quiet worker's
 //! direct sends, zero-copy sends and their counters, the registered ring
-//! descriptor, kernel busy polling and the
-//! fallback to epoll. Behaviour both drivers share lives in the
+//! descriptor, kernel busy polling, direct descriptors for accepted
+//! connections (and their fallbacks) and the fallback to epoll. Behaviour both drivers share lives in the
 //! file named after the behaviour.
 //!
 //! The tests in this file count descriptors and change the process's
@@ -987,7 +987,8 @@ fn keepalive_over_accepted_streams() {
     let before = open_fds();
     let served = Rc::new(Cell::new(0));
     let clients = thread::spawn(move || {
-        let mut all: Vec<StdStream> = (0..CONNECTIONS).map(|_| StdStream::connect(addr).unwrap()).collect();
+        let mut all: Vec<StdStream> =
+            (0..CONNECTIONS).map(|_| StdStream::connect(addr).unwrap()).collect();
         for (i, c) in all.iter_mut().enumerate() {
             exchange(c, format!("request {i}").as_bytes(), 20);
         }
@@ -1098,8 +1099,7 @@ fn more_connections_than_slots() {
         accept_pacing: if paced { ListenerOptions::default().accept_pacing } else { None },
         ..Default::default()
     };
-    let listener =
-        rt.block_on(async { TcpListener::bind_with("127.0.0.1:0", options).unwrap() });
+    let listener = rt.block_on(async { TcpListener::bind_with("127.0.0.1:0", options).unwrap() });
     let addr = listener.local_addr().unwrap();
     let clients = thread::spawn(move || {
         let mut held = Vec::new();
@@ -1178,7 +1178,8 @@ fn lingering_write_beside_a_new_connection() {
     let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
     let addr = listener.local_addr().unwrap();
     // A's client takes little at a time, so the rest leaves in many parts.
-    let client_a = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let client_a =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     client_a.set_recv_buffer_size(4096).unwrap();
     client_a.connect(&addr.into()).unwrap();
     let client_a: StdStream = client_a.into();
@@ -1287,7 +1288,10 @@ fn raw_fd_of_a_direct_stream() {
         drop(served);
     });
     let stats = rt.stats();
-    println!("direct_accepts={} installs={}", stats.total.direct_accepts, stats.total.direct_fd_installs);
+    println!(
+        "direct_accepts={} installs={}",
+        stats.total.direct_accepts, stats.total.direct_fd_installs
+    );
 }
 
 /// `as_raw_fd` (and every socket call through it) on a stream accepted as

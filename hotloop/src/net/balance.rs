@@ -41,9 +41,9 @@
 //!   a refused connection is served where it was accepted, so none is
 //!   lost; a dead worker is never chosen.
 
+use crate::driver::Accepted;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
-use crate::driver::Accepted;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;

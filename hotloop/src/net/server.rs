@@ -40,11 +40,11 @@
 //! and those still open are cut (each handler's future is dropped at its
 //! next poll, which the cut forces by waking every task) and counted.
 
+use crate::driver::Accepted;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::OwnedFd;
-use crate::driver::Accepted;
 use std::path::{Path, PathBuf};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -864,7 +864,9 @@ where
                 // limit is once the server stops.
                 if primary {
                     for fd in lanes.close(me) {
-                        let Ok(stream) = L::stream_from_accepted(Accepted::Fd(fd)) else { continue };
+                        let Ok(stream) = L::stream_from_accepted(Accepted::Fd(fd)) else {
+                            continue;
+                        };
                         shared.active.fetch_add(1, Ordering::AcqRel);
                         start_handler(stream, &local, &*handler);
                     }

@@ -130,7 +130,11 @@ impl Listeners {
     /// The slots every direct accept armed may fill before the driver
     /// next looks.
     fn direct_headroom_armed(&self) -> u32 {
-        self.queues.iter().filter(|(_, l)| l.op.is_some()).filter_map(|(_, l)| l.op_direct_headroom).sum()
+        self.queues
+            .iter()
+            .filter(|(_, l)| l.op.is_some())
+            .filter_map(|(_, l)| l.op_direct_headroom)
+            .sum()
     }
 
     /// The headroom a direct accept of the listener `lkey` on `fd` needs,

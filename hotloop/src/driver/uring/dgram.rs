@@ -222,7 +222,8 @@ impl Dgrams {
             return;
         }
         let hdr: *const libc::msghdr = &*d.ring.msg;
-        let entry = fd.entry(|t| opcode::RecvMsgMulti::new(t, hdr, d.ring.buf_ring.group()).build());
+        let entry =
+            fd.entry(|t| opcode::RecvMsgMulti::new(t, hdr, d.ring.buf_ring.group()).build());
         // The entry points at the boxed header, which the queue keeps (and,
         // once the socket is closed, the operation) until the last completion.
         d.op = Some(ops.submit_feed(ring, entry, FeedKind::RecvMsg, dgrams, fd));

@@ -49,6 +49,11 @@
 //!   memory until its last completion, so a socket closed by its owner
 //!   stays open for as long as the kernel may still act on it, and its
 //!   number cannot be reused under a queued entry.
+//! - With `HOTLOOP_URING_DIRECT_FDS=1` accepted TCP connections are slots
+//!   of a file table the ring registers (`accept.rs`, `shared.rs`): the
+//!   same rule holds for a slot, closed with `IORING_OP_CLOSE` after its
+//!   last holder; a system call on such a socket gets a plain descriptor
+//!   installed first ([`Driver::plain_fd`]).
 //! - Wakers are woken, and the storage of finished cancelled operations
 //!   dropped, only after the driver's state is released: a buffer whose
 //!   destructor does I/O, or panics, finds the driver usable.
@@ -364,8 +369,12 @@ impl Driver {
                 let limit = crate::sys::nofile_soft_limit().unwrap_or(u64::MAX);
                 let slots = slots.min(u32::try_from(limit).unwrap_or(u32::MAX));
                 match ring.register_direct_table(slots) {
-                    Ok(()) => format!("accepted TCP connections are direct descriptors ({slots} slots)"),
-                    Err(e) => format!("plain descriptors: registering {slots} direct ones failed ({e})"),
+                    Ok(()) => {
+                        format!("accepted TCP connections are direct descriptors ({slots} slots)")
+                    }
+                    Err(e) => {
+                        format!("plain descriptors: registering {slots} direct ones failed ({e})")
+                    }
                 }
             }
         };

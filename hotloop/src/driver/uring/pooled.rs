@@ -309,8 +309,7 @@ impl Streams {
                     let raw = fd.raw_fd().expect("just checked");
                     // SAFETY: `dst` is a live slice of `len` writable bytes for the duration of
                     // the call.
-                    let res =
-                        unsafe { sys::recv_nowait(raw, dst.as_mut_ptr().cast(), dst.len()) };
+                    let res = unsafe { sys::recv_nowait(raw, dst.as_mut_ptr().cast(), dst.len()) };
                     if !matches!(&res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
                         return res;
                     }

@@ -375,8 +375,9 @@ impl Ring {
             stats::add(&self.stats.uring_enters, 1);
             let queued = self.ring.submission().len() as u32;
             // SAFETY: no argument.
-            match unsafe { self.enter_raw(queued, wait, IORING_ENTER_GETEVENTS, std::ptr::null(), 0) }
-            {
+            match unsafe {
+                self.enter_raw(queued, wait, IORING_ENTER_GETEVENTS, std::ptr::null(), 0)
+            } {
                 Ok(()) => {}
                 Err(e) if is_transient(&e) => {}
                 Err(e) => return Err(e),
@@ -394,7 +395,10 @@ impl Ring {
                 return Ok(res);
             }
         }
-        Err(io::Error::new(io::ErrorKind::TimedOut, "io_uring did not complete an immediate operation"))
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "io_uring did not complete an immediate operation",
+        ))
     }
 
     /// Moves what is pending into the submission queue and submits it,
