@@ -132,7 +132,7 @@ mod write_behind;
 mod zero_copy;
 
 pub(crate) use linger::WRITE_LINGER;
-pub(crate) use listener::{Accepted, DirectSocket, ListenerSource};
+pub(crate) use listener::{Accepted, ListenerSource};
 pub(crate) use readiness::ReadinessSource;
 pub(crate) use shared::{SharedFd, SharedFile};
 pub(crate) use stream::{SendOwned, StreamSource};

@@ -76,7 +76,7 @@ impl StreamSource {
     }
 
     /// Wraps a connection `driver` accepted as a direct socket.
-    pub(crate) fn from_direct(socket: super::DirectSocket) -> StreamSource {
+    pub(crate) fn from_direct(socket: super::listener::DirectSocket) -> StreamSource {
         let (driver, fd) = socket.into_parts();
         StreamSource::with_core(SourceCore::from_shared(&driver, fd))
     }
