@@ -6,7 +6,8 @@
 Keep-alive HTTP/1.1 (`hotloop-bench load --mode keepalive`) against, in
 turn: `hotloop serve http --driver uring` as it is, the same with the
 switch off (OFF_ENV, default `HOTLOOP_URING_REGISTERED_RING=0`; empty for none;
-OFF_ARGS adds command-line arguments, e.g. `--event-interval 256`; ONLY keeps
+OFF_ARGS adds command-line arguments, e.g. `--event-interval 256`; MODE
+is the load's `--mode`, default `keepalive`, e.g. `serial`; ONLY keeps
 the named servers, e.g. `ONLY=uring,uring-switch-off`), hotloop
 on epoll, the two floors (`hotloop-bench peer floor|floor-uring`), and
 h2o when it is on PATH (one thread, no access log: hotloop-bench's
@@ -37,6 +38,7 @@ import urllib.request
 
 BIN = os.environ.get("BIN", "target/release")
 C = os.environ.get("C", "256")
+MODE = os.environ.get("MODE", "keepalive")
 OFF_ENV = os.environ.get("OFF_ENV", "HOTLOOP_URING_REGISTERED_RING=0")
 # Further command-line arguments of the switched variant (e.g. `--event-interval 256`).
 OFF_ARGS = os.environ.get("OFF_ARGS", "").split()
@@ -99,7 +101,7 @@ def h2o_command(port, tmp):
 def load(port, seconds):
     out = subprocess.run(
         ["taskset", "-c", "1", f"{BIN}/hotloop-bench", "load", "--addr", f"127.0.0.1:{port}",
-         "-c", C, "-d", str(seconds)],
+         "--mode", MODE, "-c", C, "-d", str(seconds)],
         capture_output=True, text=True, timeout=float(seconds) + 30).stdout
     done = re.search(r"completed\s+(\d+)", out)
     p99 = re.search(r"p99 (\d+)", out)
@@ -158,7 +160,7 @@ def main():
                        waits=d["poller_waits"] / done, p99_us=p99)
             runs[name].append(row)
             print(r, name, {k: round(v, 4) for k, v in row.items()}, flush=True)
-    print(f"\nmedians over {rounds} rounds, keep-alive c={C}, {OFF_ENV} {' '.join(OFF_ARGS)} in uring-switch-off")
+    print(f"\nmedians over {rounds} rounds, {MODE} c={C}, {OFF_ENV} {' '.join(OFF_ARGS)} in uring-switch-off")
     first = None
     for name, rows in runs.items():
         if not rows:

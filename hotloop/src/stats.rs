@@ -125,6 +125,12 @@ counters! {
     /// Stream writes a quiet worker sent with a non-blocking `send(2)`
     /// instead of a ring entry (io_uring).
     direct_sends: sum,
+    /// Connections accepted as direct descriptors, slots of the ring's
+    /// file table (io_uring, `HOTLOOP_URING_DIRECT_FDS=1`).
+    direct_accepts: sum,
+    /// Plain descriptors installed for direct sockets, for a system call
+    /// or a hand-over (`IORING_OP_FIXED_FD_INSTALL`; io_uring).
+    direct_fd_installs: sum,
     /// Stream writes sent zero-copy (`SEND_ZC`): the network device read
     /// the bytes from the writer's buffer (io_uring).
     send_zc: sum,

@@ -3,8 +3,8 @@
 //! operations dropped while the kernel holds them, small rings under
 //! bursts, the lingering of a dropped stream's write, a quiet worker's
 //! direct sends, zero-copy sends and their counters, the registered ring
-//! descriptor, kernel busy polling and the
-//! fallback to epoll. Behaviour both drivers share lives in the
+//! descriptor, kernel busy polling, direct descriptors for accepted
+//! connections (and their fallbacks) and the fallback to epoll. Behaviour both drivers share lives in the
 //! file named after the behaviour.
 //!
 //! The tests in this file count descriptors and change the process's
@@ -957,4 +957,416 @@ fn stream_receives_fill_buffers_incrementally_and_can_be_switched_off() {
     }
     let out = run_child(NAME, &[("HOTLOOP_URING_RECV_INC", "0")]);
     assert!(out.contains("take 4 KiB buffers whole (HOTLOOP_URING_RECV_INC=0)"), "{out}");
+}
+
+/// Descriptors open in this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A blocking client that sends `msg` and reads its echo, `rounds` times
+/// (a keep-alive exchange).
+fn exchange(client: &mut StdStream, msg: &[u8], rounds: usize) {
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = vec![0u8; msg.len()];
+    for _ in 0..rounds {
+        client.write_all(msg).unwrap();
+        std::io::Read::read_exact(client, &mut got).unwrap();
+        assert_eq!(got, msg);
+    }
+}
+
+/// The child of the test below: 8 keep-alive connections echoed over
+/// owned reads, owned and poll-form writes and a shutdown; prints the
+/// description line and the counters.
+fn keepalive_over_accepted_streams() {
+    const CONNECTIONS: usize = 8;
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let addr = listener.local_addr().unwrap();
+    let before = open_fds();
+    let served = Rc::new(Cell::new(0));
+    let clients = thread::spawn(move || {
+        let mut all: Vec<StdStream> =
+            (0..CONNECTIONS).map(|_| StdStream::connect(addr).unwrap()).collect();
+        for (i, c) in all.iter_mut().enumerate() {
+            exchange(c, format!("request {i}").as_bytes(), 20);
+        }
+        for c in &mut all {
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut rest = Vec::new();
+            std::io::Read::read_to_end(c, &mut rest).unwrap();
+            assert_eq!(rest, b"bye", "the last write before the shutdown was lost");
+        }
+    });
+    let fds_held = rt.block_on({
+        let served = served.clone();
+        async move {
+            let mut tasks = Vec::new();
+            let mut fds_held = 0;
+            for _ in 0..CONNECTIONS {
+                let stream = listener.accept_stream().await.unwrap();
+                let served = served.clone();
+                tasks.push(hotloop::spawn(async move {
+                    let mut buf = Vec::with_capacity(64);
+                    loop {
+                        let (res, b) = stream.read_owned(buf).await;
+                        buf = b;
+                        if res.unwrap() == 0 {
+                            break;
+                        }
+                        let (res, b) = stream.write_all_owned(buf).await;
+                        buf = b;
+                        res.unwrap();
+                        buf.clear();
+                    }
+                    // A poll-form write, then the write side shut.
+                    let mut left: &[u8] = b"bye";
+                    while !left.is_empty() {
+                        match stream.try_write(left) {
+                            Ok(n) => left = &left[n..],
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                stream.writable().await.unwrap()
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    stream.shutdown_with(std::net::Shutdown::Write).await.unwrap();
+                    served.set(served.get() + 1);
+                }));
+            }
+            fds_held = fds_held.max(open_fds());
+            for t in tasks {
+                t.await.unwrap();
+            }
+            fds_held
+        }
+    });
+    clients.join().unwrap();
+    assert_eq!(served.get(), CONNECTIONS);
+    let stats = rt.stats();
+    println!(
+        "reason: {}\ndirect_accepts={} installs={} fds_added={}",
+        stats.info.reason,
+        stats.total.direct_accepts,
+        stats.total.direct_fd_installs,
+        fds_held.saturating_sub(before + CONNECTIONS),
+    );
+}
+
+/// The number after `name=` in `out`.
+fn counter(out: &str, name: &str) -> u64 {
+    let at = out.find(&format!("{name}=")).unwrap_or_else(|| panic!("no {name} in {out}"));
+    out[at + name.len() + 1..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+/// With `HOTLOOP_URING_DIRECT_FDS=1` accepted connections are direct
+/// descriptors: slots of the ring's file table, none of the process's
+/// descriptors, and keep-alive exchanges, poll-form writes and shutdowns
+/// go through the ring on the slot, with no plain descriptor installed.
+/// Off (the default, and `=0`), they are plain descriptors.
+#[test]
+fn direct_descriptors_serve_keepalive_exchanges_and_can_be_switched_off() {
+    const NAME: &str = "direct_descriptors_serve_keepalive_exchanges_and_can_be_switched_off";
+    if is_child(NAME) {
+        keepalive_over_accepted_streams();
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    assert!(out.contains("accepted TCP connections are direct descriptors"), "{out}");
+    assert_eq!(counter(&out, "direct_accepts"), 8, "{out}");
+    assert_eq!(counter(&out, "installs"), 0, "a plain descriptor was installed: {out}");
+    assert_eq!(counter(&out, "fds_added"), 0, "accepted streams took descriptors: {out}");
+    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "0")]);
+    assert!(out.contains("plain descriptors (HOTLOOP_URING_DIRECT_FDS=0)"), "{out}");
+    assert_eq!(counter(&out, "direct_accepts"), 0, "{out}");
+    assert_eq!(counter(&out, "fds_added"), 8, "{out}");
+}
+
+/// The child of the test below: 40 connections, each answered and kept
+/// open, on a listener whose backlog is 8, with a table of 24 slots,
+/// accepted by a multishot accept (`accept_pacing` off) or one at a time.
+fn more_connections_than_slots() {
+    const CONNECTIONS: usize = 40;
+    let rt = uring_runtime(1);
+    let paced = std::env::var("PACED").is_ok();
+    let options = ListenerOptions {
+        backlog: 8,
+        accept_pacing: if paced { ListenerOptions::default().accept_pacing } else { None },
+        ..Default::default()
+    };
+    let listener = rt.block_on(async { TcpListener::bind_with("127.0.0.1:0", options).unwrap() });
+    let addr = listener.local_addr().unwrap();
+    let clients = thread::spawn(move || {
+        let mut held = Vec::new();
+        for i in 0..CONNECTIONS {
+            let mut c = StdStream::connect(addr).unwrap();
+            exchange(&mut c, format!("client {i}").as_bytes(), 2);
+            held.push(c);
+        }
+        held
+    });
+    rt.block_on(async {
+        for _ in 0..CONNECTIONS {
+            let stream = listener.accept_stream().await.unwrap();
+            hotloop::spawn(common::echo(stream));
+        }
+        while !clients.is_finished() {
+            sleep(Duration::from_millis(2)).await;
+        }
+    });
+    let held = clients.join().unwrap();
+    let stats = rt.stats();
+    println!(
+        "reason: {}\ndirect_accepts={} accept_errors_resources={}",
+        stats.info.reason, stats.total.direct_accepts, stats.total.accept_errors_resources
+    );
+    drop(held);
+}
+
+/// A file table smaller than the connections: the driver stops accepting
+/// into it while it lacks room for the listener's backlog (the kernel
+/// would close a connection it accepted with no slot for it, `ENFILE`),
+/// and the rest are plain descriptors; every connection is served.
+#[test]
+fn a_table_smaller_than_the_connections_falls_back_to_plain_descriptors() {
+    const NAME: &str = "a_table_smaller_than_the_connections_falls_back_to_plain_descriptors";
+    if is_child(NAME) {
+        more_connections_than_slots();
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let out = run_child(
+        NAME,
+        &[("HOTLOOP_URING_DIRECT_FDS", "1"), ("HOTLOOP_URING_DIRECT_FDS_SLOTS", "24")],
+    );
+    assert!(out.contains("direct descriptors (24 slots)"), "{out}");
+    let direct = counter(&out, "direct_accepts");
+    // 24 slots, 9 kept free for a multishot accept on a backlog of 8 (and
+    // one): 16, and perhaps one the kernel accepted before the stop
+    // reached it.
+    assert!((8..=17).contains(&direct), "{direct} direct of 40: {out}");
+    assert_eq!(counter(&out, "accept_errors_resources"), 0, "the table filled: {out}");
+    // One at a time (accept pacing), every slot is used.
+    let out = run_child(
+        NAME,
+        &[
+            ("HOTLOOP_URING_DIRECT_FDS", "1"),
+            ("HOTLOOP_URING_DIRECT_FDS_SLOTS", "24"),
+            ("PACED", "1"),
+        ],
+    );
+    assert_eq!(counter(&out, "direct_accepts"), 24, "{out}");
+    assert_eq!(counter(&out, "accept_errors_resources"), 0, "the table filled: {out}");
+}
+
+/// The child of the test below. Stream A's write-behind send waits for
+/// room (its client reads nothing yet) when A is dropped: the driver sends
+/// the rest, one entry per part, on A's socket. Meanwhile a new
+/// connection B is accepted, where the kernel would reuse A's slot were
+/// it free. Every byte A took reaches A's client, and B's client gets
+/// only B's bytes.
+fn lingering_write_beside_a_new_connection() {
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let addr = listener.local_addr().unwrap();
+    // A's client takes little at a time, so the rest leaves in many parts.
+    let client_a =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    client_a.set_recv_buffer_size(4096).unwrap();
+    client_a.connect(&addr.into()).unwrap();
+    let client_a: StdStream = client_a.into();
+    // One `block_on`: a runtime leaving the thread waits for the lingering
+    // write (up to its deadline), which A's client only reads later.
+    let mut client_b = rt.block_on(async {
+        let a = listener.accept_stream().await.unwrap();
+        a.set_send_buffer_size(4096).unwrap();
+        let chunk = vec![b'a'; 64 * 1024];
+        let mut taken = 0usize;
+        // Until a send has waited 100 ms for room.
+        loop {
+            match a.try_write(&chunk) {
+                Ok(n) => taken += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if timeout(Duration::from_millis(100), a.writable()).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(a);
+        let client_b = StdStream::connect(addr).unwrap();
+        let b = listener.accept_stream().await.unwrap();
+        let (res, _) = b.write_all_owned(b"only b".to_vec()).await;
+        res.unwrap();
+        // A's client starts reading now: A's rest goes out while B is open.
+        let reader = thread::spawn(move || {
+            let mut client_a = client_a;
+            client_a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut all = Vec::new();
+            let mut part = [0u8; 1024];
+            loop {
+                match std::io::Read::read(&mut client_a, &mut part).unwrap() {
+                    0 => break all,
+                    n => all.extend_from_slice(&part[..n]),
+                }
+                thread::sleep(Duration::from_micros(200));
+            }
+        });
+        while !reader.is_finished() {
+            sleep(Duration::from_millis(5)).await;
+        }
+        let all = reader.join().unwrap();
+        assert_eq!(all.len(), taken, "A's client got {} of the {taken} bytes A took", all.len());
+        assert!(all.iter().all(|&c| c == b'a'));
+        drop(b);
+        client_b
+    });
+    client_b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut client_b, &mut got).unwrap();
+    assert_eq!(got, b"only b", "B's client got another stream's bytes");
+    let stats = rt.stats();
+    println!("direct_accepts={}", stats.total.direct_accepts);
+}
+
+/// A slot is given back only after the last operation on it ended (as a
+/// plain descriptor is closed): an entry a dropped stream's write still
+/// queues never reaches the connection accepted next.
+#[test]
+fn an_entry_of_a_dropped_stream_never_reaches_the_next_connections_slot() {
+    const NAME: &str = "an_entry_of_a_dropped_stream_never_reaches_the_next_connections_slot";
+    if is_child(NAME) {
+        lingering_write_beside_a_new_connection();
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    assert_eq!(counter(&out, "direct_accepts"), 2, "{out}");
+}
+
+/// The child of the test below: a direct stream's `as_raw_fd` and
+/// `peer_addr` work as on a plain descriptor (one is installed, once), and
+/// the stream goes on serving through the ring.
+fn raw_fd_of_a_direct_stream() {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let client_addr = client.local_addr().unwrap();
+    let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
+    assert_eq!(rt.stats().total.direct_fd_installs, 0);
+    let raw = stream.as_raw_fd();
+    // User code's own system call on it: `getpeername` through std.
+    // SAFETY: `raw` is the stream's open descriptor; `ManuallyDrop` never closes it.
+    let std_view = std::mem::ManuallyDrop::new(unsafe { StdStream::from_raw_fd(raw) });
+    assert_eq!(std_view.peer_addr().unwrap(), client_addr);
+    assert_eq!(stream.peer_addr().unwrap(), client_addr);
+    assert_eq!(stream.as_raw_fd(), raw);
+    stream.set_nodelay(true).unwrap();
+    assert!(stream.nodelay().unwrap());
+    rt.block_on(async {
+        let served = hotloop::spawn(common::echo(stream));
+        let ask = thread::spawn(move || {
+            exchange(&mut client, b"after as_raw_fd", 5);
+        });
+        while !ask.is_finished() {
+            sleep(Duration::from_millis(2)).await;
+        }
+        ask.join().unwrap();
+        drop(served);
+    });
+    let stats = rt.stats();
+    println!(
+        "direct_accepts={} installs={}",
+        stats.total.direct_accepts, stats.total.direct_fd_installs
+    );
+}
+
+/// `as_raw_fd` (and every socket call through it) on a stream accepted as
+/// a direct descriptor works as on a plain one.
+#[test]
+fn a_direct_streams_raw_fd_is_a_plain_descriptor() {
+    const NAME: &str = "a_direct_streams_raw_fd_is_a_plain_descriptor";
+    if is_child(NAME) {
+        raw_fd_of_a_direct_stream();
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
+    assert_eq!(counter(&out, "installs"), 1, "{out}");
+}
+
+/// The child of the test below: a server on two workers whose first is
+/// kept busy hands new connections to the second (`Balance::Load`).
+fn handed_to_another_worker() {
+    use hotloop::net::{serve, Balance, ServerOptions};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let rt = uring_runtime(2);
+    let options = ServerOptions { balance: Balance::Load, ..Default::default() };
+    let server = serve(rt.handle(), "127.0.0.1:0", options, common::echo).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = stop.clone();
+    drop(rt.handle().spawn_on(0, move || async move {
+        while !busy.load(Ordering::Relaxed) {
+            let until = Instant::now() + Duration::from_micros(50);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            hotloop::yield_now().await;
+        }
+    }));
+    thread::sleep(Duration::from_millis(50));
+    for i in 0..40 {
+        let mut c = StdStream::connect(server.local_addr()).unwrap();
+        exchange(&mut c, format!("handed {i}").as_bytes(), 2);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let stats = rt.stats();
+    let out: u64 = stats.workers.iter().map(|w| w.handoffs_out).sum();
+    println!(
+        "handoffs_out={out} direct_accepts={} installs={}",
+        stats.total.direct_accepts, stats.total.direct_fd_installs
+    );
+    server.shutdown_blocking(Duration::from_secs(1));
+}
+
+/// A direct socket handed to another worker gets a plain descriptor to
+/// travel with (its slot is only in the accepting worker's ring), and is
+/// served there.
+#[test]
+fn a_direct_socket_handed_to_another_worker_is_served_there() {
+    const NAME: &str = "a_direct_socket_handed_to_another_worker_is_served_there";
+    if is_child(NAME) {
+        handed_to_another_worker();
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    let handed = counter(&out, "handoffs_out");
+    assert!(handed > 0, "nothing was handed over: {out}");
+    assert!(counter(&out, "direct_accepts") > 0, "{out}");
+    // One each (and one for a connection the chosen worker refused, then
+    // served here as a plain descriptor).
+    let installs = counter(&out, "installs");
+    assert!(installs >= handed && installs <= counter(&out, "direct_accepts"), "{out}");
 }

@@ -128,6 +128,10 @@ pub enum UringFeature {
     /// Stream receives into 64 KiB buffers consumed a part at a time
     /// (`IOU_PBUF_RING_INC`; `HOTLOOP_URING_RECV_INC=0` switches it off).
     RecvInc,
+    /// Accepted connections as direct descriptors in the ring's file table
+    /// (`HOTLOOP_URING_DIRECT_FDS=0` switches them off; off by default, so
+    /// run the bench with `HOTLOOP_URING_DIRECT_FDS=1` for the on rows).
+    DirectFds,
 }
 
 impl UringFeature {
@@ -137,6 +141,7 @@ impl UringFeature {
             UringFeature::RegisteredRing => "registered-ring",
             UringFeature::SendZc => "send-zc",
             UringFeature::RecvInc => "recv-inc",
+            UringFeature::DirectFds => "direct-fds",
         }
     }
 
@@ -146,6 +151,7 @@ impl UringFeature {
             UringFeature::RegisteredRing => ("HOTLOOP_URING_REGISTERED_RING", "0"),
             UringFeature::SendZc => ("HOTLOOP_URING_SEND_ZC", "0"),
             UringFeature::RecvInc => ("HOTLOOP_URING_RECV_INC", "0"),
+            UringFeature::DirectFds => ("HOTLOOP_URING_DIRECT_FDS", "0"),
         }
     }
 }

@@ -131,7 +131,12 @@ pub(crate) struct DriverConfig {
 ///   owned write sent zero-copy;
 /// - `HOTLOOP_URING_RECV_INC=0`: the stream receive ring's buffers are
 ///   used whole, one per completion (4 KiB), instead of 64 KiB buffers
-///   consumed a completion at a time (`IOU_PBUF_RING_INC`, Linux 6.12).
+///   consumed a completion at a time (`IOU_PBUF_RING_INC`, Linux 6.12);
+/// - `HOTLOOP_URING_DIRECT_FDS=1` (default 0): accepted TCP connections
+///   are direct descriptors, slots of a file table the ring registers,
+///   named `IOSQE_FIXED_FILE` by every entry (see `uring/accept.rs`);
+/// - `HOTLOOP_URING_DIRECT_FDS_SLOTS=N` (default 16384, at most the soft
+///   open-file limit, which the kernel applies): the table's slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UringSwitches {
     /// Multishot receive on streams (and datagrams) where the kernel has it.
@@ -161,6 +166,9 @@ pub(crate) struct UringSwitches {
     /// The stream receive ring consumed incrementally where the kernel
     /// has it (`IOU_PBUF_RING_INC`).
     pub(crate) recv_incremental: bool,
+    /// Accepted TCP connections as direct descriptors in a file table of
+    /// this many slots (`None`: plain descriptors).
+    pub(crate) direct_fd_slots: Option<u32>,
 }
 
 impl UringSwitches {
@@ -183,6 +191,11 @@ impl UringSwitches {
     /// copying send's CPU at 64 KiB and 1.02x at 1 MiB, 1.31x at 16 KiB
     /// (BENCHMARKS.md, "Zero-copy send").
     pub(crate) const SEND_ZC_MIN_DEFAULT_BYTES: usize = 64 * 1024;
+
+    /// Slots in the file table of direct sockets unless the environment
+    /// says otherwise: 16384 connections per worker before accepts turn
+    /// plain, for 128 KiB of kernel memory per ring.
+    pub(crate) const DIRECT_FD_SLOTS_DEFAULT: u32 = 16384;
 
     /// The switches as the environment sets them (a malformed buffer count
     /// is reported and the default used).
@@ -216,6 +229,9 @@ impl UringSwitches {
             send_zc_when_copied: std::env::var("HOTLOOP_URING_SEND_ZC")
                 .is_ok_and(|v| v == "always"),
             recv_incremental: !off("HOTLOOP_URING_RECV_INC"),
+            direct_fd_slots: std::env::var("HOTLOOP_URING_DIRECT_FDS")
+                .is_ok_and(|v| v == "1")
+                .then(direct_fd_slots_from_env),
         }
     }
 }
@@ -234,6 +250,25 @@ fn submit_after_from_env() -> Option<u64> {
                     "HOTLOOP_URING_SUBMIT_AFTER_US={v:?} is neither `off` nor a number of \
                      microseconds up to 1000000; using {}",
                     UringSwitches::SUBMIT_AFTER_DEFAULT_US
+                ));
+                default
+            }
+        },
+    }
+}
+
+/// `HOTLOOP_URING_DIRECT_FDS_SLOTS`: a malformed value (or 0) is reported
+/// and the default used.
+fn direct_fd_slots_from_env() -> u32 {
+    let default = UringSwitches::DIRECT_FD_SLOTS_DEFAULT;
+    match std::env::var("HOTLOOP_URING_DIRECT_FDS_SLOTS") {
+        Err(_) => default,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if (1..=1 << 20).contains(&n) => n,
+            _ => {
+                crate::log::warn(format_args!(
+                    "HOTLOOP_URING_DIRECT_FDS_SLOTS={v:?} is not a number of slots from 1 to \
+                     1048576; using {default}"
                 ));
                 default
             }

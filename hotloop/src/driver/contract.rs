@@ -13,8 +13,11 @@
 //! - The face calls a backend through the trait on the concrete type, a
 //!   static call as before (no `dyn`, no boxing): the trait adds no
 //!   instruction to a request.
-//! - Three kinds of call stay outside the lists, each written by hand in
+//! - Four kinds of call stay outside the lists, each written by hand in
 //!   the face: a constructor (it matches on the driver, not on a source),
+//!   a listener's accepts (an io_uring accept may hand back a direct
+//!   descriptor of its ring's file table, an epoll one a plain descriptor,
+//!   so each backend returns its own type and the face wraps epoll's),
 //!   a call that consumes the source and may hand it back (a stream's
 //!   `into_fd`, whose refusal returns the backend's source inside the
 //!   face's), and a call whose result is a backend's own named type (a
@@ -27,10 +30,9 @@ use std::io;
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, RawFd};
 use std::task::{Context as TaskContext, Poll};
 
-use super::config::AcceptMode;
 use super::udp::{RecvMeta, SendMeta, Transmit};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 
@@ -120,20 +122,11 @@ macro_rules! listener_calls {
                 fn fd(&self) -> RawFd;
                 /// The descriptor, borrowed for as long as the source lives.
                 fn as_fd(&self) -> BorrowedFd<'_>;
-                /// Takes one connection, or parks the task until one comes.
-                fn poll_accept(&self, cx: &mut TaskContext<'_>, mode: AcceptMode)
-                    -> Poll<io::Result<OwnedFd>>;
-                /// Takes one connection only if one is ready now, never parking: for
-                /// draining a listener's queue when a server stops.
-                fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>>;
                 /// Ready once the driver holds no accept in the kernel for this
                 /// listener (io_uring, after `set_accept_room(0)`; at once on epoll),
                 /// so a socket another process also accepts on loses no connection to
                 /// an accept nobody will take.
                 fn poll_accept_settled(&self, cx: &mut TaskContext<'_>) -> Poll<()>;
-                /// Takes one connection the driver already accepted for this listener
-                /// (io_uring's queue), never one from the socket's backlog.
-                fn take_accepted(&self) -> Option<io::Result<OwnedFd>>;
                 /// Sets how many connections the owner will take from now on
                 /// (`usize::MAX`: all). The driver never accepts more than that ahead
                 /// of the owner; the kernel's backlog holds the rest.
@@ -151,7 +144,8 @@ macro_rules! stream_calls {
             /// What a backend's byte-stream socket does (besides its owned
             /// `send`, whose future is each backend's own type).
             StreamOps for StreamSource {
-                /// The raw descriptor (for syscalls that never wait).
+                /// The raw descriptor (for syscalls that never wait). A direct
+                /// io_uring socket gets a plain descriptor installed on first use.
                 fn fd(&self) -> RawFd;
                 /// The descriptor, borrowed for as long as the source lives (for
                 /// socket options through safe wrappers such as `socket2::SockRef`).

@@ -77,6 +77,7 @@ pub use config::{AcceptMode, DriverKind, KernelBusyPoll, Registration};
 pub(crate) use config::{DriverConfig, UringSwitches};
 pub(crate) use park::Park;
 pub(crate) use source::{DatagramSource, ListenerSource, ReadinessSource, StreamSource};
+pub(crate) use uring::Accepted;
 pub(crate) use wake::Unpark;
 
 /// The file operations a worker's ring runs (`uring/file.rs`), as `fs`

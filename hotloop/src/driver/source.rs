@@ -6,6 +6,8 @@
 //! The calls each role forwards to its backend are generated from the
 //! role's list in `contract.rs` (the same list makes the trait each
 //! backend implements); written here by hand are only the constructors,
+//! the accepts (io_uring's may hand back a direct descriptor, epoll's a
+//! plain one, so each backend returns its own type),
 //! a stream's `into_fd` (it consumes the source, and a refusal hands it
 //! back), the owned `send` with its named future, and the calls made of
 //! other calls, the same on every backend (the borrowed-slice forms).
@@ -34,7 +36,7 @@ use super::contract::{
     ListenerOps, ReadinessOps, StreamOps,
 };
 use super::udp::{RecvMeta, SendMeta, Transmit};
-use super::{epoll, uring, Driver};
+use super::{epoll, uring, Accepted, Driver};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
 use crate::sys;
 
@@ -53,6 +55,36 @@ impl ListenerSource {
             Driver::Epoll(d) => ListenerSource::Epoll(epoll::ListenerSource::new(d, fd)?),
             Driver::Uring(d) => ListenerSource::Uring(uring::ListenerSource::new(d, fd)),
         })
+    }
+
+    /// Takes one connection, or parks the task until one comes.
+    pub(crate) fn poll_accept(
+        &self,
+        cx: &mut TaskContext<'_>,
+        mode: AcceptMode,
+    ) -> Poll<io::Result<Accepted>> {
+        match self {
+            ListenerSource::Epoll(s) => s.poll_accept(cx, mode).map_ok(Accepted::Fd),
+            ListenerSource::Uring(s) => s.poll_accept(cx, mode),
+        }
+    }
+
+    /// Takes one connection only if one is ready now, never parking: for
+    /// draining a listener's queue when a server stops.
+    pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<Accepted>> {
+        match self {
+            ListenerSource::Epoll(s) => s.accept_now(mode).map(|r| r.map(Accepted::Fd)),
+            ListenerSource::Uring(s) => s.accept_now(mode),
+        }
+    }
+
+    /// Takes one connection the driver already accepted for this listener
+    /// (io_uring's queue), never one from the socket's backlog.
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<Accepted>> {
+        match self {
+            ListenerSource::Epoll(s) => s.take_accepted().map(|r| r.map(Accepted::Fd)),
+            ListenerSource::Uring(s) => s.take_accepted(),
+        }
     }
 }
 
@@ -76,6 +108,19 @@ impl StreamSource {
             Driver::Epoll(d) => StreamSource::Epoll(epoll::StreamSource::new(d, fd)?),
             Driver::Uring(d) => StreamSource::Uring(uring::StreamSource::new(d, fd)),
         })
+    }
+
+    /// A stream over a connection a listener of `driver` accepted. A
+    /// direct socket of another driver (or of none: the driver is epoll)
+    /// gets a plain descriptor first.
+    pub(crate) fn from_accepted(driver: &Driver, accepted: Accepted) -> io::Result<StreamSource> {
+        match (driver, accepted) {
+            (_, Accepted::Fd(fd)) => StreamSource::new(driver, fd),
+            (Driver::Uring(d), Accepted::Direct(s)) if std::rc::Rc::ptr_eq(d, s.driver()) => {
+                Ok(StreamSource::Uring(uring::StreamSource::from_direct(s)))
+            }
+            (_, direct) => StreamSource::new(driver, direct.into_fd().map_err(|(e, _)| e)?),
+        }
     }
 
     /// Gives the descriptor up, open, out of this driver, once nothing the

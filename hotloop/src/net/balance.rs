@@ -41,6 +41,7 @@
 //!   a refused connection is served where it was accepted, so none is
 //!   lost; a dead worker is never chosen.
 
+use crate::driver::Accepted;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -243,19 +244,25 @@ impl Lanes {
 
 /// Hands a connection just accepted on worker `me` to a less loaded
 /// worker if the balance says so (`None`: it was handed over); else, or if
-/// the chosen worker refuses it, gives it back to be served here.
-pub(crate) fn hand_off(lanes: &Lanes, me: usize, fd: OwnedFd) -> Option<OwnedFd> {
+/// the chosen worker refuses it, gives it back to be served here. A
+/// direct io_uring socket gets a plain descriptor to travel with (kept
+/// here if that fails).
+pub(crate) fn hand_off(lanes: &Lanes, me: usize, accepted: Accepted) -> Option<Accepted> {
     if !lanes.enabled() {
-        return Some(fd);
+        return Some(accepted);
     }
     let now = current::clock_monotonic_ns();
-    let Some(to) = lanes.target(me, now) else { return Some(fd) };
+    let Some(to) = lanes.target(me, now) else { return Some(accepted) };
+    let fd = match accepted.into_fd() {
+        Ok(fd) => fd,
+        Err((_, accepted)) => return Some(accepted),
+    };
     match lanes.offer(to, fd) {
         Ok(()) => {
             current::count(|s| &s.handoffs_out);
             None
         }
-        Err(fd) => Some(fd),
+        Err(fd) => Some(Accepted::Fd(fd)),
     }
 }
 

@@ -50,7 +50,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::options::{AcceptPacing, ListenerOptions};
 use super::stream::TcpStream;
-use crate::driver::ListenerSource;
+use crate::driver::{Accepted, ListenerSource};
 use crate::runtime::{current, yield_to_driver};
 use crate::stats;
 use crate::sys;
@@ -149,7 +149,7 @@ impl TcpListener {
     /// [`ListenerOptions::resource_pause`] and counts the error; connections
     /// that died in the queue are skipped. Other errors are returned.
     pub async fn accept_stream(&self) -> io::Result<TcpStream> {
-        TcpStream::from_fd(self.acceptor.accept_fd().await?)
+        TcpStream::from_accepted(self.acceptor.accept_fd().await?)
     }
 
     /// Says how many more connections the caller will take before it says
@@ -165,7 +165,7 @@ impl TcpListener {
 
     /// Accepts under the policy of [`Self::accept_stream`], handing back
     /// the descriptor (a server may pass it to another worker).
-    pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
+    pub(crate) async fn accept_fd(&self) -> io::Result<Accepted> {
         self.acceptor.accept_fd().await
     }
 
@@ -173,7 +173,7 @@ impl TcpListener {
     /// bound: for draining the queue when a server stops, so that the
     /// connections the kernel already accepted are served, not reset.
     pub fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
-        Some(self.acceptor.accept_fd_ready()?.and_then(TcpStream::from_fd))
+        Some(self.acceptor.accept_fd_ready()?.and_then(TcpStream::from_accepted))
     }
 }
 
@@ -197,13 +197,13 @@ pub(crate) trait Accept: Sized + 'static {
     fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self>;
     /// Accepts under the listener's policy, without making a stream yet
     /// (the connection may be handed to another worker).
-    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_;
+    fn accept_fd(&self) -> impl Future<Output = io::Result<Accepted>> + '_;
     /// A stream on the current worker over an accepted connection.
-    fn stream_from_fd(fd: OwnedFd) -> io::Result<Self::Stream>;
+    fn stream_from_accepted(accepted: Accepted) -> io::Result<Self::Stream>;
     fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
     /// A connection from the driver's queue or the socket's backlog if one
     /// is there now, ignoring the accept bound, as a descriptor.
-    fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>>;
+    fn accept_fd_ready(&self) -> Option<io::Result<Accepted>>;
     fn set_accept_room(&self, room: Option<usize>);
     /// Ready once the driver holds no accept in the kernel for this
     /// listener (see [`Acceptor::poll_accept_settled`]).
@@ -218,16 +218,16 @@ impl Accept for TcpListener {
     fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
         TcpListener::from_fd(fd, options)
     }
-    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_ {
+    fn accept_fd(&self) -> impl Future<Output = io::Result<Accepted>> + '_ {
         TcpListener::accept_fd(self)
     }
-    fn stream_from_fd(fd: OwnedFd) -> io::Result<TcpStream> {
-        TcpStream::from_fd(fd)
+    fn stream_from_accepted(accepted: Accepted) -> io::Result<TcpStream> {
+        TcpStream::from_accepted(accepted)
     }
     fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
         TcpListener::accept_ready(self)
     }
-    fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>> {
+    fn accept_fd_ready(&self) -> Option<io::Result<Accepted>> {
         self.acceptor.accept_fd_ready()
     }
     fn set_accept_room(&self, room: Option<usize>) {
@@ -237,7 +237,7 @@ impl Accept for TcpListener {
         self.acceptor.poll_accept_settled(cx)
     }
     fn take_accepted(&self) -> Option<io::Result<TcpStream>> {
-        Some(self.acceptor.take_accepted()?.and_then(TcpStream::from_fd))
+        Some(self.acceptor.take_accepted()?.and_then(TcpStream::from_accepted))
     }
 }
 
@@ -307,7 +307,7 @@ impl Acceptor {
 
     /// Accepts a connection under the policy (see
     /// [`TcpListener::accept_stream`]).
-    pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
+    pub(crate) async fn accept_fd(&self) -> io::Result<Accepted> {
         let mut reclaimed = false;
         loop {
             if let Some(until) = self.paused_until.take() {
@@ -340,7 +340,8 @@ impl Acceptor {
             match result {
                 Ok(fd) => {
                     self.count_accept();
-                    self.set_scarce(fd.as_raw_fd() >= self.scarce_from);
+                    // A direct socket takes none of the process's descriptors.
+                    self.set_scarce(fd.raw_fd().is_some_and(|raw| raw >= self.scarce_from));
                     self.end_exhaustion();
                     return Ok(fd);
                 }
@@ -401,11 +402,11 @@ impl Acceptor {
     }
 
     /// See [`TcpListener::accept_ready`].
-    pub(crate) fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>> {
+    pub(crate) fn accept_fd_ready(&self) -> Option<io::Result<Accepted>> {
         match self.src.accept_now(self.options.accept_mode)? {
             Ok(fd) => {
                 self.count_accept();
-                self.set_scarce(fd.as_raw_fd() >= self.scarce_from);
+                self.set_scarce(fd.raw_fd().is_some_and(|raw| raw >= self.scarce_from));
                 self.end_exhaustion();
                 Some(Ok(fd))
             }
@@ -429,7 +430,7 @@ impl Acceptor {
 
     /// A connection the driver already accepted (io_uring's queue), never
     /// one from the socket's backlog; counted as accepted.
-    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<Accepted>> {
         let got = self.src.take_accepted()?;
         if got.is_ok() {
             self.count_accept();

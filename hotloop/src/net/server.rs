@@ -40,6 +40,7 @@
 //! and those still open are cut (each handler's future is dropped at its
 //! next poll, which the cut forces by waking every task) and counted.
 
+use crate::driver::Accepted;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -743,7 +744,7 @@ struct Limits {
 /// A connection for the accept loop: one it accepted, or one another
 /// worker handed to it.
 enum Arrival {
-    Accepted(OwnedFd),
+    Accepted(Accepted),
     HandedIn(OwnedFd),
 }
 
@@ -863,7 +864,9 @@ where
                 // limit is once the server stops.
                 if primary {
                     for fd in lanes.close(me) {
-                        let Ok(stream) = L::stream_from_fd(fd) else { continue };
+                        let Ok(stream) = L::stream_from_accepted(Accepted::Fd(fd)) else {
+                            continue;
+                        };
                         shared.active.fetch_add(1, Ordering::AcqRel);
                         start_handler(stream, &local, &*handler);
                     }
@@ -871,19 +874,19 @@ where
                 return Ok(());
             }
             Some(Ok(arrival)) => {
-                let fd = match arrival {
-                    Arrival::Accepted(fd) => match hand_off(lanes, me, fd) {
+                let accepted = match arrival {
+                    Arrival::Accepted(accepted) => match hand_off(lanes, me, accepted) {
                         None => continue,
-                        Some(fd) => fd,
+                        Some(accepted) => accepted,
                     },
                     Arrival::HandedIn(fd) => {
                         current::count(|s| &s.handoffs_in);
-                        fd
+                        Accepted::Fd(fd)
                     }
                 };
                 // A connection whose stream cannot be made (its descriptor
                 // is closed with the error) is one the peer sees reset.
-                let Ok(stream) = L::stream_from_fd(fd) else { continue };
+                let Ok(stream) = L::stream_from_accepted(accepted) else { continue };
                 // Another worker may have taken the last slot since the check
                 // above: hold the connection (it is not closed) until one frees.
                 while !try_reserve(&shared, &local, limits) {

@@ -28,6 +28,12 @@ impl TcpStream {
         Ok(TcpStream { core: StreamCore::new(fd)? })
     }
 
+    /// Wraps a connection a listener of the current worker accepted (on
+    /// io_uring, perhaps a direct descriptor).
+    pub(crate) fn from_accepted(accepted: crate::driver::Accepted) -> io::Result<TcpStream> {
+        Ok(TcpStream { core: StreamCore::from_accepted(accepted)? })
+    }
+
     pub(crate) fn core(&self) -> &StreamCore {
         &self.core
     }

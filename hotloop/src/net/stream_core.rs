@@ -16,7 +16,7 @@ use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::task::{Context, Poll};
 
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::driver::StreamSource;
+use crate::driver::{Accepted, StreamSource};
 use crate::runtime::current;
 
 /// The bytes read and written per step when a file is sent by copying.
@@ -37,6 +37,13 @@ impl StreamCore {
     /// Wraps a connected (or connecting) socket on the current worker's driver.
     pub(crate) fn new(fd: OwnedFd) -> io::Result<StreamCore> {
         let src = current::with_driver(|d| StreamSource::new(d, fd))?;
+        Ok(StreamCore { src })
+    }
+
+    /// Wraps a connection a listener of the current worker accepted (a
+    /// direct io_uring socket stays one).
+    pub(crate) fn from_accepted(accepted: Accepted) -> io::Result<StreamCore> {
+        let src = current::with_driver(|d| StreamSource::from_accepted(d, accepted))?;
         Ok(StreamCore { src })
     }
 

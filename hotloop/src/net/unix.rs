@@ -39,7 +39,7 @@ use super::listener::{count_reset_in_queue, Accept, Acceptor};
 use super::options::ListenerOptions;
 use super::stream_core::StreamCore;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
-use crate::driver::Driver;
+use crate::driver::{Accepted, Driver};
 use crate::runtime::current;
 use crate::sys;
 
@@ -64,6 +64,11 @@ impl UnixStream {
     /// Wraps an accepted socket on the current worker's driver.
     pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<UnixStream> {
         Ok(UnixStream { core: StreamCore::new(fd)? })
+    }
+
+    /// Wraps a connection a listener of the current worker accepted.
+    pub(crate) fn from_accepted(accepted: Accepted) -> io::Result<UnixStream> {
+        Ok(UnixStream { core: StreamCore::from_accepted(accepted)? })
     }
 
     /// Wraps a socket this process connected, blocking or not as the
@@ -260,7 +265,7 @@ impl UnixListener {
     /// listener's accept policy (see
     /// [`TcpListener::accept_stream`](super::TcpListener::accept_stream)).
     pub async fn accept_stream(&self) -> io::Result<UnixStream> {
-        UnixStream::from_fd(self.acceptor.accept_fd().await?)
+        UnixStream::from_accepted(self.acceptor.accept_fd().await?)
     }
 
     /// See [`TcpListener::set_accept_room`](super::TcpListener::set_accept_room).
@@ -270,14 +275,14 @@ impl UnixListener {
 
     /// Accepts under the policy of [`Self::accept_stream`], handing back
     /// the descriptor (a server may pass it to another worker).
-    pub(crate) async fn accept_fd(&self) -> io::Result<OwnedFd> {
+    pub(crate) async fn accept_fd(&self) -> io::Result<Accepted> {
         self.acceptor.accept_fd().await
     }
 
     /// Takes a connection only if one is ready now, ignoring the accept
     /// bound (for draining the queue when a server stops).
     pub fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
-        Some(self.acceptor.accept_fd_ready()?.and_then(UnixStream::from_fd))
+        Some(self.acceptor.accept_fd_ready()?.and_then(UnixStream::from_accepted))
     }
 }
 
@@ -364,16 +369,16 @@ impl Accept for UnixListener {
     fn from_fd(fd: OwnedFd, options: ListenerOptions) -> io::Result<Self> {
         UnixListener::from_fd(fd, options)
     }
-    fn accept_fd(&self) -> impl Future<Output = io::Result<OwnedFd>> + '_ {
+    fn accept_fd(&self) -> impl Future<Output = io::Result<Accepted>> + '_ {
         UnixListener::accept_fd(self)
     }
-    fn stream_from_fd(fd: OwnedFd) -> io::Result<UnixStream> {
-        UnixStream::from_fd(fd)
+    fn stream_from_accepted(accepted: Accepted) -> io::Result<UnixStream> {
+        UnixStream::from_accepted(accepted)
     }
     fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
         UnixListener::accept_ready(self)
     }
-    fn accept_fd_ready(&self) -> Option<io::Result<OwnedFd>> {
+    fn accept_fd_ready(&self) -> Option<io::Result<Accepted>> {
         self.acceptor.accept_fd_ready()
     }
     fn set_accept_room(&self, room: Option<usize>) {
@@ -383,6 +388,6 @@ impl Accept for UnixListener {
         self.acceptor.poll_accept_settled(cx)
     }
     fn take_accepted(&self) -> Option<io::Result<UnixStream>> {
-        Some(self.acceptor.take_accepted()?.and_then(UnixStream::from_fd))
+        Some(self.acceptor.take_accepted()?.and_then(UnixStream::from_accepted))
     }
 }

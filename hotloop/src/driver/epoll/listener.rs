@@ -22,6 +22,31 @@ impl ListenerSource {
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<ListenerSource> {
         Ok(ListenerSource { core: SourceCore::registered(driver, fd)? })
     }
+
+    /// Takes one connection, or parks the task until one comes. Every
+    /// accept mode is one `accept4` per connection on epoll.
+    pub(crate) fn poll_accept(
+        &self,
+        cx: &mut TaskContext<'_>,
+        _mode: AcceptMode,
+    ) -> Poll<io::Result<OwnedFd>> {
+        self.core.poll_io(cx, Direction::Read, || sys::accept(self.fd()))
+    }
+
+    /// Takes one connection only if one is ready now.
+    pub(crate) fn accept_now(&self, _mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
+        // Straight to the syscall: an edge for a connection that just came
+        // in may not have been polled yet.
+        match sys::accept(self.fd()) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            other => Some(other),
+        }
+    }
+
+    /// None: epoll holds no accepted connection for the listener.
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
+        None
+    }
 }
 
 impl ListenerOps for ListenerSource {
@@ -35,35 +60,10 @@ impl ListenerOps for ListenerSource {
         self.core.as_fd()
     }
 
-    /// Takes one connection, or parks the task until one comes. Every
-    /// accept mode is one `accept4` per connection on epoll.
-    fn poll_accept(
-        &self,
-        cx: &mut TaskContext<'_>,
-        _mode: AcceptMode,
-    ) -> Poll<io::Result<OwnedFd>> {
-        self.core.poll_io(cx, Direction::Read, || sys::accept(self.fd()))
-    }
-
-    /// Takes one connection only if one is ready now.
-    fn accept_now(&self, _mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
-        // Straight to the syscall: an edge for a connection that just came
-        // in may not have been polled yet.
-        match sys::accept(self.fd()) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            other => Some(other),
-        }
-    }
-
     /// Ready at once: epoll accepts only when asked, so nothing is ever
     /// accepted on the listener's behalf.
     fn poll_accept_settled(&self, _cx: &mut TaskContext<'_>) -> Poll<()> {
         Poll::Ready(())
-    }
-
-    /// None: epoll holds no accepted connection for the listener.
-    fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
-        None
     }
 
     /// Nothing to do on epoll: a connection is accepted only when asked

@@ -36,7 +36,6 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::task::{Poll, Waker};
 
 use io_uring::{cqueue, opcode, types};
@@ -224,8 +223,7 @@ impl Dgrams {
         }
         let hdr: *const libc::msghdr = &*d.ring.msg;
         let entry =
-            opcode::RecvMsgMulti::new(types::Fd(fd.as_raw_fd()), hdr, d.ring.buf_ring.group())
-                .build();
+            fd.entry(|t| opcode::RecvMsgMulti::new(t, hdr, d.ring.buf_ring.group()).build());
         // The entry points at the boxed header, which the queue keeps (and,
         // once the socket is closed, the operation) until the last completion.
         d.op = Some(ops.submit_feed(ring, entry, FeedKind::RecvMsg, dgrams, fd));

@@ -41,7 +41,10 @@ impl Uring {
                 self.wake.on_completion(res, last);
                 return;
             }
-            Some(UserData::Cancel | UserData::TimerUpdate) => return,
+            Some(UserData::Cancel | UserData::TimerUpdate | UserData::SlotClose) => return,
+            // Read by `Ring::run_now` itself; one arriving here had nobody
+            // waiting (unreachable: it waits until its entry completes).
+            Some(UserData::RunNow) => return,
             Some(UserData::Timer) => {
                 self.timer.on_completion();
                 return;
@@ -90,12 +93,13 @@ impl Uring {
                 }
                 stage.complete(last);
                 match kind {
-                    FeedKind::Accept => self.listeners.on_completion(
+                    FeedKind::Accept | FeedKind::AcceptDirect => self.listeners.on_completion(
                         &mut self.ring,
                         stage,
                         queue,
                         key,
                         res,
+                        kind == FeedKind::AcceptDirect,
                         last,
                         woken,
                     ),
@@ -160,6 +164,12 @@ impl Uring {
     fn on_orphan_completion(&mut self, kind: FeedKind, queue: Key, res: i32, last: bool) {
         match kind {
             FeedKind::Accept => unclaimed::close(res),
+            // A slot the kernel filled for nobody: given back at once.
+            FeedKind::AcceptDirect => {
+                if let (Some(table), Ok(slot)) = (&self.ring.direct, u32::try_from(res)) {
+                    drop(table.filled(slot));
+                }
+            }
             FeedKind::RecvMsg if last => self.dgrams.free(&self.ring, queue),
             // Buffers it still fills die with its ring, at the last completion.
             FeedKind::RecvMsg => {}

@@ -44,7 +44,7 @@ use std::rc::Rc;
 use io_uring::{opcode, types};
 
 use super::op::{is_retry, Op};
-use super::shared::{SharedFd, SharedFile};
+use super::shared::SharedFile;
 use super::stream::StreamSource;
 use super::unclaimed::OpenPath;
 use super::Driver;
@@ -69,10 +69,13 @@ const PIPE_BYTES: usize = 1024 * 1024;
 /// The most empty pipes a worker keeps for later sends.
 pub(super) const PIPES_POOLED_MAX: usize = 16;
 
+/// One end of a pipe, shared with the splices that use it.
+type PipeEnd = Rc<OwnedFd>;
+
 /// A pipe a splice goes through.
 pub(super) struct Pipe {
-    rd: SharedFd,
-    wr: SharedFd,
+    rd: PipeEnd,
+    wr: PipeEnd,
     /// The pipe's room in bytes.
     size: usize,
 }
@@ -84,7 +87,7 @@ impl Pipe {
     /// splice still ran, the close would block the worker until the splice
     /// ended, and the cancel (submitted at the worker's next enter) would
     /// never be sent. So the pipe closes only after its last operation.
-    fn ends(&self) -> (SharedFd, SharedFd) {
+    fn ends(&self) -> (PipeEnd, PipeEnd) {
         (self.rd.clone(), self.wr.clone())
     }
 }
@@ -334,8 +337,9 @@ impl StreamSource {
         }
         // `sendfile(2)` from the worker by default; with the `splice`
         // switch, two `SPLICE` operations per step (to measure one against
-        // the other).
-        if self.core.driver.switches.send_file_splice
+        // the other), as for a direct socket without a plain descriptor
+        // (the system call cannot name it).
+        if (self.core.driver.switches.send_file_splice || self.core.fd.raw_fd().is_none())
             && probe::opcode_supported(opcode::Splice::CODE)
         {
             return self.send_file_splice(file, offset, len).await;
@@ -428,14 +432,9 @@ impl StreamSource {
             };
             let mut left = filled;
             while left > 0 {
-                let entry = opcode::Splice::new(
-                    types::Fd(pipe.rd.as_raw_fd()),
-                    -1,
-                    types::Fd(self.fd()),
-                    -1,
-                    left,
-                )
-                .build();
+                let entry = self.core.fd.entry(|sock| {
+                    opcode::Splice::new(types::Fd(pipe.rd.as_raw_fd()), -1, sock, -1, left).build()
+                });
                 // SAFETY: a splice entry points at no memory; the op holds the
                 // socket, and both ends of the pipe in its storage, until its last completion.
                 let op = match unsafe { self.core.submit(entry, pipe.ends()) } {

@@ -131,6 +131,9 @@ pub(super) enum Lifecycle {
 pub(super) enum FeedKind {
     /// Accepted connections, for a listener's queue (`accept.rs`).
     Accept,
+    /// Accepted connections as direct sockets, each in a slot of the
+    /// ring's file table (`IORING_FILE_INDEX_ALLOC`), for a listener's queue.
+    AcceptDirect,
     /// Datagrams in the socket's own buffer ring (`dgram.rs`).
     RecvMsg,
 }

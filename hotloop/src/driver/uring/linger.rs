@@ -20,14 +20,13 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use io_uring::{opcode, squeue, types};
+use io_uring::{opcode, squeue};
 
-use super::shared::SharedFd;
+use super::shared::{SharedFd, SockFd};
 use crate::slab::Key;
 
 /// The send deadline: how long a write the stream accepted keeps going
@@ -38,10 +37,12 @@ use crate::slab::Key;
 pub(crate) const WRITE_LINGER: Duration = Duration::from_secs(5);
 
 /// A `send` entry for `bytes` (no `SIGPIPE` on a closed peer).
-pub(super) fn send_entry(fd: std::os::fd::RawFd, bytes: &[u8]) -> squeue::Entry {
-    opcode::Send::new(types::Fd(fd), bytes.as_ptr(), bytes.len().min(u32::MAX as usize) as u32)
-        .flags(libc::MSG_NOSIGNAL)
-        .build()
+pub(super) fn send_entry(fd: &SockFd, bytes: &[u8]) -> squeue::Entry {
+    fd.entry(|t| {
+        opcode::Send::new(t, bytes.as_ptr(), bytes.len().min(u32::MAX as usize) as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+    })
 }
 
 /// The deadlines of the lingering writes, oldest first, each with the
@@ -170,13 +171,11 @@ impl LingeringWrite {
     pub(super) fn first_entry(&mut self) -> Option<squeue::Entry> {
         if self.sent < self.buf.len() {
             self.step = Step::Send;
-            return Some(send_entry(self.fd.as_raw_fd(), &self.buf[self.sent..]));
+            return Some(send_entry(&self.fd, &self.buf[self.sent..]));
         }
         if self.handover.is_some() && self.step != Step::ShutWrite {
             self.step = Step::ShutWrite;
-            return Some(
-                opcode::Shutdown::new(types::Fd(self.fd.as_raw_fd()), libc::SHUT_WR).build(),
-            );
+            return Some(self.fd.entry(|t| opcode::Shutdown::new(t, libc::SHUT_WR).build()));
         }
         None
     }
@@ -212,8 +211,7 @@ impl LingeringWrite {
                 }
                 self.step = Step::AwaitRoom;
                 return Some(
-                    opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLOUT as u32)
-                        .build(),
+                    self.fd.entry(|t| opcode::PollAdd::new(t, libc::POLLOUT as u32).build()),
                 );
             }
             // The peer is gone (an error), took nothing (0), or the
@@ -265,9 +263,13 @@ fn cut_or(errno: i32) -> i32 {
 
 /// Resets the connection on `fd`: its peer reads an error, never a clean
 /// end of stream after a cut.
+/// A direct socket is reset through the plain descriptor its stream
+/// installed when the write began to linger (`write_behind.rs`); without
+/// one (the install failed) it closes as it is.
 fn abort(fd: &SharedFd) {
+    let Some(fd) = fd.owned() else { return };
     // Whoever closes the descriptor last then resets the connection.
-    let _ = socket2::SockRef::from(&**fd).set_linger(Some(Duration::ZERO));
+    let _ = socket2::SockRef::from(fd).set_linger(Some(Duration::ZERO));
     // The reset goes now, while a stream may still hold the descriptor:
     // `connect(2)` to `AF_UNSPEC` disconnects a TCP socket, with a reset
     // from an open state. Other sockets refuse it and reset (or end) at
@@ -277,7 +279,7 @@ fn abort(fd: &SharedFd) {
     // SAFETY: passes a live `sockaddr` and its size; connect(2) only reads it.
     unsafe {
         libc::connect(
-            fd.as_raw_fd(),
+            std::os::fd::AsRawFd::as_raw_fd(fd),
             &unspec,
             std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
         )
@@ -304,7 +306,7 @@ mod tests {
         let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (peer, _) = l.accept().unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        (Rc::new(OwnedFd::from(ours)), peer)
+        (Rc::new(SockFd::plain(OwnedFd::from(ours))), peer)
     }
 
     /// A handed-over write sends its parts, then shuts the write side, and

@@ -1,5 +1,6 @@
 //! A listening socket on the io_uring driver: its connections come from
-//! the accept queue the driver keeps for it (`accept.rs`).
+//! the accept queue the driver keeps for it (`accept.rs`), each a plain
+//! descriptor or a direct socket in the ring's file table.
 
 use std::cell::Cell;
 use std::io;
@@ -7,6 +8,8 @@ use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
+use super::accept::Taken;
+use super::shared::SharedFd;
 use super::source::SourceCore;
 use super::Driver;
 use crate::driver::config::AcceptMode;
@@ -14,6 +17,74 @@ use crate::driver::contract::ListenerOps;
 use crate::driver::park::not_running;
 use crate::slab::Key;
 use crate::sys;
+
+/// A connection a listener accepted.
+pub(crate) enum Accepted {
+    /// A plain descriptor.
+    Fd(OwnedFd),
+    /// A direct socket in the accepting driver's file table.
+    Direct(DirectSocket),
+}
+
+impl Accepted {
+    /// The plain descriptor, if it is one (a direct socket takes none of
+    /// the process's descriptors).
+    pub(crate) fn raw_fd(&self) -> Option<RawFd> {
+        match self {
+            Accepted::Fd(fd) => Some(std::os::fd::AsRawFd::as_raw_fd(fd)),
+            Accepted::Direct(_) => None,
+        }
+    }
+
+    /// The connection as a plain descriptor (a direct socket gets one, and
+    /// gives its slot back): for another worker or thread. On failure
+    /// (descriptors ran out) the connection comes back with the error.
+    pub(crate) fn into_fd(self) -> Result<OwnedFd, (io::Error, Accepted)> {
+        let d = match self {
+            Accepted::Fd(fd) => return Ok(fd),
+            Accepted::Direct(d) => d,
+        };
+        if let Err(e) = d.driver.plain_fd(&d.fd) {
+            return Err((e, Accepted::Direct(d)));
+        }
+        match Rc::try_unwrap(d.fd) {
+            Ok(sock) => Ok(sock.into_plain().expect("just installed")),
+            Err(fd) => Err((
+                io::Error::other("a direct socket still in use cannot be handed on"),
+                Accepted::Direct(DirectSocket { fd, driver: d.driver }),
+            )),
+        }
+    }
+
+    /// Wraps what the driver's queue held.
+    fn from_taken(taken: Taken, driver: &Rc<Driver>) -> Accepted {
+        match taken {
+            Taken::Fd(fd) => Accepted::Fd(fd),
+            Taken::Direct(fd) => {
+                Accepted::Direct(DirectSocket { fd: Rc::new(fd), driver: driver.clone() })
+            }
+        }
+    }
+}
+
+/// A connection accepted as a direct socket: a slot in one worker's ring,
+/// usable only there until it gets a plain descriptor ([`Accepted::into_fd`]).
+pub(crate) struct DirectSocket {
+    fd: SharedFd,
+    driver: Rc<Driver>,
+}
+
+impl DirectSocket {
+    /// The driver whose ring holds the slot.
+    pub(crate) fn driver(&self) -> &Rc<Driver> {
+        &self.driver
+    }
+
+    /// The driver and the socket, for a stream on that driver.
+    pub(super) fn into_parts(self) -> (Rc<Driver>, SharedFd) {
+        (self.driver, self.fd)
+    }
+}
 
 /// A listening socket owned by one io_uring driver.
 pub(crate) struct ListenerSource {
@@ -33,21 +104,13 @@ impl ListenerSource {
             room: Cell::new(usize::MAX),
         }
     }
-}
-
-impl ListenerOps for ListenerSource {
-    /// The raw descriptor.
-    fn fd(&self) -> RawFd {
-        self.core.fd()
-    }
-
-    /// The descriptor, borrowed.
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.core.as_fd()
-    }
 
     /// Takes one queued connection, or arms an accept and parks the task.
-    fn poll_accept(&self, cx: &mut TaskContext<'_>, mode: AcceptMode) -> Poll<io::Result<OwnedFd>> {
+    pub(crate) fn poll_accept(
+        &self,
+        cx: &mut TaskContext<'_>,
+        mode: AcceptMode,
+    ) -> Poll<io::Result<Accepted>> {
         let driver = &self.core.driver;
         if !driver.entered.get() {
             return Poll::Ready(Err(not_running()));
@@ -63,7 +126,7 @@ impl ListenerOps for ListenerSource {
         );
         self.queue.set(key);
         match got {
-            Some(r) => Poll::Ready(r),
+            Some(r) => Poll::Ready(r.map(|t| Accepted::from_taken(t, driver))),
             None => Poll::Pending,
         }
     }
@@ -72,17 +135,35 @@ impl ListenerOps for ListenerSource {
     /// queue, else straight from the kernel's backlog with a non-blocking
     /// `accept4` (the multishot may not have run since the connection came
     /// in). For draining a listener when a server stops.
-    fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<OwnedFd>> {
+    pub(crate) fn accept_now(&self, mode: AcceptMode) -> Option<io::Result<Accepted>> {
         let _ = mode; // every mode drains the same queue and backlog
-        if let Some(key) = self.queue.get() {
-            if let Some(r) = self.core.driver.state.borrow_mut().take_queued(key) {
-                return Some(r);
-            }
+        if let Some(r) = self.take_accepted() {
+            return Some(r);
         }
         match sys::accept(self.fd()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            other => Some(other),
+            other => Some(other.map(Accepted::Fd)),
         }
+    }
+
+    /// Takes one connection the driver has already accepted, never the
+    /// socket's backlog.
+    pub(crate) fn take_accepted(&self) -> Option<io::Result<Accepted>> {
+        let key = self.queue.get()?;
+        let taken = self.core.driver.state.borrow_mut().take_queued(key)?;
+        Some(taken.map(|t| Accepted::from_taken(t, &self.core.driver)))
+    }
+}
+
+impl ListenerOps for ListenerSource {
+    /// The raw descriptor.
+    fn fd(&self) -> RawFd {
+        self.core.fd()
+    }
+
+    /// The descriptor, borrowed.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.core.as_fd()
     }
 
     /// Ready once the kernel holds no accept for this listener (after
@@ -100,13 +181,6 @@ impl ListenerOps for ListenerSource {
         } else {
             Poll::Pending
         }
-    }
-
-    /// Takes one connection the driver has already accepted, never the
-    /// socket's backlog.
-    fn take_accepted(&self) -> Option<io::Result<OwnedFd>> {
-        let key = self.queue.get()?;
-        self.core.driver.state.borrow_mut().take_queued(key)
     }
 
     /// Sets how many connections the owner will take from now on: no more

@@ -49,6 +49,11 @@
 //!   memory until its last completion, so a socket closed by its owner
 //!   stays open for as long as the kernel may still act on it, and its
 //!   number cannot be reused under a queued entry.
+//! - With `HOTLOOP_URING_DIRECT_FDS=1` accepted TCP connections are slots
+//!   of a file table the ring registers (`accept.rs`, `shared.rs`): the
+//!   same rule holds for a slot, closed with `IORING_OP_CLOSE` after its
+//!   last holder; a system call on such a socket gets a plain descriptor
+//!   installed first ([`Driver::plain_fd`]).
 //! - Wakers are woken, and the storage of finished cancelled operations
 //!   dropped, only after the driver's state is released: a buffer whose
 //!   destructor does I/O, or panics, finds the driver usable.
@@ -134,7 +139,7 @@ mod write_behind;
 mod zero_copy;
 
 pub(crate) use linger::WRITE_LINGER;
-pub(crate) use listener::ListenerSource;
+pub(crate) use listener::{Accepted, ListenerSource};
 pub(crate) use readiness::ReadinessSource;
 pub(crate) use shared::SharedFd;
 pub(crate) use stream::{SendOwned, StreamSource};
@@ -207,7 +212,7 @@ impl Driver {
         unpark: Arc<Unpark>,
         stats: Arc<WorkerStats>,
     ) -> io::Result<(Rc<Driver>, String, String)> {
-        let (ring, kernel_busy_poll, ring_fd) =
+        let (mut ring, kernel_busy_poll, ring_fd) =
             Ring::new(config, stats.clone()).map_err(|e| match probe::uring_support() {
                 Err(why) => io::Error::new(e.kind(), why),
                 Ok(()) => e,
@@ -217,6 +222,29 @@ impl Driver {
             bufring::BufRing::new(ring.io_uring(), switches.recv_incremental).ok()
         } else {
             None
+        };
+        let reads_from_ring = buf_ring.is_some();
+        let direct_said = match switches.direct_fd_slots {
+            None => "plain descriptors (HOTLOOP_URING_DIRECT_FDS=0)".to_string(),
+            Some(_) if !probe::multishot_accept_supported() || !reads_from_ring => {
+                "plain descriptors: direct ones need multishot accept and receive".to_string()
+            }
+            Some(_) if !probe::opcode_supported(io_uring::opcode::FixedFdInstall::CODE) => {
+                "plain descriptors: direct ones need IORING_OP_FIXED_FD_INSTALL (Linux 6.8)"
+                    .to_string()
+            }
+            Some(slots) => {
+                let limit = crate::sys::nofile_soft_limit().unwrap_or(u64::MAX);
+                let slots = slots.min(u32::try_from(limit).unwrap_or(u32::MAX));
+                match ring.register_direct_table(slots) {
+                    Ok(()) => {
+                        format!("accepted TCP connections are direct descriptors ({slots} slots)")
+                    }
+                    Err(e) => {
+                        format!("plain descriptors: registering {slots} direct ones failed ({e})")
+                    }
+                }
+            }
         };
         let mut uring = Uring {
             ring,
@@ -234,7 +262,7 @@ impl Driver {
             timer: DeadlineTimer::default(),
         };
         uring.wake.arm(&mut uring.ring);
-        let reads_from_ring = uring.streams.reads_from_ring();
+        debug_assert_eq!(reads_from_ring, uring.streams.reads_from_ring());
         let recv_said = if !reads_from_ring {
             "streams read without a buffer ring"
         } else if uring.streams.reads_incrementally() {
@@ -264,7 +292,8 @@ impl Driver {
             reads_from_ring,
             send_zc_min_bytes,
         };
-        Ok((Rc::new(driver), kernel_busy_poll, format!("{ring_fd}; {send_zc_said}; {recv_said}")))
+        let said = format!("{ring_fd}; {send_zc_said}; {recv_said}; {direct_said}");
+        Ok((Rc::new(driver), kernel_busy_poll, said))
     }
 
     /// True while the runtime that owns the driver runs on this thread.
@@ -313,6 +342,31 @@ impl Driver {
                 Some(res)
             }
         }
+    }
+
+    /// The plain descriptor of `fd`, installed now
+    /// (`IORING_OP_FIXED_FD_INSTALL`, one enter) if it is a direct socket
+    /// without one: for system calls, and for handing the socket to user
+    /// code or another thread. The socket keeps it until it closes.
+    pub(crate) fn plain_fd(&self, fd: &SharedFd) -> io::Result<RawFd> {
+        if let Some(raw) = fd.raw_fd() {
+            return Ok(raw);
+        }
+        let slot = fd.slot().expect("a socket has a descriptor or a slot");
+        let mut st = self.state.try_borrow_mut().map_err(|_| {
+            io::Error::new(io::ErrorKind::WouldBlock, "the io_uring driver is busy on this thread")
+        })?;
+        let entry = io_uring::opcode::FixedFdInstall::new(io_uring::types::Fixed(slot), 0).build();
+        let res = st.ring.run_now(entry)?;
+        if res < 0 {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        crate::stats::add(&self.stats.direct_fd_installs, 1);
+        // SAFETY: a non-negative `FIXED_FD_INSTALL` result is a descriptor
+        // the kernel just installed (close-on-exec) for this process;
+        // nothing else owns it.
+        let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(res) };
+        Ok(fd.set_plain(owned))
     }
 
     /// Called after each task poll: hands the queued entries to the kernel
@@ -364,10 +418,10 @@ impl Driver {
     }
 
     /// True (once) if a notification said the kernel copied a zero-copy
-    /// send on `fd` after its stream had taken the result: the stream's
+    /// send on the socket `fd` marks ([`SockFd::mark`](shared::SockFd::mark)) after its stream had taken the result: the stream's
     /// later writes are plain sends. Also forgets the mark of a stream
     /// being dropped.
-    fn take_copied_mark(&self, fd: RawFd) -> bool {
+    fn take_copied_mark(&self, fd: i64) -> bool {
         match self.state.try_borrow_mut() {
             Ok(mut st) => st.zero_copy.take_copied_mark(fd),
             Err(_) => false,

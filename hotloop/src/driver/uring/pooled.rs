@@ -37,10 +37,9 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::num::NonZeroI32;
-use std::os::fd::AsRawFd;
 use std::task::Waker;
 
-use io_uring::{cqueue, opcode, types};
+use io_uring::{cqueue, opcode};
 
 use super::bufring::{BufRing, GROUP};
 use super::lifecycle::Ops;
@@ -255,7 +254,7 @@ impl Streams {
         if s.end.is_some() || s.queued_bytes() >= QUEUED_BYTES_MAX / 2 || !s.receive.arm() {
             return;
         }
-        let entry = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), GROUP).build();
+        let entry = fd.entry(|t| opcode::RecvMulti::new(t, GROUP).build());
         // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
         ring.push(entry.user_data(UserData::StreamReceive(stream).to_u64()));
     }
@@ -311,12 +310,12 @@ impl Streams {
                 // in the socket. A short connection (its request there at
                 // accept, with `TCP_DEFER_ACCEPT`) is read without arming a
                 // receive it would only have to cancel.
-                None if s.receive == Stage::Unarmed => {
+                // (A direct socket without a plain descriptor arms it.)
+                None if s.receive == Stage::Unarmed && fd.raw_fd().is_some() => {
+                    let raw = fd.raw_fd().expect("just checked");
                     // SAFETY: `dst` is a live slice of `len` writable bytes for the duration of
                     // the call.
-                    let res = unsafe {
-                        sys::recv_nowait(fd.as_raw_fd(), dst.as_mut_ptr().cast(), dst.len())
-                    };
+                    let res = unsafe { sys::recv_nowait(raw, dst.as_mut_ptr().cast(), dst.len()) };
                     if !matches!(&res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
                         return res;
                     }

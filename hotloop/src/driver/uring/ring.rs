@@ -26,15 +26,25 @@
 //! - Completion queue overflow: with `NODROP` the kernel holds completions
 //!   that did not fit and hands them over at the next enter; every turn
 //!   that found the queue overflowed counts (`cq_overflows`).
+//! - With direct descriptors on (`HOTLOOP_URING_DIRECT_FDS`), the ring
+//!   registers a sparse file table (`register_files_sparse`) that accepted
+//!   connections fill; the slots their last holders let go are closed
+//!   (`IORING_OP_CLOSE` on the slot) at the head of the next submission.
+//! - [`Ring::run_now`] runs one entry that completes at once (installing a
+//!   plain descriptor for a direct socket) inside a task's poll: other
+//!   completions it finds on the way wait in `early`, which the next reap
+//!   reads first and which keeps the next enter from sleeping.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use super::shared::DirectTable;
 use super::user_data::UserData;
 use crate::driver::config::DriverConfig;
 use crate::slab::Key;
@@ -53,6 +63,9 @@ const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
 const IORING_REGISTER_RING_FDS: libc::c_uint = 20;
 /// `IORING_UNREGISTER_RING_FDS`.
 const IORING_UNREGISTER_RING_FDS: libc::c_uint = 21;
+/// The most enters [`Ring::run_now`] makes for its one completion (the
+/// kernel posts it at the first).
+const RUN_NOW_ENTERS_MAX: usize = 8;
 /// `offset` asking the kernel to pick a free slot.
 const RING_SLOT_ANY: u32 = u32::MAX;
 
@@ -114,6 +127,11 @@ pub(super) struct Ring {
     pub(super) stats: Arc<WorkerStats>,
     /// How each enter names the ring.
     target: EnterTarget,
+    /// The registered file table of direct sockets, if there is one.
+    pub(super) direct: Option<Rc<DirectTable>>,
+    /// Completions read out of the queue by [`Ring::run_now`], oldest
+    /// first, not yet handled.
+    early: Vec<(u64, i32, u32)>,
     /// Test hook: this many submits fail with `EBUSY` before the kernel is asked.
     #[cfg(test)]
     pub(super) failing_submits: u32,
@@ -177,6 +195,8 @@ impl Ring {
             waiting_since_ns: 0,
             stats,
             target,
+            direct: None,
+            early: Vec::new(),
             #[cfg(test)]
             failing_submits: 0,
         };
@@ -294,6 +314,7 @@ impl Ring {
     /// slot). Stops early (leaving the rest pending) if the kernel says
     /// "not now".
     fn flush(&mut self, admit: &mut impl FnMut(u64) -> bool) -> io::Result<()> {
+        self.close_given_back_slots();
         while let Some(entry) = self.pending.front() {
             let user_data = entry.get_user_data();
             if UserData::has_slot(user_data) && !admit(user_data) {
@@ -314,6 +335,70 @@ impl Ring {
             }
         }
         Ok(())
+    }
+
+    /// Queues the close of every direct slot whose last holder let go, at
+    /// the head of the list: nothing queued names such a slot any more.
+    fn close_given_back_slots(&mut self) {
+        let Some(table) = &self.direct else { return };
+        let mut slots = Vec::new();
+        table.take_closed(&mut slots);
+        for slot in slots.into_iter().rev() {
+            let entry = opcode::Close::new(types::Fixed(slot))
+                .build()
+                .user_data(UserData::SlotClose.to_u64());
+            self.pending.push_front(entry);
+        }
+    }
+
+    /// Registers a sparse file table of `slots` for direct sockets.
+    pub(super) fn register_direct_table(&mut self, slots: u32) -> io::Result<()> {
+        self.ring.submitter().register_files_sparse(slots)?;
+        self.direct = Some(Rc::new(DirectTable::new(slots)));
+        Ok(())
+    }
+
+    /// Runs `entry`, an operation the kernel completes as it is submitted
+    /// (`IORING_OP_FIXED_FD_INSTALL`), now, and returns its result. Other
+    /// completions read on the way are kept for the next reap.
+    pub(super) fn run_now(&mut self, entry: squeue::Entry) -> io::Result<i32> {
+        let entry = entry.user_data(UserData::RunNow.to_u64());
+        // SAFETY: the entries `run_now` is given point at no memory.
+        while unsafe { self.ring.submission().push(&entry) }.is_err() {
+            if !self.submit_now()? {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        }
+        stats::add(&self.stats.submissions, 1);
+        let mut wait = 0;
+        for _ in 0..RUN_NOW_ENTERS_MAX {
+            stats::add(&self.stats.uring_enters, 1);
+            let queued = self.ring.submission().len() as u32;
+            // SAFETY: no argument.
+            match unsafe {
+                self.enter_raw(queued, wait, IORING_ENTER_GETEVENTS, std::ptr::null(), 0)
+            } {
+                Ok(()) => {}
+                Err(e) if is_transient(&e) => {}
+                Err(e) => return Err(e),
+            }
+            wait = 1;
+            let mut found = None;
+            for e in self.ring.completion() {
+                if e.user_data() == UserData::RunNow.to_u64() && found.is_none() {
+                    found = Some(e.result());
+                } else {
+                    self.early.push((e.user_data(), e.result(), e.flags()));
+                }
+            }
+            if let Some(res) = found {
+                return Ok(res);
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "io_uring did not complete an immediate operation",
+        ))
     }
 
     /// Moves what is pending into the submission queue and submits it,
@@ -358,6 +443,10 @@ impl Ring {
             // The kernel refused more for now: come back soon rather than sleep.
             timeout =
                 Some(timeout.map_or(Duration::from_millis(1), |t| t.min(Duration::from_millis(1))));
+        }
+        if !self.early.is_empty() {
+            // Completions already read out wait to be handled.
+            timeout = Some(Duration::ZERO);
         }
         let (queued, kernel_has_work) = {
             let sq = self.ring.submission();
@@ -432,7 +521,9 @@ impl Ring {
         let lost = dropped.wrapping_sub(*dropped_seen);
         *dropped_seen = dropped;
         out.clear();
-        out.extend((&mut cq).take(max).map(|e| (e.user_data(), e.result(), e.flags())));
+        let early = self.early.len().min(max);
+        out.extend(self.early.drain(..early));
+        out.extend((&mut cq).take(max - early).map(|e| (e.user_data(), e.result(), e.flags())));
         (overflowed, lost)
     }
 }

@@ -5,16 +5,16 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
 use super::lifecycle::Cqe;
 use super::op::Op;
-use super::shared::SharedFd;
+use super::shared::{SharedFd, SockFd};
 use super::Driver;
 use crate::slab::Key;
 
@@ -28,22 +28,33 @@ pub(super) struct SourceCore {
 impl SourceCore {
     /// Wraps `fd` on `driver`.
     pub(super) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> SourceCore {
-        SourceCore { fd: Rc::new(fd), driver: driver.clone() }
+        SourceCore { fd: Rc::new(SockFd::plain(fd)), driver: driver.clone() }
     }
 
-    /// The raw descriptor.
+    /// Wraps `fd`, a socket of `driver` (a direct one's slot is in its
+    /// ring's file table).
+    pub(super) fn from_shared(driver: &Rc<Driver>, fd: SharedFd) -> SourceCore {
+        SourceCore { fd, driver: driver.clone() }
+    }
+
+    /// The raw descriptor; a direct socket gets one installed on first
+    /// use (`Driver::plain_fd`). -1 if that failed (descriptors ran out),
+    /// so the system call it was for fails with `EBADF`.
     pub(super) fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.driver.plain_fd(&self.fd).unwrap_or(-1)
     }
 
-    /// The descriptor, borrowed (the source's own reference keeps it open).
+    /// The descriptor, borrowed (the source's own reference keeps it
+    /// open); a direct socket gets one installed on first use.
+    ///
+    /// # Panics
+    /// If a direct socket's descriptor cannot be installed (the process
+    /// is out of descriptors): `as_fd` cannot report an error.
     pub(super) fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
-    /// The descriptor as a ring entry names it.
-    pub(super) fn raw(&self) -> types::Fd {
-        types::Fd(self.fd.as_raw_fd())
+        if let Err(e) = self.driver.plain_fd(&self.fd) {
+            panic!("installing a descriptor for a direct io_uring socket failed: {e}");
+        }
+        self.fd.owned().expect("just installed").as_fd()
     }
 
     /// Queues `entry` with `data` as its storage.
@@ -69,7 +80,7 @@ impl SourceCore {
 
     /// Submits a one-shot `POLL_ADD` for `events`.
     pub(super) fn submit_poll(&self, events: i16) -> io::Result<Op<()>> {
-        let entry = opcode::PollAdd::new(self.raw(), events as u32).build();
+        let entry = self.fd.entry(|t| opcode::PollAdd::new(t, events as u32).build());
         // SAFETY: a poll entry points at no memory.
         unsafe { self.submit(entry, ()) }.map_err(|(e, ())| e)
     }

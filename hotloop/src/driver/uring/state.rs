@@ -88,7 +88,7 @@ impl Uring {
         mode: crate::driver::config::AcceptMode,
         room: usize,
         waker: Option<&Waker>,
-    ) -> Option<io::Result<std::os::fd::OwnedFd>> {
+    ) -> Option<io::Result<accept::Taken>> {
         self.listeners.poll_accept(&mut self.ops, &mut self.ring, key, fd, mode, room, waker)
     }
 
@@ -98,7 +98,7 @@ impl Uring {
     }
 
     /// Takes one queued connection of the listener `key`.
-    pub(super) fn take_queued(&mut self, key: Key) -> Option<io::Result<std::os::fd::OwnedFd>> {
+    pub(super) fn take_queued(&mut self, key: Key) -> Option<io::Result<accept::Taken>> {
         self.listeners.take_queued(key)
     }
 

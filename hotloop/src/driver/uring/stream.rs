@@ -27,7 +27,7 @@ use std::task::{Context as TaskContext, Poll};
 use io_uring::opcode;
 
 use super::op::{is_retry, Op, ParkedOp};
-use super::shared::SharedFile;
+use super::shared::{SharedFile, SockFd};
 use super::source::SourceCore;
 use super::write_behind::WriteBehind;
 use super::Driver;
@@ -74,8 +74,18 @@ impl Drop for Lent<'_> {
 impl StreamSource {
     /// Wraps a connected or connecting socket.
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> StreamSource {
+        StreamSource::with_core(SourceCore::new(driver, fd))
+    }
+
+    /// Wraps a connection `driver` accepted as a direct socket.
+    pub(crate) fn from_direct(socket: super::listener::DirectSocket) -> StreamSource {
+        let (driver, fd) = socket.into_parts();
+        StreamSource::with_core(SourceCore::from_shared(&driver, fd))
+    }
+
+    fn with_core(core: SourceCore) -> StreamSource {
         StreamSource {
-            core: SourceCore::new(driver, fd),
+            core,
             reads: Cell::new(None),
             drained: Cell::new(false),
             write_behind: Cell::new(None),
@@ -121,10 +131,16 @@ impl StreamSource {
         }
         // Flushed: nothing for the drop below to hand the driver.
         drop(self.write_behind.take());
+        // A direct socket leaves with a plain descriptor, installed now
+        // (`FIXED_FD_INSTALL`); its slot is given back as the socket drops.
+        if let Err(e) = driver.plain_fd(&self.core.fd) {
+            return Err((self, e));
+        }
         if Rc::strong_count(&self.core.fd) > 1 {
             // An operation still holds the descriptor: it closes at that
             // operation's end, and the next owner gets its own.
-            let dup = match self.core.fd.try_clone() {
+            let owned = self.core.fd.owned().expect("a plain descriptor was installed above");
+            let dup = match owned.try_clone() {
                 Ok(dup) => dup,
                 Err(e) => return Err((self, e)),
             };
@@ -133,7 +149,10 @@ impl StreamSource {
         }
         let fd = self.core.fd.clone();
         drop(self);
-        Ok(Rc::try_unwrap(fd).expect("a stream's descriptor gained a holder while it was given up"))
+        match Rc::try_unwrap(fd).ok().and_then(SockFd::into_plain) {
+            Some(fd) => Ok(fd),
+            None => unreachable!("a stream's descriptor gained a holder while it was given up"),
+        }
     }
 
     /// The write-behind buffer, lent until the guard drops.
@@ -151,18 +170,23 @@ impl StreamSource {
     /// in the kernel when the write's first poll returns, with no ring
     /// entry, no completion and no second poll of the task. `EAGAIN`
     /// (no room) leaves the write to a `SEND` entry.
+    /// A direct socket without a plain descriptor answers `WouldBlock`
+    /// (its writes go through the ring).
     fn try_send<B: IoBuf>(&self, buf: &B) -> io::Result<usize> {
+        let Some(fd) = self.core.fd.raw_fd() else {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        };
         // SAFETY: `buf` keeps `bytes_init` initialised bytes at `stable_ptr`
         // for the length of this call, which only reads them.
-        unsafe { sys::send_nowait(self.fd(), buf.stable_ptr(), buf.bytes_init()) }
+        unsafe { sys::send_nowait(fd, buf.stable_ptr(), buf.bytes_init()) }
     }
 
     /// Submits a `SEND` of the initialised bytes of `buf`.
     fn submit_send<B: IoBuf>(&self, buf: B) -> Result<Op<B>, (io::Error, B)> {
         let len = buf.bytes_init().min(u32::MAX as usize) as u32;
-        let entry = opcode::Send::new(self.core.raw(), buf.stable_ptr(), len)
-            .flags(libc::MSG_NOSIGNAL)
-            .build();
+        let entry = self.core.fd.entry(|t| {
+            opcode::Send::new(t, buf.stable_ptr(), len).flags(libc::MSG_NOSIGNAL).build()
+        });
         // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
         // fixed address while `buf` moves; the op owns `buf` until its last completion.
         unsafe { self.core.submit(entry, buf) }
@@ -178,7 +202,7 @@ impl StreamSource {
         if driver.send_zc_min_bytes.is_none_or(|min| buf.bytes_init() < min) {
             return false;
         }
-        if driver.take_copied_mark(self.fd()) && !driver.switches.send_zc_when_copied {
+        if driver.take_copied_mark(self.core.fd.mark()) && !driver.switches.send_zc_when_copied {
             self.sends_copied.set(true);
         }
         !self.sends_copied.get() && buf.share().is_some()
@@ -188,10 +212,12 @@ impl StreamSource {
     /// kernel to report whether it copied them after all.
     fn submit_send_zc<B: IoBuf>(&self, buf: B) -> Result<Op<B>, (io::Error, B)> {
         let len = buf.bytes_init().min(u32::MAX as usize) as u32;
-        let entry = opcode::SendZc::new(self.core.raw(), buf.stable_ptr(), len)
-            .flags(libc::MSG_NOSIGNAL)
-            .zc_flags(SEND_ZC_REPORT_USAGE)
-            .build();
+        let entry = self.core.fd.entry(|t| {
+            opcode::SendZc::new(t, buf.stable_ptr(), len)
+                .flags(libc::MSG_NOSIGNAL)
+                .zc_flags(SEND_ZC_REPORT_USAGE)
+                .build()
+        });
         // SAFETY: the entry points at `buf`'s `len` initialised bytes, which IoBuf keeps at a
         // fixed address while `buf` moves; the op owns `buf` until its last completion, which
         // for a zero-copy send is the notification that the kernel no longer reads it.
@@ -291,8 +317,10 @@ impl StreamOps for StreamSource {
         let mut storage = MsgStorage::new(bufs);
         loop {
             let msg: *const libc::msghdr = &*storage.msg;
-            let entry =
-                opcode::SendMsg::new(self.core.raw(), msg).flags(libc::MSG_NOSIGNAL as u32).build();
+            let entry = self
+                .core
+                .fd
+                .entry(|t| opcode::SendMsg::new(t, msg).flags(libc::MSG_NOSIGNAL as u32).build());
             // SAFETY: the entry points at the boxed msghdr, which points at the iovec array (a
             // Vec's heap block), which points at the buffers' stable bytes; `storage` owns all
             // three and the op owns `storage` until its last completion.
@@ -319,7 +347,7 @@ impl StreamOps for StreamSource {
         let (storage, len) = sys::std_to_sockaddr(&addr);
         let storage = Box::new(storage);
         let ptr: *const libc::sockaddr = (&*storage as *const libc::sockaddr_storage).cast();
-        let entry = opcode::Connect::new(self.core.raw(), ptr, len).build();
+        let entry = self.core.fd.entry(|t| opcode::Connect::new(t, ptr, len).build());
         // SAFETY: the entry points at the boxed address (`len` bytes), owned by the op until its
         // last completion.
         let op = unsafe { self.core.submit(entry, storage) }.map_err(|(e, _)| e)?;
@@ -362,7 +390,7 @@ impl StreamOps for StreamSource {
             std::net::Shutdown::Both => libc::SHUT_RDWR,
             std::net::Shutdown::Read => libc::SHUT_RD,
         };
-        let entry = opcode::Shutdown::new(self.core.raw(), how).build();
+        let entry = self.core.fd.entry(|t| opcode::Shutdown::new(t, how).build());
         // SAFETY: a shutdown entry points at no memory.
         let op = unsafe { self.core.submit(entry, ()) }.map_err(|(e, _)| e)?;
         let (cqe, ()) = op.await;
@@ -502,7 +530,7 @@ impl Drop for StreamSource {
                 }
             }
         }
-        driver.take_copied_mark(self.fd());
+        driver.take_copied_mark(self.core.fd.mark());
         // The core settles last: outside the runtime the socket closes now.
     }
 }
@@ -574,9 +602,10 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                         }
                     }
                     // A direct send copies: a write that can go zero-copy
-                    // goes through the ring even on a quiet worker.
+                    // goes through the ring even on a quiet worker, as does
+                    // one on a direct socket without a plain descriptor.
                     let zero_copy = src.sends_zero_copy(&buf);
-                    if !zero_copy {
+                    if !zero_copy && src.core.fd.raw_fd().is_some() {
                         if let Some(res) = src.core.driver.send_directly(|| src.try_send(&buf)) {
                             return Poll::Ready((res, buf));
                         }

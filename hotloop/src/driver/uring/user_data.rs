@@ -9,8 +9,9 @@
 //!   streams' slab, `pooled.rs`), so its key is tagged with bit 31, the top
 //!   of a key's slot index: the operation slab never holds 2^31 entries.
 //! - The driver's own entries (the wake poll, cancels, the deadline timer
-//!   and its moves) take the four highest values, which no key reaches
-//!   (its slot index would be past four billion).
+//!   and its moves, the close of a direct socket's slot, and an entry run
+//!   at once) take the six highest values, which no key reaches (its slot
+//!   index would be past four billion).
 
 use crate::slab::Key;
 
@@ -25,6 +26,11 @@ pub(super) enum UserData {
     Timer,
     /// A request that moves the deadline timer.
     TimerUpdate,
+    /// The close of a direct socket's slot (its result tells the driver
+    /// nothing: the slot is free either way).
+    SlotClose,
+    /// The entry `Ring::run_now` waits for.
+    RunNow,
     /// An operation in the driver's slab.
     Op(Key),
     /// The multishot receive of a stream, by the stream's key.
@@ -35,6 +41,8 @@ const WAKE: u64 = u64::MAX;
 const CANCEL: u64 = u64::MAX - 1;
 const TIMER: u64 = u64::MAX - 2;
 const TIMER_UPDATE: u64 = u64::MAX - 3;
+const SLOT_CLOSE: u64 = u64::MAX - 4;
+const RUN_NOW: u64 = u64::MAX - 5;
 /// The tag of a stream receive's key.
 const STREAM_RECEIVE: u64 = 1 << 31;
 
@@ -47,6 +55,8 @@ impl UserData {
             UserData::Cancel => CANCEL,
             UserData::Timer => TIMER,
             UserData::TimerUpdate => TIMER_UPDATE,
+            UserData::SlotClose => SLOT_CLOSE,
+            UserData::RunNow => RUN_NOW,
             UserData::Op(key) => key.to_u64(),
             UserData::StreamReceive(stream) => stream.to_u64() | STREAM_RECEIVE,
         }
@@ -60,6 +70,8 @@ impl UserData {
             CANCEL => Some(UserData::Cancel),
             TIMER => Some(UserData::Timer),
             TIMER_UPDATE => Some(UserData::TimerUpdate),
+            SLOT_CLOSE => Some(UserData::SlotClose),
+            RUN_NOW => Some(UserData::RunNow),
             _ if user_data & STREAM_RECEIVE != 0 => {
                 Key::from_u64(user_data & !STREAM_RECEIVE).map(UserData::StreamReceive)
             }
@@ -71,7 +83,7 @@ impl UserData {
     /// may have been withdrawn before the entry left the driver's list.
     #[inline]
     pub(super) fn has_slot(user_data: u64) -> bool {
-        user_data < TIMER_UPDATE
+        user_data < RUN_NOW
     }
 }
 
@@ -89,6 +101,8 @@ mod tests {
             UserData::Cancel,
             UserData::Timer,
             UserData::TimerUpdate,
+            UserData::SlotClose,
+            UserData::RunNow,
             UserData::Op(key),
             UserData::StreamReceive(key),
         ] {
@@ -97,5 +111,6 @@ mod tests {
         assert_ne!(UserData::Op(key).to_u64(), UserData::StreamReceive(key).to_u64());
         assert!(UserData::has_slot(UserData::StreamReceive(key).to_u64()));
         assert!(!UserData::has_slot(UserData::TimerUpdate.to_u64()));
+        assert!(!UserData::has_slot(UserData::RunNow.to_u64()));
     }
 }

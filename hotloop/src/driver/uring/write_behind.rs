@@ -100,10 +100,13 @@ impl WriteBehind {
         // On a quiet worker the bytes go straight out, uncopied, as on
         // epoll: a lone connection's answer then needs no entry, no
         // completion and no second poll before its flush is done.
-        let fd = sock.fd();
-        if let Some(res) = sock.driver.send_directly(|| crate::sys::send_vectored_nowait(fd, data))
-        {
-            return Poll::Ready(res);
+        // (A direct socket without a plain descriptor cannot: the ring it is.)
+        if let Some(fd) = sock.fd.raw_fd() {
+            if let Some(res) =
+                sock.driver.send_directly(|| crate::sys::send_vectored_nowait(fd, data))
+            {
+                return Poll::Ready(res);
+            }
         }
         // Copied and written behind: the send goes to the kernel with the
         // loop's one `io_uring_enter` of the turn, batched with every
@@ -131,7 +134,7 @@ impl WriteBehind {
 
     /// Sends `buf[sent..]`.
     fn submit_send(&mut self, sock: &SourceCore, buf: Vec<u8>) -> Result<(), (io::Error, Vec<u8>)> {
-        let entry = send_entry(sock.fd(), &buf[self.sent..]);
+        let entry = send_entry(&sock.fd, &buf[self.sent..]);
         // SAFETY: the entry points at initialised bytes inside `buf`'s heap block, which does not
         // move with `buf`; the op owns `buf` until its last completion.
         let op = unsafe { sock.submit(entry, buf) }?;
@@ -206,6 +209,9 @@ impl WriteBehind {
             Pending::HandedOver(_) => return true,
             Pending::Send(_) | Pending::Writable(_) => {}
         }
+        // A direct socket gets a plain descriptor now, while the driver is
+        // free, so a cut write can still reset it (`linger::abort`).
+        let _ = sock.driver.plain_fd(&sock.fd);
         let handover = Rc::new(Handover::default());
         match std::mem::replace(&mut self.write, Pending::Idle) {
             Pending::Idle | Pending::HandedOver(_) => {}
@@ -223,6 +229,10 @@ impl WriteBehind {
     /// The stream is being dropped: hands a send still in flight (or
     /// waiting for room) to the driver, which finishes it.
     pub(super) fn linger(self, sock: &SourceCore) {
+        if !matches!(self.write, Pending::Idle | Pending::HandedOver(_)) {
+            // As in `hand_over`: a plain descriptor to reset it by.
+            let _ = sock.driver.plain_fd(&sock.fd);
+        }
         match self.write {
             Pending::Idle | Pending::HandedOver(_) => {}
             Pending::Send(op) => op.linger(self.sent, None),

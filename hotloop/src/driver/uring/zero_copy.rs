@@ -8,10 +8,9 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::{Rc, Weak};
 
-use super::shared::SharedFd;
+use super::shared::{SharedFd, SockFd};
 
 /// The keeps of the sends in flight, and the sockets marked as copied.
 #[derive(Default)]
@@ -20,8 +19,8 @@ pub(super) struct ZeroCopyKeeps {
     keeps: HashMap<u64, Keep>,
     /// Sockets whose zero-copy sends a notification said were copied after
     /// their stream took the result (a stream takes its mark at its next
-    /// write, or forgets it when dropped).
-    copied_fds: Vec<RawFd>,
+    /// write, or forgets it when dropped), by `SockFd::mark`.
+    copied_fds: Vec<i64>,
 }
 
 /// One send's keep.
@@ -30,7 +29,7 @@ struct Keep {
     _bytes: Box<dyn Any>,
     /// The socket, to tell its stream if the kernel copied (only while it
     /// is open: the number cannot have been reused).
-    fd: Weak<OwnedFd>,
+    fd: Weak<SockFd>,
 }
 
 impl ZeroCopyKeeps {
@@ -52,7 +51,7 @@ impl ZeroCopyKeeps {
     ) -> bool {
         let Some(keep) = self.keeps.remove(&user_data) else { return false };
         if let Some(fd) = keep.fd.upgrade().filter(|_| copied) {
-            let fd = fd.as_raw_fd();
+            let fd = fd.mark();
             if !self.copied_fds.contains(&fd) {
                 self.copied_fds.push(fd);
             }
@@ -62,7 +61,7 @@ impl ZeroCopyKeeps {
     }
 
     /// True (once) if `fd` was marked as copied; forgets the mark.
-    pub(super) fn take_copied_mark(&mut self, fd: RawFd) -> bool {
+    pub(super) fn take_copied_mark(&mut self, fd: i64) -> bool {
         let before = self.copied_fds.len();
         self.copied_fds.retain(|&f| f != fd);
         self.copied_fds.len() != before
