@@ -1312,6 +1312,62 @@ fn a_direct_streams_raw_fd_is_a_plain_descriptor() {
     assert_eq!(counter(&out, "installs"), 1, "{out}");
 }
 
+/// The child of the test below: a stream accepted as a direct descriptor,
+/// with its multishot receive armed by a first exchange, leaves the ring
+/// with `into_std`; bytes the client sends after the move reach the std
+/// stream, which answers them.
+fn into_std_of_a_direct_stream() {
+    use std::io::{Read, Write};
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let client_addr = client.local_addr().unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let moved = rt.block_on(async {
+        let stream = listener.accept_stream().await.unwrap();
+        client.write_all(b"before").unwrap();
+        let (n, buf) = stream.read_owned(vec![0u8; 64]).await;
+        assert_eq!(&buf[..n.unwrap()], b"before");
+        stream.into_std().await.unwrap()
+    });
+    assert_eq!(moved.peer_addr().unwrap(), client_addr);
+    client.write_all(b"after the move").unwrap();
+    let mut moved = moved;
+    moved.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = [0u8; 14];
+    moved.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"after the move");
+    moved.write_all(b"answered").unwrap();
+    let mut answer = [0u8; 8];
+    client.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"answered");
+    drop(moved);
+    assert_eq!(client.read(&mut answer).unwrap(), 0, "the moved stream's close reaches the client");
+    let stats = rt.stats();
+    println!(
+        "direct_accepts={} installs={}",
+        stats.total.direct_accepts, stats.total.direct_fd_installs
+    );
+}
+
+/// `into_std` on a stream accepted as a direct descriptor hands over a
+/// plain descriptor (installed for it) that carries the connection on.
+#[test]
+fn a_direct_stream_leaves_the_ring_with_into_std() {
+    const NAME: &str = "a_direct_stream_leaves_the_ring_with_into_std";
+    if is_child(NAME) {
+        into_std_of_a_direct_stream();
+        return;
+    }
+    let _serial = serial();
+    if uring_skipped() {
+        return;
+    }
+    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
+    assert_eq!(counter(&out, "installs"), 1, "{out}");
+}
+
 /// The child of the test below: a server on two workers whose first is
 /// kept busy hands new connections to the second (`Balance::Load`).
 fn handed_to_another_worker() {
