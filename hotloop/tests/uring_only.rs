@@ -278,6 +278,36 @@ fn is_child(test: &str) -> bool {
     std::env::var("HOTLOOP_TEST_CHILD").as_deref() == Ok(test)
 }
 
+/// The shape of a test that runs in a child process of its own: in the
+/// child, `child` runs and this returns `None`; in the parent, the child
+/// runs with `env` and its output comes back with the guard that keeps
+/// such tests one at a time (held for any further child runs), or `None`
+/// where io_uring is skipped.
+fn in_child(
+    test: &str,
+    env: &[(&str, &str)],
+    child: impl FnOnce(),
+) -> Option<(MutexGuard<'static, ()>, String)> {
+    if is_child(test) {
+        child();
+        return None;
+    }
+    let serial = serial();
+    if uring_skipped() {
+        return None;
+    }
+    Some((serial, run_child(test, env)))
+}
+
+/// What a child says of direct descriptors, for [`counter`] in its parent.
+fn print_direct_counters(rt: &Runtime) {
+    let stats = rt.stats();
+    println!(
+        "direct_accepts={} installs={}",
+        stats.total.direct_accepts, stats.total.direct_fd_installs
+    );
+}
+
 #[test]
 fn auto_falls_back_to_epoll_when_told() {
     const NAME: &str = "auto_falls_back_to_epoll_when_told";
@@ -694,15 +724,7 @@ fn zero_copy_counts(out: &str) -> (u64, u64) {
 #[test]
 fn zero_copy_sends_are_counted_and_can_be_switched_off() {
     const NAME: &str = "zero_copy_sends_are_counted_and_can_be_switched_off";
-    if is_child(NAME) {
-        write_large_and_count();
-        return;
-    }
-    let _serial = serial();
-    if uring_skipped() {
-        return;
-    }
-    let out = run_child(NAME, &[]);
+    let Some((_serial, out)) = in_child(NAME, &[], write_large_and_count) else { return };
     if let Some(why) = out.lines().find_map(|l| l.split("zero-copy sends off: ").nth(1)) {
         assert!(
             std::env::var(common::REQUIRE_URING).as_deref() != Ok("1"),
@@ -941,15 +963,7 @@ fn receive_mixed_streams_and_check() {
 #[test]
 fn stream_receives_fill_buffers_incrementally_and_can_be_switched_off() {
     const NAME: &str = "stream_receives_fill_buffers_incrementally_and_can_be_switched_off";
-    if is_child(NAME) {
-        receive_mixed_streams_and_check();
-        return;
-    }
-    let _serial = serial();
-    if uring_skipped() {
-        return;
-    }
-    let out = run_child(NAME, &[]);
+    let Some((_serial, out)) = in_child(NAME, &[], receive_mixed_streams_and_check) else { return };
     if let Some(why) = out.lines().find_map(|l| l.split("4 KiB buffers whole: ").nth(1)) {
         eprintln!("incremental consumption not tested: {why}");
     } else {
@@ -1068,15 +1082,11 @@ fn counter(out: &str, name: &str) -> u64 {
 #[test]
 fn direct_descriptors_serve_keepalive_exchanges_and_can_be_switched_off() {
     const NAME: &str = "direct_descriptors_serve_keepalive_exchanges_and_can_be_switched_off";
-    if is_child(NAME) {
-        keepalive_over_accepted_streams();
+    let Some((_serial, out)) =
+        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], keepalive_over_accepted_streams)
+    else {
         return;
-    }
-    let _serial = serial();
-    if uring_skipped() {
-        return;
-    }
-    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    };
     assert!(out.contains("accepted TCP connections are direct descriptors"), "{out}");
     assert_eq!(counter(&out, "direct_accepts"), 8, "{out}");
     assert_eq!(counter(&out, "installs"), 0, "a plain descriptor was installed: {out}");
@@ -1244,15 +1254,13 @@ fn lingering_write_beside_a_new_connection() {
 #[test]
 fn an_entry_of_a_dropped_stream_never_reaches_the_next_connections_slot() {
     const NAME: &str = "an_entry_of_a_dropped_stream_never_reaches_the_next_connections_slot";
-    if is_child(NAME) {
-        lingering_write_beside_a_new_connection();
+    let Some((_serial, out)) = in_child(
+        NAME,
+        &[("HOTLOOP_URING_DIRECT_FDS", "1")],
+        lingering_write_beside_a_new_connection,
+    ) else {
         return;
-    }
-    let _serial = serial();
-    if uring_skipped() {
-        return;
-    }
-    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    };
     assert_eq!(counter(&out, "direct_accepts"), 2, "{out}");
 }
 
@@ -1287,11 +1295,7 @@ fn raw_fd_of_a_direct_stream() {
         ask.join().unwrap();
         drop(served);
     });
-    let stats = rt.stats();
-    println!(
-        "direct_accepts={} installs={}",
-        stats.total.direct_accepts, stats.total.direct_fd_installs
-    );
+    print_direct_counters(&rt);
 }
 
 /// `as_raw_fd` (and every socket call through it) on a stream accepted as
@@ -1299,15 +1303,11 @@ fn raw_fd_of_a_direct_stream() {
 #[test]
 fn a_direct_streams_raw_fd_is_a_plain_descriptor() {
     const NAME: &str = "a_direct_streams_raw_fd_is_a_plain_descriptor";
-    if is_child(NAME) {
-        raw_fd_of_a_direct_stream();
+    let Some((_serial, out)) =
+        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], raw_fd_of_a_direct_stream)
+    else {
         return;
-    }
-    let _serial = serial();
-    if uring_skipped() {
-        return;
-    }
-    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    };
     assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
     assert_eq!(counter(&out, "installs"), 1, "{out}");
 }
@@ -1343,11 +1343,7 @@ fn into_std_of_a_direct_stream() {
     assert_eq!(&answer, b"answered");
     drop(moved);
     assert_eq!(client.read(&mut answer).unwrap(), 0, "the moved stream's close reaches the client");
-    let stats = rt.stats();
-    println!(
-        "direct_accepts={} installs={}",
-        stats.total.direct_accepts, stats.total.direct_fd_installs
-    );
+    print_direct_counters(&rt);
 }
 
 /// `into_std` on a stream accepted as a direct descriptor hands over a
@@ -1355,15 +1351,11 @@ fn into_std_of_a_direct_stream() {
 #[test]
 fn a_direct_stream_leaves_the_ring_with_into_std() {
     const NAME: &str = "a_direct_stream_leaves_the_ring_with_into_std";
-    if is_child(NAME) {
-        into_std_of_a_direct_stream();
+    let Some((_serial, out)) =
+        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], into_std_of_a_direct_stream)
+    else {
         return;
-    }
-    let _serial = serial();
-    if uring_skipped() {
-        return;
-    }
-    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    };
     assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
     assert_eq!(counter(&out, "installs"), 1, "{out}");
 }
@@ -1409,15 +1401,11 @@ fn handed_to_another_worker() {
 #[test]
 fn a_direct_socket_handed_to_another_worker_is_served_there() {
     const NAME: &str = "a_direct_socket_handed_to_another_worker_is_served_there";
-    if is_child(NAME) {
-        handed_to_another_worker();
+    let Some((_serial, out)) =
+        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], handed_to_another_worker)
+    else {
         return;
-    }
-    let _serial = serial();
-    if uring_skipped() {
-        return;
-    }
-    let out = run_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")]);
+    };
     let handed = counter(&out, "handoffs_out");
     assert!(handed > 0, "nothing was handed over: {out}");
     assert!(counter(&out, "direct_accepts") > 0, "{out}");
