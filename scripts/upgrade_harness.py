@@ -129,13 +129,13 @@ class Hotloop:
         self.port, self.h2_port = port, port
         self.started = []
 
-    def _start(self):
+    def _start(self, args=None):
         self.n += 1
         # Appending: the process writes through the same open file, and
         # without O_APPEND a line it wrote while this side had seeked back to
         # read could land over the file's start.
         log = open(os.path.join(self.tmp, f"hotloop-{self.n}.log"), "a+")
-        proc = subprocess.Popen(self.args, stderr=log, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(args or self.args, stderr=log, stdout=subprocess.DEVNULL)
         self.started.append(proc)
         return proc, log
 
@@ -196,18 +196,13 @@ class NullUpgrade(Hotloop):
 
     def __init__(self, binary, app, workers, driver, port, h2_port, tmp):
         super().__init__(binary, app, workers, driver, port, h2_port, tmp)
-        self.args = [a for a in self.args]
         at = self.args.index("--upgrade-socket")
         del self.args[at:at + 2]
         self.other_port = free_port()
 
     def upgrade(self):
-        served_args = self.args
-        self.args = [a.replace(f":{self.port}", f":{self.other_port}") for a in served_args]
-        try:
-            other, log = self._start()
-        finally:
-            self.args = served_args
+        other, log = self._start([a.replace(f":{self.port}", f":{self.other_port}")
+                                  for a in self.args])
 
         def serving():
             log.seek(0)
