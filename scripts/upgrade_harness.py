@@ -128,6 +128,19 @@ class Hotloop:
         self.tmp, self.n, self.proc = tmp, 0, None
         self.port, self.h2_port = port, port
         self.started = []
+        # From each old process's last line: connections it cut at the
+        # drain deadline, and connections it accepted and closed before a
+        # handler had them (the runtime's `accepted_unserved`).
+        self.cut, self.unserved = 0, 0
+
+    def count_farewell(self, log):
+        """Adds what an exited process's last line reports to the run's totals."""
+        log.seek(0)
+        text = log.read()
+        m = re.search(r"\((\d+) connections cut at the drain deadline\)", text)
+        self.cut += int(m.group(1)) if m else 0
+        m = re.search(r"(\d+) of them closed before a handler had them", text)
+        self.unserved += int(m.group(1)) if m else 0
 
     def _start(self, args=None):
         self.n += 1
@@ -178,12 +191,14 @@ class Hotloop:
         if old.returncode != 0:
             raise RuntimeError(f"the old hotloop exited with {old.returncode}: "
                                f"{self.log_tail()}")
+        self.count_farewell(old_log)
         old_log.close()
         self.proc, self.log = new, log
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=30)
+        self.count_farewell(self.log)
 
 
 class NullUpgrade(Hotloop):
@@ -651,6 +666,9 @@ def measure_with(args, server, server_kind, app, load, workers, driver, tmp, hel
         "control_windows": len(control_windows),
         "upgrade_s_median": percentile([t1 - t0 for t0, t1 in upgrades], 50),
         "error": error, "load_output_tail": out[-600:],
+        # hotloop only: what its processes' last lines said.
+        "drain_cut": getattr(server, "cut", None),
+        "accepted_unserved": getattr(server, "unserved", None),
     })
     result["reset_lines"] = rsts.stdout.splitlines()[:6]
     # Where each reset the server sent falls: the upgrade it came in (its

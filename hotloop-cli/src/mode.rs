@@ -180,7 +180,7 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     }
     let (stopped, accepted) =
         until_stopped(&mode, &signals, &args, &rt, &handover, serving, &*active)?;
-    stop::say_stopped(M::NAME, &stopped, accepted);
+    stop::say_stopped(M::NAME, &stopped, accepted, rt.stats().total.accepted_unserved);
     if let Some(line) = mode.farewell() {
         eprintln!("{}: {line}", M::NAME);
     }

@@ -219,14 +219,21 @@ pub(crate) fn reload_certificate(certs: &hotloop::tls::CertReloader) -> String {
 }
 
 /// The last line of a `serve` or `proxy` process.
-pub(crate) fn say_stopped(name: &str, stopped: &Stopped, accepted: u64) {
+/// `unserved`: connections accepted and closed before a handler had them
+/// (the runtime's `accepted_unserved`), said only when there were any.
+pub(crate) fn say_stopped(name: &str, stopped: &Stopped, accepted: u64, unserved: u64) {
     let how = match (stopped.forced, stopped.successor) {
         (true, _) => "stopped at once".to_string(),
         (false, Some(pid)) => format!("drained after handing over to pid {pid}"),
         (false, None) => "stopped".to_string(),
     };
+    let unserved = if unserved > 0 {
+        format!(", {unserved} of them closed before a handler had them")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "{name}: {how} ({} connections cut at the drain deadline); {accepted} accepted",
+        "{name}: {how} ({} connections cut at the drain deadline); {accepted} accepted{unserved}",
         stopped.cut
     );
 }

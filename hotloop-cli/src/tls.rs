@@ -165,8 +165,8 @@ impl Conn for ServerTlsStream {
         linger(self).await;
     }
 
-    fn raw_fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(self.get_ref().0)
+    fn input_probe(&self) -> hotloop::net::InputProbe {
+        self.get_ref().0.input_probe()
     }
 }
 

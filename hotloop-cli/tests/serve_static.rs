@@ -419,6 +419,7 @@ fn the_open_file_cache_stays_within_a_share_of_the_descriptor_limit(driver: Driv
     }
     let (p, addr) = start_with(driver, root.path(), &[], Some(256));
     let baseline = p.fds();
+    let baseline_files = open_files(&p);
     let mut failed = Vec::new();
     for i in 0..400 {
         let r = get(addr, &format!("/f{i}.txt"));
@@ -437,9 +438,10 @@ fn the_open_file_cache_stays_within_a_share_of_the_descriptor_limit(driver: Driv
     }
     assert!(
         wait_until(Duration::from_secs(10), || p.fds() <= baseline),
-        "{} descriptors open when idle ({baseline} at the start): {:?}",
+        "{} descriptors open when idle ({baseline} at the start): {:?}; at the start: {:?}",
         p.fds(),
-        open_files(&p)
+        open_files(&p),
+        baseline_files
     );
 }
 

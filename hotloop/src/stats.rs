@@ -85,6 +85,12 @@ counters! {
     accept_errors_aborted: sum,
     /// Other `accept` failures.
     accept_errors_other: sum,
+    /// Connections accepted and closed before any handler had them: an
+    /// accept's connection that arrived for a listener already closed (in
+    /// its queue, or from an accept cancelled too late), or one whose
+    /// stream could not be made. Each meets its client as a close, or a
+    /// reset if its request had come; a drain should leave this at 0.
+    accepted_unserved: sum,
     /// Times accepting paused because descriptors ran out.
     accept_pauses: sum,
     /// Times a server stopped accepting because it held its `maxconn` connections.

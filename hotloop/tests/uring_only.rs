@@ -117,6 +117,7 @@ fn dropped_reads_free_everything() {
     const DROPS_PER_CONNECTION: usize = 100;
     let rt = uring_runtime(1);
     let baseline = hotloop::open_fd_count().unwrap();
+    let handle = rt.handle().clone();
     rt.block_on(async {
         // Unpaced, so the multishot accept below takes connections ahead.
         let options = ListenerOptions { accept_pacing: None, ..ListenerOptions::default() };
@@ -145,10 +146,17 @@ fn dropped_reads_free_everything() {
         }
         // Connections the multishot accept takes while nobody asks for them
         // wait in the listener's queue; closing the listener must close them.
+        // They are counted as closed unserved.
         let unclaimed: Vec<StdStream> = (0..5).map(|_| StdStream::connect(addr).unwrap()).collect();
         sleep(Duration::from_millis(20)).await;
+        assert_eq!(handle.stats().total.accepted_unserved, 0);
         drop(listener);
-        drop(unclaimed);
+        assert_eq!(handle.stats().total.accepted_unserved, 5, "closed unserved, not counted");
+        for mut client in unclaimed {
+            client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // A close (0) or a reset: never a wait.
+            assert!(!matches!(std::io::Read::read(&mut client, &mut [0u8; 1]), Ok(n) if n > 0));
+        }
         // Let the cancel completions come back, so the kernel releases its file references.
         sleep(Duration::from_millis(20)).await;
     });
@@ -1310,6 +1318,97 @@ fn a_direct_streams_raw_fd_is_a_plain_descriptor() {
     };
     assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
     assert_eq!(counter(&out, "installs"), 1, "{out}");
+}
+
+/// The child of the test below: an input probe of a direct stream costs
+/// no descriptor until it is used; used, it sees what the client sent
+/// before any read did; once the stream is gone it says so.
+fn input_probe_of_a_direct_stream() {
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
+    let probe = stream.input_probe();
+    assert_eq!(rt.stats().total.direct_fd_installs, 0, "making the probe installed a descriptor");
+    assert!(!probe.pending().unwrap(), "nothing was sent yet");
+    client.write_all(b"x").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !probe.pending().unwrap() {
+        assert!(Instant::now() < deadline, "the probe never saw the byte");
+        thread::sleep(Duration::from_millis(1));
+    }
+    drop(stream);
+    assert!(probe.pending().is_err(), "a probe of a closed stream answered");
+    print_direct_counters(&rt);
+}
+
+/// A stream's input probe (what a drain peeks with) installs a plain
+/// descriptor for a direct socket only when it is used, not when made.
+#[test]
+fn an_input_probe_installs_a_descriptor_only_when_used() {
+    const NAME: &str = "an_input_probe_installs_a_descriptor_only_when_used";
+    let Some((_serial, out)) =
+        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], input_probe_of_a_direct_stream)
+    else {
+        return;
+    };
+    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
+    assert_eq!(counter(&out, "installs"), 1, "{out}");
+}
+
+/// The child of the test below: hyper serves keep-alive requests on a
+/// direct stream, and no plain descriptor is installed for it until the
+/// drain's peek.
+#[cfg(feature = "hyper")]
+fn hyper_over_a_direct_stream() {
+    use std::io::Read;
+    let rt = uring_runtime(1);
+    let service = || {
+        hyper::service::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                bytes::Bytes::from_static(b"ok"),
+            )))
+        })
+    };
+    let server = hotloop::hyper::serve_hyper(
+        rt.handle(),
+        "127.0.0.1:0",
+        ListenerOptions::default(),
+        service,
+    )
+    .unwrap();
+    let mut client = StdStream::connect(server.local_addr()).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for _ in 0..3 {
+        client.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 512];
+        while !(got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"ok")) {
+            let n = client.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&got));
+    }
+    println!("installs_while_serving={}", rt.stats().total.direct_fd_installs);
+    server.shutdown_blocking(Duration::from_secs(5));
+    print_direct_counters(&rt);
+}
+
+/// hyper on a direct stream: keep-alive requests served through the ring
+/// with no plain descriptor (its writes and the drain's peek used to ask
+/// for one per connection).
+#[cfg(feature = "hyper")]
+#[test]
+fn hyper_serves_a_direct_stream_without_installing_a_descriptor() {
+    const NAME: &str = "hyper_serves_a_direct_stream_without_installing_a_descriptor";
+    let Some((_serial, out)) =
+        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], hyper_over_a_direct_stream)
+    else {
+        return;
+    };
+    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
+    assert_eq!(counter(&out, "installs_while_serving"), 0, "{out}");
 }
 
 /// The child of the test below: a stream accepted as a direct descriptor,

@@ -18,11 +18,10 @@ use std::future::Future;
 use std::io;
 use std::net::Shutdown;
 use std::ops::Deref;
-use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use hotloop::buf::{IoBuf, PooledBuf};
-use hotloop::net::TcpStream;
+use hotloop::net::{InputProbe, TcpStream};
 
 pub(crate) use reject::{reject, LINGER_MAX};
 use send::{send, send_file_tcp};
@@ -70,9 +69,9 @@ pub(crate) trait Conn {
     /// closed; `limit` bounds any last write.
     fn finish(&mut self, limit: Option<Duration>) -> impl Future<Output = ()>;
 
-    /// The socket's descriptor, for a peek at what waits in it (see
-    /// [`ConnTimer::read`]).
-    fn raw_fd(&self) -> RawFd;
+    /// A probe of the socket, for a peek at what waits in it while a read
+    /// borrows the connection (see [`ConnTimer::read`]).
+    fn input_probe(&self) -> InputProbe;
 }
 
 impl Conn for TcpStream {
@@ -111,7 +110,7 @@ impl Conn for TcpStream {
         std::future::ready(())
     }
 
-    fn raw_fd(&self) -> RawFd {
-        self.as_raw_fd()
+    fn input_probe(&self) -> InputProbe {
+        TcpStream::input_probe(self)
     }
 }

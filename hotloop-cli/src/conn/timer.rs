@@ -8,9 +8,7 @@ use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use std::os::fd::RawFd;
-
-use hotloop::net::{input_pending, DRAIN_IDLE_QUIET};
+use hotloop::net::{InputProbe, DRAIN_IDLE_QUIET};
 use hotloop::time::Sleep;
 
 use crate::drain;
@@ -157,17 +155,17 @@ pub(crate) struct DeadlineRead<'a, F> {
     due: Option<Instant>,
     /// For an idle wait, when it began (the connection's last progress).
     idle_since: Option<Instant>,
-    /// The connection's socket, peeked before an idle wait ends for a
-    /// stop (see [`DeadlineRead::peeking`]).
-    socket: Option<RawFd>,
+    /// A probe of the connection's socket, used before an idle wait ends
+    /// for a stop (see [`DeadlineRead::peeking`]).
+    socket: Option<InputProbe>,
 }
 
 impl<F> DeadlineRead<'_, F> {
     /// Before an idle wait ends for a stop, looks into the socket itself
-    /// (`hotloop::net::input_pending`): bytes there that the read has not
+    /// (`InputProbe::pending`): bytes there that the read has not
     /// seen yet (on io_uring they come with a completion a loop turn
     /// later) mean the next request is arriving, and the wait goes on.
-    pub(crate) fn peeking(mut self, socket: RawFd) -> Self {
+    pub(crate) fn peeking(mut self, socket: InputProbe) -> Self {
         self.socket = Some(socket);
         self
     }
@@ -190,7 +188,7 @@ where
             let quiet = since + DRAIN_IDLE_QUIET;
             this.timer.bring_forward(quiet);
             if this.timer.poll_expired(cx, quiet) {
-                let arriving = this.socket.is_some_and(|fd| input_pending(fd).unwrap_or(false));
+                let arriving = this.socket.as_ref().is_some_and(|p| p.pending().unwrap_or(false));
                 if !arriving {
                     return Poll::Ready(None);
                 }

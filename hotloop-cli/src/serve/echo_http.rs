@@ -230,7 +230,7 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
                 // bounds it; one partway through a request gets its answer, with
                 // `Connection: close`.
                 let idle = head_deadline.is_none();
-                let socket = stream.raw_fd();
+                let socket = stream.input_probe();
                 let read = pin!(stream.read_some());
                 match timer.read(read, deadline, idle).peeking(socket).await {
                     Some(b) => {

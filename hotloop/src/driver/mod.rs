@@ -76,7 +76,9 @@ mod wake;
 pub use config::{AcceptMode, DriverKind, KernelBusyPoll, Registration};
 pub(crate) use config::{DriverConfig, UringSwitches};
 pub(crate) use park::Park;
-pub(crate) use source::{DatagramSource, ListenerSource, ReadinessSource, StreamSource};
+pub(crate) use source::{
+    DatagramSource, ListenerSource, ReadinessSource, StreamProbe, StreamSource,
+};
 pub(crate) use uring::Accepted;
 pub(crate) use wake::Unpark;
 

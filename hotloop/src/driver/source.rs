@@ -91,6 +91,26 @@ impl ListenerSource {
 // Every call of the role's contract, forwarded to the backend in use.
 listener_calls!(define_face);
 
+/// A look into a stream socket's kernel receive queue, made from its
+/// source and used later, beside a read that borrows the source.
+pub(crate) enum StreamProbe {
+    /// The descriptor of an epoll stream (a look after the stream closed
+    /// fails with `EBADF`, or looks into whatever took the number).
+    Epoll(RawFd),
+    /// An io_uring stream, held weakly.
+    Uring(uring::StreamProbe),
+}
+
+impl StreamProbe {
+    /// True if the peer has sent bytes (or its end) that nobody has read.
+    pub(crate) fn input_pending(&self) -> io::Result<bool> {
+        match self {
+            StreamProbe::Epoll(fd) => sys::input_pending(*fd),
+            StreamProbe::Uring(p) => p.input_pending(),
+        }
+    }
+}
+
 /// A connected (or connecting) byte-stream socket owned by one worker's
 /// driver, closed when the last of its holders (the source, or an
 /// operation the kernel still has) lets go.
@@ -133,6 +153,16 @@ impl StreamSource {
             StreamSource::Uring(s) => {
                 s.into_fd().await.map_err(|(s, e)| (StreamSource::Uring(s), e))
             }
+        }
+    }
+
+    /// A probe of the socket's kernel receive queue that does not hold
+    /// the socket (a direct io_uring socket gets a plain descriptor only
+    /// when the probe is used).
+    pub(crate) fn probe(&self) -> StreamProbe {
+        match self {
+            StreamSource::Epoll(s) => StreamProbe::Epoll(s.fd()),
+            StreamSource::Uring(s) => StreamProbe::Uring(s.probe()),
         }
     }
 

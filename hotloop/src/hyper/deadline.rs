@@ -49,6 +49,9 @@ pub(super) trait Socket {
     /// The socket under the stream.
     fn socket(&self) -> BorrowedFd<'_>;
 
+    /// A probe of the socket's receive queue (see [`TcpStream::input_probe`]).
+    fn input_probe(&self) -> crate::net::InputProbe;
+
     /// Drops what the stream keeps between writes (io_uring's
     /// write-behind buffer) unless a write is in flight.
     fn release_idle_buffers(&self);
@@ -57,6 +60,10 @@ pub(super) trait Socket {
 impl Socket for TcpStream {
     fn socket(&self) -> BorrowedFd<'_> {
         self.as_fd()
+    }
+
+    fn input_probe(&self) -> crate::net::InputProbe {
+        TcpStream::input_probe(self)
     }
 
     fn release_idle_buffers(&self) {
@@ -68,6 +75,10 @@ impl Socket for TcpStream {
 impl Socket for crate::tls::ServerTlsStream {
     fn socket(&self) -> BorrowedFd<'_> {
         self.get_ref().0.as_fd()
+    }
+
+    fn input_probe(&self) -> crate::net::InputProbe {
+        self.get_ref().0.input_probe()
     }
 
     fn release_idle_buffers(&self) {
@@ -304,14 +315,14 @@ impl Progress {
     /// then drew one reset per connection on every upgrade. HTTP/1.1 is
     /// left alone: a client that ends its side after a request still
     /// reads the answer (`half_close`).
-    fn mute_after_end(&self, fd: std::os::fd::RawFd) -> bool {
+    fn mute_after_end(&self, fd: impl FnOnce() -> std::os::fd::RawFd) -> bool {
         let ends = self.ends.get();
         if ends & HTTP2 == 0 {
             return false;
         }
         if ends & ENDED == 0
             && ends & GOING_AWAY != 0
-            && crate::sys::peer_ended(fd).unwrap_or(false)
+            && crate::sys::peer_ended(fd()).unwrap_or(false)
         {
             self.ends.set(ends | ENDED);
         }
@@ -558,7 +569,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        if self.progress.mute_after_end(self.io.socket().as_raw_fd()) {
+        if self.progress.mute_after_end(|| self.io.socket().as_raw_fd()) {
             return Poll::Ready(Ok(buf.len()));
         }
         let poll = Pin::new(&mut self.io).poll_write(cx, buf);
@@ -572,7 +583,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        if self.progress.mute_after_end(self.io.socket().as_raw_fd()) {
+        if self.progress.mute_after_end(|| self.io.socket().as_raw_fd()) {
             return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
         }
         let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);

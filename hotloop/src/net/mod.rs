@@ -35,7 +35,7 @@ pub use server::{
 pub use socket::TcpSocket;
 pub use sockopt::TcpKeepalive;
 pub use split::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, WriteHalf};
-pub use stream::{IntoStdError, TcpStream};
+pub use stream::{InputProbe, IntoStdError, TcpStream};
 pub use udp::{
     EcnCodepoint, RecvMeta, SendMeta, Transmit, UdpOptions, UdpSocket, BATCH_DATAGRAMS_MAX,
     GRO_SEGMENTS_MAX,

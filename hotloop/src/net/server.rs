@@ -841,7 +841,14 @@ where
                 // go on taking connections nobody here serves.
                 listener.set_accept_room(Some(0));
                 let settled = poll_fn(|cx| listener.poll_accept_settled(cx));
-                let _ = crate::time::timeout(ACCEPT_SETTLE_WAIT, settled).await;
+                if crate::time::timeout(ACCEPT_SETTLE_WAIT, settled).await.is_err() {
+                    // What the accept still takes is closed with the
+                    // listener, and counted in `accepted_unserved`.
+                    crate::log::warn(format_args!(
+                        "a stopping accept loop's cancelled accept had not ended after {} ms",
+                        ACCEPT_SETTLE_WAIT.as_millis()
+                    ));
+                }
                 // What the driver already accepted is this process's to
                 // serve, whatever the limit (closing it would reset it).
                 while let Some(got) = listener.take_accepted() {
@@ -865,6 +872,7 @@ where
                 if primary {
                     for fd in lanes.close(me) {
                         let Ok(stream) = L::stream_from_accepted(Accepted::Fd(fd)) else {
+                            current::count(|s| &s.accepted_unserved);
                             continue;
                         };
                         shared.active.fetch_add(1, Ordering::AcqRel);
@@ -886,7 +894,10 @@ where
                 };
                 // A connection whose stream cannot be made (its descriptor
                 // is closed with the error) is one the peer sees reset.
-                let Ok(stream) = L::stream_from_accepted(accepted) else { continue };
+                let Ok(stream) = L::stream_from_accepted(accepted) else {
+                    current::count(|s| &s.accepted_unserved);
+                    continue;
+                };
                 // Another worker may have taken the last slot since the check
                 // above: hold the connection (it is not closed) until one frees.
                 while !try_reserve(&shared, &local, limits) {

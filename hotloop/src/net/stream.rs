@@ -285,6 +285,39 @@ impl TcpStream {
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         sys::peer_addr(self.core.fd())
     }
+
+    /// A probe of this connection's kernel receive queue, to be used while
+    /// a read of the stream is in flight (the read borrows the stream; the
+    /// probe does not). A drain uses it to tell an idle keep-alive
+    /// connection from one whose next request is arriving (see
+    /// [`input_pending`](super::input_pending)). Making one costs nothing
+    /// on either driver: an io_uring direct socket gets a plain descriptor
+    /// only if the probe is used.
+    pub fn input_probe(&self) -> InputProbe {
+        InputProbe(self.core.source().probe())
+    }
+}
+
+/// A look into a TCP connection's kernel receive queue, made by
+/// [`TcpStream::input_probe`]. It does not keep the connection open.
+pub struct InputProbe(crate::driver::StreamProbe);
+
+impl InputProbe {
+    /// True if the peer has sent bytes (or its end of stream) that nobody
+    /// has read yet, in the kernel: a peek that takes nothing. A read
+    /// through the driver may not have seen them yet (on io_uring they
+    /// reach the stream with a completion a loop turn later). An error
+    /// once the stream has closed (`NotConnected` on io_uring, `EBADF` on
+    /// epoll, where the probe names the descriptor by its number).
+    pub fn pending(&self) -> io::Result<bool> {
+        self.0.input_pending()
+    }
+}
+
+impl std::fmt::Debug for InputProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputProbe").finish_non_exhaustive()
+    }
 }
 
 /// Why [`TcpStream::into_std`] could not move a stream, with the stream

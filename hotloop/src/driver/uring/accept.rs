@@ -203,6 +203,9 @@ impl Listeners {
             // Unreachable by construction (closing a listener orphans its accept
             // first); still, never leak a descriptor (a slot goes back as
             // `taken` drops).
+            if taken.is_ok() {
+                stats::add(&ring.stats.accepted_unserved, 1);
+            }
             drop(taken);
             return;
         };
@@ -370,6 +373,8 @@ impl Listeners {
     /// detaches its accept.
     pub(super) fn release_listener(&mut self, ops: &mut Ops, ring: &mut Ring, key: Key) {
         if let Some(l) = self.queues.remove(key) {
+            let unserved = l.queue.iter().filter(|t| t.is_ok()).count();
+            stats::add(&ring.stats.accepted_unserved, unserved as u64);
             if let Some(op) = l.op {
                 // An accept the kernel has is cancelled, and closes whatever
                 // it still delivers.

@@ -162,6 +162,9 @@ impl Uring {
     /// closed, and a datagram socket's ring (with its queue) is freed at
     /// the last completion.
     fn on_orphan_completion(&mut self, kind: FeedKind, queue: Key, res: i32, last: bool) {
+        if matches!(kind, FeedKind::Accept | FeedKind::AcceptDirect) && res >= 0 {
+            stats::add(&self.ring.stats.accepted_unserved, 1);
+        }
         match kind {
             FeedKind::Accept => unclaimed::close(res),
             // A slot the kernel filled for nobody: given back at once.

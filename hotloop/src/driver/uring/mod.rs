@@ -142,7 +142,7 @@ pub(crate) use linger::WRITE_LINGER;
 pub(crate) use listener::{Accepted, ListenerSource};
 pub(crate) use readiness::ReadinessSource;
 pub(crate) use shared::SharedFd;
-pub(crate) use stream::{SendOwned, StreamSource};
+pub(crate) use stream::{SendOwned, StreamProbe, StreamSource};
 pub(crate) use udp::DatagramSource;
 
 use std::any::Any;

@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Context as TaskContext, Poll};
 
 use io_uring::opcode;
@@ -36,6 +36,27 @@ use crate::driver::contract::StreamOps;
 use crate::driver::park::not_running;
 use crate::slab::Key;
 use crate::sys;
+
+/// A look into a stream socket's kernel receive queue, made while the
+/// stream lives and kept beside a read of it (see
+/// [`StreamSource::probe`]). It holds neither the socket nor the driver:
+/// a direct socket gets its plain descriptor only when a look is asked
+/// for (at a drain), not for every connection that might be looked into.
+pub(crate) struct StreamProbe {
+    fd: Weak<SockFd>,
+    driver: Weak<Driver>,
+}
+
+impl StreamProbe {
+    /// True if the peer has sent bytes (or its end) that nobody has read,
+    /// in the kernel; `NotConnected` once the socket has closed.
+    pub(crate) fn input_pending(&self) -> io::Result<bool> {
+        let (Some(fd), Some(driver)) = (self.fd.upgrade(), self.driver.upgrade()) else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        sys::input_pending(driver.plain_fd(&fd)?)
+    }
+}
 
 /// A connected (or connecting) stream socket owned by one io_uring driver.
 /// Its descriptor closes when the source and every operation the kernel
@@ -81,6 +102,11 @@ impl StreamSource {
     pub(crate) fn from_direct(socket: super::listener::DirectSocket) -> StreamSource {
         let (driver, fd) = socket.into_parts();
         StreamSource::with_core(SourceCore::from_shared(&driver, fd))
+    }
+
+    /// A probe of this socket's receive queue that does not hold it.
+    pub(crate) fn probe(&self) -> StreamProbe {
+        StreamProbe { fd: Rc::downgrade(&self.core.fd), driver: Rc::downgrade(&self.core.driver) }
     }
 
     fn with_core(core: SourceCore) -> StreamSource {
