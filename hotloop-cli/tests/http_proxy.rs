@@ -496,6 +496,34 @@ fn a_worker_borrows_an_idle_connection_from_another_workers_pool(driver: DriverK
     assert_eq!(stat(st, "backend_g_0_connects"), 1);
 }
 
+/// A request that finds its worker's pool empty while one of the worker's
+/// connections to the backend is busy waits (up to `pool_borrow_ms`) for
+/// that one to come back rather than open another; with a wait shorter
+/// than the busy answer, or with `pool_borrow_ms = 0`, it connects.
+#[hotloop::test(driver = "all")]
+fn a_request_waits_for_a_busy_connection_to_come_back(driver: DriverKind) {
+    let slow = Backend::start(|_| Reply { delay: Duration::from_millis(150), ..Reply::ok("s") });
+    let two_at_once = |pool_borrow_ms: u64| {
+        let config = format!(
+            "[groups.g]\nbackends = [\"{}\"]\npool_borrow_ms = {pool_borrow_ms}\n",
+            slow.addr()
+        );
+        let before = slow.accepts.load(SeqCst);
+        let (_p, addr, st) = with_config(driver, &config, &["--workers", "1"]);
+        let first = std::thread::spawn(move || once(addr, &get("t", "/")).status);
+        // The first request's connection is busy at the backend when the
+        // second comes.
+        assert!(wait_until(Duration::from_secs(5), || slow.accepts.load(SeqCst) > before));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(once(addr, &get("t", "/")).status, 200);
+        assert_eq!(first.join().unwrap(), 200);
+        (slow.accepts.load(SeqCst) - before, stat(st, "backend_g_0_reused"))
+    };
+    assert_eq!(two_at_once(5000), (1, 1), "the second request opened a connection of its own");
+    assert_eq!(two_at_once(20), (2, 0), "a short wait still took the busy connection");
+    assert_eq!(two_at_once(0), (2, 0), "waited with waiting off");
+}
+
 /// A connection the backend closed while it was idle is not lent: the
 /// borrower connects instead and every request is answered. With
 /// `pool_borrow_ms = 0` nothing is borrowed at all.

@@ -50,9 +50,9 @@ pub struct GroupConfig {
     pub pool_idle_max: usize,
     /// An idle pooled connection older than this is closed.
     pub pool_idle_timeout: Duration,
-    /// The longest a request waits for an idle HTTP/1.1 connection
-    /// borrowed from another worker's pool when its worker has none;
-    /// zero: never borrowed.
+    /// The longest a request waits for an idle HTTP/1.1 connection, borrowed
+    /// from another worker's pool or one of its own worker's coming back
+    /// from a request, when its worker has none; zero: never waits.
     pub pool_borrow: Duration,
     /// Consecutive failures (connect errors, timeouts, 5xx answers) that
     /// take a backend out of rotation.

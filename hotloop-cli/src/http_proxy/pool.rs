@@ -23,6 +23,12 @@
 //! asked for) is closed, not lent. The borrower waits at most
 //! `pool_borrow_ms`, then connects as without borrowing; a connection that
 //! arrives later joins its pool. TLS and HTTP/2 connections never move.
+//! When no worker holds an idle connection to the backend but some of the
+//! asking worker's own are serving requests, the request waits, again at
+//! most `pool_borrow_ms`, for the first of them to come back
+//! ([`await_return`]): under a steady number of concurrent requests an
+//! empty pool mostly means an answer whose connection is a moment from
+//! its checkin.
 //! Without borrowing, the backends see about the sum of each worker's
 //! peak of concurrent requests as connections (`BENCHMARKS.md` counts
 //! them).
@@ -67,7 +73,8 @@ pub struct Backend {
     /// An idle connection older than this is closed.
     pub pool_idle_timeout: Duration,
     /// The longest a request waits for an idle connection borrowed from
-    /// another worker's pool; zero: never borrowed.
+    /// another worker's pool, or for one of its own worker's to come back
+    /// ([`await_return`]); zero: never waits.
     pub pool_borrow: Duration,
     /// How many idle HTTP/1.1 connections each worker's pool holds, once
     /// borrowing started ([`start_lending`]).
@@ -217,6 +224,9 @@ struct BackendPool {
     h2: Option<(http2::SendRequest<UpBody>, bool)>,
     /// Connections open from this worker, idle or busy.
     open: usize,
+    /// Requests waiting for one of the busy ones to come back
+    /// ([`await_return`]), woken by every checkin and close.
+    waiting: Vec<Waker>,
 }
 
 thread_local! {
@@ -331,6 +341,45 @@ pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease
         if conn.ready().await.is_ok() {
             return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
         }
+    }
+}
+
+/// When this worker's pool holds no idle connection to `backend` but some
+/// of its connections to it are serving requests: waits up to
+/// `pool_borrow` for one of them to come back and takes it (`None` when
+/// none is busy, none came in time, or waiting is off). Under a steady
+/// number of concurrent requests the connection of an answer just sent
+/// is often a few microseconds from its checkin (its body's end has not
+/// yet been polled) when the next request arrives; connecting then would
+/// open one more connection than the load needs.
+pub async fn await_return(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> {
+    let b = &backends[backend];
+    if b.protocol != UpstreamProtocol::Http1 || b.pool_borrow.is_zero() {
+        return None;
+    }
+    let came = std::future::poll_fn(|cx| {
+        with_pool(backend, |p| {
+            if !p.idle.is_empty() {
+                return Poll::Ready(true);
+            }
+            if p.open == 0 {
+                return Poll::Ready(false);
+            }
+            p.waiting.push(cx.waker().clone());
+            Poll::Pending
+        })
+    });
+    match hotloop::time::timeout(b.pool_borrow, came).await {
+        Ok(true) => checkout(backends, backend).await,
+        _ => None,
+    }
+}
+
+/// Wakes every task in `waiting` (each looks again; stale wakers of
+/// waits that ended cost a spurious poll at most).
+fn wake_all(waiting: &mut Vec<Waker>) {
+    for w in waiting.drain(..) {
+        w.wake();
     }
 }
 
@@ -459,6 +508,7 @@ pub fn checkin(backends: &Arc<[Backend]>, backend: usize, conn: H1) {
         // Full: the oldest goes, the warm one stays.
         let gone = (p.idle.len() >= b.pool_idle_max).then(|| p.idle.remove(0));
         p.idle.push(Idle { conn, since: hotloop::time::now(), counted_on });
+        wake_all(&mut p.waiting);
         gone
     });
     if let Some(gone) = gone {
@@ -669,7 +719,11 @@ impl Drop for Guard {
     fn drop(&mut self) {
         self.stats().open.fetch_sub(1, Relaxed);
         if self.2 {
-            with_pool(self.1, |p| p.open -= 1);
+            with_pool(self.1, |p| {
+                p.open -= 1;
+                // A waiter whose last busy connection closed stops waiting.
+                wake_all(&mut p.waiting);
+            });
         }
     }
 }
