@@ -38,9 +38,11 @@
 //! the backend's server name) is part of the connect and its timeout.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
@@ -225,8 +227,9 @@ struct BackendPool {
     /// Connections open from this worker, idle or busy.
     open: usize,
     /// Requests waiting for one of the busy ones to come back
-    /// ([`await_return`]), woken by every checkin and close.
-    waiting: Vec<Waker>,
+    /// ([`await_return`]), oldest first; a wait that ended is a dead
+    /// reference, skipped.
+    waiting: VecDeque<Weak<Returned>>,
 }
 
 thread_local! {
@@ -346,40 +349,84 @@ pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease
 
 /// When this worker's pool holds no idle connection to `backend` but some
 /// of its connections to it are serving requests: waits up to
-/// `pool_borrow` for one of them to come back and takes it (`None` when
-/// none is busy, none came in time, or waiting is off). Under a steady
-/// number of concurrent requests the connection of an answer just sent
-/// is often a few microseconds from its checkin (its body's end has not
-/// yet been polled) when the next request arrives; connecting then would
-/// open one more connection than the load needs.
+/// `pool_borrow` for one of them to come back, handed over by [`checkin`]
+/// (`None` when none is busy, as many requests wait already as are busy,
+/// none came in time, or waiting is off). Under a steady number of
+/// concurrent requests the connection of an answer just sent is often a
+/// moment from its checkin (its body's end has not yet been polled) when
+/// the next request arrives; connecting then would open one more
+/// connection than the load needs.
 pub async fn await_return(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> {
     let b = &backends[backend];
     if b.protocol != UpstreamProtocol::Http1 || b.pool_borrow.is_zero() {
         return None;
     }
-    let came = std::future::poll_fn(|cx| {
-        with_pool(backend, |p| {
-            if !p.idle.is_empty() {
-                return Poll::Ready(true);
-            }
-            if p.open == 0 {
-                return Poll::Ready(false);
-            }
-            p.waiting.push(cx.waker().clone());
-            Poll::Pending
+    let slot = with_pool(backend, |p| {
+        p.waiting.retain(|w| w.strong_count() > 0);
+        let busy = p.open.saturating_sub(p.idle.len());
+        (busy > p.waiting.len()).then(|| {
+            let slot = Rc::new(Returned::default());
+            p.waiting.push_back(Rc::downgrade(&slot));
+            slot
         })
-    });
-    match hotloop::time::timeout(b.pool_borrow, came).await {
-        Ok(true) => checkout(backends, backend).await,
-        _ => None,
+    })?;
+    let wait = WaitReturn { slot, backends, backend };
+    let conn = hotloop::time::timeout(b.pool_borrow, wait).await.ok()??;
+    // Handed over at its checkin: ready within its task's next poll, as in
+    // `checkout`, or closed.
+    let mut conn = conn;
+    if conn.ready().await.is_ok() {
+        return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
+    }
+    None
+}
+
+/// Where [`checkin`] hands a connection to a request waiting in
+/// [`await_return`].
+#[derive(Default)]
+struct Returned {
+    conn: Cell<Option<H1>>,
+    /// Set when the wait should end empty (the busy connections closed).
+    given_up: Cell<bool>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl Returned {
+    fn wake(&self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
     }
 }
 
-/// Wakes every task in `waiting` (each looks again; stale wakers of
-/// waits that ended cost a spurious poll at most).
-fn wake_all(waiting: &mut Vec<Waker>) {
-    for w in waiting.drain(..) {
-        w.wake();
+/// The wait of [`await_return`]; a connection handed over after the wait
+/// ended (its timeout fired first) goes back through [`checkin`].
+struct WaitReturn<'a> {
+    slot: Rc<Returned>,
+    backends: &'a Arc<[Backend]>,
+    backend: usize,
+}
+
+impl Future for WaitReturn<'_> {
+    type Output = Option<H1>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<H1>> {
+        if let Some(conn) = self.slot.conn.take() {
+            return Poll::Ready(Some(conn));
+        }
+        if self.slot.given_up.get() {
+            return Poll::Ready(None);
+        }
+        self.slot.waker.set(Some(cx.waker().clone()));
+        Poll::Pending
+    }
+}
+
+impl Drop for WaitReturn<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.slot.conn.take() {
+            checkin(self.backends, self.backend, conn);
+        }
     }
 }
 
@@ -503,12 +550,26 @@ pub fn checkin(backends: &Arc<[Backend]>, backend: usize, conn: H1) {
     if conn.is_closed() || b.pool_idle_max == 0 {
         return;
     }
+    // A request waiting for it takes it first.
+    let (waiter, conn) = with_pool(backend, |p| {
+        while let Some(w) = p.waiting.pop_front() {
+            if let Some(w) = w.upgrade() {
+                w.conn.set(Some(conn));
+                return (Some(w), None);
+            }
+        }
+        (None, Some(conn))
+    });
+    let Some(conn) = conn else {
+        // Woken outside the pool's borrow.
+        waiter.expect("handed over").wake();
+        return;
+    };
     let counted_on = count_in(b);
     let gone = with_pool(backend, |p| {
         // Full: the oldest goes, the warm one stays.
         let gone = (p.idle.len() >= b.pool_idle_max).then(|| p.idle.remove(0));
         p.idle.push(Idle { conn, since: hotloop::time::now(), counted_on });
-        wake_all(&mut p.waiting);
         gone
     });
     if let Some(gone) = gone {
@@ -719,11 +780,19 @@ impl Drop for Guard {
     fn drop(&mut self) {
         self.stats().open.fetch_sub(1, Relaxed);
         if self.2 {
-            with_pool(self.1, |p| {
+            // More requests waiting than busy connections left: the
+            // newest waits end now, empty (they connect).
+            let surplus: Vec<Rc<Returned>> = with_pool(self.1, |p| {
                 p.open -= 1;
-                // A waiter whose last busy connection closed stops waiting.
-                wake_all(&mut p.waiting);
+                p.waiting.retain(|w| w.strong_count() > 0);
+                let busy = p.open.saturating_sub(p.idle.len());
+                let keep = p.waiting.len().min(busy);
+                p.waiting.drain(keep..).filter_map(|w| w.upgrade()).collect()
             });
+            for w in surplus {
+                w.given_up.set(true);
+                w.wake();
+            }
         }
     }
 }
