@@ -402,19 +402,27 @@ def probe(port, keep_alive, stop, samples, period=0.01):
     req = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n" if keep_alive else \
         b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
     tick = time.monotonic()
+    # When the kept-alive connection's last answer came: a request that
+    # meets a close after the connection sat idle past the server's drain
+    # quiet time (1 s) met the idle close every server has, not a lost one.
+    answered_at = None
     while not stop.is_set():
         t0 = time.monotonic()
         err = None
         try:
             if sock is None:
                 sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                answered_at = None
             sock.sendall(req)
             closes = read_response(sock)
+            answered_at = time.monotonic()
             if closes or not keep_alive:
                 sock.close()
                 sock = None
         except OSError as e:
             err = f"{type(e).__name__}: {e}"
+            if answered_at is not None:
+                err += f" (on a connection idle {(t0 - answered_at) * 1000:.0f} ms)"
             if sock is not None:
                 sock.close()
             sock = None

@@ -224,7 +224,12 @@ async fn a_timeout_is_a_future_that_hands_its_future_back() {
 /// ring operations, which hold the clock while they run.
 #[hotloop::test(driver = "all", start_paused = true)]
 async fn a_file_read_waiting_in_real_time_holds_the_paused_clock() {
-    let path = std::env::temp_dir().join(format!("hotloop-paused-fifo-{}", std::process::id()));
+    // One path per run: the epoll and io_uring variants run side by side
+    // in this process, and one's `remove_file` must not take the other's FIFO.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("hotloop-paused-fifo-{}-{run}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: mkfifo reads one NUL-terminated path that outlives the call.

@@ -371,10 +371,9 @@ pub async fn await_return(backends: &Arc<[Backend]>, backend: usize) -> Option<L
         })
     })?;
     let wait = WaitReturn { slot, backends, backend };
-    let conn = hotloop::time::timeout(b.pool_borrow, wait).await.ok()??;
+    let mut conn = hotloop::time::timeout(b.pool_borrow, wait).await.ok()??;
     // Handed over at its checkin: ready within its task's next poll, as in
     // `checkout`, or closed.
-    let mut conn = conn;
     if conn.ready().await.is_ok() {
         return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
     }
