@@ -48,7 +48,14 @@ fn maxconn_bounds_descriptors_and_the_stats_endpoint_stays_reachable(driver: Dri
     assert!(wait_until(Duration::from_secs(20), || stat(stats, "active_connections") == 100));
     std::thread::sleep(Duration::from_millis(300)); // let any accept-ahead land
     let held = p.fds().saturating_sub(baseline);
-    assert!(held <= 110, "{driver}: {held} descriptors held for 100 connections");
+    assert!(
+        held <= 110,
+        "{driver}: {held} descriptors held for 100 connections; active_connections {}; \
+         accepted {}; {:?}",
+        stat(stats, "active_connections"),
+        stat(stats, "accepted"),
+        kinds(&p.fd_targets())
+    );
     assert_eq!(stat(stats, "active_connections"), 100);
     drop(clients);
     // Every waiting client is accepted as slots free, then closes.
@@ -128,4 +135,17 @@ fn descriptor_exhaustion_is_logged_once_per_episode(driver: DriverKind) {
     let count: u64 =
         first_end.split("after ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(count >= 20, "{driver}: the first episode counted {count} failures: {first_end}");
+}
+
+/// How many of a process's descriptors point at each kind of thing
+/// (`socket`, `pipe`, `anon_inode:[eventfd]`, a path), for a failure's message.
+fn kinds(targets: &[String]) -> std::collections::BTreeMap<String, usize> {
+    let mut kinds = std::collections::BTreeMap::new();
+    for t in targets {
+        let target = t.split(" -> ").nth(1).unwrap_or(t);
+        let kind = target.split(":[").next().unwrap_or(target);
+        let kind = if kind == "anon_inode" { target } else { kind };
+        *kinds.entry(kind.to_string()).or_insert(0) += 1;
+    }
+    kinds
 }

@@ -246,13 +246,9 @@ fn worker_thread(
             return;
         }
     };
-    // Entered before the worker says it is ready: when `build` returns,
-    // every worker runs in its context, and what entering makes once per
-    // process (the thread for tokio calls, with its descriptors) exists,
-    // so a server that says it serves holds what it will hold.
-    let guard = context::enter(cx.clone());
     let _ = ready.send((id, Ok(cx.driver_info.clone())));
     drop(ready);
+    let guard = context::enter(cx.clone());
     // Panics inside tasks never get here; this catches a failure of the
     // loop itself (its driver failing), which ends the worker.
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
