@@ -590,6 +590,7 @@ fn split_options(options: &ServerOptions) -> (ListenerOptions, Limits) {
         global: options.maxconn,
         per_worker: options.maxconn_per_worker,
         balance: options.balance,
+        loops: 1,
     };
     (options.listener.clone(), limits)
 }
@@ -675,6 +676,7 @@ where
     };
     let per_worker = spread(sockets, handle.workers())?;
     shared.watch().loops = per_worker.len();
+    let limits = Limits { loops: per_worker.len(), ..limits };
     let lanes = Arc::new(Lanes::new(limits.balance, handle.inner.workers.clone()));
     let handler = Arc::new(handler);
     let accept_loops = per_worker
@@ -739,6 +741,8 @@ struct Limits {
     global: Option<usize>,
     per_worker: Option<usize>,
     balance: Balance,
+    /// The workers whose accept loops share `global`.
+    loops: usize,
 }
 
 /// A connection for the accept loop: one it accepted, or one another
@@ -932,7 +936,14 @@ where
 /// How many more connections this worker may take now (`None`: no limit).
 fn room(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> Option<usize> {
     let worker = limits.per_worker.map(|max| max.saturating_sub(local.active.get()));
-    let global = limits.global.map(|max| max.saturating_sub(shared.active.load(Ordering::Acquire)));
+    // Each worker's driver may take its share of the global slots left
+    // ahead (rounded up, so a slot left is anyone's): were each allowed
+    // them all, a burst that reached every worker's armed accept at once
+    // would be accepted several times over the limit, the excess held as
+    // descriptors instead of waiting in the kernel's backlog.
+    let global = limits.global.map(|max| {
+        max.saturating_sub(shared.active.load(Ordering::Acquire)).div_ceil(limits.loops.max(1))
+    });
     match (worker, global) {
         (Some(w), Some(g)) => Some(w.min(g)),
         (w, g) => w.or(g),
