@@ -1390,14 +1390,28 @@ fn hyper_over_a_direct_stream() {
         }
         assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&got));
     }
+    // A second client that closes after its answer: hyper shuts the
+    // connection's write side down (a ring entry on the slot).
+    let mut closing = StdStream::connect(server.local_addr()).unwrap();
+    closing.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    closing.shutdown(std::net::Shutdown::Write).unwrap();
+    closing.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = Vec::new();
+    std::io::Read::read_to_end(&mut closing, &mut answer).unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&answer));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.active_connections() > 1 {
+        assert!(Instant::now() < deadline, "the closed connection did not end");
+        thread::sleep(Duration::from_millis(2));
+    }
     println!("installs_while_serving={}", rt.stats().total.direct_fd_installs);
     server.shutdown_blocking(Duration::from_secs(5));
     print_direct_counters(&rt);
 }
 
-/// hyper on a direct stream: keep-alive requests served through the ring
-/// with no plain descriptor (its writes and the drain's peek used to ask
-/// for one per connection).
+/// hyper on a direct stream: keep-alive requests served through the ring,
+/// and a connection's end shut down, with no plain descriptor (its writes,
+/// its shutdown and the drain's peek used to ask for one per connection).
 #[cfg(feature = "hyper")]
 #[test]
 fn hyper_serves_a_direct_stream_without_installing_a_descriptor() {
@@ -1407,7 +1421,7 @@ fn hyper_serves_a_direct_stream_without_installing_a_descriptor() {
     else {
         return;
     };
-    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
+    assert_eq!(counter(&out, "direct_accepts"), 2, "{out}");
     assert_eq!(counter(&out, "installs_while_serving"), 0, "{out}");
 }
 

@@ -156,6 +156,16 @@ impl StreamSource {
         }
     }
 
+    /// Shuts the socket down (`how`) at once: `shutdown(2)` never blocks
+    /// (a direct io_uring socket runs a ring entry instead, rather than
+    /// get a descriptor for it).
+    pub(crate) fn shutdown_now(&self, how: std::net::Shutdown) -> io::Result<()> {
+        match self {
+            StreamSource::Epoll(s) => sys::shutdown(s.fd(), how),
+            StreamSource::Uring(s) => s.shutdown_now(how),
+        }
+    }
+
     /// A probe of the socket's kernel receive queue that does not hold
     /// the socket (a direct io_uring socket gets a plain descriptor only
     /// when the probe is used).

@@ -235,8 +235,8 @@ impl StreamCore {
     /// Flushes, then shuts down the write half.
     pub(crate) fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         std::task::ready!(self.src.poll_flush(cx))?;
-        // shutdown(2) never blocks, so the poll form makes the call directly on either driver.
-        match crate::sys::shutdown(self.src.fd(), Shutdown::Write) {
+        // shutdown(2) never blocks, so the poll form shuts down at once on either driver.
+        match self.src.shutdown_now(Shutdown::Write) {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
             other => Poll::Ready(other),
         }

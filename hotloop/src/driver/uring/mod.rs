@@ -344,6 +344,31 @@ impl Driver {
         }
     }
 
+    /// Shuts `fd` down (`how`) now: `shutdown(2)` on its plain descriptor,
+    /// or for a direct socket without one a `SHUTDOWN` entry run at once
+    /// (one enter, as an install would cost, but no descriptor made): the
+    /// poll-form shutdown of a connection's end, which hyper makes on every
+    /// connection it closes.
+    pub(crate) fn shutdown_now(&self, fd: &SharedFd, how: std::net::Shutdown) -> io::Result<()> {
+        if let Some(raw) = fd.raw_fd() {
+            return crate::sys::shutdown(raw, how);
+        }
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            // Inside the driver (never from a task's poll): by descriptor.
+            return crate::sys::shutdown(self.plain_fd(fd)?, how);
+        };
+        let how = match how {
+            std::net::Shutdown::Read => libc::SHUT_RD,
+            std::net::Shutdown::Write => libc::SHUT_WR,
+            std::net::Shutdown::Both => libc::SHUT_RDWR,
+        };
+        let entry = fd.entry(|t| io_uring::opcode::Shutdown::new(t, how).build());
+        match st.ring.run_now(entry)? {
+            res if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+            _ => Ok(()),
+        }
+    }
+
     /// The plain descriptor of `fd`, installed now
     /// (`IORING_OP_FIXED_FD_INSTALL`, one enter) if it is a direct socket
     /// without one: for system calls, and for handing the socket to user

@@ -104,6 +104,12 @@ impl StreamSource {
         StreamSource::with_core(SourceCore::from_shared(&driver, fd))
     }
 
+    /// Shuts the socket down (`how`) at once, without waiting for a
+    /// completion (see [`Driver::shutdown_now`]).
+    pub(crate) fn shutdown_now(&self, how: std::net::Shutdown) -> io::Result<()> {
+        self.core.driver.shutdown_now(&self.core.fd, how)
+    }
+
     /// A probe of this socket's receive queue that does not hold it.
     pub(crate) fn probe(&self) -> StreamProbe {
         StreamProbe { fd: Rc::downgrade(&self.core.fd), driver: Rc::downgrade(&self.core.driver) }
