@@ -307,6 +307,18 @@ fn in_child(
     Some((serial, run_child(test, env)))
 }
 
+/// [`in_child`] with direct descriptors on (`HOTLOOP_URING_DIRECT_FDS=1`).
+fn in_direct_child(test: &str, child: impl FnOnce()) -> Option<(MutexGuard<'static, ()>, String)> {
+    in_child(test, &[("HOTLOOP_URING_DIRECT_FDS", "1")], child)
+}
+
+/// Checks what a child said with [`print_direct_counters`]: connections
+/// accepted as direct descriptors, and plain descriptors installed.
+fn assert_direct_counters(out: &str, accepts: u64, installs: u64) {
+    assert_eq!(counter(out, "direct_accepts"), accepts, "{out}");
+    assert_eq!(counter(out, "installs"), installs, "{out}");
+}
+
 /// What a child says of direct descriptors, for [`counter`] in its parent.
 fn print_direct_counters(rt: &Runtime) {
     let stats = rt.stats();
@@ -1090,9 +1102,7 @@ fn counter(out: &str, name: &str) -> u64 {
 #[test]
 fn direct_descriptors_serve_keepalive_exchanges_and_can_be_switched_off() {
     const NAME: &str = "direct_descriptors_serve_keepalive_exchanges_and_can_be_switched_off";
-    let Some((_serial, out)) =
-        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], keepalive_over_accepted_streams)
-    else {
+    let Some((_serial, out)) = in_direct_child(NAME, keepalive_over_accepted_streams) else {
         return;
     };
     assert!(out.contains("accepted TCP connections are direct descriptors"), "{out}");
@@ -1311,13 +1321,10 @@ fn raw_fd_of_a_direct_stream() {
 #[test]
 fn a_direct_streams_raw_fd_is_a_plain_descriptor() {
     const NAME: &str = "a_direct_streams_raw_fd_is_a_plain_descriptor";
-    let Some((_serial, out)) =
-        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], raw_fd_of_a_direct_stream)
-    else {
+    let Some((_serial, out)) = in_direct_child(NAME, raw_fd_of_a_direct_stream) else {
         return;
     };
-    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
-    assert_eq!(counter(&out, "installs"), 1, "{out}");
+    assert_direct_counters(&out, 1, 1);
 }
 
 /// The child of the test below: an input probe of a direct stream costs
@@ -1347,13 +1354,10 @@ fn input_probe_of_a_direct_stream() {
 #[test]
 fn an_input_probe_installs_a_descriptor_only_when_used() {
     const NAME: &str = "an_input_probe_installs_a_descriptor_only_when_used";
-    let Some((_serial, out)) =
-        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], input_probe_of_a_direct_stream)
-    else {
+    let Some((_serial, out)) = in_direct_child(NAME, input_probe_of_a_direct_stream) else {
         return;
     };
-    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
-    assert_eq!(counter(&out, "installs"), 1, "{out}");
+    assert_direct_counters(&out, 1, 1);
 }
 
 /// The child of the test below: hyper serves keep-alive requests on a
@@ -1416,9 +1420,7 @@ fn hyper_over_a_direct_stream() {
 #[test]
 fn hyper_serves_a_direct_stream_without_installing_a_descriptor() {
     const NAME: &str = "hyper_serves_a_direct_stream_without_installing_a_descriptor";
-    let Some((_serial, out)) =
-        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], hyper_over_a_direct_stream)
-    else {
+    let Some((_serial, out)) = in_direct_child(NAME, hyper_over_a_direct_stream) else {
         return;
     };
     assert_eq!(counter(&out, "direct_accepts"), 2, "{out}");
@@ -1464,13 +1466,10 @@ fn into_std_of_a_direct_stream() {
 #[test]
 fn a_direct_stream_leaves_the_ring_with_into_std() {
     const NAME: &str = "a_direct_stream_leaves_the_ring_with_into_std";
-    let Some((_serial, out)) =
-        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], into_std_of_a_direct_stream)
-    else {
+    let Some((_serial, out)) = in_direct_child(NAME, into_std_of_a_direct_stream) else {
         return;
     };
-    assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
-    assert_eq!(counter(&out, "installs"), 1, "{out}");
+    assert_direct_counters(&out, 1, 1);
 }
 
 /// The child of the test below: a server on two workers whose first is
@@ -1514,9 +1513,7 @@ fn handed_to_another_worker() {
 #[test]
 fn a_direct_socket_handed_to_another_worker_is_served_there() {
     const NAME: &str = "a_direct_socket_handed_to_another_worker_is_served_there";
-    let Some((_serial, out)) =
-        in_child(NAME, &[("HOTLOOP_URING_DIRECT_FDS", "1")], handed_to_another_worker)
-    else {
+    let Some((_serial, out)) = in_direct_child(NAME, handed_to_another_worker) else {
         return;
     };
     let handed = counter(&out, "handoffs_out");
