@@ -1337,6 +1337,13 @@ fn input_probe_of_a_direct_stream() {
     let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
     let probe = stream.input_probe();
     assert_eq!(rt.stats().total.direct_fd_installs, 0, "making the probe installed a descriptor");
+    let shown = format!("{stream:?}");
+    assert!(shown.contains("fd: None") && shown.contains("direct_slot"), "{shown}");
+    assert_eq!(
+        rt.stats().total.direct_fd_installs,
+        0,
+        "printing the stream installed a descriptor"
+    );
     assert!(!probe.pending().unwrap(), "nothing was sent yet");
     client.write_all(b"x").unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -1350,7 +1357,8 @@ fn input_probe_of_a_direct_stream() {
 }
 
 /// A stream's input probe (what a drain peeks with) installs a plain
-/// descriptor for a direct socket only when it is used, not when made.
+/// descriptor for a direct socket only when it is used, not when made;
+/// printing the stream (`Debug`) installs none.
 #[test]
 fn an_input_probe_installs_a_descriptor_only_when_used() {
     const NAME: &str = "an_input_probe_installs_a_descriptor_only_when_used";

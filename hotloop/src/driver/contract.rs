@@ -150,6 +150,11 @@ macro_rules! stream_calls {
                 /// The descriptor, borrowed for as long as the source lives (for
                 /// socket options through safe wrappers such as `socket2::SockRef`).
                 fn as_fd(&self) -> BorrowedFd<'_>;
+                /// The plain descriptor and the ring's file-table slot the socket
+                /// has now, installing neither (for `Debug`): epoll's is always a
+                /// plain descriptor, a direct io_uring socket's a slot and, once
+                /// something asked for one, a descriptor too.
+                fn ids_now(&self) -> (Option<RawFd>, Option<u32>);
                 /// Ready once the socket may have bytes to read (or an end or error to
                 /// report); then `try_recv` says whether it has. Holds no buffer
                 /// while it waits.

@@ -381,6 +381,14 @@ impl AsFd for TcpStream {
 
 impl std::fmt::Debug for TcpStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpStream").field("fd", &self.core.fd()).finish()
+        // What the socket has now: asking for a direct socket's descriptor
+        // would install one (a system call, and a descriptor it keeps).
+        let mut d = f.debug_struct("TcpStream");
+        match self.core.ids_now() {
+            (Some(fd), None) => d.field("fd", &fd),
+            (fd, Some(slot)) => d.field("fd", &fd).field("direct_slot", &slot),
+            (None, None) => d.field("fd", &None::<RawFd>),
+        };
+        d.finish()
     }
 }

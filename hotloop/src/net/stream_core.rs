@@ -66,6 +66,12 @@ impl StreamCore {
         self.src.as_fd()
     }
 
+    /// The descriptor and direct slot the socket has now, installing
+    /// neither (see `StreamOps::ids_now`).
+    pub(crate) fn ids_now(&self) -> (Option<RawFd>, Option<u32>) {
+        self.src.ids_now()
+    }
+
     /// See [`TcpStream::read_owned`](super::TcpStream::read_owned).
     #[inline]
     pub(crate) fn read<B: IoBufMut>(

@@ -51,6 +51,11 @@ impl StreamOps for StreamSource {
         self.core.as_fd()
     }
 
+    /// The plain descriptor (an epoll socket has no other).
+    fn ids_now(&self) -> (Option<RawFd>, Option<u32>) {
+        (Some(self.core.fd()), None)
+    }
+
     /// Sends up to `len` bytes of `file` from `offset` with `sendfile(2)`,
     /// waiting for room when the socket has none; stops early at the
     /// file's end (a `sendfile` that returns 0). Returns the bytes sent,

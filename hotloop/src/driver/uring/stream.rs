@@ -315,6 +315,11 @@ impl StreamOps for StreamSource {
         self.core.as_fd()
     }
 
+    /// The descriptor if one is installed, and the slot if direct.
+    fn ids_now(&self) -> (Option<RawFd>, Option<u32>) {
+        (self.core.fd.raw_fd(), self.core.fd.slot())
+    }
+
     /// Receives into `buf` (from its start up to its capacity).
     ///
     /// Through the socket's one receive path, as every read style is
