@@ -1368,6 +1368,49 @@ fn an_input_probe_installs_a_descriptor_only_when_used() {
     assert_direct_counters(&out, 1, 1);
 }
 
+/// The child of the test below: socket options on a direct stream while
+/// no descriptor can be installed for it, then once one can.
+fn socket_options_of_a_direct_stream_out_of_descriptors() {
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
+    let fillers = {
+        let _limit = NofileLimit::lower_to(highest_fd() + 8);
+        // Every number below the limit taken, gaps included.
+        let mut fillers = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            fillers.push(f);
+        }
+        let err = stream.set_nodelay(false).expect_err("an option set with no descriptor to spare");
+        assert_eq!(err.raw_os_error(), Some(libc::EMFILE), "{err}");
+        assert!(stream.nodelay().is_err(), "an option read with no descriptor to spare");
+        let err = stream.peer_addr().expect_err("an address read with no descriptor to spare");
+        assert_eq!(err.raw_os_error(), Some(libc::EMFILE), "{err}");
+        assert_eq!(rt.stats().total.direct_fd_installs, 0);
+        fillers
+    };
+    drop(fillers);
+    stream.set_nodelay(false).unwrap();
+    assert!(!stream.nodelay().unwrap(), "the option did not hold");
+    assert_eq!(stream.peer_addr().unwrap(), client.local_addr().unwrap());
+    print_direct_counters(&rt);
+}
+
+/// A socket option on a direct stream when the process is out of
+/// descriptors is an `EMFILE` error, not a panic (installing the plain
+/// descriptor the option needs fails), and works once one is free.
+#[test]
+fn socket_options_of_a_direct_stream_fail_cleanly_out_of_descriptors() {
+    const NAME: &str = "socket_options_of_a_direct_stream_fail_cleanly_out_of_descriptors";
+    let Some((_serial, out)) =
+        in_direct_child(NAME, socket_options_of_a_direct_stream_out_of_descriptors)
+    else {
+        return;
+    };
+    assert_direct_counters(&out, 1, 1);
+}
+
 /// The child of the test below: hyper serves keep-alive requests on a
 /// direct stream, and no plain descriptor is installed for it until the
 /// drain's peek.

@@ -150,6 +150,10 @@ macro_rules! stream_calls {
                 /// The descriptor, borrowed for as long as the source lives (for
                 /// socket options through safe wrappers such as `socket2::SockRef`).
                 fn as_fd(&self) -> BorrowedFd<'_>;
+                /// The descriptor, borrowed, or why there is none: a direct io_uring
+                /// socket whose plain descriptor cannot be installed (`EMFILE`).
+                /// What the socket options use, so they fail rather than panic.
+                fn try_as_fd(&self) -> io::Result<BorrowedFd<'_>>;
                 /// The plain descriptor and the ring's file-table slot the socket
                 /// has now, installing neither (for `Debug`): epoll's is always a
                 /// plain descriptor, a direct io_uring socket's a slot and, once

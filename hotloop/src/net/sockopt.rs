@@ -78,12 +78,12 @@ impl TcpStream {
     /// Sets `TCP_NODELAY` (on by default for accepted connections: see
     /// [`ListenerOptions::nodelay`](super::ListenerOptions::nodelay)).
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        self.sock().set_tcp_nodelay(on)
+        SockRef::from(&self.borrowed()?).set_tcp_nodelay(on)
     }
 
     /// Reads `TCP_NODELAY`.
     pub fn nodelay(&self) -> io::Result<bool> {
-        self.sock().tcp_nodelay()
+        SockRef::from(&self.borrowed()?).tcp_nodelay()
     }
 
     /// Sets `SO_LINGER`. `Some(Duration::ZERO)` makes closing the stream
@@ -92,12 +92,12 @@ impl TcpStream {
     /// the default (close sends a FIN after the unsent data). The kernel
     /// keeps whole seconds.
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
-        self.sock().set_linger(linger)
+        SockRef::from(&self.borrowed()?).set_linger(linger)
     }
 
     /// Reads `SO_LINGER`.
     pub fn linger(&self) -> io::Result<Option<Duration>> {
-        self.sock().linger()
+        SockRef::from(&self.borrowed()?).linger()
     }
 
     /// Turns keepalive probing on with `keepalive`'s timings (`SO_KEEPALIVE`
@@ -106,15 +106,16 @@ impl TcpStream {
     /// changes nothing.
     pub fn set_keepalive(&self, keepalive: Option<TcpKeepalive>) -> io::Result<()> {
         match keepalive {
-            Some(ka) => self.sock().set_tcp_keepalive(&ka.to_socket2()?),
-            None => self.sock().set_keepalive(false),
+            Some(ka) => SockRef::from(&self.borrowed()?).set_tcp_keepalive(&ka.to_socket2()?),
+            None => SockRef::from(&self.borrowed()?).set_keepalive(false),
         }
     }
 
     /// Reads keepalive back: `None` when it is off, else the timings in force
     /// (every field `Some`).
     pub fn keepalive(&self) -> io::Result<Option<TcpKeepalive>> {
-        let sock = self.sock();
+        let fd = self.borrowed()?;
+        let sock = SockRef::from(&fd);
         if !sock.keepalive()? {
             return Ok(None);
         }
@@ -130,24 +131,24 @@ impl TcpStream {
     /// [`send_buffer_size`](Self::send_buffer_size) reads back what the
     /// kernel made of it.
     pub fn set_send_buffer_size(&self, bytes: usize) -> io::Result<()> {
-        set_send_buffer_size(self.core().as_fd(), bytes)
+        set_send_buffer_size(self.borrowed()?, bytes)
     }
 
     /// Reads `SO_SNDBUF`.
     pub fn send_buffer_size(&self) -> io::Result<usize> {
-        SockRef::from(&self.core().as_fd()).send_buffer_size()
+        SockRef::from(&self.borrowed()?).send_buffer_size()
     }
 
     /// Sets `SO_RCVBUF` (doubled and clamped to `net.core.rmem_max`, as
     /// [`set_send_buffer_size`](Self::set_send_buffer_size)). Setting it
     /// turns off the kernel's receive-buffer autotuning for this socket.
     pub fn set_recv_buffer_size(&self, bytes: usize) -> io::Result<()> {
-        set_recv_buffer_size(self.core().as_fd(), bytes)
+        set_recv_buffer_size(self.borrowed()?, bytes)
     }
 
     /// Reads `SO_RCVBUF`.
     pub fn recv_buffer_size(&self) -> io::Result<usize> {
-        SockRef::from(&self.core().as_fd()).recv_buffer_size()
+        SockRef::from(&self.borrowed()?).recv_buffer_size()
     }
 
     /// Sets `TCP_QUICKACK`: on, acknowledgements go out at once instead of
@@ -155,12 +156,12 @@ impl TcpStream {
     /// goes on (tcp(7): "not permanent"), so a server that wants it sets it
     /// after each read.
     pub fn set_quickack(&self, on: bool) -> io::Result<()> {
-        self.sock().set_tcp_quickack(on)
+        SockRef::from(&self.borrowed()?).set_tcp_quickack(on)
     }
 
     /// Reads `TCP_QUICKACK` (whether the socket is in quick-ack mode now).
     pub fn quickack(&self) -> io::Result<bool> {
-        self.sock().tcp_quickack()
+        SockRef::from(&self.borrowed()?).tcp_quickack()
     }
 
     /// The CPU that last processed a packet of this connection in the
@@ -168,7 +169,7 @@ impl TcpStream {
     /// steering connections to the worker pinned to that CPU reads it after
     /// the first request.
     pub fn incoming_cpu(&self) -> io::Result<Option<usize>> {
-        let cpu = self.sock().cpu_affinity()?;
+        let cpu = SockRef::from(&self.borrowed()?).cpu_affinity()?;
         // The kernel keeps -1 until a packet arrives; socket2 hands it over as an usize.
         Ok((cpu as i32 >= 0).then_some(cpu))
     }
@@ -176,7 +177,8 @@ impl TcpStream {
     /// Sets the time-to-live of outgoing packets: `IP_TTL` on an IPv4
     /// socket, the hop limit (`IPV6_UNICAST_HOPS`) on an IPv6 one.
     pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
-        let sock = self.sock();
+        let fd = self.borrowed()?;
+        let sock = SockRef::from(&fd);
         if sock.domain()? == Domain::IPV6 {
             sock.set_unicast_hops_v6(ttl)
         } else {
@@ -186,7 +188,8 @@ impl TcpStream {
 
     /// Reads the time-to-live (see [`set_ttl`](Self::set_ttl)).
     pub fn ttl(&self) -> io::Result<u32> {
-        let sock = self.sock();
+        let fd = self.borrowed()?;
+        let sock = SockRef::from(&fd);
         if sock.domain()? == Domain::IPV6 {
             sock.unicast_hops_v6()
         } else {
@@ -194,8 +197,11 @@ impl TcpStream {
         }
     }
 
-    fn sock(&self) -> SockRef<'_> {
-        SockRef::from(self)
+    /// The descriptor, borrowed for socket2's calls. A direct io_uring socket
+    /// gets its plain descriptor installed here; when that fails (`EMFILE`)
+    /// the option's call returns the error, as a `setsockopt` would.
+    fn borrowed(&self) -> io::Result<BorrowedFd<'_>> {
+        self.core().try_as_fd()
     }
 }
 

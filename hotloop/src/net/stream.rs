@@ -278,12 +278,12 @@ impl TcpStream {
 
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        sys::local_addr(self.core.fd())
+        sys::local_addr(self.core.try_as_fd()?.as_raw_fd())
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        sys::peer_addr(self.core.fd())
+        sys::peer_addr(self.core.try_as_fd()?.as_raw_fd())
     }
 
     /// A probe of this connection's kernel receive queue, to be used while

@@ -66,6 +66,12 @@ impl StreamCore {
         self.src.as_fd()
     }
 
+    /// The descriptor, borrowed, or why none can be had (see
+    /// `StreamOps::try_as_fd`).
+    pub(crate) fn try_as_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.src.try_as_fd()
+    }
+
     /// The descriptor and direct slot the socket has now, installing
     /// neither (see `StreamOps::ids_now`).
     pub(crate) fn ids_now(&self) -> (Option<RawFd>, Option<u32>) {

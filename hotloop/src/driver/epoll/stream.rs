@@ -51,6 +51,11 @@ impl StreamOps for StreamSource {
         self.core.as_fd()
     }
 
+    /// The descriptor, borrowed (always there on epoll).
+    fn try_as_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        Ok(self.core.as_fd())
+    }
+
     /// The plain descriptor (an epoll socket has no other).
     fn ids_now(&self) -> (Option<RawFd>, Option<u32>) {
         (Some(self.core.fd()), None)

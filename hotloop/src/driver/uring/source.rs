@@ -51,10 +51,17 @@ impl SourceCore {
     /// If a direct socket's descriptor cannot be installed (the process
     /// is out of descriptors): `as_fd` cannot report an error.
     pub(super) fn as_fd(&self) -> BorrowedFd<'_> {
-        if let Err(e) = self.driver.plain_fd(&self.fd) {
-            panic!("installing a descriptor for a direct io_uring socket failed: {e}");
+        match self.try_as_fd() {
+            Ok(fd) => fd,
+            Err(e) => panic!("installing a descriptor for a direct io_uring socket failed: {e}"),
         }
-        self.fd.owned().expect("just installed").as_fd()
+    }
+
+    /// The descriptor, borrowed; a direct socket gets one installed on
+    /// first use, and the error says why when that fails.
+    pub(super) fn try_as_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.driver.plain_fd(&self.fd)?;
+        Ok(self.fd.owned().expect("just installed").as_fd())
     }
 
     /// Queues `entry` with `data` as its storage.

@@ -315,6 +315,11 @@ impl StreamOps for StreamSource {
         self.core.as_fd()
     }
 
+    /// The descriptor, borrowed; a direct socket gets one installed.
+    fn try_as_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.core.try_as_fd()
+    }
+
     /// The descriptor if one is installed, and the slot if direct.
     fn ids_now(&self) -> (Option<RawFd>, Option<u32>) {
         (self.core.fd.raw_fd(), self.core.fd.slot())
