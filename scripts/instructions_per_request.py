@@ -27,10 +27,17 @@ run to run).
 
 Valgrind (3.19 here) needs `--fair-sched=yes` on this machine: its default
 pipe-based thread lock hangs the first blocking system call (even
-`valgrind ls` never ends). It cannot run the io_uring driver: it keeps its
-thread lock through `io_uring_enter`, so the worker, which waits in its
-ring before the main thread has bound the listener, stops every other
-thread of the server for good (the server never starts listening).
+`valgrind ls` never ends). Valgrind 3.19 does not treat `io_uring_enter` as
+a call that may block, so it keeps its thread lock through it: the worker,
+which waits in its ring before the main thread has bound the listener,
+stops every other thread of the server for good (the server never starts
+listening). For the io_uring driver, pass `--valgrind` a valgrind built
+with its `io_uring_enter` wrapper marked as blocking: one line,
+`*flags |= SfMayBlock;` at the end of `PRE(sys_io_uring_enter)` in
+`coregrind/m_syswrap/syswrap-linux.c` (`apt-get source valgrind`, then
+`./configure --prefix=DIR && make && make install`). Callgrind counts the
+instructions run in user space, so the ring's completions, which the
+kernel writes, cost nothing it counts, as on epoll.
 
 Where callgrind cannot run the server (the io_uring driver, above), and
 there is no hardware instruction counter (perf's `instructions:u` is not
@@ -77,6 +84,13 @@ def read_response(s, buf):
     return rest[length:]
 
 
+# Seconds the client waits after each answer (`--pause-ms`), so that the
+# server has finished with one request (and, serial, with its connection's
+# close) and sleeps in its wait before the next arrives: each request then
+# meets the loop the same way, and the count repeats from run to run.
+PAUSE = 0.0
+
+
 def keep_alive(addr, n):
     s = socket.create_connection(addr)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -84,6 +98,7 @@ def keep_alive(addr, n):
     for _ in range(n):
         s.sendall(REQUEST)
         buf = read_response(s, buf)
+        time.sleep(PAUSE)
     s.close()
 
 
@@ -94,9 +109,13 @@ def serial(addr, n):
         s.sendall(REQUEST)
         read_response(s, b"")
         s.close()
+        time.sleep(PAUSE)
 
 
 KINDS = {"keep-alive": keep_alive, "serial": serial}
+
+# The server's environment: this one's, with `--env`'s settings.
+SERVER_ENV = dict(os.environ)
 
 
 def free_port():
@@ -116,25 +135,25 @@ def poke(addr):
         return False
 
 
-def run_once(binp, driver, kind, n, outdir):
+def run_once(binp, driver, kind, n, outdir, valgrind="valgrind"):
     """The server's instruction total over `n` requests of `kind`, and the
     pokes it took."""
     out = os.path.join(outdir, f"callgrind.{driver}.{kind}.{n}.out")
     log = open(os.path.join(outdir, f"server.{driver}.{kind}.{n}.log"), "w+")
     addr = ("127.0.0.1", free_port())
-    args = ["valgrind", "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}",
+    args = [valgrind, "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}",
             binp, "serve", "http", "--addr", f"{addr[0]}:{addr[1]}", "--workers", "1",
             "--driver", driver]
-    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=SERVER_ENV)
     try:
-        return measure(p, log, addr, out, kind, n)
+        return measure(p, log, addr, out, kind, n, driver)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
 
 
-def measure(p, log, addr, out, kind, n):
+def measure(p, log, addr, out, kind, n, driver):
     # Only the worker is needed to serve: the first connection the kernel
     # accepts wakes it, whatever the other threads are doing.
     pokes = 0
@@ -156,6 +175,11 @@ def measure(p, log, addr, out, kind, n):
         time.sleep(0.3)
         if p.poll() is None:
             pokes += poke(addr)
+    log.seek(0)
+    banner = log.read()
+    want = {"uring": "driver uring", "epoll": "driver epoll"}.get(driver)
+    if want and want not in banner:
+        sys.exit(f"the server did not run the {driver} driver:\n{banner}")
     with open(out) as f:
         for line in f:
             if line.startswith("totals:") or line.startswith("summary:"):
@@ -224,18 +248,30 @@ def main():
     ap.add_argument("--cpu-ab", metavar="BIN,BIN", help="instead of callgrind: server CPU "
                     "(perf task-clock) per request of these binaries, interleaved by round")
     ap.add_argument("--load", default="target/release/hotloop-bench")
+    ap.add_argument("--valgrind", default="valgrind",
+                    help="the valgrind to run (io_uring needs one that lets io_uring_enter block: see above)")
+    ap.add_argument("--pause-ms", type=float, default=0.0,
+                    help="the client's pause after each answer (see PAUSE); 0: none")
+    ap.add_argument("--keep", metavar="DIR", help="keep callgrind's outputs and the server logs in DIR")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set in the server's environment (a driver switch), repeatable")
     a = ap.parse_args()
+    SERVER_ENV.update(kv.split("=", 1) for kv in a.env)
+    global PAUSE
+    PAUSE = a.pause_ms / 1000
     if a.cpu_ab:
         cpu_ab(a)
         return
     lo, hi = (int(c) for c in a.counts.split(","))
-    with tempfile.TemporaryDirectory() as outdir:
+    with tempfile.TemporaryDirectory() as tmp:
+        outdir = a.keep or tmp
+        os.makedirs(outdir, exist_ok=True)
         for driver in a.drivers.split(","):
             for kind in a.kinds.split(","):
                 figures = []
                 for _ in range(a.rounds):
-                    i_lo, pokes_lo = run_once(a.bin, driver, kind, lo, outdir)
-                    i_hi, pokes_hi = run_once(a.bin, driver, kind, hi, outdir)
+                    i_lo, pokes_lo = run_once(a.bin, driver, kind, lo, outdir, a.valgrind)
+                    i_hi, pokes_hi = run_once(a.bin, driver, kind, hi, outdir, a.valgrind)
                     per = (i_hi - i_lo) / (hi - lo)
                     figures.append(per)
                     print(f"{driver:5} {kind:10} {lo}: {i_lo:>13,} {hi}: {i_hi:>13,}  "

@@ -90,6 +90,12 @@ impl Stage {
         matches!(self, Stage::Queued | Stage::Armed | Stage::Cancelling)
     }
 
+    /// True while nothing is in flight and nothing is queued: what
+    /// [`Stage::arm`] needs.
+    pub(super) fn is_unarmed(self) -> bool {
+        self == Stage::Unarmed
+    }
+
     /// Arms it, if nothing is in flight: true if the caller is to queue
     /// the entry.
     pub(super) fn arm(&mut self) -> bool {

@@ -251,9 +251,13 @@ impl Streams {
     /// queue has room.
     fn arm(&mut self, ring: &mut Ring, stream: Key, fd: &SharedFd) {
         let Some(s) = self.queues.get_mut(stream) else { return };
-        if s.end.is_some() || s.queued_bytes() >= QUEUED_BYTES_MAX / 2 || !s.receive.arm() {
+        // Armed already, the common case (every read that finds the queue
+        // empty asks), is told by one compare, before the queue is looked at.
+        if !s.receive.is_unarmed() || s.end.is_some() || s.queued_bytes() >= QUEUED_BYTES_MAX / 2 {
             return;
         }
+        let armed = s.receive.arm();
+        debug_assert!(armed, "an unarmed receive arms");
         let entry = fd.entry(|t| opcode::RecvMulti::new(t, GROUP).build());
         // A multishot receive entry points at no memory of ours: the kernel picks ring buffers.
         ring.push(entry.user_data(UserData::StreamReceive(stream).to_u64()));
