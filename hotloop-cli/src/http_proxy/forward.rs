@@ -250,17 +250,17 @@ async fn forward(
     let mut stale_tried = false;
     let failure: Failure = loop {
         let b = &shared.backends[id];
-        // A connection: this worker's idle one, else one borrowed from
-        // another worker's pool, else one of this worker's busy ones as it
-        // comes back, else a new one.
+        // A connection: this worker's idle one, else one of this worker's
+        // busy ones as it comes back, else one borrowed from another
+        // worker's pool, else a new one.
         let pooled = if fresh_only {
             None
         } else {
             match pool::checkout(&shared.backends, id).await {
                 Some(lease) => Some(lease),
-                None => match pool::borrow(&shared.backends, id).await {
+                None => match pool::await_return(&shared.backends, id).await {
                     Some(lease) => Some(lease),
-                    None => pool::await_return(&shared.backends, id).await,
+                    None => pool::borrow(&shared.backends, id).await,
                 },
             }
         };

@@ -9,7 +9,14 @@
 //! pool's extra connections age out when load falls. An HTTP/2 backend
 //! gets one connection per worker, shared by every request.
 //!
-//! A worker whose pool holds no idle HTTP/1.1 connection to a backend may
+//! A worker whose pool holds no idle HTTP/1.1 connection to a backend
+//! first waits, at most `pool_borrow_ms`, for one of its own busy ones to
+//! come back, when some are serving requests ([`await_return`]): under a
+//! steady number of concurrent requests an empty pool mostly means an
+//! answer whose connection is a moment from its checkin, and taking
+//! another worker's idle connection then would only leave that worker
+//! short (under HTTP/2 load, borrowing first moved a connection between
+//! the workers every 90 requests). With none of its own busy, it may
 //! borrow one from another worker's (`pool_borrow_ms` above 0): each
 //! backend keeps an index of how many idle connections each worker holds
 //! (one relaxed counter per worker), and the borrower asks the worker
@@ -23,12 +30,6 @@
 //! asked for) is closed, not lent. The borrower waits at most
 //! `pool_borrow_ms`, then connects as without borrowing; a connection that
 //! arrives later joins its pool. TLS and HTTP/2 connections never move.
-//! When no worker holds an idle connection to the backend but some of the
-//! asking worker's own are serving requests, the request waits, again at
-//! most `pool_borrow_ms`, for the first of them to come back
-//! ([`await_return`]): under a steady number of concurrent requests an
-//! empty pool mostly means an answer whose connection is a moment from
-//! its checkin.
 //! Without borrowing, the backends see about the sum of each worker's
 //! peak of concurrent requests as connections (`BENCHMARKS.md` counts
 //! them).
