@@ -92,8 +92,8 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 1000)]
     pub connect_timeout_ms: u64,
     /// http with --backend: the longest a request waits for an idle
-    /// connection, borrowed from another worker's pool or one of its own
-    /// worker's coming back from a request, when its worker has none,
+    /// connection, one of its own worker's coming back from a request or
+    /// one borrowed from another worker's pool, when its worker has none,
     /// milliseconds (0: never wait or borrow; default: as a group's
     /// `pool_borrow_ms`, 1; with --config: each group's `pool_borrow_ms`).
     #[arg(long)]

@@ -50,9 +50,9 @@ pub struct GroupConfig {
     pub pool_idle_max: usize,
     /// An idle pooled connection older than this is closed.
     pub pool_idle_timeout: Duration,
-    /// The longest a request waits for an idle HTTP/1.1 connection, borrowed
-    /// from another worker's pool or one of its own worker's coming back
-    /// from a request, when its worker has none; zero: never waits.
+    /// The longest a request waits for an idle HTTP/1.1 connection, one of
+    /// its own worker's coming back from a request or one borrowed from
+    /// another worker's pool, when its worker has none; zero: never waits.
     pub pool_borrow: Duration,
     /// Consecutive failures (connect errors, timeouts, 5xx answers) that
     /// take a backend out of rotation.
@@ -507,13 +507,13 @@ impl Default for TlsSettings {
     }
 }
 
-/// Where distributions keep the system's trusted roots (the files Go's
-/// `crypto/x509` tries on Linux), tried in this order.
 /// `pool_borrow_ms` when left out: about what a connect to a backend
-/// nearby costs, so a borrow that does not come in time costs a request
+/// nearby costs, so a wait that does not end in time costs a request
 /// about one connect more.
 const POOL_BORROW_MS_DEFAULT: u64 = 1;
 
+/// Where distributions keep the system's trusted roots (the files Go's
+/// `crypto/x509` tries on Linux), tried in this order.
 const SYSTEM_CA_FILES: [&str; 4] = [
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
