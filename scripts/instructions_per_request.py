@@ -20,10 +20,12 @@ Each run prints the driver, the kind, both totals, the per-request figure
 and the pokes (connections opened and closed at once, to see that the
 server is up, and after the signal until it has exited: each costs one
 accepted and closed connection, against the 1,000 requests between the
-counts); `--rounds R` repeats each pair and prints the median. Keep-alive
-figures repeat within about 3%; serial ones move by 20% and more (how a
-loop turn meets each connection's accept, request and close varies from
-run to run).
+counts); `--rounds R` repeats each pair and prints the median. Without a
+pause, keep-alive figures repeat within about 3% and serial ones move by
+20% and more (how a loop turn meets each connection's accept, request
+and close varies from run to run). With `--pause-ms 20` (50 on a busy
+machine) the client waits after each answer, so every request meets a
+loop asleep in its wait, and both repeat within about 0.3%.
 
 Valgrind (3.19 here) needs `--fair-sched=yes` on this machine: its default
 pipe-based thread lock hangs the first blocking system call (even
@@ -39,8 +41,8 @@ with its `io_uring_enter` wrapper marked as blocking: one line,
 instructions run in user space, so the ring's completions, which the
 kernel writes, cost nothing it counts, as on epoll.
 
-Where callgrind cannot run the server (the io_uring driver, above), and
-there is no hardware instruction counter (perf's `instructions:u` is not
+Where callgrind cannot run the server (the io_uring driver under a stock
+valgrind 3.19, above), and there is no hardware instruction counter (perf's `instructions:u` is not
 supported in this virtual machine), `--cpu-ab BIN,BIN` compares binaries by
 server CPU time instead: perf's task-clock over the last of `--counts`
 requests (hotloop-bench's load, one connection, after 2,000 to warm up),
