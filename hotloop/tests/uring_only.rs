@@ -319,6 +319,15 @@ fn assert_direct_counters(out: &str, accepts: u64, installs: u64) {
     assert_eq!(counter(out, "installs"), installs, "{out}");
 }
 
+/// Runs `child` as the test named `test` with direct descriptors on, and
+/// checks it accepted one direct connection and installed one plain
+/// descriptor for it.
+fn one_direct_accept_one_install(test: &str, child: impl FnOnce()) {
+    if let Some((_serial, out)) = in_direct_child(test, child) {
+        assert_direct_counters(&out, 1, 1);
+    }
+}
+
 /// What a child says of direct descriptors, for [`counter`] in its parent.
 fn print_direct_counters(rt: &Runtime) {
     let stats = rt.stats();
@@ -1320,11 +1329,10 @@ fn raw_fd_of_a_direct_stream() {
 /// a direct descriptor works as on a plain one.
 #[test]
 fn a_direct_streams_raw_fd_is_a_plain_descriptor() {
-    const NAME: &str = "a_direct_streams_raw_fd_is_a_plain_descriptor";
-    let Some((_serial, out)) = in_direct_child(NAME, raw_fd_of_a_direct_stream) else {
-        return;
-    };
-    assert_direct_counters(&out, 1, 1);
+    one_direct_accept_one_install(
+        "a_direct_streams_raw_fd_is_a_plain_descriptor",
+        raw_fd_of_a_direct_stream,
+    );
 }
 
 /// The child of the test below: an input probe of a direct stream costs
@@ -1361,11 +1369,10 @@ fn input_probe_of_a_direct_stream() {
 /// printing the stream (`Debug`) installs none.
 #[test]
 fn an_input_probe_installs_a_descriptor_only_when_used() {
-    const NAME: &str = "an_input_probe_installs_a_descriptor_only_when_used";
-    let Some((_serial, out)) = in_direct_child(NAME, input_probe_of_a_direct_stream) else {
-        return;
-    };
-    assert_direct_counters(&out, 1, 1);
+    one_direct_accept_one_install(
+        "an_input_probe_installs_a_descriptor_only_when_used",
+        input_probe_of_a_direct_stream,
+    );
 }
 
 /// The child of the test below: socket options on a direct stream while
@@ -1402,13 +1409,10 @@ fn socket_options_of_a_direct_stream_out_of_descriptors() {
 /// descriptor the option needs fails), and works once one is free.
 #[test]
 fn socket_options_of_a_direct_stream_fail_cleanly_out_of_descriptors() {
-    const NAME: &str = "socket_options_of_a_direct_stream_fail_cleanly_out_of_descriptors";
-    let Some((_serial, out)) =
-        in_direct_child(NAME, socket_options_of_a_direct_stream_out_of_descriptors)
-    else {
-        return;
-    };
-    assert_direct_counters(&out, 1, 1);
+    one_direct_accept_one_install(
+        "socket_options_of_a_direct_stream_fail_cleanly_out_of_descriptors",
+        socket_options_of_a_direct_stream_out_of_descriptors,
+    );
 }
 
 /// The child of the test below: hyper serves keep-alive requests on a
@@ -1516,11 +1520,10 @@ fn into_std_of_a_direct_stream() {
 /// plain descriptor (installed for it) that carries the connection on.
 #[test]
 fn a_direct_stream_leaves_the_ring_with_into_std() {
-    const NAME: &str = "a_direct_stream_leaves_the_ring_with_into_std";
-    let Some((_serial, out)) = in_direct_child(NAME, into_std_of_a_direct_stream) else {
-        return;
-    };
-    assert_direct_counters(&out, 1, 1);
+    one_direct_accept_one_install(
+        "a_direct_stream_leaves_the_ring_with_into_std",
+        into_std_of_a_direct_stream,
+    );
 }
 
 /// The child of the test below: a server on two workers whose first is
