@@ -16,7 +16,7 @@
 //! answer whose connection is a moment from its checkin, and taking
 //! another worker's idle connection then would only leave that worker
 //! short (under HTTP/2 load, borrowing first moved a connection between
-//! the workers every 90 requests). With none of its own busy, it may
+//! the workers about every 100 requests). With none of its own busy, it may
 //! borrow one from another worker's (`pool_borrow_ms` above 0): each
 //! backend keeps an index of how many idle connections each worker holds
 //! (one relaxed counter per worker), and the borrower asks the worker
