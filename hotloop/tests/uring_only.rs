@@ -328,6 +328,15 @@ fn one_direct_accept_one_install(test: &str, child: impl FnOnce()) {
     }
 }
 
+/// One connection accepted on `rt` (a child's direct stream): the
+/// listener (kept open), the client's end and the accepted stream.
+fn one_accepted(rt: &Runtime) -> (TcpListener, StdStream, hotloop::net::TcpStream) {
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
+    (listener, client, stream)
+}
+
 /// What a child says of direct descriptors, for [`counter`] in its parent.
 fn print_direct_counters(rt: &Runtime) {
     let stats = rt.stats();
@@ -1297,10 +1306,8 @@ fn an_entry_of_a_dropped_stream_never_reaches_the_next_connections_slot() {
 fn raw_fd_of_a_direct_stream() {
     use std::os::fd::{AsRawFd, FromRawFd};
     let rt = uring_runtime(1);
-    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
-    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (_listener, mut client, stream) = one_accepted(&rt);
     let client_addr = client.local_addr().unwrap();
-    let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
     assert_eq!(rt.stats().total.direct_fd_installs, 0);
     let raw = stream.as_raw_fd();
     // User code's own system call on it: `getpeername` through std.
@@ -1340,9 +1347,7 @@ fn a_direct_streams_raw_fd_is_a_plain_descriptor() {
 /// before any read did; once the stream is gone it says so.
 fn input_probe_of_a_direct_stream() {
     let rt = uring_runtime(1);
-    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
-    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
-    let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
+    let (_listener, mut client, stream) = one_accepted(&rt);
     let probe = stream.input_probe();
     assert_eq!(rt.stats().total.direct_fd_installs, 0, "making the probe installed a descriptor");
     let shown = format!("{stream:?}");
@@ -1379,9 +1384,7 @@ fn an_input_probe_installs_a_descriptor_only_when_used() {
 /// no descriptor can be installed for it, then once one can.
 fn socket_options_of_a_direct_stream_out_of_descriptors() {
     let rt = uring_runtime(1);
-    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
-    let client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
-    let stream = rt.block_on(async { listener.accept_stream().await.unwrap() });
+    let (_listener, client, stream) = one_accepted(&rt);
     let fillers = {
         let _limit = NofileLimit::lower_to(highest_fd() + 8);
         // Every number below the limit taken, gaps included.
