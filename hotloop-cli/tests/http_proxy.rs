@@ -829,7 +829,13 @@ fn smuggling_attempts_are_refused_or_framed_again(driver: DriverKind) {
 /// 502 with a body that says why.
 #[hotloop::test(driver = "all")]
 fn connect_failures_retry_eject_and_answer_502_then_503(driver: DriverKind) {
-    let dead = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed at once
+    // Bound and never listening: connects are refused, and no other test's
+    // listener can take the port while it is held (a listener dropped at
+    // once would leave the port free for one).
+    let dead_socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    dead_socket.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+    let dead = dead_socket.local_addr().unwrap().as_socket().unwrap();
     let live = Backend::named("live");
     let config = format!(
         r#"
