@@ -204,8 +204,6 @@ pub enum Sender {
 pub struct Lease {
     /// The sender.
     pub sender: Sender,
-    /// The backend's id.
-    pub backend: usize,
     /// Whether it served a request before.
     pub reused: bool,
 }
@@ -329,7 +327,7 @@ pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease
             }
             None => None,
         })?;
-        return Some(Lease { sender: Sender::H2(sender.0), backend, reused: sender.1 });
+        return Some(Lease { sender: Sender::H2(sender.0), reused: sender.1 });
     }
     let now = hotloop::time::now();
     loop {
@@ -343,9 +341,24 @@ pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease
         // has marked the connection idle; it is ready within that task's
         // next poll, or closed.
         if conn.ready().await.is_ok() {
-            return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
+            return Some(Lease { sender: Sender::H1(conn), reused: true });
         }
     }
+}
+
+/// A pooled connection to `backend` for one request: this worker's idle
+/// one ([`checkout`]), else one of this worker's busy ones as it comes
+/// back ([`await_return`]), else one borrowed from another worker's pool
+/// ([`borrow`], boxed: it is the rare way, and its state would otherwise
+/// weigh on every request's future); `None`: connect.
+pub async fn acquire(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> {
+    if let Some(lease) = checkout(backends, backend).await {
+        return Some(lease);
+    }
+    if let Some(lease) = await_return(backends, backend).await {
+        return Some(lease);
+    }
+    Box::pin(borrow(backends, backend)).await
 }
 
 /// When this worker's pool holds no idle connection to `backend` but some
@@ -376,7 +389,7 @@ pub async fn await_return(backends: &Arc<[Backend]>, backend: usize) -> Option<L
     // Handed over at its checkin: ready within its task's next poll, as in
     // `checkout`, or closed.
     if conn.ready().await.is_ok() {
-        return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
+        return Some(Lease { sender: Sender::H1(conn), reused: true });
     }
     None
 }
@@ -455,7 +468,7 @@ pub async fn borrow(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> 
     match hotloop::time::timeout(b.pool_borrow, &mut lent).await {
         Ok(Ok(Some(stream))) => {
             let conn = adopt(backends, backend, stream).await?;
-            return Some(Lease { sender: Sender::H1(conn), backend, reused: true });
+            return Some(Lease { sender: Sender::H1(conn), reused: true });
         }
         Ok(_) => return None,
         Err(_) => {}
@@ -608,7 +621,7 @@ pub async fn connect(
     if let Sender::H2(s) = &sender {
         with_pool(backend, |p| p.h2 = Some((s.clone(), true)));
     }
-    Ok(Lease { sender, backend, reused: false })
+    Ok(Lease { sender, reused: false })
 }
 
 /// A connection to a backend: plain TCP, or TLS over it.
