@@ -120,11 +120,11 @@ class Hotloop:
 
     name = "hotloop"
 
-    def __init__(self, binary, app, workers, driver, port, h2_port, tmp):
+    def __init__(self, binary, app, workers, driver, port, h2_port, tmp, extra=()):
         self.args = [binary, "serve", app, "--addr", f"127.0.0.1:{port}",
                      "--workers", str(workers), "--driver", driver,
                      "--upgrade-socket", os.path.join(tmp, "upgrade.sock"),
-                     "--drain-timeout-ms", "10000"]
+                     "--drain-timeout-ms", "10000", *extra]
         self.tmp, self.n, self.proc = tmp, 0, None
         self.port, self.h2_port = port, port
         self.started = []
@@ -507,7 +507,7 @@ def run(args, server_kind, app, load, workers, driver):
     tmp = tempfile.mkdtemp(prefix="upgrade-harness-")
     port, h2_port = free_port(), free_port()
     if server_kind == "hotloop":
-        server = Hotloop(args.hotloop, app, workers, driver, port, h2_port, tmp)
+        server = Hotloop(args.hotloop, app, workers, driver, port, h2_port, tmp, args.hotloop_arg)
     elif server_kind == "hotloop-null":
         server = NullUpgrade(args.hotloop, app, workers, driver, port, h2_port, tmp)
     elif server_kind == "haproxy":
@@ -761,6 +761,9 @@ def main():
                     help="seconds of load before the first upgrade")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--hotloop", default=os.path.join(REPO, "target/release/hotloop"))
+    ap.add_argument("--hotloop-arg", action="append", default=[],
+                    help="one more flag for each hotloop process (repeat; e.g. "
+                         "--hotloop-arg=--drain-idle-quiet-ms --hotloop-arg=10000)")
     ap.add_argument("--h2-load", default=os.path.join(REPO, "target/release/hotloop-bench"),
                     help="hotloop-bench, for its h2-load (cargo build --release -p hotloop-bench)")
     ap.add_argument("--matrix", action="store_true")

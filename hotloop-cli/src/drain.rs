@@ -22,13 +22,30 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Poll;
+use std::time::Duration;
 
 use hotloop::Handle;
 
 /// Set once the server is stopping.
 static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// `--drain-idle-quiet-ms`, in milliseconds.
+static IDLE_QUIET_MS: AtomicU64 = AtomicU64::new(hotloop::net::DRAIN_IDLE_QUIET.as_millis() as u64);
+
+/// Sets how long, during a drain, a connection waiting for its client's
+/// next request must have been quiet before it is closed (the hand-written
+/// handlers read it through [`idle_quiet`]; the hyper ones get it in their
+/// `ServerOptions`). Called once at start-up.
+pub fn set_idle_quiet(quiet: Duration) {
+    IDLE_QUIET_MS.store(u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// See [`set_idle_quiet`].
+pub fn idle_quiet() -> Duration {
+    Duration::from_millis(IDLE_QUIET_MS.load(Ordering::Relaxed))
+}
 
 /// True once the server has been told to stop.
 pub fn stopping() -> bool {

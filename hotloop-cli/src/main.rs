@@ -51,7 +51,7 @@ mod notes {
         () => {
             "\
 Signals: SIGTERM or SIGINT drains: no new connections, idle keep-alive connections
-closed once quiet for 1 s, answers in flight sent with `Connection: close`
+closed once quiet for 1 s (--drain-idle-quiet-ms), answers in flight sent with `Connection: close`
 (HTTP/2: GOAWAY), exit as soon as the last connection ends or --drain-timeout-ms
 (default 5000) has passed, when the rest are cut. A second SIGTERM or SIGINT, or
 SIGQUIT at any time, stops at once. SIGHUP reloads the TLS certificate and key
@@ -83,6 +83,12 @@ Timeouts (echo, http, hyper and static):
   --drain-timeout-ms    5000  on a drain (a stop, or a successor took over), how long
                               open connections may take; then they are cut and
                               counted (--grace-ms is the same)
+  --drain-idle-quiet-ms 1000  on a drain, how long an idle keep-alive connection must
+                              have been quiet to be closed; one quiet for less waits
+                              for its next request (answered with Connection: close).
+                              At or above --drain-timeout-ms none is closed early, so
+                              no request can meet a close (haproxy's
+                              idle-close-on-response); the drain lasts longer
   after an error reply (400, 405, 408, 431, 501, 505): writing is shut down, and
   up to 256 KiB the client still sends is read and dropped for at most 2 s before
   closing, so the client reads the reply rather than a reset.

@@ -71,6 +71,17 @@ pub struct RuntimeArgs {
     /// one ends. `--grace-ms` is the same.
     #[arg(long, visible_alias = "grace-ms", default_value_t = 5000)]
     pub drain_timeout_ms: u64,
+    /// During a drain, how long a keep-alive HTTP/1.1 connection waiting for
+    /// its next request must have been quiet before it is closed,
+    /// milliseconds (always on a read that finds nothing pending). One that
+    /// became quiet more recently is kept for its next request, answered
+    /// with `Connection: close`. Closing a connection a request is arriving
+    /// on makes that request fail for a client that does not retry; at or
+    /// above `--drain-timeout-ms` no idle connection is closed early
+    /// (haproxy's `idle-close-on-response`), and the drain lasts until each
+    /// has sent again or the deadline cuts it.
+    #[arg(long, default_value_t = 1000)]
+    pub drain_idle_quiet_ms: u64,
     /// Upgrades: the first process started with PATH binds its addresses
     /// and waits on PATH (a Unix socket) for a successor; a later process
     /// started with the same PATH (a new build, new options) receives
@@ -181,6 +192,7 @@ impl RuntimeArgs {
             maxconn_per_worker: self.maxconn_per_worker,
             balance: self.balance,
             drain_timeout: self.drain_timeout(),
+            drain_idle_quiet: self.drain_idle_quiet(),
             handover: Some(handover.clone()),
         }
     }
@@ -188,6 +200,12 @@ impl RuntimeArgs {
     /// How long a drain may take before what is open is cut.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    /// During a drain, how long an idle keep-alive connection must have
+    /// been quiet before it is closed.
+    pub fn drain_idle_quiet(&self) -> Duration {
+        Duration::from_millis(self.drain_idle_quiet_ms)
     }
 }
 

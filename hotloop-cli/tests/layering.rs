@@ -52,7 +52,7 @@ fn the_server_modules_import_only_downward() {
         ("tls", &["conn", "serve_args"]),
         ("static_files", &["conn", "drain"]),
         ("stop", &["drain"]),
-        ("mode", &["runtime_args", "stats_server", "stop"]),
+        ("mode", &["runtime_args", "stats_server", "stop", "drain"]),
         ("proxy", &["mode", "runtime_args", "stats_server"]),
         ("quic", &["mode", "runtime_args", "serve_args", "tls", "drain", "stop"]),
         ("http_proxy", &["mode", "runtime_args", "proxy", "tls", "stats_server", "drain", "stop"]),

@@ -80,6 +80,40 @@ fn sigterm_closes_idle_connections_at_once_and_exits_when_the_last_is_done(drive
     assert!(took < Duration::from_secs(4), "{driver}: exit took {took:?} with a 20 s grace period");
 }
 
+/// `--drain-idle-quiet-ms` at the drain timeout (haproxy's
+/// `idle-close-on-response`): a drained keep-alive connection is kept past
+/// the default quiet second for its next request, which is answered with
+/// `Connection: close`; then the process exits. Both the hand-written
+/// handlers (`serve http`) and hyper's (`serve hyper`).
+#[hotloop::test(driver = "all")]
+fn a_long_idle_quiet_keeps_idle_connections_for_their_next_request(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    for app in ["http", "hyper"] {
+        let (mut p, addr) =
+            serve(driver, app, &["--grace-ms", "20000", "--drain-idle-quiet-ms", "20000"]);
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let first = keep_alive_request(&mut s).to_ascii_lowercase();
+        assert!(first.starts_with("http/1.1 200"), "{app}: {first}");
+        assert!(!first.contains("connection: close"), "{app}: {first}");
+        p.signal("TERM");
+        // Past the default quiet time: still open, and still serving.
+        assert!(p.wait_exit(Duration::from_millis(1500)).is_none(), "{app}: exited early");
+        let start = Instant::now();
+        let last = keep_alive_request(&mut s).to_ascii_lowercase();
+        assert!(last.starts_with("http/1.1 200"), "{driver} {app}: {last}");
+        assert!(last.contains("connection: close"), "{driver} {app}: {last}");
+        assert_eq!(s.read(&mut [0u8; 64]).unwrap(), 0, "{app}: not closed after its last answer");
+        let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+        assert!(status.success(), "{app}: {status}");
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "{driver} {app}: exit took {took:?} after the last answer"
+        );
+    }
+}
+
 /// A second SIGTERM, or SIGQUIT, stops at once, whatever is open.
 #[hotloop::test(driver = "all")]
 fn a_second_sigterm_or_sigquit_stops_at_once(driver: DriverKind) {

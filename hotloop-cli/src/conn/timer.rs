@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use hotloop::net::{InputProbe, DRAIN_IDLE_QUIET};
+use hotloop::net::InputProbe;
 use hotloop::time::Sleep;
 
 use crate::drain;
@@ -20,7 +20,7 @@ use crate::drain;
 /// completion) uses it too, so no timer is filed per response.
 ///
 /// An idle wait also ends when the server stops (once the connection has
-/// been quiet for [`DRAIN_IDLE_QUIET`]): it checks [`drain::stopping`]
+/// been quiet for [`drain::idle_quiet`]): it checks [`drain::stopping`]
 /// whenever it is polled, and the stop wakes every task, so no wrapper
 /// future around each read and no registration is needed.
 pub(crate) struct ConnTimer {
@@ -45,7 +45,7 @@ impl ConnTimer {
     /// the result is `None` when `due` passed, the peer closed, the read
     /// failed, or (`idle`: a keep-alive connection between requests) the
     /// server is stopping and the connection has been quiet for
-    /// [`DRAIN_IDLE_QUIET`] since this wait began. What is ready is always
+    /// [`drain::idle_quiet`] since this wait began. What is ready is always
     /// taken first, so a request that arrives is answered (with
     /// `Connection: close`) rather than met by a close: the connection is
     /// closed only on a read that found nothing pending, and not while its
@@ -185,7 +185,7 @@ where
             return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
         }
         if let Some(since) = this.idle_since.filter(|_| drain::stopping()) {
-            let quiet = since + DRAIN_IDLE_QUIET;
+            let quiet = since + drain::idle_quiet();
             this.timer.bring_forward(quiet);
             if this.timer.poll_expired(cx, quiet) {
                 let arriving = this.socket.as_ref().is_some_and(|p| p.pending().unwrap_or(false));

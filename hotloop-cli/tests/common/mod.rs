@@ -223,9 +223,13 @@ pub fn read_response(s: &mut TcpStream) -> String {
         }
     }
     let head = String::from_utf8(head).unwrap();
+    // Any case: hyper writes its field names in lower case.
     let len: usize = head
         .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length").then_some(value)
+        })
         .map_or(0, |v| v.trim().parse().unwrap());
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).unwrap();

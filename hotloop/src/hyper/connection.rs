@@ -45,7 +45,7 @@ use super::deadline::{
 use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
 use super::upgrade::Upgraded;
-use crate::net::{StopSignal, Stopping, DRAIN_IDLE_QUIET};
+use crate::net::{StopSignal, Stopping};
 
 /// The HTTP/2 connection preface: a client that starts with it speaks
 /// HTTP/2 by prior knowledge.
@@ -429,7 +429,7 @@ where
     /// graceful shutdown is asked for only while a request is taken and
     /// not yet answered (its answer then says so). A connection between
     /// requests is parked instead, and closes once it has been quiet for
-    /// [`DRAIN_IDLE_QUIET`] on a read that found nothing (its next request,
+    /// the server's [`StopSignal::idle_quiet`] on a read that found nothing (its next request,
     /// if that comes first, is answered with `Connection: close`). One
     /// whose answer is being written waits for it to end: its head already
     /// said keep-alive, and hyper would close as soon as it is flushed,
@@ -483,7 +483,8 @@ where
             // A stopping server's connection that waits for its client, with
             // hyper not yet told (parked, or after a request with a body),
             // is finished once quiet.
-            let quiet = (self.progress.last_moved().after(DRAIN_IDLE_QUIET), Expiry::Idle);
+            let quiet_for = self.stopping.idle_quiet();
+            let quiet = (self.progress.last_moved().after(quiet_for), Expiry::Idle);
             return match &self.phase {
                 Phase::Parked(_) => Some(quiet),
                 Phase::Http1(_) if !self.hyper_told && self.progress.waiting_for_client() => {

@@ -136,6 +136,22 @@ pub struct ServerOptions {
     /// `hard-stop-after`). [`Server::drain`](super::Server::drain) takes
     /// its own. Default: [`ServerOptions::DRAIN_TIMEOUT_DEFAULT`].
     pub drain_timeout: Duration,
+    /// During a drain, how long a keep-alive connection waiting for its
+    /// next request must have been quiet before it is closed (always on a
+    /// read that finds nothing pending). A connection that became quiet
+    /// more recently waits for its next request, which is answered with
+    /// `Connection: close` (HTTP/2: the GOAWAY is sent at once, whatever
+    /// this is). Closing a connection on which a request is arriving races
+    /// it: the client sees its connection fail, and only a client that
+    /// retries gets its answer. At or above `drain_timeout`, no idle
+    /// connection is closed before the drain's deadline: each is closed
+    /// after answering its next request (haproxy's
+    /// `idle-close-on-response`), at the cost of a drain that lasts until
+    /// every such client has sent again or the deadline cuts it. Used by
+    /// [`serve_hyper`](crate::hyper::serve_hyper) and read through
+    /// [`StopSignal::idle_quiet`](super::StopSignal::idle_quiet). Default:
+    /// [`DRAIN_IDLE_QUIET`](super::DRAIN_IDLE_QUIET).
+    pub drain_idle_quiet: Duration,
     /// Where the listening sockets may come from: a socket this
     /// [`Handover`] inherited (from a predecessor, or systemd) on the
     /// server's address is used instead of binding, and the server's
@@ -158,6 +174,7 @@ impl Default for ServerOptions {
             maxconn_per_worker: None,
             balance: Balance::default(),
             drain_timeout: Self::DRAIN_TIMEOUT_DEFAULT,
+            drain_idle_quiet: super::DRAIN_IDLE_QUIET,
             handover: None,
         }
     }

@@ -85,8 +85,9 @@ const LOOPS_STOP_WAIT: Duration = Duration::from_secs(5);
 /// accepts take the rest).
 const RECHECK_MAX: usize = 64;
 
-/// During a drain, how long a keep-alive connection between requests must
-/// have been quiet before it is closed (on a read that finds nothing
+/// During a drain, by default ([`ServerOptions::drain_idle_quiet`]), how
+/// long a keep-alive connection between requests must have been quiet
+/// before it is closed (on a read that finds nothing
 /// pending, `input_pending` included). A client that just had an answer is
 /// likely sending its next request: closing then would race it (the
 /// request meets a closed socket, and the client sees the connection fail
@@ -157,6 +158,8 @@ struct ServerShared {
     /// Raised each time the accept loops must look at their sockets'
     /// backlogs themselves (see [`ServerShared::recheck_backlogs`]).
     rechecks: AtomicU64,
+    /// [`ServerOptions::drain_idle_quiet`].
+    drain_idle_quiet: Duration,
 }
 
 /// What a drain waits for.
@@ -364,6 +367,13 @@ impl StopSignal {
     pub fn stopping(&self) -> Stopping {
         Stopping { local: self.local.clone() }
     }
+
+    /// During a drain, how long a connection waiting for its client's next
+    /// request must have been quiet before it is closed
+    /// ([`ServerOptions::drain_idle_quiet`]).
+    pub fn idle_quiet(&self) -> Duration {
+        self.local.server.drain_idle_quiet
+    }
 }
 
 impl std::fmt::Debug for StopSignal {
@@ -375,6 +385,13 @@ impl std::fmt::Debug for StopSignal {
 /// The future of [`StopSignal::stopping`].
 pub struct Stopping {
     local: Rc<WorkerConns>,
+}
+
+impl Stopping {
+    /// [`StopSignal::idle_quiet`].
+    pub fn idle_quiet(&self) -> Duration {
+        self.local.server.drain_idle_quiet
+    }
 }
 
 impl Future for Stopping {
@@ -652,6 +669,7 @@ where
         watch: Mutex::new(Watch::default()),
         watch_changed: Condvar::new(),
         rechecks: AtomicU64::new(0),
+        drain_idle_quiet: server_options.drain_idle_quiet,
     });
     let handover = match &server_options.handover {
         Some(h) => {
