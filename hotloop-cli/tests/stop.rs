@@ -83,8 +83,9 @@ fn sigterm_closes_idle_connections_at_once_and_exits_when_the_last_is_done(drive
 /// `--drain-idle-quiet-ms` at the drain timeout (haproxy's
 /// `idle-close-on-response`): a drained keep-alive connection is kept past
 /// the default quiet second for its next request, which is answered with
-/// `Connection: close`; then the process exits. Both the hand-written
-/// handlers (`serve http`) and hyper's (`serve hyper`).
+/// `Connection: close`; then the process exits. One whose client never
+/// sends again is cut at the drain's deadline and counted. Both the
+/// hand-written handlers (`serve http`) and hyper's (`serve hyper`).
 #[hotloop::test(driver = "all")]
 fn a_long_idle_quiet_keeps_idle_connections_for_their_next_request(driver: DriverKind) {
     let driver = common::driver_arg(driver);
@@ -111,6 +112,26 @@ fn a_long_idle_quiet_keeps_idle_connections_for_their_next_request(driver: Drive
             took < Duration::from_secs(5),
             "{driver} {app}: exit took {took:?} after the last answer"
         );
+
+        // A client that never sends again is cut at the drain's deadline,
+        // and counted.
+        let (mut p, addr) =
+            serve(driver, app, &["--grace-ms", "1500", "--drain-idle-quiet-ms", "20000"]);
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        keep_alive_request(&mut s);
+        let start = Instant::now();
+        p.signal("TERM");
+        let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+        let took = start.elapsed();
+        assert!(status.success(), "{app}: {status}");
+        assert!(
+            took >= Duration::from_millis(1400),
+            "{driver} {app}: closed early, after {took:?}"
+        );
+        assert_eq!(s.read(&mut [0u8; 64]).unwrap_or(0), 0, "{app}: still open after the exit");
+        let lines = p.collect_lines(Duration::from_millis(200)).join("\n");
+        assert!(lines.contains("1 connections cut at the drain deadline"), "{app}: {lines}");
     }
 }
 
