@@ -685,6 +685,7 @@ fn answer(
     }
     headers::remove_hop_by_hop(&mut parts.headers, false, false);
     headers::add_via(&mut parts.headers, parts.version);
+    headers::add_date(&mut parts.headers);
     parts.version = Version::HTTP_11;
     let streaming = Streaming {
         body,

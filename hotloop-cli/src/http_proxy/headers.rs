@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, BytesMut};
 use hyper::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
@@ -259,6 +260,51 @@ pub fn add_via(headers: &mut HeaderMap, version: Version) {
     headers.append(header::VIA, via(version));
 }
 
+/// Gives an answer its `Date` (RFC 9110 section 6.6.1: a proxy adds one
+/// to an answer that has none), marked never to be indexed.
+///
+/// HPACK would otherwise add each second's new value to a client
+/// connection's table (h2 indexes `Date`), and h2 finds a field's value
+/// by walking every entry of the same name: on a connection open for a
+/// minute that is tens of stale dates compared for every answer, until
+/// the table's size evicts them. Never indexed, the value is sent as a
+/// literal (about 22 bytes) and the table holds no date. The backend's own
+/// `Date` is kept, marked the same way; hyper adds none once one is there.
+pub fn add_date(headers: &mut HeaderMap) {
+    match headers.get_mut(header::DATE) {
+        Some(date) => date.set_sensitive(true),
+        None => {
+            headers.insert(header::DATE, now_date());
+        }
+    }
+}
+
+thread_local! {
+    /// This worker's `Date` value and the second it says.
+    static DATE: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+}
+
+/// The current second as a never-indexed `Date` value, formatted once per
+/// second per worker.
+fn now_date() -> HeaderValue {
+    let now = SystemTime::now();
+    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        match &*cache {
+            Some((at, value)) if *at == second => value.clone(),
+            _ => {
+                // An HTTP date is always a valid field value.
+                let mut value = HeaderValue::from_str(&httpdate::fmt_http_date(now))
+                    .unwrap_or_else(|_| HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"));
+                value.set_sensitive(true);
+                *cache = Some((second, value.clone()));
+                value
+            }
+        }
+    })
+}
+
 /// HTTP/2 lets a client split `Cookie` into several fields; HTTP/1.1 wants
 /// one (RFC 9113 section 8.2.3), joined with `; `.
 pub fn join_cookies(headers: &mut HeaderMap) {
@@ -304,6 +350,24 @@ fn append_list(headers: &mut HeaderMap, name: HeaderName, item: HeaderValue) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_gets_a_current_date_never_indexed_and_keeps_its_own() {
+        let mut h = HeaderMap::new();
+        add_date(&mut h);
+        let date = h.get(header::DATE).expect("a Date");
+        assert!(date.is_sensitive(), "indexed by HPACK");
+        let when = httpdate::parse_http_date(date.to_str().unwrap()).unwrap();
+        let off = SystemTime::now().duration_since(when).unwrap_or_default();
+        assert!(off.as_secs() <= 2, "{date:?} is {off:?} old");
+
+        let mut h = HeaderMap::new();
+        h.insert(header::DATE, HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"));
+        add_date(&mut h);
+        assert_eq!(h.get_all(header::DATE).iter().count(), 1);
+        assert_eq!(h[header::DATE], "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert!(h[header::DATE].is_sensitive());
+    }
 
     #[test]
     fn hop_by_hop_fields_go_and_forwarding_fields_come() {
