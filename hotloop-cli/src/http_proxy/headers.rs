@@ -7,7 +7,8 @@
 //! hyper frames each message again itself, so a length or chunking the
 //! client wrote never reaches the backend as written. Towards the backend
 //! `Via`, `X-Forwarded-For` and `Forwarded` are appended to what the
-//! client sent, and the answer gets `Via` too.
+//! client sent, and the answer gets `Via` too, and a `Date` if it has none
+//! (either way marked never to be indexed: [`add_date`]).
 
 use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
