@@ -366,7 +366,7 @@ async fn exchange(
         let (sent, h1) = match lease.sender {
             Sender::H1(mut s) => {
                 let head = s.try_send_request(req);
-                (hotloop::time::timeout(limit, head).await, Some((s, id)))
+                (hotloop::time::timeout(limit, head).await, Some(s))
             }
             Sender::H2(mut s) => {
                 let head = s.try_send_request(req);
@@ -674,7 +674,7 @@ fn answer(
     g: &GroupConfig,
     id: usize,
     response: Response<Incoming>,
-    h1: Option<(pool::H1, usize)>,
+    h1: Option<pool::H1>,
     started: Instant,
 ) -> Response<DownBody> {
     let (mut parts, body) = response.into_parts();
@@ -689,7 +689,7 @@ fn answer(
     parts.version = Version::HTTP_11;
     let streaming = Streaming {
         body,
-        sender: h1.map(|(s, _)| s),
+        sender: h1,
         backend: id,
         shared: shared.clone(),
         started,
