@@ -22,7 +22,10 @@ where
     F::Output: 'static,
 {
     fn execute(&self, future: F) {
-        drop(crate::spawn(future));
+        // Nobody joins what hyper spawns (an HTTP/2 stream, a connection's
+        // background work): a detached task allocates no join slot, which
+        // a `spawn` whose handle is dropped at once would.
+        crate::runtime::spawn_detached_with(move || crate::runtime::OnDone::new(future, drop));
     }
 }
 

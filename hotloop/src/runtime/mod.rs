@@ -58,7 +58,9 @@ pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::{spawn_blocking, Handle};
 pub use join::{run_local, spawn, wake_all, yield_now, AbortHandle, JoinHandle, RunLocal};
-pub(crate) use join::{run_now_if_alone, spawn_detached, spawn_detached_with, yield_to_driver};
+pub(crate) use join::{
+    run_now_if_alone, spawn_detached, spawn_detached_with, yield_to_driver, OnDone,
+};
 pub use join_set::JoinSet;
 pub use join_slot::{JoinError, RemoteJoinHandle};
 pub(crate) use key::TaskKey;
