@@ -393,6 +393,11 @@ group = "static"
     let abs = cl.send(b"GET http://api.test/v1/x HTTP/1.1\r\nHost: other.org\r\n\r\n").unwrap();
     assert_eq!(abs.text(), "a");
     assert_eq!(a.seen()[1].path, "/v1/x", "the backend gets the origin form");
+    assert_eq!(
+        a.seen()[1].header("host"),
+        Some("api.test"),
+        "the backend gets the host the route was picked by"
+    );
     assert_eq!(stat(st, "http_no_route"), 1);
 }
 
@@ -1111,6 +1116,27 @@ fn http2_clients_and_http2_backends(driver: DriverKind) {
     let seen = &h1.seen()[0];
     assert_eq!(seen.header("host"), Some("h1.test"), "an HTTP/2 request gets a Host for HTTP/1.1");
     assert_eq!(seen.header("via"), Some("2 hotloop"));
+    // `:authority` picks the route, and a `host` field naming another host
+    // does not reach the backend.
+    let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let status = rt.block_on(async move {
+        let tcp = hotloop::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http2::Builder::new(hotloop::hyper::HotloopExecutor)
+                .timer(hotloop::hyper::HotloopTimer)
+                .handshake::<_, String>(hotloop::hyper::HyperIo::new(tcp))
+                .await
+                .unwrap();
+        drop(hotloop::spawn(conn));
+        let req = hyper::Request::get("http://h1.test/other")
+            .header("host", "admin.test")
+            .body(String::new())
+            .unwrap();
+        send.send_request(req).await.unwrap().status().as_u16()
+    });
+    assert_eq!(status, 200);
+    let last = h1.seen().last().cloned().unwrap();
+    assert_eq!((last.path.as_str(), last.header("host")), ("/other", Some("h1.test")));
     h2_backend.signal("QUIT");
 }
 
@@ -1185,4 +1211,158 @@ fn a_bad_config_file_is_refused_with_its_line() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{}:3: groups.g.retries", path.display())), "{err}");
+}
+
+/// A backend of raw bytes: `on_conn` runs on its own thread for each
+/// connection accepted.
+fn raw_backend(on_conn: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let on_conn = Arc::new(on_conn);
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(conn) = conn else { return };
+            let f = on_conn.clone();
+            std::thread::spawn(move || f(conn));
+        }
+    });
+    addr
+}
+
+/// Reads a request's head off `r` (its lines up to the empty one).
+fn read_head(r: &mut impl BufRead) -> Option<String> {
+    let mut head = String::new();
+    loop {
+        let line = read_line(r)?;
+        if line.is_empty() {
+            return Some(head);
+        }
+        head += &line;
+        head += "\n";
+    }
+}
+
+/// A backend that answers an upload before reading its body (an early
+/// `401`) keeps that connection busy until the upload ends: the
+/// connection is not pooled, and the next request gets another one
+/// instead of waiting behind the upload.
+#[hotloop::test(driver = "all")]
+fn a_connection_still_taking_an_upload_is_not_pooled(driver: DriverKind) {
+    let backend = raw_backend(|conn| {
+        let mut w = conn.try_clone().unwrap();
+        let mut r = BufReader::new(conn);
+        while let Some(head) = read_head(&mut r) {
+            if head.starts_with("POST") {
+                // Answered at once; the body is never read.
+                let _ = w.write_all(b"HTTP/1.1 401 X\r\nContent-Length: 1\r\n\r\nx");
+                std::thread::sleep(Duration::from_secs(30));
+                return;
+            }
+            let _ = w.write_all(b"HTTP/1.1 200 X\r\nContent-Length: 2\r\n\r\nok");
+        }
+    });
+    let (_p, addr, st) = start(driver, &["--backend", &backend.to_string(), "--workers", "1"]);
+    let mut uploader = Client::connect(addr);
+    let early = uploader
+        .send(b"POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n0123456789")
+        .unwrap();
+    assert_eq!((early.status, early.text().as_str()), (401, "x"));
+    // The upload goes on (the client still holds its connection); another
+    // client's request is answered at once on a connection of its own.
+    let mut other = Client::connect(addr);
+    other.r.get_ref().set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let t = Instant::now();
+    let r = other.send(&get("t", "/")).expect("answered while the upload goes on");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok"), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "waited {:?}", t.elapsed());
+    assert_eq!(stat(st, "backend_default_0_connects"), 2, "the busy one was not reused");
+    drop(uploader);
+}
+
+/// The header timeout counts from the request body's end: a client that
+/// uploads slowly gets its answer, and nothing is held against the
+/// backend. A client that stops sending its body gets `408` after the
+/// body timeout (not the backend's fault); a backend that stops taking it
+/// gets `504` and the failure.
+#[hotloop::test(driver = "all")]
+fn a_slow_upload_is_timed_by_its_pauses_and_blamed_on_the_side_that_paused(driver: DriverKind) {
+    let reader = Backend::start(|s| Reply::ok(&format!("got {}", s.body.len())));
+    let deaf = raw_backend(|conn| {
+        let mut r = BufReader::new(conn);
+        let _ = read_head(&mut r);
+        // Never reads the body, never answers.
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let config = format!(
+        "[groups.r]\nbackends = [\"{}\"]\nheader_timeout_ms = 300\nbody_timeout_ms = 600\nmax_fails = 1\n\
+         [groups.d]\nbackends = [\"{deaf}\"]\nheader_timeout_ms = 300\nbody_timeout_ms = 600\nmax_fails = 0\n\
+         [[routes]]\nhost = \"deaf.test\"\ngroup = \"d\"\n[[routes]]\ngroup = \"r\"\n",
+        reader.addr()
+    );
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "1"]);
+    // Ten bytes, one every 150 ms: 1.5 s, five header timeouts.
+    let mut cl = Client::connect(addr);
+    cl.w.write_all(b"POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n").unwrap();
+    for b in b"0123456789" {
+        std::thread::sleep(Duration::from_millis(150));
+        cl.w.write_all(&[*b]).unwrap();
+    }
+    let r = read_resp(&mut cl.r).expect("an answer");
+    assert_eq!((r.status, r.text().as_str()), (200, "got 10"), "{r:?}");
+    assert_eq!(stat(st, "backend_r_0_errors"), 0);
+    // A client that stops halfway: 408 after the body timeout, and the
+    // backend stays in (max_fails 1 would have taken it out).
+    let mut stalled = Client::connect(addr);
+    let t = Instant::now();
+    let r = stalled
+        .send(b"POST /half HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n01234")
+        .expect("an answer");
+    assert_eq!(r.status, 408, "{r:?}");
+    assert!(t.elapsed() >= Duration::from_millis(500), "{:?}", t.elapsed());
+    assert_eq!(stat(st, "backend_r_0_errors"), 0);
+    assert_eq!(once(addr, &get("t", "/")).status, 200, "the backend still takes requests");
+    // A backend that takes none of a large body: 504, its failure.
+    let deaf_client = TcpStream::connect(addr).unwrap();
+    deaf_client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    deaf_client.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = deaf_client.try_clone().unwrap();
+    let upload = std::thread::spawn(move || {
+        let len = 64 << 20;
+        let head =
+            format!("POST /big HTTP/1.1\r\nHost: deaf.test\r\nContent-Length: {len}\r\n\r\n");
+        w.write_all(head.as_bytes()).unwrap();
+        let chunk = vec![b'x'; 1 << 16];
+        for _ in 0..(len >> 16) {
+            if w.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let r = read_resp(&mut BufReader::new(deaf_client)).expect("an answer");
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(r.text().contains("took none of the body"), "{r:?}");
+    assert_eq!(stat(st, "backend_d_0_errors"), 1);
+    let _ = upload.join();
+}
+
+/// An answer with both `Transfer-Encoding: chunked` and `Content-Length`
+/// is read by its chunks, and the client's copy carries no stale length.
+#[hotloop::test(driver = "all")]
+fn an_answer_framed_two_ways_reaches_the_client_by_its_chunks(driver: DriverKind) {
+    let backend = raw_backend(|conn| {
+        let mut w = conn.try_clone().unwrap();
+        let mut r = BufReader::new(conn);
+        while read_head(&mut r).is_some() {
+            let _ = w.write_all(
+                b"HTTP/1.1 200 X\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            );
+        }
+    });
+    let (_p, addr, _st) = start(driver, &["--backend", &backend.to_string(), "--workers", "1"]);
+    let mut cl = Client::connect(addr);
+    for _ in 0..2 {
+        let r = cl.send(&get("t", "/")).expect("an answer");
+        assert_eq!((r.status, r.text().as_str()), (200, "hello"), "{r:?}");
+        assert_ne!(r.header("content-length"), Some("3"), "{r:?}");
+    }
 }

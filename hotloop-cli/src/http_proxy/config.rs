@@ -37,10 +37,13 @@ pub struct GroupConfig {
     pub protocol: UpstreamProtocol,
     /// One connect's limit; then the next backend is tried.
     pub connect_timeout: Duration,
-    /// From the request sent to the backend's response head: 504 past it.
+    /// From the request's body all sent to the backend's response head:
+    /// 504 past it.
     pub header_timeout: Duration,
-    /// The longest wait for the next piece of a backend's response body;
-    /// past it the response is cut.
+    /// The longest wait for the next piece of a backend's response body
+    /// (past it the response is cut), or of a request's body on its way
+    /// to the backend (past it 408 if the client paused, 504 if the
+    /// backend did).
     pub body_timeout: Duration,
     /// How many other backends a request may move to when nothing of it
     /// reached a backend (any method), or when an idempotent request

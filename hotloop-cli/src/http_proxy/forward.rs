@@ -61,7 +61,7 @@ use smallvec::SmallVec;
 use super::config::{GroupConfig, UpstreamProtocol};
 use super::headers::{self, Forwarding};
 use super::health::Health;
-use super::pool::{self, Backend, ConnectError, Sender, UpBody};
+use super::pool::{self, Backend, ConnectError, Sender, UpBody, Upload};
 use super::routes::Routes;
 use super::stats::ProxyStats;
 
@@ -205,6 +205,8 @@ struct Outgoing {
     /// sending (an idempotent request without a body, in a group with
     /// retries).
     replay: Option<(Method, Uri, HeaderMap)>,
+    /// How far the request's body got, if it has one.
+    upload: Option<Rc<Upload>>,
 }
 
 /// Routes a request and rewrites it for its backends (or answers it).
@@ -253,11 +255,7 @@ fn prepare(shared: &Shared, client: &Forwarding, req: Request<Incoming>) -> Next
         UpstreamProtocol::Http1 => {
             parts.uri = Uri::from(path);
             parts.version = Version::HTTP_11;
-            if let (false, Some(h)) = (parts.headers.contains_key(header::HOST), host_str) {
-                if let Some(v) = client.host_field(h) {
-                    parts.headers.insert(header::HOST, v);
-                }
-            }
+            set_host(&mut parts.headers, client, host.as_ref());
             headers::join_cookies(&mut parts.headers);
         }
         UpstreamProtocol::H2 => {
@@ -281,8 +279,9 @@ fn prepare(shared: &Shared, client: &Forwarding, req: Request<Incoming>) -> Next
     }
     let replay = (g.retries > 0 && idempotent(&parts.method) && body.is_end_stream())
         .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
-    let req = Some(Request::from_parts(parts, UpBody::Client(body)));
-    Next::Forward(Outgoing { group, req, replay })
+    let upload = (!body.is_end_stream()).then(Upload::new);
+    let req = Some(Request::from_parts(parts, UpBody::Client(body, upload.clone())));
+    Next::Forward(Outgoing { group, req, replay, upload })
 }
 
 /// A request's exchange with its backends: a connection, the request sent,
@@ -301,8 +300,7 @@ async fn exchange(
                 Next::Answer(r) => r,
                 Next::Tunnel(t) => {
                     let TunnelRequest { group, host, req, on } = *t;
-                    let host = host.as_ref().map(Host::as_str);
-                    Box::pin(tunnel(&shared, &client, group, host, req, on)).await
+                    Box::pin(tunnel(&shared, &client, group, host.as_ref(), req, on)).await
                 }
                 Next::Forward(_) => unreachable!("matched above"),
             })
@@ -314,16 +312,7 @@ async fn exchange(
     let mut order = candidates(shared, group);
     prefer_pooled(&mut order);
     if order.is_empty() {
-        shared.stats.unavailable.fetch_add(1, Relaxed);
-        let ids = shared.members[group].clone();
-        let check = g.health.as_ref().map(|h| h.interval);
-        let after = shared.health.retry_after_secs(ids, check);
-        let mut r = fixed(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("no backend of group {} is up; retry after {after} s\n", g.name),
-        );
-        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(after));
-        return Ok(r);
+        return Ok(unavailable(shared, group));
     }
     let mut order = order.into_iter();
     let mut id = order.next().expect("not empty");
@@ -362,20 +351,21 @@ async fn exchange(
         // the wait is for the answer's head. (Written out here rather than
         // in an `async fn`, whose arguments would stay in this future
         // beside the wait.)
-        let limit = g.header_timeout;
+        let upload = out.upload.as_deref();
         let (sent, h1) = match lease.sender {
             Sender::H1(mut s) => {
                 let head = s.try_send_request(req);
-                (hotloop::time::timeout(limit, head).await, Some(s))
+                (HeadWait::new(head, upload, g).await, Some(s))
             }
             Sender::H2(mut s) => {
                 let head = s.try_send_request(req);
-                (hotloop::time::timeout(limit, head).await, None)
+                (HeadWait::new(head, upload, g).await, None)
             }
         };
         match sent_outcome(sent) {
             Ok(response) => {
-                return Ok(answer(shared, g, id, response, h1, started));
+                let upload = out.upload.take();
+                return Ok(answer(shared, g, id, response, h1, upload, started));
             }
             Err(SendError::NotSent(back)) => {
                 // The connection closed before the request was written.
@@ -424,13 +414,135 @@ async fn exchange(
                     None => break Failure::Lost(e.to_string()),
                 }
             }
-            Err(SendError::TimedOut) => {
+            Err(SendError::TimedOut(Stall::Header)) => {
                 note_failure(shared, id);
                 break Failure::HeaderTimeout;
             }
+            Err(SendError::TimedOut(Stall::BackendUpload)) => {
+                note_failure(shared, id);
+                break Failure::UploadStalled;
+            }
+            Err(SendError::TimedOut(Stall::ClientUpload)) => break Failure::ClientUploadStalled,
         }
     };
     Ok(failure_answer(shared, g, failure))
+}
+
+/// The `Host` a backend gets over HTTP/1.1: the request's authority where
+/// it has one (an absolute target, an HTTP/2 `:authority`), replacing a
+/// `Host` field that may name another host (RFC 9112 section 3.2.2: the
+/// route was picked by the authority, and a backend serving several hosts
+/// must see the same one); else the client's `Host`, as it came.
+fn set_host(headers: &mut HeaderMap, client: &Forwarding, host: Option<&Host>) {
+    let authority = match host {
+        Some(Host::Authority(a)) => a.as_str(),
+        Some(Host::Field(_)) => return,
+        None => return,
+    };
+    if let Some(v) = client.host_field(authority) {
+        headers.insert(header::HOST, v);
+    }
+}
+
+/// `503` for a group none of whose backends takes requests now, with the
+/// seconds until one may (`Retry-After`).
+fn unavailable(shared: &Shared, group: usize) -> Response<DownBody> {
+    let g = &shared.groups[group];
+    shared.stats.unavailable.fetch_add(1, Relaxed);
+    let ids = shared.members[group].clone();
+    // A backend the checks hold down comes back after `rise` passes in a
+    // row, one per interval.
+    let check = g.health.as_ref().map(|h| h.interval.saturating_mul(h.rise.max(1)));
+    let after = shared.health.retry_after_secs(ids, check);
+    let mut r = fixed(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("no backend of group {} is up; retry after {after} s\n", g.name),
+    );
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(after));
+    r
+}
+
+/// Why the wait for an answer's head gave up.
+enum Stall {
+    /// No head within the header timeout after the request was all sent.
+    Header,
+    /// The request's body stopped going out for the body timeout, the
+    /// backend not taking it.
+    BackendUpload,
+    /// The request's body stopped for the body timeout, the client not
+    /// sending it.
+    ClientUpload,
+}
+
+pin_project_lite::pin_project! {
+    /// The wait for an answer's head. The header timeout counts from the
+    /// end of the request's body, not from its start: a client uploading
+    /// slowly is not the backend's fault (nginx's `proxy_read_timeout`
+    /// starts once the request is sent). While the body is going out, each
+    /// pause of it is bounded by the body timeout instead (nginx's
+    /// `proxy_send_timeout`, an inactivity timer), and blamed on the side
+    /// that paused.
+    struct HeadWait<'a, F> {
+        #[pin]
+        wait: hotloop::time::Timeout<F>,
+        upload: Option<&'a Upload>,
+        header: Duration,
+        body: Duration,
+    }
+}
+
+impl<'a, F: Future> HeadWait<'a, F> {
+    fn new(head: F, upload: Option<&'a Upload>, g: &GroupConfig) -> Self {
+        let (header, body) = (g.header_timeout, g.body_timeout);
+        let now = hotloop::time::now();
+        let first = match upload {
+            None => now + header,
+            Some(_) => now + header.min(body),
+        };
+        HeadWait { wait: hotloop::time::timeout_at(first, head), upload, header, body }
+    }
+}
+
+impl<F: Future> Future for HeadWait<'_, F> {
+    type Output = Result<F::Output, Stall>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.wait.as_mut().poll(cx) {
+                Poll::Ready(Ok(out)) => return Poll::Ready(Ok(out)),
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => {}
+            }
+            // The timer fired: see which deadline is due now. The timer is
+            // never set past a deadline that may come due meanwhile: the
+            // body's end, unknown yet, starts the header timeout no earlier
+            // than now.
+            let now = hotloop::time::now();
+            let next = match this.upload {
+                None => return Poll::Ready(Err(Stall::Header)),
+                Some(up) if up.done() => {
+                    let due = up.last() + *this.header;
+                    if now >= due {
+                        return Poll::Ready(Err(Stall::Header));
+                    }
+                    due
+                }
+                Some(up) => {
+                    let due = up.last() + *this.body;
+                    if now >= due {
+                        return Poll::Ready(Err(if up.waiting_on_client() {
+                            Stall::ClientUpload
+                        } else {
+                            Stall::BackendUpload
+                        }));
+                    }
+                    due.min(now + *this.header)
+                }
+            };
+            this.wait.as_mut().reset(next);
+        }
+    }
 }
 
 /// Whether a request asks to switch protocols (`Connection: upgrade` and
@@ -451,7 +563,7 @@ async fn tunnel(
     shared: &Arc<Shared>,
     client: &Forwarding,
     group: usize,
-    host: Option<&str>,
+    host: Option<&Host>,
     req: Request<Incoming>,
     on: OnUpgrade,
 ) -> Response<DownBody> {
@@ -465,18 +577,16 @@ async fn tunnel(
     let version = req.version();
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers, false, true);
-    headers::add_forwarding(&mut parts.headers, version, client, host);
+    headers::add_forwarding(&mut parts.headers, version, client, host.map(Host::as_str));
+    set_host(&mut parts.headers, client, host);
     parts.uri = Uri::from(
         parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")),
     );
-    let mut req = Some(Request::from_parts(parts, UpBody::Client(body)));
+    let upload = (!body.is_end_stream()).then(Upload::new);
+    let mut req = Some(Request::from_parts(parts, UpBody::Client(body, upload.clone())));
     let mut order = candidates(shared, group).into_iter();
     let Some(mut id) = order.next() else {
-        shared.stats.unavailable.fetch_add(1, Relaxed);
-        return fixed(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("no backend of group {} is up\n", g.name),
-        );
+        return unavailable(shared, group);
     };
     let mut moves = 0;
     let failure = loop {
@@ -493,25 +603,27 @@ async fn tunnel(
             };
         shared.backends[id].stats.requests.fetch_add(1, Relaxed);
         let started = Instant::now();
-        let sent = hotloop::time::timeout(
-            g.header_timeout,
-            sender.send_request(req.take().expect("sent once")),
-        )
-        .await;
+        let head = sender.send_request(req.take().expect("sent once"));
+        let sent = HeadWait::new(head, upload.as_deref(), g).await;
         let response = match sent {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
                 note_failure(shared, id);
                 break Failure::Lost(e.to_string());
             }
-            Err(_) => {
+            Err(Stall::Header) => {
                 note_failure(shared, id);
                 break Failure::HeaderTimeout;
             }
+            Err(Stall::BackendUpload) => {
+                note_failure(shared, id);
+                break Failure::UploadStalled;
+            }
+            Err(Stall::ClientUpload) => break Failure::ClientUploadStalled,
         };
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             // Refused: an ordinary answer, on a connection not kept.
-            return answer(shared, g, id, response, None, started);
+            return answer(shared, g, id, response, None, None, started);
         }
         shared.health.success(id);
         drop(sender);
@@ -604,6 +716,10 @@ enum Failure {
     ConnectTimeout,
     Lost(String),
     HeaderTimeout,
+    /// The backend took none of the request's body for the body timeout.
+    UploadStalled,
+    /// The client sent none of its body for the body timeout.
+    ClientUploadStalled,
     ClientBody(String),
 }
 
@@ -628,11 +744,24 @@ fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<Down
             StatusCode::GATEWAY_TIMEOUT,
             format!("no answer within {} ms", g.header_timeout.as_millis()),
         ),
+        Failure::UploadStalled => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the backend took none of the body for {} ms", g.body_timeout.as_millis()),
+        ),
         Failure::ClientBody(e) => {
             return fixed(
                 StatusCode::BAD_REQUEST,
                 format!("the request's body is malformed: {e}\n"),
             )
+        }
+        Failure::ClientUploadStalled => {
+            // The client's fault, not the backend's: nothing is counted
+            // against it, and the connection closes after this answer
+            // (hyper does not keep one whose request body is unread).
+            return fixed(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("no byte of the request's body for {} ms\n", g.body_timeout.as_millis()),
+            );
         }
     };
     match status {
@@ -647,8 +776,8 @@ enum SendError {
     NotSent(Box<Request<UpBody>>),
     /// Sent, at least in part, and no answer came.
     Lost(hyper::Error),
-    /// No answer's head within the header timeout.
-    TimedOut,
+    /// No answer's head in time, or the request's body stalled.
+    TimedOut(Stall),
 }
 
 /// What came of a request handed to a backend connection: the answer's
@@ -656,7 +785,7 @@ enum SendError {
 fn sent_outcome(
     sent: Result<
         Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<UpBody>>>,
-        hotloop::time::Elapsed,
+        Stall,
     >,
 ) -> Result<Response<Incoming>, SendError> {
     match sent {
@@ -665,7 +794,7 @@ fn sent_outcome(
             Some(back) => Err(SendError::NotSent(Box::new(back))),
             None => Err(SendError::Lost(e.into_error())),
         },
-        Err(_) => Err(SendError::TimedOut),
+        Err(stall) => Err(SendError::TimedOut(stall)),
     }
 }
 
@@ -675,6 +804,7 @@ fn answer(
     id: usize,
     response: Response<Incoming>,
     h1: Option<pool::H1>,
+    upload: Option<Rc<Upload>>,
     started: Instant,
 ) -> Response<DownBody> {
     let (mut parts, body) = response.into_parts();
@@ -683,6 +813,12 @@ fn answer(
     } else {
         shared.health.success(id);
     }
+    if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        // A length beside a transfer coding is not the body's (RFC 9112
+        // section 6.3): hyper read the body by its coding, and would
+        // frame the client's copy by the stale length.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     headers::remove_hop_by_hop(&mut parts.headers, false, false);
     headers::add_via(&mut parts.headers, parts.version);
     headers::add_date(&mut parts.headers);
@@ -690,6 +826,7 @@ fn answer(
     let streaming = Streaming {
         body,
         sender: h1,
+        upload,
         backend: id,
         shared: shared.clone(),
         started,
@@ -724,6 +861,9 @@ enum Down {
 struct Streaming {
     body: Incoming,
     sender: Option<pool::H1>,
+    /// The request's body, if it had one: until all of it is sent, the
+    /// connection is not free for another request.
+    upload: Option<Rc<Upload>>,
     backend: usize,
     shared: Arc<Shared>,
     started: Instant,
@@ -743,7 +883,12 @@ impl Streaming {
         self.done = true;
         let b = &self.shared.backends[self.backend];
         b.stats.record_latency(self.started.elapsed());
-        if let Some(sender) = self.sender.take() {
+        let sender = self.sender.take();
+        // An answer that came before the request's body was all sent (an
+        // early 401 or 413): the connection is busy with the rest of the
+        // upload for as long as the client takes, so it is not pooled; it
+        // closes once the upload ends (nginx does not keep it either).
+        if let (Some(sender), true) = (sender, self.upload.as_ref().is_none_or(|u| u.done())) {
             pool::checkin(&self.shared.backends, self.backend, sender);
         }
     }

@@ -92,15 +92,18 @@ impl Health {
         if b.max_fails == 0 || fails < b.max_fails {
             return false;
         }
-        b.fails.store(0, Relaxed);
+        // On probation when the ejection ends: one more failure before a
+        // success takes it out again (nginx's `max_fails` works so), rather
+        // than `max_fails` more requests paying for a backend still down.
+        b.fails.store(b.max_fails - 1, Relaxed);
         let until = self.now_ms() + b.fail_timeout.as_millis() as u64;
         b.ejected_until_ms.fetch_max(until, Relaxed);
         true
     }
 
     /// Seconds until one of `ids` may take requests again, at least 1: the
-    /// earliest end of a passive ejection, or the check interval for a
-    /// backend the checks hold down.
+    /// earliest end of a passive ejection, or `check` (the time the checks
+    /// take to bring a backend back) for one they hold down.
     pub fn retry_after_secs(
         &self,
         ids: impl Iterator<Item = usize>,
@@ -221,5 +224,29 @@ mod tests {
         }
         h.set_up(0, true);
         assert!(h.usable(0));
+    }
+
+    #[test]
+    fn after_an_ejection_one_failure_takes_a_backend_out_again() {
+        let h = Health::new([(3, Duration::from_millis(1))].into_iter());
+        assert!(!h.failure(0));
+        assert!(!h.failure(0));
+        assert!(h.failure(0), "the third in a row ejects");
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(h.usable(0), "back after fail_timeout");
+        assert!(h.failure(0), "one failure on probation ejects again");
+        std::thread::sleep(Duration::from_millis(5));
+        h.success(0);
+        assert!(!h.failure(0), "a success ends the probation");
+        assert!(!h.failure(0));
+        assert!(h.failure(0));
+    }
+
+    #[test]
+    fn retry_after_for_a_backend_held_down_is_the_checks_time() {
+        let h = Health::new([(0, Duration::from_secs(30))].into_iter());
+        h.set_up(0, false);
+        let rise_times_interval = Duration::from_secs(2) * 3;
+        assert_eq!(h.retry_after_secs([0].into_iter(), Some(rise_times_interval)), 6);
     }
 }

@@ -100,10 +100,60 @@ impl Backend {
 /// health check, or a replayed request that had none).
 #[derive(Debug)]
 pub enum UpBody {
-    /// The client's body, streamed as it arrives.
-    Client(Incoming),
+    /// The client's body, streamed as it arrives, and how far it got.
+    Client(Incoming, Option<Rc<Upload>>),
     /// No body.
     Empty,
+}
+
+/// How far a request's body has gone to its backend. The request's wait
+/// for the answer's head reads it (its header timeout counts from the
+/// body's end; until then each pause of the body is bounded), and so does
+/// the answer's end (a connection whose request body is not all sent is
+/// not pooled: the backend answered early, and the connection is busy
+/// with the rest of the upload for as long as the client takes).
+#[derive(Debug)]
+pub struct Upload {
+    /// The body's end was handed to the connection.
+    done: Cell<bool>,
+    /// When the last frame was handed over (or the body ended).
+    last: Cell<Instant>,
+    /// The body's last poll found nothing yet: the client is the slow side.
+    waiting_on_client: Cell<bool>,
+}
+
+impl Upload {
+    /// A body about to be sent.
+    pub fn new() -> Rc<Upload> {
+        Rc::new(Upload {
+            done: Cell::new(false),
+            last: Cell::new(hotloop::time::now()),
+            waiting_on_client: Cell::new(false),
+        })
+    }
+
+    /// Whether the body's end was handed to the connection.
+    pub fn done(&self) -> bool {
+        self.done.get()
+    }
+
+    /// When the last frame was handed over (or the body ended).
+    pub fn last(&self) -> Instant {
+        self.last.get()
+    }
+
+    /// Whether the body waits for the client's bytes (rather than for the
+    /// connection to take them).
+    pub fn waiting_on_client(&self) -> bool {
+        self.waiting_on_client.get()
+    }
+
+    fn ended(&self) {
+        if !self.done.get() {
+            self.done.set(true);
+            self.last.set(hotloop::time::now());
+        }
+    }
 }
 
 impl Body for UpBody {
@@ -115,21 +165,44 @@ impl Body for UpBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
-            UpBody::Client(b) => Pin::new(b).poll_frame(cx),
+            UpBody::Client(b, None) => Pin::new(b).poll_frame(cx),
+            UpBody::Client(b, Some(up)) => {
+                let polled = Pin::new(&mut *b).poll_frame(cx);
+                up.waiting_on_client.set(polled.is_pending());
+                match &polled {
+                    Poll::Ready(Some(Ok(_))) => {
+                        up.last.set(hotloop::time::now());
+                        // A body of known length ends with its last byte:
+                        // hyper asks `is_end_stream` rather than poll again.
+                        if b.is_end_stream() {
+                            up.ended();
+                        }
+                    }
+                    Poll::Ready(None) => up.ended(),
+                    _ => {}
+                }
+                polled
+            }
             UpBody::Empty => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            UpBody::Client(b) => b.is_end_stream(),
+            UpBody::Client(b, up) => {
+                let end = b.is_end_stream();
+                if let (true, Some(up)) = (end, up) {
+                    up.ended();
+                }
+                end
+            }
             UpBody::Empty => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            UpBody::Client(b) => b.size_hint(),
+            UpBody::Client(b, _) => b.size_hint(),
             UpBody::Empty => SizeHint::with_exact(0),
         }
     }
