@@ -1581,3 +1581,29 @@ fn a_direct_socket_handed_to_another_worker_is_served_there() {
     let installs = counter(&out, "installs");
     assert!(installs >= handed && installs <= counter(&out, "direct_accepts"), "{out}");
 }
+
+/// The child of the test below: a direct stream dropped after `block_on`
+/// returned (no worker turn to come) closes at once: its slot's close is
+/// submitted by the drop itself.
+fn direct_stream_dropped_off_turn() {
+    use std::io::Read;
+    let rt = uring_runtime(1);
+    let (_listener, mut client, stream) = one_accepted(&rt);
+    drop(stream);
+    client.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut b = [0u8; 1];
+    let n = client.read(&mut b).expect("the peer's end came within a second");
+    assert_eq!(n, 0, "end of stream");
+    print_direct_counters(&rt);
+}
+
+/// A direct stream dropped where its runtime is not running reaches its
+/// peer's end as a plain one does: its slot is given back before the
+/// drop's settle, which then submits the slot's close.
+#[test]
+fn a_direct_stream_dropped_off_turn_closes_at_once() {
+    const NAME: &str = "a_direct_stream_dropped_off_turn_closes_at_once";
+    if let Some((_serial, out)) = in_direct_child(NAME, direct_stream_dropped_off_turn) {
+        assert_direct_counters(&out, 1, 0);
+    }
+}

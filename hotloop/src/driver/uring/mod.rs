@@ -521,7 +521,10 @@ impl Driver {
                 Err(_) => false,
             };
             self.release(&mut woken, &mut freed);
-            if !more {
+            // What `release` dropped may have been a direct socket's last
+            // holder: its slot's close goes to the kernel by one more step.
+            let slots_to_close = self.state.try_borrow().is_ok_and(|st| st.ring.slots_to_close());
+            if !more && !slots_to_close {
                 return;
             }
         }

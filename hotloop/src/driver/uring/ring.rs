@@ -30,8 +30,9 @@
 //!   registers a sparse file table (`register_files_sparse`) that accepted
 //!   connections fill; the slots their last holders let go are closed
 //!   (`IORING_OP_CLOSE` on the slot) at the head of the next submission.
-//! - [`Ring::run_now`] runs one entry that completes at once (installing a
-//!   plain descriptor for a direct socket) inside a task's poll: other
+//! - [`Ring::run_now`] runs one entry to its completion inside a task's
+//!   poll (installing a plain descriptor for a direct socket, at once; a
+//!   shutdown, which the kernel runs on an io-wq thread): other
 //!   completions it finds on the way wait in `early`, which the next reap
 //!   reads first and which keeps the next enter from sleeping.
 
@@ -63,9 +64,6 @@ const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
 const IORING_REGISTER_RING_FDS: libc::c_uint = 20;
 /// `IORING_UNREGISTER_RING_FDS`.
 const IORING_UNREGISTER_RING_FDS: libc::c_uint = 21;
-/// The most enters [`Ring::run_now`] makes for its one completion (the
-/// kernel posts it at the first).
-const RUN_NOW_ENTERS_MAX: usize = 8;
 /// `offset` asking the kernel to pick a free slot.
 const RING_SLOT_ANY: u32 = u32::MAX;
 
@@ -351,6 +349,11 @@ impl Ring {
         }
     }
 
+    /// Whether a direct socket's slot waits for its close entry.
+    pub(super) fn slots_to_close(&self) -> bool {
+        self.direct.as_ref().is_some_and(|t| t.has_closed())
+    }
+
     /// Registers a sparse file table of `slots` for direct sockets.
     pub(super) fn register_direct_table(&mut self, slots: u32) -> io::Result<()> {
         self.ring.submitter().register_files_sparse(slots)?;
@@ -358,12 +361,19 @@ impl Ring {
         Ok(())
     }
 
-    /// Runs `entry`, an operation the kernel completes as it is submitted
-    /// (`IORING_OP_FIXED_FD_INSTALL`), now, and returns its result. Other
-    /// completions read on the way are kept for the next reap.
+    /// Runs `entry` now and returns its result: an operation the kernel
+    /// completes as it is submitted (`IORING_OP_FIXED_FD_INSTALL`), or soon
+    /// after on one of its io-wq threads (`SHUTDOWN`, which it always runs
+    /// there). Other completions read on the way are kept for the next
+    /// reap. It waits for its entry's completion however many enters that
+    /// takes: every such entry shares one `user_data`, so one left behind
+    /// would later be read as another's result (an install's descriptor
+    /// taken from a shutdown's 0, which is standard input).
     pub(super) fn run_now(&mut self, entry: squeue::Entry) -> io::Result<i32> {
         let entry = entry.user_data(UserData::RunNow.to_u64());
-        // SAFETY: the entries `run_now` is given point at no memory.
+        // SAFETY: the entries `run_now` is given point at no memory (a
+        // unit test's timeout points at a `Timespec` of its caller, which
+        // outlives this call, and this call waits for the completion).
         while unsafe { self.ring.submission().push(&entry) }.is_err() {
             if !self.submit_now()? {
                 return Err(io::ErrorKind::WouldBlock.into());
@@ -371,7 +381,7 @@ impl Ring {
         }
         stats::add(&self.stats.submissions, 1);
         let mut wait = 0;
-        for _ in 0..RUN_NOW_ENTERS_MAX {
+        loop {
             stats::add(&self.stats.uring_enters, 1);
             let queued = self.ring.submission().len() as u32;
             // SAFETY: no argument.
@@ -395,10 +405,6 @@ impl Ring {
                 return Ok(res);
             }
         }
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "io_uring did not complete an immediate operation",
-        ))
     }
 
     /// Moves what is pending into the submission queue and submits it,
@@ -679,6 +685,33 @@ mod tests {
     fn ring(registered_ring: bool) -> (Ring, String) {
         let (ring, _, said) = Ring::new(&config(registered_ring), Arc::default()).unwrap();
         (ring, said)
+    }
+
+    /// An entry `run_now` runs gets its own completion back, even one the
+    /// kernel completes only after several enters have returned with
+    /// others' completions (a multishot timer firing every 50 us): before,
+    /// it gave up after eight enters and the next call took the late
+    /// completion as its own.
+    #[test]
+    fn run_now_waits_for_its_own_completion() {
+        let (mut ring, _) = ring(false);
+        let every = Box::new(io_uring::types::Timespec::new().nsec(50_000));
+        let ticks = opcode::Timeout::new(&*every)
+            .count(0)
+            .flags(io_uring::types::TimeoutFlags::MULTISHOT)
+            .build()
+            .user_data(3);
+        ring.push(ticks);
+        ring.submit_pending(|_| true).unwrap();
+        let later = io_uring::types::Timespec::new().nsec(5_000_000);
+        let res = ring.run_now(opcode::Timeout::new(&later).build()).unwrap();
+        assert_eq!(res, -libc::ETIME, "the 5 ms timeout's own result");
+        std::thread::sleep(Duration::from_millis(6));
+        assert_eq!(ring.run_now(opcode::Nop::new().build()).unwrap(), 0, "the NOP's own result");
+        assert!(ring.early.len() > 8, "the ticks came in between: {}", ring.early.len());
+        // The multishot timer's memory outlives the ring's use of it.
+        drop(ring);
+        drop(every);
     }
 
     /// A `NOP` goes in and its completion comes back through `enter`, both

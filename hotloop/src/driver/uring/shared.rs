@@ -139,6 +139,11 @@ impl DirectTable {
         self.closed.borrow_mut().push(slot);
     }
 
+    /// Whether some slot waits for its close entry.
+    pub(super) fn has_closed(&self) -> bool {
+        !self.closed.borrow().is_empty()
+    }
+
     /// The slots waiting for their close entry; counted free once closed
     /// (the caller queues the closes ahead of every later entry).
     pub(super) fn take_closed(&self, out: &mut Vec<u32>) {

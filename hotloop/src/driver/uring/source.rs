@@ -5,6 +5,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -21,20 +22,24 @@ use crate::slab::Key;
 /// A descriptor owned by one io_uring driver. It closes when its source
 /// and every operation the kernel still holds on it are gone.
 pub(super) struct SourceCore {
-    pub(super) fd: SharedFd,
+    /// Dropped by hand, before the settle in `Drop`: a direct socket's
+    /// slot is given back as its last holder lets go, and that settle is
+    /// what then submits the slot's close when no runtime is driving the
+    /// ring.
+    pub(super) fd: ManuallyDrop<SharedFd>,
     pub(super) driver: Rc<Driver>,
 }
 
 impl SourceCore {
     /// Wraps `fd` on `driver`.
     pub(super) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> SourceCore {
-        SourceCore { fd: Rc::new(SockFd::plain(fd)), driver: driver.clone() }
+        SourceCore { fd: ManuallyDrop::new(Rc::new(SockFd::plain(fd))), driver: driver.clone() }
     }
 
     /// Wraps `fd`, a socket of `driver` (a direct one's slot is in its
     /// ring's file table).
     pub(super) fn from_shared(driver: &Rc<Driver>, fd: SharedFd) -> SourceCore {
-        SourceCore { fd, driver: driver.clone() }
+        SourceCore { fd: ManuallyDrop::new(fd), driver: driver.clone() }
     }
 
     /// The raw descriptor; a direct socket gets one installed on first
@@ -129,7 +134,11 @@ impl Drop for SourceCore {
     fn drop(&mut self) {
         // `fd` closes now if no operation holds it, else at the last one's
         // end. Outside the runtime, push that end along so the socket
-        // really closes (and a listener stops accepting) now.
+        // really closes (and a listener stops accepting) now: a plain
+        // descriptor closes with its last holder, a direct socket's slot
+        // with the close entry the settle submits.
+        // SAFETY: `fd` is dropped here, once, and nothing uses it after.
+        unsafe { ManuallyDrop::drop(&mut self.fd) };
         self.driver.settle();
     }
 }

@@ -179,7 +179,7 @@ impl StreamSource {
             drop(self);
             return Ok(dup);
         }
-        let fd = self.core.fd.clone();
+        let fd = Rc::clone(&self.core.fd);
         drop(self);
         match Rc::try_unwrap(fd).ok().and_then(SockFd::into_plain) {
             Some(fd) => Ok(fd),
