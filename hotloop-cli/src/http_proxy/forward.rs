@@ -486,20 +486,17 @@ pin_project_lite::pin_project! {
         #[pin]
         wait: hotloop::time::Timeout<F>,
         upload: Option<&'a Upload>,
-        header: Duration,
-        body: Duration,
+        g: &'a GroupConfig,
     }
 }
 
 impl<'a, F: Future> HeadWait<'a, F> {
-    fn new(head: F, upload: Option<&'a Upload>, g: &GroupConfig) -> Self {
-        let (header, body) = (g.header_timeout, g.body_timeout);
-        let now = hotloop::time::now();
+    fn new(head: F, upload: Option<&'a Upload>, g: &'a GroupConfig) -> Self {
         let first = match upload {
-            None => now + header,
-            Some(_) => now + header.min(body),
+            None => g.header_timeout,
+            Some(_) => g.header_timeout.min(g.body_timeout),
         };
-        HeadWait { wait: hotloop::time::timeout_at(first, head), upload, header, body }
+        HeadWait { wait: hotloop::time::timeout(first, head), upload, g }
     }
 }
 
@@ -522,14 +519,14 @@ impl<F: Future> Future for HeadWait<'_, F> {
             let next = match this.upload {
                 None => return Poll::Ready(Err(Stall::Header)),
                 Some(up) if up.done() => {
-                    let due = up.last() + *this.header;
+                    let due = up.last() + this.g.header_timeout;
                     if now >= due {
                         return Poll::Ready(Err(Stall::Header));
                     }
                     due
                 }
                 Some(up) => {
-                    let due = up.last() + *this.body;
+                    let due = up.last() + this.g.body_timeout;
                     if now >= due {
                         return Poll::Ready(Err(if up.waiting_on_client() {
                             Stall::ClientUpload
@@ -537,7 +534,7 @@ impl<F: Future> Future for HeadWait<'_, F> {
                             Stall::BackendUpload
                         }));
                     }
-                    due.min(now + *this.header)
+                    due.min(now + this.g.header_timeout)
                 }
             };
             this.wait.as_mut().reset(next);
@@ -813,10 +810,11 @@ fn answer(
     } else {
         shared.health.success(id);
     }
-    if parts.headers.contains_key(header::TRANSFER_ENCODING) {
-        // A length beside a transfer coding is not the body's (RFC 9112
-        // section 6.3): hyper read the body by its coding, and would
-        // frame the client's copy by the stale length.
+    if body.size_hint().exact().is_none() && parts.headers.contains_key(header::CONTENT_LENGTH) {
+        // A body hyper reads by its chunks with a length beside them: the
+        // length is not the body's (RFC 9112 section 6.3), and would frame
+        // the client's copy. (A body read by its length has an exact size,
+        // and then no field is looked up.)
         parts.headers.remove(header::CONTENT_LENGTH);
     }
     headers::remove_hop_by_hop(&mut parts.headers, false, false);
