@@ -13,14 +13,15 @@
 //! 2. build the runtime and open the hand-over (`--upgrade-socket`, or
 //!    systemd's `LISTEN_FDS`): the mode has proved its options good by
 //!    then, so a successor that cannot start never takes the sockets;
-//! 3. the mode starts serving ([`Mode::start`]); the stats endpoint starts;
+//! 3. the mode starts serving ([`Mode::start`]): a TCP server accepts
+//!    (both processes may accept from the same queue meanwhile), UDP
+//!    endpoints are made but read nothing yet ([`Start::recv_gate`]), since
+//!    two QUIC endpoints cannot share a socket; the stats endpoint starts;
 //! 4. the banner (the first line with ` on ADDR`: tests and scripts take
 //!    the address after it), the stats endpoint's address;
-//! 5. a predecessor is told to drain ([`Handover::ready`]): for TCP only
-//!    now that everything here is up (both processes may accept from the
-//!    same queue meanwhile), for UDP before the endpoints read their
-//!    sockets ([`Start::udp_sockets`]), since two QUIC endpoints cannot
-//!    share a socket;
+//! 5. a predecessor is told to drain ([`Handover::ready`]), last, for every
+//!    mode: once it is told nobody else serves, so nothing that can fail
+//!    comes after; then the UDP endpoints read;
 //! 6. signals are answered until a stop or a successor (`stop.rs`), then
 //!    the drain: the library's for a TCP [`Server`], a count of open
 //!    connections for UDP endpoints, which then close what is left;
@@ -31,6 +32,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hotloop::net::{Handover, Server, ServerOptions, UdpOptions};
+use hotloop::quic::RecvGate;
 use hotloop::signal::ShutdownSignals;
 use hotloop::Runtime;
 
@@ -113,8 +115,8 @@ pub struct Start<'a> {
     pub handover: &'a Handover,
     /// The open-file limit in force.
     pub nofile: u64,
-    name: &'static str,
     args: &'a RuntimeArgs,
+    recv_gate: RecvGate,
 }
 
 impl Start<'_> {
@@ -124,23 +126,25 @@ impl Start<'_> {
     }
 
     /// One UDP socket per worker on `addr` (a predecessor's or systemd's,
-    /// or new ones on one port, `SO_REUSEPORT`). A predecessor stops
-    /// reading them before this returns: start the endpoints on them next.
+    /// or new ones on one port, `SO_REUSEPORT`). A predecessor reads them
+    /// until this process is ready: start the endpoints on them held by
+    /// [`Start::recv_gate`].
     pub fn udp_sockets(
         &self,
         addr: SocketAddr,
         options: &UdpOptions,
     ) -> io::Result<Vec<std::net::UdpSocket>> {
         let workers = self.rt.handle().workers();
-        let sockets = self
-            .handover
+        self.handover
             .udp_sockets(addr, workers, options)
-            .map_err(|e| io::Error::new(e.kind(), format!("binding UDP {addr}: {e}")))?;
-        self.handover.ready()?;
-        if let Some(pid) = self.handover.predecessor() {
-            eprintln!("{}: took the UDP sockets over from pid {pid}", self.name);
-        }
-        Ok(sockets)
+            .map_err(|e| io::Error::new(e.kind(), format!("binding UDP {addr}: {e}")))
+    }
+
+    /// Holds the reads of UDP endpoints (`hotloop::quic::endpoint_on_gated`)
+    /// until a predecessor has stopped reading the same sockets; opened
+    /// once this process is ready, the last step of its start.
+    pub fn recv_gate(&self) -> &RecvGate {
+        &self.recv_gate
     }
 }
 
@@ -155,7 +159,8 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     crate::drain::set_idle_quiet(args.drain_idle_quiet());
     let rt = args.build_runtime()?;
     let handover = args.handover()?;
-    let at = Start { rt: &rt, handover: &handover, nofile, name: M::NAME, args: &args };
+    let at =
+        Start { rt: &rt, handover: &handover, nofile, args: &args, recv_gate: RecvGate::new() };
     let serving = mode.start(&at)?;
     let (on, active) = match &serving {
         Serving::Tcp(server) => {
@@ -172,12 +177,15 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     if let Some(stats) = &stats {
         eprintln!("{}: stats on http://{}/stats", M::NAME, stats.local_addr());
     }
-    if let Serving::Tcp(_) = serving {
-        // Serving: a predecessor stops accepting now, and drains.
-        handover.ready()?;
-        if let Some(pid) = handover.predecessor() {
-            eprintln!("{}: took the listening sockets over from pid {pid}, which drains", M::NAME);
-        }
+    // Serving: a predecessor stops accepting (and reading) now, and drains.
+    handover.ready()?;
+    at.recv_gate.open();
+    if let Some(pid) = handover.predecessor() {
+        let what = match serving {
+            Serving::Tcp(_) => "listening",
+            Serving::Udp(_) => "UDP",
+        };
+        eprintln!("{}: took the {what} sockets over from pid {pid}, which drains", M::NAME);
     }
     let (stopped, accepted) =
         until_stopped(&mode, &signals, &args, &rt, &handover, serving, &*active)?;

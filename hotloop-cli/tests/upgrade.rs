@@ -2,8 +2,8 @@
 //! started with the same `--upgrade-socket` takes the listening sockets,
 //! and the old one drains and exits; under load (keep-alive clients and
 //! one connection per request, plain and TLS) nothing fails. A successor
-//! that cannot start leaves the old process serving. QUIC connections of
-//! the old process are closed with a reason. systemd's `LISTEN_FDS`.
+//! that cannot start leaves the old process serving (TCP and QUIC).
+//! QUIC connections of the old process are closed with a reason. systemd's `LISTEN_FDS`.
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
 //! files are bad. Both drivers.
 
@@ -397,6 +397,77 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     });
     next.signal("TERM");
     assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// quinn's client configuration for `serve quic` (ALPN `hotloop-echo`),
+/// trusting `cert`.
+fn quic_client_config(cert: &Path) -> quinn::ClientConfig {
+    use quinn::crypto::rustls::QuicClientConfig;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(hotloop::tls::load_certs(cert).unwrap().remove(0)).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"hotloop-echo".to_vec()];
+    quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
+}
+
+/// `serve quic` whose successor takes the UDP sockets and then fails to
+/// start (its stats address cannot be bound) goes on serving: it never
+/// hands over, since the successor fails before it says it is ready. The
+/// connection made before answers still, a new one is served, and the
+/// failure is counted.
+#[hotloop::test(driver = "all")]
+fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let args = |workers, stats| {
+        let extra = ["--tls-cert", c, "--tls-key", k, "--idle-timeout-ms", "30000"];
+        serve_args("quic", driver, workers, &path, &[&extra[..], &["--stats-addr", stats]].concat())
+    };
+    let mut p = Proc::start(&args("2", "127.0.0.1:0"));
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    let config = quic_client_config(&cert);
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    let echo = |conn: quinn::Connection| async move {
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        send.write_all(b"hi").await.map_err(|e| e.to_string())?;
+        send.finish().map_err(|e| e.to_string())?;
+        recv.read_to_end(64).await.map_err(|e| e.to_string())
+    };
+    let (client, old) = rt.block_on(async {
+        let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        let old = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+        assert_eq!(echo(old.clone()).await.unwrap(), b"hi");
+        (client, old)
+    });
+    let mut failing = Proc::start(&args("1", "192.0.2.1:9"));
+    let status = failing.wait_exit(LIMIT).expect("the failing successor did not exit");
+    assert!(!status.success());
+    assert!(p.wait_for_line("keeps serving", LIMIT), "{driver}: {:?}", p.seen);
+    assert_eq!(common::stat(stats, "upgrade_failures"), 1);
+    assert_eq!(common::stat(stats, "upgrades_out"), 0);
+    rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            assert_eq!(echo(old.clone()).await, Ok(b"hi".to_vec()), "{driver}: the old connection");
+            let fresh = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+            assert_eq!(echo(fresh.clone()).await, Ok(b"hi".to_vec()), "{driver}: a new one");
+            fresh.close(0u32.into(), b"done");
+            old.close(0u32.into(), b"done");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    assert!(p.child.try_wait().unwrap().is_none(), "the old process stopped");
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
 }
 
 /// A `serve quic` drain shows as every other server's does: the stats

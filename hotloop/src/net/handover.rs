@@ -244,6 +244,10 @@ impl Handover {
     /// predecessor stopped, the servers of this process (and whatever
     /// [`Self::on_predecessor_stopped`] filed) look at their backlogs once.
     /// Later calls do nothing.
+    ///
+    /// Call it last in start-up: once the predecessor is told, nobody else
+    /// serves, so whatever can fail must have been done before. An error
+    /// comes only before the predecessor is told (it goes on serving).
     pub fn ready(&self) -> io::Result<()> {
         let (predecessor, unclaimed, upgrade) = {
             let mut st = self.lock();
@@ -258,8 +262,25 @@ impl Handover {
             ));
         }
         drop(unclaimed);
+        // The thread is started first, as what can fail, and given the
+        // upgrade socket once the predecessor is told: until then that one
+        // still hands over to successors.
+        let successors = match upgrade {
+            Some(listener) => {
+                let (give, take) = std::sync::mpsc::channel::<OwnedFd>();
+                let inner = self.inner.clone();
+                std::thread::Builder::new().name("hotloop-handover".into()).spawn(move || {
+                    if let Ok(listener) = take.recv() {
+                        serve_successors(&inner, listener);
+                    }
+                })?;
+                Some((give, listener))
+            }
+            None => None,
+        };
         if let Some((pid, conn)) = predecessor {
-            tell_predecessor(pid, &conn)?;
+            conn.set_read_timeout(Some(STOP_ACK_WAIT))?;
+            tell_predecessor(pid, &conn);
             // Whatever it answered, it takes no more connections: what it
             // left queued is this process's, and its last accepts may have
             // taken the wake-ups that would have told this process so.
@@ -268,11 +289,9 @@ impl Handover {
                 recheck();
             }
         }
-        if let Some(listener) = upgrade {
-            let inner = self.inner.clone();
-            std::thread::Builder::new()
-                .name("hotloop-handover".into())
-                .spawn(move || serve_successors(&inner, listener))?;
+        if let Some((give, listener)) = successors {
+            // The thread waits on the other end for as long as it lives.
+            let _ = give.send(listener);
         }
         Ok(())
     }
@@ -680,15 +699,16 @@ fn with_path(e: io::Error, doing: &str, path: &Path) -> io::Error {
 }
 
 /// The successor's side of step 3: `ready`, then the predecessor's word
-/// that it stopped accepting.
-fn tell_predecessor(pid: u32, conn: &Socket) -> io::Result<()> {
+/// that it stopped accepting (`conn` reads with a timeout). Nothing here
+/// fails: once `ready` may have reached the predecessor, this process
+/// serves whatever comes back.
+fn tell_predecessor(pid: u32, conn: &Socket) {
     if let Err(e) = sys::send_with_fds(conn.as_raw_fd(), b"ready\n", &[]) {
         // It stopped on its own meanwhile; this process serves either way.
         crate::log::warn(format_args!("hand-over: pid {pid} is gone ({e}); serving alone"));
         count_event(&LIFECYCLE.upgrades_in, 1);
-        return Ok(());
+        return;
     }
-    conn.set_read_timeout(Some(STOP_ACK_WAIT))?;
     let mut buf = [0u8; 64];
     match sys::recv_with_fds(conn.as_raw_fd(), &mut buf) {
         Ok((n, _)) if buf[..n].starts_with(b"draining") => crate::log::info(format_args!(
@@ -702,7 +722,6 @@ fn tell_predecessor(pid: u32, conn: &Socket) -> io::Result<()> {
         )),
     }
     count_event(&LIFECYCLE.upgrades_in, 1);
-    Ok(())
 }
 
 /// The hand-over thread: waits on the upgrade socket for a successor,
