@@ -13,23 +13,28 @@
 //! 2. build the runtime and open the hand-over (`--upgrade-socket`, or
 //!    systemd's `LISTEN_FDS`): the mode has proved its options good by
 //!    then, so a successor that cannot start never takes the sockets;
-//! 3. the mode starts serving ([`Mode::start`]): a TCP server accepts
+//! 3. the stats endpoint starts, before anything is served: a successor
+//!    that fails here has taken no connection from the queues it shares
+//!    with its predecessor (it would cut them when it exits);
+//! 4. the mode starts serving ([`Mode::start`]): a TCP server accepts
 //!    (both processes may accept from the same queue meanwhile), UDP
 //!    endpoints are made but read nothing yet ([`Start::recv_gate`]), since
-//!    two QUIC endpoints cannot share a socket; the stats endpoint starts;
-//! 4. the banner (the first line with ` on ADDR`: tests and scripts take
+//!    two QUIC endpoints cannot share a socket;
+//! 5. the banner (the first line with ` on ADDR`: tests and scripts take
 //!    the address after it), the stats endpoint's address;
-//! 5. a predecessor is told to drain ([`Handover::ready`]), last, for every
+//! 6. a predecessor is told to drain ([`Handover::ready`]), last, for every
 //!    mode: once it is told nobody else serves, so nothing that can fail
-//!    comes after; then the UDP endpoints read;
-//! 6. signals are answered until a stop or a successor (`stop.rs`), then
+//!    comes after; then the UDP endpoints read. If it fails (the
+//!    predecessor was not told), what was accepted is drained before the
+//!    process exits;
+//! 7. signals are answered until a stop or a successor (`stop.rs`), then
 //!    the drain: the library's for a TCP [`Server`], a count of open
 //!    connections for UDP endpoints, which then close what is left;
-//! 7. the farewell: how the process stopped, and the mode's last line.
+//! 8. the farewell: how the process stopped, and the mode's last line.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use hotloop::net::{Handover, Server, ServerOptions, UdpOptions};
 use hotloop::quic::RecvGate;
@@ -159,6 +164,8 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     crate::drain::set_idle_quiet(args.drain_idle_quiet());
     let rt = args.build_runtime()?;
     let handover = args.handover()?;
+    let serving_now = Arc::new(OnceLock::new());
+    let stats = stats_endpoint::<M>(&args, &rt, serving_now.clone(), mode.stats())?;
     let at =
         Start { rt: &rt, handover: &handover, nofile, args: &args, recv_gate: RecvGate::new() };
     let serving = mode.start(&at)?;
@@ -169,7 +176,7 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
         }
         Serving::Udp(endpoints) => (endpoints.local_addr(), endpoints.active()),
     };
-    let stats = stats_endpoint::<M>(&args, &rt, active.clone(), mode.stats())?;
+    let _ = serving_now.set(active.clone());
     eprintln!("{}", mode.banner(&at, on));
     for note in mode.notes() {
         eprintln!("{}: {note}", M::NAME);
@@ -178,7 +185,10 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
         eprintln!("{}: stats on http://{}/stats", M::NAME, stats.local_addr());
     }
     // Serving: a predecessor stops accepting (and reading) now, and drains.
-    handover.ready()?;
+    if let Err(e) = handover.ready() {
+        abandon(serving, &rt, &args);
+        return Err(e);
+    }
     at.recv_gate.open();
     if let Some(pid) = handover.predecessor() {
         let what = match serving {
@@ -196,12 +206,16 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     Ok(())
 }
 
+/// A reader of the number of open connections, once the mode serves.
+type Active = Arc<OnceLock<Arc<dyn Fn() -> usize + Send + Sync>>>;
+
 /// With `--stats-addr`, the stats endpoint: the runtime's counters, the
-/// mode's `active_connections` from `active`, then the mode's own fields.
+/// mode's `active_connections` from `active` (0 until it is set), then the
+/// mode's own fields.
 fn stats_endpoint<M: Mode>(
     args: &RuntimeArgs,
     rt: &Runtime,
-    active: Arc<dyn Fn() -> usize + Send + Sync>,
+    active: Active,
     more: Option<ExtraFields>,
 ) -> io::Result<Option<StatsServer>> {
     let Some(addr) = &args.stats_addr else { return Ok(None) };
@@ -210,12 +224,25 @@ fn stats_endpoint<M: Mode>(
             name: "active_connections",
             help: M::ACTIVE_HELP,
             kind: Kind::Gauge,
-            value: active() as u64,
+            value: active.get().map_or(0, |active| active()) as u64,
         }];
         fields.extend(more.as_ref().map(|f| f()).unwrap_or_default());
         fields
     });
     StatsServer::start(addr, rt.handle().clone(), fields).map(Some)
+}
+
+/// When the process will not serve after all (it could not tell its
+/// predecessor): what it accepted meanwhile is answered, as in a drain,
+/// and UDP endpoints, which never read, are closed.
+fn abandon(serving: Serving, rt: &Runtime, args: &RuntimeArgs) {
+    crate::drain::begin(rt.handle());
+    match serving {
+        Serving::Tcp(server) => {
+            server.drain_blocking(args.drain_timeout());
+        }
+        Serving::Udp(mut endpoints) => endpoints.close(rt),
+    }
 }
 
 /// Answers signals until a stop or a successor, then drains what

@@ -2,8 +2,9 @@
 //! started with the same `--upgrade-socket` takes the listening sockets,
 //! and the old one drains and exits; under load (keep-alive clients and
 //! one connection per request, plain and TLS) nothing fails. A successor
-//! that cannot start leaves the old process serving (TCP and QUIC).
-//! QUIC connections of the old process are closed with a reason. systemd's `LISTEN_FDS`.
+//! that cannot start leaves the old process serving (TCP and QUIC), and
+//! takes no connection from the shared queues. QUIC connections of the old
+//! process are closed with a reason. systemd's `LISTEN_FDS`.
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
 //! files are bad. Both drivers.
 
@@ -221,6 +222,50 @@ fn a_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind
     assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
     next.signal("TERM");
     assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// A successor that takes the sockets and then fails to start (its stats
+/// address cannot be bound) accepts nothing from the queues it shares with
+/// the old process, which holds its `--maxconn` of 1 while 20 connections
+/// wait there: it fails before its accept loops start. Each has sent all of
+/// its request head but the last line end, so one the successor had taken
+/// would still be waiting when it exits, and be cut; the line ends follow
+/// once it has exited. Once the old process has room, every one of them is
+/// answered.
+#[hotloop::test(driver = "all")]
+fn a_successor_that_fails_to_start_takes_no_queued_connection(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let mut p = Proc::start(&serve_args("http", driver, "1", &path, &["--maxconn", "1"]));
+    let addr = p.addr_after(" on ");
+    let mut holder = TcpStream::connect(addr).unwrap();
+    holder.set_read_timeout(Some(LIMIT)).unwrap();
+    assert!(exchange(&mut holder, true).is_ok());
+    let queued: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n").unwrap();
+            s
+        })
+        .collect();
+    let failing_args = ["--stats-addr", "192.0.2.1:9"];
+    let mut failing = Proc::start(&serve_args("http", driver, "2", &path, &failing_args));
+    let status = failing.wait_exit(LIMIT).expect("the failing successor did not exit");
+    assert!(!status.success());
+    assert!(p.wait_for_line("keeps serving", LIMIT), "{:?}", p.seen);
+    for s in &queued {
+        // A connection the successor cut may refuse this: its reply says so.
+        let _ = (&*s).write_all(b"\r\n");
+    }
+    drop(holder);
+    for (i, mut s) in queued.into_iter().enumerate() {
+        let (got, _) = common::read_to_close(&mut s);
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 200"), "{driver}: queued connection {i}: {got:?}");
+    }
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
 }
 
 /// systemd's socket activation: `hotloop serve` started with a listening
