@@ -177,12 +177,12 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
         Serving::Udp(endpoints) => (endpoints.local_addr(), endpoints.active()),
     };
     let _ = serving_now.set(active.clone());
-    eprintln!("{}", mode.banner(&at, on));
+    say!("{}", mode.banner(&at, on));
     for note in mode.notes() {
-        eprintln!("{}: {note}", M::NAME);
+        say!("{}: {note}", M::NAME);
     }
     if let Some(stats) = &stats {
-        eprintln!("{}: stats on http://{}/stats", M::NAME, stats.local_addr());
+        say!("{}: stats on http://{}/stats", M::NAME, stats.local_addr());
     }
     // Serving: a predecessor stops accepting (and reading) now, and drains.
     if let Err(e) = handover.ready() {
@@ -195,13 +195,13 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
             Serving::Tcp(_) => "listening",
             Serving::Udp(_) => "UDP",
         };
-        eprintln!("{}: took the {what} sockets over from pid {pid}, which drains", M::NAME);
+        say!("{}: took the {what} sockets over from pid {pid}, which drains", M::NAME);
     }
     let (stopped, accepted) =
         until_stopped(&mode, &signals, &args, &rt, &handover, serving, &*active)?;
     stop::say_stopped(M::NAME, &stopped, accepted, rt.stats().total.accepted_unserved);
     if let Some(line) = mode.farewell() {
-        eprintln!("{}: {line}", M::NAME);
+        say!("{}: {line}", M::NAME);
     }
     Ok(())
 }

@@ -4,7 +4,8 @@
 //! one connection per request, plain and TLS) nothing fails. A successor
 //! that cannot start leaves the old process serving (TCP and QUIC), and
 //! takes no connection from the shared queues. QUIC connections of the old
-//! process are closed with a reason. systemd's `LISTEN_FDS`.
+//! process are closed with a reason. A process whose stderr is gone still
+//! drains and exits. systemd's `LISTEN_FDS`.
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
 //! files are bad. Both drivers.
 
@@ -266,6 +267,72 @@ fn a_successor_that_fails_to_start_takes_no_queued_connection(driver: DriverKind
     }
     p.signal("TERM");
     assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// `hotloop ARGS` with its stderr a pipe that is closed once the banner
+/// has been read: every later line it writes fails (`EPIPE`), as when the
+/// terminal or pipeline that started it went away. Its address.
+fn start_then_close_stderr(args: &[&str]) -> (std::process::Child, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hotloop"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("no banner").unwrap();
+        if let Some(rest) = line.split(" on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    drop(lines);
+    (child, addr)
+}
+
+fn wait_child(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// A process whose stderr is gone still stops as it should: a SIGTERM
+/// drains it (an idle keep-alive connection open) and it exits 0, and one
+/// upgraded drains after the hand-over and exits 0 while its successor
+/// serves. Its lines are lost, not the process.
+#[hotloop::test(driver = "all")]
+fn a_process_whose_stderr_is_gone_still_drains_and_exits(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let args = ["serve", "http", "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
+    let (mut child, addr) = start_then_close_stderr(&args);
+    let mut idle = TcpStream::connect(addr).unwrap();
+    idle.set_read_timeout(Some(LIMIT)).unwrap();
+    assert!(exchange(&mut idle, true).is_ok());
+    let kill = Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status();
+    assert!(kill.unwrap().success());
+    let status = wait_child(&mut child, LIMIT).expect("it did not exit after SIGTERM");
+    assert!(status.success(), "{driver}: after SIGTERM: {status}");
+
+    let path = socket_path();
+    let (mut child, addr) = start_then_close_stderr(&serve_args("http", driver, "2", &path, &[]));
+    let mut next = Proc::start(&serve_args("http", driver, "1", &path, &[]));
+    assert!(next.wait_for_line("took the", LIMIT), "{:?}", next.seen);
+    let status = wait_child(&mut child, LIMIT).expect("it did not exit after the hand-over");
+    assert!(status.success(), "{driver}: after the hand-over: {status}");
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
 
 /// systemd's socket activation: `hotloop serve` started with a listening

@@ -326,10 +326,10 @@ fn hand_over(handle: &Handle, endpoints: &[(usize, Endpoint)], close_code: u32) 
                 match here.and_then(std::net::UdpSocket::bind) {
                     Ok(own) => {
                         if let Err(e) = endpoint.rebind(own) {
-                            eprintln!("hotloop serve: moving a QUIC endpoint off the handed-over socket: {e}");
+                            say!("hotloop serve: moving a QUIC endpoint off the handed-over socket: {e}");
                         }
                     }
-                    Err(e) => eprintln!("hotloop serve: a socket for a closing QUIC endpoint: {e}"),
+                    Err(e) => say!("hotloop serve: a socket for a closing QUIC endpoint: {e}"),
                 }
             })
         })
