@@ -169,6 +169,11 @@ impl Handover {
     /// this process, the `LISTEN_FDS` descriptors from 3 on are taken
     /// (once per process), and servers built with this hand-over use them
     /// instead of binding their addresses. No upgrade socket.
+    ///
+    /// The first hand-over made removes `LISTEN_PID`, `LISTEN_FDS` and
+    /// `LISTEN_FDNAMES` from the environment (a child must not take them
+    /// for its own): make it at start-up, before threads that read the
+    /// environment through C (`getenv`) run.
     pub fn inherit() -> io::Result<Handover> {
         let handover = Handover::with_path(None);
         handover.take_listen_fds()?;
@@ -440,39 +445,63 @@ impl Handover {
         st.rechecks.retain(|m| m.0 != id);
     }
 
-    /// Takes systemd's sockets if `LISTEN_PID` names this process (once).
+    /// Takes systemd's sockets if `LISTEN_PID` names this process (once),
+    /// and removes `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES` from the
+    /// environment, as `sd_listen_fds(1)` does, so that a child does not
+    /// take them for its own. A descriptor that is not a socket served here
+    /// (a FIFO from `ListenFIFO=`, say) is closed with a warning.
     fn take_listen_fds(&self) -> io::Result<()> {
         if LISTEN_FDS_TAKEN.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let Some(pid) = std::env::var("LISTEN_PID").ok().and_then(|v| v.parse::<u32>().ok()) else {
+        const NAMES: [&str; 3] = ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"];
+        let pid = std::env::var("LISTEN_PID").ok();
+        let count = std::env::var("LISTEN_FDS").ok();
+        if pid.is_some() || count.is_some() {
+            for name in NAMES {
+                // std's own readers of the environment take the lock this
+                // takes; C code reading it meanwhile on another thread
+                // (`getenv`) would not. This runs once, in the first
+                // hand-over made, which the docs place at start-up.
+                std::env::remove_var(name);
+            }
+        }
+        let Some(pid) = pid.and_then(|v| v.parse::<u32>().ok()) else {
             return Ok(());
         };
         if pid != std::process::id() {
             // Meant for another process (a parent that exec'd us, say).
             return Ok(());
         }
-        let count = std::env::var("LISTEN_FDS")
-            .ok()
+        let count = count
             .and_then(|v| v.parse::<RawFd>().ok())
             .filter(|n| (0..=4096).contains(n))
             .ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, "LISTEN_FDS is not a descriptor count")
             })?;
+        // Every one is owned (and close-on-exec) before any is looked at, so
+        // none is left open for a child whatever the others are.
+        let fds: Vec<_> = (LISTEN_FDS_START..LISTEN_FDS_START + count)
+            .map(|raw| (raw, sys::adopt_inherited_fd(raw)))
+            .collect();
         let mut taken = Vec::new();
-        for raw in LISTEN_FDS_START..LISTEN_FDS_START + count {
-            let fd = sys::adopt_inherited_fd(raw).map_err(|e| {
-                io::Error::new(e.kind(), format!("LISTEN_FDS descriptor {raw}: {e}"))
-            })?;
-            match classify(&fd)? {
-                Kind::Socket(local) => {
-                    prepare_inherited(&fd, &local)?;
-                    taken.push((local, fd));
+        for (raw, fd) in fds {
+            let skipped = match fd.and_then(|fd| Ok((classify(&fd)?, fd))) {
+                Ok((Kind::Socket(local), fd)) => match prepare_inherited(&fd, &local) {
+                    Ok(()) => {
+                        taken.push((local, fd));
+                        continue;
+                    }
+                    Err(e) => format!("{local}: {e}"),
+                },
+                Ok((Kind::Upgrade | Kind::Other, _)) => {
+                    "not a TCP, UDP or Unix stream socket".to_string()
                 }
-                Kind::Upgrade | Kind::Other => crate::log::warn(format_args!(
-                    "LISTEN_FDS descriptor {raw} is not a TCP, UDP or Unix stream socket; closing it"
-                )),
-            }
+                Err(e) => e.to_string(),
+            };
+            crate::log::warn(format_args!(
+                "LISTEN_FDS descriptor {raw} is not served ({skipped}); closing it"
+            ));
         }
         count_event(&LIFECYCLE.sockets_inherited, taken.len() as u64);
         crate::log::info(format_args!(
