@@ -25,8 +25,9 @@
 //! 6. a predecessor is told to drain ([`Handover::ready`]), last, for every
 //!    mode: once it is told nobody else serves, so nothing that can fail
 //!    comes after; then the UDP endpoints read. If it fails (the
-//!    predecessor was not told), what was accepted is drained before the
-//!    process exits;
+//!    predecessor was not told), or a stop signal came during the start
+//!    (the predecessor is then not told, and goes on serving), what was
+//!    accepted is drained before the process exits;
 //! 7. signals are answered until a stop or a successor (`stop.rs`), then
 //!    the drain: the library's for a TCP [`Server`], a count of open
 //!    connections for UDP endpoints, which then close what is left;
@@ -184,6 +185,16 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     if let Some(stats) = &stats {
         say!("{}: stats on http://{}/stats", M::NAME, stats.local_addr());
     }
+    // Taken only with a predecessor: without one, the stop is answered below.
+    let stopped_early = handover.predecessor().and_then(|pid| Some((pid, signals.take_stop()?)));
+    if let Some((pid, sig)) = stopped_early {
+        // Told to stop while starting: the predecessor, not told yet, goes
+        // on serving (taking over now would leave nobody serving).
+        handover.close();
+        say!("{}: {sig:?} while starting: not taking over from pid {pid}, which goes on serving; stopping", M::NAME);
+        abandon(serving, &rt, &args);
+        return Ok(());
+    }
     // Serving: a predecessor stops accepting (and reading) now, and drains.
     if let Err(e) = handover.ready() {
         abandon(serving, &rt, &args);
@@ -233,7 +244,7 @@ fn stats_endpoint<M: Mode>(
 }
 
 /// When the process will not serve after all (it could not tell its
-/// predecessor): what it accepted meanwhile is answered, as in a drain,
+/// predecessor, or was told to stop first): what it accepted meanwhile is answered, as in a drain,
 /// and UDP endpoints, which never read, are closed.
 fn abandon(serving: Serving, rt: &Runtime, args: &RuntimeArgs) {
     crate::drain::begin(rt.handle());

@@ -2,10 +2,10 @@
 //! started with the same `--upgrade-socket` takes the listening sockets,
 //! and the old one drains and exits; under load (keep-alive clients and
 //! one connection per request, plain and TLS) nothing fails. A successor
-//! that cannot start leaves the old process serving (TCP and QUIC), and
-//! takes no connection from the shared queues. QUIC connections of the old
-//! process are closed with a reason. A process whose stderr is gone still
-//! drains and exits. systemd's `LISTEN_FDS`.
+//! that cannot start, or is stopped while it starts, leaves the old process
+//! serving (TCP and QUIC), and takes no connection from the shared queues.
+//! QUIC connections of the old process are closed with a reason. A process
+//! whose stderr is gone still drains and exits. systemd's `LISTEN_FDS`.
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
 //! files are bad. Both drivers.
 
@@ -265,6 +265,50 @@ fn a_successor_that_fails_to_start_takes_no_queued_connection(driver: DriverKind
         let got = String::from_utf8_lossy(&got);
         assert!(got.starts_with("HTTP/1.1 200"), "{driver}: queued connection {i}: {got:?}");
     }
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// True once process `pid` catches SIGTERM (its handler is installed).
+fn catches_sigterm(pid: u32) -> bool {
+    const SIGTERM: u32 = 15;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (SIGTERM - 1)) != 0)
+}
+
+/// A successor sent SIGTERM while it starts, before it serves, does not
+/// take over: it stops without telling the old process to drain, and the
+/// old process logs a failed successor and goes on serving. The successor
+/// is held in its start-up while the old process is busy with another
+/// successor (this test, which takes the sockets and then gives up).
+#[hotloop::test(driver = "all")]
+fn a_successor_stopped_while_it_starts_leaves_the_old_one_serving(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let stats_args = ["--stats-addr", "127.0.0.1:0"];
+    let mut p = Proc::start(&serve_args("http", driver, "2", &path, &stats_args));
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    let busy = hotloop::net::Handover::open(&path).unwrap();
+    let mut next = Proc::start(&serve_args("http", driver, "1", &path, &[]));
+    let pid = next.child.id();
+    assert!(common::wait_until(LIMIT, || catches_sigterm(pid)), "{:?}", next.seen);
+    next.signal("TERM");
+    // The old process turns to the next successor.
+    drop(busy);
+    let status = next.wait_exit(LIMIT).expect("the successor did not exit");
+    assert!(status.success(), "{status}: {:?}", next.seen);
+    let failed = common::wait_until(LIMIT, || common::stat(stats, "upgrade_failures") == 2);
+    assert!(failed, "{driver}: {:?}", p.seen);
+    assert_eq!(common::stat(stats, "upgrades_out"), 0);
+    for _ in 0..5 {
+        assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    }
+    assert!(p.child.try_wait().unwrap().is_none(), "the old process stopped");
     p.signal("TERM");
     assert!(p.wait_exit(LIMIT).expect("exit").success());
 }

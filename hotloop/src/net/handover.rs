@@ -343,9 +343,18 @@ impl Handover {
 
     /// Stops waiting for a successor (the process is stopping on its own):
     /// the hand-over thread ends within 100 ms and closes its copy of the
-    /// upgrade socket, and a successor being started is not taken.
+    /// upgrade socket, and a successor being started is not taken. Before
+    /// [`ready`](Self::ready), the predecessor learns that this process
+    /// will not serve (the connection closes) and goes on serving; `ready`
+    /// then does nothing.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        let untold = {
+            let mut st = self.lock();
+            st.readied = true;
+            st.predecessor.take()
+        };
+        drop(untold);
     }
 
     /// `count` UDP sockets on `addr` for one endpoint per worker: the
