@@ -1,8 +1,9 @@
 //! Socket hand-over between processes (`net::Handover`): a successor
 //! takes every listening socket, serves the connections waiting in their
 //! queues, and the predecessor stops accepting and drains; a successor
-//! that fails leaves the predecessor serving; systemd's `LISTEN_FDS`, a
-//! descriptor in it that is not a socket included. Both drivers.
+//! that fails leaves the predecessor serving; only a process of the same
+//! user takes the sockets; systemd's `LISTEN_FDS`, a descriptor in it that
+//! is not a socket included. Both drivers.
 //!
 //! A predecessor and its successor are two runtimes of this process (the
 //! exchange goes over the upgrade socket all the same), or a child process
@@ -536,6 +537,50 @@ fn activated_child() {
     handover.ready().unwrap();
     wait_until(|| served.load(Ordering::SeqCst) >= 2);
     server.drain_blocking(LIMIT);
+}
+
+/// Only a process of the same user takes the sockets: the upgrade socket's
+/// file is its owner's alone (mode 0600), and a process of another user
+/// that connects anyway (the mode opened up) gets none, from a process
+/// running as root too. The other user is this test's thread with its
+/// identity changed; where the tests do not run as root it cannot change
+/// it, and the test checks the mode alone.
+#[test]
+fn only_a_process_of_the_same_user_takes_the_sockets() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = socket_path();
+    let rt = runtime(DriverKind::Epoll, 1);
+    let handover = Handover::open(&path).unwrap();
+    let a = serve(rt.handle(), "127.0.0.1:0", options(&handover, None), named("A")).unwrap();
+    handover.ready().unwrap();
+    let addr = a.local_addr();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the upgrade socket's mode is {mode:o}");
+    // SAFETY: geteuid takes nothing and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run as root: only the mode was checked");
+        return;
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let other = {
+        let path = path.clone();
+        thread::spawn(move || {
+            const NOBODY: libc::c_long = 65534;
+            // SAFETY: the raw system call changes this thread's identity
+            // alone (glibc's `setresuid` would change every thread's);
+            // the thread ends after the connection below.
+            let set =
+                unsafe { libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, -1 as libc::c_long) };
+            assert_eq!(set, 0, "setresuid: {}", std::io::Error::last_os_error());
+            Handover::open(&path).map(|h| h.inherited())
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(other.is_err(), "a process of another user took {other:?} sockets");
+    assert!(!handover.is_replaced());
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+    assert_eq!(a.drain_blocking(LIMIT).cut, 0);
 }
 
 /// An HTTP/2 connection to the predecessor at the hand-over: the request

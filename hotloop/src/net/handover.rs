@@ -27,7 +27,8 @@
 //! process binds and every successor inherits with the others:
 //! 1. A new process connects. The running one (its hand-over thread,
 //!    started by [`Handover::ready`]) checks that the peer runs as the
-//!    same user, then sends a header (`hotloop-handover 1 pid=P
+//!    same user (root hands nothing to another user; the socket file is
+//!    made mode 0600), then sends a header (`hotloop-handover 1 pid=P
 //!    sockets=N`) and its sockets in messages of up to 64 descriptors
 //!    (`SCM_RIGHTS`): every listening TCP socket of every server (all
 //!    members of each `SO_REUSEPORT` group), the UDP sockets, Unix
@@ -592,6 +593,10 @@ impl Handover {
     fn bind_upgrade(&self, path: &Path, addr: &SockAddr) -> io::Result<()> {
         let listener = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
         listener.bind(addr).map_err(|e| with_path(e, "bind the upgrade socket", path))?;
+        // Only this user may connect (a connection of another is refused
+        // its sockets anyway, after the uid check).
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| with_path(e, "restrict the upgrade socket", path))?;
         listener.listen(16)?;
         listener.set_nonblocking(true)?;
         self.lock().upgrade = Some(listener.into());
@@ -790,7 +795,9 @@ fn serve_successors(inner: &Arc<Inner>, listener: OwnedFd) {
             Ok((pid, uid, _)) => (pid as u32, uid),
             Err(_) => continue,
         };
-        if uid != me && me != 0 {
+        // Root included: a process of another user must not get sockets
+        // that root bound.
+        if uid != me {
             crate::log::warn(format_args!(
                 "hand-over: pid {pid} runs as uid {uid}, not {me}; it gets no socket"
             ));
