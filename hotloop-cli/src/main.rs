@@ -5,6 +5,17 @@
 //! It links hotloop and no other runtime; the measuring tools (load
 //! generator, peers, benchmark suite) live in `hotloop-bench`.
 
+/// `eprintln!` for what the process says while it runs: a stderr that
+/// fails (the terminal or pipe that started the process went away) loses
+/// the line instead of panicking, which would end the process in the
+/// middle of a drain or an upgrade.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod conn;
 mod drain;
 mod http_proxy;
@@ -181,7 +192,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("hotloop: {e}");
+            say!("hotloop: {e}");
             ExitCode::FAILURE
         }
     }

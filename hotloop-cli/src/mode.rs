@@ -13,24 +13,32 @@
 //! 2. build the runtime and open the hand-over (`--upgrade-socket`, or
 //!    systemd's `LISTEN_FDS`): the mode has proved its options good by
 //!    then, so a successor that cannot start never takes the sockets;
-//! 3. the mode starts serving ([`Mode::start`]); the stats endpoint starts;
-//! 4. the banner (the first line with ` on ADDR`: tests and scripts take
+//! 3. the stats endpoint starts, before anything is served: a successor
+//!    that fails here has taken no connection from the queues it shares
+//!    with its predecessor (it would cut them when it exits);
+//! 4. the mode starts serving ([`Mode::start`]): a TCP server accepts
+//!    (both processes may accept from the same queue meanwhile), UDP
+//!    endpoints are made but read nothing yet ([`Start::recv_gate`]), since
+//!    two QUIC endpoints cannot share a socket;
+//! 5. the banner (the first line with ` on ADDR`: tests and scripts take
 //!    the address after it), the stats endpoint's address;
-//! 5. a predecessor is told to drain ([`Handover::ready`]): for TCP only
-//!    now that everything here is up (both processes may accept from the
-//!    same queue meanwhile), for UDP before the endpoints read their
-//!    sockets ([`Start::udp_sockets`]), since two QUIC endpoints cannot
-//!    share a socket;
-//! 6. signals are answered until a stop or a successor (`stop.rs`), then
+//! 6. a predecessor is told to drain ([`Handover::ready`]), last, for every
+//!    mode: once it is told nobody else serves, so nothing that can fail
+//!    comes after; then the UDP endpoints read. If it fails (the
+//!    predecessor was not told), or a stop signal came during the start
+//!    (the predecessor is then not told, and goes on serving), what was
+//!    accepted is drained before the process exits;
+//! 7. signals are answered until a stop or a successor (`stop.rs`), then
 //!    the drain: the library's for a TCP [`Server`], a count of open
 //!    connections for UDP endpoints, which then close what is left;
-//! 7. the farewell: how the process stopped, and the mode's last line.
+//! 8. the farewell: how the process stopped, and the mode's last line.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use hotloop::net::{Handover, Server, ServerOptions, UdpOptions};
+use hotloop::quic::RecvGate;
 use hotloop::signal::ShutdownSignals;
 use hotloop::Runtime;
 
@@ -113,8 +121,8 @@ pub struct Start<'a> {
     pub handover: &'a Handover,
     /// The open-file limit in force.
     pub nofile: u64,
-    name: &'static str,
     args: &'a RuntimeArgs,
+    recv_gate: RecvGate,
 }
 
 impl Start<'_> {
@@ -124,23 +132,25 @@ impl Start<'_> {
     }
 
     /// One UDP socket per worker on `addr` (a predecessor's or systemd's,
-    /// or new ones on one port, `SO_REUSEPORT`). A predecessor stops
-    /// reading them before this returns: start the endpoints on them next.
+    /// or new ones on one port, `SO_REUSEPORT`). A predecessor reads them
+    /// until this process is ready: start the endpoints on them held by
+    /// [`Start::recv_gate`].
     pub fn udp_sockets(
         &self,
         addr: SocketAddr,
         options: &UdpOptions,
     ) -> io::Result<Vec<std::net::UdpSocket>> {
         let workers = self.rt.handle().workers();
-        let sockets = self
-            .handover
+        self.handover
             .udp_sockets(addr, workers, options)
-            .map_err(|e| io::Error::new(e.kind(), format!("binding UDP {addr}: {e}")))?;
-        self.handover.ready()?;
-        if let Some(pid) = self.handover.predecessor() {
-            eprintln!("{}: took the UDP sockets over from pid {pid}", self.name);
-        }
-        Ok(sockets)
+            .map_err(|e| io::Error::new(e.kind(), format!("binding UDP {addr}: {e}")))
+    }
+
+    /// Holds the reads of UDP endpoints (`hotloop::quic::endpoint_on_gated`)
+    /// until a predecessor has stopped reading the same sockets; opened
+    /// once this process is ready, the last step of its start.
+    pub fn recv_gate(&self) -> &RecvGate {
+        &self.recv_gate
     }
 }
 
@@ -155,7 +165,10 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     crate::drain::set_idle_quiet(args.drain_idle_quiet());
     let rt = args.build_runtime()?;
     let handover = args.handover()?;
-    let at = Start { rt: &rt, handover: &handover, nofile, name: M::NAME, args: &args };
+    let serving_now = Arc::new(OnceLock::new());
+    let stats = stats_endpoint::<M>(&args, &rt, serving_now.clone(), mode.stats())?;
+    let at =
+        Start { rt: &rt, handover: &handover, nofile, args: &args, recv_gate: RecvGate::new() };
     let serving = mode.start(&at)?;
     let (on, active) = match &serving {
         Serving::Tcp(server) => {
@@ -164,36 +177,56 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
         }
         Serving::Udp(endpoints) => (endpoints.local_addr(), endpoints.active()),
     };
-    let stats = stats_endpoint::<M>(&args, &rt, active.clone(), mode.stats())?;
-    eprintln!("{}", mode.banner(&at, on));
+    let _ = serving_now.set(active.clone());
+    say!("{}", mode.banner(&at, on));
     for note in mode.notes() {
-        eprintln!("{}: {note}", M::NAME);
+        say!("{}: {note}", M::NAME);
     }
     if let Some(stats) = &stats {
-        eprintln!("{}: stats on http://{}/stats", M::NAME, stats.local_addr());
+        say!("{}: stats on http://{}/stats", M::NAME, stats.local_addr());
     }
-    if let Serving::Tcp(_) = serving {
-        // Serving: a predecessor stops accepting now, and drains.
-        handover.ready()?;
-        if let Some(pid) = handover.predecessor() {
-            eprintln!("{}: took the listening sockets over from pid {pid}, which drains", M::NAME);
-        }
+    // Taken only with a predecessor: without one, the stop is answered below.
+    let stopped_early = handover.predecessor().and_then(|pid| Some((pid, signals.take_stop()?)));
+    if let Some((pid, sig)) = stopped_early {
+        // Told to stop while starting: the predecessor, not told yet, goes
+        // on serving (taking over now would leave nobody serving).
+        handover.close();
+        say!("{}: {sig:?} while starting: not taking over from pid {pid}, which goes on serving; stopping", M::NAME);
+        abandon(serving, &rt, &args);
+        return Ok(());
+    }
+    // Serving: a predecessor stops accepting (and reading) now, and drains.
+    if let Err(e) = handover.ready() {
+        abandon(serving, &rt, &args);
+        return Err(e);
+    }
+    at.recv_gate.open();
+    if let Some(pid) = handover.predecessor() {
+        let what = match serving {
+            Serving::Tcp(_) => "listening",
+            Serving::Udp(_) => "UDP",
+        };
+        say!("{}: took the {what} sockets over from pid {pid}, which drains", M::NAME);
     }
     let (stopped, accepted) =
         until_stopped(&mode, &signals, &args, &rt, &handover, serving, &*active)?;
     stop::say_stopped(M::NAME, &stopped, accepted, rt.stats().total.accepted_unserved);
     if let Some(line) = mode.farewell() {
-        eprintln!("{}: {line}", M::NAME);
+        say!("{}: {line}", M::NAME);
     }
     Ok(())
 }
 
+/// A reader of the number of open connections, once the mode serves.
+type Active = Arc<OnceLock<Arc<dyn Fn() -> usize + Send + Sync>>>;
+
 /// With `--stats-addr`, the stats endpoint: the runtime's counters, the
-/// mode's `active_connections` from `active`, then the mode's own fields.
+/// mode's `active_connections` from `active` (0 until it is set), then the
+/// mode's own fields.
 fn stats_endpoint<M: Mode>(
     args: &RuntimeArgs,
     rt: &Runtime,
-    active: Arc<dyn Fn() -> usize + Send + Sync>,
+    active: Active,
     more: Option<ExtraFields>,
 ) -> io::Result<Option<StatsServer>> {
     let Some(addr) = &args.stats_addr else { return Ok(None) };
@@ -202,12 +235,25 @@ fn stats_endpoint<M: Mode>(
             name: "active_connections",
             help: M::ACTIVE_HELP,
             kind: Kind::Gauge,
-            value: active() as u64,
+            value: active.get().map_or(0, |active| active()) as u64,
         }];
         fields.extend(more.as_ref().map(|f| f()).unwrap_or_default());
         fields
     });
     StatsServer::start(addr, rt.handle().clone(), fields).map(Some)
+}
+
+/// When the process will not serve after all (it could not tell its
+/// predecessor, or was told to stop first): what it accepted meanwhile is answered, as in a drain,
+/// and UDP endpoints, which never read, are closed.
+fn abandon(serving: Serving, rt: &Runtime, args: &RuntimeArgs) {
+    crate::drain::begin(rt.handle());
+    match serving {
+        Serving::Tcp(server) => {
+            server.drain_blocking(args.drain_timeout());
+        }
+        Serving::Udp(mut endpoints) => endpoints.close(rt),
+    }
 }
 
 /// Answers signals until a stop or a successor, then drains what

@@ -88,8 +88,16 @@ pub fn run_until_stopped(ctl: &Control<'_>, rt: &Runtime, server: Server) -> io:
         let _ = done_tx.send(server.drain_blocking(timeout));
     })?;
     loop {
-        if let Ok(drained) = done.try_recv() {
-            return Ok(Stopped { cut: drained.cut + drained.left, forced: false, successor });
+        match done.try_recv() {
+            Ok(drained) => {
+                return Ok(Stopped { cut: drained.cut + drained.left, forced: false, successor })
+            }
+            // The drain's thread ended without an answer (it panicked): its
+            // drain is over either way, and waiting would never end.
+            Err(mpsc::TryRecvError::Disconnected) => {
+                return Ok(Stopped { cut: active(), forced: false, successor })
+            }
+            Err(mpsc::TryRecvError::Empty) => {}
         }
         if let Some(stopped) = second_signal(ctl, &active)? {
             return Ok(Stopped { successor, ..stopped });
@@ -137,17 +145,17 @@ fn begin(ctl: &Control<'_>, active: &dyn Fn() -> usize) -> io::Result<Option<Opt
     let timeout = ctl.drain_timeout;
     Ok(match end {
         End::Signal(sig) if sig == SignalKind::quit() => {
-            eprintln!("{name}: {sig:?}: stopping at once; {open} connections cut");
+            say!("{name}: {sig:?}: stopping at once; {open} connections cut");
             None
         }
         End::Signal(sig) => {
-            eprintln!(
+            say!(
                 "{name}: {sig:?}: draining: no longer accepting; {open} connections open; closing idle ones; waiting up to {timeout:?} for the others (send it again, or SIGQUIT, to stop at once)"
             );
             Some(None)
         }
         End::Replaced(pid) => {
-            eprintln!(
+            say!(
                 "{name}: handed over to pid {pid}: draining: no longer accepting; {open} connections open; waiting up to {timeout:?} for them"
             );
             Some(Some(pid))
@@ -180,7 +188,7 @@ fn second_signal(ctl: &Control<'_>, active: &dyn Fn() -> usize) -> io::Result<Op
     match ctl.signals.wait_timeout(STOP_POLL)? {
         Some(sig) if sig.is_stop() => {
             let cut = active();
-            eprintln!("{}: {sig:?} again: stopping at once; {cut} connections cut", ctl.name);
+            say!("{}: {sig:?} again: stopping at once; {cut} connections cut", ctl.name);
             Ok(Some(Stopped { cut, forced: true, successor: None }))
         }
         Some(sig) => {
@@ -195,15 +203,15 @@ fn other_signal(ctl: &Control<'_>, sig: SignalKind) {
     let name = ctl.name;
     if sig == SignalKind::hangup() {
         match (ctl.reload)() {
-            Some(what) => eprintln!("{name}: SIGHUP: {what}"),
-            None => eprintln!(
+            Some(what) => say!("{name}: SIGHUP: {what}"),
+            None => say!(
                 "{name}: SIGHUP ignored: no TLS certificate to reload, and options come from the command line only (start a new process with --upgrade-socket to change them)"
             ),
         }
     } else if sig == SignalKind::user_defined1() {
-        eprintln!("{name}: {}", (ctl.status)());
+        say!("{name}: {}", (ctl.status)());
     } else {
-        eprintln!("{name}: {sig:?} ignored");
+        say!("{name}: {sig:?} ignored");
     }
 }
 
@@ -232,7 +240,7 @@ pub(crate) fn say_stopped(name: &str, stopped: &Stopped, accepted: u64, unserved
     } else {
         String::new()
     };
-    eprintln!(
+    say!(
         "{name}: {how} ({} connections cut at the drain deadline); {accepted} accepted{unserved}",
         stopped.cut
     );

@@ -84,12 +84,21 @@ fn sigterm_closes_idle_connections_at_once_and_exits_when_the_last_is_done(drive
 /// `idle-close-on-response`): a drained keep-alive connection is kept past
 /// the default quiet second for its next request, which is answered with
 /// `Connection: close`; then the process exits. One whose client never
-/// sends again is cut at the drain's deadline and counted. Both the
-/// hand-written handlers (`serve http`) and hyper's (`serve hyper`).
+/// sends again is cut at the drain's deadline and counted. The hand-written
+/// handlers (`serve http`), hyper's (`serve hyper`) and the file server's
+/// (`serve static`).
 #[hotloop::test(driver = "all")]
 fn a_long_idle_quiet_keeps_idle_connections_for_their_next_request(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    for app in ["http", "hyper"] {
+    let root = std::env::temp_dir().join(format!("hotloop-stop-static-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("index.html"), "hello").unwrap();
+    let serve = |driver, app, extra: &[&str]| {
+        let static_root = ["--root", root.to_str().unwrap()];
+        let root_arg: &[&str] = if app == "static" { &static_root } else { &[] };
+        serve(driver, app, &[extra, root_arg].concat())
+    };
+    for app in ["http", "hyper", "static"] {
         let (mut p, addr) =
             serve(driver, app, &["--grace-ms", "20000", "--drain-idle-quiet-ms", "20000"]);
         let mut s = TcpStream::connect(addr).unwrap();

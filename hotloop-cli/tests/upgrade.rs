@@ -2,8 +2,10 @@
 //! started with the same `--upgrade-socket` takes the listening sockets,
 //! and the old one drains and exits; under load (keep-alive clients and
 //! one connection per request, plain and TLS) nothing fails. A successor
-//! that cannot start leaves the old process serving. QUIC connections of
-//! the old process are closed with a reason. systemd's `LISTEN_FDS`.
+//! that cannot start, or is stopped while it starts, leaves the old process
+//! serving (TCP and QUIC), and takes no connection from the shared queues.
+//! QUIC connections of the old process are closed with a reason. A process
+//! whose stderr is gone still drains and exits. systemd's `LISTEN_FDS`.
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
 //! files are bad. Both drivers.
 
@@ -223,6 +225,160 @@ fn a_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind
     assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
 
+/// A successor that takes the sockets and then fails to start (its stats
+/// address cannot be bound) accepts nothing from the queues it shares with
+/// the old process, which holds its `--maxconn` of 1 while 20 connections
+/// wait there: it fails before its accept loops start. Each has sent all of
+/// its request head but the last line end, so one the successor had taken
+/// would still be waiting when it exits, and be cut; the line ends follow
+/// once it has exited. Once the old process has room, every one of them is
+/// answered.
+#[hotloop::test(driver = "all")]
+fn a_successor_that_fails_to_start_takes_no_queued_connection(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let mut p = Proc::start(&serve_args("http", driver, "1", &path, &["--maxconn", "1"]));
+    let addr = p.addr_after(" on ");
+    let mut holder = TcpStream::connect(addr).unwrap();
+    holder.set_read_timeout(Some(LIMIT)).unwrap();
+    assert!(exchange(&mut holder, true).is_ok());
+    let queued: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n").unwrap();
+            s
+        })
+        .collect();
+    let failing_args = ["--stats-addr", "192.0.2.1:9"];
+    let mut failing = Proc::start(&serve_args("http", driver, "2", &path, &failing_args));
+    let status = failing.wait_exit(LIMIT).expect("the failing successor did not exit");
+    assert!(!status.success());
+    assert!(p.wait_for_line("keeps serving", LIMIT), "{:?}", p.seen);
+    for s in &queued {
+        // A connection the successor cut may refuse this: its reply says so.
+        let _ = (&*s).write_all(b"\r\n");
+    }
+    drop(holder);
+    for (i, mut s) in queued.into_iter().enumerate() {
+        let (got, _) = common::read_to_close(&mut s);
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 200"), "{driver}: queued connection {i}: {got:?}");
+    }
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// True once process `pid` catches SIGTERM (its handler is installed).
+fn catches_sigterm(pid: u32) -> bool {
+    const SIGTERM: u32 = 15;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (SIGTERM - 1)) != 0)
+}
+
+/// A successor sent SIGTERM while it starts, before it serves, does not
+/// take over: it stops without telling the old process to drain, and the
+/// old process logs a failed successor and goes on serving. The successor
+/// is held in its start-up while the old process is busy with another
+/// successor (this test, which takes the sockets and then gives up).
+#[hotloop::test(driver = "all")]
+fn a_successor_stopped_while_it_starts_leaves_the_old_one_serving(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let stats_args = ["--stats-addr", "127.0.0.1:0"];
+    let mut p = Proc::start(&serve_args("http", driver, "2", &path, &stats_args));
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    let busy = hotloop::net::Handover::open(&path).unwrap();
+    let mut next = Proc::start(&serve_args("http", driver, "1", &path, &[]));
+    let pid = next.child.id();
+    assert!(common::wait_until(LIMIT, || catches_sigterm(pid)), "{:?}", next.seen);
+    next.signal("TERM");
+    // The old process turns to the next successor.
+    drop(busy);
+    let status = next.wait_exit(LIMIT).expect("the successor did not exit");
+    assert!(status.success(), "{status}: {:?}", next.seen);
+    let failed = common::wait_until(LIMIT, || common::stat(stats, "upgrade_failures") == 2);
+    assert!(failed, "{driver}: {:?}", p.seen);
+    assert_eq!(common::stat(stats, "upgrades_out"), 0);
+    for _ in 0..5 {
+        assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    }
+    assert!(p.child.try_wait().unwrap().is_none(), "the old process stopped");
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// `hotloop ARGS` with its stderr a pipe that is closed once the banner
+/// has been read: every later line it writes fails (`EPIPE`), as when the
+/// terminal or pipeline that started it went away. Its address.
+fn start_then_close_stderr(args: &[&str]) -> (std::process::Child, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hotloop"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("no banner").unwrap();
+        if let Some(rest) = line.split(" on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    drop(lines);
+    (child, addr)
+}
+
+fn wait_child(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// A process whose stderr is gone still stops as it should: a SIGTERM
+/// drains it (an idle keep-alive connection open) and it exits 0, and one
+/// upgraded drains after the hand-over and exits 0 while its successor
+/// serves. Its lines are lost, not the process.
+#[hotloop::test(driver = "all")]
+fn a_process_whose_stderr_is_gone_still_drains_and_exits(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let args = ["serve", "http", "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
+    let (mut child, addr) = start_then_close_stderr(&args);
+    let mut idle = TcpStream::connect(addr).unwrap();
+    idle.set_read_timeout(Some(LIMIT)).unwrap();
+    assert!(exchange(&mut idle, true).is_ok());
+    let kill = Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status();
+    assert!(kill.unwrap().success());
+    let status = wait_child(&mut child, LIMIT).expect("it did not exit after SIGTERM");
+    assert!(status.success(), "{driver}: after SIGTERM: {status}");
+
+    let path = socket_path();
+    let (mut child, addr) = start_then_close_stderr(&serve_args("http", driver, "2", &path, &[]));
+    let mut next = Proc::start(&serve_args("http", driver, "1", &path, &[]));
+    assert!(next.wait_for_line("took the", LIMIT), "{:?}", next.seen);
+    let status = wait_child(&mut child, LIMIT).expect("it did not exit after the hand-over");
+    assert!(status.success(), "{driver}: after the hand-over: {status}");
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
 /// systemd's socket activation: `hotloop serve` started with a listening
 /// socket at descriptor 3 and `LISTEN_FDS`/`LISTEN_PID` naming it serves
 /// that socket, a connection made before it started included.
@@ -397,6 +553,77 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     });
     next.signal("TERM");
     assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// quinn's client configuration for `serve quic` (ALPN `hotloop-echo`),
+/// trusting `cert`.
+fn quic_client_config(cert: &Path) -> quinn::ClientConfig {
+    use quinn::crypto::rustls::QuicClientConfig;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(hotloop::tls::load_certs(cert).unwrap().remove(0)).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"hotloop-echo".to_vec()];
+    quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
+}
+
+/// `serve quic` whose successor takes the UDP sockets and then fails to
+/// start (its stats address cannot be bound) goes on serving: it never
+/// hands over, since the successor fails before it says it is ready. The
+/// connection made before answers still, a new one is served, and the
+/// failure is counted.
+#[hotloop::test(driver = "all")]
+fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let (cert, key) = common::certificate();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let args = |workers, stats| {
+        let extra = ["--tls-cert", c, "--tls-key", k, "--idle-timeout-ms", "30000"];
+        serve_args("quic", driver, workers, &path, &[&extra[..], &["--stats-addr", stats]].concat())
+    };
+    let mut p = Proc::start(&args("2", "127.0.0.1:0"));
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    let config = quic_client_config(&cert);
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    let echo = |conn: quinn::Connection| async move {
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        send.write_all(b"hi").await.map_err(|e| e.to_string())?;
+        send.finish().map_err(|e| e.to_string())?;
+        recv.read_to_end(64).await.map_err(|e| e.to_string())
+    };
+    let (client, old) = rt.block_on(async {
+        let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        let old = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+        assert_eq!(echo(old.clone()).await.unwrap(), b"hi");
+        (client, old)
+    });
+    let mut failing = Proc::start(&args("1", "192.0.2.1:9"));
+    let status = failing.wait_exit(LIMIT).expect("the failing successor did not exit");
+    assert!(!status.success());
+    assert!(p.wait_for_line("keeps serving", LIMIT), "{driver}: {:?}", p.seen);
+    assert_eq!(common::stat(stats, "upgrade_failures"), 1);
+    assert_eq!(common::stat(stats, "upgrades_out"), 0);
+    rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            assert_eq!(echo(old.clone()).await, Ok(b"hi".to_vec()), "{driver}: the old connection");
+            let fresh = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+            assert_eq!(echo(fresh.clone()).await, Ok(b"hi".to_vec()), "{driver}: a new one");
+            fresh.close(0u32.into(), b"done");
+            old.close(0u32.into(), b"done");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    assert!(p.child.try_wait().unwrap().is_none(), "the old process stopped");
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
 }
 
 /// A `serve quic` drain shows as every other server's does: the stats

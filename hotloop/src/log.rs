@@ -16,7 +16,15 @@ pub(crate) fn warn(args: Arguments<'_>) {
             return;
         }
     }
-    eprintln!("hotloop: {args}");
+    line(format_args!("hotloop: {args}"));
+}
+
+/// Writes one line to stderr. A stderr that fails (the terminal or pipe
+/// that started the process went away) loses the line: `eprintln!` would
+/// panic instead, and take a worker, a drain or the process with it.
+pub(crate) fn line(args: Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
 
 /// Something worth knowing (the driver chosen, a limit reached, shutdown progress).

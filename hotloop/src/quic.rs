@@ -55,9 +55,9 @@ use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Instant;
 
 use quinn::udp::{RecvMeta as QuinnRecvMeta, Transmit as QuinnTransmit};
@@ -220,7 +220,7 @@ pub fn endpoint_with(
     options: &UdpOptions,
 ) -> io::Result<quinn::Endpoint> {
     let runtime = HotloopRuntime::current();
-    let socket = runtime.wrap(UdpSocket::bind_with(addr, options)?)?;
+    let socket = runtime.wrap(UdpSocket::bind_with(addr, options)?, None)?;
     quinn::Endpoint::new_with_abstract_socket(config, server_config, socket, runtime)
 }
 
@@ -235,17 +235,97 @@ pub fn endpoint_on(
     socket: std::net::UdpSocket,
     server_config: Option<ServerConfig>,
 ) -> io::Result<quinn::Endpoint> {
+    endpoint_on_socket(socket, server_config, None)
+}
+
+/// [`endpoint_on`], except that the endpoint reads nothing from `socket`
+/// until `gate` is opened: for a socket another process still reads (a
+/// predecessor, at an upgrade), where two QUIC endpoints cannot share the
+/// datagrams. Everything that can fail in starting the endpoint is done
+/// here, before that process is told to stop.
+///
+/// # Panics
+/// Outside a hotloop worker.
+pub fn endpoint_on_gated(
+    socket: std::net::UdpSocket,
+    server_config: Option<ServerConfig>,
+    gate: RecvGate,
+) -> io::Result<quinn::Endpoint> {
+    endpoint_on_socket(socket, server_config, Some(gate))
+}
+
+fn endpoint_on_socket(
+    socket: std::net::UdpSocket,
+    server_config: Option<ServerConfig>,
+    gate: Option<RecvGate>,
+) -> io::Result<quinn::Endpoint> {
     let runtime = HotloopRuntime::current();
     let socket = UdpSocket::from_std(socket)?;
     let v6 = socket.local_addr()?.is_ipv6();
     socket.configure(v6, &UdpOptions::quic())?;
-    let socket = runtime.wrap(socket)?;
+    let socket = runtime.wrap(socket, gate)?;
     quinn::Endpoint::new_with_abstract_socket(
         EndpointConfig::default(),
         server_config,
         socket,
         runtime,
     )
+}
+
+/// Holds back the receives of the endpoints started with it
+/// ([`endpoint_on_gated`]) until [`open`](Self::open). Cloning gives
+/// another handle on the same gate.
+#[derive(Debug, Clone, Default)]
+pub struct RecvGate {
+    inner: Arc<GateInner>,
+}
+
+#[derive(Debug, Default)]
+struct GateInner {
+    open: AtomicBool,
+    /// The endpoints' tasks waiting for the gate to open.
+    waiting: Mutex<Vec<Waker>>,
+}
+
+impl RecvGate {
+    /// A closed gate.
+    pub fn new() -> RecvGate {
+        RecvGate::default()
+    }
+
+    /// Lets the endpoints read, from any thread: each is woken.
+    pub fn open(&self) {
+        self.inner.open.store(true, Ordering::SeqCst);
+        let waiting = std::mem::take(&mut *self.lock());
+        for w in waiting {
+            w.wake();
+        }
+    }
+
+    /// True once opened.
+    pub fn is_open(&self) -> bool {
+        self.inner.open.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waker>> {
+        self.inner.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn poll_open(&self, cx: &mut TaskContext<'_>) -> Poll<()> {
+        if self.is_open() {
+            return Poll::Ready(());
+        }
+        let mut waiting = self.lock();
+        // Looked at again under the lock: `open` takes the wakers after it
+        // sets the flag, so one filed now is woken.
+        if self.is_open() {
+            return Poll::Ready(());
+        }
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
 }
 
 /// quinn's [`Runtime`] for one hotloop worker: tasks and sockets it makes
@@ -268,8 +348,13 @@ impl HotloopRuntime {
         current::try_worker_uid() == Some(self.uid)
     }
 
-    fn wrap(&self, socket: UdpSocket) -> io::Result<Arc<dyn AsyncUdpSocket>> {
+    fn wrap(
+        &self,
+        socket: UdpSocket,
+        gate: Option<RecvGate>,
+    ) -> io::Result<Arc<dyn AsyncUdpSocket>> {
         Ok(Arc::new(QuicSocket {
+            gate,
             local_addr: socket.local_addr()?,
             gso_segments_max: socket.max_gso_segments(),
             gro_segments_max: socket.max_gro_segments(),
@@ -313,7 +398,7 @@ impl Runtime for HotloopRuntime {
         let socket = UdpSocket::from_std(socket)?;
         let v6 = socket.local_addr()?.is_ipv6();
         socket.configure(v6, &UdpOptions { reuse_port: false, ..UdpOptions::quic() })?;
-        self.wrap(socket)
+        self.wrap(socket, None)
     }
 }
 
@@ -392,6 +477,8 @@ struct QuicSocket {
     gro_segments_max: usize,
     /// Send errors other than `WouldBlock`, which are dropped (and logged now and then).
     send_errors: AtomicU64,
+    /// Receives wait for it to open ([`endpoint_on_gated`]).
+    gate: Option<RecvGate>,
 }
 
 impl fmt::Debug for QuicSocket {
@@ -465,6 +552,9 @@ impl AsyncUdpSocket for QuicSocket {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [QuinnRecvMeta],
     ) -> Poll<io::Result<usize>> {
+        if let Some(gate) = &self.gate {
+            std::task::ready!(gate.poll_open(cx));
+        }
         let mut got = [RecvMeta::default(); BATCH_DATAGRAMS_MAX];
         let n = meta.len().min(BATCH_DATAGRAMS_MAX);
         let received =

@@ -486,6 +486,19 @@ impl ShutdownSignals {
         self.wait_until(Instant::now().checked_add(limit))
     }
 
+    /// A stop signal (SIGINT, SIGTERM or SIGQUIT) that arrived and was not
+    /// waited for yet, taken; the others are left for [`wait`](Self::wait).
+    /// Does not block.
+    pub fn take_stop(&self) -> Option<SignalKind> {
+        let waker = Waker::from(self.woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut listeners = lock(&self.listeners);
+        listeners
+            .iter_mut()
+            .filter(|l| l.kind().is_stop())
+            .find_map(|l| matches!(l.poll_recv(&mut cx), Poll::Ready(Some(()))).then(|| l.kind()))
+    }
+
     fn wait_until(&self, deadline: Option<Instant>) -> io::Result<Option<SignalKind>> {
         let waker = Waker::from(self.woken.clone());
         let mut cx = Context::from_waker(&waker);

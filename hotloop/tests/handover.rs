@@ -1,8 +1,9 @@
 //! Socket hand-over between processes (`net::Handover`): a successor
 //! takes every listening socket, serves the connections waiting in their
 //! queues, and the predecessor stops accepting and drains; a successor
-//! that fails leaves the predecessor serving; systemd's `LISTEN_FDS`.
-//! Both drivers.
+//! that fails leaves the predecessor serving; only a process of the same
+//! user takes the sockets; systemd's `LISTEN_FDS`, a descriptor in it that
+//! is not a socket included. Both drivers.
 //!
 //! A predecessor and its successor are two runtimes of this process (the
 //! exchange goes over the upgrade socket all the same), or a child process
@@ -443,16 +444,14 @@ fn successor_child() {
     panic!("the successor panics while it starts");
 }
 
-/// systemd's socket activation: a socket at descriptor 3, `LISTEN_FDS=1`
-/// and `LISTEN_PID` naming the process; a connection made before the
-/// process started is served by it.
-#[hotloop::test(driver = "all")]
-fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+/// Starts [`activated_child`] under `sh`, which sets the descriptors up
+/// from the child's standard input (`listener`) and then sets `LISTEN_PID`
+/// and `LISTEN_FDS`; a connection made before it started and one after are
+/// both answered by it. `spec` says what else the child checks.
+fn activate(driver: DriverKind, listener: std::net::TcpListener, sh: &str, spec: &str) {
     let addr = listener.local_addr().unwrap();
     // Waits in the socket's queue until the child accepts it.
     let mut early = TcpStream::connect(addr).unwrap();
-    let sh = "exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\"";
     let mut child = Command::new("sh")
         .args(["-c", sh])
         .arg(std::env::current_exe().unwrap())
@@ -463,7 +462,7 @@ fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
             "--test-threads=1",
             "--ignored",
         ])
-        .env(CHILD, format!("{addr} {driver:?}"))
+        .env(CHILD, format!("{addr} {driver:?} {spec}"))
         .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener)))
         .stdout(Stdio::null())
         .spawn()
@@ -474,17 +473,55 @@ fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
     assert!(status.success(), "{status}");
 }
 
-/// Run by [`socket_activation_serves_the_listen_fds_socket`]: serves the
-/// `LISTEN_FDS` socket for two connections.
+/// systemd's socket activation: a socket at descriptor 3, `LISTEN_FDS=1`
+/// and `LISTEN_PID` naming the process; a connection made before the
+/// process started is served by it.
+#[hotloop::test(driver = "all")]
+fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let sh = "exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\"";
+    activate(driver, listener, sh, "-");
+}
+
+/// `LISTEN_FDS` with a descriptor that is not a socket first (a FIFO, as
+/// systemd's `ListenFIFO=` passes) and a listening socket after it: the
+/// FIFO is closed with a warning rather than failing the start, the socket
+/// is served, and `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES` are gone
+/// from the environment (a child must not take them for its own).
+#[hotloop::test(driver = "all")]
+fn socket_activation_skips_a_descriptor_that_is_not_a_socket(driver: DriverKind) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fifo = socket_path().with_extension("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // Read and write, so the open does not wait for a writer.
+    let sh = format!(
+        "exec 4<&0 3<>'{}' 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=2 LISTEN_FDNAMES=fifo:web \
+         exec \"$0\" \"$@\"",
+        fifo.display()
+    );
+    activate(driver, listener, &sh, "fifo-at-3");
+    let _ = std::fs::remove_file(&fifo);
+}
+
+/// Run by [`socket_activation_serves_the_listen_fds_socket`] and
+/// [`socket_activation_skips_a_descriptor_that_is_not_a_socket`]: serves
+/// the `LISTEN_FDS` socket for two connections.
 #[test]
-#[ignore = "run as a child process by socket_activation_serves_the_listen_fds_socket"]
+#[ignore = "run as a child process by the socket_activation_ tests"]
 fn activated_child() {
     let Ok(spec) = std::env::var(CHILD) else { return };
-    let (addr, driver) = spec.split_once(' ').unwrap();
-    let addr: SocketAddr = addr.parse().unwrap();
-    let driver = if driver == "Uring" { DriverKind::Uring } else { DriverKind::Epoll };
+    let mut words = spec.split(' ');
+    let addr: SocketAddr = words.next().unwrap().parse().unwrap();
+    let driver = if words.next() == Some("Uring") { DriverKind::Uring } else { DriverKind::Epoll };
+    let fifo_at_3 = words.next() == Some("fifo-at-3");
     let handover = Handover::inherit().unwrap();
     assert_eq!(handover.inherited(), 1, "LISTEN_FDS gave one socket");
+    for name in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+        assert_eq!(std::env::var_os(name), None, "{name} is still in the environment");
+    }
+    if fifo_at_3 {
+        assert!(std::fs::read_link("/proc/self/fd/3").is_err(), "the FIFO at 3 is still open");
+    }
     let rt = runtime(driver, 2);
     let served = Arc::new(AtomicUsize::new(0));
     let count = served.clone();
@@ -500,6 +537,50 @@ fn activated_child() {
     handover.ready().unwrap();
     wait_until(|| served.load(Ordering::SeqCst) >= 2);
     server.drain_blocking(LIMIT);
+}
+
+/// Only a process of the same user takes the sockets: the upgrade socket's
+/// file is its owner's alone (mode 0600), and a process of another user
+/// that connects anyway (the mode opened up) gets none, from a process
+/// running as root too. The other user is this test's thread with its
+/// identity changed; where the tests do not run as root it cannot change
+/// it, and the test checks the mode alone.
+#[test]
+fn only_a_process_of_the_same_user_takes_the_sockets() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = socket_path();
+    let rt = runtime(DriverKind::Epoll, 1);
+    let handover = Handover::open(&path).unwrap();
+    let a = serve(rt.handle(), "127.0.0.1:0", options(&handover, None), named("A")).unwrap();
+    handover.ready().unwrap();
+    let addr = a.local_addr();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the upgrade socket's mode is {mode:o}");
+    // SAFETY: geteuid takes nothing and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run as root: only the mode was checked");
+        return;
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let other = {
+        let path = path.clone();
+        thread::spawn(move || {
+            const NOBODY: libc::c_long = 65534;
+            // SAFETY: the raw system call changes this thread's identity
+            // alone (glibc's `setresuid` would change every thread's);
+            // the thread ends after the connection below.
+            let set =
+                unsafe { libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, -1 as libc::c_long) };
+            assert_eq!(set, 0, "setresuid: {}", std::io::Error::last_os_error());
+            Handover::open(&path).map(|h| h.inherited())
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(other.is_err(), "a process of another user took {other:?} sockets");
+    assert!(!handover.is_replaced());
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+    assert_eq!(a.drain_blocking(LIMIT).cut, 0);
 }
 
 /// An HTTP/2 connection to the predecessor at the hand-over: the request

@@ -163,11 +163,11 @@ pub async fn check_loop(
         let up = health.is_up(id);
         if !up && passes >= cfg.rise {
             health.set_up(id, true);
-            eprintln!("hotloop proxy: backend {name} ({}) is up", backends[id].addr);
+            say!("hotloop proxy: backend {name} ({}) is up", backends[id].addr);
         } else if up && fails >= cfg.fall {
             health.set_up(id, false);
             backends[id].stats.ejections.fetch_add(1, Relaxed);
-            eprintln!(
+            say!(
                 "hotloop proxy: backend {name} ({}) is down: its health check failed {fails} times",
                 backends[id].addr
             );

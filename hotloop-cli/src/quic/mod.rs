@@ -35,12 +35,13 @@
 //! a second signal) is closed the same way.
 //!
 //! Upgrades (`--upgrade-socket`): the successor receives the UDP sockets
-//! (every member of the `SO_REUSEPORT` group) and says it is ready before
-//! it starts its endpoints; this process then closes every connection at
-//! once, with the same code and the reason "server upgrading", lets the
-//! close packets go out ([`CLOSE_SEND_WAIT`]), moves its endpoints to
-//! sockets of their own, and only then tells the successor to start
-//! reading. Its connections are closed, not finished: both processes would
+//! (every member of the `SO_REUSEPORT` group), starts its endpoints on them
+//! reading nothing yet (so what can fail in starting them fails before this
+//! process hands over), and says it is ready; this process then closes
+//! every connection at once, with the same code and the reason "server
+//! upgrading", lets the close packets go out ([`CLOSE_SEND_WAIT`]), moves
+//! its endpoints to sockets of their own, and only then tells the successor
+//! to start reading. Its connections are closed, not finished: both processes would
 //! read the same sockets, the kernel gives each datagram to one of them,
 //! and a datagram of one process's connection read by the other is
 //! answered with a stateless reset (or a new connection's Initial read by
@@ -77,6 +78,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use hotloop::net::UdpOptions;
+use hotloop::quic::RecvGate;
 use hotloop::time::timeout;
 use hotloop::{Handle, Runtime};
 use quinn::{Endpoint, ServerConfig, VarInt};
@@ -160,12 +162,13 @@ impl Mode for Quic {
         &self.args.runtime
     }
 
-    /// One endpoint per socket: a predecessor has stopped reading them
-    /// (closing its connections: see the module docs) when they come.
+    /// One endpoint per socket, reading once a predecessor has stopped
+    /// reading them (closing its connections: see the module docs).
     fn start(&mut self, at: &Start<'_>) -> io::Result<Serving> {
         let sockets = at.udp_sockets(self.addr, &UdpOptions::quic())?;
         let bound = sockets[0].local_addr()?;
-        let endpoints = start_endpoints(at.rt, sockets, &self.server_config, &self.settings)
+        let gate = at.recv_gate();
+        let endpoints = start_endpoints(at.rt, sockets, &self.server_config, &self.settings, gate)
             .map_err(|e| io::Error::new(e.kind(), format!("QUIC endpoint on {bound}: {e}")))?;
         {
             // A successor reads the sockets once this process no longer does.
@@ -226,22 +229,24 @@ impl Mode for Quic {
 
 /// Starts an endpoint on each socket: socket `i` on worker `i % workers`,
 /// so a worker may run several endpoints (a predecessor had more workers)
-/// or none (it had fewer). Each runs until the runtime is dropped.
+/// or none (it had fewer). Each reads once `gate` opens, and runs until the
+/// runtime is dropped.
 fn start_endpoints(
     rt: &Runtime,
     sockets: Vec<std::net::UdpSocket>,
     server_config: &ServerConfig,
     settings: &Arc<Settings>,
+    gate: &RecvGate,
 ) -> io::Result<Vec<(usize, Endpoint)>> {
     let workers = rt.handle().workers();
     let mut endpoints = Vec::with_capacity(sockets.len());
     for (i, socket) in sockets.into_iter().enumerate() {
         let worker = i % workers;
         let (tx, rx) = mpsc::channel();
-        let (config, settings) = (server_config.clone(), settings.clone());
+        let (config, settings, gate) = (server_config.clone(), settings.clone(), gate.clone());
         // Detached: the task runs the endpoint until the runtime is dropped.
         drop(rt.handle().spawn_on(worker, move || async move {
-            match hotloop::quic::endpoint_on(socket, Some(config)) {
+            match hotloop::quic::endpoint_on_gated(socket, Some(config), gate) {
                 Ok(endpoint) => {
                     let _ = tx.send(Ok(endpoint.clone()));
                     accept_loop(endpoint, settings).await;
@@ -321,10 +326,10 @@ fn hand_over(handle: &Handle, endpoints: &[(usize, Endpoint)], close_code: u32) 
                 match here.and_then(std::net::UdpSocket::bind) {
                     Ok(own) => {
                         if let Err(e) = endpoint.rebind(own) {
-                            eprintln!("hotloop serve: moving a QUIC endpoint off the handed-over socket: {e}");
+                            say!("hotloop serve: moving a QUIC endpoint off the handed-over socket: {e}");
                         }
                     }
-                    Err(e) => eprintln!("hotloop serve: a socket for a closing QUIC endpoint: {e}"),
+                    Err(e) => say!("hotloop serve: a socket for a closing QUIC endpoint: {e}"),
                 }
             })
         })

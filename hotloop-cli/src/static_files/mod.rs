@@ -155,8 +155,12 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) {
         // Between requests a stop closes the connection at once.
         let idle = head_deadline.is_none() && pending.is_empty();
         let got = {
+            // Before an idle wait ends for a stop, the socket itself is
+            // asked: on io_uring a next request already there may not have
+            // reached the read yet.
+            let socket = stream.input_probe();
             let read = pin!(stream.read_some());
-            timer.read(read, deadline, idle).await
+            timer.read(read, deadline, idle).peeking(socket).await
         };
         match got {
             Some(b) => pending.extend_from_slice(&b),

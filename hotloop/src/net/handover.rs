@@ -27,7 +27,8 @@
 //! process binds and every successor inherits with the others:
 //! 1. A new process connects. The running one (its hand-over thread,
 //!    started by [`Handover::ready`]) checks that the peer runs as the
-//!    same user, then sends a header (`hotloop-handover 1 pid=P
+//!    same user (root hands nothing to another user; the socket file is
+//!    made mode 0600), then sends a header (`hotloop-handover 1 pid=P
 //!    sockets=N`) and its sockets in messages of up to 64 descriptors
 //!    (`SCM_RIGHTS`): every listening TCP socket of every server (all
 //!    members of each `SO_REUSEPORT` group), the UDP sockets, Unix
@@ -169,6 +170,11 @@ impl Handover {
     /// this process, the `LISTEN_FDS` descriptors from 3 on are taken
     /// (once per process), and servers built with this hand-over use them
     /// instead of binding their addresses. No upgrade socket.
+    ///
+    /// The first hand-over made removes `LISTEN_PID`, `LISTEN_FDS` and
+    /// `LISTEN_FDNAMES` from the environment (a child must not take them
+    /// for its own): make it at start-up, before threads that read the
+    /// environment through C (`getenv`) run.
     pub fn inherit() -> io::Result<Handover> {
         let handover = Handover::with_path(None);
         handover.take_listen_fds()?;
@@ -244,6 +250,10 @@ impl Handover {
     /// predecessor stopped, the servers of this process (and whatever
     /// [`Self::on_predecessor_stopped`] filed) look at their backlogs once.
     /// Later calls do nothing.
+    ///
+    /// Call it last in start-up: once the predecessor is told, nobody else
+    /// serves, so whatever can fail must have been done before. An error
+    /// comes only before the predecessor is told (it goes on serving).
     pub fn ready(&self) -> io::Result<()> {
         let (predecessor, unclaimed, upgrade) = {
             let mut st = self.lock();
@@ -258,8 +268,25 @@ impl Handover {
             ));
         }
         drop(unclaimed);
+        // The thread is started first, as what can fail, and given the
+        // upgrade socket once the predecessor is told: until then that one
+        // still hands over to successors.
+        let successors = match upgrade {
+            Some(listener) => {
+                let (give, take) = std::sync::mpsc::channel::<OwnedFd>();
+                let inner = self.inner.clone();
+                std::thread::Builder::new().name("hotloop-handover".into()).spawn(move || {
+                    if let Ok(listener) = take.recv() {
+                        serve_successors(&inner, listener);
+                    }
+                })?;
+                Some((give, listener))
+            }
+            None => None,
+        };
         if let Some((pid, conn)) = predecessor {
-            tell_predecessor(pid, &conn)?;
+            conn.set_read_timeout(Some(STOP_ACK_WAIT))?;
+            tell_predecessor(pid, &conn);
             // Whatever it answered, it takes no more connections: what it
             // left queued is this process's, and its last accepts may have
             // taken the wake-ups that would have told this process so.
@@ -268,11 +295,9 @@ impl Handover {
                 recheck();
             }
         }
-        if let Some(listener) = upgrade {
-            let inner = self.inner.clone();
-            std::thread::Builder::new()
-                .name("hotloop-handover".into())
-                .spawn(move || serve_successors(&inner, listener))?;
+        if let Some((give, listener)) = successors {
+            // The thread waits on the other end for as long as it lives.
+            let _ = give.send(listener);
         }
         Ok(())
     }
@@ -319,9 +344,18 @@ impl Handover {
 
     /// Stops waiting for a successor (the process is stopping on its own):
     /// the hand-over thread ends within 100 ms and closes its copy of the
-    /// upgrade socket, and a successor being started is not taken.
+    /// upgrade socket, and a successor being started is not taken. Before
+    /// [`ready`](Self::ready), the predecessor learns that this process
+    /// will not serve (the connection closes) and goes on serving; `ready`
+    /// then does nothing.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        let untold = {
+            let mut st = self.lock();
+            st.readied = true;
+            st.predecessor.take()
+        };
+        drop(untold);
     }
 
     /// `count` UDP sockets on `addr` for one endpoint per worker: the
@@ -421,39 +455,63 @@ impl Handover {
         st.rechecks.retain(|m| m.0 != id);
     }
 
-    /// Takes systemd's sockets if `LISTEN_PID` names this process (once).
+    /// Takes systemd's sockets if `LISTEN_PID` names this process (once),
+    /// and removes `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES` from the
+    /// environment, as `sd_listen_fds(1)` does, so that a child does not
+    /// take them for its own. A descriptor that is not a socket served here
+    /// (a FIFO from `ListenFIFO=`, say) is closed with a warning.
     fn take_listen_fds(&self) -> io::Result<()> {
         if LISTEN_FDS_TAKEN.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let Some(pid) = std::env::var("LISTEN_PID").ok().and_then(|v| v.parse::<u32>().ok()) else {
+        const NAMES: [&str; 3] = ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"];
+        let pid = std::env::var("LISTEN_PID").ok();
+        let count = std::env::var("LISTEN_FDS").ok();
+        if pid.is_some() || count.is_some() {
+            for name in NAMES {
+                // std's own readers of the environment take the lock this
+                // takes; C code reading it meanwhile on another thread
+                // (`getenv`) would not. This runs once, in the first
+                // hand-over made, which the docs place at start-up.
+                std::env::remove_var(name);
+            }
+        }
+        let Some(pid) = pid.and_then(|v| v.parse::<u32>().ok()) else {
             return Ok(());
         };
         if pid != std::process::id() {
             // Meant for another process (a parent that exec'd us, say).
             return Ok(());
         }
-        let count = std::env::var("LISTEN_FDS")
-            .ok()
+        let count = count
             .and_then(|v| v.parse::<RawFd>().ok())
             .filter(|n| (0..=4096).contains(n))
             .ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, "LISTEN_FDS is not a descriptor count")
             })?;
+        // Every one is owned (and close-on-exec) before any is looked at, so
+        // none is left open for a child whatever the others are.
+        let fds: Vec<_> = (LISTEN_FDS_START..LISTEN_FDS_START + count)
+            .map(|raw| (raw, sys::adopt_inherited_fd(raw)))
+            .collect();
         let mut taken = Vec::new();
-        for raw in LISTEN_FDS_START..LISTEN_FDS_START + count {
-            let fd = sys::adopt_inherited_fd(raw).map_err(|e| {
-                io::Error::new(e.kind(), format!("LISTEN_FDS descriptor {raw}: {e}"))
-            })?;
-            match classify(&fd)? {
-                Kind::Socket(local) => {
-                    prepare_inherited(&fd, &local)?;
-                    taken.push((local, fd));
+        for (raw, fd) in fds {
+            let skipped = match fd.and_then(|fd| Ok((classify(&fd)?, fd))) {
+                Ok((Kind::Socket(local), fd)) => match prepare_inherited(&fd, &local) {
+                    Ok(()) => {
+                        taken.push((local, fd));
+                        continue;
+                    }
+                    Err(e) => format!("{local}: {e}"),
+                },
+                Ok((Kind::Upgrade | Kind::Other, _)) => {
+                    "not a TCP, UDP or Unix stream socket".to_string()
                 }
-                Kind::Upgrade | Kind::Other => crate::log::warn(format_args!(
-                    "LISTEN_FDS descriptor {raw} is not a TCP, UDP or Unix stream socket; closing it"
-                )),
-            }
+                Err(e) => e.to_string(),
+            };
+            crate::log::warn(format_args!(
+                "LISTEN_FDS descriptor {raw} is not served ({skipped}); closing it"
+            ));
         }
         count_event(&LIFECYCLE.sockets_inherited, taken.len() as u64);
         crate::log::info(format_args!(
@@ -535,6 +593,10 @@ impl Handover {
     fn bind_upgrade(&self, path: &Path, addr: &SockAddr) -> io::Result<()> {
         let listener = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
         listener.bind(addr).map_err(|e| with_path(e, "bind the upgrade socket", path))?;
+        // Only this user may connect (a connection of another is refused
+        // its sockets anyway, after the uid check).
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| with_path(e, "restrict the upgrade socket", path))?;
         listener.listen(16)?;
         listener.set_nonblocking(true)?;
         self.lock().upgrade = Some(listener.into());
@@ -680,15 +742,16 @@ fn with_path(e: io::Error, doing: &str, path: &Path) -> io::Error {
 }
 
 /// The successor's side of step 3: `ready`, then the predecessor's word
-/// that it stopped accepting.
-fn tell_predecessor(pid: u32, conn: &Socket) -> io::Result<()> {
+/// that it stopped accepting (`conn` reads with a timeout). Nothing here
+/// fails: once `ready` may have reached the predecessor, this process
+/// serves whatever comes back.
+fn tell_predecessor(pid: u32, conn: &Socket) {
     if let Err(e) = sys::send_with_fds(conn.as_raw_fd(), b"ready\n", &[]) {
         // It stopped on its own meanwhile; this process serves either way.
         crate::log::warn(format_args!("hand-over: pid {pid} is gone ({e}); serving alone"));
         count_event(&LIFECYCLE.upgrades_in, 1);
-        return Ok(());
+        return;
     }
-    conn.set_read_timeout(Some(STOP_ACK_WAIT))?;
     let mut buf = [0u8; 64];
     match sys::recv_with_fds(conn.as_raw_fd(), &mut buf) {
         Ok((n, _)) if buf[..n].starts_with(b"draining") => crate::log::info(format_args!(
@@ -702,7 +765,6 @@ fn tell_predecessor(pid: u32, conn: &Socket) -> io::Result<()> {
         )),
     }
     count_event(&LIFECYCLE.upgrades_in, 1);
-    Ok(())
 }
 
 /// The hand-over thread: waits on the upgrade socket for a successor,
@@ -733,7 +795,9 @@ fn serve_successors(inner: &Arc<Inner>, listener: OwnedFd) {
             Ok((pid, uid, _)) => (pid as u32, uid),
             Err(_) => continue,
         };
-        if uid != me && me != 0 {
+        // Root included: a process of another user must not get sockets
+        // that root bound.
+        if uid != me {
             crate::log::warn(format_args!(
                 "hand-over: pid {pid} runs as uid {uid}, not {me}; it gets no socket"
             ));
