@@ -321,6 +321,11 @@ pub async fn forward(client: TcpStream, config: Arc<ProxyConfig>) {
         return; // dropping the client closes it cleanly
     };
     config.counters.forwarded.fetch_add(1, Relaxed);
+    // Declared before the copies, so it drops after them: whatever ends
+    // this future short of both directions' clean end (the idle timeout,
+    // a reset, or a drain's deadline dropping the connection's task at the
+    // wait below) resets both sides.
+    let mut cut = CutUnlessClean { sides: [&client, &backend], clean: false };
     // Both directions and the idle timer live in this one task: no spawn,
     // so an idle proxied connection costs one task, two sockets, no buffer.
     let moved = Cell::new(Instant::now());
@@ -354,13 +359,27 @@ pub async fn forward(client: TcpStream, config: Arc<ProxyConfig>) {
         Poll::Pending
     })
     .await;
-    if !clean {
-        // Reset both sides: neither peer may read a clean end of stream.
-        let _ = client.set_linger(Some(Duration::ZERO));
-        let _ = backend.set_linger(Some(Duration::ZERO));
-    }
+    cut.clean = clean;
     // Returning drops the copies still running (cancelling their
-    // operations), then closes both sockets.
+    // operations), then `cut`, then closes both sockets.
+}
+
+/// Resets both sockets of a proxied connection when it drops unless its
+/// both directions ended cleanly: neither peer may read a clean end of
+/// stream after a cut (a truncated download would look whole).
+struct CutUnlessClean<'a> {
+    sides: [&'a TcpStream; 2],
+    clean: bool,
+}
+
+impl Drop for CutUnlessClean<'_> {
+    fn drop(&mut self) {
+        if !self.clean {
+            for side in self.sides {
+                let _ = side.set_linger(Some(Duration::ZERO));
+            }
+        }
+    }
 }
 
 /// How one direction ended.

@@ -47,6 +47,10 @@ use hotloop_proto::{Method, ParseOptions, Request};
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long writing the answer may take once the head is read.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// After an answer, the longest the endpoint reads and drops what a client
+/// still sends, and the most it reads, before closing (see [`linger`]).
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES_MAX: usize = 64 * 1024;
 /// The most connections the endpoint holds at once (see the module notes).
 pub const CONNECTIONS_MAX: usize = 16;
 /// The most bytes of a scrape's request head; a longer one gets 431.
@@ -296,8 +300,31 @@ async fn answer(
             reply
         }
     };
-    let _ =
+    let sent =
         timeout_at(Instant::now() + WRITE_TIMEOUT, conn.write_all_owned(reply.into_bytes())).await;
+    if let Ok((Ok(_), _)) = sent {
+        linger(&conn).await;
+    }
+}
+
+/// After the answer: shuts down writing, then reads and drops what the
+/// client still sends (a body, a pipelined request, the rest of a head too
+/// long), within [`LINGER`] and [`LINGER_BYTES_MAX`]. Closing with unread
+/// bytes would send a reset, which can destroy the answer before the
+/// client has read it (nginx's `lingering_close`; the servers' error
+/// replies do the same).
+async fn linger(conn: &TcpStream) {
+    if conn.shutdown_with(std::net::Shutdown::Write).await.is_err() {
+        return;
+    }
+    let until = Instant::now() + LINGER;
+    let mut drained = 0;
+    while drained < LINGER_BYTES_MAX {
+        match timeout_at(until, conn.read_pooled()).await {
+            Ok(Ok(buf)) if !buf.is_empty() => drained += buf.len(),
+            _ => return,
+        }
+    }
 }
 
 /// The endpoint's own fields, after the command's.

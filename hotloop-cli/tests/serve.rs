@@ -599,3 +599,53 @@ fn serve_hyper_runs_hyper_over_http1_and_h2c() {
         }
     }
 }
+
+/// A proxied download still flowing when a stop's drain deadline passes is
+/// cut with a reset, never a clean end of stream that the client would take
+/// for the whole of it.
+#[hotloop::test(driver = "all")]
+fn a_drain_deadline_cuts_a_proxied_stream_with_a_reset(driver: hotloop::DriverKind) {
+    let source = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let source_addr = source.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in source.incoming().flatten() {
+            std::thread::spawn(move || {
+                let chunk = [b'x'; 1024];
+                while s.write_all(&chunk).is_ok() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+        }
+    });
+    let mut proxy = crate::common::Proc::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        &source_addr.to_string(),
+        "--workers",
+        "1",
+        "--driver",
+        crate::common::driver_arg(driver),
+        "--drain-timeout-ms",
+        "300",
+    ]);
+    let addr = proxy.addr_after(" on ");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 4096];
+    s.read_exact(&mut buf[..1024]).expect("the stream flows");
+    proxy.signal("TERM");
+    let end = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(_) => continue,
+            Err(e) => break Err(e),
+        }
+    };
+    assert!(
+        matches!(&end, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the cut reached the client as {end:?}, not a reset"
+    );
+    assert!(proxy.wait_exit(Duration::from_secs(5)).is_some(), "the proxy did not exit");
+}

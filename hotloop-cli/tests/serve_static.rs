@@ -496,3 +496,63 @@ fn fifos_and_sockets_under_the_root_are_404_at_once(driver: DriverKind) {
     let r = get(addr, "/sub/a.txt");
     assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]));
 }
+
+/// The send timeout bounds a time without progress, not a `sendfile`
+/// step: a client that reads slowly but steadily (32 KiB every 20 ms, so a
+/// 512 KiB step takes about 0.3 s once the socket buffers are full, against
+/// a 200 ms send timeout) gets the whole file.
+#[hotloop::test(driver = "all")]
+fn a_slow_steady_reader_gets_the_whole_file(driver: DriverKind) {
+    const LEN: usize = 8 << 20;
+    let root = Root::new();
+    std::fs::write(root.path().join("mid.bin"), pattern(LEN)).unwrap();
+    let limits = ["--send-timeout-ms", "200", "--idle-timeout-ms", "200"];
+    let (_p, addr) = start(driver, root.path(), &limits);
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(64 * 1024).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"GET /mid.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("cut after {} bytes: {e}", got.len()),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = parse_reply(&got);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), LEN, "the connection ended short of the file");
+}
+
+/// A method the server does not take, with a body it never reads: the 405
+/// reaches the client (the body is read and dropped after it, so the close
+/// sends no reset over the reply).
+#[hotloop::test(driver = "all")]
+fn a_405_reaches_a_client_that_sent_a_body(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = vec![b'b'; 1 << 20];
+        let head = format!(
+            "POST /sub/a.txt HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let sent = s.write_all(head.as_bytes()).and_then(|()| s.write_all(&body));
+        std::thread::sleep(Duration::from_millis(50));
+        let mut reply = Vec::new();
+        let read = s.read_to_end(&mut reply);
+        assert!(
+            read.is_ok() && reply.starts_with(b"HTTP/1.1 405"),
+            "write {sent:?}, read {read:?}: {:?}",
+            String::from_utf8_lossy(&reply[..reply.len().min(80)])
+        );
+    }
+}

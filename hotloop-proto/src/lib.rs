@@ -117,10 +117,8 @@ fn parse_with_slots<const N: usize>(buf: &[u8], max: usize, allow_head: bool) ->
                     return (Request::Unsupported(501), method);
                 }
                 if h.name.eq_ignore_ascii_case("connection") {
-                    if h.value.eq_ignore_ascii_case(b"close") {
-                        close = true;
-                    } else if h.value.eq_ignore_ascii_case(b"keep-alive") {
-                        close = false;
+                    if let Some(c) = connection_close(h.value) {
+                        close = c;
                     }
                 }
             }
@@ -176,6 +174,28 @@ pub fn response_error(status: u16) -> &'static [u8] {
     }
 }
 
+/// What a `Connection` field's value says of the connection: `Some(true)`
+/// if its tokens include `close`, `Some(false)` if they include
+/// `keep-alive` (and not `close`), `None` if neither (RFC 9110 section
+/// 7.6.1: a comma-separated list, any case, such as `TE, close`).
+pub fn connection_close(value: &[u8]) -> Option<bool> {
+    // The usual values are one token; a list is looked through.
+    if value.eq_ignore_ascii_case(b"keep-alive") {
+        return Some(false);
+    }
+    if value.eq_ignore_ascii_case(b"close") {
+        return Some(true);
+    }
+    let mut keep_alive = false;
+    for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        if token.eq_ignore_ascii_case(b"close") {
+            return Some(true);
+        }
+        keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+    }
+    keep_alive.then_some(false)
+}
+
 /// Burns about `micros` microseconds of CPU, standing in for an
 /// application's own work per request (`--work-us`).
 pub fn spin_work(micros: u64) {
@@ -191,6 +211,16 @@ pub fn spin_work(micros: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connection_is_a_list_of_tokens() {
+        assert_eq!(connection_close(b"close"), Some(true));
+        assert_eq!(connection_close(b"Keep-Alive"), Some(false));
+        assert_eq!(connection_close(b"TE, close"), Some(true));
+        assert_eq!(connection_close(b"keep-alive, TE"), Some(false));
+        assert_eq!(connection_close(b"Upgrade"), None);
+        assert_eq!(connection_close(b"closed, keep-alived"), None);
+    }
 
     #[test]
     fn parses_keepalive_and_close() {

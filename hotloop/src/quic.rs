@@ -55,7 +55,7 @@ use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Instant;
@@ -156,7 +156,7 @@ impl Drop for AmplificationLimit {
 
 /// How many of `len` bytes to `remote` (datagrams of `segment` bytes, the
 /// last maybe shorter) may go out under its amplification limit, in whole
-/// datagrams; counts them as sent.
+/// datagrams; what goes out is charged by [`amplification_sent`].
 fn amplification_allowance(
     local: SocketAddr,
     remote: SocketAddr,
@@ -170,15 +170,26 @@ fn amplification_allowance(
         }
         let Some(b) = t.get_mut(&(local, remote)) else { return len };
         let left = (b.received * AMPLIFICATION_FACTOR).saturating_sub(b.sent);
-        let allowed = if len as u64 <= left {
+        if len as u64 <= left {
             len
         } else {
             let segment = segment.unwrap_or(len).max(1);
             (left as usize / segment) * segment
-        };
-        b.sent += allowed as u64;
-        allowed
+        }
     })
+}
+
+/// Charges `sent` bytes, which the kernel took, to the peer's
+/// amplification limit. Only a send that went out counts: quinn sends a
+/// transmit that met a full socket (`WouldBlock`) again, and charging each
+/// try would spend an unvalidated peer's budget on nothing.
+fn amplification_sent(local: SocketAddr, remote: SocketAddr, sent: usize) {
+    UNVALIDATED.with(|t| {
+        let mut t = t.borrow_mut();
+        if let Some(b) = t.get_mut(&(local, remote)) {
+            b.sent += sent as u64;
+        }
+    });
 }
 
 /// Counts received datagrams towards their senders' amplification limits.
@@ -356,7 +367,7 @@ impl HotloopRuntime {
         Ok(Arc::new(QuicSocket {
             gate,
             local_addr: socket.local_addr()?,
-            gso_segments_max: socket.max_gso_segments(),
+            gso_segments_max: AtomicUsize::new(socket.max_gso_segments()),
             gro_segments_max: socket.max_gro_segments(),
             socket: Local::new(Rc::new(socket), self.owner.clone()),
             owner: self.owner.clone(),
@@ -473,7 +484,11 @@ struct QuicSocket {
     socket: Local<Rc<UdpSocket>>,
     owner: Arc<WorkerShared>,
     local_addr: SocketAddr,
-    gso_segments_max: usize,
+    /// Datagrams per send (GSO), 1 once the kernel refused a segmented
+    /// send (as quinn-udp does: `EIO` on a path without checksum offload
+    /// or through IPsec, `EINVAL` with `SO_NO_CHECK`); quinn asks before
+    /// every batch it builds.
+    gso_segments_max: AtomicUsize,
     gro_segments_max: usize,
     /// Send errors other than `WouldBlock`, which are dropped (and logged now and then).
     send_errors: AtomicU64,
@@ -484,7 +499,7 @@ struct QuicSocket {
 impl fmt::Debug for QuicSocket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QuicSocket")
-            .field("gso_segments_max", &self.gso_segments_max)
+            .field("gso_segments_max", &self.gso_segments_max.load(Ordering::Relaxed))
             .field("gro_segments_max", &self.gro_segments_max)
             .finish()
     }
@@ -521,10 +536,30 @@ impl AsyncUdpSocket for QuicSocket {
             destination: t.destination,
             ecn: ecn_from_quinn(t.ecn),
             contents: &t.contents[..allowed],
-            segment_size: t.segment_size,
+            // One datagram is sent without `UDP_SEGMENT` (quinn-udp's rule):
+            // a limit cut to one segment, or a batch of one.
+            segment_size: t.segment_size.filter(|&size| size < allowed),
             src_ip: t.src_ip,
         };
         match self.socket.get().try_send_msg(&transmit) {
+            Ok(()) => {
+                amplification_sent(self.local_addr, t.destination, allowed);
+                Ok(())
+            }
+            Err(e)
+                if transmit.segment_size.is_some()
+                    && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL))
+                    && self.gso_segments_max.swap(1, Ordering::Relaxed) > 1 =>
+            {
+                // The kernel cannot segment on this path: from now on quinn
+                // builds one datagram per send. This batch is lost, as a
+                // refused datagram is, and recovery sends it again.
+                crate::log::warn(format_args!(
+                    "QUIC to {}: the kernel refused a segmented send ({e}); sending one datagram at a time",
+                    t.destination
+                ));
+                Ok(())
+            }
             // As quinn-udp does: a datagram the kernel refused (a too-large
             // path MTU probe, a firewall's EPERM, ENOBUFS) is lost like any
             // other, and QUIC's recovery deals with it; an error here would
@@ -577,7 +612,7 @@ impl AsyncUdpSocket for QuicSocket {
     }
 
     fn max_transmit_segments(&self) -> usize {
-        self.gso_segments_max
+        self.gso_segments_max.load(Ordering::Relaxed)
     }
 
     fn max_receive_segments(&self) -> usize {
@@ -616,5 +651,28 @@ impl UdpPoller for WritePoller {
             this.waiting = None;
         }
         ready
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transmit quinn asks to send again after the socket was full is
+    /// charged once, when it goes out.
+    #[test]
+    fn a_send_retried_after_a_full_socket_is_charged_once() {
+        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let remote: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        UNVALIDATED.with(|t| {
+            t.borrow_mut().insert((local, remote), Budget { holders: 1, received: 1_200, sent: 0 })
+        });
+        // Three times 1,200 may go out; the same 1,200 met a full socket twice.
+        for _ in 0..3 {
+            assert_eq!(amplification_allowance(local, remote, 1_200, None), 1_200);
+        }
+        amplification_sent(local, remote, 1_200);
+        assert_eq!(amplification_allowance(local, remote, 3_600, Some(1_200)), 2_400);
+        UNVALIDATED.with(|t| t.borrow_mut().clear());
     }
 }

@@ -81,7 +81,7 @@ counters! {
     accept_bound_hits: sum,
     /// `accept` failures for lack of descriptors or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`).
     accept_errors_resources: sum,
-    /// `accept` failures skipped because the connection died first (`ECONNABORTED`, `EPROTO`, `EPERM`).
+    /// `accept` failures skipped because the connection died first (`ECONNABORTED`, `EPROTO`, `EPERM`, and the network errors accept(2) passes on, such as `ENETUNREACH`).
     accept_errors_aborted: sum,
     /// Other `accept` failures.
     accept_errors_other: sum,

@@ -23,7 +23,7 @@ use std::time::Duration;
 use hotloop::buf::{IoBuf, PooledBuf};
 use hotloop::net::{InputProbe, TcpStream};
 
-pub(crate) use reject::{reject, LINGER_MAX};
+pub(crate) use reject::{answer_and_linger, reject, LINGER_MAX};
 use send::{send, send_file_tcp};
 pub(crate) use timer::ConnTimer;
 

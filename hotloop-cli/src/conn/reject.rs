@@ -21,8 +21,18 @@ pub(crate) const LINGER_MAX: Duration = Duration::from_secs(2);
 /// section 9.6; nginx's `lingering_close`, with a shorter bound: 2 s rather
 /// than nginx's 30 s, to free the descriptor sooner).
 pub(crate) async fn reject<S: Conn>(stream: &mut S, status: u16, write_limit: Option<Duration>) {
+    answer_and_linger(stream, proto::response_error(status), write_limit).await
+}
+
+/// [`reject`] with a reply of the caller's (one that closes the
+/// connection, such as `serve static`'s 405 with its `Allow` field).
+pub(crate) async fn answer_and_linger<S, B>(stream: &mut S, reply: B, write_limit: Option<Duration>)
+where
+    S: Conn,
+    B: hotloop::buf::IoBuf + std::ops::Deref<Target = [u8]>,
+{
     let mut timer = ConnTimer::new();
-    if stream.send(proto::response_error(status), write_limit, &mut timer).await.is_err() {
+    if stream.send(reply, write_limit, &mut timer).await.is_err() {
         return;
     }
     if stream.shutdown_write().await.is_err() {

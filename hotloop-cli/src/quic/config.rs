@@ -115,6 +115,10 @@ pub(super) fn server_config(
     transport.receive_window(VarInt::from_u32(q.quic_receive_window_bytes));
     transport.stream_receive_window(VarInt::from_u32(q.quic_stream_receive_window_bytes));
     transport.send_window(u64::from(q.quic_send_window_bytes));
+    // Neither echo nor HTTP/3 reads DATAGRAM frames: not offering them
+    // keeps a client from parking up to quinn's default 1.25 MB of them in
+    // each connection.
+    transport.datagram_receive_buffer_size(None);
     // HTTP/3 opens three unidirectional streams (control, QPACK encoder
     // and decoder); echo has no use for any.
     let uni = if alpn == ALPN_H3 { 8 } else { 0 };

@@ -65,7 +65,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hotloop::fs::{Dir, File, OpenOptions};
 
-use crate::conn::{reject, Conn, ConnTimer};
+use crate::conn::{answer_and_linger, reject, Conn, ConnTimer};
 use crate::drain;
 use cache::{Kind, Stat};
 use range::Ranged;
@@ -187,8 +187,11 @@ async fn respond<S: Conn>(
         "GET" => true,
         "HEAD" => false,
         _ => {
+            // A POST or PUT may have sent a body: it is read and dropped
+            // after the reply (a lingering close), as for every error that
+            // closes, so the close sends no reset over the reply.
             let reply = request::simple(405, "Allow: GET, HEAD\r\n", true, true);
-            let _ = stream.send(reply, site.write_limit, timer).await;
+            answer_and_linger(stream, reply, site.write_limit).await;
             return After::Close;
         }
     };

@@ -70,10 +70,8 @@ fn parse_into<'a>(buf: &'a [u8], slots: &mut [MaybeUninit<httparse::Header<'a>>]
             for h in req.headers.iter() {
                 let name = h.name;
                 if name.eq_ignore_ascii_case("connection") {
-                    if h.value.eq_ignore_ascii_case(b"close") {
-                        head.close = true;
-                    } else if h.value.eq_ignore_ascii_case(b"keep-alive") {
-                        head.close = false;
+                    if let Some(close) = hotloop_proto::connection_close(h.value) {
+                        head.close = close;
                     }
                 } else if name.eq_ignore_ascii_case("range") {
                     head.range = Some(h.value);

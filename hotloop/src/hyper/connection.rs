@@ -31,7 +31,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Incoming};
@@ -233,7 +233,7 @@ where
                     // from it would be due at once, again and again).
                     if !peeked && this.waits_for_client() && this.probe.pending().unwrap_or(false) {
                         peeked = true;
-                        this.progress.stir_at(Stamp::from_instant(Instant::now()));
+                        this.progress.stir_at(Stamp::from_instant(crate::time::clock_now()));
                         this.watch.resume();
                         continue;
                     }

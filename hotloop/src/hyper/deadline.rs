@@ -847,7 +847,7 @@ impl Watch {
             // the turn's reading alone the deadline would be filed again,
             // the sleep be ready again, and this loop spin for good inside
             // one poll, taking the worker with it.
-            let now = Stamp::now().max(Stamp::from_instant(Instant::now()));
+            let now = Stamp::now().max(Stamp::from_instant(crate::time::clock_now()));
             if now >= due {
                 match expiry {
                     Expiry::Idle => self.cut_at = now.after(IDLE_CLOSE_GRACE),
@@ -878,5 +878,42 @@ impl Watch {
         Pin::new(&mut self.timer).reset(at.instant());
         // A reset may take the timer out of the wheel.
         self.filed = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deadline judged by the worker's clock, advanced ahead of the
+    /// system clock: the watch sees it due as its sleep does. By the
+    /// system clock it was never due, and the watch filed it again and
+    /// polled its ready sleep for good inside one poll.
+    #[test]
+    fn a_watch_agrees_with_an_advanced_clock() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = crate::Runtime::builder().workers(1).build().unwrap();
+            let expiry = rt.block_on(async {
+                crate::time::advance(Duration::from_secs(3600)).await;
+                let progress = Progress::new(None);
+                let d = Deadlines::new(Some(Duration::from_millis(1)), None, None, None);
+                let mut watch = Watch::new();
+                std::future::poll_fn(|cx| {
+                    assert!(watch.poll(cx, &progress, &d, None).is_none(), "due at once");
+                    Poll::Ready(())
+                })
+                .await;
+                // Past the deadline by the clock, not by the turn's reading
+                // (no turn in between), and polled with another waker (a
+                // poll from elsewhere): the watch asks its sleep.
+                std::thread::sleep(Duration::from_millis(3));
+                let mut other = Context::from_waker(std::task::Waker::noop());
+                watch.poll(&mut other, &progress, &d, None)
+            });
+            let _ = done.send(expiry.is_some());
+        });
+        let due = finished.recv_timeout(Duration::from_secs(5)).expect("the watch spun");
+        assert!(due, "the idle deadline had passed by the worker's clock");
     }
 }

@@ -554,7 +554,24 @@ impl Acceptor {
                     self.paused_until.set(Some(Instant::now() + self.options.resource_pause));
                     Ok(())
                 }
-                Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::EINTR) => {
+                // The connection died before it was taken, or (accept(2):
+                // "the network errors defined for the protocol", passed on
+                // from the new socket) its path failed: that connection
+                // is lost, the listener is fine, and giving up would leave
+                // its queue filling with nobody accepting.
+                Some(
+                    libc::ECONNABORTED
+                    | libc::EPROTO
+                    | libc::EPERM
+                    | libc::EINTR
+                    | libc::ENETDOWN
+                    | libc::ENOPROTOOPT
+                    | libc::EHOSTDOWN
+                    | libc::ENONET
+                    | libc::EHOSTUNREACH
+                    | libc::EOPNOTSUPP
+                    | libc::ENETUNREACH,
+                ) => {
                     stats::add(&s.accept_errors_aborted, 1);
                     Ok(())
                 }

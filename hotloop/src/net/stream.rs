@@ -286,6 +286,17 @@ impl TcpStream {
         sys::peer_addr(self.core.try_as_fd()?.as_raw_fd())
     }
 
+    /// How many bytes of this connection the peer has acknowledged
+    /// (`TCP_INFO`'s `tcpi_bytes_acked`): a long send's progress as the
+    /// peer sees it, whatever hands the bytes to the kernel (a
+    /// [`send_file`](Self::send_file) step included). A send timeout that
+    /// means "no progress for so long" compares two readings rather than
+    /// timing a whole step. On io_uring a direct socket gets a plain
+    /// descriptor for it.
+    pub fn bytes_acked(&self) -> io::Result<u64> {
+        sys::tcp_bytes_acked(self.core.try_as_fd()?.as_raw_fd())
+    }
+
     /// A probe of this connection's kernel receive queue, to be used while
     /// a read of the stream is in flight (the read borrows the stream; the
     /// probe does not). A drain uses it to tell an idle keep-alive

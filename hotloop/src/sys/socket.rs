@@ -568,6 +568,31 @@ pub(crate) fn peer_ended(fd: RawFd) -> io::Result<bool> {
     Ok(len >= 1 && matches!(info[0], TIME_WAIT | CLOSE | CLOSE_WAIT | LAST_ACK | CLOSING))
 }
 
+/// The bytes of a TCP connection its peer has acknowledged
+/// (`tcpi_bytes_acked` of `TCP_INFO`, Linux 4.1+): how far a send has got
+/// as the peer sees it, however the bytes were handed to the kernel.
+pub(crate) fn tcp_bytes_acked(fd: RawFd) -> io::Result<u64> {
+    // `tcpi_bytes_acked` is the `u64` at byte 120 of `struct tcp_info`
+    // (after the 2.6 fields and the two pacing rates); the kernel copies
+    // no more than the length it is given, and says how much it did.
+    const AT: usize = 120;
+    let mut info = [0u8; AT + 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: `info` is `len` live bytes, and `len` a live socklen_t.
+    cvt(unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
+    })?;
+    if (len as usize) < AT + 8 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "TCP_INFO without tcpi_bytes_acked",
+        ));
+    }
+    let mut acked = [0u8; 8];
+    acked.copy_from_slice(&info[AT..AT + 8]);
+    Ok(u64::from_ne_bytes(acked))
+}
+
 /// True if a connected socket has bytes nobody has read, or the peer's
 /// end of stream, waiting in the kernel (a one-byte `MSG_PEEK`, which
 /// takes nothing); false if a read would block.

@@ -130,6 +130,15 @@ fn deadline_base() -> Instant {
     current::try_deadline_base().unwrap_or_else(Instant::now)
 }
 
+/// The worker's clock read now, as a sleep judges its deadline (its pause
+/// and its advances included), rather than the turn's cached reading
+/// ([`now`]): for code that must agree with a sleep it just saw ready.
+/// `Instant::now()` would not (it is ahead of a paused clock, and behind
+/// one advanced).
+pub(crate) fn clock_now() -> Instant {
+    deadline_base()
+}
+
 /// `at + duration`, saturated at a far-future instant: every deadline in
 /// this module is made here, so none overflows the clock.
 fn saturating_add(at: Instant, duration: Duration) -> Instant {
