@@ -482,3 +482,20 @@ async fn into_std_hands_back_the_file_at_the_callers_position() {
     std.read_to_string(&mut rest).unwrap();
     assert_eq!(rest, "23456789");
 }
+
+/// A std file wrapped after std wrote to it goes on from std's position,
+/// as tokio's `File::from_std` does (before, its cursor started at 0 and
+/// wrote over what std had written).
+#[hotloop::test(driver = "all")]
+async fn a_file_from_std_goes_on_from_its_position() {
+    use std::io::Write;
+    let dir = TempDir::new("from-std");
+    let path = dir.join("f");
+    let mut std_file = std::fs::File::create(&path).unwrap();
+    std_file.write_all(b"header").unwrap();
+    let mut file = File::from_std(std_file);
+    file.write_all(b"body").await.unwrap();
+    file.flush().await.unwrap();
+    drop(file);
+    assert_eq!(std::fs::read(&path).unwrap(), b"headerbody");
+}

@@ -427,3 +427,31 @@ fn resets_racing_the_deadline_and_the_polls_lose_no_wake_up(driver: DriverKind) 
         assert!(waiter.join().unwrap(), "round {round}: the wake-up was lost");
     }
 }
+
+/// A paused clock on a busy-polling worker still moves to the next timer
+/// when nothing else is left to do: a spin never sleeps, and the clock
+/// jumps only where the worker would sleep (before, `sleep(10 s)` under a
+/// paused clock on such a worker spun a CPU for good).
+#[hotloop::test(driver = "all")]
+fn a_paused_clock_advances_on_a_busy_polling_worker(driver: DriverKind) {
+    let rt = Runtime::builder()
+        .workers(1)
+        .driver(driver)
+        .busy_poll(hotloop::BusyPoll::Always)
+        .build()
+        .unwrap();
+    let slept = rt.handle().spawn_on(0, || async {
+        hotloop::time::pause();
+        let start = hotloop::time::now();
+        sleep(Duration::from_secs(10)).await;
+        let moved = hotloop::time::now() - start;
+        hotloop::time::resume();
+        moved
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(slept.join());
+    });
+    let moved = rx.recv_timeout(Duration::from_secs(5)).expect("the paused sleep never ended");
+    assert!(moved.unwrap() >= Duration::from_secs(10));
+}

@@ -167,3 +167,60 @@ fn own_ids() -> (u32, u32) {
     };
     (field("Uid:"), field("Gid:"))
 }
+
+/// An error the kernel reports on a datagram socket (its peer reconnected
+/// elsewhere with a datagram unread: `ECONNRESET`) is returned once, and the
+/// socket then waits for the next datagram as before (before, on epoll, the
+/// error's readiness stayed for good: every later receive found nothing,
+/// was told the socket was ready, and looped without yielding).
+#[hotloop::test(driver = "all")]
+fn an_error_on_a_datagram_socket_is_reported_once_then_it_waits(driver: hotloop::DriverKind) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
+        let outcome = rt.block_on(async {
+            let other = TempPath::new("other");
+            let _bound = UnixDatagram::bind(&other.0).unwrap();
+            let (x, y) = UnixDatagram::pair().unwrap();
+            let y = std::rc::Rc::new(y);
+            y.send(b"a").await.unwrap();
+            // `y` waits in a receive when the error comes, so the poller
+            // sees it (an error taken before the poller looks is no event).
+            let waiting = hotloop::spawn({
+                let y = y.clone();
+                async move {
+                    let mut buf = [0u8; 16];
+                    timeout(Duration::from_millis(500), y.recv(&mut buf)).await
+                }
+            });
+            sleep(Duration::from_millis(20)).await;
+            x.connect(&other.0).unwrap();
+            let first = waiting.await.unwrap();
+            let mut buf = [0u8; 16];
+            let then = timeout(Duration::from_millis(100), y.recv(&mut buf)).await;
+            (format!("{first:?}"), then.is_err())
+        });
+        let _ = done.send(outcome);
+    });
+    let (first, waited) = finished.recv_timeout(LIMIT).expect("the receive after the error spun");
+    assert!(first.contains("ConnectionReset"), "{first}");
+    assert!(waited, "a receive with nothing sent returned");
+}
+
+/// A name in Linux's abstract namespace (a leading NUL byte), as the docs
+/// say: bound, sent to and connected to (std's path-taking calls refuse a
+/// NUL in a path).
+#[hotloop::test(driver = "all")]
+async fn abstract_names_bind_connect_and_receive() {
+    let name = format!("\0hotloop-dgram-abstract-{}", std::process::id());
+    let a = UnixDatagram::bind(&name).unwrap();
+    let b = UnixDatagram::unbound().unwrap();
+    assert_eq!(b.send_to(b"to a name", &name).await.unwrap(), 9);
+    let mut buf = [0u8; 32];
+    let n = timeout(LIMIT, a.recv(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"to a name");
+    b.connect(&name).unwrap();
+    assert_eq!(b.send(b"again").await.unwrap(), 5);
+    let n = timeout(LIMIT, a.recv(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(&buf[..n], b"again");
+}

@@ -103,9 +103,15 @@ impl File {
         File { file: Arc::new(file), path, pos: Cell::new(0), append, cursor: RefCell::default() }
     }
 
-    /// Wraps a file opened by the standard library; the cursor starts at 0.
+    /// Wraps a file opened by the standard library; the cursor starts at
+    /// the file's own position (as tokio's does: bytes written through std
+    /// before are not written over), or at 0 where it has none (a pipe).
     pub fn from_std(file: std::fs::File) -> File {
-        File::wrap(file, Path::new("<file>").into(), false)
+        use std::io::Seek;
+        let pos = (&file).stream_position().unwrap_or(0);
+        let file = File::wrap(file, Path::new("<file>").into(), false);
+        file.pos.set(pos);
+        file
     }
 
     /// The standard library's file, once every operation started through

@@ -18,7 +18,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::net::Shutdown;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -46,8 +46,10 @@ const LINGER_READ_BYTES: usize = 4096;
 
 /// A stream whose socket can be shut down while the stream is in use.
 pub(super) trait Socket {
-    /// The socket under the stream.
-    fn socket(&self) -> BorrowedFd<'_>;
+    /// The socket under the stream; an error where it has no descriptor
+    /// and none can be installed (an io_uring direct socket, the process
+    /// out of descriptors).
+    fn socket(&self) -> std::io::Result<BorrowedFd<'_>>;
 
     /// A probe of the socket's receive queue (see [`TcpStream::input_probe`]).
     fn input_probe(&self) -> crate::net::InputProbe;
@@ -58,8 +60,8 @@ pub(super) trait Socket {
 }
 
 impl Socket for TcpStream {
-    fn socket(&self) -> BorrowedFd<'_> {
-        self.as_fd()
+    fn socket(&self) -> std::io::Result<BorrowedFd<'_>> {
+        self.core().try_as_fd()
     }
 
     fn input_probe(&self) -> crate::net::InputProbe {
@@ -73,8 +75,8 @@ impl Socket for TcpStream {
 
 #[cfg(feature = "tls")]
 impl Socket for crate::tls::ServerTlsStream {
-    fn socket(&self) -> BorrowedFd<'_> {
-        self.get_ref().0.as_fd()
+    fn socket(&self) -> std::io::Result<BorrowedFd<'_>> {
+        self.get_ref().0.core().try_as_fd()
     }
 
     fn input_probe(&self) -> crate::net::InputProbe {
@@ -315,14 +317,14 @@ impl Progress {
     /// then drew one reset per connection on every upgrade. HTTP/1.1 is
     /// left alone: a client that ends its side after a request still
     /// reads the answer (`half_close`).
-    fn mute_after_end(&self, fd: impl FnOnce() -> std::os::fd::RawFd) -> bool {
+    fn mute_after_end(&self, fd: impl FnOnce() -> std::io::Result<std::os::fd::RawFd>) -> bool {
         let ends = self.ends.get();
         if ends & HTTP2 == 0 {
             return false;
         }
         if ends & ENDED == 0
             && ends & GOING_AWAY != 0
-            && crate::sys::peer_ended(fd()).unwrap_or(false)
+            && fd().and_then(crate::sys::peer_ended).unwrap_or(false)
         {
             self.ends.set(ends | ENDED);
         }
@@ -473,7 +475,9 @@ impl<T: Socket> Drop for TimedIo<T> {
             // Ends a write in flight now (on io_uring a dropped stream's
             // write would otherwise linger), and the client reads a reset
             // or an end rather than waiting.
-            let _ = socket2::SockRef::from(&self.io.socket()).shutdown(Shutdown::Both);
+            if let Ok(fd) = self.io.socket() {
+                let _ = socket2::SockRef::from(&fd).shutdown(Shutdown::Both);
+            }
         }
     }
 }
@@ -569,7 +573,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        if self.progress.mute_after_end(|| self.io.socket().as_raw_fd()) {
+        if self.progress.mute_after_end(|| self.io.socket().map(|fd| fd.as_raw_fd())) {
             return Poll::Ready(Ok(buf.len()));
         }
         let poll = Pin::new(&mut self.io).poll_write(cx, buf);
@@ -583,7 +587,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        if self.progress.mute_after_end(|| self.io.socket().as_raw_fd()) {
+        if self.progress.mute_after_end(|| self.io.socket().map(|fd| fd.as_raw_fd())) {
             return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
         }
         let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);

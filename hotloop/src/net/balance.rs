@@ -67,6 +67,10 @@ struct Lane {
     queued: AtomicUsize,
     /// `queue.open`, read without the lock when choosing a worker.
     open: AtomicBool,
+    /// The worker is at its own connection limit (`maxconn_per_worker`):
+    /// its accept loop waits for a slot and takes nothing from the lane
+    /// meanwhile, so a connection handed to it would wait too.
+    full: AtomicBool,
 }
 
 struct LaneQueue {
@@ -85,6 +89,7 @@ impl Lanes {
                 queue: Mutex::new(LaneQueue { fds: VecDeque::new(), waker: None, open: true }),
                 queued: AtomicUsize::new(0),
                 open: AtomicBool::new(true),
+                full: AtomicBool::new(false),
             })
             .collect();
         Lanes { mode, lanes, workers }
@@ -112,6 +117,7 @@ impl Lanes {
         (0..self.lanes.len()).filter(move |&j| {
             j != me
                 && self.lanes[j].open.load(Ordering::Acquire)
+                && !self.lanes[j].full.load(Ordering::Acquire)
                 && !self.workers[j].dead.load(Ordering::Acquire)
         })
     }
@@ -177,6 +183,14 @@ impl Lanes {
             w.wake();
         }
         Ok(())
+    }
+
+    /// Says whether worker `me` is at its own connection limit: a full
+    /// worker is not handed connections (see [`Lane::full`]).
+    pub(crate) fn set_full(&self, me: usize, full: bool) {
+        if let Some(lane) = self.lanes.get(me) {
+            lane.full.store(full, Ordering::Release);
+        }
     }
 
     /// Files the accept loop of worker `me`, woken when a connection is

@@ -52,7 +52,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::balance::{hand_off, LaneGuard, Lanes};
@@ -316,8 +316,10 @@ struct WorkerConns {
     /// The worker, whose published load counts the connections.
     worker: Arc<WorkerShared>,
     active: Cell<usize>,
-    /// The accept loop, parked because a limit was reached.
-    waiting: Cell<Option<Waker>>,
+    /// The accept loops parked because a limit was reached: a worker runs
+    /// one per socket it was given (more than one after a hand-over from a
+    /// process with more workers), and each must wake when a slot frees.
+    waiting: RefCell<Vec<Waker>>,
     /// Set by this worker's accept loop when the server stops.
     stopping: Cell<bool>,
 }
@@ -328,7 +330,7 @@ impl WorkerConns {
             server,
             worker,
             active: Cell::new(0),
-            waiting: Cell::new(None),
+            waiting: RefCell::new(Vec::new()),
             stopping: Cell::new(false),
         }
     }
@@ -418,7 +420,8 @@ impl Drop for ActiveGuard {
         let before = server.active.fetch_sub(1, Ordering::SeqCst);
         self.local.active.set(self.local.active.get() - 1);
         self.local.worker.load.connection_closed();
-        if let Some(w) = self.local.waiting.take() {
+        let waiting = std::mem::take(&mut *self.local.waiting.borrow_mut());
+        for w in waiting {
             w.wake();
         }
         server.wake_slot_waiters();
@@ -809,8 +812,16 @@ where
             // On io_uring this stops the armed accept: the clients that wait
             // do so in the kernel's backlog, not as descriptors here.
             listener.set_accept_room(Some(0));
+            // Not chosen for hand-offs while it waits (it takes none).
+            let per_worker = limits.per_worker.is_some_and(|max| local.active.get() >= max);
+            if balancing && per_worker {
+                lanes.set_full(me, true);
+            }
             while at_limit(&shared, &local, limits) && !shared.is_stopped() {
                 wait_for_a_free_slot(&shared, &local, limits).await;
+            }
+            if balancing && per_worker {
+                lanes.set_full(me, false);
             }
         }
         // The driver accepts no further ahead than the slots left.
@@ -978,15 +989,18 @@ fn at_limit(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bool 
 async fn wait_for_a_free_slot(shared: &ServerShared, local: &WorkerConns, limits: Limits) {
     poll_fn(|cx| {
         if !at_limit(shared, local, limits) || shared.poll_stopped(cx.waker()) {
-            local.waiting.take();
             return Poll::Ready(());
         }
-        local.waiting.set(Some(cx.waker().clone()));
+        {
+            let mut waiting = local.waiting.borrow_mut();
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+        }
         if limits.global.is_some() {
             shared.park_for_slot(cx.waker());
             // A connection may have finished elsewhere between the check and parking.
             if !at_limit(shared, local, limits) {
-                local.waiting.take();
                 return Poll::Ready(());
             }
         }

@@ -31,7 +31,8 @@ impl UnixDatagram {
     /// removes the file on drop.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixDatagram> {
         let path = path.as_ref();
-        let socket = std::os::unix::net::UnixDatagram::bind(path)
+        let socket = address(path)
+            .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a))
             .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", path.display())))?;
         Self::from_std(socket)
     }
@@ -63,7 +64,8 @@ impl UnixDatagram {
     /// takes datagrams from.
     pub fn connect(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let path = path.as_ref();
-        self.std(|s| s.connect(path))
+        address(path)
+            .and_then(|a| self.std(|s| s.connect_addr(&a)))
             .map_err(|e| io::Error::new(e.kind(), format!("connect to {}: {e}", path.display())))
     }
 
@@ -74,8 +76,8 @@ impl UnixDatagram {
 
     /// Sends `buf` as one datagram to the socket bound at `path`.
     pub async fn send_to(&self, buf: &[u8], path: impl AsRef<Path>) -> io::Result<usize> {
-        let path = path.as_ref();
-        self.write_with(|s| s.send_to(buf, path)).await
+        let to = address(path.as_ref())?;
+        self.write_with(|s| s.send_to_addr(buf, &to)).await
     }
 
     /// Receives one datagram into `buf`; returns its length (cut to `buf`).
@@ -134,14 +136,36 @@ impl UnixDatagram {
         &self,
         mut f: impl FnMut(&std::os::unix::net::UnixDatagram) -> io::Result<R>,
     ) -> io::Result<R> {
+        let mut refused = 0u32;
         loop {
             match self.std(&mut f) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 done => return done,
             }
+            refused += 1;
+            if refused > 2 {
+                // An unconnected socket turns writable with room in its own
+                // buffer, which says nothing of the receiver's full queue
+                // (the refusal): without a pause this would try again as
+                // fast as the poller answers (io_uring's `POLL_ADD` at once).
+                let pause = std::time::Duration::from_micros(500 << (refused - 3).min(6));
+                crate::time::sleep(pause).await;
+            }
             self.src.next_writable().await?;
         }
+    }
+}
+
+/// The socket address `path` names: a file, or with a leading NUL byte a
+/// name in Linux's abstract namespace (which std's path-taking calls
+/// refuse, a NUL not being allowed in a path).
+fn address(path: &Path) -> io::Result<SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    match path.as_os_str().as_bytes() {
+        [0, name @ ..] => SocketAddr::from_abstract_name(name),
+        _ => SocketAddr::from_pathname(path),
     }
 }
 

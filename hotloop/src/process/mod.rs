@@ -35,7 +35,10 @@
 //!   both drivers (owned-buffer and pooled reads, tokio's and futures' I/O
 //!   traits): io_uring's receive operations need a socket. The child sees
 //!   a socket on its descriptor; programs that read and write their
-//!   standard streams do not tell the difference. Writing to a child that
+//!   standard streams do not tell the difference, but one that opens
+//!   `/dev/stdout` (or `/dev/stdin`, `/dev/stderr`, `/proc/self/fd/N`) gets
+//!   `ENXIO`, where tokio's pipes let it (`sh -c 'echo x >/dev/stderr'`):
+//!   pass such a program a file or an inherited stream. Writing to a child that
 //!   has exited fails with `BrokenPipe` and never raises `SIGPIPE`.
 //! - A dropped [`Child`] whose process still runs is not left a zombie:
 //!   on a worker, a task waits for it and reaps it. With

@@ -274,6 +274,9 @@ fn poll_wait(cx: &Context, last_event_ns: u64, ran_tasks: bool) -> Wait {
         return Wait::Now;
     }
     match cx.config.busy_poll {
+        // A paused clock moves only when the worker would sleep (it jumps
+        // to the next timer then): spinning would hold it still for good.
+        _ if cx.clock.is_paused() => {}
         BusyPoll::Always => return Wait::Spin,
         BusyPoll::Adaptive { spin_budget } => {
             let now = if ran_tasks { cx.clock.update() } else { cx.clock.cached_ns() };

@@ -58,8 +58,11 @@ pub fn pause() {
 }
 
 /// Starts the current worker's clock again, from the time it stands at
-/// (it does not go back to the system clock's time if it moved ahead of
-/// it). Resuming a running clock does nothing.
+/// if that is ahead of the system clock (it does not go back); from the
+/// system clock's time if the paused time is behind it, so that timers
+/// due in between fire at once (tokio's clock instead goes on from the
+/// paused instant, behind the system clock for good). Resuming a running
+/// clock does nothing.
 ///
 /// # Panics
 /// Outside a hotloop worker.

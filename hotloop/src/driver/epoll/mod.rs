@@ -331,15 +331,23 @@ impl Poller {
                 stats::add(&self.stats.stale_events, 1);
                 continue;
             };
-            let hangup = flags & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0;
+            // A hang-up is for good: every later operation ends at once, so
+            // the readiness stays. An error alone is not: on a datagram
+            // socket (an ICMP port unreachable, a peer that went away) the
+            // next receive or send returns it and the socket goes on, so it
+            // wakes both directions like any event and is drained like one
+            // (kept sticky, a receive that then found nothing would never
+            // wait again, and spin).
+            let hangup = flags & libc::EPOLLHUP as u32 != 0;
+            let error = flags & libc::EPOLLERR as u32 != 0;
             if hangup || flags & libc::EPOLLRDHUP as u32 != 0 {
                 s.ready |= HANGUP;
             }
-            if hangup || flags & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
+            if hangup || error || flags & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
                 s.ready |= READABLE;
                 s.take_into(Direction::Read, woken);
             }
-            if hangup || flags & libc::EPOLLOUT as u32 != 0 {
+            if hangup || error || flags & libc::EPOLLOUT as u32 != 0 {
                 s.ready |= WRITABLE;
                 s.take_into(Direction::Write, woken);
             }
