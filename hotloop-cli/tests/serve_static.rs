@@ -556,3 +556,20 @@ fn a_405_reaches_a_client_that_sent_a_body(driver: DriverKind) {
         );
     }
 }
+
+/// A directory asked for without its slash is redirected to it (as nginx
+/// does, so its index page's relative links resolve under it), the query
+/// kept; a file asked for as a directory is not found.
+#[hotloop::test(driver = "all")]
+fn a_directory_without_its_slash_is_redirected(driver: DriverKind) {
+    let root = Root::new();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    let r = get(addr, "/sub");
+    assert_eq!((r.status, r.header("location")), (301, Some("/sub/")), "{r:?}");
+    let r = get(addr, "/sub?page=2");
+    assert_eq!((r.status, r.header("location")), (301, Some("/sub/?page=2")), "{r:?}");
+    assert_eq!(get(addr, "/sub/").body, b"sub index");
+    assert_eq!(get(addr, "/sub/a.txt/").status, 404);
+    assert_eq!(get(addr, "/sub/a.txt").status, 200);
+    assert_eq!(get(addr, "/").status, 200);
+}

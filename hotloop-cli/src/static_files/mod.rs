@@ -200,15 +200,18 @@ async fn respond<S: Conn>(
         return After::Close;
     }
     let error = |status: u16| request::simple(status, "", close, get);
-    let found = match target::relative_path(head.target) {
-        Ok(rel) => match cache::get(&rel) {
-            Some(entry) => Ok(entry),
-            None => open(&site.root, &rel).await.map(|(file, stat, name)| {
-                cache::put(&rel, cache::Entry::new(file, stat, name), open_files)
-            }),
-        },
-        Err(target::Refused::Traversal) => Err(403),
-        Err(target::Refused::Malformed) => Err(400),
+    let (rel, found) = match target::relative_path(head.target) {
+        Ok(rel) => {
+            let found = match cache::get(&rel) {
+                Some(entry) => Ok(entry),
+                None => open(&site.root, &rel).await.map(|(file, stat, name)| {
+                    cache::put(&rel, cache::Entry::new(file, stat, name), open_files)
+                }),
+            };
+            (Some(rel), found)
+        }
+        Err(target::Refused::Traversal) => (None, Err(403)),
+        Err(target::Refused::Malformed) => (None, Err(400)),
     };
     let entry = match found {
         Ok(entry) => entry,
@@ -216,6 +219,25 @@ async fn respond<S: Conn>(
             return finish(stream.send(error(status), site.write_limit, timer).await, close)
         }
     };
+    // A directory is served by its index only at its name with a slash
+    // (nginx redirects the bare name, so the page's relative links resolve
+    // under it); a file asked for as a directory is not there.
+    if let Some(name) = rel.as_ref().and_then(|rel| rel.file_name()) {
+        let path = head.target.split(['?', '#']).next().unwrap_or("");
+        let directory = name.to_string_lossy() != entry.name.as_str();
+        match (directory, path.ends_with('/')) {
+            (true, false) => {
+                let query = &head.target[path.len()..];
+                let location = format!("Location: {path}/{query}\r\n");
+                let reply = request::simple(301, &location, close, get);
+                return finish(stream.send(reply, site.write_limit, timer).await, close);
+            }
+            (false, true) => {
+                return finish(stream.send(error(404), site.write_limit, timer).await, close)
+            }
+            _ => {}
+        }
+    }
     let (file, stat, name) = (&entry.file, &entry.stat, &entry.name);
     let modified = stat.modified();
     let last_modified = httpdate::fmt_http_date(modified);

@@ -101,6 +101,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         206 => "Partial Content",
+        301 => "Moved Permanently",
         304 => "Not Modified",
         400 => "Bad Request",
         403 => "Forbidden",

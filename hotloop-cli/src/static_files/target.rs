@@ -18,6 +18,7 @@ pub enum Refused {
 /// (`%2F`), which would change how the path splits. An empty result is
 /// the root itself.
 pub fn relative_path(target: &str) -> Result<PathBuf, Refused> {
+    let target = origin_form(target);
     let path = target.split(['?', '#']).next().unwrap_or("");
     let Some(path) = path.strip_prefix('/') else { return Err(Refused::Malformed) };
     let mut out = PathBuf::new();
@@ -36,6 +37,23 @@ pub fn relative_path(target: &str) -> Result<PathBuf, Refused> {
         }
     }
     Ok(out)
+}
+
+/// An absolute-form target (`http://host/path`, which a server must take,
+/// RFC 9112 section 3.2.2) as its path and what follows; any other target
+/// as it is. The host is the server's to ignore: it serves one root.
+fn origin_form(target: &str) -> &str {
+    for scheme in ["http://", "https://"] {
+        let named = target.get(..scheme.len()).is_some_and(|s| s.eq_ignore_ascii_case(scheme));
+        if named {
+            let rest = &target[scheme.len()..];
+            return match rest.find(['/', '?', '#']) {
+                Some(at) if rest.as_bytes()[at] == b'/' => &rest[at..],
+                _ => "/",
+            };
+        }
+    }
+    target
 }
 
 /// Percent-decodes `s`; `None` for a `%` not followed by two hex digits.
@@ -69,6 +87,9 @@ mod tests {
         assert_eq!(relative_path("//a/./b"), Ok(PathBuf::from("a/b")));
         assert_eq!(relative_path("/with%20space"), Ok(PathBuf::from("with space")));
         assert_eq!(relative_path("/..a/b.."), Ok(PathBuf::from("..a/b..")));
+        assert_eq!(relative_path("http://host/a/b.txt?x"), Ok(PathBuf::from("a/b.txt")));
+        assert_eq!(relative_path("HTTPS://host:8443"), Ok(PathBuf::new()));
+        assert_eq!(relative_path("http://host/../x"), Err(Refused::Traversal));
     }
 
     #[test]
