@@ -123,15 +123,39 @@ fn a_remote_abort_before_the_spawn_runs_stops_it(driver: DriverKind) {
     assert!(!ran.load(Ordering::SeqCst), "the aborted task was built");
 }
 
-/// A blocking job is not a task: abort leaves it alone, as tokio's does once it runs.
+/// A blocking job that has started runs to its end whatever `abort` says
+/// (a thread cannot be stopped); one still waiting in the queue is not run
+/// and gives `Cancelled`: tokio's behaviour both ways.
 #[hotloop::test(driver = "all")]
-async fn aborting_a_blocking_job_changes_nothing() {
-    let job = hotloop::spawn_blocking(|| {
-        std::thread::sleep(Duration::from_millis(20));
-        5
+fn aborting_a_blocking_job_skips_it_only_before_it_starts(driver: DriverKind) {
+    let rt = hotloop::Runtime::builder()
+        .workers(1)
+        .driver(driver)
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let first = hotloop::spawn_blocking(move || {
+            started_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            5
+        });
+        started_rx.recv().unwrap();
+        // The pool's one thread is busy: this one waits in the queue.
+        let ran = flag();
+        let second = hotloop::spawn_blocking({
+            let ran = ran.clone();
+            move || ran.store(true, Ordering::SeqCst)
+        });
+        second.abort();
+        first.abort();
+        go_tx.send(()).unwrap();
+        assert_eq!(first.await.unwrap(), 5, "a started job ran to its end");
+        assert!(matches!(second.await, Err(JoinError::Cancelled)));
+        assert!(!ran.load(Ordering::SeqCst), "the aborted job ran");
     });
-    job.abort();
-    assert_eq!(job.await.unwrap(), 5);
 }
 
 /// `JoinSet::spawn` returns an `AbortHandle` that works from another thread.

@@ -104,7 +104,13 @@ impl BlockingPool {
         // Dropped unrun (at shutdown), the completion reports `Cancelled`.
         let completion = Completion(slot.clone());
         let job: Job = Box::new(move |stats: &Stats| {
-            let out = catch_unwind(AssertUnwindSafe(f)).map_err(JoinError::Panicked);
+            // Aborted while it waited in the queue: not run, as tokio skips
+            // a blocking job aborted before it starts.
+            let out = if completion.0.abort_requested() {
+                Err(JoinError::Cancelled)
+            } else {
+                catch_unwind(AssertUnwindSafe(f)).map_err(JoinError::Panicked)
+            };
             stats.running.fetch_sub(1, Relaxed);
             stats.completed.fetch_add(1, Relaxed);
             completion.0.finish(out);

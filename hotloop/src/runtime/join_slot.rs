@@ -320,13 +320,15 @@ impl<T> JoinSlot<T> {
         }
     }
 
-    /// True if the task was aborted before it was spawned.
+    /// True if the task was aborted before it was spawned (or a blocking
+    /// job before it started).
     pub(crate) fn abort_requested(&self) -> bool {
         lock(&self.state).abort_requested
     }
 
     /// Aborts the task through its aborter, once; does nothing once the
-    /// task has finished, or for a blocking job.
+    /// task has finished. A blocking job has no aborter: the flag alone
+    /// keeps it from starting.
     fn abort_remote(&self) {
         let aborter = {
             let mut st = lock(&self.state);
@@ -394,8 +396,9 @@ impl<T> RemoteJoinHandle<T> {
     /// `JoinError::Cancelled`, unless the task had already finished.
     ///
     /// A job of the blocking pool ([`spawn_blocking`](crate::spawn_blocking))
-    /// is not a task and cannot be aborted: this does nothing to it, as
-    /// tokio's `abort` does nothing to a blocking job that has started.
+    /// that has not started is not run, and gives `JoinError::Cancelled`;
+    /// one that has started runs to its end (a thread cannot be stopped),
+    /// as with tokio.
     pub fn abort(&self) {
         self.slot.abort_remote();
     }
