@@ -224,3 +224,32 @@ async fn abstract_names_bind_connect_and_receive() {
     let n = timeout(LIMIT, a.recv(&mut buf)).await.unwrap().unwrap();
     assert_eq!(&buf[..n], b"again");
 }
+
+/// Two tasks receiving on one socket, one of which gives up (a timeout):
+/// the other still gets the datagram that arrives later (before, on
+/// io_uring, the socket's one poll woke only the last task to wait, the one
+/// that had given up).
+#[hotloop::test(driver = "all")]
+async fn two_receivers_on_one_socket_both_keep_their_wake_up() {
+    let (x, y) = UnixDatagram::pair().unwrap();
+    let y = std::rc::Rc::new(y);
+    let patient = hotloop::spawn({
+        let y = y.clone();
+        async move {
+            let mut buf = [0u8; 16];
+            let n = timeout(LIMIT, y.recv(&mut buf)).await.unwrap().unwrap();
+            buf[..n].to_vec()
+        }
+    });
+    sleep(Duration::from_millis(10)).await;
+    let mut buf = [0u8; 16];
+    assert!(timeout(Duration::from_millis(10), y.recv(&mut buf)).await.is_err());
+    x.send(b"late").await.unwrap();
+    assert_eq!(
+        timeout(Duration::from_secs(5), patient)
+            .await
+            .expect("the first receiver was never woken")
+            .unwrap(),
+        b"late"
+    );
+}
