@@ -41,7 +41,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: String,
     /// static: the directory whose files are served (a request for a
-    /// directory gets its index.html). Only regular files are served: a
+    /// directory gets its index.html; one without the trailing slash a 301
+    /// to it). Only regular files are served: a
     /// FIFO, a socket or a device is 404. Each worker keeps files it served
     /// open for at most 1 s, all workers together at most a quarter of the
     /// open-file limit; every hit checks the kept file (fstat), so a file

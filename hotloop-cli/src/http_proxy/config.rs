@@ -428,11 +428,15 @@ fn route(
     Ok(r)
 }
 
+/// A host name, or `*.` and one: labels of letters, digits and `-`, none
+/// empty (a trailing dot, `a..b` or a leading dot would name nothing a
+/// request's host, its trailing dot stripped, can match).
 fn valid_host_pattern(h: &str) -> bool {
     let name = h.strip_prefix("*.").unwrap_or(h);
     !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-        && !name.starts_with('.')
+        && name.split('.').all(|label| {
+            !label.is_empty() && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
 }
 
 /// One address, resolved now (a name that does not resolve is an error at
@@ -692,6 +696,14 @@ group = "web"
             .unwrap_err();
         assert_eq!(e.line, 4, "{e:?}");
         assert!(e.reason.contains("groups.a.tls_ca_file"), "{e:?}");
+        // Host patterns that could never match a request's host.
+        for host in ["example.com.", "*.example.com.", "a..b", ".example.com", "*."] {
+            let text = format!(
+                "[groups.a]\nbackends = [\"127.0.0.1:1\"]\n[[routes]]\nhost = \"{host}\"\ngroup = \"a\"\n"
+            );
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.line, 4, "{host}: {e:?}");
+        }
     }
 
     #[test]

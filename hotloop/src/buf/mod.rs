@@ -76,13 +76,16 @@ pub unsafe trait IoBuf: 'static {
     where
         Self: Sized,
     {
+        // `usize::MAX + 1` would wrap in a build without overflow checks,
+        // turning a range past the end into an empty or whole one.
+        let past = |n: usize| n.checked_add(1).expect("slice out of range");
         let begin = match range.start_bound() {
             Bound::Included(&n) => n,
-            Bound::Excluded(&n) => n + 1,
+            Bound::Excluded(&n) => past(n),
             Bound::Unbounded => 0,
         };
         let end = match range.end_bound() {
-            Bound::Included(&n) => n + 1,
+            Bound::Included(&n) => past(n),
             Bound::Excluded(&n) => n,
             Bound::Unbounded => self.bytes_init(),
         };
@@ -343,5 +346,25 @@ unsafe impl IoBufMut for Tail {
         let len = self.0.len();
         // SAFETY: the caller guarantees the `n` bytes after `len` were written.
         unsafe { self.0.set_len(len + n) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IoBuf;
+
+    /// A bound one past `usize::MAX` is out of range, in every build (it
+    /// wrapped to 0 where overflow checks are off: an empty or whole slice).
+    #[test]
+    #[should_panic(expected = "slice out of range")]
+    fn an_inclusive_end_at_the_last_usize_is_out_of_range() {
+        let _ = vec![1u8, 2, 3].slice(..=usize::MAX);
+    }
+
+    #[test]
+    #[should_panic(expected = "slice out of range")]
+    fn an_excluded_start_at_the_last_usize_is_out_of_range() {
+        use std::ops::Bound;
+        let _ = vec![1u8, 2, 3].slice((Bound::Excluded(usize::MAX), Bound::Unbounded));
     }
 }
