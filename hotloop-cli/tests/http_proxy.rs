@@ -1085,14 +1085,7 @@ fn http2_clients_and_http2_backends(driver: DriverKind) {
     let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
     let answers = rt.block_on(async move {
         use hyper::body::Body as _;
-        let tcp = hotloop::net::TcpStream::connect(addr).await.unwrap();
-        let (send, conn) =
-            hyper::client::conn::http2::Builder::new(hotloop::hyper::HotloopExecutor)
-                .timer(hotloop::hyper::HotloopTimer)
-                .handshake::<_, String>(hotloop::hyper::HyperIo::new(tcp))
-                .await
-                .unwrap();
-        drop(hotloop::spawn(conn));
+        let send = h2_client(addr).await;
         let mut out = Vec::new();
         for host in ["h2.test", "h1.test", "h2.test", "h1.test"] {
             let req = hyper::Request::get(format!("http://{host}/x")).body(String::new()).unwrap();
@@ -1120,14 +1113,7 @@ fn http2_clients_and_http2_backends(driver: DriverKind) {
     // does not reach the backend.
     let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
     let status = rt.block_on(async move {
-        let tcp = hotloop::net::TcpStream::connect(addr).await.unwrap();
-        let (mut send, conn) =
-            hyper::client::conn::http2::Builder::new(hotloop::hyper::HotloopExecutor)
-                .timer(hotloop::hyper::HotloopTimer)
-                .handshake::<_, String>(hotloop::hyper::HyperIo::new(tcp))
-                .await
-                .unwrap();
-        drop(hotloop::spawn(conn));
+        let mut send = h2_client(addr).await;
         let req = hyper::Request::get("http://h1.test/other")
             .header("host", "admin.test")
             .body(String::new())
@@ -1138,6 +1124,19 @@ fn http2_clients_and_http2_backends(driver: DriverKind) {
     let last = h1.seen().last().cloned().unwrap();
     assert_eq!((last.path.as_str(), last.header("host")), ("/other", Some("h1.test")));
     h2_backend.signal("QUIT");
+}
+
+/// An HTTP/2 client connection (prior knowledge) to `addr`, its
+/// connection driven by a task of its own.
+async fn h2_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<String> {
+    let tcp = hotloop::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::Builder::new(hotloop::hyper::HotloopExecutor)
+        .timer(hotloop::hyper::HotloopTimer)
+        .handshake::<_, String>(hotloop::hyper::HyperIo::new(tcp))
+        .await
+        .unwrap();
+    drop(hotloop::spawn(conn));
+    send
 }
 
 /// Over TLS, ALPN offers h2 and http/1.1; HTTP/1.1 is served and

@@ -13,14 +13,11 @@ use hotloop::DriverKind;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 use common::Proc;
-use hotloop::tls::rustls;
 use hotloop::Runtime;
-use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{ClientConfig, ConnectionError, VarInt};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -60,22 +57,7 @@ fn serve_app(
     let mut p = Proc::start(&args);
     let addr = p.addr_after(" on ");
     assert!(p.wait_for_line("written to", LIMIT), "{:?}", p.seen);
-    (p, addr, client_config(&cert, alpn))
-}
-
-fn client_config(cert: &std::path::Path, alpn: &[u8]) -> ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in hotloop::tls::load_certs(cert).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![alpn.to_vec()];
-    ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
+    (p, addr, common::quic_client_config(&cert, alpn))
 }
 
 /// The client's runtime: one worker on epoll, whatever the server's driver.
@@ -331,7 +313,7 @@ fn a_given_certificate_is_served(driver: DriverKind) {
         key.to_str().unwrap(),
     ]);
     let addr = p.addr_after(" on ");
-    let config = client_config(&cert, ALPN);
+    let config = common::quic_client_config(&cert, ALPN);
     client_rt().block_on(async move {
         hotloop::time::timeout(LIMIT, async {
             let client = hotloop::quic::endpoint(localhost(), None).unwrap();

@@ -10,7 +10,7 @@
 use crate::common;
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 use common::Proc;
-use hotloop::tls::rustls;
 use hotloop::{DriverKind, Runtime};
-use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{ClientConfig, VarInt};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -66,7 +64,7 @@ impl Server {
         let stats = p.addr_after("stats on ");
         assert!(p.wait_for_line("written to", LIMIT), "{:?}", p.seen);
         let alpn: &[u8] = if app == "h3" { b"h3" } else { b"hotloop-echo" };
-        Server { p, addr, stats, config: client_config(&cert, alpn) }
+        Server { p, addr, stats, config: common::quic_client_config(&cert, alpn) }
     }
 
     /// The server's resident memory, KiB.
@@ -85,21 +83,6 @@ impl Server {
         self.p.signal("TERM");
         assert!(self.p.wait_exit(LIMIT).expect("hotloop did not exit").success());
     }
-}
-
-fn client_config(cert: &Path, alpn: &[u8]) -> ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in hotloop::tls::load_certs(cert).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![alpn.to_vec()];
-    ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
 }
 
 /// A client's first datagram to `addr`: an Initial with a fresh connection

@@ -491,8 +491,7 @@ fn sighup_reloads_the_certificate_and_keeps_it_when_the_new_one_is_bad(driver: D
 /// connection reaches the successor.
 #[hotloop::test(driver = "all")]
 fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
-    use quinn::crypto::rustls::QuicClientConfig;
-    use quinn::{ClientConfig, ConnectionError};
+    use quinn::ConnectionError;
 
     let driver = common::driver_arg(driver);
     let path = socket_path();
@@ -509,16 +508,7 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     };
     let mut p = Proc::start(&args("2"));
     let addr = p.addr_after(" on ");
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(hotloop::tls::load_certs(&cert).unwrap().remove(0)).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"hotloop-echo".to_vec()];
-    let config = ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
+    let config = common::quic_client_config(&cert, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
     let echo = |conn: quinn::Connection| async move {
         let (mut send, mut recv) = conn.open_bi().await.unwrap();
@@ -555,22 +545,6 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
 
-/// quinn's client configuration for `serve quic` (ALPN `hotloop-echo`),
-/// trusting `cert`.
-fn quic_client_config(cert: &Path) -> quinn::ClientConfig {
-    use quinn::crypto::rustls::QuicClientConfig;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(hotloop::tls::load_certs(cert).unwrap().remove(0)).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"hotloop-echo".to_vec()];
-    quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
-}
-
 /// `serve quic` whose successor takes the UDP sockets and then fails to
 /// start (its stats address cannot be bound) goes on serving: it never
 /// hands over, since the successor fails before it says it is ready. The
@@ -589,7 +563,7 @@ fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: Drive
     let mut p = Proc::start(&args("2", "127.0.0.1:0"));
     let addr = p.addr_after(" on ");
     let stats = p.addr_after("stats on ");
-    let config = quic_client_config(&cert);
+    let config = common::quic_client_config(&cert, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
     let echo = |conn: quinn::Connection| async move {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
@@ -631,9 +605,6 @@ fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: Drive
 /// open at its deadline is cut and logged (the `drain_cut` event).
 #[hotloop::test(driver = "all")]
 fn a_quic_drain_is_counted_and_its_cut_logged(driver: DriverKind) {
-    use quinn::crypto::rustls::QuicClientConfig;
-    use quinn::ClientConfig;
-
     let driver = common::driver_arg(driver);
     let (cert, key) = common::certificate();
     let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
@@ -657,16 +628,7 @@ fn a_quic_drain_is_counted_and_its_cut_logged(driver: DriverKind) {
     ]);
     let addr = p.addr_after(" on ");
     let stats = p.addr_after("stats on ");
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(hotloop::tls::load_certs(&cert).unwrap().remove(0)).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"hotloop-echo".to_vec()];
-    let config = ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
+    let config = common::quic_client_config(&cert, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
     // A stream left open: the connection is busy until the deadline.
     let (_conn, _send) = rt.block_on(async {

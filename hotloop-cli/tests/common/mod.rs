@@ -318,3 +318,21 @@ pub fn tls_client_over(tcp: TcpStream, cert: &Path, alpn: &[&[u8]]) -> TlsClient
     }
     tls
 }
+
+/// quinn's client configuration (TLS 1.3, `alpn` offered) trusting the
+/// certificates in `cert`.
+pub fn quic_client_config(cert: &Path, alpn: &[u8]) -> quinn::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in hotloop::tls::load_certs(cert).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    quinn::ClientConfig::new(Arc::new(crypto))
+}
