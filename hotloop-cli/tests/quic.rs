@@ -23,18 +23,6 @@ use quinn::{ClientConfig, ConnectionError, VarInt};
 const LIMIT: Duration = Duration::from_secs(20);
 const ALPN: &[u8] = b"hotloop-echo";
 
-/// A fresh path for the server's certificate.
-fn cert_path() -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "hotloop-cli-quic-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("cert.pem")
-}
-
 /// `hotloop serve quic` on `driver` with two workers, its certificate
 /// written for the client; the process, its address and the client's
 /// configuration.
@@ -49,7 +37,8 @@ fn serve_app(
     driver: &str,
     extra: &[&str],
 ) -> (Proc, SocketAddr, ClientConfig) {
-    let cert = cert_path();
+    let dir = common::TempDir::new("quic");
+    let cert = dir.join("cert.pem");
     let mut args =
         vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
     args.extend_from_slice(&["--write-cert", cert.to_str().unwrap()]);
@@ -57,6 +46,8 @@ fn serve_app(
     let mut p = Proc::start(&args);
     let addr = p.addr_after(" on ");
     assert!(p.wait_for_line("written to", LIMIT), "{:?}", p.seen);
+    // The client's configuration holds the certificate; the file and its
+    // directory go when this returns.
     (p, addr, common::quic_client_config(&cert, alpn))
 }
 
@@ -294,8 +285,8 @@ fn a_given_certificate_is_served(driver: DriverKind) {
     let driver = common::driver_arg(driver);
     let names = vec!["localhost".to_string()];
     let made = rcgen::generate_simple_self_signed(names).unwrap();
-    let cert = cert_path();
-    let key = cert.with_file_name("key.pem");
+    let dir = common::TempDir::new("quic");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     std::fs::write(&cert, made.cert.pem()).unwrap();
     std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
     let mut p = Proc::start(&[

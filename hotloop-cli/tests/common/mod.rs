@@ -252,6 +252,35 @@ pub fn read_to_close(s: &mut impl Read) -> (Vec<u8>, Duration) {
     }
 }
 
+/// A fresh directory under the system's temporary directory, removed with
+/// everything in it when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `hotloop-cli-NAME-PID-N`.
+    pub fn new(name: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "hotloop-cli-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    /// `NAME` inside the directory.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A self-signed certificate for `localhost` and 127.0.0.1 in a fresh
 /// temporary directory: (certificate path, key path).
 pub fn certificate() -> (PathBuf, PathBuf) {
