@@ -11,8 +11,6 @@ use crate::common;
 
 use hotloop::DriverKind;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
