@@ -230,3 +230,56 @@ async fn a_detached_tasks_handle_is_not_fooled_by_the_task_in_its_place() {
     assert!(dropped.load(Ordering::SeqCst), "the abort reached the detached task");
     assert!(detached.is_finished());
 }
+
+/// Takes itself out of a registry when dropped, as a connection's guard does.
+struct Registered(std::rc::Rc<std::cell::RefCell<Vec<u32>>>, u32);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.0.borrow_mut().retain(|&id| id != self.1);
+    }
+}
+
+/// An abort (and a dropped `JoinSet`) drops the task later, at its turn
+/// on the worker, as tokio does: not inside the caller, which may hold a
+/// borrow the task's destructors take.
+#[hotloop::test(driver = "all")]
+fn an_abort_drops_the_task_at_its_turn_not_inside_the_caller(driver: DriverKind) {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    rt.block_on(async {
+        let registry = Rc::new(RefCell::new(Vec::new()));
+        let mut set = JoinSet::new();
+        let mut handles = Vec::new();
+        for id in 0..4u32 {
+            registry.borrow_mut().push(id);
+            let guard = Registered(registry.clone(), id);
+            let task = async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            };
+            if id < 2 {
+                handles.push(hotloop::spawn(task));
+            } else {
+                set.spawn(task);
+            }
+        }
+        hotloop::yield_now().await;
+        {
+            let held = registry.borrow_mut();
+            for h in &handles {
+                h.abort();
+            }
+            drop(set);
+            assert_eq!(held.len(), 4, "dropped inside the caller's borrow");
+        }
+        for h in handles {
+            assert!(h.await.unwrap_err().is_cancelled());
+        }
+        for _ in 0..4 {
+            hotloop::yield_now().await;
+        }
+        assert!(registry.borrow().is_empty(), "left: {:?}", registry.borrow());
+    });
+}

@@ -158,6 +158,33 @@ async fn a_waker_kept_after_its_task_ended_never_wakes_a_later_task() {
     later.abort();
 }
 
+/// The task that calls `wake_all` is woken too, as the doc says: one that
+/// returns `Pending` after it, keeping no waker, is polled again.
+#[hotloop::test(driver = "all")]
+fn wake_all_wakes_the_calling_task(driver: DriverKind) {
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let task = rt.handle().spawn_on(0, || async {
+        let mut polls = 0;
+        std::future::poll_fn(|_| {
+            polls += 1;
+            if polls == 1 {
+                hotloop::task::wake_all();
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
+        polls
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !task.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the caller was not woken");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(task.join().unwrap(), 2);
+}
+
 /// `wake_all` reaches every task of the worker it runs on, even one parked
 /// on a wait that kept no waker (as an idle connection is while the server
 /// is told to stop), and leaves the other workers' tasks alone.

@@ -78,23 +78,33 @@ fn abort_task(owner: &WorkerShared, owner_uid: u64, key: TaskKey) {
     }
 }
 
-/// Aborts task `key` of `cx`, the context running on this thread.
+/// Aborts task `key` of `cx`, the context running on this thread: marks
+/// it and queues it, and the executor drops it at its turn in the run
+/// queue (or after its poll, if it is running now), as tokio does. Not
+/// here: the caller may hold a borrow the task's destructors take (a
+/// registry of connections each removes itself from), and they would see
+/// the caller's task-local values.
 pub(crate) fn abort_local(cx: &Context, key: TaskKey) {
-    let removed = {
-        let Ok(mut tasks) = cx.tasks.try_borrow_mut() else { return };
-        match tasks.get_mut(key) {
-            // Running now: mark it, and the executor drops it after its poll.
-            Some(task) if task.future.is_none() => {
-                task.set_aborted();
-                None
-            }
-            Some(_) => tasks.remove(key),
-            None => None,
+    let header = match cx.tasks.try_borrow_mut() {
+        Ok(mut tasks) => tasks.get_mut(key).map(|task| {
+            task.set_aborted();
+            task.header.clone()
+        }),
+        Err(_) => {
+            // Inside a move of the slab (a destructor it runs): again
+            // once that is over.
+            let owner_uid = cx.uid;
+            cx.shared.push_runnable(Box::new(move || {
+                if let Some(cx) = context::current().filter(|cx| cx.uid == owner_uid) {
+                    abort_local(&cx, key);
+                }
+            }));
+            None
         }
     };
-    // Dropped outside the borrow, and guarded: its destructors may touch
-    // the runtime, or panic.
-    super::worker::drop_guarded(removed);
+    if let Some(header) = header {
+        std::task::Wake::wake_by_ref(&header);
+    }
 }
 
 /// Aborts a task without owning its output, as tokio's `AbortHandle`:
@@ -427,15 +437,17 @@ pub async fn yield_now() {
 pub fn wake_all() -> usize {
     // Collected first: a wake on this worker pushes onto its run queue,
     // which must not happen while the task slab is borrowed.
-    let wakers: Vec<Waker> = context::with(|cx| {
+    // Through each task's header, not its `waker` field: the task being
+    // polled (the caller's own) has a no-op there until its poll ends.
+    let headers: Vec<_> = context::with(|cx| {
         // A worker without a `block_on` future skips the entry; one whose
         // future is already queued polls it once more.
         cx.run_queue.borrow_mut().push_back(super::task::MAIN_TASK);
-        cx.tasks.borrow().iter().map(|t| t.waker.clone()).collect()
+        cx.tasks.borrow().iter().map(|t| t.header.clone()).collect()
     });
-    let woken = wakers.len();
-    for waker in wakers {
-        waker.wake();
+    let woken = headers.len();
+    for header in headers {
+        std::task::Wake::wake_by_ref(&header);
     }
     woken
 }

@@ -364,8 +364,13 @@ impl Runtime {
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let cx = self.main.as_ref().expect("runtime is shutting down").clone();
         let guard = context::enter(cx.clone());
-        let future = pin!(future);
-        let out = worker::run(&cx, Some(future));
+        // The future (finished or not) is dropped inside the context, so
+        // what it holds (a timer, a socket) is given back to this worker
+        // at once rather than left for the next `block_on`.
+        let out = {
+            let future = pin!(future);
+            worker::run(&cx, Some(future))
+        };
         drop(guard);
         match out {
             Ok(v) => v,
