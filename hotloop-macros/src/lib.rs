@@ -47,8 +47,9 @@ pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
 /// - `driver = "auto" | "epoll" | "uring" | "all"` (default `auto`).
 ///   `"all"` makes a module named after the test with one test per driver,
 ///   `epoll` and `uring`. A test on io_uring where the kernel cannot run
-///   it prints why and passes, unless the environment variable
-///   `HOTLOOP_REQUIRE_URING=1` is set: then it fails.
+///   it, or where `HOTLOOP_DRIVER=epoll` forces epoll on every runtime,
+///   prints why and passes without running, unless the environment
+///   variable `HOTLOOP_REQUIRE_URING=1` is set: then it fails.
 /// - `workers = N` (default 1).
 /// - `start_paused = true` (default false): the body starts with time
 ///   paused on its worker (`hotloop::time::pause()`), so its timers move
@@ -57,7 +58,12 @@ pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// The test function may take one argument, the `hotloop::DriverKind` it
 /// runs on. Other attributes (`#[should_panic]`, `#[ignore]`) are copied to
-/// every generated test, and a `Result` return type is kept.
+/// every generated test, and a `Result` return type is kept. On io_uring
+/// the generated test checks a `#[should_panic]` itself (the panic must
+/// come, with the expected message if one is given), so that a skip
+/// passes as every skipped test does instead of failing with "did not
+/// panic", and the `HOTLOOP_REQUIRE_URING=1` failure stays a failure
+/// instead of passing as the expected panic.
 ///
 /// With `driver = "all"` the test may also be a plain `fn` that takes the
 /// driver, for a test that builds its own runtimes (several workers, a
@@ -207,8 +213,36 @@ fn expand(args: TokenStream, item: TokenStream, kind: Kind) -> syn::Result<Token
     };
     match kind {
         Kind::Main => Ok(expand_main(input, &options)),
-        Kind::Test => Ok(expand_test(input, &options, takes_driver, is_async)),
+        Kind::Test => expand_test(input, &options, takes_driver, is_async),
     }
+}
+
+/// What a `#[should_panic]` asks of a test: `Some(expected)`, the message
+/// it names if any, or `None` for an attribute that is not one.
+fn should_panic(attr: &syn::Attribute) -> syn::Result<Option<Option<syn::LitStr>>> {
+    if !attr.path().is_ident("should_panic") {
+        return Ok(None);
+    }
+    let expected = match &attr.meta {
+        Meta::Path(_) => None,
+        Meta::NameValue(nv) => match &nv.value {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Some(s.clone()),
+            other => return Err(syn::Error::new_spanned(other, "expected a string")),
+        },
+        Meta::List(list) => {
+            let mut expected = None;
+            list.parse_nested_meta(|m| {
+                if m.path.is_ident("expected") {
+                    expected = Some(m.value()?.parse::<syn::LitStr>()?);
+                    Ok(())
+                } else {
+                    Err(m.error("expected `expected = \"...\"`"))
+                }
+            })?;
+            expected
+        }
+    };
+    Ok(Some(expected))
 }
 
 fn driver_path(driver: Driver) -> TokenStream2 {
@@ -243,10 +277,23 @@ fn expand_test(
     options: &Options,
     takes_driver: bool,
     is_async: bool,
-) -> TokenStream2 {
+) -> syn::Result<TokenStream2> {
     let ItemFn { attrs, vis, sig, block } = input;
     let name = &sig.ident;
     let output = &sig.output;
+    // A `#[should_panic]` is left to the test harness on epoll, and checked
+    // by the generated test on io_uring (see `one` below).
+    let mut panic_check = None;
+    let mut other_attrs = Vec::new();
+    for attr in &attrs {
+        match should_panic(attr)? {
+            Some(expected) => panic_check = Some(expected),
+            None => other_attrs.push(attr),
+        }
+    }
+    if let (Some(_), ReturnType::Type(..)) = (&panic_check, output) {
+        return Err(syn::Error::new_spanned(output, "a `#[should_panic]` test must return `()`"));
+    }
     let workers = options.workers.clone().unwrap_or_else(|| quote!(1usize));
     let body_fn = format_ident!("__hotloop_test_body", span = Span::call_site());
     let call = if takes_driver { quote!(#body_fn(driver)) } else { quote!(#body_fn()) };
@@ -284,6 +331,11 @@ fn expand_test(
     };
     // One `#[test]` on `driver`; `inner` is placed inside its block (the
     // body, for a single test, so that tests in one module do not clash).
+    //
+    // On io_uring a `#[should_panic]` is not passed on: the harness would
+    // count the skip (a return) as "did not panic", and the
+    // `HOTLOOP_REQUIRE_URING=1` failure (a panic) as the panic expected.
+    // The body's panic is checked inside instead, after the skip.
     let one = |driver: Driver, test_name: &syn::Ident, inner: Option<&TokenStream2>| {
         let kind = driver_path(driver);
         let skip = (driver == Driver::Uring).then(|| {
@@ -293,9 +345,22 @@ fn expand_test(
                 }
             }
         });
+        let (attrs, run) = match &panic_check {
+            Some(expected) if driver == Driver::Uring => {
+                let expected = match expected {
+                    Some(msg) => quote!(::core::option::Option::Some(#msg)),
+                    None => quote!(::core::option::Option::None),
+                };
+                let run = quote! {
+                    ::hotloop::__private::expect_panic(#expected, move || { #run });
+                };
+                (quote!(#(#other_attrs)*), run)
+            }
+            _ => (quote!(#(#attrs)*), run.clone()),
+        };
         quote! {
             #[::core::prelude::v1::test]
-            #(#attrs)*
+            #attrs
             fn #test_name() #output {
                 #inner
                 #skip
@@ -308,7 +373,7 @@ fn expand_test(
         Driver::All => {
             let epoll = one(Driver::Epoll, &format_ident!("epoll"), None);
             let uring = one(Driver::Uring, &format_ident!("uring"), None);
-            quote! {
+            Ok(quote! {
                 #vis mod #name {
                     #[allow(unused_imports)]
                     use super::*;
@@ -317,8 +382,8 @@ fn expand_test(
                     #epoll
                     #uring
                 }
-            }
+            })
         }
-        driver => one(driver, name, Some(&body)),
+        driver => Ok(one(driver, name, Some(&body))),
     }
 }

@@ -89,16 +89,53 @@ pub use hotloop_macros::{main, test};
 /// Support for the code `#[hotloop::test]` generates; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    /// True if an io_uring test must be skipped here (it prints why); panics
-    /// instead when `HOTLOOP_REQUIRE_URING=1` demands io_uring.
+    use std::any::Any;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// True if an io_uring test must be skipped here (it prints why): the
+    /// kernel cannot run io_uring, or `HOTLOOP_DRIVER=epoll` forces epoll
+    /// on every runtime (the test would run on epoll). Panics instead when
+    /// `HOTLOOP_REQUIRE_URING=1` demands io_uring.
     pub fn skip_uring_test() -> bool {
-        let Err(reason) = crate::runtime::uring_available() else {
-            return false;
+        let forced = std::env::var("HOTLOOP_DRIVER")
+            .ok()
+            .filter(|v| v.parse::<crate::DriverKind>() == Ok(crate::DriverKind::Epoll));
+        let reason = match (forced, crate::runtime::uring_available()) {
+            (Some(v), _) => format!("HOTLOOP_DRIVER={v} forces the epoll driver"),
+            (None, Err(reason)) => reason,
+            (None, Ok(())) => return false,
         };
         if std::env::var_os("HOTLOOP_REQUIRE_URING").is_some_and(|v| v == "1") {
             panic!("HOTLOOP_REQUIRE_URING=1, but io_uring cannot run here: {reason}");
         }
         eprintln!("skipped on io_uring: {reason}");
         true
+    }
+
+    /// Runs a `#[should_panic]` test's body on io_uring and checks its
+    /// panic as the test harness would: it must panic, and with a message
+    /// containing `expected` when one is given. Panics (failing the test)
+    /// otherwise.
+    pub fn expect_panic(expected: Option<&str>, body: impl FnOnce()) {
+        let Err(payload) = catch_unwind(AssertUnwindSafe(body)) else {
+            panic!("the test did not panic as `#[should_panic]` expects");
+        };
+        let Some(expected) = expected else { return };
+        match message(&*payload) {
+            Some(msg) if msg.contains(expected) => {}
+            Some(msg) => panic!(
+                "the panic did not contain the expected string\n      panic message: \
+                 {msg:?}\n expected substring: {expected:?}"
+            ),
+            None => panic!("the panic had no string message; expected one containing {expected:?}"),
+        }
+    }
+
+    /// The message of a panic's payload, if it is a string.
+    fn message(payload: &(dyn Any + Send)) -> Option<&str> {
+        payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
     }
 }

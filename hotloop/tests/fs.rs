@@ -1,7 +1,8 @@
 //! `hotloop::fs` on both drivers: every function, the errors of bad paths
 //! (with the path in the message and the kind kept), a read-only file
 //! written to, reads and opens dropped while in flight (nothing leaks, the
-//! file stays usable), tokio's `AsyncRead`/`AsyncWrite`/`AsyncSeek`, and
+//! file stays usable), tokio's `AsyncRead`/`AsyncWrite`/`AsyncSeek`, tasks
+//! sharing a file while an operation through them is in flight, and
 //! `Dir`, which refuses paths that leave it.
 
 use std::future::Future;
@@ -464,6 +465,41 @@ async fn several_tasks_wait_for_the_write_in_flight() {
         let got = timeout(LIMIT, reader).await.expect("a waiter was never woken").unwrap();
         assert!(got.unwrap() == body);
     }
+}
+
+/// A task that stops waiting for the operation in flight through the
+/// traits (its future dropped after one poll) takes no other task's
+/// wake-up with it: the operation wakes the waker it was polled with last,
+/// and before, that was the task that left, so the one still waiting hung.
+/// A read ahead on a FIFO keeps the operation in flight until the test
+/// writes to it.
+#[hotloop::test(driver = "all")]
+async fn a_waiter_that_gives_up_leaves_the_others_woken() {
+    use std::io::Write as _;
+    let dir = TempDir::new("gives-up");
+    let fifo = dir.join("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut file = OpenOptions::new().read(true).write(true).open(&fifo).await.unwrap();
+    let mut byte = [0u8; 1];
+    assert!(!poll_once(&mut Box::pin(file.read(&mut byte))).await, "the FIFO is empty");
+    let file = std::rc::Rc::new(file);
+    let waiting = hotloop::spawn({
+        let file = file.clone();
+        async move { file.metadata().await.map(|m| m.is_file()) }
+    });
+    hotloop::yield_now().await;
+    let gave_up = hotloop::spawn({
+        let file = file.clone();
+        async move { poll_once(&mut Box::pin(file.metadata())).await }
+    });
+    hotloop::yield_now().await;
+    assert!(!gave_up.await.unwrap(), "the read is still in flight");
+    std::fs::OpenOptions::new().write(true).open(&fifo).unwrap().write_all(b"x").unwrap();
+    let waited = timeout(LIMIT, waiting).await.expect("the waiting task was never woken");
+    assert!(!waited.unwrap().unwrap(), "a FIFO");
+    let mut file = std::rc::Rc::try_unwrap(file).unwrap();
+    assert_eq!(timeout(LIMIT, file.read(&mut byte)).await.unwrap().unwrap(), 1);
+    assert_eq!(&byte, b"x");
 }
 
 /// `into_std` hands back the standard file at the caller's position, even

@@ -133,6 +133,90 @@ fn require_uring_fails_instead_of_skipping() {
     }
 }
 
+/// A `#[should_panic]` test on both drivers: the harness checks the epoll
+/// variant's panic, the io_uring variant checks its own.
+#[hotloop::test(driver = "all")]
+#[should_panic(expected = "boom on")]
+async fn should_panic_on_every_driver(driver: DriverKind) {
+    panic!("boom on {driver:?}");
+}
+
+/// The same without an expected message, as a plain `fn`.
+#[hotloop::test(driver = "all")]
+#[should_panic]
+fn should_panic_without_a_message(_driver: DriverKind) {
+    panic!("any message");
+}
+
+/// Run in a child process by `should_panic_on_uring_is_skipped_not_failed`:
+/// it must fail, since it does not panic.
+#[hotloop::test(driver = "uring")]
+#[should_panic(expected = "boom")]
+#[ignore = "run in a child process, where it must fail"]
+async fn should_panic_that_does_not() {}
+
+/// As above: it must fail, since its panic has another message.
+#[hotloop::test(driver = "uring")]
+#[should_panic = "boom"]
+#[ignore = "run in a child process, where it must fail"]
+async fn should_panic_with_another_message() {
+    panic!("bang");
+}
+
+/// Where the io_uring variant of a `#[should_panic]` test is skipped (here
+/// because `HOTLOOP_DRIVER=epoll` forces epoll, as it would be where the
+/// kernel cannot run io_uring), it passes without running and says so, as
+/// every skipped test does; before, the harness failed it with "did not
+/// panic". With `HOTLOOP_REQUIRE_URING=1` it fails; before, a bare
+/// `#[should_panic]` took that failure's panic for the expected one and
+/// passed. Where io_uring runs, a panic that does not come, or comes with
+/// another message, fails the variant.
+#[test]
+fn should_panic_on_uring_is_skipped_not_failed() {
+    let run = |test: &str, env: &[(&str, &str)]| {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args(["--exact", &harness_name(test), "--include-ignored", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env_remove("HOTLOOP_DRIVER")
+            .env_remove("HOTLOOP_REQUIRE_URING")
+            .envs(env.iter().copied());
+        let out = child.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success() && text.contains("1 passed"), text)
+    };
+    let forced = [("HOTLOOP_DRIVER", "epoll")];
+    let required = [("HOTLOOP_DRIVER", "epoll"), ("HOTLOOP_REQUIRE_URING", "1")];
+    for test in ["should_panic_on_every_driver::uring", "should_panic_without_a_message::uring"] {
+        let (passed, text) = run(test, &forced);
+        assert!(passed, "{test}: a skip must pass:\n{text}");
+        assert!(text.contains("skipped on io_uring: HOTLOOP_DRIVER=epoll"), "{test}:\n{text}");
+        let (passed, text) = run(test, &required);
+        assert!(!passed, "{test}: a skip under HOTLOOP_REQUIRE_URING=1 must fail:\n{text}");
+        assert!(text.contains("HOTLOOP_REQUIRE_URING=1, but io_uring cannot run"), "{text}");
+    }
+    if hotloop::runtime::uring_available().is_err() {
+        eprintln!("io_uring cannot run here: its variants' own panic checks were not run");
+        return;
+    }
+    for test in ["should_panic_on_every_driver::uring", "should_panic_without_a_message::uring"] {
+        let (passed, text) = run(test, &[]);
+        assert!(passed, "{test} panics as expected:\n{text}");
+    }
+    for (test, says) in [
+        ("should_panic_that_does_not", "did not panic"),
+        ("should_panic_with_another_message", "did not contain the expected string"),
+    ] {
+        let (passed, text) = run(test, &[]);
+        assert!(!passed, "{test} must fail:\n{text}");
+        assert!(text.contains(says), "{test}:\n{text}");
+    }
+}
+
 /// The name the test harness knows `name` by: prefixed with this file's
 /// module path below the test crate (`file::name` in `tests/suite.rs`, just
 /// `name` in a binary of its own), for running one test in a child.

@@ -1,7 +1,9 @@
 //! Pooled reads: a buffer only while there are bytes, no bytes lost when a
-//! read is dropped, bytes in order when pooled and plain reads mix, and a
-//! fast sender held back rather than buffered without bound.
+//! read is dropped, bytes in order when pooled and plain reads mix, a
+//! fast sender held back rather than buffered without bound, and a buffer
+//! dropped on another thread given back to the worker that read into it.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::TcpStream as StdStream;
 use std::time::Duration;
@@ -120,5 +122,34 @@ fn a_fast_sender_is_held_back_not_buffered(driver: DriverKind) {
         assert_eq!(total, TOTAL);
         drop(s);
         writer.join().unwrap();
+    });
+}
+
+/// A pooled buffer dropped on another worker, or on a plain thread, goes
+/// back to the worker that read into it, whose next read takes it again.
+/// Before, the thread that dropped it kept it (or freed it): the reader's
+/// pool stayed empty and every read there took a new buffer, while the
+/// other worker's pool filled with buffers it had not lent.
+#[hotloop::test(driver = "all")]
+fn a_buffer_dropped_elsewhere_goes_back_to_its_reader(driver: DriverKind) {
+    let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
+    rt.block_on(async {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = StdStream::connect(l.local_addr().unwrap()).unwrap();
+        let s = l.accept_stream().await.unwrap();
+        let handle = hotloop::Handle::current();
+        let mut buffers = HashSet::new();
+        for round in 0..200 {
+            c.write_all(b"x").unwrap();
+            let b = timeout(Duration::from_secs(5), s.read_pooled()).await.unwrap().unwrap();
+            assert_eq!(&*b, b"x");
+            buffers.insert(b.as_ptr() as usize);
+            if round % 2 == 0 {
+                handle.spawn_on(1, move || async move { drop(b) }).await.unwrap();
+            } else {
+                std::thread::spawn(move || drop(b)).join().unwrap();
+            }
+        }
+        assert_eq!(buffers.len(), 1, "the reader took a new buffer for each read");
     });
 }

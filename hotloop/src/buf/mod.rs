@@ -210,14 +210,15 @@ unsafe impl IoBuf for std::sync::Arc<[u8]> {
 #[derive(Default)]
 pub struct PooledBuf {
     buf: Option<Vec<u8>>,
-    /// Where the buffer goes back to.
-    home: Option<fn(Vec<u8>)>,
+    /// The pool the buffer goes back to, from whatever thread drops it
+    /// (`None`: freed).
+    home: Option<std::sync::Arc<pool::Returns>>,
 }
 
 impl PooledBuf {
-    /// Wraps `buf`, lent by a pool that `home` gives it back to.
-    pub(crate) fn lent(buf: Vec<u8>, home: fn(Vec<u8>)) -> Self {
-        PooledBuf { buf: Some(buf), home: Some(home) }
+    /// Wraps `buf`, lent by the pool `home`.
+    pub(crate) fn lent(buf: Vec<u8>, home: Option<std::sync::Arc<pool::Returns>>) -> Self {
+        PooledBuf { buf: Some(buf), home }
     }
 
     /// Takes the bytes out as a plain `Vec` (the pool gets a new buffer later).
@@ -235,8 +236,8 @@ impl std::ops::Deref for PooledBuf {
 
 impl Drop for PooledBuf {
     fn drop(&mut self) {
-        if let (Some(buf), Some(home)) = (self.buf.take(), self.home) {
-            home(buf);
+        if let (Some(buf), Some(home)) = (self.buf.take(), self.home.take()) {
+            pool::give_back(buf, &home);
         }
     }
 }

@@ -16,8 +16,11 @@
 //!   shutdown, `sync_all` or `sync_data`.
 //! - The operation in flight may be waited for by several futures at once
 //!   (methods taking `&self`, from several tasks): each that finds it
-//!   pending leaves its waker, and the one that sees it finish files the
-//!   result and wakes the others.
+//!   pending leaves its waker, and the operation is polled with a waker
+//!   that wakes them all ([`Waiters`]). The operation keeps only the waker
+//!   it was polled with last; were that a task's own, a task that polled
+//!   last and then stopped waiting (its future dropped) would take the
+//!   wake-up with it, and the others would wait for good.
 
 // Without `tokio-io` nothing starts an operation through the traits: the
 // state stays idle, and what only they use is never called.
@@ -27,8 +30,8 @@ use std::future::Future;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
 use super::error::with_path;
 use super::ops::{self, SharedFile};
@@ -52,8 +55,9 @@ pub(crate) struct State {
     pub(super) start: usize,
     /// The operation in flight.
     pub(super) busy: Option<Pin<Box<dyn Future<Output = Done>>>>,
-    /// Tasks waiting for it (the operation keeps only the last poller's waker).
-    waiters: Vec<Waker>,
+    /// Tasks waiting for it, and the waker it is polled with, which wakes
+    /// them all; made at the first wait.
+    waiters: Option<(Arc<Waiters>, Waker)>,
     /// A read found the end of the file: the next read through the traits says so.
     pub(super) eof: bool,
     /// A read ahead failed: the next read through the traits says so.
@@ -92,16 +96,20 @@ impl File {
 
     /// The poll form of [`File::settle`].
     pub(super) fn poll_settle(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut st = self.cursor.borrow_mut();
+        let mut guard = self.cursor.borrow_mut();
+        let st = &mut *guard;
         let Some(busy) = st.busy.as_mut() else { return Poll::Ready(()) };
-        let Poll::Ready(done) = busy.as_mut().poll(cx) else {
-            if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                st.waiters.push(cx.waker().clone());
-            }
+        let (waiters, all) = st.waiters.get_or_insert_with(|| {
+            let waiters = Arc::new(Waiters::default());
+            (waiters.clone(), Waker::from(waiters))
+        });
+        // Left before the poll: a completion that wakes from another
+        // thread while this one polls still finds this task on the list.
+        waiters.add(cx.waker());
+        let Poll::Ready(done) = busy.as_mut().poll(&mut Context::from_waker(all)) else {
             return Poll::Pending;
         };
         st.busy = None;
-        let waiters = std::mem::take(&mut st.waiters);
         match done {
             Done::Read(res, buf) => {
                 st.buf = buf;
@@ -125,9 +133,12 @@ impl File {
                 st.seek = Some(res);
             }
         }
-        drop(st);
-        for w in waiters {
-            w.wake();
+        // Every other task still on the list finds the result filed (woken
+        // with the state let go).
+        let waiters = st.waiters.as_ref().map(|(waiters, _)| waiters.clone());
+        drop(guard);
+        if let Some(waiters) = waiters {
+            waiters.wake_all_but(cx.waker());
         }
         Poll::Ready(())
     }
@@ -135,6 +146,42 @@ impl File {
     /// Takes the error of a failed write reported as written, if any.
     pub(super) fn take_write_err(&self) -> Option<io::Error> {
         self.cursor.borrow_mut().write_err.take()
+    }
+}
+
+/// The tasks waiting for the operation in flight: woken all at once by
+/// the waker the operation is polled with.
+#[derive(Default)]
+struct Waiters(Mutex<Vec<Waker>>);
+
+impl Waiters {
+    /// Adds `waker` unless it is on the list already.
+    fn add(&self, waker: &Waker) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !list.iter().any(|w| w.will_wake(waker)) {
+            list.push(waker.clone());
+        }
+    }
+
+    /// Wakes every task on the list but the one `waker` wakes, and empties it.
+    fn wake_all_but(&self, waker: &Waker) {
+        let list = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in list.into_iter().filter(|w| !w.will_wake(waker)) {
+            w.wake();
+        }
+    }
+}
+
+impl Wake for Waiters {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let list = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in list {
+            w.wake();
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 pub use crate::buf::pool::POOLED_BUFFER_BYTES;
-use crate::buf::pool::{give, take};
+use crate::buf::pool::{give, lend, take};
 use crate::buf::PooledBuf;
 
 use crate::driver::StreamSource;
@@ -52,7 +52,7 @@ impl Future for ReadPooled<'_> {
             if src.may_read_now() {
                 let mut buf = take();
                 match src.try_recv_into(&mut buf) {
-                    Ok(_) => return Poll::Ready(Ok(PooledBuf::lent(buf, give))),
+                    Ok(_) => return Poll::Ready(Ok(lend(buf))),
                     Err(e) => {
                         give(buf);
                         match e.kind() {
