@@ -18,6 +18,7 @@ macro_rules! say {
 
 mod conn;
 mod drain;
+mod http_date;
 mod http_proxy;
 mod mode;
 mod proxy;
@@ -91,6 +92,7 @@ Timeouts (echo, http, hyper and static):
                               hyper over HTTP/1.1: hyper's header-read timeout,
                               counted from the end of the previous answer: close
   --send-timeout-ms    60000  a write made no progress (the client does not read): close
+  (0 turns any of the three above off)
   --drain-timeout-ms    5000  on a drain (a stop, or a successor took over), how long
                               open connections may take; then they are cut and
                               counted (--grace-ms is the same)
@@ -100,9 +102,11 @@ Timeouts (echo, http, hyper and static):
                               At or above --drain-timeout-ms none is closed early, so
                               no request can meet a close (haproxy's
                               idle-close-on-response); the drain lasts longer
-  after an error reply (400, 405, 408, 431, 501, 505): writing is shut down, and
-  up to 256 KiB the client still sends is read and dropped for at most 2 s before
-  closing, so the client reads the reply rather than a reset.
+  after an error reply (400, 405, 408, 431, 501, 505), and after an answer the
+  server closes on (Connection: close, HTTP/1.0, a stop) when the client has sent
+  more: writing is shut down, and up to 256 KiB the client still sends is read and
+  dropped for at most 2 s before closing, so the client reads the answer rather
+  than a reset.
 
 Static files (serve static --root DIR): GET and HEAD of the files under DIR,
   with Last-Modified and If-Modified-Since (304), one Range (206; 416 past the

@@ -71,7 +71,7 @@ pub struct ServeArgs {
     /// arrive whole within this long of its first byte (of the connection,
     /// for the first request; for hyper, of the end of the previous
     /// answer), however slowly it trickles; then 408 and close (hyper
-    /// closes). Milliseconds.
+    /// closes). Milliseconds (0: never; the idle timeout still applies).
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
     /// Send timeout (echo, http, hyper, static; quic resets the stream): close a

@@ -16,12 +16,14 @@
 //! A connection the server ends closes lingeringly, as nginx's
 //! `lingering_close`: after its close_notify and the TCP write side, what
 //! the client still sends is read and dropped until the client's own end
-//! (its close_notify or FIN), for at most [`LINGER_MAX`] and
-//! [`LINGER_BYTES_MAX`], or until the server stops. A client ends a
-//! request with `Connection: close` by sending its close_notify and
-//! shutting its side, and closing on that unread record made the kernel
-//! answer with a reset, which threw away the answer the client had not
-//! yet read (2 to 20 of 50 such clients got theirs).
+//! (its close_notify or FIN), for at most [`LINGER_MAX`] and 256 KiB, or
+//! until the server stops ([`linger()`]). A client ends a request with
+//! `Connection: close` by sending its close_notify and shutting its side,
+//! and closing on that unread record made the kernel answer with a reset,
+//! which threw away the answer the client had not yet read (2 to 20 of 50
+//! such clients got theirs). An error reply has closed so already
+//! ([`Ending::Lingered`]): it is not done twice (a client that kept its
+//! side open was held twice the bound).
 //!
 //! A connection given up on (a send or the closing close_notify past its
 //! limit) is shut down both ways before it is dropped: on io_uring the TLS
@@ -34,9 +36,9 @@ use std::io;
 use std::net::Shutdown;
 use std::ops::Deref;
 use std::path::Path;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hotloop::buf::IoBuf;
 use hotloop::net::POOLED_BUFFER_BYTES;
@@ -44,15 +46,12 @@ use hotloop::time::timeout;
 use hotloop::tls::{CertReloader, ServerTlsStream, TlsAcceptor};
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use crate::conn::{Conn, ConnTimer, LINGER_MAX};
+use crate::conn::{linger, Conn, ConnTimer, Ending, LINGER_MAX};
 use crate::serve_args::ServeArgs;
 
 /// The most plaintext written and flushed under one send-timeout clock:
 /// one TLS record's worth.
 pub const TLS_WRITE_BYTES: usize = 16 * 1024;
-
-/// The most bytes a lingering close reads and drops (see the module notes).
-pub const LINGER_BYTES_MAX: usize = 256 * 1024;
 
 /// Says which files a configuration error came from.
 pub fn identity_error(cert: &Path, key: &Path, e: io::Error) -> io::Error {
@@ -155,37 +154,22 @@ impl Conn for ServerTlsStream {
     }
 
     /// Sends close_notify, so the client sees a clean end rather than a
-    /// truncation, then closes lingeringly (see the module notes).
-    async fn finish(&mut self, limit: Option<Duration>) {
+    /// truncation, then closes lingeringly (see the module notes); after
+    /// an error reply, which did both, nothing.
+    async fn finish(&mut self, ending: Ending, limit: Option<Duration>) {
+        if ending == Ending::Lingered {
+            return;
+        }
         let limit = limit.unwrap_or(LINGER_MAX);
         if !matches!(timeout(limit, self.shutdown()).await, Ok(Ok(()))) {
             cut(self).await;
             return;
         }
-        linger(self).await;
+        linger(self, &mut ConnTimer::new()).await;
     }
 
     fn input_probe(&self) -> hotloop::net::InputProbe {
         self.get_ref().0.input_probe()
-    }
-}
-
-/// Reads and drops what the client sends after the server's end, until
-/// the client's own end, for at most [`LINGER_MAX`] and
-/// [`LINGER_BYTES_MAX`]; a stop ends it at once.
-async fn linger(tls: &mut ServerTlsStream) {
-    let until = Instant::now() + LINGER_MAX;
-    let mut timer = ConnTimer::new();
-    let mut drained = 0;
-    while drained < LINGER_BYTES_MAX {
-        let got = {
-            let read = pin!(read_when_ready(tls));
-            timer.read(read, Some(until), true).await
-        };
-        match got {
-            Some(b) => drained += b.len(),
-            None => return,
-        }
     }
 }
 

@@ -41,6 +41,24 @@ fn help_documents_every_timeout_with_its_default() {
     assert!(help("serve").contains("at most 2 s"), "the lingering close is undocumented");
 }
 
+/// Every timeout flag of `serve` and `proxy` that takes 0 says what 0 means.
+#[test]
+fn help_says_what_a_timeout_of_zero_means() {
+    for (command, flags) in [
+        ("serve", &["--idle-timeout-ms", "--header-timeout-ms", "--send-timeout-ms"][..]),
+        ("proxy", &["--idle-timeout-ms", "--header-timeout-ms", "--send-timeout-ms"][..]),
+    ] {
+        let text = help(command);
+        for flag in flags {
+            let at =
+                text.find(&format!("{flag} <")).unwrap_or_else(|| panic!("{command}: no {flag}"));
+            let entry = &text[at..];
+            let entry = &entry[..entry[2..].find("\n      --").map_or(entry.len(), |e| e + 2)];
+            assert!(entry.contains("0: never"), "{command} {flag} does not say what 0 is: {entry}");
+        }
+    }
+}
+
 /// The names of the values clap lists under `Possible values:` after
 /// `heading` in a `--help` text, and the summary line above that list.
 fn possible_values<'a>(text: &'a str, heading: &str) -> (&'a str, Vec<&'a str>) {

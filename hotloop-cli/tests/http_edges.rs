@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{read_response, Proc};
+use common::{read_response, Pipelined, Proc};
 use hotloop::DriverKind;
 
 fn serve(driver: &str, extra: &[&str]) -> (Proc, std::net::SocketAddr) {
@@ -105,4 +105,32 @@ fn header_count_limit_is_an_option_with_a_browser_sized_default(driver: DriverKi
     assert!(reply.starts_with("HTTP/1.1 200 OK"), "{driver}: {reply}");
     let reply = ask(addr, head_with(11).as_bytes());
     assert!(reply.starts_with("HTTP/1.1 431"), "{driver}: {reply}");
+}
+
+/// A large answer the server closes after (`Connection: close`, HTTP/1.0)
+/// reaches the client whole even when the client had pipelined more
+/// requests behind it: the server shuts down writing and reads what is
+/// left before it closes, since a close with unread bytes in the socket
+/// sends a reset that destroys the answer's unsent tail. 8 MiB: more than
+/// the socket buffers take, so the server is still writing when the
+/// `Later` request comes.
+#[hotloop::test(driver = "all")]
+fn a_closing_answer_survives_pipelined_bytes(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_p, addr) = serve(driver, &["--body-size", "8388608"]);
+    let closing = [
+        "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.0\r\nHost: t\r\n\r\n",
+    ];
+    for request in closing {
+        for how in [Pipelined::Buffered, Pipelined::BeyondOneRead, Pipelined::Later] {
+            let got = common::answer_with_pipelined_bytes(addr, request, how);
+            let (promised, body) = common::body_lengths(&got);
+            assert_eq!(
+                (promised, body),
+                (8 << 20, 8 << 20),
+                "{driver}, {how:?}, {request:?}: the answer was cut short"
+            );
+        }
+    }
 }

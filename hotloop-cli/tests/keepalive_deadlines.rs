@@ -111,3 +111,35 @@ fn an_idle_timeout_shorter_than_the_header_timeout_closes_a_silent_head(driver: 
     );
     p.signal("TERM");
 }
+
+/// `--header-timeout-ms 0` is no header timeout, as 0 is for the idle and
+/// send timeouts (and for `proxy --header-timeout-ms`): a head that takes
+/// its time is answered by `http`, `static` and `hyper` alike. It was
+/// 1 ms, so every request but one sent at once got 408 (or a close).
+#[hotloop::test(driver = "all")]
+fn a_header_timeout_of_zero_is_none(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let root = common::TempDir::new("header-zero");
+    std::fs::write(root.join("index.html"), "home").unwrap();
+    let root_arg = root.join("");
+    for (app, extra) in [
+        ("http", vec![]),
+        ("static", vec!["--root", root_arg.to_str().unwrap()]),
+        ("hyper", vec![]),
+    ] {
+        let mut args = vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "1"];
+        args.extend_from_slice(&["--driver", driver, "--header-timeout-ms", "0"]);
+        args.extend_from_slice(&extra);
+        let mut p = Proc::start(&args);
+        let addr = p.addr_after(" on ");
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(b"Host: t\r\nConnection: close\r\n\r\n").unwrap();
+        let (reply, _) = read_to_close(&mut s);
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{driver} {app}: {reply:?}");
+    }
+}

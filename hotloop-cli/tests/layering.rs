@@ -2,8 +2,9 @@
 //! `serve/` (which app, and starting it) imports the apps (`quic/`,
 //! `tls.rs`, `static_files/`), the apps and the proxies plug into the
 //! server-mode skeleton (`mode.rs`), and they import the pieces below them
-//! (`conn/`, `serve_args.rs`, `stop.rs`). An arrow back up would make a
-//! circle; this test says which modules each of them may name. Inside
+//! (`conn/`, `serve_args.rs`, `stop.rs`, `http_date.rs`). An arrow back up
+//! would make a circle; this test says which modules each of them may
+//! name. Inside
 //! `quic/` and `http_proxy/`, each module names only the modules before it
 //! in the order its `mod.rs` doc gives, and only the command's modules it
 //! needs.
@@ -46,16 +47,20 @@ fn imports(module: &str) -> Vec<(String, String)> {
 #[test]
 fn the_server_modules_import_only_downward() {
     // Each module, and the command's modules it may name.
-    let allowed: [(&str, &[&str]); 9] = [
+    let allowed: [(&str, &[&str]); 10] = [
+        ("http_date", &[]),
         ("serve_args", &["runtime_args"]),
         ("conn", &["drain"]),
         ("tls", &["conn", "serve_args"]),
-        ("static_files", &["conn", "drain"]),
+        ("static_files", &["conn", "drain", "http_date"]),
         ("stop", &["drain"]),
         ("mode", &["runtime_args", "stats_server", "stop", "drain"]),
         ("proxy", &["mode", "runtime_args", "stats_server"]),
         ("quic", &["mode", "runtime_args", "serve_args", "tls", "drain", "stop"]),
-        ("http_proxy", &["mode", "runtime_args", "proxy", "tls", "stats_server", "drain", "stop"]),
+        (
+            "http_proxy",
+            &["mode", "runtime_args", "proxy", "tls", "stats_server", "drain", "stop", "http_date"],
+        ),
     ];
     let mut wrong = Vec::new();
     for (module, may) in allowed {
@@ -120,8 +125,8 @@ fn the_quic_modules_import_one_way() {
 
 #[test]
 fn the_http_proxy_modules_import_one_way() {
-    let crate_modules: [(&str, &[&str]); 2] =
-        [("stats", &["stats_server"]), ("health", &["drain"])];
+    let crate_modules: [(&str, &[&str]); 3] =
+        [("stats", &["stats_server"]), ("headers", &["http_date"]), ("health", &["drain"])];
     let wrong = one_way("http_proxy", "Modules name only those before them:", &crate_modules);
     assert!(
         wrong.is_empty(),

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{read_to_close, stat, wait_until, Proc};
+use common::{read_to_close, stat, wait_until, Pipelined, Proc};
 use hotloop::DriverKind;
 
 /// A directory of files to serve, removed when dropped.
@@ -572,4 +572,89 @@ fn a_directory_without_its_slash_is_redirected(driver: DriverKind) {
     assert_eq!(get(addr, "/sub/a.txt/").status, 404);
     assert_eq!(get(addr, "/sub/a.txt").status, 200);
     assert_eq!(get(addr, "/").status, 200);
+}
+
+/// A large file the server closes after (`Connection: close`, HTTP/1.0)
+/// reaches the client whole even when the client had pipelined another
+/// request behind it (see `http_edges.rs`, the same for `serve http`).
+#[hotloop::test(driver = "all")]
+fn a_closing_answer_survives_pipelined_bytes(driver: DriverKind) {
+    const LEN: usize = 8 << 20;
+    let root = Root::new();
+    std::fs::write(root.path().join("large.bin"), pattern(LEN)).unwrap();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    let closing = [
+        "GET /large.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "GET /large.bin HTTP/1.0\r\nHost: t\r\n\r\n",
+    ];
+    for request in closing {
+        for how in [Pipelined::Buffered, Pipelined::BeyondOneRead, Pipelined::Later] {
+            let got = common::answer_with_pipelined_bytes(addr, request, how);
+            assert_eq!(
+                common::body_lengths(&got),
+                (LEN, LEN),
+                "{driver:?}, {how:?}, {request:?}: the answer was cut short"
+            );
+        }
+    }
+}
+
+/// A target that starts with `//` names a path under the root, and a
+/// redirect to its directory must say so: `Location: //evil.example/` is
+/// read by browsers as another host. The location is built from the
+/// normalised path, its segments encoded again.
+#[hotloop::test(driver = "all")]
+fn a_directory_redirect_names_a_path_never_a_host(driver: DriverKind) {
+    let root = Root::new();
+    std::fs::create_dir_all(root.path().join("evil.example")).unwrap();
+    std::fs::write(root.path().join("evil.example/index.html"), "here").unwrap();
+    std::fs::create_dir_all(root.path().join("a b/c")).unwrap();
+    std::fs::write(root.path().join("a b/c/index.html"), "deep").unwrap();
+    let (_p, addr) = start(driver, root.path(), &[]);
+    for (target, location) in [
+        ("//evil.example", "/evil.example/"),
+        ("///evil.example?x=1", "/evil.example/?x=1"),
+        ("/./evil.example", "/evil.example/"),
+        ("http://host//evil.example", "/evil.example/"),
+        ("//a%20b//c", "/a%20b/c/"),
+    ] {
+        let r = get(addr, target);
+        assert_eq!((r.status, r.header("Location")), (301, Some(location)), "{target}: {r:?}");
+    }
+    assert_eq!(get(addr, "/evil.example/").body, b"here");
+    assert_eq!(get(addr, "/a%20b/c/").body, b"deep");
+}
+
+/// A file modified at or after the year 10000 (2^38 s after the epoch)
+/// is served: an HTTP date cannot say that year, and formatting it
+/// panicked. `Last-Modified` is never later than `Date` (RFC 9110 section
+/// 8.8.2.1), and such a file is never "not modified". Needs a file system
+/// that keeps such a time (tmpfs; ext4 stops at 2446): skipped otherwise.
+#[hotloop::test(driver = "all")]
+fn a_file_from_the_far_future_is_served(driver: DriverKind) {
+    const FAR: u64 = 1 << 38;
+    let Ok(base) = common::TempDir::under(Path::new("/dev/shm"), "static-far") else {
+        eprintln!("skipped: no writable tmpfs at /dev/shm");
+        return;
+    };
+    let root = base.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let file = std::fs::File::create(root.join("future.txt")).unwrap();
+    std::io::Write::write_all(&mut &file, b"from the future").unwrap();
+    file.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(FAR)).unwrap();
+    let kept = std::fs::metadata(root.join("future.txt")).unwrap().modified().unwrap();
+    if kept != std::time::UNIX_EPOCH + Duration::from_secs(FAR) {
+        eprintln!("skipped: the file system keeps {kept:?}, not 2^38 s after the epoch");
+        return;
+    }
+    let (_p, addr) = start(driver, &root, &[]);
+    let r = get(addr, "/future.txt");
+    assert_eq!((r.status, &r.body[..]), (200, &b"from the future"[..]), "{r:?}");
+    let date = |name| httpdate::parse_http_date(r.header(name).unwrap()).unwrap();
+    assert!(date("Last-Modified") <= date("Date"), "{r:?}");
+    let latest = "If-Modified-Since: Fri, 31 Dec 9999 23:59:59 GMT\r\n";
+    let r = get_with(addr, "/future.txt", latest);
+    assert_eq!((r.status, &r.body[..]), (200, &b"from the future"[..]), "{r:?}");
+    let r = request(addr, "HEAD", "/future.txt", "");
+    assert_eq!((r.status, r.header("Content-Length")), (200, Some("15")), "{r:?}");
 }

@@ -331,6 +331,36 @@ fn a_client_that_ends_its_side_after_a_closing_request_reads_the_whole_answer(dr
     assert!(short.is_empty(), "{driver}: {} of 60 clients short: {short:#?}", short.len());
 }
 
+/// An error reply over TLS closes lingeringly once: a client that keeps
+/// its connection open and sends nothing is closed at the linger bound
+/// (2 s) after its 400. The reply lingered, and then the end of the
+/// connection sent close_notify again and lingered a second time (4 s).
+#[hotloop::test(driver = "all")]
+fn an_error_reply_lingers_once(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let root = common::TempDir::new("tls-linger");
+    let root_arg = root.join("");
+    let stats_args = ["--stats-addr", "127.0.0.1:0"];
+    for (app, extra) in [("http", vec![]), ("static", vec!["--root", root_arg.to_str().unwrap()])] {
+        let (mut p, addr, cert) = serve_tls(driver, app, &[&extra[..], &stats_args[..]].concat());
+        let stats = p.addr_after("stats on ");
+        let mut tls = tls_client(addr, &cert);
+        tls.write_all(b"\x00garbage\r\n\r\n").unwrap();
+        // Up to the server's close_notify; the socket stays open.
+        let (reply, _) = common::read_to_close(&mut tls);
+        let start = Instant::now();
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 400"), "{driver} {app}: {reply}");
+        let closed = common::wait_until(Duration::from_secs(8), || {
+            common::stat(stats, "active_connections") == 0
+        });
+        let took = start.elapsed();
+        assert!(closed, "{driver} {app}: still open after {took:?}");
+        assert!(took < Duration::from_millis(3200), "{driver} {app}: closed after {took:?}");
+        drop(tls);
+    }
+}
+
 /// A file that is not a certificate, a missing key, a key that does not
 /// match: each stops the start with an error naming the file.
 #[test]

@@ -1,7 +1,7 @@
 //! A connection as the hand-written handlers see it (`serve echo`, `http`
 //! and `static`): the [`Conn`] trait, its plain TCP form, the
-//! connection's one timer ([`ConnTimer`]), the send path and the error
-//! reply with its lingering close.
+//! connection's one timer ([`ConnTimer`]), the send path, the error
+//! reply, and the lingering close after it or after a last answer.
 //!
 //! The handlers are generic over [`Conn`], so the plain path is compiled
 //! for [`TcpStream`] itself (owned pooled buffers, no dynamic dispatch) and
@@ -10,6 +10,8 @@
 //! Below every app: it imports no other module of the command but
 //! `drain.rs` (the stop a connection's timer watches).
 
+mod awaiting;
+mod linger;
 mod reject;
 mod send;
 mod timer;
@@ -23,7 +25,9 @@ use std::time::Duration;
 use hotloop::buf::{IoBuf, PooledBuf};
 use hotloop::net::{InputProbe, TcpStream};
 
-pub(crate) use reject::{answer_and_linger, reject, LINGER_MAX};
+pub(crate) use awaiting::Awaiting;
+pub(crate) use linger::{linger, LINGER_MAX};
+pub(crate) use reject::{answer_and_linger, reject};
 use send::{send, send_file_tcp};
 pub(crate) use timer::ConnTimer;
 
@@ -66,12 +70,33 @@ pub(crate) trait Conn {
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>>;
 
     /// Called once the handler is done with the connection, before it is
-    /// closed; `limit` bounds any last write.
-    fn finish(&mut self, limit: Option<Duration>) -> impl Future<Output = ()>;
+    /// closed: `ending` says how the handler left it, and `limit` bounds
+    /// any last write.
+    fn finish(&mut self, ending: Ending, limit: Option<Duration>) -> impl Future<Output = ()>;
 
     /// A probe of the socket, for a peek at what waits in it while a read
     /// borrows the connection (see [`ConnTimer::read`]).
     fn input_probe(&self) -> InputProbe;
+}
+
+/// How a handler left its connection, which decides what closing it
+/// takes ([`Conn::finish`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The client ended it, a read or a write failed, or a deadline
+    /// passed with nothing owed to the client: close.
+    Cut,
+    /// The server ends it after a whole answer (`Connection: close`,
+    /// HTTP/1.0, a stop); `unread` when the client had sent bytes after
+    /// the answered request that were never parsed (a pipelining client,
+    /// whose next bytes may still be on the way: nginx lingers then too).
+    /// Closing with bytes unread in the socket sends a reset, which can
+    /// destroy the answer's tail before the client reads it, so the close
+    /// lingers then, or when the socket has input waiting.
+    Answered { unread: bool },
+    /// Closed gracefully already (an error reply and its lingering
+    /// close, [`reject()`]): nothing is left to do.
+    Lingered,
 }
 
 impl Conn for TcpStream {
@@ -105,12 +130,30 @@ impl Conn for TcpStream {
         self.shutdown_with(Shutdown::Write)
     }
 
-    /// Nothing to do: closing the descriptor is the end.
-    fn finish(&mut self, _limit: Option<Duration>) -> impl Future<Output = ()> {
-        std::future::ready(())
+    /// After an answer the server closes on, with bytes of the client's
+    /// left unread (in the handler's buffer, or in the socket: one peek,
+    /// only here), shuts down writing and lingers ([`linger()`]); otherwise
+    /// closing the descriptor is the end. The lingering is boxed: it is
+    /// rare, and its state (a timer, a read) would otherwise be part of
+    /// every connection's future.
+    #[allow(clippy::manual_async_fn)]
+    fn finish(&mut self, ending: Ending, _limit: Option<Duration>) -> impl Future<Output = ()> {
+        async move {
+            let Ending::Answered { unread } = ending else { return };
+            if unread || self.input_probe().pending().unwrap_or(false) {
+                Box::pin(shut_and_linger(self)).await
+            }
+        }
     }
 
     fn input_probe(&self) -> InputProbe {
         TcpStream::input_probe(self)
+    }
+}
+
+/// Shuts down writing (after all that was sent) and lingers.
+async fn shut_and_linger(stream: &mut TcpStream) {
+    if stream.shutdown_with(Shutdown::Write).await.is_ok() {
+        linger(stream, &mut ConnTimer::new()).await;
     }
 }

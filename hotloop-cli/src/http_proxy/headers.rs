@@ -296,7 +296,7 @@ fn now_date() -> HeaderValue {
             Some((at, value)) if *at == second => value.clone(),
             _ => {
                 // An HTTP date is always a valid field value.
-                let mut value = HeaderValue::from_str(&httpdate::fmt_http_date(now))
+                let mut value = HeaderValue::from_str(&crate::http_date::format(now))
                     .unwrap_or_else(|_| HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"));
                 value.set_sensitive(true);
                 *cache = Some((second, value.clone()));

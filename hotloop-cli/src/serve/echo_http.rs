@@ -14,7 +14,7 @@ use hotloop::Handle;
 use hotloop_proto::{self as proto, Method, ParseOptions, Request};
 
 use super::TcpApp;
-use crate::conn::{reject, Conn, ConnTimer};
+use crate::conn::{reject, Awaiting, Conn, ConnTimer, Ending};
 use crate::drain;
 use crate::serve_args::{millis_or_never, shorter, App, ServeArgs};
 
@@ -64,7 +64,8 @@ pub(super) struct Settings {
     work_us: u64,
     work_ns_per_byte: u64,
     pub(super) idle_timeout: Option<Duration>,
-    pub(super) header_timeout: Duration,
+    /// `None`: no header timeout (`--header-timeout-ms 0`).
+    pub(super) header_timeout: Option<Duration>,
     /// How long a write may wait without progress: the send timeout, or
     /// the idle timeout when that is shorter, since a connection on which
     /// nothing moves is idle whether it waits to read or to write.
@@ -84,7 +85,7 @@ impl Settings {
             work_us: args.work_us,
             work_ns_per_byte: args.work_ns_per_byte,
             idle_timeout: millis_or_never(args.idle_timeout_ms),
-            header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+            header_timeout: millis_or_never(args.header_timeout_ms),
             write_limit: shorter(
                 millis_or_never(args.send_timeout_ms),
                 millis_or_never(args.idle_timeout_ms),
@@ -107,19 +108,20 @@ pub(super) fn handle_connection<S: Conn>(
     settings: Arc<Settings>,
 ) -> impl Future<Output = ()> {
     async move {
-        if settings.echo {
+        let ending = if settings.echo {
             echo(&mut stream, &settings).await
         } else {
             http(&mut stream, &settings).await
-        }
-        stream.finish(settings.write_limit).await;
+        };
+        stream.finish(ending, settings.write_limit).await;
     }
 }
 
 /// A block rather than an `async fn`, as [`http`] is; it shares the
-/// connection's future with it, so it is kept as small.
+/// connection's future with it, so it is kept as small. It ends only when
+/// the client or a deadline does.
 #[allow(clippy::manual_async_fn)]
-fn echo<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output = ()> + 'a {
+fn echo<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output = Ending> + 'a {
     async move {
         let mut timer = ConnTimer::new();
         loop {
@@ -132,11 +134,11 @@ fn echo<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
                 let read = pin!(stream.read_some());
                 timer.read(read, deadline, false).await
             }) else {
-                return;
+                return Ending::Cut;
             };
             proto::spin_work(s.work_us + buf.len() as u64 * s.work_ns_per_byte / 1000);
             if stream.send(buf, s.write_limit, &mut timer).await.is_err() {
-                return;
+                return Ending::Cut;
             }
         }
     }
@@ -145,7 +147,7 @@ fn echo<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
 /// A block rather than an `async fn`, so the two references are stored
 /// once in every connection's future, not also as the body's locals.
 #[allow(clippy::manual_async_fn)]
-fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output = ()> + 'a {
+fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output = Ending> + 'a {
     async move {
         // `buf` takes each read; bytes of a request split across reads gather
         // in `pending`, which stays empty (and unallocated) in the common case.
@@ -158,7 +160,7 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
         let mut consumed: u32 = 0;
         let mut timer = ConnTimer::new();
         // The first request's head must arrive within the header timeout.
-        let mut head_deadline = Some(hotloop::time::now() + s.header_timeout);
+        let mut awaiting = Awaiting::head(s.header_timeout);
         loop {
             let unparsed: &[u8] =
                 if pending.is_empty() { &buf[consumed as usize..] } else { pending.bytes() };
@@ -186,15 +188,20 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
                     };
                     // The last answer is awaited apart, so `close` is not
                     // kept beside the write in every connection's future.
+                    // Bytes the client sent after this request are left
+                    // unparsed: the close lingers for them.
                     if close {
-                        let _ = stream.send(reply, s.write_limit, &mut timer).await;
-                        return;
+                        let unread = !pending.is_empty() || (consumed as usize) < buf.len();
+                        return match stream.send(reply, s.write_limit, &mut timer).await {
+                            Ok(()) => Ending::Answered { unread },
+                            Err(_) => Ending::Cut,
+                        };
                     }
                     if stream.send(reply, s.write_limit, &mut timer).await.is_err() {
-                        return;
+                        return Ending::Cut;
                     }
                     // Between requests the idle timeout applies, until a byte of the next one arrives.
-                    head_deadline = None;
+                    awaiting = Awaiting::NextRequest;
                     continue;
                 }
                 (Request::Partial, _) => {
@@ -206,8 +213,8 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
                 (Request::TooLarge, _) => return reject_boxed(stream, 431, s).await,
                 (Request::Unsupported(status), _) => return reject_boxed(stream, status, s).await,
             }
-            if !pending.is_empty() && head_deadline.is_none() {
-                head_deadline = Some(hotloop::time::now() + s.header_timeout);
+            if !pending.is_empty() && awaiting.is_idle() {
+                awaiting = Awaiting::head(s.header_timeout);
             }
             // Back to the pool before waiting.
             drop(std::mem::take(&mut buf));
@@ -218,18 +225,14 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
             let late = {
                 // The idle timeout runs from now whatever is awaited, a request
                 // head included: a head also has to be whole by its own deadline.
-                let idle_deadline = s.idle_timeout.map(|t| hotloop::time::now() + t);
-                let deadline = match (head_deadline, idle_deadline) {
-                    (Some(h), Some(i)) => Some(h.min(i)),
-                    (h, i) => h.or(i),
-                };
+                let deadline = awaiting.deadline(s.idle_timeout);
                 // An idle keep-alive connection (answered, no next request begun)
                 // closes at once when the server stops, as nginx's do. A new
                 // connection waiting for its first request is not idle (its request
                 // may be on the way: nginx waits for it too), and its header timeout
                 // bounds it; one partway through a request gets its answer, with
                 // `Connection: close`.
-                let idle = head_deadline.is_none();
+                let idle = awaiting.is_idle();
                 let socket = stream.input_probe();
                 let read = pin!(stream.read_some());
                 match timer.read(read, deadline, idle).peeking(socket).await {
@@ -248,9 +251,9 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
                 }
             };
             if late {
-                reject_boxed(stream, 408, s).await;
+                return reject_boxed(stream, 408, s).await;
             }
-            return;
+            return Ending::Cut;
         }
     }
 }
@@ -291,8 +294,9 @@ impl Pending {
 /// [`reject`] on the heap: an error reply is rare, and boxing it keeps
 /// its state (a write, a timer, a read) out of every connection's future,
 /// which is copied once per connection when it is spawned.
-async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) {
-    Box::pin(reject(stream, status, s.write_limit)).await
+async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) -> Ending {
+    Box::pin(reject(stream, status, s.write_limit)).await;
+    Ending::Lingered
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ impl TcpApp for Hyper {
             server: options,
             idle_timeout: self.settings.idle_timeout,
             send_timeout: millis_or_never(self.send_timeout_ms),
-            header_timeout: Some(self.settings.header_timeout),
+            header_timeout: self.settings.header_timeout,
             idle_release: Some(HyperOptions::IDLE_RELEASE_DEFAULT),
         };
         match tls {

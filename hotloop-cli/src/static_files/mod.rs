@@ -44,6 +44,15 @@
 //!   [`INLINE_BODY_MAX_BYTES`] is read into the head's buffer and sent
 //!   with it in one write instead. Over TLS the file is read and
 //!   written through the TLS stream (`tls.rs`).
+//! - A directory's redirect names the normalised path (one leading `/`,
+//!   each segment percent-encoded again, `target::url_path`), never the
+//!   target as sent: `GET //evil.example` gave `Location: //evil.example/`,
+//!   which a browser reads as another host.
+//! - `Last-Modified` is never later than `Date` (RFC 9110 section
+//!   8.8.2.1): a file dated ahead of the clock gets the answer's date, which
+//!   validates no `If-Range`; `If-Modified-Since` compares with the file's
+//!   own time, so such a file is never 304. A file dated in the year 10000
+//!   or later made the date's formatting panic.
 //! - A file that shrinks while it is sent ends the send at its new end;
 //!   fewer bytes than `Content-Length` promised were sent, so the
 //!   connection is closed (the client sees a short body, never another
@@ -65,7 +74,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hotloop::fs::{Dir, File, OpenOptions};
 
-use crate::conn::{answer_and_linger, reject, Conn, ConnTimer};
+use crate::conn::{answer_and_linger, reject, Awaiting, Conn, ConnTimer, Ending};
 use crate::drain;
 use cache::{Kind, Stat};
 use range::Ranged;
@@ -79,7 +88,8 @@ pub const INLINE_BODY_MAX_BYTES: u64 = 16 * 1024;
 pub struct Site {
     pub root: Dir,
     pub idle_timeout: Option<Duration>,
-    pub header_timeout: Duration,
+    /// `None`: no header timeout.
+    pub header_timeout: Option<Duration>,
     /// The send timeout, or the idle timeout when that is shorter.
     pub write_limit: Option<Duration>,
     pub max_headers: usize,
@@ -110,20 +120,26 @@ pub fn start(
 /// Serves one connection until it closes; `open_files` is how many open
 /// files the worker's cache may keep (`cache::budget`).
 pub async fn handle<S: Conn>(mut stream: S, site: Arc<Site>, open_files: usize) {
-    serve(&mut stream, &site, open_files).await;
-    stream.finish(site.write_limit).await;
+    let ending = serve(&mut stream, &site, open_files).await;
+    stream.finish(ending, site.write_limit).await;
 }
 
 /// Whether the connection goes on after a response.
 enum After {
     KeepAlive,
+    /// The answer was whole and the server closes (`Connection: close`,
+    /// HTTP/1.0, a stop).
     Close,
+    /// A write failed, or the answer could not be whole: close at once.
+    Cut,
+    /// An error reply that closed lingeringly already.
+    Lingered,
 }
 
-async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) {
+async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Ending {
     let mut pending: Vec<u8> = Vec::new();
     let mut timer = ConnTimer::new();
-    let mut head_deadline = Some(hotloop::time::now() + site.header_timeout);
+    let mut awaiting = Awaiting::head(site.header_timeout);
     loop {
         if !pending.is_empty() {
             match request::parse(&pending, site.max_headers) {
@@ -134,26 +150,29 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) {
                     pending.drain(..len);
                     match after {
                         After::KeepAlive => {
-                            head_deadline = None;
+                            awaiting = Awaiting::NextRequest;
                             continue;
                         }
-                        After::Close => return,
+                        // What the client sent after this request is
+                        // unread: the close lingers for it.
+                        After::Close => return Ending::Answered { unread: !pending.is_empty() },
+                        After::Cut => return Ending::Cut,
+                        After::Lingered => return Ending::Lingered,
                     }
                 }
                 Parsed::Partial => {}
-                Parsed::Error(status) => return reject(stream, status, site.write_limit).await,
+                Parsed::Error(status) => {
+                    reject(stream, status, site.write_limit).await;
+                    return Ending::Lingered;
+                }
             }
         }
-        if !pending.is_empty() && head_deadline.is_none() {
-            head_deadline = Some(hotloop::time::now() + site.header_timeout);
+        if !pending.is_empty() && awaiting.is_idle() {
+            awaiting = Awaiting::head(site.header_timeout);
         }
-        let idle_deadline = site.idle_timeout.map(|t| hotloop::time::now() + t);
-        let deadline = match (head_deadline, idle_deadline) {
-            (Some(h), Some(i)) => Some(h.min(i)),
-            (h, i) => h.or(i),
-        };
+        let deadline = awaiting.deadline(site.idle_timeout);
         // Between requests a stop closes the connection at once.
-        let idle = head_deadline.is_none() && pending.is_empty();
+        let idle = awaiting.is_idle() && pending.is_empty();
         let got = {
             // Before an idle wait ends for a stop, the socket itself is
             // asked: on io_uring a next request already there may not have
@@ -167,8 +186,9 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) {
             None => {
                 if !pending.is_empty() && deadline.is_some_and(|d| hotloop::time::now() >= d) {
                     reject(stream, 408, site.write_limit).await;
+                    return Ending::Lingered;
                 }
-                return;
+                return Ending::Cut;
             }
         }
     }
@@ -192,12 +212,12 @@ async fn respond<S: Conn>(
             // closes, so the close sends no reset over the reply.
             let reply = request::simple(405, "Allow: GET, HEAD\r\n", true, true);
             answer_and_linger(stream, reply, site.write_limit).await;
-            return After::Close;
+            return After::Lingered;
         }
     };
     if head.has_body {
         reject(stream, 400, site.write_limit).await;
-        return After::Close;
+        return After::Lingered;
     }
     let error = |status: u16| request::simple(status, "", close, get);
     let (rel, found) = match target::relative_path(head.target) {
@@ -222,13 +242,15 @@ async fn respond<S: Conn>(
     // A directory is served by its index only at its name with a slash
     // (nginx redirects the bare name, so the page's relative links resolve
     // under it); a file asked for as a directory is not there.
-    if let Some(name) = rel.as_ref().and_then(|rel| rel.file_name()) {
+    if let Some((rel, name)) = rel.as_deref().and_then(|rel| Some((rel, rel.file_name()?))) {
         let path = head.target.split(['?', '#']).next().unwrap_or("");
         let directory = name.to_string_lossy() != entry.name.as_str();
         match (directory, path.ends_with('/')) {
             (true, false) => {
+                // The normalised path, not the target's own: `//host`
+                // would be read as another host.
                 let query = &head.target[path.len()..];
-                let location = format!("Location: {path}/{query}\r\n");
+                let location = format!("Location: {}/{query}\r\n", target::url_path(rel));
                 let reply = request::simple(301, &location, close, get);
                 return finish(stream.send(reply, site.write_limit, timer).await, close);
             }
@@ -240,7 +262,10 @@ async fn respond<S: Conn>(
     }
     let (file, stat, name) = (&entry.file, &entry.stat, &entry.name);
     let modified = stat.modified();
-    let last_modified = httpdate::fmt_http_date(modified);
+    // A file dated ahead of the clock gets the answer's date, which
+    // validates no `If-Range` (and `If-Modified-Since` compares with the
+    // file's own time).
+    let (last_modified, own_date) = request::last_modified(modified);
     let headers = |extra: &str| {
         format!(
             "Content-Type: {}\r\nLast-Modified: {last_modified}\r\nAccept-Ranges: bytes\r\n{extra}",
@@ -254,7 +279,7 @@ async fn respond<S: Conn>(
         return finish(stream.send(reply, site.write_limit, timer).await, close);
     }
     let len = stat.len;
-    let if_range_matches = head.if_range.is_none_or(|v| v == last_modified.as_bytes());
+    let if_range_matches = head.if_range.is_none_or(|v| own_date && v == last_modified.as_bytes());
     let ranged = if if_range_matches { range::parse(head.range, len) } else { Ranged::Full };
     let (status, start, body_len, extra) = match ranged {
         Ranged::Full => (200, 0, len, headers("")),
@@ -282,13 +307,13 @@ async fn respond<S: Conn>(
         let Ok(()) = read_into(file, &mut reply, start, body_len).await else {
             // The file shrank under us before a byte was sent: say nothing
             // we cannot back and close.
-            return After::Close;
+            return After::Cut;
         };
         return finish(stream.send(reply, site.write_limit, timer).await, close);
     }
     let reply = request::head(status, &extra, body_len, close, 0);
     if stream.send(reply, site.write_limit, timer).await.is_err() {
-        return After::Close;
+        return After::Cut;
     }
     let sent = stream.send_file(file, start, body_len, site.write_limit, timer).await;
     finish(sent, close)
@@ -296,10 +321,10 @@ async fn respond<S: Conn>(
 
 /// The connection's fate after the last write of a response.
 fn finish(sent: io::Result<()>, close: bool) -> After {
-    if sent.is_err() || close {
-        After::Close
-    } else {
-        After::KeepAlive
+    match (sent, close) {
+        (Err(_), _) => After::Cut,
+        (Ok(()), true) => After::Close,
+        (Ok(()), false) => After::KeepAlive,
     }
 }
 

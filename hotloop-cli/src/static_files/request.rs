@@ -127,10 +127,25 @@ fn http_date_now() -> String {
     CACHED.with(|c| {
         let mut c = c.borrow_mut();
         if c.0 != secs {
-            *c = (secs, httpdate::fmt_http_date(now));
+            *c = (secs, crate::http_date::format(now));
         }
         c.1.clone()
     })
+}
+
+/// The `Last-Modified` of a file modified at `modified`, and whether it
+/// is that time. A time ahead of the clock is replaced by the answer's
+/// `Date` (RFC 9110 section 8.8.2.1: never later than `Date`), which also
+/// keeps it within the years an HTTP date can say (a file dated in the
+/// year 10000 made the formatting panic); it then says nothing of the
+/// file's version.
+pub fn last_modified(modified: SystemTime) -> (String, bool) {
+    let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if secs(modified) > secs(SystemTime::now()) {
+        (http_date_now(), false)
+    } else {
+        (crate::http_date::format(modified), true)
+    }
 }
 
 /// Writes a response head: the status line, `Server`, `Date`, the

@@ -1,7 +1,7 @@
 //! From a request target to a path under the root: percent-decoding and
 //! refusing what could leave it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Why a target maps to no path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,29 @@ fn origin_form(target: &str) -> &str {
     target
 }
 
+/// `rel` (a path [`relative_path`] gave, not the root itself) as an
+/// absolute path to put in a URL: one leading `/`, and each segment
+/// percent-encoded but for the characters a path segment may hold as
+/// they are (RFC 3986 `pchar`). Built from the normalised path, never
+/// from the request's own target: a target such as `//host` would make a
+/// `Location` a browser reads as another host.
+pub fn url_path(rel: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for segment in rel.iter() {
+        out.push('/');
+        for &b in segment.as_bytes() {
+            let plain = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b);
+            if plain {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out
+}
+
 /// Percent-decodes `s`; `None` for a `%` not followed by two hex digits.
 fn decode(s: &str) -> Option<Vec<u8>> {
     let bytes = s.as_bytes();
@@ -77,8 +100,19 @@ fn decode(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{relative_path, Refused};
-    use std::path::PathBuf;
+    use super::{relative_path, url_path, Refused};
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn a_url_path_has_one_leading_slash_and_encoded_segments() {
+        let url = |target: &str| url_path(&relative_path(target).unwrap());
+        assert_eq!(url("//evil.example"), "/evil.example");
+        assert_eq!(url("///a//b/./c"), "/a/b/c");
+        assert_eq!(url("/a%20b/%3F%23%25"), "/a%20b/%3F%23%25");
+        assert_eq!(url("/caf%C3%A9/x:y@z"), "/caf%C3%A9/x:y@z");
+        assert_eq!(url("http://host//evil.example"), "/evil.example");
+        assert_eq!(url_path(Path::new("a\\b")), "/a%5Cb");
+    }
 
     #[test]
     fn maps_targets() {

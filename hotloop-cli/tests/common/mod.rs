@@ -259,14 +259,20 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     /// Creates `hotloop-cli-NAME-PID-N`.
     pub fn new(name: &str) -> TempDir {
+        Self::under(&std::env::temp_dir(), name).unwrap()
+    }
+
+    /// Creates `hotloop-cli-NAME-PID-N` under `base` (a file system of
+    /// the test's choice).
+    pub fn under(base: &Path, name: &str) -> std::io::Result<TempDir> {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
+        let dir = base.join(format!(
             "hotloop-cli-{name}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
+        std::fs::create_dir_all(&dir)?;
+        Ok(TempDir(dir))
     }
 
     /// `NAME` inside the directory.
@@ -364,4 +370,63 @@ pub fn quic_client_config(cert: &Path, alpn: &[u8]) -> quinn::ClientConfig {
     tls.alpn_protocols = vec![alpn.to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
     quinn::ClientConfig::new(Arc::new(crypto))
+}
+
+/// How a client's bytes after a closing request reach the server.
+#[derive(Debug, Clone, Copy)]
+pub enum Pipelined {
+    /// One more request in the same write: read with the closing one,
+    /// it stays in the server's buffer.
+    Buffered,
+    /// 48 KiB of requests in the same write, more than one read of the
+    /// server's takes: the rest waits in the server's socket.
+    BeyondOneRead,
+    /// One more request once the answer has begun, while the server is
+    /// still writing it (an answer larger than the socket buffers take):
+    /// it waits in the server's socket.
+    Later,
+}
+
+/// Sends `closing` (a request the server answers and then closes on)
+/// followed by more, as `how` says, through a small receive buffer,
+/// reading the answer only after a pause; returns all that came before
+/// the end of the stream (a reset ends it too).
+pub fn answer_with_pipelined_bytes(addr: SocketAddr, closing: &str, how: Pipelined) -> Vec<u8> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    let next = "GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    let mut first = Vec::new();
+    match how {
+        Pipelined::Buffered => s.write_all(format!("{closing}{next}").as_bytes()).unwrap(),
+        Pipelined::BeyondOneRead => {
+            let many = next.repeat(48 * 1024 / next.len());
+            s.write_all(format!("{closing}{many}").as_bytes()).unwrap();
+        }
+        Pipelined::Later => {
+            s.write_all(closing.as_bytes()).unwrap();
+            first.resize(1, 0);
+            s.read_exact(&mut first).unwrap();
+            s.write_all(next.as_bytes()).unwrap();
+        }
+    }
+    // The server writes what its socket takes and closes while most of
+    // the answer has yet to reach the client.
+    std::thread::sleep(Duration::from_millis(200));
+    first.extend(read_to_close(&mut s).0);
+    first
+}
+
+/// The body length a whole answer `got` should have and the one it has.
+pub fn body_lengths(got: &[u8]) -> (usize, usize) {
+    let split = got.windows(4).position(|w| w == b"\r\n\r\n").expect("a whole head") + 4;
+    let head = String::from_utf8_lossy(&got[..split]);
+    let promised = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    (promised, got.len() - split)
 }
