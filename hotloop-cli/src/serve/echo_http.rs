@@ -117,7 +117,7 @@ pub(super) fn handle_connection<S: Conn>(
     }
 }
 
-/// A block rather than an `async fn`, as [`http`] is; it shares the
+/// A block rather than an `async fn`, as [`http()`] is; it shares the
 /// connection's future with it, so it is kept as small. It ends only when
 /// the client or a deadline does.
 #[allow(clippy::manual_async_fn)]
