@@ -1365,3 +1365,122 @@ fn an_answer_framed_two_ways_reaches_the_client_by_its_chunks(driver: DriverKind
         assert_ne!(r.header("content-length"), Some("3"), "{r:?}");
     }
 }
+
+// ------------------------------------------------- raw HTTP/2 for cancels
+
+/// A client connection speaking HTTP/2 frame by frame, so that a request
+/// and its cancel (`RST_STREAM`) reach the proxy in one segment.
+struct RawH2 {
+    s: TcpStream,
+    next_stream: u32,
+}
+
+impl RawH2 {
+    fn connect(addr: SocketAddr) -> RawH2 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        // The preface and empty SETTINGS.
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend_from_slice(&h2_frame(4, 0, 0, &[]));
+        s.write_all(&out).unwrap();
+        RawH2 { s, next_stream: 1 }
+    }
+
+    /// `HEADERS` of a `GET /` to host `t` on a new stream, ending it.
+    fn request(&mut self) -> (u32, Vec<u8>) {
+        let id = self.next_stream;
+        self.next_stream += 2;
+        // :method GET, :scheme http, :path / (static table), then
+        // :authority t as a literal without indexing.
+        let block = [0x82, 0x86, 0x84, 0x01, 0x01, b't'];
+        (id, h2_frame(1, 0x4 | 0x1, id, &block))
+    }
+
+    /// A request read to the end of its answer: the answer's body.
+    fn get(&mut self) -> Vec<u8> {
+        let (id, frame) = self.request();
+        self.s.write_all(&frame).unwrap();
+        let mut body = Vec::new();
+        loop {
+            let mut head = [0u8; 9];
+            self.s.read_exact(&mut head).unwrap();
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let (kind, flags) = (head[3], head[4]);
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            let mut payload = vec![0u8; len];
+            self.s.read_exact(&mut payload).unwrap();
+            if kind == 4 && flags & 1 == 0 {
+                self.s.write_all(&h2_frame(4, 1, 0, &[])).unwrap();
+            }
+            assert!(kind != 3 || stream != id, "the request was reset");
+            if kind == 0 && stream == id {
+                body.extend_from_slice(&payload);
+            }
+            if (kind == 0 || kind == 1) && stream == id && flags & 1 == 1 {
+                return body;
+            }
+        }
+    }
+
+    /// A request and its cancel, written at once.
+    fn cancelled(&mut self) {
+        let (id, mut out) = self.request();
+        out.extend_from_slice(&h2_frame(3, 0, id, &8u32.to_be_bytes()));
+        self.s.write_all(&out).unwrap();
+    }
+}
+
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A request whose client cancels it while its worker borrows a
+/// connection from another worker's pool (the borrowing future dropped
+/// after the lender took the connection out): the connection is not lost
+/// on the way. It joins the borrower's pool, so `lent` and `borrowed`
+/// agree, the backend keeps its one connection open, the gauges say so,
+/// and requests are still answered over it.
+#[hotloop::test(driver = "all")]
+fn a_borrow_cancelled_by_its_client_keeps_the_connection(driver: DriverKind) {
+    let a = Backend::named("a");
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\npool_borrow_ms = 5000\n", a.addr());
+    let (_p, addr, st) = with_config(driver, &config, &["--workers", "2", "--balance", "count"]);
+    // The HTTP/2 client's worker holds the one connection, idle.
+    let mut h2 = RawH2::connect(addr);
+    assert_eq!(h2.get(), b"a");
+    let n = |name: &str| stat(st, &format!("backend_g_0_{name}"));
+    for round in 0..20 {
+        // An HTTP/1.1 client on the other worker (with only the HTTP/2
+        // client connected, it holds fewer connections) borrows it, and
+        // leaves it in that worker's pool.
+        assert!(wait_until(Duration::from_secs(5), || stat(st, "active_connections") == 1));
+        let borrowed = n("borrowed");
+        assert_eq!(once(addr, &get("t", "/")).text(), "a");
+        assert_eq!(n("borrowed"), borrowed + 1, "round {round}: not on the other worker");
+        assert!(wait_until(Duration::from_secs(5), || n("pool_idle") == 1), "round {round}");
+        // A request on the first worker asks for it back, and is
+        // cancelled before it comes.
+        h2.cancelled();
+        let moves = 2 * (round + 1);
+        let arrived = wait_until(Duration::from_secs(5), || {
+            (n("lent"), n("borrowed"), n("pool_idle")) == (moves, moves, 1)
+        });
+        assert!(
+            arrived,
+            "round {round}: {} lent, {} borrowed, {} idle; the backend closed {} of {} connections",
+            n("lent"),
+            n("borrowed"),
+            n("pool_idle"),
+            a.closed.load(SeqCst),
+            a.accepts.load(SeqCst)
+        );
+    }
+    assert_eq!(h2.get(), b"a");
+    assert_eq!((a.accepts.load(SeqCst), a.closed.load(SeqCst)), (1, 0));
+    assert_eq!((n("lent"), n("borrowed")), (40, 40));
+    assert_eq!((n("open"), n("pool_idle"), n("connects")), (1, 1, 1));
+}

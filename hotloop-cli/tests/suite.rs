@@ -15,6 +15,7 @@ mod layering;
 mod limits;
 mod never_reading;
 mod proxy_exhaustion;
+mod proxy_half_close;
 mod proxy_idle;
 mod quic;
 mod quic_abuse;

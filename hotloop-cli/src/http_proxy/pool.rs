@@ -29,7 +29,8 @@
 //! socket the backend has closed meanwhile (or that holds bytes nobody
 //! asked for) is closed, not lent. The borrower waits at most
 //! `pool_borrow_ms`, then connects as without borrowing; a connection that
-//! arrives later joins its pool. TLS and HTTP/2 connections never move.
+//! arrives later, or after the request was dropped (its client gone),
+//! joins its pool. TLS and HTTP/2 connections never move.
 //! Without borrowing, the backends see about the sum of each worker's
 //! peak of concurrent requests as connections (`BENCHMARKS.md` counts
 //! them).
@@ -468,11 +469,12 @@ pub async fn await_return(backends: &Arc<[Backend]>, backend: usize) -> Option<L
 }
 
 /// Where [`checkin`] hands a connection to a request waiting in
-/// [`await_return`].
+/// [`await_return`], or [`borrow`]'s receiving task one borrowed.
 #[derive(Default)]
 struct Returned {
     conn: Cell<Option<H1>>,
-    /// Set when the wait should end empty (the busy connections closed).
+    /// Set when the wait should end empty (the busy connections closed,
+    /// or the borrow brought none).
     given_up: Cell<bool>,
     waker: Cell<Option<Waker>>,
 }
@@ -485,8 +487,9 @@ impl Returned {
     }
 }
 
-/// The wait of [`await_return`]; a connection handed over after the wait
-/// ended (its timeout fired first) goes back through [`checkin`].
+/// The wait of [`await_return`] and [`borrow`]; a connection handed over
+/// but not taken before the wait ended (its timeout fired first, or the
+/// request was dropped) goes back through [`checkin`].
 struct WaitReturn<'a> {
     slot: Rc<Returned>,
     backends: &'a Arc<[Backend]>,
@@ -519,7 +522,9 @@ impl Drop for WaitReturn<'_> {
 /// An idle connection to `backend` borrowed from another worker's pool,
 /// when this worker has none (see the module notes): `None` when borrowing
 /// is off for it, no other worker holds one, or none came within
-/// `pool_borrow`.
+/// `pool_borrow`. Every way out leaves the lent connection somewhere: with
+/// the request, or (it came late, or the request was dropped while it
+/// waited) in this worker's pool.
 pub async fn borrow(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> {
     let b = &backends[backend];
     if !b.lendable() {
@@ -537,26 +542,35 @@ pub async fn borrow(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> 
         .filter(|&(_, n)| n > 0)?
         .0;
     let from = backends.clone();
-    let mut lent = hotloop::Handle::current().spawn_on(lender, move || lend(from, backend));
-    match hotloop::time::timeout(b.pool_borrow, &mut lent).await {
-        Ok(Ok(Some(stream))) => {
-            let conn = adopt(backends, backend, stream).await?;
-            return Some(Lease { sender: Sender::H1(conn), reused: true });
-        }
-        Ok(_) => return None,
-        Err(_) => {}
-    }
-    // Too late for this request: a connection that still comes joins
-    // this worker's pool rather than being closed.
-    let backends = backends.clone();
+    let lent = hotloop::Handle::current().spawn_on(lender, move || lend(from, backend));
+    // The connection comes to a task of this worker's rather than to this
+    // future, and from there to the request through `slot`: one that
+    // arrives after the request stopped waiting (its wait ran out, or its
+    // client went away and the request's future was dropped) joins this
+    // worker's pool instead of being closed with the join handle.
+    let slot = Rc::new(Returned::default());
+    let to = Rc::downgrade(&slot);
+    let home = backends.clone();
     drop(hotloop::spawn(async move {
-        if let Ok(Some(stream)) = lent.await {
-            if let Some(conn) = adopt(&backends, backend, stream).await {
-                checkin(&backends, backend, conn);
+        let conn = match lent.await {
+            Ok(Some(stream)) => adopt(&home, backend, stream).await,
+            _ => None,
+        };
+        match (to.upgrade(), conn) {
+            (Some(waiting), conn) => {
+                waiting.given_up.set(conn.is_none());
+                waiting.conn.set(conn);
+                waiting.wake();
             }
+            (None, Some(conn)) => checkin(&home, backend, conn),
+            (None, None) => {}
         }
     }));
-    None
+    // Dropped with a connection handed over but not yet taken, the wait
+    // checks it in too.
+    let wait = WaitReturn { slot, backends, backend };
+    let conn = hotloop::time::timeout(b.pool_borrow, wait).await.ok()??;
+    Some(Lease { sender: Sender::H1(conn), reused: true })
 }
 
 /// On the lending worker: one of its idle connections to `backend`, taken
