@@ -254,3 +254,63 @@ fn single_and_multishot_accept_both_serve(driver: DriverKind) {
         }
     }
 }
+
+/// A task accepting while its owner says it takes no connection
+/// (`set_accept_room(Some(0))`, a server at its limit a moment ago) still
+/// gets the one that comes once the owner lifts the bound: on io_uring an
+/// accept polled with no room used to arm nothing, and lifting the room
+/// woke nobody, so the task waited until its listener was dropped.
+#[hotloop::test(driver = "all")]
+async fn an_accept_polled_with_no_room_is_served_once_the_room_rises() {
+    let l = std::rc::Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+    let addr = l.local_addr().unwrap();
+    l.set_accept_room(Some(0));
+    let accepting = spawn({
+        let l = l.clone();
+        async move { l.accept_stream().await.map(drop) }
+    });
+    hotloop::time::sleep(Duration::from_millis(10)).await; // parked
+    let _client = TcpStream::connect(addr).unwrap();
+    hotloop::time::sleep(Duration::from_millis(20)).await;
+    l.set_accept_room(None);
+    hotloop::time::timeout(Duration::from_secs(1), accepting)
+        .await
+        .expect("the accepting task was never woken")
+        .unwrap()
+        .unwrap();
+}
+
+/// An accept armed, then stopped by a room of zero before the kernel saw
+/// it, then allowed again: the waiting task is woken to arm a new one.
+#[hotloop::test(driver = "all")]
+async fn an_accept_stopped_by_no_room_resumes_when_the_room_comes_back() {
+    let l = std::rc::Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+    let addr = l.local_addr().unwrap();
+    let accepting = spawn({
+        let l = l.clone();
+        async move { l.accept_stream().await.map(drop) }
+    });
+    // The accepting task runs (and arms its accept) within this turn.
+    hotloop::yield_now().await;
+    l.set_accept_room(Some(0));
+    l.set_accept_room(None);
+    let _client = TcpStream::connect(addr).unwrap();
+    hotloop::time::timeout(Duration::from_secs(1), accepting)
+        .await
+        .expect("the accepting task was never woken")
+        .unwrap()
+        .unwrap();
+}
+
+/// A task that asks for a connection takes one from the backlog even
+/// while the owner's room is zero: asking is taking one.
+#[hotloop::test(driver = "all")]
+async fn an_accept_with_no_room_takes_a_client_already_waiting() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    l.set_accept_room(Some(0));
+    hotloop::time::timeout(Duration::from_secs(1), l.accept_stream())
+        .await
+        .expect("an accept with no room never took the waiting client")
+        .unwrap();
+}

@@ -217,3 +217,129 @@ async fn tcp_socket_sets_options_then_listens_and_connects() {
     let e = TcpSocket::new_v4().unwrap().connect(nobody).await.unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
 }
+
+/// Two tasks waiting to read one stream, one of which gives up (a
+/// timeout): the other still wakes when the peer sends. On io_uring the
+/// stream's wait held one waker, the last poller's, so the bytes woke only
+/// the task that had given up.
+#[hotloop::test(driver = "all")]
+async fn a_reader_that_gives_up_leaves_the_other_reader_its_wake_up() {
+    let (client, server) = pair().await;
+    let server = std::rc::Rc::new(server);
+    let patient = hotloop::spawn({
+        let server = server.clone();
+        async move {
+            timeout(Duration::from_secs(10), server.readable()).await.unwrap().unwrap();
+            let mut buf = [0u8; 16];
+            let n = server.try_read(&mut buf).unwrap();
+            buf[..n].to_vec()
+        }
+    });
+    hotloop::time::sleep(Duration::from_millis(10)).await; // the patient task waits
+    assert!(timeout(Duration::from_millis(10), server.readable()).await.is_err());
+    let (res, _) = client.write_all_owned(b"late".to_vec()).await;
+    res.unwrap();
+    let got = timeout(Duration::from_secs(5), patient)
+        .await
+        .expect("the reader still waiting was never woken")
+        .unwrap();
+    assert_eq!(got, b"late");
+}
+
+/// A task waits for room (`writable`) while the socket is full; another
+/// tries a write (`try_write`), which finds none: the first still wakes
+/// once the peer reads. On io_uring `try_write` polled the send in flight
+/// with a waker that wakes nobody, which took the waiting task's place.
+#[hotloop::test(driver = "all")]
+async fn a_try_write_that_finds_no_room_leaves_the_writer_waiting_its_wake_up() {
+    let (client, server) = pair().await;
+    client.set_send_buffer_size(4096).unwrap();
+    server.set_recv_buffer_size(4096).unwrap();
+    let client = std::rc::Rc::new(client);
+    let chunk = vec![7u8; 16 * 1024];
+    let mut full = false;
+    for _ in 0..10_000 {
+        match client.try_write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                full = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(full, "the socket never filled");
+    // The send written behind (io_uring) reaches the kernel and waits there.
+    hotloop::time::sleep(Duration::from_millis(20)).await;
+    let patient = hotloop::spawn({
+        let client = client.clone();
+        async move { timeout(Duration::from_secs(10), client.writable()).await.unwrap() }
+    });
+    hotloop::time::sleep(Duration::from_millis(20)).await; // the patient task waits
+    let tried = client.try_write(b"x").unwrap_err();
+    assert_eq!(tried.kind(), std::io::ErrorKind::WouldBlock);
+    // The peer reads until nothing more comes for a while.
+    let reader = hotloop::spawn(async move {
+        while let Ok((res, _)) =
+            timeout(Duration::from_millis(300), server.read_owned(Vec::with_capacity(64 * 1024)))
+                .await
+        {
+            if res.unwrap() == 0 {
+                break;
+            }
+        }
+    });
+    timeout(Duration::from_secs(5), patient)
+        .await
+        .expect("the writer waiting for room was never woken")
+        .unwrap()
+        .unwrap();
+    reader.await.unwrap();
+}
+
+/// A task waits for room while another shuts the stream down in both
+/// directions: the first is woken (on io_uring the send it waited on was
+/// handed to the driver, which dropped its waker), and once the peer has
+/// read every byte, the wait ends well.
+#[hotloop::test(driver = "all")]
+async fn a_shutdown_beside_a_task_waiting_for_room_wakes_it() {
+    let (client, server) = pair().await;
+    client.set_send_buffer_size(4096).unwrap();
+    server.set_recv_buffer_size(4096).unwrap();
+    let client = std::rc::Rc::new(client);
+    let chunk = vec![7u8; 16 * 1024];
+    let mut taken = 0usize;
+    for _ in 0..10_000 {
+        match client.try_write(&chunk) {
+            Ok(n) => taken += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    hotloop::time::sleep(Duration::from_millis(20)).await;
+    let patient = hotloop::spawn({
+        let client = client.clone();
+        async move { timeout(Duration::from_secs(10), client.writable()).await.unwrap() }
+    });
+    hotloop::time::sleep(Duration::from_millis(20)).await; // the patient task waits
+    client.shutdown_with(std::net::Shutdown::Both).await.unwrap();
+    let reader = hotloop::spawn(async move {
+        let mut total = 0usize;
+        loop {
+            let (res, _) =
+                timeout(Duration::from_secs(5), server.read_owned(Vec::with_capacity(64 * 1024)))
+                    .await
+                    .expect("the peer's end never came");
+            match res.unwrap() {
+                0 => return total,
+                n => total += n,
+            }
+        }
+    });
+    timeout(Duration::from_secs(5), patient)
+        .await
+        .expect("the writer waiting for room was never woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reader.await.unwrap(), taken, "every byte taken arrives before the end");
+}

@@ -186,6 +186,10 @@ macro_rules! stream_calls {
                 /// Writes several borrowed slices with one call, for the poll-based I/O traits.
                 fn poll_write_slices(&self, cx: &mut TaskContext<'_>, bufs: &[io::IoSlice<'_>])
                     -> Poll<io::Result<usize>>;
+                /// The borrowed-slice write without waiting: `ErrorKind::WouldBlock`
+                /// where the poll form would wait. It takes no task's wake-up: a
+                /// task waiting to write (`poll_writable`, a flush) is still woken.
+                fn try_write_slices(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize>;
                 /// Waits until every byte a borrowed-slice write accepted is in the
                 /// kernel (io_uring writes behind; on epoll there is nothing to wait for).
                 fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>>;

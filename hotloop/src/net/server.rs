@@ -824,8 +824,11 @@ where
                 lanes.set_full(me, false);
             }
         }
-        // The driver accepts no further ahead than the slots left.
-        listener.set_accept_room(room(&shared, &local, limits));
+        // The driver accepts no further ahead than the slots left; at least
+        // one, as the check above found a slot: another worker may have
+        // taken it since, and the connection is then held below until one
+        // frees (a room of zero would only stop the accept this loop waits on).
+        listener.set_accept_room(room(&shared, &local, limits).map(|r| r.max(1)));
         let accepted = {
             let mut accept = pin!(listener.accept_fd());
             poll_fn(|cx| {

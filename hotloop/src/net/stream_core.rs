@@ -194,15 +194,11 @@ impl StreamCore {
     }
 
     /// See [`TcpStream::try_write`](super::TcpStream::try_write): the
-    /// poll-form write, which never waits when it returns, with a waker
-    /// that wakes nobody (the caller waits with `writable`, which files
-    /// its own).
+    /// poll-form write without waiting, which parks no waker (the caller
+    /// waits with `writable`, which files its own, and another task's
+    /// wait keeps its wake-up).
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        match self.src.poll_write_slice(&mut cx, buf) {
-            Poll::Ready(res) => res,
-            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
-        }
+        self.src.try_write_slices(&[io::IoSlice::new(buf)])
     }
 
     /// Drops what the stream keeps between poll-form writes, unless a

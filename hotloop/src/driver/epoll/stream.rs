@@ -238,6 +238,17 @@ impl StreamOps for StreamSource {
         self.core.poll_io_bytes(cx, Direction::Write, total, || unsafe { sys::sendmsg(fd, iov) })
     }
 
+    /// The poll form with a waker that wakes nobody: it records the
+    /// socket's readiness as the poll form does, and the slot parks it
+    /// beside any task waiting to write, never in its place.
+    fn try_write_slices(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let mut cx = TaskContext::from_waker(std::task::Waker::noop());
+        match self.poll_write_slices(&mut cx, bufs) {
+            Poll::Ready(res) => res,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
     /// Nothing is buffered in user space on epoll: a write that returned is in the kernel.
     fn poll_flush(&self, _cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))

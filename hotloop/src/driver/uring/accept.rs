@@ -18,6 +18,10 @@
 //! - The queue is bounded by [`ACCEPT_QUEUE_MAX`]: when it fills, the
 //!   multishot is cancelled, so connections wait in the kernel's backlog
 //!   (where `listen(2)`'s bound applies) instead of as descriptors here.
+//! - A task that polls takes one connection, whatever the room its owner
+//!   set (`set_accept_room`): the room bounds what is accepted ahead of
+//!   the owner, not what it asks for. A room that rises while tasks wait
+//!   with no accept armed (a lower one stopped it) wakes them to arm one.
 //! - In [`AcceptMode::Single`] mode each empty-queue `poll_accept` submits
 //!   one plain accept, which completes once.
 //! - Accepted sockets get `SOCK_CLOEXEC`. They stay blocking: io_uring
@@ -254,23 +258,25 @@ impl Listeners {
         if let Some(r) = l.queue.pop_front() {
             return Some(r);
         }
+        // From here a task that asks for a connection takes one (an
+        // `accept4`, or a single accept armed), whatever the room: the room
+        // bounds what is accepted ahead of the owner, not what it asks for.
+        // At zero nothing would be accepted or armed, and the task would
+        // wait for a wake-up nothing sends (a server whose last slot another
+        // worker took between its check and its accept).
         // A bounded owner (accept pacing while its worker is behind, or a
         // connection limit near) takes connections straight from the
         // kernel's backlog, one `accept4` each when it asks, as epoll's
         // accept loop does; the accept armed below only wakes it.
         let raw = fd.raw_fd().expect("a listening socket has a plain descriptor");
         let direct_in_flight = l.op.is_some() && l.op_direct_headroom.is_some();
-        let direct_headroom = if l.op.is_none() && room > 0 {
-            self.direct_headroom(ring, lkey, fd, multishot)
-        } else {
-            None
-        };
+        let direct_headroom =
+            if l.op.is_none() { self.direct_headroom(ring, lkey, fd, multishot) } else { None };
         // With direct descriptors, a bounded owner's connection comes from a
         // single direct accept instead (no system call accepts into the
         // ring's table), while the table has a slot for it.
         if mode == AcceptMode::Multishot
             && !multishot
-            && room > 0
             && direct_headroom.is_none()
             && !direct_in_flight
         {
@@ -280,7 +286,7 @@ impl Listeners {
             }
         }
         let l = self.queues.get_mut(lkey).expect("just looked up");
-        if l.op.is_none() && room > 0 {
+        if l.op.is_none() {
             // A slot has no close-on-exec flag (the kernel refuses it with
             // a slot, `EINVAL`): it is not in the process's table at all.
             let cloexec = if direct_headroom.is_some() { 0 } else { libc::SOCK_CLOEXEC };
@@ -346,16 +352,22 @@ impl Listeners {
     /// Sets how many connections the listener's owner will take from now
     /// on. At or below what is queued, an accept in flight is stopped
     /// (withdrawn, or cancelled), so further connections wait in the
-    /// kernel's backlog.
+    /// kernel's backlog. A room that rises while tasks wait with no accept
+    /// armed (a lower room stopped it) wakes them into `woken`, to arm one.
     pub(super) fn set_accept_room(
         &mut self,
         ops: &mut Ops,
         ring: &mut Ring,
         key: Option<Key>,
         room: usize,
+        woken: &mut Vec<Waker>,
     ) {
         let Some(l) = key.and_then(|k| self.queues.get_mut(k)) else { return };
+        let rose = room > l.room;
         l.room = room;
+        if rose && l.op.is_none() {
+            woken.append(&mut l.waiters);
+        }
         // A bounded owner stops a multishot accept whatever is queued: one
         // enter could accept a whole backlog ahead of it.
         let bounded_multishot = l.op_multishot && room < ACCEPT_QUEUE_MAX;

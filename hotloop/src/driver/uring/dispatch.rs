@@ -72,6 +72,9 @@ impl Uring {
                 let waker = waker.take();
                 *state = Lifecycle::Completed(Cqe { res, more: !last, zc_copied: false });
                 woken.extend(waker);
+                // Further tasks waiting on it (a socket's operation several
+                // tasks poll).
+                self.ops.wake_more(key, woken);
             }
             Lifecycle::Cancelled(_) => {
                 if last {

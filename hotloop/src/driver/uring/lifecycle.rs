@@ -62,6 +62,7 @@ use super::ring::Ring;
 use super::shared::SharedFd;
 use super::unclaimed::{self, OpenPath};
 use super::user_data::UserData;
+use super::waiters::MoreWaiters;
 use crate::slab::{Key, Slab};
 
 /// In a zero-copy send's notification asked for with
@@ -100,9 +101,11 @@ impl Cqe {
 
 /// Where one operation is in its life.
 pub(super) enum Lifecycle {
-    /// A single-shot operation whose future waits (its waker, once
-    /// polled). `submitted` is false while the entry is still in the
-    /// driver's list, where it can be withdrawn.
+    /// A single-shot operation whose future waits (the first task's
+    /// waker, once polled; further tasks, on an operation a socket keeps
+    /// for whichever task polls, in [`Ops`]' `more`). `submitted` is false
+    /// while the entry is still in the driver's list, where it can be
+    /// withdrawn.
     Waiting { waker: Option<Waker>, submitted: bool },
     /// The completion arrived and the future has not taken it yet.
     Completed(Cqe),
@@ -182,6 +185,9 @@ pub(super) fn close_unclaimed(storage: &dyn Any, res: i32) {
 #[derive(Default)]
 pub(super) struct Ops {
     slots: Slab<Lifecycle>,
+    /// The tasks waiting on an operation beyond its first (a socket's
+    /// kept poll, or its written-behind send, polled by several tasks).
+    more: MoreWaiters,
 }
 
 impl Ops {
@@ -232,6 +238,13 @@ impl Ops {
         self.slots.len()
     }
 
+    /// A cancelled operation the kernel never ends (no entry behind it), as
+    /// a zero-copy send whose notification a dead peer holds up (for tests).
+    #[cfg(test)]
+    pub(super) fn insert_stuck(&mut self) -> Key {
+        self.slots.insert(Lifecycle::Cancelled(Box::new(())))
+    }
+
     /// Whether the entry of `key`, leaving the driver's list, goes to the
     /// kernel (marking it submitted), or is dropped because its operation
     /// was withdrawn (freeing the slot).
@@ -258,8 +271,10 @@ impl Ops {
         }
     }
 
-    /// Takes the completion of `key` if it arrived, else parks `waker`.
-    pub(super) fn poll(&mut self, key: Key, waker: &Waker) -> Poll<Cqe> {
+    /// Takes the completion of `key` if it arrived, else parks `waker`
+    /// (beside any other task's: every one is woken); without a waker, only
+    /// looks.
+    pub(super) fn poll(&mut self, key: Key, waker: Option<&Waker>) -> Poll<Cqe> {
         match self.slots.get_mut(key) {
             Some(Lifecycle::Completed(cqe)) => {
                 let cqe = *cqe;
@@ -267,15 +282,32 @@ impl Ops {
                 Poll::Ready(cqe)
             }
             Some(Lifecycle::Waiting { waker: parked, .. }) => {
-                match parked {
-                    Some(w) if w.will_wake(waker) => {}
-                    _ => *parked = Some(waker.clone()),
+                if let Some(waker) = waker {
+                    self.more.park(parked, key, waker);
                 }
                 Poll::Pending
             }
             // Only the future frees its own slot, so it is never missing or
             // in a driver-only state while the future waits.
             _ => Poll::Ready(Cqe::of(-libc::ECANCELED)),
+        }
+    }
+
+    /// Moves the tasks waiting on the operation `key` beyond its first into
+    /// `woken` (it completed; the first's waker is in its slot). One
+    /// compare when no operation has a second task, the common case.
+    #[inline]
+    pub(super) fn wake_more(&mut self, key: Key, woken: &mut Vec<Waker>) {
+        self.more.take_into(key, woken);
+    }
+
+    /// Moves every task waiting on the operation `key` into `out`, which
+    /// wakes them: the operation is about to leave them (handed to the
+    /// driver), and they look again at what replaced it.
+    pub(super) fn take_waiters(&mut self, key: Key, out: &mut Vec<Waker>) {
+        if let Some(Lifecycle::Waiting { waker, .. }) = self.slots.get_mut(key) {
+            out.extend(waker.take());
+            self.more.take_into(key, out);
         }
     }
 
@@ -298,10 +330,12 @@ impl Ops {
         match state {
             Lifecycle::Waiting { submitted: false, .. } => {
                 *state = Lifecycle::Withdrawn;
+                self.more.forget(key);
                 Some(storage)
             }
             Lifecycle::Waiting { .. } => {
                 *state = Lifecycle::Cancelled(storage);
+                self.more.forget(key);
                 ring.push_cancel(key);
                 None
             }
@@ -394,6 +428,7 @@ impl Ops {
             Lifecycle::Waiting { .. } => {
                 lingering.push(write.deadline(), key);
                 *state = Lifecycle::Lingering(Box::new(write));
+                self.more.forget(key);
             }
             // The send completed and nobody took the result yet: continue now.
             Lifecycle::Completed(cqe) => {

@@ -21,7 +21,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io;
 use std::rc::Rc;
-use std::task::{Context as TaskContext, Poll, Waker};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue};
@@ -127,28 +127,47 @@ pub(super) struct Handover {
     /// `None` while the write goes on; then 0 if every byte reached the
     /// kernel and the write side was shut, else the `errno` that ended it.
     outcome: Cell<Option<i32>>,
-    /// The flush waiting for the outcome.
-    waker: Cell<Option<Waker>>,
+    /// The tasks waiting for the outcome (a flush; several tasks may
+    /// share the stream).
+    waiters: Cell<Vec<Waker>>,
 }
 
 impl Handover {
+    /// The poll form of [`Handover::poll_with`] (for tests).
+    #[cfg(test)]
+    pub(super) fn poll(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_with(Some(cx.waker()))
+    }
+
     /// Ready once the handed-over write has ended: `Ok` if every byte
-    /// reached the kernel before the write side was shut.
-    pub(super) fn poll(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+    /// reached the kernel before the write side was shut. Parks `waker`
+    /// (beside any other task's) if given; without one it only looks.
+    pub(super) fn poll_with(&self, waker: Option<&Waker>) -> Poll<io::Result<()>> {
         match self.outcome.get() {
             Some(0) => Poll::Ready(Ok(())),
             Some(errno) => Poll::Ready(Err(io::Error::from_raw_os_error(errno))),
             None => {
-                self.waker.set(Some(cx.waker().clone()));
+                if let Some(waker) = waker {
+                    self.park(waker.clone());
+                }
                 Poll::Pending
             }
         }
     }
 
-    /// Records the outcome; returns the waker of the flush waiting for it.
-    fn end(&self, errno: i32) -> Option<Waker> {
+    /// Wakes `waker` when the write ends (once, however often it parks).
+    fn park(&self, waker: Waker) {
+        let mut waiters = self.waiters.take();
+        if !waiters.iter().any(|w| w.will_wake(&waker)) {
+            waiters.push(waker);
+        }
+        self.waiters.set(waiters);
+    }
+
+    /// Records the outcome; returns the tasks waiting for it.
+    fn end(&self, errno: i32) -> Vec<Waker> {
         self.outcome.set(Some(errno));
-        self.waker.take()
+        self.waiters.take()
     }
 }
 
@@ -230,15 +249,15 @@ impl LingeringWrite {
 
     /// Ends the write: one that ended short resets the connection, so the
     /// peer never takes what it got for the whole stream. Returns the
-    /// waker of a flush waiting for its outcome.
-    pub(super) fn finish(&mut self) -> Option<Waker> {
+    /// tasks waiting for its outcome.
+    pub(super) fn finish(&mut self) -> Vec<Waker> {
         if self.sent < self.buf.len() && self.errno == 0 {
             self.errno = libc::ETIMEDOUT;
         }
         if self.errno != 0 {
             abort(&self.fd);
         }
-        self.handover.take().and_then(|h| h.end(self.errno))
+        self.handover.take().map(|h| h.end(self.errno)).unwrap_or_default()
     }
 
     /// Gives the write up where the driver cannot keep it (its state is
@@ -291,7 +310,7 @@ mod tests {
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::OwnedFd;
-    use std::task::Waker;
+    use std::task::{Context as TaskContext, Waker};
 
     use super::*;
 

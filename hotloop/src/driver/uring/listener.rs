@@ -185,9 +185,17 @@ impl ListenerOps for ListenerSource {
 
     /// Sets how many connections the owner will take from now on: no more
     /// are accepted ahead into the queue, and at zero the armed accept stops.
+    /// A room that rises wakes the tasks an accept stopped before left
+    /// waiting, woken once the driver's state is released. Zero is passed
+    /// on even when it was zero already: a task may have armed a single
+    /// accept since (a task that asks takes one), which it stops.
     fn set_accept_room(&self, room: usize) {
-        if self.room.replace(room) != room {
-            self.core.driver.state.borrow_mut().set_accept_room(self.queue.get(), room);
+        if self.room.replace(room) != room || room == 0 {
+            let mut woken = Vec::new();
+            self.core.driver.state.borrow_mut().set_accept_room(self.queue.get(), room, &mut woken);
+            for w in woken {
+                w.wake();
+            }
         }
     }
 }

@@ -86,7 +86,8 @@
 //! 1. `bufring`: provided-buffer rings; `shared`: the descriptor and file
 //!    types an operation holds; `user_data`: what an entry's `user_data`
 //!    names, encoded and decoded in one place; `multishot`: the stages of
-//!    a multishot operation the driver keeps armed for a queue.
+//!    a multishot operation the driver keeps armed for a queue; `waiters`:
+//!    the tasks parked on one wait beyond its first.
 //! 2. `linger`: the rest of a written-behind send its stream no longer
 //!    waits for (dropped, or shut down in both directions).
 //! 3. `unclaimed`: descriptors the kernel hands back that nobody will take;
@@ -134,6 +135,7 @@ mod turn;
 mod udp;
 mod unclaimed;
 mod user_data;
+mod waiters;
 mod wakeups;
 mod write_behind;
 mod zero_copy;
@@ -149,14 +151,14 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::RawFd;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
 use self::ring::Ring;
 use self::state::Uring;
-use self::turn::SETTLE_MAX;
+use self::turn::{SettleFor, SETTLE_MAX};
 use self::wakeups::{DeadlineTimer, Wake};
 use super::config::{DriverConfig, UringSwitches};
 use super::park::Park;
@@ -496,19 +498,37 @@ impl Driver {
     /// comes back, so what it still owes is settled here.
     pub(crate) fn leave(&self) {
         self.entered.set(false);
-        self.settle();
+        self.settle(SettleFor::All);
+    }
+
+    /// A socket was dropped (`sock`: its descriptor, which operations the
+    /// kernel still holds may keep open): outside the runtime's turn, the
+    /// ring is driven until they end, so the socket really closes now.
+    fn settle_socket(&self, sock: &Weak<shared::SockFd>) {
+        self.settle(SettleFor::Socket(sock));
+    }
+
+    /// The future of the operation `key` was dropped: outside the
+    /// runtime's turn, the ring is driven until the kernel is done with it.
+    fn settle_op(&self, key: crate::slab::Key) {
+        self.settle(SettleFor::Op(key));
     }
 
     /// Outside its runtime's turn nobody else enters the ring, so the
     /// calling thread drives it, waiting in the ring for each completion
-    /// (never spinning): until every cancelled operation has ended (at
-    /// most [`SETTLE_MAX`]), so a dropped socket really closes, and until
-    /// every lingering write has ended, its bytes all in the kernel, its
-    /// socket failed, or its deadline ([`WRITE_LINGER`]) passed and cut
-    /// it. A stream reported those bytes written while they were still in
-    /// user space, where no close of the kernel's sends them: this is the
-    /// close that waits, as one with `SO_LINGER` does.
-    fn settle(&self) {
+    /// (never spinning), for as long as `what` is owed: until the
+    /// cancelled operations it waits for have ended (at most
+    /// [`SETTLE_MAX`]), so a dropped socket really closes, and until the
+    /// lingering writes among them have ended, their bytes all in the
+    /// kernel, their socket failed, or their deadline ([`WRITE_LINGER`])
+    /// passed and cut them. A stream reported those bytes written while
+    /// they were still in user space, where no close of the kernel's sends
+    /// them: this is the close that waits, as one with `SO_LINGER` does.
+    /// A socket's or an operation's settle waits only for what holds that
+    /// socket or is that operation: an operation of another socket the
+    /// kernel never ends (a zero-copy send's notification from a dead peer)
+    /// would otherwise cost every later drop the whole bound.
+    fn settle(&self, what: SettleFor<'_>) {
         if self.entered.get() {
             return;
         }
@@ -517,7 +537,7 @@ impl Driver {
             let mut woken = Vec::new();
             let mut freed = Vec::new();
             let more = match self.state.try_borrow_mut() {
-                Ok(mut st) => st.settle_step(cancels_until, &mut woken, &mut freed),
+                Ok(mut st) => st.settle_step(cancels_until, what, &mut woken, &mut freed),
                 Err(_) => false,
             };
             self.release(&mut woken, &mut freed);

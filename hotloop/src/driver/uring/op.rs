@@ -17,7 +17,7 @@ use std::io;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context as TaskContext, Poll};
+use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Instant;
 
 use io_uring::squeue;
@@ -112,9 +112,17 @@ impl<T: 'static> Future for Op<T> {
     type Output = (Cqe, T);
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<(Cqe, T)> {
-        let this = self.get_mut();
-        let cqe = std::task::ready!(this.driver.state.borrow_mut().poll_op(this.key, cx.waker()));
-        let (data, _fd) = this.data.take().expect("io_uring operation polled after it completed");
+        self.get_mut().poll_with(Some(cx.waker()))
+    }
+}
+
+impl<T: 'static> Op<T> {
+    /// Polls the operation, parking `waker` if it has not completed;
+    /// without a waker it only looks (a call that never waits must not
+    /// take the place of a task that does).
+    pub(super) fn poll_with(&mut self, waker: Option<&Waker>) -> Poll<(Cqe, T)> {
+        let cqe = std::task::ready!(self.driver.state.borrow_mut().poll_op(self.key, waker));
+        let (data, _fd) = self.data.take().expect("io_uring operation polled after it completed");
         Poll::Ready((cqe, data))
     }
 }
@@ -137,11 +145,25 @@ impl<T: 'static> Drop for Op<T> {
         };
         // Dropped outside the borrow: a buffer's destructor may do I/O.
         drop(free_now);
-        self.driver.settle();
+        self.driver.settle_op(self.key);
     }
 }
 
 impl<T: 'static> Op<T> {
+    /// Wakes every task waiting on the operation (a socket's operation
+    /// several tasks poll), before it is handed to the driver or dropped
+    /// for a reason of the socket's, not of the tasks': they look again at
+    /// what replaced it rather than wait on an operation nobody polls.
+    pub(super) fn wake_waiters(&self) {
+        let mut woken = Vec::new();
+        if let Ok(mut st) = self.driver.state.try_borrow_mut() {
+            st.take_op_waiters(self.key, &mut woken);
+        }
+        for w in woken {
+            w.wake();
+        }
+    }
+
     /// Gives up the future but not the operation, for an owner that keeps
     /// its driver elsewhere: a [`ParkedOp`] is an `Op` without its driver
     /// (8 bytes less in every future that holds one across polls).

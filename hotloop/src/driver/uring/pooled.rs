@@ -47,6 +47,7 @@ use super::multishot::{Closed, Stage, Then};
 use super::ring::Ring;
 use super::shared::SharedFd;
 use super::user_data::UserData;
+use super::waiters::MoreWaiters;
 use crate::slab::{Key, Slab};
 use crate::sys;
 
@@ -66,7 +67,8 @@ pub(super) struct Stream {
     /// Received bytes not yet taken; `None` once they all are, so a quiet
     /// socket holds no block.
     queue: Option<Box<Queue>>,
-    /// The task waiting in `readable`.
+    /// The first task waiting in `readable` (others, on a stream several
+    /// tasks read, in [`Streams`]' `more`).
     waiter: Option<Waker>,
     /// The socket, held from its owner's close to the receive's last
     /// completion (`Stage::Orphaned`).
@@ -96,6 +98,8 @@ pub(super) fn admit(ops: &mut Ops, streams: &mut Streams, user_data: u64) -> boo
 /// multishot receives pick from.
 pub(super) struct Streams {
     queues: Slab<Stream>,
+    /// The tasks waiting on a socket's queue beyond its first.
+    more: MoreWaiters,
     /// Emptied receive-queue blocks, reused by the next arrival. Boxed:
     /// a socket's queue is a box, handed over without an allocation.
     #[allow(clippy::vec_box)]
@@ -171,6 +175,7 @@ impl Streams {
     pub(super) fn new(buf_ring: Option<BufRing>) -> Streams {
         Streams {
             queues: Slab::default(),
+            more: MoreWaiters::default(),
             spare_queues: Vec::with_capacity(SPARE_QUEUES_MAX),
             buf_ring,
         }
@@ -244,6 +249,7 @@ impl Streams {
         // `ENOBUFS`), to arm it again.
         if !s.is_empty() || last {
             woken.extend(s.waiter.take());
+            self.more.take_into(stream, woken);
         }
     }
 
@@ -346,10 +352,7 @@ impl Streams {
         if !s.is_empty() {
             return true;
         }
-        match &s.waiter {
-            Some(w) if w.will_wake(waker) => {}
-            _ => s.waiter = Some(waker.clone()),
-        }
+        self.more.park(&mut s.waiter, stream, waker);
         self.arm(ring, stream, fd);
         false
     }
@@ -389,6 +392,7 @@ impl Streams {
             // (every later `recv` returns 0 again), so the slot can go.
             Stage::Unarmed => {
                 self.queues.remove(stream);
+                self.more.forget(stream);
                 Poll::Ready(Ok(()))
             }
             // Not submitted: withdrawn, and the ring frees the slot when it
@@ -396,6 +400,7 @@ impl Streams {
             Stage::Queued => {
                 s.receive.cancel();
                 s.waiter = None;
+                self.more.forget(stream);
                 Poll::Ready(Ok(()))
             }
             Stage::Armed | Stage::Cancelling => {
@@ -416,9 +421,10 @@ impl Streams {
     /// is withdrawn.
     pub(super) fn release(&mut self, ring: &mut Ring, key: Key, fd: Option<&SharedFd>) {
         let Some(s) = self.queues.get_mut(key) else { return };
-        // Bytes nobody will read, and a waiter nobody will poll.
+        // Bytes nobody will read, and waiters nobody will poll.
         s.queue = None;
         s.waiter = None;
+        self.more.forget(key);
         match s.receive.close() {
             Closed::Free => {
                 self.queues.remove(key);

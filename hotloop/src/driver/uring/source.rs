@@ -101,7 +101,8 @@ impl SourceCore {
     /// submitting one first if it holds none; an error is the submission's,
     /// the completion says how the poll ended. While it waits, only its key
     /// stays in `kept` (see [`Op::into_key`]); once it completes, `kept` is
-    /// empty and the next call submits a new one.
+    /// empty and the next call submits a new one. Every task that polls it
+    /// is parked on it, and all are woken when it completes.
     pub(super) fn poll_kept(
         &self,
         kept: &Cell<Option<Key>>,
@@ -137,8 +138,10 @@ impl Drop for SourceCore {
         // really closes (and a listener stops accepting) now: a plain
         // descriptor closes with its last holder, a direct socket's slot
         // with the close entry the settle submits.
+        // Only what still holds this socket is waited for.
+        let sock = Rc::downgrade(&*self.fd);
         // SAFETY: `fd` is dropped here, once, and nothing uses it after.
         unsafe { ManuallyDrop::drop(&mut self.fd) };
-        self.driver.settle();
+        self.driver.settle_socket(&sock);
     }
 }

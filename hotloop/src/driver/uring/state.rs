@@ -53,9 +53,18 @@ impl Uring {
     }
 
     /// Takes the completion of the operation `key` if it arrived, else
-    /// parks `waker`.
-    pub(super) fn poll_op(&mut self, key: Key, waker: &Waker) -> std::task::Poll<lifecycle::Cqe> {
+    /// parks `waker` (none: only looks).
+    pub(super) fn poll_op(
+        &mut self,
+        key: Key,
+        waker: Option<&Waker>,
+    ) -> std::task::Poll<lifecycle::Cqe> {
         self.ops.poll(key, waker)
+    }
+
+    /// Moves every task waiting on the operation `key` into `out`.
+    pub(super) fn take_op_waiters(&mut self, key: Key, out: &mut Vec<Waker>) {
+        self.ops.take_waiters(key, out);
     }
 
     /// Forgets the future of the operation `key`: the storage back if it
@@ -102,9 +111,15 @@ impl Uring {
         self.listeners.take_queued(key)
     }
 
-    /// Sets how many connections the listener's owner will take.
-    pub(super) fn set_accept_room(&mut self, key: Option<Key>, room: usize) {
-        self.listeners.set_accept_room(&mut self.ops, &mut self.ring, key, room);
+    /// Sets how many connections the listener's owner will take; the
+    /// tasks to wake (once the state is released) go into `woken`.
+    pub(super) fn set_accept_room(
+        &mut self,
+        key: Option<Key>,
+        room: usize,
+        woken: &mut Vec<Waker>,
+    ) {
+        self.listeners.set_accept_room(&mut self.ops, &mut self.ring, key, room, woken);
     }
 
     /// Forgets the listener `key`.

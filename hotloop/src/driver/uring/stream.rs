@@ -518,6 +518,14 @@ impl StreamOps for StreamSource {
         lent.wb.get_or_insert_with(Box::default).poll_write(&self.core, cx, bufs)
     }
 
+    /// Through the write-behind buffer, which looks at the send in flight
+    /// without parking a waker: one that wakes nobody would take the place
+    /// of a task waiting on that send.
+    fn try_write_slices(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let mut lent = self.lend_write_behind();
+        lent.wb.get_or_insert_with(Box::default).try_write(&self.core, bufs)
+    }
+
     /// Waits until every byte the borrowed-slice writes took is sent.
     fn poll_flush(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         match self.lend_write_behind().wb.as_mut() {
@@ -827,6 +835,79 @@ mod tests {
         assert!(src.reads.get().is_none() && src.may_read_now());
         assert_eq!(ops(&driver), 0);
         assert_eq!(src.try_recv(&mut buf).unwrap(), 2);
+    }
+
+    /// Counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Two tasks waiting to read one stream without a buffer ring share
+    /// its kept `POLL_ADD`: its completion wakes both, not only the last
+    /// to poll (which may have given up).
+    #[test]
+    fn a_read_wait_kept_by_key_wakes_every_task_waiting() {
+        let Some(driver) = driver_without_buf_ring() else { return };
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let src = StreamSource::new(&driver, OwnedFd::from(ours));
+        let counts: Vec<Arc<Count>> =
+            (0..2).map(|_| Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)))).collect();
+        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        for w in &wakers {
+            assert!(src.poll_readable(&mut Context::from_waker(w)).is_pending());
+        }
+        assert_eq!(ops(&driver), 1, "one wait for both");
+        peer.write_all(b"hi").unwrap();
+        let woken = |c: &Arc<Count>| c.0.load(std::sync::atomic::Ordering::Relaxed);
+        for _ in 0..1000 {
+            driver.poll(Park::Skip).unwrap();
+            if counts.iter().all(|c| woken(c) > 0) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(counts.iter().map(woken).collect::<Vec<_>>(), [1, 1]);
+        assert!(src.poll_readable(&mut Context::from_waker(&wakers[0])).is_ready());
+    }
+
+    /// Streams dropped outside the runtime's turn each wait for their own
+    /// cancelled read wait only: a cancelled operation of another socket
+    /// that the kernel never ends costs them nothing (it cost each drop
+    /// the whole settle bound, 100 ms), and each socket still closes at once.
+    #[test]
+    fn streams_dropped_off_turn_wait_only_for_their_own_operations() {
+        let Some(driver) = driver_without_buf_ring() else { return };
+        let stuck = driver.state.borrow_mut().ops.insert_stuck();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut pairs = Vec::new();
+        for _ in 0..10 {
+            let (ours, peer) = UnixStream::pair().unwrap();
+            let src = StreamSource::new(&driver, OwnedFd::from(ours));
+            assert!(src.poll_readable(&mut cx).is_pending());
+            pairs.push((src, peer));
+        }
+        // The kernel has every wait; then the runtime leaves the thread.
+        driver.poll(Park::Skip).unwrap();
+        driver.entered.set(false);
+        let started = std::time::Instant::now();
+        let peers: Vec<UnixStream> = pairs
+            .into_iter()
+            .map(|(src, peer)| {
+                drop(src);
+                peer
+            })
+            .collect();
+        let took = started.elapsed();
+        for mut peer in peers {
+            peer.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            assert_eq!(peer.read(&mut [0; 8]).unwrap(), 0, "a dropped stream stayed open");
+        }
+        assert!(took < Duration::from_millis(400), "10 drops took {took:?}");
+        driver.state.borrow_mut().ops.remove(stuck);
     }
 
     /// A stream dropped while its read waits cancels the wait, and the

@@ -4,18 +4,33 @@
 
 use std::any::Any;
 use std::io;
+use std::rc::Weak;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use super::pooled;
+use super::shared::SockFd;
 use super::state::Uring;
 use crate::driver::park::Park;
+use crate::slab::Key;
 use crate::sys;
 
 /// How long a socket dropped outside its runtime waits for its cancelled
 /// operations, so that it closes (and its peer sees the end) at once; and
 /// how long a lingering write cut at its deadline waits for its cancel.
 pub(super) const SETTLE_MAX: Duration = Duration::from_millis(100);
+
+/// What a ring driven off its turn waits for.
+#[derive(Clone, Copy)]
+pub(super) enum SettleFor<'a> {
+    /// Everything still owed: the runtime leaves the thread.
+    All,
+    /// What still holds a socket just dropped: its cancelled operations,
+    /// its orphaned receive or accept, its lingering write.
+    Socket(&'a Weak<SockFd>),
+    /// An operation whose future was just dropped.
+    Op(Key),
+}
 
 impl Uring {
     /// One turn: submit, wait, reap.
@@ -82,15 +97,28 @@ impl Uring {
         until
     }
 
+    /// True while the kernel may still end something `what` waits for.
+    fn still_owed(&self, what: SettleFor<'_>) -> bool {
+        match what {
+            SettleFor::All => true,
+            // Every operation, orphan or lingering write on the socket holds
+            // its descriptor.
+            SettleFor::Socket(sock) => sock.strong_count() > 0,
+            SettleFor::Op(key) => self.ops.held_by_kernel(key),
+        }
+    }
+
     /// One wait of a ring its runtime is not driving (`Driver::settle`):
     /// submits what is queued, waits in the ring for the next completion
     /// and handles what came. Returns false once nothing is left to wait
-    /// for: no lingering write goes on (each ends with all its bytes in
-    /// the kernel, a failure, or its cut at its deadline), and no
-    /// cancelled operation is left or `cancels_until` has passed.
+    /// for: `what` is owed nothing more, or no lingering write goes on
+    /// (each ends with all its bytes in the kernel, a failure, or its cut
+    /// at its deadline) and no cancelled operation is left or
+    /// `cancels_until` has passed.
     pub(super) fn settle_step(
         &mut self,
         cancels_until: Instant,
+        what: SettleFor<'_>,
         woken: &mut Vec<Waker>,
         freed: &mut Vec<Box<dyn Any>>,
     ) -> bool {
@@ -101,9 +129,13 @@ impl Uring {
         let now = Instant::now();
         // A lingering write still going is waited for until its deadline
         // (it is cut then, at the top of the next step).
-        let until = match self.first_lingering() {
-            Some(deadline) => Some(deadline),
-            None => self.cancels_until(cancels_until).filter(|&until| until > now),
+        let until = if !self.still_owed(what) {
+            None
+        } else {
+            match self.first_lingering() {
+                Some(deadline) => Some(deadline),
+                None => self.cancels_until(cancels_until).filter(|&until| until > now),
+            }
         };
         let admit = |ud| pooled::admit(&mut self.ops, &mut self.streams, ud);
         let Some(until) = until else {

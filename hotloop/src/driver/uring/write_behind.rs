@@ -31,11 +31,9 @@
 //!   socket's one receive path (`pooled.rs`), so no bytes wait in a
 //!   place another style would not look.
 
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context as TaskContext, Poll};
+use std::task::{Context as TaskContext, Poll, Waker};
 
 use super::linger::{send_entry, Handover};
 use super::op::{is_retry, Op};
@@ -88,6 +86,31 @@ impl WriteBehind {
         cx: &mut TaskContext<'_>,
         data: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.write(sock, Some(cx.waker()), data)
+    }
+
+    /// As [`WriteBehind::poll_write`], but never waits: `WouldBlock` while
+    /// the previous write is still being sent. It parks no waker, so a task
+    /// waiting on that send (`writable`, a flush) keeps its wake-up.
+    pub(super) fn try_write(
+        &mut self,
+        sock: &SourceCore,
+        data: &[io::IoSlice<'_>],
+    ) -> io::Result<usize> {
+        match self.write(sock, None, data) {
+            Poll::Ready(res) => res,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// [`WriteBehind::poll_write`], parking `waker` (if any) when the
+    /// previous write is not done.
+    fn write(
+        &mut self,
+        sock: &SourceCore,
+        waker: Option<&Waker>,
+        data: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let total: usize = data.iter().map(|b| b.len()).sum();
         if total == 0 {
             return Poll::Ready(Ok(0));
@@ -96,7 +119,7 @@ impl WriteBehind {
             // The write side is shut, or about to be: as `send(2)` on a shut socket.
             return Poll::Ready(Err(io::Error::from_raw_os_error(libc::EPIPE)));
         }
-        std::task::ready!(self.poll_flush(sock, cx))?;
+        std::task::ready!(self.flush(sock, waker))?;
         // On a quiet worker the bytes go straight out, uncopied, as on
         // epoll: a lone connection's answer then needs no entry, no
         // completion and no second poll before its flush is done.
@@ -150,12 +173,18 @@ impl WriteBehind {
         sock: &SourceCore,
         cx: &mut TaskContext<'_>,
     ) -> Poll<io::Result<()>> {
+        self.flush(sock, Some(cx.waker()))
+    }
+
+    /// [`WriteBehind::poll_flush`], parking `waker` (if any) while a send
+    /// is not done.
+    fn flush(&mut self, sock: &SourceCore, waker: Option<&Waker>) -> Poll<io::Result<()>> {
         loop {
             match &mut self.write {
                 Pending::Idle => return Poll::Ready(Ok(())),
-                Pending::HandedOver(handover) => return handover.poll(cx),
+                Pending::HandedOver(handover) => return handover.poll_with(waker),
                 Pending::Send(op) => {
-                    let (cqe, buf) = std::task::ready!(Pin::new(op).poll(cx));
+                    let (cqe, buf) = std::task::ready!(op.poll_with(waker));
                     self.write = Pending::Idle;
                     match cqe.result() {
                         Ok(n) => {
@@ -185,7 +214,7 @@ impl WriteBehind {
                     }
                 }
                 Pending::Writable(op) => {
-                    let (cqe, ()) = std::task::ready!(Pin::new(op).poll(cx));
+                    let (cqe, ()) = std::task::ready!(op.poll_with(waker));
                     self.write = Pending::Idle;
                     cqe.result()?;
                     let buf = std::mem::take(&mut self.spare);
@@ -213,10 +242,16 @@ impl WriteBehind {
         // free, so a cut write can still reset it (`linger::abort`).
         let _ = sock.driver.plain_fd(&sock.fd);
         let handover = Rc::new(Handover::default());
+        // A task waiting on the send (a flush, `writable`) waits on the
+        // handover instead: woken, it finds it.
         match std::mem::replace(&mut self.write, Pending::Idle) {
             Pending::Idle | Pending::HandedOver(_) => {}
-            Pending::Send(op) => op.linger(self.sent, Some(handover.clone())),
+            Pending::Send(op) => {
+                op.wake_waiters();
+                op.linger(self.sent, Some(handover.clone()));
+            }
             Pending::Writable(wait) => {
+                wait.wake_waiters();
                 drop(wait);
                 let buf = std::mem::take(&mut self.spare);
                 sock.driver.linger_send(&sock.fd, buf, self.sent, Some(handover.clone()));
