@@ -703,10 +703,12 @@ mod tests {
             .user_data(3);
         ring.push(ticks);
         ring.submit_pending(|_| true).unwrap();
-        let later = io_uring::types::Timespec::new().nsec(5_000_000);
+        // 20 ms: some 400 ticks, so that well over eight come in between
+        // even on a machine too busy to enter the ring often.
+        let later = io_uring::types::Timespec::new().nsec(20_000_000);
         let res = ring.run_now(opcode::Timeout::new(&later).build()).unwrap();
-        assert_eq!(res, -libc::ETIME, "the 5 ms timeout's own result");
-        std::thread::sleep(Duration::from_millis(6));
+        assert_eq!(res, -libc::ETIME, "the 20 ms timeout's own result");
+        std::thread::sleep(Duration::from_millis(21));
         assert_eq!(ring.run_now(opcode::Nop::new().build()).unwrap(), 0, "the NOP's own result");
         assert!(ring.early.len() > 8, "the ticks came in between: {}", ring.early.len());
         // The multishot timer's memory outlives the ring's use of it.
