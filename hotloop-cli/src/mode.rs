@@ -25,7 +25,9 @@
 //! 6. a predecessor is told to drain ([`Handover::ready`]), last, for every
 //!    mode: once it is told nobody else serves, so nothing that can fail
 //!    comes after; then the UDP endpoints read. If it fails (the
-//!    predecessor was not told), or a stop signal came during the start
+//!    predecessor was not told, or answered that it had stopped waiting
+//!    for this process: `--upgrade-ready-timeout-ms` of its own had
+//!    passed, and it goes on serving), or a stop signal came during the start
 //!    (the predecessor is then not told, and goes on serving), what was
 //!    accepted is drained before the process exits;
 //! 7. signals are answered until a stop or a successor (`stop.rs`), then

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use hotloop::net::{AcceptMode, AcceptPacing, Balance, Handover, ListenerOptions, ServerOptions};
+use hotloop::net::{
+    AcceptMode, AcceptPacing, Balance, Handover, ListenerOptions, ServerOptions, READY_WAIT,
+};
 use hotloop::{BusyPoll, DriverKind, KernelBusyPoll, Registration, Runtime};
 
 /// How the runtime and its listeners are set up.
@@ -90,6 +92,15 @@ pub struct RuntimeArgs {
     /// successor that fails to start leaves the old process serving.
     #[arg(long, value_name = "PATH")]
     pub upgrade_socket: Option<PathBuf>,
+    /// With --upgrade-socket: how long a successor that received the
+    /// sockets may take to say it serves, milliseconds. One that says
+    /// nothing by then (stuck in its start-up, stopped) is dropped: this
+    /// process logs and counts it (`upgrade_failures`), goes on serving,
+    /// and hands over to the next successor; the late one exits with an
+    /// error if it says ready after. Under the 30 s a successor waits for
+    /// the sockets, so one started behind a stuck one still gets them.
+    #[arg(long, default_value_t = READY_WAIT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upgrade_ready_timeout_ms: u64,
 }
 
 /// The accepts-per-wakeup bound as given on the command line.
@@ -178,7 +189,11 @@ impl RuntimeArgs {
     /// servers bind.
     pub fn handover(&self) -> std::io::Result<Handover> {
         match &self.upgrade_socket {
-            Some(path) => Handover::open(path),
+            Some(path) => {
+                let handover = Handover::open(path)?;
+                handover.set_ready_wait(Duration::from_millis(self.upgrade_ready_timeout_ms));
+                Ok(handover)
+            }
             None => Handover::inherit(),
         }
     }

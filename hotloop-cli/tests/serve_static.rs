@@ -2,7 +2,9 @@
 //! lengths and types, index.html, 404 and 405, keep-alive; single ranges
 //! and their edges (`bytes=0-0`, `bytes=-5`, `bytes=5-`, past the end:
 //! 416), several ranges (the whole file); 304 for `If-Modified-Since`;
-//! traversal refused (`..`, percent-encoded, links out of the root); TLS;
+//! traversal refused (`..`, percent-encoded, links out of the root,
+//! whichever way the root and the link are written) while links into it
+//! are followed however written; TLS;
 //! a client that stops reading mid-file cut at the send timeout; a file
 //! that shrinks mid-send ends the connection short of its promise; the
 //! open-file cache within a share of a low descriptor limit, giving its
@@ -271,6 +273,62 @@ fn refuses_traversal(driver: DriverKind) {
     assert_eq!(get(addr, "/out-rel").status, 403);
     let r = get(addr, "/in-link");
     assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]));
+}
+
+/// `hotloop serve static --root ROOT` on `driver`, started in `cwd` (for
+/// a relative ROOT).
+fn start_in(driver: DriverKind, cwd: &Path, root: &str) -> (Proc, SocketAddr) {
+    let mut p = Proc::start_with(
+        std::process::Command::new(env!("CARGO_BIN_EXE_hotloop"))
+            .current_dir(cwd)
+            .args(["serve", "static", "--addr", "127.0.0.1:0", "--workers", "1"])
+            .args(["--driver", common::driver_arg(driver), "--root", root]),
+    );
+    let addr = p.addr_after(" on ");
+    (p, addr)
+}
+
+/// A symbolic link is followed wherever it leads inside the root, however
+/// it is written (an absolute target, one through a link to the root, up
+/// and back in, a linked directory on the way), with the root given as
+/// it is, through a link, or as a relative path; one that leads out is
+/// 403 every way. (Before, every absolute link, and every one stepping
+/// above the root, was 403, even into the root.)
+#[hotloop::test(driver = "all")]
+fn links_inside_the_root_are_served_however_written(driver: DriverKind) {
+    let root = Root::new();
+    let base = root.path().parent().unwrap().to_path_buf();
+    let linked_root = base.join("root-link");
+    std::os::unix::fs::symlink(root.path(), &linked_root).unwrap();
+    let link = |target: &Path, name: &str| {
+        std::os::unix::fs::symlink(target, root.path().join(name)).unwrap()
+    };
+    link(&root.path().join("sub/a.txt"), "abs-in.txt");
+    link(&linked_root.join("sub/a.txt"), "abs-via-link.txt");
+    link(Path::new("../root/sub/a.txt"), "up-and-in.txt");
+    link(&root.path().join("sub"), "abs-dir");
+    link(&linked_root.join("../secret.txt"), "abs-out-via-link");
+    let servers = [
+        start(driver, root.path(), &[]),
+        start(driver, &linked_root, &[]),
+        start_in(driver, &base, "root"),
+        start_in(driver, &base, "root-link"),
+    ];
+    for (i, (_p, addr)) in servers.iter().enumerate() {
+        for target in
+            ["/in-link", "/abs-in.txt", "/abs-via-link.txt", "/up-and-in.txt", "/abs-dir/a.txt"]
+        {
+            let r = get(*addr, target);
+            assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]), "{i} {target}");
+        }
+        let r = get(*addr, "/abs-dir/");
+        assert_eq!((r.status, &r.body[..]), (200, &b"sub index"[..]), "{i} /abs-dir/");
+        for target in ["/out-abs", "/out-rel", "/abs-out-via-link"] {
+            let r = get(*addr, target);
+            assert_eq!(r.status, 403, "{i} {target}");
+            assert!(!String::from_utf8_lossy(&r.body).contains("outside"), "{i} {target} leaked");
+        }
+    }
 }
 
 #[hotloop::test(driver = "all")]

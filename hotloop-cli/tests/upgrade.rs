@@ -3,7 +3,9 @@
 //! and the old one drains and exits; under load (keep-alive clients and
 //! one connection per request, plain and TLS) nothing fails. A successor
 //! that cannot start, or is stopped while it starts, leaves the old process
-//! serving (TCP and QUIC), and takes no connection from the shared queues.
+//! serving (TCP and QUIC), and takes no connection from the shared queues;
+//! one that never says it is ready is dropped after
+//! `--upgrade-ready-timeout-ms`, and the next one takes over.
 //! QUIC connections of the old process are closed with a reason. A process
 //! whose stderr is gone still drains and exits. systemd's `LISTEN_FDS`.
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
@@ -311,6 +313,79 @@ fn a_successor_stopped_while_it_starts_leaves_the_old_one_serving(driver: Driver
     assert!(p.child.try_wait().unwrap().is_none(), "the old process stopped");
     p.signal("TERM");
     assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// The sockets bound to `path` (`/proc/net/unix`): the upgrade socket
+/// itself, and one more for each connection made to it, accepted or
+/// still waiting in its backlog.
+fn sockets_at(path: &Path) -> usize {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let path = path.to_str().unwrap();
+    table.lines().filter(|l| l.split_whitespace().nth(7) == Some(path)).count()
+}
+
+/// A successor that takes the sockets and never says it is ready holds
+/// the old process only for `--upgrade-ready-timeout-ms`: a stand-in
+/// that takes them and does nothing (this test, through the library),
+/// then a real `hotloop serve` stopped (SIGSTOP) while it waits behind
+/// that one. Each is dropped in turn, logged and counted; the stopped one,
+/// continued, says ready too late, is refused, and exits with an error
+/// without serving. The old process serves the load throughout, and a
+/// successor started behind another stuck stand-in takes over within a
+/// few seconds (before, the old process waited on the first for ever and
+/// every later successor gave up after 30 s).
+#[hotloop::test(driver = "all")]
+fn a_successor_that_never_says_ready_is_dropped_and_the_next_takes_over(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let path = socket_path();
+    let old_args = ["--stats-addr", "127.0.0.1:0", "--upgrade-ready-timeout-ms", "2000"];
+    let mut p = Proc::start(&serve_args("http", driver, "2", &path, &old_args));
+    let addr = p.addr_after(" on ");
+    let stats = p.addr_after("stats on ");
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = load(addr, None, stop.clone());
+
+    let stuck = hotloop::net::Handover::open(&path).unwrap();
+    assert_eq!(sockets_at(&path), 2, "the upgrade socket and the stand-in's connection");
+    let mut stopped = Proc::start(&serve_args("http", driver, "1", &path, &[]));
+    // Stopped once it waits in the backlog, behind the stand-in.
+    let queued = common::wait_until(LIMIT, || sockets_at(&path) >= 3);
+    assert!(queued, "{driver}: the successor never connected: {:?}", stopped.seen);
+    stopped.signal("STOP");
+    assert!(p.wait_for_line("did not say it was ready", LIMIT), "{driver}: {:?}", p.seen);
+    let both = common::wait_until(LIMIT, || common::stat(stats, "upgrade_failures") == 2);
+    assert!(both, "{driver}: {:?}", p.seen);
+    assert_eq!(common::stat(stats, "upgrades_out"), 0);
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    // Too late: refused, the stopped one exits without serving.
+    stopped.signal("CONT");
+    let status = stopped.wait_exit(LIMIT).expect("the late successor did not exit");
+    stopped.collect_lines(Duration::from_millis(100));
+    assert!(!status.success(), "{driver}: {:?}", stopped.seen);
+    let said = stopped.seen.iter().any(|l| l.contains("stopped waiting for this process"));
+    assert!(said, "{driver}: {:?}", stopped.seen);
+    assert!(!stopped.seen.iter().any(|l| l.contains("took the")), "{:?}", stopped.seen);
+    let refused = stuck.ready().unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::TimedOut, "{refused}");
+    assert!(p.child.try_wait().unwrap().is_none(), "the old process stopped");
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+
+    // A good successor behind another stand-in: it takes over once that
+    // one is dropped.
+    let _stuck = hotloop::net::Handover::open(&path).unwrap();
+    let started = Instant::now();
+    let mut next = upgrade(&mut p, &serve_args("http", driver, "2", &path, &[]));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "{driver}: the successor took over after {took:?}");
+    thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let (n, failed) = c.join().unwrap();
+        assert!(failed.is_empty(), "{driver}: {} failed: {:?}", failed.len(), &failed[..1]);
+        assert!(n > 0);
+    }
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
 
 /// `hotloop ARGS` with its stderr a pipe that is closed once the banner

@@ -343,6 +343,79 @@ async fn dir_opens_beneath_and_refuses_ways_out() {
     assert_eq!(e.kind(), io::ErrorKind::NotADirectory, "{e}");
 }
 
+/// The same path written relative to the working directory.
+fn relative_to_cwd(path: &Path) -> PathBuf {
+    let cwd = std::env::current_dir().unwrap();
+    let up = cwd.components().count() - 1;
+    let mut rel: PathBuf = std::iter::repeat_n("..", up).collect();
+    rel.push(path.strip_prefix("/").unwrap());
+    rel
+}
+
+/// A symbolic link is judged by where it leads, however it is written: an
+/// absolute target inside the directory (by its own name, or through a
+/// link to the directory), `../root/...`, a linked directory on the way;
+/// and the directory opened by a relative path or through a link to it.
+/// One that leads out stays refused, whichever way it is written. (Before,
+/// `RESOLVE_BENEATH` refused every absolute link and every step above the
+/// directory, inside or not.)
+#[hotloop::test(driver = "all")]
+async fn dir_follows_links_that_lead_back_inside_however_written() {
+    let outside = TempDir::new("outside-2");
+    fs::write(outside.join("secret"), b"secret").await.unwrap();
+    let base = TempDir::new("base");
+    let root = base.join("root");
+    fs::create_dir_all(root.join("sub")).await.unwrap();
+    fs::write(root.join("sub/file"), b"inside").await.unwrap();
+    let linked_root = base.join("root-link");
+    std::os::unix::fs::symlink(&root, &linked_root).unwrap();
+    let link =
+        |target: &Path, name: &str| std::os::unix::fs::symlink(target, root.join(name)).unwrap();
+    link(&root.join("sub/file"), "abs-in");
+    link(&linked_root.join("sub/file"), "abs-in-via-link");
+    link(Path::new("../root/sub/file"), "up-and-in");
+    link(&root.join("sub"), "abs-dir");
+    link(&root.join("."), "abs-root");
+    link(&outside.join("secret"), "abs-out");
+    link(
+        &linked_root
+            .join("../root-link/../../")
+            .join(outside.0.file_name().unwrap())
+            .join("secret"),
+        "abs-out-winding",
+    );
+    link(Path::new("../root-link/sub/../../root/../../"), "up-and-out");
+    let mut read = OpenOptions::new();
+    read.read(true);
+    let dirs = [
+        fs::Dir::open(&root).await.unwrap(),
+        fs::Dir::open(&linked_root).await.unwrap(),
+        fs::Dir::open_blocking(relative_to_cwd(&root)).unwrap(),
+        fs::Dir::open_blocking(relative_to_cwd(&linked_root)).unwrap(),
+    ];
+    for dir in &dirs {
+        let at = dir.path().display();
+        for good in [
+            "sub/file",
+            "abs-in",
+            "abs-in-via-link",
+            "up-and-in",
+            "abs-dir/file",
+            "abs-root/sub/file",
+        ] {
+            let mut f =
+                dir.open_file(good, &read).await.unwrap_or_else(|e| panic!("{at}: {good}: {e}"));
+            assert_eq!(f.read_to_end(Vec::new()).await.1, b"inside", "{at}: {good}");
+        }
+        for bad in
+            ["abs-out", "abs-out-winding", "up-and-out/x", "abs-dir/../../x", "/etc/hostname"]
+        {
+            let e = dir.open_file(bad, &read).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{at}: {bad}: {e}");
+        }
+    }
+}
+
 #[hotloop::test(driver = "all")]
 async fn offsets_past_the_largest_are_refused() {
     let dir = TempDir::new("offsets");

@@ -1,7 +1,8 @@
 //! Socket hand-over between processes (`net::Handover`): a successor
 //! takes every listening socket, serves the connections waiting in their
 //! queues, and the predecessor stops accepting and drains; a successor
-//! that fails leaves the predecessor serving; only a process of the same
+//! that fails, or hangs past its ready wait, leaves the predecessor
+//! serving and the next successor takes over; only a process of the same
 //! user takes the sockets; systemd's `LISTEN_FDS`, a descriptor in it that
 //! is not a socket included. Both drivers.
 //!
@@ -427,6 +428,88 @@ fn a_successor_that_fails_leaves_the_old_process_serving(driver: DriverKind) {
     let b = serve(rt_b.handle(), "127.0.0.1:0", options(&handover_b, None), named("B")).unwrap();
     handover_b.ready().unwrap();
     assert!(handover_a.wait_replaced(Some(LIMIT)));
+    assert_eq!(a.drain_blocking(LIMIT).cut, 0);
+    drop(rt_a);
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "B");
+    assert_eq!(b.drain_blocking(LIMIT).cut, 0);
+}
+
+/// A stand-in successor on the upgrade socket at `path`, connected by
+/// hand: it reads what the running process sends it and never answers.
+struct Probe(socket2::Socket);
+
+impl Probe {
+    fn connect(path: &std::path::Path) -> Probe {
+        use socket2::{Domain, SockAddr, Socket, Type};
+        let sock = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
+        sock.connect(&SockAddr::unix(path).unwrap()).unwrap();
+        sock.set_read_timeout(Some(LIMIT)).unwrap();
+        Probe(sock)
+    }
+
+    /// The next message (its descriptors, not asked for, are closed by the
+    /// kernel); empty once the running process closed the connection.
+    fn next(&self) -> String {
+        let mut buf = [0u8; 256];
+        let n = (&self.0).read(&mut buf).expect("a message within the limit");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+}
+
+/// A successor that takes the sockets and then says nothing (stuck in its
+/// start-up, stopped by a signal: here a hand-over opened and held, or a
+/// stand-in connected by hand) holds the running process only for its
+/// ready wait: then it is told `late` and dropped, and a later successor,
+/// even one that connected while the old process still waited on the
+/// stuck one, takes over at once. The old process serves throughout. A
+/// stuck successor that says ready after it was dropped is refused
+/// (`TimedOut`) and does not take over.
+#[hotloop::test(driver = "all")]
+fn a_successor_that_never_says_ready_is_dropped_and_the_next_takes_over(driver: DriverKind) {
+    const WAIT: Duration = Duration::from_millis(300);
+    let path = socket_path();
+    let rt_a = runtime(driver, 2);
+    let handover_a = Handover::open(&path).unwrap();
+    handover_a.set_ready_wait(WAIT);
+    let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, None), named("A")).unwrap();
+    handover_a.ready().unwrap();
+    let addr = a.local_addr();
+    let failures = rt_a.stats().lifecycle.upgrade_failures;
+
+    // One that gets the sockets and hangs, and a stand-in behind it: the
+    // stand-in's header says the first was dropped.
+    let stuck = Handover::open(&path).unwrap();
+    assert_eq!(stuck.inherited(), 2);
+    let probe = Probe::connect(&path);
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+    assert!(probe.next().starts_with("hotloop-handover 1 "), "{driver:?}");
+    assert!(!handover_a.is_replaced());
+    // Its `ready` now is refused, and the old process goes on.
+    let refused = stuck.ready().unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::TimedOut, "{refused}");
+    assert!(!handover_a.is_replaced());
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+    // The stand-in is told `late` in turn, and the connection closes.
+    let told: Vec<String> =
+        std::iter::from_fn(|| Some(probe.next())).take_while(|m| !m.is_empty()).collect();
+    assert_eq!(told.last().map(String::as_str), Some("late\n"), "{driver:?}: {told:?}");
+    assert!(rt_a.stats().lifecycle.upgrade_failures >= failures + 2);
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+
+    // Another hangs, and a good one connects behind it at once: it gets the
+    // sockets once the stuck one is dropped, long before its own wait ends.
+    let stuck = Handover::open(&path).unwrap();
+    let started = Instant::now();
+    let rt_b = runtime(driver, 1);
+    let handover_b = Handover::open(&path).unwrap();
+    let waited = started.elapsed();
+    assert!(waited < WAIT * 10, "{driver:?}: the next successor waited {waited:?}");
+    assert_eq!(handover_b.inherited(), 2);
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+    let b = serve(rt_b.handle(), "127.0.0.1:0", options(&handover_b, None), named("B")).unwrap();
+    handover_b.ready().unwrap();
+    assert!(handover_a.wait_replaced(Some(LIMIT)));
+    assert_eq!(stuck.ready().unwrap_err().kind(), std::io::ErrorKind::TimedOut);
     assert_eq!(a.drain_blocking(LIMIT).cut, 0);
     drop(rt_a);
     assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "B");

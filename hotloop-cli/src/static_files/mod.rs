@@ -27,6 +27,13 @@
 //!   with [`Dir::open_file`] (`openat2` with `RESOLVE_BENEATH`), so a
 //!   symbolic link that points out of the root is refused by the kernel as
 //!   the path resolves (403), with no window between a check and the open.
+//!   A link is judged by where it leads, not how it is written: one with
+//!   an absolute target, or stepping above the root and back, that lands
+//!   inside the root (by any name of it: the root may be given relative or
+//!   through a link) is followed, as nginx's default `disable_symlinks off`
+//!   follows every link; unlike nginx's default, one landing outside is
+//!   403 (nginx refuses such links only with `disable_symlinks on` or
+//!   `if_not_owner`, which look at every link or at owners instead).
 //! - The open is non-blocking (`O_NONBLOCK`, and `O_NOCTTY`): opening a
 //!   FIFO for reading waits for a writer otherwise, on a blocking-pool
 //!   thread (epoll) or an io_uring worker (when the path is not in the

@@ -12,8 +12,11 @@ use super::{File, OpenOptions};
 /// resolves outside it: `..` above it, an absolute path, or a symbolic
 /// link (anywhere in the path) that points out. The kernel checks this as
 /// it resolves the path (`openat2` with `RESOLVE_BENEATH`), so a link
-/// swapped in between a check and the open cannot escape either. For a
-/// server that serves files under a root.
+/// swapped in between a check and the open cannot escape either. A link
+/// that leads back inside however it is written (an absolute target
+/// under the directory, by the name it was opened with or any other, or
+/// `../dir/file`) is followed. For a server that serves files under a
+/// root.
 ///
 /// `Dir` is `Send` and `Sync`, and cheap to clone: one directory can be
 /// shared by every worker.
@@ -55,6 +58,13 @@ impl Dir {
     /// that would leave the directory fails with `PermissionDenied`
     /// ("resolves outside"); a missing one with `NotFound`. The error names
     /// the directory joined with `path`.
+    ///
+    /// A symbolic link is judged by where it leads, not by how it is
+    /// written: the kernel refuses, as it resolves, any link with an
+    /// absolute target and any step above the directory, and then the
+    /// path is resolved again with every link followed; if it lands inside
+    /// the directory, that place is opened beneath it (the kernel checking
+    /// again). A `..` or an absolute `path` given here is refused as it is.
     pub async fn open_file(
         &self,
         path: impl AsRef<Path>,
@@ -62,7 +72,16 @@ impl Dir {
     ) -> io::Result<File> {
         let path = path.as_ref();
         let full = || self.path.join(path);
-        let file = ops::open_beneath(&self.dir, path, options).await.map_err(|e| {
+        let opened = match ops::open_beneath(&self.dir, path, options).await {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) && !leaves_lexically(path) => {
+                match ops::resolve_beneath(&self.dir, path).await {
+                    Some(inside) => ops::open_beneath(&self.dir, &inside, options).await,
+                    None => Err(e),
+                }
+            }
+            opened => opened,
+        };
+        let file = opened.map_err(|e| {
             let e = if e.raw_os_error() == Some(libc::EXDEV) {
                 io::Error::new(
                     io::ErrorKind::PermissionDenied,
@@ -75,4 +94,12 @@ impl Dir {
         })?;
         Ok(File::wrap(file, full().into(), options.append))
     }
+}
+
+/// True for a path that names a way out by itself: absolute, or with a
+/// `..` step. Only links are resolved again; these stay refused.
+fn leaves_lexically(path: &Path) -> bool {
+    use std::path::Component;
+    path.components()
+        .any(|c| matches!(c, Component::RootDir | Component::Prefix(_) | Component::ParentDir))
 }

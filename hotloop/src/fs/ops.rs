@@ -8,7 +8,7 @@ use std::fs::File as StdFile;
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -93,6 +93,31 @@ pub(super) async fn open_beneath(
         crate::sys::open_beneath(dir.as_raw_fd(), &path, flags, mode).map(StdFile::from)
     })
     .await
+}
+
+/// Where `path` (relative, below `dir`) leads with every symbolic link
+/// followed, as a path below `dir` without links, `.` or `..` (`.` for
+/// `dir` itself); `None` if it leads outside `dir`, or cannot be
+/// resolved. Both are resolved through `/proc/self/fd`, so the directory
+/// is the one `dir` holds, however it was named when opened. Only a
+/// where: the caller opens the answer beneath `dir` again, and the kernel
+/// checks that open, so a link changed meanwhile leads nowhere else.
+pub(super) async fn resolve_beneath(dir: &SharedFile, path: &Path) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    let (dir, path) = (dir.clone(), path.to_path_buf());
+    blocking(move || {
+        let named = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        let root = std::fs::canonicalize(&named)?;
+        let real = std::fs::canonicalize(named.join(&path))?;
+        match real.strip_prefix(&root) {
+            Ok(rest) if rest.as_os_str().is_empty() => Ok(Some(PathBuf::from("."))),
+            Ok(rest) => Ok(Some(rest.to_path_buf())),
+            Err(_) => Ok(None),
+        }
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// Moves `buf` into a `Vec` without copying when it is one.

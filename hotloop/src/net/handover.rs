@@ -37,6 +37,13 @@
 //!    new process that ends first (it cannot start, it panics) closes the
 //!    connection instead: the running one logs it, counts it
 //!    (`upgrade_failures`) and goes on serving and waiting for another.
+//!    One that says nothing for [`READY_WAIT`] (or what
+//!    [`Handover::set_ready_wait`] set) from its connection (stuck in its
+//!    start-up, stopped by a signal) is dropped the same way: the running
+//!    one sends it `late` and closes the connection, so the next successor
+//!    on the path is served. A `ready` that comes after the `late` is not
+//!    taken: the late process's [`Handover::ready`] fails, and it must not
+//!    serve.
 //! 3. On `ready` the running process stops accepting (each server's
 //!    accept loops end; on io_uring their accepts are cancelled and the
 //!    last completion awaited, so no connection is taken on its behalf
@@ -67,7 +74,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -85,6 +92,15 @@ pub const HANDOVER_WAIT: Duration = Duration::from_secs(30);
 /// How long a successor waits for its predecessor to say it stopped
 /// accepting, after it said it was ready.
 pub const STOP_ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a running process waits, by default, for a successor that
+/// connected to say it is ready before it drops that one and waits for
+/// another ([`Handover::set_ready_wait`] changes it). Under
+/// [`HANDOVER_WAIT`], so a successor that connected behind one that hangs
+/// still gets the sockets before it gives up; a successor's start-up
+/// after it has the sockets (its servers, TLS files, a proxy's
+/// configuration) takes far less.
+pub const READY_WAIT: Duration = Duration::from_secs(20);
 
 /// How often the hand-over thread looks whether it was closed while it
 /// waits for a successor, in milliseconds.
@@ -138,6 +154,9 @@ struct Inner {
     changed: Condvar,
     /// Set by [`Handover::close`]: no successor is taken any more.
     closed: AtomicBool,
+    /// How long a successor may take to say it is ready, in milliseconds
+    /// ([`Handover::set_ready_wait`]).
+    ready_wait_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -219,6 +238,7 @@ impl Handover {
                 state: Mutex::new(State::default()),
                 changed: Condvar::new(),
                 closed: AtomicBool::new(false),
+                ready_wait_ms: AtomicU64::new(READY_WAIT.as_millis() as u64),
             }),
         }
     }
@@ -230,6 +250,21 @@ impl Handover {
     /// The upgrade socket's path, if this hand-over has one.
     pub fn path(&self) -> Option<&Path> {
         self.inner.path.as_deref()
+    }
+
+    /// How long a successor that received this process's sockets may take
+    /// to say it is ready ([`READY_WAIT`] unless set): after it, this
+    /// process tells it `late`, closes the connection, counts a failed
+    /// successor (`upgrade_failures`), goes on serving and waits for
+    /// another. Counted from the successor's connection; at least 1 ms.
+    pub fn set_ready_wait(&self, limit: Duration) {
+        let ms = limit.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        self.inner.ready_wait_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// See [`Self::set_ready_wait`].
+    pub fn ready_wait(&self) -> Duration {
+        self.inner.ready_wait()
     }
 
     /// The pid of the process whose sockets this one received, if any.
@@ -253,7 +288,12 @@ impl Handover {
     ///
     /// Call it last in start-up: once the predecessor is told, nobody else
     /// serves, so whatever can fail must have been done before. An error
-    /// comes only before the predecessor is told (it goes on serving).
+    /// comes before the predecessor is told, or when it answers `late`
+    /// (it had stopped waiting for this process, after its
+    /// [ready wait](Self::set_ready_wait); the error's kind is
+    /// `TimedOut`): either way the predecessor goes on serving, so this
+    /// process must not (it should drain what it accepted and exit), and
+    /// it takes no successor.
     pub fn ready(&self) -> io::Result<()> {
         let (predecessor, unclaimed, upgrade) = {
             let mut st = self.lock();
@@ -286,7 +326,8 @@ impl Handover {
         };
         if let Some((pid, conn)) = predecessor {
             conn.set_read_timeout(Some(STOP_ACK_WAIT))?;
-            tell_predecessor(pid, &conn);
+            // Refused: the thread, never given the upgrade socket, ends.
+            tell_predecessor(pid, &conn)?;
             // Whatever it answered, it takes no more connections: what it
             // left queued is this process's, and its last accepts may have
             // taken the wake-ups that would have told this process so.
@@ -612,6 +653,10 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn ready_wait(&self) -> Duration {
+        Duration::from_millis(self.ready_wait_ms.load(Ordering::Relaxed))
+    }
 }
 
 impl fmt::Debug for Handover {
@@ -742,21 +787,29 @@ fn with_path(e: io::Error, doing: &str, path: &Path) -> io::Error {
 }
 
 /// The successor's side of step 3: `ready`, then the predecessor's word
-/// that it stopped accepting (`conn` reads with a timeout). Nothing here
-/// fails: once `ready` may have reached the predecessor, this process
-/// serves whatever comes back.
-fn tell_predecessor(pid: u32, conn: &Socket) {
+/// that it stopped accepting (`conn` reads with a timeout). Once `ready`
+/// may have reached the predecessor this process serves whatever comes
+/// back, save `late`: the predecessor had stopped waiting for it and goes
+/// on serving (`Err`, `TimedOut`).
+fn tell_predecessor(pid: u32, conn: &Socket) -> io::Result<()> {
     if let Err(e) = sys::send_with_fds(conn.as_raw_fd(), b"ready\n", &[]) {
-        // It stopped on its own meanwhile; this process serves either way.
+        // A predecessor that gave up on this process said so before it
+        // closed, and its word waits here still; otherwise it stopped on
+        // its own meanwhile, and this process serves either way.
+        let _ = conn.set_nonblocking(true);
+        if answered_late(conn) {
+            return Err(late(pid));
+        }
         crate::log::warn(format_args!("hand-over: pid {pid} is gone ({e}); serving alone"));
         count_event(&LIFECYCLE.upgrades_in, 1);
-        return;
+        return Ok(());
     }
     let mut buf = [0u8; 64];
     match sys::recv_with_fds(conn.as_raw_fd(), &mut buf) {
         Ok((n, _)) if buf[..n].starts_with(b"draining") => crate::log::info(format_args!(
             "hand-over: pid {pid} stopped accepting and drains; this process serves alone"
         )),
+        Ok((n, _)) if buf[..n].starts_with(b"late") => return Err(late(pid)),
         Ok(_) => crate::log::warn(format_args!(
             "hand-over: pid {pid} ended before it said it stopped accepting; serving alone"
         )),
@@ -765,6 +818,24 @@ fn tell_predecessor(pid: u32, conn: &Socket) {
         )),
     }
     count_event(&LIFECYCLE.upgrades_in, 1);
+    Ok(())
+}
+
+/// True if the predecessor's next message on `conn` is `late`.
+fn answered_late(conn: &Socket) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(sys::recv_with_fds(conn.as_raw_fd(), &mut buf), Ok((n, _)) if buf[..n].starts_with(b"late"))
+}
+
+/// The error of a successor whose predecessor stopped waiting for it.
+fn late(pid: u32) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "hand-over: pid {pid} stopped waiting for this process to be ready and goes on \
+             serving; this process does not take over"
+        ),
+    )
 }
 
 /// The hand-over thread: waits on the upgrade socket for a successor,
@@ -804,7 +875,12 @@ fn serve_successors(inner: &Arc<Inner>, listener: OwnedFd) {
             continue;
         }
         let _ = conn.set_nonblocking(false);
-        match hand_over(inner, &conn, pid, &listener) {
+        // Counted from here: a successor that stops reading mid-way is
+        // dropped at the same time as one that never says it is ready.
+        // (No deadline for a wait past what an `Instant` can hold.)
+        let deadline = Instant::now().checked_add(inner.ready_wait());
+        let _ = conn.set_write_timeout(Some(inner.ready_wait()));
+        match hand_over(inner, &conn, pid, &listener, deadline) {
             Ok(()) => {
                 let wakers = {
                     let mut st = inner.lock();
@@ -820,6 +896,14 @@ fn serve_successors(inner: &Arc<Inner>, listener: OwnedFd) {
                 }
                 return;
             }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                count_event(&LIFECYCLE.upgrade_failures, 1);
+                crate::log::warn(format_args!(
+                    "hand-over: successor pid {pid} did not say it was ready within {:?}; \
+                     dropped it: this process keeps serving and waits for another",
+                    inner.ready_wait()
+                ));
+            }
             Err(e) => {
                 count_event(&LIFECYCLE.upgrade_failures, 1);
                 crate::log::warn(format_args!(
@@ -830,8 +914,15 @@ fn serve_successors(inner: &Arc<Inner>, listener: OwnedFd) {
     }
 }
 
-/// Steps 1 to 3 with one successor; `Err` if it never got ready.
-fn hand_over(inner: &Arc<Inner>, conn: &Socket, pid: u32, listener: &OwnedFd) -> io::Result<()> {
+/// Steps 1 to 3 with one successor; `Err` if it never got ready (of kind
+/// `TimedOut` if not by `deadline`, when it has been told `late`).
+fn hand_over(
+    inner: &Arc<Inner>,
+    conn: &Socket,
+    pid: u32,
+    listener: &OwnedFd,
+    deadline: Option<Instant>,
+) -> io::Result<()> {
     let (lines, fds): (Vec<String>, Vec<RawFd>) = {
         let st = inner.lock();
         st.offered
@@ -855,13 +946,23 @@ fn hand_over(inner: &Arc<Inner>, conn: &Socket, pid: u32, listener: &OwnedFd) ->
         "hand-over: sent {} sockets to pid {pid}; waiting for it to serve",
         fds.len() - 1
     ));
-    // Step 2: wait for `ready`, however long the successor takes to start,
-    // unless this process is told to stop meanwhile.
+    // Step 2: wait for `ready` until the deadline, unless this process is
+    // told to stop meanwhile. A successor that hangs (stuck in its start,
+    // stopped by a signal) must not hold the path for ever: whoever comes
+    // next waits behind it.
     loop {
         if inner.closed.load(Ordering::SeqCst) {
             return Err(io::Error::other("this process began stopping on its own first"));
         }
-        if sys::wait_readable(conn.as_raw_fd(), CLOSED_POLL_MS)? {
+        let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        if left.is_zero() {
+            // Said before the close: a `ready` it sends from now on finds
+            // this word, not `draining`, and that process does not serve.
+            let _ = sys::send_with_fds(conn.as_raw_fd(), b"late\n", &[]);
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "it did not say it was ready"));
+        }
+        let wait_ms = left.as_millis().clamp(1, CLOSED_POLL_MS as u128) as i32;
+        if sys::wait_readable(conn.as_raw_fd(), wait_ms)? {
             break;
         }
     }

@@ -21,7 +21,7 @@ mod unix;
 mod unix_datagram;
 
 pub use crate::driver::AcceptMode;
-pub use handover::{Handover, Replaced, HANDOVER_WAIT, STOP_ACK_WAIT};
+pub use handover::{Handover, Replaced, HANDOVER_WAIT, READY_WAIT, STOP_ACK_WAIT};
 pub use listener::{on_descriptor_shortage, TcpListener};
 pub use options::{AcceptPacing, Balance, ListenerOptions, ServerOptions};
 pub use pool::{ReadPooled, POOLED_BUFFER_BYTES};
