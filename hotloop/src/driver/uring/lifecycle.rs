@@ -392,14 +392,14 @@ impl Ops {
         match state {
             // The send is queued or in the kernel: its completion continues it.
             Lifecycle::Waiting { .. } => {
-                lingering.push(write.deadline(), key);
+                lingering.push(write.deadline(), key, write.is_patient());
                 *state = Lifecycle::Lingering(Box::new(write));
             }
             // The send completed and nobody took the result yet: continue now.
             Lifecycle::Completed(cqe) => {
                 let res = cqe.res;
                 self.slots.remove(key);
-                match write.next_entry(res) {
+                match write.next_entry(res, lingering.on_turn()) {
                     Some(entry) => self.start_lingering(ring, lingering, Box::new(write), entry),
                     // Nobody waits on a handover made just now.
                     None => drop(write.finish()),
@@ -417,9 +417,9 @@ impl Ops {
         write: Box<LingeringWrite>,
         entry: squeue::Entry,
     ) {
-        let deadline = write.deadline();
+        let (deadline, patient) = (write.deadline(), write.is_patient());
         let key = self.slots.insert(Lifecycle::Lingering(write));
-        lingering.push(deadline, key);
+        lingering.push(deadline, key, patient);
         ring.push(entry.user_data(UserData::Op(key).to_u64()));
     }
 
