@@ -1,11 +1,14 @@
 //! `spawn_blocking`: results and panics come back to the awaiting task, the
 //! worker keeps running meanwhile, the pool is bounded and shrinks when
-//! idle, shutdown cancels queued jobs, and the counters show it all.
+//! idle, shutdown cancels queued jobs and waits (bounded) for running
+//! ones, and the counters show it all.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hotloop::time::{sleep, timeout};
-use hotloop::{spawn, spawn_blocking, Handle, JoinError, Runtime};
+use hotloop::{spawn, spawn_blocking, DriverKind, Handle, JoinError, Runtime};
 
 #[hotloop::test(driver = "all")]
 async fn result_comes_back_and_the_worker_keeps_running() {
@@ -93,11 +96,95 @@ fn shutdown_cancels_queued_jobs() {
     let running = rt.handle().spawn_blocking(|| std::thread::sleep(Duration::from_millis(300)));
     let queued = rt.handle().spawn_blocking(|| 1);
     std::thread::sleep(Duration::from_millis(50));
-    let start = Instant::now();
     drop(rt);
-    assert!(start.elapsed() < Duration::from_millis(250), "shutdown does not wait for jobs");
     assert!(matches!(queued.join(), Err(JoinError::Cancelled)));
+    assert!(running.is_finished(), "the drop waited for the running job");
     running.join().expect("a running job finishes on its thread");
+}
+
+/// A file a running blocking job writes is written when the runtime is
+/// dropped with `main` (the job's handle dropped long before), as with
+/// tokio: the drop waits for the jobs already running.
+#[hotloop::test(driver = "all")]
+fn dropping_the_runtime_waits_for_a_running_job(driver: DriverKind) {
+    let marker =
+        std::env::temp_dir().join(format!("hotloop-blocking-{}-{driver:?}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    rt.block_on(async {
+        let started = Arc::new(AtomicBool::new(false));
+        let job = spawn_blocking({
+            let (started, marker) = (started.clone(), marker.clone());
+            move || {
+                started.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(300));
+                std::fs::write(marker, b"done").unwrap();
+            }
+        });
+        drop(job);
+        // Started, not queued: a queued job is cancelled by the drop.
+        timeout(Duration::from_secs(10), async {
+            while !started.load(Ordering::SeqCst) {
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the job started");
+    });
+    drop(rt);
+    let written = std::fs::read(&marker);
+    let _ = std::fs::remove_file(&marker);
+    assert_eq!(written.expect("the job's file was not written").as_slice(), b"done");
+}
+
+/// The wait is bounded: by `Builder::blocking_shutdown_timeout` for a
+/// drop or `shutdown`, by `shutdown_timeout`'s argument, and not at all
+/// with `shutdown_background`.
+#[hotloop::test(driver = "all")]
+fn the_wait_for_running_jobs_is_bounded(driver: DriverKind) {
+    const BOUND: Duration = Duration::from_millis(200);
+    // A job that sleeps for 10 s unless told to end.
+    let stuck = |rt: &Runtime| {
+        let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        drop(rt.handle().spawn_blocking(move || {
+            started_tx.send(()).unwrap();
+            let _ = end_rx.recv_timeout(Duration::from_secs(10));
+        }));
+        started_rx.recv_timeout(Duration::from_secs(10)).expect("the job started");
+        end_tx
+    };
+    let build = || {
+        Runtime::builder()
+            .workers(1)
+            .driver(driver)
+            .blocking_shutdown_timeout(BOUND)
+            .build()
+            .unwrap()
+    };
+    let timed = |stop: &dyn Fn(Runtime), rt: Runtime| {
+        let start = Instant::now();
+        stop(rt);
+        start.elapsed()
+    };
+
+    let rt = build();
+    let end = stuck(&rt);
+    let took = timed(&drop, rt);
+    assert!(took >= BOUND && took < BOUND * 5, "the drop took {took:?}");
+    drop(end);
+
+    let rt = build();
+    let end = stuck(&rt);
+    let took = timed(&|rt: Runtime| rt.shutdown_timeout(Duration::from_millis(50)), rt);
+    assert!(took >= Duration::from_millis(50) && took < BOUND, "shutdown_timeout took {took:?}");
+    drop(end);
+
+    let rt = build();
+    let end = stuck(&rt);
+    let took = timed(&Runtime::shutdown_background, rt);
+    assert!(took < Duration::from_millis(50), "shutdown_background took {took:?}");
+    drop(end);
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! Child processes: echo through `cat`, exit codes, a child that exits
 //! before it is awaited, kill, kill-on-drop (the pid is gone afterwards),
 //! many children at once, `output` with arguments, environment and
-//! working directory, and a clear error for a missing program.
+//! working directory, a clear error for a missing program, a slow reader
+//! getting all its input, and dropped children reaped wherever they are
+//! dropped.
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
@@ -9,9 +11,10 @@ use std::time::Duration;
 use hotloop::process::{Command, Stdio};
 use hotloop::task::JoinSet;
 use hotloop::time::{sleep, timeout};
+use hotloop::DriverKind;
 
 /// The longest any child here may take.
-const LIMIT: Duration = Duration::from_secs(10);
+const LIMIT: Duration = Duration::from_secs(15);
 
 #[hotloop::test(driver = "all")]
 async fn echoes_through_cat() {
@@ -165,4 +168,172 @@ async fn waiting_parks_instead_of_spinning() {
 fn spawning_outside_a_worker_is_an_error() {
     let err = Command::new("true").spawn().unwrap_err();
     assert!(err.to_string().contains("hotloop worker"), "{err}");
+}
+
+/// A child that reads its input only after the send deadline of a write
+/// the parent's stream no longer waits for (5 s on io_uring), then counts it.
+const SLOW_COUNTER: &str = "sleep 6; wc -c";
+
+/// Writes 64 KiB chunks to `stdin` (one `write` each, through tokio's
+/// trait) until one takes longer than a moment, as a parent feeding a
+/// child that does not read yet; returns how many bytes the writes
+/// reported taken (on io_uring the last of them written behind, in user
+/// space).
+async fn fill(stdin: &mut hotloop::process::ChildStdin) -> usize {
+    use tokio::io::AsyncWriteExt;
+    let chunk = vec![7u8; 64 * 1024];
+    let mut sent = 0;
+    loop {
+        match timeout(Duration::from_millis(200), stdin.write(&chunk)).await {
+            Ok(n) => sent += n.unwrap(),
+            Err(_) => return sent,
+        }
+    }
+}
+
+/// What the slow counter printed.
+fn counted(stdout: &[u8]) -> usize {
+    std::str::from_utf8(stdout).unwrap().trim().parse().unwrap()
+}
+
+/// How a parent ends a slow child's input and waits for it.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    /// Drops the input (tokio's way to end it), then `wait_with_output`.
+    DropThenWaitWithOutput,
+    /// Drops the input, then `wait`; reads the output after.
+    DropThenWait,
+    /// Leaves the input in the `Child` to `wait_with_output`.
+    LeaveToWaitWithOutput,
+    /// Leaves the input in the `Child` to `wait`.
+    LeaveToWait,
+}
+
+/// Feeds a slow counter as `ending` says; returns what the writes
+/// reported taken and what the child counted.
+async fn feed_slow_counter(ending: Ending) -> (usize, usize) {
+    let mut child = Command::new("sh")
+        .args(["-c", SLOW_COUNTER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sent = fill(child.stdin.as_mut().unwrap()).await;
+    if matches!(ending, Ending::DropThenWaitWithOutput | Ending::DropThenWait) {
+        drop(child.stdin.take());
+    }
+    let stdout = match ending {
+        Ending::DropThenWaitWithOutput | Ending::LeaveToWaitWithOutput => {
+            let out = timeout(LIMIT, child.wait_with_output()).await.unwrap().unwrap();
+            assert!(out.status.success(), "{ending:?}");
+            out.stdout
+        }
+        Ending::DropThenWait | Ending::LeaveToWait => {
+            let stdout = child.stdout.take().unwrap();
+            assert!(timeout(LIMIT, child.wait()).await.unwrap().unwrap().success(), "{ending:?}");
+            let (n, line) =
+                timeout(LIMIT, stdout.read_owned(Vec::with_capacity(64))).await.unwrap();
+            n.unwrap();
+            line
+        }
+    };
+    (sent, counted(&stdout))
+}
+
+/// A child reading its input late gets every byte the parent's writes
+/// reported taken, whether the parent dropped the input (tokio's way to
+/// end it) before waiting or left it to `wait`/`wait_with_output`: on
+/// io_uring the rest written behind is neither cut at the send deadline
+/// into a short input with a clean end (a Unix stream has no reset to
+/// tell a cut) nor left behind by the wait.
+#[hotloop::test(driver = "all")]
+async fn a_slow_reader_gets_every_byte_written_before_the_wait() {
+    let endings = [
+        Ending::DropThenWaitWithOutput,
+        Ending::DropThenWait,
+        Ending::LeaveToWaitWithOutput,
+        Ending::LeaveToWait,
+    ];
+    let tasks: Vec<_> =
+        endings.iter().map(|&e| (e, hotloop::spawn(feed_slow_counter(e)))).collect();
+    for (ending, task) in tasks {
+        let (sent, counted) = task.await.unwrap();
+        assert_eq!(counted, sent, "{ending:?}: the child read less than was written");
+    }
+}
+
+/// True while `pid` is still a child of this process: running, or a
+/// zombie nobody reaped (its `/proc` entry, parent this process).
+fn still_our_child(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // `pid (comm) state ppid ...`; comm may hold spaces, so after its `)`.
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    let ppid: u32 = after_comm.split(' ').nth(1).unwrap().parse().unwrap();
+    ppid == std::process::id()
+}
+
+/// Waits up to 2 s for `pid` to be reaped.
+fn reaped_soon(pid: u32) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while still_our_child(pid) {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// `sleep 0.2`, its `Child` set to kill it when dropped (or not).
+fn short_sleeper(kill_on_drop: bool) -> hotloop::process::Child {
+    Command::new("sleep").arg("0.2").kill_on_drop(kill_on_drop).spawn().unwrap()
+}
+
+/// A `Child` held by a task when the runtime is dropped, on a worker and
+/// on `block_on`'s context, killed on drop or left to exit: the process
+/// is reaped soon after, not left a zombie for the rest of the parent's
+/// life.
+#[hotloop::test(driver = "all")]
+fn a_child_dropped_with_its_runtime_is_reaped(driver: DriverKind) {
+    for kill_on_drop in [true, false] {
+        let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
+        let (pid_tx, pid_rx) = std::sync::mpsc::channel();
+        drop(rt.handle().spawn_on(0, move || async move {
+            let child = short_sleeper(kill_on_drop);
+            pid_tx.send(child.id().unwrap()).unwrap();
+            std::future::pending::<()>().await;
+            drop(child);
+        }));
+        let on_worker = pid_rx.recv_timeout(LIMIT).unwrap();
+        let on_block_on = rt.block_on(async {
+            let child = short_sleeper(kill_on_drop);
+            let pid = child.id().unwrap();
+            hotloop::spawn(async move {
+                std::future::pending::<()>().await;
+                drop(child);
+            });
+            pid
+        });
+        drop(rt);
+        assert!(reaped_soon(on_worker), "kill_on_drop {kill_on_drop}: a worker's child");
+        assert!(reaped_soon(on_block_on), "kill_on_drop {kill_on_drop}: block_on's child");
+    }
+}
+
+/// A `Child` dropped on `block_on`'s context that is not entered again,
+/// or outside any worker, is reaped while the runtime lives on.
+#[hotloop::test(driver = "all")]
+fn a_child_dropped_where_no_worker_runs_is_reaped(driver: DriverKind) {
+    let rt = hotloop::Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let (in_block_on, carried_out) = rt.block_on(async {
+        let dropped = short_sleeper(true);
+        let pid = dropped.id().unwrap();
+        drop(dropped);
+        (pid, short_sleeper(true))
+    });
+    let outside = carried_out.id().unwrap();
+    drop(carried_out);
+    assert!(reaped_soon(in_block_on), "dropped on block_on's context");
+    assert!(reaped_soon(outside), "dropped outside any worker");
+    drop(rt);
 }

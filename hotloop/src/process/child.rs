@@ -1,12 +1,14 @@
 //! A spawned child: its pidfd on the worker's driver, its piped streams,
 //! waiting, killing, and reaping when dropped.
 
+use std::future::Future;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::pin::Pin;
 use std::process::{ExitStatus, Output};
 use std::task::{Context as TaskContext, Poll};
 
-use super::{Stdio, StdioKind};
+use super::{orphans, Stdio, StdioKind};
 use crate::driver::ReadinessSource;
 use crate::net::UnixStream;
 use crate::runtime::current;
@@ -69,8 +71,10 @@ pub(super) fn release(cmd: &mut std::process::Command, which: Stream) {
 /// `Child`.
 ///
 /// Dropping it leaves the process running (unless the command set
-/// [`kill_on_drop`](super::Command::kill_on_drop)), and it is reaped by a
-/// task on this worker once it exits.
+/// [`kill_on_drop`](super::Command::kill_on_drop)), and it is reaped once
+/// it exits: by a task on this worker, or, where none runs for as long as
+/// the process may (outside a worker, on `block_on`'s context, as the
+/// runtime is dropped), by a process-wide reaper thread.
 #[derive(Debug)]
 pub struct Child {
     /// The parent's end of the child's input, if it was piped.
@@ -164,11 +168,31 @@ impl Child {
     }
 
     /// Waits for the process to exit and returns its status. Closes the
-    /// child's piped input first, so a child that reads to its end is
-    /// not left waiting for more. Cancel-safe.
+    /// child's piped input first, once every byte written to it is in
+    /// the kernel, so a child that reads to its end gets all of it and is
+    /// not left waiting for more. Cancel-safe: the input stays in `stdin`
+    /// until it is closed.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
-        drop(self.stdin.take());
-        std::future::poll_fn(|cx| self.process().poll_wait(cx)).await
+        std::future::poll_fn(|cx| {
+            self.poll_close_stdin(cx);
+            let status = std::task::ready!(self.process().poll_wait(cx));
+            // A child that exits without reading its input to the end
+            // does not keep the wait going.
+            self.stdin = None;
+            Poll::Ready(status)
+        })
+        .await
+    }
+
+    /// Closes the piped input once every byte written to it is in the
+    /// kernel. On io_uring the last write may still be in user space
+    /// (written behind, `driver/uring/write_behind.rs`): it goes out
+    /// before the end of input. The flush fails only if the child closed
+    /// its input (`EPIPE`), which a wait does not report.
+    fn poll_close_stdin(&mut self, cx: &mut TaskContext<'_>) {
+        if self.stdin.as_ref().is_some_and(|s| s.poll_flush_writes(cx).is_ready()) {
+            self.stdin = None;
+        }
     }
 
     /// The exit status if the process has exited; never waits.
@@ -196,20 +220,57 @@ impl Child {
     /// while waiting for it to exit, and returns them with its status.
     /// Streams that were not piped come back empty.
     pub async fn wait_with_output(mut self) -> io::Result<Output> {
-        drop(self.stdin.take());
-        // Both streams are read at once: a child that fills one while the
-        // parent reads only the other would never finish.
-        let stderr = self.stderr.take().map(|s| crate::spawn(read_to_end(s)));
-        let stdout = match self.stdout.take() {
-            Some(s) => read_to_end(s).await?,
-            None => Vec::new(),
-        };
-        let stderr = match stderr {
-            Some(task) => task.await.map_err(|e| io::Error::other(e.to_string()))??,
-            None => Vec::new(),
-        };
+        // The input is flushed and closed, and both output streams read,
+        // at once: a child that fills one stream while the parent reads
+        // only the other, or that writes as it reads its input, would
+        // never finish.
+        let mut stdout = collect(self.stdout.take());
+        let mut stderr = collect(self.stderr.take());
+        std::future::poll_fn(|cx| {
+            self.poll_close_stdin(cx);
+            let (out, err) = (stdout.poll(cx)?, stderr.poll(cx)?);
+            if out.is_ready() && err.is_ready() {
+                Poll::Ready(Ok::<_, io::Error>(()))
+            } else {
+                Poll::Pending
+            }
+        })
+        .await?;
         let status = self.wait().await?;
-        Ok(Output { status, stdout, stderr })
+        Ok(Output { status, stdout: stdout.into_bytes(), stderr: stderr.into_bytes() })
+    }
+}
+
+/// One output stream read to its end, for `wait_with_output`.
+enum Collect<F> {
+    Reading(Pin<Box<F>>),
+    Done(Vec<u8>),
+}
+
+impl<F: Future<Output = io::Result<Vec<u8>>>> Collect<F> {
+    /// Ready (once the bytes are kept) when the stream has ended.
+    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        if let Collect::Reading(read) = self {
+            let bytes = std::task::ready!(read.as_mut().poll(cx))?;
+            *self = Collect::Done(bytes);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// The bytes, once done (nothing if the read did not end).
+    fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Collect::Done(bytes) => bytes,
+            Collect::Reading(_) => Vec::new(),
+        }
+    }
+}
+
+/// Reads `stream` to its end; a stream that was not piped is empty.
+fn collect(stream: Option<UnixStream>) -> Collect<impl Future<Output = io::Result<Vec<u8>>>> {
+    match stream {
+        Some(s) => Collect::Reading(Box::pin(read_to_end(s))),
+        None => Collect::Done(Vec::new()),
     }
 }
 
@@ -240,12 +301,41 @@ impl Drop for Child {
         if !matches!(process.try_wait(), Ok(None)) {
             return; // reaped now, or it cannot be
         }
-        // Still running: a task reaps it when it exits, so it does not
-        // stay a zombie. Outside a worker there is no one to wait.
-        if current::on_worker() {
+        // Still running: reaped when it exits, so it does not stay a
+        // zombie. A worker's loop runs until its runtime is dropped, so a
+        // task there waits (and hands the process on if it is dropped
+        // first); anywhere else, the process-wide reaper does.
+        if current::on_worker_thread() {
+            let mut reaping = Reaping(Some(process));
             crate::runtime::spawn_detached(async move {
-                let _ = std::future::poll_fn(|cx| process.poll_wait(cx)).await;
+                let _ = std::future::poll_fn(|cx| reaping.poll(cx)).await;
             });
+        } else {
+            orphans::adopt(process.std);
+        }
+    }
+}
+
+/// A dropped child's process that a task waits to reap; if the task is
+/// dropped first (with its runtime), the process goes to the process-wide
+/// reaper.
+struct Reaping(Option<Process>);
+
+impl Reaping {
+    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Poll<io::Result<ExitStatus>> {
+        match &mut self.0 {
+            Some(process) => process.poll_wait(cx),
+            None => Poll::Ready(Err(io::ErrorKind::NotFound.into())),
+        }
+    }
+}
+
+impl Drop for Reaping {
+    fn drop(&mut self) {
+        if let Some(process) = self.0.take() {
+            if process.status.is_none() {
+                orphans::adopt(process.std);
+            }
         }
     }
 }

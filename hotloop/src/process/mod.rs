@@ -41,10 +41,18 @@
 //!   pass such a program a file or an inherited stream. Writing to a child that
 //!   has exited fails with `BrokenPipe` and never raises `SIGPIPE`.
 //! - A dropped [`Child`] whose process still runs is not left a zombie:
-//!   on a worker, a task waits for it and reaps it. With
-//!   [`Command::kill_on_drop`] it is sent `SIGKILL` first.
+//!   on a worker's thread, a task waits for it and reaps it; dropped
+//!   anywhere else (outside a worker, on `block_on`'s context), or with
+//!   that task when its runtime is dropped, it goes to a process-wide
+//!   list that one thread, alive only while the list holds a child, reaps
+//!   (`orphans.rs`). With [`Command::kill_on_drop`] it is sent `SIGKILL`
+//!   first.
+//! - The piped input's last bytes, which on io_uring may still be in user
+//!   space (written behind), reach the child before `wait` and
+//!   `wait_with_output` close it.
 
 mod child;
+mod orphans;
 
 use std::ffi::OsStr;
 use std::io;

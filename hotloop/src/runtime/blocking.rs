@@ -16,8 +16,12 @@
 //!   in tokio: a job waits when every thread is busy.
 //! - A queued job's handle resolves to `JoinError::Cancelled` if the
 //!   runtime shuts down before a thread takes it. A running job is never
-//!   interrupted; its thread exits when the job returns. Shutdown does not
-//!   wait for running jobs, so a stuck call cannot hang `Runtime::drop`.
+//!   interrupted; its thread exits when the job returns. Shutdown waits
+//!   for the running jobs (a job writing a file is not cut when `main`
+//!   returns, as with tokio), but at most a bound
+//!   (`Builder::blocking_shutdown_timeout`, `Runtime::shutdown_timeout`,
+//!   none with `Runtime::shutdown_background`), so a stuck call cannot
+//!   hang `Runtime::drop` for good.
 //! - Panics inside a job are caught and returned as `JoinError::Panicked`.
 
 use std::collections::VecDeque;
@@ -36,6 +40,9 @@ use crate::stats::BlockingCounters;
 pub(crate) const BLOCKING_THREADS_MAX_DEFAULT: usize = 512;
 /// The default time an idle blocking thread waits for work before exiting.
 pub(crate) const BLOCKING_KEEP_ALIVE_DEFAULT: Duration = Duration::from_secs(10);
+/// The default bound on the wait of a runtime's shutdown for the blocking
+/// jobs already running.
+pub(crate) const BLOCKING_SHUTDOWN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// A queued closure; it updates the counters itself, before it hands its
 /// result over, so a caller that sees the result sees the counters too.
@@ -50,6 +57,8 @@ pub(crate) struct BlockingPool {
 struct Inner {
     state: Mutex<State>,
     work: Condvar,
+    /// Notified when the last running job returns after shutdown.
+    finished: Condvar,
     max_threads: usize,
     keep_alive: Duration,
     stats: Stats,
@@ -63,6 +72,8 @@ struct State {
     idle: usize,
     /// Notifications sent to idle threads and not yet consumed.
     notified: usize,
+    /// Jobs a thread took and has not returned from.
+    running: usize,
     shutdown: bool,
 }
 
@@ -87,6 +98,7 @@ impl BlockingPool {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
+                finished: Condvar::new(),
                 max_threads: max_threads.max(1),
                 keep_alive,
                 stats: Stats::default(),
@@ -158,7 +170,7 @@ impl BlockingPool {
     }
 
     /// Cancels queued jobs and lets idle threads exit; running jobs finish
-    /// on their own threads, which are not waited for.
+    /// on their own threads.
     pub(crate) fn shutdown(&self) {
         let dropped = {
             let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -170,6 +182,18 @@ impl BlockingPool {
         self.inner.work.notify_all();
         // Their handles learn `Cancelled` as the jobs drop, outside the lock.
         drop(dropped);
+    }
+
+    /// After [`BlockingPool::shutdown`]: waits until no job is running, for
+    /// at most `bound`. Returns true if none is.
+    pub(crate) fn wait_running(&self, bound: Duration) -> bool {
+        let st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (st, _) = self
+            .inner
+            .finished
+            .wait_timeout_while(st, bound, |st| st.running > 0)
+            .unwrap_or_else(|e| e.into_inner());
+        st.running == 0
     }
 
     /// True while a job is queued or running, or handing its result over:
@@ -205,9 +229,14 @@ impl Inner {
             if let Some(job) = st.queue.pop_front() {
                 self.stats.queued.fetch_sub(1, Relaxed);
                 self.stats.running.fetch_add(1, Relaxed);
+                st.running += 1;
                 drop(st);
                 job(&self.stats);
                 st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.running -= 1;
+                if st.running == 0 && st.shutdown {
+                    self.finished.notify_all();
+                }
                 continue;
             }
             if st.shutdown {

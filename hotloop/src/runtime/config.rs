@@ -69,6 +69,7 @@ pub(crate) struct Config {
     pub(crate) uring_entries: u32,
     pub(crate) max_blocking_threads: usize,
     pub(crate) blocking_keep_alive: Duration,
+    pub(crate) blocking_shutdown_timeout: Duration,
 }
 
 impl Default for Config {
@@ -85,6 +86,7 @@ impl Default for Config {
             uring_entries: 1024,
             max_blocking_threads: super::blocking::BLOCKING_THREADS_MAX_DEFAULT,
             blocking_keep_alive: super::blocking::BLOCKING_KEEP_ALIVE_DEFAULT,
+            blocking_shutdown_timeout: super::blocking::BLOCKING_SHUTDOWN_TIMEOUT_DEFAULT,
         }
     }
 }

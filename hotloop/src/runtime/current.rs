@@ -35,6 +35,13 @@ pub(crate) fn on_worker() -> bool {
     context::try_with(|_| ()).is_some()
 }
 
+/// True on one of a runtime's worker threads, whose loop runs until the
+/// runtime is dropped; false on `block_on`'s context (its tasks run only
+/// while `block_on` does) and outside any runtime.
+pub(crate) fn on_worker_thread() -> bool {
+    context::try_with(|cx| !Arc::ptr_eq(&cx.shared, &cx.runtime.main)).unwrap_or(false)
+}
+
 #[cfg(feature = "quic")]
 /// Panics unless called on a hotloop worker: for a function whose state
 /// lives with the worker and would be kept in vain anywhere else.

@@ -160,6 +160,18 @@ impl Builder {
         self
     }
 
+    /// How long dropping the runtime (or [`Runtime::shutdown`]) waits for
+    /// the [`spawn_blocking`] jobs already running to return (default
+    /// 10 s), so a job writing a file is not cut when `main` returns and a
+    /// stuck one does not hang the drop for good. Jobs not yet started are
+    /// cancelled without waiting. [`Runtime::shutdown_timeout`] and
+    /// [`Runtime::shutdown_background`] choose another bound for one
+    /// shutdown.
+    pub fn blocking_shutdown_timeout(mut self, bound: std::time::Duration) -> Self {
+        self.config.blocking_shutdown_timeout = bound;
+        self
+    }
+
     /// Starts every worker now on a thread of its own, and returns once
     /// each has its driver. [`Runtime::block_on`] runs on the calling thread
     /// instead, in a context of its own (its own driver and wheel).
@@ -220,7 +232,8 @@ impl Builder {
             config.workers, info.driver, info.reason, info.busy_poll
         ));
         *handle.inner.info.lock().unwrap_or_else(|e| e.into_inner()) = info;
-        Ok(Runtime { main: Some(main_cx), threads, handle })
+        let blocking_wait = config.blocking_shutdown_timeout;
+        Ok(Runtime { main: Some(main_cx), threads, handle, blocking_wait })
     }
 }
 
@@ -330,11 +343,14 @@ pub fn uring_available() -> Result<(), String> {
 /// A thread-per-core runtime.
 ///
 /// Dropping it stops every worker, drops every task and closes every
-/// descriptor the runtime opened.
+/// descriptor the runtime opened, then waits for the [`spawn_blocking`]
+/// jobs already running (at most [`Builder::blocking_shutdown_timeout`]).
 pub struct Runtime {
     main: Option<Rc<Context>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     handle: Handle,
+    /// How long the shutdown waits for running blocking jobs.
+    blocking_wait: std::time::Duration,
 }
 
 impl Runtime {
@@ -404,32 +420,58 @@ impl Runtime {
         })
     }
 
-    /// Stops the workers, drops every task and closes every descriptor.
-    /// Tasks are dropped, not completed: stop them first for a graceful end.
-    /// Dropping the runtime does the same.
+    /// Stops the workers, drops every task and closes every descriptor,
+    /// then waits for the [`spawn_blocking`] jobs already running, at most
+    /// [`Builder::blocking_shutdown_timeout`]; jobs not yet started are
+    /// cancelled. Tasks are dropped, not completed: stop them first for a
+    /// graceful end. Dropping the runtime does the same.
     pub fn shutdown(mut self) {
-        self.stop();
+        let bound = self.blocking_wait;
+        self.stop(bound);
     }
 
-    fn stop(&mut self) {
+    /// As [`Runtime::shutdown`], waiting at most `bound` for the blocking
+    /// jobs already running (tokio's `shutdown_timeout`).
+    pub fn shutdown_timeout(mut self, bound: std::time::Duration) {
+        self.stop(bound);
+    }
+
+    /// As [`Runtime::shutdown`], without waiting for the blocking jobs
+    /// already running: they finish on their own threads, which may be cut
+    /// when the process exits (tokio's `shutdown_background`).
+    pub fn shutdown_background(mut self) {
+        self.stop(std::time::Duration::ZERO);
+    }
+
+    /// Stops everything, waiting at most `blocking_wait` for the blocking
+    /// jobs already running. Runs once: a later call (the drop after a
+    /// shutdown) finds nothing left.
+    fn stop(&mut self, blocking_wait: std::time::Duration) {
         let threads = std::mem::take(&mut self.threads);
         stop_threads(&self.handle.inner.workers, threads);
         self.handle.inner.blocking.shutdown();
-        if let Some(cx) = self.main.take() {
-            // Over whatever context this thread has: a task of another
-            // runtime may own this one and drop it, even while unwinding.
-            let guard = context::enter_over(cx.clone());
-            shutdown_tasks(&cx);
-            drop(guard);
-            // Sockets the caller still holds keep the driver alive; they
-            // find it no longer entered and fail rather than wait.
+        let Some(cx) = self.main.take() else { return };
+        // Over whatever context this thread has: a task of another
+        // runtime may own this one and drop it, even while unwinding.
+        let guard = context::enter_over(cx.clone());
+        shutdown_tasks(&cx);
+        drop(guard);
+        // Sockets the caller still holds keep the driver alive; they
+        // find it no longer entered and fail rather than wait.
+        // Last, as tokio's drop: the tasks that awaited the jobs are gone,
+        // and a job is cut only when the process exits.
+        if !self.handle.inner.blocking.wait_running(blocking_wait) && !blocking_wait.is_zero() {
+            crate::log::warn(format_args!(
+                "blocking jobs still running {} ms after the runtime's shutdown; not waited for",
+                blocking_wait.as_millis()
+            ));
         }
     }
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(self.blocking_wait);
     }
 }
 

@@ -61,9 +61,10 @@
 //!   [`DRAIN_ON_DROP_MAX`](teardown::DRAIN_ON_DROP_MAX)) for the last completions, so no memory the
 //!   kernel may still write is freed and no accepted descriptor leaks.
 //! - A byte a stream reported written is delivered or the connection is
-//!   reset, within [`WRITE_LINGER`]: a written-behind send the stream no
-//!   longer waits for (dropped, or shut down in both directions) lingers
-//!   in the driver (`linger.rs`). The ring is driven until it ends by
+//!   reset, within [`WRITE_LINGER`] (a Unix stream, which has no reset,
+//!   is not cut while its runtime drives the ring): a written-behind send
+//!   the stream no longer waits for (dropped, or shut down in both
+//!   directions) lingers in the driver (`linger.rs`). The ring is driven until it ends by
 //!   whoever is on the thread: the worker's loop while the runtime runs;
 //!   off its turn, the thread that drops a socket ([`Driver::settle`]);
 //!   the thread the runtime leaves ([`Driver::leave`]: `block_on`

@@ -22,8 +22,10 @@
 //!   with a send in flight (or waiting for room), the send becomes a
 //!   lingering write (`linger.rs`) that the driver keeps going, part after
 //!   part, until every byte is in the kernel, the socket fails, or the
-//!   deadline passes (then it is cut and the connection reset, never
-//!   closed as if complete). A shutdown of both directions hands the send
+//!   deadline passes (then it is cut and a TCP connection reset, never
+//!   closed as if complete). A Unix stream cannot be reset, so its write
+//!   is not cut while the runtime drives the ring; off the runtime's turn
+//!   its cut reads as a clean end (`linger.rs` says why). A shutdown of both directions hands the send
 //!   over the same way ([`WriteBehind::hand_over`]), and the driver shuts
 //!   the write side after its last byte; later writes fail as on a shut
 //!   socket, and a flush reports how the handed-over send ended.
