@@ -144,6 +144,84 @@ fn a_long_idle_quiet_keeps_idle_connections_for_their_next_request(driver: Drive
     }
 }
 
+/// The TLS bytes of `request` as `tls`'s client sends them, not yet sent:
+/// a test writes them to the socket in parts of its choosing.
+fn sealed(tls: &mut common::TlsClient, request: &[u8]) -> Vec<u8> {
+    tls.conn.writer().write_all(request).unwrap();
+    let mut out = Vec::new();
+    while tls.conn.wants_write() {
+        tls.conn.write_tls(&mut out).unwrap();
+    }
+    out
+}
+
+/// Sleeps until `since + at`.
+fn sleep_until(since: Instant, at: Duration) {
+    if let Some(left) = (since + at).checked_duration_since(Instant::now()) {
+        std::thread::sleep(left);
+    }
+}
+
+/// A TLS request whose record comes in two segments, the second after the
+/// quiet time (`--drain-idle-quiet-ms`): the server's TLS layer reads the
+/// first from the socket and has no plaintext to show for it, so the
+/// socket is empty and nothing reached the handler. The connection was
+/// closed over the request when the quiet time ran out (the stop came
+/// first), or at once (the first segment came first, after a quiet
+/// longer than the quiet time); the request is answered, with
+/// `Connection: close`. `serve http` (the hand-written handlers) and
+/// `serve hyper`.
+#[hotloop::test(driver = "all")]
+fn a_tls_request_split_over_the_quiet_time_is_answered_at_a_stop(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let quiet = Duration::from_millis(800);
+    let quiet_ms = quiet.as_millis().to_string();
+    let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    for app in ["http", "hyper"] {
+        for stop_first in [true, false] {
+            let what = format!("{driver} {app}, stop first: {stop_first}");
+            let extra = ["--grace-ms", "20000", "--drain-idle-quiet-ms", &quiet_ms];
+            let (mut p, addr, cert) = common::serve_tls(driver, app, &extra);
+            let mut tls = common::tls_client(addr, &cert);
+            tls.sock.set_nodelay(true).unwrap();
+            tls.write_all(request).unwrap();
+            let first = read_response(&mut tls).to_ascii_lowercase();
+            assert!(first.starts_with("http/1.1 200"), "{what}: {first}");
+            assert!(!first.contains("connection: close"), "{what}: {first}");
+            let answered = Instant::now();
+            let record = sealed(&mut tls, request);
+            let (head, rest) = record.split_at(record.len() / 2);
+            let stop = |p: &mut Proc| {
+                p.signal("TERM");
+                assert!(p.wait_for_line("draining", Duration::from_secs(10)), "{what}");
+            };
+            if stop_first {
+                // Stopped within the quiet time; the first segment, then
+                // the rest once the quiet time has run out.
+                stop(&mut p);
+                sleep_until(answered, quiet / 4);
+                tls.sock.write_all(head).unwrap();
+                sleep_until(answered, quiet + quiet / 4);
+            } else {
+                // The first segment after a longer quiet, then the stop,
+                // then the rest.
+                sleep_until(answered, quiet + quiet / 4);
+                tls.sock.write_all(head).unwrap();
+                std::thread::sleep(Duration::from_millis(150));
+                stop(&mut p);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            tls.sock.write_all(rest).unwrap();
+            let (reply, _) = common::read_to_close(&mut tls);
+            let reply = String::from_utf8_lossy(&reply).to_ascii_lowercase();
+            assert!(reply.starts_with("http/1.1 200"), "{what}: the request got {reply:?}");
+            assert!(reply.contains("connection: close"), "{what}: {reply}");
+            let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+            assert!(status.success(), "{what}: {status}");
+        }
+    }
+}
+
 /// A second SIGTERM, or SIGQUIT, stops at once, whatever is open.
 #[hotloop::test(driver = "all")]
 fn a_second_sigterm_or_sigquit_stops_at_once(driver: DriverKind) {

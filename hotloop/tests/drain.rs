@@ -141,6 +141,71 @@ fn a_stopping_hyper_server_answers_the_request_that_was_on_its_way(driver: Drive
     assert!(drained.took < Duration::from_secs(5), "{drained:?}");
 }
 
+/// On io_uring a request can leave the socket before it reaches the
+/// connection: an enter that runs the ring's deferred work while tasks run
+/// (the early submit after a task that kept an entry waiting) moves it into
+/// the receive's buffer ring, and its completion is read only at the end
+/// of the turn. A stop in that turn, for a connection quiet for longer than
+/// the quiet time, found an empty socket and closed it over the request.
+/// Here a task on the connection's worker keeps a connect waiting, lets the
+/// client send while it blocks the worker (so the bytes wait for the
+/// ring's deferred work), and stops the server: the request is answered,
+/// with `Connection: close`.
+#[hotloop::test(driver = "all")]
+fn a_request_taken_from_the_socket_but_not_delivered_is_answered_at_a_stop(driver: DriverKind) {
+    let rt = runtime(driver, 1);
+    let quiet = Duration::from_millis(300);
+    let options = ServerOptions { drain_idle_quiet: quiet, ..ServerOptions::default() };
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", options, || {
+        service_fn(|_| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+        })
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(keep_alive_get(&mut s).starts_with("http/1.1 200"));
+    // Quiet for twice the quiet time: closed at once by a stop, unless its
+    // next request is seen on its way.
+    thread::sleep(quiet * 2);
+    // A port nobody listens on: the connect's entry waits in the ring.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (go, send) = std::sync::mpsc::channel::<()>();
+    let client = thread::spawn(move || {
+        send.recv().unwrap();
+        keep_alive_get(&mut s)
+    });
+    let server = std::sync::Arc::new(server);
+    let stopper = server.clone();
+    let stopped = rt.handle().spawn_on(0, move || async move {
+        let mut connect = std::pin::pin!(hotloop::net::TcpStream::connect(nobody));
+        let mut first = true;
+        std::future::poll_fn(|cx| {
+            if std::mem::take(&mut first) {
+                // On io_uring the connect's entry waits, and is kept past
+                // this poll (a withdrawn entry is not submitted); epoll's
+                // may be refused at once.
+                let refused = connect.as_mut().poll(cx).is_ready();
+                go.send(()).unwrap();
+                // The worker busy while the request comes.
+                thread::sleep(Duration::from_millis(50));
+                stopper.stop();
+                return if refused { Poll::Ready(()) } else { Poll::Pending };
+            }
+            connect.as_mut().poll(cx).map(drop)
+        })
+        .await;
+    });
+    let _ = rt.block_on(stopped);
+    let last = client.join().unwrap();
+    assert!(last.starts_with("http/1.1 200"), "{driver:?}: the request got {last:?}");
+    assert!(last.contains("connection: close"), "{driver:?}: {last}");
+    let server = std::sync::Arc::into_inner(server).expect("the task dropped its handle");
+    let drained = server.drain_blocking(Duration::from_secs(10));
+    assert_eq!(drained.cut, 0, "{drained:?}");
+}
+
 /// A body sent in two parts, the second `pause` after the first (a
 /// streamed answer whose head went out long before its end); `pause`
 /// zero sends one part.

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use hotloop::net::InputProbe;
+use hotloop::net::{InputProbe, Quiet, QuietCheck};
 use hotloop::time::Sleep;
 
 use crate::drain;
@@ -20,7 +20,8 @@ use crate::drain;
 /// completion) uses it too, so no timer is filed per response.
 ///
 /// An idle wait also ends when the server stops (once the connection has
-/// been quiet for [`drain::idle_quiet`]): it checks [`drain::stopping`]
+/// been quiet for [`drain::idle_quiet`], and nothing is on its way:
+/// [`DeadlineRead::peeking`]): it checks [`drain::stopping`]
 /// whenever it is polled, and the stop wakes every task, so no wrapper
 /// future around each read and no registration is needed.
 pub(crate) struct ConnTimer {
@@ -48,8 +49,9 @@ impl ConnTimer {
     /// [`drain::idle_quiet`] since this wait began. What is ready is always
     /// taken first, so a request that arrives is answered (with
     /// `Connection: close`) rather than met by a close: the connection is
-    /// closed only on a read that found nothing pending, and not while its
-    /// client, just answered, is likely sending the next request.
+    /// closed only on a read that found nothing pending (and nothing on
+    /// its way in the kernel, with [`DeadlineRead::peeking`]), and not
+    /// while its client, just answered, is likely sending the next request.
     pub(crate) fn read<'a, F>(
         &'a mut self,
         read: Pin<&'a mut F>,
@@ -60,7 +62,7 @@ impl ConnTimer {
             self.bring_forward(due);
         }
         let idle_since = idle.then(hotloop::time::now);
-        DeadlineRead { read, timer: self, due, idle_since, socket: None }
+        DeadlineRead { read, timer: self, due, idle_since, socket: None, check: QuietCheck::new() }
     }
 
     /// Runs `write` (pinned by the caller); once it has to wait, for at
@@ -158,16 +160,53 @@ pub(crate) struct DeadlineRead<'a, F> {
     /// A probe of the connection's socket, used before an idle wait ends
     /// for a stop (see [`DeadlineRead::peeking`]).
     socket: Option<InputProbe>,
+    /// What the looks into `socket` found so far.
+    check: QuietCheck,
 }
 
 impl<F> DeadlineRead<'_, F> {
     /// Before an idle wait ends for a stop, looks into the socket itself
-    /// (`InputProbe::pending`): bytes there that the read has not
-    /// seen yet (on io_uring they come with a completion a loop turn
-    /// later) mean the next request is arriving, and the wait goes on.
+    /// ([`QuietCheck`]): bytes there that the read has not seen yet (on
+    /// io_uring they come with a completion a loop turn later), or bytes
+    /// the kernel received since the wait began that have not reached it
+    /// (in io_uring's buffer ring; a TLS record's first segments, which
+    /// give no plaintext until the rest comes), mean the next request is
+    /// arriving, and the wait goes on.
     pub(crate) fn peeking(mut self, socket: InputProbe) -> Self {
         self.socket = Some(socket);
         self
+    }
+
+    /// During a stop: true once the idle wait should end, the connection
+    /// quiet for [`drain::idle_quiet`] since `since` and, with a socket to
+    /// look into, its [`QuietCheck`] saying [`Quiet::Idle`]. Otherwise the
+    /// timer is filed for the next look.
+    fn quiet_over(&mut self, cx: &mut std::task::Context<'_>, mut since: Instant) -> bool {
+        let quiet = drain::idle_quiet();
+        let mut looked = false;
+        loop {
+            let at = self.check.next_look(since + quiet);
+            self.timer.bring_forward(at);
+            // Once per poll: bytes found on their way reach the read only
+            // after a return to the loop.
+            if !self.timer.poll_expired(cx, at) || looked {
+                return false;
+            }
+            looked = true;
+            let Some(socket) = &self.socket else { return true };
+            // The clock itself: the turn's reading may lie behind it.
+            let now = Instant::now();
+            match self.check.look(socket, now.saturating_duration_since(since)) {
+                Quiet::Idle => return true,
+                // Not quiet after all: the read wakes this task when the
+                // bytes reach it, and the quiet time starts again.
+                Quiet::Arriving => {
+                    since = now;
+                    self.idle_since = Some(now);
+                }
+                Quiet::Confirm => {}
+            }
+        }
     }
 }
 
@@ -185,17 +224,8 @@ where
             return Poll::Ready(r.ok().filter(|b| !b.is_empty()));
         }
         if let Some(since) = this.idle_since.filter(|_| drain::stopping()) {
-            let quiet = since + drain::idle_quiet();
-            this.timer.bring_forward(quiet);
-            if this.timer.poll_expired(cx, quiet) {
-                let arriving = this.socket.as_ref().is_some_and(|p| p.pending().unwrap_or(false));
-                if !arriving {
-                    return Poll::Ready(None);
-                }
-                // Not quiet after all: the read wakes this task when the
-                // bytes reach it, and the quiet time starts again, from the
-                // clock itself (the turn's reading may lie behind it).
-                this.idle_since = Some(Instant::now());
+            if this.quiet_over(cx, since) {
+                return Poll::Ready(None);
             }
         }
         match this.due {

@@ -212,8 +212,8 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 /// Reads one HTTP response with a `Content-Length` from a kept-alive
-/// connection: the head and the body, nothing more.
-pub fn read_response(s: &mut TcpStream) -> String {
+/// connection (over TCP or TLS): the head and the body, nothing more.
+pub fn read_response(s: &mut impl Read) -> String {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

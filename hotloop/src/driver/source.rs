@@ -109,6 +109,15 @@ impl StreamProbe {
             StreamProbe::Uring(p) => p.input_pending(),
         }
     }
+
+    /// How long ago the peer's last data arrived, as the kernel counts it
+    /// (see [`sys::tcp_since_data_received`]).
+    pub(crate) fn since_data_received(&self) -> io::Result<std::time::Duration> {
+        match self {
+            StreamProbe::Epoll(fd) => sys::tcp_since_data_received(*fd),
+            StreamProbe::Uring(p) => p.since_data_received(),
+        }
+    }
 }
 
 /// A connected (or connecting) byte-stream socket owned by one worker's

@@ -45,7 +45,7 @@ use super::deadline::{
 use super::rt::{HotloopExecutor, HotloopTimer};
 use super::tracked::{Rewind, Tracked};
 use super::upgrade::Upgraded;
-use crate::net::{StopSignal, Stopping};
+use crate::net::{Quiet, QuietCheck, StopSignal, Stopping};
 
 /// The HTTP/2 connection preface: a client that starts with it speaks
 /// HTTP/2 by prior knowledge.
@@ -120,6 +120,7 @@ where
         phase: Phase::Parked(parked),
         stopping: stop.stopping(),
         probe,
+        quiet: QuietCheck::new(),
         progress,
         watch: Watch::new(),
         deadlines,
@@ -144,6 +145,8 @@ where
     /// A probe of the socket, for a peek at what waits in it while hyper
     /// holds the stream.
     probe: crate::net::InputProbe,
+    /// During a stop, what the looks into the socket found so far.
+    quiet: QuietCheck,
     // The connection was told to finish (the server stops, or the idle deadline passed).
     told: bool,
     /// hyper's graceful shutdown was asked for.
@@ -224,18 +227,37 @@ where
                     // Closed only on a read that finds nothing pending, in
                     // the kernel too: the next request may be in the socket
                     // before the driver has delivered it (see
-                    // `net::input_pending`). Then it is not idle.
-                    // Once per poll: the bytes stay in the socket until the
-                    // driver hands them to hyper, which takes a return to
-                    // the loop, and the quiet time starts again from the
-                    // clock itself (the turn's reading may already lie a
-                    // whole idle timeout behind it, and a deadline filed
-                    // from it would be due at once, again and again).
-                    if !peeked && this.waits_for_client() && this.probe.pending().unwrap_or(false) {
+                    // `net::input_pending`), or, during a stop, on its way
+                    // out of it (see `net::QuietCheck`). Then it is not idle.
+                    // Once per poll: the bytes reach hyper only after a
+                    // return to the loop, and the quiet time starts again
+                    // from the clock itself (the turn's reading may already
+                    // lie a whole idle timeout behind it, and a deadline
+                    // filed from it would be due at once, again and again).
+                    if !peeked && this.waits_for_client() {
                         peeked = true;
-                        this.progress.stir_at(Stamp::from_instant(crate::time::clock_now()));
-                        this.watch.resume();
-                        continue;
+                        let now = Stamp::from_instant(crate::time::clock_now());
+                        let found = if this.told {
+                            let quiet_for = this.progress.last_moved().until(now);
+                            this.quiet.look(&this.probe, quiet_for)
+                        } else if this.probe.pending().unwrap_or(false) {
+                            Quiet::Arriving
+                        } else {
+                            Quiet::Idle
+                        };
+                        match found {
+                            Quiet::Arriving => {
+                                this.progress.stir_at(now);
+                                this.watch.resume();
+                                continue;
+                            }
+                            // The phase's deadline is now the next look.
+                            Quiet::Confirm => {
+                                this.watch.resume();
+                                continue;
+                            }
+                            Quiet::Idle => {}
+                        }
                     }
                     // An idle HTTP/1.1 connection ends at once; for the
                     // others the watch files the grace's deadline.
@@ -484,7 +506,10 @@ where
             // hyper not yet told (parked, or after a request with a body),
             // is finished once quiet.
             let quiet_for = self.stopping.idle_quiet();
-            let quiet = (self.progress.last_moved().after(quiet_for), Expiry::Idle);
+            let quiet_end = self.progress.last_moved().after(quiet_for);
+            // Or later, after a look that asked for a wait (`net::QuietCheck`).
+            let next = Stamp::from_instant(self.quiet.next_look(quiet_end.instant()));
+            let quiet = (next.max(quiet_end), Expiry::Idle);
             return match &self.phase {
                 Phase::Parked(_) => Some(quiet),
                 Phase::Http1(_) if !self.hyper_told && self.progress.waiting_for_client() => {

@@ -189,7 +189,7 @@ impl Stamp {
     }
 
     /// As an `Instant`, for the timer wheel.
-    fn instant(self) -> Instant {
+    pub(super) fn instant(self) -> Instant {
         crate::runtime::current::try_clock_instant_at(self.0).unwrap_or_else(Instant::now)
     }
 }

@@ -200,7 +200,6 @@ pub(crate) trait Accept: Sized + 'static {
     fn accept_fd(&self) -> impl Future<Output = io::Result<Accepted>> + '_;
     /// A stream on the current worker over an accepted connection.
     fn stream_from_accepted(accepted: Accepted) -> io::Result<Self::Stream>;
-    fn accept_ready(&self) -> Option<io::Result<Self::Stream>>;
     /// A connection from the driver's queue or the socket's backlog if one
     /// is there now, ignoring the accept bound, as a descriptor.
     fn accept_fd_ready(&self) -> Option<io::Result<Accepted>>;
@@ -209,8 +208,8 @@ pub(crate) trait Accept: Sized + 'static {
     /// listener (see [`Acceptor::poll_accept_settled`]).
     fn poll_accept_settled(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()>;
     /// A connection the driver already accepted, never one from the
-    /// socket's backlog.
-    fn take_accepted(&self) -> Option<io::Result<Self::Stream>>;
+    /// socket's backlog, as a descriptor.
+    fn take_accepted(&self) -> Option<io::Result<Accepted>>;
 }
 
 impl Accept for TcpListener {
@@ -224,9 +223,6 @@ impl Accept for TcpListener {
     fn stream_from_accepted(accepted: Accepted) -> io::Result<TcpStream> {
         TcpStream::from_accepted(accepted)
     }
-    fn accept_ready(&self) -> Option<io::Result<TcpStream>> {
-        TcpListener::accept_ready(self)
-    }
     fn accept_fd_ready(&self) -> Option<io::Result<Accepted>> {
         self.acceptor.accept_fd_ready()
     }
@@ -236,8 +232,8 @@ impl Accept for TcpListener {
     fn poll_accept_settled(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         self.acceptor.poll_accept_settled(cx)
     }
-    fn take_accepted(&self) -> Option<io::Result<TcpStream>> {
-        Some(self.acceptor.take_accepted()?.and_then(TcpStream::from_accepted))
+    fn take_accepted(&self) -> Option<io::Result<Accepted>> {
+        self.acceptor.take_accepted()
     }
 }
 
@@ -554,24 +550,8 @@ impl Acceptor {
                     self.paused_until.set(Some(Instant::now() + self.options.resource_pause));
                     Ok(())
                 }
-                // The connection died before it was taken, or (accept(2):
-                // "the network errors defined for the protocol", passed on
-                // from the new socket) its path failed: that connection
-                // is lost, the listener is fine, and giving up would leave
-                // its queue filling with nobody accepting.
-                Some(
-                    libc::ECONNABORTED
-                    | libc::EPROTO
-                    | libc::EPERM
-                    | libc::EINTR
-                    | libc::ENETDOWN
-                    | libc::ENOPROTOOPT
-                    | libc::EHOSTDOWN
-                    | libc::ENONET
-                    | libc::EHOSTUNREACH
-                    | libc::EOPNOTSUPP
-                    | libc::ENETUNREACH,
-                ) => {
+                // Giving up would leave the queue filling with nobody accepting.
+                _ if connection_lost(&e) => {
                     stats::add(&s.accept_errors_aborted, 1);
                     Ok(())
                 }
@@ -582,6 +562,29 @@ impl Acceptor {
             }
         })
     }
+}
+
+/// True if a failed accept lost one connection and the listener is fine:
+/// the connection died before it was taken, or (accept(2): "the network
+/// errors defined for the protocol", passed on from the new socket) its
+/// path failed. The next accept may succeed.
+pub(crate) fn connection_lost(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::EINTR
+                | libc::ENETDOWN
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+        )
+    )
 }
 
 /// One run of accept failures for lack of resources.

@@ -9,6 +9,7 @@ mod handover;
 mod listener;
 mod options;
 pub(crate) mod pool;
+mod quiet;
 mod resolve;
 mod server;
 mod socket;
@@ -25,6 +26,7 @@ pub use handover::{Handover, Replaced, HANDOVER_WAIT, READY_WAIT, STOP_ACK_WAIT}
 pub use listener::{on_descriptor_shortage, TcpListener};
 pub use options::{AcceptPacing, Balance, ListenerOptions, ServerOptions};
 pub use pool::{ReadPooled, POOLED_BUFFER_BYTES};
+pub use quiet::{Quiet, QuietCheck};
 pub use resolve::{lookup_host, Target, ToSocketAddrs};
 #[cfg(feature = "test-util")]
 pub use resolve::{set_resolver, ResolverFn};

@@ -138,7 +138,9 @@ pub struct ServerOptions {
     pub drain_timeout: Duration,
     /// During a drain, how long a keep-alive connection waiting for its
     /// next request must have been quiet before it is closed (always on a
-    /// read that finds nothing pending). A connection that became quiet
+    /// read that finds nothing pending, and only if a
+    /// [`QuietCheck`](super::QuietCheck) finds nothing on its way in the
+    /// kernel). A connection that became quiet
     /// more recently waits for its next request, which is answered with
     /// `Connection: close` (HTTP/2: the GOAWAY is sent at once, whatever
     /// this is). Closing a connection on which a request is arriving races

@@ -57,7 +57,7 @@ use std::rc::Rc;
 
 use super::balance::{hand_off, LaneGuard, Lanes};
 use super::handover::{same_address, Handover, Local};
-use super::listener::{adopt_listener, bind_socket, Accept, TcpListener};
+use super::listener::{adopt_listener, bind_socket, connection_lost, Accept, TcpListener};
 use super::options::{Balance, ListenerOptions, ServerOptions};
 use super::stream::TcpStream;
 use super::unix::{bind_unix_socket, UnixListener, UnixStream};
@@ -87,8 +87,9 @@ const RECHECK_MAX: usize = 64;
 
 /// During a drain, by default ([`ServerOptions::drain_idle_quiet`]), how
 /// long a keep-alive connection between requests must have been quiet
-/// before it is closed (on a read that finds nothing
-/// pending, `input_pending` included). A client that just had an answer is
+/// before it is closed (and then only if a [`QuietCheck`](super::QuietCheck)
+/// of its socket, made twice a loop turn apart, finds no bytes in it and
+/// none received since its last progress). A client that just had an answer is
 /// likely sending its next request: closing then would race it (the
 /// request meets a closed socket, and the client sees the connection fail
 /// instead of an answer with `Connection: close`). A connection idle for
@@ -100,10 +101,13 @@ pub const DRAIN_IDLE_QUIET: Duration = Duration::from_secs(1);
 
 /// True if the peer of a connected socket has sent bytes (or its end of
 /// stream) that nobody has read yet, in the kernel: a peek that takes
-/// nothing. An idle connection is closed only when this says no. A read
-/// through the driver may not have seen such bytes yet (on io_uring they
-/// reach the stream's queue with the completion of its receive, a loop
-/// turn later), and closing then would meet the request that just came.
+/// nothing. A read through the driver may not have seen such bytes yet
+/// (on io_uring they reach the stream's queue with the completion of its
+/// receive, a loop turn later), and closing then would meet the request
+/// that just came. It does not see bytes that have left the socket
+/// without reaching the reader (io_uring's buffer ring, a TLS record's
+/// first segments): a drain asks a [`QuietCheck`](super::QuietCheck),
+/// which looks for those too.
 ///
 /// `socket` is the connection's descriptor (`as_raw_fd()`), taken while
 /// the stream is open.
@@ -885,23 +889,19 @@ where
                         ACCEPT_SETTLE_WAIT.as_millis()
                     ));
                 }
-                // What the driver already accepted is this process's to
-                // serve, whatever the limit (closing it would reset it).
-                while let Some(got) = listener.take_accepted() {
-                    let Ok(stream) = got else { continue };
-                    shared.active.fetch_add(1, Ordering::AcqRel);
-                    start_handler(stream, &local, &*handler);
-                }
                 // Without a successor the socket closes with this listener:
-                // serve what the kernel already queued, which closing would
-                // reset. With one, the queue is the successor's.
-                if !shared.handed_over.load(Ordering::SeqCst) {
-                    while !at_limit(&shared, &local, limits) {
-                        let Some(Ok(stream)) = listener.accept_ready() else { break };
+                // what the kernel already queued is served too, which
+                // closing would reset. With one, the queue is the successor's.
+                let backlog = !shared.handed_over.load(Ordering::SeqCst);
+                serve_left_over(
+                    &listener,
+                    backlog,
+                    || !at_limit(&shared, &local, limits),
+                    |stream| {
                         shared.active.fetch_add(1, Ordering::AcqRel);
                         start_handler(stream, &local, &*handler);
-                    }
-                }
+                    },
+                );
                 // Connections other workers handed here were accepted:
                 // served whatever the limit, as a connection held at the
                 // limit is once the server stops.
@@ -961,6 +961,41 @@ where
                 }
             }
             Some(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// A stopping accept loop's last connections, each handed to `serve`:
+/// what the driver already accepted, which is this process's to serve
+/// whatever the limit (closing it would reset it), then, with `backlog`,
+/// what the socket's backlog holds, while `room` says so. A connection
+/// whose stream cannot be made (its descriptor is closed with the error,
+/// and its client sees a reset) is counted in `accepted_unserved`, and
+/// the rest are still served; so are they after an accept that lost its
+/// connection. Only an accept short of descriptors or memory ends the
+/// backlog's turn: the next would fail the same way.
+fn serve_left_over<L: Accept>(
+    listener: &L,
+    backlog: bool,
+    mut room: impl FnMut() -> bool,
+    mut serve: impl FnMut(L::Stream),
+) {
+    let mut take = |accepted: Accepted| match L::stream_from_accepted(accepted) {
+        Ok(stream) => serve(stream),
+        Err(_) => current::count(|s| &s.accepted_unserved),
+    };
+    while let Some(got) = listener.take_accepted() {
+        // An accept that failed took no connection.
+        if let Ok(accepted) = got {
+            take(accepted);
+        }
+    }
+    while backlog && room() {
+        match listener.accept_fd_ready() {
+            None => break,
+            Some(Ok(accepted)) => take(accepted),
+            Some(Err(e)) if connection_lost(&e) => {}
+            Some(Err(_)) => break,
         }
     }
 }
@@ -1238,4 +1273,89 @@ pub struct Drained {
     pub left: usize,
     /// How long the drain took.
     pub took: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+    use std::os::fd::{AsRawFd, RawFd};
+
+    use super::*;
+
+    thread_local! {
+        /// The connections (by descriptor) whose stream cannot be made.
+        static BROKEN: RefCell<Vec<RawFd>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A listener whose driver queue and backlog are given; its stream is
+    /// the connection's descriptor, which cannot be made for those in
+    /// `BROKEN` (a registration that fails, say).
+    struct Scripted {
+        taken: RefCell<VecDeque<io::Result<Accepted>>>,
+        backlog: RefCell<VecDeque<io::Result<Accepted>>>,
+    }
+
+    impl Accept for Scripted {
+        type Stream = OwnedFd;
+        fn from_fd(_: OwnedFd, _: ListenerOptions) -> io::Result<Self> {
+            unreachable!("made by the test")
+        }
+        fn accept_fd(&self) -> impl Future<Output = io::Result<Accepted>> + '_ {
+            std::future::pending()
+        }
+        fn stream_from_accepted(accepted: Accepted) -> io::Result<OwnedFd> {
+            let Accepted::Fd(fd) = accepted else { unreachable!("plain descriptors only") };
+            if BROKEN.with(|b| b.borrow().contains(&fd.as_raw_fd())) {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            Ok(fd)
+        }
+        fn accept_fd_ready(&self) -> Option<io::Result<Accepted>> {
+            self.backlog.borrow_mut().pop_front()
+        }
+        fn set_accept_room(&self, _: Option<usize>) {}
+        fn poll_accept_settled(&self, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Ready(())
+        }
+        fn take_accepted(&self) -> Option<io::Result<Accepted>> {
+            self.taken.borrow_mut().pop_front()
+        }
+    }
+
+    /// A stopping loop's connection whose stream cannot be made is counted
+    /// in `accepted_unserved`, and the connections after it are served,
+    /// from the driver's queue and from the backlog; an accept that lost
+    /// its connection does not end the backlog's turn, one out of
+    /// descriptors does.
+    #[test]
+    fn a_left_over_connection_without_a_stream_is_counted_and_the_rest_served() {
+        let rt = crate::Runtime::builder().workers(1).build().unwrap();
+        let (served, left) = rt.block_on(async {
+            let fds: Vec<OwnedFd> =
+                (0..6).map(|_| std::fs::File::open("/dev/null").unwrap().into()).collect();
+            let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+            BROKEN.with(|b| b.borrow_mut().extend([raw[1], raw[3]]));
+            let mut fds = fds.into_iter().map(|fd| Ok(Accepted::Fd(fd)));
+            let err = |code| Err(io::Error::from_raw_os_error(code));
+            let mut next = || fds.next().unwrap();
+            let listener = Scripted {
+                taken: RefCell::new(VecDeque::from([next(), err(libc::EMFILE), next(), next()])),
+                backlog: RefCell::new(VecDeque::from([
+                    next(),
+                    err(libc::ECONNABORTED),
+                    next(),
+                    err(libc::EMFILE),
+                    next(),
+                ])),
+            };
+            let mut served = Vec::new();
+            serve_left_over(&listener, true, || true, |s| served.push(s.as_raw_fd()));
+            let left = listener.backlog.borrow().len();
+            (served == [raw[0], raw[2], raw[4]], left)
+        });
+        assert!(served, "the connections after the one without a stream were not all served");
+        assert_eq!(left, 1, "the backlog's turn ends at an accept out of descriptors");
+        assert_eq!(rt.stats().block_on.accepted_unserved, 2);
+    }
 }

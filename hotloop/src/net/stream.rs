@@ -323,6 +323,18 @@ impl InputProbe {
     pub fn pending(&self) -> io::Result<bool> {
         self.0.input_pending()
     }
+
+    /// How long ago the last segment carrying data from the peer arrived
+    /// (`TCP_INFO`'s `tcpi_last_data_recv`), in the kernel's milliseconds
+    /// and ticks (1 to 10 ms). Bytes the kernel has already handed on
+    /// count too, which [`pending`](Self::pending) cannot see: an io_uring
+    /// multishot receive's, in the buffer ring until its completion is
+    /// read, or a TLS record's first segments, read and held by the TLS
+    /// layer until the rest comes. Before any data, the connection's age.
+    /// An error once the stream has closed, as `pending`'s.
+    pub fn since_data_received(&self) -> io::Result<std::time::Duration> {
+        self.0.since_data_received()
+    }
 }
 
 impl std::fmt::Debug for InputProbe {

@@ -375,9 +375,6 @@ impl Accept for UnixListener {
     fn stream_from_accepted(accepted: Accepted) -> io::Result<UnixStream> {
         UnixStream::from_accepted(accepted)
     }
-    fn accept_ready(&self) -> Option<io::Result<UnixStream>> {
-        UnixListener::accept_ready(self)
-    }
     fn accept_fd_ready(&self) -> Option<io::Result<Accepted>> {
         self.acceptor.accept_fd_ready()
     }
@@ -387,7 +384,7 @@ impl Accept for UnixListener {
     fn poll_accept_settled(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         self.acceptor.poll_accept_settled(cx)
     }
-    fn take_accepted(&self) -> Option<io::Result<UnixStream>> {
-        Some(self.acceptor.take_accepted()?.and_then(UnixStream::from_accepted))
+    fn take_accepted(&self) -> Option<io::Result<Accepted>> {
+        self.acceptor.take_accepted()
     }
 }

@@ -573,24 +573,44 @@ pub(crate) fn peer_ended(fd: RawFd) -> io::Result<bool> {
 /// as the peer sees it, however the bytes were handed to the kernel.
 pub(crate) fn tcp_bytes_acked(fd: RawFd) -> io::Result<u64> {
     // `tcpi_bytes_acked` is the `u64` at byte 120 of `struct tcp_info`
-    // (after the 2.6 fields and the two pacing rates); the kernel copies
-    // no more than the length it is given, and says how much it did.
-    const AT: usize = 120;
-    let mut info = [0u8; AT + 8];
-    let mut len = info.len() as libc::socklen_t;
-    // SAFETY: `info` is `len` live bytes, and `len` a live socklen_t.
+    // (after the 2.6 fields and the two pacing rates).
+    let mut acked = [0u8; 8];
+    tcp_info_field(fd, 120, &mut acked, "tcpi_bytes_acked")?;
+    Ok(u64::from_ne_bytes(acked))
+}
+
+/// How long ago the last segment carrying data from the peer of a TCP
+/// connection arrived (`tcpi_last_data_recv` of `TCP_INFO`), as the
+/// kernel counts it: in whole milliseconds, from its tick (1 to 10 ms).
+/// Bytes the kernel has already handed on (to an io_uring buffer ring,
+/// say) count, as well as bytes still in the socket.
+pub(crate) fn tcp_since_data_received(fd: RawFd) -> io::Result<std::time::Duration> {
+    // `tcpi_last_data_recv` is the `u32` at byte 52 of `struct tcp_info`:
+    // after its eight one-byte fields, nine `u32`s (from `tcpi_rto` to
+    // `tcpi_fackets`), `tcpi_last_data_sent` and `tcpi_last_ack_sent`.
+    let mut ms = [0u8; 4];
+    tcp_info_field(fd, 52, &mut ms, "tcpi_last_data_recv")?;
+    Ok(std::time::Duration::from_millis(u64::from(u32::from_ne_bytes(ms))))
+}
+
+/// Copies the bytes of `TCP_INFO` from `at` into `out`; `Unsupported`
+/// (naming the field, `what`) if the kernel's `struct tcp_info` ends
+/// before them.
+fn tcp_info_field(fd: RawFd, at: usize, out: &mut [u8], what: &str) -> io::Result<()> {
+    // The kernel copies no more than the length it is given, and says
+    // how much it did.
+    let mut info = [0u8; 160];
+    let end = at + out.len();
+    let mut len = end.min(info.len()) as libc::socklen_t;
+    // SAFETY: `info` is at least `len` live bytes, and `len` a live socklen_t.
     cvt(unsafe {
         libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
     })?;
-    if (len as usize) < AT + 8 {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "TCP_INFO without tcpi_bytes_acked",
-        ));
+    if (len as usize) < end {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, format!("TCP_INFO without {what}")));
     }
-    let mut acked = [0u8; 8];
-    acked.copy_from_slice(&info[AT..AT + 8]);
-    Ok(u64::from_ne_bytes(acked))
+    out.copy_from_slice(&info[at..end]);
+    Ok(())
 }
 
 /// True if a connected socket has bytes nobody has read, or the peer's

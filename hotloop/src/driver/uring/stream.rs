@@ -56,6 +56,15 @@ impl StreamProbe {
         };
         sys::input_pending(driver.plain_fd(&fd)?)
     }
+
+    /// How long ago the peer's last data arrived, as the kernel counts
+    /// it; `NotConnected` once the socket has closed.
+    pub(crate) fn since_data_received(&self) -> io::Result<std::time::Duration> {
+        let (Some(fd), Some(driver)) = (self.fd.upgrade(), self.driver.upgrade()) else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        sys::tcp_since_data_received(driver.plain_fd(&fd)?)
+    }
 }
 
 /// A connected (or connecting) stream socket owned by one io_uring driver.
