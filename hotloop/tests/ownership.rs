@@ -16,6 +16,8 @@ use hotloop::time::{sleep, timeout, timeout_at};
 use hotloop::DriverKind;
 use hotloop::Runtime;
 
+use crate::common;
+
 /// A deadline that every clock, the loop's cached one included, sees as passed.
 fn already_passed() -> Instant {
     Instant::now().checked_sub(Duration::from_secs(1)).unwrap()
@@ -237,6 +239,46 @@ fn a_write_dropped_in_the_kernel_frees_its_buffer_when_the_kernel_is_done(driver
         }
         assert_eq!(std::sync::Arc::strong_count(&buf), 1, "the dropped write's buffer was kept");
     });
+    assert_zero_copy_when_forced(&rt);
+}
+
+/// In a child of [`zero_copy_writes_keep_their_bytes_until_the_kernel_is_done`]
+/// (zero-copy forced), checks that the writes went out zero-copy.
+fn assert_zero_copy_when_forced(rt: &Runtime) {
+    if std::env::var("HOTLOOP_URING_SEND_ZC").as_deref() == Ok("always")
+        && rt.stats().info.driver == "uring"
+    {
+        let total = rt.stats().total;
+        assert!(total.send_zc + total.send_zc_copied >= 1, "no write went out zero-copy");
+    }
+}
+
+/// The two tests above again on io_uring, each in a child process with
+/// zero-copy sends forced (`HOTLOOP_URING_SEND_ZC=always`): a loopback
+/// peer is local, so by default the driver sends it copying sends, and
+/// the zero-copy sends' lifetimes (bytes the kernel's until their
+/// notification) would go untested here.
+#[test]
+fn zero_copy_writes_keep_their_bytes_until_the_kernel_is_done() {
+    if std::env::var_os("HOTLOOP_URING_SEND_ZC").is_some() || common::skip_uring() {
+        return;
+    }
+    for test in [
+        "ownership::a_write_dropped_in_the_kernel_frees_its_buffer_when_the_kernel_is_done::uring",
+        "ownership::a_write_dropped_mid_flight_sends_only_its_own_bytes::uring",
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--test-threads=1"])
+            .env("HOTLOOP_URING_SEND_ZC", "always")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success() && text.contains("1 passed"), "{test}:\n{text}");
+    }
 }
 
 /// The byte at `offset` of the stream [`a_write_dropped_mid_flight_sends_only_its_own_bytes`]
@@ -318,6 +360,7 @@ fn a_write_dropped_mid_flight_sends_only_its_own_bytes(driver: DriverKind) {
         drop(s);
         written
     });
+    assert_zero_copy_when_forced(&rt);
     drop(rt);
     let got = peer.join().unwrap().expect("the peer's read failed");
     assert!(got.len() >= written, "{} bytes reported written, {} received", written, got.len());

@@ -302,6 +302,24 @@ pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
     sockname(fd, libc::getpeername)
 }
 
+/// True if a connected socket's peer is on this host as far as its
+/// addresses tell: a loopback address, or the socket's own address (a
+/// connection to one of the host's addresses goes through loopback). A
+/// socket whose addresses cannot be read (not an internet socket) is not.
+pub(crate) fn peer_is_local(fd: RawFd) -> bool {
+    let (Ok(peer), Ok(local)) = (peer_addr(fd), local_addr(fd)) else { return false };
+    let peer = canonical_ip(peer.ip());
+    peer.is_loopback() || peer == canonical_ip(local.ip())
+}
+
+/// `ip`, with an IPv4-mapped IPv6 address as its IPv4 address.
+fn canonical_ip(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    }
+}
+
 /// The local address of a Unix domain socket, in std's form.
 pub(crate) fn unix_local_addr(
     fd: std::os::fd::BorrowedFd<'_>,

@@ -82,11 +82,23 @@ pub(crate) struct StreamSource {
     drained: Cell<bool>,
     /// The write-behind buffer of the borrowed-slice writes, made on first use.
     write_behind: Cell<Option<Box<WriteBehind>>>,
-    /// True once the kernel copied a zero-copy send on this socket after
-    /// all, as it does for a local peer (the notification came with the
-    /// result), or refused one (a Unix socket): its owned writes are plain
-    /// sends from then on.
-    sends_copied: Cell<bool>,
+    /// Whether this socket's large owned writes go out zero-copy: not
+    /// asked yet, yes, or no (the peer is local, or the kernel copied or
+    /// refused a zero-copy send on it): plain sends from then on.
+    zero_copy: Cell<ZeroCopy>,
+}
+
+/// Whether a stream's large owned writes go out as `SEND_ZC`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ZeroCopy {
+    /// Not asked yet: the first large write looks at the peer.
+    Unasked,
+    /// The peer is remote, and no send was copied so far.
+    Yes,
+    /// Plain sends: the peer is local (the kernel would copy at delivery),
+    /// or the kernel copied a zero-copy send after all, or refused one (a
+    /// Unix socket).
+    No,
 }
 
 /// The write-behind buffer, lent out of its stream's cell; put back on drop.
@@ -130,7 +142,7 @@ impl StreamSource {
             reads: Cell::new(None),
             drained: Cell::new(false),
             write_behind: Cell::new(None),
-            sends_copied: Cell::new(false),
+            zero_copy: Cell::new(ZeroCopy::Unasked),
         }
     }
 
@@ -236,17 +248,31 @@ impl StreamSource {
     /// True if an owned write of `buf` goes out zero-copy: the driver
     /// sends writes that large zero-copy, the buffer can give another
     /// handle on its bytes ([`IoBuf::share`]) to keep them alive after the
-    /// write returns, and the kernel has neither copied nor refused a
-    /// zero-copy send on this socket.
+    /// write returns, the peer is not local, and the kernel has neither
+    /// copied nor refused a zero-copy send on this socket.
     fn sends_zero_copy<B: IoBuf>(&self, buf: &B) -> bool {
         let driver = &self.core.driver;
         if driver.send_zc_min_bytes.is_none_or(|min| buf.bytes_init() < min) {
             return false;
         }
-        if driver.take_copied_mark(self.core.fd.mark()) && !driver.switches.send_zc_when_copied {
-            self.sends_copied.set(true);
+        let keep_when_copied = driver.switches.send_zc_when_copied;
+        if driver.take_copied_mark(self.core.fd.mark()) && !keep_when_copied {
+            self.zero_copy.set(ZeroCopy::No);
         }
-        !self.sends_copied.get() && buf.share().is_some()
+        if self.zero_copy.get() == ZeroCopy::Unasked {
+            // A local peer's kernel copies the pages at delivery, into a
+            // page per fragment charged to the receiver's buffer: a peer
+            // with a small receive buffer then advertises a window of a
+            // few hundred bytes, and the stream crawls at the pace of the
+            // sender's window probes (8 MiB to a 4 KiB buffer: 10 KiB/s,
+            // against 0.06 s copied). Asked once, before the first such
+            // write, since the notification that reports the copy comes
+            // only once that write is acknowledged.
+            let local = self.core.fd.raw_fd().is_some_and(sys::peer_is_local);
+            let plain = local && !keep_when_copied;
+            self.zero_copy.set(if plain { ZeroCopy::No } else { ZeroCopy::Yes });
+        }
+        self.zero_copy.get() == ZeroCopy::Yes && buf.share().is_some()
     }
 
     /// Submits a `SEND_ZC` of the initialised bytes of `buf`, asking the
@@ -696,12 +722,12 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                             driver.keep_until_notified(user_data, keep, &src.core.fd);
                         }
                         if cqe.zc_copied && !driver.switches.send_zc_when_copied {
-                            src.sends_copied.set(true);
+                            src.zero_copy.set(ZeroCopy::No);
                         }
                         // A socket that cannot send zero-copy (`EOPNOTSUPP`:
                         // a Unix socket) sent nothing: plain sends from now on.
                         if cqe.res == -libc::EOPNOTSUPP {
-                            src.sends_copied.set(true);
+                            src.zero_copy.set(ZeroCopy::No);
                             this.state = SendState::Start(buf);
                             continue;
                         }
