@@ -104,9 +104,9 @@ Timeouts (echo, http, hyper and static):
                               idle-close-on-response); the drain lasts longer
   after an error reply (400, 405, 408, 431, 501, 505), and after an answer the
   server closes on (Connection: close, HTTP/1.0, a stop) when the client has sent
-  more: writing is shut down, and up to 256 KiB the client still sends is read and
-  dropped for at most 2 s before closing, so the client reads the answer rather
-  than a reset.
+  more: writing is shut down, and what the client still sends is read and
+  dropped until it has sent nothing for 2 s (30 s at most) before closing, so
+  the client reads the answer rather than a reset.
 
 Static files (serve static --root DIR): GET and HEAD of the files under DIR,
   with Last-Modified and If-Modified-Since (304), one Range (206; 416 past the

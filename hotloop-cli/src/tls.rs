@@ -16,8 +16,8 @@
 //! A connection the server ends closes lingeringly, as nginx's
 //! `lingering_close`: after its close_notify and the TCP write side, what
 //! the client still sends is read and dropped until the client's own end
-//! (its close_notify or FIN), for at most [`LINGER_MAX`] and 256 KiB, or
-//! until the server stops ([`linger()`]). A client ends a request with
+//! (its close_notify or FIN), until it has sent nothing for 2 s, for at
+//! most 30 s in all, or until the server stops ([`linger()`]). A client ends a request with
 //! `Connection: close` by sending its close_notify and shutting its side,
 //! and closing on that unread record made the kernel answer with a reset,
 //! which threw away the answer the client had not yet read (2 to 20 of 50
@@ -46,7 +46,7 @@ use hotloop::time::timeout;
 use hotloop::tls::{CertReloader, ServerTlsStream, TlsAcceptor};
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use crate::conn::{linger, Conn, ConnTimer, Ending, LINGER_MAX};
+use crate::conn::{linger, Conn, ConnTimer, Ending, LINGER_QUIET};
 use crate::serve_args::ServeArgs;
 
 /// The most plaintext written and flushed under one send-timeout clock:
@@ -160,7 +160,7 @@ impl Conn for ServerTlsStream {
         if ending == Ending::Lingered {
             return;
         }
-        let limit = limit.unwrap_or(LINGER_MAX);
+        let limit = limit.unwrap_or(LINGER_QUIET);
         if !matches!(timeout(limit, self.shutdown()).await, Ok(Ok(()))) {
             cut(self).await;
             return;

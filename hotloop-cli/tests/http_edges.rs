@@ -134,3 +134,34 @@ fn a_closing_answer_survives_pipelined_bytes(driver: DriverKind) {
         }
     }
 }
+
+/// A lingering close reads what the client still sends to its end, not
+/// a fixed amount: a client that pipelines 1 MiB of requests behind a
+/// closing one, while it reads its 8 MiB answer through a 4 KiB receive
+/// buffer, gets the answer whole. Before, the server read and dropped
+/// 256 KiB and closed on the rest: the kernel answered the unread bytes
+/// with a reset that dropped the answer's unsent tail.
+#[hotloop::test(driver = "all")]
+fn a_lingering_close_reads_the_client_to_its_end(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_p, addr) = serve(driver, &["--body-size", "8388608"]);
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    writer.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    let next = "GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    let sent = std::thread::spawn(move || {
+        writer.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")?;
+        writer.write_all(next.repeat((1 << 20) / next.len()).as_bytes())
+    });
+    let got = common::read_to_close(&mut s).0;
+    assert_eq!(
+        common::body_lengths(&got),
+        (8 << 20, 8 << 20),
+        "{driver}: the answer was cut short"
+    );
+    sent.join().unwrap().expect("the server closed on the pipelined requests");
+}

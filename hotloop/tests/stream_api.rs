@@ -33,6 +33,35 @@ async fn read_by_readiness(s: &TcpStream, want: usize) -> Vec<u8> {
     got
 }
 
+/// `input_pending` tells whether the peer sent bytes (or its end) that no
+/// read has taken, wherever they wait: on io_uring the multishot receive
+/// moves them out of the kernel's queue into the driver's once the stream
+/// has been read, where a peek (`InputProbe::pending`) no longer sees
+/// them. A server deciding whether to linger before a close asks this.
+#[hotloop::test(driver = "all")]
+async fn input_pending_sees_bytes_the_driver_holds() {
+    let (client, server) = pair().await;
+    assert!(!server.input_pending().unwrap(), "nothing was sent");
+    // A read that waits (on io_uring: the receive is armed from then on).
+    let server = std::rc::Rc::new(server);
+    let first = hotloop::spawn({
+        let server = server.clone();
+        async move { server.read_pooled().await.unwrap().to_vec() }
+    });
+    hotloop::time::sleep(Duration::from_millis(20)).await;
+    client.write_all_owned(b"first".to_vec()).await.0.unwrap();
+    assert_eq!(first.await.unwrap(), b"first");
+    client.write_all_owned(b"next".to_vec()).await.0.unwrap();
+    // Time for the bytes to arrive (and on io_uring, to be received).
+    hotloop::time::sleep(Duration::from_millis(50)).await;
+    assert!(server.input_pending().unwrap(), "unread bytes were not seen");
+    assert_eq!(&server.read_pooled().await.unwrap()[..], b"next");
+    assert!(!server.input_pending().unwrap(), "the bytes were read");
+    drop(client);
+    hotloop::time::sleep(Duration::from_millis(50)).await;
+    assert!(server.input_pending().unwrap(), "the peer's end was not seen");
+}
+
 #[hotloop::test(driver = "all")]
 async fn readable_and_try_read_take_what_the_peer_sent() {
     let (client, server) = pair().await;

@@ -283,6 +283,39 @@ async fn a_peer_that_goes_away_mid_stream() {
     assert_eq!(timeout(LIMIT, reader).await.unwrap().unwrap(), Ok(0));
 }
 
+/// A stream dropped while its writes wait for a peer that reads nothing
+/// closes its socket at once, as on epoll: the peer's own write then fails
+/// (`EPIPE`), and it reads exactly the bytes the writes reported taken,
+/// then the end. (On io_uring a Unix stream is never written behind:
+/// before, the bytes written behind kept the dropped stream's socket open
+/// for as long as the peer read nothing.)
+#[hotloop::test(driver = "all")]
+async fn a_stream_dropped_with_its_peer_full_closes_at_once() {
+    use tokio::io::AsyncWriteExt;
+    let path = sock_path("full");
+    let _c = Cleanup(path.clone());
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let mut ours = UnixStream::connect(&path).await.unwrap();
+    let (mut peer, _) = listener.accept().unwrap();
+    let chunk = vec![7u8; 64 * 1024];
+    let mut reported = 0;
+    while let Ok(written) = timeout(Duration::from_millis(100), ours.write(&chunk)).await {
+        reported += written.unwrap();
+        assert!(reported < 64 << 20, "64 MiB went to a peer that reads nothing");
+    }
+    drop(ours);
+    // The runtime runs on: nothing may keep the socket for the writes.
+    hotloop::time::sleep(Duration::from_millis(50)).await;
+    peer.set_nonblocking(true).unwrap();
+    let err = peer.write(b"x").expect_err("the dropped stream's socket is still open");
+    assert_eq!(err.raw_os_error(), Some(libc::EPIPE), "{err}");
+    peer.set_nonblocking(false).unwrap();
+    peer.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut got = Vec::new();
+    peer.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), reported, "the peer read other than the bytes reported taken");
+}
+
 #[hotloop::test(driver = "all")]
 async fn tokio_traits_echo_with_copy() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

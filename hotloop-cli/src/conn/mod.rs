@@ -26,7 +26,7 @@ use hotloop::buf::{IoBuf, PooledBuf};
 use hotloop::net::{InputProbe, TcpStream};
 
 pub(crate) use awaiting::Awaiting;
-pub(crate) use linger::{linger, LINGER_MAX};
+pub(crate) use linger::{linger, LINGER_QUIET};
 pub(crate) use reject::{answer_and_linger, reject};
 use send::{send, send_file_tcp};
 pub(crate) use timer::ConnTimer;
@@ -131,8 +131,8 @@ impl Conn for TcpStream {
     }
 
     /// After an answer the server closes on, with bytes of the client's
-    /// left unread (in the handler's buffer, or in the socket: one peek,
-    /// only here), shuts down writing and lingers ([`linger()`]); otherwise
+    /// left unread (in the handler's buffer, the driver's receive queue, or
+    /// the socket: one peek, only here), shuts down writing and lingers ([`linger()`]); otherwise
     /// closing the descriptor is the end. The lingering is boxed: it is
     /// rare, and its state (a timer, a read) would otherwise be part of
     /// every connection's future.
@@ -140,7 +140,7 @@ impl Conn for TcpStream {
     fn finish(&mut self, ending: Ending, _limit: Option<Duration>) -> impl Future<Output = ()> {
         async move {
             let Ending::Answered { unread } = ending else { return };
-            if unread || self.input_probe().pending().unwrap_or(false) {
+            if unread || self.input_pending().unwrap_or(false) {
                 Box::pin(shut_and_linger(self)).await
             }
         }

@@ -139,6 +139,14 @@ impl StreamSource {
         })
     }
 
+    /// Tells the source its socket is a Unix stream (on io_uring: never
+    /// written behind, never sent zero-copy; see `uring/write_behind.rs`).
+    pub(crate) fn mark_unix(&mut self) {
+        if let StreamSource::Uring(s) = self {
+            s.mark_unix();
+        }
+    }
+
     /// A stream over a connection a listener of `driver` accepted. A
     /// direct socket of another driver (or of none: the driver is epoll)
     /// gets a plain descriptor first.
@@ -172,6 +180,15 @@ impl StreamSource {
         match self {
             StreamSource::Epoll(s) => sys::shutdown(s.fd(), how),
             StreamSource::Uring(s) => s.shutdown_now(how),
+        }
+    }
+
+    /// True if the driver holds bytes (or the end) of the peer's that no
+    /// read has taken (io_uring's receive queue; epoll holds none).
+    pub(crate) fn holds_input(&self) -> bool {
+        match self {
+            StreamSource::Epoll(_) => false,
+            StreamSource::Uring(s) => s.holds_input(),
         }
     }
 

@@ -297,6 +297,19 @@ impl TcpStream {
         sys::tcp_bytes_acked(self.core.try_as_fd()?.as_raw_fd())
     }
 
+    /// True if the peer has sent bytes (or its end of stream) that no read
+    /// has taken yet: held by the driver (io_uring's receive moves what
+    /// arrives out of the kernel, ahead of the reads) or waiting in the
+    /// kernel (a peek that takes nothing). A server deciding whether to
+    /// linger before it closes asks this: closing with unread bytes in
+    /// the kernel sends a reset. An error once the stream has closed.
+    pub fn input_pending(&self) -> io::Result<bool> {
+        if self.core.source().holds_input() {
+            return Ok(true);
+        }
+        self.input_probe().pending()
+    }
+
     /// A probe of this connection's kernel receive queue, to be used while
     /// a read of the stream is in flight (the read borrows the stream; the
     /// probe does not). A drain uses it to tell an idle keep-alive

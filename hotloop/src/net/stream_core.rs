@@ -40,6 +40,13 @@ impl StreamCore {
         Ok(StreamCore { src })
     }
 
+    /// The same core, told that its socket is a Unix stream (see
+    /// [`StreamSource::mark_unix`]).
+    pub(crate) fn into_unix(mut self) -> StreamCore {
+        self.src.mark_unix();
+        self
+    }
+
     /// Wraps a connection a listener of the current worker accepted (a
     /// direct io_uring socket stays one).
     pub(crate) fn from_accepted(accepted: Accepted) -> io::Result<StreamCore> {

@@ -63,12 +63,12 @@ pub struct UnixStream {
 impl UnixStream {
     /// Wraps an accepted socket on the current worker's driver.
     pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<UnixStream> {
-        Ok(UnixStream { core: StreamCore::new(fd)? })
+        Ok(UnixStream { core: StreamCore::new(fd)?.into_unix() })
     }
 
     /// Wraps a connection a listener of the current worker accepted.
     pub(crate) fn from_accepted(accepted: Accepted) -> io::Result<UnixStream> {
-        Ok(UnixStream { core: StreamCore::from_accepted(accepted)? })
+        Ok(UnixStream { core: StreamCore::from_accepted(accepted)?.into_unix() })
     }
 
     /// Wraps a socket this process connected, blocking or not as the

@@ -112,7 +112,7 @@ impl Uring {
                     self.ops.remove(key);
                 }
             }
-            Lifecycle::Lingering(write) => match write.next_entry(res, self.lingering.on_turn()) {
+            Lifecycle::Lingering(write) => match write.next_entry(res) {
                 // The next part (or a wait for room) under the same key:
                 // its entry points into the write's buffer, which stays in
                 // this slot.

@@ -426,7 +426,7 @@ impl Ops {
         match state {
             // The send is queued or in the kernel: its completion continues it.
             Lifecycle::Waiting { .. } => {
-                lingering.push(write.deadline(), key, write.is_patient());
+                lingering.push(write.deadline(), key);
                 *state = Lifecycle::Lingering(Box::new(write));
                 self.more.forget(key);
             }
@@ -434,7 +434,7 @@ impl Ops {
             Lifecycle::Completed(cqe) => {
                 let res = cqe.res;
                 self.slots.remove(key);
-                match write.next_entry(res, lingering.on_turn()) {
+                match write.next_entry(res) {
                     Some(entry) => self.start_lingering(ring, lingering, Box::new(write), entry),
                     // Nobody waits on a handover made just now.
                     None => drop(write.finish()),
@@ -452,9 +452,9 @@ impl Ops {
         write: Box<LingeringWrite>,
         entry: squeue::Entry,
     ) {
-        let (deadline, patient) = (write.deadline(), write.is_patient());
+        let deadline = write.deadline();
         let key = self.slots.insert(Lifecycle::Lingering(write));
-        lingering.push(deadline, key, patient);
+        lingering.push(deadline, key);
         ring.push(entry.user_data(UserData::Op(key).to_u64()));
     }
 

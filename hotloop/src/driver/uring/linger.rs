@@ -12,17 +12,10 @@
 //!   descriptor): a plain close would send the end of stream after the
 //!   bytes the kernel has, and the peer would take a cut stream for a
 //!   complete one.
-//! - A Unix stream socket has no reset: `SO_LINGER` does nothing on it,
-//!   `connect(2)` to `AF_UNSPEC` fails with `EINVAL`, and its peer reads
-//!   `ECONNRESET` only when the closing end had bytes of the peer's unread,
-//!   which the driver cannot arrange. Its peer would read the bytes the
-//!   kernel has and then a clean end, so such a write is never cut while
-//!   its runtime drives the ring (its deadline is ignored on the
-//!   runtime's turn): it ends when the peer has taken every byte, or has
-//!   closed its end (`EPIPE`). Off the runtime's turn (a thread settling
-//!   the ring, `block_on` returning, the driver dropped) it is bounded by
-//!   its deadline as any write, and a cut there reads as a clean end: the
-//!   runtime leaving is the one bound left.
+//! - A Unix stream socket has no reset (`SO_LINGER` does nothing on it,
+//!   `connect(2)` to `AF_UNSPEC` fails with `EINVAL`), so a cut write would
+//!   read as a clean end after the bytes the kernel has: its stream never
+//!   writes behind (`write_behind.rs`), and no lingering write is one's.
 //! - A write handed over by a shutdown of both directions shuts the write
 //!   side once its last byte is in the kernel, so the end of stream follows
 //!   the data (as the kernel sends the bytes it holds before the FIN), and
@@ -57,70 +50,42 @@ pub(super) fn send_entry(fd: &SockFd, bytes: &[u8]) -> squeue::Entry {
 }
 
 /// The deadlines of the lingering writes, oldest first, each with the
-/// key of its operation slot (whose state, `Lingering`, holds the write)
-/// and whether it is patient (a Unix stream's, never cut on the
-/// runtime's turn). Every write gets the same linger time from when it
-/// starts, so the first deadline is the nearest.
+/// key of its operation slot (whose state, `Lingering`, holds the write).
+/// Every write gets the same linger time from when it starts, so the
+/// first deadline is the nearest.
 #[derive(Default)]
 pub(super) struct Lingering {
-    deadlines: VecDeque<(Instant, Key, bool)>,
-    /// Patient writes past their deadline, still going on the runtime's
-    /// turn; cut once the ring is driven off it.
-    overdue: Vec<Key>,
-    /// True while the runtime's own loop drives the ring (`Uring::poll`),
-    /// false while a thread settles it or the driver is dropped.
-    on_turn: bool,
+    deadlines: VecDeque<(Instant, Key)>,
 }
 
 impl Lingering {
-    /// Records the write in slot `key`, which is cut at `deadline` (a
-    /// `patient` one only off the runtime's turn).
-    pub(super) fn push(&mut self, deadline: Instant, key: Key, patient: bool) {
-        self.deadlines.push_back((deadline, key, patient));
-    }
-
-    /// Says who drives the ring from now on: the runtime's loop (`true`),
-    /// or a thread off its turn.
-    pub(super) fn set_on_turn(&mut self, on_turn: bool) {
-        self.on_turn = on_turn;
-    }
-
-    /// True while the runtime's own loop drives the ring.
-    pub(super) fn on_turn(&self) -> bool {
-        self.on_turn
+    /// Records the write in slot `key`, which is cut at `deadline`.
+    pub(super) fn push(&mut self, deadline: Instant, key: Key) {
+        self.deadlines.push_back((deadline, key));
     }
 
     /// Forgets the writes whose deadline has passed, handing each one's
-    /// key to `cut` (which cancels it if it still goes); on the runtime's
-    /// turn a patient one is kept aside instead, and cut once the ring is
-    /// driven off the turn. Reads the clock only when a write lingers.
+    /// key to `cut` (which cancels it if it still goes). Reads the clock
+    /// only when a write lingers.
     pub(super) fn take_expired(&mut self, mut cut: impl FnMut(Key)) {
-        if !self.on_turn {
-            self.overdue.drain(..).for_each(&mut cut);
-        }
-        let Some(&(first, _, _)) = self.deadlines.front() else { return };
+        let Some(&(first, _)) = self.deadlines.front() else { return };
         let now = Instant::now();
         if first > now {
             return;
         }
-        while let Some(&(deadline, key, patient)) = self.deadlines.front() {
+        while let Some(&(deadline, key)) = self.deadlines.front() {
             if deadline > now {
                 break;
             }
             self.deadlines.pop_front();
-            if patient && self.on_turn {
-                self.overdue.push(key);
-            } else {
-                cut(key);
-            }
+            cut(key);
         }
     }
 
     /// The deadline of the first write `going` says still goes, forgetting
-    /// those ahead of it that ended (and the overdue ones that ended).
+    /// those ahead of it that ended.
     pub(super) fn first(&mut self, going: impl Fn(Key) -> bool) -> Option<Instant> {
-        self.overdue.retain(|&key| going(key));
-        while let Some(&(deadline, key, _)) = self.deadlines.front() {
+        while let Some(&(deadline, key)) = self.deadlines.front() {
             if going(key) {
                 return Some(deadline);
             }
@@ -151,9 +116,6 @@ pub(super) struct LingeringWrite {
     fd: SharedFd,
     /// When the rest is given up.
     deadline: Instant,
-    /// A Unix stream's write: its cut would read as a clean end, so the
-    /// deadline holds only off the runtime's turn (see the module notes).
-    patient: bool,
     step: Step,
     /// Why the write ended short (an `errno`); 0 otherwise.
     errno: i32,
@@ -223,8 +185,7 @@ impl LingeringWrite {
         deadline: Instant,
         handover: Option<Rc<Handover>>,
     ) -> Self {
-        let patient = is_unix_stream(&fd);
-        LingeringWrite { buf, sent, fd, deadline, patient, step: Step::Send, errno: 0, handover }
+        LingeringWrite { buf, sent, fd, deadline, step: Step::Send, errno: 0, handover }
     }
 
     /// The entry that goes on from here: the send of what is left or, once
@@ -247,27 +208,19 @@ impl LingeringWrite {
         self.deadline
     }
 
-    /// True for a Unix stream's write, which the deadline cuts only off
-    /// the runtime's turn.
-    pub(super) fn is_patient(&self) -> bool {
-        self.patient
-    }
-
-    /// True once the write is to be given up: past its deadline, unless
-    /// it is patient and the runtime's loop drives the ring (`on_turn`).
-    fn past_deadline(&self, on_turn: bool) -> bool {
-        !(self.patient && on_turn) && Instant::now() >= self.deadline
+    /// True once the write is to be given up: past its deadline.
+    fn past_deadline(&self) -> bool {
+        Instant::now() >= self.deadline
     }
 
     /// Takes the result `res` of the entry in flight; returns the next
     /// entry to submit under the same key, or `None` when the write is
     /// over (all sent, failed, or past its deadline): then
-    /// [`LingeringWrite::finish`] ends it. `on_turn` says the runtime's
-    /// loop drives the ring (a patient write's deadline then waits).
+    /// [`LingeringWrite::finish`] ends it.
     ///
     /// The returned entry points into `self.buf`, which stays in the
     /// driver's slot, at the same heap address, until the next completion.
-    pub(super) fn next_entry(&mut self, res: i32, on_turn: bool) -> Option<squeue::Entry> {
+    pub(super) fn next_entry(&mut self, res: i32) -> Option<squeue::Entry> {
         match self.step {
             Step::ShutWrite => {
                 self.errno = -res.min(0);
@@ -280,7 +233,7 @@ impl LingeringWrite {
             Step::AwaitRoom => {}
             Step::Send if res > 0 => self.sent += res as usize,
             Step::Send if res == -libc::EAGAIN || res == -libc::EINTR => {
-                if self.past_deadline(on_turn) {
+                if self.past_deadline() {
                     self.errno = libc::ETIMEDOUT;
                     return None;
                 }
@@ -296,7 +249,7 @@ impl LingeringWrite {
                 return None;
             }
         }
-        if self.sent < self.buf.len() && self.past_deadline(on_turn) {
+        if self.sent < self.buf.len() && self.past_deadline() {
             self.errno = libc::ETIMEDOUT;
             return None;
         }
@@ -336,17 +289,8 @@ fn cut_or(errno: i32) -> i32 {
     }
 }
 
-/// True if `fd` is a Unix stream socket, whose cut its peer would read as
-/// a clean end (a direct socket is always TCP).
-fn is_unix_stream(fd: &SharedFd) -> bool {
-    fd.owned().is_some_and(|fd| {
-        socket2::SockRef::from(fd).domain().is_ok_and(|d| d == socket2::Domain::UNIX)
-    })
-}
-
 /// Resets the connection on `fd`: its peer reads an error, never a clean
-/// end of stream after a cut (a Unix stream socket cannot be reset: its
-/// peer reads the end; see the module notes).
+/// end of stream after a cut.
 /// A direct socket is reset through the plain descriptor its stream
 /// installed when the write began to linger (`write_behind.rs`); without
 /// one (the install failed) it closes as it is.
@@ -402,15 +346,15 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut write = LingeringWrite::new(vec![1; 100], 20, fd, deadline, Some(handover.clone()));
         assert_eq!(op(write.first_entry().unwrap()), opcode::Send::CODE);
-        let next = write.next_entry(30, true).expect("the rest is sent");
+        let next = write.next_entry(30).expect("the rest is sent");
         assert_eq!(op(next), opcode::Send::CODE);
-        assert_eq!(op(write.next_entry(-libc::EAGAIN, true).unwrap()), opcode::PollAdd::CODE);
-        assert_eq!(op(write.next_entry(libc::POLLOUT as i32, true).unwrap()), opcode::Send::CODE);
-        let shut = write.next_entry(50, true).expect("the write side is shut after the last byte");
+        assert_eq!(op(write.next_entry(-libc::EAGAIN).unwrap()), opcode::PollAdd::CODE);
+        assert_eq!(op(write.next_entry(libc::POLLOUT as i32).unwrap()), opcode::Send::CODE);
+        let shut = write.next_entry(50).expect("the write side is shut after the last byte");
         assert_eq!(op(shut), opcode::Shutdown::CODE);
         let mut cx = TaskContext::from_waker(Waker::noop());
         assert!(handover.poll(&mut cx).is_pending(), "ended before the shutdown");
-        assert!(write.next_entry(0, true).is_none());
+        assert!(write.next_entry(0).is_none());
         drop(write.finish());
         assert!(matches!(handover.poll(&mut cx), Poll::Ready(Ok(()))));
     }
@@ -429,7 +373,7 @@ mod tests {
             Instant::now(),
             Some(handover.clone()),
         );
-        assert!(write.next_entry(-libc::ECANCELED, true).is_none());
+        assert!(write.next_entry(-libc::ECANCELED).is_none());
         drop(write.finish());
         drop(write);
         assert!(Rc::strong_count(&fd) == 1, "the stream's own reference is the last");
@@ -442,37 +386,22 @@ mod tests {
         }
     }
 
-    /// A Unix stream's write past its deadline goes on while the runtime
-    /// drives the ring (its cut would read as a clean end), and is cut
-    /// once the ring is driven off the runtime's turn; a TCP write is cut
-    /// at its deadline either way.
+    /// Writes past their deadline are cut, every one, and leave no
+    /// deadline to wake for.
     #[test]
-    fn a_unix_streams_write_is_cut_only_off_the_runtimes_turn() {
-        let (ours, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
-        let unix: SharedFd = Rc::new(SockFd::plain(OwnedFd::from(ours)));
-        let (tcp, _tcp_peer) = pair();
+    fn writes_past_their_deadline_are_cut() {
         let past = Instant::now() - Duration::from_secs(1);
-        let mut unix_write = LingeringWrite::new(vec![1; 100], 0, unix, past, None);
-        let mut tcp_write = LingeringWrite::new(vec![1; 100], 0, tcp, past, None);
-        assert!(unix_write.is_patient() && !tcp_write.is_patient());
-        // On the turn: the Unix write waits for room; the TCP one ends.
-        assert_eq!(op(unix_write.next_entry(-libc::EAGAIN, true).unwrap()), opcode::PollAdd::CODE);
-        assert!(tcp_write.next_entry(-libc::EAGAIN, true).is_none());
-        // Off the turn the Unix write ends too.
-        assert!(unix_write.next_entry(10, false).is_none());
-
+        let (tcp, _tcp_peer) = pair();
+        let mut write = LingeringWrite::new(vec![1; 100], 0, tcp, past, None);
+        assert!(write.next_entry(-libc::EAGAIN).is_none(), "a late write waits for no room");
         let mut slots = crate::slab::Slab::default();
-        let (unix_key, tcp_key) = (slots.insert(()), slots.insert(()));
+        let (first, second) = (slots.insert(()), slots.insert(()));
         let mut lingering = Lingering::default();
-        lingering.push(past, unix_key, true);
-        lingering.push(past, tcp_key, false);
+        lingering.push(past, first);
+        lingering.push(past, second);
         let mut cut = Vec::new();
-        lingering.set_on_turn(true);
         lingering.take_expired(|k| cut.push(k));
-        assert_eq!(cut, [tcp_key], "on the turn only the TCP write is cut");
+        assert_eq!(cut, [first, second]);
         assert_eq!(lingering.first(|_| true), None, "no deadline left to wake for");
-        lingering.set_on_turn(false);
-        lingering.take_expired(|k| cut.push(k));
-        assert_eq!(cut, [tcp_key, unix_key], "off the turn the Unix write is cut");
     }
 }

@@ -338,6 +338,12 @@ impl Streams {
         result
     }
 
+    /// True if `stream` has bytes, an end or an error to hand out; parks
+    /// nothing and arms nothing.
+    pub(super) fn holds_input(&self, stream: Key) -> bool {
+        self.queues.get(stream).is_some_and(|s| !s.is_empty())
+    }
+
     /// True (and nothing parked) if `stream` has bytes, an end or an
     /// error to hand out; otherwise parks `waker` and arms the receive.
     pub(super) fn ready(

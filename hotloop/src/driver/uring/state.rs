@@ -147,6 +147,13 @@ impl Uring {
         self.streams.ready(&mut self.ring, key, fd, waker)
     }
 
+    /// True if the receive queue `key` has bytes, an end or an error to
+    /// hand out (`pooled.rs`). Without a buffer ring a stream's key names
+    /// the poll its read waits on, and the kernel holds every byte.
+    pub(super) fn stream_holds_input(&self, key: Key) -> bool {
+        self.streams.reads_from_ring() && self.streams.holds_input(key)
+    }
+
     /// Ends the receive of a socket leaving the driver open (`pooled.rs`).
     pub(super) fn detach_stream(
         &mut self,

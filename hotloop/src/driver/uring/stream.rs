@@ -86,6 +86,8 @@ pub(crate) struct StreamSource {
     /// asked yet, yes, or no (the peer is local, or the kernel copied or
     /// refused a zero-copy send on it): plain sends from then on.
     zero_copy: Cell<ZeroCopy>,
+    /// A Unix stream socket: never written behind (`write_behind.rs`).
+    unix: bool,
 }
 
 /// Whether a stream's large owned writes go out as `SEND_ZC`.
@@ -131,6 +133,26 @@ impl StreamSource {
         self.core.driver.shutdown_now(&self.core.fd, how)
     }
 
+    /// Tells the source its socket is a Unix stream: its borrowed-slice
+    /// writes are direct sends, never written behind (a Unix socket cannot
+    /// be reset, so bytes reported written and still in user space could
+    /// only be delivered or silently cut), and its owned writes are never
+    /// zero-copy (the kernel refuses them).
+    pub(crate) fn mark_unix(&mut self) {
+        self.unix = true;
+        self.zero_copy.set(ZeroCopy::No);
+    }
+
+    /// True if the driver's receive queue holds bytes (or the end) of the
+    /// peer's that no read has taken: the multishot receive moves what
+    /// arrives out of the kernel's queue, where a peek no longer sees it.
+    pub(crate) fn holds_input(&self) -> bool {
+        let Some(key) = self.reads.get() else { return false };
+        // Inside the driver (never from a task's poll) the queue is not
+        // looked at: nothing calls this there.
+        self.core.driver.state.try_borrow().is_ok_and(|st| st.stream_holds_input(key))
+    }
+
     /// A probe of this socket's receive queue that does not hold it.
     pub(crate) fn probe(&self) -> StreamProbe {
         StreamProbe { fd: Rc::downgrade(&self.core.fd), driver: Rc::downgrade(&self.core.driver) }
@@ -143,6 +165,7 @@ impl StreamSource {
             drained: Cell::new(false),
             write_behind: Cell::new(None),
             zero_copy: Cell::new(ZeroCopy::Unasked),
+            unix: false,
         }
     }
 
@@ -550,7 +573,10 @@ impl StreamOps for StreamSource {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let mut lent = self.lend_write_behind();
-        lent.wb.get_or_insert_with(Box::default).poll_write(&self.core, cx, bufs)
+        let unix = self.unix;
+        lent.wb
+            .get_or_insert_with(|| Box::new(WriteBehind::new(unix)))
+            .poll_write(&self.core, cx, bufs)
     }
 
     /// Through the write-behind buffer, which looks at the send in flight
@@ -558,7 +584,8 @@ impl StreamOps for StreamSource {
     /// of a task waiting on that send.
     fn try_write_slices(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let mut lent = self.lend_write_behind();
-        lent.wb.get_or_insert_with(Box::default).try_write(&self.core, bufs)
+        let unix = self.unix;
+        lent.wb.get_or_insert_with(|| Box::new(WriteBehind::new(unix))).try_write(&self.core, bufs)
     }
 
     /// Waits until every byte the borrowed-slice writes took is sent.
@@ -570,8 +597,16 @@ impl StreamOps for StreamSource {
     }
 
     /// A borrowed-slice write waits only for the write-behind send in
-    /// flight: then the buffer takes bytes again.
+    /// flight: then the buffer takes bytes again. A Unix stream's, never
+    /// written behind, waits for room once a write found none (ready until
+    /// then, as epoll's readiness).
     fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        if self.unix {
+            return match self.lend_write_behind().wb.as_mut() {
+                Some(wb) => wb.poll_room(cx),
+                None => Poll::Ready(Ok(())),
+            };
+        }
         self.poll_flush(cx)
     }
 

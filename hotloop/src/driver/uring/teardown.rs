@@ -25,8 +25,6 @@ impl Drop for Uring {
         // is driven until they are in the kernel, the socket fails, or the
         // write's deadline cuts it (and resets its connection).
         self.ops.cancel_all_but_lingering(&mut self.ring);
-        // Nobody drives the ring after this: every write keeps its deadline.
-        self.lingering.set_on_turn(false);
         self.ring.push_cancel_of(UserData::Wake);
         let mut drain_until = Instant::now() + DRAIN_ON_DROP_MAX;
         let mut woken = Vec::new();

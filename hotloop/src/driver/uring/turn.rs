@@ -43,9 +43,6 @@ impl Uring {
         if !self.wake.is_armed() {
             self.wake.arm(&mut self.ring);
         }
-        // The runtime's loop drives the ring: a Unix stream's lingering
-        // write waits past its deadline (`linger.rs`).
-        self.lingering.set_on_turn(true);
         self.cancel_expired_lingerers();
         let timeout = match (park, self.first_lingering()) {
             (Park::Skip, _) => Some(Duration::ZERO),
@@ -128,8 +125,6 @@ impl Uring {
         if !self.wake.is_armed() {
             self.wake.arm(&mut self.ring);
         }
-        // Off the runtime's turn every lingering write keeps its deadline.
-        self.lingering.set_on_turn(false);
         self.cancel_expired_lingerers();
         let now = Instant::now();
         // A lingering write still going is waited for until its deadline

@@ -23,12 +23,17 @@
 //!   lingering write (`linger.rs`) that the driver keeps going, part after
 //!   part, until every byte is in the kernel, the socket fails, or the
 //!   deadline passes (then it is cut and a TCP connection reset, never
-//!   closed as if complete). A Unix stream cannot be reset, so its write
-//!   is not cut while the runtime drives the ring; off the runtime's turn
-//!   its cut reads as a clean end (`linger.rs` says why). A shutdown of both directions hands the send
+//!   closed as if complete). A shutdown of both directions hands the send
 //!   over the same way ([`WriteBehind::hand_over`]), and the driver shuts
 //!   the write side after its last byte; later writes fail as on a shut
 //!   socket, and a flush reports how the handed-over send ended.
+//! - A Unix stream socket is never written behind: it cannot be reset, so
+//!   a cut write would read as a clean end, and a write kept going for a
+//!   peer that stopped reading would hold the dropped stream's descriptor
+//!   for as long. Its writes are non-blocking `sendmsg(2)` calls, busy
+//!   worker or not, and `EAGAIN` waits for room (a `POLL_ADD`) having
+//!   taken nothing, as on epoll: what the kernel took is all that was
+//!   reported, and a drop closes the descriptor as epoll's and tokio's do.
 //! - Reads have no owned buffer here: every read style takes from the
 //!   socket's one receive path (`pooled.rs`), so no bytes wait in a
 //!   place another style would not look.
@@ -60,6 +65,9 @@ enum Pending {
 
 /// A stream's write-behind buffer for the poll-based I/O traits.
 pub(super) struct WriteBehind {
+    /// True for a socket that is never written behind (a Unix stream):
+    /// every write is a direct send, and `Writable` holds no bytes.
+    direct_only: bool,
     write: Pending,
     /// Bytes of the buffer in flight that earlier completions already sent.
     sent: usize,
@@ -68,16 +76,61 @@ pub(super) struct WriteBehind {
     spare: Vec<u8>,
 }
 
-impl Default for WriteBehind {
-    fn default() -> Self {
-        WriteBehind { write: Pending::Idle, sent: 0, spare: Vec::new() }
-    }
-}
-
 impl WriteBehind {
+    /// The write state of a stream; `direct_only` for a socket never
+    /// written behind (see the module notes).
+    pub(super) fn new(direct_only: bool) -> Self {
+        WriteBehind { direct_only, write: Pending::Idle, sent: 0, spare: Vec::new() }
+    }
+
     /// True while a write taken by `poll_write` is still being sent.
     pub(super) fn is_writing(&self) -> bool {
-        !matches!(self.write, Pending::Idle)
+        match self.write {
+            Pending::Idle => false,
+            // A direct-only socket's wait for room holds no bytes.
+            Pending::Writable(_) => !self.direct_only,
+            Pending::Send(_) | Pending::HandedOver(_) => true,
+        }
+    }
+
+    /// Waits for room in the socket (a write found none), for a
+    /// direct-only socket, whose wait holds no bytes; ready at once if no
+    /// write found the socket full.
+    pub(super) fn poll_room(&mut self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        debug_assert!(self.direct_only);
+        if let Pending::Writable(op) = &mut self.write {
+            let (cqe, ()) = std::task::ready!(op.poll_with(Some(cx.waker())));
+            self.write = Pending::Idle;
+            cqe.result()?;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// A direct-only socket's write: a non-blocking `sendmsg(2)` of `data`
+    /// once the socket has room; nothing is taken while it has none.
+    fn write_direct(
+        &mut self,
+        sock: &SourceCore,
+        waker: Option<&Waker>,
+        data: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let Some(fd) = sock.fd.raw_fd() else {
+            // Only an accepted TCP socket is ever a direct descriptor.
+            return Poll::Ready(Err(io::Error::from_raw_os_error(libc::EBADF)));
+        };
+        loop {
+            if let Pending::Writable(op) = &mut self.write {
+                let (cqe, ()) = std::task::ready!(op.poll_with(waker));
+                self.write = Pending::Idle;
+                cqe.result()?;
+            }
+            match crate::sys::send_vectored_nowait(fd, data) {
+                Err(e) if is_retry(&e) => {
+                    self.write = Pending::Writable(sock.submit_poll(libc::POLLOUT)?);
+                }
+                res => return Poll::Ready(res),
+            }
+        }
     }
 
     /// Takes up to [`WRITE_BEHIND_MAX_BYTES`] of `data` once the previous
@@ -116,6 +169,9 @@ impl WriteBehind {
         let total: usize = data.iter().map(|b| b.len()).sum();
         if total == 0 {
             return Poll::Ready(Ok(0));
+        }
+        if self.direct_only {
+            return self.write_direct(sock, waker, data);
         }
         if let Pending::HandedOver(_) = self.write {
             // The write side is shut, or about to be: as `send(2)` on a shut socket.
@@ -181,6 +237,10 @@ impl WriteBehind {
     /// [`WriteBehind::poll_flush`], parking `waker` (if any) while a send
     /// is not done.
     fn flush(&mut self, sock: &SourceCore, waker: Option<&Waker>) -> Poll<io::Result<()>> {
+        if self.direct_only {
+            // What the kernel took is all that was reported: nothing to wait for.
+            return Poll::Ready(Ok(()));
+        }
         loop {
             match &mut self.write {
                 Pending::Idle => return Poll::Ready(Ok(())),
@@ -235,6 +295,9 @@ impl WriteBehind {
     /// and cuts nothing. Returns false if no send was in flight (the
     /// caller shuts both sides itself).
     pub(super) fn hand_over(&mut self, sock: &SourceCore) -> bool {
+        if self.direct_only {
+            return false;
+        }
         match self.write {
             Pending::Idle => return false,
             Pending::HandedOver(_) => return true,
@@ -266,6 +329,10 @@ impl WriteBehind {
     /// The stream is being dropped: hands a send still in flight (or
     /// waiting for room) to the driver, which finishes it.
     pub(super) fn linger(self, sock: &SourceCore) {
+        if self.direct_only {
+            // A wait for room holds no bytes: dropped, it is cancelled.
+            return;
+        }
         if !matches!(self.write, Pending::Idle | Pending::HandedOver(_)) {
             // As in `hand_over`: a plain descriptor to reset it by.
             let _ = sock.driver.plain_fd(&sock.fd);
