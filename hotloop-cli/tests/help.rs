@@ -38,7 +38,7 @@ fn help_documents_every_timeout_with_its_default() {
             "{command}: signals undocumented"
         );
     }
-    assert!(help("serve").contains("at most 2 s"), "the lingering close is undocumented");
+    assert!(help("serve").contains("sent nothing for 2 s"), "the lingering close is undocumented");
 }
 
 /// Every timeout flag of `serve` and `proxy` that takes 0 says what 0 means.

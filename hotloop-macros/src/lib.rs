@@ -313,17 +313,20 @@ fn expand_test(
     } else {
         call
     };
-    let run = if is_async {
-        quote! {
+    // The runtime is built before the body runs, apart from it: a
+    // `#[should_panic]` body's panic is checked on its own, so a runtime
+    // that cannot start fails the test rather than pass as the panic.
+    let (build, run) = if is_async {
+        let build = quote! {
             let runtime = ::hotloop::Runtime::builder()
                 .workers(#workers)
                 .driver(driver)
                 .build()
                 .expect("could not start the hotloop runtime");
-            runtime.block_on(#call)
-        }
+        };
+        (build, quote!(runtime.block_on(#call)))
     } else {
-        quote!(#call)
+        (quote!(), quote!(#call))
     };
     let skip_return = match output {
         ReturnType::Default => quote!(return;),
@@ -365,6 +368,7 @@ fn expand_test(
                 #inner
                 #skip
                 let driver: ::hotloop::DriverKind = #kind;
+                #build
                 #run
             }
         }

@@ -185,6 +185,19 @@ fn the_wait_for_running_jobs_is_bounded(driver: DriverKind) {
     let took = timed(&Runtime::shutdown_background, rt);
     assert!(took < Duration::from_millis(50), "shutdown_background took {took:?}");
     drop(end);
+
+    // Dropped by a task of another runtime: that task's worker is not held
+    // for the job (its other tasks would stall), whatever the bound.
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let end = stuck(&rt);
+    let outer = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let took = outer.block_on(async move {
+        let start = Instant::now();
+        drop(rt);
+        start.elapsed()
+    });
+    assert!(took < Duration::from_secs(1), "the drop in a task took {took:?}");
+    drop(end);
 }
 
 #[test]

@@ -166,7 +166,9 @@ fn a_dropped_listeners_accept_never_takes_another_listeners_connection(driver: D
 fn a_listener_dropped_outside_its_runtime_stops_accepting(driver: DriverKind) {
     let rt = runtime(driver);
     let listener = rt.block_on(async {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        // An address of its own: a port freed by the drop may be bound
+        // again at once by another test on 127.0.0.1.
+        let l = TcpListener::bind("127.0.0.77:0").unwrap();
         // Arms the accept (multishot on io_uring) and leaves it armed.
         assert!(timeout(Duration::from_millis(20), l.accept()).await.is_err());
         l

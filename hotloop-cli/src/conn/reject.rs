@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hotloop_proto as proto;
 
-use super::linger::linger;
+use super::linger::{linger, LINGER_QUIET};
 use super::{Conn, ConnTimer};
 
 /// Answers with an error status and closes gracefully: shut down writing
@@ -27,7 +27,10 @@ where
     if stream.send(reply, write_limit, &mut timer).await.is_err() {
         return;
     }
-    if stream.shutdown_write().await.is_err() {
+    // Bounded as the reply was: over TLS the end is a close_notify record,
+    // which waits for room in the socket like any write.
+    let limit = write_limit.unwrap_or(LINGER_QUIET);
+    if !matches!(hotloop::time::timeout(limit, stream.shutdown_write()).await, Ok(Ok(()))) {
         return;
     }
     linger(stream, &mut timer).await

@@ -185,7 +185,10 @@ impl<F> DeadlineRead<'_, F> {
         let quiet = drain::idle_quiet();
         let mut looked = false;
         loop {
+            // Never past the read's own deadline: the shared timer, moved
+            // to a later look, would hide it.
             let at = self.check.next_look(since + quiet);
+            let at = self.due.map_or(at, |due| at.min(due));
             self.timer.bring_forward(at);
             // Once per poll: bytes found on their way reach the read only
             // after a return to the loop.

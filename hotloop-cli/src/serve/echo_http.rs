@@ -245,8 +245,11 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
                         }
                         continue;
                     }
+                    // The clock itself: the read's deadline fires by it,
+                    // and the turn's reading may still lie behind.
                     None => {
-                        !pending.is_empty() && deadline.is_some_and(|d| hotloop::time::now() >= d)
+                        !pending.is_empty()
+                            && deadline.is_some_and(|d| std::time::Instant::now() >= d)
                     }
                 }
             };

@@ -191,7 +191,8 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
         match got {
             Some(b) => pending.extend_from_slice(&b),
             None => {
-                if !pending.is_empty() && deadline.is_some_and(|d| hotloop::time::now() >= d) {
+                // The clock itself: the deadline fires by it (the turn's reading may lag).
+                if !pending.is_empty() && deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                     reject(stream, 408, site.write_limit).await;
                     return Ending::Lingered;
                 }

@@ -166,7 +166,8 @@ impl Builder {
     /// stuck one does not hang the drop for good. Jobs not yet started are
     /// cancelled without waiting. [`Runtime::shutdown_timeout`] and
     /// [`Runtime::shutdown_background`] choose another bound for one
-    /// shutdown.
+    /// shutdown. A runtime dropped by a task (of another runtime) does not
+    /// wait: the task's worker would stall every other task it runs.
     pub fn blocking_shutdown_timeout(mut self, bound: std::time::Duration) -> Self {
         self.config.blocking_shutdown_timeout = bound;
         self
@@ -471,7 +472,12 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        self.stop(self.blocking_wait);
+        // Dropped by a task (of another runtime): its worker is not held
+        // for the blocking jobs, which would stall every task it runs
+        // (tokio refuses such a drop with a panic).
+        let wait =
+            if current::on_worker() { std::time::Duration::ZERO } else { self.blocking_wait };
+        self.stop(wait);
     }
 }
 
