@@ -123,10 +123,10 @@ pub(crate) struct DriverConfig {
 ///   of by its slot among the thread's registered rings
 ///   (`IORING_REGISTER_RING_FDS`);
 /// - `HOTLOOP_URING_SEND_ZC=0`: no zero-copy sends (`SEND_ZC`) of owned
-///   writes of shared buffers; `always`: keep sending zero-copy on a
-///   socket whose sends the kernel reported copied (a local peer), which
-///   by default makes that socket's later writes copying ones (for
-///   measuring what the copy costs);
+///   writes of shared buffers; `always`: send zero-copy to a local peer
+///   too, and keep sending zero-copy on a socket whose sends the kernel
+///   reported copied, which by default get copying sends (for measuring
+///   what the copy costs);
 /// - `HOTLOOP_URING_SEND_ZC_MIN_BYTES=N` (default 65536): the smallest
 ///   owned write sent zero-copy;
 /// - `HOTLOOP_URING_RECV_INC=0`: the stream receive ring's buffers are
@@ -160,8 +160,8 @@ pub(crate) struct UringSwitches {
     /// Owned stream writes of at least this many bytes go out as
     /// `SEND_ZC` where the kernel has it (`None`: never).
     pub(crate) send_zc_min_bytes: Option<usize>,
-    /// Keep sending zero-copy on a socket after the kernel reported that
-    /// it copied one such send.
+    /// Send zero-copy to a local peer too, and keep sending zero-copy on a
+    /// socket after the kernel reported that it copied one such send.
     pub(crate) send_zc_when_copied: bool,
     /// The stream receive ring consumed incrementally where the kernel
     /// has it (`IOU_PBUF_RING_INC`).
