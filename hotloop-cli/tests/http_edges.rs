@@ -145,23 +145,10 @@ fn a_closing_answer_survives_pipelined_bytes(driver: DriverKind) {
 fn a_lingering_close_reads_the_client_to_its_end(driver: DriverKind) {
     let driver = common::driver_arg(driver);
     let (_p, addr) = serve(driver, &["--body-size", "8388608"]);
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    sock.connect(&addr.into()).unwrap();
-    let mut s: TcpStream = sock.into();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut writer = s.try_clone().unwrap();
-    writer.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
-    let next = "GET / HTTP/1.1\r\nHost: t\r\n\r\n";
-    let sent = std::thread::spawn(move || {
-        writer.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")?;
-        writer.write_all(next.repeat((1 << 20) / next.len()).as_bytes())
-    });
-    let got = common::read_to_close(&mut s).0;
+    let got = common::answer_with_a_megabyte_pipelined_behind(addr);
     assert_eq!(
         common::body_lengths(&got),
         (8 << 20, 8 << 20),
         "{driver}: the answer was cut short"
     );
-    sent.join().unwrap().expect("the server closed on the pipelined requests");
 }

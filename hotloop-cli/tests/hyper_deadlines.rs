@@ -211,3 +211,21 @@ fn a_never_reading_http2_client_meets_the_send_timeout(driver: DriverKind) {
     }
     assert!(closed, "{driver}: still open after {:?}", start.elapsed());
 }
+
+/// `serve hyper`'s lingering close reads the client to its end as the
+/// hand-written servers' does (`http_edges.rs`): 1 MiB of requests
+/// pipelined behind a closing one, while the 8 MiB answer is read through
+/// a 4 KiB receive buffer, and the answer arrives whole. Before, the
+/// linger dropped 64 reads (256 KiB) and closed on the rest, and the
+/// kernel's reset dropped the answer's unsent tail.
+#[hotloop::test(driver = "all")]
+fn a_lingering_close_reads_the_client_to_its_end(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_p, addr, _stats, _) = start(driver, false, &["--body-size", "8388608"]);
+    let got = common::answer_with_a_megabyte_pipelined_behind(addr);
+    assert_eq!(
+        common::body_lengths(&got),
+        (8 << 20, 8 << 20),
+        "{driver}: the answer was cut short"
+    );
+}

@@ -420,13 +420,38 @@ pub fn answer_with_pipelined_bytes(addr: SocketAddr, closing: &str, how: Pipelin
     first
 }
 
+/// Asks `addr` for an answer it closes on (`Connection: close`) with
+/// 1 MiB of requests pipelined behind it, written while the answer is
+/// read through a 4 KiB receive buffer; returns what was read to the end
+/// (panics if the server closed on the pipelined requests).
+pub fn answer_with_a_megabyte_pipelined_behind(addr: SocketAddr) -> Vec<u8> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    writer.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    let next = "GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    let sent = std::thread::spawn(move || {
+        writer.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")?;
+        writer.write_all(next.repeat((1 << 20) / next.len()).as_bytes())
+    });
+    let got = read_to_close(&mut s).0;
+    sent.join().unwrap().expect("the server closed on the pipelined requests");
+    got
+}
+
 /// The body length a whole answer `got` should have and the one it has.
 pub fn body_lengths(got: &[u8]) -> (usize, usize) {
     let split = got.windows(4).position(|w| w == b"\r\n\r\n").expect("a whole head") + 4;
     let head = String::from_utf8_lossy(&got[..split]);
     let promised = head
         .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length").then_some(value)
+        })
         .map_or(0, |v| v.trim().parse().unwrap());
     (promised, got.len() - split)
 }

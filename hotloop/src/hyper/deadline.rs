@@ -34,15 +34,18 @@ use crate::time::Sleep;
 pub const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a connection that hyper ended waits, its write side shut, for
-/// the client's end before it is closed anyway (a lingering close).
+/// the client's next bytes before it is closed anyway (a lingering close):
+/// counted from the shutdown, then from each read, so a client still
+/// sending is read to its end (nginx's `lingering_timeout`, shorter).
 pub(super) const LINGER: Duration = Duration::from_secs(2);
 
 /// The most reads of what the client still sends that a lingering close
-/// drops (of up to [`LINGER_READ_BYTES`] each: 256 KiB), as nginx's
-/// `lingering_close` bounds its reads; then it closes.
-const LINGER_READS_MAX: u8 = 64;
+/// drops (of up to [`LINGER_READ_BYTES`] each: about 4 MiB); then it
+/// closes. With [`LINGER`] between reads, it bounds a client that keeps
+/// sending, as nginx's `lingering_time` does.
+const LINGER_READS_MAX: u8 = 254;
 /// The room of one lingering read, on the stack.
-const LINGER_READ_BYTES: usize = 4096;
+const LINGER_READ_BYTES: usize = 16 * 1024;
 
 /// A stream whose socket can be shut down while the stream is in use.
 pub(super) trait Socket {
@@ -617,7 +620,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
             let poll = Pin::new(&mut this.io).poll_shutdown(cx);
             this.progress.flushed(&poll);
             std::task::ready!(poll)?;
-            // The linger's clock starts now (no byte moves the stamp after this).
+            // The linger's clock starts now (only its own reads move the stamp after this).
             this.progress.moved();
             this.progress.linger.set(1);
         }
@@ -628,7 +631,8 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin> hyper::rt
 impl<T: tokio::io::AsyncRead + Socket + Unpin> TimedIo<T> {
     /// Reads and drops what the client still sends until its end (a FIN,
     /// or a TLS close_notify), at most [`LINGER_READS_MAX`] reads; the
-    /// connection's timer closes it [`LINGER`] after the shutdown.
+    /// connection's timer closes it once the client has sent nothing for
+    /// [`LINGER`] (each read moves the connection's stamp).
     ///
     /// Why: hyper ends a connection after a request that asks it to
     /// (`Connection: close`, HTTP/1.0) without reading on. A client may
@@ -644,6 +648,7 @@ impl<T: tokio::io::AsyncRead + Socket + Unpin> TimedIo<T> {
             let mut rb = tokio::io::ReadBuf::uninit(&mut room);
             match std::task::ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb)) {
                 Ok(()) if !rb.filled().is_empty() => {
+                    self.progress.moved();
                     self.progress.linger.set(self.progress.linger.get() + 1);
                 }
                 // The client's end, or an error (a reset; over TLS, a
