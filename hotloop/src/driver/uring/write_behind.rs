@@ -98,8 +98,14 @@ impl WriteBehind {
     /// write found the socket full.
     pub(super) fn poll_room(&mut self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         debug_assert!(self.direct_only);
+        self.room(Some(cx.waker()))
+    }
+
+    /// [`WriteBehind::poll_room`], parking `waker` (if any) while the
+    /// socket has no room.
+    fn room(&mut self, waker: Option<&Waker>) -> Poll<io::Result<()>> {
         if let Pending::Writable(op) = &mut self.write {
-            let (cqe, ()) = std::task::ready!(op.poll_with(Some(cx.waker())));
+            let (cqe, ()) = std::task::ready!(op.poll_with(waker));
             self.write = Pending::Idle;
             cqe.result()?;
         }
@@ -119,11 +125,7 @@ impl WriteBehind {
             return Poll::Ready(Err(io::Error::from_raw_os_error(libc::EBADF)));
         };
         loop {
-            if let Pending::Writable(op) = &mut self.write {
-                let (cqe, ()) = std::task::ready!(op.poll_with(waker));
-                self.write = Pending::Idle;
-                cqe.result()?;
-            }
+            std::task::ready!(self.room(waker))?;
             match crate::sys::send_vectored_nowait(fd, data) {
                 Err(e) if is_retry(&e) => {
                     self.write = Pending::Writable(sock.submit_poll(libc::POLLOUT)?);
