@@ -424,10 +424,16 @@ fn backends_without_a_file_take_turns_for_every_host(driver: DriverKind) {
 /// a run of connections to the other worker) rightly closed its idle
 /// connection and opened another, a third connection that was not a
 /// failure to reuse. The expiry is then checked on a proxy of its own.
+/// The borrow wait is long for the same reason: a worker whose borrow
+/// from the other took longer than the default 1 ms (a loaded machine)
+/// rightly connected instead.
 #[hotloop::test(driver = "all")]
 fn upstream_connections_are_pooled_reused_and_expire(driver: DriverKind) {
     let a = Backend::named("a");
-    let config = format!("[groups.g]\nbackends = [\"{}\"]\npool_idle_max = 2\n", a.addr());
+    let config = format!(
+        "[groups.g]\nbackends = [\"{}\"]\npool_idle_max = 2\npool_borrow_ms = 5000\n",
+        a.addr()
+    );
     let (_p, addr, st) = with_config(driver, &config, &["--workers", "2"]);
     for _ in 0..40 {
         let r = once(addr, b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
