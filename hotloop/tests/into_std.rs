@@ -185,3 +185,35 @@ fn a_peer_close_before_the_move_is_seen_after_it(driver: DriverKind) {
         }
     });
 }
+
+/// The moved stream is non-blocking, accepted or connected, as
+/// `TcpStream::into_std` says and tokio's `from_std` requires: a read of
+/// an idle one answers `WouldBlock` at once rather than holding the thread.
+#[hotloop::test(driver = "all")]
+fn the_moved_stream_is_non_blocking(driver: DriverKind) {
+    let rt = runtime(driver, 1);
+    rt.block_on(async {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let connected = TcpStream::connect(addr).await.unwrap();
+        let accepted = l.accept_stream().await.unwrap();
+        arm_and_idle(&accepted).await;
+        arm_and_idle(&connected).await;
+        // Both moved before either is read: each is the other's peer.
+        let accepted = accepted.into_std().await.unwrap();
+        let connected = connected.into_std().await.unwrap();
+        for (what, mut moved) in [("accepted", &accepted), ("connected", &connected)] {
+            // A bound in case it blocks after all: a timeout then reads as
+            // `WouldBlock` too, so the time it took is what tells.
+            moved.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let started = std::time::Instant::now();
+            let err = moved.read(&mut [0; 8]).expect_err("nothing was sent");
+            assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "{what}: {err}");
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "{what}: the read blocked for {:?}",
+                started.elapsed()
+            );
+        }
+    });
+}

@@ -172,6 +172,50 @@ async fn owned_halves_read_and_write_in_two_tasks_and_the_write_half_ends_the_si
     assert_eq!(echo.join().unwrap(), 18);
 }
 
+/// The write half dropped while a write is still on its way (io_uring
+/// writes behind) to a peer that never reads: the socket is let go within
+/// a dropped stream's send deadline (io_uring: the driver shuts the write
+/// side after the bytes or cuts the connection at the deadline), not held
+/// by a task waiting for as long as the peer stays silent. On epoll the
+/// bytes are in the kernel and the descriptor closes with the halves.
+#[hotloop::test(driver = "all")]
+async fn a_write_half_dropped_towards_a_peer_that_never_reads_lets_the_socket_go() {
+    use std::os::fd::AsRawFd;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    peer.set_recv_buffer_size(4096).unwrap();
+    peer.connect(&addr.into()).unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    socket2::SockRef::from(&server).set_send_buffer_size(4096).unwrap();
+    // The socket's entry in the descriptor table, which another test's
+    // socket may take once it is free: the link names this one's inode.
+    let entry = format!("/proc/self/fd/{}", server.as_raw_fd());
+    let link = std::fs::read_link(&entry).unwrap();
+    let (read, mut write) = server.into_split();
+    let chunk = vec![7u8; 64 * 1024];
+    let mut stalled = false;
+    for _ in 0..512 {
+        if timeout(Duration::from_millis(200), write.write(&chunk)).await.is_err() {
+            stalled = true;
+            break;
+        }
+    }
+    assert!(stalled, "a peer that never reads took 32 MiB");
+    drop(write);
+    drop(read);
+    let started = std::time::Instant::now();
+    while std::fs::read_link(&entry).ok().as_ref() == Some(&link) {
+        assert!(
+            started.elapsed() < Duration::from_secs(9),
+            "the socket is still open {:?} after its halves were dropped",
+            started.elapsed()
+        );
+        hotloop::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(peer);
+}
+
 #[hotloop::test(driver = "all")]
 async fn halves_reunite_only_with_their_own_stream() {
     let (a, _a_peer) = pair().await;

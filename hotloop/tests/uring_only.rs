@@ -1482,6 +1482,39 @@ fn hyper_serves_a_direct_stream_without_installing_a_descriptor() {
     assert_eq!(counter(&out, "installs_while_serving"), 0, "{out}");
 }
 
+/// The child of the test below: a direct stream whose receive is armed and
+/// whose queue is empty; the client's bytes arrive while the worker runs
+/// this task (no turn since), so they are still the kernel's when
+/// `input_pending` looks. Its peek first installs a descriptor, an enter
+/// that runs the receive, which moves the bytes out of the socket before
+/// the peek and posts a completion no reap has seen: it still says true.
+fn input_pending_of_a_direct_stream() {
+    use std::io::Write;
+    let rt = uring_runtime(1);
+    let listener = rt.block_on(async { TcpListener::bind("127.0.0.1:0").unwrap() });
+    let mut client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+    rt.block_on(async {
+        let stream = listener.accept_stream().await.unwrap();
+        client.write_all(b"one").unwrap();
+        let (n, buf) = stream.read_owned(vec![0u8; 64]).await;
+        assert_eq!(&buf[..n.unwrap()], b"one");
+        client.write_all(b"two").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(stream.input_pending().unwrap(), "the client's second bytes were missed");
+        let (n, buf) = stream.read_owned(vec![0u8; 64]).await;
+        assert_eq!(&buf[..n.unwrap()], b"two");
+    });
+    print_direct_counters(&rt);
+}
+
+#[test]
+fn input_pending_sees_bytes_a_mid_turn_enter_moved() {
+    const NAME: &str = "input_pending_sees_bytes_a_mid_turn_enter_moved";
+    if let Some((_serial, out)) = in_direct_child(NAME, input_pending_of_a_direct_stream) {
+        assert_eq!(counter(&out, "direct_accepts"), 1, "{out}");
+    }
+}
+
 /// The child of the test below: a stream accepted as a direct descriptor,
 /// with its multishot receive armed by a first exchange, leaves the ring
 /// with `into_std`; bytes the client sends after the move reach the std

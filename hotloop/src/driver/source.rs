@@ -183,6 +183,17 @@ impl StreamSource {
         }
     }
 
+    /// Shuts the write side once the bytes the poll-form writes took are
+    /// sent, without waiting for them here (io_uring hands a send in
+    /// flight to the driver, bounded by its send deadline; epoll holds
+    /// none, and shuts down at once).
+    pub(crate) fn shut_write_when_sent(&self) -> io::Result<()> {
+        match self {
+            StreamSource::Epoll(s) => sys::shutdown(s.fd(), std::net::Shutdown::Write),
+            StreamSource::Uring(s) => s.shut_write_when_sent(),
+        }
+    }
+
     /// True if the driver holds bytes (or the end) of the peer's that no
     /// read has taken (io_uring's receive queue; epoll holds none).
     pub(crate) fn holds_input(&self) -> bool {

@@ -8,8 +8,9 @@
 //! borrowed halves are references. Each half offers only its direction.
 //! Dropping the owned write half shuts the write side down, as tokio's
 //! does: at once if nothing it wrote is still on its way, else (io_uring's
-//! write-behind) from a small task once the bytes are out, so the peer
-//! never sees the end before the data.
+//! write-behind) by the driver once the bytes are out, so the peer never
+//! sees the end before the data, within the driver's send deadline (a
+//! peer that never reads gets a reset then, as a dropped stream's does).
 
 use std::fmt;
 use std::io;
@@ -156,13 +157,13 @@ impl Drop for OwnedWriteHalf {
         if self.stream.poll_shutdown_write(&mut cx).is_ready() {
             return;
         }
-        // A write is still on its way: shut down once it is out. Off a
-        // worker nothing can wait for it; the stream's close ends it.
+        // A write is still on its way: the driver shuts the write side
+        // after it, within its send deadline, so no task is left waiting
+        // on a peer that may never read (one would hold the socket for as
+        // long). Off a worker the driver cannot be reached; the stream's
+        // close ends it.
         if crate::runtime::current::on_worker() {
-            let stream = self.stream.clone();
-            crate::runtime::spawn_detached(async move {
-                let _ = std::future::poll_fn(|cx| stream.poll_shutdown_write(cx)).await;
-            });
+            let _ = self.stream.core().shut_write_when_sent();
         }
     }
 }

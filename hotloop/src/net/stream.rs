@@ -304,10 +304,15 @@ impl TcpStream {
     /// linger before it closes asks this: closing with unread bytes in
     /// the kernel sends a reset. An error once the stream has closed.
     pub fn input_pending(&self) -> io::Result<bool> {
+        // The kernel's queue first: on an io_uring direct socket the peek
+        // first installs a descriptor, an enter that may run the receive
+        // and move the bytes into the driver, where the second look finds
+        // them (with their completion not yet reaped, if so).
+        let in_kernel = self.input_probe().pending();
         if self.core.source().holds_input() {
             return Ok(true);
         }
-        self.input_probe().pending()
+        in_kernel
     }
 
     /// A probe of this connection's kernel receive queue, to be used while

@@ -247,6 +247,16 @@ impl StreamCore {
         self.src.poll_flush(cx)
     }
 
+    /// Shuts down the write half once the bytes the poll-form writes took
+    /// are sent, without waiting for them (see
+    /// `StreamSource::shut_write_when_sent`).
+    pub(crate) fn shut_write_when_sent(&self) -> io::Result<()> {
+        match self.src.shut_write_when_sent() {
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+            other => other,
+        }
+    }
+
     /// Flushes, then shuts down the write half.
     pub(crate) fn poll_shutdown_write(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         std::task::ready!(self.src.poll_flush(cx))?;

@@ -407,6 +407,19 @@ impl Ring {
         }
     }
 
+    /// True if a completion the kernel posted and no reap has handled yet
+    /// carries `user_data` with a result of 0 or more. The completions
+    /// still in the queue move to `early` on the way (the next reap takes
+    /// them from there, in order): an enter in the middle of a turn (an
+    /// early submit, [`Ring::run_now`]) may have run a receive that moved
+    /// a socket's bytes into a buffer, out of the socket and out of sight
+    /// of a peek, before any reap saw its completion.
+    pub(super) fn has_unreaped(&mut self, user_data: u64) -> bool {
+        let cq = self.ring.completion();
+        self.early.extend(cq.map(|e| (e.user_data(), e.result(), e.flags())));
+        self.early.iter().any(|&(ud, res, _)| ud == user_data && res >= 0)
+    }
+
     /// Moves what is pending into the submission queue and submits it,
     /// without waiting for anything.
     pub(super) fn submit_pending(&mut self, mut admit: impl FnMut(u64) -> bool) -> io::Result<()> {

@@ -11,6 +11,7 @@ use std::task::Waker;
 
 use super::ring::{self, Ring};
 use super::shared::SharedFd;
+use super::user_data::UserData;
 use super::wakeups::{DeadlineTimer, Wake};
 use super::{accept, dgram, lifecycle, linger, pooled, zero_copy};
 use crate::slab::Key;
@@ -148,10 +149,14 @@ impl Uring {
     }
 
     /// True if the receive queue `key` has bytes, an end or an error to
-    /// hand out (`pooled.rs`). Without a buffer ring a stream's key names
-    /// the poll its read waits on, and the kernel holds every byte.
-    pub(super) fn stream_holds_input(&self, key: Key) -> bool {
-        self.streams.reads_from_ring() && self.streams.holds_input(key)
+    /// hand out (`pooled.rs`), or a completion of its receive that no reap
+    /// has handled yet brought bytes or the end. Without a buffer ring a
+    /// stream's key names the poll its read waits on, and the kernel holds
+    /// every byte.
+    pub(super) fn stream_holds_input(&mut self, key: Key) -> bool {
+        self.streams.reads_from_ring()
+            && (self.streams.holds_input(key)
+                || self.ring.has_unreaped(UserData::StreamReceive(key).to_u64()))
     }
 
     /// Ends the receive of a socket leaving the driver open (`pooled.rs`).

@@ -133,6 +133,18 @@ impl StreamSource {
         self.core.driver.shutdown_now(&self.core.fd, how)
     }
 
+    /// Shuts the write side once every byte the poll-form writes took is
+    /// sent, without waiting here: a send still in flight goes to the
+    /// driver, which shuts the write side after its last byte, within the
+    /// send deadline (a peer that never reads then gets a reset, rather
+    /// than holding the socket for ever); with none in flight, at once.
+    pub(crate) fn shut_write_when_sent(&self) -> io::Result<()> {
+        if self.hand_over_written_behind() {
+            return Ok(());
+        }
+        self.shutdown_now(std::net::Shutdown::Write)
+    }
+
     /// Tells the source its socket is a Unix stream: its borrowed-slice
     /// writes are direct sends, never written behind (a Unix socket cannot
     /// be reset, so bytes reported written and still in user space could
@@ -150,7 +162,7 @@ impl StreamSource {
         let Some(key) = self.reads.get() else { return false };
         // Inside the driver (never from a task's poll) the queue is not
         // looked at: nothing calls this there.
-        self.core.driver.state.try_borrow().is_ok_and(|st| st.stream_holds_input(key))
+        self.core.driver.state.try_borrow_mut().is_ok_and(|mut st| st.stream_holds_input(key))
     }
 
     /// A probe of this socket's receive queue that does not hold it.
@@ -210,6 +222,14 @@ impl StreamSource {
         // A direct socket leaves with a plain descriptor, installed now
         // (`FIXED_FD_INSTALL`); its slot is given back as the socket drops.
         if let Err(e) = driver.plain_fd(&self.core.fd) {
+            return Err((self, e));
+        }
+        // The next owner gets a non-blocking socket, as from epoll and as
+        // tokio's `from_std` requires: the driver's accepts make blocking
+        // ones (its ring operations do not mind), and a blocking one would
+        // stall a thread that expects `WouldBlock`. The flag is the open
+        // file's, so a duplicate below has it too.
+        if let Err(e) = sys::set_nonblocking(self.core.fd(), true) {
             return Err((self, e));
         }
         if Rc::strong_count(&self.core.fd) > 1 {
