@@ -57,9 +57,16 @@ pub struct GroupConfig {
     /// its own worker's coming back from a request or one borrowed from
     /// another worker's pool, when its worker has none; zero: never waits.
     pub pool_borrow: Duration,
-    /// Consecutive failures (connect errors, timeouts, 5xx answers) that
-    /// take a backend out of rotation.
+    /// Consecutive failures (connect errors, timeouts, connections lost
+    /// before the answer; 5xx answers too with `fail_on_5xx`) that take a
+    /// backend out of rotation, unless it is the last of its group that
+    /// takes requests.
     pub max_fails: u32,
+    /// Whether a 5xx answer counts as its backend's failure. Off by
+    /// default: an answer is the backend's, whatever its status, and any
+    /// client can provoke 5xx answers (an unhandled exception, a 501 for a
+    /// method the application does not know).
+    pub fail_on_5xx: bool,
     /// How long a backend so taken out stays out.
     pub fail_timeout: Duration,
     /// Active checks, if the group has a `health_path`.
@@ -130,6 +137,7 @@ impl GroupConfig {
             pool_idle_timeout: Duration::from_millis(60_000),
             pool_borrow: Duration::from_millis(POOL_BORROW_MS_DEFAULT),
             max_fails: 3,
+            fail_on_5xx: false,
             fail_timeout: Duration::from_millis(10_000),
             health: None,
             tls: Vec::new(),
@@ -295,6 +303,11 @@ fn group(name: &str, t: &Table, err: &Err<'_>) -> Result<GroupConfig, ConfigErro
             "pool_borrow_ms" => g.pool_borrow = ms(0)?,
             "max_fails" => g.max_fails = int(0, 1000)? as u32,
             "fail_timeout_ms" => g.fail_timeout = ms(1)?,
+            "fail_on_5xx" => {
+                g.fail_on_5xx = item
+                    .as_bool()
+                    .ok_or_else(|| err(at(), format!("{full}: must be true or false")))?;
+            }
             "tls" => {
                 tls.all = item
                     .as_bool()
@@ -647,6 +660,7 @@ mod tests {
 backends = ["127.0.0.1:9001", "127.0.0.1:9002"]
 protocol = "h2"
 retries = 2
+fail_on_5xx = true
 health_path = "/health"
 health_rise = 1
 
@@ -667,6 +681,8 @@ group = "web"
         assert_eq!(c.groups[0].protocol, UpstreamProtocol::H2);
         assert_eq!(c.groups[0].retries, 2);
         assert_eq!(c.groups[0].health.as_ref().unwrap().rise, 1);
+        assert!(c.groups[0].fail_on_5xx);
+        assert!(!c.groups[1].fail_on_5xx, "5xx answers are not failures by default");
         assert_eq!(c.routes[0].host.as_deref(), Some("api.example.com"));
         assert_eq!(c.routes[1].group, 1);
     }
@@ -684,6 +700,9 @@ group = "web"
         assert_eq!(e.line, 4, "{e:?}");
         let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"\n").unwrap_err();
         assert!(e.line >= 2, "{e:?}");
+        let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"]\nfail_on_5xx = 1\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e:?}");
+        assert!(e.reason.contains("groups.a.fail_on_5xx: must be true or false"), "{e:?}");
         let e = parse("[groups.a]\nbackends = [\"127.0.0.1:1\"]\nhealth_rise = 2\n").unwrap_err();
         assert_eq!(e.line, 3, "{e:?}");
         let e = parse("[groups.a]\nbackends = [\"nohost\"]\n").unwrap_err();

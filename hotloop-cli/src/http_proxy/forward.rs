@@ -20,9 +20,16 @@
 //!   An idempotent request without a body is also retried when its
 //!   connection was lost before the answer's head: it can be sent again
 //!   as it was. A pooled connection the backend had just closed costs one
-//!   extra try on a new connection to the same backend, not a retry.
+//!   extra try on a new connection to the same backend, not a retry and
+//!   not a failure: whether hyper found it closed before writing the
+//!   request, or the backend's end (or reset) came after the request went
+//!   out and before any byte of an answer (a keep-alive timeout racing
+//!   the request; then only a request that can be sent again as it was).
 //! - The connection goes back to the worker's pool when the answer's body
-//!   has been read to its end (or had none); an answer cut short closes it.
+//!   has been read to its end, its trailers included (or had none); an
+//!   answer cut short, or framed both by chunks and by a length, closes it.
+//! - A 5xx answer is the backend's answer, not its failure, unless the
+//!   group says `fail_on_5xx`: any client can provoke one.
 //! - The service's future is moved into place for every request (into
 //!   the HTTP/2 stream's task, into hyper's HTTP/1.1 in-flight slot), so
 //!   it is kept small: the request is taken apart before anything waits
@@ -30,8 +37,12 @@
 //!   with `Ok` itself, the exchange's state is used in place, the send is
 //!   written out in it rather than in an `async fn` whose arguments would
 //!   stay beside the wait, and the rare ways (a borrowed connection, a new
-//!   one, a tunnel) are boxed. 1,680 bytes, where an `async fn` wrapping
+//!   one, a tunnel) are boxed. 1,784 bytes, where an `async fn` wrapping
 //!   another came to 7,072.
+//! - A request without a host (HTTP/1.0 without `Host`, HTTP/2 without
+//!   `:authority` or `host`) reaches an HTTP/1.1 backend with the
+//!   backend's address as its `Host`, as the health checks send it:
+//!   HTTP/1.1 requires one, and hyper's client adds none.
 //! - The proxy's own answers: 404 (no route), 400 (an HTTP/1.1 request
 //!   without `Host`), 502 (no backend answered), 503 with `Retry-After`
 //!   (every backend of the group is down or ejected), 504 (a connect or a
@@ -207,6 +218,9 @@ struct Outgoing {
     replay: Option<(Method, Uri, HeaderMap)>,
     /// How far the request's body got, if it has one.
     upload: Option<Rc<Upload>>,
+    /// The request names no host: each try gets its backend's address as
+    /// `Host` (HTTP/1.1 backends).
+    host_from_backend: bool,
 }
 
 /// Routes a request and rewrites it for its backends (or answers it).
@@ -257,6 +271,7 @@ fn prepare(shared: &Shared, client: &Forwarding, req: Request<Incoming>) -> Next
             parts.version = Version::HTTP_11;
             set_host(&mut parts.headers, client, host.as_ref());
             headers::join_cookies(&mut parts.headers);
+            chunk_unsized(&mut parts.headers, &body);
         }
         UpstreamProtocol::H2 => {
             let authority = host_str.and_then(|h| h.parse::<Authority>().ok());
@@ -277,11 +292,15 @@ fn prepare(shared: &Shared, client: &Forwarding, req: Request<Incoming>) -> Next
             parts.headers.remove(header::HOST);
         }
     }
-    let replay = (g.retries > 0 && idempotent(&parts.method) && body.is_end_stream())
+    // Kept even without retries: a pooled connection the backend closed
+    // as the request went out costs a try on a new one, not a retry.
+    let replay = (idempotent(&parts.method) && body.is_end_stream())
         .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
+    let host_from_backend =
+        g.protocol == UpstreamProtocol::Http1 && !parts.headers.contains_key(header::HOST);
     let upload = (!body.is_end_stream()).then(Upload::new);
     let req = Some(Request::from_parts(parts, UpBody::Client(body, upload.clone())));
-    Next::Forward(Outgoing { group, req, replay, upload })
+    Next::Forward(Outgoing { group, req, replay, upload, host_from_backend })
 }
 
 /// A request's exchange with its backends: a connection, the request sent,
@@ -347,19 +366,25 @@ async fn exchange(
         let started = Instant::now();
         let reused = lease.reused;
         let req = out.req.take().expect("handed back after every try");
+        // (Moved through a function, not changed in place: a local
+        // borrowed here would be kept in this future across the wait.)
+        let req = if out.host_from_backend { with_host(req, b) } else { req };
         // hyper queues the request on the connection as it is handed over;
         // the wait is for the answer's head. (Written out here rather than
         // in an `async fn`, whose arguments would stay in this future
         // beside the wait.)
         let upload = out.upload.as_deref();
-        let (sent, h1) = match lease.sender {
+        // `read_before`: what the connection had read before this request;
+        // the same after a loss means no byte of an answer came.
+        let (sent, h1, read_before) = match lease.sender {
             Sender::H1(mut s) => {
+                let read_before = s.bytes_read();
                 let head = s.try_send_request(req);
-                (HeadWait::new(head, upload, g).await, Some(s))
+                (HeadWait::new(head, upload, g).await, Some(s), read_before)
             }
             Sender::H2(mut s) => {
                 let head = s.try_send_request(req);
-                (HeadWait::new(head, upload, g).await, None)
+                (HeadWait::new(head, upload, g).await, None, 0)
             }
         };
         match sent_outcome(sent) {
@@ -392,7 +417,6 @@ async fn exchange(
                 break Failure::ClientBody(e.to_string());
             }
             Err(SendError::Lost(e)) => {
-                note_failure(shared, id);
                 let again = out.replay.as_ref().map(|(m, u, h)| {
                     let mut r = Request::new(UpBody::Empty);
                     *r.method_mut() = m.clone();
@@ -405,6 +429,22 @@ async fn exchange(
                     };
                     r
                 });
+                // A pooled connection the backend closed as the request
+                // went out (its keep-alive timeout): nothing of an answer
+                // came, so one more try on a new connection, as when
+                // hyper finds it closed first (nginx retries a cached
+                // connection's failure once too, and does not count it).
+                let unanswered = h1.as_ref().is_some_and(|s| s.bytes_read() == read_before);
+                if reused && !stale_tried && unanswered && closed_by_backend(&e) {
+                    if let Some(again) = again {
+                        out.req = Some(again);
+                        stale_tried = true;
+                        fresh_only = true;
+                        shared.stats.retries.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                }
+                note_failure(shared, id);
                 let Some(again) = again else { break Failure::Lost(e.to_string()) };
                 match next_backend(shared, g, &mut order, &mut moves) {
                     Some(next) => {
@@ -426,6 +466,40 @@ async fn exchange(
         }
     };
     Ok(failure_answer(shared, g, failure))
+}
+
+/// Whether a request's connection was lost the way a backend's close
+/// loses it: its end of stream, or a reset (not a malformed answer).
+fn closed_by_backend(e: &hyper::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    if e.is_incomplete_message() {
+        return true;
+    }
+    let io = std::error::Error::source(e).and_then(|c| c.downcast_ref::<std::io::Error>());
+    io.is_some_and(|io| matches!(io.kind(), ConnectionReset | BrokenPipe | ConnectionAborted))
+}
+
+/// `req`, which names no host, with the backend's address as `Host`, as
+/// the health checks send it.
+fn with_host(mut req: Request<UpBody>, b: &Backend) -> Request<UpBody> {
+    // An address's text is always a valid field value.
+    if let Ok(v) = HeaderValue::from_str(&b.addr.to_string()) {
+        req.headers_mut().insert(header::HOST, v);
+    }
+    req
+}
+
+/// Marks a request body of no known length as chunked for an HTTP/1.1
+/// backend. The hop-by-hop removal took the client's `Transfer-Encoding`,
+/// and hyper's client frames a `GET`, `HEAD` or `CONNECT` whose body has
+/// no length as bodiless and never reads the body: the backend would get
+/// the request without it, and the body, never read to its end, would
+/// keep the connection from the pool. With the field set, hyper sends the
+/// body chunked. A body of known length keeps its `Content-Length`.
+fn chunk_unsized(headers: &mut HeaderMap, body: &Incoming) {
+    if !body.is_end_stream() && body.size_hint().exact().is_none() {
+        headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
 }
 
 /// The `Host` a backend gets over HTTP/1.1: the request's authority where
@@ -600,7 +674,11 @@ async fn tunnel(
             };
         shared.backends[id].stats.requests.fetch_add(1, Relaxed);
         let started = Instant::now();
-        let head = sender.send_request(req.take().expect("sent once"));
+        let mut request = req.take().expect("sent once");
+        if !request.headers().contains_key(header::HOST) {
+            request = with_host(request, &shared.backends[id]);
+        }
+        let head = sender.send_request(request);
         let sent = HeadWait::new(head, upload.as_deref(), g).await;
         let response = match sent {
             Ok(Ok(r)) => r,
@@ -800,12 +878,12 @@ fn answer(
     g: &GroupConfig,
     id: usize,
     response: Response<Incoming>,
-    h1: Option<pool::H1>,
+    mut h1: Option<pool::H1>,
     upload: Option<Rc<Upload>>,
     started: Instant,
 ) -> Response<DownBody> {
     let (mut parts, body) = response.into_parts();
-    if parts.status.is_server_error() {
+    if g.fail_on_5xx && parts.status.is_server_error() {
         note_failure(shared, id);
     } else {
         shared.health.success(id);
@@ -814,8 +892,12 @@ fn answer(
         // A body hyper reads by its chunks with a length beside them: the
         // length is not the body's (RFC 9112 section 6.3), and would frame
         // the client's copy. (A body read by its length has an exact size,
-        // and then no field is looked up.)
+        // and then no field is looked up.) The message is an error to be
+        // handled as one: its connection is not kept (hyper closes it once
+        // this body is read, its sender gone), since what the backend
+        // meant to follow the body is not known.
         parts.headers.remove(header::CONTENT_LENGTH);
+        h1 = None;
     }
     headers::remove_hop_by_hop(&mut parts.headers, false, false);
     headers::add_via(&mut parts.headers, parts.version);
@@ -939,6 +1021,12 @@ impl Body for DownBody {
                 match Pin::new(&mut s.body).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         s.last = hotloop::time::now();
+                        if frame.is_trailers() {
+                            // The body's last frame: hyper polls no more
+                            // after it (it drops the body), and a chunked
+                            // body never says it ended.
+                            s.finish();
+                        }
                         Poll::Ready(Some(Ok(frame)))
                     }
                     Poll::Ready(Some(Err(e))) => {

@@ -7,17 +7,24 @@
 //!   row bring a down one back (haproxy's `rise`/`fall`). Backends start up.
 //! - **Passive**: `max_fails` failures in a row seen by any worker on real
 //!   requests (a connect error or timeout, a connection lost before the
-//!   answer, a header timeout, a 5xx answer) take a backend out for
-//!   `fail_timeout_ms` (nginx's `max_fails`/`fail_timeout`); any success
-//!   clears the count. After that time it takes requests again, and one
-//!   more failure takes it out again.
+//!   answer, a header timeout; a 5xx answer only with `fail_on_5xx`) take
+//!   a backend out for `fail_timeout_ms` (nginx's `max_fails`/
+//!   `fail_timeout`); any answer clears the count. After that time it
+//!   takes requests again, and one more failure takes it out again.
+//!   Failures never take out the last backend of a group that takes
+//!   requests: with none left every client would get `503` for
+//!   `fail_timeout_ms`, where trying the last one may still answer (nginx
+//!   ignores `max_fails` for a group of one, Envoy caps ejection at a
+//!   share of the group). The active checks may take it down: they ask
+//!   the backend itself, and no client's requests decide their verdict.
 //!
 //! The state is a few atomics per backend shared by all workers: a
 //! worker's observation reaches the others at once, and the request path
 //! reads it with relaxed loads.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::{Method, Request};
@@ -38,6 +45,8 @@ pub struct BackendHealth {
     max_fails: u32,
     /// How long a passive ejection lasts.
     fail_timeout: Duration,
+    /// The ids of its group's backends, itself included.
+    group: Range<usize>,
 }
 
 /// Every backend's health.
@@ -45,21 +54,31 @@ pub struct BackendHealth {
 pub struct Health {
     epoch: Instant,
     backends: Vec<BackendHealth>,
+    /// Held while a passive ejection is decided: two workers taking out
+    /// the last two backends of a group at once would otherwise each see
+    /// the other's still in.
+    ejecting: Mutex<()>,
 }
 
 impl Health {
-    /// All up; `settings[i]` is backend `i`'s `(max_fails, fail_timeout)`.
-    pub fn new(settings: impl Iterator<Item = (u32, Duration)>) -> Health {
+    /// All up; `settings[i]` is backend `i`'s `(max_fails, fail_timeout)`,
+    /// and `members` each group's backend ids.
+    pub fn new(
+        settings: impl Iterator<Item = (u32, Duration)>,
+        members: &[Range<usize>],
+    ) -> Health {
         let backends = settings
-            .map(|(max_fails, fail_timeout)| BackendHealth {
+            .enumerate()
+            .map(|(id, (max_fails, fail_timeout))| BackendHealth {
                 up: AtomicBool::new(true),
                 fails: AtomicU32::new(0),
                 ejected_until_ms: AtomicU64::new(0),
                 max_fails,
                 fail_timeout,
+                group: members.iter().find(|r| r.contains(&id)).cloned().unwrap_or(id..id + 1),
             })
             .collect();
-        Health { epoch: Instant::now(), backends }
+        Health { epoch: Instant::now(), backends, ejecting: Mutex::new(()) }
     }
 
     fn now_ms(&self) -> u64 {
@@ -85,7 +104,8 @@ impl Health {
         }
     }
 
-    /// A request to backend `id` failed; returns whether this took it out.
+    /// A request to backend `id` failed; returns whether this took it out
+    /// (never the last of its group that takes requests).
     pub fn failure(&self, id: usize) -> bool {
         let b = &self.backends[id];
         let fails = b.fails.fetch_add(1, Relaxed) + 1;
@@ -95,7 +115,13 @@ impl Health {
         // On probation when the ejection ends: one more failure before a
         // success takes it out again (nginx's `max_fails` works so), rather
         // than `max_fails` more requests paying for a backend still down.
+        // Kept so while it is the last one in, too: the next failure after
+        // another comes back takes it out.
         b.fails.store(b.max_fails - 1, Relaxed);
+        let _deciding = self.ejecting.lock().unwrap_or_else(|e| e.into_inner());
+        if !b.group.clone().any(|other| other != id && self.usable(other)) {
+            return false;
+        }
         let until = self.now_ms() + b.fail_timeout.as_millis() as u64;
         b.ejected_until_ms.fetch_max(until, Relaxed);
         true
@@ -210,8 +236,10 @@ mod tests {
 
     #[test]
     fn max_fails_in_a_row_eject_and_a_success_clears_the_count() {
-        let h =
-            Health::new([(2, Duration::from_secs(30)), (0, Duration::from_secs(30))].into_iter());
+        let h = Health::new(
+            [(2, Duration::from_secs(30)), (0, Duration::from_secs(30))].into_iter(),
+            std::slice::from_ref(&(0..2)),
+        );
         assert!(!h.failure(0));
         h.success(0);
         assert!(!h.failure(0));
@@ -228,7 +256,10 @@ mod tests {
 
     #[test]
     fn after_an_ejection_one_failure_takes_a_backend_out_again() {
-        let h = Health::new([(3, Duration::from_millis(1))].into_iter());
+        let h = Health::new(
+            [(3, Duration::from_millis(1)), (3, Duration::from_millis(1))].into_iter(),
+            std::slice::from_ref(&(0..2)),
+        );
         assert!(!h.failure(0));
         assert!(!h.failure(0));
         assert!(h.failure(0), "the third in a row ejects");
@@ -243,8 +274,38 @@ mod tests {
     }
 
     #[test]
+    fn failures_never_take_out_the_last_backend_of_a_group_in() {
+        let h = Health::new(
+            [
+                (1, Duration::from_secs(30)),
+                (1, Duration::from_secs(30)),
+                (1, Duration::from_secs(30)),
+            ]
+            .into_iter(),
+            &[0..1, 1..3],
+        );
+        for _ in 0..5 {
+            assert!(!h.failure(0), "the only backend of its group was taken out");
+        }
+        assert!(h.usable(0));
+        assert!(h.failure(1), "another of the group is in");
+        for _ in 0..5 {
+            assert!(!h.failure(2), "the last one in was taken out");
+        }
+        assert!(h.usable(2));
+        // The checks may take the last one down; then the other's
+        // failures take it out again.
+        h.set_up(2, false);
+        assert!(!h.usable(2));
+        h.set_up(2, true);
+        h.set_up(1, true);
+        assert!(h.failure(2), "with the other back, a failure takes it out");
+    }
+
+    #[test]
     fn retry_after_for_a_backend_held_down_is_the_checks_time() {
-        let h = Health::new([(0, Duration::from_secs(30))].into_iter());
+        let h =
+            Health::new([(0, Duration::from_secs(30))].into_iter(), std::slice::from_ref(&(0..1)));
         h.set_up(0, false);
         let rise_times_interval = Duration::from_secs(2) * 3;
         assert_eq!(h.retry_after_secs([0].into_iter(), Some(rise_times_interval)), 6);

@@ -202,12 +202,13 @@ fn shared(config: Config, tls: bool) -> Shared {
         }
         members.push(start..backends.len());
     }
+    let health = Arc::new(health::Health::new(fails.into_iter(), &members));
     Shared {
         routes: routes::Routes::new(config.routes),
         groups: config.groups,
         members,
         backends: backends.into(),
-        health: Arc::new(health::Health::new(fails.into_iter())),
+        health,
         stats: Default::default(),
         tls,
     }

@@ -26,8 +26,10 @@
 //! with no bytes read ahead, and `TcpStream::into_std` takes it off the
 //! worker's driver (on io_uring after its armed receive has completed), so
 //! no byte the backend sends later goes anywhere but to the borrower. A
-//! socket the backend has closed meanwhile (or that holds bytes nobody
-//! asked for) is closed, not lent. The borrower waits at most
+//! connection hyper does not find ready for a request (its last answer
+//! said `Connection: close`), a socket the backend has closed meanwhile,
+//! or one that holds bytes nobody asked for, is closed, not lent. Every
+//! wait for a pooled connection to be ready is bounded ([`READY_WAIT`]). The borrower waits at most
 //! `pool_borrow_ms`, then connects as without borrowing; a connection that
 //! arrives later, or after the request was dropped (its client gone),
 //! joins its pool. TLS and HTTP/2 connections never move.
@@ -171,11 +173,13 @@ impl Body for UpBody {
                 let polled = Pin::new(&mut *b).poll_frame(cx);
                 up.waiting_on_client.set(polled.is_pending());
                 match &polled {
-                    Poll::Ready(Some(Ok(_))) => {
+                    Poll::Ready(Some(Ok(frame))) => {
                         up.last.set(hotloop::time::now());
                         // A body of known length ends with its last byte:
                         // hyper asks `is_end_stream` rather than poll again.
-                        if b.is_end_stream() {
+                        // Trailers are a body's last frame, and hyper drops
+                        // the body after them, never asking again.
+                        if frame.is_trailers() || b.is_end_stream() {
                             up.ended();
                         }
                     }
@@ -214,6 +218,16 @@ impl Body for UpBody {
 pub struct H1 {
     send: http1::SendRequest<UpBody>,
     handover: Rc<Handover>,
+    /// Bytes read from the connection so far ([`Counted`]).
+    read: Rc<Cell<u64>>,
+}
+
+impl H1 {
+    /// The bytes read from the connection so far: unchanged across a
+    /// request lost on it, no byte of an answer came.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.get()
+    }
 }
 
 impl std::ops::Deref for H1 {
@@ -414,10 +428,22 @@ pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease
         // An answer's end reaches the body before hyper's connection task
         // has marked the connection idle; it is ready within that task's
         // next poll, or closed.
-        if conn.ready().await.is_ok() {
+        if ready(&mut conn).await {
             return Some(Lease { sender: Sender::H1(conn), reused: true });
         }
     }
+}
+
+/// How long a pooled connection may take to be ready for a request: its
+/// connection task's next poll, normally at once. One not ready by then
+/// is dropped (closed), and the next one or a new connection is used,
+/// rather than the request waiting on it with no limit.
+const READY_WAIT: Duration = Duration::from_millis(100);
+
+/// Whether `conn` is ready for a request within [`READY_WAIT`] (false:
+/// closed, or not ready in time).
+async fn ready(conn: &mut H1) -> bool {
+    matches!(hotloop::time::timeout(READY_WAIT, conn.ready()).await, Ok(Ok(())))
 }
 
 /// A pooled connection to `backend` for one request: this worker's idle
@@ -462,7 +488,7 @@ pub async fn await_return(backends: &Arc<[Backend]>, backend: usize) -> Option<L
     let mut conn = hotloop::time::timeout(b.pool_borrow, wait).await.ok()??;
     // Handed over at its checkin: ready within its task's next poll, as in
     // `checkout`, or closed.
-    if conn.ready().await.is_ok() {
+    if ready(&mut conn).await {
         return Some(Lease { sender: Sender::H1(conn), reused: true });
     }
     None
@@ -580,14 +606,21 @@ async fn lend(backends: Arc<[Backend]>, backend: usize) -> Option<std::net::TcpS
     let b = &backends[backend];
     let now = hotloop::time::now();
     let idle = loop {
-        let idle = with_pool(backend, |p| p.idle.pop())?;
+        let mut idle = with_pool(backend, |p| p.idle.pop())?;
         count_out(b, &idle);
-        if !idle.conn.is_closed() && now.saturating_duration_since(idle.since) < b.pool_idle_timeout
+        if idle.conn.is_closed() || now.saturating_duration_since(idle.since) >= b.pool_idle_timeout
         {
+            continue;
+        }
+        // Ready for another request, as `checkout` asks too: hyper's state
+        // says whether the last answer let the connection be kept (one
+        // that said `Connection: close` is not, whether or not the
+        // backend's end has arrived for the peek below to see).
+        if ready(&mut idle.conn).await {
             break idle;
         }
     };
-    let H1 { send, handover } = idle.conn;
+    let H1 { send, handover, .. } = idle.conn;
     handover.wanted.set(true);
     // With its sender gone and nothing in flight, hyper's connection ends
     // and its task leaves the socket in `handover`.
@@ -613,26 +646,23 @@ async fn adopt(
 ) -> Option<H1> {
     let stream = TcpStream::from_std(stream).ok()?;
     let gauge = Some(guard(backends.clone(), backend, true));
-    let (send, conn) =
-        http1::Builder::new().handshake(HyperIo::new(BackendIo::Plain(stream))).await.ok()?;
+    let (io, read) = Counted::new(BackendIo::Plain(stream));
+    let (send, conn) = http1::Builder::new().handshake(HyperIo::new(io)).await.ok()?;
     backends[backend].stats.borrowed.fetch_add(1, Relaxed);
-    Some(H1 { send, handover: run_h1(conn, gauge) })
+    Some(H1 { send, handover: run_h1(conn, gauge), read })
 }
 
 /// Runs an HTTP/1.1 connection's task on this worker until the connection
 /// ends; a plain one asked to ([`Handover::wanted`]) leaves its socket in
 /// the returned handover.
-fn run_h1(
-    conn: http1::Connection<HyperIo<BackendIo>, UpBody>,
-    gauge: Option<Guard>,
-) -> Rc<Handover> {
+fn run_h1(conn: http1::Connection<HyperIo<Counted>, UpBody>, gauge: Option<Guard>) -> Rc<Handover> {
     let handover = Rc::new(Handover::default());
     let h = handover.clone();
     drop(hotloop::spawn(async move {
         let _open = gauge;
         let parts = conn.without_shutdown().await;
         let io = match parts {
-            Ok(p) if h.wanted.get() && p.read_buf.is_empty() => match p.io.0 {
+            Ok(p) if h.wanted.get() && p.read_buf.is_empty() => match p.io.0.io {
                 BackendIo::Plain(s) => Some(s),
                 BackendIo::Tls(_) => None,
             },
@@ -777,6 +807,70 @@ impl AsyncWrite for BackendIo {
     }
 }
 
+/// An HTTP/1.1 connection's socket, counting the bytes read from it
+/// ([`H1::bytes_read`]): a request lost on a reused connection that read
+/// nothing more got no byte of an answer, the mark of a backend that
+/// closed the connection as the request went out.
+pub struct Counted {
+    io: BackendIo,
+    read: Rc<Cell<u64>>,
+}
+
+impl Counted {
+    /// `io`, and the count its reads add to.
+    fn new(io: BackendIo) -> (Counted, Rc<Cell<u64>>) {
+        let read = Rc::new(Cell::new(0));
+        (Counted { io, read: read.clone() }, read)
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        let got = buf.filled().len().saturating_sub(before) as u64;
+        if got > 0 {
+            this.read.set(this.read.get() + got);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
 /// Connects to `b` and, if it speaks TLS, makes the handshake (SNI and
 /// the certificate checked for its server name), all by `deadline`.
 async fn dial(b: &Backend, limit: Duration, deadline: Instant) -> Result<BackendIo, ConnectError> {
@@ -810,17 +904,19 @@ pub async fn open(
     backend: usize,
 ) -> Result<Sender, ConnectError> {
     let deadline = hotloop::time::now() + limit;
-    let io = HyperIo::new(dial(b, limit, deadline).await?);
+    let io = dial(b, limit, deadline).await?;
     let open_gauge = backends.map(|bs| guard(bs, backend, true));
     let sender = match b.protocol {
         UpstreamProtocol::Http1 => {
+            let (io, read) = Counted::new(io);
             let (send, conn) = http1::Builder::new()
-                .handshake(io)
+                .handshake(HyperIo::new(io))
                 .await
                 .map_err(|e| ConnectError::Failed(std::io::Error::other(e)))?;
-            Sender::H1(H1 { send, handover: run_h1(conn, open_gauge) })
+            Sender::H1(H1 { send, handover: run_h1(conn, open_gauge), read })
         }
         UpstreamProtocol::H2 => {
+            let io = HyperIo::new(io);
             let handshake = http2::Builder::new(HotloopExecutor).timer(HotloopTimer).handshake(io);
             let (sender, conn) = match hotloop::time::timeout_at(deadline, handshake).await {
                 Ok(Ok(pair)) => pair,
