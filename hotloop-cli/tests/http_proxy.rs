@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{stats, wait_until, Proc};
+use common::{stats, wait_until, Proc, TempDir};
 use hotloop::DriverKind;
 
 // ---------------------------------------------------------------- backends
@@ -327,19 +327,19 @@ fn start(driver: DriverKind, args: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
     (p, addr, stats)
 }
 
-fn config_file(text: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "hotloop-http-proxy-{}-{}.toml",
-        std::process::id(),
-        N.fetch_add(1, SeqCst)
-    ));
+/// `text` in a config file, in a directory that goes (the file with it)
+/// when the returned guard is dropped.
+fn config_file(text: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new("http-proxy");
+    let path = dir.join("proxy.toml");
     std::fs::write(&path, text).unwrap();
-    path
+    (dir, path)
 }
 
 fn with_config(driver: DriverKind, text: &str, extra: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
-    let path = config_file(text);
+    // The proxy reads the file once, before it says where it listens, and
+    // `start` waits for that: the file can go when this returns.
+    let (_dir, path) = config_file(text);
     let mut args = vec!["--config", path.to_str().unwrap()];
     args.extend_from_slice(extra);
     start(driver, &args)
@@ -624,8 +624,8 @@ fn a_worker_prefers_a_backend_it_holds_an_idle_connection_to(driver: DriverKind)
 #[hotloop::test(driver = "all")]
 fn backends_over_tls_are_verified_and_negotiate_alpn(driver: DriverKind) {
     let a = Backend::named("a");
-    let (cert, key) = common::certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     // The TLS backend: a proxy with a certificate for `localhost`, before `a`.
     let args = ["--backend", &a.addr(), "--workers", "1", "--tls-cert", c, "--tls-key", k];
     let (_backend, tls_addr, _) = start(driver, &args);
@@ -1216,17 +1216,17 @@ async fn h2_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<
 #[hotloop::test(driver = "all")]
 fn tls_clients_negotiate_alpn(driver: DriverKind) {
     let a = Backend::named("a");
-    let (cert, key) = common::certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     let (_p, addr, _) =
         start(driver, &["--backend", &a.addr(), "--workers", "1", "--tls-cert", c, "--tls-key", k]);
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let h2 = common::tls_client_over(tcp, &cert, &[b"h2", b"http/1.1"]);
+    let h2 = common::tls_client_over(tcp, &cert.path, &[b"h2", b"http/1.1"]);
     assert_eq!(h2.conn.alpn_protocol(), Some(&b"h2"[..]));
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut tls = common::tls_client_over(tcp, &cert, &[b"http/1.1"]);
+    let mut tls = common::tls_client_over(tcp, &cert.path, &[b"http/1.1"]);
     tls.write_all(b"GET / HTTP/1.1\r\nHost: secure.test\r\nConnection: close\r\n\r\n").unwrap();
     let resp = read_resp(&mut BufReader::new(tls)).unwrap();
     assert_eq!(resp.text(), "a");
@@ -1266,7 +1266,7 @@ fn client_deadlines_and_the_drain_apply(driver: DriverKind) {
 /// A bad file is refused at start with its line and the reason.
 #[test]
 fn a_bad_config_file_is_refused_with_its_line() {
-    let path = config_file("[groups.g]\nbackends = [\"127.0.0.1:1\"]\nretries = \"two\"\n");
+    let (_dir, path) = config_file("[groups.g]\nbackends = [\"127.0.0.1:1\"]\nretries = \"two\"\n");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hotloop"))
         .args([
             "proxy",

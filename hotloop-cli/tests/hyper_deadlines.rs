@@ -9,10 +9,10 @@ use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{read_to_close, stat, wait_until, Proc};
+use common::{read_to_close, stat, wait_until, Certificate, Proc};
 use hotloop::DriverKind;
 
 /// `hotloop serve hyper` (over TLS with `tls`) with a stats endpoint:
@@ -21,7 +21,7 @@ fn start(
     driver: &str,
     tls: bool,
     extra: &[&str],
-) -> (Proc, SocketAddr, SocketAddr, Option<PathBuf>) {
+) -> (Proc, SocketAddr, SocketAddr, Option<Certificate>) {
     let stats_args = ["--stats-addr", "127.0.0.1:0"];
     let (mut p, addr, cert) = if tls {
         let (p, addr, cert) =
@@ -79,7 +79,7 @@ fn idle_http2(driver: &str, tls: bool) {
     let ends: Vec<(Vec<u8>, Duration)> = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..4)
             .map(|_| {
-                let cert = cert.as_deref();
+                let cert = cert.as_ref().map(|c| c.path.as_path());
                 scope.spawn(move || {
                     let mut s = connect(addr, cert, &[b"h2"]);
                     s.write_all(H2_PREFACE_AND_SETTINGS).unwrap();
@@ -120,7 +120,7 @@ fn half_closing(driver: &str, tls: bool) {
     let answers: Vec<String> = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..50)
             .map(|_| {
-                let cert = cert.as_deref();
+                let cert = cert.as_ref().map(|c| c.path.as_path());
                 scope.spawn(move || {
                     let tcp = TcpStream::connect(addr).unwrap();
                     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

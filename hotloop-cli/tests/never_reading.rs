@@ -97,11 +97,12 @@ fn check(driver: &str, app: &str, chunk: &[u8], tls: bool, limits: &[&str], with
         (p, addr, None)
     };
     let stats = p.addr_after("stats on ");
+    let cert_path = cert.as_ref().map(|c| c.path.as_path());
     let held: Vec<_> = std::thread::scope(|scope| {
         // Fewer over TLS: each stalls only after megabytes of records,
         // which a debug build encrypts slowly.
         let clients: Vec<_> = (0..if tls { 3 } else { 6 })
-            .map(|_| scope.spawn(|| send_until_stalled(addr, chunk, cert.as_deref())))
+            .map(|_| scope.spawn(|| send_until_stalled(addr, chunk, cert_path)))
             .collect();
         clients.into_iter().map(|c| c.join().unwrap()).collect()
     });
@@ -115,7 +116,7 @@ fn check(driver: &str, app: &str, chunk: &[u8], tls: bool, limits: &[&str], with
         stat(stats, "active_connections"),
         start.elapsed()
     );
-    served(addr, app, cert.as_deref());
+    served(addr, app, cert_path);
     drop(held);
 }
 

@@ -334,10 +334,10 @@ fn links_inside_the_root_are_served_however_written(driver: DriverKind) {
 #[hotloop::test(driver = "all")]
 fn serves_over_tls(driver: DriverKind) {
     let root = Root::new();
-    let (cert, key) = common::certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     let (_p, addr) = start(driver, root.path(), &["--tls-cert", c, "--tls-key", k]);
-    let mut s = common::tls_client(addr, &cert);
+    let mut s = common::tls_client(addr, &cert.path);
     s.write_all(
         b"GET /big.bin HTTP/1.1\r\nHost: t\r\nRange: bytes=1000-\r\nConnection: close\r\n\r\n",
     )

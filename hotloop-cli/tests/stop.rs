@@ -90,11 +90,10 @@ fn sigterm_closes_idle_connections_at_once_and_exits_when_the_last_is_done(drive
 #[hotloop::test(driver = "all")]
 fn a_long_idle_quiet_keeps_idle_connections_for_their_next_request(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let root = std::env::temp_dir().join(format!("hotloop-stop-static-{}", std::process::id()));
-    std::fs::create_dir_all(&root).unwrap();
+    let root = common::TempDir::new("stop-static");
     std::fs::write(root.join("index.html"), "hello").unwrap();
     let serve = |driver, app, extra: &[&str]| {
-        let static_root = ["--root", root.to_str().unwrap()];
+        let static_root = ["--root", root.path().to_str().unwrap()];
         let root_arg: &[&str] = if app == "static" { &static_root } else { &[] };
         serve(driver, app, &[extra, root_arg].concat())
     };
@@ -182,7 +181,7 @@ fn a_tls_request_split_over_the_quiet_time_is_answered_at_a_stop(driver: DriverK
             let what = format!("{driver} {app}, stop first: {stop_first}");
             let extra = ["--grace-ms", "20000", "--drain-idle-quiet-ms", &quiet_ms];
             let (mut p, addr, cert) = common::serve_tls(driver, app, &extra);
-            let mut tls = common::tls_client(addr, &cert);
+            let mut tls = common::tls_client(addr, &cert.path);
             tls.sock.set_nodelay(true).unwrap();
             tls.write_all(request).unwrap();
             let first = read_response(&mut tls).to_ascii_lowercase();

@@ -70,13 +70,14 @@ fn curl_speaks_http1_and_http2_to_the_hyper_app(driver: DriverKind) {
     }
     let (mut p, addr, cert) = serve_tls(driver, "hyper", &["--body-size", "5"]);
     let url = format!("https://localhost:{}/", addr.port());
-    let out = curl(&cert, &["--http1.1", "-w", " %{http_version}"], std::slice::from_ref(&url));
+    let out =
+        curl(&cert.path, &["--http1.1", "-w", " %{http_version}"], std::slice::from_ref(&url));
     assert_eq!(out, "xxxxx 1.1", "{driver}");
     let features =
         String::from_utf8_lossy(&Command::new("curl").arg("--version").output().unwrap().stdout)
             .to_string();
     if features.contains("HTTP2") {
-        let out = curl(&cert, &["--http2", "-w", " %{http_version}"], &[url]);
+        let out = curl(&cert.path, &["--http2", "-w", " %{http_version}"], &[url]);
         assert_eq!(out, "xxxxx 2", "{driver}");
     } else {
         eprintln!("this curl has no HTTP/2: only HTTP/1.1 checked");
@@ -95,11 +96,14 @@ fn curl_speaks_http1_to_the_http_app(driver: DriverKind) {
     }
     let (mut p, addr, cert) = serve_tls(driver, "http", &["--body-size", "3"]);
     let url = format!("https://127.0.0.1:{}/", addr.port());
-    let out =
-        curl(&cert, &["-w", " %{http_version} %{num_connects}\n"], &[url.clone(), url.clone()]);
+    let out = curl(
+        &cert.path,
+        &["-w", " %{http_version} %{num_connects}\n"],
+        &[url.clone(), url.clone()],
+    );
     // Two answers over one connection.
     assert_eq!(out, "xxx 1.1 1\nxxx 1.1 0\n", "{driver}");
-    let out = curl(&cert, &["--http2", "-w", " %{http_version}"], &[url]);
+    let out = curl(&cert.path, &["--http2", "-w", " %{http_version}"], &[url]);
     assert_eq!(out, "xxx 1.1", "{driver}");
     p.signal("TERM");
     assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
@@ -115,7 +119,7 @@ fn openssl_s_client_is_echoed(driver: DriverKind) {
     let (mut p, addr, cert) = serve_tls(driver, "echo", &[]);
     let mut client = Command::new("openssl")
         .args(["s_client", "-connect", &addr.to_string(), "-servername", "localhost"])
-        .args(["-CAfile", cert.to_str().unwrap(), "-verify_return_error", "-quiet"])
+        .args(["-CAfile", cert.path.to_str().unwrap(), "-verify_return_error", "-quiet"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -158,7 +162,7 @@ fn garbage_and_stalled_handshakes_lose_only_their_connection(driver: DriverKind)
     let took = closed_within(&mut garbage, Duration::from_secs(5));
     assert!(took < Duration::from_millis(500), "{driver}: garbage took {took:?} to be dropped");
     // Another client, while the stalled one is open.
-    let mut tls = tls_client(addr, &cert);
+    let mut tls = tls_client(addr, &cert.path);
     tls.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
     let (reply, _) = common::read_to_close(&mut tls);
     let reply = String::from_utf8_lossy(&reply);
@@ -180,7 +184,7 @@ fn garbage_and_stalled_handshakes_lose_only_their_connection(driver: DriverKind)
 fn a_tls_connection_follows_the_header_and_idle_timeouts(driver: DriverKind) {
     let driver = common::driver_arg(driver);
     let (mut p, addr, cert) = serve_tls(driver, "http", &["--header-timeout-ms", "300"]);
-    let mut tls = tls_client(addr, &cert);
+    let mut tls = tls_client(addr, &cert.path);
     tls.write_all(b"GET / HTTP/1.1\r\n").unwrap();
     let (reply, took) = common::read_to_close(&mut tls);
     let reply = String::from_utf8_lossy(&reply);
@@ -190,7 +194,7 @@ fn a_tls_connection_follows_the_header_and_idle_timeouts(driver: DriverKind) {
     assert!(p.wait_exit(Duration::from_secs(10)).expect("exit").success());
 
     let (mut p, addr, cert) = serve_tls(driver, "echo", &["--idle-timeout-ms", "300"]);
-    let mut tls = tls_client(addr, &cert);
+    let mut tls = tls_client(addr, &cert.path);
     tls.write_all(b"ping").unwrap();
     let mut got = [0u8; 4];
     tls.read_exact(&mut got).unwrap();
@@ -210,7 +214,7 @@ fn a_tls_connection_follows_the_header_and_idle_timeouts(driver: DriverKind) {
 fn a_tls_connection_follows_the_send_timeout(driver: DriverKind) {
     let driver = common::driver_arg(driver);
     let (mut p, addr, cert) = serve_tls(driver, "echo", &["--send-timeout-ms", "300"]);
-    let mut tls = tls_client(addr, &cert);
+    let mut tls = tls_client(addr, &cert.path);
     tls.sock.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
     let chunk = vec![7u8; 64 * 1024];
     let start = Instant::now();
@@ -236,7 +240,7 @@ fn sigterm_closes_idle_tls_connections_at_once(driver: DriverKind) {
     let driver = common::driver_arg(driver);
     let (mut p, addr, cert) =
         serve_tls(driver, "http", &["--grace-ms", "20000", "--body-size", "2"]);
-    let mut tls = tls_client(addr, &cert);
+    let mut tls = tls_client(addr, &cert.path);
     tls.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -273,7 +277,7 @@ fn close_notify_after_a_closing_request(driver: &str, app: &str, extra: &[&str])
     let got: Vec<(usize, Option<usize>)> = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..20)
             .map(|_| {
-                let cert = &cert;
+                let cert = &cert.path;
                 scope.spawn(move || {
                     let sock =
                         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
@@ -321,13 +325,10 @@ fn a_client_that_ends_its_side_after_a_closing_request_reads_the_whole_answer(dr
     for app in ["hyper", "http"] {
         short.extend(close_notify_after_a_closing_request(driver, app, &["--body-size", &body]));
     }
-    let root =
-        std::env::temp_dir().join(format!("hotloop-tls-root-{}-{driver}", std::process::id()));
-    std::fs::create_dir_all(&root).unwrap();
+    let root = common::TempDir::new("tls-root");
     std::fs::write(root.join("large"), vec![b'x'; LARGE_BODY_BYTES]).unwrap();
-    let root_arg = ["--root", root.to_str().unwrap()];
+    let root_arg = ["--root", root.path().to_str().unwrap()];
     short.extend(close_notify_after_a_closing_request(driver, "static", &root_arg));
-    let _ = std::fs::remove_dir_all(&root);
     assert!(short.is_empty(), "{driver}: {} of 60 clients short: {short:#?}", short.len());
 }
 
@@ -344,7 +345,7 @@ fn an_error_reply_lingers_once(driver: DriverKind) {
     for (app, extra) in [("http", vec![]), ("static", vec!["--root", root_arg.to_str().unwrap()])] {
         let (mut p, addr, cert) = serve_tls(driver, app, &[&extra[..], &stats_args[..]].concat());
         let stats = p.addr_after("stats on ");
-        let mut tls = tls_client(addr, &cert);
+        let mut tls = tls_client(addr, &cert.path);
         tls.write_all(b"\x00garbage\r\n\r\n").unwrap();
         // Up to the server's close_notify; the socket stays open.
         let (reply, _) = common::read_to_close(&mut tls);
@@ -365,11 +366,11 @@ fn an_error_reply_lingers_once(driver: DriverKind) {
 /// match: each stops the start with an error naming the file.
 #[test]
 fn a_bad_certificate_or_key_is_a_startup_error_naming_the_file() {
-    let (cert, key) = certificate();
+    let (made, other) = (certificate(), certificate());
+    let (cert, key, other_key) = (&made.path, &made.key, &other.key);
     let dir = cert.parent().unwrap();
     let junk = dir.join("junk.pem");
     std::fs::write(&junk, "not a certificate\n").unwrap();
-    let (_, other_key) = certificate();
     let missing = dir.join("missing.pem");
     let cases = [
         (junk.clone(), key.clone(), junk.clone()),

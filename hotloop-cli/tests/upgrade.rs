@@ -17,26 +17,24 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::Proc;
+use common::{Proc, TempDir};
 use hotloop::tls::rustls;
 use hotloop::DriverKind;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// A fresh upgrade socket path.
-fn socket_path() -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    std::env::temp_dir().join(format!(
-        "hotloop-cli-upgrade-{}-{}.sock",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
+/// A fresh upgrade socket path, in a directory that goes (the socket
+/// with it) when the returned guard is dropped.
+fn socket_path() -> (TempDir, PathBuf) {
+    let dir = TempDir::new("upgrade");
+    let path = dir.join("upgrade.sock");
+    (dir, path)
 }
 
 fn serve_args<'a>(
@@ -152,14 +150,14 @@ impl<T: Read + Write + Send> ReadWrite for T {}
 
 fn upgrades_under_load(driver: DriverKind, app: &str, tls: bool) {
     let driver = common::driver_arg(driver);
-    let path = socket_path();
-    let (cert, key) = common::certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (_dir, path) = socket_path();
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     let tls_args: Vec<&str> = if tls { vec!["--tls-cert", c, "--tls-key", k] } else { vec![] };
     let mut p = Proc::start(&serve_args(app, driver, "2", &path, &tls_args));
     let addr = p.addr_after(" on ");
     let stop = Arc::new(AtomicBool::new(false));
-    let clients = load(addr, tls.then(|| cert.clone()), stop.clone());
+    let clients = load(addr, tls.then(|| cert.path.clone()), stop.clone());
     thread::sleep(Duration::from_millis(200));
     // Two upgrades, the worker count changing each time.
     for workers in ["1", "2"] {
@@ -204,7 +202,7 @@ fn tls_upgrades_under_load_fail_no_request(driver: DriverKind) {
 #[hotloop::test(driver = "all")]
 fn a_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let mut p =
         Proc::start(&serve_args("http", driver, "2", &path, &["--stats-addr", "127.0.0.1:0"]));
     let addr = p.addr_after(" on ");
@@ -238,7 +236,7 @@ fn a_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind
 #[hotloop::test(driver = "all")]
 fn a_successor_that_fails_to_start_takes_no_queued_connection(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let mut p = Proc::start(&serve_args("http", driver, "1", &path, &["--maxconn", "1"]));
     let addr = p.addr_after(" on ");
     let mut holder = TcpStream::connect(addr).unwrap();
@@ -290,7 +288,7 @@ fn catches_sigterm(pid: u32) -> bool {
 #[hotloop::test(driver = "all")]
 fn a_successor_stopped_while_it_starts_leaves_the_old_one_serving(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let stats_args = ["--stats-addr", "127.0.0.1:0"];
     let mut p = Proc::start(&serve_args("http", driver, "2", &path, &stats_args));
     let addr = p.addr_after(" on ");
@@ -337,7 +335,7 @@ fn sockets_at(path: &Path) -> usize {
 #[hotloop::test(driver = "all")]
 fn a_successor_that_never_says_ready_is_dropped_and_the_next_takes_over(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let old_args = ["--stats-addr", "127.0.0.1:0", "--upgrade-ready-timeout-ms", "2000"];
     let mut p = Proc::start(&serve_args("http", driver, "2", &path, &old_args));
     let addr = p.addr_after(" on ");
@@ -443,7 +441,7 @@ fn a_process_whose_stderr_is_gone_still_drains_and_exits(driver: DriverKind) {
     let status = wait_child(&mut child, LIMIT).expect("it did not exit after SIGTERM");
     assert!(status.success(), "{driver}: after SIGTERM: {status}");
 
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let (mut child, addr) = start_then_close_stderr(&serve_args("http", driver, "2", &path, &[]));
     let mut next = Proc::start(&serve_args("http", driver, "1", &path, &[]));
     assert!(next.wait_for_line("took the", LIMIT), "{:?}", next.seen);
@@ -513,10 +511,11 @@ fn served_certificate(addr: SocketAddr, certs: &[&Path]) -> CertificateDer<'stat
 #[hotloop::test(driver = "all")]
 fn sighup_reloads_the_certificate_and_keeps_it_when_the_new_one_is_bad(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let (cert, key) = common::certificate();
-    let (second_cert, second_key) = common::certificate();
-    let first = hotloop::tls::load_certs(&cert).unwrap().remove(0);
-    let second = hotloop::tls::load_certs(&second_cert).unwrap().remove(0);
+    let (one, two) = (common::certificate(), common::certificate());
+    let (cert, key) = (&one.path, &one.key);
+    let (second_cert, second_key) = (&two.path, &two.key);
+    let first = hotloop::tls::load_certs(cert).unwrap().remove(0);
+    let second = hotloop::tls::load_certs(second_cert).unwrap().remove(0);
     let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
     let mut p = Proc::start(&[
         "serve",
@@ -538,20 +537,20 @@ fn sighup_reloads_the_certificate_and_keeps_it_when_the_new_one_is_bad(driver: D
     let stats = p.addr_after("stats on ");
     // The files the server reads change below: the client trusts copies.
     let first_copy = cert.with_extension("first.pem");
-    std::fs::copy(&cert, &first_copy).unwrap();
+    std::fs::copy(cert, &first_copy).unwrap();
     let trusted = [first_copy.as_path(), second_cert.as_path()];
     assert_eq!(served_certificate(addr, &trusted), first);
     let mut before = common::tls_client(addr, &first_copy);
     assert!(exchange(&mut before, true).unwrap().starts_with("HTTP/1.1 200"));
 
-    std::fs::copy(&second_cert, &cert).unwrap();
-    std::fs::copy(&second_key, &key).unwrap();
+    std::fs::copy(second_cert, cert).unwrap();
+    std::fs::copy(second_key, key).unwrap();
     p.signal("HUP");
     assert!(p.wait_for_line("reloaded the TLS certificate", LIMIT), "{:?}", p.seen);
     assert_eq!(served_certificate(addr, &trusted), second, "{driver}: new handshakes");
     assert!(exchange(&mut before, true).is_ok(), "the connection made before the reload");
 
-    std::fs::write(&cert, "not a certificate").unwrap();
+    std::fs::write(cert, "not a certificate").unwrap();
     p.signal("HUP");
     assert!(p.wait_for_line("reload refused", LIMIT), "{:?}", p.seen);
     assert_eq!(served_certificate(addr, &trusted), second, "{driver}: after a bad file");
@@ -569,9 +568,9 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     use quinn::ConnectionError;
 
     let driver = common::driver_arg(driver);
-    let path = socket_path();
-    let (cert, key) = common::certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (_dir, path) = socket_path();
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     let args = |workers| {
         serve_args(
             "quic",
@@ -583,7 +582,7 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     };
     let mut p = Proc::start(&args("2"));
     let addr = p.addr_after(" on ");
-    let config = common::quic_client_config(&cert, b"hotloop-echo");
+    let config = common::quic_client_config(&cert.path, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
     let echo = |conn: quinn::Connection| async move {
         let (mut send, mut recv) = conn.open_bi().await.unwrap();
@@ -628,9 +627,9 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
 #[hotloop::test(driver = "all")]
 fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let path = socket_path();
-    let (cert, key) = common::certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (_dir, path) = socket_path();
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     let args = |workers, stats| {
         let extra = ["--tls-cert", c, "--tls-key", k, "--idle-timeout-ms", "30000"];
         serve_args("quic", driver, workers, &path, &[&extra[..], &["--stats-addr", stats]].concat())
@@ -638,7 +637,7 @@ fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: Drive
     let mut p = Proc::start(&args("2", "127.0.0.1:0"));
     let addr = p.addr_after(" on ");
     let stats = p.addr_after("stats on ");
-    let config = common::quic_client_config(&cert, b"hotloop-echo");
+    let config = common::quic_client_config(&cert.path, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
     let echo = |conn: quinn::Connection| async move {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
@@ -681,8 +680,8 @@ fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: Drive
 #[hotloop::test(driver = "all")]
 fn a_quic_drain_is_counted_and_its_cut_logged(driver: DriverKind) {
     let driver = common::driver_arg(driver);
-    let (cert, key) = common::certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     let mut p = Proc::start(&[
         "serve",
         "quic",
@@ -703,7 +702,7 @@ fn a_quic_drain_is_counted_and_its_cut_logged(driver: DriverKind) {
     ]);
     let addr = p.addr_after(" on ");
     let stats = p.addr_after("stats on ");
-    let config = common::quic_client_config(&cert, b"hotloop-echo");
+    let config = common::quic_client_config(&cert.path, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
     // A stream left open: the connection is busy until the deadline.
     let (_conn, _send) = rt.block_on(async {
@@ -744,7 +743,7 @@ fn proxy_and_static_files_are_upgraded_too(driver: DriverKind) {
         let addr = p.addr_after(" on ");
         (p, addr)
     };
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let backend_arg = backend_addr.to_string();
     let proxy_args = |workers| {
         vec![
@@ -771,11 +770,10 @@ fn proxy_and_static_files_are_upgraded_too(driver: DriverKind) {
     backend.signal("TERM");
     assert!(backend.wait_exit(LIMIT).expect("exit").success());
 
-    let root = std::env::temp_dir().join(format!("hotloop-upgrade-static-{}", std::process::id()));
-    std::fs::create_dir_all(&root).unwrap();
+    let root = TempDir::new("upgrade-static");
     std::fs::write(root.join("index.html"), "hello").unwrap();
-    let path = socket_path();
-    let root_arg = root.to_str().unwrap();
+    let (_dir, path) = socket_path();
+    let root_arg = root.path().to_str().unwrap();
     let mut p = Proc::start(&serve_args("static", driver, "2", &path, &["--root", root_arg]));
     let addr = p.addr_after(" on ");
     assert!(common::http_get(addr, "/").ends_with("hello"));

@@ -3,6 +3,8 @@
 //! idle, shutdown cancels queued jobs and waits (bounded) for running
 //! ones, and the counters show it all.
 
+use crate::common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -107,9 +109,10 @@ fn shutdown_cancels_queued_jobs() {
 /// tokio: the drop waits for the jobs already running.
 #[hotloop::test(driver = "all")]
 fn dropping_the_runtime_waits_for_a_running_job(driver: DriverKind) {
-    let marker =
-        std::env::temp_dir().join(format!("hotloop-blocking-{}-{driver:?}", std::process::id()));
-    let _ = std::fs::remove_file(&marker);
+    // Made before the runtime, so dropped after it: a failing test's
+    // runtime still waits for the job before the directory goes.
+    let dir = common::TempDir::new("blocking");
+    let marker = dir.join("marker");
     let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
     rt.block_on(async {
         let started = Arc::new(AtomicBool::new(false));
@@ -133,7 +136,6 @@ fn dropping_the_runtime_waits_for_a_running_job(driver: DriverKind) {
     });
     drop(rt);
     let written = std::fs::read(&marker);
-    let _ = std::fs::remove_file(&marker);
     assert_eq!(written.expect("the job's file was not written").as_slice(), b"done");
 }
 

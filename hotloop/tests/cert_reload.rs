@@ -3,10 +3,11 @@
 //! before keeps working, and bad files are refused with the certificate in
 //! use kept. Both drivers.
 
+use crate::common::{self, Certificate};
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,21 +17,9 @@ use hotloop::tls::{rustls, serve_tls, CertReloader, TlsAcceptor};
 use hotloop::{DriverKind, Runtime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A self-signed certificate for `localhost` in a fresh directory:
-/// (certificate path, key path).
-fn certificate() -> (PathBuf, PathBuf) {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "hotloop-cert-reload-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&c, made.cert.pem()).unwrap();
-    std::fs::write(&k, made.key_pair.serialize_pem()).unwrap();
-    (c, k)
+/// A self-signed certificate for `localhost`.
+fn certificate() -> Certificate {
+    common::certificate(&["localhost"])
 }
 
 type Client = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
@@ -75,11 +64,12 @@ fn first_cert(path: &Path) -> CertificateDer<'static> {
 
 #[hotloop::test(driver = "all")]
 fn a_reload_serves_new_handshakes_and_a_bad_file_keeps_the_certificate(driver: DriverKind) {
-    let (cert, key) = certificate();
-    let (second_cert, second_key) = certificate();
-    let (first, second) = (first_cert(&cert), first_cert(&second_cert));
+    let (one, two) = (certificate(), certificate());
+    let (cert, key) = (&one.path, &one.key);
+    let (second_cert, second_key) = (&two.path, &two.key);
+    let (first, second) = (first_cert(cert), first_cert(second_cert));
     let trusted = [first.clone(), second.clone()];
-    let certs = CertReloader::from_pem_files(&cert, &key).unwrap();
+    let certs = CertReloader::from_pem_files(cert, key).unwrap();
     let acceptor = TlsAcceptor::new(certs.server_config(&[]).unwrap());
     let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
     let server = serve_tls(
@@ -102,19 +92,19 @@ fn a_reload_serves_new_handshakes_and_a_bad_file_keeps_the_certificate(driver: D
     assert_eq!(served(&before), first);
     let stats = rt.stats().lifecycle;
 
-    std::fs::copy(&second_cert, &cert).unwrap();
-    std::fs::copy(&second_key, &key).unwrap();
+    std::fs::copy(second_cert, cert).unwrap();
+    std::fs::copy(second_key, key).unwrap();
     certs.reload().unwrap();
     assert_eq!(served(&connect(addr, &trusted)), second, "{driver:?}: a new handshake");
     assert_eq!(echo(&mut before, b"still here"), b"still here", "the connection made before");
 
     // A certificate whose key is not the one beside it, then a file that
     // is no certificate at all.
-    let (third_cert, _) = certificate();
-    std::fs::copy(&third_cert, &cert).unwrap();
+    let third = certificate();
+    std::fs::copy(&third.path, cert).unwrap();
     let mismatch = certs.reload().unwrap_err();
     assert!(mismatch.to_string().contains("do not make a server identity"), "{mismatch}");
-    std::fs::write(&cert, "not a certificate").unwrap();
+    std::fs::write(cert, "not a certificate").unwrap();
     assert!(certs.reload().is_err());
     assert_eq!(served(&connect(addr, &trusted)), second, "{driver:?}: after bad files");
     let after = rt.stats().lifecycle;

@@ -11,6 +11,8 @@
 //! where the test needs one: a successor that panics, and socket
 //! activation.
 
+use crate::common::TempDir;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{BorrowedFd, RawFd};
@@ -40,14 +42,12 @@ fn runtime(driver: DriverKind, workers: usize) -> Runtime {
     Runtime::builder().workers(workers).driver(driver).build().unwrap()
 }
 
-/// A fresh upgrade socket path.
-fn socket_path() -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    std::env::temp_dir().join(format!(
-        "hotloop-handover-{}-{}.sock",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
+/// A fresh upgrade socket path, in a directory that goes (the socket
+/// with it) when the returned guard is dropped.
+fn socket_path() -> (TempDir, PathBuf) {
+    let dir = TempDir::new("handover");
+    let path = dir.join("upgrade.sock");
+    (dir, path)
 }
 
 /// A handler that answers its first bytes with `name` and closes, or,
@@ -100,7 +100,7 @@ fn wait_until(mut cond: impl FnMut() -> bool) {
 /// drains what it held, and new connections go to `B`. None is refused or
 /// reset.
 fn queued_connections_go_to_the_successor(driver: DriverKind, workers_a: usize, workers_b: usize) {
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let rt_a = runtime(driver, workers_a);
     let handover_a = Handover::open(&path).unwrap();
     assert_eq!(handover_a.predecessor(), None);
@@ -170,7 +170,7 @@ fn a_successor_with_another_worker_count_serves_every_socket(driver: DriverKind)
 /// refused or reset, whichever process answers.
 #[hotloop::test(driver = "all")]
 fn clients_connecting_through_a_hand_over_all_get_answers(driver: DriverKind) {
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let rt_a = runtime(driver, 2);
     let handover_a = Handover::open(&path).unwrap();
     let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, None), named("A")).unwrap();
@@ -342,7 +342,7 @@ impl WakeThief {
 /// under a probe.)
 #[hotloop::test(driver = "all")]
 fn a_connection_whose_wake_up_the_predecessor_took_is_served(driver: DriverKind) {
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let rt_a = runtime(driver, 1);
     let handover_a = Handover::open(&path).unwrap();
     let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, None), named("A")).unwrap();
@@ -386,7 +386,7 @@ fn a_connection_whose_wake_up_the_predecessor_took_is_served(driver: DriverKind)
 /// counted, and a later successor still takes over.
 #[hotloop::test(driver = "all")]
 fn a_successor_that_fails_leaves_the_old_process_serving(driver: DriverKind) {
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let rt_a = runtime(driver, 2);
     let handover_a = Handover::open(&path).unwrap();
     let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, None), named("A")).unwrap();
@@ -467,7 +467,7 @@ impl Probe {
 #[hotloop::test(driver = "all")]
 fn a_successor_that_never_says_ready_is_dropped_and_the_next_takes_over(driver: DriverKind) {
     const WAIT: Duration = Duration::from_millis(300);
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let rt_a = runtime(driver, 2);
     let handover_a = Handover::open(&path).unwrap();
     handover_a.set_ready_wait(WAIT);
@@ -574,7 +574,8 @@ fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
 #[hotloop::test(driver = "all")]
 fn socket_activation_skips_a_descriptor_that_is_not_a_socket(driver: DriverKind) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let fifo = socket_path().with_extension("fifo");
+    let dir = TempDir::new("handover");
+    let fifo = dir.join("listen.fifo");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     // Read and write, so the open does not wait for a writer.
     let sh = format!(
@@ -583,7 +584,6 @@ fn socket_activation_skips_a_descriptor_that_is_not_a_socket(driver: DriverKind)
         fifo.display()
     );
     activate(driver, listener, &sh, "fifo-at-3");
-    let _ = std::fs::remove_file(&fifo);
 }
 
 /// Run by [`socket_activation_serves_the_listen_fds_socket`] and
@@ -631,7 +631,7 @@ fn activated_child() {
 #[test]
 fn only_a_process_of_the_same_user_takes_the_sockets() {
     use std::os::unix::fs::PermissionsExt;
-    let path = socket_path();
+    let (dir, path) = socket_path();
     let rt = runtime(DriverKind::Epoll, 1);
     let handover = Handover::open(&path).unwrap();
     let a = serve(rt.handle(), "127.0.0.1:0", options(&handover, None), named("A")).unwrap();
@@ -645,6 +645,9 @@ fn only_a_process_of_the_same_user_takes_the_sockets() {
         return;
     }
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // The directory too, whatever the umask made it, so the other user
+    // reaches the socket and it is the owner check that turns it away.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let other = {
         let path = path.clone();
         thread::spawn(move || {
@@ -671,7 +674,7 @@ fn only_a_process_of_the_same_user_takes_the_sockets() {
 /// connection reaches the successor.
 #[hotloop::test(driver = "all")]
 fn http2_connections_get_a_goaway_and_finish_their_streams(driver: DriverKind) {
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let started = Arc::new(AtomicBool::new(false));
     let hyper_server = |rt: &Runtime, handover: &Handover, name: &'static str| -> Server {
         let started = started.clone();
@@ -807,7 +810,7 @@ fn send_with_fds(sock: &socket2::Socket, bytes: &[u8], fds: &[RawFd]) {
 fn a_signal_while_the_sockets_are_awaited_does_not_fail_the_successor() {
     use socket2::{Domain, SockAddr, Socket, Type};
     use std::os::fd::AsRawFd;
-    let path = socket_path();
+    let (_dir, path) = socket_path();
     let upgrade = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
     upgrade.bind(&SockAddr::unix(&path).unwrap()).unwrap();
     upgrade.listen(4).unwrap();
@@ -853,5 +856,4 @@ fn a_signal_while_the_sockets_are_awaited_does_not_fail_the_successor() {
     assert_eq!(handover.inherited(), 1);
     assert_eq!(handover.predecessor(), Some(std::process::id()));
     drop(handover);
-    let _ = std::fs::remove_file(&path);
 }

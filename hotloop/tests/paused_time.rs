@@ -3,6 +3,8 @@
 //! fires, an interval ticks, and a server's idle timeout cuts a silent
 //! connection at once in real time.
 
+use crate::common;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -224,13 +226,10 @@ async fn a_timeout_is_a_future_that_hands_its_future_back() {
 /// ring operations, which hold the clock while they run.
 #[hotloop::test(driver = "all", start_paused = true)]
 async fn a_file_read_waiting_in_real_time_holds_the_paused_clock() {
-    // One path per run: the epoll and io_uring variants run side by side
-    // in this process, and one's `remove_file` must not take the other's FIFO.
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path =
-        std::env::temp_dir().join(format!("hotloop-paused-fifo-{}-{run}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
+    // A directory per run: the epoll and io_uring variants run side by
+    // side in this process, and each removes its own FIFO.
+    let dir = common::TempDir::new("paused-fifo");
+    let path = dir.join("fifo");
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: mkfifo reads one NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
@@ -259,7 +258,6 @@ async fn a_file_read_waiting_in_real_time_holds_the_paused_clock() {
     assert!(real.elapsed() >= Duration::from_millis(90), "the reads waited for the feeder");
     assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
     feeder.join().unwrap();
-    let _ = std::fs::remove_file(&path);
 }
 
 /// A blocking-pool job holds the paused clock until its result has reached

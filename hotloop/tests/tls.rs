@@ -5,12 +5,13 @@
 //! within the handshake limit, while other connections keep working.
 //! Needs `curl` and `openssl` (the tests that use them skip without).
 
+use crate::common::{self, Certificate};
+
 use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,22 +31,9 @@ use hotloop::Runtime;
 /// The handshake limit every server here uses.
 const HANDSHAKE_LIMIT: Duration = Duration::from_millis(500);
 
-/// A self-signed certificate for `localhost` and 127.0.0.1, written to a
-/// fresh temporary directory: (certificate path, key path).
-fn certificate() -> (PathBuf, PathBuf) {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-    let cert = rcgen::generate_simple_self_signed(names).unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "hotloop-tls-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.key_pair.serialize_pem()).unwrap();
-    (c, k)
+/// A self-signed certificate for `localhost` and 127.0.0.1.
+fn certificate() -> Certificate {
+    common::certificate(&["localhost", "127.0.0.1"])
 }
 
 async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -58,13 +46,14 @@ struct HttpsServer {
     rt: Runtime,
     server: Server,
     addr: SocketAddr,
-    cert: PathBuf,
+    cert: Certificate,
 }
 
 fn https_server(driver: DriverKind) -> HttpsServer {
-    let (cert, key) = certificate();
-    let acceptor =
-        TlsAcceptor::from_pem_files(&cert, &key).unwrap().handshake_timeout(HANDSHAKE_LIMIT);
+    let cert = certificate();
+    let acceptor = TlsAcceptor::from_pem_files(&cert.path, &cert.key)
+        .unwrap()
+        .handshake_timeout(HANDSHAKE_LIMIT);
     let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
     // The handle by value (a clone); `rt.handle()` by reference works as well.
     let handle: hotloop::Handle = rt.handle().clone();
@@ -177,7 +166,7 @@ fn curl_speaks_http1_and_http2_over_tls(driver: DriverKind) {
     for (flag, expected) in flags {
         let out = Command::new("curl")
             .args(["-sS", "--max-time", "10", "--cacert"])
-            .arg(&s.cert)
+            .arg(&s.cert.path)
             .args(["--resolve", &resolve, "-w", " %{http_version}", flag, "-d", "abc", &url])
             .output()
             .unwrap();
@@ -196,7 +185,7 @@ fn openssl_s_client_verifies_and_negotiates_alpn(driver: DriverKind) {
     let mut child = Command::new("openssl")
         .args(["s_client", "-connect", &s.addr.to_string(), "-servername", "localhost"])
         .args(["-verify_return_error", "-alpn", "http/1.1", "-ign_eof", "-CAfile"])
-        .arg(&s.cert)
+        .arg(&s.cert.path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -225,8 +214,8 @@ fn openssl_s_client_verifies_and_negotiates_alpn(driver: DriverKind) {
 #[hotloop::test(driver = "all")]
 fn hyper_client_on_hotloop_over_tls_h2_and_http1(driver: DriverKind) {
     let s = https_server(driver);
-    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_H2), "hello 4 HTTP/2.0");
-    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_HTTP11), "hello 4 HTTP/1.1");
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert.path, ALPN_H2), "hello 4 HTTP/2.0");
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert.path, ALPN_HTTP11), "hello 4 HTTP/1.1");
 }
 
 #[hotloop::test(driver = "all")]
@@ -249,7 +238,7 @@ fn failed_handshakes_end_within_the_limit_and_nothing_else(driver: DriverKind) {
     assert!(old < HANDSHAKE_LIMIT, "a TLS 1.0 hello took {old:?}");
 
     // A good client is served while the stalled ones wait.
-    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_H2), "hello 4 HTTP/2.0");
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert.path, ALPN_H2), "hello 4 HTTP/2.0");
 
     // Each stalled client is cut at the handshake limit.
     let stalled_for = time_until_closed(s.addr, &hello[..10]).expect("a stalled handshake is cut");
@@ -261,13 +250,13 @@ fn failed_handshakes_end_within_the_limit_and_nothing_else(driver: DriverKind) {
     }
     assert_eq!(s.server.active_connections(), 0, "every stalled handshake ended");
     drop(stalled);
-    assert_eq!(hyper_client_request(driver, s.addr, &s.cert, ALPN_HTTP11), "hello 4 HTTP/1.1");
+    assert_eq!(hyper_client_request(driver, s.addr, &s.cert.path, ALPN_HTTP11), "hello 4 HTTP/1.1");
 }
 
 #[hotloop::test(driver = "all")]
 fn serve_tls_echo_with_the_tls_connector(driver: DriverKind) {
-    let (cert, key) = certificate();
-    let acceptor = TlsAcceptor::from_pem_files(&cert, &key).unwrap();
+    let cert = certificate();
+    let acceptor = TlsAcceptor::from_pem_files(&cert.path, &cert.key).unwrap();
     let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
     let server = serve_tls(
         rt.handle(),
@@ -285,7 +274,7 @@ fn serve_tls_echo_with_the_tls_connector(driver: DriverKind) {
     )
     .unwrap();
     let addr = server.local_addr();
-    let connector = TlsConnector::from_root_pem_file(&cert, &[]).unwrap();
+    let connector = TlsConnector::from_root_pem_file(&cert.path, &[]).unwrap();
     let got = rt.block_on(async move {
         let mut tls = connector.connect_to(("localhost", addr.port()), "localhost").await.unwrap();
         let mut out = Vec::new();
@@ -300,7 +289,7 @@ fn serve_tls_echo_with_the_tls_connector(driver: DriverKind) {
     });
     assert!(got.iter().all(|ok| *ok));
     // A certificate for another name is refused by the connector.
-    let connector = TlsConnector::from_root_pem_file(&cert, &[]).unwrap();
+    let connector = TlsConnector::from_root_pem_file(&cert.path, &[]).unwrap();
     let err =
         rt.block_on(async move { connector.connect_to(addr, "example.com").await.map(|_| ()) });
     assert!(err.is_err());

@@ -4,13 +4,12 @@
 //! missing or taken path, what binding removes (only a stale socket, and
 //! only when asked), and no descriptor left open afterwards.
 
-use crate::common;
+use crate::common::{self, TempDir};
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hotloop::net::{serve_unix, ListenerOptions, UnixListener, UnixStream};
@@ -18,22 +17,13 @@ use hotloop::time::timeout;
 use hotloop::DriverKind;
 use hotloop::{spawn, Runtime};
 
-/// A fresh socket path in the temporary directory, unique to this process
-/// and call (nothing is there yet).
-fn sock_path(name: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let p = std::env::temp_dir().join(format!("hotloop-{}-{n}-{name}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&p);
-    p
-}
-
-/// Removes the file at `path` when dropped, so a failed test leaves nothing behind.
-struct Cleanup(PathBuf);
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A fresh socket path `NAME.sock` (nothing is there yet), in a directory
+/// that goes, with the socket, when the returned guard is dropped: a
+/// failed test leaves nothing behind.
+fn sock_path(name: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new("unix");
+    let path = dir.join(&format!("{name}.sock"));
+    (dir, path)
 }
 
 /// Writes back what it reads (pooled reads) until the peer closes.
@@ -66,8 +56,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 #[hotloop::test(driver = "all")]
 async fn echo_over_a_path() {
-    let path = sock_path("echo");
-    let _c = Cleanup(path.clone());
+    let (_dir, path) = sock_path("echo");
     let listener = UnixListener::bind(&path).unwrap();
     assert_eq!(listener.local_addr().unwrap().as_pathname(), Some(path.as_path()));
     let client_path = path.clone();
@@ -144,8 +133,7 @@ async fn a_pair_talks_both_ways() {
 #[hotloop::test(driver = "all")]
 async fn many_connections_at_once_on_one_listener() {
     const CLIENTS: usize = 200;
-    let path = sock_path("many");
-    let _c = Cleanup(path.clone());
+    let (_dir, path) = sock_path("many");
     let listener = UnixListener::bind(&path).unwrap();
     let server = spawn(async move {
         for _ in 0..CLIENTS {
@@ -172,8 +160,7 @@ async fn many_connections_at_once_on_one_listener() {
 
 #[hotloop::test(driver = "all")]
 async fn connect_waits_while_the_backlog_is_full() {
-    let path = sock_path("backlog");
-    let _c = Cleanup(path.clone());
+    let (_dir, path) = sock_path("backlog");
     let options = ListenerOptions { backlog: 1, ..Default::default() };
     let listener = UnixListener::bind_with(&path, options).unwrap();
     // More connects than the backlog holds, before anyone accepts.
@@ -201,8 +188,7 @@ fn serve_unix_serves_many_clients_from_two_workers() {
         if driver == DriverKind::Uring && common::skip_uring() {
             continue;
         }
-        let path = sock_path("serve");
-        let _c = Cleanup(path.clone());
+        let (_dir, path) = sock_path("serve");
         let rt = Runtime::builder().workers(2).driver(driver).build().unwrap();
         let server = serve_unix(rt.handle(), &path, ListenerOptions::default(), echo).unwrap();
         assert_eq!(server.local_addr(), path);
@@ -292,8 +278,7 @@ async fn a_peer_that_goes_away_mid_stream() {
 #[hotloop::test(driver = "all")]
 async fn a_stream_dropped_with_its_peer_full_closes_at_once() {
     use tokio::io::AsyncWriteExt;
-    let path = sock_path("full");
-    let _c = Cleanup(path.clone());
+    let (_dir, path) = sock_path("full");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     let mut ours = UnixStream::connect(&path).await.unwrap();
     let (mut peer, _) = listener.accept().unwrap();
@@ -319,8 +304,7 @@ async fn a_stream_dropped_with_its_peer_full_closes_at_once() {
 #[hotloop::test(driver = "all")]
 async fn tokio_traits_echo_with_copy() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let path = sock_path("tokio");
-    let _c = Cleanup(path.clone());
+    let (_dir, path) = sock_path("tokio");
     let listener = UnixListener::bind(&path).unwrap();
     let server = spawn(async move {
         let (stream, _) = listener.accept().await.unwrap();
@@ -349,14 +333,13 @@ async fn tokio_traits_echo_with_copy() {
 
 #[hotloop::test(driver = "all")]
 async fn connecting_to_a_missing_path_says_not_found() {
-    let path = sock_path("missing");
+    let (dir, path) = sock_path("missing");
     let err = UnixStream::connect(&path).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
     assert!(err.to_string().contains(path.to_str().unwrap()), "the error names the path: {err}");
 
     // A socket file nobody listens on refuses.
-    let stale = sock_path("stale");
-    let _c = Cleanup(stale.clone());
+    let stale = dir.join("stale.sock");
     drop(UnixListener::bind(&stale).unwrap());
     let err = UnixStream::connect(&stale).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
@@ -369,8 +352,7 @@ async fn connecting_to_a_missing_path_says_not_found() {
 
 #[hotloop::test(driver = "all")]
 async fn binding_removes_only_a_stale_socket_and_only_when_asked() {
-    let path = sock_path("bind");
-    let _c = Cleanup(path.clone());
+    let (dir, path) = sock_path("bind");
 
     // Dropping a listener leaves its file; binding again is refused.
     drop(UnixListener::bind(&path).unwrap());
@@ -400,15 +382,13 @@ async fn binding_removes_only_a_stale_socket_and_only_when_asked() {
     drop(live);
 
     // Nor is a file that is not a socket.
-    let file = sock_path("regular");
-    let _f = Cleanup(file.clone());
+    let file = dir.join("regular");
     std::fs::write(&file, b"keep me").unwrap();
     let err = UnixListener::bind_with(&file, replace).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
     assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
     // Dropping a listener elsewhere leaves this file alone too.
-    let other = sock_path("other");
-    let _o = Cleanup(other.clone());
+    let other = dir.join("other.sock");
     drop(UnixListener::bind(&other).unwrap());
     assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
 }
@@ -476,16 +456,14 @@ fn count_descriptors_alone() {
         if driver == DriverKind::Uring && common::skip_uring() {
             continue;
         }
-        let dir = sock_path(&format!("dir-{driver:?}"));
-        std::fs::create_dir(&dir).unwrap();
+        let dir = TempDir::new(&format!("unix-fds-{driver:?}"));
         // The process-wide parts (the tokio runtime the default feature
         // `tokio-time` hosts keeps its reactor's descriptors for the life of
         // the process) start with the first runtime: count from after them.
         drop(Runtime::builder().workers(1).driver(driver).build().unwrap());
         let before = hotloop::open_fd_count().unwrap();
-        exercise(driver, &dir);
+        exercise(driver, dir.path());
         assert_eq!(hotloop::open_fd_count().unwrap(), before, "{driver:?} closed everything");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 

@@ -649,6 +649,33 @@ fn probe_subcommand(ctx: &mut Ctx, subcommand: &str) -> Option<String> {
     }
 }
 
+/// A test's own directory under the system's temporary directory,
+/// `hotloop-NAME-PID`, removed with everything in it when dropped: a test
+/// that fails leaves nothing behind either.
+#[cfg(test)]
+struct TestDir(PathBuf);
+
+#[cfg(test)]
+impl TestDir {
+    fn new(name: &str) -> TestDir {
+        let dir = std::env::temp_dir().join(format!("hotloop-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TestDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -267,11 +267,11 @@ mod tests {
 
     #[test]
     fn every_scenarios_chart_has_a_bar_for_each_measured_row() {
-        let dir = std::env::temp_dir().join(format!("hotloop-charts-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let guard = super::super::TestDir::new("charts");
+        let dir = guard.path();
         for name in ScenarioName::ALL {
             let result = fixture(name);
-            let written = write_charts(&dir, &result).unwrap();
+            let written = write_charts(dir, &result).unwrap();
             let headline = result.columns[0].key;
             let bars_path = dir.join(format!("{}-{headline}.svg", name.as_str()));
             assert!(written.contains(&bars_path), "{}: no bar chart", name.as_str());
@@ -296,10 +296,9 @@ mod tests {
             row.metrics.clear();
         }
         empty.name = "hyper-empty";
-        assert!(write_charts(&dir, &empty)
+        assert!(write_charts(dir, &empty)
             .unwrap()
             .iter()
             .all(|p| !p.ends_with("hyper-empty-rate_per_s.svg")));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -375,14 +375,17 @@ mod tests {
     fn a_child_that_overstays_is_killed() {
         let mut cmd = Command::new("sleep");
         cmd.arg("30");
-        let dir = std::env::temp_dir().join(format!("hotloop-proc-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = super::super::TestDir::new("proc-test");
         let started = Instant::now();
-        let err =
-            run_bounded("sleep", cmd, &[], &dir.join("sleep.log"), Duration::from_millis(200))
-                .unwrap_err();
+        let err = run_bounded(
+            "sleep",
+            cmd,
+            &[],
+            &dir.path().join("sleep.log"),
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert!(started.elapsed() < Duration::from_secs(10));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

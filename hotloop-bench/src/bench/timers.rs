@@ -545,7 +545,8 @@ mod tests {
 
     #[test]
     fn summarises_a_results_tree() {
-        let root = std::env::temp_dir().join(format!("hotloop-criterion-{}", std::process::id()));
+        let guard = super::super::TestDir::new("criterion");
+        let root = guard.path();
         for (f, ns) in [("hotloop", 5.0), ("btreemap", 9.0)] {
             let dir = root.join("drain").join(f).join("new");
             std::fs::create_dir_all(&dir).unwrap();
@@ -555,14 +556,13 @@ mod tests {
             std::fs::write(dir.join("estimates.json"), est).unwrap();
         }
         let mut files = Vec::new();
-        find_estimates(&root, 0, &mut files);
+        find_estimates(root, 0, &mut files);
         files.sort();
-        let rows: Vec<Row> = files.iter().filter_map(|f| read_result(&root, f)).collect();
+        let rows: Vec<Row> = files.iter().filter_map(|f| read_result(root, f)).collect();
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].server.as_str(), rows[0].group.as_str()), ("btreemap", "drain"));
         assert_eq!((rows[1].server.as_str(), rows[1].label().as_str()), ("hotloop", "hotloop"));
         assert_eq!(rows[1].get("median_ns"), Some(5.0));
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// Every queue does what the case says, the same way.

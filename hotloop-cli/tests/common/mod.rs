@@ -275,6 +275,11 @@ impl TempDir {
         Ok(TempDir(dir))
     }
 
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
     /// `NAME` inside the directory.
     pub fn join(&self, name: &str) -> PathBuf {
         self.0.join(name)
@@ -287,29 +292,33 @@ impl Drop for TempDir {
     }
 }
 
-/// A self-signed certificate for `localhost` and 127.0.0.1 in a fresh
-/// temporary directory: (certificate path, key path).
-pub fn certificate() -> (PathBuf, PathBuf) {
-    static N: AtomicUsize = AtomicUsize::new(0);
+/// A self-signed certificate and its key, in a directory of their own
+/// that is removed when this is dropped: kept for as long as a process
+/// may read the files (at start, and again on SIGHUP).
+pub struct Certificate {
+    /// The certificate's PEM file.
+    pub path: PathBuf,
+    /// The private key's PEM file.
+    pub key: PathBuf,
+    _dir: TempDir,
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1.
+pub fn certificate() -> Certificate {
     let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
     let cert = rcgen::generate_simple_self_signed(names).unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "hotloop-cli-tls-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.key_pair.serialize_pem()).unwrap();
-    (c, k)
+    let dir = TempDir::new("tls");
+    let (path, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&path, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
+    Certificate { path, key, _dir: dir }
 }
 
 /// `hotloop serve APP` over TLS on `driver` with two workers; the process,
-/// its address and the certificate's path.
-pub fn serve_tls(driver: &str, app: &str, extra: &[&str]) -> (Proc, SocketAddr, PathBuf) {
-    let (cert, key) = certificate();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+/// its address and its certificate.
+pub fn serve_tls(driver: &str, app: &str, extra: &[&str]) -> (Proc, SocketAddr, Certificate) {
+    let cert = certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
     let mut args =
         vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "2", "--driver", driver];
     args.extend_from_slice(&["--tls-cert", c, "--tls-key", k]);

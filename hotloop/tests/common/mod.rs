@@ -1,8 +1,11 @@
-//! Shared helpers for the integration tests: the driver matrix and small clients.
+//! Shared helpers for the integration tests: the driver matrix, small
+//! clients, and temporary files that go away with the test.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Why the io_uring variant of a test cannot run here, if it cannot.
@@ -82,4 +85,62 @@ pub fn run_child(child: &str, env: &str, driver: hotloop::DriverKind) -> String 
 pub fn child_driver(env: &str) -> Option<hotloop::DriverKind> {
     let driver = std::env::var(env).ok()?;
     Some(driver.to_lowercase().parse().unwrap())
+}
+
+/// A fresh directory under the system's temporary directory, removed with
+/// everything in it when dropped: held by a test for as long as it uses
+/// what is inside, it goes whether the test passes or panics.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `hotloop-NAME-PID-N`.
+    pub fn new(name: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "hotloop-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        // Anything there was left by an earlier process with this pid.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// `NAME` inside the directory.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A self-signed certificate and its key, written to a directory of their
+/// own that is removed when this is dropped.
+pub struct Certificate {
+    /// The certificate's PEM file.
+    pub path: PathBuf,
+    /// The private key's PEM file.
+    pub key: PathBuf,
+    _dir: TempDir,
+}
+
+/// A self-signed certificate for `names` (DNS names or IP addresses).
+pub fn certificate(names: &[&str]) -> Certificate {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let made = rcgen::generate_simple_self_signed(names).unwrap();
+    let dir = TempDir::new("cert");
+    let (path, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&path, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    Certificate { path, key, _dir: dir }
 }
