@@ -31,20 +31,32 @@ use hotloop::Handle;
 /// Set once the server is stopping.
 static STOPPING: AtomicBool = AtomicBool::new(false);
 
-/// `--drain-idle-quiet-ms`, in milliseconds.
+/// `--drain-idle-quiet-ms`, in milliseconds; `u64::MAX` for none (at or
+/// above the drain timeout: see [`set_idle_quiet`]).
 static IDLE_QUIET_MS: AtomicU64 = AtomicU64::new(hotloop::net::DRAIN_IDLE_QUIET.as_millis() as u64);
 
 /// Sets how long, during a drain, a connection waiting for its client's
 /// next request must have been quiet before it is closed (the hand-written
 /// handlers read it through [`idle_quiet`]; the hyper ones get it in their
-/// `ServerOptions`). Called once at start-up.
-pub fn set_idle_quiet(quiet: Duration) {
-    IDLE_QUIET_MS.store(u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+/// `ServerOptions`). At or above `drain_timeout` (every drain's, SIGTERM's
+/// or a hand-over's) none is closed for being idle before the drain's
+/// deadline, however long it was idle before the stop: each is closed
+/// after answering its next request, or cut at the deadline. Called once
+/// at start-up.
+pub fn set_idle_quiet(quiet: Duration, drain_timeout: Duration) {
+    let ms = if quiet >= drain_timeout {
+        u64::MAX
+    } else {
+        u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX - 1)
+    };
+    IDLE_QUIET_MS.store(ms, Ordering::Relaxed);
 }
 
-/// See [`set_idle_quiet`].
-pub fn idle_quiet() -> Duration {
-    Duration::from_millis(IDLE_QUIET_MS.load(Ordering::Relaxed))
+/// See [`set_idle_quiet`]: `None` when idle connections are not closed
+/// for a stop.
+pub fn idle_quiet() -> Option<Duration> {
+    let ms = IDLE_QUIET_MS.load(Ordering::Relaxed);
+    (ms != u64::MAX).then(|| Duration::from_millis(ms))
 }
 
 /// True once the server has been told to stop.

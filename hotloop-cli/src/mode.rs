@@ -164,7 +164,7 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     let nofile = hotloop::raise_nofile_limit()?;
     let mut mode = prepare()?;
     let args = mode.runtime_args().clone();
-    crate::drain::set_idle_quiet(args.drain_idle_quiet());
+    crate::drain::set_idle_quiet(args.drain_idle_quiet(), args.drain_timeout());
     let rt = args.build_runtime()?;
     let handover = args.handover()?;
     let serving_now = Arc::new(OnceLock::new());

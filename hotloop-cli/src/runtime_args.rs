@@ -75,11 +75,14 @@ pub struct RuntimeArgs {
     pub drain_timeout_ms: u64,
     /// During a drain, how long a keep-alive HTTP/1.1 connection waiting for
     /// its next request must have been quiet before it is closed,
-    /// milliseconds (always on a read that finds nothing pending). One that
-    /// became quiet more recently is kept for its next request, answered
-    /// with `Connection: close`. Closing a connection a request is arriving
-    /// on makes that request fail for a client that does not retry; at or
-    /// above `--drain-timeout-ms` no idle connection is closed early
+    /// milliseconds (always on a read that finds nothing pending), counted
+    /// from its last answer's end reaching the client (acknowledged by it),
+    /// not from the write that handed it to the kernel. One that became
+    /// quiet more recently is kept for its next request, answered with
+    /// `Connection: close`. Closing a connection a request is arriving on
+    /// makes that request fail for a client that does not retry; at or
+    /// above `--drain-timeout-ms` no idle connection is closed before the
+    /// drain's deadline, however long it was idle before the stop
     /// (haproxy's `idle-close-on-response`), and the drain lasts until each
     /// has sent again or the deadline cuts it.
     #[arg(long, default_value_t = 1000)]

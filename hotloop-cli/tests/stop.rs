@@ -143,6 +143,132 @@ fn a_long_idle_quiet_keeps_idle_connections_for_their_next_request(driver: Drive
     }
 }
 
+/// `serve APP` for the drain tests below: `serve static` over a root
+/// holding `big` (`body` bytes) and `index.html`, the others answering
+/// `body` bytes; its address and the path to ask for.
+fn serve_sized(
+    driver: &str,
+    app: &str,
+    root: &common::TempDir,
+    body: usize,
+    extra: &[&str],
+) -> (Proc, std::net::SocketAddr, &'static str) {
+    let body = body.to_string();
+    let root = root.join("");
+    let (own, path): ([&str; 2], _) = if app == "static" {
+        (["--root", root.to_str().unwrap()], "/big")
+    } else {
+        (["--body-size", &body], "/")
+    };
+    let (p, addr) = serve(driver, app, &[extra, &own[..]].concat());
+    (p, addr, path)
+}
+
+/// Reads an answer's head, byte by byte (lowercased), and its length.
+fn read_head(s: &mut TcpStream) -> (String, usize) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "{}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    (head, len)
+}
+
+/// A drained keep-alive connection whose last answer (1 MiB, in the
+/// kernel's send queue when its last write returns) its client reads
+/// slowly, with a small receive buffer: the drain's quiet time counts
+/// from the client's acknowledgement of the answer's end, not from that
+/// write. Counted from the write, it ran out while the client was still
+/// reading, and the client's next request, sent as soon as it had read
+/// the answer, met the close. It is answered, with `Connection: close`.
+/// `serve http`, `serve hyper` and `serve static`.
+#[hotloop::test(driver = "all")]
+fn a_drain_lets_a_slow_reader_finish_its_answer_before_the_quiet_time_counts(driver: DriverKind) {
+    const BODY: usize = 1 << 20;
+    let driver = common::driver_arg(driver);
+    let root = common::TempDir::new("stop-slow-reader");
+    std::fs::write(root.join("big"), vec![b'x'; BODY]).unwrap();
+    for app in ["http", "hyper", "static"] {
+        let extra = ["--grace-ms", "20000", "--drain-idle-quiet-ms", "500"];
+        let (mut p, addr, path) = serve_sized(driver, app, &root, BODY, &extra);
+        // A small receive buffer: the answer waits in the server's kernel.
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(16 * 1024).unwrap();
+        sock.connect(&addr.into()).unwrap();
+        let mut s = TcpStream::from(sock);
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n");
+        s.write_all(request.as_bytes()).unwrap();
+        let (head, len) = read_head(&mut s);
+        assert!(head.starts_with("http/1.1 200"), "{app}: {head}");
+        assert!(!head.contains("connection: close"), "{app}: {head}");
+        assert_eq!(len, BODY, "{app}: {head}");
+        p.signal("TERM");
+        assert!(p.wait_for_line("draining", Duration::from_secs(10)), "{app}: {:?}", p.seen);
+        // About 1 MiB/s: the answer takes twice the quiet time to read.
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut left = len;
+        while left > 0 {
+            let n = s.read(&mut buf[..left.min(16 * 1024)]).unwrap();
+            assert!(n > 0, "{driver} {app}: closed with {left} bytes of the answer unread");
+            left -= n;
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        // At once, as a keep-alive client does.
+        s.write_all(request.as_bytes()).unwrap();
+        let (last, len) = read_head(&mut s);
+        assert!(last.starts_with("http/1.1 200"), "{driver} {app}: the next request got {last:?}");
+        assert!(last.contains("connection: close"), "{driver} {app}: {last}");
+        let (rest, _) = common::read_to_close(&mut s);
+        assert_eq!(rest.len(), len, "{driver} {app}: the last answer");
+        let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+        assert!(status.success(), "{app}: {status}");
+    }
+}
+
+/// `--drain-idle-quiet-ms` at the drain timeout keeps a connection that
+/// was idle for longer than that before the stop: it is not closed before
+/// the drain's deadline, and its next request is answered with
+/// `Connection: close`. The quiet time counted from when the connection
+/// fell idle, so it was over at the stop, and the connection was closed
+/// at once. `serve http`, `serve hyper` and `serve static`.
+#[hotloop::test(driver = "all")]
+fn a_quiet_time_at_the_drain_timeout_keeps_connections_idle_since_before_the_stop(
+    driver: DriverKind,
+) {
+    let driver = common::driver_arg(driver);
+    let root = common::TempDir::new("stop-idle-before");
+    std::fs::write(root.join("index.html"), "hello").unwrap();
+    for app in ["http", "hyper", "static"] {
+        let extra = ["--grace-ms", "1000", "--drain-idle-quiet-ms", "1000"];
+        let (mut p, addr, _) = serve_sized(driver, app, &root, 5, &extra);
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let first = keep_alive_request(&mut s).to_ascii_lowercase();
+        assert!(first.starts_with("http/1.1 200"), "{app}: {first}");
+        assert!(!first.contains("connection: close"), "{app}: {first}");
+        // Idle for longer than the quiet time, then the stop.
+        std::thread::sleep(Duration::from_millis(1300));
+        p.signal("TERM");
+        assert!(p.wait_for_line("draining", Duration::from_secs(10)), "{app}: {:?}", p.seen);
+        std::thread::sleep(Duration::from_millis(100));
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let (last, _) = common::read_to_close(&mut s);
+        let last = String::from_utf8_lossy(&last).to_ascii_lowercase();
+        assert!(last.starts_with("http/1.1 200"), "{driver} {app}: the request got {last:?}");
+        assert!(last.contains("connection: close"), "{driver} {app}: {last}");
+        let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+        assert!(status.success(), "{app}: {status}");
+    }
+}
+
 /// The TLS bytes of `request` as `tls`'s client sends them, not yet sent:
 /// a test writes them to the socket in parts of its choosing.
 fn sealed(tls: &mut common::TlsClient, request: &[u8]) -> Vec<u8> {

@@ -206,6 +206,114 @@ fn a_request_taken_from_the_socket_but_not_delivered_is_answered_at_a_stop(drive
     assert_eq!(drained.cut, 0, "{drained:?}");
 }
 
+/// Reads an answer's head, byte by byte (lowercased), and its length.
+fn read_head(s: &mut TcpStream) -> (String, usize) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "{}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    (head, len)
+}
+
+/// A stop while a client reads a long answer slowly (1 MiB, in the
+/// kernel's send queue when hyper's last write returns; the client's
+/// receive buffer small): the quiet time counts from the client's
+/// acknowledgement of the answer's end, not from that write. Counted from
+/// the write, it ran out while the client was still reading, and the next
+/// request, sent as soon as the answer was read, met the close. It is
+/// answered, with `Connection: close`.
+#[hotloop::test(driver = "all")]
+fn a_stopping_hyper_server_lets_a_slow_reader_finish_before_the_quiet_time_counts(
+    driver: DriverKind,
+) {
+    const BODY: usize = 1 << 20;
+    let rt = runtime(driver, 1);
+    let quiet = Duration::from_millis(500);
+    let options = ServerOptions { drain_idle_quiet: quiet, ..ServerOptions::default() };
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", options, || {
+        service_fn(|_| async {
+            let body = Full::new(Bytes::from(vec![b'x'; BODY]));
+            Ok::<_, std::convert::Infallible>(Response::new(body))
+        })
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(16 * 1024).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s = TcpStream::from(sock);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    s.write_all(request).unwrap();
+    let (head, len) = read_head(&mut s);
+    assert!(head.starts_with("http/1.1 200") && !head.contains("connection: close"), "{head}");
+    assert_eq!(len, BODY, "{head}");
+    let drain = thread::spawn(move || server.drain_blocking(Duration::from_secs(10)));
+    // About 1 MiB/s: the answer takes twice the quiet time to read.
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut left = len;
+    while left > 0 {
+        let n = s.read(&mut buf[..left.min(16 * 1024)]).unwrap();
+        assert!(n > 0, "{driver:?}: closed with {left} bytes of the answer unread");
+        left -= n;
+        thread::sleep(Duration::from_millis(15));
+    }
+    // At once, as a keep-alive client does.
+    s.write_all(request).unwrap();
+    let (last, len) = read_head(&mut s);
+    assert!(last.starts_with("http/1.1 200"), "{driver:?}: the next request got {last:?}");
+    assert!(last.contains("connection: close"), "{driver:?}: {last}");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert_eq!(rest.len(), len, "{driver:?}: the last answer");
+    drop(s);
+    assert_eq!(drain.join().unwrap().cut, 0);
+}
+
+/// A quiet time at or above the drain's timeout (here the one
+/// `drain_blocking` is given) keeps a connection that was idle for longer
+/// than that before the stop: it is not closed before the drain's
+/// deadline, and its next request is answered with `Connection: close`.
+/// The quiet time counted from when the connection fell idle, so it was
+/// over at the stop, and the connection was closed at once.
+#[hotloop::test(driver = "all")]
+fn a_quiet_time_at_the_drains_timeout_keeps_a_connection_idle_since_before_the_stop(
+    driver: DriverKind,
+) {
+    let rt = runtime(driver, 1);
+    let quiet = Duration::from_secs(1);
+    let options = ServerOptions { drain_idle_quiet: quiet, ..ServerOptions::default() };
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", options, || {
+        service_fn(|_| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+        })
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(keep_alive_get(&mut s).starts_with("http/1.1 200"));
+    // Idle for longer than the quiet time, then the stop.
+    thread::sleep(quiet + Duration::from_millis(300));
+    let drain = thread::spawn(move || server.drain_blocking(quiet));
+    // Well inside the drain, and as far from its deadline.
+    thread::sleep(Duration::from_millis(200));
+    let last = keep_alive_get(&mut s);
+    assert!(last.starts_with("http/1.1 200"), "{driver:?}: the request got {last:?}");
+    assert!(last.contains("connection: close"), "{driver:?}: {last}");
+    assert_eq!(s.read(&mut [0u8; 8]).unwrap_or(0), 0, "closed after its last answer");
+    // The server's close lingers for the client's end, within the drain.
+    drop(s);
+    assert_eq!(drain.join().unwrap().cut, 0);
+}
+
 /// A body sent in two parts, the second `pause` after the first (a
 /// streamed answer whose head went out long before its end); `pause`
 /// zero sends one part.

@@ -20,8 +20,8 @@ use crate::drain;
 /// completion) uses it too, so no timer is filed per response.
 ///
 /// An idle wait also ends when the server stops (once the connection has
-/// been quiet for [`drain::idle_quiet`], and nothing is on its way:
-/// [`DeadlineRead::peeking`]): it checks [`drain::stopping`]
+/// been quiet for [`drain::idle_quiet`], and nothing is on its way either
+/// way: [`DeadlineRead::peeking`]): it checks [`drain::stopping`]
 /// whenever it is polled, and the stop wakes every task, so no wrapper
 /// future around each read and no registration is needed.
 pub(crate) struct ConnTimer {
@@ -46,7 +46,9 @@ impl ConnTimer {
     /// the result is `None` when `due` passed, the peer closed, the read
     /// failed, or (`idle`: a keep-alive connection between requests) the
     /// server is stopping and the connection has been quiet for
-    /// [`drain::idle_quiet`] since this wait began. What is ready is always
+    /// [`drain::idle_quiet`] since this wait began (or since its client
+    /// acknowledged the last answer's end, if that came later; never, with
+    /// no quiet time). What is ready is always
     /// taken first, so a request that arrives is answered (with
     /// `Connection: close`) rather than met by a close: the connection is
     /// closed only on a read that found nothing pending (and nothing on
@@ -171,7 +173,10 @@ impl<F> DeadlineRead<'_, F> {
     /// the kernel received since the wait began that have not reached it
     /// (in io_uring's buffer ring; a TLS record's first segments, which
     /// give no plaintext until the rest comes), mean the next request is
-    /// arriving, and the wait goes on.
+    /// arriving, and the wait goes on. So do bytes of the last answer the
+    /// client has not acknowledged: the last write returned once the
+    /// kernel took them, and a client reading slowly is still reading; the
+    /// quiet time then counts from its acknowledgement of the last byte.
     pub(crate) fn peeking(mut self, socket: InputProbe) -> Self {
         self.socket = Some(socket);
         self
@@ -180,9 +185,10 @@ impl<F> DeadlineRead<'_, F> {
     /// During a stop: true once the idle wait should end, the connection
     /// quiet for [`drain::idle_quiet`] since `since` and, with a socket to
     /// look into, its [`QuietCheck`] saying [`Quiet::Idle`]. Otherwise the
-    /// timer is filed for the next look.
+    /// timer is filed for the next look. Never without a quiet time (at or
+    /// above the drain timeout: the drain's deadline ends the wait).
     fn quiet_over(&mut self, cx: &mut std::task::Context<'_>, mut since: Instant) -> bool {
-        let quiet = drain::idle_quiet();
+        let Some(quiet) = drain::idle_quiet() else { return false };
         let mut looked = false;
         loop {
             // Never past the read's own deadline: the shared timer, moved
@@ -206,6 +212,12 @@ impl<F> DeadlineRead<'_, F> {
                 Quiet::Arriving => {
                     since = now;
                     self.idle_since = Some(now);
+                }
+                // The last answer is still on its way to the client, or got
+                // there `ago`: quiet from then.
+                Quiet::Delivering(ago) => {
+                    since = now.checked_sub(ago).unwrap_or(now).max(since);
+                    self.idle_since = Some(since);
                 }
                 Quiet::Confirm => {}
             }

@@ -91,8 +91,8 @@ impl ListenerSource {
 // Every call of the role's contract, forwarded to the backend in use.
 listener_calls!(define_face);
 
-/// A look into a stream socket's kernel receive queue, made from its
-/// source and used later, beside a read that borrows the source.
+/// A look into a stream socket's kernel queues, made from its source and
+/// used later, beside a read that borrows the source.
 pub(crate) enum StreamProbe {
     /// The descriptor of an epoll stream (a look after the stream closed
     /// fails with `EBADF`, or looks into whatever took the number).
@@ -116,6 +116,24 @@ impl StreamProbe {
         match self {
             StreamProbe::Epoll(fd) => sys::tcp_since_data_received(*fd),
             StreamProbe::Uring(p) => p.since_data_received(),
+        }
+    }
+
+    /// How long ago the peer's last acknowledgement arrived (see
+    /// [`sys::tcp_since_ack_received`]).
+    pub(crate) fn since_ack_received(&self) -> io::Result<std::time::Duration> {
+        match self {
+            StreamProbe::Epoll(fd) => sys::tcp_since_ack_received(*fd),
+            StreamProbe::Uring(p) => p.since_ack_received(),
+        }
+    }
+
+    /// The bytes written to the socket that the peer has not acknowledged
+    /// (see [`sys::unacknowledged_output`]).
+    pub(crate) fn unacknowledged_output(&self) -> io::Result<usize> {
+        match self {
+            StreamProbe::Epoll(fd) => sys::unacknowledged_output(*fd),
+            StreamProbe::Uring(p) => p.unacknowledged_output(),
         }
     }
 }

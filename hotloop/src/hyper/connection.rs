@@ -237,8 +237,9 @@ where
                     if !peeked && this.waits_for_client() {
                         peeked = true;
                         let now = Stamp::from_instant(crate::time::clock_now());
+                        let quiet_since = this.progress.last_moved();
                         let found = if this.told {
-                            let quiet_for = this.progress.last_moved().until(now);
+                            let quiet_for = quiet_since.until(now);
                             this.quiet.look(&this.probe, quiet_for)
                         } else if this.probe.pending().unwrap_or(false) {
                             Quiet::Arriving
@@ -248,6 +249,16 @@ where
                         match found {
                             Quiet::Arriving => {
                                 this.progress.stir_at(now);
+                                this.watch.resume();
+                                continue;
+                            }
+                            // The last answer is still on its way to the
+                            // client, which is still reading it: quiet
+                            // from when it all got there.
+                            Quiet::Delivering(ago) => {
+                                let clock = crate::time::clock_now();
+                                let at = clock.checked_sub(ago).unwrap_or(clock);
+                                this.progress.stir_at(Stamp::from_instant(at).max(quiet_since));
                                 this.watch.resume();
                                 continue;
                             }
@@ -451,11 +462,14 @@ where
     /// graceful shutdown is asked for only while a request is taken and
     /// not yet answered (its answer then says so). A connection between
     /// requests is parked instead, and closes once it has been quiet for
-    /// the server's [`StopSignal::idle_quiet`] on a read that found nothing (its next request,
-    /// if that comes first, is answered with `Connection: close`). One
-    /// whose answer is being written waits for it to end: its head already
-    /// said keep-alive, and hyper would close as soon as it is flushed,
-    /// while the client may already be sending its next request.
+    /// the server's [`StopSignal::idle_close_after`] on a read that found
+    /// nothing, counted from its client's acknowledgement of the last
+    /// answer's end if that came later (its next request, if that comes
+    /// first, is answered with `Connection: close`; with no quiet time it
+    /// is not closed for the stop). One whose answer is being written
+    /// waits for it to end: its head already said keep-alive, and hyper
+    /// would close as soon as it is flushed, while the client may already
+    /// be sending its next request.
     fn finish_on_stop(&mut self) -> bool {
         if self.hyper_told {
             return false;
@@ -504,8 +518,9 @@ where
         if self.told {
             // A stopping server's connection that waits for its client, with
             // hyper not yet told (parked, or after a request with a body),
-            // is finished once quiet.
-            let quiet_for = self.stopping.idle_quiet();
+            // is finished once quiet; never, with a quiet time at or above
+            // the drain's timeout (its deadline cuts it).
+            let quiet_for = self.stopping.idle_close_after()?;
             let quiet_end = self.progress.last_moved().after(quiet_for);
             // Or later, after a look that asked for a wait (`net::QuietCheck`).
             let next = Stamp::from_instant(self.quiet.next_look(quiet_end.instant()));

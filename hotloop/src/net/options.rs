@@ -140,19 +140,25 @@ pub struct ServerOptions {
     /// next request must have been quiet before it is closed (always on a
     /// read that finds nothing pending, and only if a
     /// [`QuietCheck`](super::QuietCheck) finds nothing on its way in the
-    /// kernel). A connection that became quiet
-    /// more recently waits for its next request, which is answered with
-    /// `Connection: close` (HTTP/2: the GOAWAY is sent at once, whatever
-    /// this is). Closing a connection on which a request is arriving races
-    /// it: the client sees its connection fail, and only a client that
-    /// retries gets its answer. At or above `drain_timeout`, no idle
-    /// connection is closed before the drain's deadline: each is closed
-    /// after answering its next request (haproxy's
-    /// `idle-close-on-response`), at the cost of a drain that lasts until
-    /// every such client has sent again or the deadline cuts it. Used by
-    /// [`serve_hyper`](crate::hyper::serve_hyper) and read through
-    /// [`StopSignal::idle_quiet`](super::StopSignal::idle_quiet). Default:
-    /// [`DRAIN_IDLE_QUIET`](super::DRAIN_IDLE_QUIET).
+    /// kernel, either way). Quiet counts from the connection's last
+    /// progress, or from its client's acknowledgement of the last answer's
+    /// end if that came later: a write returns once the kernel has taken
+    /// its bytes, and a client reading a long answer slowly is not idle.
+    /// A connection that became quiet more recently waits for its next
+    /// request, which is answered with `Connection: close` (HTTP/2: the
+    /// GOAWAY is sent at once, whatever this is). Closing a connection on
+    /// which a request is arriving races it: the client sees its
+    /// connection fail, and only a client that retries gets its answer. At
+    /// or above the drain's timeout (`drain_timeout`, or the one
+    /// [`Server::drain`](super::Server::drain) is given), no idle
+    /// connection is closed before the drain's deadline, however long it
+    /// was idle before the stop: each is closed after answering its next
+    /// request (haproxy's `idle-close-on-response`), at the cost of a
+    /// drain that lasts until every such client has sent again or the
+    /// deadline cuts it. Used by [`serve_hyper`](crate::hyper::serve_hyper)
+    /// and read through
+    /// [`StopSignal::idle_close_after`](super::StopSignal::idle_close_after).
+    /// Default: [`DRAIN_IDLE_QUIET`](super::DRAIN_IDLE_QUIET).
     pub drain_idle_quiet: Duration,
     /// Where the listening sockets may come from: a socket this
     /// [`Handover`] inherited (from a predecessor, or systemd) on the

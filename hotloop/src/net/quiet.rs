@@ -1,6 +1,6 @@
 //! [`QuietCheck`]: during a drain, tells a keep-alive connection that is
 //! quiet from one whose next request is on its way but has not reached
-//! its handler yet.
+//! its handler yet, or whose last answer has not reached its client.
 //!
 //! A drain closes a connection that waits for its client's next request
 //! once nothing has moved for the server's quiet time
@@ -19,21 +19,34 @@
 //! (the peek), and how long ago the peer's last data arrived
 //! (`TCP_INFO`'s `tcpi_last_data_recv`), which counts bytes already handed
 //! on as well. Data that came after the handler last saw progress is a
-//! request on its way. A look that finds nothing is made once more a
+//! request on its way.
+//!
+//! The other way, a handler's last progress is its last write, which
+//! returns once the kernel has taken the bytes: to a client that reads
+//! slowly, megabytes of the answer may still be unsent then, and a quiet
+//! time counted from that write ran out while the client was still
+//! reading, so its next request met the close. So a look also asks what
+//! the client has not acknowledged (`SIOCOUTQ`): while anything has not,
+//! the connection is not quiet, and once all has, its quiet time counts
+//! from the last acknowledgement (`TCP_INFO`'s `tcpi_last_ack_recv`: the
+//! last bytes' own, or a window update the client's reads sent after its
+//! receive buffer had filled), when that came after the handler's last
+//! progress. A look that finds nothing is made once more a
 //! little later ([`QuietCheck::CONFIRM_AFTER`]), after at least one turn of
 //! the worker's loop, so that a completion already in the ring reaches the
-//! read first. The check costs two system calls per look, and looks come
-//! only when a stopping server's connection has been quiet for the quiet
-//! time: nothing on a request's path.
+//! read first. The check costs up to four system calls per look, and
+//! looks come only when a stopping server's connection has been quiet for
+//! the quiet time: nothing on a request's path.
 
 use std::time::{Duration, Instant};
 
 use super::InputProbe;
 
-/// The kernel counts the time since a connection's last data in its
-/// ticks (1 to 10 ms), and a handler dates its last progress from the
-/// loop's reading of the clock at the start of a turn: data is taken as
-/// new only if it came this much after that progress. A request's first
+/// The kernel counts the time since a connection's last data (and last
+/// acknowledgement) in its ticks (1 to 10 ms), and a handler dates its
+/// last progress from the loop's reading of the clock at the start of a
+/// turn: data is taken as new only if it came this much after that
+/// progress (an acknowledgement the same). A request's first
 /// bytes that come sooner than this after the last answer, and its last
 /// ones only after the quiet time, are not told from the last request
 /// (a client that slow between two segments of one request is rare); a
@@ -48,6 +61,12 @@ pub enum Quiet {
     /// since the connection's last progress): the connection is not
     /// quiet, and its quiet time starts again now.
     Arriving,
+    /// The last answer is still on its way to the client (bytes it has not
+    /// acknowledged: the quiet time starts again now, and `Duration::ZERO`
+    /// is carried), or all of it was acknowledged only this long ago,
+    /// after the connection's last progress: the client may still be
+    /// reading it, and the quiet time counts from then.
+    Delivering(Duration),
     /// Nothing was found: look once more at
     /// [`QuietCheck::next_look`], which lets a turn of the loop pass.
     Confirm,
@@ -105,30 +124,37 @@ impl QuietCheck {
     /// Looks into the connection's socket (`probe`) once its handler has
     /// seen nothing move for `quiet_for` (at least the quiet time). On
     /// [`Quiet::Arriving`] the caller starts the quiet time again from
-    /// now; on [`Quiet::Confirm`] it looks again at
+    /// now, on [`Quiet::Delivering`] from as long ago as it says; on
+    /// [`Quiet::Confirm`] it looks again at
     /// [`next_look`](Self::next_look); on [`Quiet::Idle`] it closes. A look
     /// after progress (`quiet_for` shorter than the time since the last
     /// look) starts over, with a confirmation of its own.
     ///
     /// Where the kernel says nothing of the connection's last data (not
     /// TCP, or the socket gone), the peek decides alone; a peek that fails
-    /// finds nothing.
+    /// finds nothing, and so does a question about the output that fails.
     pub fn look(&mut self, probe: &InputProbe, quiet_for: Duration) -> Quiet {
-        let arriving = arriving(probe, quiet_for);
-        self.judge(arriving, quiet_for, Instant::now())
+        let found = if arriving(probe, quiet_for) {
+            Some(Quiet::Arriving)
+        } else {
+            delivering(probe, quiet_for).map(Quiet::Delivering)
+        };
+        self.judge(found, quiet_for, Instant::now())
     }
 
-    /// [`look`](Self::look)'s verdict on what it found, at `now`.
-    fn judge(&mut self, arriving: bool, quiet_for: Duration, now: Instant) -> Quiet {
+    /// [`look`](Self::look)'s verdict on what it found (`None`: nothing),
+    /// at `now`.
+    fn judge(&mut self, found: Option<Quiet>, quiet_for: Duration, now: Instant) -> Quiet {
+        let arriving = found.is_some();
         // Quiet since before the last look: nothing moved in between.
         let unmoved =
             self.last_look(now).is_some_and(|at| quiet_for >= now.saturating_duration_since(at));
         let found_nothing_before = self.last & 1 == 1;
         self.last = Millis::up(now) << 1 | u32::from(!arriving);
-        match (arriving, found_nothing_before && unmoved) {
-            (true, _) => Quiet::Arriving,
-            (false, true) => Quiet::Idle,
-            (false, false) => Quiet::Confirm,
+        match (found, found_nothing_before && unmoved) {
+            (Some(found), _) => found,
+            (None, true) => Quiet::Idle,
+            (None, false) => Quiet::Confirm,
         }
     }
 
@@ -180,6 +206,16 @@ fn arriving(probe: &InputProbe, quiet_for: Duration) -> bool {
         || probe.since_data_received().is_ok_and(|since| data_is_new(since, quiet_for))
 }
 
+/// If the connection's output has not all reached the peer, or did only
+/// after the handler's last progress (`quiet_for` ago): how long ago it
+/// did (zero while it has not).
+fn delivering(probe: &InputProbe, quiet_for: Duration) -> Option<Duration> {
+    if probe.unacknowledged_output().is_ok_and(|queued| queued > 0) {
+        return Some(Duration::ZERO);
+    }
+    probe.since_ack_received().ok().filter(|&since| data_is_new(since, quiet_for))
+}
+
 /// Whether data the kernel received `since_data` ago came after progress
 /// `quiet_for` ago, allowing for the kernel's tick.
 fn data_is_new(since_data: Duration, quiet_for: Duration) -> bool {
@@ -197,27 +233,35 @@ mod tests {
         let t0 = Instant::now();
         let mut check = QuietCheck::new();
         assert_eq!(check.next_look(t0), t0);
-        assert_eq!(check.judge(false, ms(1000), t0), Quiet::Confirm);
+        assert_eq!(check.judge(None, ms(1000), t0), Quiet::Confirm);
         let next = check.next_look_at(t0, t0 + ms(1));
         assert!(next >= t0 + QuietCheck::CONFIRM_AFTER, "{:?}", next - t0);
         assert!(next <= t0 + QuietCheck::CONFIRM_AFTER + ms(1), "{:?}", next - t0);
-        assert_eq!(check.judge(false, ms(1002), t0 + ms(2)), Quiet::Idle);
+        assert_eq!(check.judge(None, ms(1002), t0 + ms(2)), Quiet::Idle);
 
         // Bytes on their way, then nothing: confirmed anew.
         let mut check = QuietCheck::new();
-        assert_eq!(check.judge(false, ms(1000), t0), Quiet::Confirm);
-        assert_eq!(check.judge(true, ms(1002), t0 + ms(2)), Quiet::Arriving);
+        assert_eq!(check.judge(None, ms(1000), t0), Quiet::Confirm);
+        assert_eq!(check.judge(Some(Quiet::Arriving), ms(1002), t0 + ms(2)), Quiet::Arriving);
         // Not looked at again before a turn has passed, whatever the quiet time.
         assert!(check.next_look_at(t0, t0 + ms(3)) >= t0 + ms(2) + QuietCheck::CONFIRM_AFTER);
-        assert_eq!(check.judge(false, ms(1000), t0 + ms(1002)), Quiet::Confirm);
-        assert_eq!(check.judge(false, ms(1004), t0 + ms(1004)), Quiet::Idle);
+        assert_eq!(check.judge(None, ms(1000), t0 + ms(1002)), Quiet::Confirm);
+        assert_eq!(check.judge(None, ms(1004), t0 + ms(1004)), Quiet::Idle);
 
         // Progress between two looks (the handler's quiet began after the
         // first): the second is a first look again.
         let mut check = QuietCheck::new();
-        assert_eq!(check.judge(false, ms(1000), t0), Quiet::Confirm);
-        assert_eq!(check.judge(false, ms(1), t0 + ms(5)), Quiet::Confirm);
-        assert_eq!(check.judge(false, ms(8), t0 + ms(10)), Quiet::Idle);
+        assert_eq!(check.judge(None, ms(1000), t0), Quiet::Confirm);
+        assert_eq!(check.judge(None, ms(1), t0 + ms(5)), Quiet::Confirm);
+        assert_eq!(check.judge(None, ms(8), t0 + ms(10)), Quiet::Idle);
+
+        // An answer still on its way: said as it is, and nothing after it
+        // is confirmed anew.
+        let mut check = QuietCheck::new();
+        let on_its_way = Quiet::Delivering(Duration::ZERO);
+        assert_eq!(check.judge(Some(on_its_way), ms(1000), t0), on_its_way);
+        assert_eq!(check.judge(None, ms(1000), t0 + ms(1000)), Quiet::Confirm);
+        assert_eq!(check.judge(None, ms(1002), t0 + ms(1002)), Quiet::Idle);
         assert_eq!(std::mem::size_of::<QuietCheck>(), 4);
     }
 

@@ -88,8 +88,10 @@ const RECHECK_MAX: usize = 64;
 /// During a drain, by default ([`ServerOptions::drain_idle_quiet`]), how
 /// long a keep-alive connection between requests must have been quiet
 /// before it is closed (and then only if a [`QuietCheck`](super::QuietCheck)
-/// of its socket, made twice a loop turn apart, finds no bytes in it and
-/// none received since its last progress). A client that just had an answer is
+/// of its socket, made twice a loop turn apart, finds no bytes in it, none
+/// received since its last progress, and none written that the client has
+/// not acknowledged; quiet counts from that acknowledgement if it came
+/// after the last progress). A client that just had an answer is
 /// likely sending its next request: closing then would race it (the
 /// request meets a closed socket, and the client sees the connection fail
 /// instead of an answer with `Connection: close`). A connection idle for
@@ -164,6 +166,10 @@ struct ServerShared {
     rechecks: AtomicU64,
     /// [`ServerOptions::drain_idle_quiet`].
     drain_idle_quiet: Duration,
+    /// The timeout of the drain under way or to come, in milliseconds:
+    /// [`ServerOptions::drain_timeout`] until a drain with a timeout of its
+    /// own begins (see [`ServerShared::idle_close_after`]).
+    drain_timeout_ms: AtomicU64,
 }
 
 /// What a drain waits for.
@@ -294,6 +300,18 @@ impl ServerShared {
         true
     }
 
+    /// During a drain, how long a connection waiting for its client's next
+    /// request must have been quiet before it is closed; `None` when the
+    /// quiet time is at or above the drain's timeout, which promises that
+    /// no idle connection is closed before the drain's deadline (each is
+    /// closed after answering its next request, or cut at the deadline).
+    /// Counted from the connection's last progress, the quiet time would
+    /// be over at once for a connection idle that long before the stop.
+    fn idle_close_after(&self) -> Option<Duration> {
+        let timeout = Duration::from_millis(self.drain_timeout_ms.load(Ordering::Acquire));
+        (self.drain_idle_quiet < timeout).then_some(self.drain_idle_quiet)
+    }
+
     /// True once the server was told to stop (no waker filed).
     fn is_stopped(&self) -> bool {
         self.stopped_now.load(Ordering::Acquire)
@@ -380,6 +398,17 @@ impl StopSignal {
     pub fn idle_quiet(&self) -> Duration {
         self.local.server.drain_idle_quiet
     }
+
+    /// [`idle_quiet`](Self::idle_quiet) as this drain applies it: `None`
+    /// when it is at or above the drain's timeout
+    /// ([`ServerOptions::drain_timeout`], or the one [`Server::drain`] was
+    /// given), where no connection is closed for being idle before the
+    /// drain's deadline, however long it was idle before the stop; each is
+    /// closed after answering its next request (haproxy's
+    /// `idle-close-on-response`), or cut at the deadline.
+    pub fn idle_close_after(&self) -> Option<Duration> {
+        self.local.server.idle_close_after()
+    }
 }
 
 impl std::fmt::Debug for StopSignal {
@@ -397,6 +426,11 @@ impl Stopping {
     /// [`StopSignal::idle_quiet`].
     pub fn idle_quiet(&self) -> Duration {
         self.local.server.drain_idle_quiet
+    }
+
+    /// [`StopSignal::idle_close_after`].
+    pub fn idle_close_after(&self) -> Option<Duration> {
+        self.local.server.idle_close_after()
     }
 }
 
@@ -677,6 +711,7 @@ where
         watch_changed: Condvar::new(),
         rechecks: AtomicU64::new(0),
         drain_idle_quiet: server_options.drain_idle_quiet,
+        drain_timeout_ms: AtomicU64::new(millis(server_options.drain_timeout)),
     });
     let handover = match &server_options.handover {
         Some(h) => {
@@ -758,6 +793,11 @@ where
         drain_timeout: server_options.drain_timeout,
         handover,
     })
+}
+
+/// `d` in whole milliseconds (saturating).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The connection limits of one server.
@@ -1197,6 +1237,8 @@ impl<A> Server<A> {
             "server on {}: draining ({why}): {open} connections open, cut after {timeout:?}",
             self.label
         ));
+        // Before the stop, whose wake-up the handlers read it after.
+        self.shared.drain_timeout_ms.store(millis(timeout), Ordering::Release);
         self.shared.stop();
         (Instant::now(), open)
     }

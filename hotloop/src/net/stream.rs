@@ -315,11 +315,12 @@ impl TcpStream {
         in_kernel
     }
 
-    /// A probe of this connection's kernel receive queue, to be used while
-    /// a read of the stream is in flight (the read borrows the stream; the
-    /// probe does not). A drain uses it to tell an idle keep-alive
-    /// connection from one whose next request is arriving (see
-    /// [`input_pending`](super::input_pending)). Making one costs nothing
+    /// A probe of this connection's kernel queues, to be used while a read
+    /// of the stream is in flight (the read borrows the stream; the probe
+    /// does not). A drain uses it to tell an idle keep-alive connection
+    /// from one whose next request is arriving (see
+    /// [`input_pending`](super::input_pending)), or whose last answer is
+    /// still on its way to the client. Making one costs nothing
     /// on either driver: an io_uring direct socket gets a plain descriptor
     /// only if the probe is used.
     pub fn input_probe(&self) -> InputProbe {
@@ -327,7 +328,8 @@ impl TcpStream {
     }
 }
 
-/// A look into a TCP connection's kernel receive queue, made by
+/// A look into a TCP connection's kernel queues (what came in and has not
+/// been read; what went out and has not been acknowledged), made by
 /// [`TcpStream::input_probe`]. It does not keep the connection open.
 pub struct InputProbe(crate::driver::StreamProbe);
 
@@ -352,6 +354,27 @@ impl InputProbe {
     /// An error once the stream has closed, as `pending`'s.
     pub fn since_data_received(&self) -> io::Result<std::time::Duration> {
         self.0.since_data_received()
+    }
+
+    /// The bytes written to the connection that the peer has not
+    /// acknowledged yet (`ioctl(SIOCOUTQ)`): still in the kernel's send
+    /// queue, or sent and unacknowledged. A write returns once the kernel
+    /// has taken its bytes, and to a client that reads slowly megabytes
+    /// of an answer may still be on their way then. Bytes an io_uring
+    /// stream holds in its write-behind buffer are not counted (a flush
+    /// hands them to the kernel). An error once the stream has closed, as
+    /// [`pending`](Self::pending)'s.
+    pub fn unacknowledged_output(&self) -> io::Result<usize> {
+        self.0.unacknowledged_output()
+    }
+
+    /// How long ago the peer's last acknowledgement arrived (`TCP_INFO`'s
+    /// `tcpi_last_ack_recv`), in the kernel's milliseconds and ticks: the
+    /// last of this side's bytes reaching the peer, or a window update
+    /// its reads sent after its receive buffer had filled. An error once
+    /// the stream has closed, as [`pending`](Self::pending)'s.
+    pub fn since_ack_received(&self) -> io::Result<std::time::Duration> {
+        self.0.since_ack_received()
     }
 }
 

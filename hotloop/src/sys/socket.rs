@@ -611,6 +611,28 @@ pub(crate) fn tcp_since_data_received(fd: RawFd) -> io::Result<std::time::Durati
     Ok(std::time::Duration::from_millis(u64::from(u32::from_ne_bytes(ms))))
 }
 
+/// How long ago the last acknowledgement from the peer of a TCP connection
+/// arrived (`tcpi_last_ack_recv` of `TCP_INFO`), as the kernel counts it:
+/// in whole milliseconds, from its tick (1 to 10 ms). Every segment the
+/// peer sends carries one: those that acknowledge this side's data, and
+/// the window updates its reads send once its receive buffer was full.
+pub(crate) fn tcp_since_ack_received(fd: RawFd) -> io::Result<std::time::Duration> {
+    // `tcpi_last_ack_recv` is the `u32` after `tcpi_last_data_recv` (byte 56).
+    let mut ms = [0u8; 4];
+    tcp_info_field(fd, 56, &mut ms, "tcpi_last_ack_recv")?;
+    Ok(std::time::Duration::from_millis(u64::from(u32::from_ne_bytes(ms))))
+}
+
+/// The bytes written to a connected TCP socket that its peer has not
+/// acknowledged yet, sent or still queued (`ioctl(SIOCOUTQ)`, which is
+/// `TIOCOUTQ` on Linux): 0 once everything written has reached the peer.
+pub(crate) fn unacknowledged_output(fd: RawFd) -> io::Result<usize> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one `int` through the pointer, which is live.
+    cvt(unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued as *mut libc::c_int) })?;
+    Ok(usize::try_from(queued).unwrap_or(0))
+}
+
 /// Copies the bytes of `TCP_INFO` from `at` into `out`; `Unsupported`
 /// (naming the field, `what`) if the kernel's `struct tcp_info` ends
 /// before them.

@@ -37,7 +37,7 @@ use crate::driver::park::not_running;
 use crate::slab::Key;
 use crate::sys;
 
-/// A look into a stream socket's kernel receive queue, made while the
+/// A look into a stream socket's kernel queues, made while the
 /// stream lives and kept beside a read of it (see
 /// [`StreamSource::probe`]). It holds neither the socket nor the driver:
 /// a direct socket gets its plain descriptor only when a look is asked
@@ -64,6 +64,26 @@ impl StreamProbe {
             return Err(io::ErrorKind::NotConnected.into());
         };
         sys::tcp_since_data_received(driver.plain_fd(&fd)?)
+    }
+
+    /// How long ago the peer's last acknowledgement arrived, as the kernel
+    /// counts it; `NotConnected` once the socket has closed.
+    pub(crate) fn since_ack_received(&self) -> io::Result<std::time::Duration> {
+        let (Some(fd), Some(driver)) = (self.fd.upgrade(), self.driver.upgrade()) else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        sys::tcp_since_ack_received(driver.plain_fd(&fd)?)
+    }
+
+    /// The bytes in the kernel's send queue the peer has not acknowledged;
+    /// `NotConnected` once the socket has closed. Bytes a borrowed-slice
+    /// write left in the write-behind buffer are not there yet: a flush
+    /// waits for them (see `write_behind.rs`).
+    pub(crate) fn unacknowledged_output(&self) -> io::Result<usize> {
+        let (Some(fd), Some(driver)) = (self.fd.upgrade(), self.driver.upgrade()) else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        sys::unacknowledged_output(driver.plain_fd(&fd)?)
     }
 }
 
