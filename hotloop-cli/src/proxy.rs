@@ -102,7 +102,8 @@ pub struct ProxyArgs {
     /// no byte has moved in either direction for this long, writes blocked
     /// on a peer that does not read included (haproxy's `timeout tunnel`),
     /// milliseconds (0: never). http: a client connection with nothing
-    /// moving for this long is closed.
+    /// moving for this long is closed, but not while a backend owes one of
+    /// its requests the answer (the group's timeouts bound that).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
     /// http: a client's request head must arrive whole within this long,
@@ -110,7 +111,9 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
     /// http: cut a client connection whose write has made no progress for
-    /// this long (the client does not read), milliseconds (0: never).
+    /// this long (the client does not read); an HTTP/2 stream whose answer
+    /// has waited this long for flow-control window is reset and its
+    /// backend connection closed. Milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub send_timeout_ms: u64,
     /// http: serve clients over TLS with this certificate chain (PEM), ALPN h2 and http/1.1.

@@ -64,7 +64,8 @@ pub struct ServeArgs {
     /// Idle timeout (echo, http, hyper, static; quic and h3: QUIC's idle
     /// timeout): close a connection when nothing has moved in either
     /// direction for this long, whether it waits to read or to write
-    /// (hyper over HTTP/2: GOAWAY, then close), milliseconds (0: never).
+    /// (hyper over HTTP/2: GOAWAY, then close; hyper: not while the
+    /// service owes an answer), milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
     /// Header timeout (http, static; hyper over HTTP/1.1): a request head must
@@ -77,7 +78,9 @@ pub struct ServeArgs {
     /// Send timeout (echo, http, hyper, static; quic resets the stream): close a
     /// connection when a write has made no progress for this long, because
     /// the client does not read (nginx's `send_timeout`); a shorter idle
-    /// timeout closes it sooner. Milliseconds (0: never).
+    /// timeout closes it sooner. hyper over HTTP/2: a stream whose answer
+    /// has waited this long for flow-control window is reset. Milliseconds
+    /// (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub send_timeout_ms: u64,
     /// HTTP: the most headers a request may carry; more gets 431.

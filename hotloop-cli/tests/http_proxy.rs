@@ -1664,3 +1664,124 @@ fn a_borrow_cancelled_by_its_client_keeps_the_connection(driver: DriverKind) {
     assert_eq!((n("lent"), n("borrowed")), (40, 40));
     assert_eq!((n("open"), n("pool_idle"), n("connects")), (1, 1, 1));
 }
+
+// ------------------------------------- a client that never opens its window
+
+/// An HTTP/2 client that gives the proxy no flow-control window
+/// (`INITIAL_WINDOW_SIZE` 0, no `WINDOW_UPDATE`) and opens `streams`
+/// streams, with a PING every 200 ms so the connection is never idle.
+/// Returns how long each stream took to be reset (`None`: not within 10 s),
+/// and whether `settled` came true within 3 s after that, the connection
+/// still open and pinging.
+pub(crate) fn windowless_h2_client(
+    addr: SocketAddr,
+    streams: u32,
+    settled: impl FnMut() -> bool,
+) -> (Vec<Option<Duration>>, bool) {
+    let mut r = TcpStream::connect(addr).unwrap();
+    r.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let w = Arc::new(Mutex::new(r.try_clone().unwrap()));
+    // The preface, SETTINGS with SETTINGS_INITIAL_WINDOW_SIZE (4) of 0,
+    // then the requests.
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    let mut raw = RawH2 { s: r.try_clone().unwrap(), next_stream: 1 };
+    for _ in 0..streams {
+        out.extend_from_slice(&raw.request().1);
+    }
+    w.lock().unwrap().write_all(&out).unwrap();
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = {
+        let (w, stop) = (w.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
+                let _ = w.lock().unwrap().write_all(&h2_frame(6, 0, 0, &[7; 8]));
+            }
+        })
+    };
+    let mut reset = vec![None; streams as usize];
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while start.elapsed() < Duration::from_secs(10) && reset.iter().any(Option::is_none) {
+        match r.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => break,
+        }
+        while buf.len() >= 9 {
+            let len = u32::from_be_bytes([0, buf[0], buf[1], buf[2]]) as usize;
+            if buf.len() < 9 + len {
+                break;
+            }
+            let (kind, flags) = (buf[3], buf[4]);
+            let stream = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) & 0x7fff_ffff;
+            if kind == 4 && flags & 1 == 0 {
+                let _ = w.lock().unwrap().write_all(&h2_frame(4, 1, 0, &[]));
+            }
+            if kind == 3 && stream % 2 == 1 {
+                reset[(stream / 2) as usize].get_or_insert(start.elapsed());
+            }
+            buf.drain(..9 + len);
+        }
+    }
+    let settled = wait_until(Duration::from_secs(3), settled);
+    stop.store(true, SeqCst);
+    pinger.join().unwrap();
+    (reset, settled)
+}
+
+/// A client that gives no flow-control window holds no backend connection
+/// for long: each stream whose answer has waited for window for the send
+/// timeout is reset, and its backend connection closed (the PINGs keep
+/// the connection from being idle, and no write waits on the socket).
+#[hotloop::test(driver = "all")]
+fn a_stream_the_client_gives_no_window_is_reset_at_the_send_timeout(driver: DriverKind) {
+    let big = "x".repeat(1 << 20);
+    let a = Backend::start(move |_| Reply::ok(&big));
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\n", a.addr());
+    let (_p, addr, st) =
+        with_config(driver, &config, &["--workers", "1", "--send-timeout-ms", "500"]);
+    let (reset, closed) = windowless_h2_client(addr, 4, || stat(st, "backend_g_0_open") == 0);
+    let open = stat(st, "backend_g_0_open");
+    for (i, took) in reset.iter().enumerate() {
+        let took = took.unwrap_or_else(|| {
+            panic!("stream {} not reset; {open} backend connections open", 2 * i + 1)
+        });
+        assert!(took < Duration::from_secs(4), "stream {} reset after {took:?}", 2 * i + 1);
+    }
+    assert!(closed, "{open} backend connections still open");
+    assert_eq!(a.seen().len(), 4);
+}
+
+/// The client idle timeout does not run while the backend owes the
+/// answer: a group's header timeout above it takes effect, over HTTP/1.1
+/// and HTTP/2; a kept-alive HTTP/1.1 connection idle after its answer
+/// still closes at the idle timeout.
+#[hotloop::test(driver = "all")]
+fn the_idle_timeout_waits_while_the_backend_owes_the_answer(driver: DriverKind) {
+    let slow =
+        Backend::start(|_| Reply { delay: Duration::from_millis(2500), ..Reply::ok("late") });
+    let config =
+        format!("[groups.g]\nbackends = [\"{}\"]\nheader_timeout_ms = 5000\n", slow.addr());
+    let (_p, addr, _) =
+        with_config(driver, &config, &["--workers", "1", "--idle-timeout-ms", "1000"]);
+    let h2 = std::thread::spawn(move || RawH2::connect(addr).get());
+    let mut c = Client::connect(addr);
+    let r = c.send(&get("t", "/")).expect("an answer, not a cut");
+    assert_eq!((r.status, r.text().as_str()), (200, "late"));
+    let idle = Instant::now();
+    assert!(c.closed(), "the idle connection was not closed");
+    let waited = idle.elapsed();
+    assert!(waited > Duration::from_millis(700) && waited < Duration::from_secs(4), "{waited:?}");
+    assert_eq!(h2.join().unwrap(), b"late");
+}

@@ -229,3 +229,22 @@ fn a_lingering_close_reads_the_client_to_its_end(driver: DriverKind) {
         "{driver}: the answer was cut short"
     );
 }
+
+/// An HTTP/2 client that gives no flow-control window and pings every
+/// 200 ms: each stream whose answer has waited for window for the send
+/// timeout is reset.
+#[hotloop::test(driver = "all")]
+fn a_stream_the_client_gives_no_window_is_reset_at_the_send_timeout(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let extra = ["--body-size", "1048576", "--send-timeout-ms", "500"];
+    let (_p, addr, _stats, _) = start(driver, false, &extra);
+    let (reset, _) = crate::http_proxy::windowless_h2_client(addr, 4, || true);
+    for (i, took) in reset.iter().enumerate() {
+        let took = took.unwrap_or_else(|| panic!("{driver}: stream {} not reset", 2 * i + 1));
+        assert!(
+            took < Duration::from_secs(4),
+            "{driver}: stream {} reset after {took:?}",
+            2 * i + 1
+        );
+    }
+}

@@ -42,7 +42,8 @@ use hyper::{Request, Response};
 use super::deadline::{
     Deadlines, Expiry, HeadTimer, Polling, Progress, Socket, Stamp, TimedIo, Watch, LINGER,
 };
-use super::rt::{HotloopExecutor, HotloopTimer};
+use super::rt::HotloopTimer;
+use super::stream::{Answers, StreamExecutor, Streams};
 use super::tracked::{Rewind, Tracked};
 use super::upgrade::Upgraded;
 use crate::net::{Quiet, QuietCheck, StopSignal, Stopping};
@@ -60,12 +61,19 @@ enum Protocol {
 
 type Io<I> = Rewind<TimedIo<I>>;
 
+/// hyper's HTTP/2 connection as served here.
+type Http2<I, T> = http2::Connection<Io<I>, Answers<T>, StreamExecutor>;
+
 /// Where a connection is.
-enum Phase<I: Socket, T: HttpService<Incoming>> {
+enum Phase<I: Socket, T: HttpService<Incoming>>
+where
+    Answers<T>: HttpService<Incoming>,
+{
     /// No hyper state: waiting for the client's next bytes.
     Parked(Parked<I, T>),
     Http1(Pin<Box<http1::Connection<Io<I>, T>>>),
-    Http2(Pin<Box<http2::Connection<Io<I>, T, HotloopExecutor>>>),
+    /// With its open streams.
+    Http2(Pin<Box<Http2<I, T>>>, Streams),
     /// Ended without hyper state: shutting the write side down (a TLS
     /// stream sends its close_notify).
     Closing(TimedIo<I>),
@@ -136,6 +144,7 @@ pub(super) struct ServeConnection<I, S>
 where
     I: Socket,
     Tracked<S>: HttpService<Incoming>,
+    Answers<Tracked<S>>: HttpService<Incoming>,
 {
     phase: Phase<I, Tracked<S>>,
     stopping: Stopping,
@@ -163,6 +172,7 @@ impl<I, S> Drop for ServeConnection<I, S>
 where
     I: Socket,
     Tracked<S>: HttpService<Incoming>,
+    Answers<Tracked<S>>: HttpService<Incoming>,
 {
     fn drop(&mut self) {
         if self.progress.upgrade() {
@@ -218,6 +228,7 @@ where
                     continue;
                 }
             }
+            this.progress.set_owed(this.owes_answer());
             match this.watch.poll(cx, &this.progress, &this.deadlines, phase) {
                 None => return Poll::Pending,
                 Some(Expiry::Release) => this.release(),
@@ -304,7 +315,7 @@ where
                         return Poll::Ready(());
                     }
                 }
-                Phase::Http2(conn) => return conn.as_mut().poll(cx).map(drop),
+                Phase::Http2(conn, _) => return conn.as_mut().poll(cx).map(drop),
                 Phase::Tunnel(tunnel) => return tunnel.as_mut().poll(cx),
                 Phase::Closing(io) => {
                     let _ = std::task::ready!(Pin::new(&mut io.io).poll_shutdown(cx));
@@ -371,15 +382,19 @@ where
         self.phase = match parked.protocol {
             Some(Protocol::Http2) => {
                 self.progress.set_http2();
-                let mut builder = http2::Builder::new(HotloopExecutor);
+                let streams = Streams::default();
+                let mut builder = http2::Builder::new(StreamExecutor::new(
+                    streams.clone(),
+                    self.deadlines.send(),
+                ));
                 builder.timer(HotloopTimer);
-                let mut conn = Box::pin(builder.serve_connection(io, parked.service));
+                let mut conn = Box::pin(builder.serve_connection(io, Answers(parked.service)));
                 if self.told {
                     conn.as_mut().graceful_shutdown();
                     self.progress.set_going_away();
                     self.hyper_told = true;
                 }
-                Phase::Http2(conn)
+                Phase::Http2(conn, streams)
             }
             _ => {
                 // What is left of the header-read timeout, counted from the
@@ -438,7 +453,7 @@ where
                 conn.as_mut().graceful_shutdown();
                 self.hyper_told = true;
             }
-            Phase::Http2(conn) => {
+            Phase::Http2(conn, _) => {
                 conn.as_mut().graceful_shutdown();
                 self.progress.set_going_away();
                 self.hyper_told = true;
@@ -483,7 +498,7 @@ where
                 self.finish();
                 true
             }
-            Phase::Http2(_) => {
+            Phase::Http2(..) => {
                 self.finish();
                 true
             }
@@ -497,6 +512,21 @@ where
         match &self.phase {
             Phase::Parked(_) => true,
             Phase::Http1(_) => self.progress.between_requests(),
+            _ => false,
+        }
+    }
+
+    /// True while the service owes a request its answer and waits on
+    /// nothing from the client: HTTP/1.1 with a request taken and no read
+    /// or write waiting, HTTP/2 with a stream open. The idle timeout does
+    /// not run then (nginx's client timeouts do not run while it waits on
+    /// its upstream either); the header-read and send timeouts still bound
+    /// a client that stalls, and HTTP/2 streams have a send deadline of
+    /// their own (`stream.rs`).
+    fn owes_answer(&self) -> bool {
+        match &self.phase {
+            Phase::Http1(_) => self.progress.serving(),
+            Phase::Http2(_, streams) => streams.open(),
             _ => false,
         }
     }

@@ -209,6 +209,9 @@ const UPGRADE: u8 = 8;
 /// [`Progress::ends`]: the server stops and hyper has not been told yet
 /// (an answer is in flight, its head said keep-alive).
 const STOP_PENDING: u8 = 16;
+/// [`Progress::ends`]: the service owes an answer and nothing waits on the
+/// client (see `ServeConnection::owes_answer`): the idle timeout waits.
+const OWED: u8 = 32;
 
 /// What a connection's I/O and its service record (see the module notes),
 /// in the loop's clock.
@@ -239,8 +242,8 @@ pub(super) struct Progress {
     /// the reads the lingering close has dropped (see [`TimedIo`]).
     linger: Cell<u8>,
     /// [`HTTP2`], [`GOING_AWAY`], [`ENDED`] (see
-    /// [`Progress::mute_after_end`]), [`UPGRADE`] and [`STOP_PENDING`]: one byte, so the
-    /// record stays 32.
+    /// [`Progress::mute_after_end`]), [`UPGRADE`], [`STOP_PENDING`] and
+    /// [`OWED`]: one byte, so the record stays 32.
     ends: Cell<u8>,
 }
 
@@ -292,6 +295,29 @@ impl Progress {
             && !self.bodied.get()
             && self.write_waiting.get() == Stamp::NONE
             && !self.flush_waited.get()
+    }
+
+    /// Sets or clears [`OWED`].
+    pub(super) fn set_owed(&self, on: bool) {
+        let ends = self.ends.get();
+        self.ends.set(if on { ends | OWED } else { ends & !OWED });
+    }
+
+    /// Whether the service owes an answer and nothing waits on the client.
+    fn owed(&self) -> bool {
+        self.ends.get() & OWED != 0
+    }
+
+    /// HTTP/1.1: true while a request is being served: no read waits for
+    /// the client, no write or flush waits, and the close does not linger.
+    /// hyper reads the next head as soon as an answer has ended (and a
+    /// request's body only while the service asks for it), so a read that
+    /// does not wait means a request is taken and its answer not done.
+    pub(super) fn serving(&self) -> bool {
+        !self.read_waiting.get()
+            && self.write_waiting.get() == Stamp::NONE
+            && !self.flush_waited.get()
+            && self.linger.get() == 0
     }
 
     /// The connection turned out to speak HTTP/2.
@@ -819,7 +845,9 @@ impl Watch {
             let grace = (self.cut_at, Expiry::Cut);
             return Some(send.filter(|s| s.0 < grace.0).unwrap_or(grace));
         }
-        let idle = d.idle().map(|t| {
+        // While the service owes an answer the idle timeout waits; a write
+        // that waits is still cut at it.
+        let idle = d.idle().filter(|_| waiting.is_some() || !progress.owed()).map(|t| {
             // A write stalled that long is cut: a GOAWAY could not go out.
             let expiry = if waiting.is_some() { Expiry::Cut } else { Expiry::Idle };
             (progress.last_moved().after(t), expiry)

@@ -27,6 +27,11 @@
 //!   fires. A read moves the idle clock but not a waiting write's: a
 //!   client that keeps sending and never reads still meets the send
 //!   timeout.
+//! - The idle timeout does not run while the service owes an answer and
+//!   nothing waits on the client; an HTTP/2 stream whose answer waits for
+//!   flow-control window for the send timeout is reset (`stream.rs`: each
+//!   stream's task is wrapped by the connection's executor, and the
+//!   answer's body tells it when hyper takes a frame).
 //! - An HTTP/1.1 connection that sits between requests gives hyper's
 //!   buffers back ([`HyperOptions::idle_release`], `connection.rs`), so an
 //!   idle connection costs about what its socket and task do.
@@ -57,6 +62,7 @@ mod connection;
 mod deadline;
 mod panic;
 mod rt;
+mod stream;
 mod tracked;
 mod upgrade;
 
@@ -92,17 +98,21 @@ pub struct HyperOptions {
     /// The listeners and the connection limits.
     pub server: ServerOptions,
     /// Close a connection on which no byte has moved either way for this
-    /// long, whatever it waits for: the next request, the rest of one, or
-    /// a client that does not read its answer. HTTP/1.1 connections are
-    /// closed (at once if no request is open), HTTP/2 ones are sent a
-    /// GOAWAY, and either is cut [`IDLE_CLOSE_GRACE`] later if it has not
-    /// ended. A service that takes longer than this to start its answer,
-    /// with nothing else moving, loses its connection the same way: set it
-    /// above the slowest answer. `None`: never. Default: 60 s.
+    /// long while it waits on its client: for the next request, the rest
+    /// of one, or a client that does not read its answer. HTTP/1.1
+    /// connections are closed (at once if no request is open), HTTP/2 ones
+    /// are sent a GOAWAY, and either is cut [`IDLE_CLOSE_GRACE`] later if
+    /// it has not ended. It does not run while the service owes an answer
+    /// and waits on nothing from the client (an HTTP/1.1 request taken and
+    /// no read or write waiting, an HTTP/2 stream open): a slow service is
+    /// bounded by its own deadlines. `None`: never. Default: 60 s.
     pub idle_timeout: Option<Duration>,
     /// Cut a connection whose write has made no progress for this long,
     /// because the client does not read (nginx's `send_timeout`); a
-    /// shorter idle timeout cuts it sooner. `None`: never. Default: 60 s.
+    /// shorter idle timeout cuts it sooner. HTTP/2: a stream whose answer
+    /// has more to give and of which hyper has taken nothing for this
+    /// long, because the client gives it no flow-control window, is reset
+    /// (`RST_STREAM`) and its body dropped. `None`: never. Default: 60 s.
     pub send_timeout: Option<Duration>,
     /// HTTP/1.1: hyper's header-read timeout. A request head must arrive
     /// whole within this long of the start of its read (for a kept-alive
