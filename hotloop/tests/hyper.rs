@@ -221,3 +221,45 @@ fn an_upgrade_runs_the_services_protocol_on_the_connection(driver: DriverKind) {
     assert!(rest.is_empty());
     drop(server);
 }
+
+/// HTTP/2: a stream whose request body the client never sends (HEADERS
+/// without END_STREAM, then nothing) holds a service that waits for the
+/// body, and the idle timeout still ends the connection: only a stream
+/// whose request came whole keeps the idle timeout waiting while the
+/// service answers.
+#[hotloop::test(driver = "all")]
+fn http2_idle_timeout_ends_a_connection_whose_client_stopped_sending_a_body(driver: DriverKind) {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let options = hotloop::hyper::HyperOptions {
+        idle_timeout: Some(Duration::from_millis(300)),
+        ..hotloop::hyper::HyperOptions::from(ListenerOptions::default())
+    };
+    let server = serve_hyper(rt.handle(), "127.0.0.1:0", options, || {
+        service_fn(|req: Request<Incoming>| async move {
+            let n = req.into_body().collect().await.map_or(0, |b| b.to_bytes().len());
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(n.to_string()))))
+        })
+    })
+    .unwrap();
+    let mut s = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    // An empty SETTINGS frame, then HEADERS on stream 1 with END_HEADERS
+    // and no END_STREAM: `:method POST`, `:scheme http`, `:path /` from
+    // HPACK's static table.
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    s.write_all(&[0, 0, 3, 1, 4, 0, 0, 0, 1, 0x83, 0x86, 0x84]).unwrap();
+    let started = Instant::now();
+    let mut sink = [0u8; 4096];
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) | Err(_) if started.elapsed() < Duration::from_secs(7) => break,
+            Ok(0) | Err(_) => panic!("the connection was still open after {:?}", started.elapsed()),
+            Ok(_) => {}
+        }
+    }
+    drop(server);
+}

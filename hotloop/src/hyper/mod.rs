@@ -104,7 +104,7 @@ pub struct HyperOptions {
     /// are sent a GOAWAY, and either is cut [`IDLE_CLOSE_GRACE`] later if
     /// it has not ended. It does not run while the service owes an answer
     /// and waits on nothing from the client (an HTTP/1.1 request taken and
-    /// no read or write waiting, an HTTP/2 stream open): a slow service is
+    /// no read or write waiting; an HTTP/2 stream open whose request came whole): a slow service is
     /// bounded by its own deadlines. `None`: never. Default: 60 s.
     pub idle_timeout: Option<Duration>,
     /// Cut a connection whose write has made no progress for this long,

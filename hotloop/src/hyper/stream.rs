@@ -14,8 +14,12 @@
 //! that long is dropped, which resets it (`RST_STREAM` with `CANCEL`) and
 //! drops the service's body.
 //!
-//! The count of open streams lets the idle timeout wait while the service
-//! owes a stream its answer (see `ServeConnection::owes_answer`).
+//! The count of open streams whose request came whole (hyper calls the
+//! service, then spawns the stream's task, in one poll) lets the idle
+//! timeout wait while the service owes such a stream its answer (see
+//! `ServeConnection::owes_answer`); a stream whose request has a body is
+//! not counted, so a client that stops sending a body still meets the
+//! idle timeout.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -49,6 +53,10 @@ thread_local! {
     /// Set by [`Answering`] and [`Answer`] inside a stream task's poll,
     /// read by its [`StreamTask`].
     static MOVED: Cell<Moved> = const { Cell::new(Moved::Nothing) };
+    /// Set by [`Answers::call`] for a request that came whole (no body to
+    /// wait for), read by the [`StreamExecutor::execute`] hyper makes
+    /// right after it for that request's stream.
+    static WHOLE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The open streams of one HTTP/2 connection.
@@ -56,8 +64,11 @@ thread_local! {
 pub(super) struct Streams(Rc<Cell<u32>>);
 
 impl Streams {
-    /// Whether a stream is open: its request taken, its answer not yet
-    /// handed to hyper to the end.
+    /// Whether a stream is open whose request came whole (nothing of it
+    /// waits on the client): its request taken, its answer not yet handed
+    /// to hyper to the end. A stream whose request has a body is not
+    /// counted: its body may wait on the client, and the idle timeout
+    /// bounds a client that stops sending it.
     pub(super) fn open(&self) -> bool {
         self.0.get() > 0
     }
@@ -82,11 +93,15 @@ where
     F: Future<Output = ()> + 'static,
 {
     fn execute(&self, future: F) {
-        let open = &self.streams.0;
-        open.set(open.get() + 1);
+        let counted = WHOLE.replace(false);
+        if counted {
+            let open = &self.streams.0;
+            open.set(open.get() + 1);
+        }
         let task = StreamTask {
             future: Some(future),
             streams: self.streams.clone(),
+            counted,
             send: self.send,
             owes_since: Stamp::NONE,
             timer: None,
@@ -104,6 +119,8 @@ pin_project_lite::pin_project! {
         #[pin]
         future: Option<F>,
         streams: Streams,
+        // Whether the stream is counted open (its request came whole).
+        counted: bool,
         send: Option<Duration>,
         // Since when the answer has had something for the client that
         // hyper has not taken ([`Stamp::NONE`]: it has not).
@@ -116,8 +133,10 @@ pin_project_lite::pin_project! {
 
     impl<F> PinnedDrop for StreamTask<F> {
         fn drop(this: Pin<&mut Self>) {
-            let open = &this.streams.0;
-            open.set(open.get().saturating_sub(1));
+            if this.counted {
+                let open = &this.streams.0;
+                open.set(open.get().saturating_sub(1));
+            }
         }
     }
 }
@@ -184,6 +203,7 @@ where
     type Future = Answering<T::Future>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
+        WHOLE.set(req.body().is_end_stream());
         Answering { future: self.0.call(req) }
     }
 }
