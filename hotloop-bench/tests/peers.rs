@@ -149,7 +149,10 @@ fn check_http_on(kind: &str, peer: Peer) {
         assert_eq!(body, vec![b'x'; 100]);
     }
     // Two pipelined requests in one write, the second one closing.
-    s.write_all(b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+    s.write_all(
+        b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
     assert!(read_response(&mut s).0.contains("keep-alive"));
     assert!(read_response(&mut s).0.contains("Connection: close"));
     assert_closed(&mut s);
@@ -158,7 +161,7 @@ fn check_http_on(kind: &str, peer: Peer) {
     let mut s = peer.connect();
     s.write_all(b"GET / HT").unwrap();
     std::thread::sleep(Duration::from_millis(20));
-    s.write_all(b"TP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+    s.write_all(b"TP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").unwrap();
     assert!(read_response(&mut s).0.starts_with("HTTP/1.1 200"));
     assert_closed(&mut s);
 

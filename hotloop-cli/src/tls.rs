@@ -25,11 +25,12 @@
 //! ([`Ending::Lingered`]): it is not done twice (a client that kept its
 //! side open was held twice the bound).
 //!
-//! A connection given up on (a send or the closing close_notify past its
-//! limit) is shut down both ways before it is dropped: on io_uring the TLS
+//! A connection given up on (a send, an error reply, or the closing or
+//! the error reply's close_notify past its limit) is shut down both ways in
+//! the kernel and reset before it is dropped ([`cut`]): on io_uring the TLS
 //! stream's writes are written behind, and a send in flight would keep the
-//! descriptor open after the drop (for up to the driver's write linger);
-//! the shutdown ends that send, and the connection, at once.
+//! descriptor open after the drop (for up to the driver's write linger,
+//! 5 s); the shutdown ends that send, and the connection, at once.
 
 use std::future::poll_fn;
 use std::io;
@@ -98,9 +99,25 @@ fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "the client reads nothing")
 }
 
-/// Ends the connection now, whatever the TLS layer still has in flight.
+/// Ends the connection now, whatever the TLS layer still has in flight:
+/// the kernel's socket is shut down both ways and reset at the close.
+///
+/// The stream's own shutdown of both directions does not end a send in
+/// flight: on io_uring it hands the bytes written behind to the driver,
+/// which keeps sending them for up to its write linger (5 s), so a client
+/// that reads nothing held the descriptor that long. Shut down in the
+/// kernel, the send fails at once and the driver resets the connection.
+/// `SO_LINGER` zero makes the close a reset on epoll too (the client sees
+/// a cut, not a clean end after part of a reply), and setting it gives a
+/// direct io_uring socket the plain descriptor the shutdown needs; when
+/// that fails (out of descriptors), the stream's own shutdown is left.
 async fn cut(tls: &ServerTlsStream) {
-    let _ = tls.get_ref().0.shutdown_with(Shutdown::Both).await;
+    let tcp = tls.get_ref().0;
+    if tcp.set_linger(Some(Duration::ZERO)).is_ok() {
+        let _ = rustix::net::shutdown(tcp, rustix::net::Shutdown::Both);
+    } else {
+        let _ = tcp.shutdown_with(Shutdown::Both).await;
+    }
 }
 
 impl Conn for ServerTlsStream {
@@ -151,6 +168,10 @@ impl Conn for ServerTlsStream {
     async fn shutdown_write(&mut self) -> io::Result<()> {
         // close_notify, then the TCP write side.
         self.shutdown().await
+    }
+
+    async fn cut(&mut self) {
+        cut(self).await
     }
 
     /// Sends close_notify, so the client sees a clean end rather than a

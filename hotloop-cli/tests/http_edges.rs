@@ -1,5 +1,6 @@
-//! HTTP details an ordinary client meets: a 431 it can read, `HEAD`, and
-//! browser-sized header counts. Both drivers.
+//! HTTP details an ordinary client meets: a 431 it can read, `HEAD`,
+//! browser-sized header counts, the `Host` a request must carry, and a
+//! 405 that names every method served. Both drivers.
 
 use crate::common;
 
@@ -11,8 +12,13 @@ use common::{read_response, Pipelined, Proc};
 use hotloop::DriverKind;
 
 fn serve(driver: &str, extra: &[&str]) -> (Proc, std::net::SocketAddr) {
+    serve_app(driver, "http", extra)
+}
+
+/// `hotloop serve APP` with one worker on `driver`.
+fn serve_app(driver: &str, app: &str, extra: &[&str]) -> (Proc, std::net::SocketAddr) {
     let mut args =
-        vec!["serve", "http", "--addr", "127.0.0.1:0", "--workers", "1", "--driver", driver];
+        vec!["serve", app, "--addr", "127.0.0.1:0", "--workers", "1", "--driver", driver];
     args.extend_from_slice(extra);
     let mut p = Proc::start(&args);
     let addr = p.addr_after(" on ");
@@ -48,7 +54,8 @@ fn a_431_reaches_a_client_that_keeps_sending(driver: DriverKind) {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-        let huge = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(128 * 1024));
+        let huge =
+            format!("GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n", "a".repeat(128 * 1024));
         let sent = s.write_all(huge.as_bytes());
         std::thread::sleep(Duration::from_millis(50));
         let mut reply = String::new();
@@ -151,4 +158,83 @@ fn a_lingering_close_reads_the_client_to_its_end(driver: DriverKind) {
         (8 << 20, 8 << 20),
         "{driver}: the answer was cut short"
     );
+}
+
+/// `serve http` and `serve static` (its root, kept until the end).
+fn both_apps(driver: &str) -> Vec<(&'static str, Proc, std::net::SocketAddr, common::TempDir)> {
+    ["http", "static"]
+        .into_iter()
+        .map(|app| {
+            let root = common::TempDir::new("http-edges");
+            std::fs::write(root.join("index.html"), "home").unwrap();
+            let root_arg = root.join("");
+            let extra =
+                if app == "static" { vec!["--root", root_arg.to_str().unwrap()] } else { vec![] };
+            let (p, addr) = serve_app(driver, app, &extra);
+            (app, p, addr, root)
+        })
+        .collect()
+}
+
+/// RFC 9112 section 3.2: an HTTP/1.1 request without `Host`, or any
+/// request with two, is answered 400 and the connection closed (nginx
+/// answers so); HTTP/1.0 may leave it out. Both were served.
+#[hotloop::test(driver = "all")]
+fn a_request_needs_exactly_one_host(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    for (app, _p, addr, _root) in both_apps(driver) {
+        for bad in [
+            &b"GET / HTTP/1.1\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+            b"HEAD / HTTP/1.1\r\nAccept: */*\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: y\r\nhost: a\r\n\r\n",
+            b"GET / HTTP/1.0\r\nHost: a\r\nHOST: a\r\n\r\n",
+        ] {
+            let reply = ask(addr, bad);
+            assert!(
+                reply.starts_with("HTTP/1.1 400") && reply.contains("Connection: close\r\n"),
+                "{driver} {app}: {:?} got {reply:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        for good in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nhOsT: a\r\nConnection: close\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+        ] {
+            let reply = ask(addr, good);
+            assert!(
+                reply.starts_with("HTTP/1.1 200"),
+                "{driver} {app}: {:?} got {reply:?}",
+                String::from_utf8_lossy(good)
+            );
+        }
+        // On a kept-alive connection too: the first request is answered,
+        // the second, without `Host`, gets the 400 and the close.
+        let reply = ask(addr, b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+        let (first, second) = reply.split_once("HTTP/1.1 400").unwrap_or((&reply, ""));
+        assert!(first.starts_with("HTTP/1.1 200"), "{driver} {app}: {reply:?}");
+        assert!(second.contains("Connection: close\r\n"), "{driver} {app}: {reply:?}");
+    }
+}
+
+/// A method other than `GET` and `HEAD` gets 405 with `Allow: GET, HEAD`:
+/// every method the server serves (RFC 9110 section 15.5.6). `serve
+/// http` said `Allow: GET`, though it answers `HEAD` too.
+#[hotloop::test(driver = "all")]
+fn a_405_allows_every_method_served(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    for (app, _p, addr, _root) in both_apps(driver) {
+        for method in ["POST", "PUT", "DELETE"] {
+            let request = format!("{method} / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n");
+            let reply = ask(addr, request.as_bytes());
+            let allow = reply.lines().find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("allow").then(|| value.trim().to_string())
+            });
+            assert!(reply.starts_with("HTTP/1.1 405"), "{driver} {app}: {reply:?}");
+            assert_eq!(allow.as_deref(), Some("GET, HEAD"), "{driver} {app}: {reply:?}");
+        }
+    }
 }

@@ -108,7 +108,7 @@ fn serve_http_answers_and_rejects_bad_requests() {
 
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let huge = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(10_000));
+    let huge = format!("GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n", "a".repeat(10_000));
     let _ = s.write_all(huge.as_bytes());
     let mut reply = String::new();
     let _ = s.read_to_string(&mut reply);
@@ -455,8 +455,8 @@ fn serve_http_answers_unsupported_requests_with_a_clear_status() {
     let p = Proc::start(&["serve", "http", "--addr", "127.0.0.1:0", "--workers", "1"]);
     let addr = p.addr_after(" on ");
     for (request, status) in [
-        ("POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", "405"),
-        ("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "501"),
+        ("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc", "405"),
+        ("GET / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n", "501"),
         ("GET / HTTP/2.0\r\n\r\n", "505"),
     ] {
         let mut s = TcpStream::connect(addr).unwrap();

@@ -4,8 +4,9 @@
 //! their connection within the handshake limit while others are served;
 //! TLS connections follow the header and idle timeouts and the graceful
 //! stop; a client that ends its side after a `Connection: close` request
-//! reads the whole answer (hyper, http and static); a bad certificate or
-//! key is a startup error naming the file. Both drivers. Needs `curl` and `openssl` (the tests that use them skip
+//! reads the whole answer (hyper, http and static); a connection the
+//! server gives up on gives its descriptor back at once; a bad
+//! certificate or key is a startup error naming the file. Both drivers. Needs `curl` and `openssl` (the tests that use them skip
 //! without).
 
 use crate::common;
@@ -360,6 +361,54 @@ fn an_error_reply_lingers_once(driver: DriverKind) {
         assert!(took < Duration::from_millis(3200), "{driver} {app}: closed after {took:?}");
         drop(tls);
     }
+}
+
+/// A TLS client with a small receive buffer that pipelines requests and
+/// never reads, until the server stops taking them (a write makes no
+/// progress for 200 ms) or ends the connection; the connection, held open.
+fn pipeline_until_stalled(addr: std::net::SocketAddr, cert: &Path) -> common::TlsClient {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let tcp: TcpStream = sock.into();
+    tcp.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+    let mut tls = common::tls_client_over(tcp, cert, &[b"http/1.1"]);
+    let requests = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n".repeat(64);
+    // Bounded: the kernel's buffers on both sides hold a few MiB of answers.
+    for _ in 0..(64 << 20) / requests.len() {
+        if tls.write_all(&requests).and_then(|()| tls.flush()).is_err() {
+            break;
+        }
+    }
+    tls
+}
+
+/// Twenty TLS clients pipeline requests and never read: the server gives
+/// up on each at the send timeout (a TLS error reply whose close_notify
+/// finds no room is given up on the same way: `conn/reject.rs`), and its
+/// descriptors are back to what they were within about that. The give-up
+/// shut the connection down through the stream, which on io_uring hands
+/// the bytes written behind to the driver, and the driver kept sending to
+/// a client that reads nothing for its write linger (5 s), holding the
+/// descriptor (17 to 20 of the 20).
+#[hotloop::test(driver = "all")]
+fn connections_given_up_on_give_their_descriptors_back_at_once(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let extra = ["--send-timeout-ms", "300", "--body-size", "65536"];
+    let (p, addr, cert) = serve_tls(driver, "http", &extra);
+    let baseline = p.fds();
+    let held: Vec<_> = std::thread::scope(|scope| {
+        let clients: Vec<_> =
+            (0..20).map(|_| scope.spawn(|| pipeline_until_stalled(addr, &cert))).collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let start = Instant::now();
+    // The send timeout, and room for a busy machine: well before the
+    // write linger.
+    let back = common::wait_until(Duration::from_millis(2500), || p.fds() <= baseline);
+    let took = start.elapsed();
+    assert!(back, "{driver}: {} descriptors, {baseline} before, after {took:?}", p.fds());
+    drop(held);
 }
 
 /// A file that is not a certificate, a missing key, a key that does not

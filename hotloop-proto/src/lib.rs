@@ -63,7 +63,9 @@ pub enum Request {
     },
     /// More bytes are needed.
     Partial,
-    /// The bytes are not an HTTP/1.x request; answer 400 and close.
+    /// The bytes are not an HTTP/1.x request, or its `Host` fields are
+    /// not as [`host_ok`] asks (none in HTTP/1.1, or more than one);
+    /// answer 400 and close.
     Malformed,
     /// The head is larger than [`REQUEST_HEAD_MAX_BYTES`] or has too many
     /// headers; answer 431 and close.
@@ -103,24 +105,34 @@ fn parse_with_slots<const N: usize>(buf: &[u8], max: usize, allow_head: bool) ->
     let request = match parsed {
         Ok(httparse::Status::Complete(len)) if len > REQUEST_HEAD_MAX_BYTES => Request::TooLarge,
         Ok(httparse::Status::Complete(len)) => {
+            let mut close = req.version == Some(0);
+            let mut hosts = 0u32;
+            let mut has_body = false;
+            // One walk: each name is compared until one matches (a
+            // comparison of names of other lengths is one length check).
+            for h in req.headers.iter() {
+                if h.name.eq_ignore_ascii_case("host") {
+                    hosts += 1;
+                } else if h.name.eq_ignore_ascii_case("connection") {
+                    if let Some(c) = connection_close(h.value) {
+                        close = c;
+                    }
+                } else if h.name.eq_ignore_ascii_case("content-length") {
+                    has_body |= h.value.trim_ascii() != b"0";
+                } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                    has_body = true;
+                }
+            }
+            if !host_ok(hosts, req.version) {
+                return (Request::Malformed, method);
+            }
             match req.method {
                 Some("GET") => {}
                 Some("HEAD") if allow_head => method = Method::Head,
                 _ => return (Request::Unsupported(405), method),
             }
-            let mut close = req.version == Some(0);
-            for h in req.headers.iter() {
-                let has_body = (h.name.eq_ignore_ascii_case("content-length")
-                    && h.value.trim_ascii() != b"0")
-                    || h.name.eq_ignore_ascii_case("transfer-encoding");
-                if has_body {
-                    return (Request::Unsupported(501), method);
-                }
-                if h.name.eq_ignore_ascii_case("connection") {
-                    if let Some(c) = connection_close(h.value) {
-                        close = c;
-                    }
-                }
+            if has_body {
+                return (Request::Unsupported(501), method);
             }
             Request::Complete { len, close }
         }
@@ -131,6 +143,14 @@ fn parse_with_slots<const N: usize>(buf: &[u8], max: usize, allow_head: bool) ->
         Err(_) => Request::Malformed,
     };
     (request, method)
+}
+
+/// Whether a request's `Host` fields are as RFC 9112 section 3.2 asks,
+/// given `hosts` of them and the minor version: exactly one in HTTP/1.1,
+/// at most one in HTTP/1.0 (which may leave it out). A server answers
+/// any other request 400 (nginx does too).
+pub fn host_ok(hosts: u32, minor_version: Option<u8>) -> bool {
+    hosts == 1 || (hosts == 0 && minor_version == Some(0))
 }
 
 /// The path of a request head, for the stats endpoint: the second word of
@@ -160,9 +180,20 @@ pub fn response_ok_head(body_len: usize, close: bool) -> Vec<u8> {
     out
 }
 
-/// A complete error response that closes the connection.
+/// A complete error response that closes the connection; a 405's `Allow`
+/// names `GET` alone (see [`response_error_with`]).
 pub fn response_error(status: u16) -> &'static [u8] {
+    response_error_with(status, false)
+}
+
+/// [`response_error`] for a server that answers `HEAD` too when
+/// `allow_head`: its 405 says `Allow: GET, HEAD`, every method it serves
+/// (RFC 9110 section 15.5.6).
+pub fn response_error_with(status: u16, allow_head: bool) -> &'static [u8] {
     match status {
+        405 if allow_head => {
+            b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        }
         431 => {
             b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         }
@@ -229,7 +260,7 @@ mod tests {
             Request::Complete { len: 27, close: false }
         );
         assert!(matches!(
-            parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"),
+            parse_request(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
             Request::Complete { close: true, .. }
         ));
         assert!(matches!(
@@ -238,18 +269,18 @@ mod tests {
         ));
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHo"), Request::Partial);
         assert_eq!(parse_request(b"\x00\x01garbage\r\n\r\n"), Request::Malformed);
-        assert_eq!(parse_request(b"POST / HTTP/1.1\r\n\r\n"), Request::Unsupported(405));
+        assert_eq!(parse_request(b"POST / HTTP/1.1\r\nHost: a\r\n\r\n"), Request::Unsupported(405));
         assert_eq!(
-            parse_request(b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\n"),
+            parse_request(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"),
             Request::Unsupported(501)
         );
         assert_eq!(parse_request(b"GET / HTTP/2.0\r\n\r\n"), Request::Unsupported(505));
         assert!(matches!(
-            parse_request(b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+            parse_request(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"),
             Request::Complete { .. }
         ));
         let big = vec![b'a'; REQUEST_HEAD_MAX_BYTES + 1];
-        assert_eq!(parse_request(b"HEAD / HTTP/1.1\r\n\r\n"), Request::Unsupported(405));
+        assert_eq!(parse_request(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n"), Request::Unsupported(405));
         assert_eq!(parse_request(&[b"GET /".as_slice(), &big].concat()), Request::TooLarge);
     }
 
@@ -260,9 +291,10 @@ mod tests {
             parse_request_with(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n", opts),
             (Request::Complete { len: 28, close: false }, Method::Head)
         );
+        // `n` headers, `Host` among them.
         let head = |n: usize| {
-            let mut h = String::from("GET / HTTP/1.1\r\n");
-            for i in 0..n {
+            let mut h = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+            for i in 1..n {
                 h.push_str(&format!("X-H{i}: v\r\n"));
             }
             h + "\r\n"
@@ -283,6 +315,37 @@ mod tests {
         assert!(String::from_utf8(r)
             .unwrap()
             .ends_with("Content-Length: 64\r\nConnection: close\r\n\r\n"));
+    }
+
+    /// RFC 9112 section 3.2: an HTTP/1.1 request has exactly one `Host`;
+    /// HTTP/1.0 may leave it out, but not repeat it.
+    #[test]
+    fn host_is_required_once() {
+        let opts = ParseOptions { max_headers: 100, allow_head: true };
+        let parse = |head: &[u8]| parse_request_with(head, opts).0;
+        assert_eq!(parse(b"GET / HTTP/1.1\r\n\r\n"), Request::Malformed);
+        assert_eq!(parse(b"GET / HTTP/1.1\r\nX: y\r\n\r\n"), Request::Malformed);
+        assert_eq!(parse(b"GET / HTTP/1.1\r\nHost: a\r\nhOST: b\r\n\r\n"), Request::Malformed);
+        assert_eq!(parse(b"GET / HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n"), Request::Malformed);
+        assert_eq!(parse(b"HEAD / HTTP/1.1\r\n\r\n"), Request::Malformed);
+        // Before the method or a body is looked at, as nginx answers.
+        assert_eq!(parse(b"POST / HTTP/1.1\r\n\r\n"), Request::Malformed);
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\nHOST: a\r\n\r\n"), Request::Complete { .. }));
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\nHost:\r\n\r\n"), Request::Complete { .. }));
+        assert!(matches!(parse(b"GET / HTTP/1.0\r\n\r\n"), Request::Complete { .. }));
+        assert!(matches!(parse(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n"), Request::Complete { .. }));
+    }
+
+    #[test]
+    fn a_405_allows_what_the_server_serves() {
+        let allow = |reply: &[u8]| {
+            let text = String::from_utf8(reply.to_vec()).unwrap();
+            text.lines().find_map(|l| l.strip_prefix("Allow: ")).unwrap().to_string()
+        };
+        assert_eq!(allow(response_error(405)), "GET");
+        assert_eq!(allow(response_error_with(405, false)), "GET");
+        assert_eq!(allow(response_error_with(405, true)), "GET, HEAD");
+        assert_eq!(response_error_with(400, true), response_error(400));
     }
 
     #[test]

@@ -255,12 +255,12 @@ mod tests {
     fn http_step_answers_each_kind_of_request() {
         let s = shared();
         assert_eq!(
-            http_step(b"GET / HTTP/1.1\r\n\r\nGET", &s),
-            Step::Respond { response: b"K", consumed: 18, close: false }
+            http_step(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET", &s),
+            Step::Respond { response: b"K", consumed: 27, close: false }
         );
         assert_eq!(
-            http_step(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n", &s),
-            Step::Respond { response: b"C", consumed: 37, close: true }
+            http_step(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", &s),
+            Step::Respond { response: b"C", consumed: 46, close: true }
         );
         assert_eq!(http_step(b"GET / HT", &s), Step::NeedMore);
         assert!(matches!(http_step(b"\x01\x02\r\n\r\n", &s), Step::Respond { close: true, .. }));

@@ -1,7 +1,8 @@
 //! A connection as the hand-written handlers see it (`serve echo`, `http`
 //! and `static`): the [`Conn`] trait, its plain TCP form, the
 //! connection's one timer ([`ConnTimer`]), the send path, the error
-//! reply, and the lingering close after it or after a last answer.
+//! reply, the lingering close after it or after a last answer, and the
+//! bytes of a request head split across reads ([`Pending`]).
 //!
 //! The handlers are generic over [`Conn`], so the plain path is compiled
 //! for [`TcpStream`] itself (owned pooled buffers, no dynamic dispatch) and
@@ -12,6 +13,7 @@
 
 mod awaiting;
 mod linger;
+mod pending;
 mod reject;
 mod send;
 mod timer;
@@ -27,6 +29,7 @@ use hotloop::net::{InputProbe, TcpStream};
 
 pub(crate) use awaiting::Awaiting;
 pub(crate) use linger::{linger, LINGER_QUIET};
+pub(crate) use pending::Pending;
 pub(crate) use reject::{answer_and_linger, reject};
 use send::{send, send_file_tcp};
 pub(crate) use timer::ConnTimer;
@@ -47,7 +50,8 @@ pub(crate) trait Conn {
 
     /// Writes all of `buf`, giving up with `TimedOut` when the writes make
     /// no progress for `limit` (the client does not read). `timer` is the
-    /// connection's, which a write that has to wait may use.
+    /// connection's, which a write that has to wait may use. A failed send
+    /// has cut the connection ([`Conn::cut`]).
     fn send<B: IoBuf + Deref<Target = [u8]>>(
         &mut self,
         buf: B,
@@ -68,6 +72,10 @@ pub(crate) trait Conn {
 
     /// Ends the writing side (after all that was sent).
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>>;
+
+    /// Ends the connection now, whatever is still in flight on it: for a
+    /// connection given up on (a write past its limit) before it is dropped.
+    fn cut(&mut self) -> impl Future<Output = ()>;
 
     /// Called once the handler is done with the connection, before it is
     /// closed: `ending` says how the handler left it, and `limit` bounds
@@ -128,6 +136,13 @@ impl Conn for TcpStream {
 
     fn shutdown_write(&mut self) -> impl Future<Output = io::Result<()>> {
         self.shutdown_with(Shutdown::Write)
+    }
+
+    /// Nothing before the drop: a plain write is an owned one, cancelled
+    /// with its future, so no write outlives the stream, and closing the
+    /// descriptor ends the connection.
+    fn cut(&mut self) -> impl Future<Output = ()> {
+        std::future::ready(())
     }
 
     /// After an answer the server closes on, with bytes of the client's

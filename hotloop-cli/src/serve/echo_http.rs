@@ -14,7 +14,7 @@ use hotloop::Handle;
 use hotloop_proto::{self as proto, Method, ParseOptions, Request};
 
 use super::TcpApp;
-use crate::conn::{reject, Awaiting, Conn, ConnTimer, Ending};
+use crate::conn::{answer_and_linger, Awaiting, Conn, ConnTimer, Ending, Pending};
 use crate::drain;
 use crate::serve_args::{millis_or_never, shorter, App, ServeArgs};
 
@@ -261,44 +261,13 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
     }
 }
 
-/// Bytes of a request split across reads, gathered. Every connection's
-/// future holds this, so it is one pointer (a `Vec` would be 24 bytes),
-/// and the block exists only while it holds bytes.
-#[derive(Default)]
-#[allow(clippy::box_collection)]
-struct Pending(Option<Box<Vec<u8>>>);
-
-impl Pending {
-    fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    fn bytes(&self) -> &[u8] {
-        self.0.as_deref().map_or(&[], Vec::as_slice)
-    }
-
-    fn extend_from_slice(&mut self, bytes: &[u8]) {
-        if !bytes.is_empty() {
-            self.0.get_or_insert_with(Box::default).extend_from_slice(bytes);
-        }
-    }
-
-    /// Drops the first `len` bytes (a request that was answered).
-    fn consume(&mut self, len: usize) {
-        if let Some(v) = &mut self.0 {
-            v.drain(..len);
-            if v.is_empty() {
-                self.0 = None;
-            }
-        }
-    }
-}
-
-/// [`reject`] on the heap: an error reply is rare, and boxing it keeps
-/// its state (a write, a timer, a read) out of every connection's future,
-/// which is copied once per connection when it is spawned.
+/// The error reply and its lingering close ([`answer_and_linger`]) on the
+/// heap: an error reply is rare, and boxing it keeps its state (a write, a
+/// timer, a read) out of every connection's future, which is copied once
+/// per connection when it is spawned. A 405 allows `HEAD` when it is served.
 async fn reject_boxed<S: Conn>(stream: &mut S, status: u16, s: &Settings) -> Ending {
-    Box::pin(reject(stream, status, s.write_limit)).await;
+    let reply = proto::response_error_with(status, s.parse.allow_head);
+    Box::pin(answer_and_linger(stream, reply, s.write_limit)).await;
     Ending::Lingered
 }
 

@@ -7,7 +7,8 @@
 //! whole file, as RFC 9110 allows; `If-Range` with a date other than the
 //! file's `Last-Modified` gets the whole file too). A directory is served
 //! by its `index.html`, or is 404. Other methods get 405 with
-//! `Allow: GET, HEAD`.
+//! `Allow: GET, HEAD`; an HTTP/1.1 request without exactly one `Host` gets
+//! 400 (RFC 9112 section 3.2).
 //!
 //! The connection handling is `serve http`'s: the same [`Conn`] (plain
 //! TCP or TLS), the same per-connection timer for the header, idle and
@@ -60,6 +61,13 @@
 //!   validates no `If-Range`; `If-Modified-Since` compares with the file's
 //!   own time, so such a file is never 304. A file dated in the year 10000
 //!   or later made the date's formatting panic.
+//! - A request is parsed in the buffer its read filled, and that buffer
+//!   goes back to the pool before the next wait; only a head split across
+//!   reads is gathered in a buffer of the connection's (`conn::Pending`),
+//!   freed once its last request is answered. An idle keep-alive
+//!   connection holds no request buffer: the one it had grown (a `Vec`
+//!   drained and never shrunk, up to 32 KiB after an 8 KiB head) stayed
+//!   with it for its whole idle life.
 //! - A file that shrinks while it is sent ends the send at its new end;
 //!   fewer bytes than `Content-Length` promised were sent, so the
 //!   connection is closed (the client sees a short body, never another
@@ -81,7 +89,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hotloop::fs::{Dir, File, OpenOptions};
 
-use crate::conn::{answer_and_linger, reject, Awaiting, Conn, ConnTimer, Ending};
+use crate::conn::{answer_and_linger, reject, Awaiting, Conn, ConnTimer, Ending, Pending};
 use crate::drain;
 use cache::{Kind, Stat};
 use range::Ranged;
@@ -144,17 +152,27 @@ enum After {
 }
 
 async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Ending {
-    let mut pending: Vec<u8> = Vec::new();
+    // Each read is parsed where it landed (`buf`, of which `consumed`
+    // bytes were answered); only a head split across reads is gathered,
+    // in `pending`, which is freed once its last request is answered.
+    let mut buf = S::Buf::default();
+    let mut consumed = 0;
+    let mut pending = Pending::default();
     let mut timer = ConnTimer::new();
     let mut awaiting = Awaiting::head(site.header_timeout);
     loop {
-        if !pending.is_empty() {
-            match request::parse(&pending, site.max_headers) {
+        let unparsed: &[u8] = if pending.is_empty() { &buf[consumed..] } else { pending.bytes() };
+        if !unparsed.is_empty() {
+            match request::parse(unparsed, site.max_headers) {
                 Parsed::Complete(head) => {
                     let len = head.len;
                     let after =
                         Box::pin(respond(stream, site, open_files, &head, &mut timer)).await;
-                    pending.drain(..len);
+                    if pending.is_empty() {
+                        consumed += len;
+                    } else {
+                        pending.consume(len);
+                    }
                     match after {
                         After::KeepAlive => {
                             awaiting = Awaiting::NextRequest;
@@ -162,12 +180,19 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
                         }
                         // What the client sent after this request is
                         // unread: the close lingers for it.
-                        After::Close => return Ending::Answered { unread: !pending.is_empty() },
+                        After::Close => {
+                            let unread = !pending.is_empty() || consumed < buf.len();
+                            return Ending::Answered { unread };
+                        }
                         After::Cut => return Ending::Cut,
                         After::Lingered => return Ending::Lingered,
                     }
                 }
-                Parsed::Partial => {}
+                Parsed::Partial => {
+                    if pending.is_empty() {
+                        pending.extend_from_slice(&buf[consumed..]);
+                    }
+                }
                 Parsed::Error(status) => {
                     reject(stream, status, site.write_limit).await;
                     return Ending::Lingered;
@@ -177,6 +202,10 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
         if !pending.is_empty() && awaiting.is_idle() {
             awaiting = Awaiting::head(site.header_timeout);
         }
+        // Back to the pool before waiting: an idle connection holds no
+        // read buffer, and (`pending` empty) no request buffer either.
+        drop(std::mem::take(&mut buf));
+        consumed = 0;
         let deadline = awaiting.deadline(site.idle_timeout);
         // Between requests a stop closes the connection at once.
         let idle = awaiting.is_idle() && pending.is_empty();
@@ -189,7 +218,13 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
             timer.read(read, deadline, idle).peeking(socket).await
         };
         match got {
-            Some(b) => pending.extend_from_slice(&b),
+            Some(b) => {
+                buf = b;
+                if !pending.is_empty() {
+                    pending.extend_from_slice(&buf);
+                    consumed = buf.len();
+                }
+            }
             None => {
                 // The clock itself: the deadline fires by it (the turn's reading may lag).
                 if !pending.is_empty() && deadline.is_some_and(|d| std::time::Instant::now() >= d) {

@@ -30,7 +30,8 @@ pub enum Parsed<'a> {
     Complete(Head<'a>),
     /// More bytes are needed.
     Partial,
-    /// Answer with this status and close (400, 431, 505).
+    /// Answer with this status and close (400, also for a `Host` missing
+    /// from an HTTP/1.1 request or repeated; 431; 505).
     Error(u16),
 }
 
@@ -67,9 +68,12 @@ fn parse_into<'a>(buf: &'a [u8], slots: &mut [MaybeUninit<httparse::Header<'a>>]
                 if_range: None,
                 if_modified_since: None,
             };
+            let mut hosts = 0u32;
             for h in req.headers.iter() {
                 let name = h.name;
-                if name.eq_ignore_ascii_case("connection") {
+                if name.eq_ignore_ascii_case("host") {
+                    hosts += 1;
+                } else if name.eq_ignore_ascii_case("connection") {
                     if let Some(close) = hotloop_proto::connection_close(h.value) {
                         head.close = close;
                     }
@@ -85,6 +89,10 @@ fn parse_into<'a>(buf: &'a [u8], slots: &mut [MaybeUninit<httparse::Header<'a>>]
                 {
                     head.has_body = true;
                 }
+            }
+            // None in HTTP/1.1, or more than one: 400 (RFC 9112 section 3.2).
+            if !hotloop_proto::host_ok(hosts, req.version) {
+                return Parsed::Error(400);
             }
             Parsed::Complete(head)
         }
@@ -200,7 +208,8 @@ mod tests {
         assert_eq!(h.len, req.len() - 3);
         let Parsed::Complete(h) = parse(b"HEAD / HTTP/1.0\r\n\r\n", 100) else { panic!() };
         assert!(h.close, "HTTP/1.0 closes by default");
-        let Parsed::Complete(h) = parse(b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n", 100)
+        let Parsed::Complete(h) =
+            parse(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n", 100)
         else {
             panic!()
         };
@@ -208,5 +217,20 @@ mod tests {
         assert!(matches!(parse(b"GET / HTTP/1.1\r\nHost:", 100), Parsed::Partial));
         assert!(matches!(parse(b"\x00garbage\r\n\r\n", 100), Parsed::Error(400)));
         assert!(matches!(parse(b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n", 1), Parsed::Error(431)));
+    }
+
+    /// An HTTP/1.1 request needs exactly one `Host`; HTTP/1.0 may leave it out.
+    #[test]
+    fn host_is_required_once() {
+        for head in [
+            &b"GET / HTTP/1.1\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n",
+            b"HEAD / HTTP/1.0\r\nhost: a\r\nHOST: b\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n",
+        ] {
+            assert!(matches!(parse(head, 100), Parsed::Error(400)), "{head:?}");
+        }
+        assert!(matches!(parse(b"GET / HTTP/1.0\r\n\r\n", 100), Parsed::Complete(_)));
+        assert!(matches!(parse(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n", 100), Parsed::Complete(_)));
     }
 }
