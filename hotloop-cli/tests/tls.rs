@@ -399,7 +399,7 @@ fn connections_given_up_on_give_their_descriptors_back_at_once(driver: DriverKin
     let baseline = p.fds();
     let held: Vec<_> = std::thread::scope(|scope| {
         let clients: Vec<_> =
-            (0..20).map(|_| scope.spawn(|| pipeline_until_stalled(addr, &cert))).collect();
+            (0..20).map(|_| scope.spawn(|| pipeline_until_stalled(addr, &cert.path))).collect();
         clients.into_iter().map(|c| c.join().unwrap()).collect()
     });
     let start = Instant::now();

@@ -134,7 +134,8 @@ fn deadline_base() -> Instant {
 /// and its advances included), rather than the turn's cached reading
 /// ([`now`]): for code that must agree with a sleep it just saw ready.
 /// `Instant::now()` would not (it is ahead of a paused clock, and behind
-/// one advanced).
+/// one advanced). Only the hyper deadlines need it.
+#[cfg(feature = "hyper")]
 pub(crate) fn clock_now() -> Instant {
     deadline_base()
 }
