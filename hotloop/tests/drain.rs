@@ -27,6 +27,20 @@ fn runtime(driver: DriverKind, workers: usize) -> Runtime {
     Runtime::builder().workers(workers).driver(driver).build().unwrap()
 }
 
+/// `serve_hyper` on `rt` with the drain's quiet time `quiet`, answering
+/// every request with `body`.
+fn hyper_answering(rt: &Runtime, quiet: Duration, body: Bytes) -> hotloop::net::Server {
+    let options = ServerOptions { drain_idle_quiet: quiet, ..ServerOptions::default() };
+    serve_hyper(rt.handle(), "127.0.0.1:0", options, move || {
+        let body = body.clone();
+        service_fn(move |_| {
+            let body = body.clone();
+            async move { Ok::<_, std::convert::Infallible>(Response::new(Full::new(body))) }
+        })
+    })
+    .unwrap()
+}
+
 /// Waits until `cond` holds, for at most 10 s.
 fn wait_until(mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -155,13 +169,7 @@ fn a_stopping_hyper_server_answers_the_request_that_was_on_its_way(driver: Drive
 fn a_request_taken_from_the_socket_but_not_delivered_is_answered_at_a_stop(driver: DriverKind) {
     let rt = runtime(driver, 1);
     let quiet = Duration::from_millis(300);
-    let options = ServerOptions { drain_idle_quiet: quiet, ..ServerOptions::default() };
-    let server = serve_hyper(rt.handle(), "127.0.0.1:0", options, || {
-        service_fn(|_| async {
-            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
-        })
-    })
-    .unwrap();
+    let server = hyper_answering(&rt, quiet, Bytes::from("ok"));
     let addr = server.local_addr();
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -236,14 +244,7 @@ fn a_stopping_hyper_server_lets_a_slow_reader_finish_before_the_quiet_time_count
     const BODY: usize = 1 << 20;
     let rt = runtime(driver, 1);
     let quiet = Duration::from_millis(500);
-    let options = ServerOptions { drain_idle_quiet: quiet, ..ServerOptions::default() };
-    let server = serve_hyper(rt.handle(), "127.0.0.1:0", options, || {
-        service_fn(|_| async {
-            let body = Full::new(Bytes::from(vec![b'x'; BODY]));
-            Ok::<_, std::convert::Infallible>(Response::new(body))
-        })
-    })
-    .unwrap();
+    let server = hyper_answering(&rt, quiet, Bytes::from(vec![b'x'; BODY]));
     let addr = server.local_addr();
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     sock.set_recv_buffer_size(16 * 1024).unwrap();
@@ -289,13 +290,7 @@ fn a_quiet_time_at_the_drains_timeout_keeps_a_connection_idle_since_before_the_s
 ) {
     let rt = runtime(driver, 1);
     let quiet = Duration::from_secs(1);
-    let options = ServerOptions { drain_idle_quiet: quiet, ..ServerOptions::default() };
-    let server = serve_hyper(rt.handle(), "127.0.0.1:0", options, || {
-        service_fn(|_| async {
-            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
-        })
-    })
-    .unwrap();
+    let server = hyper_answering(&rt, quiet, Bytes::from("ok"));
     let addr = server.local_addr();
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
