@@ -34,12 +34,18 @@
 //!   needs no privilege and works alike on both drivers; what it costs is
 //!   a cross-thread wake per connection moved, and only a busy worker
 //!   pays it.
+//! - A connection travels with its slot in the server's count of
+//!   connections (`slot.rs`), taken when it was accepted: the limit counts
+//!   it while it waits in a lane, and the worker that takes it needs no
+//!   free slot under the server's limit, only its own. A connection
+//!   dropped in a lane frees its slot.
 //! - A worker that can no longer take connections closes its lane: a
 //!   worker whose server stopped (it serves what was queued), and one
 //!   whose loop failed (its accept loop is dropped, and what was queued is
-//!   handed on to another open lane). A closed lane refuses hand-offs, and
-//!   a refused connection is served where it was accepted, so none is
-//!   lost; a dead worker is never chosen.
+//!   handed on to another open lane of a live worker, or closed if there
+//!   is none). A closed lane refuses hand-offs, and a refused connection
+//!   is served where it was accepted, so none is lost; a dead worker is
+//!   never chosen.
 
 use crate::driver::Accepted;
 use std::collections::VecDeque;
@@ -49,6 +55,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
 use super::options::Balance;
+use super::slot::Slot;
 use crate::runtime::current;
 use crate::runtime::load::BUSY_FULL_PERMILLE;
 use crate::runtime::shared::WorkerShared;
@@ -73,8 +80,15 @@ struct Lane {
     full: AtomicBool,
 }
 
+/// A connection handed to another worker: its descriptor, and its slot in
+/// the server's count, taken at its accept.
+pub(crate) struct Handed {
+    pub(crate) fd: OwnedFd,
+    pub(crate) slot: Slot,
+}
+
 struct LaneQueue {
-    fds: VecDeque<OwnedFd>,
+    fds: VecDeque<Handed>,
     /// The accept loop of the lane's worker.
     waker: Option<Waker>,
     open: bool,
@@ -166,16 +180,16 @@ impl Lanes {
         (count < mine).then_some(best)
     }
 
-    /// Hands `fd` to worker `to`; gives it back if that worker's lane is closed.
-    pub(crate) fn offer(&self, to: usize, fd: OwnedFd) -> Result<(), OwnedFd> {
+    /// Hands `handed` to worker `to`; gives it back if that worker's lane is closed.
+    pub(crate) fn offer(&self, to: usize, handed: Handed) -> Result<(), Handed> {
         let lane = &self.lanes[to];
         let waker = {
             let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
             if !q.open {
-                return Err(fd);
+                return Err(handed);
             }
             self.workers[to].load.incoming_added();
-            q.fds.push_back(fd);
+            q.fds.push_back(handed);
             lane.queued.store(q.fds.len(), Ordering::Release);
             q.waker.clone()
         };
@@ -202,8 +216,15 @@ impl Lanes {
         }
     }
 
+    /// True if a connection waits in worker `me`'s lane (only that
+    /// worker's accept loop takes from it, so its next [`Lanes::take`]
+    /// finds one).
+    pub(crate) fn has_queued(&self, me: usize) -> bool {
+        self.lanes[me].queued.load(Ordering::Acquire) > 0
+    }
+
     /// Takes a connection handed to worker `me`, if there is one.
-    pub(crate) fn take(&self, me: usize) -> Option<OwnedFd> {
+    pub(crate) fn take(&self, me: usize) -> Option<Handed> {
         let lane = &self.lanes[me];
         if lane.queued.load(Ordering::Acquire) == 0 {
             return None;
@@ -222,7 +243,7 @@ impl Lanes {
 
     /// Closes worker `me`'s lane: nothing more is handed to it. Returns
     /// what was handed to it and not yet taken.
-    pub(crate) fn close(&self, me: usize) -> Vec<OwnedFd> {
+    pub(crate) fn close(&self, me: usize) -> Vec<Handed> {
         let lane = &self.lanes[me];
         let fds = {
             let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -238,15 +259,18 @@ impl Lanes {
         fds
     }
 
-    /// Hands each of `fds` to some other open lane than `me`'s; a
-    /// connection no lane takes is closed (no worker of the server is left
-    /// to serve it).
-    pub(crate) fn hand_on(&self, me: usize, fds: Vec<OwnedFd>) {
-        'fds: for mut fd in fds {
-            for j in (0..self.lanes.len()).filter(|&j| j != me) {
-                match self.offer(j, fd) {
+    /// Hands each of `handed` to some other open lane than `me`'s, of a
+    /// worker still alive; a connection no lane takes is closed, freeing
+    /// its slot (no worker of the server is left to serve it). A dead
+    /// worker whose accept loop never ran never closed its lane.
+    pub(crate) fn hand_on(&self, me: usize, handed: Vec<Handed>) {
+        'fds: for mut conn in handed {
+            for j in (0..self.lanes.len())
+                .filter(|&j| j != me && !self.workers[j].dead.load(Ordering::Acquire))
+            {
+                match self.offer(j, conn) {
                     Ok(()) => continue 'fds,
-                    Err(back) => fd = back,
+                    Err(back) => conn = back,
                 }
             }
             crate::log::warn(format_args!(
@@ -256,33 +280,38 @@ impl Lanes {
     }
 }
 
-/// Hands a connection just accepted on worker `me` to a less loaded
-/// worker if the balance says so (`None`: it was handed over); else, or if
-/// the chosen worker refuses it, gives it back to be served here. A
-/// direct io_uring socket gets a plain descriptor to travel with (kept
-/// here if that fails).
-pub(crate) fn hand_off(lanes: &Lanes, me: usize, accepted: Accepted) -> Option<Accepted> {
+/// Hands a connection just accepted on worker `me`, with its `slot`, to a
+/// less loaded worker if the balance says so (`None`: it was handed
+/// over); else, or if the chosen worker refuses it, gives both back to be
+/// served here. A direct io_uring socket gets a plain descriptor to
+/// travel with (kept here if that fails).
+pub(crate) fn hand_off(
+    lanes: &Lanes,
+    me: usize,
+    accepted: Accepted,
+    slot: Slot,
+) -> Option<(Accepted, Slot)> {
     if !lanes.enabled() {
-        return Some(accepted);
+        return Some((accepted, slot));
     }
     let now = current::clock_monotonic_ns();
-    let Some(to) = lanes.target(me, now) else { return Some(accepted) };
+    let Some(to) = lanes.target(me, now) else { return Some((accepted, slot)) };
     let fd = match accepted.into_fd() {
         Ok(fd) => fd,
-        Err((_, accepted)) => return Some(accepted),
+        Err((_, accepted)) => return Some((accepted, slot)),
     };
-    match lanes.offer(to, fd) {
+    match lanes.offer(to, Handed { fd, slot }) {
         Ok(()) => {
             current::count(|s| &s.handoffs_out);
             None
         }
-        Err(fd) => Some(Accepted::Fd(fd)),
+        Err(Handed { fd, slot }) => Some((Accepted::Fd(fd), slot)),
     }
 }
 
-/// Closes a worker's lane when its accept loop ends for any reason, and
-/// hands on what was still queued in it (after a normal stop the loop has
-/// already served it, so nothing is left).
+/// Closes a worker's lane when its first accept loop ends for any reason,
+/// and hands on what was still queued in it (after a normal stop the loop
+/// has already served it, so nothing is left).
 pub(crate) struct LaneGuard {
     pub(crate) lanes: Arc<Lanes>,
     pub(crate) me: usize,
@@ -300,14 +329,35 @@ impl Drop for LaneGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::slot::SlotCount;
     use crate::runtime::load::{LoadMeter, LOAD_WINDOW_NS};
 
     fn workers(n: usize) -> Vec<Arc<WorkerShared>> {
         (0..n).map(|i| WorkerShared::new(i).unwrap()).collect()
     }
 
-    fn a_descriptor() -> OwnedFd {
-        std::fs::File::open("/dev/null").unwrap().into()
+    /// A server's count of connections, for the slots of the connections
+    /// handed in these tests.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl SlotCount for Count {
+        fn release(&self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Count {
+        fn open(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A connection to hand over, counted in `count`.
+    fn a_connection(count: &Arc<Count>) -> Handed {
+        count.0.fetch_add(1, Ordering::SeqCst);
+        let fd = std::fs::File::open("/dev/null").unwrap().into();
+        Handed { fd, slot: Slot::taken(count.clone()) }
     }
 
     /// Publishes `busy` per-mille for `worker`, as of `now`.
@@ -399,12 +449,12 @@ mod tests {
     fn a_closed_lane_or_a_dead_worker_is_never_chosen_and_gives_the_connection_back() {
         let w = workers(3);
         let lanes = Lanes::new(Balance::Count, w.clone());
+        let count = Arc::new(Count::default());
         for _ in 0..5 {
             w[0].load.connection_opened();
         }
         w[1].load.connection_opened();
-        let queued = a_descriptor();
-        lanes.offer(2, queued).unwrap();
+        assert!(lanes.offer(2, a_connection(&count)).is_ok());
         assert_eq!(w[2].load.incoming(), 1);
         // Worker 2's lane closes with a connection in it: it is handed on.
         let left = lanes.close(2);
@@ -413,9 +463,37 @@ mod tests {
         lanes.hand_on(2, left);
         assert!(lanes.take(0).is_some() || lanes.take(1).is_some(), "the connection was lost");
         assert_eq!(lanes.target(0, 0), Some(1), "the closed lane is skipped");
-        assert!(lanes.offer(2, a_descriptor()).is_err(), "a closed lane takes nothing");
+        assert!(lanes.offer(2, a_connection(&count)).is_err(), "a closed lane takes nothing");
         w[1].die();
         assert_eq!(lanes.target(0, 0), None, "a dead worker is skipped");
+    }
+
+    /// A connection keeps its slot on its way from lane to lane, and frees
+    /// it when no lane takes it, or when the lanes are dropped with it.
+    #[test]
+    fn a_connection_no_worker_serves_frees_its_slot() {
+        let w = workers(3);
+        let lanes = Lanes::new(Balance::Count, w.clone());
+        let count = Arc::new(Count::default());
+        assert!(lanes.offer(1, a_connection(&count)).is_ok());
+        assert!(lanes.offer(1, a_connection(&count)).is_ok());
+        // Worker 2 died before its accept loop ran: its lane is open, but
+        // nothing is handed on to it.
+        w[2].die();
+        let left = lanes.close(1);
+        lanes.hand_on(1, left);
+        assert_eq!(count.open(), 2, "a connection handed on keeps its slot");
+        assert!(lanes.has_queued(0));
+        let left = lanes.close(0);
+        assert_eq!(left.len(), 2, "both went to worker 0, the only live worker accepting");
+        lanes.hand_on(0, left);
+        assert_eq!(count.open(), 0, "the connections no lane took still count");
+        // The slot of what a lane still holds when the lanes go.
+        let lanes = Lanes::new(Balance::Count, workers(2));
+        assert!(lanes.offer(1, a_connection(&count)).is_ok());
+        assert_eq!(count.open(), 1);
+        drop(lanes);
+        assert_eq!(count.open(), 0, "the connection left in a lane still counts");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub(crate) mod pool;
 mod quiet;
 mod resolve;
 mod server;
+mod slot;
 mod socket;
 mod sockopt;
 mod split;

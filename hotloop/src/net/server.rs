@@ -55,10 +55,11 @@ use std::time::{Duration, Instant};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::balance::{hand_off, LaneGuard, Lanes};
+use super::balance::{hand_off, Handed, LaneGuard, Lanes};
 use super::handover::{same_address, Handover, Local};
 use super::listener::{adopt_listener, bind_socket, connection_lost, Accept, TcpListener};
 use super::options::{Balance, ListenerOptions, ServerOptions};
+use super::slot::{Slot, SlotCount};
 use super::stream::TcpStream;
 use super::unix::{bind_unix_socket, UnixListener, UnixStream};
 use crate::runtime::shared::WorkerShared;
@@ -144,6 +145,9 @@ struct ServerShared {
     /// `stopped.0`, read without the lock: an accept loop checks it on
     /// every poll, and the lock is shared by every worker.
     stopped_now: AtomicBool,
+    /// Connections accepted and not yet finished, each counted from its
+    /// accept (see `slot.rs`): those handed to another worker and not yet
+    /// taken count too.
     active: AtomicUsize,
     /// Accept loops parked at the global limit, on any worker: a connection
     /// that finishes anywhere wakes them.
@@ -182,6 +186,47 @@ struct Watch {
 }
 
 impl ServerShared {
+    fn new(options: &ServerOptions) -> ServerShared {
+        ServerShared {
+            stopped: Mutex::new((false, Vec::new())),
+            stopped_now: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            slot_waiters: Mutex::new(Vec::new()),
+            slot_waiting: AtomicUsize::new(0),
+            handed_over: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
+            cut_count: AtomicUsize::new(0),
+            watch: Mutex::new(Watch::default()),
+            watch_changed: Condvar::new(),
+            rechecks: AtomicU64::new(0),
+            drain_idle_quiet: options.drain_idle_quiet,
+            drain_timeout_ms: AtomicU64::new(millis(options.drain_timeout)),
+        }
+    }
+
+    /// Takes a slot under the global limit `global` (atomically: workers
+    /// race for it); `None` if it is full.
+    fn try_take_slot(self: &Arc<Self>, global: Option<usize>) -> Option<Slot> {
+        let taken = match global {
+            None => {
+                self.active.fetch_add(1, Ordering::AcqRel);
+                true
+            }
+            Some(max) => self
+                .active
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+                .is_ok(),
+        };
+        taken.then(|| Slot::taken(self.clone()))
+    }
+
+    /// Takes a slot whatever the limit: for a connection a stopping server
+    /// serves anyway (closing it would reset it).
+    fn take_slot_anyway(self: &Arc<Self>) -> Slot {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        Slot::taken(self.clone())
+    }
+
     /// Makes every accept loop try its socket's backlog once, whatever its
     /// driver is waiting on: a predecessor that shared the sockets may have
     /// taken a connection's wake-up with it. On io_uring an armed accept
@@ -217,6 +262,17 @@ impl ServerShared {
             w.push(waker.clone());
         }
         self.slot_waiting.store(w.len(), Ordering::SeqCst);
+    }
+
+    /// Gives back a connection's slot: wakes the accept loops parked at
+    /// the global limit and, at the last one of a stopped server, its drain.
+    fn release_slot(&self) {
+        let before = self.active.fetch_sub(1, Ordering::SeqCst);
+        self.wake_slot_waiters();
+        // Only a stopped server's drain waits for the count to reach zero.
+        if before == 1 && self.is_stopped() {
+            self.notify_watchers();
+        }
     }
 
     /// Wakes the accept loops parked at the global limit.
@@ -454,19 +510,19 @@ struct ActiveGuard {
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        let server = &self.local.server;
-        let before = server.active.fetch_sub(1, Ordering::SeqCst);
         self.local.active.set(self.local.active.get() - 1);
         self.local.worker.load.connection_closed();
         let waiting = std::mem::take(&mut *self.local.waiting.borrow_mut());
         for w in waiting {
             w.wake();
         }
-        server.wake_slot_waiters();
-        // Only a stopped server's drain waits for the count to reach zero.
-        if before == 1 && server.is_stopped() {
-            server.notify_watchers();
-        }
+        self.local.server.release_slot();
+    }
+}
+
+impl SlotCount for ServerShared {
+    fn release(&self) {
+        self.release_slot();
     }
 }
 
@@ -698,21 +754,7 @@ where
     if sockets.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no listening socket"));
     }
-    let shared = Arc::new(ServerShared {
-        stopped: Mutex::new((false, Vec::new())),
-        stopped_now: AtomicBool::new(false),
-        active: AtomicUsize::new(0),
-        slot_waiters: Mutex::new(Vec::new()),
-        slot_waiting: AtomicUsize::new(0),
-        handed_over: AtomicBool::new(false),
-        cut: AtomicBool::new(false),
-        cut_count: AtomicUsize::new(0),
-        watch: Mutex::new(Watch::default()),
-        watch_changed: Condvar::new(),
-        rechecks: AtomicU64::new(0),
-        drain_idle_quiet: server_options.drain_idle_quiet,
-        drain_timeout_ms: AtomicU64::new(millis(server_options.drain_timeout)),
-    });
+    let shared = Arc::new(ServerShared::new(server_options));
     let handover = match &server_options.handover {
         Some(h) => {
             let id = h.new_id();
@@ -749,9 +791,9 @@ where
             let lanes = lanes.clone();
             handle.spawn_on(worker, move || async move {
                 let _running = LoopRunning(shared.clone());
-                // Whatever ends the loop (a stop, an error, the worker's
-                // loop failing) closes this worker's lane first.
-                let _lane = LaneGuard { lanes: lanes.clone(), me: worker };
+                // Whatever ends the first loop (a stop, an error, the
+                // worker's loop failing) closes this worker's lane.
+                let lane = LaneGuard { lanes: lanes.clone(), me: worker };
                 let local = Rc::new(WorkerConns::new(shared.clone(), current::worker_shared()));
                 let mut listeners = fds
                     .into_iter()
@@ -773,6 +815,10 @@ where
                     .collect();
                 let place = Place { lanes, me: worker, primary: true };
                 let mut result = accept_loop(first, shared, handler, limits, local, place).await;
+                // Only the first loop takes what is handed to this worker:
+                // after an error the connections handed here go elsewhere
+                // rather than wait (holding their slots) for the other loops.
+                drop(lane);
                 for other in more {
                     let ended =
                         other.await.unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
@@ -811,10 +857,10 @@ struct Limits {
 }
 
 /// A connection for the accept loop: one it accepted, or one another
-/// worker handed to it.
+/// worker handed to it (with its slot).
 enum Arrival {
     Accepted(Accepted),
-    HandedIn(OwnedFd),
+    HandedIn(Handed),
 }
 
 /// Where an accept loop runs: its worker's lane among the server's, and
@@ -843,6 +889,19 @@ where
     let Place { lanes, me, primary } = place;
     let lanes = &*lanes;
     let balancing = lanes.enabled() && primary;
+    // The lane this loop takes handed-in connections from, if any.
+    let lane = balancing.then_some((lanes, me));
+    // Starts the handler of a connection handed here; one whose stream
+    // cannot be made is closed, freeing its slot.
+    let serve_handed = |handed: Handed| {
+        current::count(|s| &s.handoffs_in);
+        match L::stream_from_accepted(Accepted::Fd(handed.fd)) {
+            Ok(stream) => {
+                start_handler(stream, handed.slot, &local, &*handler);
+            }
+            Err(_) => current::count(|s| &s.accepted_unserved),
+        }
+    };
     // The loop's waker is filed for the stop once (a task's waker does not
     // change); each poll after that reads an atomic, not the lock every
     // worker's accept loop shares.
@@ -851,28 +910,38 @@ where
     // connections this loop may take straight from it.
     let (mut recheck_seen, mut recheck_left) = (0, 0);
     loop {
-        if at_limit(&shared, &local, limits) {
+        // A connection handed here holds its slot already: the server's
+        // limit does not keep it waiting (its slot may be one this loop
+        // would wait for), only this worker's own.
+        let ready = || !at_limit(&shared, &local, limits) || handed_in(lane, &local, limits);
+        if !ready() {
             current::count(|s| &s.maxconn_reached);
             // On io_uring this stops the armed accept: the clients that wait
             // do so in the kernel's backlog, not as descriptors here.
             listener.set_accept_room(Some(0));
             // Not chosen for hand-offs while it waits (it takes none).
-            let per_worker = limits.per_worker.is_some_and(|max| local.active.get() >= max);
+            let per_worker = worker_full(&local, limits);
             if balancing && per_worker {
                 lanes.set_full(me, true);
             }
-            while at_limit(&shared, &local, limits) && !shared.is_stopped() {
-                wait_for_a_free_slot(&shared, &local, limits).await;
+            while !ready() && !shared.is_stopped() {
+                wait_for_a_free_slot(&shared, &local, limits.global.is_some(), lane, ready).await;
             }
             if balancing && per_worker {
                 lanes.set_full(me, false);
             }
         }
         // The driver accepts no further ahead than the slots left; at least
-        // one, as the check above found a slot: another worker may have
+        // one if the check above found a slot: another worker may have
         // taken it since, and the connection is then held below until one
-        // frees (a room of zero would only stop the accept this loop waits on).
-        listener.set_accept_room(room(&shared, &local, limits).map(|r| r.max(1)));
+        // frees (a room of zero would only stop the accept this loop waits
+        // on). No room while only a connection handed here may be served.
+        let room = if at_limit(&shared, &local, limits) {
+            Some(0)
+        } else {
+            room(&shared, &local, limits).map(|r| r.max(1))
+        };
+        listener.set_accept_room(room);
         let accepted = {
             let mut accept = pin!(listener.accept_fd());
             poll_fn(|cx| {
@@ -888,8 +957,8 @@ where
                 if stopped {
                     return Poll::Ready(None);
                 }
-                if let Some(fd) = if primary { lanes.take(me) } else { None } {
-                    return Poll::Ready(Some(Ok(Arrival::HandedIn(fd))));
+                if let Some(handed) = if primary { lanes.take(me) } else { None } {
+                    return Poll::Ready(Some(Ok(Arrival::HandedIn(handed))));
                 }
                 let rechecks = shared.rechecks.load(Ordering::Acquire);
                 if rechecks != recheck_seen {
@@ -938,53 +1007,76 @@ where
                     backlog,
                     || !at_limit(&shared, &local, limits),
                     |stream| {
-                        shared.active.fetch_add(1, Ordering::AcqRel);
-                        start_handler(stream, &local, &*handler);
+                        start_handler(stream, shared.take_slot_anyway(), &local, &*handler);
                     },
                 );
-                // Connections other workers handed here were accepted:
-                // served whatever the limit, as a connection held at the
-                // limit is once the server stops.
+                // Connections other workers handed here were accepted, and
+                // hold their slots: served whatever the limit, as a
+                // connection held at the limit is once the server stops.
                 if primary {
-                    for fd in lanes.close(me) {
-                        let Ok(stream) = L::stream_from_accepted(Accepted::Fd(fd)) else {
-                            current::count(|s| &s.accepted_unserved);
-                            continue;
-                        };
-                        shared.active.fetch_add(1, Ordering::AcqRel);
-                        start_handler(stream, &local, &*handler);
+                    for handed in lanes.close(me) {
+                        serve_handed(handed);
                     }
                 }
                 return Ok(());
             }
             Some(Ok(arrival)) => {
-                let accepted = match arrival {
-                    Arrival::Accepted(accepted) => match hand_off(lanes, me, accepted) {
-                        None => continue,
-                        Some(accepted) => accepted,
-                    },
-                    Arrival::HandedIn(fd) => {
+                let (accepted, slot) = match arrival {
+                    Arrival::Accepted(accepted) => {
+                        // The connection counts from here, wherever it is
+                        // served: one handed to another worker takes its
+                        // slot along, so none is accepted past the limit
+                        // while it waits in that worker's lane.
+                        let slot = loop {
+                            if let Some(slot) = shared.try_take_slot(limits.global) {
+                                break slot;
+                            }
+                            // Another worker took the last slot since the
+                            // check above: hold the connection (it is not
+                            // closed) until one frees, or the server stops.
+                            if shared.is_stopped() {
+                                break shared.take_slot_anyway();
+                            }
+                            // What is handed here meanwhile holds its slot,
+                            // perhaps the one this waits for: served at once.
+                            if handed_in(lane, &local, limits) {
+                                if let Some(handed) = lanes.take(me) {
+                                    serve_handed(handed);
+                                }
+                                continue;
+                            }
+                            current::count(|s| &s.maxconn_reached);
+                            let free =
+                                || !global_full(&shared, limits) || handed_in(lane, &local, limits);
+                            let global = limits.global.is_some();
+                            wait_for_a_free_slot(&shared, &local, global, lane, free).await;
+                        };
+                        match hand_off(lanes, me, accepted, slot) {
+                            None => continue,
+                            Some(kept) => kept,
+                        }
+                    }
+                    Arrival::HandedIn(Handed { fd, slot }) => {
                         current::count(|s| &s.handoffs_in);
-                        Accepted::Fd(fd)
+                        (Accepted::Fd(fd), slot)
                     }
                 };
                 // A connection whose stream cannot be made (its descriptor
-                // is closed with the error) is one the peer sees reset.
+                // is closed with the error, and its slot freed) is one the
+                // peer sees reset.
                 let Ok(stream) = L::stream_from_accepted(accepted) else {
                     current::count(|s| &s.accepted_unserved);
                     continue;
                 };
-                // Another worker may have taken the last slot since the check
-                // above: hold the connection (it is not closed) until one frees.
-                while !try_reserve(&shared, &local, limits) {
-                    if shared.is_stopped() {
-                        shared.active.fetch_add(1, Ordering::AcqRel);
-                        break;
-                    }
+                // This worker's own limit may have filled since the check
+                // above (another of its loops, or a connection handed here
+                // as it filled): hold the connection until one frees here.
+                while worker_full(&local, limits) && !shared.is_stopped() {
                     current::count(|s| &s.maxconn_reached);
-                    wait_for_a_free_slot(&shared, &local, limits).await;
+                    let free = || !worker_full(&local, limits);
+                    wait_for_a_free_slot(&shared, &local, false, None, free).await;
                 }
-                let handler_task = start_handler(stream, &local, &*handler);
+                let handler_task = start_handler(stream, slot, &local, &*handler);
                 // Let the new handler run before the next accept: its
                 // request is usually in its socket already (TCP_DEFER_ACCEPT),
                 // and serving it first both answers sooner and gives the next
@@ -1057,16 +1149,44 @@ fn room(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> Option<us
     }
 }
 
+/// True if the worker or the server is at its connection limit.
 fn at_limit(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bool {
-    limits.per_worker.is_some_and(|max| local.active.get() >= max)
-        || limits.global.is_some_and(|max| shared.active.load(Ordering::SeqCst) >= max)
+    worker_full(local, limits) || global_full(shared, limits)
 }
 
-/// Waits until a slot may be free: a connection finished on this worker
-/// or, under a global limit, on any worker; or the server stops.
-async fn wait_for_a_free_slot(shared: &ServerShared, local: &WorkerConns, limits: Limits) {
+/// True if the worker is at its own limit (`maxconn_per_worker`).
+fn worker_full(local: &WorkerConns, limits: Limits) -> bool {
+    limits.per_worker.is_some_and(|max| local.active.get() >= max)
+}
+
+/// True if the server is at its global limit (`maxconn`).
+fn global_full(shared: &ServerShared, limits: Limits) -> bool {
+    limits.global.is_some_and(|max| shared.active.load(Ordering::SeqCst) >= max)
+}
+
+/// True if a connection waits in `lane` (this loop's, if it takes any)
+/// and this worker may serve it: it holds its slot under the server's
+/// limit, so only the worker's own limit can keep it waiting.
+fn handed_in(lane: Option<(&Lanes, usize)>, local: &WorkerConns, limits: Limits) -> bool {
+    lane.is_some_and(|(lanes, me)| lanes.has_queued(me)) && !worker_full(local, limits)
+}
+
+/// Waits until `ready()` says a slot may be free, or the server stops;
+/// woken when a connection finishes on this worker or (`global`) on any
+/// worker, or a connection is handed to `lane`.
+async fn wait_for_a_free_slot(
+    shared: &ServerShared,
+    local: &WorkerConns,
+    global: bool,
+    lane: Option<(&Lanes, usize)>,
+    ready: impl Fn() -> bool,
+) {
     poll_fn(|cx| {
-        if !at_limit(shared, local, limits) || shared.poll_stopped(cx.waker()) {
+        // Filed before the check: a hand-off after it wakes this task.
+        if let Some((lanes, me)) = lane {
+            lanes.register(me, cx.waker());
+        }
+        if ready() || shared.poll_stopped(cx.waker()) {
             return Poll::Ready(());
         }
         {
@@ -1075,10 +1195,10 @@ async fn wait_for_a_free_slot(shared: &ServerShared, local: &WorkerConns, limits
                 waiting.push(cx.waker().clone());
             }
         }
-        if limits.global.is_some() {
+        if global {
             shared.park_for_slot(cx.waker());
             // A connection may have finished elsewhere between the check and parking.
-            if !at_limit(shared, local, limits) {
+            if ready() {
                 return Poll::Ready(());
             }
         }
@@ -1087,31 +1207,14 @@ async fn wait_for_a_free_slot(shared: &ServerShared, local: &WorkerConns, limits
     .await
 }
 
-/// Takes a slot under the global limit (atomically: workers race for it)
-/// and the per-worker one; false if either is full.
-fn try_reserve(shared: &ServerShared, local: &WorkerConns, limits: Limits) -> bool {
-    if limits.per_worker.is_some_and(|max| local.active.get() >= max) {
-        return false;
-    }
-    match limits.global {
-        None => {
-            shared.active.fetch_add(1, Ordering::AcqRel);
-            true
-        }
-        Some(max) => shared
-            .active
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .is_ok(),
-    }
-}
-
-/// Starts the handler of a connection whose slot in the server's `active`
-/// count is already taken.
-fn start_handler<S, H, Fut>(stream: S, local: &Rc<WorkerConns>, handler: &H) -> TaskKey
+/// Starts the handler of a connection holding `slot` in the server's
+/// `active` count, which the handler's guard frees when it ends.
+fn start_handler<S, H, Fut>(stream: S, slot: Slot, local: &Rc<WorkerConns>, handler: &H) -> TaskKey
 where
     H: Fn(S, StopSignal) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    slot.pass_to_handler();
     local.active.set(local.active.get() + 1);
     local.worker.load.connection_opened();
     let guard = ActiveGuard { local: local.clone() };
@@ -1330,12 +1433,19 @@ mod tests {
         static BROKEN: RefCell<Vec<RawFd>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// A listener whose driver queue and backlog are given; its stream is
-    /// the connection's descriptor, which cannot be made for those in
-    /// `BROKEN` (a registration that fails, say).
+    /// A listener whose accepts, driver queue and backlog are given; its
+    /// stream is the connection's descriptor, which cannot be made for
+    /// those in `BROKEN` (a registration that fails, say).
+    #[derive(Default)]
     struct Scripted {
         taken: RefCell<VecDeque<io::Result<Accepted>>>,
         backlog: RefCell<VecDeque<io::Result<Accepted>>>,
+        /// What `accept_fd` hands out, in turn; once it is empty an accept
+        /// waits for ever.
+        incoming: Rc<RefCell<VecDeque<Accepted>>>,
+        /// Runs as `accept_fd` hands out its next connection: what another
+        /// worker does between the loop's look at the limit and its accept.
+        meanwhile: RefCell<Option<Box<dyn FnOnce()>>>,
     }
 
     impl Accept for Scripted {
@@ -1344,7 +1454,15 @@ mod tests {
             unreachable!("made by the test")
         }
         fn accept_fd(&self) -> impl Future<Output = io::Result<Accepted>> + '_ {
-            std::future::pending()
+            poll_fn(|_| {
+                let Some(accepted) = self.incoming.borrow_mut().pop_front() else {
+                    return Poll::Pending;
+                };
+                if let Some(meanwhile) = self.meanwhile.borrow_mut().take() {
+                    meanwhile();
+                }
+                Poll::Ready(Ok(accepted))
+            })
         }
         fn stream_from_accepted(accepted: Accepted) -> io::Result<OwnedFd> {
             let Accepted::Fd(fd) = accepted else { unreachable!("plain descriptors only") };
@@ -1390,6 +1508,7 @@ mod tests {
                     err(libc::EMFILE),
                     next(),
                 ])),
+                ..Default::default()
             };
             let mut served = Vec::new();
             serve_left_over(&listener, true, || true, |s| served.push(s.as_raw_fd()));
@@ -1399,5 +1518,166 @@ mod tests {
         assert!(served, "the connections after the one without a stream were not all served");
         assert_eq!(left, 1, "the backlog's turn ends at an accept out of descriptors");
         assert_eq!(rt.stats().block_on.accepted_unserved, 2);
+    }
+
+    fn dev_null() -> OwnedFd {
+        std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    /// The drivers to run on: io_uring too where it can run.
+    fn drivers() -> Vec<crate::DriverKind> {
+        let mut drivers = vec![crate::DriverKind::Epoll];
+        if !crate::__private::skip_uring_test() {
+            drivers.push(crate::DriverKind::Uring);
+        }
+        drivers
+    }
+
+    /// Runs `test` on worker 0 of a two-worker runtime on `driver`, given
+    /// the lanes of a server on it and a server's state. Worker 1 runs no
+    /// accept loop: what is handed to it waits in its lane.
+    fn on_worker_0<T, F, Fut>(driver: crate::DriverKind, test: F) -> T
+    where
+        F: FnOnce(Arc<Lanes>, Arc<ServerShared>) -> Fut + Send + 'static,
+        Fut: Future<Output = T> + 'static,
+        T: Send + 'static,
+    {
+        let rt = crate::Runtime::builder().workers(2).driver(driver).build().unwrap();
+        let lanes = Arc::new(Lanes::new(Balance::Count, rt.handle().inner.workers.clone()));
+        let shared = Arc::new(ServerShared::new(&ServerOptions::default()));
+        rt.handle().spawn_on(0, move || test(lanes, shared)).join().unwrap()
+    }
+
+    /// Worker 0's primary accept loop on `listener`, as a task.
+    fn spawn_loop<H, Fut>(
+        listener: Scripted,
+        shared: &Arc<ServerShared>,
+        lanes: &Arc<Lanes>,
+        global: usize,
+        handler: H,
+    ) -> crate::runtime::JoinHandle<io::Result<()>>
+    where
+        H: Fn(OwnedFd, StopSignal) -> Fut + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let limits =
+            Limits { global: Some(global), per_worker: None, balance: Balance::Count, loops: 2 };
+        let local = Rc::new(WorkerConns::new(shared.clone(), current::worker_shared()));
+        let place = Place { lanes: lanes.clone(), me: 0, primary: true };
+        crate::runtime::spawn(accept_loop(
+            listener,
+            shared.clone(),
+            Arc::new(handler),
+            limits,
+            local,
+            place,
+        ))
+    }
+
+    /// Waits (up to 5 s) until `done()`.
+    async fn until(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            crate::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
+
+    /// A connection handed to a worker that has not taken it yet counts
+    /// against the server's limit from its accept: the accepting worker
+    /// takes no more than the limit, however long it waits in the lane.
+    /// Before, it counted only once taken, and worker 0 accepted a third
+    /// connection at a limit of two while the second waited in worker 1's
+    /// lane. A connection left in a lane frees its slot when dropped.
+    #[test]
+    fn a_connection_waiting_in_a_lane_counts_against_the_limit() {
+        for driver in drivers() {
+            let (accepted, active, in_lane, after) =
+                on_worker_0(driver, |lanes, shared| async move {
+                    let listener = Scripted::default();
+                    listener.incoming.borrow_mut().extend((0..6).map(|_| Accepted::Fd(dev_null())));
+                    let incoming = listener.incoming.clone();
+                    let serving = spawn_loop(listener, &shared, &lanes, 2, |fd, stop| async move {
+                        stop.stopping().await;
+                        drop(fd);
+                    });
+                    // Count balancing keeps the first connection (ties stay)
+                    // and hands the second to worker 1, which holds none.
+                    crate::time::sleep(Duration::from_millis(50)).await;
+                    let accepted = 6 - incoming.borrow().len();
+                    let active = shared.active.load(Ordering::SeqCst);
+                    let in_lane = lanes.has_queued(1);
+                    shared.stop();
+                    serving.await.unwrap().unwrap();
+                    // Worker 0's handler ends at the stop; worker 1's lane closes.
+                    drop(lanes.close(1));
+                    until(|| shared.active.load(Ordering::SeqCst) == 0).await;
+                    (accepted, active, in_lane, shared.active.load(Ordering::SeqCst))
+                });
+            assert!(in_lane, "{driver:?}: nothing was handed to worker 1");
+            assert_eq!(accepted, 2, "{driver:?}: connections accepted at a limit of 2");
+            assert_eq!(active, 2, "{driver:?}: the connection in the lane is not counted");
+            assert_eq!(after, 0, "{driver:?}: slots left taken after the stop");
+        }
+    }
+
+    /// An accept loop waiting for a slot under the server's limit serves
+    /// what other workers hand it: those connections hold their slots,
+    /// perhaps the very ones it waits for. So at the top of the loop, and
+    /// while it holds a connection of its own that found the last slot
+    /// gone; and a stopping loop serves what its lane holds on the slots
+    /// they hold, counting none twice.
+    #[test]
+    fn a_loop_at_the_limit_serves_the_connections_handed_to_it() {
+        for driver in drivers() {
+            let (served, stop_count, after) = on_worker_0(driver, |lanes, shared| async move {
+                let handed = |shared: &Arc<ServerShared>| {
+                    let slot = shared.try_take_slot(Some(1)).expect("the slot is free");
+                    Handed { fd: dev_null(), slot }
+                };
+                // The only slot goes to a connection handed to worker 0,
+                // once its loop waits at the limit.
+                let first = handed(&shared);
+                let listener = Scripted::default();
+                // Its own connection, accepted after the first ends: as it
+                // is, another worker takes the slot and hands its
+                // connection here.
+                listener.incoming.borrow_mut().push_back(Accepted::Fd(dev_null()));
+                let (other_shared, other_lanes) = (shared.clone(), lanes.clone());
+                *listener.meanwhile.borrow_mut() = Some(Box::new(move || {
+                    assert!(other_lanes.offer(0, handed(&other_shared)).is_ok());
+                }));
+                let served = Rc::new(Cell::new(0));
+                let count = served.clone();
+                let serving = spawn_loop(listener, &shared, &lanes, 1, move |fd, _| {
+                    count.set(count.get() + 1);
+                    async move {
+                        crate::time::sleep(Duration::from_millis(20)).await;
+                        drop(fd);
+                    }
+                });
+                crate::time::sleep(Duration::from_millis(20)).await;
+                assert!(lanes.offer(0, first).is_ok());
+                if !until(|| served.get() == 3).await {
+                    return (served.get(), 1, 0);
+                }
+                let served = served.get();
+                // Handed in as the server stops: the stopping loop serves
+                // it, on its own slot.
+                until(|| shared.active.load(Ordering::SeqCst) == 0).await;
+                assert!(lanes.offer(0, handed(&shared)).is_ok());
+                shared.stop();
+                serving.await.unwrap().unwrap();
+                let stop_count = shared.active.load(Ordering::SeqCst);
+                until(|| shared.active.load(Ordering::SeqCst) == 0).await;
+                (served, stop_count, shared.active.load(Ordering::SeqCst))
+            });
+            assert_eq!(served, 3, "{driver:?}: a loop at the limit left connections waiting");
+            assert_eq!(stop_count, 1, "{driver:?}: the stopping loop's connection counted twice");
+            assert_eq!(after, 0, "{driver:?}: slots left taken after the stop");
+        }
     }
 }
