@@ -311,3 +311,69 @@ async fn a_child_wait_does_not_hold_the_paused_clock() {
     assert!(real.elapsed() < REAL_LIMIT, "took {:?} of real time", real.elapsed());
     child.kill().await.unwrap();
 }
+
+/// Runs `body` on a fresh runtime with a paused clock, on a thread of its
+/// own, and fails if it has not returned within [`REAL_LIMIT`] (a hung
+/// worker then fails the test instead of hanging it).
+fn within_limit<F, Fut>(driver: hotloop::DriverKind, workers: usize, body: F)
+where
+    F: FnOnce(hotloop::Handle) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = hotloop::Runtime::builder().workers(workers).driver(driver).build().unwrap();
+        let handle = rt.handle().clone();
+        rt.block_on(async move {
+            hotloop::time::pause();
+            body(handle).await;
+        });
+        let _ = done_tx.send(());
+    });
+    done_rx
+        .recv_timeout(REAL_LIMIT)
+        .expect("the paused clock never moved on after the blocking job ended");
+}
+
+/// A blocking job whose handle was dropped holds the paused clock while it
+/// runs; when it ends, nothing reaches the worker through its inbox (no
+/// task awaits the result), yet the clock moves on again: the pool wakes
+/// the worker that waits for it.
+#[hotloop::test(driver = "all")]
+fn a_dropped_blocking_job_releases_the_paused_clock_when_it_ends(driver: hotloop::DriverKind) {
+    within_limit(driver, 1, |_| async {
+        drop(hotloop::spawn_blocking(|| std::thread::sleep(Duration::from_millis(50))));
+        let start = now();
+        sleep(Duration::from_secs(60)).await;
+        assert!(now() - start >= Duration::from_secs(60));
+    });
+}
+
+/// The same for a job that another worker's task awaits (its result wakes
+/// that worker, not the paused one), and for one queued through a
+/// `Handle` from a thread outside the runtime.
+#[hotloop::test(driver = "all")]
+fn a_job_awaited_elsewhere_releases_the_paused_clock_when_it_ends(driver: hotloop::DriverKind) {
+    within_limit(driver, 2, |handle| async move {
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let elsewhere = handle.spawn_on(0, move || async move {
+            hotloop::spawn_blocking(move || {
+                started_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+            })
+            .await
+        });
+        // Out before the sleep below, so the sleep meets it.
+        started_rx.recv_timeout(REAL_LIMIT).expect("the job started");
+        sleep(Duration::from_secs(60)).await;
+        elsewhere.await.unwrap().unwrap();
+    });
+    within_limit(driver, 1, |handle| async move {
+        std::thread::spawn(move || {
+            drop(handle.spawn_blocking(|| std::thread::sleep(Duration::from_millis(50))));
+        })
+        .join()
+        .unwrap();
+        sleep(Duration::from_secs(60)).await;
+    });
+}

@@ -23,6 +23,13 @@
 //!   none with `Runtime::shutdown_background`), so a stuck call cannot
 //!   hang `Runtime::drop` for good.
 //! - Panics inside a job are caught and returned as `JoinError::Panicked`.
+//! - A worker whose paused clock waits for the pool's jobs (see
+//!   `time/paused.rs`) may have nothing else to wake it when the last one
+//!   ends (a job whose handle was dropped, one awaited on another worker,
+//!   one queued from outside the runtime): it leaves its driver's unpark
+//!   with the pool before it blocks, and the job that ends the count
+//!   unparks it, so the clock moves on (tokio's pool likewise unparks its
+//!   driver when a blocking task ends).
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,6 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::join_slot::{Completion, JoinError, JoinSlot, RemoteJoinHandle};
+use crate::driver::Unpark;
 use crate::stats::BlockingCounters;
 
 /// The default upper bound on blocking threads (tokio's default).
@@ -46,7 +54,7 @@ pub(crate) const BLOCKING_SHUTDOWN_TIMEOUT_DEFAULT: Duration = Duration::from_se
 
 /// A queued closure; it updates the counters itself, before it hands its
 /// result over, so a caller that sees the result sees the counters too.
-type Job = Box<dyn FnOnce(&Stats) + Send>;
+type Job = Box<dyn FnOnce(&Inner) + Send>;
 
 /// A cloneable handle to one runtime's blocking pool.
 #[derive(Clone)]
@@ -62,6 +70,9 @@ struct Inner {
     max_threads: usize,
     keep_alive: Duration,
     stats: Stats,
+    /// The drivers of the workers whose paused clock waits for the jobs
+    /// out to end (each once); unparked and cleared when none is left.
+    watchers: Mutex<Vec<Arc<Unpark>>>,
 }
 
 #[derive(Default)]
@@ -102,6 +113,7 @@ impl BlockingPool {
                 max_threads: max_threads.max(1),
                 keep_alive,
                 stats: Stats::default(),
+                watchers: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -115,7 +127,8 @@ impl BlockingPool {
         let slot = JoinSlot::new(None, None);
         // Dropped unrun (at shutdown), the completion reports `Cancelled`.
         let completion = Completion(slot.clone());
-        let job: Job = Box::new(move |stats: &Stats| {
+        let job: Job = Box::new(move |pool: &Inner| {
+            let stats = &pool.stats;
             // Aborted while it waited in the queue: not run, as tokio skips
             // a blocking job aborted before it starts.
             let out = if completion.0.abort_requested() {
@@ -128,7 +141,7 @@ impl BlockingPool {
             completion.0.finish(out);
             // After the result (and the wake it sends through the worker's
             // inbox): a paused worker that reads no job out then reads the wake.
-            stats.undelivered.fetch_sub(1, Release);
+            pool.delivered(1);
         });
         if let Err(job) = self.push(job) {
             drop(job); // the runtime is shutting down: the handle says Cancelled
@@ -162,7 +175,7 @@ impl BlockingPool {
             } else if st.threads == 0 {
                 let job = st.queue.pop_back().expect("just pushed");
                 self.inner.stats.queued.fetch_sub(1, Relaxed);
-                self.inner.stats.undelivered.fetch_sub(1, Relaxed);
+                self.inner.delivered(1);
                 return Err(job);
             }
         }
@@ -176,7 +189,7 @@ impl BlockingPool {
             let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             st.shutdown = true;
             self.inner.stats.queued.fetch_sub(st.queue.len() as u64, Relaxed);
-            self.inner.stats.undelivered.fetch_sub(st.queue.len() as u64, Relaxed);
+            self.inner.delivered(st.queue.len() as u64);
             std::mem::take(&mut st.queue)
         };
         self.inner.work.notify_all();
@@ -207,6 +220,25 @@ impl BlockingPool {
         self.inner.stats.undelivered.load(Acquire) > 0
     }
 
+    /// As [`BlockingPool::has_jobs`], for a worker about to block while
+    /// its paused clock waits for the jobs: if one is out, `unpark` is
+    /// called when the last one ends, so the worker looks again even if
+    /// no result of theirs comes its way.
+    ///
+    /// The count is read under the lock the ending job takes after its
+    /// decrement: either the job finds the watcher there, or the count
+    /// read here is already the decremented one.
+    pub(crate) fn watch_jobs(&self, unpark: &Arc<Unpark>) -> bool {
+        let mut watchers = self.inner.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.has_jobs() {
+            return false;
+        }
+        if !watchers.iter().any(|w| Arc::ptr_eq(w, unpark)) {
+            watchers.push(unpark.clone());
+        }
+        true
+    }
+
     /// The pool's counters now.
     pub(crate) fn counters(&self) -> BlockingCounters {
         let s = &self.inner.stats;
@@ -222,6 +254,19 @@ impl BlockingPool {
 }
 
 impl Inner {
+    /// Takes `n` jobs off the undelivered count; if that leaves none,
+    /// unparks the workers waiting for it (see [`BlockingPool::watch_jobs`]).
+    fn delivered(&self, n: u64) {
+        if n == 0 || self.stats.undelivered.fetch_sub(n, Release) != n {
+            return;
+        }
+        let watchers =
+            std::mem::take(&mut *self.watchers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in watchers {
+            w.unpark();
+        }
+    }
+
     /// A pool thread: take jobs until none comes for `keep_alive`, or shutdown.
     fn run(self: Arc<Self>) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -231,7 +276,7 @@ impl Inner {
                 self.stats.running.fetch_add(1, Relaxed);
                 st.running += 1;
                 drop(st);
-                job(&self.stats);
+                job(&self);
                 st = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 st.running -= 1;
                 if st.running == 0 && st.shutdown {

@@ -301,9 +301,12 @@ fn announce_sleep(cx: &Context) -> bool {
 /// True while work is in flight that a paused clock waits for rather than
 /// jump past (the rule is in `time/paused.rs`): a job queued or running on
 /// the blocking pool (the runtime's, whichever worker queued it), or a file
-/// operation on this worker's ring.
+/// operation on this worker's ring. The loop then blocks until something
+/// comes: a ring operation ends in a completion on this driver; the pool
+/// unparks it when its last job ends, which may send nothing this way (a
+/// dropped handle, a job awaited on another worker or queued from outside).
 fn paused_clock_held(cx: &Context) -> bool {
-    cx.clock.is_held() || cx.runtime.blocking.has_jobs()
+    cx.clock.is_held() || cx.runtime.blocking.watch_jobs(&cx.shared.unpark)
 }
 
 /// With the clock paused and nothing to do (no task, no I/O event, no

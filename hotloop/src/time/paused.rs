@@ -19,8 +19,9 @@
 //!   both drivers, as it does in tokio, where it runs on the blocking pool.
 //!
 //! While such work is out, the loop waits for it (its wake through the
-//! inbox, or its completion) instead of jumping (`runtime/worker.rs`,
-//! `paused_clock_held`). I/O does not hold the clock, as in tokio: a socket,
+//! inbox, its completion, or the pool's unpark when its last job ends,
+//! for a job whose result goes to no task of this worker) instead of
+//! jumping (`runtime/worker.rs`, `paused_clock_held`). I/O does not hold the clock, as in tokio: a socket,
 //! a child's piped stdio, a child's exit (its pidfd is watched by the
 //! driver), a signal, `send_file` (which waits for the socket), or a task
 //! on another worker. (A FIFO read through `hotloop::fs` is a file
