@@ -141,6 +141,26 @@ async fn large_output_on_both_streams_does_not_deadlock() {
     assert_eq!((out.stdout.len(), out.stderr.len()), (1 << 20, 1 << 20));
 }
 
+/// `status` with piped output does not keep the pipes open while it
+/// waits (as tokio's and std's): a child writing more than a pipe holds
+/// gets a broken pipe and ends, instead of blocking on the full pipe for
+/// good.
+#[hotloop::test(driver = "all")]
+async fn status_with_piped_output_does_not_wait_on_a_full_pipe() {
+    let status = timeout(
+        LIMIT,
+        Command::new("sh")
+            .args(["-c", "head -c 4000000 /dev/zero"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .status(),
+    )
+    .await
+    .expect("the child blocked on its full output pipe")
+    .unwrap();
+    assert!(!status.success(), "nothing read the output, so the child cannot have written it all");
+}
+
 #[hotloop::test(driver = "all")]
 async fn a_missing_program_is_a_clear_error() {
     let err = Command::new("hotloop-no-such-program").spawn().unwrap_err();

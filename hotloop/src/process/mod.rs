@@ -273,9 +273,16 @@ impl Command {
     }
 
     /// Runs the process to its end and returns its exit status; its
-    /// standard streams are inherited unless set.
+    /// standard streams are inherited unless set. Streams set to piped are
+    /// closed on the parent's side before the wait (as tokio's and std's
+    /// `status`): nothing reads them, and a child writing more than a pipe
+    /// holds would otherwise block on it for good.
     pub async fn status(&mut self) -> io::Result<ExitStatus> {
-        self.spawn()?.wait().await
+        let mut child = self.spawn()?;
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        // The input, if piped, is closed by the wait.
+        child.wait().await
     }
 
     /// Runs the process to its end with its output and error streams piped
