@@ -132,6 +132,50 @@ async fn a_sender_waits_for_a_full_queue_to_drain() {
     timeout(LIMIT, writer).await.unwrap().unwrap();
 }
 
+/// A sender not connected to the receiver gets no wake-up from the kernel
+/// when the receiver's full queue drains (only a connected peer is woken):
+/// its `send_to` still goes out soon after the queue has room, unbound or
+/// bound, by trying again after its pause.
+#[hotloop::test(driver = "all")]
+async fn an_unconnected_send_to_a_full_queue_goes_out_once_it_drains() {
+    for bound in [false, true] {
+        let (path, own) = (TempPath::new("full"), TempPath::new("sender"));
+        let receiver = UnixDatagram::bind(&path.0).unwrap();
+        // Another socket fills the receiver's queue until the kernel refuses.
+        let filler = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        filler.set_nonblocking(true).unwrap();
+        let mut queued = 0;
+        loop {
+            match filler.send_to(b"fill", &path.0) {
+                Ok(_) => queued += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling the queue: {e}"),
+            }
+            assert!(queued < 100_000, "the receiver's queue never filled");
+        }
+        let sender = if bound {
+            UnixDatagram::bind(&own.0).unwrap()
+        } else {
+            UnixDatagram::unbound().unwrap()
+        };
+        let target = path.0.clone();
+        let send = hotloop::spawn(async move { sender.send_to(b"late", &target).await });
+        // Refused at least once before the queue drains.
+        sleep(Duration::from_millis(50)).await;
+        let mut buf = [0u8; 16];
+        for _ in 0..queued {
+            let n = timeout(LIMIT, receiver.recv(&mut buf)).await.unwrap().unwrap();
+            assert_eq!(&buf[..n], b"fill");
+        }
+        let sent = timeout(Duration::from_secs(5), send)
+            .await
+            .unwrap_or_else(|_| panic!("the send (bound: {bound}) never went out"));
+        assert_eq!(sent.unwrap().unwrap(), 4);
+        let n = timeout(LIMIT, receiver.recv(&mut buf)).await.unwrap().unwrap();
+        assert_eq!(&buf[..n], b"late");
+    }
+}
+
 #[hotloop::test(driver = "all")]
 async fn binding_a_taken_path_fails_clearly() {
     let path = TempPath::new("taken");

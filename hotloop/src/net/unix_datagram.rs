@@ -148,7 +148,10 @@ impl UnixDatagram {
                 // An unconnected socket turns writable with room in its own
                 // buffer, which says nothing of the receiver's full queue
                 // (the refusal): without a pause this would try again as
-                // fast as the poller answers (io_uring's `POLL_ADD` at once).
+                // fast as the poller answers (io_uring's `POLL_ADD` at once;
+                // on epoll the refused send's own buffer, freed, signals the
+                // socket writable, since the kernel wakes only a connected
+                // sender when the receiver's queue drains).
                 let pause = std::time::Duration::from_micros(500 << (refused - 3).min(6));
                 crate::time::sleep(pause).await;
             }
