@@ -264,3 +264,57 @@ fn a_join_blocked_before_the_finish_gets_the_output(driver: DriverKind) {
     });
     assert_eq!(job.join().unwrap(), 13);
 }
+
+/// `shutdown_timeout` and `shutdown_background` do not wait past their
+/// bound for a worker whose thread a task blocks (as tokio's): they return,
+/// and the worker ends on its own once the task lets go of its thread.
+#[hotloop::test(driver = "all")]
+fn a_bounded_shutdown_does_not_wait_for_a_blocked_worker(driver: DriverKind) {
+    const BOUND: Duration = Duration::from_millis(100);
+    for background in [false, true] {
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (ended_tx, ended_rx) = std::sync::mpsc::channel();
+        let (took_tx, took_rx) = std::sync::mpsc::channel();
+        // The runtime lives on a thread of its own, so a shutdown that
+        // waits for the worker fails the test instead of hanging it.
+        let stopper = std::thread::spawn(move || {
+            let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+            let (blocked_tx, blocked_rx) = std::sync::mpsc::channel();
+            drop(rt.handle().spawn_on(0, move || async move {
+                let _ended = DropSend(ended_tx);
+                blocked_tx.send(()).unwrap();
+                // Holds the worker's thread until the test lets go.
+                let _ = release_rx.recv_timeout(Duration::from_secs(30));
+            }));
+            blocked_rx.recv_timeout(Duration::from_secs(10)).expect("the task started");
+            let start = std::time::Instant::now();
+            if background {
+                rt.shutdown_background();
+            } else {
+                rt.shutdown_timeout(BOUND);
+            }
+            let _ = took_tx.send(start.elapsed());
+        });
+        let took = took_rx.recv_timeout(Duration::from_secs(2));
+        release_tx.send(()).unwrap();
+        stopper.join().unwrap();
+        let took = took.unwrap_or_else(|_| {
+            panic!("the shutdown (background: {background}) waited for the blocked worker")
+        });
+        if background {
+            assert!(took < BOUND, "shutdown_background took {took:?}");
+        } else {
+            assert!(took >= BOUND, "shutdown_timeout took {took:?}, less than its bound");
+        }
+        // The worker, let go, ends and drops its task.
+        ended_rx.recv_timeout(Duration::from_secs(10)).expect("the stray worker dropped its task");
+    }
+}
+
+/// Sends on its channel when dropped, to see a task dropped on another thread.
+struct DropSend(std::sync::mpsc::Sender<()>);
+impl Drop for DropSend {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}

@@ -247,12 +247,24 @@ fn stop_threads(shared: &[Arc<WorkerShared>], threads: Vec<std::thread::JoinHand
     }
 }
 
+/// Counts the worker's thread as ended when dropped, last thing on it
+/// (after its context and every task are gone), unwinding or not.
+struct ExitNotice(Arc<shared::RuntimeShared>);
+
+impl Drop for ExitNotice {
+    fn drop(&mut self) {
+        self.0.exits.ended();
+    }
+}
+
 fn worker_thread(
     shared: Arc<WorkerShared>,
     config: Config,
     handle: Handle,
     ready: mpsc::Sender<(usize, io::Result<DriverInfo>)>,
 ) {
+    // Made first, so dropped last.
+    let _exit = ExitNotice(handle.inner.clone());
     let id = shared.id;
     let cx = match Context::new(shared.clone(), config, handle) {
         Ok(cx) => cx,
@@ -425,31 +437,71 @@ impl Runtime {
     /// then waits for the [`spawn_blocking`] jobs already running, at most
     /// [`Builder::blocking_shutdown_timeout`]; jobs not yet started are
     /// cancelled. Tasks are dropped, not completed: stop them first for a
-    /// graceful end. Dropping the runtime does the same.
+    /// graceful end. It waits for every worker to stop, however long a
+    /// task holds one's thread. Dropping the runtime does the same.
     pub fn shutdown(mut self) {
         let bound = self.blocking_wait;
-        self.stop(bound);
+        self.stop(None, bound);
     }
 
-    /// As [`Runtime::shutdown`], waiting at most `bound` for the blocking
-    /// jobs already running (tokio's `shutdown_timeout`).
+    /// As [`Runtime::shutdown`], waiting at most `bound` in all for the
+    /// workers to stop and the blocking jobs already running to return
+    /// (tokio's `shutdown_timeout`). A worker whose thread a task still
+    /// holds by then is left to stop on its own (it drops its tasks when
+    /// the task lets go).
     pub fn shutdown_timeout(mut self, bound: std::time::Duration) {
-        self.stop(bound);
+        self.stop(Some(bound), bound);
     }
 
-    /// As [`Runtime::shutdown`], without waiting for the blocking jobs
-    /// already running: they finish on their own threads, which may be cut
-    /// when the process exits (tokio's `shutdown_background`).
+    /// As [`Runtime::shutdown`], without waiting for the workers to stop
+    /// or for the blocking jobs already running: the workers drop their
+    /// tasks on their own threads, and the jobs finish on theirs, which may
+    /// be cut when the process exits (tokio's `shutdown_background`).
     pub fn shutdown_background(mut self) {
-        self.stop(std::time::Duration::ZERO);
+        self.stop(Some(std::time::Duration::ZERO), std::time::Duration::ZERO);
     }
 
-    /// Stops everything, waiting at most `blocking_wait` for the blocking
-    /// jobs already running. Runs once: a later call (the drop after a
+    /// Stops everything, waiting at most `workers_wait` for the workers
+    /// (`None`: until they stop) and then at most `blocking_wait` (less
+    /// the time the workers took, with a bound) for the blocking jobs
+    /// already running. Runs once: a later call (the drop after a
     /// shutdown) finds nothing left.
-    fn stop(&mut self, blocking_wait: std::time::Duration) {
+    fn stop(
+        &mut self,
+        workers_wait: Option<std::time::Duration>,
+        blocking_wait: std::time::Duration,
+    ) {
+        let started = std::time::Instant::now();
         let threads = std::mem::take(&mut self.threads);
-        stop_threads(&self.handle.inner.workers, threads);
+        match workers_wait {
+            None => stop_threads(&self.handle.inner.workers, threads),
+            Some(bound) => {
+                for s in &self.handle.inner.workers {
+                    s.push_shutdown();
+                }
+                if self.handle.inner.exits.wait(self.handle.inner.workers.len(), bound) {
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                } else {
+                    // Detached: a stray worker owns what it touches (its
+                    // context, and the runtime's shared state through its
+                    // own `Arc`), so nothing is freed under it.
+                    drop(threads);
+                    if !bound.is_zero() {
+                        crate::log::warn(format_args!(
+                            "a worker still running {} ms after the runtime's shutdown (a task \
+                             holds its thread); left to stop on its own",
+                            bound.as_millis()
+                        ));
+                    }
+                }
+            }
+        }
+        let blocking_wait = match workers_wait {
+            Some(_) => blocking_wait.saturating_sub(started.elapsed()),
+            None => blocking_wait,
+        };
         self.handle.inner.blocking.shutdown();
         let Some(cx) = self.main.take() else { return };
         // Over whatever context this thread has: a task of another
@@ -477,7 +529,7 @@ impl Drop for Runtime {
         // (tokio refuses such a drop with a panic).
         let wait =
             if current::on_worker() { std::time::Duration::ZERO } else { self.blocking_wait };
-        self.stop(wait);
+        self.stop(None, wait);
     }
 }
 

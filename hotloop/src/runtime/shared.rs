@@ -5,7 +5,8 @@
 //! which a worker's context holds and a `Handle` wraps.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use super::blocking::BlockingPool;
 use super::key::TaskKey;
@@ -94,6 +95,8 @@ pub(crate) struct RuntimeShared {
     pub(crate) blocking: BlockingPool,
     /// The next worker `Handle::spawn` picks (round-robin).
     pub(super) next_worker: AtomicUsize,
+    /// How many worker threads have ended, for a shutdown with a bound.
+    pub(crate) exits: WorkerExits,
 }
 
 impl RuntimeShared {
@@ -108,7 +111,37 @@ impl RuntimeShared {
             info: Mutex::new(DriverInfo::default()),
             blocking,
             next_worker: AtomicUsize::new(0),
+            exits: WorkerExits::default(),
         }
+    }
+}
+
+/// Counts the worker threads that have ended, so that a shutdown with a
+/// bound (`Runtime::shutdown_timeout`) waits for them no longer than it:
+/// a thread cannot be joined with a timeout.
+#[derive(Default)]
+pub(crate) struct WorkerExits {
+    ended: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl WorkerExits {
+    /// A worker thread: it has ended (nothing of it runs after this but
+    /// the thread's own exit).
+    pub(crate) fn ended(&self) {
+        *self.ended.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.changed.notify_all();
+    }
+
+    /// Waits until `workers` threads have ended, for at most `bound`.
+    /// Returns true if they have.
+    pub(crate) fn wait(&self, workers: usize, bound: Duration) -> bool {
+        let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let (ended, _) = self
+            .changed
+            .wait_timeout_while(ended, bound, |ended| *ended < workers)
+            .unwrap_or_else(|e| e.into_inner());
+        *ended >= workers
     }
 }
 
