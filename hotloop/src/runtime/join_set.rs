@@ -6,7 +6,8 @@
 //! finishes (returns, panics or is aborted) the slot pushes the id onto
 //! the set's list of finished tasks and wakes `join_next`. So `join_next`
 //! costs the same with ten tasks or ten thousand: it pops an id and takes
-//! that task's output, without polling the others.
+//! that task's output, without polling the others. A task that
+//! `detach_all` let go reports nothing when it finishes.
 
 use std::fmt;
 use std::future::Future;
@@ -204,5 +205,44 @@ impl<T> Drop for JoinSet<T> {
 impl<T> fmt::Debug for JoinSet<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JoinSet").field("len", &self.len()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::JoinSet;
+    use crate::runtime::join_slot::lock;
+
+    /// Detached tasks that finish later report nothing to the set they
+    /// left: its list of finished ids stays empty.
+    #[test]
+    fn detached_tasks_do_not_report_to_the_set() {
+        const TASKS: usize = 1000;
+        let rt = crate::Runtime::builder().workers(1).build().unwrap();
+        rt.block_on(async {
+            let mut set = JoinSet::new();
+            let ended = Rc::new(Cell::new(0));
+            for _ in 0..TASKS {
+                let ended = ended.clone();
+                set.spawn(async move {
+                    crate::yield_now().await;
+                    ended.set(ended.get() + 1);
+                });
+            }
+            let notify = set.notify.clone();
+            set.detach_all();
+            assert!(set.is_empty());
+            for _ in 0..100 {
+                if ended.get() == TASKS {
+                    break;
+                }
+                crate::yield_now().await;
+            }
+            assert_eq!(ended.get(), TASKS, "the detached tasks ran to their end");
+            assert_eq!(lock(&notify.ready).ids.len(), 0, "detached tasks reported to the set");
+        });
     }
 }

@@ -147,13 +147,15 @@ impl SetNotify {
         lock(&self.ready).has_finished(id)
     }
 
-    /// Records that task `id` finished and wakes the set's waiter.
+    /// Records that task `id` finished and wakes the set's waiter; a task
+    /// detached from the set only clears its mark (nothing joins it, so
+    /// its id would pile up in the list and wake the waiter for nothing).
     fn finished(&self, id: u64) {
         let waiter = {
             let mut ready = lock(&self.ready);
-            ready.ids.push_back(id);
-            if !ready.detached.is_empty() {
-                ready.detached.remove(&id);
+            let detached = !ready.detached.is_empty() && ready.detached.remove(&id);
+            if !detached {
+                ready.ids.push_back(id);
             }
             let (index, generation) = (id as u32 as usize, (id >> 32) as u32);
             if ready.finished_generations.len() <= index {
@@ -165,7 +167,11 @@ impl SetNotify {
             if *last == 0 || newer(generation, *last) {
                 *last = generation;
             }
-            ready.waiter.take()
+            if detached {
+                None
+            } else {
+                ready.waiter.take()
+            }
         };
         if let Some(w) = waiter {
             w.wake();
