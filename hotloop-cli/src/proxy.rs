@@ -14,35 +14,31 @@
 //! does not read makes no progress, so it counts as idle too.
 //!
 //! A cut (the idle timeout, a reset or an error on either side) is passed
-//! on as a reset to both sides (`SO_LINGER` 0, then close), never as a
-//! clean end of stream, so neither peer can take a truncated transfer for
-//! a complete one. haproxy does the same when it aborts a stream (its
-//! "nolinger" close); unlike haproxy, hotloop also resets on the idle
-//! timeout, where haproxy sends a FIN.
-//!
-//! Each direction reads with `read_pooled`, so an idle proxied connection
-//! holds no buffer: one task (both directions and the idle timer are
-//! futures inside it) and its two sockets.
+//! on as a reset (`SO_LINGER` 0, then close), never as a clean end of
+//! stream, so neither peer can take a truncated transfer for a complete
+//! one. haproxy does the same when it aborts a stream (its "nolinger"
+//! close); unlike haproxy, hotloop also resets on the idle timeout, where
+//! haproxy sends a FIN. When one side fails, the other still gets every
+//! byte already forwarded to it before its reset (see `forward.rs`).
 
 use std::cell::Cell;
-use std::future::{poll_fn, Future};
 use std::io;
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use hotloop::net::{serve, TcpStream};
-use hotloop::time::sleep_until;
 use hotloop::Runtime;
 
 use crate::mode::{self, Serving, Start};
 use crate::runtime_args::RuntimeArgs;
 use crate::stats_server::{Extra, ExtraFields, Kind};
+
+mod forward;
+use forward::forward;
 
 /// What `hotloop proxy` forwards.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,107 +311,4 @@ async fn connect_within(addr: SocketAddr, limit: Duration) -> std::io::Result<Tc
 
 fn out_of_descriptors(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
-}
-
-/// Forwards one client connection.
-pub async fn forward(client: TcpStream, config: Arc<ProxyConfig>) {
-    let Some(backend) = connect_backend(&config).await else {
-        config.counters.no_backend.fetch_add(1, Relaxed);
-        return; // dropping the client closes it cleanly
-    };
-    config.counters.forwarded.fetch_add(1, Relaxed);
-    // Declared before the copies, so it drops after them: whatever ends
-    // this future short of both directions' clean end (the idle timeout,
-    // a reset, or a drain's deadline dropping the connection's task at the
-    // wait below) resets both sides.
-    let mut cut = CutUnlessClean { sides: [&client, &backend], clean: false };
-    // Both directions and the idle timer live in this one task: no spawn,
-    // so an idle proxied connection costs one task, two sockets, no buffer.
-    let moved = Cell::new(Instant::now());
-    let mut up = pin!(copy(&client, &backend, &config.counters.bytes_up, &moved));
-    let mut down = pin!(copy(&backend, &client, &config.counters.bytes_down, &moved));
-    let (mut up_done, mut down_done) = (false, false);
-    let mut idle = pin!(config.idle_timeout.map(|t| sleep_until(moved.get() + t)));
-    let clean = poll_fn(|cx| {
-        for (copy, done) in [(up.as_mut(), &mut up_done), (down.as_mut(), &mut down_done)] {
-            if !*done {
-                if let Poll::Ready(ended) = copy.poll(cx) {
-                    *done = true;
-                    if let Ended::Failed = ended {
-                        return Poll::Ready(false);
-                    }
-                }
-            }
-        }
-        if up_done && down_done {
-            return Poll::Ready(true);
-        }
-        if let (Some(mut sleep), Some(t)) = (idle.as_mut().as_pin_mut(), config.idle_timeout) {
-            while sleep.as_mut().poll(cx).is_ready() {
-                let due = moved.get() + t;
-                if Instant::now() >= due {
-                    return Poll::Ready(false);
-                }
-                sleep.as_mut().reset(due);
-            }
-        }
-        Poll::Pending
-    })
-    .await;
-    cut.clean = clean;
-    // Returning drops the copies still running (cancelling their
-    // operations), then `cut`, then closes both sockets.
-}
-
-/// Resets both sockets of a proxied connection when it drops unless its
-/// both directions ended cleanly: neither peer may read a clean end of
-/// stream after a cut (a truncated download would look whole).
-struct CutUnlessClean<'a> {
-    sides: [&'a TcpStream; 2],
-    clean: bool,
-}
-
-impl Drop for CutUnlessClean<'_> {
-    fn drop(&mut self) {
-        if !self.clean {
-            for side in self.sides {
-                let _ = side.set_linger(Some(Duration::ZERO));
-            }
-        }
-    }
-}
-
-/// How one direction ended.
-enum Ended {
-    /// The source closed its side; the half-close was passed on.
-    Eof,
-    /// A reset or an error on either side: the connection is cut.
-    Failed,
-}
-
-/// Copies `from` to `to` until EOF, then half-closes `to`; notes each
-/// read and write that finishes in `moved`.
-async fn copy(
-    from: &TcpStream,
-    to: &TcpStream,
-    counter: &AtomicU64,
-    moved: &Cell<Instant>,
-) -> Ended {
-    loop {
-        // A buffer is taken only once data is there: idle, this holds none.
-        let Ok(buf) = from.read_pooled().await else { return Ended::Failed };
-        moved.set(Instant::now());
-        if buf.is_empty() {
-            return match to.shutdown_with(Shutdown::Write).await {
-                Ok(()) => Ended::Eof,
-                Err(_) => Ended::Failed,
-            };
-        }
-        counter.fetch_add(buf.len() as u64, Relaxed);
-        let (res, _) = to.write_all_owned(buf).await;
-        if res.is_err() {
-            return Ended::Failed;
-        }
-        moved.set(Instant::now());
-    }
 }

@@ -17,6 +17,7 @@ mod never_reading;
 mod proxy_exhaustion;
 mod proxy_half_close;
 mod proxy_idle;
+mod proxy_side_fails;
 mod quic;
 mod quic_abuse;
 mod serve;
