@@ -108,13 +108,13 @@ fn timed_out() -> io::Error {
 /// that reads nothing held the descriptor that long. Shut down in the
 /// kernel, the send fails at once and the driver resets the connection.
 /// `SO_LINGER` zero makes the close a reset on epoll too (the client sees
-/// a cut, not a clean end after part of a reply), and setting it gives a
-/// direct io_uring socket the plain descriptor the shutdown needs; when
-/// that fails (out of descriptors), the stream's own shutdown is left.
+/// a cut, not a clean end after part of a reply); when it cannot be set
+/// (a direct io_uring socket out of descriptors, on a kernel that sets it
+/// only through one), the stream's own shutdown is left.
 async fn cut(tls: &ServerTlsStream) {
     let tcp = tls.get_ref().0;
     if tcp.set_linger(Some(Duration::ZERO)).is_ok() {
-        let _ = rustix::net::shutdown(tcp, rustix::net::Shutdown::Both);
+        let _ = tcp.shutdown_now(Shutdown::Both);
     } else {
         let _ = tcp.shutdown_with(Shutdown::Both).await;
     }

@@ -1415,6 +1415,48 @@ fn socket_options_of_a_direct_stream_fail_cleanly_out_of_descriptors() {
     );
 }
 
+/// The child of the test below: a direct stream set to close with a
+/// reset (`SO_LINGER` 0) and shut down while no descriptor can be
+/// installed for it, then dropped, the fillers still held.
+fn direct_stream_cut_out_of_descriptors() {
+    use std::io::{ErrorKind, Read};
+    let rt = uring_runtime(1);
+    let (_listener, mut client, stream) = one_accepted(&rt);
+    let fillers = {
+        let _limit = NofileLimit::lower_to(highest_fd() + 8);
+        let mut fillers = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            fillers.push(f);
+        }
+        stream.set_linger(Some(Duration::ZERO)).expect("SO_LINGER with no descriptor to spare");
+        // The kernel shutdown a TLS cut makes after it needs none either.
+        stream.shutdown_now(std::net::Shutdown::Read).expect("a shutdown with none to spare");
+        drop(stream);
+        fillers
+    };
+    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let end = client.read(&mut [0u8; 1]);
+    assert!(
+        matches!(&end, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+        "the peer read {end:?}, not a reset"
+    );
+    drop(fillers);
+    print_direct_counters(&rt);
+}
+
+/// `SO_LINGER` on a direct stream needs no descriptor (a ring entry,
+/// Linux 6.7): a connection cut when the process is out of descriptors
+/// reaches its peer as a reset. Before, installing the descriptor for
+/// the option failed with `EMFILE`, and a caller that went on closed the
+/// connection with a FIN, which makes a truncated transfer look whole.
+#[test]
+fn a_direct_stream_is_reset_out_of_descriptors() {
+    const NAME: &str = "a_direct_stream_is_reset_out_of_descriptors";
+    if let Some((_serial, out)) = in_direct_child(NAME, direct_stream_cut_out_of_descriptors) {
+        assert_direct_counters(&out, 1, 0);
+    }
+}
+
 /// The child of the test below: hyper serves keep-alive requests on a
 /// direct stream, and no plain descriptor is installed for it until the
 /// drain's peek.

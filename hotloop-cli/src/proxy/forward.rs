@@ -96,6 +96,9 @@ impl Sockets {
     fn close(&mut self, side: Side, reset: bool) {
         if let Some(s) = self.0[side as usize].take() {
             if reset {
+                // It fails only where the option cannot be set at all (a
+                // direct io_uring socket out of descriptors, on a kernel
+                // that sets it only through one): nothing else to try.
                 let _ = s.set_linger(Some(Duration::ZERO));
             }
         }

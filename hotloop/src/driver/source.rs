@@ -201,6 +201,19 @@ impl StreamSource {
         }
     }
 
+    /// Sets `SO_LINGER` where the socket has no descriptor (a direct
+    /// io_uring socket: a ring entry, so that no descriptor has to be
+    /// installed for it); `None`: set it through the descriptor.
+    pub(crate) fn set_linger_direct(
+        &self,
+        linger: Option<std::time::Duration>,
+    ) -> Option<io::Result<()>> {
+        match self {
+            StreamSource::Epoll(_) => None,
+            StreamSource::Uring(s) => s.set_linger_direct(linger),
+        }
+    }
+
     /// Shuts the write side once the bytes the poll-form writes took are
     /// sent, without waiting for them here (io_uring hands a send in
     /// flight to the driver, bounded by its send deadline; epoll holds

@@ -91,7 +91,16 @@ impl TcpStream {
     /// of stream), which is how a proxy passes on a cut; `None` restores
     /// the default (close sends a FIN after the unsent data). The kernel
     /// keeps whole seconds.
+    ///
+    /// A direct io_uring socket (`HOTLOOP_URING_DIRECT_FDS=1`) takes it
+    /// from a ring entry (Linux 6.7), with no descriptor installed, so a
+    /// cut still resets when the process is out of descriptors; on an
+    /// older kernel a descriptor is installed for it, and when that fails
+    /// the error (`EMFILE`) says the option is not set.
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        if let Some(res) = self.core().set_linger_direct(linger) {
+            return res;
+        }
         SockRef::from(&self.borrowed()?).set_linger(linger)
     }
 

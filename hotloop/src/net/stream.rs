@@ -276,6 +276,17 @@ impl TcpStream {
         self.core.shutdown(how)
     }
 
+    /// Shuts down the read half, the write half or both in the kernel at
+    /// once, without waiting: unlike [`shutdown_with`](Self::shutdown_with),
+    /// bytes the poll-form writes took that io_uring still has in flight
+    /// are not sent first (their send fails, and the driver resets the
+    /// connection). With [`set_linger`](Self::set_linger)
+    /// `Some(Duration::ZERO)` first, it cuts a connection now. A direct
+    /// io_uring socket runs a ring entry, with no descriptor installed.
+    pub fn shutdown_now(&self, how: Shutdown) -> io::Result<()> {
+        self.core.source().shutdown_now(how)
+    }
+
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         sys::local_addr(self.core.try_as_fd()?.as_raw_fd())

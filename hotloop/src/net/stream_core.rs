@@ -73,6 +73,15 @@ impl StreamCore {
         self.src.as_fd()
     }
 
+    /// Sets `SO_LINGER` without a descriptor on a socket that has none
+    /// (see `StreamSource::set_linger_direct`); `None`: through the descriptor.
+    pub(crate) fn set_linger_direct(
+        &self,
+        linger: Option<std::time::Duration>,
+    ) -> Option<io::Result<()>> {
+        self.src.set_linger_direct(linger)
+    }
+
     /// The descriptor, borrowed, or why none can be had (see
     /// `StreamOps::try_as_fd`).
     pub(crate) fn try_as_fd(&self) -> io::Result<BorrowedFd<'_>> {

@@ -271,6 +271,15 @@ pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> io
     Ok(())
 }
 
+/// `SO_LINGER`'s value for `linger`, as `setsockopt(2)` takes it: `None`
+/// off, else on with the time in whole seconds (the kernel keeps no less).
+pub(crate) fn linger(linger: Option<std::time::Duration>) -> libc::linger {
+    libc::linger {
+        l_onoff: i32::from(linger.is_some()),
+        l_linger: linger.map_or(0, |d| d.as_secs().min(i32::MAX as u64) as i32),
+    }
+}
+
 /// Reads an integer socket option.
 pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     let mut value: i32 = 0;

@@ -372,6 +372,52 @@ impl Driver {
         }
     }
 
+    /// Sets `SO_LINGER` on a direct socket without a plain descriptor,
+    /// with no descriptor made: an `IORING_OP_URING_CMD` entry
+    /// (`SOCKET_URING_OP_SETSOCKOPT`, Linux 6.7) run at once. Out of
+    /// descriptors, installing one for `setsockopt(2)` fails, and a cut
+    /// that cannot set the option closes with a FIN: a truncated transfer
+    /// would look complete. `None` when the caller should go through a
+    /// plain descriptor instead: the socket has one, the kernel has no
+    /// socket commands (`EOPNOTSUPP`, or `EINVAL` before `URING_CMD`), or
+    /// the call comes from inside the driver.
+    pub(crate) fn set_linger_direct(
+        &self,
+        fd: &SharedFd,
+        linger: Option<std::time::Duration>,
+    ) -> Option<io::Result<()>> {
+        if fd.raw_fd().is_some() || fd.slot().is_none() {
+            return None;
+        }
+        let mut st = self.state.try_borrow_mut().ok()?;
+        // The option's value where the kernel reads it. Boxed: should the
+        // enter fail after the entry went in, the kernel may still read it
+        // later, and it is leaked then rather than freed under it.
+        let value = Box::new(crate::sys::linger(linger));
+        let entry = fd.entry(|t| {
+            io_uring::opcode::SetSockOpt::new(
+                t,
+                libc::SOL_SOCKET as u32,
+                libc::SO_LINGER as u32,
+                std::ptr::from_ref::<libc::linger>(&value).cast(),
+                std::mem::size_of::<libc::linger>() as u32,
+            )
+            .build()
+        });
+        let res = match st.ring.run_now(entry) {
+            Ok(res) => res,
+            Err(e) => {
+                Box::leak(value);
+                return Some(Err(e));
+            }
+        };
+        match res {
+            0.. => Some(Ok(())),
+            res if -res == libc::EOPNOTSUPP || -res == libc::EINVAL => None,
+            res => Some(Err(io::Error::from_raw_os_error(-res))),
+        }
+    }
+
     /// The plain descriptor of `fd`, installed now
     /// (`IORING_OP_FIXED_FD_INSTALL`, one enter) if it is a direct socket
     /// without one: for system calls, and for handing the socket to user

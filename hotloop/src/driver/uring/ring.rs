@@ -371,9 +371,10 @@ impl Ring {
     /// taken from a shutdown's 0, which is standard input).
     pub(super) fn run_now(&mut self, entry: squeue::Entry) -> io::Result<i32> {
         let entry = entry.user_data(UserData::RunNow.to_u64());
-        // SAFETY: the entries `run_now` is given point at no memory (a
-        // unit test's timeout points at a `Timespec` of its caller, which
-        // outlives this call, and this call waits for the completion).
+        // SAFETY: the entries `run_now` is given point at no memory, or at
+        // memory their caller keeps until the completion, which this call
+        // waits for (a unit test's timeout at a `Timespec` of its caller;
+        // a socket option at its boxed value, leaked if this call fails).
         while unsafe { self.ring.submission().push(&entry) }.is_err() {
             if !self.submit_now()? {
                 return Err(io::ErrorKind::WouldBlock.into());

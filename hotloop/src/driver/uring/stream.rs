@@ -153,6 +153,15 @@ impl StreamSource {
         self.core.driver.shutdown_now(&self.core.fd, how)
     }
 
+    /// Sets `SO_LINGER` on a direct socket with no descriptor made (see
+    /// [`Driver::set_linger_direct`]); `None`: through the descriptor.
+    pub(crate) fn set_linger_direct(
+        &self,
+        linger: Option<std::time::Duration>,
+    ) -> Option<io::Result<()>> {
+        self.core.driver.set_linger_direct(&self.core.fd, linger)
+    }
+
     /// Shuts the write side once every byte the poll-form writes took is
     /// sent, without waiting here: a send still in flight goes to the
     /// driver, which shuts the write side after its last byte, within the
