@@ -127,6 +127,53 @@ fn streams_are_echoed(driver: DriverKind) {
     assert!(start.elapsed() < Duration::from_secs(3), "{driver}: exit took {:?}", start.elapsed());
 }
 
+/// A client whose address changes (connection migration, a NAT giving it
+/// a new port) keeps its connection on a server with several workers: it
+/// moves to a new local port 8 times and is echoed each time within a
+/// second or so. Each new address hashes to any worker's socket; the
+/// group steers datagrams by connection ID to the worker that owns the
+/// connection (before, half the moves went to a worker that did not know
+/// it, whose stateless reset the client could not recognise, and the
+/// connection hung until its idle timeout).
+#[hotloop::test(driver = "all")]
+fn a_client_that_changes_address_keeps_its_connection(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr, config) = serve_quic(driver, &[]);
+    let moved = client_rt().block_on(echo_across_address_changes(addr, config, 8));
+    assert_eq!(moved, Ok(8), "{driver}");
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// Connects to `addr`, then `times` times moves the client to a new local
+/// port and has a stream echoed there (each within 3 s); how many moves
+/// were echoed, or what failed.
+pub async fn echo_across_address_changes(
+    addr: SocketAddr,
+    config: ClientConfig,
+    times: usize,
+) -> Result<usize, String> {
+    const EACH: Duration = Duration::from_secs(3);
+    let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+    let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+    assert_eq!(echo_once(&conn, b"first").await, b"first");
+    let mut moved = 0;
+    for i in 0..times {
+        let socket = std::net::UdpSocket::bind(localhost()).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        client.rebind(socket).map_err(|e| format!("rebind: {e}"))?;
+        let msg = format!("from port {port}").into_bytes();
+        match hotloop::time::timeout(EACH, echo_once(&conn, &msg)).await {
+            Ok(got) if got == msg => moved += 1,
+            Ok(got) => return Err(format!("move {i}: echoed {got:?}")),
+            Err(_) => return Err(format!("move {i} (port {port}): no echo within {EACH:?}")),
+        }
+    }
+    conn.close(VarInt::from_u32(0), b"done");
+    let _ = hotloop::time::timeout(EACH, client.wait_idle()).await;
+    Ok(moved)
+}
+
 /// SIGTERM: a connection with no stream open is closed at once with
 /// code 0; one with a stream in flight gets the whole echo, then the
 /// same close; the process exits 0 long before the grace period.

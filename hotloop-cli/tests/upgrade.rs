@@ -619,6 +619,109 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
 
+/// `serve quic` upgraded while new clients keep coming: from the moment
+/// the old connection is told of the upgrade, while the old process still
+/// drains, 20 connections, 10 ms apart and each from a socket of its own,
+/// all handshake with the successor and echo. The old process reads the
+/// handed-over sockets no more: none of them is refused by its closed
+/// endpoints, nor loses datagrams to it.
+#[hotloop::test(driver = "all")]
+fn new_quic_connections_during_a_hand_over_all_reach_the_successor(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_dir, path) = socket_path();
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
+    let args = serve_args(
+        "quic",
+        driver,
+        "2",
+        &path,
+        &["--tls-cert", c, "--tls-key", k, "--idle-timeout-ms", "30000"],
+    );
+    let mut p = Proc::start(&args);
+    let addr = p.addr_after(" on ");
+    let config = common::quic_client_config(&cert.path, b"hotloop-echo");
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    let echo = |conn: quinn::Connection| async move {
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        send.write_all(b"hi").await.map_err(|e| e.to_string())?;
+        send.finish().map_err(|e| e.to_string())?;
+        recv.read_to_end(64).await.map_err(|e| e.to_string())
+    };
+    let (client, old) = rt.block_on(async {
+        let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        let old = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+        assert_eq!(echo(old.clone()).await.unwrap(), b"hi");
+        (client, old)
+    });
+    let mut next = Proc::start(&args);
+    let results = rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            old.closed().await;
+            let mut fresh = Vec::new();
+            for _ in 0..20 {
+                let config = config.clone();
+                fresh.push(hotloop::spawn(async move {
+                    let own = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None)
+                        .map_err(|e| e.to_string())?;
+                    let conn = own
+                        .connect_with(config, addr, "localhost")
+                        .map_err(|e| e.to_string())?
+                        .await
+                        .map_err(|e| format!("handshake: {e}"))?;
+                    let got = echo(conn.clone()).await;
+                    conn.close(0u32.into(), b"done");
+                    own.wait_idle().await;
+                    got
+                }));
+                hotloop::time::sleep(Duration::from_millis(10)).await;
+            }
+            let mut results = Vec::new();
+            for f in fresh {
+                results.push(f.await.expect("a client task"));
+            }
+            client.wait_idle().await;
+            results
+        })
+        .await
+        .expect("the new connections did not finish in time")
+    });
+    let failed: Vec<_> = results.iter().filter(|r| r.as_deref() != Ok(&b"hi"[..])).collect();
+    assert!(failed.is_empty(), "{driver}: {} of 20 failed: {failed:?}", failed.len());
+    assert!(next.wait_for_line("took the", LIMIT), "{:?}", next.seen);
+    let status = p.wait_exit(LIMIT).expect("the old process did not exit after the hand-over");
+    assert!(status.success(), "{status}");
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// After an upgrade the successor holds the same sockets in the same
+/// order, so connection IDs still name the right one: a client of the
+/// successor (one worker running the two endpoints of its predecessor's
+/// two sockets) moves to a new local port 8 times and is echoed each time.
+#[hotloop::test(driver = "all")]
+fn a_client_that_changes_address_after_an_upgrade_keeps_its_connection(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_dir, path) = socket_path();
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
+    let args =
+        |workers| serve_args("quic", driver, workers, &path, &["--tls-cert", c, "--tls-key", k]);
+    let mut p = Proc::start(&args("2"));
+    let addr = p.addr_after(" on ");
+    let mut next = upgrade(&mut p, &args("1"));
+    let config = common::quic_client_config(&cert.path, b"hotloop-echo");
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    let moved = rt.block_on(async {
+        hotloop::time::timeout(LIMIT, crate::quic::echo_across_address_changes(addr, config, 8))
+            .await
+            .expect("the moves did not finish in time")
+    });
+    assert_eq!(moved, Ok(8), "{driver}");
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
 /// `serve quic` whose successor takes the UDP sockets and then fails to
 /// start (its stats address cannot be bound) goes on serving: it never
 /// hands over, since the successor fails before it says it is ready. The

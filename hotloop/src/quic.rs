@@ -44,6 +44,15 @@
 //!   times what it received (RFC 9000 section 8 makes three times a hard
 //!   limit). [`limit_amplification`] holds the socket itself to the limit
 //!   for a peer while a handshake from it is unvalidated.
+//! - Endpoints on the sockets of one `SO_REUSEPORT` group keep a client
+//!   whose address changes (connection migration, a NAT rebinding) on the
+//!   socket that owns its connection when started with [`group_configs`]:
+//!   connection IDs that name their socket, and a BPF program on the group
+//!   that steers by them (`quic/steer.rs`).
+
+mod steer;
+
+pub use steer::group_configs;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -56,7 +65,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Instant;
 
@@ -246,27 +255,30 @@ pub fn endpoint_on(
     socket: std::net::UdpSocket,
     server_config: Option<ServerConfig>,
 ) -> io::Result<quinn::Endpoint> {
-    endpoint_on_socket(socket, server_config, None)
+    endpoint_on_socket(socket, EndpointConfig::default(), server_config, None)
 }
 
-/// [`endpoint_on`], except that the endpoint reads nothing from `socket`
-/// until `gate` is opened: for a socket another process still reads (a
-/// predecessor, at an upgrade), where two QUIC endpoints cannot share the
-/// datagrams. Everything that can fail in starting the endpoint is done
-/// here, before that process is told to stop.
+/// [`endpoint_on`] with quinn's endpoint configuration `config` (one of
+/// [`group_configs`], say), except that the endpoint reads nothing from
+/// `socket` until `gate` is opened: for a socket another process still
+/// reads (a predecessor, at an upgrade), where two QUIC endpoints cannot
+/// share the datagrams. Everything that can fail in starting the endpoint
+/// is done here, before that process is told to stop.
 ///
 /// # Panics
 /// Outside a hotloop worker.
 pub fn endpoint_on_gated(
     socket: std::net::UdpSocket,
+    config: EndpointConfig,
     server_config: Option<ServerConfig>,
     gate: RecvGate,
 ) -> io::Result<quinn::Endpoint> {
-    endpoint_on_socket(socket, server_config, Some(gate))
+    endpoint_on_socket(socket, config, server_config, Some(gate))
 }
 
 fn endpoint_on_socket(
     socket: std::net::UdpSocket,
+    config: EndpointConfig,
     server_config: Option<ServerConfig>,
     gate: Option<RecvGate>,
 ) -> io::Result<quinn::Endpoint> {
@@ -275,17 +287,13 @@ fn endpoint_on_socket(
     let v6 = socket.local_addr()?.is_ipv6();
     socket.configure(v6, &UdpOptions::quic())?;
     let socket = runtime.wrap(socket, gate)?;
-    quinn::Endpoint::new_with_abstract_socket(
-        EndpointConfig::default(),
-        server_config,
-        socket,
-        runtime,
-    )
+    quinn::Endpoint::new_with_abstract_socket(config, server_config, socket, runtime)
 }
 
 /// Holds back the receives of the endpoints started with it
-/// ([`endpoint_on_gated`]) until [`open`](Self::open). Cloning gives
-/// another handle on the same gate.
+/// ([`endpoint_on_gated`]) until [`open`](Self::open), and stops them for
+/// good at [`retire`](Self::retire). Cloning gives another handle on the
+/// same gate.
 #[derive(Debug, Clone, Default)]
 pub struct RecvGate {
     inner: Arc<GateInner>,
@@ -294,8 +302,24 @@ pub struct RecvGate {
 #[derive(Debug, Default)]
 struct GateInner {
     open: AtomicBool,
+    retired: AtomicBool,
     /// The endpoints' tasks waiting for the gate to open.
     waiting: Mutex<Vec<Waker>>,
+    /// The sockets started with the gate, each with its worker, for `retire`.
+    sockets: Mutex<Vec<GatedSocket>>,
+}
+
+/// A socket started with a gate, stopped on its own worker.
+struct GatedSocket {
+    uid: u64,
+    owner: Arc<WorkerShared>,
+    socket: Weak<QuicSocket>,
+}
+
+impl fmt::Debug for GatedSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GatedSocket").field("worker", &self.uid).finish_non_exhaustive()
+    }
 }
 
 impl RecvGate {
@@ -316,6 +340,51 @@ impl RecvGate {
     /// True once opened.
     pub fn is_open(&self) -> bool {
         self.inner.open.load(Ordering::SeqCst)
+    }
+
+    /// Stops the endpoints' receives for good, from any thread: their
+    /// sockets are read by another process now (a successor, at an
+    /// upgrade), which must get every datagram. Sends go on, so an
+    /// endpoint closed after this still sends its close packets.
+    ///
+    /// No receive reads a socket once this has begun. Each socket also
+    /// stops on its worker ([`UdpSocket::stop_receiving`]: on io_uring its
+    /// armed multishot receive, which would go on taking datagrams, is
+    /// cancelled and what it queued dropped): those of the calling worker
+    /// before this returns, the others at their worker's next turn. So call
+    /// it on every worker that runs such an endpoint (as a task there) to
+    /// know all have stopped when those calls return.
+    pub fn retire(&self) {
+        self.inner.retired.store(true, Ordering::SeqCst);
+        let here = current::try_worker_uid();
+        let mut sockets = self.inner.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        sockets.retain(|s| s.socket.strong_count() > 0);
+        for s in sockets.iter() {
+            if here == Some(s.uid) {
+                if let Some(socket) = s.socket.upgrade() {
+                    socket.stop_receiving();
+                }
+            } else {
+                let socket = s.socket.clone();
+                s.owner.push_runnable(Box::new(move || {
+                    if let Some(socket) = socket.upgrade() {
+                        socket.stop_receiving();
+                    }
+                }));
+            }
+        }
+    }
+
+    /// True once retired.
+    pub fn is_retired(&self) -> bool {
+        self.inner.retired.load(Ordering::SeqCst)
+    }
+
+    /// Files `socket`, started with this gate on worker `uid`, for [`Self::retire`].
+    fn register(&self, uid: u64, owner: Arc<WorkerShared>, socket: Weak<QuicSocket>) {
+        let mut sockets = self.inner.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        sockets.retain(|s| s.socket.strong_count() > 0);
+        sockets.push(GatedSocket { uid, owner, socket });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waker>> {
@@ -364,15 +433,20 @@ impl HotloopRuntime {
         socket: UdpSocket,
         gate: Option<RecvGate>,
     ) -> io::Result<Arc<dyn AsyncUdpSocket>> {
-        Ok(Arc::new(QuicSocket {
-            gate,
+        let socket = Arc::new(QuicSocket {
+            gate: gate.clone(),
             local_addr: socket.local_addr()?,
             gso_segments_max: AtomicUsize::new(socket.max_gso_segments()),
             gro_segments_max: socket.max_gro_segments(),
             socket: Local::new(Rc::new(socket), self.owner.clone()),
             owner: self.owner.clone(),
             send_errors: AtomicU64::new(0),
-        }))
+            stopped: AtomicBool::new(false),
+        });
+        if let Some(gate) = gate {
+            gate.register(self.uid, self.owner.clone(), Arc::downgrade(&socket));
+        }
+        Ok(socket)
     }
 }
 
@@ -492,8 +566,20 @@ struct QuicSocket {
     gro_segments_max: usize,
     /// Send errors other than `WouldBlock`, which are dropped (and logged now and then).
     send_errors: AtomicU64,
-    /// Receives wait for it to open ([`endpoint_on_gated`]).
+    /// Receives wait for it to open ([`endpoint_on_gated`]), and stop for
+    /// good once it is retired.
     gate: Option<RecvGate>,
+    /// The socket no longer receives ([`RecvGate::retire`]).
+    stopped: AtomicBool,
+}
+
+impl QuicSocket {
+    /// Stops the socket's receives for good; on its worker only.
+    fn stop_receiving(&self) {
+        if !self.stopped.swap(true, Ordering::SeqCst) {
+            self.socket.get().stop_receiving();
+        }
+    }
 }
 
 impl fmt::Debug for QuicSocket {
@@ -588,6 +674,13 @@ impl AsyncUdpSocket for QuicSocket {
         meta: &mut [QuinnRecvMeta],
     ) -> Poll<io::Result<usize>> {
         if let Some(gate) = &self.gate {
+            if gate.is_retired() {
+                // Another process reads the socket now. Pending for good,
+                // not an error: quinn ends an endpoint whose receive fails,
+                // and a closing one still has close packets to send.
+                self.stop_receiving();
+                return Poll::Pending;
+            }
             std::task::ready!(gate.poll_open(cx));
         }
         let mut got = [RecvMeta::default(); BATCH_DATAGRAMS_MAX];

@@ -4,7 +4,9 @@
 //! their own.
 //!
 //! Every worker runs its own endpoint on the same UDP port
-//! (`SO_REUSEPORT`: the kernel keeps each peer on one worker). In `quic`,
+//! (`SO_REUSEPORT`: the kernel keeps each peer on one worker, and a
+//! connection whose client's address changes is steered back to its
+//! worker by its connection ID, `hotloop::quic::group_configs`). In `quic`,
 //! every bidirectional stream a client opens gets back what it sends, until
 //! the client finishes the stream; then the server finishes its side. In
 //! `h3`, every request gets 200 and `--body-size` bytes.
@@ -37,15 +39,20 @@
 //! Upgrades (`--upgrade-socket`): the successor receives the UDP sockets
 //! (every member of the `SO_REUSEPORT` group), starts its endpoints on them
 //! reading nothing yet (so what can fail in starting them fails before this
-//! process hands over), and says it is ready; this process then closes
-//! every connection at once, with the same code and the reason "server
-//! upgrading", lets the close packets go out ([`CLOSE_SEND_WAIT`]), moves
-//! its endpoints to sockets of their own, and only then tells the successor
-//! to start reading. Its connections are closed, not finished: both processes would
-//! read the same sockets, the kernel gives each datagram to one of them,
-//! and a datagram of one process's connection read by the other is
-//! answered with a stateless reset (or a new connection's Initial read by
-//! the old process is refused). Steering by connection ID needs an eBPF
+//! process hands over), and says it is ready; this process then stops
+//! reading the sockets for good (`RecvGate::retire`: on io_uring its armed
+//! receives are cancelled, and the few datagrams they had queued and
+//! nobody had read yet are dropped, as a lost datagram is), closes every
+//! connection at once, with the same code and the reason "server
+//! upgrading" (the close packets go out while it drains: sending needs no
+//! receive), and only then tells the successor to start reading; from then
+//! on only the successor reads the sockets, so a new connection's Initial
+//! is never refused by this process. Its connections are closed, not
+//! finished: they would need this process to go on reading, and both
+//! processes reading the same sockets split the datagrams between them
+//! (a datagram of one process's connection read by the other is answered
+//! with a stateless reset, a new connection's Initial read by the old
+//! process is refused). Steering between processes needs an eBPF
 //! program (`CAP_BPF`) or forwarding datagrams between the processes (as
 //! Envoy's hot restart does). A client sees its connection closed with a
 //! reason at once, never a timeout, and reconnects to the successor;
@@ -96,11 +103,6 @@ use crate::stop;
 
 /// After closing the endpoints, how long to let their close packets go out.
 const CLOSE_FLUSH_MAX: Duration = Duration::from_millis(250);
-
-/// At a hand-over, how long the closing endpoints keep the shared sockets
-/// to send their close packets before they stop reading them: the
-/// successor reads nothing meanwhile (what arrives waits in the socket).
-const CLOSE_SEND_WAIT: Duration = Duration::from_millis(50);
 
 /// `hotloop serve quic` or `hotloop serve h3`: a [`Mode`] on UDP.
 pub struct Quic {
@@ -172,9 +174,9 @@ impl Mode for Quic {
             .map_err(|e| io::Error::new(e.kind(), format!("QUIC endpoint on {bound}: {e}")))?;
         {
             // A successor reads the sockets once this process no longer does.
-            let (handle, endpoints, code) =
-                (at.rt.handle().clone(), endpoints.clone(), self.close_code);
-            at.handover.on_hand_over(move || hand_over(&handle, &endpoints, code));
+            let (handle, endpoints, code, gate) =
+                (at.rt.handle().clone(), endpoints.clone(), self.close_code, gate.clone());
+            at.handover.on_hand_over(move || hand_over(&handle, &endpoints, &gate, code));
         }
         let releaser = Some(MemoryReleaser::start(self.settings.clone())?);
         let settings = self.settings.clone();
@@ -230,7 +232,9 @@ impl Mode for Quic {
 /// Starts an endpoint on each socket: socket `i` on worker `i % workers`,
 /// so a worker may run several endpoints (a predecessor had more workers)
 /// or none (it had fewer). Each reads once `gate` opens, and runs until the
-/// runtime is dropped.
+/// runtime is dropped. They share a stateless-reset key, and a client whose
+/// address changes stays on the endpoint that owns its connection
+/// (`hotloop::quic::group_configs`).
 fn start_endpoints(
     rt: &Runtime,
     sockets: Vec<std::net::UdpSocket>,
@@ -239,14 +243,17 @@ fn start_endpoints(
     gate: &RecvGate,
 ) -> io::Result<Vec<(usize, Endpoint)>> {
     let workers = rt.handle().workers();
+    // In the group's order: a migrating client's datagrams are steered to
+    // the socket, and so the endpoint, that owns its connection.
+    let configs = hotloop::quic::group_configs(&sockets)?;
     let mut endpoints = Vec::with_capacity(sockets.len());
-    for (i, socket) in sockets.into_iter().enumerate() {
+    for (i, (socket, endpoint_config)) in sockets.into_iter().zip(configs).enumerate() {
         let worker = i % workers;
         let (tx, rx) = mpsc::channel();
         let (config, settings, gate) = (server_config.clone(), settings.clone(), gate.clone());
         // Detached: the task runs the endpoint until the runtime is dropped.
         drop(rt.handle().spawn_on(worker, move || async move {
-            match hotloop::quic::endpoint_on_gated(socket, Some(config), gate) {
+            match hotloop::quic::endpoint_on_gated(socket, endpoint_config, Some(config), gate) {
                 Ok(endpoint) => {
                     let _ = tx.send(Ok(endpoint.clone()));
                     accept_loop(endpoint, settings).await;
@@ -309,28 +316,23 @@ impl Endpoints for QuicEndpoints {
     }
 }
 
-/// A successor serves the UDP sockets: every endpoint closes its
-/// connections (code `close_code`, reason "server upgrading"), gives the
-/// close packets a moment to go out, and moves to a socket of its own, so
-/// nothing here reads the handed-over sockets again. Returns once done on
-/// every worker.
-fn hand_over(handle: &Handle, endpoints: &[(usize, Endpoint)], close_code: u32) {
+/// A successor serves the UDP sockets: every endpoint stops reading them
+/// for good (`gate` retired, on each endpoint's worker, so io_uring's armed
+/// receives are cancelled before this returns), then closes its
+/// connections (code `close_code`, reason "server upgrading"); their close
+/// packets go out during the drain, since sending needs no receive.
+/// Returns once done on every worker, and nothing here takes a datagram
+/// from the sockets after that.
+fn hand_over(handle: &Handle, endpoints: &[(usize, Endpoint)], gate: &RecvGate, close_code: u32) {
     let closes: Vec<_> = endpoints
         .iter()
         .map(|(worker, endpoint)| {
-            let endpoint = endpoint.clone();
+            let (endpoint, gate) = (endpoint.clone(), gate.clone());
             handle.spawn_on(*worker, move || async move {
+                // First: a closed endpoint refuses every new connection whose
+                // Initial it reads, and those are the successor's now.
+                gate.retire();
                 endpoint.close(VarInt::from_u32(close_code), CLOSE_UPGRADING_REASON);
-                let _ = timeout(CLOSE_SEND_WAIT, endpoint.wait_idle()).await;
-                let here = endpoint.local_addr().map(|a| SocketAddr::new(a.ip(), 0));
-                match here.and_then(std::net::UdpSocket::bind) {
-                    Ok(own) => {
-                        if let Err(e) = endpoint.rebind(own) {
-                            say!("hotloop serve: moving a QUIC endpoint off the handed-over socket: {e}");
-                        }
-                    }
-                    Err(e) => say!("hotloop serve: a socket for a closing QUIC endpoint: {e}"),
-                }
             })
         })
         .collect();

@@ -244,6 +244,11 @@ macro_rules! datagram_calls {
                 /// True once the socket's receives take from an io_uring multishot
                 /// `RECVMSG` (never on epoll).
                 fn receives_from_ring(&self) -> bool;
+                /// Stops taking datagrams from the socket for good (another process
+                /// reads it now): receives after it pend for ever, and on io_uring the
+                /// armed multishot `RECVMSG` is cancelled and the datagrams it queued
+                /// are dropped. Sends go on.
+                fn stop_receiving(&self);
                 async {
                     /// Receives one datagram into `buf` (from its start up to its capacity),
                     /// with what the kernel said about it.

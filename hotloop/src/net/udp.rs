@@ -306,6 +306,16 @@ impl UdpSocket {
         self.src.receives_from_ring()
     }
 
+    /// Stops receiving on this socket for good, for a socket whose
+    /// datagrams another process now reads (a successor, at an upgrade):
+    /// every receive after it pends for ever, and on io_uring the armed
+    /// multishot `RECVMSG` is cancelled at once and the datagrams it had
+    /// queued are dropped, so none is taken from the socket after this
+    /// returns. Sends go on (a closing QUIC endpoint's close packets).
+    pub fn stop_receiving(&self) {
+        self.src.stop_receiving();
+    }
+
     /// Turns receive coalescing (`UDP_GRO`) on or off.
     pub fn set_gro(&self, on: bool) -> io::Result<()> {
         sys::setsockopt_int(self.src.fd(), libc::SOL_UDP, libc::UDP_GRO, on as i32)?;

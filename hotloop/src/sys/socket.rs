@@ -280,6 +280,32 @@ pub(crate) fn linger(linger: Option<std::time::Duration>) -> libc::linger {
     }
 }
 
+/// `SO_ATTACH_REUSEPORT_CBPF`, the asm-generic value (x86-64, arm64 and
+/// most others; libc names it for Android only).
+const SO_ATTACH_REUSEPORT_CBPF: i32 = 51;
+
+/// Attaches the classic BPF program `filter` to the `SO_REUSEPORT` group of
+/// `fd` (`SO_ATTACH_REUSEPORT_CBPF`): for each datagram, the kernel runs it
+/// on the UDP payload and takes its result as the index of the group's
+/// socket that gets it (one out of range: the usual hash of the addresses).
+pub(crate) fn attach_reuseport_cbpf(fd: RawFd, filter: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(filter.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF program too long"))?;
+    let prog = libc::sock_fprog { len, filter: filter.as_ptr().cast_mut() };
+    // SAFETY: passes a pointer to a live `sock_fprog` and its exact size; the
+    // program it points at lives for the call, and the kernel copies it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            (&prog as *const libc::sock_fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
 /// Reads an integer socket option.
 pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     let mut value: i32 = 0;

@@ -6,7 +6,8 @@
 //! queue (or filled the send buffer), so the next one waits for an edge.
 //! A single datagram says nothing about what is left, so it keeps the bit.
 
-use std::future::poll_fn;
+use std::cell::Cell;
+use std::future::{pending, poll_fn};
 use std::io::{self, IoSliceMut};
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
@@ -22,12 +23,14 @@ use crate::sys;
 /// A datagram socket owned by one epoll driver, closed when dropped.
 pub(crate) struct DatagramSource {
     core: SourceCore,
+    /// Receives pend for good ([`DatagramOps::stop_receiving`]).
+    stopped: Cell<bool>,
 }
 
 impl DatagramSource {
     /// Wraps a non-blocking datagram socket; in eager mode, registers it now.
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> io::Result<DatagramSource> {
-        Ok(DatagramSource { core: SourceCore::new(driver, fd)? })
+        Ok(DatagramSource { core: SourceCore::new(driver, fd)?, stopped: Cell::new(false) })
     }
 }
 
@@ -47,8 +50,17 @@ impl DatagramOps for DatagramSource {
         self.core.as_fd()
     }
 
+    /// Receives pend from now on; nothing is armed to cancel (a read is
+    /// only ever made when a receive asks).
+    fn stop_receiving(&self) {
+        self.stopped.set(true);
+    }
+
     /// Receives one datagram into `buf` (from its start up to its capacity).
     async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
+        if self.stopped.get() {
+            return pending().await;
+        }
         let fd = self.fd();
         let res = poll_fn(|cx| {
             self.core.poll_io(cx, Direction::Read, || {
@@ -91,6 +103,9 @@ impl DatagramOps for DatagramSource {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
+        if self.stopped.get() {
+            return Poll::Pending;
+        }
         let fd = self.fd();
         let asked = bufs.len().min(meta.len()).min(udp::BATCH_DATAGRAMS_MAX);
         let polled = self.core.poll_io(cx, Direction::Read, || udp::recv_batch(fd, bufs, meta));

@@ -20,7 +20,7 @@
 //!   fallback where a ring cannot be had.
 
 use std::cell::RefCell;
-use std::future::{poll_fn, Future};
+use std::future::{pending, poll_fn, Future};
 use std::io::{self, IoSliceMut};
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
@@ -69,6 +69,8 @@ enum RingMode {
     Ring(Key),
     /// With `RECVMSG` and `recvmmsg` (no multishot `RECVMSG` here).
     Plain,
+    /// Not at all any more ([`DatagramOps::stop_receiving`]).
+    Stopped,
 }
 
 impl DatagramWaits {
@@ -76,7 +78,7 @@ impl DatagramWaits {
     fn ring_key(&self) -> Option<Key> {
         match self.ring {
             RingMode::Ring(key) => Some(key),
-            RingMode::Undecided | RingMode::Plain => None,
+            RingMode::Undecided | RingMode::Plain | RingMode::Stopped => None,
         }
     }
 }
@@ -113,7 +115,7 @@ impl DatagramSource {
         let waits = waits.get_or_insert_with(Box::default);
         match waits.ring {
             RingMode::Ring(key) => Some(key),
-            RingMode::Plain => None,
+            RingMode::Plain | RingMode::Stopped => None,
             // Outside its runtime the receive fails with the not-running
             // error; the ring is registered from the worker's thread only.
             RingMode::Undecided if !self.core.driver.entered.get() => None,
@@ -123,6 +125,11 @@ impl DatagramSource {
                 key
             }
         }
+    }
+
+    /// True once receives pend for good.
+    fn stopped(&self) -> bool {
+        self.waits.borrow().as_ref().is_some_and(|w| matches!(w.ring, RingMode::Stopped))
     }
 
     /// Takes up to `max` datagrams from the queue `key`, or parks the task.
@@ -214,8 +221,30 @@ impl DatagramOps for DatagramSource {
         self.waits.borrow().as_ref().is_some_and(|w| w.ring_key().is_some())
     }
 
+    /// The armed multishot `RECVMSG` is cancelled and its queue dropped (or
+    /// the borrowed forms' receive poll cancelled), so nothing here takes
+    /// a datagram from the socket again.
+    fn stop_receiving(&self) {
+        {
+            let mut waits = self.waits.borrow_mut();
+            let waits = waits.get_or_insert_with(Box::default);
+            if let RingMode::Ring(key) = std::mem::replace(&mut waits.ring, RingMode::Stopped) {
+                self.core.driver.state.borrow_mut().release_dgrams(key);
+            }
+            // Dropping the poll cancels it.
+            waits.recv = None;
+        }
+        // The cancel goes to the kernel now, not at the loop's next enter:
+        // until then the armed receive would go on taking datagrams that
+        // another process is about to read.
+        self.core.driver.submit_now();
+    }
+
     /// Receives one datagram into `buf` (from its start up to its capacity).
     async fn recv_msg<B: IoBufMut>(&self, mut buf: B) -> BufResult<RecvMeta, B> {
+        if self.stopped() {
+            return pending().await;
+        }
         if let Some(key) = self.recv_ring() {
             let (dst, cap) = (buf.stable_mut_ptr(), buf.bytes_total());
             let mut got = RecvMeta::default();
@@ -308,6 +337,9 @@ impl DatagramOps for DatagramSource {
     ) -> Poll<io::Result<usize>> {
         let fd = self.fd();
         let asked = bufs.len().min(meta.len()).min(udp::BATCH_DATAGRAMS_MAX);
+        if self.stopped() {
+            return Poll::Pending;
+        }
         if asked == 0 {
             return Poll::Ready(Ok(0));
         }
