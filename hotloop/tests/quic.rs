@@ -305,3 +305,58 @@ fn the_example_server_speaks_its_alpn(driver: DriverKind) {
         .unwrap();
     });
 }
+
+/// A bulk transfer from a hotloop server to a client: quinn asks whether
+/// the socket is writable before every transmit, and the answer comes from
+/// what the last send said (a `POLL_ADD` only once a send found the
+/// buffer full). A `POLL_ADD` per ask made every transmit wait for the
+/// loop's next `io_uring_enter`: the server's worker submitted at least as
+/// many ring entries as it made sends. `QUIC_BULK_MIB` sets the size (16
+/// MiB; the time is printed, for measuring).
+#[hotloop::test(driver = "all")]
+fn a_bulk_send_waits_on_no_poll_per_transmit(driver: DriverKind) {
+    let mib: usize = std::env::var("QUIC_BULK_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let (server_config, client_config) = configs(None);
+    let rt = Runtime::builder().workers(1).driver(driver).build().unwrap();
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let (sent_tx, sent_rx) = mpsc::channel();
+    rt.handle().spawn_on(0, move || async move {
+        let endpoint = hotloop::quic::endpoint(LOCALHOST, Some(server_config)).unwrap();
+        addr_tx.send(endpoint.local_addr().unwrap()).unwrap();
+        let conn = endpoint.accept().await.unwrap().await.unwrap();
+        let before = hotloop::Handle::current().stats().total.submissions;
+        let ios_before = conn.stats().udp_tx.ios;
+        let mut send = conn.open_uni().await.unwrap();
+        let chunk = vec![7u8; 1 << 20];
+        for _ in 0..mib {
+            send.write_all(&chunk).await.unwrap();
+        }
+        send.finish().unwrap();
+        let _ = send.stopped().await;
+        let submissions = hotloop::Handle::current().stats().total.submissions - before;
+        sent_tx.send((submissions, conn.stats().udp_tx.ios - ios_before)).unwrap();
+        conn.closed().await;
+    });
+    let addr = addr_rx.recv_timeout(LIMIT).unwrap();
+    let elapsed = tokio_rt().block_on(async {
+        tokio::time::timeout(LIMIT, async {
+            let mut client = quinn::Endpoint::client(LOCALHOST).unwrap();
+            client.set_default_client_config(client_config);
+            let conn = client.connect(addr, "localhost").unwrap().await.unwrap();
+            let start = std::time::Instant::now();
+            let mut recv = conn.accept_uni().await.unwrap();
+            let got = recv.read_to_end(usize::MAX).await.unwrap();
+            let elapsed = start.elapsed();
+            assert_eq!(got.len(), mib << 20);
+            conn.close(VarInt::from_u32(0), b"done");
+            client.wait_idle().await;
+            elapsed
+        })
+        .await
+        .unwrap()
+    });
+    let (submissions, sends) = sent_rx.recv_timeout(LIMIT).unwrap();
+    println!("{driver:?}: {mib} MiB server to client in {elapsed:?}, {sends} sends, {submissions} ring entries");
+    assert!(sends > 1000, "{sends} sends");
+    assert!(submissions * 10 < sends, "{driver:?}: {submissions} ring entries for {sends} sends");
+}

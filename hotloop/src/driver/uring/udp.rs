@@ -19,7 +19,7 @@
 //!   call per datagram or batch, and no poll. The other forms stay as the
 //!   fallback where a ring cannot be had.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::{pending, poll_fn, Future};
 use std::io::{self, IoSliceMut};
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
@@ -44,6 +44,9 @@ pub(crate) struct DatagramSource {
     /// The readiness polls of the borrowed forms and the receive queue,
     /// made on first use.
     waits: RefCell<Option<Box<DatagramWaits>>>,
+    /// The last `try_send_one` found the send buffer full: `writable`
+    /// waits on a `POLL_ADD` only then, and answers at once otherwise.
+    send_full: Cell<bool>,
 }
 
 /// The readiness polls of a datagram socket's borrowed forms.
@@ -105,7 +108,11 @@ struct MsgStorage<B> {
 impl DatagramSource {
     /// Wraps a (blocking) datagram socket.
     pub(crate) fn new(driver: &Rc<Driver>, fd: OwnedFd) -> DatagramSource {
-        DatagramSource { core: SourceCore::new(driver, fd), waits: RefCell::new(None) }
+        DatagramSource {
+            core: SourceCore::new(driver, fd),
+            waits: RefCell::new(None),
+            send_full: Cell::new(false),
+        }
     }
 
     /// The socket's datagram queue if it receives through a multishot
@@ -371,19 +378,32 @@ impl DatagramOps for DatagramSource {
         self.poll_datagram(cx, libc::POLLOUT, || udp::send_batch(fd, transmits))
     }
 
-    /// Sends one transmit now or says `WouldBlock`.
+    /// Sends one transmit now or says `WouldBlock` (and remembers that the
+    /// send buffer is full, so [`DatagramSource::writable`] waits for room).
     fn try_send_one(&self, transmit: &Transmit<'_>) -> io::Result<usize> {
         loop {
             match udp::send_one(self.fd(), transmit) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.send_full.set(true);
+                    return Err(e);
+                }
                 r => return r,
             }
         }
     }
 
-    /// Waits until the socket has room to send (a one-shot `POLL_ADD`).
+    /// Waits until the socket may have room to send: at once unless the
+    /// last send found the buffer full, else on a one-shot `POLL_ADD`.
+    /// quinn asks before every transmit, and a `POLL_ADD` each time made
+    /// every transmit wait for the loop's next enter.
     async fn writable(&self) -> io::Result<()> {
-        self.core.poll_events(libc::POLLOUT).await
+        if !self.send_full.get() {
+            return Ok(());
+        }
+        self.core.poll_events(libc::POLLOUT).await?;
+        self.send_full.set(false);
+        Ok(())
     }
 }
 
