@@ -66,7 +66,8 @@ Signals: SIGTERM or SIGINT drains: no new connections, idle keep-alive connectio
 closed once quiet for 1 s (--drain-idle-quiet-ms), answers in flight sent with `Connection: close`
 (HTTP/2: GOAWAY), exit as soon as the last connection ends or --drain-timeout-ms
 (default 5000) has passed, when the rest are cut. A second SIGTERM or SIGINT, or
-SIGQUIT at any time, stops at once. SIGHUP reloads the TLS certificate and key
+SIGQUIT at any time, stops at once (after a hand-over the process drains already:
+the first SIGTERM or SIGINT then is only logged). SIGHUP reloads the TLS certificate and key
 from their files for new handshakes (a bad file keeps the old certificate);
 without TLS it is logged and ignored. SIGUSR1 logs one status line. SIGUSR2 is
 logged and ignored.

@@ -6,6 +6,7 @@
 //! | SIGTERM, SIGINT | graceful stop (a drain): stop accepting, serve what the kernel already queued, answer requests in flight with `Connection: close`, close idle keep-alive connections once quiet, exit as soon as the last connection ends or `--drain-timeout-ms` has passed (then the rest are cut and counted) |
 //! | a successor started with the same `--upgrade-socket` is ready | the same drain, except that what waits in the kernel's queues is the successor's |
 //! | a second SIGTERM or SIGINT, or SIGQUIT at any time | stop at once: every open connection is closed |
+//! | SIGTERM or SIGINT during the drain that follows a hand-over | logged: the process already drains (a supervisor or deploy script that stops the old process after an upgrade must not cut what it still serves); a second one stops at once, as SIGQUIT does |
 //! | SIGHUP | reload the TLS certificate and key from their files for new handshakes (live connections keep theirs); a bad file keeps the old certificate and says why; without TLS, logged and ignored |
 //! | SIGUSR1 | logs one status line (connections open, accepted so far) |
 //! | SIGUSR2 | logged and ignored |
@@ -20,7 +21,8 @@
 //!
 //! A TCP server drains through the library's one drain
 //! ([`Server::drain_blocking`]), the same that `Server::stop` then
-//! `Server::stopped` runs; a second signal during it stops at once.
+//! `Server::stopped` runs; a second stop signal during it stops at once
+//! (after a hand-over, the first SIGTERM or SIGINT is the drain's own).
 
 use std::io;
 use std::sync::mpsc;
@@ -83,6 +85,7 @@ pub fn run_until_stopped(ctl: &Control<'_>, rt: &Runtime, server: Server) -> io:
     crate::drain::begin(rt.handle());
     let (done_tx, done) = mpsc::channel();
     let timeout = ctl.drain_timeout;
+    let mut drain = Drain::new(successor);
     // The drain blocks; this thread keeps answering signals meanwhile.
     std::thread::Builder::new().name("hotloop-drain".into()).spawn(move || {
         let _ = done_tx.send(server.drain_blocking(timeout));
@@ -99,7 +102,7 @@ pub fn run_until_stopped(ctl: &Control<'_>, rt: &Runtime, server: Server) -> io:
             }
             Err(mpsc::TryRecvError::Empty) => {}
         }
-        if let Some(stopped) = second_signal(ctl, &active)? {
+        if let Some(stopped) = second_signal(ctl, &mut drain, &active)? {
             return Ok(Stopped { successor, ..stopped });
         }
     }
@@ -119,6 +122,7 @@ pub fn run_until_stopped_with(
         None => return Ok(Stopped { cut: active(), forced: true, successor: None }),
     };
     let deadline = Instant::now() + ctl.drain_timeout;
+    let mut drain = Drain::new(successor);
     // Counted and logged as a `Server`'s drain is, in the library.
     hotloop::stats::record_drain(ctl.name, active(), ctl.drain_timeout);
     crate::drain::begin(rt.handle());
@@ -128,7 +132,7 @@ pub fn run_until_stopped_with(
             hotloop::stats::record_drain_cut(ctl.name, left);
             return Ok(Stopped { cut: left, forced: false, successor });
         }
-        if let Some(stopped) = second_signal(ctl, active)? {
+        if let Some(stopped) = second_signal(ctl, &mut drain, active)? {
             return Ok(Stopped { successor, ..stopped });
         }
     }
@@ -156,7 +160,7 @@ fn begin(ctl: &Control<'_>, active: &dyn Fn() -> usize) -> io::Result<Option<Opt
         }
         End::Replaced(pid) => {
             say!(
-                "{name}: handed over to pid {pid}: draining: no longer accepting; {open} connections open; waiting up to {timeout:?} for them"
+                "{name}: handed over to pid {pid}: draining: no longer accepting; {open} connections open; waiting up to {timeout:?} for them (SIGTERM twice, or SIGQUIT, stops at once)"
             );
             Some(Some(pid))
         }
@@ -182,10 +186,49 @@ fn wait_for_end(ctl: &Control<'_>) -> io::Result<End> {
     }
 }
 
+/// What started a drain, and the stop signals it has had since.
+struct Drain {
+    /// A successor took the sockets over: no signal began this drain.
+    handed_over: bool,
+    /// SIGTERM or SIGINT seen during a hand-over's drain.
+    told: bool,
+}
+
+impl Drain {
+    fn new(successor: Option<u32>) -> Drain {
+        Drain { handed_over: successor.is_some(), told: false }
+    }
+
+    /// True if `sig`, come during this drain, stops the process at once:
+    /// SIGQUIT always; SIGTERM and SIGINT when a signal began the drain,
+    /// or when one came already during a hand-over's drain. The first
+    /// SIGTERM after a hand-over is the one a supervisor or a deploy
+    /// script sends the old process to stop it gracefully (nginx's QUIT
+    /// to an old master, haproxy's `-sf`): it already does.
+    fn forces(&mut self, sig: SignalKind) -> bool {
+        if sig == SignalKind::quit() || !self.handed_over {
+            return true;
+        }
+        std::mem::replace(&mut self.told, true)
+    }
+}
+
 /// During a drain: waits up to [`STOP_POLL`] for a signal; a stop signal
-/// ends the drain at once.
-fn second_signal(ctl: &Control<'_>, active: &dyn Fn() -> usize) -> io::Result<Option<Stopped>> {
+/// that [`Drain::forces`] the stop ends the drain at once.
+fn second_signal(
+    ctl: &Control<'_>,
+    drain: &mut Drain,
+    active: &dyn Fn() -> usize,
+) -> io::Result<Option<Stopped>> {
     match ctl.signals.wait_timeout(STOP_POLL)? {
+        Some(sig) if sig.is_stop() && !drain.forces(sig) => {
+            say!(
+                "{}: {sig:?}: already draining after the hand-over; {} connections open (send it again, or SIGQUIT, to stop at once)",
+                ctl.name,
+                active()
+            );
+            Ok(None)
+        }
         Some(sig) if sig.is_stop() => {
             let cut = active();
             say!("{}: {sig:?} again: stopping at once; {cut} connections cut", ctl.name);

@@ -886,3 +886,37 @@ fn proxy_and_static_files_are_upgraded_too(driver: DriverKind) {
     next.signal("TERM");
     assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
+
+/// After a hand-over the old process drains, and the SIGTERM that a
+/// supervisor or a deploy script sends it then does not cut what it
+/// still serves: the first only says that it is already draining (a
+/// second, or SIGQUIT, would stop it at once). A request whose head was
+/// unfinished at the hand-over and at the signal is answered, with
+/// `Connection: close`, and the old process says it drained.
+#[hotloop::test(driver = "all")]
+fn sigterm_to_a_process_draining_after_a_hand_over_does_not_cut_it(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_dir, path) = socket_path();
+    let mut p = Proc::start(&serve_args("http", driver, "2", &path, &["--grace-ms", "20000"]));
+    let addr = p.addr_after(" on ");
+    let mut held = TcpStream::connect(addr).unwrap();
+    held.set_read_timeout(Some(LIMIT)).unwrap();
+    held.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n").unwrap();
+    let mut next = Proc::start(&serve_args("http", driver, "1", &path, &[]));
+    assert!(next.wait_for_line("took the", LIMIT), "{:?}", next.seen);
+    assert!(p.wait_for_line("handed over to pid", LIMIT), "{driver}: {:?}", p.seen);
+    p.signal("TERM");
+    assert!(p.wait_for_line("already draining", LIMIT), "{driver}: {:?}", p.seen);
+    held.write_all(b"\r\n").unwrap();
+    let reply = common::read_response(&mut held);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{driver}: {reply:?}: {:?}", p.seen);
+    assert!(reply.contains("Connection: close"), "{driver}: {reply}");
+    let status = p.wait_exit(LIMIT).expect("the old process did not exit");
+    assert!(status.success(), "{status}");
+    p.collect_lines(Duration::from_millis(100));
+    let drained = p.seen.iter().any(|l| l.contains("drained after handing over"));
+    assert!(drained, "{driver}: {:?}", p.seen);
+    assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
