@@ -478,3 +478,83 @@ fn an_http2_client_that_ends_after_the_drains_goaway_is_sent_nothing_more(driver
     );
     assert_eq!(drain.join().unwrap().cut, 0, "{driver:?}");
 }
+
+/// The state (`/proc/net/tcp`, hex) of the IPv4 loopback connection from
+/// `local` to `remote`, if there is one.
+fn tcp_state(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> Option<u8> {
+    let hex = |a: std::net::SocketAddr| match a {
+        std::net::SocketAddr::V4(v4) => {
+            format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port())
+        }
+        std::net::SocketAddr::V6(_) => unreachable!("IPv4 only"),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&local.as_str()) && f.get(2) == Some(&remote.as_str()))
+            .then(|| u8::from_str_radix(f[3], 16).ok())
+            .flatten()
+    })
+}
+
+/// A stop while a connection's close lingers: a client posts a 256 KiB
+/// body the service ignores and gets a 1 MiB answer, which it reads
+/// slowly; hyper ends the connection once the answer is in the kernel's
+/// send queue, its write side is shut (`FIN_WAIT1`), and the close
+/// lingers to read what the client still sends. The server drains then,
+/// and the client goes on sending its body: the linger goes on too, and
+/// the client gets its whole answer. Before, the stop ended the task at
+/// once, the socket closed with the client's bytes unread (or meeting
+/// them after), the kernel answered with a reset, and the unsent part
+/// of the answer was lost.
+#[hotloop::test(driver = "all")]
+fn a_stop_lets_a_lingering_close_finish_so_the_answer_is_not_reset(driver: DriverKind) {
+    const ANSWER: usize = 1 << 20;
+    const BODY: usize = 256 * 1024;
+    const CHUNK: usize = 16 * 1024;
+    const FIN_WAIT1: u8 = 4;
+    let rt = runtime(driver, 1);
+    let server = hyper_answering(&rt, DRAIN_IDLE_QUIET, Bytes::from(vec![b'x'; ANSWER]));
+    let addr = server.local_addr();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(16 * 1024).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s = TcpStream::from(sock);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let me = s.local_addr().unwrap();
+    let head = format!("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: {BODY}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&[b'b'; CHUNK]).unwrap();
+    let (answer_head, len) = read_head(&mut s);
+    assert!(answer_head.starts_with("http/1.1 200"), "{answer_head}");
+    assert_eq!(len, ANSWER);
+    // hyper is done with the answer and the close lingers.
+    wait_until(|| tcp_state(addr, me) == Some(FIN_WAIT1));
+    let drain = thread::spawn(move || server.drain_blocking(Duration::from_secs(10)));
+    thread::sleep(Duration::from_millis(50));
+    // The rest of the body, while the answer is read slowly.
+    let mut writer = s.try_clone().unwrap();
+    let sender = thread::spawn(move || {
+        for _ in 1..BODY / CHUNK {
+            if writer.write_all(&[b'b'; CHUNK]).is_err() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    });
+    let mut buf = vec![0u8; CHUNK];
+    let mut got = 0;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => panic!("{driver:?}: {e} after {got} bytes of the answer's {ANSWER}"),
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(got, ANSWER, "{driver:?}: the answer");
+    sender.join().unwrap();
+    drop(s);
+    assert_eq!(drain.join().unwrap().cut, 0);
+}

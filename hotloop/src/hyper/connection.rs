@@ -200,9 +200,12 @@ where
         if !this.told && Pin::new(&mut this.stopping).poll(cx).is_ready() {
             this.told = true;
             if this.progress.lingering_since().is_some() {
-                // A stop does not wait for a lingering close.
-                this.phase = Phase::Done;
-                return Poll::Ready(());
+                // hyper has ended the connection: nothing to tell it. The
+                // close goes on lingering, bounded by its own limits and
+                // the drain's deadline: closing now, with the client's
+                // bytes unread or still coming, would reset the
+                // connection and lose the answer's unsent end.
+                this.hyper_told = true;
             }
             // Poll once before telling hyper: a connection accepted while
             // the server stops may have its request waiting in the kernel,
