@@ -53,7 +53,7 @@
 //!   `lingering_close`: the write side is shut (over TLS after a
 //!   close_notify), and what the client still sends is read and dropped
 //!   until its end, until it has sent nothing for 2 s, about 4 MiB at
-//!   most (or until the server stops). Closing on
+//!   most (a drain lets it go on, up to the drain's deadline). Closing on
 //!   unread bytes, such as the close_notify a TLS client sends after its
 //!   last request, sends a reset that throws away the answer the client
 //!   has not read yet.
