@@ -79,7 +79,8 @@ and the old process then stops accepting and drains as on SIGTERM. Nothing waiti
 in a listen queue is refused or lost. A successor that fails before it serves
 leaves the old process serving, which says so. With systemd socket activation
 (LISTEN_FDS and LISTEN_PID naming the process) the given sockets are served
-instead of binding --addr."
+instead of binding --addr (for 0.0.0.0:PORT, a [::]:PORT socket that takes IPv4
+too, as ListenStream=PORT makes); a given socket no server serves fails the start."
         };
     }
     pub const SERVE: &str = concat!(

@@ -480,6 +480,64 @@ fn socket_activation_serves_the_listen_fds_socket(driver: DriverKind) {
     assert!(p.wait_exit(LIMIT).expect("exit").success());
 }
 
+/// `hotloop ARGS` started as systemd starts a socket-activated service:
+/// `listener` at descriptor 3, `LISTEN_FDS=1` and `LISTEN_PID` naming it.
+fn activated(listener: socket2::Socket, args: &[&str]) -> Proc {
+    let sh = "exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\"";
+    Proc::start_with(
+        Command::new("sh")
+            .args(["-c", sh, env!("CARGO_BIN_EXE_hotloop")])
+            .args(args)
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener))),
+    )
+}
+
+/// systemd's `ListenStream=PORT` socket is `[::]:PORT` taking IPv4 too:
+/// `--addr 0.0.0.0:PORT` serves it (a connection made before the start
+/// included). Before, the socket was closed as unclaimed with a warning
+/// and the bind of `0.0.0.0:PORT` beside it failed (`EADDRINUSE`). A
+/// socket no server serves (`--addr` names another port) fails the start,
+/// naming it, instead of being closed while systemd keeps queueing its
+/// clients.
+#[hotloop::test(driver = "all")]
+fn socket_activation_serves_a_dual_stack_socket_for_the_ipv4_wildcard(driver: DriverKind) {
+    use socket2::{Domain, Socket, Type};
+    let driver = common::driver_arg(driver);
+    let dual_stack = || {
+        let s = Socket::new(Domain::IPV6, Type::STREAM, None).unwrap();
+        s.set_only_v6(false).unwrap();
+        s.bind(&"[::]:0".parse::<SocketAddr>().unwrap().into()).unwrap();
+        s.listen(128).unwrap();
+        let port = s.local_addr().unwrap().as_socket().unwrap().port();
+        (s, port)
+    };
+    let (listener, port) = dual_stack();
+    let v4 = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut early = TcpStream::connect(v4).unwrap();
+    early.set_read_timeout(Some(LIMIT)).unwrap();
+    early.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let addr_arg = format!("0.0.0.0:{port}");
+    let args = ["serve", "http", "--addr", &addr_arg, "--workers", "2", "--driver", driver];
+    let mut p = activated(listener, &args);
+    assert_eq!(p.addr_after(" on "), SocketAddr::from(([0u16; 8], port)), "{:?}", p.seen);
+    let mut reply = String::new();
+    early.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{driver}: {reply:?}: {:?}", p.seen);
+    assert!(common::http_get(v4, "/").starts_with("HTTP/1.1 200"));
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+
+    let (listener, port) = dual_stack();
+    let args = ["serve", "http", "--addr", "127.0.0.1:0", "--driver", driver];
+    let mut p = activated(listener, &args);
+    let status = p.wait_exit(LIMIT).expect("it did not exit");
+    assert!(!status.success(), "{driver}: it served without the LISTEN_FDS socket");
+    p.collect_lines(Duration::from_millis(100));
+    let named = format!("tcp [::]:{port}");
+    let said = p.seen.iter().any(|l| l.contains("LISTEN_FDS") && l.contains(&named));
+    assert!(said, "{driver}: {:?}", p.seen);
+}
+
 /// A client that trusts every certificate in `certs` and reports which one
 /// the server showed.
 fn served_certificate(addr: SocketAddr, certs: &[&Path]) -> CertificateDer<'static> {

@@ -163,6 +163,8 @@ struct Inner {
 struct State {
     /// Received sockets no server has taken yet.
     inherited: Vec<(Local, OwnedFd)>,
+    /// What systemd's `LISTEN_FDS` gave (some of `inherited`, until taken).
+    activated: Vec<Local>,
     /// Copies of the sockets this process serves, by the id of what
     /// offered them.
     offered: Vec<(u64, Local, OwnedFd)>,
@@ -294,14 +296,36 @@ impl Handover {
     /// `TimedOut`): either way the predecessor goes on serving, so this
     /// process must not (it should drain what it accepted and exit), and
     /// it takes no successor.
+    ///
+    /// A socket systemd gave (`LISTEN_FDS`) that no server took is an
+    /// error (`InvalidInput`, naming it), not a socket closed with a
+    /// warning: its clients would wait in its queue, which systemd keeps
+    /// open, for ever.
     pub fn ready(&self) -> io::Result<()> {
-        let (predecessor, unclaimed, upgrade) = {
+        let (predecessor, unclaimed, upgrade, activated) = {
             let mut st = self.lock();
             if std::mem::replace(&mut st.readied, true) {
                 return Ok(());
             }
-            (st.predecessor.take(), std::mem::take(&mut st.inherited), st.upgrade.take())
+            let unclaimed = std::mem::take(&mut st.inherited);
+            let activated = std::mem::take(&mut st.activated);
+            (st.predecessor.take(), unclaimed, st.upgrade.take(), activated)
         };
+        let unserved: Vec<String> = unclaimed
+            .iter()
+            .filter(|(local, _)| activated.contains(local))
+            .map(|(local, _)| local.to_string())
+            .collect();
+        if !unserved.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "socket activation: no server of this process serves the LISTEN_FDS socket \
+                     {} (serve its address, or leave it out of the socket unit)",
+                    unserved.join(", ")
+                ),
+            ));
+        }
         for (local, _) in &unclaimed {
             crate::log::warn(format_args!(
                 "hand-over: inherited socket {local} is not served by this process; closing it"
@@ -410,7 +434,7 @@ impl Handover {
         count: usize,
         options: &UdpOptions,
     ) -> io::Result<Vec<std::net::UdpSocket>> {
-        let fds = match self.take(|l| matches!(l, Local::Udp(a) if same_address(addr, *a))) {
+        let fds = match self.take(|l, fd| matches!(l, Local::Udp(a) if serves(addr, *a, fd))) {
             Some((_, fds)) => fds,
             None => {
                 let first = bind_udp(addr, options)?;
@@ -458,14 +482,38 @@ impl Handover {
     }
 
     /// Takes every inherited socket of the first kind and address `want`
-    /// accepts, with that address.
-    pub(crate) fn take(&self, want: impl Fn(&Local) -> bool) -> Option<(Local, Vec<OwnedFd>)> {
+    /// accepts (given the socket too), with that address.
+    pub(crate) fn take(
+        &self,
+        want: impl Fn(&Local, &OwnedFd) -> bool,
+    ) -> Option<(Local, Vec<OwnedFd>)> {
         let mut st = self.lock();
-        let first = st.inherited.iter().find(|(l, _)| want(l))?.0.clone();
+        let first = st.inherited.iter().find(|(l, fd)| want(l, fd))?.0.clone();
         let (taken, kept) =
             std::mem::take(&mut st.inherited).into_iter().partition(|(l, _)| *l == first);
         st.inherited = kept;
+        st.activated.retain(|l| *l != first);
         Some((first, taken.into_iter().map(|(_, fd)| fd).collect()))
+    }
+
+    /// `e`, a bind's error, naming the TCP sockets systemd gave that no
+    /// server took (an address that differs from the one bound may well
+    /// hold the port).
+    pub(crate) fn explain_bind_error(&self, e: io::Error) -> io::Error {
+        let st = self.lock();
+        let given: Vec<String> = st
+            .inherited
+            .iter()
+            .filter(|(l, _)| matches!(l, Local::Tcp(_)) && st.activated.contains(l))
+            .map(|(l, _)| l.to_string())
+            .collect();
+        if given.is_empty() {
+            return e;
+        }
+        io::Error::new(
+            e.kind(),
+            format!("{e}; LISTEN_FDS gave {}, which this address does not name", given.join(", ")),
+        )
     }
 
     /// Offers copies of `fds` (sockets on `local`) to a successor under `id`.
@@ -560,7 +608,9 @@ impl Handover {
             taken.len(),
             taken.iter().map(|(l, _)| l.to_string()).collect::<Vec<_>>().join(", ")
         ));
-        self.lock().inherited.extend(taken);
+        let mut st = self.lock();
+        st.activated.extend(taken.iter().map(|(l, _)| l.clone()));
+        st.inherited.extend(taken);
         Ok(())
     }
 
@@ -696,6 +746,28 @@ impl std::future::Future for Replaced {
 /// address, or any port on the same address when `want` asks for port 0.
 pub(crate) fn same_address(want: SocketAddr, have: SocketAddr) -> bool {
     want == have || (want.port() == 0 && want.ip() == have.ip())
+}
+
+/// True if the inherited socket `fd`, bound to `have`, serves what `want`
+/// asks for: [`same_address`], or, for the IPv4 wildcard (`0.0.0.0`), the
+/// IPv6 wildcard of the same port on a socket that takes IPv4 too
+/// (`IPV6_V6ONLY` off). That is the socket systemd makes for
+/// `ListenStream=8080`, which `--addr 0.0.0.0:8080` means: closing it as
+/// unclaimed and binding `0.0.0.0:8080` beside it would fail (the port is
+/// in use).
+pub(crate) fn serves(want: SocketAddr, have: SocketAddr, fd: &OwnedFd) -> bool {
+    if same_address(want, have) {
+        return true;
+    }
+    let wildcards = match (want, have) {
+        (SocketAddr::V4(w), SocketAddr::V6(h)) => {
+            w.ip().is_unspecified()
+                && h.ip().is_unspecified()
+                && (w.port() == 0 || w.port() == h.port())
+        }
+        _ => false,
+    };
+    wildcards && SockRef::from(fd).only_v6().is_ok_and(|only| !only)
 }
 
 /// What a received descriptor is.
@@ -1005,5 +1077,27 @@ mod tests {
         assert!(same_address("127.0.0.1:0".parse().unwrap(), a));
         assert!(!same_address("127.0.0.2:0".parse().unwrap(), a));
         assert!(!same_address("127.0.0.1:8081".parse().unwrap(), a));
+    }
+
+    /// systemd's `ListenStream=PORT` socket, `[::]:PORT` taking IPv4 too,
+    /// serves the IPv4 wildcard of that port (or of port 0); one that
+    /// takes IPv6 alone does not, nor does another port.
+    #[test]
+    fn the_ipv4_wildcard_matches_a_dual_stack_ipv6_wildcard() {
+        let socket = |only_v6| {
+            let s = Socket::new(Domain::IPV6, Type::STREAM, None).unwrap();
+            s.set_only_v6(only_v6).unwrap();
+            s.bind(&"[::]:0".parse::<SocketAddr>().unwrap().into()).unwrap();
+            let have = s.local_addr().unwrap().as_socket().unwrap();
+            (OwnedFd::from(s), have)
+        };
+        let (dual, have) = socket(false);
+        let want = |port| SocketAddr::from(([0, 0, 0, 0], port));
+        assert!(serves(want(have.port()), have, &dual));
+        assert!(serves(want(0), have, &dual));
+        assert!(!serves(want(have.port().wrapping_add(1)), have, &dual));
+        assert!(!serves(SocketAddr::from(([127, 0, 0, 1], have.port())), have, &dual));
+        let (v6, have) = socket(true);
+        assert!(!serves(want(have.port()), have, &v6));
     }
 }

@@ -56,7 +56,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::balance::{hand_off, Handed, LaneGuard, Lanes};
-use super::handover::{same_address, Handover, Local};
+use super::handover::{serves, Handover, Local};
 use super::listener::{adopt_listener, bind_socket, connection_lost, Accept, TcpListener};
 use super::options::{Balance, ListenerOptions, ServerOptions};
 use super::slot::{Slot, SlotCount};
@@ -609,7 +609,7 @@ where
     let wanted: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     let handover = server_options.handover.as_ref();
     let inherited = handover.and_then(|h| {
-        h.take(|l| matches!(l, Local::Tcp(a) if wanted.iter().any(|w| same_address(*w, *a))))
+        h.take(|l, fd| matches!(l, Local::Tcp(a) if wanted.iter().any(|w| serves(*w, *a, fd))))
     });
     let (local_addr, sockets) = match inherited {
         Some((Local::Tcp(local_addr), sockets)) => {
@@ -619,7 +619,10 @@ where
             (local_addr, sockets)
         }
         _ => {
-            let first = bind_socket(&wanted[..], &options)?;
+            let first = bind_socket(&wanted[..], &options).map_err(|e| match handover {
+                Some(h) => h.explain_bind_error(e),
+                None => e,
+            })?;
             let local_addr = crate::sys::local_addr(std::os::fd::AsRawFd::as_raw_fd(&first))?;
             let mut sockets = vec![first];
             for _ in 1..handle.workers() {
@@ -681,7 +684,7 @@ where
     let inherited = server_options
         .handover
         .as_ref()
-        .and_then(|h| h.take(|l| matches!(l, Local::Unix(p) if p == path)));
+        .and_then(|h| h.take(|l, _| matches!(l, Local::Unix(p) if p == path)));
     let (sockets, bound_here) = match inherited {
         Some((_, sockets)) => (sockets, false),
         None => (vec![bind_unix_socket(path, &options)?], true),
