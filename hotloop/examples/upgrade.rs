@@ -10,9 +10,13 @@
 //! curl -s 127.0.0.1:8080/          # served by pid B; A has drained and exited
 //! ```
 //!
-//! SIGTERM or SIGINT drains the server and exits without a successor.
+//! SIGTERM or SIGINT drains the server and exits without a successor. A
+//! new process whose predecessor stopped waiting for it (its `ready`
+//! came too late) does not take over: it answers what it accepted
+//! meanwhile, drains, and exits with the error.
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hotloop::net::{serve, Handover, ServerOptions};
@@ -27,13 +31,30 @@ fn main() -> io::Result<()> {
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:8080".into());
     let path = args.next().unwrap_or_else(|| "/tmp/hotloop-upgrade.sock".into());
     let signals = ShutdownSignals::block()?;
-    let rt = Runtime::new()?;
+    let stop = || -> io::Result<bool> {
+        let sig = signals.wait_timeout(Duration::from_millis(50))?;
+        Ok(sig.is_some_and(|sig| sig.is_stop()))
+    };
+    run(Runtime::new()?, &addr, &path, |_| {}, stop)
+}
 
+/// Serves `addr` on `rt`, with the sockets of the process serving on the
+/// upgrade socket `path` if one does, until a successor takes over or
+/// `stop` (asked again and again; it may wait a little) says to stop;
+/// then drains. `serving` is called once the server accepts, before the
+/// predecessor is told.
+pub fn run(
+    rt: Runtime,
+    addr: &str,
+    path: &str,
+    serving: impl FnOnce(SocketAddr),
+    mut stop: impl FnMut() -> io::Result<bool>,
+) -> io::Result<()> {
     // The sockets of the process serving on `path`, if one does.
-    let handover = Handover::open(&path)?;
+    let handover = Handover::open(path)?;
     let options = ServerOptions { handover: Some(handover.clone()), ..Default::default() };
     let pid = std::process::id();
-    let server = serve(rt.handle(), addr.as_str(), options, move |stream| async move {
+    let server = serve(rt.handle(), addr, options, move |stream| async move {
         // One request per connection, answered with this process's pid.
         let (n, _) = stream.read_owned(Vec::with_capacity(4096)).await;
         if matches!(n, Ok(n) if n > 0) {
@@ -45,8 +66,16 @@ fn main() -> io::Result<()> {
             let _ = stream.write_all_owned(reply.into_bytes()).await;
         }
     })?;
+    serving(server.local_addr());
     // Serving: the predecessor, if any, stops accepting and drains.
-    handover.ready()?;
+    if let Err(e) = handover.ready() {
+        // The predecessor goes on serving (it stopped waiting for this
+        // process, say). What this one accepted meanwhile is answered
+        // before it exits: returning now would drop the runtime and cut it.
+        let drained = server.drain_blocking(DRAIN_TIMEOUT);
+        eprintln!("pid {pid} does not take over ({e}); drained {} connections", drained.open);
+        return Err(e);
+    }
     match handover.predecessor() {
         Some(old) => eprintln!("pid {pid} took {} over from pid {old}", server.local_addr()),
         None => eprintln!(
@@ -57,11 +86,9 @@ fn main() -> io::Result<()> {
 
     // Until a successor has taken over, or a stop signal.
     while !handover.is_replaced() {
-        if let Some(sig) = signals.wait_timeout(Duration::from_millis(50))? {
-            if sig.is_stop() {
-                handover.close();
-                break;
-            }
+        if stop()? {
+            handover.close();
+            break;
         }
     }
     let drained = server.drain_blocking(DRAIN_TIMEOUT);

@@ -29,6 +29,11 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+/// The upgrade example's server, to check its recipe.
+#[allow(dead_code)]
+#[path = "../examples/upgrade.rs"]
+mod upgrade_example;
+
 use hotloop::hyper::serve_hyper;
 use hotloop::net::{serve, Handover, Server, ServerOptions, TcpStream as HotloopStream};
 use hotloop::{DriverKind, Runtime};
@@ -514,6 +519,55 @@ fn a_successor_that_never_says_ready_is_dropped_and_the_next_takes_over(driver: 
     drop(rt_a);
     assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "B");
     assert_eq!(b.drain_blocking(LIMIT).cut, 0);
+}
+
+/// The upgrade example's recipe when its successor is late: the
+/// predecessor (this test, at its connection limit of 1, so queued
+/// connections wait for the successor) stops waiting for a successor after
+/// 50 ms, and the successor (the example's `run`) accepts a connection
+/// whose request has not come yet, then learns from its `ready` that it
+/// does not take over. It drains before it returns: the request, sent
+/// after that, is answered. Before, `ready()?` returned at once, dropping
+/// the runtime and the connection with it.
+#[hotloop::test(driver = "all")]
+fn a_late_successor_following_the_example_answers_what_it_accepted(driver: DriverKind) {
+    let (_dir, path) = socket_path();
+    let rt_a = runtime(driver, 1);
+    let handover_a = Handover::open(&path).unwrap();
+    handover_a.set_ready_wait(Duration::from_millis(50));
+    let a = serve(rt_a.handle(), "127.0.0.1:0", options(&handover_a, Some(1)), named("A")).unwrap();
+    handover_a.ready().unwrap();
+    let addr = a.local_addr();
+    let mut holder = TcpStream::connect(addr).unwrap();
+    holder.write_all(b"h").unwrap();
+    wait_until(|| a.active_connections() == 1);
+    // Queued behind A's limit: the successor accepts it.
+    let mut held = TcpStream::connect(addr).unwrap();
+    held.set_read_timeout(Some(LIMIT)).unwrap();
+    let path_b = path.to_str().unwrap().to_string();
+    let b = thread::spawn(move || {
+        let rt = runtime(driver, 1);
+        // Past A's ready wait, and time to accept `held`.
+        let serving = |_| thread::sleep(Duration::from_millis(300));
+        upgrade_example::run(rt, &addr.to_string(), &path_b, serving, || Ok(true))
+    });
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !b.is_finished() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    held.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap_or_default();
+    let mut reply = String::new();
+    let got = held.read_to_string(&mut reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.contains("served by pid"),
+        "{driver:?}: {got:?}: {reply:?}"
+    );
+    let refused = b.join().unwrap().unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::TimedOut, "{refused}");
+    // A serves on.
+    drop(holder);
+    assert_eq!(ask(&mut TcpStream::connect(addr).unwrap()), "A");
+    assert_eq!(a.drain_blocking(LIMIT).cut, 0);
 }
 
 /// Run by [`a_successor_that_fails_leaves_the_old_process_serving`] in a

@@ -16,7 +16,13 @@
 //! let handover = Handover::open("/run/app/upgrade.sock")?;
 //! let options = ServerOptions { handover: Some(handover.clone()), ..Default::default() };
 //! let server = serve(rt.handle(), "0.0.0.0:8080", options, |stream| async move { drop(stream) })?;
-//! handover.ready()?; // the predecessor, if any, stops accepting and drains
+//! // The predecessor, if any, stops accepting and drains.
+//! if let Err(e) = handover.ready() {
+//!     // It goes on serving: answer what this process accepted, then exit
+//!     // (returning at once would drop the runtime and cut it).
+//!     server.drain_blocking(std::time::Duration::from_secs(30));
+//!     return Err(e);
+//! }
 //! handover.wait_replaced(None); // until a successor has taken the sockets
 //! server.drain_blocking(std::time::Duration::from_secs(30));
 //! # Ok(()) }
