@@ -358,6 +358,77 @@ fn an_unvalidated_address_is_sent_at_most_three_times_what_it_sent(driver: Drive
     s.stop();
 }
 
+/// A client whose ClientHello takes two Initial datagrams (a long ALPN
+/// list; a post-quantum key share does the same), both reaching the server
+/// before its accept loop takes the handshake, and which then answers
+/// nothing: both count towards its amplification budget (2,400 bytes), so
+/// the server's probes after the probe timeout go out, more than 3,600
+/// bytes in all and none past 7,200. Before, neither was counted as it
+/// came (no budget yet) and the budget started at 1,200: the server stopped
+/// at 3,600 bytes, a probe short.
+#[hotloop::test(driver = "all")]
+fn a_client_hello_in_two_datagrams_counts_both(driver: DriverKind) {
+    let s = Server::start("quic", driver, &[]);
+    let config = config_with_a_long_client_hello(&s._dir.join("cert.pem"));
+    let datagrams = initials(s.addr, &config);
+    assert_eq!(datagrams.len(), 2, "the ClientHello fits one datagram");
+    let sent: usize = datagrams.iter().map(Vec::len).sum();
+    let src = &sources(1)[0];
+    for d in &datagrams {
+        src.send_to(d, s.addr).unwrap();
+    }
+    let mut got = 0;
+    let mut buf = [0u8; 65536];
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1800) {
+        while let Ok(len) = src.recv(&mut buf) {
+            got += len;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("{driver:?}: {got} bytes for {sent}");
+    assert!(got <= 3 * sent, "{driver:?}: {got} bytes sent for {sent} received");
+    assert!(got > 3 * INITIAL_BYTES, "{driver:?}: {got} bytes sent for {sent} received");
+    s.stop();
+}
+
+/// The client configuration of `common::quic_client_config` offering 60
+/// protocols besides `hotloop-echo`: its ClientHello takes two datagrams.
+fn config_with_a_long_client_hello(cert: &std::path::Path) -> ClientConfig {
+    use hotloop::tls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in hotloop::tls::load_certs(cert).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = (0..60).map(|i| format!("unused-protocol-{i:08}").into_bytes()).collect();
+    tls.alpn_protocols.push(b"hotloop-echo".to_vec());
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    ClientConfig::new(Arc::new(crypto))
+}
+
+/// Every datagram a client sends first to `addr` (its Initials, each
+/// padded to 1,200 bytes), before it hears anything.
+fn initials(addr: SocketAddr, config: &ClientConfig) -> Vec<Vec<u8>> {
+    let endpoint_config = Arc::new(quinn_proto::EndpointConfig::default());
+    let mut endpoint = quinn_proto::Endpoint::new(endpoint_config, None, false, None);
+    let now = Instant::now();
+    let (_, mut conn) = endpoint.connect(now, config.clone(), addr, "localhost").unwrap();
+    let mut datagrams = Vec::new();
+    loop {
+        let mut buf = Vec::new();
+        let Some(transmit) = conn.poll_transmit(now, 1, &mut buf) else { break };
+        buf.truncate(transmit.size);
+        datagrams.push(buf);
+    }
+    datagrams
+}
+
 /// `--quic-retry always`: every new address gets one Retry (smaller than
 /// its Initial) and nothing else, and a real client, which answers it, is
 /// served. `--quic-retry never --quic-unvalidated-max 10`: no Retry; past

@@ -67,7 +67,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use quinn::udp::{RecvMeta as QuinnRecvMeta, Transmit as QuinnTransmit};
 use quinn::{AsyncTimer, AsyncUdpSocket, EndpointConfig, Runtime, ServerConfig, UdpPoller};
@@ -85,10 +85,17 @@ const SEND_ERRORS_PER_LOG: u64 = 1000;
 /// Before a peer's address is validated a server may send it at most this
 /// many times the bytes it has received from it (RFC 9000 section 8).
 pub const AMPLIFICATION_FACTOR: u64 = 3;
-/// What the datagram that opened a handshake counts for when its limit
-/// starts (it arrived before): the least a server accepts a client's first
-/// datagram with (RFC 9000 section 14.1), so the count only ever errs low.
+/// What a handshake's datagrams count for when its limit starts and none
+/// of them was counted (its sender fell out of [`EARLY`]): the least a
+/// server accepts a client's first datagram with (RFC 9000 section 14.1),
+/// so the count only ever errs low.
 const INITIAL_DATAGRAM_MIN_BYTES: u64 = 1200;
+/// How long a sender's early Initial bytes wait for its limit to start.
+const EARLY_KEEP: Duration = Duration::from_secs(1);
+/// The most senders whose early Initial bytes a worker keeps: a flood of
+/// Initials from new addresses holds no more (those past it count as one
+/// minimal datagram when their limit starts, as before).
+const EARLY_SENDERS_MAX: usize = 1024;
 
 /// A peer held to [`AMPLIFICATION_FACTOR`]: what it sent and was sent.
 struct Budget {
@@ -98,6 +105,58 @@ struct Budget {
     sent: u64,
 }
 
+/// The bytes of Initial datagrams from one sender that has no budget yet.
+struct Early {
+    received: u64,
+    /// When its first such datagram came.
+    since: Instant,
+}
+
+/// The senders of Initial datagrams whose limit has not started: their
+/// datagrams come before the accept loop takes the handshake (a
+/// ClientHello over two datagrams, often both in one receive batch), and
+/// [`limit_amplification`] starts the budget from their sum.
+#[derive(Default)]
+struct EarlySenders {
+    senders: HashMap<(SocketAddr, SocketAddr), Early>,
+    /// The last sweep of stale senders, made only once the table is full.
+    swept: Option<Instant>,
+}
+
+impl EarlySenders {
+    /// Counts `len` bytes of an Initial datagram from `key`'s sender.
+    fn note(&mut self, key: (SocketAddr, SocketAddr), len: u64) {
+        let now = Instant::now();
+        if let Some(e) = self.senders.get_mut(&key) {
+            if now.duration_since(e.since) < EARLY_KEEP {
+                e.received += len;
+            } else {
+                *e = Early { received: len, since: now };
+            }
+            return;
+        }
+        if self.senders.len() >= EARLY_SENDERS_MAX {
+            // At most one sweep a quarter of the keep time: a flood costs no
+            // scan per datagram.
+            if self.swept.is_some_and(|t| now.duration_since(t) < EARLY_KEEP / 4) {
+                return;
+            }
+            self.swept = Some(now);
+            self.senders.retain(|_, e| now.duration_since(e.since) < EARLY_KEEP);
+            if self.senders.len() >= EARLY_SENDERS_MAX {
+                return;
+            }
+        }
+        self.senders.insert(key, Early { received: len, since: now });
+    }
+
+    /// Takes what `key`'s sender sent lately, if anything was counted.
+    fn take(&mut self, key: (SocketAddr, SocketAddr)) -> Option<u64> {
+        let e = self.senders.remove(&key)?;
+        (e.since.elapsed() < EARLY_KEEP).then_some(e.received)
+    }
+}
+
 thread_local! {
     /// The peers this worker's QUIC sockets answer under an amplification
     /// limit, by (local address, peer address). A worker's sockets and its
@@ -105,11 +164,22 @@ thread_local! {
     /// empty (one check per batch) unless handshakes are unvalidated.
     static UNVALIDATED: RefCell<HashMap<(SocketAddr, SocketAddr), Budget>> =
         RefCell::new(HashMap::new());
+    /// Initial bytes from senders not in `UNVALIDATED` yet.
+    static EARLY: RefCell<EarlySenders> = RefCell::new(EarlySenders::default());
+}
+
+/// Whether a datagram starting with `first` starts with an Initial packet
+/// (a long header of type 0, RFC 9000 section 17.2.2; the type bits are
+/// not header-protected).
+fn starts_with_initial(first: u8) -> bool {
+    first & 0xb0 == 0x80
 }
 
 /// Holds what `endpoint` sends to one peer to [`AMPLIFICATION_FACTOR`] times
-/// what it has received from that peer (the first datagram counted as
-/// 1,200 bytes) until dropped; datagrams beyond it are dropped by the
+/// what it has received from that peer until dropped (the Initial
+/// datagrams that came before are counted by their size: each worker keeps
+/// that count for up to 1,024 senders for a second; a sender not kept
+/// counts as one 1,200-byte datagram); datagrams beyond it are dropped by the
 /// socket, as a lost datagram is, and recovered by QUIC once the peer
 /// answers. Take one for a handshake whose address quinn has not validated
 /// (`Incoming::remote_address_validated`) before accepting it, and drop it
@@ -131,11 +201,16 @@ pub fn limit_amplification(
     // The limits live with the worker's sockets; a thread without them would keep one in vain.
     current::assert_on_worker();
     let key = (endpoint.local_addr()?, remote);
+    let early = EARLY.with(|e| e.borrow_mut().take(key));
     UNVALIDATED.with(|t| {
         let mut t = t.borrow_mut();
         let b = t.entry(key).or_insert(Budget { holders: 0, received: 0, sent: 0 });
+        if b.holders == 0 {
+            // A new budget; with one already held, every datagram from the
+            // peer, this handshake's too, was counted as it came.
+            b.received += early.unwrap_or(0).max(INITIAL_DATAGRAM_MIN_BYTES);
+        }
         b.holders += 1;
-        b.received += INITIAL_DATAGRAM_MIN_BYTES;
     });
     Ok(AmplificationLimit { key, _on_worker: PhantomData })
 }
@@ -201,16 +276,20 @@ fn amplification_sent(local: SocketAddr, remote: SocketAddr, sent: usize) {
     });
 }
 
-/// Counts received datagrams towards their senders' amplification limits.
-fn amplification_received(local: SocketAddr, got: &[RecvMeta]) {
+/// Counts received datagrams (`got`, in `bufs`) towards their senders'
+/// amplification limits, or, for an Initial from a sender with no limit
+/// yet, in [`EARLY`] for the limit its handshake may take.
+fn amplification_received(local: SocketAddr, got: &[RecvMeta], bufs: &[IoSliceMut<'_>]) {
     UNVALIDATED.with(|t| {
         let mut t = t.borrow_mut();
-        if t.is_empty() {
-            return;
-        }
-        for m in got {
-            if let Some(b) = t.get_mut(&(local, m.addr)) {
-                b.received += m.len as u64;
+        for (m, buf) in got.iter().zip(bufs) {
+            let budget = if t.is_empty() { None } else { t.get_mut(&(local, m.addr)) };
+            match budget {
+                Some(b) => b.received += m.len as u64,
+                None if buf.first().is_some_and(|&b| starts_with_initial(b)) => {
+                    EARLY.with(|e| e.borrow_mut().note((local, m.addr), m.len as u64));
+                }
+                None => {}
             }
         }
     });
@@ -687,7 +766,7 @@ impl AsyncUdpSocket for QuicSocket {
         let n = meta.len().min(BATCH_DATAGRAMS_MAX);
         let received =
             std::task::ready!(self.socket.get().poll_recv_msgs(cx, bufs, &mut got[..n]))?;
-        amplification_received(self.local_addr, &got[..received]);
+        amplification_received(self.local_addr, &got[..received], bufs);
         for (out, m) in meta.iter_mut().zip(&got[..received]) {
             *out = QuinnRecvMeta {
                 addr: m.addr,
@@ -767,5 +846,25 @@ mod tests {
         amplification_sent(local, remote, 1_200);
         assert_eq!(amplification_allowance(local, remote, 3_600, Some(1_200)), 2_400);
         UNVALIDATED.with(|t| t.borrow_mut().clear());
+    }
+
+    /// A sender's Initial datagrams that came before its limit are summed
+    /// for it, once; the table of such senders stays bounded.
+    #[test]
+    fn early_initials_are_summed_and_bounded() {
+        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let remote: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        let mut early = EarlySenders::default();
+        early.note((local, remote), 1_250);
+        early.note((local, remote), 1_300);
+        assert_eq!(early.take((local, remote)), Some(2_550));
+        assert_eq!(early.take((local, remote)), None);
+        for port in 0..EARLY_SENDERS_MAX + 10 {
+            early.note((local, SocketAddr::new(remote.ip(), port as u16)), 1_200);
+        }
+        assert_eq!(early.senders.len(), EARLY_SENDERS_MAX);
+        assert!(
+            starts_with_initial(0xc3) && !starts_with_initial(0xe3) && !starts_with_initial(0x43)
+        );
     }
 }

@@ -282,12 +282,14 @@ pub(crate) fn linger(linger: Option<std::time::Duration>) -> libc::linger {
 
 /// `SO_ATTACH_REUSEPORT_CBPF`, the asm-generic value (x86-64, arm64 and
 /// most others; libc names it for Android only).
+#[cfg(feature = "quic")]
 const SO_ATTACH_REUSEPORT_CBPF: i32 = 51;
 
 /// Attaches the classic BPF program `filter` to the `SO_REUSEPORT` group of
 /// `fd` (`SO_ATTACH_REUSEPORT_CBPF`): for each datagram, the kernel runs it
 /// on the UDP payload and takes its result as the index of the group's
 /// socket that gets it (one out of range: the usual hash of the addresses).
+#[cfg(feature = "quic")]
 pub(crate) fn attach_reuseport_cbpf(fd: RawFd, filter: &[libc::sock_filter]) -> io::Result<()> {
     let len = u16::try_from(filter.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF program too long"))?;
