@@ -58,9 +58,10 @@ pub(crate) use config::Config;
 pub use config::{BusyPoll, DriverKind, KernelBusyPoll, Registration};
 pub use handle::{spawn_blocking, Handle};
 pub use join::{run_local, spawn, wake_all, yield_now, AbortHandle, JoinHandle, RunLocal};
-pub(crate) use join::{
-    run_now_if_alone, spawn_detached, spawn_detached_with, yield_to_driver, OnDone,
-};
+pub(crate) use join::{run_now_if_alone, spawn_detached, spawn_detached_with, yield_to_driver};
+// The hyper executor's tasks report nothing back (`hyper/rt.rs`).
+#[cfg(feature = "hyper")]
+pub(crate) use join::OnDone;
 pub use join_set::JoinSet;
 pub use join_slot::{JoinError, RemoteJoinHandle};
 pub(crate) use key::TaskKey;
