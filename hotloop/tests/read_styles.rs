@@ -194,7 +194,10 @@ async fn read_alternating<S: Stream>(mut s: S, a: Style, b: Style, len: usize) -
         got.extend_from_slice(&chunk);
         assert!(got.len() <= len, "{a:?}/{b:?}: more bytes read than sent");
     }
-    assert!(i > 10, "{a:?}/{b:?}: too few reads to mix styles ({i}, {cancelled} cancelled)");
+    // Three reads of each style at least. (Fewer reads come when the
+    // sender is done before the reader starts, on a loaded machine: the
+    // pooled style then takes up to the driver's 64 KiB queue at once.)
+    assert!(i >= 6, "{a:?}/{b:?}: too few reads to mix styles ({i}, {cancelled} cancelled)");
     got
 }
 
