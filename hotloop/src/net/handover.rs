@@ -992,6 +992,21 @@ fn serve_successors(inner: &Arc<Inner>, listener: OwnedFd) {
     }
 }
 
+/// What the hand-over sends: a line naming each offered socket and a
+/// copy of it (`dup`), then the upgrade socket's. The copies are made
+/// under the lock and owned by the caller: a drain on another thread may
+/// withdraw (close) the offered ones while the hand-over sends, and a
+/// number sent after its close could name whatever the process opened
+/// next (a client's connection, a file).
+fn to_send(inner: &Inner, listener: &OwnedFd) -> io::Result<(Vec<String>, Vec<OwnedFd>)> {
+    let st = inner.lock();
+    st.offered
+        .iter()
+        .map(|(_, l, fd)| Ok((l.to_string(), fd.try_clone()?)))
+        .chain(std::iter::once(Ok(("upgrade".to_string(), listener.try_clone()?))))
+        .collect()
+}
+
 /// Steps 1 to 3 with one successor; `Err` if it never got ready (of kind
 /// `TimedOut` if not by `deadline`, when it has been told `late`).
 fn hand_over(
@@ -1001,18 +1016,8 @@ fn hand_over(
     listener: &OwnedFd,
     deadline: Option<Instant>,
 ) -> io::Result<()> {
-    let (lines, fds): (Vec<String>, Vec<RawFd>) = {
-        let st = inner.lock();
-        st.offered
-            .iter()
-            .map(|(_, l, fd)| (l.to_string(), fd.as_raw_fd()))
-            .chain(std::iter::once(("upgrade".to_string(), listener.as_raw_fd())))
-            .unzip()
-    };
-    // The offered copies stay open while the lock is released: only this
-    // thread and `withdraw` remove them, and a server withdrawing now is
-    // stopping anyway (its socket is then simply not served by the
-    // successor).
+    let (lines, copies) = to_send(inner, listener)?;
+    let fds: Vec<RawFd> = copies.iter().map(|fd| fd.as_raw_fd()).collect();
     let header = format!("hotloop-handover 1 pid={} sockets={}\n", std::process::id(), fds.len());
     sys::send_with_fds(conn.as_raw_fd(), header.as_bytes(), &[])?;
     for (names, fds) in
@@ -1020,6 +1025,8 @@ fn hand_over(
     {
         sys::send_with_fds(conn.as_raw_fd(), names.join("\n").as_bytes(), fds)?;
     }
+    // The successor holds its own now.
+    drop(copies);
     crate::log::info(format_args!(
         "hand-over: sent {} sockets to pid {pid}; waiting for it to serve",
         fds.len() - 1
@@ -1083,6 +1090,27 @@ mod tests {
         assert!(same_address("127.0.0.1:0".parse().unwrap(), a));
         assert!(!same_address("127.0.0.2:0".parse().unwrap(), a));
         assert!(!same_address("127.0.0.1:8081".parse().unwrap(), a));
+    }
+
+    /// The sockets a hand-over sends are its own copies: a drain on another
+    /// thread that withdraws the offered ones (closing them) while the
+    /// hand-over sends, and the process opening more meanwhile (accepts,
+    /// files) that get the freed numbers, leave them the offered sockets.
+    #[test]
+    fn the_sockets_sent_stay_the_offered_ones_when_a_drain_withdraws_them() {
+        let handover = Handover::with_path(None);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let id = handover.new_id();
+        handover.offer(id, &Local::Tcp(addr), &[OwnedFd::from(listener)]).unwrap();
+        let upgrade = OwnedFd::from(Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap());
+        let (lines, fds) = to_send(&handover.inner, &upgrade).unwrap();
+        handover.withdraw(id);
+        let _reused: Vec<std::fs::File> =
+            (0..8).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
+        assert_eq!(lines, [format!("tcp {addr}"), "upgrade".to_string()]);
+        let sent = sys::local_addr(fds[0].as_raw_fd()).map_err(|e| e.to_string());
+        assert_eq!(sent, Ok(addr), "the first socket sent is no longer the offered one");
     }
 
     /// systemd's `ListenStream=PORT` socket, `[::]:PORT` taking IPv4 too,
