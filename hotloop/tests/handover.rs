@@ -521,6 +521,44 @@ fn a_successor_that_never_says_ready_is_dropped_and_the_next_takes_over(driver: 
     assert_eq!(b.drain_blocking(LIMIT).cut, 0);
 }
 
+/// Openers racing on a stale upgrade socket file (left by a process that
+/// stopped): exactly one binds the path, and each other one gets the
+/// sockets from the one before, in turn. Before, several could be refused
+/// at once; each removed the file and bound its own, so all but the last
+/// were orphaned (no successor could reach them, each serving as though it
+/// were the first), or a bind failed with the path in use. Twenty rounds
+/// of six.
+#[test]
+fn openers_racing_on_a_stale_socket_file_bind_it_once() {
+    for round in 0..20 {
+        let (_dir, path) = socket_path();
+        let stale = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::SEQPACKET, None);
+        stale.unwrap().bind(&socket2::SockAddr::unix(&path).unwrap()).unwrap();
+        assert!(path.exists(), "the stale socket file");
+        let start = Arc::new(std::sync::Barrier::new(6));
+        let openers: Vec<_> = (0..6)
+            .map(|_| {
+                let (path, start) = (path.clone(), start.clone());
+                thread::spawn(move || {
+                    start.wait();
+                    let handover = Handover::open(&path).map_err(|e| e.to_string())?;
+                    let first = handover.predecessor().is_none();
+                    handover.ready().map_err(|e| e.to_string())?;
+                    Ok::<_, String>((first, handover))
+                })
+            })
+            .collect();
+        let opened: Vec<_> = openers.into_iter().map(|t| t.join().unwrap()).collect();
+        let firsts = opened.iter().filter(|o| matches!(o, Ok((true, _)))).count();
+        let failed: Vec<_> = opened.iter().filter_map(|o| o.as_ref().err()).collect();
+        for (_, handover) in opened.iter().flatten() {
+            handover.close();
+        }
+        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        assert_eq!(firsts, 1, "round {round}: {firsts} processes bound the upgrade socket");
+    }
+}
+
 /// The upgrade example's recipe when its successor is late: the
 /// predecessor (this test, at its connection limit of 1, so queued
 /// connections wait for the successor) stops waiting for a successor after

@@ -214,14 +214,25 @@ impl Handover {
     /// this process is the first, binds its own addresses, and binds
     /// `path` (a socket file nobody listens on is replaced) to wait for a
     /// successor once [`ready`](Self::ready).
+    ///
+    /// Processes opening the same path at once take turns on an exclusive
+    /// `flock` of `PATH.lock` (made beside it, mode 0600, and left there),
+    /// so that only one binds: two refused by a stale file would both
+    /// replace it, and the first one's fresh socket would be orphaned.
     pub fn open(path: impl AsRef<Path>) -> io::Result<Handover> {
         let path = path.as_ref();
         let handover = Handover::with_path(Some(path.to_path_buf()));
         handover.take_listen_fds()?;
         let sock = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
         let addr = SockAddr::unix(path).map_err(|e| with_path(e, "upgrade socket", path))?;
+        // Held from the connect to the bind and listen below.
+        let turn = lock_beside(path)?;
         match connect_unix(&sock, &addr) {
-            Ok(()) => handover.receive(sock, path)?,
+            Ok(()) => {
+                // Connected: the next process may look at the path.
+                drop(turn);
+                handover.receive(sock, path)?
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => handover.bind_upgrade(path, &addr)?,
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 // A socket file nobody listens on: left by a process that
@@ -846,6 +857,31 @@ fn parse_header(bytes: &[u8]) -> Option<(u32, usize)> {
         }
     }
     Some((pid?, count?))
+}
+
+/// An exclusive `flock` on `PATH.lock`, held until the file is dropped
+/// (see [`Handover::open`]). The file is never removed: a process that
+/// removed it could leave two others locking two different files. `None`
+/// when it cannot be made (a directory this user may not write in, where
+/// it could not bind the upgrade socket either: it can only connect to
+/// one, which needs no turn).
+fn lock_beside(path: &Path) -> io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&name)
+    {
+        Ok(file) => file,
+        Err(_) => return Ok(None),
+    };
+    sys::lock_exclusive(file.as_raw_fd()).map_err(|e| with_path(e, "lock", Path::new(&name)))?;
+    Ok(Some(file))
 }
 
 /// Connects `sock` to the Unix socket `addr`, again if a signal

@@ -1,5 +1,6 @@
 //! File calls made directly: `sendfile` on epoll, the pipe an io_uring
-//! `splice` goes through, and `openat2` for the blocking pool.
+//! `splice` goes through, `openat2` for the blocking pool, and the `flock`
+//! that gives processes opening one upgrade socket their turns.
 
 use std::ffi::CStr;
 use std::io;
@@ -112,4 +113,17 @@ pub(crate) fn open_beneath(dir: RawFd, path: &CStr, flags: i32, mode: u32) -> io
     })?;
     // SAFETY: a successful openat2 returns a new descriptor only we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Takes an exclusive `flock` on the open file `fd`, waiting for it
+/// (again if a signal interrupts the wait). Closing the file releases it.
+pub(crate) fn lock_exclusive(fd: RawFd) -> io::Result<()> {
+    loop {
+        // SAFETY: `flock` takes a descriptor number and a flag; an invalid
+        // or closed descriptor is an `EBADF` error, not undefined behaviour.
+        match cvt(unsafe { libc::flock(fd, libc::LOCK_EX) }) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other.map(drop),
+        }
+    }
 }

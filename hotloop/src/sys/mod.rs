@@ -2,7 +2,7 @@
 //!
 //! Every `unsafe` block in the crate outside `driver/` and `buf/` lives
 //! here, in a file by topic: `poll.rs` (epoll, eventfd, timerfd),
-//! `socket.rs`, `file.rs` (`sendfile`, pipes), `unix.rs` (datagram calls on a borrowed
+//! `socket.rs`, `file.rs` (`sendfile`, pipes, `flock`), `unix.rs` (datagram calls on a borrowed
 //! descriptor, `SO_PEERCRED`), `process.rs` (CPU pinning, limits, descriptor counts,
 //! memory), `signal.rs` (the handler).
 //! Each wrapper turns the C convention (-1 and `errno`) into `io::Result`, so
