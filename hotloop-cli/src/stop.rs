@@ -79,7 +79,7 @@ pub fn run_until_stopped(ctl: &Control<'_>, rt: &Runtime, server: Server) -> io:
     let active = server.active_connections_reader();
     let successor = match begin(ctl, &active)? {
         Some(successor) => successor,
-        None => return Ok(Stopped { cut: active(), forced: true, successor: None }),
+        None => return Ok(forced(ctl, active())),
     };
     // First, so that an answer being prepared now already says `Connection: close`.
     crate::drain::begin(rt.handle());
@@ -119,7 +119,7 @@ pub fn run_until_stopped_with(
 ) -> io::Result<Stopped> {
     let successor = match begin(ctl, active)? {
         Some(successor) => successor,
-        None => return Ok(Stopped { cut: active(), forced: true, successor: None }),
+        None => return Ok(forced(ctl, active())),
     };
     let deadline = Instant::now() + ctl.drain_timeout;
     let mut drain = Drain::new(successor);
@@ -232,7 +232,7 @@ fn second_signal(
         Some(sig) if sig.is_stop() => {
             let cut = active();
             say!("{}: {sig:?} again: stopping at once; {cut} connections cut", ctl.name);
-            Ok(Some(Stopped { cut, forced: true, successor: None }))
+            Ok(Some(forced(ctl, cut)))
         }
         Some(sig) => {
             other_signal(ctl, sig);
@@ -240,6 +240,13 @@ fn second_signal(
         }
         None => Ok(None),
     }
+}
+
+/// A stop forced before the drain's end: `cut` connections are still
+/// open, and are counted in `drain_cut` (the process exits next).
+fn forced(ctl: &Control<'_>, cut: usize) -> Stopped {
+    hotloop::stats::record_cut(ctl.name, cut, "by a forced stop");
+    Stopped { cut, forced: true, successor: None }
 }
 
 fn other_signal(ctl: &Control<'_>, sig: SignalKind) {
@@ -283,8 +290,6 @@ pub(crate) fn say_stopped(name: &str, stopped: &Stopped, accepted: u64, unserved
     } else {
         String::new()
     };
-    say!(
-        "{name}: {how} ({} connections cut at the drain deadline); {accepted} accepted{unserved}",
-        stopped.cut
-    );
+    let when = if stopped.forced { "" } else { " at the drain deadline" };
+    say!("{name}: {how} ({} connections cut{when}); {accepted} accepted{unserved}", stopped.cut);
 }

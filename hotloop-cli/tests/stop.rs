@@ -347,7 +347,8 @@ fn a_tls_request_split_over_the_quiet_time_is_answered_at_a_stop(driver: DriverK
     }
 }
 
-/// A second SIGTERM, or SIGQUIT, stops at once, whatever is open.
+/// A second SIGTERM, or SIGQUIT, stops at once, whatever is open; what
+/// it cuts is counted in `drain_cut`, as its event says.
 #[hotloop::test(driver = "all")]
 fn a_second_sigterm_or_sigquit_stops_at_once(driver: DriverKind) {
     let driver = common::driver_arg(driver);
@@ -376,6 +377,11 @@ fn a_second_sigterm_or_sigquit_stops_at_once(driver: DriverKind) {
         assert!(status.success(), "{status}");
         p.collect_lines(Duration::from_millis(200));
         assert!(p.seen.iter().any(|l| l.contains("stopped at once")), "{:?}", p.seen);
+        // Counted in `drain_cut`, whose event says so.
+        let counted = p.seen.iter().any(|l| {
+            l.starts_with("hotloop: ") && l.contains("1 connections cut by a forced stop")
+        });
+        assert!(counted, "{driver}: SIG{first} then {second:?}: no drain_cut event: {:?}", p.seen);
     }
 }
 

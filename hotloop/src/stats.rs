@@ -280,7 +280,7 @@ lifecycle! {
     sockets_inherited,
     /// Server drains begun (a stop, or a hand-over to a successor).
     drains,
-    /// Connections still open at a drain's deadline, and cut.
+    /// Connections cut by a drain: still open at its deadline (those whose worker had not ended them when the drain returned included), or when a stop was forced before it (a second signal, SIGQUIT).
     drain_cut,
     /// TLS certificate reloads that took effect.
     tls_reloads,
@@ -314,6 +314,19 @@ pub fn record_drain_cut(what: &str, cut: usize) {
     }
     count_event(&LIFECYCLE.drain_cut, cut as u64);
     crate::log::warn(format_args!("{what}: {cut} connections cut at the drain deadline"));
+}
+
+/// Records the connections a forced stop cut (a second signal or SIGQUIT
+/// ended the process before its drain did), or that a server closed at
+/// once for another reason (QUIC connections at an upgrade): counted in
+/// `drain_cut` with the drains' cuts, with a warning; nothing when `cut`
+/// is 0. `how` ends the warning: "by a forced stop", say.
+pub fn record_cut(what: &str, cut: usize, how: &str) {
+    if cut == 0 {
+        return;
+    }
+    count_event(&LIFECYCLE.drain_cut, cut as u64);
+    crate::log::warn(format_args!("{what}: {cut} connections cut {how}"));
 }
 
 /// One worker's load at one moment, as the connection balancing reads it

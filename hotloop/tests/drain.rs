@@ -558,3 +558,37 @@ fn a_stop_lets_a_lingering_close_finish_so_the_answer_is_not_reset(driver: Drive
     drop(s);
     assert_eq!(drain.join().unwrap().cut, 0);
 }
+
+/// A connection the cut has not ended when the drain stops waiting for it
+/// (its worker busy in a long synchronous computation: `Drained::left`)
+/// is counted in `drain_cut` when the drain returns, with those the cut
+/// ended, so the stats say what the drain's report says. Before, it was
+/// counted only when its worker polled it again, which a process that
+/// exits after the drain never does.
+#[hotloop::test(driver = "all")]
+fn a_connection_the_cut_has_not_ended_yet_is_counted_as_cut(driver: DriverKind) {
+    let rt = runtime(driver, 1);
+    let options = ServerOptions::default();
+    let server = hotloop::net::serve_with_stop(rt.handle(), "127.0.0.1:0", options, |s, stop| {
+        async move {
+            let (n, _) = s.read_owned(vec![0u8; 16]).await;
+            if n.is_err() {
+                return;
+            }
+            stop.stopping().await;
+            hotloop::time::sleep(Duration::from_millis(100)).await;
+            // Busy past the drain's deadline and the cut's wait.
+            thread::sleep(Duration::from_millis(2500));
+            let _ = s.read_owned(vec![0u8; 16]).await;
+        }
+    })
+    .unwrap();
+    let mut held = TcpStream::connect(server.local_addr()).unwrap();
+    held.write_all(b"hi").unwrap();
+    wait_until(|| server.active_connections() == 1);
+    let before = rt.stats().lifecycle.drain_cut;
+    let drained = server.drain_blocking(Duration::from_millis(300));
+    assert_eq!((drained.open, drained.cut, drained.left), (1, 0, 1), "{driver:?}: {drained:?}");
+    let counted = rt.stats().lifecycle.drain_cut - before;
+    assert!(counted >= 1, "{driver:?}: drain_cut counted {counted} of {drained:?}");
+}

@@ -545,8 +545,9 @@ impl<F: Future<Output = ()>> Future for Served<F> {
         let this = self.project();
         let server = &this.guard.local.server;
         if server.cut.load(Ordering::Relaxed) {
+            // Counted in `drain_cut` by the drain's report, with those the
+            // cut had not ended by then.
             server.cut_count.fetch_add(1, Ordering::Relaxed);
-            count_event(&LIFECYCLE.drain_cut, 1);
             // Ending the task drops the handler, and its connection with it.
             return Poll::Ready(());
         }
@@ -1384,10 +1385,15 @@ impl<A> Server<A> {
         }
     }
 
+    /// What the drain did, logged; `drain_cut` counts the connections cut
+    /// and those still open (cut, but not yet polled again: a process that
+    /// exits after the drain never ends them otherwise), so the counter
+    /// says what the report says.
     fn report(&self, started: Instant, open: usize) -> Drained {
         let cut = self.shared.cut_count.load(Ordering::SeqCst);
         let drained =
             Drained { open, cut, left: self.active_connections(), took: started.elapsed() };
+        count_event(&LIFECYCLE.drain_cut, (drained.cut + drained.left) as u64);
         if cut > 0 || drained.left > 0 {
             crate::log::warn(format_args!(
                 "server on {}: drained in {:?}; {cut} connections cut at the drain deadline{}",
