@@ -26,22 +26,7 @@ const GAP: Duration = Duration::from_millis(10);
 const IDLE_MS: &str = "300";
 
 fn proxy(driver: DriverKind, backend: SocketAddr) -> (Proc, SocketAddr) {
-    let backend = backend.to_string();
-    let mut p = Proc::start(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--backend",
-        &backend,
-        "--workers",
-        "1",
-        "--driver",
-        common::driver_arg(driver),
-        "--idle-timeout-ms",
-        IDLE_MS,
-    ]);
-    let addr = p.addr_after(" on ");
-    (p, addr)
+    common::tcp_proxy(driver, backend, IDLE_MS)
 }
 
 /// Sends `TOTAL` bytes in pieces, with a pause between each.

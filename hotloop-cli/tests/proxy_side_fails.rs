@@ -30,22 +30,7 @@ const NAP: Duration = Duration::from_millis(1);
 const FIN_WAIT1: u8 = 0x04;
 
 fn proxy(driver: DriverKind, backend: SocketAddr) -> (Proc, SocketAddr) {
-    let backend = backend.to_string();
-    let mut p = Proc::start(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--backend",
-        &backend,
-        "--workers",
-        "1",
-        "--driver",
-        common::driver_arg(driver),
-        "--idle-timeout-ms",
-        "5000",
-    ]);
-    let addr = p.addr_after(" on ");
-    (p, addr)
+    common::tcp_proxy(driver, backend, "5000")
 }
 
 /// The state and the unacknowledged bytes (`SIOCOUTQ`'s count) of the

@@ -174,6 +174,31 @@ impl Drop for Proc {
     }
 }
 
+/// `hotloop proxy` (TCP) on one worker forwarding to `backend`, with
+/// the idle timeout `idle_ms`; its address.
+pub fn tcp_proxy(
+    driver: hotloop::DriverKind,
+    backend: SocketAddr,
+    idle_ms: &str,
+) -> (Proc, SocketAddr) {
+    let backend = backend.to_string();
+    let mut p = Proc::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        &backend,
+        "--workers",
+        "1",
+        "--driver",
+        driver_arg(driver),
+        "--idle-timeout-ms",
+        idle_ms,
+    ]);
+    let addr = p.addr_after(" on ");
+    (p, addr)
+}
+
 /// One `Connection: close` GET; the whole reply.
 pub fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
