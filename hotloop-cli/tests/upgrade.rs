@@ -700,12 +700,7 @@ fn new_quic_connections_during_a_hand_over_all_reach_the_successor(driver: Drive
     let addr = p.addr_after(" on ");
     let config = common::quic_client_config(&cert.path, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
-    let echo = |conn: quinn::Connection| async move {
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-        send.write_all(b"hi").await.map_err(|e| e.to_string())?;
-        send.finish().map_err(|e| e.to_string())?;
-        recv.read_to_end(64).await.map_err(|e| e.to_string())
-    };
+    let echo = quic_echo;
     let (client, old) = rt.block_on(async {
         let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
         let old = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
@@ -800,12 +795,7 @@ fn a_quic_successor_that_fails_to_start_leaves_the_old_one_serving(driver: Drive
     let stats = p.addr_after("stats on ");
     let config = common::quic_client_config(&cert.path, b"hotloop-echo");
     let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
-    let echo = |conn: quinn::Connection| async move {
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-        send.write_all(b"hi").await.map_err(|e| e.to_string())?;
-        send.finish().map_err(|e| e.to_string())?;
-        recv.read_to_end(64).await.map_err(|e| e.to_string())
-    };
+    let echo = quic_echo;
     let (client, old) = rt.block_on(async {
         let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
         let old = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
@@ -977,4 +967,12 @@ fn sigterm_to_a_process_draining_after_a_hand_over_does_not_cut_it(driver: Drive
     assert!(common::http_get(addr, "/").starts_with("HTTP/1.1 200"));
     next.signal("TERM");
     assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// "hi" sent on a new bidirectional stream of `conn`; what came back.
+async fn quic_echo(conn: quinn::Connection) -> Result<Vec<u8>, String> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    send.write_all(b"hi").await.map_err(|e| e.to_string())?;
+    send.finish().map_err(|e| e.to_string())?;
+    recv.read_to_end(64).await.map_err(|e| e.to_string())
 }
