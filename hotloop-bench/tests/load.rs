@@ -200,6 +200,34 @@ fn open_loop_and_time_bound() {
 }
 
 #[test]
+fn an_open_loop_that_falls_behind_counts_the_starts_it_did_not_send() {
+    // 5 ms of work per request and two connections: at most 400 of the
+    // 1,000 starts a second can go out; the rest wait for a connection.
+    let floor = Floor::start_with("http", &["--work-us", "5000"], None);
+    let r =
+        load(floor.addr, &["--mode", "churn", "-c", "2", "--rate", "1000", "--duration", "0.5"]);
+    assert_eq!(r["stopped_by"], "duration");
+    let offered = r["offered"].as_u64().unwrap();
+    let not_sent = r["not_sent"].as_u64().unwrap();
+    let done = r["completed"].as_u64().unwrap() + r["errors"]["total"].as_u64().unwrap();
+    assert!((495..=505).contains(&offered), "{r}");
+    assert!(not_sent >= 250, "{r}");
+    // Every due start is accounted for: answered, failed, cut off by the
+    // end, or never sent.
+    let unfinished = r["unfinished"].as_u64().unwrap();
+    assert!(done + unfinished + not_sent >= offered - 1, "{r}");
+    // Each start not sent is in the latencies, at its age when the run ended.
+    let samples: u64 =
+        r["histogram_us"].as_array().unwrap().iter().map(|b| b[1].as_u64().unwrap()).sum();
+    assert_eq!(samples, r["completed"].as_u64().unwrap() + not_sent, "{r}");
+    // A generator that keeps up leaves none.
+    let r =
+        load(floor.addr, &["--mode", "keepalive", "-c", "8", "--rate", "50", "--duration", "0.3"]);
+    assert!(r["not_sent"].as_u64().unwrap() <= 1, "{r}");
+    floor.stop();
+}
+
+#[test]
 fn closed_port_reports_connect_errors() {
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

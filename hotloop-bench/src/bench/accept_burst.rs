@@ -52,7 +52,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     result.setup.push(format!(
         "{clients} clients, {MESSAGE_BYTES}-byte messages; each hotloop row names its driver and accept mode; \
          accept pacing off, so the rows compare the accept calls themselves (a paced listener takes one \
-         `accept4` per connection on io_uring too)"
+         `accept4` per connection on io_uring too); \"{DEFAULT_CONFIG}\" is hotloop's default (multishot, \
+         pacing on), the configuration compared with the peers"
     ));
     let work = Workload { proto: "echo".into(), body_size: 0, work_us: 0 };
     let load = LoadSpec {
@@ -69,6 +70,7 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     let unpaced =
         |driver, accept| vec!["--driver", driver, "--accept", accept, "--accept-pacing", "off"];
     let mut specs = vec![
+        ServerSpec::hotloop(DEFAULT_CONFIG, &["--driver", "uring"]),
         ServerSpec::hotloop("uring multishot", &unpaced("uring", "multishot")),
         ServerSpec::hotloop("uring single", &unpaced("uring", "single")),
         ServerSpec::hotloop("epoll", &unpaced("epoll", "multishot")),
@@ -78,5 +80,9 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         let row = ctx.measure("", spec, &work, &load);
         result.rows.push(row);
     }
+    result.compare_as(&[DEFAULT_CONFIG]);
     result
 }
+
+/// The row of hotloop's defaults on io_uring (multishot accept, pacing on).
+pub const DEFAULT_CONFIG: &str = "uring paced (default)";

@@ -20,8 +20,9 @@
 //! - The three servers run at once (idle between their trials) and each
 //!   trial runs against all three in turn, so a slow spell of the shared
 //!   machine falls on all of them alike.
-//! - Per-worker CPU is read from `/proc/PID/task/*/stat` over the trial
-//!   (a pinned worker's thread always last ran on its own CPU); per-worker
+//! - Per-worker CPU is read from `/proc/PID/task/*/schedstat` over the
+//!   trial, each thread placed by the CPU it last ran on (`stat`; a pinned
+//!   worker's thread always last ran on its own CPU); per-worker
 //!   connections from the stats endpoint once every connection is open.
 
 use std::collections::BTreeMap;
@@ -139,6 +140,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     for row in &mut result.rows {
         row.workers = Some(WORKERS);
     }
+    // The default placement; there are no peers, so the table is the comparison.
+    result.compare_as(&["uring load", "epoll load"]);
     ctx.workers = saved_workers;
     ctx.server_cpus = saved_cpus;
     ctx.load_cpu = saved_load;
@@ -261,7 +264,7 @@ fn run_trial(
 ) -> Result<BTreeMap<String, f64>, String> {
     let pid = running.pid().ok_or("the server has no process")?;
     let stats_before = running.stats().unwrap_or_default();
-    let cpu_before = worker_cpu_seconds(pid);
+    let cpu_before = worker_cpu_seconds(pid, &ctx.server_cpus);
     let started = Instant::now();
     let mut lights = Vec::new();
     let mut heavies = Vec::new();
@@ -277,7 +280,7 @@ fn run_trial(
     let lights: Vec<LoadReport> = lights.into_iter().map(join).collect::<Result<_, _>>()?;
     let heavies: Vec<LoadReport> = heavies.into_iter().map(join).collect::<Result<_, _>>()?;
     let wall = started.elapsed().as_secs_f64();
-    let cpu_after = worker_cpu_seconds(pid);
+    let cpu_after = worker_cpu_seconds(pid, &ctx.server_cpus);
     let stats_after = running.stats().unwrap_or_default();
     let cpu: Vec<f64> =
         cpu_after.iter().zip(&cpu_before).map(|(a, b)| 100.0 * (a - b) / wall).collect();
@@ -320,6 +323,13 @@ pub fn trial_figures(
     f.insert("heavy_rate_pct".into(), 100.0 * heavy_rate / offered);
     let errors: u64 = lights.iter().chain(heavies).map(LoadReport::errors_total).sum();
     f.insert("errors".into(), errors as f64);
+    let attempts: u64 = lights.iter().chain(heavies).map(|r| r.completed).sum::<u64>() + errors;
+    let error_pct = if attempts == 0 { 0.0 } else { 100.0 * errors as f64 / attempts as f64 };
+    f.insert(super::report::METRIC_ERROR_PCT.into(), error_pct);
+    // The light groups' latencies are the figures; a heavy connection that
+    // fell behind shows in "heavy % of offered".
+    let behind = lights.iter().any(LoadReport::behind_schedule);
+    f.insert(super::report::METRIC_BEHIND.into(), if behind { 1.0 } else { 0.0 });
     f
 }
 
@@ -345,9 +355,11 @@ fn join(t: LoadThread) -> Result<LoadReport, String> {
     t.join().map_err(|_| "a load thread panicked".to_string())?
 }
 
-/// CPU seconds of each worker thread, by worker (the CPU it is pinned to).
-fn worker_cpu_seconds(pid: u32) -> Vec<f64> {
-    let mut by_cpu = vec![0.0; WORKERS];
+/// CPU seconds of each worker thread (`schedstat`, nanoseconds), by
+/// worker: the position in `cpus` (the servers' CPUs) of the CPU it is
+/// pinned to.
+fn worker_cpu_seconds(pid: u32, cpus: &[usize]) -> Vec<f64> {
+    let mut by_worker = vec![0.0; WORKERS];
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     for task in tasks.flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
@@ -355,14 +367,16 @@ fn worker_cpu_seconds(pid: u32) -> Vec<f64> {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let (Some(ticks), Some(cpu)) = (proc::parse_stat_cpu_ticks(&stat), last_cpu(&stat)) else {
+        let Ok(sched) = std::fs::read_to_string(task.path().join("schedstat")) else { continue };
+        let (Some(ns), Some(cpu)) = (proc::parse_schedstat_run_ns(&sched), last_cpu(&stat)) else {
             continue;
         };
-        if let Some(slot) = by_cpu.get_mut(cpu) {
-            *slot += ticks as f64 / proc::clock_ticks_per_second();
+        let worker = cpus.iter().position(|&c| c == cpu);
+        if let Some(slot) = worker.and_then(|w| by_worker.get_mut(w)) {
+            *slot += ns as f64 / 1e9;
         }
     }
-    by_cpu
+    by_worker
 }
 
 /// Field 39 of `/proc/PID/task/TID/stat`: the CPU the thread last ran on.

@@ -26,6 +26,8 @@ pub fn columns() -> Vec<Column> {
         col("p50_us", "p50 µs", 1, Better::Lower),
         col("p99_us", "p99 µs", 1, Better::Lower),
         col(METRIC_CPU_PER_1K, "CPU s/1k req", 4, Better::Lower),
+        col("not_sent", "not sent", 0, Better::Lower),
+        col("errors", "errors", 0, Better::Lower),
     ]
 }
 
@@ -62,5 +64,6 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         // Repeats interleaved across the servers (none busy-polls).
         result.rows.extend(ctx.measure_side_by_side(group, &specs, &work, &load));
     }
+    result.compare_as(&["epoll", "uring"]);
     result
 }

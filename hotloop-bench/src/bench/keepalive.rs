@@ -32,6 +32,8 @@ pub fn columns() -> Vec<Column> {
         col("p50_us", "p50 µs", 1, Better::Lower),
         col("p99_us", "p99 µs", 1, Better::Lower),
         col(METRIC_CPU_PER_1K, "CPU s/1k req", 4, Better::Lower),
+        col("not_sent", "not sent", 0, Better::Lower),
+        col("errors", "errors", 0, Better::Lower),
     ]
 }
 
@@ -100,6 +102,9 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     ));
     let group = format!("open loop {OPEN_LOOP_RATE}/s, {OPEN_LOOP_CONNECTIONS} connections");
     result.rows.extend(ctx.measure_side_by_side(&group, &specs, &work, &open_loop));
+    // hotloop's defaults on each driver, and `always` where the group is
+    // about busy polling (compared with the floors that busy-poll).
+    result.compare_as(&["epoll", "uring", "epoll busy-poll always", "uring busy-poll always"]);
     result
 }
 

@@ -132,6 +132,14 @@ pub fn figures_of(r: &LoadReport) -> BTreeMap<String, f64> {
     ] {
         f.insert(key.to_string(), value);
     }
+    f.insert(super::report::METRIC_ERROR_PCT.to_string(), r.error_pct());
+    f.insert("unfinished".to_string(), r.unfinished as f64);
+    if let (Some(offered), Some(not_sent)) = (r.offered, r.not_sent) {
+        f.insert("offered".to_string(), offered as f64);
+        f.insert("not_sent".to_string(), not_sent as f64);
+        let behind = if r.behind_schedule() { 1.0 } else { 0.0 };
+        f.insert(super::report::METRIC_BEHIND.to_string(), behind);
+    }
     if let Some(q) = &r.request_latency_us {
         for (key, value) in [
             ("req_mean_ms", q.mean / 1000.0),

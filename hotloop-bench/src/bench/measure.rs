@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::report::{self, LoadReport, Row, Summary};
+use super::report::{self, LoadReport, Row, Scope, Summary};
 use super::server::{self, Running, ServerKind, ServerSpec, Workload};
 use super::{
     figures_of, find_on_path, last_line, proc, Ctx, Figures, Histogram, LoadSpec, PeerName,
-    METRIC_CPU_PER_1K, METRIC_CPU_UTIL, METRIC_IDLE_CPU, METRIC_RATE, WARMUP_MAX_FULL,
-    WARMUP_MAX_QUICK, WARMUP_REQUESTS_FULL, WARMUP_REQUESTS_QUICK,
+    METRIC_CPU_PER_1K, METRIC_CPU_PER_1K_RES, METRIC_CPU_UTIL, METRIC_IDLE_CPU, METRIC_RATE,
+    WARMUP_MAX_FULL, WARMUP_MAX_QUICK, WARMUP_REQUESTS_FULL, WARMUP_REQUESTS_QUICK,
 };
 
 impl Ctx {
@@ -171,7 +171,10 @@ impl Ctx {
                 };
                 Slot {
                     title: if group.is_empty() { label } else { format!("{group}: {label}") },
-                    row: Row::new(group, &spec.server, &spec.config),
+                    row: Row {
+                        busy_polls: spec.busy_polls(),
+                        ..Row::new(group, &spec.server, &spec.config)
+                    },
                     running: None,
                     held: hold_spinners && spec.busy_polls(),
                     samples: Vec::new(),
@@ -194,6 +197,7 @@ impl Ctx {
                 }
             };
             slot.row.notes.extend(running.notes.iter().cloned());
+            mark_row(&mut slot.row, spec, work, &running);
             self.note_load(load, work.load_proto());
             let (warmup_requests, warmup_max) = if self.quick {
                 (WARMUP_REQUESTS_QUICK, WARMUP_MAX_QUICK)
@@ -271,17 +275,17 @@ impl Ctx {
         load: &LoadSpec,
         title: &str,
     ) -> Result<(Figures, Histogram), String> {
-        let before = Reading { cpu_s: running.cpu_seconds(), stats: running.stats() };
+        let before = Reading { cpu: running.cpu_time(), stats: running.stats() };
         let started = Instant::now();
         let report = self.run_load(running, work.load_proto(), load, title)?;
         let wall_s = started.elapsed().as_secs_f64();
-        let after = Reading { cpu_s: running.cpu_seconds(), stats: running.stats() };
+        let after = Reading { cpu: running.cpu_time(), stats: running.stats() };
         let f = run_figures(&report, wall_s, self.workers, &before, &after);
         Ok((f, report.histogram_us))
     }
 
     /// The server's CPU time over `window` with no load, in percent of one
-    /// worker's CPU; read from /proc/PID/stat.
+    /// worker's CPU; read from its CPU clock.
     fn idle_cpu_pct(&self, running: &Running, window: Duration) -> Option<f64> {
         let before = running.cpu_seconds()?;
         std::thread::sleep(window);
@@ -314,11 +318,30 @@ impl Ctx {
     }
 }
 
+/// Marks a row at its server's start: a peer that skips the workload's
+/// per-request work is a reference row, and a setup other than the one
+/// named is relabelled; neither takes part in the ratios.
+pub(super) fn mark_row(row: &mut Row, spec: &ServerSpec, work: &Workload, running: &Running) {
+    if work.work_us > 0 && !spec.does_work() {
+        row.exclude(
+            Scope::All,
+            format!(
+                "reference only: answers without the {} µs of work per request the other servers do",
+                work.work_us
+            ),
+        );
+    }
+    if let Some((suffix, why)) = &running.substituted {
+        row.config = format!("{} {suffix}", row.config).trim().to_string();
+        row.exclude(Scope::All, why.clone());
+    }
+}
+
 /// What is read of a server before and after a measured run.
 #[derive(Debug, Clone, Default)]
 pub struct Reading {
-    /// Its CPU seconds so far.
-    pub cpu_s: Option<f64>,
+    /// Its CPU time so far.
+    pub cpu: Option<proc::CpuTime>,
     /// Its stats endpoint's counters.
     pub stats: Option<BTreeMap<String, f64>>,
 }
@@ -333,11 +356,16 @@ pub fn run_figures(
     after: &Reading,
 ) -> Figures {
     let mut f = figures_of(report);
-    if let (Some(before), Some(after)) = (before.cpu_s, after.cpu_s) {
-        let cpu = after - before;
+    if let (Some(before), Some(after)) = (before.cpu, after.cpu) {
+        let cpu = after.seconds - before.seconds;
+        // A difference of two readings is known to within the clock's step.
+        let resolution = before.resolution_s.max(after.resolution_s);
         f.insert("server_cpu_s".into(), cpu);
+        f.insert("server_cpu_res_s".into(), resolution);
         if report.completed > 0 {
-            f.insert(METRIC_CPU_PER_1K.into(), cpu / report.completed as f64 * 1000.0);
+            let per_1k = 1000.0 / report.completed as f64;
+            f.insert(METRIC_CPU_PER_1K.into(), cpu * per_1k);
+            f.insert(METRIC_CPU_PER_1K_RES.into(), resolution * per_1k);
         }
         f.insert(METRIC_CPU_UTIL.into(), cpu / wall_s / workers.max(1) as f64 * 100.0);
     }
@@ -417,4 +445,64 @@ pub(super) fn summarise(row: &mut Row, samples: &[BTreeMap<String, f64>]) -> boo
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::proc::CpuTime;
+    use super::*;
+
+    fn report(completed: u64) -> LoadReport {
+        LoadReport { completed, ..Default::default() }
+    }
+
+    #[test]
+    fn cpu_per_request_carries_the_clocks_resolution() {
+        let reading = |seconds, resolution_s| Reading {
+            cpu: Some(CpuTime { seconds, resolution_s }),
+            stats: None,
+        };
+        // 1,000 connections, 30 ms of CPU read on a 10 ms clock: known to
+        // within 0.01 s per 1,000.
+        let f = run_figures(&report(1_000), 0.5, 1, &reading(1.0, 0.01), &reading(1.03, 0.01));
+        assert!((f[METRIC_CPU_PER_1K] - 0.03).abs() < 1e-12);
+        assert!((f[METRIC_CPU_PER_1K_RES] - 0.01).abs() < 1e-12);
+        let f = run_figures(&report(1_000), 0.5, 1, &reading(1.0, 1e-6), &reading(1.03, 1e-6));
+        assert!(f[METRIC_CPU_PER_1K_RES] < 1e-5);
+    }
+
+    #[test]
+    fn peers_without_the_work_and_substituted_setups_are_marked() {
+        let work = Workload { proto: "http".into(), body_size: 1024, work_us: 60 };
+        let running = Running::for_tests();
+        let nginx = ServerSpec {
+            server: "nginx".into(),
+            config: String::new(),
+            kind: ServerKind::Nginx { program: "nginx".into(), multi_accept: true },
+        };
+        let mut row = Row::new("1K body", "nginx", "");
+        mark_row(&mut row, &nginx, &work, &running);
+        assert!(row.excluded_from("rate_per_s").unwrap().contains("60 µs of work"));
+        // Without work per request, nginx is a peer like any other.
+        let mut row = Row::new("", "nginx", "");
+        mark_row(&mut row, &nginx, &Workload { work_us: 0, ..work.clone() }, &running);
+        assert!(row.excluded.is_empty());
+        // A floor does the work.
+        let mut row = Row::new("", "floor", "");
+        mark_row(&mut row, &ServerSpec::peer("floor"), &work, &running);
+        assert!(row.excluded.is_empty());
+        // Busy polling moved to the backend: a label of its own, no ratio.
+        let mut running = Running::for_tests();
+        running.substituted =
+            Some(("(busy-poll always on the backend)".into(), "substituted: refused".into()));
+        let spec = ServerSpec {
+            server: "hotloop".into(),
+            config: "proxy busy-poll always".into(),
+            kind: ServerKind::Proxy { busy_poll: "always".into(), http: false },
+        };
+        let mut row = Row::new("TCP forwarding", "hotloop", &spec.config);
+        mark_row(&mut row, &spec, &Workload { work_us: 0, ..work }, &running);
+        assert_eq!(row.config, "proxy busy-poll always (busy-poll always on the backend)");
+        assert_eq!(row.excluded_from("rate_per_s"), Some("substituted: refused"));
+    }
 }

@@ -38,6 +38,7 @@ mod storm;
 mod timers;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -130,7 +131,7 @@ pub enum UringFeature {
     RecvInc,
     /// Accepted connections as direct descriptors in the ring's file table
     /// (`HOTLOOP_URING_DIRECT_FDS=0` switches them off; off by default, so
-    /// run the bench with `HOTLOOP_URING_DIRECT_FDS=1` for the on rows).
+    /// the on rows set `HOTLOOP_URING_DIRECT_FDS=1` and say so).
     DirectFds,
 }
 
@@ -259,6 +260,10 @@ pub struct ScenarioResult {
     pub columns: Vec<Column>,
     /// One row per server configuration and group.
     pub rows: Vec<Row>,
+    /// The hotloop configurations compared with the floor and the peers,
+    /// by name (the defaults, or the setting a group is about): each in
+    /// every group that has it, never the best of several.
+    pub compared: Vec<String>,
     /// hotloop against the floor and the best peer.
     pub comparisons: Vec<Comparison>,
 }
@@ -274,13 +279,24 @@ impl ScenarioResult {
             setup: Vec::new(),
             columns,
             rows: Vec::new(),
+            compared: Vec::new(),
             comparisons: Vec::new(),
         }
     }
 
-    /// Fills `comparisons` from the rows: the headline column and, when
-    /// present, CPU seconds per 1,000 connections or requests.
+    /// Names the hotloop configurations the ratios are taken for.
+    pub fn compare_as(&mut self, configs: &[&str]) {
+        self.compared = configs.iter().map(|c| c.to_string()).collect();
+    }
+
+    /// Marks rows from their figures (errors, a schedule fallen behind),
+    /// then fills `comparisons`: the headline column and, when present,
+    /// CPU seconds per 1,000 connections or requests, for each configuration
+    /// in `compared`.
     pub fn compare(&mut self) {
+        for row in &mut self.rows {
+            row.flag_from_figures();
+        }
         let mut metrics: Vec<(&str, Better)> = Vec::new();
         if let Some(first) = self.columns.first() {
             metrics.push((first.key, first.better));
@@ -290,7 +306,7 @@ impl ScenarioResult {
                 metrics.push((column.key, Better::Lower));
             }
         }
-        self.comparisons = report::compare(&self.rows, &metrics);
+        self.comparisons = report::compare(&self.rows, &metrics, &self.compared);
     }
 }
 
@@ -303,6 +319,9 @@ pub type Histogram = Vec<(f64, u64)>;
 pub const METRIC_RATE: &str = "rate_per_s";
 /// Metric key: server CPU seconds per 1,000 completed connections or requests.
 pub const METRIC_CPU_PER_1K: &str = "cpu_s_per_1k";
+/// Metric key: the resolution of [`METRIC_CPU_PER_1K`] (the CPU clock's
+/// step over the run's completions).
+pub const METRIC_CPU_PER_1K_RES: &str = "cpu_s_per_1k_res";
 /// Metric key: server CPU time over wall time, per worker, in percent.
 pub const METRIC_CPU_UTIL: &str = "server_cpu_pct";
 /// Metric key: server CPU time, per worker, in percent, over a window with
@@ -332,6 +351,10 @@ pub struct Ctx {
     /// One line saying the servers share their CPUs with the load
     /// generator, when they do; every scenario's report carries it.
     pub placement_note: Option<String>,
+    /// One line naming the `HOTLOOP_*` variables of the bench's own
+    /// environment, which no server inherits; every scenario's report
+    /// carries it.
+    pub env_note: Option<String>,
     /// Why every load run would fail, if the load generator is missing.
     pub load_missing: Option<String>,
     /// The load commands the current scenario ran, each once, in order:
@@ -385,8 +408,20 @@ impl Ctx {
 
 /// `hotloop serve` with `args`, then the same with each of `off`
 /// switched off through its variable, labelled `CONFIG, FEATURE off`.
+///
+/// The bench's children inherit no `HOTLOOP_*` variable, so a feature off
+/// by default (direct descriptors) is switched on in the base row by its
+/// variable, and the row says so.
 fn uring_specs(config: &str, args: &[&str], off: &[UringFeature]) -> Vec<ServerSpec> {
-    let mut specs = vec![ServerSpec::hotloop(config, args)];
+    let mut base = ServerSpec::hotloop(config, args);
+    if off.contains(&UringFeature::DirectFds) {
+        let (name, _) = UringFeature::DirectFds.off_env();
+        base.config = format!("{config}, {} on", UringFeature::DirectFds.as_str());
+        if let ServerKind::Serve(_, env) = &mut base.kind {
+            env.push((name.to_string(), "1".to_string()));
+        }
+    }
+    let mut specs = vec![base];
     for feature in off {
         let (name, value) = feature.off_env();
         let mut spec = ServerSpec::hotloop(&format!("{config}, {} off", feature.as_str()), args);
@@ -459,6 +494,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         server_cpus: place.server_cpus,
         load_cpu: place.load_cpu,
         placement_note,
+        env_note: env_note(std::env::vars_os()),
         load_missing: None,
         load_lines: Vec::new(),
         fd_limit,
@@ -477,7 +513,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
         ctx.repeats,
         ctx.out.display()
     ));
-    if let Some(note) = &ctx.placement_note {
+    for note in [&ctx.placement_note, &ctx.env_note].into_iter().flatten() {
         ctx.progress(note);
     }
     if let Some(why) = &ctx.load_missing {
@@ -500,6 +536,7 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
             ScenarioName::Balance => balance::run(&mut ctx),
         };
         result.loads = ctx.load_lines.clone();
+        result.setup.extend(ctx.env_note.clone());
         // The timers scenario runs no server; balance sets its own workers
         // and placement, and says so.
         if !matches!(scenario, ScenarioName::Timers | ScenarioName::Balance) {
@@ -524,6 +561,23 @@ pub fn run(args: BenchArgs) -> io::Result<()> {
     // The last line says where to look.
     ctx.progress(&format!("charts ({charts} SVG files): {}", ctx.out.display()));
     Ok(())
+}
+
+/// A line naming the `HOTLOOP_*` variables among `vars` (the bench's
+/// environment) that the servers do not get, if there are any.
+pub fn env_note(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Option<String> {
+    let names: Vec<String> = vars
+        .into_iter()
+        .filter(|(k, _)| k.to_string_lossy().starts_with(proc::HOTLOOP_VAR_PREFIX))
+        .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy()))
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "not passed to the servers: {} (each row's server gets only the variables its row sets, so it \
+             runs the configuration its label names)",
+            names.join(" ")
+        )
+    })
 }
 
 /// Where the servers and the load generator run, and with how many workers.
@@ -710,6 +764,28 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn direct_fds_on_is_set_by_the_row_not_inherited() {
+        let specs = uring_specs("uring", &["--driver", "uring"], &[UringFeature::DirectFds]);
+        assert_eq!(specs[0].config, "uring, direct-fds on");
+        let env = |spec: &ServerSpec| match &spec.kind {
+            ServerKind::Serve(_, env) => env.clone(),
+            other => panic!("{other:?}"),
+        };
+        let var = |v: &str| vec![("HOTLOOP_URING_DIRECT_FDS".to_string(), v.to_string())];
+        assert_eq!((env(&specs[0]), env(&specs[1])), (var("1"), var("0")));
+    }
+
+    #[test]
+    fn the_benchs_own_hotloop_variables_are_named_in_the_report() {
+        let vars = |list: &[(&str, &str)]| {
+            list.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).collect::<Vec<_>>()
+        };
+        assert_eq!(env_note(vars(&[("PATH", "/bin")])), None);
+        let note = env_note(vars(&[("HOTLOOP_DRIVER", "uring"), ("PATH", "/bin")])).unwrap();
+        assert!(note.starts_with("not passed to the servers: HOTLOOP_DRIVER=uring "), "{note}");
     }
 
     #[test]

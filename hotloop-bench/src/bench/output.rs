@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::report::{wrap, wrap_command, LINE_WIDTH_MAX};
+use super::report::{wrap, wrap_command, Scope, LINE_WIDTH_MAX};
 use super::{chart, report, Ctx, ScenarioResult};
 
 /// Prints a scenario's table, notes and comparisons on stdout.
@@ -40,6 +40,17 @@ pub fn render_result(result: &ScenarioResult) -> String {
     for row in &result.rows {
         for note in &row.notes {
             let text = format!("note [{}{}]: {note}", group_prefix(&row.group), row.label());
+            out.extend(wrap(&text, LINE_WIDTH_MAX, "   ", "     ").into_iter().map(|l| l + "\n"));
+        }
+    }
+    for row in &result.rows {
+        for e in &row.excluded {
+            let what = match e.scope {
+                Scope::All => "no ratio",
+                Scope::Latency => "no latency ratio",
+            };
+            let text =
+                format!("* [{}{}]: {what}: {}", group_prefix(&row.group), row.label(), e.reason);
             out.extend(wrap(&text, LINE_WIDTH_MAX, "   ", "     ").into_iter().map(|l| l + "\n"));
         }
     }
@@ -167,6 +178,10 @@ mod tests {
         r
     }
 
+    fn cpu(seconds: f64) -> super::super::proc::CpuTime {
+        super::super::proc::CpuTime { seconds, resolution_s: 1e-6 }
+    }
+
     fn counters(accepted: f64) -> BTreeMap<String, f64> {
         [("accepted", accepted), ("accept_wakeups", accepted / 8.0), ("registrations", 2.0)]
             .into_iter()
@@ -197,8 +212,8 @@ mod tests {
                         &r,
                         5.0,
                         1,
-                        &Reading { cpu_s: Some(1.0), stats: Some(counters(100.0)) },
-                        &Reading { cpu_s: Some(1.5 * k), stats: Some(counters(10_100.0)) },
+                        &Reading { cpu: Some(cpu(1.0)), stats: Some(counters(100.0)) },
+                        &Reading { cpu: Some(cpu(1.5 * k)), stats: Some(counters(10_100.0)) },
                     ),
                 }
             })
@@ -262,6 +277,27 @@ mod tests {
             }
             // Every row is still in the table, under every part of it.
             assert!(text.contains("unavailable: exited at start") || name == ScenarioName::Timers);
+        }
+    }
+
+    #[test]
+    fn rows_left_out_of_the_ratios_are_marked_and_say_why() {
+        let mut result = fixture(ScenarioName::Churn);
+        result.rows[1].exclude(
+            crate::bench::report::Scope::All,
+            "reference only: answers without the 60 µs of work".into(),
+        );
+        let text = render_result(&result);
+        assert!(text.contains(" hotloop uring * "), "{text}");
+        assert!(
+            text.contains("* [concurrency 256: hotloop uring]: no ratio: reference only"),
+            "{text}"
+        );
+        // Every table shows the errors.
+        for name in ScenarioName::ALL {
+            let columns = fixture(name).columns;
+            let errors = columns.iter().any(|c| c.key.contains("errors"));
+            assert!(errors || name == ScenarioName::Timers, "{}", name.as_str());
         }
     }
 

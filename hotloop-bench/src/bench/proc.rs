@@ -5,9 +5,11 @@
 //! a server running. Every wait is bounded.
 
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
@@ -107,9 +109,35 @@ fn send_signal(pid: u32, signal: i32) {
     unsafe { libc::kill(pid as libc::pid_t, signal) };
 }
 
+/// The prefix of the variables hotloop reads its settings from
+/// (`HOTLOOP_DRIVER`, `HOTLOOP_URING_*`, ...).
+pub const HOTLOOP_VAR_PREFIX: &str = "HOTLOOP_";
+
+/// The `HOTLOOP_*` names among `parent` (this process's environment) that
+/// a child must not inherit: all but those in `set`, which the child's
+/// command sets (or removes) itself. A row names its configuration; a
+/// variable left in the shell that started the bench would change it
+/// unseen (`HOTLOOP_DRIVER` overrides `--driver`).
+pub fn hotloop_vars_to_clear(
+    parent: impl IntoIterator<Item = OsString>,
+    set: &[&OsStr],
+) -> Vec<OsString> {
+    parent
+        .into_iter()
+        .filter(|k| k.as_bytes().starts_with(HOTLOOP_VAR_PREFIX.as_bytes()))
+        .filter(|k| !set.contains(&k.as_os_str()))
+        .collect()
+}
+
 /// Makes `cmd`'s process run only on `cpus` (like `taskset -c`; none:
-/// unpinned), and receive SIGTERM if the bench dies without stopping it.
+/// unpinned), without the `HOTLOOP_*` variables it does not set itself,
+/// and receive SIGTERM if the bench dies without stopping it.
 fn prepare_command(cmd: &mut Command, cpus: &[usize]) {
+    let set: Vec<&OsStr> = cmd.get_envs().map(|(k, _)| k).collect();
+    let clear = hotloop_vars_to_clear(std::env::vars_os().map(|(k, _)| k), &set);
+    for name in clear {
+        cmd.env_remove(name);
+    }
     // SAFETY: cpu_set_t is plain data and all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
@@ -199,12 +227,86 @@ pub fn wait_accepting(child: &mut Child, addr: SocketAddr, timeout: Duration) ->
     }
 }
 
-/// CPU seconds (user plus system, all threads) process `pid` has used.
-pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
+/// A process's CPU time so far, and the finest step the clock it was read
+/// from takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuTime {
+    /// CPU seconds, user and system, every thread.
+    pub seconds: f64,
+    /// The clock's step in seconds: a difference of two readings is known
+    /// to within this.
+    pub resolution_s: f64,
+}
+
+impl CpuTime {
+    /// The sum of two processes' readings (a server and its children): as
+    /// coarse as the coarser clock.
+    pub fn plus(self, other: CpuTime) -> CpuTime {
+        CpuTime {
+            seconds: self.seconds + other.seconds,
+            resolution_s: self.resolution_s.max(other.resolution_s),
+        }
+    }
+}
+
+/// The step of the nanosecond CPU clocks (the process clock and
+/// `schedstat`), rounded up to a microsecond: finer than any figure the
+/// bench prints from them.
+pub const FINE_CPU_RESOLUTION_S: f64 = 1e-6;
+
+/// CPU time process `pid` has used, from the finest clock that answers: its
+/// process CPU clock (`clock_getcpuclockid(3)`: every thread, those that
+/// have ended included, in nanoseconds); else the sum of its threads'
+/// `/proc/PID/task/*/schedstat` (nanoseconds, live threads); else `utime +
+/// stime` from `/proc/PID/stat` in clock ticks (10 ms here).
+pub fn cpu_time(pid: u32) -> io::Result<CpuTime> {
+    if let Some(seconds) = process_clock_seconds(pid) {
+        return Ok(CpuTime { seconds, resolution_s: FINE_CPU_RESOLUTION_S });
+    }
+    if let Ok(ns) = schedstat_run_ns(pid) {
+        return Ok(CpuTime { seconds: ns as f64 / 1e9, resolution_s: FINE_CPU_RESOLUTION_S });
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let ticks = parse_stat_cpu_ticks(&stat)
         .ok_or_else(|| io::Error::other(format!("unexpected /proc/{pid}/stat: {stat}")))?;
-    Ok(ticks as f64 / clock_ticks_per_second())
+    let per_second = clock_ticks_per_second();
+    Ok(CpuTime { seconds: ticks as f64 / per_second, resolution_s: 1.0 / per_second })
+}
+
+/// `pid`'s process CPU clock, in seconds, if the kernel gives it.
+fn process_clock_seconds(pid: u32) -> Option<f64> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock_getcpuclockid(3) writes one clockid_t through a valid
+    // pointer to a local.
+    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } != 0 {
+        return None;
+    }
+    // SAFETY: timespec is plain data and all zeroes is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime(2) writes one timespec through a valid pointer
+    // to a local; an invalid clock (the process ended) is an error return.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
+}
+
+/// Nanoseconds on a CPU of every live thread of `pid` (the first field of
+/// each `/proc/PID/task/TID/schedstat`).
+pub fn schedstat_run_ns(pid: u32) -> io::Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        // A thread that ended between the listing and the read counts as nothing.
+        let Ok(text) = std::fs::read_to_string(task?.path().join("schedstat")) else { continue };
+        total += parse_schedstat_run_ns(&text).unwrap_or(0);
+    }
+    Ok(total)
+}
+
+/// The time on a CPU, in nanoseconds, from a `schedstat` line (its first
+/// field; the second is the time spent waiting on a run queue).
+pub fn parse_schedstat_run_ns(text: &str) -> Option<u64> {
+    text.split_ascii_whitespace().next()?.parse().ok()
 }
 
 /// `pid` and its child processes (from `/proc/PID/task/TID/children`,
@@ -365,8 +467,64 @@ mod tests {
     }
 
     #[test]
+    fn schedstat_gives_nanoseconds_on_a_cpu() {
+        assert_eq!(parse_schedstat_run_ns("210582534 1234 17\n"), Some(210_582_534));
+        assert_eq!(parse_schedstat_run_ns(""), None);
+        assert_eq!(parse_schedstat_run_ns("x 1 2"), None);
+        assert!(schedstat_run_ns(std::process::id()).unwrap() > 0);
+    }
+
+    #[test]
+    fn cpu_time_resolves_a_few_milliseconds_of_work() {
+        // 3 ms of work: a third of a clock tick, which /proc/PID/stat would
+        // show as 0 or 1 tick (10 ms). The process clock sees it.
+        let pid = std::process::id();
+        let before = cpu_time(pid).unwrap();
+        assert!(before.resolution_s <= FINE_CPU_RESOLUTION_S, "{before:?}");
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(3) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let after = cpu_time(pid).unwrap();
+        let used = after.seconds - before.seconds;
+        // Spun 3 ms of wall time; the CPU time is at most that plus the
+        // other test threads', and on a busy host at least a part of it.
+        assert!(used > 0.000_1, "{before:?} {after:?}");
+        let sum = before.plus(CpuTime { seconds: 1.0, resolution_s: 0.01 });
+        assert_eq!(sum.resolution_s, 0.01);
+    }
+
+    #[test]
+    fn only_unset_hotloop_variables_are_cleared() {
+        let parent: Vec<OsString> =
+            ["PATH", "HOTLOOP_DRIVER", "HOTLOOP_URING_SEND_ZC", "XHOTLOOP_A"]
+                .into_iter()
+                .map(OsString::from)
+                .collect();
+        let set = [OsStr::new("HOTLOOP_URING_SEND_ZC")];
+        assert_eq!(hotloop_vars_to_clear(parent, &set), vec![OsString::from("HOTLOOP_DRIVER")]);
+    }
+
+    #[test]
+    fn a_child_does_not_inherit_the_benchs_hotloop_variables() {
+        let dir = super::super::TestDir::new("proc-env");
+        // The bench's environment, as a shell may leave it.
+        std::env::set_var("HOTLOOP_BENCH_ENV_TEST", "uring");
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "env | grep ^HOTLOOP_ | sort"]);
+        cmd.env("HOTLOOP_ROW_SETS", "1");
+        let (status, out) =
+            run_bounded("env", cmd, &[], &dir.path().join("env.log"), Duration::from_secs(10))
+                .unwrap();
+        std::env::remove_var("HOTLOOP_BENCH_ENV_TEST");
+        assert!(status.success());
+        assert_eq!(out, "HOTLOOP_ROW_SETS=1\n");
+    }
+
+    #[test]
     fn own_cpu_time_is_readable() {
-        assert!(cpu_seconds(std::process::id()).unwrap() >= 0.0);
+        assert!(cpu_time(std::process::id()).unwrap().seconds >= 0.0);
         assert_eq!(with_children(std::process::id())[0], std::process::id());
         assert!(!allowed_cpus().is_empty());
     }

@@ -38,6 +38,13 @@ pub struct LoadReport {
     pub server_latency_us: Option<Latency>,
     /// Open loop: requests during which their socket retransmitted.
     pub retransmitted: Option<u64>,
+    /// Open loop: the starts the schedule intended in the measured time.
+    pub offered: Option<u64>,
+    /// Open loop: of those, starts due but never sent (the generator fell
+    /// behind its schedule).
+    pub not_sent: Option<u64>,
+    /// Units with no reply and no error when the duration ended.
+    pub unfinished: u64,
     /// The most connections the load held open at once.
     pub max_in_flight: u64,
     /// `[value_us, count]` pairs.
@@ -71,7 +78,46 @@ impl LoadReport {
     pub fn errors_total(&self) -> u64 {
         self.errors.get("total").and_then(serde_json::Value::as_u64).unwrap_or(0)
     }
+
+    /// Failed attempts in percent of all that finished (completed or failed).
+    pub fn error_pct(&self) -> f64 {
+        let errors = self.errors_total();
+        let attempts = self.completed + errors;
+        if attempts == 0 {
+            0.0
+        } else {
+            100.0 * errors as f64 / attempts as f64
+        }
+    }
+
+    /// Whether an open-loop run fell behind its schedule: more than
+    /// [`BEHIND_PCT_MAX`] of the starts due never sent, so a queue built up
+    /// (a few due in the last milliseconds, while the generator waited for
+    /// its CPU, are in its latencies at their age and void nothing).
+    pub fn behind_schedule(&self) -> bool {
+        match (self.offered, self.not_sent) {
+            (Some(offered), Some(not_sent)) if not_sent > 0 => {
+                offered == 0 || 100.0 * not_sent as f64 / offered as f64 > BEHIND_PCT_MAX
+            }
+            _ => false,
+        }
+    }
 }
+
+/// Failed attempts, in percent, above which a row gets no ratio.
+pub const ERROR_PCT_MAX: f64 = 0.1;
+/// Starts not sent, in percent of those due, above which an open-loop run
+/// fell behind its schedule and its latencies, lower bounds then, get no
+/// ratio.
+pub const BEHIND_PCT_MAX: f64 = 1.0;
+/// Metric key: failed attempts in percent ([`LoadReport::error_pct`]).
+pub const METRIC_ERROR_PCT: &str = "error_pct";
+/// Metric key: 1 when an open-loop run fell behind its schedule, else 0.
+pub const METRIC_BEHIND: &str = "behind";
+/// The suffix of a metric key whose figure is another's resolution: a
+/// difference of the other smaller than the two rows' resolutions together
+/// is not measured, and gets no ratio.
+pub const RESOLUTION_SUFFIX: &str = "_res";
 
 /// Latency figures in microseconds: the load generator's own summary.
 pub use hotloop_bench::load::hist::LatencySummary as Latency;
@@ -193,6 +239,39 @@ pub struct Row {
     /// Workers (threads or processes) the server ran with; `None` where
     /// no server ran (criterion's results).
     pub workers: Option<usize>,
+    /// Why the row is left out of hotloop's ratios, and for which figures.
+    pub excluded: Vec<Exclusion>,
+    /// Whether the server busy-polled: ratios compare a busy-polling
+    /// configuration only with busy-polling servers, and the others only
+    /// with the others.
+    pub busy_polls: bool,
+}
+
+/// A reason a row takes no part in hotloop's ratios.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Exclusion {
+    /// Which of its figures it voids.
+    pub scope: Scope,
+    /// Why, as the report prints it.
+    pub reason: String,
+}
+
+/// The figures an [`Exclusion`] voids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Every figure: the row measured something else (errors, another
+    /// setup, less work).
+    All,
+    /// Latencies only: the load fell behind its schedule, so they lack the
+    /// starts it never sent.
+    Latency,
+}
+
+/// Whether `key` is a latency (or another time a request took): the
+/// figures an open loop that fell behind understates.
+pub fn is_latency_metric(key: &str) -> bool {
+    key.ends_with("_us") || key.ends_with("_ms")
 }
 
 impl Row {
@@ -208,6 +287,57 @@ impl Row {
             notes: Vec::new(),
             server_info: BTreeMap::new(),
             workers: None,
+            excluded: Vec::new(),
+            busy_polls: false,
+        }
+    }
+
+    /// Leaves the row out of hotloop's ratios for the figures of `scope`.
+    pub fn exclude(&mut self, scope: Scope, reason: String) {
+        let exclusion = Exclusion { scope, reason };
+        if !self.excluded.contains(&exclusion) {
+            self.excluded.push(exclusion);
+        }
+    }
+
+    /// Why the row gives no ratio on `metric`, if it does not.
+    pub fn excluded_from(&self, metric: &str) -> Option<&str> {
+        self.excluded
+            .iter()
+            .find(|e| e.scope == Scope::All || is_latency_metric(metric))
+            .map(|e| e.reason.as_str())
+    }
+
+    /// Marks the row from its own figures: errors above [`ERROR_PCT_MAX`]
+    /// in any repeat leave it out of every ratio; a repeat that fell behind
+    /// its open-loop schedule leaves its latencies out.
+    pub fn flag_from_figures(&mut self) {
+        if self.unavailable.is_some() {
+            return;
+        }
+        let worst = |key: &str| self.metrics.get(key).map(|s| s.max);
+        let errors = worst(METRIC_ERROR_PCT).filter(|p| *p > ERROR_PCT_MAX);
+        let behind = worst(METRIC_BEHIND).is_some_and(|b| b > 0.0);
+        let not_sent = worst("not_sent");
+        if let Some(pct) = errors {
+            self.exclude(
+                Scope::All,
+                format!(
+                    "errors: {pct:.2}% of attempts failed in a repeat (above {ERROR_PCT_MAX}%)"
+                ),
+            );
+        }
+        if behind {
+            let how_many = not_sent.map_or(String::new(), |n| {
+                format!(" (up to {} due starts never sent in a repeat)", format_figure(n, 0))
+            });
+            self.exclude(
+                Scope::Latency,
+                format!(
+                    "the load fell behind its open-loop schedule{how_many}: its latencies, those \
+                     starts counted at their age when the run ended, are lower bounds"
+                ),
+            );
         }
     }
 
@@ -238,25 +368,41 @@ pub struct Comparison {
     pub group: String,
     /// The metric key.
     pub metric: String,
-    /// The hotloop configuration with the best figure.
+    /// The hotloop configuration compared (named by the scenario, not the
+    /// best of several).
     pub hotloop: String,
     /// Its figure.
     pub hotloop_value: f64,
-    /// The floor's figure, if measured.
+    /// Why hotloop's row gives no ratio on this figure, if it does not.
+    pub hotloop_no_ratio: Option<String>,
+    /// The floor's figure, if measured (the best floor row).
     pub floor_value: Option<f64>,
     /// hotloop / floor.
     pub vs_floor: Option<f64>,
-    /// The best peer other than the floor, if any was measured.
+    /// Why there is a floor figure but no ratio to it.
+    pub floor_no_ratio: Option<String>,
+    /// The best peer other than the floor, if any was measured and takes
+    /// part in the ratios.
     pub best_peer: Option<String>,
     /// Its figure.
     pub best_peer_value: Option<f64>,
     /// hotloop / best peer.
     pub vs_best_peer: Option<f64>,
+    /// Why there is a peer figure but no ratio to it.
+    pub peer_no_ratio: Option<String>,
 }
 
-/// Compares hotloop's best row with the floor and the best other peer, for
-/// each group and each metric in `metrics`.
-pub fn compare(rows: &[Row], metrics: &[(&str, Better)]) -> Vec<Comparison> {
+/// Compares each hotloop configuration named in `compared` (in every group
+/// that has it) with the best floor row and the best other peer that
+/// busy-poll as it does, on each metric in `metrics`. Rows excluded for a metric (errors, another setup,
+/// peers that skip the work, latencies of a load that fell behind) take no
+/// part; a difference smaller than the two rows' resolutions together
+/// (the `KEY_res` figure) gives no ratio.
+pub fn compare<'r>(
+    rows: &'r [Row],
+    metrics: &[(&str, Better)],
+    compared: &[String],
+) -> Vec<Comparison> {
     let mut groups: Vec<&str> = Vec::new();
     for row in rows {
         if !groups.contains(&row.group.as_str()) {
@@ -265,37 +411,77 @@ pub fn compare(rows: &[Row], metrics: &[(&str, Better)]) -> Vec<Comparison> {
     }
     let mut out = Vec::new();
     for group in groups {
-        for &(metric, better) in metrics {
-            let in_group = |pred: &dyn Fn(&Row) -> bool| -> Vec<(&Row, f64)> {
-                rows.iter()
-                    .filter(|r| r.group == group && pred(r))
-                    .filter_map(|r| r.get(metric).map(|v| (r, v)))
-                    .collect()
+        let in_group = |r: &&Row| r.group == group && r.unavailable.is_none();
+        for config in compared {
+            let Some(hotloop) =
+                rows.iter().filter(in_group).find(|r| r.server == "hotloop" && &r.config == config)
+            else {
+                continue;
             };
-            let hotloop = in_group(&|r| r.server == "hotloop");
-            let floor = in_group(&|r| r.server == "floor");
-            let peers = in_group(&|r| r.server != "hotloop" && r.server != "floor");
-            let pick = |list: &[(&Row, f64)]| {
-                let values: Vec<f64> = list.iter().map(|&(_, v)| v).collect();
-                best(&values, better).map(|(i, v)| (list[i].0.label(), v))
-            };
-            let Some((hotloop_label, hotloop_value)) = pick(&hotloop) else { continue };
-            let floor_value = pick(&floor).map(|(_, v)| v);
-            let best_peer = pick(&peers);
-            out.push(Comparison {
-                group: group.to_string(),
-                metric: metric.to_string(),
-                hotloop: hotloop_label,
-                hotloop_value,
-                floor_value,
-                vs_floor: floor_value.and_then(|f| ratio(hotloop_value, f)),
-                best_peer_value: best_peer.as_ref().map(|(_, v)| *v),
-                vs_best_peer: best_peer.as_ref().and_then(|(_, v)| ratio(hotloop_value, *v)),
-                best_peer: best_peer.map(|(l, _)| l),
-            });
+            for &(metric, better) in metrics {
+                let Some(hotloop_value) = hotloop.get(metric) else { continue };
+                let candidates = |pred: &dyn Fn(&Row) -> bool| -> Vec<(&'r Row, f64)> {
+                    rows.iter()
+                        .filter(in_group)
+                        .filter(|r| pred(r) && r.excluded_from(metric).is_none())
+                        .filter(|r| r.busy_polls == hotloop.busy_polls)
+                        .filter_map(|r| r.get(metric).map(|v| (r, v)))
+                        .collect()
+                };
+                let pick = |list: &[(&'r Row, f64)]| -> Option<(&'r Row, f64)> {
+                    let values: Vec<f64> = list.iter().map(|&(_, v)| v).collect();
+                    best(&values, better).map(|(i, v)| (list[i].0, v))
+                };
+                let floor = pick(&candidates(&|r| r.server == "floor"));
+                let peer = pick(&candidates(&|r| r.server != "hotloop" && r.server != "floor"));
+                let hotloop_no_ratio = hotloop.excluded_from(metric).map(str::to_string);
+                let versus = |other: Option<(&Row, f64)>| -> (Option<f64>, Option<String>) {
+                    let Some((row, value)) = other else { return (None, None) };
+                    if hotloop_no_ratio.is_some() {
+                        return (None, None);
+                    }
+                    if let Some(step) = resolution(hotloop, row, metric) {
+                        if (hotloop_value - value).abs() <= step {
+                            return (
+                                None,
+                                Some(format!(
+                                    "no ratio: the difference is within what the clock resolves ({})",
+                                    format_figure(step, 4)
+                                )),
+                            );
+                        }
+                    }
+                    (ratio(hotloop_value, value), None)
+                };
+                let (vs_floor, floor_no_ratio) = versus(floor);
+                let (vs_best_peer, peer_no_ratio) = versus(peer);
+                out.push(Comparison {
+                    group: group.to_string(),
+                    metric: metric.to_string(),
+                    hotloop: hotloop.label(),
+                    hotloop_value,
+                    hotloop_no_ratio,
+                    floor_value: floor.map(|(_, v)| v),
+                    vs_floor,
+                    floor_no_ratio,
+                    best_peer: peer.map(|(r, _)| r.label()),
+                    best_peer_value: peer.map(|(_, v)| v),
+                    vs_best_peer,
+                    peer_no_ratio,
+                });
+            }
         }
     }
     out
+}
+
+/// The least difference of `metric` between rows `a` and `b` that is
+/// measured: their resolutions (`METRIC_res`) together, when both have one.
+fn resolution(a: &Row, b: &Row, metric: &str) -> Option<f64> {
+    let key = format!("{metric}{RESOLUTION_SUFFIX}");
+    // The coarsest repeat's, so a median difference is held to it.
+    let step = |r: &Row| r.metrics.get(&key).map(|s| s.max);
+    Some(step(a)? + step(b)?)
 }
 
 /// Formats a figure with `decimals` places and thousands separators.
@@ -433,7 +619,9 @@ fn render_group<'a>(out: &mut String, rows: impl Iterator<Item = &'a Row>, colum
     }
     let measured: Vec<&Row> = rows.iter().copied().filter(|r| r.unavailable.is_none()).collect();
     for row in &measured {
-        lead[0].push(row.label());
+        // Marked: a row left out of some ratio; the report says why below.
+        let mark = if row.excluded.is_empty() { "" } else { " *" };
+        lead[0].push(format!("{}{mark}", row.label()));
         if show_workers {
             lead[1].push(row.workers.map_or("-".into(), |w| w.to_string()));
         }
@@ -533,17 +721,27 @@ pub fn render_comparisons(comparisons: &[Comparison], columns: &[Column]) -> Str
         let group = if c.group.is_empty() { String::new() } else { format!("[{}] ", c.group) };
         let mut line =
             format!(" {group}{header}: {} {}", c.hotloop, format_figure(c.hotloop_value, decimals));
-        match (c.floor_value, c.vs_floor) {
-            (Some(f), Some(r)) => {
+        if let Some(why) = &c.hotloop_no_ratio {
+            let _ = writeln!(out, "{line}; no ratio: {why}");
+            continue;
+        }
+        match (c.floor_value, c.vs_floor, &c.floor_no_ratio) {
+            (Some(f), Some(r), _) => {
                 let _ = write!(line, "; vs floor {} = x{r:.2}", format_figure(f, decimals));
+            }
+            (Some(f), None, Some(why)) => {
+                let _ = write!(line, "; vs floor {}: {why}", format_figure(f, decimals));
             }
             _ => line.push_str("; floor not measured"),
         }
-        match (&c.best_peer, c.best_peer_value, c.vs_best_peer) {
-            (Some(p), Some(v), Some(r)) => {
+        match (&c.best_peer, c.best_peer_value, c.vs_best_peer, &c.peer_no_ratio) {
+            (Some(p), Some(v), Some(r), _) => {
                 let _ = write!(line, "; vs best peer {p} {} = x{r:.2}", format_figure(v, decimals));
             }
-            _ => line.push_str("; no peer measured"),
+            (Some(p), Some(v), None, Some(why)) => {
+                let _ = write!(line, "; vs best peer {p} {}: {why}", format_figure(v, decimals));
+            }
+            _ => line.push_str("; no comparable peer measured"),
         }
         let _ = writeln!(out, "{line}");
     }
@@ -587,8 +785,12 @@ mod tests {
         assert_eq!(best(&[], Better::Lower), None);
     }
 
+    fn compared(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
     #[test]
-    fn compare_picks_best_hotloop_floor_and_peer() {
+    fn compare_takes_the_named_hotloop_row_and_the_best_floor_and_peer() {
         let rows = vec![
             row("1K", "hotloop", "unlimited", 100.0),
             row("1K", "hotloop", "32", 120.0),
@@ -598,16 +800,122 @@ mod tests {
             Row::unavailable("1K", "nginx", "", "not on PATH".into()),
             row("8K", "hotloop", "32", 50.0),
         ];
-        let c = compare(&rows, &[("rate", Better::Higher)]);
-        assert_eq!(c.len(), 2);
-        assert_eq!(c[0].hotloop, "hotloop 32");
-        assert_eq!(c[0].vs_floor, Some(0.8));
+        let c = compare(&rows, &[("rate", Better::Higher)], &compared(&["unlimited"]));
+        // The named configuration, not the best hotloop row (120, "32"),
+        // and only in the groups that have it.
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].hotloop.as_str(), c[0].hotloop_value), ("hotloop unlimited", 100.0));
+        assert_eq!(c[0].vs_floor, Some(100.0 / 150.0));
         assert_eq!(c[0].best_peer.as_deref(), Some("monoio"));
-        assert!((c[0].vs_best_peer.unwrap() - 120.0 / 110.0).abs() < 1e-12);
+        let c = compare(&rows, &[("rate", Better::Higher)], &compared(&["32"]));
+        assert_eq!(c.len(), 2);
         assert_eq!(c[1].vs_floor, None);
         assert_eq!(c[1].best_peer, None);
         let text = render_comparisons(&c, &[]);
         assert!(text.contains("x0.80") && text.contains("floor not measured"), "{text}");
+        assert!(compare(&rows, &[("rate", Better::Higher)], &[]).is_empty());
+    }
+
+    #[test]
+    fn compare_leaves_out_excluded_rows_and_unresolved_differences() {
+        let mut nginx = row("", "nginx", "", 500.0);
+        nginx.exclude(Scope::All, "reference only: no work".into());
+        let mut errors = row("", "tokio", "", 400.0);
+        errors.metrics.insert(METRIC_ERROR_PCT.into(), Summary::of(&[0.0, 2.5]).unwrap());
+        errors.flag_from_figures();
+        let rows =
+            vec![row("", "hotloop", "default", 100.0), nginx, errors, row("", "monoio", "", 80.0)];
+        let c = compare(&rows, &[("rate", Better::Higher)], &compared(&["default"]));
+        // nginx (no work) and tokio (2.5% errors) would win; both are out.
+        assert_eq!(c[0].best_peer.as_deref(), Some("monoio"));
+        assert!(rows[2].excluded_from("rate").unwrap().contains("2.50%"));
+
+        // A hotloop row with errors gets no ratio at all.
+        let mut bad = row("", "hotloop", "default", 100.0);
+        bad.metrics.insert(METRIC_ERROR_PCT.into(), Summary::of(&[0.2]).unwrap());
+        bad.flag_from_figures();
+        let c = compare(
+            &[bad, row("", "floor", "", 90.0)],
+            &[("rate", Better::Higher)],
+            &compared(&["default"]),
+        );
+        assert!(c[0].hotloop_no_ratio.is_some() && c[0].vs_floor.is_none());
+        assert!(render_comparisons(&c, &[]).contains("no ratio: errors"));
+
+        // Behind schedule: latencies out, throughput still compared.
+        let mut late = row("", "floor", "", 90.0);
+        late.metrics.insert("p99_us".into(), Summary::of(&[9_000.0]).unwrap());
+        late.metrics.insert(METRIC_BEHIND.into(), Summary::of(&[0.0, 1.0]).unwrap());
+        late.metrics.insert("not_sent".into(), Summary::of(&[0.0, 412.0]).unwrap());
+        late.flag_from_figures();
+        let mut hot = row("", "hotloop", "default", 100.0);
+        hot.metrics.insert("p99_us".into(), Summary::of(&[300.0]).unwrap());
+        let rows = [hot, late];
+        let metrics = [("rate", Better::Higher), ("p99_us", Better::Lower)];
+        let c = compare(&rows, &metrics, &compared(&["default"]));
+        assert_eq!(c[0].vs_floor, Some(100.0 / 90.0));
+        assert_eq!((c[1].floor_value, c[1].vs_floor), (None, None));
+        assert!(
+            rows[1].excluded[0].reason.contains("up to 412 due starts"),
+            "{:?}",
+            rows[1].excluded
+        );
+
+        // A CPU difference below both rows' resolution gives no ratio.
+        let cpu = |server: &str, v: f64, res: f64| {
+            let mut r = row("", server, if server == "hotloop" { "default" } else { "" }, 0.0);
+            r.metrics.insert("cpu".into(), Summary::of(&[v]).unwrap());
+            r.metrics.insert("cpu_res".into(), Summary::of(&[res]).unwrap());
+            r
+        };
+        let rows = [
+            cpu("hotloop", 0.0300, 0.010),
+            cpu("floor", 0.0290, 0.010),
+            cpu("tokio", 0.0600, 0.010),
+        ];
+        let c = compare(&rows, &[("cpu", Better::Lower)], &compared(&["default"]));
+        assert_eq!(c[0].vs_floor, None);
+        assert!(c[0].floor_no_ratio.as_deref().unwrap().contains("resolves"));
+        assert_eq!(c[0].vs_best_peer, Some(0.5));
+        let text = render_comparisons(&c, &[]);
+        assert!(text.contains("vs floor 0.03: no ratio"), "{text}");
+    }
+
+    #[test]
+    fn busy_polling_is_compared_with_busy_polling() {
+        let busy = |server: &str, config: &str, v: f64| Row {
+            busy_polls: true,
+            ..row("", server, config, v)
+        };
+        let rows = vec![
+            row("", "hotloop", "off", 100.0),
+            busy("hotloop", "always", 150.0),
+            row("", "floor", "", 110.0),
+            busy("floor", "busy-poll", 160.0),
+        ];
+        let c = compare(&rows, &[("rate", Better::Higher)], &compared(&["off", "always"]));
+        assert_eq!(c[0].floor_value, Some(110.0));
+        assert_eq!(c[1].floor_value, Some(160.0));
+    }
+
+    #[test]
+    fn load_reports_say_when_they_fell_behind_and_how_many_failed() {
+        let mut r = LoadReport {
+            completed: 999,
+            offered: Some(1_000),
+            not_sent: Some(1),
+            ..Default::default()
+        };
+        assert!(!r.behind_schedule());
+        r.not_sent = Some(11);
+        assert!(r.behind_schedule());
+        r.offered = Some(100_000);
+        assert!(!r.behind_schedule());
+        r.offered = Some(0);
+        assert!(r.behind_schedule());
+        r.errors.insert("total".into(), 1.into());
+        assert!((r.error_pct() - 0.1).abs() < 1e-12);
+        assert_eq!(LoadReport::default().error_pct(), 0.0);
     }
 
     #[test]

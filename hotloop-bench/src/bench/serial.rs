@@ -1,6 +1,9 @@
 //! `serial`: one connection at a time over loopback (connect, one HTTP
 //! request, close), terminated by the server and forwarded through
 //! `hotloop proxy`; hotloop with busy polling off, always and adaptive.
+//! Forwarded, each proxy is compared with one doing the same work: TCP
+//! forwarding (`hotloop proxy`, haproxy `mode tcp`) and HTTP forwarding
+//! (`hotloop proxy --mode http`, haproxy `mode http`).
 //!
 //! Locally, hotloop is measured side by side with the floors, both the one
 //! that sleeps in the kernel and the one that busy-polls (the reference for
@@ -40,6 +43,7 @@ pub fn columns() -> Vec<Column> {
         col(METRIC_CPU_PER_1K, "CPU s/1k conn", 4, Better::Lower),
         col("stats_poller_spins", "poller spins", 0, Better::Lower),
         col(METRIC_IDLE_CPU, "idle CPU %", 1, Better::Lower),
+        col("errors", "errors", 0, Better::Lower),
     ]
 }
 
@@ -53,8 +57,9 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         columns(),
     );
     result.setup.push(format!(
-        "{BODY_BYTES}-byte bodies; \
-         forwarded: `hotloop proxy` (or haproxy, when on PATH) on the server CPUs -> `hotloop serve http --busy-poll off`"
+        "{BODY_BYTES}-byte bodies; forwarded: a proxy on the server CPUs -> `hotloop serve http --busy-poll off`: \
+         TCP forwarding, `hotloop proxy` (its default `--mode tcp`) beside haproxy `mode tcp`; HTTP forwarding, \
+         `hotloop proxy --mode http` beside haproxy `mode http` (haproxy when on PATH)"
     ));
     if ctx.server_cpus.len() < 2 {
         result.setup.push(
@@ -95,34 +100,60 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
     result.setup.push(format!(
         "local: every server is started and warmed up, then each repeat runs against all of them in turn; a \
          busy-polling server is held stopped (SIGSTOP) while another runs; idle CPU % is the server's CPU time \
-         (/proc/PID/stat) over the {} s right after each run, with no load",
+         (its CPU clock) over the {} s right after each run, with no load",
         super::load::secs_arg(idle)
     ));
     let rows = ctx.measure_side_by_side_then_idle("local", &local, &work, &load, idle);
     result.rows.extend(rows);
-    let mut forwarded = Vec::new();
+    for (group, http) in [(GROUP_TCP, false), (GROUP_HTTP, true)] {
+        for spec in &forwarded_specs(ctx, http) {
+            let row = ctx.measure(group, spec, &work, &load);
+            result.rows.push(row);
+        }
+    }
+    // The defaults, by name: busy polling off, locally and forwarded.
+    result.compare_as(&[
+        "epoll busy-poll off",
+        "proxy busy-poll off",
+        "proxy --mode http busy-poll off",
+    ]);
+    result
+}
+
+/// The group of `hotloop proxy` (TCP) beside haproxy `mode tcp`.
+pub const GROUP_TCP: &str = "TCP forwarding";
+/// The group of `hotloop proxy --mode http` beside haproxy `mode http`.
+pub const GROUP_HTTP: &str = "HTTP forwarding";
+
+/// hotloop's proxy with each busy polling setting, then haproxy without
+/// and with `busy-polling`, all forwarding the same way: TCP connections
+/// byte for byte, or (`http`) HTTP requests.
+pub fn forwarded_specs(ctx: &Ctx, http: bool) -> Vec<ServerSpec> {
+    let mut specs = Vec::new();
+    let mode = if http { " --mode http" } else { "" };
     for b in BUSY_POLL {
-        forwarded.push(ServerSpec {
+        specs.push(ServerSpec {
             server: "hotloop".into(),
-            config: format!("proxy busy-poll {b}"),
-            kind: ServerKind::Proxy { busy_poll: b.to_string() },
+            config: format!("proxy{mode} busy-poll {b}"),
+            kind: ServerKind::Proxy { busy_poll: b.to_string(), http },
         });
     }
     if ctx.peers.contains(&PeerName::Haproxy) {
         if let Some(program) = find_on_path("haproxy") {
+            let mode = if http { "mode http" } else { "mode tcp" };
             for busy_polling in [false, true] {
-                let config = if busy_polling { "busy-polling" } else { "no busy-polling" };
-                forwarded.push(ServerSpec {
+                let busy = if busy_polling { "busy-polling" } else { "no busy-polling" };
+                specs.push(ServerSpec {
                     server: "haproxy".into(),
-                    config: config.into(),
-                    kind: ServerKind::HaproxyForward { program: program.clone(), busy_polling },
+                    config: format!("{mode}, {busy}"),
+                    kind: ServerKind::HaproxyForward {
+                        program: program.clone(),
+                        busy_polling,
+                        http,
+                    },
                 });
             }
         }
     }
-    for spec in &forwarded {
-        let row = ctx.measure("forwarded", spec, &work, &load);
-        result.rows.push(row);
-    }
-    result
+    specs
 }

@@ -49,10 +49,13 @@ pub enum ServerKind {
     Serve(Vec<String>, Vec<(String, String)>),
     /// `hotloop proxy` in front of `hotloop serve http`, with the busy
     /// polling setting for the proxy (or the backend, if the proxy has no
-    /// such option).
+    /// such option: then the row is relabelled and left out of the ratios).
     Proxy {
         /// `--busy-poll` value.
         busy_poll: String,
+        /// `--mode http` (requests over pooled backend connections) rather
+        /// than the default TCP forwarding.
+        http: bool,
     },
     /// `hotloop-bench peer NAME PROTO` with these extra arguments.
     Peer(String, Vec<String>),
@@ -84,6 +87,9 @@ pub enum ServerKind {
         program: PathBuf,
         /// Whether haproxy's `busy-polling` is on.
         busy_polling: bool,
+        /// `mode http` rather than `mode tcp`: each side compared with the
+        /// `hotloop proxy` mode that does the same work.
+        http: bool,
     },
 }
 
@@ -106,6 +112,16 @@ impl ServerSpec {
         }
     }
 
+    /// Whether the server spends a scenario's `work_us` per request: the
+    /// off-the-shelf servers (nginx, haproxy, h2o) answer a fixed body with
+    /// no work, so beside a workload with work they are reference rows.
+    pub fn does_work(&self) -> bool {
+        !matches!(
+            self.kind,
+            ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } | ServerKind::H2o { .. }
+        )
+    }
+
     /// Whether the server busy-polls (spins on its CPU while idle), read
     /// from the arguments that start it.
     pub fn busy_polls(&self) -> bool {
@@ -119,7 +135,7 @@ impl ServerSpec {
         };
         match &self.kind {
             ServerKind::Serve(args, _) | ServerKind::Peer(_, args) => asks(args),
-            ServerKind::Proxy { busy_poll } => busy_poll != "off",
+            ServerKind::Proxy { busy_poll, .. } => busy_poll != "off",
             ServerKind::HaproxyForward { busy_polling, .. } => *busy_polling,
             ServerKind::Nginx { .. } | ServerKind::Haproxy { .. } | ServerKind::H2o { .. } => false,
         }
@@ -132,16 +148,40 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Its `GET /stats` endpoint, for hotloop.
     pub stats_addr: Option<SocketAddr>,
-    /// Substitutions made at start.
+    /// Remarks made at start.
     pub notes: Vec<String>,
+    /// What was started instead of what the row names, if anything: a
+    /// label suffix and the reason. The row is then relabelled and left
+    /// out of the ratios.
+    pub substituted: Option<(String, String)>,
     children: Vec<Child>,
 }
 
 impl Running {
-    /// CPU seconds used by all its processes (and their children, such as
-    /// nginx's workers) so far.
+    fn new(addr: SocketAddr, stats_addr: Option<SocketAddr>, children: Vec<Child>) -> Running {
+        Running { addr, stats_addr, notes: Vec::new(), substituted: None, children }
+    }
+
+    /// A started server with no process, for tests of what is made of one.
+    #[cfg(test)]
+    pub fn for_tests() -> Running {
+        Running::new(([127, 0, 0, 1], 9).into(), None, Vec::new())
+    }
+
+    /// CPU time used by all its processes (and their children, such as
+    /// nginx's workers) so far, with the clock's resolution.
+    pub fn cpu_time(&self) -> Option<proc::CpuTime> {
+        let mut total: Option<proc::CpuTime> = None;
+        for pid in self.pids() {
+            let t = proc::cpu_time(pid).ok()?;
+            total = Some(total.map_or(t, |sum| sum.plus(t)));
+        }
+        total
+    }
+
+    /// CPU seconds used by all its processes so far.
     pub fn cpu_seconds(&self) -> Option<f64> {
-        self.pids().map(|pid| proc::cpu_seconds(pid).ok()).sum()
+        self.cpu_time().map(|t| t.seconds)
     }
 
     /// Seconds its processes' threads waited for a CPU so far.
@@ -236,19 +276,24 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 vec!["serve".to_string(), work.proto.clone(), "--addr".into(), addr.to_string()];
             common(&mut args);
             args.extend(["--stats-addr".to_string(), stats_addr.to_string()]);
-            if !ctx.server_cpus.is_empty() {
-                args.push("--pin".into());
+            let mut notes = Vec::new();
+            match pin_fits(&ctx.server_cpus) {
+                Some(true) => args.push("--pin".into()),
+                Some(false) => notes.push(format!(
+                    "workers not pinned one to a CPU: `--pin` puts worker i on CPU i, outside the \
+                     bench's CPUs {:?}; the process runs on those CPUs, as the peers do",
+                    ctx.server_cpus
+                )),
+                None => {}
             }
             args.extend(extra.iter().cloned());
             let mut child =
                 launch_env(ctx, "hotloop serve", &ctx.server_exe.clone(), &args, env, addr)?;
             wait_for_stats(&mut child, stats_addr);
-            Ok(Running {
-                addr,
-                stats_addr: Some(stats_addr),
-                notes: Vec::new(),
-                children: vec![child],
-            })
+            let mut running = Running::new(addr, Some(stats_addr), vec![child]);
+            running.notes = notes;
+            verify_config(&running, &args)?;
+            Ok(running)
         }
         ServerKind::Peer(name, extra) => {
             let mut args = vec![
@@ -262,30 +307,25 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             args.extend(extra.iter().cloned());
             let child =
                 launch(ctx, &format!("hotloop-bench peer {name}"), &ctx.exe.clone(), &args, addr)?;
-            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+            Ok(Running::new(addr, None, vec![child]))
         }
-        ServerKind::Proxy { busy_poll } => start_proxy(ctx, work, addr, busy_poll),
-        ServerKind::HaproxyForward { program, busy_polling } => {
+        ServerKind::Proxy { busy_poll, http } => start_proxy(ctx, work, addr, busy_poll, *http),
+        ServerKind::HaproxyForward { program, busy_polling, http } => {
             let (backend, stats_addr, backend_child) = start_backend(ctx, work, "off")?;
             let dir = config_dir(ctx, "haproxy-forward", port)?;
-            let role = HaproxyRole::Forward { backend, busy_polling: *busy_polling };
+            let role = HaproxyRole::Forward { backend, busy_polling: *busy_polling, http: *http };
             let conf = haproxy_config(&dir, addr, ctx.workers, work.body_size, role);
             std::fs::write(dir.join("haproxy.cfg"), conf).map_err(|e| e.to_string())?;
             let args =
                 vec!["-db".to_string(), "-f".into(), dir.join("haproxy.cfg").display().to_string()];
             let proxy = launch(ctx, "haproxy (forwarding)", program, &args, addr)?;
-            Ok(Running {
-                addr,
-                stats_addr: Some(stats_addr),
-                notes: Vec::new(),
-                children: vec![proxy, backend_child],
-            })
+            Ok(Running::new(addr, Some(stats_addr), vec![proxy, backend_child]))
         }
         ServerKind::Nginx { program, multi_accept } => {
             let dir = config_dir(ctx, "nginx", port)?;
             std::fs::write(dir.join("body"), "x".repeat(work.body_size))
                 .map_err(|e| e.to_string())?;
-            let conf = nginx_config(&dir, addr, ctx.workers, *multi_accept);
+            let conf = nginx_config(&dir, addr, ctx.workers, *multi_accept, work.body_size);
             std::fs::write(dir.join("nginx.conf"), conf).map_err(|e| e.to_string())?;
             let args = vec![
                 "-p".to_string(),
@@ -294,7 +334,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
                 dir.join("nginx.conf").display().to_string(),
             ];
             let child = launch(ctx, "nginx", program, &args, addr)?;
-            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+            Ok(Running::new(addr, None, vec![child]))
         }
         ServerKind::H2o { program } => {
             let dir = config_dir(ctx, "h2o", port)?;
@@ -304,7 +344,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             std::fs::write(dir.join("h2o.conf"), conf).map_err(|e| e.to_string())?;
             let args = vec!["-c".to_string(), dir.join("h2o.conf").display().to_string()];
             let child = launch(ctx, "h2o", program, &args, addr)?;
-            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+            Ok(Running::new(addr, None, vec![child]))
         }
         ServerKind::Haproxy { program, maxaccept } => {
             let dir = config_dir(ctx, "haproxy", port)?;
@@ -320,7 +360,7 @@ pub fn start(ctx: &mut Ctx, spec: &ServerSpec, work: &Workload) -> Result<Runnin
             let args =
                 vec!["-db".to_string(), "-f".into(), dir.join("haproxy.cfg").display().to_string()];
             let child = launch(ctx, "haproxy", program, &args, addr)?;
-            Ok(Running { addr, stats_addr: None, notes: Vec::new(), children: vec![child] })
+            Ok(Running::new(addr, None, vec![child]))
         }
     }
 }
@@ -369,51 +409,118 @@ fn start_backend(
     Ok((backend, stats_addr, child))
 }
 
-/// `hotloop serve http` as the backend and `hotloop proxy` in front of it.
-/// Busy polling goes to the proxy, as in haproxy's test; if the proxy does
-/// not take `--busy-poll`, it goes to the backend instead, with a note.
+/// `hotloop serve http` as the backend and `hotloop proxy` (TCP, or
+/// `--mode http`) in front of it, with its own stats endpoint. Busy polling
+/// goes to the proxy, as in haproxy's test; if the proxy does not take
+/// `--busy-poll`, it goes to the backend instead, and the result says so
+/// ([`Running::substituted`]).
 fn start_proxy(
     ctx: &mut Ctx,
     work: &Workload,
     addr: SocketAddr,
     busy_poll: &str,
+    http: bool,
 ) -> Result<Running, String> {
     let mut last_error = String::new();
     for busy_on_proxy in [true, false] {
         let backend_busy = if busy_on_proxy { "off" } else { busy_poll };
-        let (backend, stats_addr, backend_child) = start_backend(ctx, work, backend_busy)?;
+        let (backend, _, backend_child) = start_backend(ctx, work, backend_busy)?;
+        let stats_addr: SocketAddr =
+            ([127, 0, 0, 1], proc::free_port().map_err(|e| e.to_string())?).into();
         let mut args = vec![
             "proxy".to_string(),
+            "--mode".into(),
+            if http { "http" } else { "tcp" }.into(),
             "--listen".into(),
             addr.to_string(),
             "--backend".into(),
             backend.to_string(),
             "--workers".into(),
             ctx.workers.to_string(),
+            "--stats-addr".into(),
+            stats_addr.to_string(),
         ];
         if busy_on_proxy {
             args.extend(["--busy-poll".to_string(), busy_poll.to_string()]);
         }
         match launch(ctx, "hotloop proxy", &ctx.server_exe.clone(), &args, addr) {
-            Ok(proxy) => {
-                let notes = if busy_on_proxy {
-                    Vec::new()
+            Ok(mut proxy) => {
+                wait_for_stats(&mut proxy, stats_addr);
+                let mut running = Running::new(addr, Some(stats_addr), vec![proxy, backend_child]);
+                if busy_on_proxy {
+                    verify_config(&running, &args)?;
                 } else {
-                    vec![format!(
-                        "`hotloop proxy --busy-poll` refused ({last_error}); busy polling set on the backend"
-                    )]
-                };
-                return Ok(Running {
-                    addr,
-                    stats_addr: Some(stats_addr),
-                    notes,
-                    children: vec![proxy, backend_child],
-                });
+                    running.substituted = Some((
+                        format!("(busy-poll {busy_poll} on the backend)"),
+                        format!(
+                            "substituted: `hotloop proxy --busy-poll {busy_poll}` refused \
+                             ({last_error}), so busy polling ran on the backend"
+                        ),
+                    ));
+                }
+                return Ok(running);
             }
             Err(e) => last_error = e,
         }
     }
     Err(last_error)
+}
+
+/// Whether `hotloop --pin` (worker i on CPU i, over as many CPUs as the
+/// process may use) keeps the workers on `cpus`, the CPUs the bench gives
+/// the servers: only when they are CPUs 0 to n - 1. `None` when the
+/// servers are not pinned at all.
+pub fn pin_fits(cpus: &[usize]) -> Option<bool> {
+    if cpus.is_empty() {
+        return None;
+    }
+    Some(cpus.iter().enumerate().all(|(i, &cpu)| i == cpu))
+}
+
+/// Checks that a hotloop server runs the driver and busy polling its
+/// arguments ask for, from what its stats endpoint reports; an error (the
+/// row then is unavailable) says what differs. A server without stats
+/// cannot be checked and passes.
+fn verify_config(running: &Running, args: &[String]) -> Result<(), String> {
+    let reported = running.stats_text();
+    match config_mismatch(args, &reported) {
+        Some(why) => Err(format!("not the configuration the row names: {why}")),
+        None => Ok(()),
+    }
+}
+
+/// What differs between the driver and busy polling `args` ask for and
+/// those a server `reported` (its stats' `driver` and `busy_poll`), if
+/// anything. `--driver auto`, or none, takes either driver; an absent
+/// `--busy-poll` means `off`; `adaptive` takes any `adaptive:MICROS`.
+pub fn config_mismatch(args: &[String], reported: &BTreeMap<String, String>) -> Option<String> {
+    let value_of = |flag: &str| {
+        let eq = format!("{flag}=");
+        let mut found = None;
+        for (i, a) in args.iter().enumerate() {
+            if a == flag {
+                found = args.get(i + 1).cloned();
+            } else if let Some(v) = a.strip_prefix(&eq) {
+                found = Some(v.to_string());
+            }
+        }
+        found
+    };
+    let mut wrong = Vec::new();
+    if let (Some(asked), Some(got)) = (value_of("--driver"), reported.get("driver")) {
+        if asked != "auto" && &asked != got {
+            let why = reported.get("driver_reason").map_or(String::new(), |r| format!(" ({r})"));
+            wrong.push(format!("driver {got}{why}, not {asked}"));
+        }
+    }
+    if let Some(got) = reported.get("busy_poll") {
+        let asked = value_of("--busy-poll").unwrap_or_else(|| "off".into());
+        let same = if asked == "adaptive" { got.starts_with("adaptive") } else { &asked == got };
+        if !same {
+            wrong.push(format!("busy polling {got}, not {asked}"));
+        }
+    }
+    (!wrong.is_empty()).then(|| wrong.join("; "))
 }
 
 /// Gives the stats endpoint, which may start after the listener, a moment
@@ -489,13 +596,35 @@ fn config_dir(ctx: &Ctx, name: &str, port: u16) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// The largest body nginx answers from its configuration (`return 200
+/// "..."`): a directive's argument must fit nginx's 4 KiB parse buffer.
+pub const NGINX_RETURN_BODY_MAX: usize = 3_072;
+
 /// A minimal nginx configuration: loopback only, foreground, no master,
-/// a fixed `200` whose body is the file `body` in `dir`.
-pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, multi_accept: bool) -> String {
+/// a fixed `200` of `body_size` bytes held in memory: up to
+/// [`NGINX_RETURN_BODY_MAX`] from the configuration (`return`), above it
+/// the file `body` in `dir` with its descriptor cached (`open_file_cache`)
+/// and sent with `sendfile`, so no request opens or reads the file.
+pub fn nginx_config(
+    dir: &Path,
+    addr: SocketAddr,
+    workers: usize,
+    multi_accept: bool,
+    body_size: usize,
+) -> String {
     let multi_accept = if multi_accept { "on" } else { "off" };
     // Without a master process nginx ignores `worker_processes` and serves
     // from its one process.
     let master = if workers > 1 { "on" } else { "off" };
+    let answer = if body_size <= NGINX_RETURN_BODY_MAX {
+        format!("location / {{ return 200 \"{}\"; }}", "x".repeat(body_size))
+    } else {
+        format!(
+            "open_file_cache max=16 inactive=3600s;\n    open_file_cache_valid 3600s;\n    \
+             sendfile on;\n    root {};\n    location / {{ try_files /body =404; }}",
+            dir.display()
+        )
+    };
     format!(
         "daemon off;\nmaster_process {master};\nworker_processes {workers};\npid {pid};\n\
          error_log {err} warn;\nworker_rlimit_nofile 20000;\n\
@@ -503,11 +632,10 @@ pub fn nginx_config(dir: &Path, addr: SocketAddr, workers: usize, multi_accept: 
          http {{\n  access_log off;\n  keepalive_requests 1000000;\n  tcp_nodelay on;\n\
          \x20 client_body_temp_path {tmp};\n\
          \x20 server {{\n    listen {addr} reuseport backlog=65535;\n    default_type text/plain;\n\
-         \x20   root {root};\n    location / {{ try_files /body =404; }}\n  }}\n}}\n",
+         \x20   {answer}\n  }}\n}}\n",
         pid = dir.join("nginx.pid").display(),
         err = dir.join("logs/error.log").display(),
         tmp = dir.join("tmp").display(),
-        root = dir.display(),
     )
 }
 
@@ -556,6 +684,9 @@ pub enum HaproxyRole {
         backend: SocketAddr,
         /// Whether `busy-polling` is on.
         busy_polling: bool,
+        /// `mode http` (requests) rather than `mode tcp` (connections,
+        /// byte for byte, as `hotloop proxy` does by default).
+        http: bool,
     },
 }
 
@@ -569,22 +700,24 @@ pub fn haproxy_config(
 ) -> String {
     // The response must fit in one buffer.
     let bufsize = (body_size + 1024).max(16_384);
-    let (busy, action) = match role {
+    let (busy, mode, action) = match role {
         HaproxyRole::Respond => (
             "",
+            "http",
             format!(
                 "  http-request return status 200 content-type text/plain file {}\n",
                 dir.join("body").display()
             ),
         ),
-        HaproxyRole::Forward { backend, busy_polling } => (
+        HaproxyRole::Forward { backend, busy_polling, http } => (
             if busy_polling { "  busy-polling\n" } else { "" },
+            if http { "http" } else { "tcp" },
             format!("  default_backend hotloop\nbackend hotloop\n  server backend {backend}\n"),
         ),
     };
     format!(
         "global\n  maxconn {HAPROXY_MAXCONN}\n  nbthread {workers}\n  tune.bufsize {bufsize}\n{busy}\
-         defaults\n  mode http\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
+         defaults\n  mode {mode}\n  timeout client 30s\n  timeout server 30s\n  timeout connect 5s\n\
          frontend bench\n  bind {addr}\n{action}"
     )
 }
@@ -631,7 +764,7 @@ mod tests {
         let proxy = |b: &str| ServerSpec {
             server: "hotloop".into(),
             config: String::new(),
-            kind: ServerKind::Proxy { busy_poll: b.into() },
+            kind: ServerKind::Proxy { busy_poll: b.into(), http: false },
         };
         assert!(proxy("always").busy_polls() && !proxy("off").busy_polls());
     }
@@ -639,12 +772,12 @@ mod tests {
     #[test]
     fn generated_configs_listen_on_loopback_only() {
         let addr: SocketAddr = "127.0.0.1:9999".parse().unwrap();
-        let n = nginx_config(Path::new("/tmp/n"), addr, 1, true);
+        let n = nginx_config(Path::new("/tmp/n"), addr, 1, true, 16_384);
         assert!(n.contains("multi_accept on;"), "{n}");
-        assert!(nginx_config(Path::new("/tmp/n"), addr, 1, false).contains("multi_accept off;"));
+        assert!(nginx_config(Path::new("/tmp/n"), addr, 1, false, 64).contains("multi_accept off;"));
         assert!(n.contains("listen 127.0.0.1:9999") && n.contains("root /tmp/n;"), "{n}");
         assert!(n.contains("master_process off;\nworker_processes 1;"), "{n}");
-        let n2 = nginx_config(Path::new("/tmp/n"), addr, 2, false);
+        let n2 = nginx_config(Path::new("/tmp/n"), addr, 2, false, 64);
         assert!(n2.contains("master_process on;\nworker_processes 2;"), "{n2}");
         let o = h2o_config(Path::new("/tmp/o"), addr, 1, false);
         assert!(o.starts_with("num-threads: 1\n") && o.contains("host: 127.0.0.1\n"), "{o}");
@@ -661,11 +794,83 @@ mod tests {
             addr,
             1,
             64,
-            HaproxyRole::Forward { backend, busy_polling: true },
+            HaproxyRole::Forward { backend, busy_polling: true, http: false },
         );
         assert!(
             f.contains("  busy-polling\n") && f.contains("server backend 127.0.0.1:9000"),
             "{f}"
         );
+    }
+
+    #[test]
+    fn nginx_answers_from_memory_not_by_reading_a_file_per_request() {
+        let addr: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        // A small body is in the configuration itself.
+        let small = nginx_config(Path::new("/tmp/n"), addr, 1, true, 64);
+        assert!(small.contains(&format!("return 200 \"{}\";", "x".repeat(64))), "{small}");
+        assert!(!small.contains("try_files"), "{small}");
+        // A large one (past nginx's 4 KiB argument limit) is the file, its
+        // descriptor cached and sent with sendfile.
+        let large = nginx_config(Path::new("/tmp/n"), addr, 1, true, 8_192);
+        assert!(
+            large.contains("open_file_cache max=") && large.contains("sendfile on;"),
+            "{large}"
+        );
+        assert!(!large.contains("return 200"), "{large}");
+    }
+
+    #[test]
+    fn haproxy_forwards_as_the_hotloop_proxy_it_is_compared_with() {
+        let addr: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        let backend = "127.0.0.1:9000".parse().unwrap();
+        let forward = |http| {
+            let role = HaproxyRole::Forward { backend, busy_polling: false, http };
+            haproxy_config(Path::new("/tmp/h"), addr, 1, 64, role)
+        };
+        assert!(forward(false).contains("defaults\n  mode tcp\n"), "{}", forward(false));
+        assert!(forward(true).contains("defaults\n  mode http\n"), "{}", forward(true));
+        let respond = haproxy_config(Path::new("/tmp/h"), addr, 1, 64, HaproxyRole::Respond);
+        assert!(respond.contains("mode http"), "{respond}");
+    }
+
+    #[test]
+    fn a_server_not_running_what_its_row_names_is_caught() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let reported = |driver: &str, busy: &str| {
+            [
+                ("driver", driver),
+                ("busy_poll", busy),
+                ("driver_reason", "io_uring was requested (HOTLOOP_DRIVER)"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>()
+        };
+        let epoll = args(&["serve", "http", "--driver", "epoll"]);
+        assert_eq!(config_mismatch(&epoll, &reported("epoll", "off")), None);
+        let why = config_mismatch(&epoll, &reported("uring", "off")).unwrap();
+        assert!(why.contains("driver uring") && why.contains("HOTLOOP_DRIVER"), "{why}");
+        let busy = args(&["--driver", "uring", "--busy-poll", "adaptive"]);
+        assert_eq!(config_mismatch(&busy, &reported("uring", "adaptive:200")), None);
+        assert!(config_mismatch(&busy, &reported("uring", "off"))
+            .unwrap()
+            .contains("busy polling off"));
+        assert_eq!(
+            config_mismatch(&args(&["--busy-poll=always"]), &reported("epoll", "always")),
+            None
+        );
+        // auto, or no --driver, takes either; no stats, nothing to check.
+        assert_eq!(config_mismatch(&args(&["--driver", "auto"]), &reported("uring", "off")), None);
+        assert_eq!(config_mismatch(&epoll, &BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn pin_is_passed_only_when_it_keeps_workers_on_the_benchs_cpus() {
+        assert_eq!(pin_fits(&[]), None);
+        assert_eq!(pin_fits(&[0]), Some(true));
+        assert_eq!(pin_fits(&[0, 1]), Some(true));
+        // --pin puts worker 0 on CPU 0, which the bench did not give it.
+        assert_eq!(pin_fits(&[2]), Some(false));
+        assert_eq!(pin_fits(&[1, 2]), Some(false));
     }
 }

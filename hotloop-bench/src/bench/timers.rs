@@ -17,11 +17,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use hotloop::time::wheel::{TimerKey, TimerWheel};
 
-use super::report::{Better, Column, Row, Summary};
+use super::report::{format_figure, Better, Column, Row, Summary};
 use super::{Ctx, ScenarioResult};
 
 /// How deep below `target/criterion` result files are looked for.
@@ -67,6 +67,8 @@ pub fn run(ctx: &mut Ctx) -> ScenarioResult {
         result.rows.extend(measure_case(case, case_time));
     }
     add_criterion_rows(ctx, &mut result);
+    // hotloop's wheel here, and criterion's rows named `hotloop`.
+    result.compare_as(&["timer wheel", ""]);
     result
 }
 
@@ -389,7 +391,10 @@ fn measure_case(case: Case, case_time: Duration) -> Vec<Row> {
 }
 
 /// Adds the criterion results `cargo bench -p hotloop --features bench --bench wheel` left,
-/// if any, as groups of their own.
+/// if any, as groups of their own: only those written after this
+/// executable was built (older ones may be of other code), each labelled
+/// with its date and given per timer (criterion times an iteration, which
+/// may hold a million timers).
 fn add_criterion_rows(ctx: &Ctx, result: &mut ScenarioResult) {
     let dirs = criterion_dirs(&ctx.exe);
     let Some(dir) = dirs.iter().find(|d| d.is_dir()) else {
@@ -400,24 +405,94 @@ fn add_criterion_rows(ctx: &Ctx, result: &mut ScenarioResult) {
         );
         return;
     };
+    let built = std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .and_then(|m| m.modified())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut files = Vec::new();
     find_estimates(dir, 0, &mut files);
     files.sort();
+    let (rows, skipped) = criterion_rows(dir, &files, built);
+    let shown = rows.len();
+    result.rows.extend(rows);
     result.setup.push(format!(
-        "also {} criterion results read from {} (groups named \"criterion ...\")",
-        files.len(),
+        "also {shown} criterion results read from {} written after this build (groups named \"criterion ...\", \
+         with their date; per timer where an iteration holds many)",
         dir.display()
     ));
-    for file in files {
-        match read_result(dir, &file) {
-            Some(mut row) => {
-                row.group = format!("criterion {}", row.group);
-                result.rows.push(row);
-            }
-            None => result.setup.push(format!("unreadable: {}", file.display())),
-        }
+    if skipped > 0 {
+        result.setup.push(format!(
+            "{skipped} criterion results older than this build left out: they may time other code; \
+             `cargo bench -p hotloop --features bench --bench wheel` renews them"
+        ));
     }
 }
+
+/// The rows of the criterion result `files` under `root` written after
+/// `since`, and how many were older and left out. A row's group names
+/// criterion's group, the timers per iteration when more than one, and the
+/// date; its figures are nanoseconds per timer.
+fn criterion_rows(root: &Path, files: &[PathBuf], since: SystemTime) -> (Vec<Row>, usize) {
+    let mut rows = Vec::new();
+    let mut skipped = 0;
+    for file in files {
+        let Some(written) = std::fs::metadata(file).and_then(|m| m.modified()).ok() else {
+            continue;
+        };
+        if written < since {
+            skipped += 1;
+            continue;
+        }
+        let Some((mut row, elements)) = read_result(root, file) else { continue };
+        let per = if elements > 1 {
+            format!(", ns per timer ({} timers an iteration)", format_figure(elements as f64, 0))
+        } else {
+            String::new()
+        };
+        row.group = format!("criterion {}{per}, {}", row.group, utc_minute(written));
+        rows.push(row);
+    }
+    (rows, skipped)
+}
+
+/// `YYYY-MM-DD HH:MM UTC` of `t`.
+pub fn utc_minute(t: SystemTime) -> String {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02} UTC", rest / 3_600, rest % 3_600 / 60)
+}
+
+/// Timers one iteration of a criterion benchmark handles: its declared
+/// element throughput, else what the wheel bench's names say (`lifetime`
+/// inserts and fires 1e6; `clustered` drains N, or at most 1,024 in one
+/// bounded call); otherwise one operation.
+pub fn elements_per_iteration(group: &str, function: &str, throughput: Option<u64>) -> u64 {
+    if let Some(n) = throughput {
+        return n.max(1);
+    }
+    let last_number = || function.rsplit('/').next().and_then(|n| n.parse::<u64>().ok());
+    match group {
+        "lifetime" if function.starts_with("1e6") => 1_000_000,
+        "clustered" if function.starts_with("drain/") => last_number().unwrap_or(1),
+        "clustered" if function.starts_with("first_bounded_call/") => {
+            last_number().map_or(1, |n| n.min(CLUSTER_BATCH_MAX))
+        }
+        _ => 1,
+    }
+}
+
+/// The wheel bench's batch bound in its `clustered` group.
+const CLUSTER_BATCH_MAX: u64 = 1024;
 
 /// Where criterion may have written: `$CARGO_TARGET_DIR`, `./target`, and
 /// the target directory this executable was built into.
@@ -461,23 +536,26 @@ fn find_estimates(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 }
 
 /// A row from one `new/estimates.json`, named from `new/benchmark.json`
-/// when present, else from its directories.
-fn read_result(root: &Path, estimates: &Path) -> Option<Row> {
+/// when present, else from its directories, its figures divided by the
+/// timers of one iteration; and that count.
+fn read_result(root: &Path, estimates: &Path) -> Option<(Row, u64)> {
     let text = std::fs::read_to_string(estimates).ok()?;
     let (median, low, high, mean) = parse_estimates(&text)?;
     let new_dir = estimates.parent()?;
-    let (group, function) = std::fs::read_to_string(new_dir.join("benchmark.json"))
-        .ok()
-        .and_then(|t| parse_benchmark_id(&t))
-        .or_else(|| {
-            let rel = new_dir.parent()?.strip_prefix(root).ok()?;
-            let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-            match parts.as_slice() {
-                [one] => Some((one.clone(), one.clone())),
-                [group, rest @ ..] => Some((group.clone(), rest.join("/"))),
-                [] => None,
-            }
-        })?;
+    let id = std::fs::read_to_string(new_dir.join("benchmark.json")).ok();
+    let throughput = id.as_deref().and_then(parse_elements);
+    let (group, function) = id.as_deref().and_then(parse_benchmark_id).or_else(|| {
+        let rel = new_dir.parent()?.strip_prefix(root).ok()?;
+        let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+        match parts.as_slice() {
+            [one] => Some((one.clone(), one.clone())),
+            [group, rest @ ..] => Some((group.clone(), rest.join("/"))),
+            [] => None,
+        }
+    })?;
+    let elements = elements_per_iteration(&group, &function, throughput);
+    let n = elements as f64;
+    let (median, low, high, mean) = (median / n, low / n, high / n, mean / n);
     let (server, config) = if function.eq_ignore_ascii_case("hotloop") {
         ("hotloop".to_string(), String::new())
     } else if function.to_ascii_lowercase().contains("hotloop") {
@@ -495,7 +573,14 @@ fn read_result(root: &Path, estimates: &Path) -> Option<Row> {
         row.metrics.insert("mean_ns".into(), m);
     }
     row.notes.clear();
-    Some(row)
+    Some((row, elements))
+}
+
+/// The element count of a criterion benchmark.json's `throughput`, if it
+/// declares one (`{"Elements": N}`).
+pub fn parse_elements(text: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    v["throughput"]["Elements"].as_u64()
 }
 
 /// Median point estimate, its confidence bounds and the mean, in ns.
@@ -558,11 +643,65 @@ mod tests {
         let mut files = Vec::new();
         find_estimates(root, 0, &mut files);
         files.sort();
-        let rows: Vec<Row> = files.iter().filter_map(|f| read_result(root, f)).collect();
+        let rows: Vec<Row> =
+            files.iter().filter_map(|f| read_result(root, f)).map(|r| r.0).collect();
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].server.as_str(), rows[0].group.as_str()), ("btreemap", "drain"));
         assert_eq!((rows[1].server.as_str(), rows[1].label().as_str()), ("hotloop", "hotloop"));
         assert_eq!(rows[1].get("median_ns"), Some(5.0));
+    }
+
+    #[test]
+    fn criterion_rows_are_this_builds_dated_and_per_timer() {
+        let guard = super::super::TestDir::new("criterion-dated");
+        let root = guard.path();
+        let write = |group: &str, function: &str, ns: f64| {
+            let dir = root.join(group).join(function.replace('/', "_")).join("new");
+            std::fs::create_dir_all(&dir).unwrap();
+            let est = format!(
+                r#"{{"mean":{{"point_estimate":{ns}}},"median":{{"point_estimate":{ns}}}}}"#
+            );
+            std::fs::write(dir.join("estimates.json"), est).unwrap();
+            let id = format!(
+                r#"{{"group_id":"{group}","function_id":"{function}","value_str":null,"throughput":null}}"#
+            );
+            std::fs::write(dir.join("benchmark.json"), id).unwrap();
+            dir.join("estimates.json")
+        };
+        // An old result (an earlier build's) and two new ones.
+        let old = write("sparse", "poll_nothing_due/wheel/0", 2.0);
+        let past = SystemTime::now() - Duration::from_secs(86_400);
+        std::fs::File::options().write(true).open(&old).unwrap().set_modified(past).unwrap();
+        let since = SystemTime::now() - Duration::from_secs(3_600);
+        let files = [
+            old,
+            write("lifetime", "1e6_over_60s/wheel", 208_890_000.0),
+            write("clustered", "first_bounded_call/wheel/100000", 2_048.0),
+        ];
+        let (rows, skipped) = criterion_rows(root, &files, since);
+        assert_eq!((rows.len(), skipped), (2, 1));
+        // 208.89 ms an iteration of a million timers: 208.89 ns per timer.
+        assert!((rows[0].get("median_ns").unwrap() - 208.89).abs() < 1e-9);
+        assert!(
+            rows[0].group.starts_with("criterion lifetime, ns per timer (1,000,000 timers"),
+            "{}",
+            rows[0].group
+        );
+        assert!(rows[0].group.ends_with(" UTC"), "{}", rows[0].group);
+        assert_eq!(rows[1].get("median_ns"), Some(2.0));
+        assert_eq!(elements_per_iteration("dense", "cancel_rearm/wheel", None), 1);
+        assert_eq!(elements_per_iteration("clustered", "drain/btree/1000", None), 1_000);
+        assert_eq!(elements_per_iteration("any", "x", Some(64)), 64);
+        assert_eq!(parse_elements(r#"{"throughput":{"Elements":512}}"#), Some(512));
+    }
+
+    #[test]
+    fn dates_are_utc() {
+        assert_eq!(utc_minute(SystemTime::UNIX_EPOCH), "1970-01-01 00:00 UTC");
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_969_140);
+        assert_eq!(utc_minute(t), "2026-11-29 16:19 UTC");
+        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(utc_minute(leap), "2000-02-29 00:00 UTC");
     }
 
     /// Every queue does what the case says, the same way.

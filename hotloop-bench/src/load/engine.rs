@@ -146,7 +146,44 @@ impl Schedule {
     fn next(&self) -> Instant {
         self.start + Duration::from_secs_f64(self.k as f64 / self.rate)
     }
+
+    /// How many starts fall before `t`: those with `start + k / rate < t`.
+    fn starts_before(&self, t: Instant) -> u64 {
+        (t.saturating_duration_since(self.start).as_secs_f64() * self.rate).ceil() as u64
+    }
+
+    /// Of the starts intended in `[from, to)`: how many there were, and how
+    /// many had not been sent by `to` (the generator fell behind: no
+    /// connection was free for them, or it did not get the CPU). Such a
+    /// start has no reply and no error, so it is counted here.
+    fn shortfall(&self, from: Instant, to: Instant) -> (u64, u64) {
+        let first = self.starts_before(from);
+        let end = self.starts_before(to).max(first);
+        (end - first, end.saturating_sub(self.k.max(first)))
+    }
+
+    /// Records into `lat` each start intended in `[from, to)` and not sent
+    /// by `to`, at its age then: a lower bound of the latency it would have
+    /// had, so a run that fell behind shows it in its percentiles instead of
+    /// dropping its oldest starts. Past [`UNSENT_SAMPLES_MAX`] starts, every
+    /// n-th one stands for n.
+    fn record_unsent(&self, from: Instant, to: Instant, lat: &mut Latencies) {
+        let first = self.k.max(self.starts_before(from));
+        let end = self.starts_before(to);
+        let unsent = end.saturating_sub(first);
+        let stride = unsent.div_ceil(UNSENT_SAMPLES_MAX).max(1);
+        let mut k = first;
+        while k < end {
+            let n = stride.min(end - k);
+            let origin = self.start + Duration::from_secs_f64(k as f64 / self.rate);
+            lat.record_n(to.saturating_duration_since(origin), n);
+            k += n;
+        }
+    }
 }
+
+/// The most samples [`Schedule::record_unsent`] records one by one.
+const UNSENT_SAMPLES_MAX: u64 = 100_000;
 
 fn token(slot: usize, gen: u32) -> Token {
     Token(slot | (gen as usize) << 32)
@@ -343,6 +380,18 @@ impl Engine<'_> {
         let end =
             if stopped_by == "requests" { self.last_finish } else { self.end.min(Instant::now()) };
         let elapsed_s = end.saturating_duration_since(self.measure_start).as_secs_f64();
+        let (offered, not_sent) = match &self.schedule {
+            Some(s) if stopped_by == "duration" => {
+                let (offered, not_sent) = s.shortfall(self.measure_start, end);
+                s.record_unsent(self.measure_start, end, &mut self.lat);
+                (Some(offered), Some(not_sent))
+            }
+            // A count-bound run sends every start it was given.
+            Some(_) => (self.plan.requests, Some(0)),
+            None => (None, None),
+        };
+        // Started, measured, and neither answered nor failed when time ran out.
+        let unfinished = if stopped_by == "duration" { self.measured_in_flight } else { 0 };
         // Close every connection before reporting.
         self.conns.clear();
         let plan = self.plan;
@@ -362,6 +411,9 @@ impl Engine<'_> {
             server_latency_us: self.timestamps.then(|| self.server_lat.summary()),
             retransmitted: self.timestamps.then_some(self.retransmitted),
             target_rate_per_s: plan.rate,
+            offered,
+            not_sent,
+            unfinished,
             max_in_flight: self.max_in_flight as u64,
             sources: plan.sources.len().max(1) as u64,
             fd_limit: 0,
@@ -892,6 +944,41 @@ mod tests {
         for (slot, gen) in [(0, 0), (1, 7), (0xffff_ffff, u32::MAX), (12345, 1 << 31)] {
             assert_eq!(untoken(token(slot, gen)), (slot, gen));
         }
+    }
+
+    #[test]
+    fn starts_the_generator_did_not_send_are_counted() {
+        let start = Instant::now();
+        let s = |k| Schedule { start, rate: 1_000.0, k };
+        let ms = Duration::from_millis;
+        // Measured from 100 ms to 600 ms: starts 100 to 599, 500 of them.
+        // A generator that kept up had taken all 600 (warm-up included).
+        assert_eq!(s(600).shortfall(start + ms(100), start + ms(600)), (500, 0));
+        // One that sent only 350 left 250 due starts unsent.
+        assert_eq!(s(350).shortfall(start + ms(100), start + ms(600)), (500, 250));
+        // One that never got past the warm-up sent none of the measured.
+        assert_eq!(s(40).shortfall(start + ms(100), start + ms(600)), (500, 500));
+        // A start exactly at the end is not yet due.
+        assert_eq!(s(0).shortfall(start, start + ms(1)), (1, 1));
+    }
+
+    #[test]
+    fn starts_not_sent_are_in_the_latencies_at_their_age() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        // 250 starts, due at 350 to 599 ms, unsent at 600 ms: ages 1 to 250 ms.
+        let s = Schedule { start, rate: 1_000.0, k: 350 };
+        let mut lat = Latencies::new();
+        s.record_unsent(start + ms(100), start + ms(600), &mut lat);
+        assert_eq!(lat.count(), 250);
+        let summary = lat.summary();
+        assert!((249_000.0..=251_000.0).contains(&summary.max), "{summary:?}");
+        assert!((124_000.0..=127_000.0).contains(&summary.p50), "{summary:?}");
+        // Far more than are recorded one by one: each stands for a few.
+        let s = Schedule { start, rate: 1_000_000.0, k: 0 };
+        let mut lat = Latencies::new();
+        s.record_unsent(start, start + ms(250), &mut lat);
+        assert_eq!(lat.count(), 250_000);
     }
 
     #[test]

@@ -59,6 +59,12 @@ impl Latencies {
         self.hist.saturating_record(us.clamp(LATENCY_LOW_US, LATENCY_HIGH_US));
     }
 
+    /// Records `n` latencies of the same value (clamped as [`Latencies::record`]).
+    pub fn record_n(&mut self, latency: Duration, n: u64) {
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.hist.saturating_record_n(us.clamp(LATENCY_LOW_US, LATENCY_HIGH_US), n);
+    }
+
     /// How many latencies were recorded.
     #[cfg(test)]
     pub fn count(&self) -> u64 {

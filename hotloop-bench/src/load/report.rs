@@ -116,7 +116,9 @@ pub struct LoadReport {
     pub rate_per_s: f64,
     /// Latency summary in microseconds over completed requests: from the
     /// unit's start (connect, in serial, burst and churn; the intended send
-    /// under `--rate`).
+    /// under `--rate`). Under `--rate` it also holds each start due but not
+    /// sent by the end ([`LoadReport::not_sent`]) at its age then, a lower
+    /// bound of its latency.
     pub latency_us: LatencySummary,
     /// In serial, burst and churn: latency from the request's first byte
     /// out to the reply's last byte, without the connect (what a tool that
@@ -146,6 +148,22 @@ pub struct LoadReport {
     pub retransmitted: Option<u64>,
     /// The `--rate` asked for, or null for a closed loop.
     pub target_rate_per_s: Option<f64>,
+    /// Under `--rate`: the starts the schedule intended in the measured
+    /// time.
+    #[serde(default)]
+    pub offered: Option<u64>,
+    /// Under `--rate`: of [`LoadReport::offered`], the starts that were due
+    /// but not yet sent when the run ended, because the generator fell
+    /// behind its schedule (every connection busy, or its CPU taken). They
+    /// have no reply and no error; each is in the latencies at its age when
+    /// the run ended, a lower bound: a run with many of them had a queue,
+    /// and its latencies are at least those shown.
+    #[serde(default)]
+    pub not_sent: Option<u64>,
+    /// Units started in the measured time whose reply had neither come nor
+    /// failed when the duration ended (no latency sample, no error).
+    #[serde(default)]
+    pub unfinished: u64,
     /// The most connections open at once.
     pub max_in_flight: u64,
     /// Source addresses connections were spread over.
@@ -188,6 +206,16 @@ impl LoadReport {
         let _ = writeln!(s, "  throughput   {:>12.1} {unit}", self.rate_per_s);
         if let Some(r) = self.target_rate_per_s {
             let _ = writeln!(s, "  target rate  {r:>12.1} {unit}");
+        }
+        if let (Some(offered), Some(not_sent)) = (self.offered, self.not_sent) {
+            let _ = writeln!(
+                s,
+                "  not sent     {not_sent:>12}  of {offered} starts due (behind the schedule: no latency sample)"
+            );
+        }
+        if self.unfinished > 0 {
+            let _ =
+                writeln!(s, "  unfinished   {:>12}  (no reply when time ran out)", self.unfinished);
         }
         let _ = writeln!(
             s,
@@ -266,6 +294,9 @@ mod tests {
             server_latency_us: Some(lat.summary()),
             retransmitted: Some(1),
             target_rate_per_s: None,
+            offered: Some(6),
+            not_sent: Some(1),
+            unfinished: 0,
             max_in_flight: 1,
             sources: 1,
             fd_limit: 20_000,
@@ -326,5 +357,6 @@ mod tests {
         assert!(t.contains("connect 1"));
         assert!(t.contains("first error  connect: refused"));
         assert!(t.contains("own lag us") && t.contains("server us"), "{t}");
+        assert!(t.contains("not sent") && t.contains("of 6 starts due"), "{t}");
     }
 }
