@@ -1488,7 +1488,7 @@ fn hyper_over_a_direct_stream() {
             // A read with a receive timeout is not restarted after a
             // signal (signal(7)): retried, as `read_exact` would.
             let n = match client.read(&mut chunk) {
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 read => read.unwrap(),
             };
             assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&got));
