@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     // A server sees the same bytes in pieces: every prefix must agree with the whole.
     for cut in 0..data.len().min(256) {
         match (parse_request(&data[..cut]), whole) {
-            (Request::Complete { len, close }, Request::Complete { len: l2, close: c2 }) => {
+            (Request::Complete { len, close, .. }, Request::Complete { len: l2, close: c2, .. }) => {
                 assert_eq!((len, close), (l2, c2), "a prefix parsed differently from the whole");
             }
             (Request::Complete { .. }, other) => panic!("a prefix completed but the whole is {other:?}"),

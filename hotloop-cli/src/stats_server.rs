@@ -253,6 +253,7 @@ fn error_reply(status: u16) -> String {
     let (status, reason, allow) = match status {
         405 => (405, "Method Not Allowed", "Allow: GET, HEAD\r\n"),
         408 => (408, "Request Timeout", ""),
+        413 => (413, "Content Too Large", ""),
         431 => (431, "Request Header Fields Too Large", ""),
         501 => (501, "Not Implemented", ""),
         505 => (505, "HTTP Version Not Supported", ""),

@@ -1,6 +1,7 @@
 //! HTTP details an ordinary client meets: a 431 it can read, `HEAD`,
-//! browser-sized header counts, the `Host` a request must carry, and a
-//! 405 that names every method served. Both drivers.
+//! browser-sized header counts and heads, the `Host` a request must
+//! carry, a 405 that names every method served, and a `GET` with a body.
+//! Both drivers.
 
 use crate::common;
 
@@ -235,6 +236,99 @@ fn a_405_allows_every_method_served(driver: DriverKind) {
             });
             assert!(reply.starts_with("HTTP/1.1 405"), "{driver} {app}: {reply:?}");
             assert_eq!(allow.as_deref(), Some("GET, HEAD"), "{driver} {app}: {reply:?}");
+        }
+    }
+}
+
+/// A head may take 32 KiB in all and 8 KiB a line, as nginx's default
+/// header buffers (`large_client_header_buffers 4 8k`) allow: a browser's
+/// 7 KiB cookie with 3 KiB of other fields is served, gathered across
+/// reads when it comes in parts, and so is a 28 KB head of short lines
+/// (both were 431: the whole head was limited to 8 KiB); one 9 KiB line,
+/// or a 40 KB head, is 431.
+#[hotloop::test(driver = "all")]
+fn a_head_takes_32_kib_and_a_line_8_kib(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let field = |name: &str, len: usize| format!("{name}: {}\r\n", "v".repeat(len));
+    let head =
+        |fields: &str| format!("GET / HTTP/1.1\r\nHost: a\r\n{fields}Connection: close\r\n\r\n");
+    let lines = |n: usize| (0..n).map(|i| field(&format!("X-{i}"), 4000)).collect::<String>();
+    let browser =
+        head(&[field("Cookie", 7 * 1024), field("X-A", 1024), field("X-B", 2048)].concat());
+    for (app, _p, addr, _root) in both_apps(driver) {
+        let reply = ask(addr, browser.as_bytes());
+        assert!(reply.starts_with("HTTP/1.1 200"), "{driver} {app}: {reply:.80}");
+        // In two parts, a read apart.
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&browser.as_bytes()[..6000]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        s.write_all(&browser.as_bytes()[6000..]).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{driver} {app}: {reply:.80}");
+        let reply = ask(addr, head(&lines(7)).as_bytes());
+        assert!(reply.starts_with("HTTP/1.1 200"), "{driver} {app}: {reply:.80}");
+        for too_large in [head(&field("Cookie", 9 * 1024)), head(&lines(10))] {
+            let reply = ask(addr, too_large.as_bytes());
+            assert!(reply.starts_with("HTTP/1.1 431"), "{driver} {app}: {reply:.80}");
+        }
+    }
+}
+
+/// A `GET` or `HEAD` with a body is served, as nginx serves it: the body
+/// (a length, or chunked) is read and dropped before the answer, and a
+/// request pipelined behind it is answered too, whether the body came
+/// with the head or in parts after it. Before, `serve static` answered
+/// 400 and `serve http` 501. A body framed ambiguously (a length and
+/// chunked, two lengths that differ), a coding other than chunked, a
+/// chunked body that is not one, or a length over 1 MiB is still refused.
+#[hotloop::test(driver = "all")]
+fn a_get_with_a_body_is_served_and_the_body_dropped(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let next = "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    for (app, _p, addr, _root) in both_apps(driver) {
+        for with_body in [
+            "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+            "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            "HEAD / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+        ] {
+            let reply = ask(addr, format!("{with_body}{next}").as_bytes());
+            assert_eq!(
+                reply.matches("HTTP/1.1 200 OK").count(),
+                2,
+                "{driver} {app}: {with_body:?} -> {reply:?}"
+            );
+        }
+        // The body in parts after its head, the next request with its last part.
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let parts = [
+            "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "3\r\nhel",
+            "\r\n2\r\nlo\r\n0\r",
+            &format!("\n\r\n{next}"),
+        ];
+        for part in parts {
+            s.write_all(part.as_bytes()).unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert_eq!(reply.matches("HTTP/1.1 200 OK").count(), 2, "{driver} {app}: {reply:?}");
+        for (refused, status) in [
+            ("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nhello", "400"),
+            ("Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello", "400"),
+            ("Content-Length: 2000000\r\n\r\n", "413"),
+            ("Transfer-Encoding: gzip\r\n\r\n", "501"),
+            ("Transfer-Encoding: chunked\r\n\r\nzz\r\n", "400"),
+        ] {
+            let request = format!("GET / HTTP/1.1\r\nHost: a\r\n{refused}{next}");
+            let reply = ask(addr, request.as_bytes());
+            assert!(
+                reply.starts_with(&format!("HTTP/1.1 {status}")) && !reply.contains(" 200 OK"),
+                "{driver} {app}: {refused:?} -> {reply:?}"
+            );
         }
     }
 }

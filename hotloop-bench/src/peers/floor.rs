@@ -682,7 +682,7 @@ impl Worker {
         let mut close = false;
         loop {
             match proto::parse_request(data) {
-                Request::Complete { len, close: asked_close } => {
+                Request::Complete { len, close: asked_close, .. } => {
                     proto::spin_work(self.work_us);
                     replies.push(if asked_close { &self.resp_close } else { &self.resp_keepalive });
                     data = &data[len..];

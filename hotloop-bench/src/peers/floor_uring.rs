@@ -678,7 +678,7 @@ fn on_http(config: &Config, sq: &mut Sq, c: &mut Conn, slot: usize, fresh: &[u8]
     let mut close = false;
     while consumed < data.len() {
         let (reply, len, last) = match proto::parse_request(&data[consumed..]) {
-            Request::Complete { len, close } => {
+            Request::Complete { len, close, .. } => {
                 proto::spin_work(config.work_us);
                 (if close { config.close } else { config.keepalive }, len, close)
             }

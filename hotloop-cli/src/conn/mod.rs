@@ -1,8 +1,9 @@
 //! A connection as the hand-written handlers see it (`serve echo`, `http`
 //! and `static`): the [`Conn`] trait, its plain TCP form, the
 //! connection's one timer ([`ConnTimer`]), the send path, the error
-//! reply, the lingering close after it or after a last answer, and the
-//! bytes of a request head split across reads ([`Pending`]).
+//! reply, the lingering close after it or after a last answer, the
+//! client's bytes kept between reads ([`Pending`]), and a request body
+//! read only to be dropped ([`discard_body`]).
 //!
 //! The handlers are generic over [`Conn`], so the plain path is compiled
 //! for [`TcpStream`] itself (owned pooled buffers, no dynamic dispatch) and
@@ -12,6 +13,7 @@
 //! `drain.rs` (the stop a connection's timer watches).
 
 mod awaiting;
+mod discard;
 mod linger;
 mod pending;
 mod reject;
@@ -28,6 +30,7 @@ use hotloop::buf::{IoBuf, PooledBuf};
 use hotloop::net::{InputProbe, TcpStream};
 
 pub(crate) use awaiting::Awaiting;
+pub(crate) use discard::{discard_body, Discarded};
 pub(crate) use linger::{linger, LINGER_QUIET};
 pub(crate) use pending::Pending;
 pub(crate) use reject::{answer_and_linger, reject};

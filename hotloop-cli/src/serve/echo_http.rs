@@ -11,10 +11,12 @@ use std::time::Duration;
 use hotloop::net::{serve, Server, ServerOptions};
 use hotloop::tls::{serve_tls, TlsAcceptor, ALPN_HTTP11};
 use hotloop::Handle;
-use hotloop_proto::{self as proto, Method, ParseOptions, Request};
+use hotloop_proto::{self as proto, Body, Method, ParseOptions, Request};
 
 use super::TcpApp;
-use crate::conn::{answer_and_linger, Awaiting, Conn, ConnTimer, Ending, Pending};
+use crate::conn::{
+    answer_and_linger, discard_body, Awaiting, Conn, ConnTimer, Discarded, Ending, Pending,
+};
 use crate::drain;
 use crate::serve_args::{millis_or_never, shorter, App, ServeArgs};
 
@@ -90,7 +92,7 @@ impl Settings {
                 millis_or_never(args.send_timeout_ms),
                 millis_or_never(args.idle_timeout_ms),
             ),
-            parse: ParseOptions { max_headers: args.max_headers, allow_head: true },
+            parse: ParseOptions { max_headers: args.max_headers, allow_head: true, bodies: true },
             keep_alive_reply: proto::response_ok(args.body_size, false).into(),
             close_reply: proto::response_ok(args.body_size, true).into(),
             keep_alive_head_reply: proto::response_ok_head(args.body_size, false).into(),
@@ -164,54 +166,76 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
         loop {
             let unparsed: &[u8] =
                 if pending.is_empty() { &buf[consumed as usize..] } else { pending.bytes() };
-            // Nothing left to parse (the usual case after an answer): read.
-            let parsed = if unparsed.is_empty() {
-                (Request::Partial, Method::Get)
-            } else {
-                proto::parse_request_with(unparsed, s.parse)
+            // The request answered below, if one is complete: what the
+            // parse gave is not kept beside the answer's write.
+            let complete = {
+                // Nothing left to parse (the usual case after an answer): read.
+                let parsed = if unparsed.is_empty() {
+                    (Request::Partial, Method::Get)
+                } else {
+                    proto::parse_request_with(unparsed, s.parse)
+                };
+                match parsed {
+                    (Request::Complete { len, close, body }, method) => {
+                        if pending.is_empty() {
+                            consumed += len as u32;
+                        } else {
+                            pending.consume(len);
+                        }
+                        if body != Body::None {
+                            // A body is rare: its request is answered apart,
+                            // boxed, so its state is not part of every
+                            // connection's future.
+                            let answer = answer_after_body(
+                                stream,
+                                &mut timer,
+                                (body, method, close),
+                                &mut buf,
+                                consumed,
+                                &mut pending,
+                                s,
+                            );
+                            if let Some(ending) = Box::pin(answer).await {
+                                return ending;
+                            }
+                            consumed = 0;
+                            awaiting = Awaiting::NextRequest;
+                            continue;
+                        }
+                        Some((method, close))
+                    }
+                    (Request::Partial, _) => {
+                        if pending.is_empty() && (consumed as usize) < buf.len() {
+                            pending.extend_from_slice(&buf[consumed as usize..]);
+                        }
+                        None
+                    }
+                    (Request::Malformed, _) => return reject_boxed(stream, 400, s).await,
+                    (Request::TooLarge, _) => return reject_boxed(stream, 431, s).await,
+                    (Request::Unsupported(status), _) => {
+                        return reject_boxed(stream, status, s).await
+                    }
+                }
             };
-            match parsed {
-                (Request::Complete { len, close }, method) => {
-                    if pending.is_empty() {
-                        consumed += len as u32;
-                    } else {
-                        pending.consume(len);
-                    }
-                    proto::spin_work(s.work_us);
-                    // Stopping: this answer is the connection's last.
-                    let close = close || drain::stopping();
-                    let reply = match (method, close) {
-                        (Method::Get, false) => s.keep_alive_reply.clone(),
-                        (Method::Get, true) => s.close_reply.clone(),
-                        (Method::Head, false) => s.keep_alive_head_reply.clone(),
-                        (Method::Head, true) => s.close_head_reply.clone(),
+            if let Some((method, close)) = complete {
+                let (reply, close) = reply_for(s, method, close);
+                // The last answer is awaited apart, so `close` is not
+                // kept beside the write in every connection's future.
+                // Bytes the client sent after this request are left
+                // unparsed: the close lingers for them.
+                if close {
+                    let unread = !pending.is_empty() || (consumed as usize) < buf.len();
+                    return match stream.send(reply, s.write_limit, &mut timer).await {
+                        Ok(()) => Ending::Answered { unread },
+                        Err(_) => Ending::Cut,
                     };
-                    // The last answer is awaited apart, so `close` is not
-                    // kept beside the write in every connection's future.
-                    // Bytes the client sent after this request are left
-                    // unparsed: the close lingers for them.
-                    if close {
-                        let unread = !pending.is_empty() || (consumed as usize) < buf.len();
-                        return match stream.send(reply, s.write_limit, &mut timer).await {
-                            Ok(()) => Ending::Answered { unread },
-                            Err(_) => Ending::Cut,
-                        };
-                    }
-                    if stream.send(reply, s.write_limit, &mut timer).await.is_err() {
-                        return Ending::Cut;
-                    }
-                    // Between requests the idle timeout applies, until a byte of the next one arrives.
-                    awaiting = Awaiting::NextRequest;
-                    continue;
                 }
-                (Request::Partial, _) => {
-                    if pending.is_empty() && (consumed as usize) < buf.len() {
-                        pending.extend_from_slice(&buf[consumed as usize..]);
-                    }
+                if stream.send(reply, s.write_limit, &mut timer).await.is_err() {
+                    return Ending::Cut;
                 }
-                (Request::Malformed, _) => return reject_boxed(stream, 400, s).await,
-                (Request::TooLarge, _) => return reject_boxed(stream, 431, s).await,
-                (Request::Unsupported(status), _) => return reject_boxed(stream, status, s).await,
+                // Between requests the idle timeout applies, until a byte of the next one arrives.
+                awaiting = Awaiting::NextRequest;
+                continue;
             }
             if !pending.is_empty() && awaiting.is_idle() {
                 awaiting = Awaiting::head(s.header_timeout);
@@ -258,6 +282,52 @@ fn http<'a, S: Conn>(stream: &'a mut S, s: &'a Settings) -> impl Future<Output =
             }
             return Ending::Cut;
         }
+    }
+}
+
+/// The reply to a `method` request, and whether it is the connection's
+/// last: when the client asked (`close`) or the server is stopping.
+fn reply_for(s: &Settings, method: Method, close: bool) -> (Arc<[u8]>, bool) {
+    proto::spin_work(s.work_us);
+    let close = close || drain::stopping();
+    let reply = match (method, close) {
+        (Method::Get, false) => s.keep_alive_reply.clone(),
+        (Method::Get, true) => s.close_reply.clone(),
+        (Method::Head, false) => s.keep_alive_head_reply.clone(),
+        (Method::Head, true) => s.close_head_reply.clone(),
+    };
+    (reply, close)
+}
+
+/// Answers a `GET` or `HEAD` that has a body (nginx serves such a
+/// request), once the body is read and dropped: what was read after the
+/// head (`buf` from `consumed`, or `pending`) goes to `pending` and `buf`
+/// back to the pool, the body is skipped from there ([`discard_body`]),
+/// and bytes after it stay in `pending`. `None` when the connection goes
+/// on; otherwise how it ends.
+async fn answer_after_body<S: Conn>(
+    stream: &mut S,
+    timer: &mut ConnTimer,
+    (body, method, close): (Body, Method, bool),
+    buf: &mut S::Buf,
+    consumed: u32,
+    pending: &mut Pending,
+    s: &Settings,
+) -> Option<Ending> {
+    if pending.is_empty() {
+        pending.extend_from_slice(&buf[consumed as usize..]);
+    }
+    drop(std::mem::take(buf));
+    match discard_body(stream, timer, body, pending, s.idle_timeout).await {
+        Discarded::Done => {}
+        Discarded::Refuse(status) => return Some(reject_boxed(stream, status, s).await),
+        Discarded::Cut => return Some(Ending::Cut),
+    }
+    let (reply, close) = reply_for(s, method, close);
+    match stream.send(reply, s.write_limit, timer).await {
+        Ok(()) if close => Some(Ending::Answered { unread: !pending.is_empty() }),
+        Ok(()) => None,
+        Err(_) => Some(Ending::Cut),
     }
 }
 

@@ -2,13 +2,19 @@
 //! HTTP/1.1, plain or TLS.
 //!
 //! `GET` and `HEAD`, with `Content-Length`, `Content-Type` by extension,
-//! `Last-Modified` and `If-Modified-Since` (304), one `Range` (206 with
-//! `Content-Range`, 416 when no byte of it exists; several ranges get the
-//! whole file, as RFC 9110 allows; `If-Range` with a date other than the
-//! file's `Last-Modified` gets the whole file too). A directory is served
-//! by its `index.html`, or is 404. Other methods get 405 with
-//! `Allow: GET, HEAD`; an HTTP/1.1 request without exactly one `Host` gets
-//! 400 (RFC 9112 section 3.2).
+//! `Last-Modified` and an `ETag` as nginx makes them; `If-None-Match`
+//! (weak comparison, `*`, lists) or else `If-Modified-Since` naming the
+//! file's time exactly (nginx's default `if_modified_since exact`) gets
+//! 304; one `Range` (unit in any case) gets 206 with `Content-Range`, 416
+//! when no byte of it exists; several ranges get the whole file, as RFC
+//! 9110 allows, or 416 when none of them exists (as nginx); `If-Range`
+//! with a validator other than the file's `ETag` or `Last-Modified` gets
+//! the whole file too. A directory is served by its `index.html`, or is
+//! 403 (nginx without `autoindex`). A body sent with a `GET` or `HEAD` is
+//! read and dropped before the answer (`conn::discard_body`; at most 1 MiB,
+//! 413 beyond, as nginx's default `client_max_body_size`). Other methods
+//! get 405 with `Allow: GET, HEAD`; an HTTP/1.1 request without exactly
+//! one `Host` gets 400 (RFC 9112 section 3.2).
 //!
 //! The connection handling is `serve http`'s: the same [`Conn`] (plain
 //! TCP or TLS), the same per-connection timer for the header, idle and
@@ -59,15 +65,20 @@
 //! - `Last-Modified` is never later than `Date` (RFC 9110 section
 //!   8.8.2.1): a file dated ahead of the clock gets the answer's date, which
 //!   validates no `If-Range`; `If-Modified-Since` compares with the file's
-//!   own time, so such a file is never 304. A file dated in the year 10000
-//!   or later made the date's formatting panic.
-//! - A request is parsed in the buffer its read filled, and that buffer
-//!   goes back to the pool before the next wait; only a head split across
-//!   reads is gathered in a buffer of the connection's (`conn::Pending`),
-//!   freed once its last request is answered. An idle keep-alive
-//!   connection holds no request buffer: the one it had grown (a `Vec`
-//!   drained and never shrunk, up to 32 KiB after an 8 KiB head) stayed
-//!   with it for its whole idle life.
+//!   own time, which no client was told, so such a file is not 304 by a
+//!   date. A file dated in the year 10000 or later made the date's
+//!   formatting panic.
+//! - A request is parsed in the buffer its read filled, and what the
+//!   answer needs of it is copied out (`Asked`: its path, and the rare
+//!   conditional and range fields), so that buffer goes back to the pool
+//!   before the answer waits on anything: a connection sending a large
+//!   file to a client that reads slowly held its 16 KiB read buffer for
+//!   the whole send. Bytes behind the request (a pipelining client's), and
+//!   a head split across reads, are kept in a buffer of the connection's
+//!   (`conn::Pending`), freed once its last byte is taken. An idle
+//!   keep-alive connection holds no request buffer: the one it had grown
+//!   (a `Vec` drained and never shrunk, up to 32 KiB after an 8 KiB head)
+//!   stayed with it for its whole idle life.
 //! - A file that shrinks while it is sent ends the send at its new end;
 //!   fewer bytes than `Content-Length` promised were sent, so the
 //!   connection is closed (the client sees a short body, never another
@@ -76,6 +87,7 @@
 //! [`TcpStream::send_file`]: hotloop::net::TcpStream::send_file
 
 mod cache;
+mod conditional;
 mod mime;
 mod range;
 mod request;
@@ -85,15 +97,18 @@ use std::io;
 use std::path::Path;
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hotloop::fs::{Dir, File, OpenOptions};
+use hotloop_proto::Body;
 
-use crate::conn::{answer_and_linger, reject, Awaiting, Conn, ConnTimer, Ending, Pending};
+use crate::conn::{
+    answer_and_linger, discard_body, reject, Awaiting, Conn, ConnTimer, Discarded, Ending, Pending,
+};
 use crate::drain;
 use cache::{Kind, Stat};
 use range::Ranged;
-use request::Parsed;
+use request::{Asked, Parsed};
 
 /// A body this small is read into the response head's buffer and sent
 /// with it in one write: cheaper than a second write.
@@ -152,27 +167,42 @@ enum After {
 }
 
 async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Ending {
-    // Each read is parsed where it landed (`buf`, of which `consumed`
-    // bytes were answered); only a head split across reads is gathered,
-    // in `pending`, which is freed once its last request is answered.
+    // Each read is parsed where it landed (`buf`); bytes kept between
+    // reads (a head split across them, or what came behind a request
+    // whose read buffer went back to the pool) are parsed from `pending`,
+    // which is freed once its last byte is taken.
     let mut buf = S::Buf::default();
-    let mut consumed = 0;
     let mut pending = Pending::default();
     let mut timer = ConnTimer::new();
     let mut awaiting = Awaiting::head(site.header_timeout);
     loop {
-        let unparsed: &[u8] = if pending.is_empty() { &buf[consumed..] } else { pending.bytes() };
+        let unparsed: &[u8] = if pending.is_empty() { &buf } else { pending.bytes() };
         if !unparsed.is_empty() {
             match request::parse(unparsed, site.max_headers) {
                 Parsed::Complete(head) => {
                     let len = head.len;
-                    let after =
-                        Box::pin(respond(stream, site, open_files, &head, &mut timer)).await;
+                    let taken = Asked::take(&head);
+                    // The head is copied out: the read buffer goes back to
+                    // the pool before the answer waits on anything (an
+                    // open, a client slow to take a large file), and what
+                    // came behind the request is kept in `pending`.
                     if pending.is_empty() {
-                        consumed += len;
+                        pending.extend_from_slice(&buf[len..]);
                     } else {
                         pending.consume(len);
                     }
+                    drop(std::mem::take(&mut buf));
+                    let after = match taken {
+                        Ok(asked) => {
+                            let answer =
+                                answer(stream, site, open_files, asked, &mut pending, &mut timer);
+                            Box::pin(answer).await
+                        }
+                        Err(reply) => {
+                            Box::pin(answer_and_linger(stream, reply, site.write_limit)).await;
+                            After::Lingered
+                        }
+                    };
                     match after {
                         After::KeepAlive => {
                             awaiting = Awaiting::NextRequest;
@@ -180,17 +210,14 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
                         }
                         // What the client sent after this request is
                         // unread: the close lingers for it.
-                        After::Close => {
-                            let unread = !pending.is_empty() || consumed < buf.len();
-                            return Ending::Answered { unread };
-                        }
+                        After::Close => return Ending::Answered { unread: !pending.is_empty() },
                         After::Cut => return Ending::Cut,
                         After::Lingered => return Ending::Lingered,
                     }
                 }
                 Parsed::Partial => {
                     if pending.is_empty() {
-                        pending.extend_from_slice(&buf[consumed..]);
+                        pending.extend_from_slice(&buf);
                     }
                 }
                 Parsed::Error(status) => {
@@ -205,7 +232,6 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
         // Back to the pool before waiting: an idle connection holds no
         // read buffer, and (`pending` empty) no request buffer either.
         drop(std::mem::take(&mut buf));
-        consumed = 0;
         let deadline = awaiting.deadline(site.idle_timeout);
         // Between requests a stop closes the connection at once.
         let idle = awaiting.is_idle() && pending.is_empty();
@@ -218,13 +244,8 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
             timer.read(read, deadline, idle).peeking(socket).await
         };
         match got {
-            Some(b) => {
-                buf = b;
-                if !pending.is_empty() {
-                    pending.extend_from_slice(&buf);
-                    consumed = buf.len();
-                }
-            }
+            Some(b) if pending.is_empty() => buf = b,
+            Some(b) => pending.extend_from_slice(&b),
             None => {
                 // The clock itself: the deadline fires by it (the turn's reading may lag).
                 if !pending.is_empty() && deadline.is_some_and(|d| std::time::Instant::now() >= d) {
@@ -237,33 +258,57 @@ async fn serve<S: Conn>(stream: &mut S, site: &Site, open_files: usize) -> Endin
     }
 }
 
-/// Answers one request.
+/// Answers one request: its body, if any, read and dropped first
+/// ([`discard_body`]), bytes after it left in `pending`.
+async fn answer<S: Conn>(
+    stream: &mut S,
+    site: &Site,
+    open_files: usize,
+    (asked, body): (Asked, Body),
+    pending: &mut Pending,
+    timer: &mut ConnTimer,
+) -> After {
+    if body != Body::None {
+        match discard_body(stream, timer, body, pending, site.idle_timeout).await {
+            Discarded::Done => {}
+            Discarded::Refuse(status) => {
+                reject(stream, status, site.write_limit).await;
+                return After::Lingered;
+            }
+            Discarded::Cut => return After::Cut,
+        }
+    }
+    respond(stream, site, open_files, asked, timer).await
+}
+
+/// Why a path under the root is not served.
+enum NotServed {
+    /// Answer with this status.
+    Status(u16),
+    /// A directory without `index.html`: 403, as nginx answers it without
+    /// `autoindex`; its name without the slash is redirected first, as any
+    /// directory's is.
+    NoIndex,
+}
+
+/// Answers one request whose body is read already.
 async fn respond<S: Conn>(
     stream: &mut S,
     site: &Site,
     open_files: usize,
-    head: &request::Head<'_>,
+    asked: Asked,
     timer: &mut ConnTimer,
 ) -> After {
-    let close = head.close || drain::stopping();
-    let get = match head.method {
-        "GET" => true,
-        "HEAD" => false,
-        _ => {
-            // A POST or PUT may have sent a body: it is read and dropped
-            // after the reply (a lingering close), as for every error that
-            // closes, so the close sends no reset over the reply.
-            let reply = request::simple(405, "Allow: GET, HEAD\r\n", true, true);
-            answer_and_linger(stream, reply, site.write_limit).await;
-            return After::Lingered;
-        }
-    };
-    if head.has_body {
-        reject(stream, 400, site.write_limit).await;
-        return After::Lingered;
-    }
+    let close = asked.close || drain::stopping();
+    let get = asked.get;
     let error = |status: u16| request::simple(status, "", close, get);
-    let (rel, found) = match target::relative_path(head.target) {
+    // A directory's redirect names the normalised path, not the target's
+    // own: `//host` would be read as another host.
+    let redirect = |rel: &Path| {
+        let location = format!("Location: {}/{}\r\n", target::url_path(rel), asked.query);
+        request::simple(301, &location, close, get)
+    };
+    let (rel, found) = match asked.rel {
         Ok(rel) => {
             let found = match cache::get(&rel) {
                 Some(entry) => Ok(entry),
@@ -273,12 +318,18 @@ async fn respond<S: Conn>(
             };
             (Some(rel), found)
         }
-        Err(target::Refused::Traversal) => (None, Err(403)),
-        Err(target::Refused::Malformed) => (None, Err(400)),
+        Err(status) => (None, Err(NotServed::Status(status))),
     };
     let entry = match found {
         Ok(entry) => entry,
-        Err(status) => {
+        Err(NotServed::NoIndex) => {
+            let reply = match &rel {
+                Some(rel) if !asked.slash => redirect(rel),
+                _ => error(403),
+            };
+            return finish(stream.send(reply, site.write_limit, timer).await, close);
+        }
+        Err(NotServed::Status(status)) => {
             return finish(stream.send(error(status), site.write_limit, timer).await, close)
         }
     };
@@ -286,16 +337,10 @@ async fn respond<S: Conn>(
     // (nginx redirects the bare name, so the page's relative links resolve
     // under it); a file asked for as a directory is not there.
     if let Some((rel, name)) = rel.as_deref().and_then(|rel| Some((rel, rel.file_name()?))) {
-        let path = head.target.split(['?', '#']).next().unwrap_or("");
         let directory = name.to_string_lossy() != entry.name.as_str();
-        match (directory, path.ends_with('/')) {
+        match (directory, asked.slash) {
             (true, false) => {
-                // The normalised path, not the target's own: `//host`
-                // would be read as another host.
-                let query = &head.target[path.len()..];
-                let location = format!("Location: {}/{query}\r\n", target::url_path(rel));
-                let reply = request::simple(301, &location, close, get);
-                return finish(stream.send(reply, site.write_limit, timer).await, close);
+                return finish(stream.send(redirect(rel), site.write_limit, timer).await, close);
             }
             (false, true) => {
                 return finish(stream.send(error(404), site.write_limit, timer).await, close)
@@ -309,21 +354,31 @@ async fn respond<S: Conn>(
     // validates no `If-Range` (and `If-Modified-Since` compares with the
     // file's own time).
     let (last_modified, own_date) = request::last_modified(modified);
+    let etag = conditional::etag(modified, stat.len);
+    let validators = format!("Last-Modified: {last_modified}\r\nETag: {etag}\r\n");
     let headers = |extra: &str| {
         format!(
-            "Content-Type: {}\r\nLast-Modified: {last_modified}\r\nAccept-Ranges: bytes\r\n{extra}",
+            "Content-Type: {}\r\n{validators}Accept-Ranges: bytes\r\n{extra}",
             mime::content_type(name)
         )
     };
-    if not_modified(head.if_modified_since, modified) {
-        let reply = request::head(304, &format!("Last-Modified: {last_modified}\r\n"), 0, close, 0);
+    if conditional::not_modified(
+        asked.if_none_match.as_deref(),
+        asked.if_modified_since.as_deref(),
+        modified,
+        &etag,
+    ) {
+        let reply = request::head(304, &validators, 0, close, 0);
         // A 304 has no body, whatever Content-Length says: drop the header.
         let reply = strip_content_length(reply);
         return finish(stream.send(reply, site.write_limit, timer).await, close);
     }
     let len = stat.len;
-    let if_range_matches = head.if_range.is_none_or(|v| own_date && v == last_modified.as_bytes());
-    let ranged = if if_range_matches { range::parse(head.range, len) } else { Ranged::Full };
+    let if_range_matches = asked.if_range.as_deref().is_none_or(|v| {
+        conditional::if_range_matches(v, &etag, own_date.then_some(last_modified.as_str()))
+    });
+    let range = asked.range.as_deref();
+    let ranged = if if_range_matches { range::parse(range, len) } else { Ranged::Full };
     let (status, start, body_len, extra) = match ranged {
         Ranged::Full => (200, 0, len, headers("")),
         Ranged::Part { start, end } => (
@@ -373,23 +428,26 @@ fn finish(sent: io::Result<()>, close: bool) -> After {
 
 /// Opens `rel` beneath the root: the file, what `fstat` says of it and
 /// the name its content type comes from; a directory's `index.html`.
-/// `Err` is the status to answer with. Only regular files are served: the
-/// open does not wait (see the module notes), and anything else is 404
-/// before a byte is read.
-async fn open(root: &Dir, rel: &Path) -> Result<(File, Stat, String), u16> {
-    let (file, stat) = open_beneath(root, rel_or_dot(rel)).await?;
+/// Only regular files are served: the open does not wait (see the module
+/// notes), and anything else is 404 before a byte is read.
+async fn open(root: &Dir, rel: &Path) -> Result<(File, Stat, String), NotServed> {
+    let (file, stat) = open_beneath(root, rel_or_dot(rel)).await.map_err(NotServed::Status)?;
     match stat.kind() {
         Kind::Regular => {
             let name = rel.file_name().map(|n| n.to_string_lossy().into_owned());
             return Ok((file, stat, name.unwrap_or_default()));
         }
         Kind::Directory => {}
-        Kind::Other => return Err(404),
+        Kind::Other => return Err(NotServed::Status(404)),
     }
     drop(file);
-    let (file, stat) = open_beneath(root, &rel.join("index.html")).await?;
+    let (file, stat) = match open_beneath(root, &rel.join("index.html")).await {
+        Ok(opened) => opened,
+        Err(404) => return Err(NotServed::NoIndex),
+        Err(status) => return Err(NotServed::Status(status)),
+    };
     if stat.kind() != Kind::Regular {
-        return Err(404);
+        return Err(NotServed::Status(404));
     }
     Ok((file, stat, "index.html".to_string()))
 }
@@ -454,15 +512,6 @@ fn os_error(e: &io::Error) -> Option<i32> {
         let inner = std::error::Error::source(e.get_ref()?)?;
         inner.downcast_ref::<io::Error>()?.raw_os_error()
     })
-}
-
-/// True when `If-Modified-Since` is a date at or after the file's
-/// modification time (to the second, as `Last-Modified` says it).
-fn not_modified(header: Option<&[u8]>, modified: SystemTime) -> bool {
-    let Some(since) = header.and_then(|h| std::str::from_utf8(h).ok()) else { return false };
-    let Ok(since) = httpdate::parse_http_date(since.trim()) else { return false };
-    let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    secs(modified) <= secs(since)
 }
 
 /// Removes the `Content-Length` line from a head.
