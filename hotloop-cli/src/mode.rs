@@ -45,7 +45,7 @@ use hotloop::signal::ShutdownSignals;
 use hotloop::Runtime;
 
 use crate::runtime_args::RuntimeArgs;
-use crate::stats_server::{Extra, ExtraFields, Kind, StatsServer};
+use crate::stats_server::{Count, Extra, ExtraFields, Kind, StatsServer};
 use crate::stop;
 
 /// A server mode: what [`run`] needs to know of it.
@@ -75,6 +75,13 @@ pub trait Mode {
     /// The stats fields the mode adds after `active_connections`, read at
     /// each scrape (on worker 0).
     fn stats(&self) -> Option<ExtraFields> {
+        None
+    }
+
+    /// The connections it accepted since start, for the stats endpoint's
+    /// connection rate, if the runtime's `accepted` does not count them
+    /// (a UDP mode's connections pass no listener); `None`: the runtime's.
+    fn accepted(&self) -> Option<Count> {
         None
     }
 
@@ -168,7 +175,8 @@ pub fn run<M: Mode>(prepare: impl FnOnce() -> io::Result<M>) -> io::Result<()> {
     let rt = args.build_runtime()?;
     let handover = args.handover()?;
     let serving_now = Arc::new(OnceLock::new());
-    let stats = stats_endpoint::<M>(&args, &rt, serving_now.clone(), mode.stats())?;
+    let stats =
+        stats_endpoint::<M>(&args, &rt, serving_now.clone(), mode.stats(), mode.accepted())?;
     let at =
         Start { rt: &rt, handover: &handover, nofile, args: &args, recv_gate: RecvGate::new() };
     let serving = mode.start(&at)?;
@@ -224,12 +232,13 @@ type Active = Arc<OnceLock<Arc<dyn Fn() -> usize + Send + Sync>>>;
 
 /// With `--stats-addr`, the stats endpoint: the runtime's counters, the
 /// mode's `active_connections` from `active` (0 until it is set), then the
-/// mode's own fields.
+/// mode's own fields; its connection rate counts `accepted` if given.
 fn stats_endpoint<M: Mode>(
     args: &RuntimeArgs,
     rt: &Runtime,
     active: Active,
     more: Option<ExtraFields>,
+    accepted: Option<Count>,
 ) -> io::Result<Option<StatsServer>> {
     let Some(addr) = &args.stats_addr else { return Ok(None) };
     let fields: ExtraFields = Arc::new(move || {
@@ -242,7 +251,7 @@ fn stats_endpoint<M: Mode>(
         fields.extend(more.as_ref().map(|f| f()).unwrap_or_default());
         fields
     });
-    StatsServer::start(addr, rt.handle().clone(), fields).map(Some)
+    StatsServer::start(addr, rt.handle().clone(), fields, accepted).map(Some)
 }
 
 /// When the process will not serve after all (it could not tell its

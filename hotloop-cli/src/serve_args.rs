@@ -68,14 +68,14 @@ pub struct ServeArgs {
     /// service owes an answer), milliseconds (0: never).
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
-    /// Header timeout (http, static; hyper over HTTP/1.1): a request head must
+    /// Header timeout (http, static; hyper over HTTP/1.1; h3): a request head must
     /// arrive whole within this long of its first byte (of the connection,
     /// for the first request; for hyper, of the end of the previous
-    /// answer), however slowly it trickles; then 408 and close (hyper
-    /// closes). Milliseconds (0: never; the idle timeout still applies).
+    /// answer; for h3, of the request's stream), however slowly it trickles; then 408 and close (hyper
+    /// closes; h3 resets the stream). Milliseconds (0: never; the idle timeout still applies).
     #[arg(long, default_value_t = 10_000)]
     pub header_timeout_ms: u64,
-    /// Send timeout (echo, http, hyper, static; quic resets the stream): close a
+    /// Send timeout (echo, http, hyper, static; quic and h3 reset the stream): close a
     /// connection when a write has made no progress for this long, because
     /// the client does not read (nginx's `send_timeout`); a shorter idle
     /// timeout closes it sooner. hyper over HTTP/2: a stream whose answer

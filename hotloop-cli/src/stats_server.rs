@@ -83,6 +83,10 @@ pub struct Extra {
 /// The fields a command adds to the snapshot, read at each scrape.
 pub type ExtraFields = Arc<dyn Fn() -> Vec<Extra> + Send + Sync>;
 
+/// Reads a count: the connections a command accepted, when the runtime's
+/// `accepted` does not see them (see [`StatsServer::start`]).
+pub type Count = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// Connection rate sampled once a second.
 #[derive(Debug, Default, Clone, Copy)]
 struct Rates {
@@ -98,14 +102,26 @@ pub struct StatsServer {
 }
 
 impl StatsServer {
-    /// Starts serving `handle`'s counters on `addr`, on worker 0 of its runtime.
-    pub fn start(addr: &str, handle: Handle, extra: ExtraFields) -> std::io::Result<StatsServer> {
+    /// Starts serving `handle`'s counters on `addr`, on worker 0 of its
+    /// runtime. The connection rate counts `accepted`'s connections if
+    /// given (a QUIC server's, which no listener accepts), else the
+    /// runtime's `accepted`.
+    pub fn start(
+        addr: &str,
+        handle: Handle,
+        extra: ExtraFields,
+        accepted: Option<Count>,
+    ) -> std::io::Result<StatsServer> {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let addr = addr.to_string();
         let (task_stop, task_handle) = (stop.clone(), handle.clone());
+        let accepted: Count = accepted.unwrap_or_else(|| {
+            let handle = handle.clone();
+            Arc::new(move || handle.stats().total.accepted)
+        });
         // The join handle is not kept: the tasks end when `stop` is set or the runtime stops.
-        drop(handle.spawn_on(0, move || serve(addr, task_handle, extra, task_stop, tx)));
+        drop(handle.spawn_on(0, move || serve(addr, task_handle, extra, accepted, task_stop, tx)));
         match rx.recv_timeout(START_TIMEOUT) {
             Ok(Ok(local)) => Ok(StatsServer { addr: local, stop }),
             Ok(Err(e)) => Err(e),
@@ -143,6 +159,7 @@ async fn serve(
     addr: String,
     handle: Handle,
     extra: ExtraFields,
+    accepted: Count,
     stop: Arc<AtomicBool>,
     started: mpsc::Sender<std::io::Result<SocketAddr>>,
 ) {
@@ -160,7 +177,7 @@ async fn serve(
         }
     };
     let rates = Rc::new(Cell::new(Rates::default()));
-    let sampler = hotloop::spawn(sample_rates(handle.clone(), rates.clone(), stop.clone()));
+    let sampler = hotloop::spawn(sample_rates(accepted, rates.clone(), stop.clone()));
     let held: Rc<RefCell<VecDeque<Held>>> = Rc::default();
     let mut scrapes = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -208,12 +225,12 @@ fn make_room(held: &RefCell<VecDeque<Held>>) -> bool {
 }
 
 /// Samples the accepted count once a second.
-async fn sample_rates(handle: Handle, rates: Rc<Cell<Rates>>, stop: Arc<AtomicBool>) {
+async fn sample_rates(accepted: Count, rates: Rc<Cell<Rates>>, stop: Arc<AtomicBool>) {
     let mut tick = interval(Duration::from_secs(1));
     tick.tick().await; // the first tick is immediate
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
-        let accepted = handle.stats().total.accepted;
+        let accepted = accepted();
         let mut r = rates.get();
         r.per_second = accepted - r.last_accepted;
         r.peak_per_second = r.peak_per_second.max(r.per_second);
@@ -370,13 +387,46 @@ fn json(handle: &Handle, fields: &[Extra]) -> String {
 /// The runtime's snapshot in the Prometheus text format, then the extra fields.
 fn prometheus(handle: &Handle, fields: &[Extra]) -> String {
     let mut text = handle.stats().to_prometheus();
+    prometheus_fields(&mut text, fields);
+    text
+}
+
+/// The extra fields in the Prometheus text format, each family with its
+/// `# HELP` (escaped: a help text may carry a group name from a
+/// configuration file) and `# TYPE`.
+fn prometheus_fields(text: &mut String, fields: &[Extra]) {
     for f in fields {
         let (name, kind) = match f.kind {
             Kind::Counter => (format!("hotloop_{}_total", f.name), "counter"),
             Kind::Gauge => (format!("hotloop_{}", f.name), "gauge"),
         };
-        let _ =
-            write!(text, "# HELP {name} {}\n# TYPE {name} {kind}\n{name} {}\n", f.help, f.value);
+        let help = escape_help(f.help);
+        let _ = write!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}\n", f.value);
     }
-    text
+}
+
+/// `# HELP` text as the exposition format wants it: backslash and newline escaped.
+fn escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A help text with a newline or a backslash (a group name from a
+    /// configuration file) stays on its line, escaped.
+    #[test]
+    fn help_texts_are_escaped() {
+        let mut text = String::new();
+        let help = "Backend 127.0.0.1:1 of group a\nb\\c.";
+        let field = Extra { name: "backend_a_b_c_0_requests", help, kind: Kind::Counter, value: 3 };
+        prometheus_fields(&mut text, &[field]);
+        assert_eq!(
+            text,
+            "# HELP hotloop_backend_a_b_c_0_requests_total Backend 127.0.0.1:1 of group a\\nb\\\\c.\n\
+             # TYPE hotloop_backend_a_b_c_0_requests_total counter\n\
+             hotloop_backend_a_b_c_0_requests_total 3\n"
+        );
+    }
 }

@@ -56,7 +56,7 @@ fn the_server_modules_import_only_downward() {
         ("stop", &["drain"]),
         ("mode", &["runtime_args", "stats_server", "stop", "drain"]),
         ("proxy", &["mode", "runtime_args", "stats_server"]),
-        ("quic", &["mode", "runtime_args", "serve_args", "tls", "drain", "stop"]),
+        ("quic", &["mode", "runtime_args", "serve_args", "tls", "stats_server", "drain", "stop"]),
         (
             "http_proxy",
             &["mode", "runtime_args", "proxy", "tls", "stats_server", "drain", "stop", "http_date"],

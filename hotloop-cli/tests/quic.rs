@@ -324,6 +324,41 @@ fn h3_requests_are_answered_and_sigterm_closes_with_no_error(driver: DriverKind)
     );
 }
 
+/// The stats endpoint counts QUIC connections, which pass no listener
+/// and so never count in the runtime's `accepted`: `quic_accepted` (and
+/// the Retry, refusal and unvalidated-handshake counts beside it), and the
+/// connection rate. Before, the endpoint said 0 connections accepted and a
+/// rate of 0 however many came.
+#[hotloop::test(driver = "all")]
+fn the_stats_count_quic_connections(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (mut p, addr, config) = serve_quic(driver, &["--stats-addr", "127.0.0.1:0"]);
+    let stats = p.addr_after("stats on ");
+    client_rt().block_on(async move {
+        let client = hotloop::quic::endpoint(localhost(), None).unwrap();
+        for _ in 0..5 {
+            let conn =
+                client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+            assert_eq!(echo_once(&conn, b"hi").await, b"hi");
+            conn.close(VarInt::from_u32(0), b"");
+        }
+        let _ = hotloop::time::timeout(Duration::from_secs(1), client.wait_idle()).await;
+    });
+    assert_eq!(common::stat(stats, "quic_accepted"), 5, "{driver}");
+    for name in ["quic_retries", "quic_refused", "quic_unvalidated_handshakes"] {
+        assert_eq!(common::stat(stats, name), 0, "{driver}: {name}");
+    }
+    // The rate is sampled once a second.
+    let rated = common::wait_until(Duration::from_secs(3), || {
+        common::stat(stats, "connection_rate_peak_per_second") > 0
+    });
+    assert!(rated, "{driver}: no connection rate");
+    let metrics = common::http_get(stats, "/metrics");
+    assert!(metrics.contains("\nhotloop_quic_accepted_total 5\n"), "{driver}: {metrics}");
+    p.signal("TERM");
+    assert!(p.wait_exit(LIMIT).expect("exit").success());
+}
+
 /// With --tls-cert and --tls-key the server uses that certificate.
 #[hotloop::test(driver = "all")]
 fn a_given_certificate_is_served(driver: DriverKind) {

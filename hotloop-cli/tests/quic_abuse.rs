@@ -429,6 +429,74 @@ fn initials(addr: SocketAddr, config: &ClientConfig) -> Vec<Vec<u8>> {
     datagrams
 }
 
+/// A client downloading 4 MiB over HTTP/3 while an Initial with no token
+/// comes from its own address (a second connection from the same socket,
+/// or one spoofed datagram): the new handshake is held to its
+/// amplification limit, the connection already there is not, and the
+/// download takes about as long as one without it. Before, the limit was
+/// the address's: every datagram to it, the download's too, was held to
+/// three times what the address sent until the new handshake ended (here
+/// its 20 s timeout), so the download crawled.
+#[hotloop::test(driver = "all")]
+fn a_handshake_from_a_connections_address_leaves_that_connection_unlimited(driver: DriverKind) {
+    const BODY_BYTES: usize = 4 << 20;
+    let body = BODY_BYTES.to_string();
+    let flags =
+        ["--body-size", &body, "--handshake-timeout-ms", "20000", "--drain-timeout-ms", "1000"];
+    let s = Server::start("h3", driver, &flags);
+    let socket = std::net::UdpSocket::bind(localhost()).unwrap();
+    // The same socket, to send the Initial from the client's own address.
+    let same = socket.try_clone().unwrap();
+    let (config, addr, stats) = (s.config.clone(), s.addr, s.stats);
+    let took = client_rt().block_on(async move {
+        let client = hotloop::quic::endpoint_on(socket, None).unwrap();
+        let conn = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+        let (mut driver, mut send) =
+            h3::client::new(h3_quinn::Connection::new(conn.clone())).await.unwrap();
+        let drive = hotloop::spawn(async move {
+            std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        });
+        let download = |send: &mut h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>| {
+            let request = http::Request::get("https://localhost/").body(()).unwrap();
+            let mut send = send.clone();
+            async move {
+                let start = Instant::now();
+                let mut stream = send.send_request(request).await.unwrap();
+                stream.finish().await.unwrap();
+                assert_eq!(stream.recv_response().await.unwrap().status(), http::StatusCode::OK);
+                let mut got = 0;
+                while let Some(chunk) = stream.recv_data().await.unwrap() {
+                    got += chunk.remaining();
+                }
+                assert_eq!(got, BODY_BYTES);
+                start.elapsed()
+            }
+        };
+        let alone = download(&mut send).await;
+        same.send_to(&initial(addr, &config), addr).unwrap();
+        let unvalidated = || common::stat(stats, "quic_unvalidated_handshakes");
+        while unvalidated() == 0 {
+            hotloop::time::sleep(Duration::from_millis(20)).await;
+        }
+        let beside = hotloop::time::timeout(Duration::from_secs(15), download(&mut send))
+            .await
+            .expect("the download did not finish within 15 s");
+        assert_eq!(unvalidated(), 1, "the handshake from the same address ended before");
+        conn.close(VarInt::from_u32(0), b"");
+        drop(drive);
+        let _ = hotloop::time::timeout(Duration::from_secs(1), client.wait_idle()).await;
+        (alone, beside)
+    });
+    eprintln!("{driver:?}: 4 MiB in {:?} alone, {:?} beside the handshake", took.0, took.1);
+    assert!(
+        took.1 < Duration::from_secs(3) + took.0 * 3,
+        "{driver:?}: 4 MiB took {:?} beside a handshake from the same address ({:?} alone)",
+        took.1,
+        took.0
+    );
+    s.stop();
+}
+
 /// `--quic-retry always`: every new address gets one Retry (smaller than
 /// its Initial) and nothing else, and a real client, which answers it, is
 /// served. `--quic-retry never --quic-unvalidated-max 10`: no Retry; past

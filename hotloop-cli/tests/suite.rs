@@ -7,6 +7,7 @@ mod common;
 mod busy_turn_deadlines;
 mod deps;
 mod help;
+mod http3;
 mod http_edges;
 mod http_proxy;
 mod hyper_deadlines;

@@ -261,6 +261,33 @@ fn sigterm_closes_idle_tls_connections_at_once(driver: DriverKind) {
     assert!(rest.is_empty(), "{rest:?}");
 }
 
+/// SIGTERM with a connection that has sent nothing (no ClientHello yet):
+/// it is closed once silent for the drain's quiet time (1 s), as an idle
+/// plain connection is, not counted as cut, and the process exits within
+/// about that, for `http` and `hyper` over TLS. Before, its handshake ran
+/// on until the handshake limit (10 s), past the drain's 5 s deadline, which
+/// cut it.
+#[hotloop::test(driver = "all")]
+fn sigterm_closes_a_silent_tls_handshake_once_quiet(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    for app in ["http", "hyper"] {
+        let (mut p, addr, _cert) = serve_tls(driver, app, &["--drain-timeout-ms", "5000"]);
+        let mut silent = TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        p.signal("TERM");
+        let status = p.wait_exit(Duration::from_secs(15)).expect("hotloop did not exit");
+        let took = start.elapsed();
+        assert!(status.success(), "{status}");
+        assert!(took < Duration::from_secs(3), "{driver} {app}: exit took {took:?}");
+        assert!(p.wait_for_line("(0 connections cut", LIMIT_LINES), "{driver} {app}: {:?}", p.seen);
+        closed_within(&mut silent, Duration::from_secs(1));
+    }
+}
+
+/// How long to wait for a line the process printed before it exited.
+const LIMIT_LINES: Duration = Duration::from_secs(5);
+
 /// The body of the answers in [`close_notify_after_a_closing_request`]:
 /// larger than the socket buffers take at once, so a reset at the
 /// server's close would throw part of it away.

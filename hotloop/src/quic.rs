@@ -43,23 +43,24 @@
 //!   address that never replies sends up to a datagram more than three
 //!   times what it received (RFC 9000 section 8 makes three times a hard
 //!   limit). [`limit_amplification`] holds the socket itself to the limit
-//!   for a peer while a handshake from it is unvalidated.
+//!   for a peer while a handshake from it is unvalidated
+//!   (`quic/amplification.rs`): the handshake's datagrams only, not those
+//!   of another connection already established from the same address.
 //! - Endpoints on the sockets of one `SO_REUSEPORT` group keep a client
 //!   whose address changes (connection migration, a NAT rebinding) on the
 //!   socket that owns its connection when started with [`group_configs`]:
 //!   connection IDs that name their socket, and a BPF program on the group
 //!   that steers by them (`quic/steer.rs`).
 
+mod amplification;
 mod steer;
 
+pub use amplification::{limit_amplification, AmplificationLimit, AMPLIFICATION_FACTOR};
 pub use steer::group_configs;
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::io::{self, IoSliceMut};
-use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -67,7 +68,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use quinn::udp::{RecvMeta as QuinnRecvMeta, Transmit as QuinnTransmit};
 use quinn::{AsyncTimer, AsyncUdpSocket, EndpointConfig, Runtime, ServerConfig, UdpPoller};
@@ -81,219 +82,6 @@ use crate::time::Sleep;
 
 /// One send error in this many is logged.
 const SEND_ERRORS_PER_LOG: u64 = 1000;
-
-/// Before a peer's address is validated a server may send it at most this
-/// many times the bytes it has received from it (RFC 9000 section 8).
-pub const AMPLIFICATION_FACTOR: u64 = 3;
-/// What a handshake's datagrams count for when its limit starts and none
-/// of them was counted (its sender fell out of [`EARLY`]): the least a
-/// server accepts a client's first datagram with (RFC 9000 section 14.1),
-/// so the count only ever errs low.
-const INITIAL_DATAGRAM_MIN_BYTES: u64 = 1200;
-/// How long a sender's early Initial bytes wait for its limit to start.
-const EARLY_KEEP: Duration = Duration::from_secs(1);
-/// The most senders whose early Initial bytes a worker keeps: a flood of
-/// Initials from new addresses holds no more (those past it count as one
-/// minimal datagram when their limit starts, as before).
-const EARLY_SENDERS_MAX: usize = 1024;
-
-/// A peer held to [`AMPLIFICATION_FACTOR`]: what it sent and was sent.
-struct Budget {
-    /// The [`AmplificationLimit`]s held for it (handshakes in progress).
-    holders: u32,
-    received: u64,
-    sent: u64,
-}
-
-/// The bytes of Initial datagrams from one sender that has no budget yet.
-struct Early {
-    received: u64,
-    /// When its first such datagram came.
-    since: Instant,
-}
-
-/// The senders of Initial datagrams whose limit has not started: their
-/// datagrams come before the accept loop takes the handshake (a
-/// ClientHello over two datagrams, often both in one receive batch), and
-/// [`limit_amplification`] starts the budget from their sum.
-#[derive(Default)]
-struct EarlySenders {
-    senders: HashMap<(SocketAddr, SocketAddr), Early>,
-    /// The last sweep of stale senders, made only once the table is full.
-    swept: Option<Instant>,
-}
-
-impl EarlySenders {
-    /// Counts `len` bytes of an Initial datagram from `key`'s sender.
-    fn note(&mut self, key: (SocketAddr, SocketAddr), len: u64) {
-        let now = Instant::now();
-        if let Some(e) = self.senders.get_mut(&key) {
-            if now.duration_since(e.since) < EARLY_KEEP {
-                e.received += len;
-            } else {
-                *e = Early { received: len, since: now };
-            }
-            return;
-        }
-        if self.senders.len() >= EARLY_SENDERS_MAX {
-            // At most one sweep a quarter of the keep time: a flood costs no
-            // scan per datagram.
-            if self.swept.is_some_and(|t| now.duration_since(t) < EARLY_KEEP / 4) {
-                return;
-            }
-            self.swept = Some(now);
-            self.senders.retain(|_, e| now.duration_since(e.since) < EARLY_KEEP);
-            if self.senders.len() >= EARLY_SENDERS_MAX {
-                return;
-            }
-        }
-        self.senders.insert(key, Early { received: len, since: now });
-    }
-
-    /// Takes what `key`'s sender sent lately, if anything was counted.
-    fn take(&mut self, key: (SocketAddr, SocketAddr)) -> Option<u64> {
-        let e = self.senders.remove(&key)?;
-        (e.since.elapsed() < EARLY_KEEP).then_some(e.received)
-    }
-}
-
-thread_local! {
-    /// The peers this worker's QUIC sockets answer under an amplification
-    /// limit, by (local address, peer address). A worker's sockets and its
-    /// accept loops run on the worker's thread, so no lock is needed; it is
-    /// empty (one check per batch) unless handshakes are unvalidated.
-    static UNVALIDATED: RefCell<HashMap<(SocketAddr, SocketAddr), Budget>> =
-        RefCell::new(HashMap::new());
-    /// Initial bytes from senders not in `UNVALIDATED` yet.
-    static EARLY: RefCell<EarlySenders> = RefCell::new(EarlySenders::default());
-}
-
-/// Whether a datagram starting with `first` starts with an Initial packet
-/// (a long header of type 0, RFC 9000 section 17.2.2; the type bits are
-/// not header-protected).
-fn starts_with_initial(first: u8) -> bool {
-    first & 0xb0 == 0x80
-}
-
-/// Holds what `endpoint` sends to one peer to [`AMPLIFICATION_FACTOR`] times
-/// what it has received from that peer until dropped (the Initial
-/// datagrams that came before are counted by their size: each worker keeps
-/// that count for up to 1,024 senders for a second; a sender not kept
-/// counts as one 1,200-byte datagram); datagrams beyond it are dropped by the
-/// socket, as a lost datagram is, and recovered by QUIC once the peer
-/// answers. Take one for a handshake whose address quinn has not validated
-/// (`Incoming::remote_address_validated`) before accepting it, and drop it
-/// when the handshake has ended either way; several for one peer share its
-/// budget.
-///
-/// quinn applies the same limit but checks it only before each datagram,
-/// and so sends up to one datagram more; this makes the limit exact.
-///
-/// Call it on the worker that runs `endpoint` (where its `accept` is
-/// awaited) and drop it there: the limits are kept per worker.
-///
-/// # Panics
-/// Outside a hotloop worker.
-pub fn limit_amplification(
-    endpoint: &quinn::Endpoint,
-    remote: SocketAddr,
-) -> io::Result<AmplificationLimit> {
-    // The limits live with the worker's sockets; a thread without them would keep one in vain.
-    current::assert_on_worker();
-    let key = (endpoint.local_addr()?, remote);
-    let early = EARLY.with(|e| e.borrow_mut().take(key));
-    UNVALIDATED.with(|t| {
-        let mut t = t.borrow_mut();
-        let b = t.entry(key).or_insert(Budget { holders: 0, received: 0, sent: 0 });
-        if b.holders == 0 {
-            // A new budget; with one already held, every datagram from the
-            // peer, this handshake's too, was counted as it came.
-            b.received += early.unwrap_or(0).max(INITIAL_DATAGRAM_MIN_BYTES);
-        }
-        b.holders += 1;
-    });
-    Ok(AmplificationLimit { key, _on_worker: PhantomData })
-}
-
-/// A peer's amplification limit, lifted when the last one for it is
-/// dropped (see [`limit_amplification`]).
-#[derive(Debug)]
-pub struct AmplificationLimit {
-    key: (SocketAddr, SocketAddr),
-    /// The limit is the worker's: it is dropped where it was taken.
-    _on_worker: PhantomData<*const ()>,
-}
-
-impl Drop for AmplificationLimit {
-    fn drop(&mut self) {
-        UNVALIDATED.with(|t| {
-            let mut t = t.borrow_mut();
-            if let Some(b) = t.get_mut(&self.key) {
-                b.holders -= 1;
-                if b.holders == 0 {
-                    t.remove(&self.key);
-                }
-            }
-        });
-    }
-}
-
-/// How many of `len` bytes to `remote` (datagrams of `segment` bytes, the
-/// last maybe shorter) may go out under its amplification limit, in whole
-/// datagrams; what goes out is charged by [`amplification_sent`].
-fn amplification_allowance(
-    local: SocketAddr,
-    remote: SocketAddr,
-    len: usize,
-    segment: Option<usize>,
-) -> usize {
-    UNVALIDATED.with(|t| {
-        let mut t = t.borrow_mut();
-        if t.is_empty() {
-            return len;
-        }
-        let Some(b) = t.get_mut(&(local, remote)) else { return len };
-        let left = (b.received * AMPLIFICATION_FACTOR).saturating_sub(b.sent);
-        if len as u64 <= left {
-            len
-        } else {
-            let segment = segment.unwrap_or(len).max(1);
-            (left as usize / segment) * segment
-        }
-    })
-}
-
-/// Charges `sent` bytes, which the kernel took, to the peer's
-/// amplification limit. Only a send that went out counts: quinn sends a
-/// transmit that met a full socket (`WouldBlock`) again, and charging each
-/// try would spend an unvalidated peer's budget on nothing.
-fn amplification_sent(local: SocketAddr, remote: SocketAddr, sent: usize) {
-    UNVALIDATED.with(|t| {
-        let mut t = t.borrow_mut();
-        if let Some(b) = t.get_mut(&(local, remote)) {
-            b.sent += sent as u64;
-        }
-    });
-}
-
-/// Counts received datagrams (`got`, in `bufs`) towards their senders'
-/// amplification limits, or, for an Initial from a sender with no limit
-/// yet, in [`EARLY`] for the limit its handshake may take.
-fn amplification_received(local: SocketAddr, got: &[RecvMeta], bufs: &[IoSliceMut<'_>]) {
-    UNVALIDATED.with(|t| {
-        let mut t = t.borrow_mut();
-        for (m, buf) in got.iter().zip(bufs) {
-            let budget = if t.is_empty() { None } else { t.get_mut(&(local, m.addr)) };
-            match budget {
-                Some(b) => b.received += m.len as u64,
-                None if buf.first().is_some_and(|&b| starts_with_initial(b)) => {
-                    EARLY.with(|e| e.borrow_mut().note((local, m.addr), m.len as u64));
-                }
-                None => {}
-            }
-        }
-    });
-}
 
 /// Binds a UDP socket for QUIC on the calling worker ([`UdpOptions::quic`]:
 /// `SO_REUSEPORT`, GRO, ECN, destination addresses, don't-fragment) and
@@ -687,12 +475,13 @@ impl AsyncUdpSocket for QuicSocket {
     }
 
     fn try_send(&self, t: &QuinnTransmit<'_>) -> io::Result<()> {
-        let allowed = amplification_allowance(
+        let limit = amplification::transmit_allowance(
             self.local_addr,
             t.destination,
-            t.contents.len(),
+            t.contents,
             t.segment_size,
         );
+        let (allowed, held) = (limit.unwrap_or(t.contents.len()), limit.is_some());
         if allowed == 0 {
             // Over the peer's amplification limit: lost, as far as quinn knows.
             return Ok(());
@@ -708,7 +497,9 @@ impl AsyncUdpSocket for QuicSocket {
         };
         match self.socket.get().try_send_msg(&transmit) {
             Ok(()) => {
-                amplification_sent(self.local_addr, t.destination, allowed);
+                if held {
+                    amplification::amplification_sent(self.local_addr, t.destination, allowed);
+                }
                 Ok(())
             }
             Err(e)
@@ -766,7 +557,7 @@ impl AsyncUdpSocket for QuicSocket {
         let n = meta.len().min(BATCH_DATAGRAMS_MAX);
         let received =
             std::task::ready!(self.socket.get().poll_recv_msgs(cx, bufs, &mut got[..n]))?;
-        amplification_received(self.local_addr, &got[..received], bufs);
+        amplification::amplification_received(self.local_addr, &got[..received], bufs);
         for (out, m) in meta.iter_mut().zip(&got[..received]) {
             *out = QuinnRecvMeta {
                 addr: m.addr,
@@ -823,48 +614,5 @@ impl UdpPoller for WritePoller {
             this.waiting = None;
         }
         ready
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A transmit quinn asks to send again after the socket was full is
-    /// charged once, when it goes out.
-    #[test]
-    fn a_send_retried_after_a_full_socket_is_charged_once() {
-        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let remote: SocketAddr = "127.0.0.1:2".parse().unwrap();
-        UNVALIDATED.with(|t| {
-            t.borrow_mut().insert((local, remote), Budget { holders: 1, received: 1_200, sent: 0 })
-        });
-        // Three times 1,200 may go out; the same 1,200 met a full socket twice.
-        for _ in 0..3 {
-            assert_eq!(amplification_allowance(local, remote, 1_200, None), 1_200);
-        }
-        amplification_sent(local, remote, 1_200);
-        assert_eq!(amplification_allowance(local, remote, 3_600, Some(1_200)), 2_400);
-        UNVALIDATED.with(|t| t.borrow_mut().clear());
-    }
-
-    /// A sender's Initial datagrams that came before its limit are summed
-    /// for it, once; the table of such senders stays bounded.
-    #[test]
-    fn early_initials_are_summed_and_bounded() {
-        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let remote: SocketAddr = "127.0.0.1:2".parse().unwrap();
-        let mut early = EarlySenders::default();
-        early.note((local, remote), 1_250);
-        early.note((local, remote), 1_300);
-        assert_eq!(early.take((local, remote)), Some(2_550));
-        assert_eq!(early.take((local, remote)), None);
-        for port in 0..EARLY_SENDERS_MAX + 10 {
-            early.note((local, SocketAddr::new(remote.ip(), port as u16)), 1_200);
-        }
-        assert_eq!(early.senders.len(), EARLY_SENDERS_MAX);
-        assert!(
-            starts_with_initial(0xc3) && !starts_with_initial(0xe3) && !starts_with_initial(0x43)
-        );
     }
 }

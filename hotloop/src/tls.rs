@@ -35,9 +35,9 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use rustls;
 use rustls::pki_types::pem::PemObject;
@@ -133,6 +133,10 @@ pub struct CertReloader {
     key: PathBuf,
     provider: Arc<rustls::crypto::CryptoProvider>,
     current: RwLock<Arc<CertifiedKey>>,
+    /// Held by a reload from its read of the files to its store: of two
+    /// reloads at once, the one that read the older files could otherwise
+    /// store last, and the older certificate would stay.
+    reloading: Mutex<()>,
 }
 
 impl CertReloader {
@@ -145,14 +149,22 @@ impl CertReloader {
         let (cert, key) = (cert.as_ref().to_path_buf(), key.as_ref().to_path_buf());
         let provider = provider();
         let current = RwLock::new(Arc::new(certified_key(&cert, &key, &provider)?));
-        Ok(Arc::new(CertReloader { cert, key, provider, current }))
+        Ok(Arc::new(CertReloader { cert, key, provider, current, reloading: Mutex::new(()) }))
     }
 
     /// Reads both files again. On success new handshakes use them; on an
     /// error (logged, and counted in `tls_reload_failures`) the previous
-    /// certificate stays in use.
+    /// certificate stays in use. Reloads from several threads at once
+    /// run one after the other, so the last to start installs what the
+    /// files held last.
     pub fn reload(&self) -> io::Result<()> {
-        match certified_key(&self.cert, &self.key, &self.provider) {
+        self.reload_from(|| certified_key(&self.cert, &self.key, &self.provider))
+    }
+
+    /// [`Self::reload`] with what `read` makes of the files.
+    fn reload_from(&self, read: impl FnOnce() -> io::Result<CertifiedKey>) -> io::Result<()> {
+        let _one_at_a_time = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        match read() {
             Ok(fresh) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
                 count_event(&LIFECYCLE.tls_reloads, 1);
@@ -294,9 +306,34 @@ impl TlsAcceptor {
     /// here) stayed in every idle TLS connection's memory long after the
     /// handshake ended; `Handshake` is 1.3 KB.
     pub fn accept(&self, stream: TcpStream) -> impl Future<Output = io::Result<ServerTlsStream>> {
+        self.handshake(stream, None)
+    }
+
+    /// [`accept`](Self::accept) for a connection of a server that may
+    /// stop ([`serve_tls_with_stop`] uses it): once `stop` says the server
+    /// is stopping, a handshake whose client has sent nothing for the
+    /// drain's quiet time ([`StopSignal::idle_close_after`]; counted from
+    /// the connection's start if it never sent a byte) fails with
+    /// `ErrorKind::ConnectionAborted`, as a keep-alive connection idle
+    /// that long is closed. Before, such a connection (a client that
+    /// connected and stayed silent) held the drain until the handshake
+    /// limit, or was cut at the drain's deadline. A client that is
+    /// sending goes on within the limit.
+    pub fn accept_with_stop(
+        &self,
+        stream: TcpStream,
+        stop: &StopSignal,
+    ) -> impl Future<Output = io::Result<ServerTlsStream>> {
+        self.handshake(stream, Some(stop.clone()))
+    }
+
+    fn handshake(&self, stream: TcpStream, stop: Option<StopSignal>) -> Handshake {
+        let limit = crate::time::sleep(self.handshake_timeout);
         Handshake {
+            deadline: limit.deadline(),
             accept: tokio_rustls::TlsAcceptor::from(self.config.clone()).accept(stream),
-            limit: crate::time::sleep(self.handshake_timeout),
+            limit,
+            stop,
         }
     }
 }
@@ -311,21 +348,82 @@ impl std::fmt::Debug for TlsAcceptor {
 }
 
 /// A server handshake within its time limit: [`TlsAcceptor::accept`]'s
-/// future, the handshake and its timer side by side.
+/// future, the handshake and its timer side by side. While its server
+/// stops, the timer also wakes it to look whether the client is still
+/// sending ([`TlsAcceptor::accept_with_stop`]).
 struct Handshake {
     accept: tokio_rustls::Accept<TcpStream>,
+    /// At `deadline`, or sooner for the next look during a stop.
     limit: crate::time::Sleep,
+    /// The handshake's time limit.
+    deadline: Instant,
+    stop: Option<StopSignal>,
+}
+
+impl Handshake {
+    /// During a stop: `None` if the client has sent nothing for the
+    /// drain's quiet time (nothing waits in the socket, and the kernel's
+    /// last data from it, which counts bytes rustls or io_uring have taken
+    /// already, is that old; where the kernel cannot say, the socket alone
+    /// decides), else how long until the next look.
+    fn quiet_left(&self, quiet: Duration) -> Option<Duration> {
+        let Some(stream) = self.accept.get_ref() else { return Some(quiet) };
+        let probe = stream.input_probe();
+        if probe.pending().unwrap_or(false) {
+            return Some(quiet);
+        }
+        match probe.since_data_received() {
+            Ok(since) if since < quiet => Some(quiet - since),
+            _ => None,
+        }
+    }
+
+    /// Looks at a stopping server's client (see [`Self::quiet_left`]):
+    /// false if the handshake should end now, else the timer is set for
+    /// the next look (or the limit, if sooner).
+    fn look(&mut self) -> bool {
+        let quiet = self.stop.as_ref().and_then(StopSignal::idle_close_after);
+        // No quiet time: the drain closes no idle connection before its deadline.
+        let wait = match quiet {
+            Some(quiet) => match self.quiet_left(quiet) {
+                Some(wait) => wait,
+                None => return false,
+            },
+            None => Duration::MAX,
+        };
+        let next =
+            crate::time::now().checked_add(wait).map_or(self.deadline, |t| t.min(self.deadline));
+        self.limit.reset(next);
+        true
+    }
 }
 
 impl Future for Handshake {
     type Output = io::Result<ServerTlsStream>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Poll::Ready(done) = Pin::new(&mut self.accept).poll(cx) {
+        let this = &mut *self;
+        if let Poll::Ready(done) = Pin::new(&mut this.accept).poll(cx) {
             return Poll::Ready(done);
         }
-        let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out");
-        Pin::new(&mut self.limit).poll(cx).map(|()| Err(timed_out()))
+        let aborted =
+            || io::Error::new(io::ErrorKind::ConnectionAborted, "server stopping, client silent");
+        // The stop wakes every task of the worker: the first poll after it
+        // looks at once (the timer still at the limit says no look yet).
+        let stopping = this.stop.as_ref().is_some_and(StopSignal::is_stopping);
+        if stopping && this.limit.deadline() >= this.deadline && !this.look() {
+            return Poll::Ready(Err(aborted()));
+        }
+        loop {
+            std::task::ready!(Pin::new(&mut this.limit).poll(cx));
+            if this.limit.deadline() >= this.deadline {
+                let timed_out = io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out");
+                return Poll::Ready(Err(timed_out));
+            }
+            if !this.look() {
+                return Poll::Ready(Err(aborted()));
+            }
+        }
     }
 }
 
@@ -451,8 +549,9 @@ where
         let acceptor = acceptor.clone();
         let handler = handler.clone();
         async move {
-            // A failed or timed-out handshake just ends this connection.
-            if let Ok(tls) = acceptor.accept(stream).await {
+            // A failed or timed-out handshake just ends this connection, and
+            // so does a silent one when the server stops.
+            if let Ok(tls) = acceptor.accept_with_stop(stream, &stop).await {
                 handler(tls, stop).await;
             }
         }
@@ -468,6 +567,60 @@ mod tests {
     /// Every TLS connection's task is at least as large as its handshake
     /// state, long after the handshake: the handshake holds the TLS stream
     /// once, beside its timer (3,856 bytes through `time::timeout`).
+    /// Two reloads at once: the first has read the files (the older
+    /// certificate) and not stored it yet when the second, which reads
+    /// the newer, starts. The second waits for the first and stores last.
+    /// Before, it stored first, and the first then put the older
+    /// certificate back.
+    #[test]
+    fn concurrent_reloads_leave_the_newer_certificate() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+
+        let dir = std::env::temp_dir().join(format!("hotloop-reload-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let made = |name: &str| rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+        let first = made("first.test");
+        std::fs::write(&cert, first.cert.pem()).unwrap();
+        std::fs::write(&key, first.key_pair.serialize_pem()).unwrap();
+        let certs = CertReloader::from_pem_files(&cert, &key).unwrap();
+        let (older, newer) = (made("older.test"), made("newer.test"));
+        let key_of = |c: &rcgen::CertifiedKey| {
+            let der = PrivateKeyDer::Pkcs8(c.key_pair.serialize_der().into());
+            let chain = vec![c.cert.der().clone()];
+            CertifiedKey::from_der(chain, der, &certs.provider).unwrap()
+        };
+        let (older_key, newer_key) = (key_of(&older), key_of(&newer));
+
+        let (read_tx, read_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let c = &*certs;
+        std::thread::scope(|scope| {
+            let a = scope.spawn(move || {
+                c.reload_from(move || {
+                    read_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ok(older_key)
+                })
+            });
+            read_rx.recv().unwrap();
+            let (done_tx, done_rx) = mpsc::channel();
+            let b = scope.spawn(move || {
+                let r = c.reload_from(|| Ok(newer_key));
+                let _ = done_tx.send(());
+                r
+            });
+            // Unserialised, the second reload is done within this wait.
+            let _ = done_rx.recv_timeout(Duration::from_millis(300));
+            go_tx.send(()).unwrap();
+            a.join().unwrap().unwrap();
+            b.join().unwrap().unwrap();
+        });
+        assert_eq!(certs.current().cert[0], *newer.cert.der());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_handshake_holds_its_stream_once() {
         let stream = size_of::<ServerTlsStream>();

@@ -195,7 +195,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     let err =
         |span: Option<Range<usize>>, reason: String| ConfigError { line: line_of(span), reason };
     let root = doc.as_table();
-    let mut groups = Vec::new();
+    let mut groups: Vec<GroupConfig> = Vec::new();
     let mut routes_item = None;
     for (key, item) in root.iter() {
         match key {
@@ -207,6 +207,19 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
                     let gt = g.as_table().ok_or_else(|| {
                         err(g.span(), format!("groups.{name}: must be a table, `[groups.{name}]`"))
                     })?;
+                    let metric = metric_name(name);
+                    if let Some(other) = groups.iter().find(|o| metric_name(&o.name) == metric) {
+                        let span = table.get_key_value(name).and_then(|(k, _)| k.span());
+                        return Err(err(
+                            span.or_else(|| gt.span()),
+                            format!(
+                                "groups.{name}: its metrics would be those of group `{}` \
+                                 (`hotloop_backend_{metric}_...`): group names must differ \
+                                 in more than the characters other than ASCII letters and digits",
+                                other.name
+                            ),
+                        ));
+                    }
                     groups.push(group(name, gt, &err)?);
                 }
             }
@@ -242,6 +255,14 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
         }
     }
     Ok(Config { groups, routes })
+}
+
+/// A group name as it appears in its backends' metric names: each
+/// character other than an ASCII letter or digit becomes `_`. No two
+/// groups may share one ([`parse`] refuses them): their metrics would be
+/// the same families twice.
+pub fn metric_name(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
 type Err<'a> = dyn Fn(Option<Range<usize>>, String) -> ConfigError + 'a;
@@ -723,6 +744,22 @@ group = "web"
             let e = parse(&text).unwrap_err();
             assert_eq!(e.line, 4, "{host}: {e:?}");
         }
+    }
+
+    /// Two groups whose names differ only where a metric name cannot
+    /// (`api-v1`, `api_v1`) would give the same metric families twice, an
+    /// exposition Prometheus rejects: refused, at the second group's line.
+    #[test]
+    fn groups_whose_metric_names_collide_are_refused() {
+        let text = "[groups.api-v1]\nbackends = [\"127.0.0.1:1\"]\n\n[groups.api_v1]\nbackends = [\"127.0.0.1:2\"]\n[[routes]]\ngroup = \"api-v1\"\n";
+        let e = parse(text).unwrap_err();
+        assert_eq!(e.line, 4, "{e:?}");
+        assert!(e.reason.contains("groups.api_v1") && e.reason.contains("`api-v1`"), "{e:?}");
+        let text = "[groups.\"caf\\u00e9\"]\nbackends = [\"127.0.0.1:1\"]\n[groups.\"caf\\u00e8\"]\nbackends = [\"127.0.0.1:2\"]\n[[routes]]\ngroup = \"caf\\u00e9\"\n";
+        assert_eq!(parse(text).unwrap_err().line, 3);
+        let text = "[groups.api-v1]\nbackends = [\"127.0.0.1:1\"]\n[groups.api-v2]\nbackends = [\"127.0.0.1:2\"]\n[[routes]]\ngroup = \"api-v1\"\n";
+        assert!(parse(text).is_ok());
+        assert_eq!(metric_name("api-v1.eu"), "api_v1_eu");
     }
 
     #[test]

@@ -224,16 +224,11 @@ fn backend_names(shared: &Shared) -> Vec<(&'static str, &'static str)> {
         .map(|(id, b)| {
             let g = &shared.groups[b.group];
             let index = id - shared.members[b.group].start;
-            let prefix = format!("backend_{}_{index}", sanitize(&g.name));
+            let prefix = format!("backend_{}_{index}", config::metric_name(&g.name));
             let help = format!("Backend {} of group {}.", b.addr, g.name);
             (&*Box::leak(prefix.into_boxed_str()), &*Box::leak(help.into_boxed_str()))
         })
         .collect()
-}
-
-/// A group name as it may appear in a metric's name.
-fn sanitize(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
 /// Starts the active health checks (on worker 0) and each worker's pool sweeper.

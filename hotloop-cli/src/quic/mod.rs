@@ -99,6 +99,7 @@ use settings::{CLOSE_STOPPING, CLOSE_STOPPING_H3, CLOSE_UPGRADING_REASON, MAXCON
 use crate::mode::{Endpoints, Mode, Serving, Start};
 use crate::runtime_args::RuntimeArgs;
 use crate::serve_args::{millis_or_never, App, ServeArgs};
+use crate::stats_server::{Count, Extra, ExtraFields, Kind};
 use crate::stop;
 
 /// After closing the endpoints, how long to let their close packets go out.
@@ -138,6 +139,7 @@ impl Quic {
             proto,
             work_us: args.work_us,
             send_timeout: millis_or_never(args.send_timeout_ms),
+            header_timeout: millis_or_never(args.header_timeout_ms),
             handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
             retry: args.quic.quic_retry,
             unvalidated_max: args.quic.quic_unvalidated_max,
@@ -208,6 +210,40 @@ impl Mode for Quic {
 
     fn notes(&self) -> Vec<String> {
         vec![self.note.clone()]
+    }
+
+    /// The mode's counters: QUIC connections pass no listener, so the
+    /// runtime's `accepted` never counts them.
+    fn stats(&self) -> Option<ExtraFields> {
+        let s = self.settings.clone();
+        Some(Arc::new(move || {
+            let counter = |name, help, value: &AtomicU64| Extra {
+                name,
+                help,
+                kind: Kind::Counter,
+                value: value.load(Ordering::Relaxed),
+            };
+            vec![
+                counter(
+                    "quic_accepted",
+                    "QUIC connections accepted (handshakes let in).",
+                    &s.accepted,
+                ),
+                counter("quic_retries", "Retry packets sent to unvalidated addresses.", &s.retries),
+                counter("quic_refused", "QUIC connection attempts refused.", &s.refused),
+                Extra {
+                    name: "quic_unvalidated_handshakes",
+                    help: "Handshakes in progress from addresses not validated yet.",
+                    kind: Kind::Gauge,
+                    value: s.unvalidated.load(Ordering::Relaxed) as u64,
+                },
+            ]
+        }))
+    }
+
+    fn accepted(&self) -> Option<Count> {
+        let s = self.settings.clone();
+        Some(Arc::new(move || s.accepted.load(Ordering::Relaxed)))
     }
 
     fn status(&self, _: &Runtime, open: usize) -> String {

@@ -51,6 +51,8 @@ pub(super) struct Settings {
     pub(super) proto: Proto,
     pub(super) work_us: u64,
     pub(super) send_timeout: Option<Duration>,
+    /// How long an HTTP/3 request's HEADERS may take after its stream opened.
+    pub(super) header_timeout: Option<Duration>,
     pub(super) handshake_timeout: Duration,
     pub(super) retry: RetryPolicy,
     pub(super) unvalidated_max: usize,
