@@ -1667,24 +1667,27 @@ fn a_borrow_cancelled_by_its_client_keeps_the_connection(driver: DriverKind) {
 
 // ------------------------------------- a client that never opens its window
 
-/// An HTTP/2 client that gives the proxy no flow-control window
-/// (`INITIAL_WINDOW_SIZE` 0, no `WINDOW_UPDATE`) and opens `streams`
-/// streams, with a PING every 200 ms so the connection is never idle.
-/// Returns how long each stream took to be reset (`None`: not within 10 s),
-/// and whether `settled` came true within 3 s after that, the connection
-/// still open and pinging.
+/// An HTTP/2 client that gives the proxy `window` bytes of flow-control
+/// window per stream (`INITIAL_WINDOW_SIZE`, no `WINDOW_UPDATE`) and opens
+/// `streams` streams, with a PING every 200 ms. Returns how long each
+/// stream took to be reset (`None`: not within 10 s), and whether
+/// `settled` came true within 3 s after that, the connection still open
+/// and pinging.
 pub(crate) fn windowless_h2_client(
     addr: SocketAddr,
+    window: u32,
     streams: u32,
     settled: impl FnMut() -> bool,
 ) -> (Vec<Option<Duration>>, bool) {
     let mut r = TcpStream::connect(addr).unwrap();
     r.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let w = Arc::new(Mutex::new(r.try_clone().unwrap()));
-    // The preface, SETTINGS with SETTINGS_INITIAL_WINDOW_SIZE (4) of 0,
-    // then the requests.
+    // The preface, SETTINGS with SETTINGS_INITIAL_WINDOW_SIZE (4) of
+    // `window`, then the requests.
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend_from_slice(&h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    let mut settings = vec![0, 4];
+    settings.extend_from_slice(&window.to_be_bytes());
+    out.extend_from_slice(&h2_frame(4, 0, 0, &settings));
     let mut raw = RawH2 { s: r.try_clone().unwrap(), next_stream: 1 };
     for _ in 0..streams {
         out.extend_from_slice(&raw.request().1);
@@ -1751,7 +1754,7 @@ fn a_stream_the_client_gives_no_window_is_reset_at_the_send_timeout(driver: Driv
     let config = format!("[groups.g]\nbackends = [\"{}\"]\n", a.addr());
     let (_p, addr, st) =
         with_config(driver, &config, &["--workers", "1", "--send-timeout-ms", "500"]);
-    let (reset, closed) = windowless_h2_client(addr, 4, || stat(st, "backend_g_0_open") == 0);
+    let (reset, closed) = windowless_h2_client(addr, 0, 4, || stat(st, "backend_g_0_open") == 0);
     let open = stat(st, "backend_g_0_open");
     for (i, took) in reset.iter().enumerate() {
         let took = took.unwrap_or_else(|| {
@@ -1784,4 +1787,144 @@ fn the_idle_timeout_waits_while_the_backend_owes_the_answer(driver: DriverKind) 
     let waited = idle.elapsed();
     assert!(waited > Duration::from_millis(700) && waited < Duration::from_secs(4), "{waited:?}");
     assert_eq!(h2.join().unwrap(), b"late");
+}
+
+/// A client that gives one byte of flow-control window per stream: hyper
+/// took the backend's whole answer (one chunk) as soon as that byte was
+/// there and ended the stream's task, and h2 held the rest with no
+/// deadline, for good. The answer's last byte is now held back until the
+/// rest is sent, so the stream waits for window as any other, and is
+/// reset at the send timeout.
+#[hotloop::test(driver = "all")]
+fn a_stream_the_client_gives_one_byte_of_window_is_reset_at_the_send_timeout(driver: DriverKind) {
+    // Small enough to come in one chunk.
+    let body = "x".repeat(1000);
+    let a = Backend::start(move |_| Reply::ok(&body));
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\n", a.addr());
+    let (_p, addr, _) =
+        with_config(driver, &config, &["--workers", "1", "--send-timeout-ms", "500"]);
+    let (reset, _) = windowless_h2_client(addr, 1, 4, || true);
+    for (i, took) in reset.iter().enumerate() {
+        let took = took.unwrap_or_else(|| panic!("stream {} not reset", 2 * i + 1));
+        assert!(took < Duration::from_secs(4), "stream {} reset after {took:?}", 2 * i + 1);
+    }
+    assert_eq!(a.seen().len(), 4);
+}
+
+/// Reads what comes within `wait`: the types of the whole frames read (taken
+/// out of `buf`), and whether the connection ended.
+fn h2_frames_within(s: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) -> (Vec<u8>, bool) {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut chunk = [0u8; 16 * 1024];
+    let ended = match s.read(&mut chunk) {
+        Ok(0) => true,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            false
+        }
+        Err(e) => {
+            !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+        }
+    };
+    let mut types = Vec::new();
+    while buf.len() >= 9 {
+        let len = u32::from_be_bytes([0, buf[0], buf[1], buf[2]]) as usize;
+        if buf.len() < 9 + len {
+            break;
+        }
+        types.push(buf[3]);
+        buf.drain(..9 + len);
+    }
+    (types, ended)
+}
+
+/// An HTTP/2 upload that stalls after its first bytes while the client
+/// sends a PING every 200 ms: the PINGs are no progress, so the idle
+/// timeout ends the connection (GOAWAY, then the cut), and the backend
+/// connection busy with the upload closes. Before, every byte read moved
+/// the idle clock, and the PINGs held both for good.
+#[hotloop::test(driver = "all")]
+fn a_stalled_upload_kept_up_by_pings_ends_at_the_idle_timeout(driver: DriverKind) {
+    let a = Backend::named("a");
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\n", a.addr());
+    let (_p, addr, st) =
+        with_config(driver, &config, &["--workers", "1", "--idle-timeout-ms", "500"]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&h2_frame(4, 0, 0, &[]));
+    // POST / to host t (END_HEADERS, no END_STREAM), then ten bytes of body.
+    out.extend_from_slice(&h2_frame(1, 0x4, 1, &[0x83, 0x86, 0x84, 0x01, 0x01, b't']));
+    out.extend_from_slice(&h2_frame(0, 0, 1, b"0123456789"));
+    s.write_all(&out).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(3), || stat(st, "backend_g_0_open") == 1),
+        "the upload never reached the backend"
+    );
+    let started = Instant::now();
+    let (mut buf, mut goaway) = (Vec::new(), false);
+    let ended = loop {
+        if started.elapsed() > Duration::from_secs(6) {
+            break false;
+        }
+        let _ = s.write_all(&h2_frame(6, 0, 0, &[7; 8]));
+        let (types, ended) = h2_frames_within(&mut s, &mut buf, Duration::from_millis(200));
+        goaway |= types.contains(&7);
+        if ended {
+            break true;
+        }
+    };
+    let took = started.elapsed();
+    assert!(ended && goaway, "after {took:?}: ended {ended}, GOAWAY {goaway}");
+    assert!(took < Duration::from_secs(4), "ended after {took:?}");
+    assert!(
+        wait_until(Duration::from_secs(3), || stat(st, "backend_g_0_open") == 0),
+        "the backend connection busy with the upload is still open"
+    );
+}
+
+/// HTTP/2 rapid reset after accept: a client opens 100 streams, waits for
+/// the proxy to take them to the backend, resets them and opens 100 more,
+/// again and again, ignoring the GOAWAY. It is sent a GOAWAY and cut after
+/// a few hundred streams, and the backend saw about as many connections.
+/// Before, only streams reset before hyper accepted them were bounded (by
+/// h2), and each stream cost the backend a connection without end.
+#[hotloop::test(driver = "all")]
+fn a_client_that_resets_every_stream_costs_the_backend_little(driver: DriverKind) {
+    let a = Backend::start(|_| Reply { delay: Duration::from_secs(3), ..Reply::ok("late") });
+    let config = format!("[groups.g]\nbackends = [\"{}\"]\n", a.addr());
+    let (_p, addr, _) = with_config(driver, &config, &["--workers", "1"]);
+    let mut raw = RawH2::connect(addr);
+    let (mut buf, mut goaway_at, mut ended) = (Vec::new(), None, false);
+    let mut opened = Vec::new();
+    let started = Instant::now();
+    while raw.next_stream < 2 * 2000 && !ended && started.elapsed() < Duration::from_secs(30) {
+        let mut out = Vec::new();
+        for id in opened.drain(..) {
+            out.extend_from_slice(&h2_frame(3, 0, id, &8u32.to_be_bytes()));
+        }
+        for _ in 0..100 {
+            let (id, frame) = raw.request();
+            out.extend_from_slice(&frame);
+            opened.push(id);
+        }
+        if raw.s.write_all(&out).is_err() {
+            break;
+        }
+        // Long enough for the proxy to accept them (h2 bounds streams reset
+        // before that itself).
+        let until = Instant::now() + Duration::from_millis(50);
+        while Instant::now() < until && !ended {
+            let (types, end) = h2_frames_within(&mut raw.s, &mut buf, Duration::from_millis(10));
+            if types.contains(&7) && goaway_at.is_none() {
+                goaway_at = Some(raw.next_stream / 2);
+            }
+            ended = end;
+        }
+    }
+    let sent = raw.next_stream / 2;
+    let accepts = a.accepts.load(SeqCst);
+    let goaway_at =
+        goaway_at.unwrap_or_else(|| panic!("no GOAWAY after {sent} streams ({accepts} accepted)"));
+    assert!(goaway_at < 1000, "GOAWAY after {goaway_at} streams");
+    assert!(accepts < 700, "the backend accepted {accepts} connections for {sent} streams");
 }

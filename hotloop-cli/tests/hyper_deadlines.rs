@@ -238,7 +238,28 @@ fn a_stream_the_client_gives_no_window_is_reset_at_the_send_timeout(driver: Driv
     let driver = common::driver_arg(driver);
     let extra = ["--body-size", "1048576", "--send-timeout-ms", "500"];
     let (_p, addr, _stats, _) = start(driver, false, &extra);
-    let (reset, _) = crate::http_proxy::windowless_h2_client(addr, 4, || true);
+    let (reset, _) = crate::http_proxy::windowless_h2_client(addr, 0, 4, || true);
+    for (i, took) in reset.iter().enumerate() {
+        let took = took.unwrap_or_else(|| panic!("{driver}: stream {} not reset", 2 * i + 1));
+        assert!(
+            took < Duration::from_secs(4),
+            "{driver}: stream {} reset after {took:?}",
+            2 * i + 1
+        );
+    }
+}
+
+/// An HTTP/2 client that gives one byte of flow-control window per stream
+/// and pings every 200 ms: hyper took each 1 MiB answer whole as soon as
+/// that byte was there and ended the stream's task, and h2 held the rest
+/// with no deadline, for good. The answer's last byte is now held back
+/// until the rest is sent, so each stream is reset at the send timeout.
+#[hotloop::test(driver = "all")]
+fn a_stream_the_client_gives_one_byte_of_window_is_reset_at_the_send_timeout(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let extra = ["--body-size", "1048576", "--send-timeout-ms", "500"];
+    let (_p, addr, _stats, _) = start(driver, false, &extra);
+    let (reset, _) = crate::http_proxy::windowless_h2_client(addr, 1, 4, || true);
     for (i, took) in reset.iter().enumerate() {
         let took = took.unwrap_or_else(|| panic!("{driver}: stream {} not reset", 2 * i + 1));
         assert!(

@@ -36,6 +36,8 @@ mod handover;
 #[cfg(feature = "hyper")]
 mod hyper;
 #[cfg(feature = "hyper")]
+mod hyper_abuse;
+#[cfg(feature = "hyper")]
 mod hyper_release;
 mod into_std;
 mod join_handle_send;

@@ -114,6 +114,7 @@ impl Mode for HttpProxy {
             send_timeout: millis_or_never(args.send_timeout_ms),
             header_timeout: millis_or_never(args.header_timeout_ms),
             idle_release: Some(HyperOptions::IDLE_RELEASE_DEFAULT),
+            ..HyperOptions::default()
         };
         let service_shared = self.shared.clone();
         let make_service = move |peer| {

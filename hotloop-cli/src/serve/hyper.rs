@@ -57,6 +57,7 @@ impl TcpApp for Hyper {
             send_timeout: millis_or_never(self.send_timeout_ms),
             header_timeout: self.settings.header_timeout,
             idle_release: Some(HyperOptions::IDLE_RELEASE_DEFAULT),
+            ..HyperOptions::default()
         };
         match tls {
             None => serve_hyper(rt, addr, options, make_service),

@@ -30,6 +30,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ use hyper::{Request, Response};
 use super::deadline::{
     Deadlines, Expiry, HeadTimer, Polling, Progress, Socket, Stamp, TimedIo, Watch, LINGER,
 };
+use super::frames::H2Io;
+use super::limits::{Limits, Overrun};
 use super::rt::HotloopTimer;
 use super::stream::{Answers, StreamExecutor, Streams};
 use super::tracked::{Rewind, Tracked};
@@ -62,7 +65,7 @@ enum Protocol {
 type Io<I> = Rewind<TimedIo<I>>;
 
 /// hyper's HTTP/2 connection as served here.
-type Http2<I, T> = http2::Connection<Io<I>, Answers<T>, StreamExecutor>;
+type Http2<I, T> = http2::Connection<Rewind<H2Io<I>>, Answers<T>, StreamExecutor>;
 
 /// Where a connection is.
 enum Phase<I: Socket, T: HttpService<Incoming>>
@@ -107,6 +110,7 @@ pub(super) fn serve_connection<I, S, B>(
     service: S,
     stop: StopSignal,
     deadlines: Deadlines,
+    limits: Arc<Limits>,
 ) -> ServeConnection<I, S>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Socket + Unpin + 'static,
@@ -132,6 +136,7 @@ where
         progress,
         watch: Watch::new(),
         deadlines,
+        limits,
         told: false,
         hyper_told: false,
         released: false,
@@ -151,6 +156,7 @@ where
     progress: Rc<Progress>,
     watch: Watch,
     deadlines: Deadlines,
+    limits: Arc<Limits>,
     /// A probe of the socket, for a peek at what waits in it while hyper
     /// holds the stream.
     probe: crate::net::InputProbe,
@@ -220,6 +226,21 @@ where
             this.progress.set_stop_pending(this.told && !this.hyper_told);
             if this.drive(cx).is_ready() {
                 return Poll::Ready(());
+            }
+            match this.stream_overrun() {
+                Some(Overrun::Cut) => {
+                    this.progress.cut.set(true);
+                    this.phase = Phase::Done;
+                    return Poll::Ready(());
+                }
+                Some(Overrun::GoAway) if !this.hyper_told => {
+                    this.finish();
+                    continue;
+                }
+                _ => {}
+            }
+            if this.progress.upgrade_unused() {
+                this.forget_upgrade();
             }
             if this.told && this.finish_on_stop() {
                 continue;
@@ -375,21 +396,40 @@ where
         true
     }
 
+    /// HTTP/2: whether the connection's streams are past a limit of
+    /// [`Limits`].
+    fn stream_overrun(&self) -> Option<Overrun> {
+        match &self.phase {
+            Phase::Http2(_, streams) => self.limits.overrun(streams),
+            _ => None,
+        }
+    }
+
+    /// A request offered an upgrade was answered without one: its entry in
+    /// the worker's table goes now rather than with the connection, so the
+    /// table holds only the upgrades being answered (`curl` offers `h2c`
+    /// with every request over `http://`, and a connection may live long).
+    #[cold]
+    fn forget_upgrade(&mut self) {
+        if super::upgrade::forget_unrun(Rc::as_ptr(&self.progress) as usize) {
+            self.progress.set_upgrade(false);
+        }
+    }
+
     /// Builds hyper's state for a parked connection, handing it the bytes
     /// read so far.
     fn build(&mut self) {
         let Phase::Parked(parked) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return;
         };
-        let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
         self.phase = match parked.protocol {
             Some(Protocol::Http2) => {
                 self.progress.set_http2();
+                let io = H2Io::new(parked.io, &parked.prefix);
+                let io = Rewind { io, prefix: Bytes::from(parked.prefix) };
                 let streams = Streams::default();
-                let mut builder = http2::Builder::new(StreamExecutor::new(
-                    streams.clone(),
-                    self.deadlines.send(),
-                ));
+                let mut builder =
+                    self.limits.http2(StreamExecutor::new(streams.clone(), self.deadlines.send()));
                 builder.timer(HotloopTimer);
                 let mut conn = Box::pin(builder.serve_connection(io, Answers(parked.service)));
                 if self.told {
@@ -409,7 +449,9 @@ where
                 // `half_close` lets a client that ends its side after a
                 // request get its answer, and keeps hyper from reading while
                 // it answers, which `Progress::between_requests` relies on.
+                let io = Rewind { io: parked.io, prefix: Bytes::from(parked.prefix) };
                 let mut builder = http1::Builder::new();
+                self.limits.http1(&mut builder);
                 // A stopping server's answer is the connection's last.
                 self.hyper_told = self.told;
                 builder
@@ -634,14 +676,15 @@ mod size_tests {
     /// bytes against 2,096 over plain TCP), and hyper's state is boxed,
     /// so a connection without it holds little besides its stream. (216:
     /// the input probe, which holds an io_uring socket weakly so a direct
-    /// one gets no descriptor per connection, took 8 more than a number.)
+    /// one gets no descriptor per connection, took 8 more than a number;
+    /// 224: the server's limits, shared, 8 more.)
     #[test]
     fn a_connection_holds_its_stream_once_and_hypers_state_boxed() {
         let tls = size_of::<ServeConnection<crate::tls::ServerTlsStream, Empty>>();
         let plain = size_of::<ServeConnection<TcpStream, Empty>>();
         let stream = size_of::<crate::tls::ServerTlsStream>() - size_of::<TcpStream>();
         assert!(tls <= plain + stream + 64, "over TLS {tls} B, plain {plain} B, stream {stream} B");
-        assert!(plain <= 216, "plain {plain} B");
+        assert!(plain <= 224, "plain {plain} B");
         assert!(size_of::<Progress>() <= 32, "{} B", size_of::<Progress>());
     }
 }

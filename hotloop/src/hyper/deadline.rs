@@ -216,7 +216,8 @@ const OWED: u8 = 32;
 /// What a connection's I/O and its service record (see the module notes),
 /// in the loop's clock.
 pub(super) struct Progress {
-    /// When a byte last moved either way.
+    /// When a byte last moved either way; on HTTP/2, a byte of a stream's
+    /// frame (PINGs and the like keep no connection from being idle).
     moved: Cell<Stamp>,
     /// Since when a write (or a flush) has been waiting, while one is.
     write_waiting: Cell<Stamp>,
@@ -269,6 +270,14 @@ impl Progress {
     /// be an upgrade).
     pub(super) fn upgrade(&self) -> bool {
         self.ends.get() & UPGRADE != 0
+    }
+
+    /// Whether an upgrade was offered and the request's answer has begun
+    /// without the service asking for it to run (a request without a body:
+    /// one with a body may have been sent `100 Continue`, which is no
+    /// answer).
+    pub(super) fn upgrade_unused(&self) -> bool {
+        self.upgrade() && !self.unanswered.get() && !self.bodied.get()
     }
 
     /// Sets or clears [`Progress::upgrade`].
@@ -368,15 +377,25 @@ impl Progress {
 
     /// Records the outcome of a read. A write that waits still waits: a
     /// client that sends and does not read is still bounded by the send
-    /// timeout.
+    /// timeout. On HTTP/2 bytes read are not progress by themselves: only
+    /// a stream's frames are ([`Progress::stream_moved`]).
     #[inline]
-    fn read(&self, poll: &Poll<std::io::Result<()>>, got: bool) {
+    pub(super) fn read(&self, poll: &Poll<std::io::Result<()>>, got: bool) {
         self.read_waiting.set(poll.is_pending());
         if got {
-            self.moved.set(Stamp::now());
+            if self.ends.get() & HTTP2 == 0 {
+                self.moved.set(Stamp::now());
+            }
         } else if matches!(poll, Poll::Ready(Ok(()))) {
             self.ends.set(self.ends.get() | ENDED);
         }
+    }
+
+    /// HTTP/2: a frame of a stream's request or answer passed (see
+    /// `frames.rs`): the connection is not idle.
+    #[inline]
+    pub(super) fn stream_moved(&self) {
+        self.moved.set(Stamp::now());
     }
 
     /// The service took a request; `bodied` if a body follows its head.
@@ -406,7 +425,7 @@ impl Progress {
         (by != Stamp::NONE).then_some(by)
     }
 
-    /// When a byte last moved either way.
+    /// When a byte last moved either way (see [`Progress::moved`]'s field).
     pub(super) fn last_moved(&self) -> Stamp {
         self.moved.get()
     }
@@ -423,10 +442,21 @@ impl Progress {
         (since != Stamp::NONE).then_some(since)
     }
 
-    /// A write (or a flush) moved bytes.
+    /// Bytes moved (the start of a lingering close, a read it dropped).
     #[inline]
     fn moved(&self) {
         self.moved.set(Stamp::now());
+        self.write_waiting.set(Stamp::NONE);
+    }
+
+    /// A write (or a flush) moved bytes: no write waits. On HTTP/2 that is
+    /// not progress by itself (a PING's answer, a SETTINGS acknowledgement):
+    /// only a stream's frames are ([`Progress::stream_moved`]).
+    #[inline]
+    fn wrote_some(&self) {
+        if self.ends.get() & HTTP2 == 0 {
+            self.moved.set(Stamp::now());
+        }
         self.write_waiting.set(Stamp::NONE);
     }
 
@@ -444,7 +474,7 @@ impl Progress {
             Poll::Pending => self.waiting(),
             Poll::Ready(Ok(n)) if *n > 0 => {
                 self.unanswered.set(false);
-                self.moved();
+                self.wrote_some();
             }
             Poll::Ready(_) => {}
         }
@@ -462,7 +492,7 @@ impl Progress {
             }
             Poll::Ready(result) => {
                 if self.flush_waited.replace(false) && result.is_ok() {
-                    self.moved();
+                    self.wrote_some();
                 }
             }
         }

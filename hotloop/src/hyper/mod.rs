@@ -9,9 +9,12 @@
 //! `serve_hyper_tls` does the same over rustls, with ALPN.
 //!
 //! [`serve_hyper`] bounds every connection by the deadlines of
-//! [`HyperOptions`]: nothing moved either way for the idle timeout, a
-//! write stalled for the send timeout (a client that does not read), and,
-//! for HTTP/1.1, hyper's own header-read timeout. A client that ends its
+//! [`HyperOptions`]: nothing moved either way for the idle timeout (on
+//! HTTP/2, no frame of a stream: PINGs do not count), a write stalled for
+//! the send timeout (a client that does not read), and, for HTTP/1.1,
+//! hyper's own header-read timeout; and by its limits: hyper's buffers,
+//! HTTP/2's concurrent streams and send buffer per stream, and the streams
+//! one HTTP/2 connection may start or have reset. A client that ends its
 //! side after a request (a TCP half-close, or a TLS close_notify) still
 //! gets its answer.
 //!
@@ -26,12 +29,23 @@
 //!   has waited, and the connection's one timer reads that record when it
 //!   fires. A read moves the idle clock but not a waiting write's: a
 //!   client that keeps sending and never reads still meets the send
-//!   timeout.
+//!   timeout. On HTTP/2 only a stream's frames move it (`frames.rs` reads
+//!   the frame headers as they pass): a client could otherwise keep a
+//!   connection, and a stalled request body on it, open for good with a
+//!   PING now and then.
 //! - The idle timeout does not run while the service owes an answer and
 //!   nothing waits on the client; an HTTP/2 stream whose answer waits for
 //!   flow-control window for the send timeout is reset (`stream.rs`: each
 //!   stream's task is wrapped by the connection's executor, and the
-//!   answer's body tells it when hyper takes a frame).
+//!   answer's body tells it when hyper takes a frame). The body holds its
+//!   last byte back until the rest is sent, so the end of an answer waits
+//!   for window under that deadline too (hyper would hand h2 the whole
+//!   last chunk and end the stream's task).
+//! - An HTTP/2 connection that has started
+//!   [`HyperOptions::http2_max_requests`] streams, or whose client has
+//!   reset [`HyperOptions::http2_max_client_resets`] of them before their
+//!   answer, is sent `GOAWAY`, and cut if it goes on opening streams
+//!   (`limits.rs`, counted by the stream tasks).
 //! - An HTTP/1.1 connection that sits between requests gives hyper's
 //!   buffers back ([`HyperOptions::idle_release`], `connection.rs`), so an
 //!   idle connection costs about what its socket and task do.
@@ -60,6 +74,8 @@
 
 mod connection;
 mod deadline;
+mod frames;
+mod limits;
 mod panic;
 mod rt;
 mod stream;
@@ -67,6 +83,7 @@ mod tracked;
 mod upgrade;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
@@ -76,6 +93,7 @@ use hyper::{Request, Response};
 use self::connection::serve_connection;
 use self::deadline::Deadlines;
 pub use self::deadline::IDLE_CLOSE_GRACE;
+use self::limits::Limits;
 use self::panic::CatchPanic;
 pub use self::rt::{HotloopExecutor, HotloopTimer, HyperIo, HyperSleep};
 pub use self::upgrade::{OnUpgrade, Upgraded};
@@ -99,7 +117,9 @@ pub struct HyperOptions {
     pub server: ServerOptions,
     /// Close a connection on which no byte has moved either way for this
     /// long while it waits on its client: for the next request, the rest
-    /// of one, or a client that does not read its answer. HTTP/1.1
+    /// of one, or a client that does not read its answer. On HTTP/2 only
+    /// the frames of a stream (`HEADERS`, `CONTINUATION`, `DATA`) count,
+    /// not the connection's own (a PING and its answer). HTTP/1.1
     /// connections are closed (at once if no request is open), HTTP/2 ones
     /// are sent a GOAWAY, and either is cut [`IDLE_CLOSE_GRACE`] later if
     /// it has not ended. It does not run while the service owes an answer
@@ -112,7 +132,9 @@ pub struct HyperOptions {
     /// shorter idle timeout cuts it sooner. HTTP/2: a stream whose answer
     /// has more to give and of which hyper has taken nothing for this
     /// long, because the client gives it no flow-control window, is reset
-    /// (`RST_STREAM`) and its body dropped. `None`: never. Default: 60 s.
+    /// (`RST_STREAM`) and its body dropped; the answer's end counts (its
+    /// last byte is handed to hyper only after the rest). `None`: never.
+    /// Default: 60 s.
     pub send_timeout: Option<Duration>,
     /// HTTP/1.1: hyper's header-read timeout. A request head must arrive
     /// whole within this long of the start of its read (for a kept-alive
@@ -128,6 +150,45 @@ pub struct HyperOptions {
     /// long, so a client that keeps sending pays for no rebuild. `None`:
     /// never release. Default: 500 ms.
     pub idle_release: Option<Duration>,
+    /// HTTP/1.1: the most hyper buffers for one connection, its read
+    /// buffer and what it queues to write. A request head must fit in it:
+    /// a larger one is answered `431 Request Header Fields Too Large` and
+    /// the connection closed (nginx reads a head into 1 KiB and four 8 KiB
+    /// buffers at most, haproxy into 16 KiB). At least 8 KiB (less counts
+    /// as 8 KiB). Default: 64 KiB (hyper's own: about 400 KiB).
+    pub http1_max_buf_size: usize,
+    /// HTTP/2: the streams a client may have open at once
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`). Default: 128 (hyper's: 200).
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2: how much of one stream's answer hyper takes from the
+    /// service ahead of what the client has read (h2's send buffer, per
+    /// stream). With the concurrent streams it bounds what a client that
+    /// reads nothing makes the server hold: 8 MiB per connection by
+    /// default. Default: 64 KiB (hyper's: 400 KiB).
+    pub http2_max_send_buf_size: usize,
+    /// HTTP/2: the flow-control window each stream's request body is
+    /// given (`SETTINGS_INITIAL_WINDOW_SIZE`), at most 2^31 - 1.
+    /// Default: 1 MiB (hyper's).
+    pub http2_initial_stream_window: u32,
+    /// HTTP/2: the flow-control window of a connection's request bodies
+    /// together, at most 2^31 - 1. Default: 1 MiB (hyper's).
+    pub http2_initial_connection_window: u32,
+    /// HTTP/2: the streams one connection may start. Past this many it is
+    /// sent `GOAWAY` (its open streams finish; the client opens a new
+    /// connection for more), as nginx's `keepalive_requests`; one that
+    /// starts [`HyperOptions::http2_max_concurrent_streams`] more anyway
+    /// is cut. `None`: no limit. Default: 1000.
+    pub http2_max_requests: Option<u32>,
+    /// HTTP/2: the streams the client may reset (`RST_STREAM`) on one
+    /// connection before their answer was handed whole. Past this many it
+    /// is sent `GOAWAY` and cut as for
+    /// [`HyperOptions::http2_max_requests`]: each such stream cost the
+    /// service a request (a proxy a backend exchange) that the client
+    /// threw away, and a client that resets every stream it opens (a
+    /// rapid reset) would otherwise have it do that without end. h2
+    /// itself bounds only the streams reset before they are accepted.
+    /// `None`: no limit. Default: 200.
+    pub http2_max_client_resets: Option<u32>,
 }
 
 impl HyperOptions {
@@ -139,6 +200,18 @@ impl HyperOptions {
     pub const HEADER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
     /// The default release time of an idle HTTP/1.1 connection's hyper state.
     pub const IDLE_RELEASE_DEFAULT: Duration = Duration::from_millis(500);
+    /// The default HTTP/1.1 buffer limit.
+    pub const HTTP1_MAX_BUF_SIZE_DEFAULT: usize = 64 * 1024;
+    /// The default limit of concurrent HTTP/2 streams.
+    pub const HTTP2_MAX_CONCURRENT_STREAMS_DEFAULT: u32 = 128;
+    /// The default HTTP/2 send buffer per stream.
+    pub const HTTP2_MAX_SEND_BUF_SIZE_DEFAULT: usize = 64 * 1024;
+    /// The default HTTP/2 flow-control windows (stream and connection).
+    pub const HTTP2_INITIAL_WINDOW_DEFAULT: u32 = 1024 * 1024;
+    /// The default limit of streams per HTTP/2 connection.
+    pub const HTTP2_MAX_REQUESTS_DEFAULT: u32 = 1000;
+    /// The default limit of streams an HTTP/2 client may reset.
+    pub const HTTP2_MAX_CLIENT_RESETS_DEFAULT: u32 = 200;
 }
 
 impl Default for HyperOptions {
@@ -149,6 +222,13 @@ impl Default for HyperOptions {
             send_timeout: Some(Self::SEND_TIMEOUT_DEFAULT),
             header_timeout: Some(Self::HEADER_TIMEOUT_DEFAULT),
             idle_release: Some(Self::IDLE_RELEASE_DEFAULT),
+            http1_max_buf_size: Self::HTTP1_MAX_BUF_SIZE_DEFAULT,
+            http2_max_concurrent_streams: Self::HTTP2_MAX_CONCURRENT_STREAMS_DEFAULT,
+            http2_max_send_buf_size: Self::HTTP2_MAX_SEND_BUF_SIZE_DEFAULT,
+            http2_initial_stream_window: Self::HTTP2_INITIAL_WINDOW_DEFAULT,
+            http2_initial_connection_window: Self::HTTP2_INITIAL_WINDOW_DEFAULT,
+            http2_max_requests: Some(Self::HTTP2_MAX_REQUESTS_DEFAULT),
+            http2_max_client_resets: Some(Self::HTTP2_MAX_CLIENT_RESETS_DEFAULT),
         }
     }
 }
@@ -251,9 +331,10 @@ where
     let handle = handle.as_ref();
     let options = options.into();
     let deadlines = Deadlines::from(&options);
+    let limits = Arc::new(Limits::from(&options));
     serve_with_stop(handle, addr, options.server, move |stream: TcpStream, stop| {
         let service = make_service(&stream);
-        serve_connection(stream, CatchPanic::new(service), stop, deadlines)
+        serve_connection(stream, CatchPanic::new(service), stop, deadlines, limits.clone())
     })
 }
 
@@ -329,8 +410,9 @@ where
     let acceptor = acceptor.with_default_alpn(&[ALPN_H2, ALPN_HTTP11]);
     let options = options.into();
     let deadlines = Deadlines::from(&options);
+    let limits = Arc::new(Limits::from(&options));
     crate::tls::serve_tls_with_stop(handle, addr, options.server, acceptor, move |tls, stop| {
         let service = make_service(tls.get_ref().0);
-        serve_connection(tls, CatchPanic::new(service), stop, deadlines)
+        serve_connection(tls, CatchPanic::new(service), stop, deadlines, limits.clone())
     })
 }

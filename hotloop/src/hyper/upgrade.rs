@@ -20,7 +20,13 @@
 //!   worker that serves the connection. [`OnUpgrade::run`] must be called
 //!   on that worker (from the service's future, as services are run);
 //!   called anywhere else it gives the function back.
-//! - The entry is removed when the upgrade runs or the connection ends.
+//! - The entry is removed when the upgrade runs, when the request's
+//!   answer begins without the service having asked for it to run (an
+//!   answer other than `101`: a request without a body is answered once
+//!   its first byte is written), or when the connection ends. So the
+//!   table holds only the upgrades being answered, not one entry for
+//!   every connection whose client once offered one (`curl` offers `h2c`
+//!   with every request over `http://`).
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -39,7 +45,7 @@ pub(super) type Start = Box<dyn FnOnce(Upgraded) -> Tunnel>;
 
 thread_local! {
     /// This worker's registered upgrades, by connection key (a few at most:
-    /// one per connection whose answer is being chosen).
+    /// one per connection whose upgrade request is being answered).
     static STARTS: RefCell<Vec<(usize, Option<Start>)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -91,6 +97,22 @@ pub(super) fn take(key: usize) -> Option<Start> {
         let mut s = s.borrow_mut();
         let at = s.iter().position(|(k, _)| *k == key)?;
         s.swap_remove(at).1
+    })
+}
+
+/// Forgets connection `key`'s offer unless the service asked for its
+/// upgrade to run; true if no entry is left.
+pub(super) fn forget_unrun(key: usize) -> bool {
+    STARTS.with(|s| {
+        let mut s = s.borrow_mut();
+        match s.iter().position(|(k, _)| *k == key) {
+            Some(at) if s[at].1.is_none() => {
+                s.swap_remove(at);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        }
     })
 }
 
@@ -185,5 +207,95 @@ impl tokio::io::AsyncWrite for Upgraded {
     /// Shuts the write side only: the client may go on sending.
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         self.io.shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    use hyper::service::service_fn;
+
+    use super::*;
+
+    /// The drivers to run on: io_uring too where it can run.
+    fn drivers() -> Vec<crate::DriverKind> {
+        let mut drivers = vec![crate::DriverKind::Epoll];
+        if !crate::__private::skip_uring_test() {
+            drivers.push(crate::DriverKind::Uring);
+        }
+        drivers
+    }
+
+    /// Reads one answer (a head with `Content-Length`, and its body).
+    fn answer(s: &mut std::net::TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).unwrap();
+            got.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        let len: usize = head
+            .split("content-length: ")
+            .nth(1)
+            .and_then(|v| v.split("\r\n").next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+        got.extend(body);
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// Twenty kept-alive connections each send three requests offering an
+    /// upgrade (`curl` offers `h2c` so over `http://`) that are answered
+    /// 200: the worker's table of offers is empty once they are answered.
+    /// Before, each connection kept its entry until it closed, and every
+    /// offer scanned them all.
+    #[test]
+    fn offers_answered_without_an_upgrade_leave_no_entry() {
+        for driver in drivers() {
+            let rt = crate::Runtime::builder().workers(1).driver(driver).build().unwrap();
+            let server = crate::hyper::serve_hyper(
+                rt.handle(),
+                "127.0.0.1:0",
+                crate::net::ListenerOptions::default(),
+                || {
+                    service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            "no upgrade".to_string(),
+                        ))
+                    })
+                },
+            )
+            .unwrap();
+            let mut clients: Vec<_> = (0..20)
+                .map(|_| {
+                    let s = std::net::TcpStream::connect(server.local_addr()).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    s
+                })
+                .collect();
+            for _ in 0..3 {
+                for s in &mut clients {
+                    s.write_all(
+                        b"GET / HTTP/1.1\r\nHost: t\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+                          Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
+                    )
+                    .unwrap();
+                    let got = answer(s);
+                    assert!(got.starts_with("HTTP/1.1 200"), "{driver:?}: {got}");
+                }
+            }
+            let entries = rt
+                .handle()
+                .spawn_on(0, || async { STARTS.with(|s| s.borrow().len()) })
+                .join()
+                .unwrap();
+            assert_eq!(entries, 0, "{driver:?}: entries left for 20 kept-alive connections");
+            drop(clients);
+        }
     }
 }
