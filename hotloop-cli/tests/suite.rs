@@ -4,6 +4,7 @@
 //! `tests/common` holds the helpers they share.
 mod common;
 
+mod busy_connection;
 mod busy_turn_deadlines;
 mod deps;
 mod help;

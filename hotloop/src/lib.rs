@@ -54,6 +54,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod buf;
+mod coop;
 mod driver;
 pub mod fs;
 #[cfg(feature = "hyper")]

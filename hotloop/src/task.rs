@@ -6,8 +6,12 @@
 //! [`spawn`] under tokio's name for a `!Send` task. [`run_local`] runs
 //! hotloop I/O from code that must be `Send` (an axum handler) and gives
 //! its result back as a `Send` future. [`task_local!`](macro@crate::task_local)
-//! declares task-local keys ([`LocalKey`]).
+//! declares task-local keys ([`LocalKey`]). Each poll of a task may make
+//! 128 I/O operations that complete without waiting before the next one
+//! gives way to the worker's other tasks; [`unconstrained`] lifts that
+//! budget for one future.
 
+pub use crate::coop::{unconstrained, Unconstrained};
 pub use crate::runtime::{
     run_local, spawn, spawn_blocking, wake_all, yield_now, AbortHandle, JoinError, JoinHandle,
     JoinSet, RemoteJoinHandle, RunLocal,

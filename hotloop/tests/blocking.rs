@@ -202,6 +202,37 @@ fn the_wait_for_running_jobs_is_bounded(driver: DriverKind) {
     drop(end);
 }
 
+/// A job whose result panics when dropped, its handle dropped first (so
+/// the pool thread drops the result), takes neither the thread's place in
+/// the pool nor the running count with it: the next job runs with one
+/// thread allowed, and dropping the runtime does not wait its shutdown
+/// bound for a job long gone.
+#[hotloop::test(driver = "all")]
+fn a_result_that_panics_when_dropped_leaves_the_pool_working(driver: DriverKind) {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("a blocking job's result panicked when dropped");
+        }
+    }
+    let rt = Runtime::builder().workers(1).driver(driver).max_blocking_threads(1).build().unwrap();
+    let next = rt.block_on(async {
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+        // The job returns only once its handle is gone: the result's last
+        // holder is then the pool thread.
+        drop(spawn_blocking(move || {
+            let _ = dropped_rx.recv();
+            Bomb
+        }));
+        dropped_tx.send(()).unwrap();
+        timeout(Duration::from_secs(1), spawn_blocking(|| 1)).await
+    });
+    assert_eq!(next.expect("the next job did not run within 1 s").unwrap(), 1);
+    let start = Instant::now();
+    drop(rt);
+    assert!(start.elapsed() < Duration::from_secs(1), "the drop took {:?}", start.elapsed());
+}
+
 #[test]
 fn handle_spawn_blocking_from_any_thread() {
     let rt = Runtime::builder().workers(1).build().unwrap();

@@ -330,9 +330,33 @@ where
         });
         let _ = done_tx.send(());
     });
-    done_rx
-        .recv_timeout(REAL_LIMIT)
-        .expect("the paused clock never moved on after the blocking job ended");
+    done_rx.recv_timeout(REAL_LIMIT).expect("the paused clock never moved on: the worker hung");
+}
+
+/// An advance as far as the clock goes (`Duration::MAX`) stops at the
+/// clock's end, where every deadline is due: the timers filed before it
+/// fire, and sleeps made after it complete at once, as does a sleep to an
+/// instant past the end on a clock that jumps there. (The clock used to
+/// saturate past the last tick it could reach, and the paused worker spun
+/// for good on a timer it could never fire.)
+#[hotloop::test(driver = "all")]
+fn an_advance_to_the_end_of_the_clock_leaves_every_timer_due(driver: hotloop::DriverKind) {
+    const MILLENNIUM: Duration = Duration::from_secs(86_400 * 365 * 1000);
+    within_limit(driver, 1, |_| async {
+        let filed = hotloop::spawn(sleep(Duration::from_secs(3600)));
+        hotloop::yield_now().await; // the sleep is filed
+        advance(Duration::MAX).await;
+        assert!(filed.is_finished(), "the timer filed before the advance fired");
+        let end = now();
+        sleep(Duration::from_secs(1)).await;
+        sleep(Duration::MAX).await;
+        hotloop::time::sleep_until(end + MILLENNIUM).await;
+        advance(Duration::MAX).await;
+        assert_eq!(now(), end, "the clock stays at its end");
+    });
+    within_limit(driver, 1, |_| async {
+        hotloop::time::sleep_until(now() + MILLENNIUM).await;
+    });
 }
 
 /// A blocking job whose handle was dropped holds the paused clock while it

@@ -19,6 +19,7 @@ mod busy_poll;
 mod cert_reload;
 #[cfg(all(feature = "tokio-io", feature = "futures-io"))]
 mod compat;
+mod coop;
 mod cross_runtime;
 mod defaults;
 mod docs;

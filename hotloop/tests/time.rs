@@ -22,6 +22,23 @@ async fn sleep_never_fires_early() {
     }
 }
 
+/// `is_elapsed` says what the next poll does: both judge the deadline
+/// by the loop's time of this turn (and the clock, within a tick of it).
+/// By the clock alone, a sleep 5 ms past the turn's reading read as
+/// elapsed once the task had blocked for 10 ms, while its poll was still
+/// pending until the next turn.
+#[hotloop::test(driver = "all")]
+async fn is_elapsed_agrees_with_the_next_poll() {
+    let mut nap = std::pin::pin!(sleep(Duration::from_millis(5)));
+    // No loop turn in between: the turn's reading stays where it was.
+    std::thread::sleep(Duration::from_millis(10));
+    let elapsed = nap.is_elapsed();
+    let ready =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(nap.as_mut().poll(cx).is_ready())).await;
+    assert_eq!(elapsed, ready, "is_elapsed() said {elapsed}, the poll was ready: {ready}");
+    nap.await;
+}
+
 #[hotloop::test(driver = "all")]
 async fn timeout_elapses_or_passes_the_value() {
     let start = Instant::now();

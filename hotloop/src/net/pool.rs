@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 pub use crate::buf::pool::POOLED_BUFFER_BYTES;
 use crate::buf::pool::{give, lend, take};
 use crate::buf::PooledBuf;
+use crate::coop;
 
 use crate::driver::StreamSource;
 
@@ -50,20 +51,30 @@ impl Future for ReadPooled<'_> {
             // On epoll, a socket that the last read drained waits for an
             // edge first instead of making a read that would fail.
             if src.may_read_now() {
+                // A read that completes takes a unit of the task's budget;
+                // with none left, none is made (`coop.rs`).
+                std::task::ready!(coop::poll_proceed(cx));
                 let mut buf = take();
                 match src.try_recv_into(&mut buf) {
-                    Ok(_) => return Poll::Ready(Ok(lend(buf))),
+                    Ok(_) => {
+                        coop::spend();
+                        return Poll::Ready(Ok(lend(buf)));
+                    }
                     Err(e) => {
                         give(buf);
                         match e.kind() {
                             io::ErrorKind::WouldBlock => {}
                             io::ErrorKind::Interrupted => continue,
-                            _ => return Poll::Ready(Err(e)),
+                            _ => {
+                                coop::spend();
+                                return Poll::Ready(Err(e));
+                            }
                         }
                     }
                 }
             }
-            std::task::ready!(src.poll_readable(cx))?;
+            // The wait is not charged: the read after it is.
+            std::task::ready!(coop::exempt(|| src.poll_readable(cx)))?;
         }
     }
 }

@@ -121,6 +121,10 @@ impl UnixDatagram {
         mut f: impl FnMut(&std::os::unix::net::UnixDatagram) -> io::Result<R>,
     ) -> io::Result<R> {
         loop {
+            // Each try takes a unit of the task's budget, made only while
+            // one is left (`coop.rs`): a peer that floods the socket does
+            // not hold the worker.
+            crate::coop::step().await;
             match self.std(&mut f) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -138,6 +142,8 @@ impl UnixDatagram {
     ) -> io::Result<R> {
         let mut refused = 0u32;
         loop {
+            // As a read's try (see `read_with`).
+            crate::coop::step().await;
             match self.std(&mut f) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -23,6 +23,9 @@
 //!   none with `Runtime::shutdown_background`), so a stuck call cannot
 //!   hang `Runtime::drop` for good.
 //! - Panics inside a job are caught and returned as `JoinError::Panicked`.
+//!   A panic in a destructor the pool thread runs after (a result whose
+//!   handle was dropped is dropped there) is caught too: the thread goes
+//!   on, and its counts stay right even if it unwinds.
 //! - A worker whose paused clock waits for the pool's jobs (see
 //!   `time/paused.rs`) may have nothing else to wake it when the last one
 //!   ends (a job whose handle was dropped, one awaited on another worker,
@@ -269,6 +272,8 @@ impl Inner {
 
     /// A pool thread: take jobs until none comes for `keep_alive`, or shutdown.
     fn run(self: Arc<Self>) {
+        // Declared before the lock's guard, so dropped after it.
+        let mut thread = ThreadCounted { pool: &self, counted: true };
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(job) = st.queue.pop_front() {
@@ -276,12 +281,20 @@ impl Inner {
                 self.stats.running.fetch_add(1, Relaxed);
                 st.running += 1;
                 drop(st);
-                job(&self);
-                st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.running -= 1;
-                if st.running == 0 && st.shutdown {
-                    self.finished.notify_all();
+                {
+                    let _running = JobCounted(&self);
+                    // The job catches its closure's panic; what it does not
+                    // is a destructor that runs here: the result's, when its
+                    // handle was dropped (this job holds its last reference),
+                    // or the waker's. The thread carries on either way.
+                    if catch_unwind(AssertUnwindSafe(|| job(&self))).is_err() {
+                        crate::log::warn(format_args!(
+                            "a blocking job's result or waker panicked when dropped; the pool \
+                             thread carries on"
+                        ));
+                    }
                 }
+                st = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 continue;
             }
             if st.shutdown {
@@ -301,7 +314,45 @@ impl Inner {
                 }
             }
         }
+        // Under the lock that saw nothing to do: a job queued after it
+        // finds this thread gone and starts another.
         st.threads -= 1;
         self.stats.threads.fetch_sub(1, Relaxed);
+        thread.counted = false;
+    }
+}
+
+/// A running job's place in the counts, given back when it returns, also
+/// by unwinding: a count never taken back made shutdown wait its whole
+/// bound for a job long gone.
+struct JobCounted<'a>(&'a Inner);
+
+impl Drop for JobCounted<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.running -= 1;
+        if st.running == 0 && st.shutdown {
+            self.0.finished.notify_all();
+        }
+    }
+}
+
+/// A pool thread's place in the counts, given back if the thread unwinds
+/// (its normal end gives it back itself): a thread counted after it died
+/// kept the pool from starting another, and at `max_blocking_threads`
+/// such deaths no queued job ran.
+struct ThreadCounted<'a> {
+    pool: &'a Inner,
+    /// False once the thread gave its place back.
+    counted: bool,
+}
+
+impl Drop for ThreadCounted<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            let mut st = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.threads -= 1;
+            self.pool.stats.threads.fetch_sub(1, Relaxed);
+        }
     }
 }

@@ -240,9 +240,17 @@ pub(crate) struct Clock {
 }
 
 impl Clock {
-    /// The latest tick a timer is filed at: about 146 million years, far
-    /// enough to mean "never" while keeping tick arithmetic from wrapping.
-    pub(crate) const TICK_MAX: u64 = u64::MAX >> 12;
+    /// The latest tick a timer is filed at, and the clock's last: the
+    /// last whose start the clock's count of nanoseconds holds (about 584
+    /// years), far enough to mean "never". A timer is never filed past a
+    /// tick the clock can reach, so a paused clock that jumps to it fires
+    /// it (a timer past its reach kept a paused worker spinning for good).
+    pub(crate) const TICK_MAX: u64 = u64::MAX / NANOS_PER_MILLI;
+
+    /// The clock's end, in nanoseconds since its start: the start of
+    /// [`Clock::TICK_MAX`]. The time stops there, however far it is moved
+    /// (`advance(Duration::MAX)`), and every deadline is due there.
+    const END_NS: u64 = Self::TICK_MAX * NANOS_PER_MILLI;
 
     pub(crate) fn new() -> Self {
         let base = Instant::now();
@@ -276,7 +284,7 @@ impl Clock {
         if self.paused.get() {
             return self.now_ns.get();
         }
-        let ns = self.real_ns().saturating_add(self.offset_ns.get());
+        let ns = self.real_ns().saturating_add(self.offset_ns.get()).min(Self::END_NS);
         self.now_ns.set(ns);
         self.now.set(None);
         ns
@@ -333,11 +341,12 @@ impl Clock {
     }
 
     /// Moves the clock `by` forward: the paused time, or, running, the
-    /// offset from the system clock.
+    /// offset from the system clock; at most to the clock's end, where
+    /// every timer is due.
     pub(crate) fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         if self.paused.get() {
-            let ns = self.now_ns.get().saturating_add(by);
+            let ns = self.now_ns.get().saturating_add(by).min(Self::END_NS);
             self.now_ns.set(ns);
             self.now.set(None);
         } else {
@@ -346,9 +355,10 @@ impl Clock {
         }
     }
 
-    /// Moves a paused clock to the start of `tick`, if that is later.
+    /// Moves a paused clock to the start of `tick`, if that is later (at
+    /// most to the clock's end).
     pub(crate) fn advance_to_tick(&self, tick: u64) {
-        let ns = tick.saturating_mul(NANOS_PER_MILLI);
+        let ns = tick.min(Self::TICK_MAX) * NANOS_PER_MILLI;
         if self.paused.get() && ns > self.now_ns.get() {
             self.now_ns.set(ns);
             self.now.set(None);
@@ -359,6 +369,12 @@ impl Clock {
     /// (rounds down).
     pub(crate) fn tick_now(&self) -> u64 {
         self.now_ns.get() / NANOS_PER_MILLI
+    }
+
+    /// True once the clock stands at its end (moved there by an advance):
+    /// every deadline, even one past the end, is due.
+    pub(crate) fn at_end(&self) -> bool {
+        self.now_ns.get() >= Self::END_NS
     }
 
     /// The time `tick` begins on `CLOCK_MONOTONIC`, in nanoseconds: the

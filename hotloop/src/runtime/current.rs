@@ -303,6 +303,13 @@ impl Timers<'_> {
         self.cx.clock.deadline_base()
     }
 
+    /// True once the clock stands at its end (an advance moved it as far
+    /// as it goes): every deadline is due.
+    #[inline]
+    pub(crate) fn clock_at_end(&self) -> bool {
+        self.cx.clock.at_end()
+    }
+
     /// The wheel's tick for `deadline`: the first at or after it, so a
     /// timer never fires early.
     #[inline]

@@ -161,8 +161,9 @@ impl<T> fmt::Debug for JoinHandle<T> {
 impl<T> Future for JoinHandle<T> {
     type Output = Result<T, JoinError>;
 
+    /// A result found ready takes a unit of the task's budget (`coop.rs`).
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        self.slot.poll_output(cx.waker())
+        crate::coop::poll_budgeted(cx, |cx| self.slot.poll_output(cx.waker()))
     }
 }
 

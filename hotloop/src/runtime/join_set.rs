@@ -90,8 +90,17 @@ impl<T: 'static> JoinSet<T> {
         }
     }
 
-    /// The poll form of [`join_next`](Self::join_next).
+    /// The poll form of [`join_next`](Self::join_next). A result found
+    /// ready takes a unit of the task's budget (see [`crate::task::unconstrained`]).
     pub fn poll_join_next(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<T, JoinError>>> {
+        crate::coop::poll_budgeted(cx, |cx| self.poll_join_next_now(cx))
+    }
+
+    /// [`JoinSet::poll_join_next`] outside the budget.
+    fn poll_join_next_now(
         &mut self,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<T, JoinError>>> {

@@ -8,7 +8,12 @@
 //!    polling is on, else until the next timer or an event;
 //! 3. take what other threads left in the inbox (wakes, spawns, shutdown);
 //! 4. wake what waited for "after the next poll" (accept batches that hit
-//!    their bound), then fire due timers.
+//!    their bound, tasks that spent their cooperative budget), then fire
+//!    due timers.
+//!
+//! Each task poll gets a cooperative budget (`coop.rs`): I/O that never
+//! waits stops it after 128 operations, so one busy connection takes one
+//! poll a turn and the loop gets on to the driver and the timers.
 
 use super::config::BusyPoll;
 use super::context::Context;
@@ -44,6 +49,9 @@ pub(crate) fn run<F: Future>(
     if main.is_some() {
         cx.run_queue.borrow_mut().push_back(MAIN_TASK);
     }
+    // Whatever way the loop ends, the tasks the budget stopped are queued
+    // again (a later `block_on` runs the tasks of its context).
+    let _deferred = WakeDeferred;
     let mut last_event = cx.clock.update();
     // The clock at the last driver poll's return.
     let mut polled_at = last_event;
@@ -65,7 +73,8 @@ pub(crate) fn run<F: Future>(
                     main_header.clear_scheduled();
                     let mut task_cx = TaskContext::from_waker(&main_waker);
                     stats::add(&cx.shared.stats.tasks_polled, 1);
-                    if let Poll::Ready(out) = fut.as_mut().poll(&mut task_cx) {
+                    let polled = crate::coop::with_budget(|| fut.as_mut().poll(&mut task_cx));
+                    if let Poll::Ready(out) = polled {
                         return Ok(out);
                     }
                 }
@@ -160,12 +169,23 @@ pub(crate) fn run<F: Future>(
             last_event = now;
         }
 
-        // 4. Deferred wakes and timers.
+        // 4. Deferred wakes (the tasks the cooperative budget stopped
+        // among them) and timers.
         let deferred = std::mem::take(&mut *cx.after_poll.borrow_mut());
         for w in deferred {
             w.wake();
         }
+        crate::coop::wake_deferred();
         fire_timers(cx);
+    }
+}
+
+/// Wakes the tasks the cooperative budget stopped when the loop ends.
+struct WakeDeferred;
+
+impl Drop for WakeDeferred {
+    fn drop(&mut self) {
+        crate::coop::wake_deferred();
     }
 }
 
@@ -190,9 +210,13 @@ pub(super) fn run_task(cx: &Context, key: TaskKey) {
     };
     stats::add(&cx.shared.stats.tasks_polled, 1);
     let mut task_cx = TaskContext::from_waker(&waker);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        future.as_mut().poll(&mut task_cx)
-    }));
+    // A fresh budget for the poll (`coop.rs`); a task polled in place
+    // inside another's poll leaves the other's budget as it was.
+    let result = crate::coop::with_budget(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            future.as_mut().poll(&mut task_cx)
+        }))
+    });
     let done = match result {
         Ok(Poll::Ready(())) => true,
         Ok(Poll::Pending) => false,
@@ -270,7 +294,10 @@ enum Wait {
 /// tasks ran this turn (they took time; otherwise the reading after the
 /// last poll is as good).
 fn poll_wait(cx: &Context, last_event_ns: u64, ran_tasks: bool) -> Wait {
-    if !cx.run_queue.borrow().is_empty() || !cx.after_poll.borrow().is_empty() {
+    if !cx.run_queue.borrow().is_empty()
+        || !cx.after_poll.borrow().is_empty()
+        || crate::coop::has_deferred()
+    {
         return Wait::Now;
     }
     match cx.config.busy_poll {

@@ -163,10 +163,12 @@ impl Sleep {
         self.deadline
     }
 
-    /// True once the deadline has passed (by the worker's clock, or the
-    /// real time outside a worker): the next poll completes.
+    /// True once the deadline has passed (by the worker's clock, as a
+    /// poll judges it, or the real time outside a worker): the next poll
+    /// completes.
     pub fn is_elapsed(&self) -> bool {
-        deadline_base() >= self.deadline
+        current::try_with_timers(|t| is_due(t, self.deadline))
+            .unwrap_or_else(|| Instant::now() >= self.deadline)
     }
 
     /// Moves the deadline, earlier or later, as tokio's `Sleep::reset`
@@ -197,21 +199,28 @@ impl Sleep {
     }
 }
 
+/// Whether a sleep until `deadline` is over, as its poll and
+/// [`Sleep::is_elapsed`] both judge it.
+///
+/// By the loop's time of this turn: no clock read per poll. It is never
+/// ahead of the real time, so a sleep never ends early. A deadline less
+/// than a wheel tick past it (a zero sleep, an interval's first tick) may
+/// already have passed in real time: one clock read tells, where the
+/// wheel would wait for its next tick, up to a millisecond. A clock moved
+/// to its end (`advance(Duration::MAX)`) has every deadline behind it.
+fn is_due(t: &Timers<'_>, deadline: Instant) -> bool {
+    let turn = t.now();
+    turn >= deadline
+        || (deadline - turn <= JUST_DUE && t.deadline_base() >= deadline)
+        || t.clock_at_end()
+}
+
 impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, task_cx: &mut TaskContext<'_>) -> Poll<()> {
         current::with_timers(|t| {
-            // The loop's time of this turn: no clock read per poll. It is
-            // never ahead of the real time, so a sleep never ends early. A
-            // deadline less than a wheel tick past it (a zero sleep, an
-            // interval's first tick) may already have passed in real time:
-            // one clock read tells, where the wheel would wait for its next
-            // tick, up to a millisecond.
-            let turn = t.now();
-            let due = turn >= self.deadline
-                || (self.deadline - turn <= JUST_DUE && t.deadline_base() >= self.deadline);
-            if due {
+            if is_due(t, self.deadline) {
                 if let Some(filed) = self.entry.take() {
                     filed.cancel(Some(t));
                 }

@@ -76,6 +76,11 @@ pub fn resume() {
 /// returns. On a running clock it moves the clock ahead of the system
 /// clock by `by` for good.
 ///
+/// The clock ends about 584 years after it started: an advance past that
+/// (`Duration::MAX`) stops there, where every deadline is due, so every
+/// timer fires and a sleep made afterwards completes at once (tokio
+/// panics instead).
+///
 /// # Panics
 /// Outside a hotloop worker.
 pub async fn advance(by: Duration) {

@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
 
 use super::{bit, Direction, Driver, HANGUP};
+use crate::coop;
 use crate::driver::config::Registration;
 use crate::driver::park::not_running;
 use crate::slab::Key;
@@ -131,18 +132,21 @@ impl SourceCore {
     /// Ready once an event said the socket is ready in `dir` and no
     /// operation has drained it since; parks otherwise. An unregistered
     /// socket parks (and so registers): its caller just saw it would block.
+    /// Found ready, it takes a unit of the task's budget (`coop.rs`).
     pub(super) fn poll_ready(
         &self,
         cx: &mut TaskContext<'_>,
         dir: Direction,
     ) -> Poll<io::Result<()>> {
         match self.token.get() {
-            Some(_) if self.is_ready(dir) => Poll::Ready(Ok(())),
+            Some(_) if self.is_ready(dir) => coop::poll_budgeted(cx, |_| Poll::Ready(Ok(()))),
             _ => self.park(cx, dir),
         }
     }
 
     /// Runs `op` until it stops returning `WouldBlock`, parking in between.
+    /// An `op` that completes takes a unit of the task's budget; with none
+    /// left, the task is woken and `op` is not run (`coop.rs`).
     pub(super) fn poll_io<R>(
         &self,
         cx: &mut TaskContext<'_>,
@@ -154,11 +158,15 @@ impl SourceCore {
         if !self.is_ready(dir) {
             return self.park(cx, dir);
         }
+        std::task::ready!(coop::poll_proceed(cx));
         loop {
             match op() {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                r => return Poll::Ready(r),
+                r => {
+                    coop::spend();
+                    return Poll::Ready(r);
+                }
             }
         }
         // The socket has nothing for us: only now does it need to be registered.
@@ -192,6 +200,8 @@ impl SourceCore {
         dir: Direction,
     ) -> Poll<io::Result<()>> {
         if self.token.get().is_some() && self.is_ready(dir) {
+            std::task::ready!(coop::poll_proceed(cx));
+            coop::spend();
             // An event came since the last wait: consume it.
             self.clear_ready(dir);
             return Poll::Ready(Ok(()));

@@ -13,6 +13,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::source::SourceCore;
 use super::{Direction, Driver};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::coop;
 use crate::driver::contract::StreamOps;
 use crate::sys;
 
@@ -170,7 +171,7 @@ impl StreamOps for StreamSource {
     /// full is taken as writable, unregistered).
     fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
         if self.core.is_ready(Direction::Write) {
-            return Poll::Ready(Ok(()));
+            return coop::poll_budgeted(cx, |_| Poll::Ready(Ok(())));
         }
         self.core.poll_ready(cx, Direction::Write)
     }
@@ -243,7 +244,8 @@ impl StreamOps for StreamSource {
     /// beside any task waiting to write, never in its place.
     fn try_write_slices(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let mut cx = TaskContext::from_waker(std::task::Waker::noop());
-        match self.poll_write_slices(&mut cx, bufs) {
+        // A try answers now: the budget, whose refusal would wake nobody, does not apply.
+        match coop::exempt(|| self.poll_write_slices(&mut cx, bufs)) {
             Poll::Ready(res) => res,
             Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }

@@ -49,6 +49,7 @@ use super::stream::StreamSource;
 use super::unclaimed::OpenPath;
 use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::coop;
 use crate::driver::contract::StreamOps;
 use crate::driver::probe;
 use crate::sys;
@@ -353,6 +354,9 @@ impl StreamSource {
         };
         let mut sent = 0u64;
         while sent < len {
+            // A step to a socket with room never waits: each takes a unit
+            // of the task's budget, and gives way when none is left (`coop.rs`).
+            coop::step().await;
             let want = usize::try_from(len - sent).unwrap_or(usize::MAX).min(SENDFILE_CHUNK_MAX);
             let res = sys::sendfile(self.fd(), file.as_raw_fd(), offset + sent, want);
             let room = match res {

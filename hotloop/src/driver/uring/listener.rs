@@ -12,6 +12,7 @@ use super::accept::Taken;
 use super::shared::SharedFd;
 use super::source::SourceCore;
 use super::Driver;
+use crate::coop;
 use crate::driver::config::AcceptMode;
 use crate::driver::contract::ListenerOps;
 use crate::driver::park::not_running;
@@ -115,6 +116,9 @@ impl ListenerSource {
         if !driver.entered.get() {
             return Poll::Ready(Err(not_running()));
         }
+        // A connection the multishot accept queued is taken without
+        // waiting: under the task's budget (`coop.rs`).
+        std::task::ready!(coop::poll_proceed(cx));
         let mut key = self.queue.get();
         let room = self.room.get();
         let got = driver.state.borrow_mut().poll_accept(
@@ -126,7 +130,10 @@ impl ListenerSource {
         );
         self.queue.set(key);
         match got {
-            Some(r) => Poll::Ready(r.map(|t| Accepted::from_taken(t, driver))),
+            Some(r) => {
+                coop::spend();
+                Poll::Ready(r.map(|t| Accepted::from_taken(t, driver)))
+            }
             None => Poll::Pending,
         }
     }

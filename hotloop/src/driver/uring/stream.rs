@@ -32,6 +32,7 @@ use super::source::SourceCore;
 use super::write_behind::WriteBehind;
 use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::coop;
 use crate::driver::contract::StreamOps;
 use crate::driver::park::not_running;
 use crate::slab::Key;
@@ -389,6 +390,18 @@ impl StreamSource {
         }
     }
 
+    /// Ready once the socket has bytes to read (see
+    /// [`StreamOps::poll_readable`]), outside the task's budget: for the
+    /// reads that wait here and charge the read itself.
+    fn poll_read_wait(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        if self.core.driver.reads_from_ring {
+            return self.poll_stream_ready(cx);
+        }
+        let cqe = std::task::ready!(self.core.poll_kept(&self.reads, libc::POLLIN, cx))?;
+        self.drained.set(false);
+        Poll::Ready(cqe.result().map(drop))
+    }
+
     /// Hands a borrowed-slice write still in flight to the driver, which
     /// shuts the write side after it (see [`WriteBehind::hand_over`]);
     /// false if none was in flight.
@@ -551,12 +564,7 @@ impl StreamOps for StreamSource {
     /// `POLL_ADD` kept in the source across polls (dropping it takes no
     /// bytes).
     fn poll_readable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        if self.core.driver.reads_from_ring {
-            return self.poll_stream_ready(cx);
-        }
-        let cqe = std::task::ready!(self.core.poll_kept(&self.reads, libc::POLLIN, cx))?;
-        self.drained.set(false);
-        Poll::Ready(cqe.result().map(drop))
+        coop::poll_budgeted(cx, |cx| self.poll_read_wait(cx))
     }
 
     /// False when the last non-blocking read drained the socket and no
@@ -606,26 +614,35 @@ impl StreamOps for StreamSource {
         }
         loop {
             if self.may_read_now() {
+                // No byte is taken once the task's budget is spent (`coop.rs`).
+                std::task::ready!(coop::poll_proceed(cx));
                 match self.try_recv(dst) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    r => return Poll::Ready(r),
+                    r => {
+                        coop::spend();
+                        return Poll::Ready(r);
+                    }
                 }
             }
-            std::task::ready!(self.poll_readable(cx))?;
+            std::task::ready!(self.poll_read_wait(cx))?;
         }
     }
 
-    /// Writes borrowed slices through the stream's write-behind buffer.
+    /// Writes borrowed slices through the stream's write-behind buffer,
+    /// which takes them at once while it has room: under the task's
+    /// budget, so a write loop gives way (`coop.rs`).
     fn poll_write_slices(
         &self,
         cx: &mut TaskContext<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let mut lent = self.lend_write_behind();
-        let unix = self.unix;
-        lent.wb
-            .get_or_insert_with(|| Box::new(WriteBehind::new(unix)))
-            .poll_write(&self.core, cx, bufs)
+        coop::poll_budgeted(cx, |cx| {
+            let mut lent = self.lend_write_behind();
+            let unix = self.unix;
+            lent.wb
+                .get_or_insert_with(|| Box::new(WriteBehind::new(unix)))
+                .poll_write(&self.core, cx, bufs)
+        })
     }
 
     /// Through the write-behind buffer, which looks at the send in flight
@@ -650,13 +667,15 @@ impl StreamOps for StreamSource {
     /// written behind, waits for room once a write found none (ready until
     /// then, as epoll's readiness).
     fn poll_writable(&self, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        if self.unix {
-            return match self.lend_write_behind().wb.as_mut() {
-                Some(wb) => wb.poll_room(cx),
-                None => Poll::Ready(Ok(())),
-            };
-        }
-        self.poll_flush(cx)
+        coop::poll_budgeted(cx, |cx| {
+            if self.unix {
+                return match self.lend_write_behind().wb.as_mut() {
+                    Some(wb) => wb.poll_room(cx),
+                    None => Poll::Ready(Ok(())),
+                };
+            }
+            self.poll_flush(cx)
+        })
     }
 
     /// `sendfile(2)` from the worker (`file.rs`).
@@ -758,6 +777,12 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
         loop {
             match std::mem::replace(&mut this.state, SendState::Done) {
                 SendState::Start(buf) => {
+                    // A send that may complete at once is made under the
+                    // task's budget (`coop.rs`); with none left, not at all.
+                    if coop::poll_proceed(cx).is_pending() {
+                        this.state = SendState::Start(buf);
+                        return Poll::Pending;
+                    }
                     // An owned write comes after the borrowed-slice writes
                     // still in flight, and reports their failure.
                     if src.is_writing_behind() {
@@ -776,6 +801,7 @@ impl<B: IoBuf> Future for SendOwned<'_, B> {
                     let zero_copy = src.sends_zero_copy(&buf);
                     if !zero_copy && src.core.fd.raw_fd().is_some() {
                         if let Some(res) = src.core.driver.send_directly(|| src.try_send(&buf)) {
+                            coop::spend();
                             return Poll::Ready((res, buf));
                         }
                     }

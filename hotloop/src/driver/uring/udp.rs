@@ -33,6 +33,7 @@ use super::op::{is_retry, Op};
 use super::source::SourceCore;
 use super::Driver;
 use crate::buf::{BufResult, IoBuf, IoBufMut};
+use crate::coop;
 use crate::driver::contract::DatagramOps;
 use crate::driver::park::not_running;
 use crate::driver::udp::{self, MsgBuf, RecvMeta, SendMeta, Transmit};
@@ -150,13 +151,17 @@ impl DatagramSource {
         if !self.core.driver.entered.get() {
             return Poll::Ready(Err(not_running()));
         }
-        self.core.driver.state.borrow_mut().poll_dgrams(
-            key,
-            &self.core.fd,
-            cx.waker(),
-            max,
-            deliver,
-        )
+        // Datagrams the multishot receive queued are taken without
+        // waiting: under the task's budget (`coop.rs`).
+        coop::poll_budgeted(cx, |cx| {
+            self.core.driver.state.borrow_mut().poll_dgrams(
+                key,
+                &self.core.fd,
+                cx.waker(),
+                max,
+                deliver,
+            )
+        })
     }
 
     /// Runs the non-blocking `call` until it stops saying `WouldBlock`,
@@ -168,6 +173,9 @@ impl DatagramSource {
         mut call: impl FnMut() -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
         let recv = events == libc::POLLIN;
+        // The call may complete without waiting: under the task's budget,
+        // checked before it is made (`coop.rs`).
+        std::task::ready!(coop::poll_proceed(cx));
         loop {
             let skip_call = {
                 let mut waits = self.waits.borrow_mut();
@@ -193,7 +201,10 @@ impl DatagramSource {
                 match call() {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    r => return Poll::Ready(r),
+                    r => {
+                        coop::spend();
+                        return Poll::Ready(r);
+                    }
                 }
             }
             // Fails with the not-running error outside the socket's runtime.
@@ -399,6 +410,8 @@ impl DatagramOps for DatagramSource {
     /// every transmit wait for the loop's next enter.
     async fn writable(&self) -> io::Result<()> {
         if !self.send_full.get() {
+            // Ready without waiting: under the task's budget, as on epoll (`coop.rs`).
+            coop::step().await;
             return Ok(());
         }
         self.core.poll_events(libc::POLLOUT).await?;
