@@ -3,7 +3,7 @@
 //! the next timer), timed in this process: taking the next timer from an
 //! empty queue and from a queue holding one, draining a batch of due
 //! timers, and re-arming one timer among many. When `cargo bench -p
-//! hotloop --features bench --bench wheel` has left criterion results,
+//! hotloop-microbench --bench wheel` has left criterion results,
 //! they are shown too.
 //!
 //! # Implementation notes
@@ -390,7 +390,7 @@ fn measure_case(case: Case, case_time: Duration) -> Vec<Row> {
         .collect()
 }
 
-/// Adds the criterion results `cargo bench -p hotloop --features bench --bench wheel` left,
+/// Adds the criterion results `cargo bench -p hotloop-microbench --bench wheel` left,
 /// if any, as groups of their own: only those written after this
 /// executable was built (older ones may be of other code), each labelled
 /// with its date and given per timer (criterion times an iteration, which
@@ -399,7 +399,7 @@ fn add_criterion_rows(ctx: &Ctx, result: &mut ScenarioResult) {
     let dirs = criterion_dirs(&ctx.exe);
     let Some(dir) = dirs.iter().find(|d| d.is_dir()) else {
         result.setup.push(
-            "criterion's fuller set (dense queues, cascades, memory): `cargo bench -p hotloop --features bench --bench wheel`, \
+            "criterion's fuller set (dense queues, cascades, memory): `cargo bench -p hotloop-microbench --bench wheel`, \
              whose results a later run shows here"
                 .into(),
         );
@@ -423,7 +423,7 @@ fn add_criterion_rows(ctx: &Ctx, result: &mut ScenarioResult) {
     if skipped > 0 {
         result.setup.push(format!(
             "{skipped} criterion results older than this build left out: they may time other code; \
-             `cargo bench -p hotloop --features bench --bench wheel` renews them"
+             `cargo bench -p hotloop-microbench --bench wheel` renews them"
         ));
     }
 }

@@ -14,7 +14,7 @@
 //! with a batch bound of 1024), lifetime (1e6 timers from insertion to expiry,
 //! stepping 1 ms) and memory (printed before the benchmarks run).
 //!
-//! Run with `cargo bench -p hotloop --features bench --bench wheel`; ticks are milliseconds.
+//! Run with `cargo bench -p hotloop-microbench --bench wheel`; ticks are milliseconds.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cmp::Reverse;
