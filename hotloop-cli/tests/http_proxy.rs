@@ -19,38 +19,38 @@ use hotloop::DriverKind;
 
 /// A request as a backend saw it.
 #[derive(Debug, Clone, Default)]
-struct Seen {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    trailers: Vec<(String, String)>,
+pub(crate) struct Seen {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
+    pub(crate) trailers: Vec<(String, String)>,
 }
 
 impl Seen {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
 /// What a backend answers.
 #[derive(Debug, Clone)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
     /// Chunked, with these trailers.
-    trailers: Option<Vec<(String, String)>>,
+    pub(crate) trailers: Option<Vec<(String, String)>>,
     /// Wait this long before answering.
-    delay: Duration,
+    pub(crate) delay: Duration,
     /// Close the connection without answering.
-    hang_up: bool,
+    pub(crate) hang_up: bool,
     /// Answer 101 and echo every byte after it.
-    echo_upgrade: bool,
+    pub(crate) echo_upgrade: bool,
 }
 
 impl Reply {
-    fn ok(body: &str) -> Reply {
+    pub(crate) fn ok(body: &str) -> Reply {
         Reply {
             status: 200,
             headers: Vec::new(),
@@ -61,7 +61,7 @@ impl Reply {
             echo_upgrade: false,
         }
     }
-    fn status(mut self, s: u16) -> Reply {
+    pub(crate) fn status(mut self, s: u16) -> Reply {
         self.status = s;
         self
     }
@@ -70,20 +70,20 @@ impl Reply {
 type Handler = Arc<dyn Fn(&Seen) -> Reply + Send + Sync>;
 
 /// An HTTP/1.1 backend on its own threads, keep-alive, counting.
-struct Backend {
-    addr: SocketAddr,
-    accepts: Arc<AtomicUsize>,
+pub(crate) struct Backend {
+    pub(crate) addr: SocketAddr,
+    pub(crate) accepts: Arc<AtomicUsize>,
     /// Connections whose peer (the proxy) closed them.
-    closed: Arc<AtomicUsize>,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    pub(crate) closed: Arc<AtomicUsize>,
+    pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Backend {
-    fn start(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Backend {
+    pub(crate) fn start(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Backend {
         Self::on(TcpListener::bind("127.0.0.1:0").unwrap(), Arc::new(handler))
     }
 
-    fn named(name: &'static str) -> Backend {
+    pub(crate) fn named(name: &'static str) -> Backend {
         Self::start(move |_| Reply::ok(name))
     }
 
@@ -104,11 +104,11 @@ impl Backend {
         Backend { addr, accepts, closed, seen }
     }
 
-    fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 
-    fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         self.addr.to_string()
     }
 }
@@ -240,18 +240,18 @@ fn read_request(r: &mut impl BufRead) -> Option<Seen> {
 
 /// An answer as the client read it.
 #[derive(Debug, Default)]
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    trailers: Vec<(String, String)>,
+pub(crate) struct Resp {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
+    pub(crate) trailers: Vec<(String, String)>,
 }
 
 impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 }
@@ -281,42 +281,42 @@ fn read_resp(r: &mut impl BufRead) -> Option<Resp> {
 }
 
 /// A kept-alive client connection.
-struct Client {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
+pub(crate) struct Client {
+    pub(crate) w: TcpStream,
+    pub(crate) r: BufReader<TcpStream>,
 }
 
 impl Client {
-    fn connect(addr: SocketAddr) -> Client {
+    pub(crate) fn connect(addr: SocketAddr) -> Client {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         Client { w: s.try_clone().unwrap(), r: BufReader::new(s) }
     }
 
-    fn send(&mut self, raw: &[u8]) -> Option<Resp> {
+    pub(crate) fn send(&mut self, raw: &[u8]) -> Option<Resp> {
         self.w.write_all(raw).ok()?;
         read_resp(&mut self.r)
     }
 
     /// Whether the proxy closed the connection (nothing more comes).
-    fn closed(&mut self) -> bool {
+    pub(crate) fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
         matches!(self.r.read(&mut b), Ok(0) | Err(_))
     }
 }
 
-fn get(host: &str, path: &str) -> Vec<u8> {
+pub(crate) fn get(host: &str, path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes()
 }
 
 /// One request on a new connection.
-fn once(addr: SocketAddr, raw: &[u8]) -> Resp {
+pub(crate) fn once(addr: SocketAddr, raw: &[u8]) -> Resp {
     Client::connect(addr).send(raw).expect("an answer")
 }
 
 // ---------------------------------------------------------------- the proxy
 
-fn start(driver: DriverKind, args: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
+pub(crate) fn start(driver: DriverKind, args: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
     let driver = common::driver_arg(driver);
     let mut all = vec!["proxy", "--mode", "http", "--listen", "127.0.0.1:0", "--driver", driver];
     all.extend_from_slice(&["--stats-addr", "127.0.0.1:0"]);
@@ -329,14 +329,18 @@ fn start(driver: DriverKind, args: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
 
 /// `text` in a config file, in a directory that goes (the file with it)
 /// when the returned guard is dropped.
-fn config_file(text: &str) -> (TempDir, PathBuf) {
+pub(crate) fn config_file(text: &str) -> (TempDir, PathBuf) {
     let dir = TempDir::new("http-proxy");
     let path = dir.join("proxy.toml");
     std::fs::write(&path, text).unwrap();
     (dir, path)
 }
 
-fn with_config(driver: DriverKind, text: &str, extra: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
+pub(crate) fn with_config(
+    driver: DriverKind,
+    text: &str,
+    extra: &[&str],
+) -> (Proc, SocketAddr, SocketAddr) {
     // The proxy reads the file once, before it says where it listens, and
     // `start` waits for that: the file can go when this returns.
     let (_dir, path) = config_file(text);
@@ -345,7 +349,7 @@ fn with_config(driver: DriverKind, text: &str, extra: &[&str]) -> (Proc, SocketA
     start(driver, &args)
 }
 
-fn stat(stats_addr: SocketAddr, name: &str) -> u64 {
+pub(crate) fn stat(stats_addr: SocketAddr, name: &str) -> u64 {
     let v = stats(stats_addr);
     v[name].as_u64().unwrap_or_else(|| panic!("no {name} in the stats"))
 }
@@ -1610,7 +1614,7 @@ impl RawH2 {
     }
 }
 
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
     f.extend_from_slice(&[kind, flags]);
     f.extend_from_slice(&stream.to_be_bytes());

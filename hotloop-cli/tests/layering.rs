@@ -125,8 +125,12 @@ fn the_quic_modules_import_one_way() {
 
 #[test]
 fn the_http_proxy_modules_import_one_way() {
-    let crate_modules: [(&str, &[&str]); 3] =
-        [("stats", &["stats_server"]), ("headers", &["http_date"]), ("health", &["drain"])];
+    let crate_modules: [(&str, &[&str]); 4] = [
+        ("stats", &["stats_server"]),
+        ("headers", &["http_date"]),
+        ("pool", &["drain"]),
+        ("health", &["drain"]),
+    ];
     let wrong = one_way("http_proxy", "Modules name only those before them:", &crate_modules);
     assert!(
         wrong.is_empty(),

@@ -11,6 +11,7 @@ mod help;
 mod http3;
 mod http_edges;
 mod http_proxy;
+mod http_proxy_backend_faults;
 mod hyper_deadlines;
 mod keepalive_deadlines;
 mod layering;

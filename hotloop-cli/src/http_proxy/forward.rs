@@ -25,6 +25,18 @@
 //!   request, or the backend's end (or reset) came after the request went
 //!   out and before any byte of an answer (a keep-alive timeout racing
 //!   the request; then only a request that can be sent again as it was).
+//!   A stream an HTTP/2 backend refused unprocessed (`REFUSED_STREAM`, or
+//!   above a `GOAWAY`'s last stream) costs one try on a new connection
+//!   too, for any request without a body whatever its method (RFC 9113
+//!   section 8.7), and is no failure either.
+//! - A connect that found the proxy itself short of sockets (`EMFILE`,
+//!   `ENFILE`, `ENOBUFS`, `ENOMEM`) is no backend's failure: `503` with
+//!   `Retry-After: 1`, and no other backend is tried (it would fail alike).
+//! - `Upgrade: h2c` is never tunnelled: `h2c` is taken out of the field,
+//!   and a request that asked for nothing else goes as an ordinary one
+//!   (an HTTP/2 connection to the backend would bypass the routes). A
+//!   `101` to a request that asked for no upgrade is a `502`, its
+//!   connection closed.
 //! - The connection goes back to the worker's pool when the answer's body
 //!   has been read to its end, its trailers included (or had none); an
 //!   answer cut short, or framed both by chunks and by a length, closes it.
@@ -44,8 +56,9 @@
 //!   backend's address as its `Host`, as the health checks send it:
 //!   HTTP/1.1 requires one, and hyper's client adds none.
 //! - The proxy's own answers: 404 (no route), 400 (an HTTP/1.1 request
-//!   without `Host`), 502 (no backend answered), 503 with `Retry-After`
-//!   (every backend of the group is down or ejected), 504 (a connect or a
+//!   without `Host`), 502 (no backend answered, or one switched protocols
+//!   unasked), 503 with `Retry-After` (every backend of the group is down
+//!   or ejected, or no socket for one), 504 (a connect or a
 //!   response head not within its timeout), each with a one-line
 //!   plain-text body that says which group and why.
 
@@ -70,6 +83,7 @@ use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use smallvec::SmallVec;
 
 use super::config::{GroupConfig, UpstreamProtocol};
+use super::h2peer;
 use super::headers::{self, Forwarding};
 use super::health::Health;
 use super::pool::{self, Backend, ConnectError, Sender, UpBody, Upload};
@@ -212,9 +226,9 @@ struct Outgoing {
     /// The request; taken while it is being sent, handed back when hyper
     /// gives it back unsent.
     req: Option<Request<UpBody>>,
-    /// A copy of the request to send again if its connection is lost after
-    /// sending (an idempotent request without a body, in a group with
-    /// retries).
+    /// A copy of the request to send again (one without a body): if its
+    /// HTTP/2 stream was refused unprocessed, or, idempotent, if its
+    /// connection is lost after sending.
     replay: Option<(Method, Uri, HeaderMap)>,
     /// How far the request's body got, if it has one.
     upload: Option<Rc<Upload>>,
@@ -224,7 +238,7 @@ struct Outgoing {
 }
 
 /// Routes a request and rewrites it for its backends (or answers it).
-fn prepare(shared: &Shared, client: &Forwarding, req: Request<Incoming>) -> Next {
+fn prepare(shared: &Shared, client: &Forwarding, mut req: Request<Incoming>) -> Next {
     let version = req.version();
     let host = Host::of(&req);
     if host.is_none() && version == Version::HTTP_11 {
@@ -252,6 +266,7 @@ fn prepare(shared: &Shared, client: &Forwarding, req: Request<Incoming>) -> Next
         ));
     };
     let g = &shared.groups[group];
+    strip_h2c(req.headers_mut());
     if let Some(&on) = req.extensions().get::<OnUpgrade>() {
         if wants_upgrade(req.headers()) {
             // Boxed: the rare path's state lives apart from the common one.
@@ -293,8 +308,10 @@ fn prepare(shared: &Shared, client: &Forwarding, req: Request<Incoming>) -> Next
         }
     }
     // Kept even without retries: a pooled connection the backend closed
-    // as the request went out costs a try on a new one, not a retry.
-    let replay = (idempotent(&parts.method) && body.is_end_stream())
+    // as the request went out costs a try on a new one, not a retry; and
+    // a stream an HTTP/2 backend refused is sent again whatever its method.
+    let replay = body
+        .is_end_stream()
         .then(|| (parts.method.clone(), parts.uri.clone(), parts.headers.clone()));
     let host_from_backend =
         g.protocol == UpstreamProtocol::Http1 && !parts.headers.contains_key(header::HOST);
@@ -338,6 +355,7 @@ async fn exchange(
     let mut moves = 0;
     let mut fresh_only = false;
     let mut stale_tried = false;
+    let mut refused_tried = false;
     let failure: Failure = loop {
         let b = &shared.backends[id];
         // A connection: this worker's idle one, else one of this worker's
@@ -365,6 +383,9 @@ async fn exchange(
         }
         let started = Instant::now();
         let reused = lease.reused;
+        // HTTP/2: the stream counted against the backend's limit, until
+        // the answer's body ends (or this try gives up).
+        let stream = lease.stream;
         let req = out.req.take().expect("handed back after every try");
         // (Moved through a function, not changed in place: a local
         // borrowed here would be kept in this future across the wait.)
@@ -382,15 +403,24 @@ async fn exchange(
                 let head = s.try_send_request(req);
                 (HeadWait::new(head, upload, g).await, Some(s), read_before)
             }
-            Sender::H2(mut s) => {
+            Sender::H2(mut s, _) => {
                 let head = s.try_send_request(req);
                 (HeadWait::new(head, upload, g).await, None, 0)
             }
         };
         match sent_outcome(sent) {
+            Ok(response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                // A switch nobody asked for (the request had no `Upgrade`,
+                // or its `h2c` was taken out): the backend's connection now
+                // speaks something else, so it is not kept, and a 101
+                // passed on would end the client's connection.
+                drop(h1);
+                note_failure(shared, id);
+                break Failure::Lost("the backend switched protocols unasked".into());
+            }
             Ok(response) => {
                 let upload = out.upload.take();
-                return Ok(answer(shared, g, id, response, h1, upload, started));
+                return Ok(answer(shared, g, id, response, h1, stream, upload, started));
             }
             Err(SendError::NotSent(back)) => {
                 // The connection closed before the request was written.
@@ -429,6 +459,22 @@ async fn exchange(
                     };
                     r
                 });
+                // An HTTP/2 stream the backend refused (`REFUSED_STREAM`,
+                // or above the last one a `GOAWAY` let through) was not
+                // processed (RFC 9113 section 8.7): sent again as it was,
+                // whatever its method, once, on a new connection, and not
+                // the backend's failure (a `GOAWAY`'s connection has left
+                // the pool).
+                if !refused_tried && unprocessed(&e) {
+                    if let Some(again) = again {
+                        out.req = Some(again);
+                        refused_tried = true;
+                        fresh_only = true;
+                        shared.stats.retries.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                }
+                let again = again.filter(|r| idempotent(r.method()));
                 // A pooled connection the backend closed as the request
                 // went out (its keep-alive timeout): nothing of an answer
                 // came, so one more try on a new connection, as when
@@ -466,6 +512,23 @@ async fn exchange(
         }
     };
     Ok(failure_answer(shared, g, failure))
+}
+
+/// Whether an HTTP/2 backend refused the request's stream unprocessed:
+/// `REFUSED_STREAM`, or a `GOAWAY` whose last stream came before it (h2
+/// gives a remote `GOAWAY`'s error only to those streams, and to those
+/// sent after it; the ones it let through that the connection's end cut
+/// get an I/O error).
+fn unprocessed(e: &hyper::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.is_remote()
+                && (h2.is_go_away() || h2.reason() == Some(h2::Reason::REFUSED_STREAM));
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Whether a request's connection was lost the way a backend's close
@@ -616,6 +679,37 @@ impl<F: Future> Future for HeadWait<'_, F> {
     }
 }
 
+/// Takes `h2c` out of a request's `Upgrade` (the field goes when nothing is
+/// left, and `HTTP2-Settings` with it): an `h2c` upgrade tunnelled would
+/// let the client speak HTTP/2 to the backend past the proxy's routing
+/// and checks (h2c smuggling), and the proxy speaks HTTP/2 to clients
+/// itself. Without another protocol asked for, the request goes on as an
+/// ordinary one. A field that is not text is no valid upgrade: it goes.
+fn strip_h2c(h: &mut HeaderMap) {
+    let Some(first) = h.get(header::UPGRADE) else { return };
+    let h2c = |t: &str| t.split('/').next().is_some_and(|p| p.trim().eq_ignore_ascii_case("h2c"));
+    let many = h.get_all(header::UPGRADE).iter().nth(1).is_some();
+    if !many && first.to_str().is_ok_and(|v| !v.split(',').any(h2c)) {
+        return;
+    }
+    let mut kept = Vec::new();
+    for v in h.get_all(header::UPGRADE) {
+        let Ok(v) = v.to_str() else {
+            kept.clear();
+            break;
+        };
+        kept.extend(v.split(',').map(str::trim).filter(|t| !t.is_empty() && !h2c(t)));
+    }
+    let kept = kept.join(", ");
+    h.remove(header::UPGRADE);
+    h.remove("http2-settings");
+    if let Ok(v) = HeaderValue::from_str(&kept) {
+        if !kept.is_empty() {
+            h.insert(header::UPGRADE, v);
+        }
+    }
+}
+
 /// Whether a request asks to switch protocols (`Connection: upgrade` and
 /// an `Upgrade` field).
 fn wants_upgrade(h: &HeaderMap) -> bool {
@@ -698,7 +792,7 @@ async fn tunnel(
         };
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             // Refused: an ordinary answer, on a connection not kept.
-            return answer(shared, g, id, response, None, None, started);
+            return answer(shared, g, id, response, None, None, None, started);
         }
         shared.health.success(id);
         drop(sender);
@@ -753,18 +847,20 @@ fn next_backend(
 
 /// A connect to backend `id` failed (nothing was sent): the failure is
 /// counted against it, and the next backend to try is given, or the
-/// failure to answer with when none is left.
-fn after_connect_failure<E>(
+/// failure to answer with when none is left. The proxy's own shortage
+/// (no descriptor for a socket) is no backend's failure, and every other
+/// backend would meet it too: answered at once, nothing counted.
+fn after_connect_failure(
     shared: &Shared,
     g: &GroupConfig,
     id: usize,
-    e: E,
+    e: ConnectError,
     order: &mut smallvec::IntoIter<[usize; 8]>,
     moves: &mut usize,
-) -> Result<usize, Failure>
-where
-    Failure: From<E>,
-{
+) -> Result<usize, Failure> {
+    if let ConnectError::Local(e) = e {
+        return Err(Failure::Local(e.to_string()));
+    }
     note_failure(shared, id);
     let failure = Failure::from(e);
     next_backend(shared, g, order, moves).ok_or(failure)
@@ -796,6 +892,8 @@ enum Failure {
     /// The client sent none of its body for the body timeout.
     ClientUploadStalled,
     ClientBody(String),
+    /// The proxy had no descriptor (or socket memory) for a connection.
+    Local(String),
 }
 
 impl From<ConnectError> for Failure {
@@ -803,6 +901,7 @@ impl From<ConnectError> for Failure {
         match e {
             ConnectError::TimedOut => Failure::ConnectTimeout,
             ConnectError::Failed(e) => Failure::Connect(e.to_string()),
+            ConnectError::Local(e) => Failure::Local(e.to_string()),
         }
     }
 }
@@ -823,6 +922,21 @@ fn failure_answer(shared: &Shared, g: &GroupConfig, f: Failure) -> Response<Down
             StatusCode::GATEWAY_TIMEOUT,
             format!("the backend took none of the body for {} ms", g.body_timeout.as_millis()),
         ),
+        Failure::Local(e) => {
+            // Descriptors come back as connections end: soon, so a retry
+            // in a second may well get through.
+            shared.stats.unavailable.fetch_add(1, Relaxed);
+            let mut r = fixed(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "group {}: the proxy is short of sockets for its backends ({e}); \
+                     retry after 1 s\n",
+                    g.name
+                ),
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+            return r;
+        }
         Failure::ClientBody(e) => {
             return fixed(
                 StatusCode::BAD_REQUEST,
@@ -873,12 +987,15 @@ fn sent_outcome(
     }
 }
 
+// Each argument is a part of the exchange the answer's body carries on.
+#[allow(clippy::too_many_arguments)]
 fn answer(
     shared: &Arc<Shared>,
     g: &GroupConfig,
     id: usize,
     response: Response<Incoming>,
     mut h1: Option<pool::H1>,
+    stream: Option<h2peer::Stream>,
     upload: Option<Rc<Upload>>,
     started: Instant,
 ) -> Response<DownBody> {
@@ -906,6 +1023,7 @@ fn answer(
     let streaming = Streaming {
         body,
         sender: h1,
+        stream,
         upload,
         backend: id,
         shared: shared.clone(),
@@ -941,6 +1059,9 @@ enum Down {
 struct Streaming {
     body: Incoming,
     sender: Option<pool::H1>,
+    /// The HTTP/2 stream, counted against the backend's limit until the
+    /// body ends (or is dropped).
+    stream: Option<h2peer::Stream>,
     /// The request's body, if it had one: until all of it is sent, the
     /// connection is not free for another request.
     upload: Option<Rc<Upload>>,
@@ -963,6 +1084,7 @@ impl Streaming {
         self.done = true;
         let b = &self.shared.backends[self.backend];
         b.stats.record_latency(self.started.elapsed());
+        self.stream = None;
         let sender = self.sender.take();
         // An answer that came before the request's body was all sent (an
         // early 401 or 413): the connection is busy with the rest of the
@@ -976,6 +1098,7 @@ impl Streaming {
     fn fail(&mut self) {
         self.done = true;
         self.sender = None;
+        self.stream = None;
         note_failure(&self.shared, self.backend);
     }
 }

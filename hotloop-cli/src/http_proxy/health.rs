@@ -11,6 +11,10 @@
 //!   a backend out for `fail_timeout_ms` (nginx's `max_fails`/
 //!   `fail_timeout`); any answer clears the count. After that time it
 //!   takes requests again, and one more failure takes it out again.
+//!   Failures while it is out (of requests sent before) change nothing:
+//!   no second ejection is counted, and its end does not move. The
+//!   proxy's own shortage of sockets (out of descriptors) is no failure
+//!   of a backend's, and gives a check no verdict.
 //!   Failures never take out the last backend of a group that takes
 //!   requests: with none left every client would get `503` for
 //!   `fail_timeout_ms`, where trying the last one may still answer (nginx
@@ -30,7 +34,7 @@ use std::time::{Duration, Instant};
 use hyper::{Method, Request};
 
 use super::config::HealthConfig;
-use super::pool::{self, Backend, Sender, UpBody};
+use super::pool::{self, Backend, ConnectError, Sender, UpBody};
 
 /// One backend's health.
 #[derive(Debug)]
@@ -105,9 +109,15 @@ impl Health {
     }
 
     /// A request to backend `id` failed; returns whether this took it out
-    /// (never the last of its group that takes requests).
+    /// (never the last of its group that takes requests). A backend out
+    /// already stays out until its time ends, no longer: the failures of
+    /// requests sent before its ejection, ending after it, neither count
+    /// another ejection nor move its end.
     pub fn failure(&self, id: usize) -> bool {
         let b = &self.backends[id];
+        if b.ejected_until_ms.load(Relaxed) > self.now_ms() {
+            return false;
+        }
         let fails = b.fails.fetch_add(1, Relaxed) + 1;
         if b.max_fails == 0 || fails < b.max_fails {
             return false;
@@ -122,8 +132,12 @@ impl Health {
         if !b.group.clone().any(|other| other != id && self.usable(other)) {
             return false;
         }
-        let until = self.now_ms() + b.fail_timeout.as_millis() as u64;
-        b.ejected_until_ms.fetch_max(until, Relaxed);
+        // Under the lock: two workers failing it at once eject it once.
+        let now = self.now_ms();
+        if b.ejected_until_ms.load(Relaxed) > now {
+            return false;
+        }
+        b.ejected_until_ms.store(now + b.fail_timeout.as_millis() as u64, Relaxed);
         true
     }
 
@@ -178,7 +192,9 @@ pub async fn check_loop(
         if crate::drain::stopping() {
             return;
         }
-        let ok = check_once(&backends[id], &cfg).await;
+        // No verdict when the proxy itself had no socket for the check
+        // (out of descriptors): the backend's state stays as it was.
+        let Some(ok) = check_once(&backends[id], &cfg).await else { continue };
         if ok {
             passes += 1;
             fails = 0;
@@ -201,33 +217,40 @@ pub async fn check_loop(
     }
 }
 
-/// One check: `GET path` on a new connection, a 2xx or 3xx within the timeout.
-async fn check_once(b: &Backend, cfg: &HealthConfig) -> bool {
+/// One check: `GET path` on a new connection, a 2xx or 3xx within the
+/// timeout; `None` (no verdict) if the proxy had no socket to make it.
+async fn check_once(b: &Backend, cfg: &HealthConfig) -> Option<bool> {
     let deadline = hotloop::time::now() + cfg.timeout;
     let attempt = async {
-        let sender = pool::open(b, cfg.timeout, None, 0).await.ok()?;
-        let authority = b.addr.to_string();
-        let mut req =
-            Request::builder().method(Method::GET).header("user-agent", "hotloop-health-check");
-        let response = match sender {
-            Sender::H1(mut s) => {
-                req = req
-                    .uri(cfg.path.as_str())
-                    .header("host", authority)
-                    .header("connection", "close");
-                s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
-            }
-            Sender::H2(mut s) => {
-                let scheme = if b.tls.is_some() { "https" } else { "http" };
-                let uri = format!("{scheme}://{authority}{}", cfg.path);
-                req = req.uri(uri).version(hyper::Version::HTTP_2);
-                s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
-            }
-        };
-        let status = response.status();
-        Some(status.is_success() || status.is_redirection())
+        match pool::open(b, cfg.timeout, None, 0).await {
+            Ok(sender) => Some(ask(b, cfg, sender).await.unwrap_or(false)),
+            Err(ConnectError::Local(_)) => None,
+            Err(_) => Some(false),
+        }
     };
-    matches!(hotloop::time::timeout_at(deadline, attempt).await, Ok(Some(true)))
+    hotloop::time::timeout_at(deadline, attempt).await.unwrap_or(Some(false))
+}
+
+/// The check's request on `sender`: whether its answer passes (`None`: no answer).
+async fn ask(b: &Backend, cfg: &HealthConfig, sender: Sender) -> Option<bool> {
+    let authority = b.addr.to_string();
+    let mut req =
+        Request::builder().method(Method::GET).header("user-agent", "hotloop-health-check");
+    let response = match sender {
+        Sender::H1(mut s) => {
+            req =
+                req.uri(cfg.path.as_str()).header("host", authority).header("connection", "close");
+            s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
+        }
+        Sender::H2(mut s, _) => {
+            let scheme = if b.tls.is_some() { "https" } else { "http" };
+            let uri = format!("{scheme}://{authority}{}", cfg.path);
+            req = req.uri(uri).version(hyper::Version::HTTP_2);
+            s.send_request(req.body(UpBody::Empty).ok()?).await.ok()?
+        }
+    };
+    let status = response.status();
+    Some(status.is_success() || status.is_redirection())
 }
 
 #[cfg(test)]
@@ -300,6 +323,24 @@ mod tests {
         h.set_up(2, true);
         h.set_up(1, true);
         assert!(h.failure(2), "with the other back, a failure takes it out");
+    }
+
+    #[test]
+    fn failures_of_a_backend_out_already_neither_count_nor_extend_its_ejection() {
+        let h = Health::new(
+            [(1, Duration::from_millis(300)), (1, Duration::from_millis(300))].into_iter(),
+            std::slice::from_ref(&(0..2)),
+        );
+        assert!(h.failure(0), "the first failure ejects");
+        let until = h.backends[0].ejected_until_ms.load(Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..5 {
+            assert!(!h.failure(0), "a failure while out counted another ejection");
+        }
+        assert_eq!(h.backends[0].ejected_until_ms.load(Relaxed), until, "the ejection moved");
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(h.usable(0), "back when its first ejection ends");
+        assert!(h.failure(0), "on probation, one failure takes it out again");
     }
 
     #[test]

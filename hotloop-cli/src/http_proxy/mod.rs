@@ -13,10 +13,11 @@
 //! routes.
 //!
 //! Modules name only those before them: `config`, `stats`, `headers`,
-//! `routes`, `pool`, `health`, `forward`, then this one.
+//! `routes`, `h2peer`, `pool`, `health`, `forward`, then this one.
 
 mod config;
 mod forward;
+mod h2peer;
 mod headers;
 mod health;
 mod pool;
@@ -232,7 +233,9 @@ fn backend_names(shared: &Shared) -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
-/// Starts the active health checks (on worker 0) and each worker's pool sweeper.
+/// Starts the active health checks (on worker 0) and each worker's pool
+/// sweeper, which also closes the worker's idle backend connections when
+/// it runs out of descriptors and at a stop.
 fn start_background(rt: &hotloop::Runtime, shared: &Arc<Shared>) {
     for (gi, g) in shared.groups.iter().enumerate() {
         let Some(h) = &g.health else { continue };
@@ -256,10 +259,15 @@ fn start_background(rt: &hotloop::Runtime, shared: &Arc<Shared>) {
         let backends = shared.backends.clone();
         drop(rt.handle().spawn_on(worker, move || async move {
             pool::note_worker(worker);
+            let reclaim = backends.clone();
+            hotloop::net::on_descriptor_shortage(move || pool::close_idle(&reclaim));
             let mut tick = hotloop::time::interval(sweep);
             while crate::drain::until_stop(tick.tick()).await.is_some() {
                 pool::expire_idle(&backends);
             }
+            // Stopping: no request will take them, and the backends need
+            // not wait for their idle timeouts to see them go.
+            pool::close_idle(&backends);
         }));
     }
 }

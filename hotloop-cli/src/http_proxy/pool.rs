@@ -7,7 +7,16 @@
 //! up to `pool_idle_max` per backend, and are closed once idle for
 //! `pool_idle_timeout`; the most recently used is taken first, so the
 //! pool's extra connections age out when load falls. An HTTP/2 backend
-//! gets one connection per worker, shared by every request.
+//! gets as few connections per worker as its streams need: each is shared
+//! by the worker's requests up to the backend's limit on concurrent
+//! streams (`SETTINGS_MAX_CONCURRENT_STREAMS`, read off its frames by
+//! [`super::h2peer`]), counted per connection from the request's send to
+//! its answer's end; with every one full (or going away after a `GOAWAY`)
+//! another is opened, never a request queued behind the limit, where the
+//! header timeout would count the wait against the backend. A connection
+//! being opened is shared too: the requests that come meanwhile wait for
+//! it rather than each dialing its own. Extra ones close once idle for
+//! `pool_idle_timeout`; the first stays.
 //!
 //! A worker whose pool holds no idle HTTP/1.1 connection to a backend
 //! first waits, at most `pool_borrow_ms`, for one of its own busy ones to
@@ -61,6 +70,7 @@ use hyper::client::conn::{http1, http2};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::config::{BackendTls, UpstreamProtocol};
+use super::h2peer::{self, Peer, Watched};
 use super::stats::BackendStats;
 
 /// One backend, as every worker sees it.
@@ -284,8 +294,8 @@ impl Handover {
 pub enum Sender {
     /// HTTP/1.1: one request at a time.
     H1(H1),
-    /// HTTP/2: shared by every request of the worker.
-    H2(http2::SendRequest<UpBody>),
+    /// HTTP/2: shared by the worker's requests, and what its peer said.
+    H2(http2::SendRequest<UpBody>, Rc<Peer>),
 }
 
 /// A connection lent to one request.
@@ -294,6 +304,61 @@ pub struct Lease {
     pub sender: Sender,
     /// Whether it served a request before.
     pub reused: bool,
+    /// On HTTP/2, the request's stream, counted against the backend's
+    /// limit until the answer's body ends (or the exchange gives up).
+    pub stream: Option<h2peer::Stream>,
+}
+
+/// One of this worker's HTTP/2 connections to a backend.
+struct H2Conn {
+    send: http2::SendRequest<UpBody>,
+    peer: Rc<Peer>,
+    /// Whether it served a request before.
+    used: bool,
+}
+
+/// An HTTP/2 connection being opened: the requests that find every open
+/// one full wait for it rather than dial their own.
+#[derive(Default)]
+struct Opening {
+    done: Cell<bool>,
+    waiters: RefCell<Vec<Waker>>,
+}
+
+impl Opening {
+    fn finish(&self) {
+        self.done.set(true);
+        for w in self.waiters.take() {
+            w.wake();
+        }
+    }
+
+    async fn wait(&self) {
+        std::future::poll_fn(|cx| {
+            if self.done.get() {
+                return Poll::Ready(());
+            }
+            self.waiters.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Ends an [`Opening`] however its open ends (done, failed, or the request
+/// that opened it dropped): its waiters look at the pool again.
+struct OpeningGuard(usize, Option<Rc<Opening>>);
+
+impl Drop for OpeningGuard {
+    fn drop(&mut self) {
+        let Some(o) = self.1.take() else { return };
+        with_pool(self.0, |p| {
+            if p.h2_opening.as_ref().is_some_and(|x| Rc::ptr_eq(x, &o)) {
+                p.h2_opening = None;
+            }
+        });
+        o.finish();
+    }
 }
 
 /// An idle HTTP/1.1 connection in a worker's pool.
@@ -309,8 +374,10 @@ struct Idle {
 struct BackendPool {
     /// Idle HTTP/1.1 connections, oldest first.
     idle: Vec<Idle>,
-    /// The worker's HTTP/2 connection and whether it served a request.
-    h2: Option<(http2::SendRequest<UpBody>, bool)>,
+    /// The worker's HTTP/2 connections, oldest first.
+    h2: Vec<H2Conn>,
+    /// The HTTP/2 connection being opened, if any.
+    h2_opening: Option<Rc<Opening>>,
     /// Connections open from this worker, idle or busy.
     open: usize,
     /// Requests waiting for one of the busy ones to come back
@@ -375,6 +442,9 @@ pub enum ConnectError {
     TimedOut,
     /// Refused, unreachable, or the HTTP/2 handshake failed.
     Failed(std::io::Error),
+    /// The proxy itself is short of a resource for a socket (descriptors,
+    /// buffer memory): not the backend's failure.
+    Local(std::io::Error),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -382,6 +452,7 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::TimedOut => f.write_str("connect timed out"),
             ConnectError::Failed(e) => write!(f, "connect failed: {e}"),
+            ConnectError::Local(e) => write!(f, "no socket for the backend: {e}"),
         }
     }
 }
@@ -392,9 +463,9 @@ impl std::fmt::Display for ConnectError {
 /// taken).
 pub fn held(backend: usize) -> (usize, bool) {
     POOLS.with(|p| {
-        p.borrow()
-            .get(backend)
-            .map_or((0, false), |p| (p.open, !p.idle.is_empty() || p.h2.is_some()))
+        p.borrow().get(backend).map_or((0, false), |p| {
+            (p.open, !p.idle.is_empty() || p.h2.iter().any(|c| c.peer.has_room()))
+        })
     })
 }
 
@@ -403,19 +474,7 @@ pub fn held(backend: usize) -> (usize, bool) {
 pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> {
     let b = &backends[backend];
     if b.protocol == UpstreamProtocol::H2 {
-        let sender = with_pool(backend, |p| match &mut p.h2 {
-            Some((s, _)) if s.is_closed() => {
-                p.h2 = None;
-                None
-            }
-            Some((s, used)) => {
-                let reused = *used;
-                *used = true;
-                Some((s.clone(), reused))
-            }
-            None => None,
-        })?;
-        return Some(Lease { sender: Sender::H2(sender.0), reused: sender.1 });
+        return checkout_h2(backend).await;
     }
     let now = hotloop::time::now();
     loop {
@@ -429,7 +488,31 @@ pub async fn checkout(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease
         // has marked the connection idle; it is ready within that task's
         // next poll, or closed.
         if ready(&mut conn).await {
-            return Some(Lease { sender: Sender::H1(conn), reused: true });
+            return Some(Lease { sender: Sender::H1(conn), reused: true, stream: None });
+        }
+    }
+}
+
+/// A stream on one of this worker's HTTP/2 connections to `backend` that
+/// has room for one, waiting for the one being opened if every open one
+/// is full; `None`: connect. Closed connections and those going away
+/// leave the pool here (their streams go on).
+async fn checkout_h2(backend: usize) -> Option<Lease> {
+    loop {
+        let found = with_pool(backend, |p| {
+            p.h2.retain(|c| !c.send.is_closed() && !c.peer.going_away());
+            if let Some(c) = p.h2.iter_mut().find(|c| c.peer.has_room()) {
+                let reused = std::mem::replace(&mut c.used, true);
+                let stream = Some(c.peer.take_stream());
+                let sender = Sender::H2(c.send.clone(), c.peer.clone());
+                return Some(Ok(Lease { sender, reused, stream }));
+            }
+            p.h2_opening.clone().map(Err)
+        })?;
+        match found {
+            Ok(lease) => return Some(lease),
+            // Then the pool again: it may have room now, or the open failed.
+            Err(opening) => opening.wait().await,
         }
     }
 }
@@ -489,7 +572,7 @@ pub async fn await_return(backends: &Arc<[Backend]>, backend: usize) -> Option<L
     // Handed over at its checkin: ready within its task's next poll, as in
     // `checkout`, or closed.
     if ready(&mut conn).await {
-        return Some(Lease { sender: Sender::H1(conn), reused: true });
+        return Some(Lease { sender: Sender::H1(conn), reused: true, stream: None });
     }
     None
 }
@@ -596,7 +679,7 @@ pub async fn borrow(backends: &Arc<[Backend]>, backend: usize) -> Option<Lease> 
     // checks it in too.
     let wait = WaitReturn { slot, backends, backend };
     let conn = hotloop::time::timeout(b.pool_borrow, wait).await.ok()??;
-    Some(Lease { sender: Sender::H1(conn), reused: true })
+    Some(Lease { sender: Sender::H1(conn), reused: true, stream: None })
 }
 
 /// On the lending worker: one of its idle connections to `backend`, taken
@@ -677,7 +760,8 @@ fn run_h1(conn: http1::Connection<HyperIo<Counted>, UpBody>, gauge: Option<Guard
 /// this worker's pool, if it is open and the pool has room.
 pub fn checkin(backends: &Arc<[Backend]>, backend: usize, conn: H1) {
     let b = &backends[backend];
-    if conn.is_closed() || b.pool_idle_max == 0 {
+    // Stopping: the pools were closed, and no later request may need it.
+    if conn.is_closed() || b.pool_idle_max == 0 || crate::drain::stopping() {
         return;
     }
     // A request waiting for it takes it first.
@@ -722,6 +806,18 @@ pub fn expire_idle(backends: &Arc<[Backend]>) {
             for i in &gone {
                 count_out(&backends[id], i);
             }
+            // HTTP/2: the first open one stays; extra ones go once idle.
+            let mut first = true;
+            pool.h2.retain(|c| {
+                if c.send.is_closed() || c.peer.going_away() {
+                    return false;
+                }
+                let keep = first
+                    || c.peer.open_streams() > 0
+                    || now.saturating_duration_since(c.peer.idle_since()) < limit;
+                first = false;
+                keep
+            });
         }
     });
 }
@@ -733,12 +829,52 @@ pub async fn connect(
     limit: Duration,
 ) -> Result<Lease, ConnectError> {
     let b = &backends[backend];
+    // The requests that find every HTTP/2 connection full meanwhile wait
+    // for this one ([`checkout_h2`]).
+    let _opening = (b.protocol == UpstreamProtocol::H2).then(|| {
+        let o = with_pool(backend, |p| {
+            p.h2_opening.is_none().then(|| {
+                let o = Rc::new(Opening::default());
+                p.h2_opening = Some(o.clone());
+                o
+            })
+        });
+        OpeningGuard(backend, o)
+    });
     let sender = open(b, limit, Some(backends.clone()), backend).await?;
     b.stats.connects.fetch_add(1, Relaxed);
-    if let Sender::H2(s) = &sender {
-        with_pool(backend, |p| p.h2 = Some((s.clone(), true)));
-    }
-    Ok(Lease { sender, reused: false })
+    let stream = match &sender {
+        Sender::H2(s, peer) => {
+            let conn = H2Conn { send: s.clone(), peer: peer.clone(), used: true };
+            with_pool(backend, |p| p.h2.push(conn));
+            Some(peer.take_stream())
+        }
+        Sender::H1(_) => None,
+    };
+    Ok(Lease { sender, reused: false, stream })
+}
+
+/// Closes this worker's idle connections: the pooled HTTP/1.1 ones, and
+/// the HTTP/2 ones with no stream open; returns how many. At a stop (the
+/// backends need not wait for their idle timeouts to see them go), and
+/// when the worker runs out of descriptors (registered with
+/// `hotloop::net::on_descriptor_shortage`). Each closes once its
+/// connection's task runs, within the worker's next turn.
+pub fn close_idle(backends: &Arc<[Backend]>) -> usize {
+    POOLS.with(|p| {
+        let Ok(mut pools) = p.try_borrow_mut() else { return 0 };
+        let mut closed = 0;
+        for (id, pool) in pools.iter_mut().enumerate() {
+            for i in std::mem::take(&mut pool.idle) {
+                count_out(&backends[id], &i);
+                closed += 1;
+            }
+            let before = pool.h2.len();
+            pool.h2.retain(|c| c.peer.open_streams() > 0);
+            closed += before - pool.h2.len();
+        }
+        closed
+    })
 }
 
 /// A connection to a backend: plain TCP, or TLS over it.
@@ -877,6 +1013,7 @@ async fn dial(b: &Backend, limit: Duration, deadline: Instant) -> Result<Backend
     let stream = match TcpStream::connect_timeout(b.addr, limit).await {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(ConnectError::TimedOut),
+        Err(e) if short_of_resources(&e) => return Err(ConnectError::Local(e)),
         Err(e) => return Err(ConnectError::Failed(e)),
     };
     // Requests are small writes whose answers are waited for: no Nagle.
@@ -892,6 +1029,14 @@ async fn dial(b: &Backend, limit: Duration, deadline: Instant) -> Result<Backend
         ))),
         Err(_) => Err(ConnectError::TimedOut),
     }
+}
+
+/// Whether a socket could not be made for want of the proxy's own
+/// resources: descriptors (`EMFILE`, `ENFILE`) or kernel memory
+/// (`ENOBUFS`, `ENOMEM`). Any backend would fail alike, so it is no
+/// verdict on this one.
+fn short_of_resources(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
 }
 
 /// Connects to `b` and starts hyper's client state for its protocol; its
@@ -916,7 +1061,8 @@ pub async fn open(
             Sender::H1(H1 { send, handover: run_h1(conn, open_gauge), read })
         }
         UpstreamProtocol::H2 => {
-            let io = HyperIo::new(io);
+            let peer = Peer::new();
+            let io = HyperIo::new(Watched::new(io, peer.clone()));
             let handshake = http2::Builder::new(HotloopExecutor).timer(HotloopTimer).handshake(io);
             let (sender, conn) = match hotloop::time::timeout_at(deadline, handshake).await {
                 Ok(Ok(pair)) => pair,
@@ -927,7 +1073,16 @@ pub async fn open(
                 let _open = open_gauge;
                 let _ = conn.await;
             }));
-            Sender::H2(sender)
+            // Its limit on streams comes in its first frame: known before
+            // the connection takes more streams than it allows (a peer
+            // silent until the deadline is assumed to allow the default).
+            let _ = hotloop::time::timeout_at(deadline, peer.settled()).await;
+            if sender.is_closed() {
+                return Err(ConnectError::Failed(std::io::Error::other(
+                    "the HTTP/2 connection closed at its start",
+                )));
+            }
+            Sender::H2(sender, peer)
         }
     };
     Ok(sender)

@@ -112,7 +112,11 @@ pub fn fields(
             &proxy.retries,
         ),
         counter("http_502", "Answers 502: no backend answered.", &proxy.bad_gateway),
-        counter("http_503", "Answers 503: no backend of the group up.", &proxy.unavailable),
+        counter(
+            "http_503",
+            "Answers 503: no backend of the group up, or no socket for one.",
+            &proxy.unavailable,
+        ),
         counter("http_504", "Answers 504: a backend too slow.", &proxy.gateway_timeout),
         counter("http_no_route", "Requests no route matched (404).", &proxy.no_route),
         counter("http_upgrades", "Connections tunnelled after an Upgrade.", &proxy.upgrades),
