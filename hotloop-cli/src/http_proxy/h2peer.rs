@@ -16,12 +16,9 @@
 
 use std::cell::Cell;
 use std::future::poll_fn;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Poll, Waker};
 use std::time::Instant;
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The streams assumed allowed until the peer's first `SETTINGS` has been
 /// read (RFC 9113 section 6.5.2 recommends at least 100).
@@ -207,73 +204,34 @@ impl Scan {
     }
 }
 
-/// A backend connection's I/O that reads the peer's frames for [`Peer`]
-/// as they pass.
-pub struct Watched<T> {
-    io: T,
+/// What an HTTP/2 backend connection's reads tell its [`Peer`]: the
+/// frames as they pass, and the connection's end (also when the socket is
+/// dropped).
+pub struct FrameWatch {
     peer: Rc<Peer>,
     scan: Scan,
 }
 
-impl<T> Watched<T> {
-    /// `io`, its peer's state kept in `peer`.
-    pub fn new(io: T, peer: Rc<Peer>) -> Watched<T> {
-        Watched { io, peer, scan: Scan::default() }
+impl FrameWatch {
+    /// A watch that keeps `peer` up to date.
+    pub fn new(peer: Rc<Peer>) -> FrameWatch {
+        FrameWatch { peer, scan: Scan::default() }
+    }
+
+    /// Takes in what a read gave: `got`, or the end (nothing read) or an
+    /// error (`ok` false).
+    pub fn read(&mut self, ok: bool, got: &[u8]) {
+        if ok && !got.is_empty() {
+            self.scan.feed(&self.peer, got);
+        } else {
+            self.peer.ended();
+        }
     }
 }
 
-impl<T> Drop for Watched<T> {
+impl Drop for FrameWatch {
     fn drop(&mut self) {
         self.peer.ended();
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        match &polled {
-            Poll::Ready(Ok(())) if buf.filled().len() == before => this.peer.ended(),
-            Poll::Ready(Ok(())) => this.scan.feed(&this.peer, &buf.filled()[before..]),
-            Poll::Ready(Err(_)) => this.peer.ended(),
-            Poll::Pending => {}
-        }
-        polled
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 

@@ -70,7 +70,7 @@ use hyper::client::conn::{http1, http2};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::config::{BackendTls, UpstreamProtocol};
-use super::h2peer::{self, Peer, Watched};
+use super::h2peer::{self, FrameWatch, Peer};
 use super::stats::BackendStats;
 
 /// One backend, as every worker sees it.
@@ -228,7 +228,7 @@ impl Body for UpBody {
 pub struct H1 {
     send: http1::SendRequest<UpBody>,
     handover: Rc<Handover>,
-    /// Bytes read from the connection so far ([`Counted`]).
+    /// Bytes read from the connection so far ([`Watched`]).
     read: Rc<Cell<u64>>,
 }
 
@@ -729,7 +729,7 @@ async fn adopt(
 ) -> Option<H1> {
     let stream = TcpStream::from_std(stream).ok()?;
     let gauge = Some(guard(backends.clone(), backend, true));
-    let (io, read) = Counted::new(BackendIo::Plain(stream));
+    let (io, read) = Watched::counting(BackendIo::Plain(stream));
     let (send, conn) = http1::Builder::new().handshake(HyperIo::new(io)).await.ok()?;
     backends[backend].stats.borrowed.fetch_add(1, Relaxed);
     Some(H1 { send, handover: run_h1(conn, gauge), read })
@@ -738,7 +738,7 @@ async fn adopt(
 /// Runs an HTTP/1.1 connection's task on this worker until the connection
 /// ends; a plain one asked to ([`Handover::wanted`]) leaves its socket in
 /// the returned handover.
-fn run_h1(conn: http1::Connection<HyperIo<Counted>, UpBody>, gauge: Option<Guard>) -> Rc<Handover> {
+fn run_h1(conn: http1::Connection<HyperIo<Watched>, UpBody>, gauge: Option<Guard>) -> Rc<Handover> {
     let handover = Rc::new(Handover::default());
     let h = handover.clone();
     drop(hotloop::spawn(async move {
@@ -943,24 +943,32 @@ impl AsyncWrite for BackendIo {
     }
 }
 
-/// An HTTP/1.1 connection's socket, counting the bytes read from it
-/// ([`H1::bytes_read`]): a request lost on a reused connection that read
-/// nothing more got no byte of an answer, the mark of a backend that
-/// closed the connection as the request went out.
-pub struct Counted {
+/// A backend connection's socket, and what its reads are watched for.
+pub struct Watched {
     io: BackendIo,
-    read: Rc<Cell<u64>>,
+    watch: Watch,
 }
 
-impl Counted {
-    /// `io`, and the count its reads add to.
-    fn new(io: BackendIo) -> (Counted, Rc<Cell<u64>>) {
+/// What a backend connection's reads are watched for.
+enum Watch {
+    /// HTTP/1.1: the bytes read ([`H1::bytes_read`]): a request lost on a
+    /// reused connection that read nothing more got no byte of an answer,
+    /// the mark of a backend that closed the connection as the request
+    /// went out.
+    Count(Rc<Cell<u64>>),
+    /// HTTP/2: the peer's frames, for its stream limit and `GOAWAY`.
+    Frames(FrameWatch),
+}
+
+impl Watched {
+    /// `io`, counting its reads; and the count.
+    fn counting(io: BackendIo) -> (Watched, Rc<Cell<u64>>) {
         let read = Rc::new(Cell::new(0));
-        (Counted { io, read: read.clone() }, read)
+        (Watched { io, watch: Watch::Count(read.clone()) }, read)
     }
 }
 
-impl AsyncRead for Counted {
+impl AsyncRead for Watched {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -969,15 +977,18 @@ impl AsyncRead for Counted {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        let got = buf.filled().len().saturating_sub(before) as u64;
-        if got > 0 {
-            this.read.set(this.read.get() + got);
+        if let Poll::Ready(res) = &polled {
+            let got = &buf.filled()[before..];
+            match &mut this.watch {
+                Watch::Count(read) => read.set(read.get() + got.len() as u64),
+                Watch::Frames(frames) => frames.read(res.is_ok(), got),
+            }
         }
         polled
     }
 }
 
-impl AsyncWrite for Counted {
+impl AsyncWrite for Watched {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -1053,7 +1064,7 @@ pub async fn open(
     let open_gauge = backends.map(|bs| guard(bs, backend, true));
     let sender = match b.protocol {
         UpstreamProtocol::Http1 => {
-            let (io, read) = Counted::new(io);
+            let (io, read) = Watched::counting(io);
             let (send, conn) = http1::Builder::new()
                 .handshake(HyperIo::new(io))
                 .await
@@ -1062,7 +1073,8 @@ pub async fn open(
         }
         UpstreamProtocol::H2 => {
             let peer = Peer::new();
-            let io = HyperIo::new(Watched::new(io, peer.clone()));
+            let io =
+                HyperIo::new(Watched { io, watch: Watch::Frames(FrameWatch::new(peer.clone())) });
             let handshake = http2::Builder::new(HotloopExecutor).timer(HotloopTimer).handshake(io);
             let (sender, conn) = match hotloop::time::timeout_at(deadline, handshake).await {
                 Ok(Ok(pair)) => pair,
