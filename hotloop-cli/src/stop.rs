@@ -143,7 +143,9 @@ pub fn run_until_stopped_with(
 fn begin(ctl: &Control<'_>, active: &dyn Fn() -> usize) -> io::Result<Option<Option<u32>>> {
     let name = ctl.name;
     let end = wait_for_end(ctl)?;
-    // No successor is taken once the process stops on its own.
+    // No successor is taken once the process stops on its own; one that
+    // has the sockets already keeps them (`close` runs the hand-over's
+    // stops: QUIC endpoints stop reading them and close their connections).
     ctl.handover.close();
     let open = active();
     let timeout = ctl.drain_timeout;

@@ -587,6 +587,32 @@ fn a_client_that_reads_nothing_holds_bounded_server_memory(driver: DriverKind) {
     s.stop();
 }
 
+/// A client that sends one Initial and then nothing holds up no stop: at
+/// SIGTERM its handshake, still in progress, is closed at once (on either
+/// app), and the process exits well before `--handshake-timeout-ms` (15 s
+/// here, under a 20 s drain timeout). Before, the drain waited it out.
+#[hotloop::test(driver = "all")]
+fn sigterm_closes_a_handshake_in_progress_at_once(driver: DriverKind) {
+    for app in ["quic", "h3"] {
+        let slow = ["--handshake-timeout-ms", "15000", "--drain-timeout-ms", "20000"];
+        let mut s =
+            Server::start(app, driver, &[&slow[..], &["--idle-timeout-ms", "30000"]].concat());
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.set_read_timeout(Some(LIMIT)).unwrap();
+        client.send_to(&initial(s.addr, &s.config), s.addr).unwrap();
+        // Answered: the handshake is in progress.
+        let mut buf = [0u8; 2048];
+        client.recv(&mut buf).unwrap();
+        assert_eq!(s.active(), 1, "{app} {driver:?}");
+        let start = Instant::now();
+        s.p.signal("TERM");
+        let status = s.p.wait_exit(LIMIT).expect("hotloop did not exit");
+        let took = start.elapsed();
+        assert!(status.success(), "{app} {driver:?}: {status}");
+        assert!(took < Duration::from_secs(3), "{app} {driver:?}: exited {took:?} after SIGTERM");
+    }
+}
+
 /// `serve --help` documents the QUIC flags with their defaults.
 #[test]
 fn help_documents_the_quic_bounds() {

@@ -6,7 +6,11 @@
 //! serving (TCP and QUIC), and takes no connection from the shared queues;
 //! one that never says it is ready is dropped after
 //! `--upgrade-ready-timeout-ms`, and the next one takes over.
-//! QUIC connections of the old process are closed with a reason. A process
+//! QUIC connections of the old process are closed with a reason, and
+//! counted as cut; so they are when the old process is stopped while a
+//! successor that has its sockets starts, and only the successor reads
+//! them from then on. A QUIC successor with more workers than sockets says
+//! so. A process
 //! whose stderr is gone still drains and exits. systemd's `LISTEN_FDS`.
 //! SIGHUP reloads the TLS certificate, and keeps the old one when the new
 //! files are bad. Both drivers.
@@ -619,8 +623,9 @@ fn sighup_reloads_the_certificate_and_keeps_it_when_the_new_one_is_bad(driver: D
 }
 
 /// `serve quic` upgraded: the old process closes its connections at once
-/// with the reason "server upgrading" (never left to time out), and a new
-/// connection reaches the successor.
+/// with the reason "server upgrading" (never left to time out), counts and
+/// logs them as cut (`drain_cut`), and a new connection reaches the
+/// successor.
 #[hotloop::test(driver = "all")]
 fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     use quinn::ConnectionError;
@@ -656,6 +661,9 @@ fn quic_upgrade_closes_the_old_connections_with_a_reason(driver: DriverKind) {
     });
     let start = Instant::now();
     let mut next = upgrade(&mut p, &args("1"));
+    // Counted in `drain_cut` as cut, and logged as a drain's cut is.
+    let counted = p.seen.iter().any(|l| l.contains("1 connections cut by the hand-over"));
+    assert!(counted, "{driver}: the closed connection is not counted: {:?}", p.seen);
     rt.block_on(async {
         hotloop::time::timeout(LIMIT, async {
             match old.closed().await {
@@ -975,4 +983,139 @@ async fn quic_echo(conn: quinn::Connection) -> Result<Vec<u8>, String> {
     send.write_all(b"hi").await.map_err(|e| e.to_string())?;
     send.finish().map_err(|e| e.to_string())?;
     recv.read_to_end(64).await.map_err(|e| e.to_string())
+}
+
+/// `serve quic` sent SIGTERM while its successor has the UDP sockets and
+/// has not said it is ready (held by SIGSTOP, behind a stand-in that holds
+/// the hand-over first): the successor serves them anyway once it goes on,
+/// so the old process stops reading them at the signal and closes its
+/// connection (one with a stream open, which its drain would otherwise
+/// wait for) with "server upgrading", counted as cut. 20 new connections
+/// made once the successor serves all reach it (before, the old process
+/// read the sockets until its drain's deadline and refused some), and the
+/// old process exits well within its drain timeout.
+#[hotloop::test(driver = "all")]
+fn sigterm_while_a_quic_successor_starts_leaves_it_the_sockets(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_dir, path) = socket_path();
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
+    let tls = ["--tls-cert", c, "--tls-key", k, "--idle-timeout-ms", "30000"];
+    let drain = Duration::from_secs(8);
+    let old_args = [&tls[..], &["--drain-timeout-ms", "8000"]].concat();
+    let mut p = Proc::start(&serve_args("quic", driver, "2", &path, &old_args));
+    let addr = p.addr_after(" on ");
+    let config = common::quic_client_config(&cert.path, b"hotloop-echo");
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    // A stream left open: the old process's drain would last to its deadline.
+    let (client, held, _send) = rt.block_on(async {
+        let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        let conn = client.connect_with(config.clone(), addr, "localhost").unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(b"hi").await.unwrap();
+        let mut echoed = [0u8; 2];
+        recv.read_exact(&mut echoed).await.unwrap();
+        (client, conn, send)
+    });
+    let busy = hotloop::net::Handover::open(&path).unwrap();
+    let mut next = Proc::start(&serve_args("quic", driver, "2", &path, &tls));
+    let queued = common::wait_until(LIMIT, || sockets_at(&path) >= 3);
+    assert!(queued, "{driver}: the successor never connected: {:?}", next.seen);
+    next.signal("STOP");
+    drop(busy);
+    // The old process turns to it at once, sends it the sockets and waits
+    // for its ready (the send is logged at the info level only).
+    assert!(p.wait_for_line("failed before it served", LIMIT), "{driver}: {:?}", p.seen);
+    thread::sleep(Duration::from_millis(500));
+    let stopped_at = Instant::now();
+    p.signal("TERM");
+    assert!(p.wait_for_line("draining", LIMIT), "{driver}: {:?}", p.seen);
+    // Continued once the old process's hand-over thread has seen the stop
+    // (it looks every 100 ms): a ready it read before would be taken as
+    // an ordinary hand-over.
+    thread::sleep(Duration::from_millis(500));
+    next.signal("CONT");
+    assert!(next.wait_for_line("took the", LIMIT), "{driver}: {:?}", next.seen);
+    let results = rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            let mut fresh = Vec::new();
+            for _ in 0..20 {
+                let config = config.clone();
+                fresh.push(hotloop::spawn(async move {
+                    let own = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None)
+                        .map_err(|e| e.to_string())?;
+                    let conn = own
+                        .connect_with(config, addr, "localhost")
+                        .map_err(|e| e.to_string())?
+                        .await
+                        .map_err(|e| format!("handshake: {e}"))?;
+                    let got = quic_echo(conn.clone()).await;
+                    conn.close(0u32.into(), b"done");
+                    own.wait_idle().await;
+                    got
+                }));
+                hotloop::time::sleep(Duration::from_millis(10)).await;
+            }
+            let mut results = Vec::new();
+            for f in fresh {
+                results.push(f.await.expect("a client task"));
+            }
+            let ended = match held.closed().await {
+                quinn::ConnectionError::ApplicationClosed(close) => close.reason.to_vec(),
+                other => format!("{other:?}").into_bytes(),
+            };
+            client.wait_idle().await;
+            (results, ended)
+        })
+        .await
+        .expect("the new connections did not finish in time")
+    });
+    let (results, ended) = results;
+    let failed: Vec<_> = results.iter().filter(|r| r.as_deref() != Ok(&b"hi"[..])).collect();
+    assert!(failed.is_empty(), "{driver}: {} of 20 failed: {failed:?}", failed.len());
+    let ended = String::from_utf8_lossy(&ended);
+    assert_eq!(ended, "server upgrading", "{driver}: how the old connection ended");
+    let status = p.wait_exit(LIMIT).expect("the old process did not exit");
+    let took = stopped_at.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(took < drain, "{driver}: the old process exited {took:?} after SIGTERM");
+    p.collect_lines(Duration::from_millis(100));
+    let counted = p.seen.iter().any(|l| l.contains("1 connections cut by the hand-over"));
+    assert!(counted, "{driver}: {:?}", p.seen);
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
+}
+
+/// A `serve quic` successor with more workers than the UDP sockets it
+/// received (its predecessor ran one) binds no more: it says after its
+/// banner that QUIC runs on one worker only, and serves.
+#[hotloop::test(driver = "all")]
+fn a_quic_successor_with_more_workers_than_sockets_says_so(driver: DriverKind) {
+    let driver = common::driver_arg(driver);
+    let (_dir, path) = socket_path();
+    let cert = common::certificate();
+    let (c, k) = (cert.path.to_str().unwrap(), cert.key.to_str().unwrap());
+    let args =
+        |workers| serve_args("quic", driver, workers, &path, &["--tls-cert", c, "--tls-key", k]);
+    let mut p = Proc::start(&args("1"));
+    let addr = p.addr_after(" on ");
+    assert!(!p.seen.iter().any(|l| l.contains("UDP sockets received")), "{:?}", p.seen);
+    let mut next = upgrade(&mut p, &args("3"));
+    let said = "1 UDP sockets received for 3 workers: QUIC runs on workers 0 to 0 only";
+    assert!(next.wait_for_line(said, LIMIT), "{driver}: {:?}", next.seen);
+    let config = common::quic_client_config(&cert.path, b"hotloop-echo");
+    let rt = hotloop::Runtime::builder().workers(1).driver(DriverKind::Epoll).build().unwrap();
+    rt.block_on(async {
+        hotloop::time::timeout(LIMIT, async {
+            let client = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+            let conn = client.connect_with(config, addr, "localhost").unwrap().await.unwrap();
+            assert_eq!(quic_echo(conn.clone()).await, Ok(b"hi".to_vec()), "{driver}");
+            conn.close(0u32.into(), b"done");
+            client.wait_idle().await;
+        })
+        .await
+        .unwrap();
+    });
+    next.signal("TERM");
+    assert!(next.wait_exit(LIMIT).expect("exit").success());
 }

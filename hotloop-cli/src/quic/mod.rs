@@ -30,7 +30,9 @@
 //! goes back to the kernel ([`MemoryReleaser`]).
 //!
 //! Stopping (SIGTERM, SIGINT): new connections are refused; a connection
-//! with no stream (request) open closes at once, one with streams once
+//! still in its handshake, or with no stream (request) open, closes at
+//! once (a client that never finishes its handshake holds no drain until
+//! `--handshake-timeout-ms`), one with streams once
 //! they are done (`h3` first sends GOAWAY, so the client opens no more),
 //! each with [`CLOSE_STOPPING`] (`h3`: `H3_NO_ERROR`) and reason
 //! "server stopping"; what is still open after `--drain-timeout-ms` (or at
@@ -56,7 +58,17 @@
 //! program (`CAP_BPF`) or forwarding datagrams between the processes (as
 //! Envoy's hot restart does). A client sees its connection closed with a
 //! reason at once, never a timeout, and reconnects to the successor;
-//! datagrams that arrive in between wait in the sockets' buffers.
+//! datagrams that arrive in between wait in the sockets' buffers. A stop
+//! signal that comes while a successor has the sockets and has not said
+//! it is ready does the same at once (`Handover::close` runs the
+//! hand-over's stops): that successor serves them anyway (its ready finds
+//! this process gone or silent), so this one must not read them during its
+//! drain. The connections closed this way are counted in `drain_cut`.
+//! A successor that received fewer sockets than it has workers runs an
+//! endpoint on as many workers as sockets and says so after its banner; it
+//! binds no more (new members of the group would take peers from the
+//! inherited sockets, and go to later successors too), as a TCP server
+//! given fewer listeners binds none.
 //!
 //! [`QuicArgs`]: crate::serve_args::QuicArgs
 //!
@@ -112,6 +124,8 @@ pub struct Quic {
     identity: Identity,
     /// Where the certificate came from, said after the banner.
     note: String,
+    /// What the start found worth saying, after `note`.
+    start_notes: Vec<String>,
     alpn: &'static [u8],
     /// The application close code at a stop or an upgrade.
     close_code: u32,
@@ -154,7 +168,17 @@ impl Quic {
             refused: AtomicU64::new(0),
         });
         let args = args.clone();
-        Ok(Quic { args, addr, identity, note, alpn, close_code, server_config, settings })
+        Ok(Quic {
+            args,
+            addr,
+            identity,
+            note,
+            start_notes: Vec::new(),
+            alpn,
+            close_code,
+            server_config,
+            settings,
+        })
     }
 }
 
@@ -172,13 +196,32 @@ impl Mode for Quic {
         let sockets = at.udp_sockets(self.addr, &UdpOptions::quic())?;
         let bound = sockets[0].local_addr()?;
         let gate = at.recv_gate();
+        let workers = at.rt.handle().workers();
+        if sockets.len() < workers {
+            // Binding more would add members to the group the successor
+            // shares: the kernel would steer the new sockets' peers
+            // afresh, and a later successor would get them too.
+            self.start_notes.push(format!(
+                "{} UDP sockets received for {workers} workers: QUIC runs on workers 0 to {} only, the others serve no QUIC connection (start the first process with more workers to use them all)",
+                sockets.len(),
+                sockets.len() - 1,
+            ));
+        }
         let endpoints = start_endpoints(at.rt, sockets, &self.server_config, &self.settings, gate)
             .map_err(|e| io::Error::new(e.kind(), format!("QUIC endpoint on {bound}: {e}")))?;
         {
-            // A successor reads the sockets once this process no longer does.
-            let (handle, endpoints, code, gate) =
-                (at.rt.handle().clone(), endpoints.clone(), self.close_code, gate.clone());
-            at.handover.on_hand_over(move || hand_over(&handle, &endpoints, &gate, code));
+            // A successor reads the sockets once this process no longer
+            // does: run when it is ready, or at a stop while it starts.
+            let (handle, endpoints, code, gate, settings) = (
+                at.rt.handle().clone(),
+                endpoints.clone(),
+                self.close_code,
+                gate.clone(),
+                self.settings.clone(),
+            );
+            at.handover.on_hand_over(move || {
+                hand_over(&handle, &endpoints, &gate, code, &settings);
+            });
         }
         let releaser = Some(MemoryReleaser::start(self.settings.clone())?);
         let settings = self.settings.clone();
@@ -209,7 +252,9 @@ impl Mode for Quic {
     }
 
     fn notes(&self) -> Vec<String> {
-        vec![self.note.clone()]
+        let mut notes = vec![self.note.clone()];
+        notes.extend(self.start_notes.iter().cloned());
+        notes
     }
 
     /// The mode's counters: QUIC connections pass no listener, so the
@@ -352,14 +397,24 @@ impl Endpoints for QuicEndpoints {
     }
 }
 
-/// A successor serves the UDP sockets: every endpoint stops reading them
-/// for good (`gate` retired, on each endpoint's worker, so io_uring's armed
-/// receives are cancelled before this returns), then closes its
-/// connections (code `close_code`, reason "server upgrading"); their close
-/// packets go out during the drain, since sending needs no receive.
-/// Returns once done on every worker, and nothing here takes a datagram
-/// from the sockets after that.
-fn hand_over(handle: &Handle, endpoints: &[(usize, Endpoint)], gate: &RecvGate, close_code: u32) {
+/// A successor serves the UDP sockets (it said it is ready, or it has
+/// them and this process stops meanwhile): every endpoint stops reading
+/// them for good (`gate` retired, on each endpoint's worker, so io_uring's
+/// armed receives are cancelled before this returns), then closes its
+/// connections (code `close_code`, reason "server upgrading"), counted in
+/// `drain_cut`; their close packets go out during the drain, since sending
+/// needs no receive. Returns once done on every worker, and nothing here
+/// takes a datagram from the sockets after that.
+fn hand_over(
+    handle: &Handle,
+    endpoints: &[(usize, Endpoint)],
+    gate: &RecvGate,
+    close_code: u32,
+    settings: &Settings,
+) {
+    // Cut as a drain's deadline cuts: each is closed with a reason, not
+    // finished (counted first: the closed ones end while this waits).
+    let cut = settings.active.load(Ordering::SeqCst);
     let closes: Vec<_> = endpoints
         .iter()
         .map(|(worker, endpoint)| {
@@ -375,4 +430,9 @@ fn hand_over(handle: &Handle, endpoints: &[(usize, Endpoint)], gate: &RecvGate, 
     for close in closes {
         let _ = close.join();
     }
+    hotloop::stats::record_cut(
+        <Quic as Mode>::NAME,
+        cut,
+        "by the hand-over (QUIC connections are closed for the successor)",
+    );
 }

@@ -74,6 +74,14 @@ pub(super) struct Settings {
 }
 
 impl Settings {
+    /// The application close code of a connection closed for a stop.
+    pub(super) fn close_stopping(&self) -> u32 {
+        match self.proto {
+            Proto::Echo => CLOSE_STOPPING,
+            Proto::H3 { .. } => CLOSE_STOPPING_H3,
+        }
+    }
+
     /// Takes one of `count`'s `max` places, if one is left.
     pub(super) fn take(count: &AtomicUsize, max: usize) -> bool {
         count

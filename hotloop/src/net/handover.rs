@@ -59,6 +59,12 @@
 //!    old process's, cancelled before it ran, the connection would wait
 //!    in the queue for the next one to arrive.
 //!
+//! A running process that stops on its own ([`Handover::close`]) while a
+//! successor has its sockets and has not answered runs the stops of step 3
+//! at once: that successor serves anyway (its `ready` finds this process
+//! gone or silent), so nothing of this process may go on taking from the
+//! sockets (a QUIC endpoint reading them would take its datagrams).
+//!
 //! # Implementation notes
 //! The new process receives the very same sockets, not new members of a
 //! `SO_REUSEPORT` group: a connection waiting in a socket's accept queue
@@ -174,8 +180,12 @@ struct State {
     /// Copies of the sockets this process serves, by the id of what
     /// offered them.
     offered: Vec<(u64, Local, OwnedFd)>,
-    /// What stops accepting when a successor takes over, by id.
+    /// What stops accepting when a successor takes over, by id; taken
+    /// (so run once) when one does, or at [`Handover::close`] during an
+    /// exchange.
     members: Vec<(u64, Arc<dyn Fn() + Send + Sync>)>,
+    /// The sockets have gone to a successor that has not answered yet.
+    exchanging: bool,
     /// What looks at the sockets' backlogs once the predecessor stopped
     /// accepting, by id.
     rechecks: Vec<(u64, Arc<dyn Fn() + Send + Sync>)>,
@@ -430,14 +440,25 @@ impl Handover {
     /// [`ready`](Self::ready), the predecessor learns that this process
     /// will not serve (the connection closes) and goes on serving; `ready`
     /// then does nothing.
+    ///
+    /// A successor that has the sockets already and has not said it is
+    /// ready serves them anyway (its predecessor is gone or silent: see
+    /// its `ready`), so when one does, the hand-over's stops
+    /// ([`Self::on_hand_over`]) run here, before this returns: a QUIC
+    /// endpoint of this process must not go on reading the sockets it
+    /// serves.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
-        let untold = {
+        let (untold, stops) = {
             let mut st = self.lock();
             st.readied = true;
-            st.predecessor.take()
+            let stops = if st.exchanging { std::mem::take(&mut st.members) } else { Vec::new() };
+            (st.predecessor.take(), stops)
         };
         drop(untold);
+        for (_, stop) in stops {
+            stop();
+        }
     }
 
     /// `count` UDP sockets on `addr` for one endpoint per worker: the
@@ -470,10 +491,11 @@ impl Handover {
     }
 
     /// Runs `stop` on the hand-over thread when a successor is ready,
-    /// before it is told this process stopped accepting: it must return
+    /// before it is told this process stopped accepting, or in
+    /// [`Self::close`] if a successor has the sockets then: it must return
     /// once this process takes nothing more from the offered sockets (a
-    /// QUIC endpoint that stops reading its socket, say). Servers built
-    /// with this hand-over register their own.
+    /// QUIC endpoint that stops reading its socket, say). It runs once at
+    /// most. Servers built with this hand-over register their own.
     pub fn on_hand_over(&self, stop: impl Fn() + Send + Sync + 'static) {
         let id = self.new_id();
         self.lock().members.push((id, Arc::new(stop)));
@@ -994,7 +1016,9 @@ fn serve_successors(inner: &Arc<Inner>, listener: OwnedFd) {
         // (No deadline for a wait past what an `Instant` can hold.)
         let deadline = Instant::now().checked_add(inner.ready_wait());
         let _ = conn.set_write_timeout(Some(inner.ready_wait()));
-        match hand_over(inner, &conn, pid, &listener, deadline) {
+        let handed = hand_over(inner, &conn, pid, &listener, deadline);
+        inner.lock().exchanging = false;
+        match handed {
             Ok(()) => {
                 let wakers = {
                     let mut st = inner.lock();
@@ -1052,6 +1076,15 @@ fn hand_over(
     listener: &OwnedFd,
     deadline: Option<Instant>,
 ) -> io::Result<()> {
+    {
+        // Checked under the lock `close` takes: either it finds the
+        // exchange begun (and runs the stops), or the sockets never go.
+        let mut st = inner.lock();
+        if inner.closed.load(Ordering::SeqCst) {
+            return Err(io::Error::other("this process began stopping on its own first"));
+        }
+        st.exchanging = true;
+    }
     let (lines, copies) = to_send(inner, listener)?;
     let fds: Vec<RawFd> = copies.iter().map(|fd| fd.as_raw_fd()).collect();
     let header = format!("hotloop-handover 1 pid={} sockets={}\n", std::process::id(), fds.len());
@@ -1099,8 +1132,8 @@ fn hand_over(
     crate::log::info(format_args!(
         "hand-over: pid {pid} serves the sockets; this process stops accepting and drains"
     ));
-    let members: Vec<_> = inner.lock().members.iter().map(|(_, m)| m.clone()).collect();
-    for stop in members {
+    let members = std::mem::take(&mut inner.lock().members);
+    for (_, stop) in members {
         stop();
     }
     let _ = sys::send_with_fds(conn.as_raw_fd(), b"draining\n", &[]);
