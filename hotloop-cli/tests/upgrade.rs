@@ -719,28 +719,7 @@ fn new_quic_connections_during_a_hand_over_all_reach_the_successor(driver: Drive
     let results = rt.block_on(async {
         hotloop::time::timeout(LIMIT, async {
             old.closed().await;
-            let mut fresh = Vec::new();
-            for _ in 0..20 {
-                let config = config.clone();
-                fresh.push(hotloop::spawn(async move {
-                    let own = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None)
-                        .map_err(|e| e.to_string())?;
-                    let conn = own
-                        .connect_with(config, addr, "localhost")
-                        .map_err(|e| e.to_string())?
-                        .await
-                        .map_err(|e| format!("handshake: {e}"))?;
-                    let got = echo(conn.clone()).await;
-                    conn.close(0u32.into(), b"done");
-                    own.wait_idle().await;
-                    got
-                }));
-                hotloop::time::sleep(Duration::from_millis(10)).await;
-            }
-            let mut results = Vec::new();
-            for f in fresh {
-                results.push(f.await.expect("a client task"));
-            }
+            let results = fresh_quic_echoes(&config, addr, 20).await;
             client.wait_idle().await;
             results
         })
@@ -977,6 +956,39 @@ fn sigterm_to_a_process_draining_after_a_hand_over_does_not_cut_it(driver: Drive
     assert!(next.wait_exit(LIMIT).expect("exit").success());
 }
 
+/// `n` new clients, each from an endpoint of its own, 10 ms apart: each
+/// connects to `addr`, echoes once ([`quic_echo`]) and closes; what each
+/// got, in order.
+async fn fresh_quic_echoes(
+    config: &quinn::ClientConfig,
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> Vec<Result<Vec<u8>, String>> {
+    let mut fresh = Vec::new();
+    for _ in 0..n {
+        let config = config.clone();
+        fresh.push(hotloop::spawn(async move {
+            let own = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None)
+                .map_err(|e| e.to_string())?;
+            let conn = own
+                .connect_with(config, addr, "localhost")
+                .map_err(|e| e.to_string())?
+                .await
+                .map_err(|e| format!("handshake: {e}"))?;
+            let got = quic_echo(conn.clone()).await;
+            conn.close(0u32.into(), b"done");
+            own.wait_idle().await;
+            got
+        }));
+        hotloop::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut results = Vec::new();
+    for f in fresh {
+        results.push(f.await.expect("a client task"));
+    }
+    results
+}
+
 /// "hi" sent on a new bidirectional stream of `conn`; what came back.
 async fn quic_echo(conn: quinn::Connection) -> Result<Vec<u8>, String> {
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
@@ -1038,28 +1050,7 @@ fn sigterm_while_a_quic_successor_starts_leaves_it_the_sockets(driver: DriverKin
     assert!(next.wait_for_line("took the", LIMIT), "{driver}: {:?}", next.seen);
     let results = rt.block_on(async {
         hotloop::time::timeout(LIMIT, async {
-            let mut fresh = Vec::new();
-            for _ in 0..20 {
-                let config = config.clone();
-                fresh.push(hotloop::spawn(async move {
-                    let own = hotloop::quic::endpoint("127.0.0.1:0".parse().unwrap(), None)
-                        .map_err(|e| e.to_string())?;
-                    let conn = own
-                        .connect_with(config, addr, "localhost")
-                        .map_err(|e| e.to_string())?
-                        .await
-                        .map_err(|e| format!("handshake: {e}"))?;
-                    let got = quic_echo(conn.clone()).await;
-                    conn.close(0u32.into(), b"done");
-                    own.wait_idle().await;
-                    got
-                }));
-                hotloop::time::sleep(Duration::from_millis(10)).await;
-            }
-            let mut results = Vec::new();
-            for f in fresh {
-                results.push(f.await.expect("a client task"));
-            }
+            let results = fresh_quic_echoes(&config, addr, 20).await;
             let ended = match held.closed().await {
                 quinn::ConnectionError::ApplicationClosed(close) => close.reason.to_vec(),
                 other => format!("{other:?}").into_bytes(),
